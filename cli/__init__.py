@@ -1,0 +1,1 @@
+"""tietool's command line (Typer). Thin: parse options, call :mod:`surgery`, render with :mod:`cli.render`."""

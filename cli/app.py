@@ -1,0 +1,248 @@
+"""The ``tietool`` Typer app. Each command maps options to a :mod:`surgery` call and renders the result.
+
+``surgery`` (and numpy) are imported inside the commands, so ``tietool --help`` imports neither; nothing
+here imports paddle.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+app = typer.Typer(
+    name="tietool",
+    help="Inspect, tie, untie and resize the input embedding and LM head of PaddlePaddle LLM checkpoints "
+         "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+class Layout(str, Enum):
+    auto = "auto"
+    vocab_hidden = "vocab-hidden"
+    hidden_vocab = "hidden-vocab"
+
+
+class Keep(str, Enum):
+    embedding = "embedding"
+    head = "head"
+
+
+class Init(str, Enum):
+    mean = "mean"
+    zeros = "zeros"
+    normal = "normal"
+
+
+class Loader(str, Enum):
+    paddleformers = "paddleformers"
+    paddlenlp_28 = "paddlenlp-2.8"
+    paddlenlp_3 = "paddlenlp-3"
+    hf = "hf"
+
+
+# shared option aliases
+CkptArg = Annotated[Path, typer.Argument(help="checkpoint folder (config.json + weights)", show_default=False)]
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="output folder (must not exist or be empty)",
+                                      show_default=False)]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
+DryOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and the report; write nothing")]
+LinkOpt = Annotated[bool, typer.Option("--link", help="hard-link untouched weight files instead of copying them")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
+LoaderOpt = Annotated[Optional[Loader], typer.Option(
+    "--loader", help="the library that will load the output (default: told from the checkpoint)")]
+
+
+def _debug() -> bool:
+    return os.environ.get("TIETOOL_DEBUG", "") not in ("", "0")
+
+
+def _run(fn):
+    """Run a command body; map tietool errors to one line on stderr and their exit code."""
+    from surgery.errors import TietoolError
+
+    try:
+        return fn()
+    except TietoolError as e:
+        if _debug():
+            raise
+        print(f"tietool: error: {e.one_line()}", file=sys.stderr)
+        raise typer.Exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("tietool: interrupted; nothing was written", file=sys.stderr)
+        raise typer.Exit(130)
+    except typer.Exit:
+        raise
+    except Exception as e:  # noqa: BLE001 - last resort: never a bare traceback unless asked
+        if _debug():
+            raise
+        print(f"tietool: internal error: {type(e).__name__}: {e} (set TIETOOL_DEBUG=1 for the traceback; "
+              "please report it)", file=sys.stderr)
+        raise typer.Exit(70)
+
+
+def _layout(layout: Layout | None) -> str | None:
+    return None if layout in (None, Layout.auto) else layout.value
+
+
+@app.callback()
+def _main(
+    debug: Annotated[bool, typer.Option("--debug", help="show Python tracebacks (also TIETOOL_DEBUG=1)")] = False,
+) -> None:
+    if debug:
+        os.environ["TIETOOL_DEBUG"] = "1"
+
+
+@app.command()
+def inspect(
+    ckpt: CkptArg,
+    json_out: JsonOpt = False,
+    layout: Annotated[Optional[Layout], typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
+    loader: LoaderOpt = None,
+) -> None:
+    """Show the embedding, head and bias, their layout, the tie state three ways, and what tying saves."""
+
+    def body():
+        from surgery.summary import inspect_path
+
+        from . import render
+
+        info = inspect_path(ckpt, layout=_layout(layout), loader=loader.value if loader else None)
+        render.inspect(info, as_json=json_out)
+
+    _run(body)
+
+
+def _write_command(op: str, ckpt: Path, out: Path, make_plan, dry_run: bool, json_out: bool, link: bool,
+                   quiet: bool) -> None:
+    from surgery import report as report_mod
+    from surgery.checkpoint import Checkpoint
+    from surgery.write import check_output_path, execute
+
+    from . import render
+
+    c = Checkpoint.open(ckpt)
+    if not dry_run:
+        check_output_path(c.path, out)
+    plan = make_plan(c)
+    if dry_run:
+        render.report(report_mod.build(plan, None, str(out), dry_run=True), as_json=json_out)
+        return
+    with render.progress(quiet or json_out, c.total_bytes) as advance:
+        rep = execute(plan, out, link=link, progress=advance,
+                      report=lambda facts: report_mod.build(plan, facts, str(out)))
+    render.report(rep, as_json=json_out)
+
+
+@app.command()
+def tie(
+    ckpt: CkptArg,
+    out: OutOpt,
+    keep: Annotated[Optional[Keep], typer.Option(help="when head and embedding differ: which values to keep")] = None,
+    layout: Annotated[Optional[Layout], typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
+    loader: LoaderOpt = None,
+    dry_run: DryOpt = False,
+    json_out: JsonOpt = False,
+    link: LinkOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Drop the LM head (after checking it equals the embedding) and set tie_word_embeddings true."""
+
+    def body():
+        from surgery.detect import detect
+        from surgery.plan import plan_tie
+
+        _write_command("tie", ckpt, out, lambda c: plan_tie(
+            detect(c, layout=_layout(layout), loader=loader.value if loader else None),
+            keep=keep.value if keep else None), dry_run, json_out, link, quiet)
+
+    _run(body)
+
+
+@app.command()
+def untie(
+    ckpt: CkptArg,
+    out: OutOpt,
+    layout: Annotated[Layout, typer.Option(
+        help="layout of a new head: auto = what the checkpoint's loader expects (PaddleNLP Llama/Qwen/ChatGLM: "
+             "hidden-vocab; PaddleFormers and the rest: vocab-hidden)")] = Layout.auto,
+    loader: LoaderOpt = None,
+    dry_run: DryOpt = False,
+    json_out: JsonOpt = False,
+    link: LinkOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Write the LM head as its own tensor, equal to the embedding, and set tie_word_embeddings false."""
+
+    def body():
+        from surgery.detect import detect
+        from surgery.plan import plan_untie
+
+        _write_command("untie", ckpt, out, lambda c: plan_untie(
+            detect(c, layout=_layout(layout), loader=loader.value if loader else None, compare_values=True),
+            layout=layout.value), dry_run, json_out, link, quiet)
+
+    _run(body)
+
+
+@app.command()
+def resize(
+    ckpt: CkptArg,
+    out: OutOpt,
+    vocab: Annotated[str, typer.Option("--vocab", help="new number of rows (vocab_size)", show_default=False)],
+    pad_to_multiple_of: Annotated[Optional[str], typer.Option(
+        "--pad-to-multiple-of", help="round the row count up to a multiple of this")] = None,
+    init: Annotated[Init, typer.Option(help="new rows: mean (HF mean_resizing), zeros, or normal(initializer_range)")]
+    = Init.mean,
+    seed: Annotated[Optional[int], typer.Option(help="random seed for new rows (same seed: same bytes)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="allow trimming rows")] = False,
+    layout: Annotated[Optional[Layout], typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
+    loader: LoaderOpt = None,
+    dry_run: DryOpt = False,
+    json_out: JsonOpt = False,
+    link: LinkOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Grow or trim the vocabulary rows of the embedding, head and head bias together; update vocab_size."""
+
+    def body():
+        from surgery.detect import detect
+        from surgery.errors import UsageError
+        from surgery.plan import plan_resize
+
+        def as_int(opt: str, v: str | None) -> int | None:
+            if v is None:
+                return None
+            try:
+                n = int(v.strip())
+            except ValueError:
+                raise UsageError(f"{opt} must be an integer, got {v!r}", fix=f"e.g. {opt} 32000") from None
+            if n < 1:
+                raise UsageError(f"{opt} must be ≥ 1, got {n}", fix=f"e.g. {opt} 32000" if opt == "--vocab"
+                                 else f"e.g. {opt} 64")
+            return n
+
+        n = as_int("--vocab", vocab)
+        m = as_int("--pad-to-multiple-of", pad_to_multiple_of)
+        _write_command("resize", ckpt, out, lambda c: plan_resize(
+            detect(c, layout=_layout(layout), loader=loader.value if loader else None, compare_values=True),
+            n, m, init.value, seed, force), dry_run, json_out, link, quiet)
+
+    _run(body)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

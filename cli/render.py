@@ -1,0 +1,155 @@
+"""All terminal output: rich tables for people, JSON for scripts. Nothing else in tietool prints."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _console(stderr: bool = False) -> Console:
+    f = sys.stderr if stderr else sys.stdout
+    # not a terminal (pipes, CI): wide lines so names are never wrapped mid-word
+    return Console(file=f, width=None if f.isatty() else 200, soft_wrap=not f.isatty(), highlight=False)
+
+
+def size(n: int | None) -> str:
+    """``1056`` → ``"1056 bytes (1.0 KiB)"``; the plain byte count always comes first."""
+    if n is None:
+        return "—"
+    units = ["KiB", "MiB", "GiB", "TiB"]
+    v, u = float(n), None
+    for unit in units:
+        if abs(v) < 1024:
+            break
+        v /= 1024
+        u = unit
+    return f"{n} bytes" + (f" ({v:.1f} {u})" if u else "")
+
+
+def _shape(s) -> str:
+    return "—" if s is None else "[" + ", ".join(str(d) for d in s) + "]"
+
+
+def inspect(info: dict, as_json: bool = False) -> None:
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    con = _console()
+    con.print(f"[bold]{info['path']}[/bold]: {info['format']}{' (sharded)' if info['sharded'] else ''}, "
+              f"{len(info['files'])} weight file(s), {info['num_tensors']} tensors, "
+              f"{info['total_parameters']} parameters, {size(info['total_bytes'])}")
+    arch = info["architecture"]
+    con.print(f"model_type {info['model_type']!s} (family {arch['family']}"
+              f"{'' if arch['in_table'] else ', not in the table'}); loader {info['loader']['name']}: "
+              f"{info['loader']['source']}")
+    t = Table(title="embedding and head", show_lines=False)
+    for col in ("role", "name", "shape", "dtype", "layout", "file"):
+        t.add_column(col, overflow="fold")
+    e, h, b = info["embedding"], info["head"], info["head_bias"]
+    t.add_row("input embedding", e["name"], _shape(e["shape"]), e["dtype"], "vocab-hidden", e["file"])
+    for a in e["aliases"]:
+        t.add_row("  alias (same table)", a, _shape(e["shape"]), e["dtype"], "", "")
+    t.add_row("LM head", h["name"] + ("" if h["present"] else " (not in files)"), _shape(h["shape"]),
+              h["dtype"] or "—", h["layout"] or "—", h["file"] or "—")
+    for a in h.get("aliases", []):
+        t.add_row("  alias", a, "", "", "", "")
+    if b:
+        t.add_row("head bias", b["name"], _shape(b["shape"]), b["dtype"], "", b["file"])
+        for a in b["aliases"]:
+            t.add_row("  alias", a, "", "", "", "")
+    con.print(t)
+    tie = info["tie"]
+    vals = tie["values"]
+    desc = {
+        "exact": f"{h['name']} equals {e['name']} bit for bit",
+        "transposed": f"{h['name']} equals {e['name']} transposed",
+        "different": f"{h['name']} differs from {e['name']}"
+                     + (f" (max |difference| {tie['max_abs_diff']:.3g}, {tie['differing_rows']} rows differ)"
+                        if tie["max_abs_diff"] is not None else ""),
+        "absent": f"no head in the files ({h['name']} not found)",
+        "shared": f"the head is the shared table {e['name']} (no separate head tensor)",
+    }.get(vals, vals)
+    if tie["storage_shared"]:
+        desc += " (one array in the file: same storage)"
+    con.print(f"tie: config {str(tie['config']).lower()} ({tie['config_source']}); head in files: "
+              f"{'yes' if tie['head_in_files'] else 'no'}; values: {desc}")
+    v = info["vocab"]
+    con.print(f"vocab: config vocab_size {v['config_vocab_size']}, embedding rows {v['embedding_rows']}, "
+              f"hidden_size {v['hidden_size']}, tokenizer "
+              + (f"{v['tokenizer_size']} tokens ({', '.join(v['tokenizer_files'])})" if v["tokenizer_size"]
+                 else "not found"))
+    s = info["savings"]
+    con.print(f"tying would save {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}% of the checkpoint)"
+              + (f": {s['why_zero']}" if s.get("why_zero") else ""))
+    for p in info["problems"]:
+        con.print(f"[yellow]problem:[/yellow] {p}")
+    for n in info["notes"]:
+        con.print(f"note: {n}")
+    for w in info["warnings"]:
+        con.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def report(rep: dict, as_json: bool = False) -> None:
+    if as_json:
+        print(json.dumps(rep, indent=2))
+        return
+    con = _console()
+    head = f"{rep['operation']}{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
+    if rep["output"] and not rep["dry_run"]:
+        head += f" → {rep['output']}"
+    con.print(f"[bold]{head}[/bold]")
+    t = Table(title="parameter-savings report")
+    for col in ("change", "tensor", "shape", "parameters", "bytes"):
+        t.add_column(col, overflow="fold")
+    for d in rep["dropped"]:
+        t.add_row("dropped", d["name"], _shape(d["shape"]), f"-{d['parameters']}", f"-{d['bytes']}")
+    for a in rep["added"]:
+        t.add_row("added", a["name"], _shape(a["shape"]), f"+{a['parameters']}", f"+{a['bytes']}")
+    for c in rep["resized"]:
+        t.add_row("resized" if c["shape_before"] != c["shape_after"] else "rewritten", c["name"],
+                  f"{_shape(c['shape_before'])} → {_shape(c['shape_after'])}",
+                  f"{c['parameters_after'] - c['parameters_before']:+d}", f"{c['bytes_after'] - c['bytes_before']:+d}")
+    b, a, s = rep["before"], rep["after"], rep["saved"]
+    t.add_row("total", "before → after", "", f"{b['parameters']} → {a['parameters']}", f"{b['bytes']} → {a['bytes']}")
+    con.print(t)
+    if s["bytes"] >= 0:
+        con.print(f"saved {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}%)")
+    else:
+        con.print(f"added {-s['parameters']} parameters, {size(-s['bytes'])} ({-s['percent']}%)")
+    if "resize" in rep:
+        r = rep["resize"]
+        con.print(f"rows {r['rows_before']} → {r['rows_after']} (+{r['rows_added']} / -{r['rows_removed']}), "
+                  f"init {r['init']}, seed {r['seed']}")
+    for c in rep["config_changes"]:
+        con.print(f"config: {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
+    if "files" in rep:
+        f = rep["files"]
+        con.print(f"files: {len(f['rewritten'])} rewritten, {len(f['copied'])} copied, {len(f['linked'])} hard-linked"
+                  f", {len(f['removed'])} removed" + (" (linked files share data with the input: edit neither in "
+                                                      "place)" if f["linked"] else ""))
+    for n in rep["notes"]:
+        con.print(f"note: {n}")
+    for w in rep["warnings"]:
+        con.print(f"[yellow]warning:[/yellow] {w}")
+
+
+@contextlib.contextmanager
+def progress(quiet: bool, total: int, threshold: int = 256 << 20):
+    """A rich progress bar over the bytes written, shown only on a terminal and above ``threshold`` bytes."""
+    if quiet or total < threshold or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  console=Console(file=sys.stderr), transient=True) as p:
+        task = p.add_task("writing", total=total)
+
+        def advance(name: str, nbytes: int) -> None:
+            p.update(task, advance=nbytes, description=f"writing {name}")
+
+        yield advance

@@ -1,0 +1,226 @@
+"""The architecture table: which tensors are the input embedding, the LM head and its bias, per model family,
+and what each loader does with them. Adding a model is adding a row; no other module knows model names.
+
+Names are matched as dotted *suffixes*: ``"embed_tokens.weight"`` matches ``model.embed_tokens.weight``
+(PaddleFormers / HF), ``llama.embed_tokens.weight`` (PaddleNLP) and
+``model.language_model.embed_tokens.weight`` (vision-language wrappers). ``head`` names are matched the
+same way. Sources: PaddleNLP 2.8.1 and PaddleFormers 1.2.0 ``modeling.py`` of each family, and the fixtures
+in ``shared/fixtures`` (see its README, "Loader checks").
+
+Loader facts, per loader:
+
+* ``layout``: the layout the loader expects for a head it reads from the file — ``vocab-hidden`` is
+  ``[vocab_size, hidden_size]`` (an embedding-shaped head, used with ``transpose_y``), ``hidden-vocab`` is
+  ``[hidden_size, vocab_size]`` (a Paddle ``nn.Linear`` weight, ``[in_features, out_features]``).
+* ``reties``: a checkpoint without the head loads with the head tied to the embedding when the config says
+  tied. False means the loader builds a random head instead (PaddleNLP 2.8 Llama/Mixtral/OPT), so ``tie``
+  must keep the head in the file.
+* ``tie_default``: the config class's default for ``tie_word_embeddings``; PaddleNLP leaves the key out of
+  config.json when it equals the default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Loaders tietool knows. "hf" is the HF-transformers naming (model.*, transformer.*) that PaddleFormers reads.
+LOADERS = ("paddleformers", "paddlenlp-2.8", "paddlenlp-3", "hf")
+
+# first name component of PaddleNLP-era checkpoints (PaddleFormers and HF use model./transformer.)
+PADDLENLP_PREFIXES = (
+    "llama", "qwen", "qwen2", "qwen2_moe", "qwen3", "mixtral", "gpt", "ernie", "bert", "t5", "bart", "chatglm",
+    "chatglm_v2", "bloom", "opt", "baichuan", "gemma", "mistral", "deepseek_v2", "deepseek_v3", "yuan", "roberta",
+)
+
+_PF_LIKE = {"layout": "vocab-hidden", "reties": True}
+_PNLP_LINEAR_HEAD_NO_RETIE = {"layout": "hidden-vocab", "reties": False}
+_PNLP_LINEAR_HEAD_RETIE = {"layout": "hidden-vocab", "reties": True}
+_PNLP_EMBED_HEAD = {"layout": "vocab-hidden", "reties": True}
+
+# Every family's rows. Keys:
+#   model_types: config.json model_type values (also text_config.model_type)
+#   embedding:   suffixes of the input embedding, in order of preference ([vocab_size, hidden_size])
+#   aliases:     suffixes of other names for the same table (encoder/decoder copies)
+#   head:        suffixes of the LM head weight
+#   bias:        suffixes of the LM head bias ([vocab] or [1, vocab]); the first present is "the" bias,
+#                the others present are its aliases
+#   tie_default: per loader (missing loader -> "*")
+#   loaders:     per loader: layout and reties (missing loader -> "*")
+#   tied_logit_scale: logits of the tied head are multiplied by this (T5: d_model ** -0.5)
+FAMILIES: list[dict] = [
+    {   # Llama and its descendants with the same names
+        "family": "llama",
+        "model_types": ["llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "ernie4_5",
+                        "ernie4_5_moe", "phi3", "gpt_oss", "deepseek_v2", "deepseek_v3", "gemma", "gemma2",
+                        "gemma3", "gemma3_text", "baichuan", "yuan", "qwen3_vl", "qwen3_vl_text", "qwen2_vl",
+                        "qwen2_5_vl", "mistral3", "llava", "internlm", "internlm2", "glm4"],
+        "embedding": ["embed_tokens.weight", "tok_embeddings.weight"],
+        "aliases": [],
+        "head": ["lm_head.weight", "output.weight"],
+        "bias": ["lm_head.bias"],
+        "tie_default": {"paddlenlp-2.8": False, "paddlenlp-3": False, "*": False,
+                        "gemma": True, "gemma2": True, "gemma3": True, "gemma3_text": True},
+        "loaders": {"paddleformers": _PF_LIKE, "hf": _PF_LIKE,
+                    "paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE, "paddlenlp-3": _PNLP_LINEAR_HEAD_RETIE},
+    },
+    {   # OPT: PaddleNLP's OPTLMHead holds decoder_weight [vocab, hidden] and is never tied (L14)
+        "family": "opt",
+        "model_types": ["opt"],
+        "embedding": ["embed_tokens.weight", "embeddings.word_embeddings.weight"],
+        "aliases": [],
+        "head": ["lm_head.weight", "lm_head.decoder_weight"],
+        "bias": [],
+        "tie_default": {"*": True},
+        "loaders": {"paddleformers": _PF_LIKE, "hf": _PF_LIKE,
+                    "paddlenlp-2.8": {"layout": "vocab-hidden", "reties": False},
+                    "paddlenlp-3": {"layout": "vocab-hidden", "reties": False}},
+    },
+    {   # GPT (PaddleNLP gpt.embeddings.word_embeddings; HF GPT-2 transformer.wte)
+        "family": "gpt",
+        "model_types": ["gpt", "gpt2", "gpt-cpm", "gpt_neo", "codegen"],
+        "embedding": ["embeddings.word_embeddings.weight", "wte.weight"],
+        "aliases": [],
+        "head": ["lm_head.weight", "lm_head.decoder_weight"],
+        "bias": [],
+        "tie_default": {"*": True},
+        "loaders": {"*": _PNLP_EMBED_HEAD},
+    },
+    {   # BERT / ERNIE / RoBERTa masked LM: the decoder is [vocab, hidden] with transpose_y, bias aliased
+        "family": "bert",
+        "model_types": ["bert", "ernie", "roberta", "ernie_m", "electra", "tinybert", "ppminilm", "nezha", "xlm-roberta"],
+        "embedding": ["embeddings.word_embeddings.weight"],
+        "aliases": [],
+        "head": ["cls.predictions.decoder.weight", "cls.predictions.decoder_weight", "lm_head.decoder.weight",
+                 "lm_head.decoder_weight"],
+        "bias": ["cls.predictions.bias", "cls.predictions.decoder.bias", "cls.predictions.decoder_bias",
+                 "lm_head.bias", "lm_head.decoder.bias", "lm_head.decoder_bias"],
+        "tie_default": {"*": True},
+        "loaders": {"*": _PNLP_EMBED_HEAD},
+    },
+    {   # T5: shared = encoder.embed_tokens = decoder.embed_tokens; the tied head is shared, logits scaled
+        "family": "t5",
+        "model_types": ["t5", "mt5", "umt5"],
+        "embedding": ["shared.weight"],
+        "aliases": ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"],
+        "head": ["lm_head.weight"],
+        "bias": [],
+        "tie_default": {"*": True},
+        "loaders": {"*": _PNLP_EMBED_HEAD, "paddlenlp-2.8": _PNLP_LINEAR_HEAD_RETIE,
+                    "paddlenlp-3": _PNLP_LINEAR_HEAD_RETIE},
+        "tied_logit_scale": "d_model ** -0.5",
+    },
+    {   # BART / mBART / M2M100 / Pegasus: shared table, head lm_head(.weight|_weight), final_logits_bias [1, V]
+        "family": "bart",
+        "model_types": ["bart", "mbart", "m2m_100", "pegasus", "marian", "blenderbot", "codegen2", "unified_transformer"],
+        "embedding": ["shared.weight", "embed_tokens.weight"],
+        "aliases": ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"],
+        "head": ["lm_head.weight", "lm_head_weight"],
+        "bias": ["final_logits_bias"],
+        # PaddleNLP's BART keeps lm_head_weight as a parameter of its own (initialised from the embedding)
+        "tie_default": {"paddlenlp-2.8": False, "paddlenlp-3": False, "*": True},
+        "loaders": {"*": _PNLP_EMBED_HEAD},
+    },
+    {   # XLNet
+        "family": "xlnet",
+        "model_types": ["xlnet"],
+        "embedding": ["word_embedding.weight"],
+        "aliases": [],
+        "head": ["lm_loss.weight"],
+        "bias": ["lm_loss.bias"],
+        "tie_default": {"*": True},
+        "loaders": {"*": _PNLP_EMBED_HEAD},
+    },
+    {   # ChatGLM (v1: transformer.word_embeddings; v2/3: transformer.embedding.word_embeddings + output_layer)
+        "family": "chatglm",
+        "model_types": ["chatglm", "chatglm_v2", "chatglm2", "chatglm3"],
+        "embedding": ["word_embeddings.weight"],
+        "aliases": [],
+        "head": ["lm_head.weight", "output_layer.weight"],
+        "bias": [],
+        "tie_default": {"*": False},
+        "loaders": {"paddleformers": _PF_LIKE, "hf": _PF_LIKE,
+                    "paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE, "paddlenlp-3": _PNLP_LINEAR_HEAD_NO_RETIE},
+    },
+    {   # Bloom: word_embeddings; PaddleNLP writes only the embedding (tied)
+        "family": "bloom",
+        "model_types": ["bloom"],
+        "embedding": ["word_embeddings.weight"],
+        "aliases": [],
+        "head": ["lm_head.weight"],
+        "bias": [],
+        "tie_default": {"*": True},
+        "loaders": {"*": _PNLP_EMBED_HEAD},
+    },
+]
+
+# Used when model_type is not in the table: the common names, then a shape search (detect.py says so).
+FALLBACK = {
+    "family": "unknown",
+    "model_types": [],
+    "embedding": ["embed_tokens.weight", "word_embeddings.weight", "wte.weight", "shared.weight",
+                  "tok_embeddings.weight", "word_embedding.weight"],
+    "aliases": ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"],
+    "head": ["lm_head.weight", "output.weight", "lm_head_weight", "output_layer.weight", "lm_head.decoder_weight",
+             "cls.predictions.decoder.weight", "cls.predictions.decoder_weight", "lm_loss.weight"],
+    "bias": ["lm_head.bias", "final_logits_bias", "cls.predictions.bias", "cls.predictions.decoder_bias",
+             "cls.predictions.decoder.bias", "lm_loss.bias"],
+    "tie_default": {"*": False},
+    "loaders": {"*": _PF_LIKE},
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the table, resolved for one checkpoint's model_type and loader."""
+
+    name: str
+    model_type: str | None
+    loader: str
+    embedding: tuple[str, ...]
+    aliases: tuple[str, ...]
+    head: tuple[str, ...]
+    bias: tuple[str, ...]
+    tie_default: bool
+    head_layout: str
+    reties: bool
+    tied_logit_scale: str | None = None
+    known: bool = True
+    notes: tuple[str, ...] = field(default=())
+
+
+def _per_loader(table: dict, loader: str, model_type: str | None):
+    if model_type and model_type in table:
+        return table[model_type]
+    return table.get(loader, table.get("*"))
+
+
+def lookup(model_type: str | None, loader: str) -> Family:
+    """The table row for ``model_type`` (or the fallback row), with the facts of ``loader`` resolved.
+
+    Args:
+        model_type: config.json ``model_type`` (or ``text_config.model_type``); None if absent.
+        loader: one of ``LOADERS``.
+    """
+    row = next((r for r in FAMILIES if model_type in r["model_types"]), None)
+    known = row is not None
+    row = row or FALLBACK
+    facts = _per_loader(row["loaders"], loader, None)
+    return Family(
+        name=row["family"],
+        model_type=model_type,
+        loader=loader,
+        embedding=tuple(row["embedding"]),
+        aliases=tuple(row["aliases"]),
+        head=tuple(row["head"]),
+        bias=tuple(row["bias"]),
+        tie_default=bool(_per_loader(row["tie_default"], loader, model_type)),
+        head_layout=facts["layout"],
+        reties=facts["reties"],
+        tied_logit_scale=row.get("tied_logit_scale"),
+        known=known,
+    )
+
+
+def matches(name: str, suffix: str) -> bool:
+    """``name`` is ``suffix`` or ends with ``"." + suffix``."""
+    return name == suffix or name.endswith("." + suffix)

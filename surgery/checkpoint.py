@@ -1,0 +1,236 @@
+"""A checkpoint folder: ``config.json``, weight files (one of four layouts), index, other files.
+
+Opening a checkpoint reads headers only (safetensors headers, pickle structure); tensor data is loaded on
+demand with :meth:`Checkpoint.load`. Every inconsistency that would make a write unsafe is raised here,
+before anything is written; recoverable ones (a stale index entry, a tensor missing from the index) become
+``warnings``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import CheckpointError
+from .formats import pdparams_io, safetensors_io
+from .formats.tensor import TensorInfo, bf16_bits_to_f32
+
+ST_SINGLE = "model.safetensors"
+ST_INDEX = "model.safetensors.index.json"
+PD_SINGLE = "model_state.pdparams"
+PD_INDEX = "model_state.pdparams.index.json"
+SHARD_RE = re.compile(r"^(model|model_state)-(\d+)-of-(\d+)\.(safetensors|pdparams)$")
+CONFIG_FILES = ("config.json", "model_config.json")
+REPORT_NAME = "tietool-report.json"
+
+
+def _read_json(path: Path, what: str) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CheckpointError(f"{what} not found", path, "check the path") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{what} is a folder, expected a JSON file", path, "remove or rename it") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{what} is not valid JSON ({e.__class__.__name__}: {str(e)[:60]})", path,
+                              "fix or restore the file") from None
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint folder, headers only.
+
+    Attributes:
+        path: the folder.
+        config: parsed config.json.
+        format: ``"safetensors"`` or ``"pdparams"``.
+        sharded: an index file lists the shards.
+        index_name: ``model.safetensors.index.json`` / ``model_state.pdparams.index.json`` or None.
+        index: the parsed index (``{"metadata": {...}, "weight_map": {...}}``) or None.
+        weight_files: weight file names in shard order.
+        tensors: name → :class:`TensorInfo`, in file order.
+        extras: per pdparams file, its non-tensor entries (``StructuredToParameterName@@``).
+        np_module: per pdparams file, the numpy module its arrays were pickled with.
+        st_metadata: per safetensors file, its ``__metadata__``.
+        other_files: every other file (relative paths), carried to the output unchanged.
+        warnings: recoverable problems found while reading (stale index entries, ...).
+    """
+
+    path: Path
+    config: dict
+    format: str
+    sharded: bool
+    index_name: str | None
+    index: dict | None
+    weight_files: list[str]
+    tensors: dict[str, TensorInfo]
+    extras: dict[str, dict] = field(default_factory=dict)
+    np_module: dict[str, str] = field(default_factory=dict)
+    st_metadata: dict[str, dict | None] = field(default_factory=dict)
+    other_files: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    # ------------------------------------------------------------------ opening
+    @classmethod
+    def open(cls, path: str | Path) -> "Checkpoint":
+        """Read a checkpoint folder's config, index and weight headers.
+
+        Raises:
+            CheckpointError: missing folder/config/weights, an index naming a missing shard or a tensor a
+                shard lacks, a tensor in two shards, corrupt headers or pickles.
+            UnsafePickleError: a ``.pdparams`` with a global outside the allow-list.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise CheckpointError("no such folder", path, "check the checkpoint path")
+        if not path.is_dir():
+            raise CheckpointError("is a file, expected a checkpoint folder", path,
+                                  "pass the folder that holds config.json and the weights")
+        config = _read_json(path / "config.json", "config.json")
+        if not isinstance(config, dict):
+            raise CheckpointError("config.json is not a JSON object", path / "config.json", "fix or restore it")
+        fmt, index_name, files = cls._find_weights(path)
+        warnings: list[str] = []
+        index = None
+        if index_name:
+            index = _read_json(path / index_name, index_name)
+            wm = index.get("weight_map") if isinstance(index, dict) else None
+            if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
+                raise CheckpointError("index has no weight_map of name → shard file", path / index_name,
+                                      "regenerate the index")
+            listed = sorted(set(wm.values()), key=lambda n: (SHARD_RE.match(n) is None, n))
+            for f in listed:
+                if "/" in f or "\\" in f or f.startswith("."):
+                    raise CheckpointError(f"index names a shard outside the folder: {f!r}", path / index_name,
+                                          "fix the index")
+                if not (path / f).is_file():
+                    raise CheckpointError(f"index names shard {f}, which is not in the folder", path / index_name,
+                                          f"restore {f} or regenerate the index")
+            # shards on disk that the index does not name are not part of the checkpoint, but say so
+            for f in files:
+                if f not in listed:
+                    warnings.append(f"{f} is in the folder but the index names none of its tensors; ignored")
+            files = listed
+        ckpt = cls(path, config, fmt, index_name is not None, index_name, index, files, {}, warnings=warnings)
+        ckpt._read_headers()
+        ckpt.other_files = ckpt._list_other_files()
+        return ckpt
+
+    @staticmethod
+    def _find_weights(path: Path) -> tuple[str, str | None, list[str]]:
+        names = {p.name for p in path.iterdir()}
+        st_shards = sorted(n for n in names if SHARD_RE.match(n) and n.endswith(".safetensors"))
+        pd_shards = sorted(n for n in names if SHARD_RE.match(n) and n.endswith(".pdparams"))
+        if ST_INDEX in names:
+            return "safetensors", ST_INDEX, st_shards
+        if ST_SINGLE in names:
+            return "safetensors", None, [ST_SINGLE]
+        if PD_INDEX in names:
+            return "pdparams", PD_INDEX, pd_shards
+        if PD_SINGLE in names:
+            return "pdparams", None, [PD_SINGLE]
+        if st_shards or pd_shards:
+            idx = ST_INDEX if st_shards else PD_INDEX
+            raise CheckpointError(f"shard files are present but {idx} is missing", path,
+                                  f"restore {idx} (it maps tensor names to shards)")
+        others = sorted(n for n in names if n.endswith((".safetensors", ".pdparams")))
+        hint = f" (found {', '.join(others)}; rename it to {ST_SINGLE} or {PD_SINGLE})" if others else ""
+        raise CheckpointError(f"no weights found{hint}", path,
+                              f"expected {ST_SINGLE}, {PD_SINGLE}, or shards with {ST_INDEX} / {PD_INDEX}")
+
+    def _read_headers(self) -> None:
+        where: dict[str, str] = {}
+        for f in self.weight_files:
+            p = self.path / f
+            if self.format == "safetensors":
+                infos, meta = safetensors_io.read_header(p, f)
+                self.st_metadata[f] = meta
+            else:
+                infos, extras, module = pdparams_io.read_header(p, f)
+                self.extras[f] = extras
+                self.np_module[f] = module
+            for t in infos:
+                if t.name in where:
+                    raise CheckpointError(f"tensor {t.name!r} is stored in both {where[t.name]} and {f}", self.path,
+                                          "remove the duplicate and regenerate the index")
+                where[t.name] = f
+                self.tensors[t.name] = t
+        if self.index is not None:
+            wm = self.index["weight_map"]
+            for name, f in wm.items():
+                if name not in where:
+                    self.warnings.append(
+                        f"index entry {name} → {f} is stale: {f} has no such tensor; it is left out of the output index"
+                    )
+                elif where[name] != f:
+                    raise CheckpointError(f"index maps {name!r} to {f} but it is stored in {where[name]}",
+                                          self.path / self.index_name, "regenerate the index")
+            for name, f in where.items():
+                if name not in wm:
+                    self.warnings.append(f"tensor {name} is in {f} but not in the index; it is kept and listed")
+
+    def _list_other_files(self) -> list[str]:
+        skip = set(self.weight_files) | {self.index_name, REPORT_NAME}
+        out = []
+        for p in sorted(self.path.rglob("*")):
+            rel = p.relative_to(self.path).as_posix()
+            if p.is_file() and rel not in skip:
+                out.append(rel)
+        return out
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def bf16_as_u16(self) -> bool:
+        """U16 / uint16 tensors hold bfloat16 bits (Paddle stores bf16 that way).
+
+        True for every ``.pdparams`` (numpy has no bf16; paddle pickles bf16 as uint16) and for safetensors
+        whose config says ``bfloat16`` (``torch_dtype``/``dtype``, also in ``text_config``).
+        """
+        if self.format == "pdparams":
+            return True
+        cfgs = [self.config, self.config.get("text_config") or {}]
+        return any(str(c.get(k, "")).endswith("bfloat16") for c in cfgs if isinstance(c, dict)
+                   for k in ("torch_dtype", "dtype"))
+
+    def logical_dtype(self, t: TensorInfo) -> str:
+        """What the values mean: ``float32``, ``float16``, ``bfloat16`` (also for bf16 stored as U16)."""
+        lg = t.st_dtype.logical
+        return "bfloat16" if lg == "uint16" and self.bf16_as_u16 else lg
+
+    def file_path(self, rel: str) -> Path:
+        return self.path / rel
+
+    def load(self, name: str) -> np.ndarray:
+        """Raw stored array of tensor ``name`` (bf16 as ``uint16`` bits), reading only its bytes."""
+        t = self.tensors[name]
+        p = self.path / t.file
+        if self.format == "safetensors":
+            return safetensors_io.read_array(p, t)
+        return pdparams_io.read_array(p, t)
+
+    def load_f32(self, name: str) -> np.ndarray:
+        """Tensor ``name`` decoded to float32 (bf16 bits by shift, never by value cast)."""
+        a = self.load(name)
+        if self.logical_dtype(self.tensors[name]) == "bfloat16":
+            return bf16_bits_to_f32(a)
+        return a.astype(np.float32)
+
+    def source(self, name: str) -> safetensors_io.Source:
+        """Where the stored bytes of ``name`` are, for a byte-range copy."""
+        t = self.tensors[name]
+        if self.format == "pdparams":
+            return pdparams_io.raw_bytes_source(self.path / t.file, t)
+        return safetensors_io.Source(self.path / t.file, t.offset, t.nbytes)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    @property
+    def total_parameters(self) -> int:
+        return sum(t.numel for t in self.tensors.values())

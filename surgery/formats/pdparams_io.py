@@ -1,0 +1,546 @@
+"""Paddle ``.pdparams``: a pickle of ``{name: numpy.ndarray}`` (+ ``StructuredToParameterName@@``).
+
+Reading walks the pickle opcodes itself instead of calling ``pickle.load``:
+
+* nothing from the file is ever executed: the only globals accepted are the ones a numpy weights pickle
+  needs (``ALLOWED_GLOBALS``), and even those are *simulated* here, never imported or called; any other
+  global is refused by name before anything is built (``UnsafePickleError``);
+* array payloads (``BINBYTES``/``BINBYTES8``) are not read: the walker records their byte range and seeks
+  past them, so the structure of a multi-GB file is known after reading a few KB, and a rewrite copies
+  unchanged arrays by byte range.
+
+``pickle`` cannot do either (its ``Unpickler`` materialises every payload). The writer emits the same
+protocol-4 structure numpy/paddle use, with payloads streamed from the input, and aliases (names bound
+to one array) written once and referenced through the pickle memo, as ``paddle.save`` does.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from ..errors import CheckpointError, UnsafePickleError
+from .safetensors_io import Source, copy_range
+from .tensor import TensorInfo
+
+RECONSTRUCT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
+SCALAR = {("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
+ALLOWED_GLOBALS = RECONSTRUCT | SCALAR | {
+    ("numpy", "ndarray"),
+    ("numpy", "dtype"),
+    ("collections", "OrderedDict"),
+    ("_codecs", "encode"),
+}
+NON_TENSOR_KEYS = ("StructuredToParameterName@@",)
+INLINE_MAX = 256  # payloads up to this size are read; larger ones are recorded as byte ranges
+
+
+class _Global:
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: str, name: str):
+        self.module, self.name = module, name
+
+
+class _BytesRef:
+    """A bytes payload left in the file: ``[offset, offset + length)``."""
+
+    __slots__ = ("offset", "length")
+
+    def __init__(self, offset: int, length: int):
+        self.offset, self.length = offset, length
+
+
+class _DType:
+    __slots__ = ("code", "order")
+
+    def __init__(self, code: str):
+        self.code, self.order = code, "<"
+
+    def numpy(self) -> np.dtype:
+        try:
+            dt = np.dtype(self.code)
+        except TypeError:
+            raise ValueError(f"unsupported numpy dtype {self.code!r}") from None
+        if dt.hasobject or dt.fields:
+            raise ValueError(f"unsupported numpy dtype {self.code!r}")
+        return dt.newbyteorder(self.order) if self.order in "<>" else dt
+
+
+class _Array:
+    """An ndarray seen in the pickle; its data stays in the file."""
+
+    __slots__ = ("shape", "dtype", "fortran", "data", "module")
+
+    def __init__(self, module: str):
+        self.shape: tuple[int, ...] | None = None
+        self.dtype: np.dtype | None = None
+        self.fortran = False
+        self.data: _BytesRef | bytes | None = None
+        self.module = module
+
+
+class _Mark:
+    pass
+
+
+_MARK = _Mark()
+
+
+def _refuse(path: Path, what: str) -> CheckpointError:
+    return CheckpointError(what, path, "the file is damaged or is not a Paddle weights file; re-export it")
+
+
+def walk(path: Path) -> tuple[dict[str, Any], int]:
+    """Walk the opcodes of a ``.pdparams`` pickle without executing or loading it.
+
+    Returns:
+        ``(top-level dict, file size)``. Array values are ``_Array`` stubs with their byte ranges;
+        other values are plain Python objects (the ``StructuredToParameterName@@`` dict).
+
+    Raises:
+        UnsafePickleError: a global outside ``ALLOWED_GLOBALS`` (named in the message); nothing is run.
+        CheckpointError: truncated or malformed pickle, or a top level that is not a dict.
+    """
+    try:
+        size = path.stat().st_size
+        f = open(path, "rb")
+    except IsADirectoryError:
+        raise CheckpointError("is a folder, expected a .pdparams file", path, "remove or rename it") from None
+    except OSError as e:
+        raise CheckpointError(f"cannot read: {e.strerror}", path, "check that it exists and is readable") from None
+    with f:
+        try:
+            return _walk(f, path, size), size
+        except (UnsafePickleError, CheckpointError):
+            raise
+        except (struct.error, IndexError, KeyError, TypeError, ValueError, AttributeError, UnicodeDecodeError,
+                RecursionError, MemoryError, OverflowError) as e:
+            raise _refuse(path, f"malformed pickle ({e.__class__.__name__}: {str(e)[:80]})") from None
+
+
+def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:  # noqa: C901 - one opcode table
+    stack: list[Any] = []
+    memo: dict[int, Any] = {}
+
+    def read(n: int) -> bytes:
+        if n < 0 or f.tell() + n > size:
+            raise _refuse(path, f"truncated pickle (wants {n} bytes at offset {f.tell()} of {size})")
+        b = f.read(n)
+        if len(b) != n:
+            raise _refuse(path, "truncated pickle")
+        return b
+
+    def payload(n: int) -> Any:
+        if n <= INLINE_MAX:
+            return read(n)
+        off = f.tell()
+        if off + n > size:
+            raise _refuse(path, f"truncated pickle: a {n}-byte array payload at offset {off} runs past the end")
+        f.seek(off + n)
+        return _BytesRef(off, n)
+
+    def pop_mark() -> list[Any]:
+        items = []
+        while True:
+            x = stack.pop()
+            if x is _MARK:
+                break
+            items.append(x)
+        items.reverse()
+        return items
+
+    def check_global(module: str, name: str) -> _Global:
+        if (module, name) not in ALLOWED_GLOBALS:
+            raise UnsafePickleError(
+                f"refused to unpickle: the pickle calls {module}.{name}, which a weights file never needs "
+                "(nothing was executed)",
+                path,
+                "do not load this file with paddle.load/pickle; get the weights from a trusted source",
+            )
+        return _Global(module, name)
+
+    def reduce(fn: Any, args: Any) -> Any:
+        if not isinstance(fn, _Global):
+            raise ValueError("REDUCE on a non-global")
+        key = (fn.module, fn.name)
+        if key in RECONSTRUCT:
+            return _Array(fn.module)
+        if key == ("numpy", "dtype"):
+            return _DType(str(args[0]))
+        if key == ("collections", "OrderedDict"):
+            return dict(args[0]) if args else {}
+        if key == ("_codecs", "encode"):
+            return str(args[0]).encode("latin-1")
+        if key in SCALAR:
+            dt = args[0].numpy() if isinstance(args[0], _DType) else np.dtype("float32")
+            return np.frombuffer(args[1], dtype=dt)[0].item()
+        raise ValueError(f"cannot call {fn.module}.{fn.name}")
+
+    def build(obj: Any, state: Any) -> None:
+        if isinstance(obj, _Array):
+            _version, shape, dtype, fortran, data = state
+            obj.shape = tuple(int(d) for d in shape)
+            obj.dtype = dtype.numpy()
+            obj.fortran = bool(fortran)
+            if isinstance(data, str):
+                data = data.encode("latin-1")
+            if not isinstance(data, (bytes, _BytesRef)):
+                raise ValueError("array payload is not bytes (object arrays are not weights)")
+            n = len(data) if isinstance(data, bytes) else data.length
+            numel = int(np.prod(obj.shape, dtype=np.int64)) if obj.shape else 1
+            if n != numel * obj.dtype.itemsize:
+                raise ValueError(f"array payload has {n} bytes, shape {obj.shape} needs {numel * obj.dtype.itemsize}")
+            obj.data = data
+        elif isinstance(obj, _DType):
+            if isinstance(state, tuple) and len(state) > 1 and isinstance(state[1], str):
+                obj.order = state[1]
+        elif isinstance(obj, dict) and isinstance(state, dict):
+            obj.update(state)
+        else:
+            raise ValueError("BUILD on an unsupported object")
+
+    while True:
+        op = f.read(1)
+        if not op:
+            raise _refuse(path, "truncated pickle (no STOP opcode)")
+        c = op[0]
+        if c == 0x80:  # PROTO
+            read(1)
+        elif c == 0x95:  # FRAME
+            read(8)
+        elif c == 0x2E:  # STOP
+            break
+        elif c == 0x7D:  # EMPTY_DICT
+            stack.append({})
+        elif c == 0x5D:  # EMPTY_LIST
+            stack.append([])
+        elif c == 0x29:  # EMPTY_TUPLE
+            stack.append(())
+        elif c == 0x28:  # MARK
+            stack.append(_MARK)
+        elif c == 0x64:  # DICT
+            items = pop_mark()
+            stack.append(dict(zip(items[::2], items[1::2])))
+        elif c == 0x6C:  # LIST
+            stack.append(pop_mark())
+        elif c == 0x74:  # TUPLE
+            stack.append(tuple(pop_mark()))
+        elif c in (0x85, 0x86, 0x87):  # TUPLE1/2/3
+            n = c - 0x84
+            items = stack[-n:]
+            del stack[-n:]
+            stack.append(tuple(items))
+        elif c == 0x73:  # SETITEM
+            v = stack.pop()
+            k = stack.pop()
+            stack[-1][k] = v
+        elif c == 0x75:  # SETITEMS
+            items = pop_mark()
+            d = stack[-1]
+            for k, v in zip(items[::2], items[1::2]):
+                d[k] = v
+        elif c == 0x61:  # APPEND
+            v = stack.pop()
+            stack[-1].append(v)
+        elif c == 0x65:  # APPENDS
+            items = pop_mark()
+            stack[-1].extend(items)
+        elif c == 0x94:  # MEMOIZE
+            memo[len(memo)] = stack[-1]
+        elif c == 0x71:  # BINPUT
+            memo[read(1)[0]] = stack[-1]
+        elif c == 0x72:  # LONG_BINPUT
+            memo[struct.unpack("<I", read(4))[0]] = stack[-1]
+        elif c == 0x70:  # PUT
+            memo[int(f.readline())] = stack[-1]
+        elif c == 0x68:  # BINGET
+            stack.append(memo[read(1)[0]])
+        elif c == 0x6A:  # LONG_BINGET
+            stack.append(memo[struct.unpack("<I", read(4))[0]])
+        elif c == 0x67:  # GET
+            stack.append(memo[int(f.readline())])
+        elif c == 0x8C:  # SHORT_BINUNICODE
+            stack.append(read(read(1)[0]).decode("utf-8"))
+        elif c == 0x58:  # BINUNICODE
+            stack.append(read(struct.unpack("<I", read(4))[0]).decode("utf-8"))
+        elif c == 0x8D:  # BINUNICODE8
+            stack.append(read(struct.unpack("<Q", read(8))[0]).decode("utf-8"))
+        elif c == 0x55:  # SHORT_BINSTRING (protocol 2 str)
+            stack.append(read(read(1)[0]).decode("latin-1"))
+        elif c == 0x54:  # BINSTRING
+            stack.append(read(struct.unpack("<i", read(4))[0]).decode("latin-1"))
+        elif c == 0x43:  # SHORT_BINBYTES
+            stack.append(read(read(1)[0]))
+        elif c == 0x42:  # BINBYTES
+            stack.append(payload(struct.unpack("<I", read(4))[0]))
+        elif c == 0x8E:  # BINBYTES8
+            stack.append(payload(struct.unpack("<Q", read(8))[0]))
+        elif c == 0x4E:  # NONE
+            stack.append(None)
+        elif c == 0x88:  # NEWTRUE
+            stack.append(True)
+        elif c == 0x89:  # NEWFALSE
+            stack.append(False)
+        elif c == 0x4A:  # BININT
+            stack.append(struct.unpack("<i", read(4))[0])
+        elif c == 0x4B:  # BININT1
+            stack.append(read(1)[0])
+        elif c == 0x4D:  # BININT2
+            stack.append(struct.unpack("<H", read(2))[0])
+        elif c == 0x8A:  # LONG1
+            stack.append(int.from_bytes(read(read(1)[0]), "little", signed=True))
+        elif c == 0x8B:  # LONG4
+            n = struct.unpack("<i", read(4))[0]
+            if n > 64:
+                raise ValueError("LONG4 integer too large for a weights file")
+            stack.append(int.from_bytes(read(n), "little", signed=True))
+        elif c == 0x49:  # INT (protocol 0)
+            line = f.readline().strip()
+            stack.append(True if line == b"01" else False if line == b"00" else int(line))
+        elif c == 0x47:  # BINFLOAT
+            stack.append(struct.unpack(">d", read(8))[0])
+        elif c == 0x63:  # GLOBAL
+            module = f.readline().decode("utf-8").rstrip("\n")
+            name = f.readline().decode("utf-8").rstrip("\n")
+            stack.append(check_global(module, name))
+        elif c == 0x93:  # STACK_GLOBAL
+            name = stack.pop()
+            module = stack.pop()
+            stack.append(check_global(str(module), str(name)))
+        elif c == 0x52:  # REDUCE
+            args = stack.pop()
+            fn = stack.pop()
+            stack.append(reduce(fn, args))
+        elif c == 0x81:  # NEWOBJ
+            args = stack.pop()
+            cls = stack.pop()
+            stack.append(reduce(cls, args))
+        elif c == 0x62:  # BUILD
+            state = stack.pop()
+            build(stack[-1], state)
+        elif c == 0x30:  # POP
+            stack.pop()
+        elif c == 0x31:  # POP_MARK
+            pop_mark()
+        elif c == 0x32:  # DUP
+            stack.append(stack[-1])
+        else:
+            raise _refuse(path, f"unsupported pickle opcode 0x{c:02x} at offset {f.tell() - 1}")
+    if len(stack) != 1 or not isinstance(stack[0], dict):
+        raise _refuse(path, "the pickle does not hold a {name: array} dict")
+    return stack[0]
+
+
+def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, Any], str]:
+    """Tensor headers of a ``.pdparams`` file, without loading array data.
+
+    Returns:
+        ``(tensors in file order, non-tensor entries such as StructuredToParameterName@@, numpy module
+        name the file's arrays were pickled with)``. Names bound to one array share ``TensorInfo.storage``.
+
+    Raises:
+        UnsafePickleError, CheckpointError: see :func:`walk`.
+    """
+    top, _ = walk(path)
+    tensors: list[TensorInfo] = []
+    extras: dict[str, Any] = {}
+    module = "numpy.core.multiarray"
+    for name, v in top.items():
+        if not isinstance(name, str):
+            raise _refuse(path, f"non-string key {name!r}")
+        if isinstance(v, _Array):
+            if v.data is None:
+                raise _refuse(path, f"array {name!r} has no data")
+            module = v.module
+            if isinstance(v.data, bytes):  # small payload, read during the walk
+                off, n, inline = -1, len(v.data), v.data
+            else:
+                off, n, inline = v.data.offset, v.data.length, None
+            tensors.append(
+                TensorInfo(name, v.dtype.name, v.shape, rel, off, n, storage=(rel, id(v)), fortran=v.fortran,
+                           inline=inline)
+            )
+        else:
+            extras[name] = v
+    return tensors, extras, module
+
+
+def raw_bytes_source(path: Path, t: TensorInfo) -> Source:
+    """A :class:`Source` for the stored bytes of ``t`` (in the order stored, C or Fortran)."""
+    if t.inline is not None:
+        return Source(array=np.frombuffer(t.inline, dtype=np.uint8))
+    return Source(path, t.offset, t.nbytes)
+
+
+def read_array(path: Path, t: TensorInfo) -> np.ndarray:
+    """Load one array (raw storage dtype, e.g. bf16 as ``uint16``), reading only its payload."""
+    dt = np.dtype(t.dtype).newbyteorder("<")
+    if t.inline is not None:
+        buf = t.inline
+    else:
+        with open(path, "rb") as f:
+            f.seek(t.offset)
+            buf = f.read(t.nbytes)
+        if len(buf) != t.nbytes:
+            raise CheckpointError(f"array {t.name!r} is truncated", path, "re-download or re-export the file")
+    return np.frombuffer(buf, dtype=dt).reshape(t.shape, order="F" if t.fortran else "C")
+
+
+# ---------------------------------------------------------------- writer
+
+
+class _Emitter:
+    """Writes protocol-4 pickle opcodes for a ``{name: array}`` dict (the layout ``paddle.save`` uses)."""
+
+    def __init__(self, f: BinaryIO, np_module: str):
+        self.f = f
+        self.memo_n = 0
+        self.globals: dict[tuple[str, str], int] = {}
+        self.np_module = np_module
+        self.strings: dict[str, int] = {}
+
+    def w(self, b: bytes) -> None:
+        self.f.write(b)
+
+    def memoize(self) -> int:
+        self.w(b"\x94")
+        self.memo_n += 1
+        return self.memo_n - 1
+
+    def get(self, i: int) -> None:
+        self.w(b"h" + bytes([i]) if i < 256 else b"j" + struct.pack("<I", i))
+
+    def obj(self, v: Any) -> None:
+        if v is None:
+            self.w(b"N")
+        elif v is True:
+            self.w(b"\x88")
+        elif v is False:
+            self.w(b"\x89")
+        elif isinstance(v, int):
+            if 0 <= v < 256:
+                self.w(b"K" + bytes([v]))
+            elif -(2**31) <= v < 2**31:
+                self.w(b"J" + struct.pack("<i", v))
+            else:
+                b = v.to_bytes((v.bit_length() + 8) // 8, "little", signed=True)
+                self.w(b"\x8a" + bytes([len(b)]) + b)
+        elif isinstance(v, float):
+            self.w(b"G" + struct.pack(">d", v))
+        elif isinstance(v, str):
+            self.string(v)
+        elif isinstance(v, bytes):
+            self.w((b"C" + bytes([len(v)]) if len(v) < 256 else b"B" + struct.pack("<I", len(v))) + v)
+        elif isinstance(v, tuple):
+            self.w(b"(")
+            for x in v:
+                self.obj(x)
+            self.w(b"t")
+        elif isinstance(v, list):
+            self.w(b"](")
+            for x in v:
+                self.obj(x)
+            self.w(b"e")
+        elif isinstance(v, dict):
+            self.w(b"}(")
+            for k, x in v.items():
+                self.obj(k)
+                self.obj(x)
+            self.w(b"u")
+        else:
+            raise TypeError(f"cannot write {type(v).__name__} into a .pdparams")
+
+    def string(self, s: str) -> None:
+        if s in self.strings:
+            self.get(self.strings[s])
+            return
+        b = s.encode("utf-8")
+        self.w((b"\x8c" + bytes([len(b)]) if len(b) < 256 else b"X" + struct.pack("<I", len(b))) + b)
+        self.strings[s] = self.memoize()
+
+    def glob(self, module: str, name: str) -> None:
+        key = (module, name)
+        if key in self.globals:
+            self.get(self.globals[key])
+            return
+        self.string(module)
+        self.string(name)
+        self.w(b"\x93")
+        self.globals[key] = self.memoize()
+
+    def array(self, dtype: np.dtype, shape: tuple[int, ...], fortran: bool, src: Source) -> int:
+        """Emit one ndarray; the payload is streamed from ``src``. Returns its memo index."""
+        self.glob(self.np_module, "_reconstruct")
+        self.glob("numpy", "ndarray")
+        self.w(b"K\x00\x85C\x01b\x87R")
+        idx = self.memoize()
+        self.w(b"(K\x01")
+        self.obj(tuple(int(d) for d in shape))
+        self.glob("numpy", "dtype")
+        self.string(dtype.str[1:])
+        self.w(b"\x89\x88\x87R")
+        self.memoize()
+        order = "|" if dtype.itemsize == 1 or dtype.kind == "b" else "<"
+        self.w(b"(K\x03")
+        self.string(order)
+        self.w(b"NNNJ\xff\xff\xff\xffJ\xff\xff\xff\xffK\x00tb")
+        self.w(b"\x88" if fortran else b"\x89")
+        n = src.nbytes
+        self.w(b"B" + struct.pack("<I", n) if n < 2**32 else b"\x8e" + struct.pack("<Q", n))
+        if src.array is not None:
+            self.w(np.ascontiguousarray(src.array).tobytes(order="A"))
+        else:
+            copy_range(self.f, src.path, src.offset, src.nbytes)
+        self.w(b"tb")
+        return idx
+
+
+def write_file(
+    path: Path,
+    tensors: list[tuple[str, str, tuple[int, ...], Source, object, bool]],
+    extras: dict[str, Any],
+    np_module: str = "numpy.core.multiarray",
+) -> int:
+    """Write a ``.pdparams`` file, streaming every payload.
+
+    Args:
+        path: output file.
+        tensors: ``(name, numpy dtype name, shape, source, storage key, fortran)``; entries with the same
+            non-None storage key are written once and bound to every name (aliases, as in the input).
+        extras: non-tensor entries written after the arrays (``StructuredToParameterName@@``).
+        np_module: module of ``_reconstruct`` (``numpy.core.multiarray`` loads under numpy 1 and 2).
+
+    Returns:
+        bytes of array data referenced by names (aliases counted once per name, as an index counts).
+    """
+    total = 0
+    with open(path, "wb") as f:
+        e = _Emitter(f, np_module)
+        e.w(b"\x80\x04}")
+        e.memoize()
+        written: dict[object, int] = {}
+        for name, dtype, shape, src, storage, fortran in tensors:
+            e.w(b"(")
+            e.string(name)
+            if storage is not None and storage in written:
+                e.get(written[storage])
+            else:
+                idx = e.array(np.dtype(dtype), shape, fortran, src)
+                if storage is not None:
+                    written[storage] = idx
+            e.w(b"u")
+            total += src.nbytes
+        for k, v in extras.items():
+            e.w(b"(")
+            e.string(k)
+            e.obj(v)
+            e.w(b"u")
+        e.w(b".")
+        f.flush()
+        os.fsync(f.fileno())
+    return total

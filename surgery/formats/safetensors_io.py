@@ -1,0 +1,185 @@
+"""safetensors: header parse and a streamed writer.
+
+Why not ``safetensors.safe_open`` / ``save_file``: the numpy binding has no bfloat16 (Paddle checkpoints
+are mostly bf16, and we must copy bf16 *bits*, never values), it cannot hand out the byte range of a
+tensor (we copy unchanged tensors by range, without decoding), and ``save_file`` needs every tensor in
+memory at once (a 100 GB checkpoint). The format is tiny (8-byte length, JSON header, raw data), so we
+read and write it here, with the same validation rules as the reference implementation.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import struct
+from pathlib import Path
+from typing import BinaryIO, Iterable
+
+import numpy as np
+
+from ..errors import CheckpointError
+from .tensor import DTYPES, TensorInfo
+
+# the reference implementation refuses headers over 100 MB
+MAX_HEADER = 100 * 1024 * 1024
+
+
+def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] | None]:
+    """Parse a safetensors header; reads no tensor data.
+
+    Args:
+        path: the file.
+        rel: its name relative to the checkpoint folder (stored in each ``TensorInfo.file``).
+
+    Returns:
+        ``(tensors in data order, __metadata__ or None)``.
+
+    Raises:
+        CheckpointError: truncated file, header larger than the file or 100 MB, invalid JSON, unknown
+            dtype, offsets outside the file, overlapping tensors, or a size that is not shape × itemsize.
+    """
+    fix = "the file is damaged or not safetensors; re-download or re-export it"
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            raw = f.read(8)
+            if len(raw) < 8:
+                raise CheckpointError(f"truncated safetensors file ({size} bytes, no header)", path, fix)
+            (n,) = struct.unpack("<Q", raw)
+            if n > MAX_HEADER or n + 8 > size:
+                raise CheckpointError(
+                    f"safetensors header length {n} exceeds the file size ({size} bytes) or 100 MB", path, fix
+                )
+            blob = f.read(n)
+    except IsADirectoryError:
+        raise CheckpointError("is a folder, expected a safetensors file", path, "remove or rename it") from None
+    except PermissionError as e:
+        raise CheckpointError(f"cannot read: {e.strerror}", path, "check its permissions") from None
+    try:
+        header = json.loads(blob.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"safetensors header is not valid JSON ({e.__class__.__name__})", path, fix) from None
+    if not isinstance(header, dict):
+        raise CheckpointError("safetensors header is not a JSON object", path, fix)
+    meta = header.pop("__metadata__", None)
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        raise CheckpointError("safetensors __metadata__ must map strings to strings", path, fix)
+    data_start = 8 + n
+    data_len = size - data_start
+    out: list[TensorInfo] = []
+    for name, h in header.items():
+        try:
+            dtype, shape, (b, e) = h["dtype"], [int(d) for d in h["shape"]], h["data_offsets"]
+            b, e = int(b), int(e)
+        except (KeyError, TypeError, ValueError):
+            raise CheckpointError(f"tensor {name!r} has a malformed header entry", path, fix) from None
+        if dtype not in DTYPES:
+            raise CheckpointError(f"tensor {name!r} has unknown dtype {dtype!r}", path, fix)
+        if any(d < 0 for d in shape):
+            raise CheckpointError(f"tensor {name!r} has a negative dimension {shape}", path, fix)
+        numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if not (0 <= b <= e <= data_len):
+            raise CheckpointError(
+                f"tensor {name!r} data [{b}, {e}) lies outside the file's {data_len} data bytes (truncated?)", path, fix
+            )
+        if e - b != numel * DTYPES[dtype].itemsize:
+            raise CheckpointError(
+                f"tensor {name!r} has {e - b} bytes but shape {shape} × {dtype} needs {numel * DTYPES[dtype].itemsize}",
+                path,
+                fix,
+            )
+        out.append(TensorInfo(name, dtype, tuple(shape), rel, data_start + b, e - b))
+    out.sort(key=lambda t: t.offset)
+    for a, b2 in zip(out, out[1:]):
+        if b2.offset < a.offset + a.nbytes:
+            raise CheckpointError(f"tensors {a.name!r} and {b2.name!r} overlap", path, fix)
+    return out, meta
+
+
+def read_array(path: Path, t: TensorInfo) -> np.ndarray:
+    """Load one tensor's raw storage (bf16 as ``uint16`` bits) from ``path``; reads only its bytes."""
+    with open(path, "rb") as f:
+        f.seek(t.offset)
+        buf = f.read(t.nbytes)
+    if len(buf) != t.nbytes:
+        raise CheckpointError(f"tensor {t.name!r} is truncated", path, "re-download or re-export the file")
+    return np.frombuffer(buf, dtype=t.storage_dtype).reshape(t.shape)
+
+
+class Source:
+    """Where a tensor's bytes come from when writing: a byte range of an input file, or an array."""
+
+    __slots__ = ("path", "offset", "nbytes", "array")
+
+    def __init__(self, path: Path | None = None, offset: int = 0, nbytes: int = 0, array: np.ndarray | None = None):
+        self.path, self.offset, self.nbytes, self.array = path, offset, nbytes, array
+        if array is not None:
+            self.nbytes = array.nbytes
+
+
+def copy_range(dst: BinaryIO, src_path: Path, offset: int, nbytes: int, chunk: int = 64 << 20) -> None:
+    """Append ``nbytes`` of ``src_path`` starting at ``offset`` to ``dst``, in bounded memory.
+
+    Uses ``os.copy_file_range`` (a kernel copy, no user-space buffer) where the platform has it, and
+    falls back to chunked reads where it does not (other file systems, other OSes).
+
+    Raises:
+        CheckpointError: the input ends before ``offset + nbytes``.
+    """
+    dst.flush()
+    pos, left = offset, nbytes
+    with open(src_path, "rb") as src:
+        if hasattr(os, "copy_file_range"):
+            try:
+                while left:
+                    n = os.copy_file_range(src.fileno(), dst.fileno(), min(left, 1 << 30), pos)
+                    if n == 0:
+                        break
+                    pos += n
+                    left -= n
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+            dst.seek(0, os.SEEK_END)
+        src.seek(pos)
+        while left:
+            buf = src.read(min(chunk, left))
+            if not buf:
+                raise CheckpointError("input ended early while copying", src_path, "the file is truncated")
+            dst.write(buf)
+            left -= len(buf)
+
+
+def write_file(path: Path, tensors: Iterable[tuple[str, str, tuple[int, ...], Source]], metadata: dict | None) -> int:
+    """Write a safetensors file, streaming each tensor's bytes from its :class:`Source`.
+
+    Args:
+        path: output file.
+        tensors: ``(name, dtype label, shape, source)`` in the order the data should be laid out.
+        metadata: ``__metadata__`` (str → str) or None.
+
+    Returns:
+        bytes of tensor data written (what an index's ``total_size`` counts).
+    """
+    tensors = list(tensors)
+    header: dict = {}
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    pos = 0
+    for name, dtype, shape, src in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + src.nbytes]}
+        pos += src.nbytes
+    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    blob += b" " * (-len(blob) % 8)  # data starts 8-byte aligned, as the reference writer does
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        for _, _, _, src in tensors:
+            if src.array is not None:
+                f.write(np.ascontiguousarray(src.array).tobytes())
+            else:
+                copy_range(f, src.path, src.offset, src.nbytes)
+        f.flush()
+        os.fsync(f.fileno())
+    return pos

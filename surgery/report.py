@@ -1,0 +1,103 @@
+"""The parameter-savings report: what a plan drops, adds and changes, with parameters and bytes before and
+after. Numbers only; the CLI renders them (a rich table) and the writer stores them (tietool-report.json).
+
+Bytes are counted per tensor name, as an index's ``total_size`` counts them and as a loader materialises
+them; where names shared one array in a ``.pdparams`` (pickle memo), the file held it once, and
+``storage_shared`` says so.
+"""
+
+from __future__ import annotations
+
+from . import __version__
+from .detect import Detection
+from .plan import Plan
+
+
+def _pct(part: int, whole: int) -> float:
+    return round(100.0 * part / whole, 3) if whole else 0.0
+
+
+def savings_if_tied(det: Detection) -> dict:
+    """What ``tie`` would save on this checkpoint: the head and embedding copies a re-tying loader drops."""
+    ckpt = det.ckpt
+    params = bytes_ = 0
+    why = None
+    if det.head_present and det.comparison.values in ("exact", "transposed"):
+        if det.family.reties:
+            names = [det.head] + det.head_aliases + (det.embedding_aliases if det.family.aliases else [])
+            params = sum(ckpt.tensors[n].numel for n in names)
+            bytes_ = sum(ckpt.tensors[n].nbytes for n in names)
+        else:
+            why = f"the {det.loader} loader does not re-tie a missing head, so it must stay"
+    elif det.head_present and det.comparison.values == "different":
+        why = "the head differs from the embedding (tie --keep embedding|head would drop it)"
+    elif not det.head_present:
+        why = "no head in the files"
+    out = {"parameters": params, "bytes": bytes_, "percent": _pct(bytes_, ckpt.total_bytes)}
+    if why:
+        out["why_zero"] = why
+    return out
+
+
+def build(plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False) -> dict:
+    """The report of a plan (and of its execution, ``facts`` from :func:`surgery.write.execute`)."""
+    ckpt, det = plan.ckpt, plan.det
+    t = ckpt.tensors
+    dropped = [{"name": n, "shape": list(t[n].shape), "dtype": t[n].dtype, "parameters": t[n].numel,
+                "bytes": t[n].nbytes, "reason": why,
+                "storage_shared": t[n].storage is not None and t[n].storage == t[det.embedding].storage}
+               for n, why in plan.drop.items()]
+    added = [{"name": a.name, "shape": list(a.shape), "dtype": a.dtype, "parameters": a.numel, "bytes": a.nbytes}
+             for a in plan.add]
+    changed = []
+    for n, nt in plan.replace.items():
+        changed.append({"name": n, "shape_before": list(t[n].shape), "shape_after": list(nt.shape),
+                        "dtype": nt.dtype, "parameters_before": t[n].numel, "parameters_after": nt.numel,
+                        "bytes_before": t[n].nbytes, "bytes_after": nt.nbytes})
+    p0, b0 = ckpt.total_parameters, ckpt.total_bytes
+    p1 = p0 - sum(d["parameters"] for d in dropped) + sum(a["parameters"] for a in added) + sum(
+        c["parameters_after"] - c["parameters_before"] for c in changed)
+    b1 = b0 - sum(d["bytes"] for d in dropped) + sum(a["bytes"] for a in added) + sum(
+        c["bytes_after"] - c["bytes_before"] for c in changed)
+    cfg = []
+    from .plan import _get_config
+
+    for file, key, value in plan.config_set:
+        before = _get_config(ckpt, file, key)
+        if before != value:
+            cfg.append({"file": file, "key": key, "before": before, "after": value})
+    rep = {
+        "tool": f"tietool {__version__}",
+        "operation": plan.op,
+        "dry_run": dry_run,
+        "input": str(ckpt.path),
+        "output": str(out) if out else None,
+        "format": ckpt.format,
+        "sharded": ckpt.sharded,
+        "loader": {"name": det.loader, "source": det.loader_source, "reties_missing_head": det.family.reties},
+        "embedding": det.embedding,
+        "head": det.head,
+        "changed": plan.changed,
+        "dropped": dropped,
+        "added": added,
+        "resized": changed,
+        "config_changes": cfg,
+        "before": {"parameters": p0, "bytes": b0},
+        "after": {"parameters": p1, "bytes": b1},
+        "saved": {"parameters": p0 - p1, "bytes": b0 - b1, "percent": _pct(b0 - b1, b0)},
+        "notes": list(plan.notes),
+        "warnings": list(ckpt.warnings),
+    }
+    if plan.stale_index:
+        rep["warnings"] += [f"stale index entry {n} dropped (no shard holds it)" for n in plan.stale_index
+                            if not any(n in w for w in ckpt.warnings)]
+    if plan.extra_report:
+        rep["resize"] = plan.extra_report
+    if not plan.changed:
+        rep["notes"].append(f"nothing to change: the output tensors and config equal the input's ({plan.op} is a no-op)")
+    if facts:
+        rep["files"] = facts["files"]
+        rep["total_size"] = facts["total_size"]
+        if facts.get("rename"):
+            rep["files"]["renamed"] = facts["rename"]
+    return rep

@@ -1,0 +1,74 @@
+"""``inspect``: the facts about a checkpoint as a JSON-able dict (the CLI renders it, ``--json`` prints it)."""
+
+from __future__ import annotations
+
+from .checkpoint import Checkpoint
+from .detect import Detection, detect
+from .report import savings_if_tied
+
+
+def _tensor(det: Detection, name: str | None) -> dict | None:
+    if name is None or name not in det.ckpt.tensors:
+        return None
+    t = det.ckpt.tensors[name]
+    return {"name": name, "shape": list(t.shape), "dtype": t.dtype, "logical_dtype": det.ckpt.logical_dtype(t),
+            "file": t.file, "parameters": t.numel, "bytes": t.nbytes}
+
+
+def summarize(det: Detection) -> dict:
+    """Everything ``tietool inspect`` reports, as numbers and names (schema in README.md)."""
+    ckpt: Checkpoint = det.ckpt
+    emb = _tensor(det, det.embedding)
+    emb["aliases"] = det.embedding_aliases
+    emb["other_vocab_tensors"] = det.vocab_aliases
+    head = _tensor(det, det.head) if det.head_present else {"name": det.head, "shape": None, "dtype": None,
+                                                             "file": None}
+    head["present"] = det.head_present
+    head["layout"] = det.head_layout
+    head["aliases"] = det.head_aliases
+    bias = None
+    if det.bias:
+        bias = _tensor(det, det.bias)
+        bias["aliases"] = det.bias_aliases
+    c = det.comparison
+    return {
+        "path": str(ckpt.path),
+        "format": ckpt.format,
+        "sharded": ckpt.sharded,
+        "files": list(ckpt.weight_files),
+        "index": ckpt.index_name,
+        "other_files": list(ckpt.other_files),
+        "library": det.loader.split("-")[0] if det.loader != "hf" else "unknown",
+        "model_type": det.model_type,
+        "architecture": {"family": det.family.name, "in_table": det.family.known, "found_by_shape": det.fallback},
+        "num_tensors": len(ckpt.tensors),
+        "total_parameters": ckpt.total_parameters,
+        "total_bytes": ckpt.total_bytes,
+        "embedding": emb,
+        "head": head,
+        "head_bias": bias,
+        "tie": {
+            "config": det.config_tied,
+            "config_source": det.config_source,
+            "config_flags": det.config_flags,
+            "head_in_files": det.head_present,
+            "values": c.values,
+            "max_abs_diff": c.max_abs_diff,
+            "differing_rows": c.differing_rows,
+            "storage_shared": c.storage_shared,
+        },
+        "vocab": {"config_vocab_size": det.config_vocab_size, "embedding_rows": det.vocab_rows,
+                  "hidden_size": det.hidden, "tokenizer_size": det.tokenizer.size,
+                  "tokenizer_files": list(det.tokenizer.sources)},
+        "savings": savings_if_tied(det),
+        "loader": {"name": det.loader, "source": det.loader_source, "reties_missing_head": det.family.reties,
+                   "head_layout": det.family.head_layout},
+        "problems": list(det.problems),
+        "notes": list(det.notes),
+        "warnings": list(ckpt.warnings),
+    }
+
+
+def inspect_path(path, layout: str | None = None, loader: str | None = None) -> dict:
+    """Open, detect and summarise the checkpoint at ``path``. Raises what :meth:`Checkpoint.open` raises."""
+    return summarize(detect(Checkpoint.open(path), layout=layout, loader=loader))

@@ -1,0 +1,323 @@
+"""Execute a plan: write the output checkpoint into a temporary folder beside ``--out``, then rename it
+into place. The input is only read.
+
+* weight files no tensor of the plan touches are copied by the kernel (``shutil.copyfile``) or, with
+  ``link=True``, hard-linked;
+* touched files are streamed: unchanged tensors are copied by byte range, never decoded; only new data is
+  in memory, one tensor (or one alias group) at a time;
+* shards left empty are removed and the rest renumbered; the index (``weight_map``, ``total_size``) is
+  rewritten to match exactly what was written;
+* config keys are set, every other file is copied unchanged, and ``tietool-report.json`` is added.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from .checkpoint import REPORT_NAME, SHARD_RE, Checkpoint
+from .errors import OutputError, UsageError
+from .formats import pdparams_io, safetensors_io
+from .formats.safetensors_io import Source
+from .plan import NewTensor, Plan
+
+TMP_TAG = ".tietool-tmp-"
+
+
+def read_config_file(path: Path) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def get_dotted(data: Any, key: str) -> Any:
+    for part in key.split("."):
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    return data
+
+
+def set_dotted(data: Any, key: str, value: Any) -> None:
+    parts = key.split(".")
+    for part in parts[:-1]:
+        data = data[int(part)] if isinstance(data, list) else data[part]
+    last = parts[-1]
+    if isinstance(data, list):
+        data[int(last)] = value
+    else:
+        data[last] = value
+
+
+def check_output_path(inp: Path, out: Path) -> None:
+    """Refuse an ``--out`` that is the input, inside it, contains it, or is a non-empty existing path.
+
+    Raises:
+        UsageError: with the fix (another folder).
+    """
+    ri, ro = inp.resolve(), out.resolve()
+    if ro == ri or ri in ro.parents:
+        raise UsageError("--out is the input folder or inside it; the input is never modified", out,
+                         "choose an --out outside the checkpoint folder")
+    if ro in ri.parents:
+        raise UsageError("--out contains the input folder", out, "choose another --out")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UsageError("--out already exists and is not empty", out, "remove it or choose another --out")
+
+
+def _clean_stale_temps(out: Path) -> None:
+    """Remove temporary folders left by interrupted runs for this ``--out`` (their process is gone)."""
+    prefix = f".{out.name}{TMP_TAG}"
+    if not out.parent.is_dir():
+        return
+    for p in out.parent.iterdir():
+        if p.name.startswith(prefix) and p.is_dir():
+            try:
+                pid = int(p.name[len(prefix):].split("-")[0])
+                os.kill(pid, 0)
+                continue  # still running
+            except (ValueError, ProcessLookupError):
+                shutil.rmtree(p, ignore_errors=True)
+            except PermissionError:
+                continue
+
+
+def _shard_name(kind: str, k: int, n: int) -> str:
+    return f"{kind}-{k:05d}-of-{n:05d}.{'safetensors' if kind == 'model' else 'pdparams'}"
+
+
+def execute(plan: Plan, out: str | Path, link: bool = False,
+            progress: Callable[[str, int], None] | None = None,
+            report: Callable[[dict], dict] | None = None) -> dict:
+    """Write the output checkpoint of ``plan`` to ``out`` atomically; returns the written-file facts.
+
+    Args:
+        out: the output folder (must not exist, or be empty).
+        link: hard-link untouched weight files instead of copying them. A later in-place edit of a
+            linked file changes both checkpoints; tools that rewrite files (as tietool does) are safe.
+        progress: called with (file name, bytes) after each file is written.
+        report: given the written-file facts, returns the report written as ``tietool-report.json``
+            (inside the temporary folder, so a finished output always has it).
+
+    Returns:
+        the report (or the facts when ``report`` is None).
+
+    Raises:
+        OutputError: the output cannot be written (disk full, permissions); nothing is left behind.
+        UsageError: ``out`` is inside the input or already holds files.
+    """
+    ckpt = plan.ckpt
+    out = Path(out)
+    check_output_path(ckpt.path, out)
+    _clean_stale_temps(out)
+    parent = out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create the output's parent folder: {e.strerror}", parent, "check the path") from None
+    tmp = parent / f".{out.name}{TMP_TAG}{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        tmp.mkdir()
+        facts = _write_all(plan, tmp, link, progress)
+        if report is not None:
+            facts = report(facts)
+            _write_json(tmp / REPORT_NAME, facts)
+        _fsync_dir(tmp)
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.rename(tmp, out)
+        _fsync_dir(parent)
+        return facts
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if e.errno == errno.ENOSPC:
+            raise OutputError("no space left on the device; nothing was written", parent,
+                              "free space or choose an --out on another disk") from None
+        raise OutputError(f"cannot write the output: {e.strerror or e}", getattr(e, "filename", None) or parent,
+                          "check permissions and free space; nothing was written") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _fsync_dir(p: Path) -> None:
+    try:
+        fd = os.open(p, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
+    ckpt = plan.ckpt
+    touched = plan.touched_files()
+    # per input file: the output entries in order
+    entries: dict[str, list[tuple[str, str, tuple, Any, object, bool]]] = {f: [] for f in ckpt.weight_files}
+    adds_after: dict[str | None, list[NewTensor]] = {}
+    for a in plan.add:
+        adds_after.setdefault(a.after, []).append(a)
+    made: dict[int, Any] = {}
+
+    def source_of(nt: NewTensor) -> Source:
+        key = id(nt.make)
+        if key not in made:
+            made[key] = nt.make()
+        arr = made[key]
+        if tuple(arr.shape) != tuple(nt.shape):
+            raise AssertionError(f"internal: {nt.name} made {arr.shape}, planned {nt.shape}")
+        return Source(array=arr)
+
+    for name, t in ckpt.tensors.items():
+        if name in plan.drop:
+            continue
+        if name in plan.replace:
+            nt = plan.replace[name]
+            entries[t.file].append((name, nt.dtype, nt.shape, nt, nt.storage if nt.storage is not None else t.storage,
+                                    False))
+        else:
+            dtype = "BF16" if plan.relabel_u16 and t.dtype == "U16" else t.dtype
+            entries[t.file].append((name, dtype, t.shape, None, t.storage, t.fortran))
+        for a in adds_after.pop(name, []):
+            entries[a.file].append((a.name, a.dtype, a.shape, a, a.storage, False))
+    for lst in adds_after.values():
+        for a in lst:
+            entries[a.file].append((a.name, a.dtype, a.shape, a, a.storage, False))
+
+    # output names: drop emptied shards, renumber
+    kept_files = [f for f in ckpt.weight_files if entries[f]]
+    if not kept_files:
+        raise UsageError("the plan leaves no tensor in the checkpoint", ckpt.path, "this is a bug; please report it")
+    rename: dict[str, str] = {}
+    if ckpt.sharded:
+        n = len(kept_files)
+        for k, f in enumerate(kept_files, 1):
+            m = SHARD_RE.match(f)
+            rename[f] = _shard_name(m.group(1), k, n) if m else f
+    else:
+        rename = {f: f for f in kept_files}
+
+    files_report = {"copied": [], "linked": [], "rewritten": [], "removed": [f for f in ckpt.weight_files
+                                                                             if f not in kept_files]}
+    weight_map: dict[str, str] = {}
+    total_size = 0
+    for f in kept_files:
+        dst = tmp / rename[f]
+        src = ckpt.path / f
+        for e in entries[f]:
+            weight_map[e[0]] = rename[f]
+            total_size += e[3].nbytes if e[3] is not None else ckpt.tensors[e[0]].nbytes
+        if f not in touched:
+            if link:
+                try:
+                    os.link(src, dst)
+                    files_report["linked"].append(rename[f])
+                except OSError:
+                    shutil.copyfile(src, dst)
+                    files_report["copied"].append(rename[f])
+            else:
+                shutil.copyfile(src, dst)
+                files_report["copied"].append(rename[f])
+        else:
+            _rewrite(plan, f, entries[f], dst, source_of)
+            files_report["rewritten"].append(rename[f])
+            # free new arrays no longer needed by later files
+            still = {id(e[3].make) for g in kept_files[kept_files.index(f) + 1:] for e in entries[g] if e[3] is not None}
+            for k in list(made):
+                if k not in still:
+                    del made[k]
+        if progress:
+            progress(rename[f], dst.stat().st_size)
+
+    if ckpt.sharded:
+        index = dict(ckpt.index)
+        meta = dict(index.get("metadata") or {})
+        meta["total_size"] = total_size
+        index["metadata"] = meta
+        index["weight_map"] = dict(sorted(weight_map.items()))
+        _write_json(tmp / ckpt.index_name, index)
+
+    _write_configs(plan, tmp)
+    for rel in ckpt.other_files:
+        if rel in ("config.json",) or any(c[0] == rel for c in plan.config_set):
+            continue
+        d = tmp / rel
+        d.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ckpt.path / rel, d)
+    return {"files": files_report, "total_size": total_size, "weight_files": [rename[f] for f in kept_files],
+            "rename": {f: r for f, r in rename.items() if f != r}}
+
+
+def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of) -> None:
+    ckpt = plan.ckpt
+    if ckpt.format == "safetensors":
+        def gen():
+            for name, dtype, shape, nt, _storage, _fortran in entries:
+                yield name, dtype, shape, (source_of(nt) if nt is not None else ckpt.source(name))
+
+        # keep the input's __metadata__ and record each dropped name as {dropped: kept}, as safetensors'
+        # own save_model does for shared tensors
+        meta = {**(ckpt.st_metadata.get(f) or {}), **plan.metadata}
+        safetensors_io.write_file(dst, gen(), meta or None)
+    else:
+        rows = []
+        for name, dtype, shape, nt, storage, fortran in entries:
+            src = source_of(nt) if nt is not None else ckpt.source(name)
+            rows.append((name, dtype if dtype in _NP_NAMES else _np_name(dtype), shape, src, storage, fortran))
+        extras = dict(ckpt.extras.get(f) or {})
+        s2p = extras.get("StructuredToParameterName@@")
+        if isinstance(s2p, dict):
+            extras["StructuredToParameterName@@"] = {k: v for k, v in s2p.items() if k not in plan.drop}
+            names = {r[0] for r in rows}
+            for nt in plan.add:
+                if nt.name in names and nt.name not in s2p:
+                    extras["StructuredToParameterName@@"][nt.name] = nt.name.replace(".", "_")
+        pdparams_io.write_file(dst, rows, extras, ckpt.np_module.get(f, "numpy.core.multiarray"))
+
+
+_NP_NAMES = {"float64", "float32", "float16", "uint16", "int64", "int32", "int16", "int8", "uint8", "uint32",
+             "uint64", "bool"}
+
+
+def _np_name(label: str) -> str:
+    from .formats.tensor import DTYPES
+
+    return DTYPES[label].np_name
+
+
+def _write_json(path: Path, data: Any) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, ensure_ascii=False)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def _write_configs(plan: Plan, tmp: Path) -> None:
+    by_file: dict[str, list[tuple[str, Any]]] = {"config.json": []}
+    for file, key, value in plan.config_set:
+        by_file.setdefault(file, []).append((key, value))
+    for file, sets in by_file.items():
+        src = plan.ckpt.path / file
+        changed = False
+        data = plan.ckpt.config if file == "config.json" else read_config_file(src)
+        data = json.loads(json.dumps(data))
+        for key, value in sets:
+            try:
+                if get_dotted(data, key) == value:
+                    continue
+            except (KeyError, IndexError, TypeError):
+                pass
+            set_dotted(data, key, value)
+            changed = True
+        if changed:
+            _write_json(tmp / file, data)
+        else:
+            shutil.copyfile(src, tmp / file)
