@@ -41,6 +41,7 @@ INDEX = json.loads((fs.EXPECTED_DIR / "index.json").read_text()) if fs.EXPECTED_
 PF_AVAILABLE = importlib.util.find_spec("paddleformers") is not None
 LOAD_WARNINGS = ("Missing keys", "Unexpected keys", "newly initialized", "should be assigned")
 LAYOUT = {"[vocab, hidden]": "vocab-hidden", "[hidden, vocab]": "hidden-vocab"}
+PF_ALWAYS_TIED = {"Gemma3ForCausalLM"}  # PaddleFormers 1.2 classes whose loader ties the head unconditionally
 
 
 class Case:
@@ -70,9 +71,13 @@ class Case:
         self.can_drop_head = self.verdict.startswith("can_drop_head")
         self.pf = name.startswith("pf_")
         self.pnlp_llama = name.startswith("pnlp_llama")
-        # PaddleNLP GPT/BERT/T5: untie support depends on the model class; either outcome is accepted
-        self.untie_either = name.startswith("pnlp_") and not self.pnlp_llama
         self.model_class = self.cfg["architectures"][0]
+        # PaddleFormers 1.2 Gemma3ForCausalLM._gen_aoa_config maps "model.embed_tokens.weight -> lm_head.weight"
+        # unconditionally: the head is always loaded from the embedding and a file lm_head.weight is ignored
+        # ("Unexpected keys"), whatever tie_word_embeddings says. An untie cannot survive a load.
+        self.pf_always_ties = self.pf and self.model_class in PF_ALWAYS_TIED
+        # PaddleNLP GPT/BERT/T5: untie support depends on the model class; either outcome is accepted
+        self.untie_either = (name.startswith("pnlp_") and not self.pnlp_llama) or self.pf_always_ties
         self.load_kwargs = e["loader"]["roundtrip"].get("from_pretrained_kwargs") or {}
         self.suffix = ".safetensors" if e["format"]["container"] == "safetensors" else ".pdparams"
         self.head_nbytes = self.tensors[self.head]["nbytes"] if self.head_in_files else 0
@@ -566,13 +571,17 @@ def test_pf_fidelity(bench, name, op, tmp_path):
     """
     c = CASES[name]
     run = bench.tie(c) if op == "tie" else bench.untie(c)
+    if op == "untie" and c.untie_either and run.rc != 0:
+        pytest.skip(f"untie refused for {c.model_class} (accepted; see test_untie)")
     ok(run)
     out_npy = tmp_path / "logits.npy"
     res = fs.run_pf_logits(run.out, c.model_class, out_npy, c.load_kwargs)
     assert res.get("ok"), f"PaddleFormers could not load the {op} output of {name}: {res}"
     for pat in LOAD_WARNINGS:
         bad = [w for w in res.get("warnings", []) if pat in w]
-        assert not bad, f"PaddleFormers warned {pat!r} loading the {op} output of {name}: {bad}"
+        why = (" (PaddleFormers 1.2 always loads this model's head from the embedding, so an untied head is "
+               "silently discarded: untie should refuse)") if op == "untie" and c.pf_always_ties else ""
+        assert not bad, f"PaddleFormers warned {pat!r} loading the {op} output of {name}{why}: {bad}"
     got = np.load(out_npy)
     want = np.load(fs.ORACLES_DIR / f"{name}.logits_before.npy")
     assert got.shape == want.shape, f"logits shape {got.shape}, oracle {want.shape}"
