@@ -373,7 +373,7 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
         comp = compare(ckpt, embedding, head, head_layout)
 
     # consistency findings
-    if head_present and comp.values == "different" and config_tied:
+    if head_present and comp.values == "different" and config_tied and comp.max_abs_diff is not None:
         problems.append(f"tied in config ({source} = true) but {head} differs from {embedding}: "
                         f"max |difference| {comp.max_abs_diff:.3g} in {comp.differing_rows} of {V} rows; a loader "
                         "that re-ties ignores the head's values")

@@ -79,7 +79,8 @@ class Case:
         # PaddleNLP GPT/BERT/T5: untie support depends on the model class; either outcome is accepted
         self.untie_either = (name.startswith("pnlp_") and not self.pnlp_llama) or self.pf_always_ties
         self.load_kwargs = e["loader"]["roundtrip"].get("from_pretrained_kwargs") or {}
-        self.suffix = ".safetensors" if e["format"]["container"] == "safetensors" else ".pdparams"
+        self.container = INDEX[name]["container"]  # "safetensors" | "pdparams"
+        self.suffix = "." + self.container
         self.head_nbytes = self.tensors[self.head]["nbytes"] if self.head_in_files else 0
 
     def __repr__(self) -> str:
@@ -281,7 +282,7 @@ def test_inspect_detection(bench, name):
     errs = Errors()
     check_input_unchanged(errs, run)
     e, ie, oe = c.exp, c.exp["input_embedding"], c.exp["output_embedding"]
-    errs.eq("format", info.get("format"), e["format"]["container"])
+    errs.eq("format", info.get("format"), c.container)
     errs.eq("sharded", info.get("sharded"), e["format"]["sharded"])
     errs.eq("files", sorted(info.get("files") or []), sorted(e["format"]["weight_files"]))
     errs.eq("model_type", info.get("model_type"), c.cfg["model_type"])
