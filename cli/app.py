@@ -121,7 +121,7 @@ def inspect(
     _run(body)
 
 
-def _write_command(op: str, ckpt: Path, out: Path, make_plan, dry_run: bool, json_out: bool, link: bool,
+def _write_command(ckpt: Path, out: Path, make_plan, dry_run: bool, json_out: bool, link: bool,
                    quiet: bool) -> None:
     from surgery import report as report_mod
     from surgery.checkpoint import Checkpoint
@@ -147,6 +147,9 @@ def tie(
     ckpt: CkptArg,
     out: OutOpt,
     keep: Annotated[Optional[Keep], typer.Option(help="when head and embedding differ: which values to keep")] = None,
+    drop_aliases: Annotated[bool, typer.Option(
+        "--drop-aliases", help="also drop copies of the embedding under alias names (T5/BART encoder/decoder)")]
+    = False,
     layout: Annotated[Optional[Layout], typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
     loader: LoaderOpt = None,
     dry_run: DryOpt = False,
@@ -160,9 +163,9 @@ def tie(
         from surgery.detect import detect
         from surgery.plan import plan_tie
 
-        _write_command("tie", ckpt, out, lambda c: plan_tie(
+        _write_command(ckpt, out, lambda c: plan_tie(
             detect(c, layout=_layout(layout), loader=loader.value if loader else None),
-            keep=keep.value if keep else None), dry_run, json_out, link, quiet)
+            keep=keep.value if keep else None, drop_aliases=drop_aliases), dry_run, json_out, link, quiet)
 
     _run(body)
 
@@ -186,7 +189,7 @@ def untie(
         from surgery.detect import detect
         from surgery.plan import plan_untie
 
-        _write_command("untie", ckpt, out, lambda c: plan_untie(
+        _write_command(ckpt, out, lambda c: plan_untie(
             detect(c, layout=_layout(layout), loader=loader.value if loader else None, compare_values=True),
             layout=layout.value), dry_run, json_out, link, quiet)
 
@@ -232,9 +235,36 @@ def resize(
 
         n = as_int("--vocab", vocab)
         m = as_int("--pad-to-multiple-of", pad_to_multiple_of)
-        _write_command("resize", ckpt, out, lambda c: plan_resize(
+        _write_command(ckpt, out, lambda c: plan_resize(
             detect(c, layout=_layout(layout), loader=loader.value if loader else None, compare_values=True),
             n, m, init.value, seed, force), dry_run, json_out, link, quiet)
+
+    _run(body)
+
+
+@app.command()
+def verify(
+    before: Annotated[Path, typer.Argument(help="the input checkpoint", show_default=False)],
+    after: Annotated[Path, typer.Argument(help="the output checkpoint", show_default=False)],
+    logits: Annotated[bool, typer.Option("--logits", help="also compare logits under PaddleFormers (if installed)")]
+    = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Check that AFTER differs from BEFORE exactly as tie/untie/resize explain (exit 7 if not)."""
+
+    def body():
+        from surgery.verify import logits_check, verify as run_verify
+
+        from . import render
+
+        res = run_verify(before, after)
+        if logits:
+            res.logits = logits_check(before, after)
+            if res.logits.get("ok") is False:
+                res.unexplained.append(f"logits differ: {res.logits}")
+        render.verify(res.as_dict(), as_json=json_out)
+        if not res.explained:
+            raise typer.Exit(7)
 
     _run(body)
 

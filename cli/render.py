@@ -137,6 +137,36 @@ def report(rep: dict, as_json: bool = False) -> None:
         con.print(f"[yellow]warning:[/yellow] {w}")
 
 
+def verify(res: dict, as_json: bool = False) -> None:
+    if as_json:
+        print(json.dumps(res, indent=2))
+        return
+    con = _console()
+    con.print(f"{res['identical_tensors']} tensors bit-identical; {len(res['dropped'])} dropped, "
+              f"{len(res['added'])} added, {len(res['resized'])} resized, {len(res['changed'])} changed")
+    for d in res["dropped"]:
+        con.print(f"dropped {d['name']} {_shape(d['shape'])}" + (" (equals the embedding)" if d["equals_embedding"]
+                                                                 else ""))
+    for a in res["added"]:
+        con.print(f"added {a['name']} {_shape(a['shape'])}" + (" (equals the embedding)" if a["equals_embedding"]
+                                                               else ""))
+    for r in res["resized"]:
+        con.print(f"resized {r['name']} {_shape(r['shape_before'])} → {_shape(r['shape_after'])}"
+                  + (" (common part identical)" if r["common_part_identical"] else " (common part DIFFERS)"))
+    for c in res["changed"]:
+        con.print(f"changed {c['name']}: {c.get('why') or 'max |difference| ' + format(c.get('max_abs_diff', 0), '.3g')}")
+    for c in res["config_differences"]:
+        con.print(f"config {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
+    if res.get("logits"):
+        con.print(f"logits: {res['logits']}")
+    if res["explained"]:
+        con.print("verdict: every difference is explained by tie/untie/resize")
+    else:
+        for u in res["unexplained"]:
+            con.print(f"[red]unexplained:[/red] {u}")
+        con.print("verdict: differences that tie/untie/resize do not explain")
+
+
 @contextlib.contextmanager
 def progress(quiet: bool, total: int, threshold: int = 256 << 20):
     """A rich progress bar over the bytes written, shown only on a terminal and above ``threshold`` bytes."""

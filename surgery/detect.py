@@ -259,7 +259,6 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
                    if ckpt.tensors[n].shape == e_info.shape]
     # the head
     head_cands = _find(ckpt, fam.head, exclude=(embedding,))
-    head_cands = [n for n in head_cands if n not in alias_named or n in _find(ckpt, fam.head)]
     head = head_cands[0] if head_cands else None
     head_present = head is not None
     if head is None and not fam.known:
@@ -377,6 +376,9 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
         problems.append(f"tied in config ({source} = true) but {head} differs from {embedding}: "
                         f"max |difference| {comp.max_abs_diff:.3g} in {comp.differing_rows} of {V} rows; a loader "
                         "that re-ties ignores the head's values")
+    if not head_present and config_tied and not fam.reties and comp.values != "shared":
+        problems.append(f"no head in the files, and the {loader} loader does not re-tie a missing head: it would "
+                        f"load a random {head} (run untie to write it, or pass --loader if another library loads it)")
     if not head_present and not config_tied:
         problems.append(f"untied in config ({source} = false) but no head ({head}) was found in the files: "
                         "effectively tied; a loader would fail or initialise a random head "

@@ -154,13 +154,16 @@ def _base_plan(op: str, det: Detection) -> Plan:
 # ------------------------------------------------------------------ tie
 
 
-def plan_tie(det: Detection, keep: str | None = None) -> Plan:
-    """Plan ``tie``: drop the head (and embedding copies) where the loader re-ties; set the flag true.
+def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False) -> Plan:
+    """Plan ``tie``: drop the head (and its aliases) where the loader re-ties; set the flag true.
 
     Args:
         det: detection (with ``--layout``/``--loader`` applied).
         keep: when head and embedding differ, ``"embedding"`` keeps the embedding's values, ``"head"``
             writes the head's values (in ``[vocab, hidden]``) as the embedding. None refuses.
+        drop_aliases: also drop copies of the embedding under alias names (T5/BART
+            ``encoder.embed_tokens``/``decoder.embed_tokens``). Off by default: the loaders build those
+            as one shared layer, but the fixtures hold no evidence of a load without them.
 
     Raises:
         ValuesDifferError: values differ and ``keep`` is None (message names both tensors, max |diff|, rows).
@@ -170,7 +173,15 @@ def plan_tie(det: Detection, keep: str | None = None) -> Plan:
     ckpt, plan = det.ckpt, _base_plan("tie", det)
     _refuse_unusable_head(det, "tie")
     plan.config_set = _tie_flags(det, True)
+    copies = [a for a in det.embedding_aliases if det.family.reties]
+    if drop_aliases:
+        for a in copies:
+            plan.drop[a] = f"copy of {det.embedding} (--drop-aliases)"
+    elif copies:
+        plan.notes.append(f"{', '.join(copies)} duplicate {det.embedding} and are kept "
+                          "(--drop-aliases drops them)")
     if not det.head_present:
+        plan.metadata = {n: det.embedding for n in plan.drop}
         if det.config_tied:
             plan.notes.append(f"already tied: no head in the files and {det.config_source} = true")
         else:
@@ -210,26 +221,19 @@ def plan_tie(det: Detection, keep: str | None = None) -> Plan:
         plan.drop[det.head] = f"duplicate of {det.embedding} (the {det.loader} loader re-ties it)"
         for a in det.head_aliases:
             plan.drop[a] = f"alias of {det.head}"
-        if det.family.aliases:
-            for a in det.embedding_aliases:
-                plan.drop[a] = f"copy of {det.embedding} (one table shared by the model)"
         plan.metadata = {n: det.embedding for n in plan.drop}
     else:
         plan.notes.append(
             f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head: it would load a random "
             f"one, so {det.head} is kept, equal to the embedding in the loader's {det.head_layout} layout; "
             "0 bytes saved")
-        if keep is not None and comp.values == "different":
-            e_layout = det.head_layout
-            src = det.head if keep == "head" else det.embedding
+        if keep == "embedding" and comp.values == "different":
             h = det.head_info
-            if keep == "embedding":
-                def make(e_layout=e_layout) -> np.ndarray:
-                    return _as_layout(ckpt.load(det.embedding), e_layout)
 
-                plan.replace[det.head] = NewTensor(det.head, _out_dtype(ckpt, h, plan.relabel_u16), h.shape, make,
-                                                   h.file)
-            del src
+            def make(lay=det.head_layout) -> np.ndarray:
+                return _as_layout(ckpt.load(det.embedding), lay)
+
+            plan.replace[det.head] = NewTensor(det.head, _out_dtype(ckpt, h, plan.relabel_u16), h.shape, make, h.file)
     return plan
 
 

@@ -24,7 +24,7 @@ def savings_if_tied(det: Detection) -> dict:
     why = None
     if det.head_present and det.comparison.values in ("exact", "transposed"):
         if det.family.reties:
-            names = [det.head] + det.head_aliases + (det.embedding_aliases if det.family.aliases else [])
+            names = [det.head] + det.head_aliases
             params = sum(ckpt.tensors[n].numel for n in names)
             bytes_ = sum(ckpt.tensors[n].nbytes for n in names)
         else:

@@ -180,8 +180,8 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
             continue
         if name in plan.replace:
             nt = plan.replace[name]
-            entries[t.file].append((name, nt.dtype, nt.shape, nt, nt.storage if nt.storage is not None else t.storage,
-                                    False))
+            # a replaced tensor has storage of its own unless the plan groups it (aliases of one new table)
+            entries[t.file].append((name, nt.dtype, nt.shape, nt, nt.storage, False))
         else:
             dtype = "BF16" if plan.relabel_u16 and t.dtype == "U16" else t.dtype
             entries[t.file].append((name, dtype, t.shape, None, t.storage, t.fortran))
@@ -278,7 +278,7 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of) -> None:
             names = {r[0] for r in rows}
             for nt in plan.add:
                 if nt.name in names and nt.name not in s2p:
-                    extras["StructuredToParameterName@@"][nt.name] = nt.name.replace(".", "_")
+                    extras["StructuredToParameterName@@"][nt.name] = nt.name
         pdparams_io.write_file(dst, rows, extras, ckpt.np_module.get(f, "numpy.core.multiarray"))
 
 

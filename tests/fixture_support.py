@@ -8,8 +8,8 @@ Nothing here imports ``surgery`` or ``cli``: the tests judge the tool with their
   ``paddle.save`` writes it. It is read with an unpickler that only resolves the numpy globals needed to
   rebuild arrays and raises on anything else.
 
-Paths: the fixtures live in ``../shared/fixtures`` next to the repository (in CI too: a fresh clone with a copy
-of ``shared/`` beside it). ``TIETOOL_FIXTURES`` and ``TIETOOL_PF_LOGITS`` override them.
+Paths: the fixtures live in ``../shared/fixtures`` next to the repository (in CI too: a fresh clone with a
+copy of ``shared/`` beside it). ``TIETOOL_FIXTURES`` and ``TIETOOL_PF_LOGITS`` override them.
 """
 
 from __future__ import annotations
@@ -289,7 +289,8 @@ def run_pf_logits(ckpt: Path, model_class: str, out_npy: Path, kwargs: dict | No
     else:
         cmd = [sys.executable, str(PF_LOGITS), str(ckpt), model_class, str(ids), str(out_npy)]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TIETOOL_PF_LOGITS=str(PF_LOGITS))
-    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                        stdin=subprocess.DEVNULL)
     lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
     res = json.loads(lines[-1]) if lines else {"ok": False, "error": "no JSON line", "warnings": []}
     res["rc"] = cp.returncode

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run /work/shared/tools/pf_logits.py unchanged, but with extra ``from_pretrained`` keyword arguments.
+"""Run ../shared/tools/pf_logits.py unchanged, but with extra ``from_pretrained`` keyword arguments.
 
 usage: python tests/pf_logits_kw.py KWARGS_JSON CKPT_DIR MODEL_CLASS INPUT_IDS.npy OUT.npy
 
@@ -15,7 +15,8 @@ import runpy
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-PF_LOGITS = os.environ.get("TIETOOL_PF_LOGITS", os.path.join(_HERE, "..", "..", "shared", "tools", "pf_logits.py"))
+_DEFAULT = os.path.join(_HERE, "..", "..", "shared", "tools", "pf_logits.py")
+PF_LOGITS = os.environ.get("TIETOOL_PF_LOGITS", _DEFAULT)
 
 
 def main() -> None:

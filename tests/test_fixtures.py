@@ -72,9 +72,10 @@ class Case:
         self.pf = name.startswith("pf_")
         self.pnlp_llama = name.startswith("pnlp_llama")
         self.model_class = self.cfg["architectures"][0]
-        # PaddleFormers 1.2 Gemma3ForCausalLM._gen_aoa_config maps "model.embed_tokens.weight -> lm_head.weight"
-        # unconditionally: the head is always loaded from the embedding and a file lm_head.weight is ignored
-        # ("Unexpected keys"), whatever tie_word_embeddings says. An untie cannot survive a load.
+        # PaddleFormers 1.2 Gemma3ForCausalLM._gen_aoa_config maps
+        # "model.embed_tokens.weight -> lm_head.weight" unconditionally: the head is always loaded from the
+        # embedding and a file lm_head.weight is ignored ("Unexpected keys"), whatever tie_word_embeddings
+        # says. An untie cannot survive a load.
         self.pf_always_ties = self.pf and self.model_class in PF_ALWAYS_TIED
         # PaddleNLP GPT/BERT/T5: untie support depends on the model class; either outcome is accepted
         self.untie_either = (name.startswith("pnlp_") and not self.pnlp_llama) or self.pf_always_ties
@@ -109,7 +110,8 @@ class Bench:
             self._original[case.name] = fs.read_checkpoint(case.src)
         return self._original[case.name]
 
-    def _run(self, key: tuple, src: Path, command: str, extra: list[str], with_out: bool = True) -> fs.ToolRun:
+    def _run(self, key: tuple, src: Path, command: str, extra: list[str],
+             with_out: bool = True) -> fs.ToolRun:
         if key not in self._runs:
             work = self.root / "-".join(str(k) for k in key).replace("/", "_")
             self._runs[key] = fs.run_on_copy(src, work, command, extra, with_out)
@@ -222,21 +224,22 @@ def check_output_basics(errs: Errors, c: Case, run: fs.ToolRun) -> dict[str, fs.
 def check_refused(errs: Errors, run: fs.ToolRun) -> None:
     errs.true("expected a non-zero exit (refusal)", run.rc != 0)
     errs.true("refusal printed a Python traceback", fs.TRACEBACK not in run.message)
-    errs.true(f"refusal left files in --out: {sorted(p.name for p in run.out.iterdir()) if run.out.exists() else []}",
-              run.out_empty())
+    left = sorted(p.name for p in run.out.iterdir()) if run.out.exists() and run.out.is_dir() else []
+    errs.true(f"refusal left files in --out: {left}", run.out_empty())
     check_input_unchanged(errs, run)
 
 
 def saved_bytes(errs: Errors, run: fs.ToolRun) -> list:
     hits = fs.find_saved_bytes(run.report())
     if not hits:
-        errs.append(f"{fs.REPORT_NAME} states no bytes saved (looked for bytes_saved/saved_bytes/savings.bytes); "
+        errs.append(f"{fs.REPORT_NAME} states no bytes saved (looked for bytes_saved, saved_bytes, "
+                    "savings.bytes, saved.bytes); "
                     f"top-level keys: {sorted(run.report())}")
     return [v for _, v in hits]
 
 
 def effective_tie(cfg: dict, case: Case) -> object:
-    """tie_word_embeddings of an output config; PaddleNLP GPT/BERT/T5 default to tied when the key is absent."""
+    """tie_word_embeddings of an output config (PaddleNLP GPT/BERT/T5 default to tied when it is absent)."""
     if "tie_word_embeddings" in cfg:
         return cfg["tie_word_embeddings"]
     return True if case.name.startswith("pnlp_") and not case.pnlp_llama else "(absent)"
@@ -294,7 +297,8 @@ def test_inspect_detection(bench, name):
     errs.eq("embedding.shape", emb.get("shape"), ie["shape"])
     errs.eq("embedding.dtype", emb.get("dtype"), c.tensors[c.embed]["dtype"])
     errs.eq("embedding.file", emb.get("file"), ie["file"])
-    errs.eq("embedding.aliases (other than the head)", set(emb.get("aliases") or []) - {c.head}, c.embed_aliases)
+    errs.eq("embedding.aliases (other than the head)", set(emb.get("aliases") or []) - {c.head},
+            c.embed_aliases)
 
     head = info.get("head") or {}
     errs.eq("head.name", head.get("name"), c.head)
@@ -353,11 +357,12 @@ def test_inspect_savings(bench, name):
         if c.bias:  # the bias alias (same parameter as the bias) may be deduplicated too
             bias_numel = int(np.prod(c.tensors[c.bias]["shape"]))
             bias_bytes = c.tensors[c.bias]["nbytes"]
-            errs.true(f"savings.parameters: expected {head_numel} (or {head_numel + bias_numel} with the bias "
-                      f"alias), seen {sav.get('parameters')!r}",
+            errs.true(f"savings.parameters: expected {head_numel} (or {head_numel + bias_numel} with the "
+                      f"bias alias), seen {sav.get('parameters')!r}",
                       sav.get("parameters") in (head_numel, head_numel + bias_numel))
             errs.true(f"savings.bytes: expected {c.head_nbytes} (or {c.head_nbytes + bias_bytes}), seen "
-                      f"{sav.get('bytes')!r}", sav.get("bytes") in (c.head_nbytes, c.head_nbytes + bias_bytes))
+                      f"{sav.get('bytes')!r}",
+                      sav.get("bytes") in (c.head_nbytes, c.head_nbytes + bias_bytes))
         else:
             errs.eq("savings.parameters", sav.get("parameters"), head_numel)
             errs.eq("savings.bytes", sav.get("bytes"), c.head_nbytes)
@@ -506,11 +511,12 @@ def test_untie(bench, name):
         d_model = fs.config_of(c.src)["d_model"]
         errs.true("lm_head.weight missing from the untied T5", head is not None)
         if head is not None:
-            errs.eq("lm_head.weight shape (nn.Linear(d_model, vocab))", list(head.shape), [d_model, emb.shape[0]])
+            errs.eq("lm_head.weight shape (nn.Linear(d_model, vocab))", list(head.shape),
+                    [d_model, emb.shape[0]])
             if list(head.shape) == [d_model, emb.shape[0]]:
                 want = emb.decoded().T * np.float32(d_model**-0.5)
-                errs.true("lm_head.weight != shared.T * d_model**-0.5 (tied T5 rescales the decoder output by "
-                          "d_model**-0.5, untied T5 does not)",
+                errs.true("lm_head.weight != shared.T * d_model**-0.5 (tied T5 rescales the decoder output "
+                          "by d_model**-0.5, untied T5 does not)",
                           np.allclose(head.decoded(), want, rtol=1e-6, atol=0))
     else:
         head = after.get(c.head)
@@ -548,7 +554,8 @@ def test_tie_then_untie_restores_head(bench, name):
     check_input_unchanged(errs, run)
     orig, after = bench.original(c), fs.read_checkpoint(run.out)
     check_outside_group_identical(errs, c, orig, after, "tie+untie vs original")
-    errs.true(f"{c.head} not restored bit for bit: original {desc(orig[c.head])}, now {desc(after.get(c.head))}",
+    errs.true(f"{c.head} not restored bit for bit: original {desc(orig[c.head])}, "
+              f"now {desc(after.get(c.head))}",
               c.head in after and same(after[c.head], orig[c.head]))
     errs.true(f"{c.embed} not bit-identical to the original", c.embed in after and same(after[c.embed],
                                                                                        orig[c.embed]))
@@ -563,12 +570,13 @@ def test_tie_then_untie_restores_head(bench, name):
 @pytest.mark.skipif(not fs.PF_LOGITS.is_file(), reason=f"oracle script not found: {fs.PF_LOGITS}")
 @pytest.mark.parametrize("name,op", FIDELITY, ids=[f"{n}-{op}" for n, op in FIDELITY])
 def test_pf_fidelity(bench, name, op, tmp_path):
-    """The tie/untie output loads in PaddleFormers 1.2 with no missing/unexpected/newly-initialised warning and
-    gives the library's own logits (oracles/<case>.logits_before.npy) on oracles/input_ids.npy.
+    """The tie/untie output loads in PaddleFormers 1.2 with no missing/unexpected/newly-initialised warning
+    and gives the library's own logits (oracles/<case>.logits_before.npy) on oracles/input_ids.npy.
 
-    pf_llama_untied_legacy_pdparams loads only with load_checkpoint_format="legacy", convert_from_hf=False (taken
-    from expected/<case>.json); it goes through tests/pf_logits_kw.py, which runs the unchanged oracle with
-    those keyword arguments. That loader re-initialises a missing head silently, so the logits are the check.
+    pf_llama_untied_legacy_pdparams loads only with load_checkpoint_format="legacy", convert_from_hf=False
+    (taken from expected/<case>.json); it goes through tests/pf_logits_kw.py, which runs the unchanged oracle
+    with those keyword arguments. That loader re-initialises a missing head silently, so the logits are the
+    check.
     """
     c = CASES[name]
     run = bench.tie(c) if op == "tie" else bench.untie(c)

@@ -1,0 +1,225 @@
+"""``verify``: compare two checkpoints and say whether their difference is exactly what tie / untie /
+resize explains.
+
+Every tensor is classified: identical (same bytes), dropped, added, resized, or changed. A difference is
+*explained* when:
+
+* dropped: a head (or embedding alias) whose values equal the output's embedding (tie);
+* added: a head equal to the embedding, as stored or transposed, or scaled by ``d_model ** -0.5`` (T5 untie);
+* resized: a vocabulary tensor (embedding, alias, head, bias) whose common rows — columns for a
+  ``[hidden, vocab]`` head, last-axis entries for a bias — are bit-identical;
+* changed: the embedding taking the head's values or the head taking the embedding's (``tie --keep``), or a
+  bfloat16 ``U16`` label written as ``BF16`` with the same bytes.
+
+Every other tensor must be bit-identical, and config files may differ only in ``tie_word_embeddings`` and
+vocab-size keys.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .checkpoint import Checkpoint
+from .detect import HIDDEN_VOCAB, detect
+from .formats.tensor import bf16_bits_to_f32
+
+ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", "vocab_size", "padded_vocab_size")
+
+
+def _flatten(d, prefix=""):
+    out = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            out.update(_flatten(v, f"{prefix}{k}."))
+    elif isinstance(d, list):
+        for i, v in enumerate(d):
+            out.update(_flatten(v, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = d
+    return out
+
+
+@dataclass
+class VerifyResult:
+    """Outcome of :func:`verify`. ``explained`` is True when every difference is one tietool makes."""
+
+    identical: int = 0
+    dropped: list[dict] = field(default_factory=list)
+    added: list[dict] = field(default_factory=list)
+    resized: list[dict] = field(default_factory=list)
+    changed: list[dict] = field(default_factory=list)
+    config: list[dict] = field(default_factory=list)
+    unexplained: list[str] = field(default_factory=list)
+    logits: dict | None = None
+
+    @property
+    def explained(self) -> bool:
+        return not self.unexplained
+
+    def as_dict(self) -> dict:
+        return {"explained": self.explained, "identical_tensors": self.identical, "dropped": self.dropped,
+                "added": self.added, "resized": self.resized, "changed": self.changed,
+                "config_differences": self.config, "unexplained": self.unexplained, "logits": self.logits}
+
+
+def _f32(ck: Checkpoint, name: str) -> np.ndarray:
+    a = ck.load(name)
+    return bf16_bits_to_f32(a) if ck.logical_dtype(ck.tensors[name]) == "bfloat16" else a.astype(np.float32)
+
+
+def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+
+
+def verify(a_path, b_path) -> VerifyResult:
+    """Compare checkpoint ``a`` (before) with ``b`` (after). Reads every tensor of both, one at a time.
+
+    Raises:
+        CheckpointError, UnsafePickleError: as :meth:`Checkpoint.open`.
+    """
+    A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
+    da, db = detect(A, compare_values=False), detect(B, compare_values=False)
+    res = VerifyResult()
+    emb_b = db.embedding
+    vocab_names_a = {da.embedding, da.head, *da.embedding_aliases, *da.vocab_aliases, *da.head_aliases,
+                     *([da.bias] if da.bias else []), *da.bias_aliases}
+    head_names = {da.head, db.head, *da.head_aliases}
+    for name, ta in A.tensors.items():
+        tb = B.tensors.get(name)
+        if tb is None:
+            ok = emb_b in B.tensors and name in vocab_names_a and _equal_to_embedding(A, name, B, emb_b)
+            res.dropped.append({"name": name, "shape": list(ta.shape), "equals_embedding": ok})
+            if not ok:
+                res.unexplained.append(f"{name} was dropped but does not equal the embedding {emb_b}")
+            continue
+        x, y = A.load(name), B.load(name)
+        same_label = ta.dtype == tb.dtype or {ta.dtype, tb.dtype} == {"U16", "BF16"}
+        if ta.shape == tb.shape and same_label and _same_bytes(x, y):
+            res.identical += 1
+            if ta.dtype != tb.dtype:
+                res.changed.append({"name": name, "why": f"dtype label {ta.dtype} → {tb.dtype}, same bytes"})
+            continue
+        if ta.shape != tb.shape:
+            ok, why = _prefix_equal(x, y, name, da)
+            res.resized.append({"name": name, "shape_before": list(ta.shape), "shape_after": list(tb.shape),
+                                "common_part_identical": ok})
+            if name not in vocab_names_a:
+                res.unexplained.append(f"{name} changed shape {list(ta.shape)} → {list(tb.shape)} but carries no "
+                                       "vocabulary")
+            elif not ok:
+                res.unexplained.append(f"{name} was resized but its common {why} differ")
+            continue
+        diff = float(np.max(np.abs(_f32(A, name) - _f32(B, name)))) if x.size else 0.0
+        entry = {"name": name, "shape": list(ta.shape), "max_abs_diff": diff}
+        res.changed.append(entry)
+        if name in head_names and emb_b in B.tensors and _equal_to_embedding(B, name, B, emb_b):
+            entry["why"] = "head set equal to the embedding"
+        elif name == da.embedding and da.head in A.tensors and _equal_to_embedding(A, da.head, B, name):
+            entry["why"] = "embedding takes the head's values (tie --keep head)"
+        else:
+            res.unexplained.append(f"{name} changed (max |difference| {diff:.3g}) and tie/untie/resize do not "
+                                   "change it")
+    for name, tb in B.tensors.items():
+        if name in A.tensors:
+            continue
+        ok = emb_b in B.tensors and name in head_names | {db.head} and _equal_to_embedding(B, name, B, emb_b,
+                                                                                          scale=_t5_scale(db))
+        res.added.append({"name": name, "shape": list(tb.shape), "equals_embedding": ok})
+        if not ok:
+            res.unexplained.append(f"{name} was added but is not the head equal to the embedding {emb_b}")
+    # config files
+    for fname in ("config.json", "model_config.json", "generation_config.json"):
+        pa, pb = A.path / fname, B.path / fname
+        if not pa.exists() and not pb.exists():
+            continue
+        ca = _flatten(json.loads(pa.read_text())) if pa.exists() else {}
+        cb = _flatten(json.loads(pb.read_text())) if pb.exists() else {}
+        for k in sorted(set(ca) | set(cb)):
+            if ca.get(k, "<absent>") != cb.get(k, "<absent>"):
+                res.config.append({"file": fname, "key": k, "before": ca.get(k), "after": cb.get(k)})
+                if k.split(".")[-1] not in ALLOWED_CONFIG_KEYS:
+                    res.unexplained.append(f"{fname}: {k} changed ({ca.get(k)!r} → {cb.get(k)!r})")
+    # other files must be byte-identical
+    for rel in sorted(set(A.other_files) | set(B.other_files)):
+        if rel in ("config.json", "model_config.json", "generation_config.json"):
+            continue
+        pa, pb = A.path / rel, B.path / rel
+        if not pa.exists() or not pb.exists():
+            res.unexplained.append(f"{rel} is only in {'the input' if pa.exists() else 'the output'}")
+        elif pa.read_bytes() != pb.read_bytes():
+            res.unexplained.append(f"{rel} differs")
+    return res
+
+
+def _t5_scale(det) -> float | None:
+    if det.family.tied_logit_scale:
+        d = det.ckpt.config.get("d_model") or det.hidden
+        return float(d) ** -0.5
+    return None
+
+
+def _equal_to_embedding(X: Checkpoint, name: str, E: Checkpoint, emb: str, scale: float | None = None) -> bool:
+    h, e = X.load(name), E.load(emb)
+    for cand in (h, h.T if h.ndim == 2 else h):
+        if _same_bytes(cand, e):
+            return True
+    if scale is not None and h.size == e.size:
+        hf = _f32(X, name)
+        ef = _f32(E, emb) * np.float32(scale)
+        for cand in (hf, hf.T):
+            if cand.shape == ef.shape and np.allclose(cand, ef, rtol=1e-2, atol=0):
+                return True
+    return False
+
+
+def _prefix_equal(x: np.ndarray, y: np.ndarray, name: str, det) -> tuple[bool, str]:
+    if x.ndim == 1 or (x.ndim == 2 and x.shape[0] == 1 and y.shape[0] == 1):
+        n = min(x.shape[-1], y.shape[-1])
+        return _same_bytes(x[..., :n], y[..., :n]), "entries"
+    if name == det.head and det.head_layout == HIDDEN_VOCAB:
+        n = min(x.shape[1], y.shape[1])
+        return _same_bytes(x[:, :n], y[:, :n]), "columns"
+    n = min(x.shape[0], y.shape[0])
+    return _same_bytes(x[:n], y[:n]), "rows"
+
+
+def logits_check(a_path, b_path, timeout: float = 600) -> dict:
+    """Logits of both checkpoints under PaddleFormers on a fixed batch of ids valid in both (subprocesses).
+
+    Returns ``{"ok": bool, "max_abs_diff": float, "error": str|None}``; ``ok`` is None when PaddleFormers is
+    not installed.
+    """
+    import importlib.util
+    import subprocess
+    import sys
+    import tempfile
+
+    if importlib.util.find_spec("paddleformers") is None:
+        return {"ok": None, "error": "PaddleFormers is not installed; logits not compared"}
+    A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
+    va, vb = detect(A, compare_values=False).vocab_rows, detect(B, compare_values=False).vocab_rows
+    v = min(va, vb)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1, max(2, v), size=(2, 8), dtype=np.int64)
+    arch = (A.config.get("architectures") or ["AutoModelForCausalLM"])[0]
+    outs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        np.save(Path(tmp) / "ids.npy", ids)
+        for i, p in enumerate((a_path, b_path)):
+            out = Path(tmp) / f"{i}.npy"
+            r = subprocess.run([sys.executable, "-m", "surgery.fidelity", str(p), arch, str(Path(tmp) / "ids.npy"),
+                                str(out)], capture_output=True, text=True, timeout=timeout)
+            line = (r.stdout.strip().splitlines() or ["{}"])[-1]
+            try:
+                info = json.loads(line)
+            except json.JSONDecodeError:
+                info = {"ok": False, "error": r.stderr[-300:]}
+            if not info.get("ok"):
+                return {"ok": False, "error": f"{p}: {info.get('error')}"}
+            outs.append(np.load(out)[..., :v])
+    d = float(np.max(np.abs(outs[0] - outs[1])))
+    return {"ok": d <= 1e-5, "max_abs_diff": d, "error": None, "token_ids_below": v}
