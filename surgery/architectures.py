@@ -15,6 +15,8 @@ Loader facts, per loader:
 * ``reties``: a checkpoint without the head loads with the head tied to the embedding when the config says
   tied. False means the loader builds a random head instead (PaddleNLP 2.8 Llama/Mixtral/OPT), so ``tie``
   must keep the head in the file.
+* ``always_tied``: the loader ties the head to the embedding whatever the config says, so an untied head
+  in the file is ignored (``untie`` refuses).
 * ``tie_default``: the config class's default for ``tie_word_embeddings``; PaddleNLP leaves the key out of
   config.json when it equals the default.
 """
@@ -51,17 +53,27 @@ FAMILIES: list[dict] = [
     {   # Llama and its descendants with the same names
         "family": "llama",
         "model_types": ["llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "ernie4_5",
-                        "ernie4_5_moe", "phi3", "gpt_oss", "deepseek_v2", "deepseek_v3", "gemma", "gemma2",
-                        "gemma3", "gemma3_text", "baichuan", "yuan", "qwen3_vl", "qwen3_vl_text", "qwen2_vl",
+                        "ernie4_5_moe", "phi3", "gpt_oss", "deepseek_v2", "deepseek_v3", "baichuan", "yuan", "qwen3_vl", "qwen3_vl_text", "qwen2_vl",
                         "qwen2_5_vl", "mistral3", "llava", "internlm", "internlm2", "glm4"],
         "embedding": ["embed_tokens.weight", "tok_embeddings.weight"],
         "aliases": [],
         "head": ["lm_head.weight", "output.weight"],
         "bias": ["lm_head.bias"],
-        "tie_default": {"paddlenlp-2.8": False, "paddlenlp-3": False, "*": False,
-                        "gemma": True, "gemma2": True, "gemma3": True, "gemma3_text": True},
+        "tie_default": {"*": False},
         "loaders": {"paddleformers": _PF_LIKE, "hf": _PF_LIKE,
                     "paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE, "paddlenlp-3": _PNLP_LINEAR_HEAD_RETIE},
+    },
+    {   # Gemma: Llama names, tied by default. PaddleFormers 1.2's Gemma3ForCausalLM always loads lm_head from
+        # model.embed_tokens.weight (its AOA config), whatever tie_word_embeddings says: an untied head is ignored.
+        "family": "gemma",
+        "model_types": ["gemma", "gemma2", "gemma3", "gemma3_text"],
+        "embedding": ["embed_tokens.weight"],
+        "aliases": [],
+        "head": ["lm_head.weight"],
+        "bias": [],
+        "tie_default": {"*": True},
+        "loaders": {"paddleformers": {**_PF_LIKE, "always_tied": True}, "hf": _PF_LIKE,
+                    "paddlenlp-2.8": _PNLP_EMBED_HEAD, "paddlenlp-3": _PNLP_EMBED_HEAD},
     },
     {   # OPT: PaddleNLP's OPTLMHead holds decoder_weight [vocab, hidden] and is never tied (L14)
         "family": "opt",
@@ -194,6 +206,7 @@ class Family:
     head_layout: str
     reties: bool
     tied_logit_scale: str | None = None
+    always_tied: bool = False
     known: bool = True
     notes: tuple[str, ...] = field(default=())
 
@@ -227,6 +240,7 @@ def lookup(model_type: str | None, loader: str) -> Family:
         head_layout=facts["layout"],
         reties=facts["reties"],
         tied_logit_scale=row.get("tied_logit_scale"),
+        always_tied=bool(facts.get("always_tied", False)),
         known=known,
     )
 

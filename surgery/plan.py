@@ -253,6 +253,11 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
     """
     ckpt, plan = det.ckpt, _base_plan("untie", det)
     _refuse_unusable_head(det, "untie")
+    if det.family.always_tied:
+        raise RefusedError(
+            f"untie refused: the {det.loader} loader of {det.model_type} always takes {det.head} from "
+            f"{det.embedding} on load, whatever tie_word_embeddings says, so an untied head would be ignored",
+            ckpt.path, "pass --loader hf if another library will load the output")
     plan.config_set = _tie_flags(det, False)
     if det.head_present and not det.comparison.storage_shared:
         plan.notes.append(f"{det.head} already exists as its own tensor: its bytes are kept; only the flag changes")

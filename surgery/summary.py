@@ -21,9 +21,14 @@ def summarize(det: Detection) -> dict:
     emb = _tensor(det, det.embedding)
     emb["aliases"] = det.embedding_aliases
     emb["other_vocab_tensors"] = det.vocab_aliases
-    head = _tensor(det, det.head) if det.head_present else {"name": det.head, "shape": None, "dtype": None,
-                                                             "file": None}
+    if det.head_present:
+        head = _tensor(det, det.head)
+    elif det.comparison.values == "shared":  # T5: the head *is* the shared table
+        head = {"name": det.embedding, "shape": list(det.emb_info.shape), "dtype": det.emb_info.dtype, "file": None}
+    else:
+        head = {"name": det.head, "shape": None, "dtype": None, "file": None}
     head["present"] = det.head_present
+    head["untie_writes"] = det.head
     head["layout"] = det.head_layout
     head["aliases"] = det.head_aliases
     bias = None
@@ -34,7 +39,7 @@ def summarize(det: Detection) -> dict:
     return {
         "path": str(ckpt.path),
         "format": ckpt.format,
-        "sharded": ckpt.sharded,
+        "sharded": len(ckpt.weight_files) > 1,
         "files": list(ckpt.weight_files),
         "index": ckpt.index_name,
         "other_files": list(ckpt.other_files),

@@ -1,0 +1,129 @@
+"""Atomic writes: SIGKILL at random points never harms the input and leaves --out absent or complete; a
+full disk gives a clear error and no half checkpoint."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from surgery.checkpoint import Checkpoint  # noqa: E402
+from surgery.verify import verify  # noqa: E402
+
+
+def snapshot(d: Path) -> dict[str, str]:
+    return {p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def make_sharded_ckpt(d: Path, vocab=4096, hidden=512, layers=4) -> Path:
+    """A tied Llama in PaddleFormers layout (bf16, duplicate head), ~40 MB in 3 shards."""
+    from surgery.formats.safetensors_io import Source, write_file
+
+    d.mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    emb = _bf16(rng.standard_normal((vocab, hidden)))
+    shards = {
+        "model-00001-of-00003.safetensors": [("model.embed_tokens.weight", emb)],
+        "model-00002-of-00003.safetensors": [(f"model.layers.{i}.mlp.down_proj.weight",
+                                              _bf16(rng.standard_normal((hidden, 4 * hidden)))) for i in range(layers)]
+        + [("model.norm.weight", _bf16(np.ones(hidden)))],
+        "model-00003-of-00003.safetensors": [("lm_head.weight", emb.copy())],
+    }
+    wm, total = {}, 0
+    for f, ts in shards.items():
+        total += write_file(d / f, [(n, "BF16", a.shape, Source(array=a)) for n, a in ts], None)
+        wm.update({n: f for n, _ in ts})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wm}))
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": hidden,
+        "tie_word_embeddings": True, "torch_dtype": "bfloat16", "paddleformers_version": "1.2.0"}))
+    (d / "tokenizer_config.json").write_text("{}")
+    return d
+
+
+COMMANDS = [["tie"], ["untie"], ["resize", "--vocab", "4200", "--init", "mean", "--seed", "1"]]
+
+
+def test_sigkill_at_random_points(tmp_path):
+    src = make_sharded_ckpt(tmp_path / "in")
+    before = snapshot(src)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    rnd = random.Random(1234)
+    complete = killed = 0
+    runs = 54
+    for i in range(runs):
+        cmd = COMMANDS[i % len(COMMANDS)]
+        out = tmp_path / f"out{i}"
+        p = subprocess.Popen([sys.executable, "-m", "cli", cmd[0], str(src), "--out", str(out), *cmd[1:], "-q"],
+                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rnd.uniform(0.05, 1.5))
+        if p.poll() is None:
+            p.send_signal(signal.SIGKILL)
+            killed += 1
+        p.wait()
+        assert snapshot(src) == before, f"run {i} ({cmd[0]}): the input changed"
+        if out.exists():
+            complete += 1
+            assert (out / "tietool-report.json").exists(), f"run {i}: --out exists but has no report"
+            assert verify(src, out).explained, f"run {i}: --out exists but is not a valid {cmd[0]} output"
+    assert killed >= 10 and complete >= 5, (killed, complete)
+    # leftover temporary folders are named as such and removed by the next run for the same --out
+    leftovers = [p for p in tmp_path.iterdir() if ".tietool-tmp-" in p.name]
+    for p in leftovers:
+        name = p.name[1:p.name.index(".tietool-tmp-")]
+        r = subprocess.run([sys.executable, "-m", "cli", "tie", str(src), "--out", str(tmp_path / name), "-q"],
+                           cwd=ROOT, env=env, capture_output=True, text=True)
+        if not (tmp_path / name).exists():
+            continue  # its --out completed earlier; the name is taken
+        assert r.returncode == 0, r.stderr
+        assert not p.exists(), f"stale temporary folder {p.name} was not cleaned"
+
+
+@pytest.mark.parametrize("where", ["copy", "write"])
+def test_disk_full_leaves_nothing(tmp_path, monkeypatch, where):
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from surgery.formats import safetensors_io
+
+    src = make_sharded_ckpt(tmp_path / "in", vocab=256, hidden=64, layers=1)
+    before = snapshot(src)
+
+    def enospc(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    if where == "copy":
+        import shutil
+
+        monkeypatch.setattr(shutil, "copyfile", enospc)
+    else:
+        monkeypatch.setattr(safetensors_io, "copy_range", enospc)
+        monkeypatch.setattr(safetensors_io.np, "ascontiguousarray", enospc)
+    out = tmp_path / "out"
+    args = ["untie"] if where == "copy" else ["resize", "--vocab", "300", "--init", "zeros"]
+    r = CliRunner().invoke(app, [args[0], str(src), "--out", str(out), *args[1:]])
+    assert r.exit_code == 6, r.output
+    assert "no space left" in r.output.lower()
+    assert len([ln for ln in r.output.splitlines() if ln.strip()]) == 1
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if ".tietool-tmp-" in p.name]
+    assert snapshot(src) == before
+    Checkpoint.open(src)
