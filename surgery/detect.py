@@ -14,7 +14,7 @@ import numpy as np
 from . import architectures as arch
 from .checkpoint import Checkpoint
 from .errors import CheckpointError
-from .formats.tensor import TensorInfo
+from .formats.tensor import TensorInfo, bf16_bits_to_f32
 from .tokenizer import TokenizerInfo, tokenizer_info
 
 VOCAB_HIDDEN = "vocab-hidden"  # [vocab_size, hidden_size]
@@ -152,12 +152,12 @@ def _pick(ckpt: Checkpoint, names: list[str], rows: int | None) -> str | None:
     return names[0] if names else None
 
 
-def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int = 4096) -> Comparison:
-    """Compare head and embedding values, in row chunks (memory bounded by one chunk of each).
+def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int = 8192) -> Comparison:
+    """Compare head and embedding values in row chunks (memory bounded by one chunk of each).
 
-    A ``hidden-vocab`` head ``[hidden, vocab]`` is compared as its transpose. Equal bytes → ``exact``
-    (``transposed`` for a transposed head); otherwise ``different`` with the float32 max |difference| and
-    the number of differing vocab rows.
+    A ``hidden-vocab`` head ``[hidden, vocab]`` is compared as its transpose. Identical bits → ``exact``
+    (``transposed`` for a transposed head); equal values in another dtype or ``-0.0`` vs ``0.0`` count as
+    equal too. Otherwise ``different`` with the float32 max |difference| and the number of differing rows.
     """
     e_info, h_info = ckpt.tensors[emb], ckpt.tensors[head]
     if e_info.storage is not None and e_info.storage == h_info.storage:
@@ -168,28 +168,26 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int 
         h = h.T
     if h.shape != e.shape:
         return Comparison("different")
-    same_dtype = e_info.st_dtype.storage == h_info.st_dtype.storage and (
-        ckpt.logical_dtype(e_info) == ckpt.logical_dtype(h_info))
-    if same_dtype and np.array_equal(e.view(np.uint8) if e.dtype.itemsize == 1 else e, h):
-        # array_equal on the storage dtype compares bits for ints (bf16 as uint16); for floats, -0.0 == 0.0
-        # and NaN != NaN, so check bytes too
-        if e.dtype.kind != "f" or np.ascontiguousarray(e).tobytes() == np.ascontiguousarray(h).tobytes():
-            return Comparison("transposed" if layout == HIDDEN_VOCAB else "exact", 0.0, 0)
-    max_diff, rows = 0.0, 0
-    bf = ckpt.logical_dtype(e_info) == "bfloat16"
-    hbf = ckpt.logical_dtype(h_info) == "bfloat16"
-    from .formats.tensor import bf16_bits_to_f32
-
+    equal = "transposed" if layout == HIDDEN_VOCAB else "exact"
+    e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
+    h_bf = ckpt.logical_dtype(h_info) == "bfloat16"
+    same_kind = e.dtype == h.dtype and e_bf == h_bf
+    bits = np.dtype(f"u{e.dtype.itemsize}") if e.dtype.itemsize in (1, 2, 4, 8) else None
+    max_diff, rows, bit_equal = 0.0, 0, same_kind and bits is not None
     for s in range(0, e.shape[0], chunk_rows):
-        a = bf16_bits_to_f32(e[s:s + chunk_rows]) if bf else e[s:s + chunk_rows].astype(np.float32)
-        b = bf16_bits_to_f32(h[s:s + chunk_rows]) if hbf else h[s:s + chunk_rows].astype(np.float32)
-        d = np.abs(a - b)
-        d = np.where(np.isnan(d), np.inf, d)
+        a, b = np.asarray(e[s:s + chunk_rows]), np.ascontiguousarray(h[s:s + chunk_rows])
+        if bit_equal and np.array_equal(np.ascontiguousarray(a).view(bits), b.view(bits)):
+            continue
+        bit_equal = False
+        fa = bf16_bits_to_f32(a) if e_bf else a.astype(np.float32)
+        fb = bf16_bits_to_f32(b) if h_bf else b.astype(np.float32)
+        d = np.abs(fa - fb)
+        d = np.where(np.isnan(fa) & np.isnan(fb), 0.0, np.where(np.isnan(d), np.inf, d))
         if d.size:
             max_diff = max(max_diff, float(d.max()))
-            rows += int((d > 0).any(axis=1).sum())
-    if rows == 0:  # equal values in different dtypes or -0.0 vs 0.0
-        return Comparison("transposed" if layout == HIDDEN_VOCAB else "exact", 0.0, 0)
+            rows += int((d > 0).any(axis=tuple(range(1, d.ndim))).sum())
+    if rows == 0:
+        return Comparison(equal, 0.0, 0)
     return Comparison("different", max_diff, rows)
 
 

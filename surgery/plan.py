@@ -323,14 +323,21 @@ def _encode(ckpt: Checkpoint, t: TensorInfo, x: np.ndarray) -> np.ndarray:
     return x.astype(t.storage_dtype)
 
 
-def new_rows(old: np.ndarray, n: int, init: str, rng: np.random.Generator, std: float) -> np.ndarray:
-    """``n`` new rows ``[n, hidden]`` (float32) for a table whose rows are ``old`` (float32 ``[rows, hidden]``).
+def new_rows(old: np.ndarray, n: int, init: str, rng: np.random.Generator, std: float,
+             decode: Callable[[np.ndarray], np.ndarray] | None = None, chunk_rows: int = 8192) -> np.ndarray:
+    """``n`` new rows ``[n, hidden]`` (float32) for a table whose stored rows are ``old`` ``[rows, hidden]``.
 
-    * ``mean``: as HF transformers' ``mean_resizing``: mean ``mu`` and population covariance ``C`` of the
-      old rows in float32; rows drawn from N(mu, 1e-9 · C); exactly ``mu`` when ``1e-9 · C`` is not
-      positive definite (Cholesky fails, or its smallest eigenvalue is within float32 rounding of zero,
-      which a rank-deficient C only passes by rounding noise).
-    * ``zeros``; ``normal``: N(0, std²), std = config ``initializer_range`` (else 0.02).
+    Args:
+        old: stored rows (any dtype; ``decode`` turns a chunk of them into float32, e.g. bf16 bits).
+        init: ``mean``: as HF transformers' ``mean_resizing``: mean ``mu`` and population covariance ``C`` of
+            the old rows in float32; rows drawn from N(mu, 1e-9 · C); exactly ``mu`` when ``1e-9 · C`` is not
+            positive definite (Cholesky fails, or its smallest eigenvalue is within float32 rounding of zero,
+            which a rank-deficient C only passes by rounding noise). ``zeros``. ``normal``: N(0, std²), std =
+            config ``initializer_range`` (else 0.02).
+        rng: the generator (seeded by ``--seed``).
+
+    The mean and covariance are accumulated over row chunks (two passes), so memory stays at one chunk plus
+    the ``[hidden, hidden]`` covariance, whatever the vocabulary size.
     """
     h = old.shape[1]
     if n <= 0:
@@ -339,17 +346,26 @@ def new_rows(old: np.ndarray, n: int, init: str, rng: np.random.Generator, std: 
         return np.zeros((n, h), np.float32)
     if init == "normal":
         return rng.normal(0.0, std, size=(n, h)).astype(np.float32)
-    mu = old.mean(axis=0, dtype=np.float64).astype(np.float32)
-    x = old - mu
-    cov = (x.T @ x) / np.float32(old.shape[0])
-    cov = (cov * np.float32(1e-9)).astype(np.float64)
-    try:
-        chol = np.linalg.cholesky(cov)
-        ev = np.linalg.eigvalsh(cov)
-        pd = ev.min() > ev.max() * h * np.finfo(np.float32).eps
-    except np.linalg.LinAlgError:
-        pd = False
-    if not pd or not np.isfinite(cov).all():
+    decode = decode or (lambda a: np.asarray(a, dtype=np.float32))
+    rows = old.shape[0]
+    total = np.zeros(h, np.float64)
+    for s in range(0, rows, chunk_rows):
+        total += decode(np.asarray(old[s:s + chunk_rows])).sum(axis=0, dtype=np.float64)
+    mu = (total / rows).astype(np.float32)
+    cov = np.zeros((h, h), np.float64)
+    for s in range(0, rows, chunk_rows):
+        x = decode(np.asarray(old[s:s + chunk_rows])) - mu
+        cov += (x.T @ x).astype(np.float64)
+    cov = cov / rows * 1e-9
+    pd = False
+    if np.isfinite(cov).all():
+        try:
+            chol = np.linalg.cholesky(cov)
+            ev = np.linalg.eigvalsh(cov)
+            pd = bool(ev.min() > ev.max() * h * np.finfo(np.float32).eps)
+        except np.linalg.LinAlgError:
+            pd = False
+    if not pd:
         return np.broadcast_to(mu, (n, h)).astype(np.float32)
     z = rng.standard_normal(size=(n, h))
     return (mu.astype(np.float64) + z @ chol.T).astype(np.float32)
@@ -423,7 +439,7 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
             a = ckpt.load(name)
             if N <= V:
                 return np.ascontiguousarray(a[:N])
-            extra = _encode(ckpt, t, new_rows(_decode(ckpt, t, a), N - V, init, rng, std))
+            extra = _encode(ckpt, t, new_rows(a, N - V, init, rng, std, decode=lambda c: _decode(ckpt, t, c)))
             return np.concatenate([a, extra.reshape(N - V, *a.shape[1:])], axis=0)
 
         return make
@@ -457,7 +473,8 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
                     if N <= V:
                         out = a[:N]
                     else:
-                        extra = _encode(ckpt, h, new_rows(_decode(ckpt, h, a), N - V, init, rng, std))
+                        extra = _encode(ckpt, h, new_rows(a, N - V, init, rng, std,
+                                                          decode=lambda c: _decode(ckpt, h, c)))
                         out = np.concatenate([a, extra], axis=0)
                     return _as_layout(np.ascontiguousarray(out), lay)
             head_make = _cached(head_make)

@@ -483,11 +483,18 @@ def test_bf16_stays_bf16(bench, case, init):
         assert np.array_equal(bits_out[:f.V], rs.vocab_major(t_in, role.axis)), f"{role.name}: old rows changed"
         new_bits = np.moveaxis(np.frombuffer(t_out.raw, "<u2").reshape(t_out.shape), role.axis, 0)[f.V:]
         if init == "mean":
+            # the float32 draw is mu + noise, |noise| < 6 sqrt(1e-9 var); rounding to bf16 is monotonic, so the
+            # stored value lies between round(mu - 6 s) and round(mu + 6 s) (one value where the noise is far
+            # below a bf16 step)
             old = rs.decoded_rows(inp, t_in, role.axis).astype(np.float32)
-            want = rs.f32_to_bf16_rne(_exact_mean_f32(old))
-            step = np.abs(new_bits.astype(np.int32) - want.astype(np.int32))
-            assert step.max() <= 1, f"{role.name}: new values up to {step.max()} bf16 steps from round(mean)"
-            assert np.mean(step == 0) > 0.8, f"{role.name}: only {np.mean(step == 0):.0%} equal round(mean)"
+            mu, s = _exact_mean_f32(old), 6 * np.sqrt(1e-9) * old.astype(np.float64).std(axis=0)
+            lo = rs.bf16_to_f32(rs.f32_to_bf16_rne((mu - s).astype(np.float32)))
+            hi = rs.bf16_to_f32(rs.f32_to_bf16_rne((mu + s).astype(np.float32)))
+            vals = rs.bf16_to_f32(new_bits)
+            outside = ~((vals >= lo) & (vals <= hi))
+            assert not outside.any(), (f"{role.name}: {outside.sum()} new values are not the bf16 rounding of "
+                                       f"mean +- noise, e.g. {vals[outside][:3]} vs mean {np.broadcast_to(mu, vals.shape)[outside][:3]}")
+            assert np.mean(new_bits == rs.f32_to_bf16_rne(mu)) > 0.5, f"{role.name}: most new values != round(mean)"
         elif init == "normal":
             vals = rs.bf16_to_f32(new_bits)
             assert abs(vals.std() / f.init_range - 1) < 0.03, f"{role.name}: std {vals.std():.4g}"

@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import CheckpointError, UnsafePickleError
 from .safetensors_io import Source, copy_range
-from .tensor import TensorInfo
+from .tensor import TensorInfo, map_array
 
 RECONSTRUCT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
 SCALAR = {("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
@@ -383,6 +383,9 @@ def read_array(path: Path, t: TensorInfo) -> np.ndarray:
     if t.inline is not None:
         buf = t.inline
     else:
+        m = map_array(path, t.offset, t.nbytes, dt, t.shape, t.fortran)
+        if m is not None:
+            return m
         with open(path, "rb") as f:
             f.seek(t.offset)
             buf = f.read(t.nbytes)

@@ -19,7 +19,7 @@ from typing import BinaryIO, Iterable
 import numpy as np
 
 from ..errors import CheckpointError
-from .tensor import DTYPES, TensorInfo
+from .tensor import DTYPES, TensorInfo, map_array
 
 # the reference implementation refuses headers over 100 MB
 MAX_HEADER = 100 * 1024 * 1024
@@ -98,7 +98,11 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
 
 
 def read_array(path: Path, t: TensorInfo) -> np.ndarray:
-    """Load one tensor's raw storage (bf16 as ``uint16`` bits) from ``path``; reads only its bytes."""
+    """One tensor's raw storage (bf16 as ``uint16`` bits) from ``path``; reads only its bytes (large
+    tensors are memory-mapped read-only, see :func:`map_array`)."""
+    m = map_array(path, t.offset, t.nbytes, t.storage_dtype, t.shape)
+    if m is not None:
+        return m
     with open(path, "rb") as f:
         f.seek(t.offset)
         buf = f.read(t.nbytes)

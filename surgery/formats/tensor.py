@@ -119,3 +119,15 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
         rounded = rounded.copy()
         rounded[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
     return rounded
+
+
+MMAP_MIN_BYTES = 64 << 20
+
+
+def map_array(path, offset: int, nbytes: int, dtype: np.dtype, shape: tuple[int, ...], fortran: bool = False):
+    """A read-only memory map of ``nbytes`` at ``offset`` as an array, for tensors of at least
+    ``MMAP_MIN_BYTES`` (None below that: callers read small tensors into memory). Pages come from the page
+    cache on demand, so comparing or copying a multi-GB embedding never holds a second copy in memory."""
+    if nbytes < MMAP_MIN_BYTES:
+        return None
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(shape), order="F" if fortran else "C")
