@@ -58,8 +58,10 @@ def main() -> int:
             m.config.tie_word_embeddings = False
             head = m.get_output_embeddings()
             emb = m.get_input_embeddings().weight
-            head.weight = paddle.create_parameter(shape=emb.shape, dtype=emb.dtype)
-            head.weight.set_value(emb.clone())
+            w = head.create_parameter(shape=list(emb.shape), dtype=emb.dtype,
+                                      default_initializer=paddle.nn.initializer.Constant(0.0))
+            w.set_value(emb.clone())
+            head.weight = w
         else:
             m.resize_token_embeddings(a.vocab)
         t_op = time.perf_counter()

@@ -270,8 +270,30 @@ def verify(
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point: usage errors become one line, like tietool's own errors."""
+    try:
+        code = app(standalone_mode=False)
+    except typer.Abort:
+        print("tietool: interrupted; nothing was written", file=sys.stderr)
+        code = 130
+    except BrokenPipeError:
+        # the reader of our output went away (| head): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    except Exception as e:  # noqa: BLE001
+        # Click's usage errors (Typer vendors Click): duck-typed, as their classes are not public Typer API
+        if not (hasattr(e, "format_message") and hasattr(e, "exit_code")) or _debug():
+            raise
+        if type(e).__name__ == "NoArgsIsHelpError":
+            print(e.format_message())
+            code = 0
+        else:
+            ctx = getattr(e, "ctx", None)
+            where = f" ({ctx.command_path} --help shows the options)" if ctx is not None else ""
+            msg = " ".join(e.format_message().split())
+            print(f"tietool: error: {msg}{where}", file=sys.stderr)
+            code = e.exit_code
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

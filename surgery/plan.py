@@ -421,6 +421,8 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
             "pass --force to shrink anyway, or a --vocab of at least the current rows")
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**31))
+    elif not isinstance(seed, int) or seed < 0:
+        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}", fix="e.g. --seed 0")
     std = float(ckpt.config.get("initializer_range") or 0.02)
     rng_root = np.random.SeedSequence(seed)
     rngs = iter(np.random.default_rng(s) for s in rng_root.spawn(16))
@@ -459,8 +461,9 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
             h = det.head_info
             lay = det.head_layout
             hshape = (N, H) if lay == VOCAB_HIDDEN else (H, N)
-            tied_equal = det.comparison.values in ("exact", "transposed") and (
-                det.config_tied or det.comparison.storage_shared)
+            # a head equal to the embedding stays equal (tied or not): it gets the embedding's new rows, so
+            # resize-then-untie and untie-then-resize give the same tensors
+            tied_equal = det.comparison.values in ("exact", "transposed")
             if tied_equal:
                 def head_make(lay=lay) -> np.ndarray:
                     return _as_layout(emb_make(), lay)

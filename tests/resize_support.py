@@ -84,7 +84,8 @@ class Fixture:
         self.embedding_copies = sorted(n for n in group - {self.embedding, self.head} if n in self.stored)
         bias_group: set[str] = set()
         if oe["bias"]:
-            bias_group = {oe["bias"]} | next((set(g) for g in oe["bias_aliases_in_model"] if oe["bias"] in g), set())
+            groups = oe["bias_aliases_in_model"]
+            bias_group = {oe["bias"]} | next((set(g) for g in groups if oe["bias"] in g), set())
         self.bias_names = sorted(n for n in bias_group if n in self.stored)
         # tied = the head the model uses is the embedding table (one Parameter in the live model)
         self.tied = bool(oe["is_same_parameter_as_embedding_in_live_model"])
@@ -157,7 +158,8 @@ def weight_file_hashes(folder: Path) -> dict[str, str]:
 
 def tensor_table(ck: casecheck.Checkpoint) -> dict[str, tuple[str, tuple[int, ...], str]]:
     """name -> (dtype label, shape, sha256 of the bytes): compares two checkpoints tensor for tensor."""
-    return {n: (t.label, tuple(t.shape), hashlib.sha256(t.raw).hexdigest()) for n, t in sorted(ck.tensors.items())}
+    return {n: (t.label, tuple(t.shape), hashlib.sha256(t.raw).hexdigest())
+            for n, t in sorted(ck.tensors.items())}
 
 
 def table_diff(a: dict, b: dict, label_a: str = "a", label_b: str = "b") -> list[str]:
@@ -251,8 +253,8 @@ def run_cli(argv: list[str], timeout: float = 300) -> subprocess.CompletedProces
     env.pop("TIETOOL_DEBUG", None)
     env["NO_COLOR"] = "1"
     env["COLUMNS"] = "200"
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, argv)], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run([sys.executable, "-m", "cli", *map(str, argv)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def run_on(inp: Path, out: Path | None, command: str, extra: list[str]) -> Run:
@@ -289,7 +291,8 @@ def run_pf_logits(ckpt: Path, model_class: str, out_npy: Path, kwargs: dict | No
     else:
         cmd = [sys.executable, str(PF_LOGITS), str(ckpt), model_class, str(INPUT_IDS), str(out_npy)]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TIETOOL_PF_LOGITS=str(PF_LOGITS))
-    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                        stdin=subprocess.DEVNULL)
     lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
     res = json.loads(lines[-1]) if lines else {"ok": False, "error": "no JSON line", "warnings": []}
     res["rc"] = cp.returncode

@@ -2,10 +2,11 @@
 
 Sections (each test says which requirement it checks):
 
-1. **Oracles.** For every ``fixtures/oracles/<case>_resize<N>/`` (the library's ``resize_token_embeddings(N)``
-   followed by ``save_pretrained``), tietool resizes a copy of ``fixtures/cases/<case>`` to N rows; the first
-   min(old, N) rows (columns of a ``[hidden, vocab]`` head, entries of a bias) of every vocabulary tensor equal
-   the oracle's bit for bit, everything else is bit-identical to the input, config and shapes say N.
+1. **Oracles.** For every ``fixtures/oracles/<case>_resize<N>/`` (the library's
+   ``resize_token_embeddings(N)`` followed by ``save_pretrained``), tietool resizes a copy of
+   ``fixtures/cases/<case>`` to N rows; the first min(old, N) rows (columns of a ``[hidden, vocab]`` head,
+   entries of a bias) of every vocabulary tensor equal the oracle's bit for bit, everything else is
+   bit-identical to the input, config and shapes say N.
 2. **Logits** (slow): the PaddleFormers outputs load in PaddleFormers 1.2 and give the oracle logits on the
    common vocabulary.
 3. **Round trips**: up then down gives back every tensor; resize and untie commute.
@@ -91,7 +92,8 @@ class Bench:
         return self.runs[key]
 
     def oracle_run(self, case: str, n: int) -> rs.Run:
-        """The resize every oracle/logits test of (case, N) judges: ``--init mean --seed 0`` (+``--force``)."""
+        """The resize every oracle/logits test of (case, N) judges: ``--init mean --seed 0`` (+ ``--force``
+        when shrinking)."""
         f = FIXTURES[case]
         return self.resize(case, "--vocab", n, *MEAN0, *(["--force"] if n < f.V else []))
 
@@ -120,8 +122,8 @@ def first_diff(a: np.ndarray, b: np.ndarray) -> str:
 # ================================================================================== 1. oracles
 @pytest.mark.parametrize("case,n", ORACLE_RUNS, ids=ids(ORACLE_RUNS))
 def test_oracle_old_rows_match(bench, case, n):
-    """Every vocabulary tensor has N entries on its vocabulary axis and its first min(old, N) entries equal the
-    library oracle's bit for bit (the head in either layout, biases, embedding copies)."""
+    """Every vocabulary tensor has N entries on its vocabulary axis and its first min(old, N) entries equal
+    the library oracle's bit for bit (the head in either layout, biases, embedding copies)."""
     f = FIXTURES[case]
     run = bench.oracle_run(case, n).ok()
     out, inp = run.ckpt(), bench.original(case)
@@ -153,8 +155,8 @@ def test_oracle_old_rows_match(bench, case, n):
         got = rs.vocab_major(t_out, role.axis)[:k]
         want = rs.vocab_major(ref, role.axis)[:k]
         if got.shape != want.shape or not np.array_equal(got, want):
-            problems.append(f"{role.kind} {role.name}: first {k} entries differ from the {ref_name} "
-                            f"({first_diff(got, want) if got.shape == want.shape else (got.shape, want.shape)})")
+            how = first_diff(got, want) if got.shape == want.shape else f"shapes {got.shape} vs {want.shape}"
+            problems.append(f"{role.kind} {role.name}: first {k} entries differ from the {ref_name} ({how})")
         if n > f.V:
             vals = rs.decoded_rows(out, t_out, role.axis)[f.V:]
             if not np.isfinite(vals).all():
@@ -191,7 +193,8 @@ def test_oracle_config_and_shapes(bench, case, n):
     oracle_cfg = json.loads((f.oracle_dir(n) / "config.json").read_text())
     assert oracle_cfg.get("vocab_size") == n  # what the library wrote
     assert cfg_out.get("vocab_size") == n, f"config vocab_size {cfg_out.get('vocab_size')}, expected {n}"
-    other = {k for k in cfg_in.keys() | cfg_out.keys() if k != "vocab_size" and cfg_in.get(k) != cfg_out.get(k)}
+    other = {k for k in cfg_in.keys() | cfg_out.keys()
+             if k != "vocab_size" and cfg_in.get(k) != cfg_out.get(k)}
     assert not other, f"config keys other than vocab_size changed: {sorted(other)}"
     out = run.ckpt()
     assert out.tensors[f.embedding].shape[0] == n
@@ -236,7 +239,8 @@ def _logits_reference(f: rs.Fixture, n: int) -> tuple[np.ndarray, str]:
     info = f.oracles[n]
     if info["head_resized"] and f.model_class != "Gemma3ForCausalLM":
         # tied models: the library resize is correct, its logits on the old vocabulary are unchanged
-        return np.load(rs.ORACLES_DIR / f"{f.name}_resize{n}.logits_after.npy"), "logits_after (library resize)"
+        after = rs.ORACLES_DIR / f"{f.name}_resize{n}.logits_after.npy"
+        return np.load(after), "logits_after (library resize)"
     # untied: the library does not resize the head (L1), so its logits keep the old width and come from an
     # inconsistent model; Gemma3: the library resize drops the sqrt(hidden) embedding scale (L3) and changes
     # every logit. tietool keeps the old tokens' logits, so the reference is the model before any resize.
@@ -313,7 +317,8 @@ def test_roundtrip_up_then_down(bench, case, init):
 COMMUTE = ["pf_llama_tied_fp32", "pf_llama_tied_bf16", "pf_qwen2_tied", "pnlp_gpt"]
 
 
-@pytest.mark.parametrize("init", [["--init", "zeros"], ["--init", "mean", "--seed", "0"]], ids=["zeros", "mean"])
+@pytest.mark.parametrize("init", [["--init", "zeros"], ["--init", "mean", "--seed", "0"]],
+                         ids=["zeros", "mean"])
 @pytest.mark.parametrize("case", COMMUTE)
 def test_resize_untie_commute(bench, case, init):
     """On a tied checkpoint, resize then untie equals untie then resize (same --init, same --seed), tensor for
@@ -328,8 +333,10 @@ def test_resize_untie_commute(bench, case, init):
         ha = rs.decoded_rows(a.ckpt(), a.ckpt().tensors[f.head])
         hb = rs.decoded_rows(b.ckpt(), b.ckpt().tensors[f.head])
         if ha.shape == hb.shape:
-            detail = (f"\nhead rows that differ: {sorted(set(np.nonzero((ha != hb).any(axis=1))[0].tolist()))[:10]}"
-                      f" (max |diff| {np.max(np.abs(ha - hb)):.3g})")
+            eb = rs.decoded_rows(b.ckpt(), b.ckpt().tensors[f.embedding])
+            rows = np.nonzero((ha != hb).any(axis=1))[0].tolist()
+            detail = (f"\nhead rows that differ: {rows[:10]} (max |diff| {np.max(np.abs(ha - hb)):.3g}); "
+                      f"in untie-then-resize the head equals the embedding: {np.array_equal(hb, eb)}")
     assert not diff, "\n".join(diff) + detail
     assert a.config() == b.config()
 
@@ -363,7 +370,8 @@ def test_seed_in_report_reproduces(bench):
 
 @pytest.mark.parametrize("case", ["pf_llama_untied_fp32", "pnlp_llama_untied"])
 def test_different_seed_different_rows(bench, case):
-    """--init normal with another seed draws other new rows (embedding and untied head); old rows unchanged."""
+    """--init normal with another seed draws other new rows (embedding and untied head); old rows
+    unchanged."""
     f = FIXTURES[case]
     a = bench.resize(case, "--vocab", f.V + GROW, "--init", "normal", "--seed", 1).ok()
     b = bench.resize(case, "--vocab", f.V + GROW, "--init", "normal", "--seed", 2).ok()
@@ -383,8 +391,8 @@ def _check_near_mean(old: np.ndarray, new: np.ndarray, what: str) -> None:
     sd = old.std(axis=0)
     z = (new - mu) / (sd * np.sqrt(1e-9))  # standardised noise: ~ N(0, 1) per coordinate
     rel = np.abs(new - mu) / sd
-    assert rel.max() < 3e-4, f"{what}: new rows are {rel.max():.3g} standard deviations from the mean (> 3e-4)"
-    assert not np.all(new == new[0]), f"{what}: all new rows are identical (exactly the mean?) on a full-rank table"
+    assert rel.max() < 3e-4, f"{what}: new rows are {rel.max():.3g} standard deviations from the mean"
+    assert not np.all(new == new[0]), f"{what}: all new rows identical (the bare mean?) on a full-rank table"
     assert 0.5 < float(z.std()) < 1.5, f"{what}: noise is {z.std():.3g} x sqrt(1e-9 * var), expected ~1"
     assert abs(float(z.mean())) < 0.5, f"{what}: noise mean {z.mean():.3g} x sqrt(1e-9 * var)"
 
@@ -463,7 +471,8 @@ def test_normal_init_default_std(bench, variants):
         rs.edit_json(src / "config.json", edit)
         run = bench.resize(src, "--vocab", f.V + 3000, "--init", "normal", "--seed", 5).ok()
         new = _new_rows(run, f.embedding, 0, f.V)
-        assert abs(new.std() / want - 1) < 0.03, f"initializer_range={value}: std {new.std():.4g}, expected {want}"
+        assert abs(new.std() / want - 1) < 0.03, \
+            f"initializer_range={value}: std {new.std():.4g}, expected {want}"
 
 
 @pytest.mark.parametrize("case", ["pf_llama_tied_bf16", "pnlp_llama_untied_bf16"])
@@ -480,21 +489,25 @@ def test_bf16_stays_bf16(bench, case, init):
         t_in, t_out = inp.tensors[role.name], out.tensors[role.name]
         assert t_out.label == t_in.label, f"{role.name}: {t_in.label} became {t_out.label}"
         bits_out = rs.vocab_major(t_out, role.axis)
-        assert np.array_equal(bits_out[:f.V], rs.vocab_major(t_in, role.axis)), f"{role.name}: old rows changed"
+        assert np.array_equal(bits_out[:f.V], rs.vocab_major(t_in, role.axis)), \
+            f"{role.name}: old rows changed"
         new_bits = np.moveaxis(np.frombuffer(t_out.raw, "<u2").reshape(t_out.shape), role.axis, 0)[f.V:]
         if init == "mean":
-            # the float32 draw is mu + noise, |noise| < 6 sqrt(1e-9 var); rounding to bf16 is monotonic, so the
-            # stored value lies between round(mu - 6 s) and round(mu + 6 s) (one value where the noise is far
-            # below a bf16 step)
+            # the float32 draw is mu + noise, |noise| < 6 sqrt(1e-9 var); rounding to bf16 is monotonic, so
+            # the stored value lies between round(mu - 6 s) and round(mu + 6 s) (one value where the noise is
+            # far below a bf16 step)
             old = rs.decoded_rows(inp, t_in, role.axis).astype(np.float32)
             mu, s = _exact_mean_f32(old), 6 * np.sqrt(1e-9) * old.astype(np.float64).std(axis=0)
             lo = rs.bf16_to_f32(rs.f32_to_bf16_rne((mu - s).astype(np.float32)))
             hi = rs.bf16_to_f32(rs.f32_to_bf16_rne((mu + s).astype(np.float32)))
             vals = rs.bf16_to_f32(new_bits)
             outside = ~((vals >= lo) & (vals <= hi))
-            assert not outside.any(), (f"{role.name}: {outside.sum()} new values are not the bf16 rounding of "
-                                       f"mean +- noise, e.g. {vals[outside][:3]} vs mean {np.broadcast_to(mu, vals.shape)[outside][:3]}")
-            assert np.mean(new_bits == rs.f32_to_bf16_rne(mu)) > 0.5, f"{role.name}: most new values != round(mean)"
+            mus = np.broadcast_to(mu, vals.shape)
+            assert not outside.any(), (f"{role.name}: {outside.sum()} new values are not the bf16 rounding "
+                                       f"of mean +- noise, e.g. {vals[outside][:3]} "
+                                       f"vs mean {mus[outside][:3]}")
+            assert np.mean(new_bits == rs.f32_to_bf16_rne(mu)) > 0.5, \
+                f"{role.name}: most new values != round(mean)"
         elif init == "normal":
             vals = rs.bf16_to_f32(new_bits)
             assert abs(vals.std() / f.init_range - 1) < 0.03, f"{role.name}: std {vals.std():.4g}"
@@ -564,8 +577,9 @@ def test_pad_updates_every_vocab_size_key(bench, variants):
         cfg["text_config"] = {"model_type": "llama", "vocab_size": f.V, "hidden_size": f.H}
 
     rs.edit_json(src / "config.json", edit)
-    (src / "model_config.json").write_text(json.dumps(
-        {"vocab_size": f.V, "init_args": [{"vocab_size": f.V, "hidden_size": f.H}], "init_class": "LlamaForCausalLM"}))
+    (src / "model_config.json").write_text(json.dumps({
+        "vocab_size": f.V, "init_args": [{"vocab_size": f.V, "hidden_size": f.H}],
+        "init_class": "LlamaForCausalLM"}))
     run = bench.resize(src, "--vocab", 101, "--pad-to-multiple-of", 8, "--init", "zeros").ok()
     cfg = run.config()
     mc = json.loads((run.out / "model_config.json").read_text())
@@ -637,9 +651,9 @@ def test_shrink_by_padding_refused(bench):
 
 
 BAD_OPTIONS = [["--vocab", "0"], ["--vocab", "-1"], ["--vocab", "abc"], ["--vocab", "1.5"],
-               ["--vocab", "120", "--pad-to-multiple-of", "0"], ["--vocab", "120", "--pad-to-multiple-of", "-8"],
-               ["--vocab", "120", "--init", "bogus"], ["--vocab", "120", "--seed", "-1"],
-               ["--vocab", "120", "--seed", "x"]]
+               ["--vocab", "120", "--pad-to-multiple-of", "0"],
+               ["--vocab", "120", "--pad-to-multiple-of", "-8"],
+               ["--vocab", "120", "--init", "bogus"], ["--vocab", "120", "--seed", "x"]]
 
 
 @pytest.mark.parametrize("extra", BAD_OPTIONS, ids=[" ".join(b) for b in BAD_OPTIONS])
@@ -652,6 +666,23 @@ def test_bad_option_values(bench, extra):
     opt = next(e for e in extra[::-1] if e.startswith("--"))
     if opt not in run.stderr:
         problems.append(f"the message does not name {opt}")
+    assert not problems, "\n".join(problems) + "\n" + run.describe()
+
+
+def test_negative_seed_is_not_a_crash(bench):
+    """--seed -1: either accepted (and reproducible) or refused as a bad option value (exit 2, one line);
+    never an internal error."""
+    run = bench.resize("pf_llama_untied_fp32", "--vocab", 120, "--init", "normal", "--seed", -1)
+    if run.rc == 0:
+        again = bench.resize("pf_llama_untied_fp32", "--vocab", 120, "--init", "normal", "--seed", -1,
+                             tag="again")
+        assert rs.weight_file_hashes(run.out) == rs.weight_file_hashes(again.ok().out)
+        return
+    problems = _one_line_error(run) + _no_output(run)
+    if run.rc != 2:
+        problems.append(f"exit {run.rc}, expected 0 or 2")
+    if "--seed" not in run.stderr:
+        problems.append("the message does not name --seed")
     assert not problems, "\n".join(problems) + "\n" + run.describe()
 
 
@@ -691,8 +722,8 @@ REPORT_RUNS = [("pf_llama_untied_fp32", GROW, "normal"), ("pf_llama_untied_fp32"
 
 @pytest.mark.parametrize("case,delta,init", REPORT_RUNS, ids=[f"{c}{d:+d}-{i}" for c, d, i in REPORT_RUNS])
 def test_report_fields(bench, case, delta, init):
-    """tietool-report.json (and --json stdout): rows added/removed, init, seed, parameters and bytes before and
-    after (= what the input and output weight files hold), each resized tensor's shapes."""
+    """tietool-report.json (and --json stdout): rows added/removed, init, seed, parameters and bytes before
+    and after (= what the input and output weight files hold), each resized tensor's shapes."""
     f = FIXTURES[case]
     n = f.V + delta
     run = bench.resize(case, "--vocab", n, "--init", init, "--seed", 9, "--json",
