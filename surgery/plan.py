@@ -15,6 +15,7 @@ import numpy as np
 from .checkpoint import Checkpoint
 from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection
 from .errors import AmbiguousLayoutError, RefusedError, UsageError, ValuesDifferError
+from .formats.safetensors_io import Source
 from .formats.tensor import TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
 
 
@@ -26,7 +27,8 @@ class NewTensor:
         name: state-dict key.
         dtype: label in the checkpoint's format (safetensors ``BF16``...; pdparams numpy name).
         shape: output shape.
-        make: returns the stored array (bf16 as ``uint16`` bits), called once while writing.
+        make: returns the stored array (bf16 as ``uint16`` bits) or a :class:`Source` of its bytes, called
+            once while writing.
         file: the weight file it goes into (input file name).
         after: for an added tensor, the name it follows in that file (None: at the end).
         storage: tensors with the same storage key are one array (pdparams aliases).
@@ -434,21 +436,46 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
     if tok.size is not None and N < tok.size:
         plan.notes.append(f"the tokenizer defines {tok.size} tokens; ids ≥ {N} will have no row")
 
-    def resized_rows(name: str, rng) -> Callable[[], np.ndarray]:
+    def extra_rows(name: str, rng, layout: str = VOCAB_HIDDEN) -> Callable[[], np.ndarray]:
+        """The N - V new rows of table ``name`` (stored dtype, ``[N - V, hidden]``), computed once."""
         t = ckpt.tensors[name]
 
         def make() -> np.ndarray:
             a = ckpt.load(name)
-            if N <= V:
-                return np.ascontiguousarray(a[:N])
-            extra = _encode(ckpt, t, new_rows(a, N - V, init, rng, std, decode=lambda c: _decode(ckpt, t, c)))
-            return np.concatenate([a, extra.reshape(N - V, *a.shape[1:])], axis=0)
+            a = a.T if layout == HIDDEN_VOCAB else a
+            return _encode(ckpt, t, new_rows(a, N - V, init, rng, std, decode=lambda c: _decode(ckpt, t, c)))
+
+        return _cached(make)
+
+    def rows_source(name: str, extra: Callable[[], np.ndarray]) -> Callable[[], Source | np.ndarray]:
+        """Table ``name`` ``[V, hidden]`` resized to N rows: its first min(V, N) rows copied by byte range
+        from the input (never decoded, never in memory), then the new rows."""
+        t = ckpt.tensors[name]
+
+        def make():
+            if t.fortran:  # rows are not contiguous in the file: go through memory
+                a = ckpt.load(name)
+                return np.ascontiguousarray(a[:N]) if N <= V else np.concatenate([a, extra()], axis=0)
+            src = ckpt.source(name)
+            keep = src.prefix(t.nbytes // V * min(N, V))
+            return keep if N <= V else Source(parts=[keep, Source(array=extra())])
+
+        return make
+
+    def head_columns(name: str, extra: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
+        """A ``[hidden, V]`` head resized to N columns (new columns = the new rows, transposed)."""
+
+        def make() -> np.ndarray:
+            a = ckpt.load(name)
+            out = a[:, :N] if N <= V else np.concatenate([a, extra().T], axis=1)
+            return np.ascontiguousarray(out)
 
         return make
 
     if N != V:
         emb = det.emb_info
-        emb_make = _cached(resized_rows(det.embedding, next(rngs)))
+        emb_extra = extra_rows(det.embedding, next(rngs))
+        emb_make = _cached(rows_source(det.embedding, emb_extra))
         for n in [det.embedding] + det.embedding_aliases:
             t = ckpt.tensors[n]
             plan.replace[n] = NewTensor(n, _out_dtype(ckpt, t, plan.relabel_u16), (N, H), emb_make, t.file,
@@ -456,30 +483,22 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
         for n in det.vocab_aliases:
             t = ckpt.tensors[n]
             plan.replace[n] = NewTensor(n, _out_dtype(ckpt, t, plan.relabel_u16), (N, H),
-                                        resized_rows(n, next(rngs)), t.file, storage=t.storage)
+                                        rows_source(n, extra_rows(n, next(rngs))), t.file, storage=t.storage)
         if det.head_present:
             h = det.head_info
             lay = det.head_layout
             hshape = (N, H) if lay == VOCAB_HIDDEN else (H, N)
             # a head equal to the embedding stays equal (tied or not): it gets the embedding's new rows, so
             # resize-then-untie and untie-then-resize give the same tensors
-            tied_equal = det.comparison.values in ("exact", "transposed")
-            if tied_equal:
-                def head_make(lay=lay) -> np.ndarray:
-                    return _as_layout(emb_make(), lay)
+            tied_equal = det.comparison.values in ("exact", "transposed") and h.dtype == emb.dtype
+            if tied_equal and lay == VOCAB_HIDDEN:
+                head_make = emb_make
+            elif tied_equal:
+                head_make = head_columns(det.head, emb_extra)
+            elif lay == VOCAB_HIDDEN:
+                head_make = rows_source(det.head, extra_rows(det.head, next(rngs)))
             else:
-                rng = next(rngs)
-
-                def head_make(lay=lay, rng=rng) -> np.ndarray:
-                    a = ckpt.load(det.head)
-                    a = np.ascontiguousarray(a.T) if lay == HIDDEN_VOCAB else a
-                    if N <= V:
-                        out = a[:N]
-                    else:
-                        extra = _encode(ckpt, h, new_rows(a, N - V, init, rng, std,
-                                                          decode=lambda c: _decode(ckpt, h, c)))
-                        out = np.concatenate([a, extra], axis=0)
-                    return _as_layout(np.ascontiguousarray(out), lay)
+                head_make = head_columns(det.head, extra_rows(det.head, next(rngs), HIDDEN_VOCAB))
             head_make = _cached(head_make)
             for n in [det.head] + det.head_aliases:
                 t = ckpt.tensors[n]

@@ -24,7 +24,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..errors import CheckpointError, UnsafePickleError
-from .safetensors_io import Source, copy_range
+from .safetensors_io import Source
 from .tensor import TensorInfo, map_array
 
 RECONSTRUCT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
@@ -495,10 +495,7 @@ class _Emitter:
         self.w(b"\x88" if fortran else b"\x89")
         n = src.nbytes
         self.w(b"B" + struct.pack("<I", n) if n < 2**32 else b"\x8e" + struct.pack("<Q", n))
-        if src.array is not None:
-            self.w(np.ascontiguousarray(src.array).tobytes(order="A"))
-        else:
-            copy_range(self.f, src.path, src.offset, src.nbytes)
+        src.write_to(self.f)
         self.w(b"tb")
         return idx
 

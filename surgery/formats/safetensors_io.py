@@ -112,14 +112,36 @@ def read_array(path: Path, t: TensorInfo) -> np.ndarray:
 
 
 class Source:
-    """Where a tensor's bytes come from when writing: a byte range of an input file, or an array."""
+    """Where a tensor's bytes come from when writing: a byte range of an input file, an array, or a
+    concatenation of those (``parts``: e.g. the old rows by range, then the new rows from memory)."""
 
-    __slots__ = ("path", "offset", "nbytes", "array")
+    __slots__ = ("path", "offset", "nbytes", "array", "parts")
 
-    def __init__(self, path: Path | None = None, offset: int = 0, nbytes: int = 0, array: np.ndarray | None = None):
-        self.path, self.offset, self.nbytes, self.array = path, offset, nbytes, array
+    def __init__(self, path: Path | None = None, offset: int = 0, nbytes: int = 0, array: np.ndarray | None = None,
+                 parts: list["Source"] | None = None):
+        self.path, self.offset, self.nbytes, self.array, self.parts = path, offset, nbytes, array, parts
         if array is not None:
             self.nbytes = array.nbytes
+        if parts is not None:
+            self.nbytes = sum(p.nbytes for p in parts)
+
+    def prefix(self, nbytes: int) -> "Source":
+        """The first ``nbytes`` of a range or flat array source."""
+        if self.array is not None:
+            return Source(array=np.ascontiguousarray(self.array).reshape(-1).view(np.uint8)[:nbytes])
+        return Source(self.path, self.offset, nbytes)
+
+    def write_to(self, f: BinaryIO) -> None:
+        """Append the bytes to ``f``: ranges by :func:`copy_range`, arrays without an extra copy."""
+        if self.parts is not None:
+            for p in self.parts:
+                p.write_to(f)
+        elif self.array is not None:
+            a = np.ascontiguousarray(self.array)
+            if a.size:
+                f.write(memoryview(a.reshape(-1)).cast("B"))
+        else:
+            copy_range(f, self.path, self.offset, self.nbytes)
 
 
 def copy_range(dst: BinaryIO, src_path: Path, offset: int, nbytes: int, chunk: int = 64 << 20) -> None:
@@ -180,10 +202,7 @@ def write_file(path: Path, tensors: Iterable[tuple[str, str, tuple[int, ...], So
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for _, _, _, src in tensors:
-            if src.array is not None:
-                f.write(np.ascontiguousarray(src.array).tobytes())
-            else:
-                copy_range(f, src.path, src.offset, src.nbytes)
+            src.write_to(f)
         f.flush()
         os.fsync(f.fileno())
     return pos
