@@ -75,10 +75,10 @@ def _run(fn):
         if _debug():
             raise
         print(f"tietool: error: {e.one_line()}", file=sys.stderr)
-        raise typer.Exit(e.exit_code)
+        raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
         print("tietool: interrupted; nothing was written", file=sys.stderr)
-        raise typer.Exit(130)
+        raise typer.Exit(130) from None
     except typer.Exit:
         raise
     except Exception as e:  # noqa: BLE001 - last resort: never a bare traceback unless asked
@@ -86,7 +86,7 @@ def _run(fn):
             raise
         print(f"tietool: internal error: {type(e).__name__}: {e} (set TIETOOL_DEBUG=1 for the traceback; "
               "please report it)", file=sys.stderr)
-        raise typer.Exit(70)
+        raise typer.Exit(70) from None
 
 
 def _layout(layout: Layout | None) -> str | None:

@@ -305,7 +305,7 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
             head_layout = HIDDEN_VOCAB
         else:
             a, b = hs
-            for rows, other, lay in ((a, b, VOCAB_HIDDEN), (b, a, HIDDEN_VOCAB)):
+            for rows, other in ((a, b), (b, a)):
                 if other == H and rows and rows < V and V % rows == 0:
                     tp = V // rows
                     problems.append(

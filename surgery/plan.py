@@ -13,10 +13,11 @@ from typing import Callable
 import numpy as np
 
 from .checkpoint import Checkpoint
+from .configfile import get_dotted, read_config_file
 from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection
 from .errors import AmbiguousLayoutError, RefusedError, UsageError, ValuesDifferError
 from .formats.safetensors_io import Source
-from .formats.tensor import TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
+from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
 
 
 @dataclass
@@ -52,8 +53,6 @@ class NewTensor:
 
 
 def _storage_np(label: str) -> str:
-    from .formats.tensor import DTYPES, NP_TO_ST
-
     return DTYPES[label].storage if label in DTYPES else DTYPES[NP_TO_ST[label]].storage
 
 
@@ -103,8 +102,6 @@ class Plan:
 
 
 def _get_config(ckpt: Checkpoint, file: str, key: str):
-    from .write import get_dotted, read_config_file
-
     data = ckpt.config if file == "config.json" else read_config_file(ckpt.path / file)
     try:
         return get_dotted(data, key)
@@ -532,8 +529,6 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
     for k in ("padded_vocab_size",):
         if k in cfg:
             plan.config_set.append(("config.json", k, N))
-    from .write import read_config_file
-
     if "model_config.json" in ckpt.other_files:
         mc = read_config_file(ckpt.path / "model_config.json")
         if isinstance(mc, dict):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from . import __version__
 from .detect import Detection
-from .plan import Plan
+from .plan import Plan, _get_config
 
 
 def _pct(part: int, whole: int) -> float:
@@ -60,8 +60,6 @@ def build(plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False
     b1 = b0 - sum(d["bytes"] for d in dropped) + sum(a["bytes"] for a in added) + sum(
         c["bytes_after"] - c["bytes_before"] for c in changed)
     cfg = []
-    from .plan import _get_config
-
     for file, key, value in plan.config_set:
         before = _get_config(ckpt, file, key)
         if before != value:

@@ -19,35 +19,15 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from .checkpoint import REPORT_NAME, SHARD_RE, Checkpoint
+from .checkpoint import REPORT_NAME, SHARD_RE
+from .configfile import get_dotted, read_config_file, set_dotted
 from .errors import OutputError, UsageError
 from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source
+from .formats.tensor import DTYPES
 from .plan import NewTensor, Plan
 
 TMP_TAG = ".tietool-tmp-"
-
-
-def read_config_file(path: Path) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def get_dotted(data: Any, key: str) -> Any:
-    for part in key.split("."):
-        data = data[int(part)] if isinstance(data, list) else data[part]
-    return data
-
-
-def set_dotted(data: Any, key: str, value: Any) -> None:
-    parts = key.split(".")
-    for part in parts[:-1]:
-        data = data[int(part)] if isinstance(data, list) else data[part]
-    last = parts[-1]
-    if isinstance(data, list):
-        data[int(last)] = value
-    else:
-        data[last] = value
 
 
 def check_output_path(inp: Path, out: Path) -> None:
@@ -291,8 +271,6 @@ _NP_NAMES = {"float64", "float32", "float16", "uint16", "int64", "int32", "int16
 
 
 def _np_name(label: str) -> str:
-    from .formats.tensor import DTYPES
-
     return DTYPES[label].np_name
 
 
