@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Where tietool's time and memory go, phase by phase, for one operation (attribution for bench/run.py).
 
-    PYTHONPATH=. python bench/phases.py tie|untie|resize|inspect CKPT [--out DIR]
+    python bench/phases.py tie|untie|resize|inspect CKPT [--out DIR] [--init mean]
+    TIETOOL_ROOT=bench/_work/snapshot python bench/phases.py ...   # the copy bench/run.py --snapshot ran
 
 Runs the same library calls the CLI makes (``Checkpoint.open`` → ``detect`` → ``plan_*`` → ``write.execute``) in
 this process, with timers wrapped around them at run time (no source is changed): the value comparison
@@ -26,7 +27,8 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# the tietool tree: $TIETOOL_ROOT (e.g. bench/_work/snapshot) or the project root
+sys.path.insert(0, os.environ.get("TIETOOL_ROOT", str(ROOT)))
 
 T: dict[str, float] = defaultdict(float)
 N: dict[str, int] = defaultdict(int)

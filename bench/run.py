@@ -176,6 +176,7 @@ def check_output(op: str, out: Path) -> str | None:
         if op.startswith("cp"):
             return None if "lm_head.weight" in ts else "copy lacks lm_head.weight"
         tied = cfg.get("tie_word_embeddings")
+        op = op.replace(" --link", "")
         if op.endswith("tie") and not op.endswith("untie"):
             if tied is not True:
                 return f"tie_word_embeddings = {tied}"
@@ -199,7 +200,8 @@ def check_output(op: str, out: Path) -> str | None:
 # ---------------------------------------------------------------- the cases
 
 
-def cases(py: str, ck: Path, tied: Path, out: Path, with_pf: bool, with_help: bool) -> list[tuple[str, list[str]]]:
+def cases(py: str, ck: Path, tied: Path, out: Path, with_pf: bool, with_help: bool,
+          with_link: bool = False) -> list[tuple[str, list[str]]]:
     cli = [py, "-m", "cli"]
     pf = [py, str(BENCH / "pf_route.py")]
     c = [
@@ -211,6 +213,13 @@ def cases(py: str, ck: Path, tied: Path, out: Path, with_pf: bool, with_help: bo
         ("tietool resize", cli + ["resize", str(ck), "--vocab", str(NEW_VOCAB), "--init", "zeros", "--seed", "0",
                                   "--out", str(out), "-q"]),
     ]
+    if with_link:  # untouched shards hard-linked instead of copied
+        c += [
+            ("tietool tie --link", cli + ["tie", str(ck), "--out", str(out), "-q", "--link"]),
+            ("tietool untie --link", cli + ["untie", str(tied), "--out", str(out), "-q", "--link"]),
+            ("tietool resize --link", cli + ["resize", str(ck), "--vocab", str(NEW_VOCAB), "--init", "zeros",
+                                             "--seed", "0", "--out", str(out), "-q", "--link"]),
+        ]
     if with_help:
         c.append(("tietool --help", cli + ["--help"]))
     if with_pf:
@@ -273,6 +282,8 @@ def main() -> int:
     ap.add_argument("--pf-min-free-gb", type=float, default=20.0,
                     help="skip a PaddleFormers run on the 6.5 GB checkpoint when MemAvailable is below this")
     ap.add_argument("--only", action="append", help="run only cases whose label contains this (repeatable)")
+    ap.add_argument("--no-link", action="store_true", help="skip the tie/untie/resize --link cases")
+    ap.add_argument("--results", default="results", help="name of the results files in bench/_work/")
     ap.add_argument("--root", type=Path, default=ROOT, help="the tietool tree to run (cwd and PYTHONPATH)")
     ap.add_argument("--snapshot", action="store_true",
                     help="copy ROOT/surgery and ROOT/cli to bench/_work/snapshot first and run that copy, so edits "
@@ -329,7 +340,7 @@ def main() -> int:
         for ki, k in enumerate(keys):
             ck, tied = ck_paths[k], tied_paths[k]
             pf = not a.no_pf and (k == "2l" or rep < a.pf_repeat_large)
-            cs = cases(a.python, ck, tied, out, pf, with_help=(ki == 0))
+            cs = cases(a.python, ck, tied, out, pf, with_help=(ki == 0), with_link=not a.no_link)
             if a.only:
                 cs = [c for c in cs if any(o in c[0] for o in a.only)]
             shift = rep % len(cs) if cs else 0
@@ -377,7 +388,8 @@ def main() -> int:
         if r["case"] not in labels:
             labels.append(r["case"])
     order = ["cp -r", "cp -r + fsync", "tietool --help", "tietool inspect", "tietool tie", "tietool untie",
-             "tietool resize", "PaddleFormers tie", "PaddleFormers untie", "PaddleFormers resize"]
+             "tietool resize", "tietool tie --link", "tietool untie --link", "tietool resize --link",
+             "PaddleFormers tie", "PaddleFormers untie", "PaddleFormers resize"]
     labels = [x for x in order if x in labels]
     lines = []
     hdr = "| case | " + " | ".join(f"{k} wall s | {k} peak RSS MB | {k} anon / file MB | {k} n" for k in keys) + " |"
@@ -408,7 +420,11 @@ def main() -> int:
     for op in ("tie", "untie", "resize"):
         lines.append(f"| PaddleFormers {op} / tietool {op} | " + " | ".join(
             fr(ratio(med(k, f'PaddleFormers {op}'), med(k, f'tietool {op}')), 1) for k in keys) + " | ≥ 20x |")
-    for op in ("inspect", "tie", "untie", "resize"):
+    for op in ("tie", "untie", "resize"):
+        lines.append(f"| PaddleFormers {op} / tietool {op} --link | " + " | ".join(
+            fr(ratio(med(k, f'PaddleFormers {op}'), med(k, f'tietool {op} --link')), 1) for k in keys)
+            + " | (reference) |")
+    for op in ("inspect", "tie", "untie", "resize", "tie --link", "untie --link", "resize --link"):
         cells = []
         for k in keys:
             t = info["ckpts"][k]["touched_bytes"]
@@ -431,9 +447,9 @@ def main() -> int:
         print("\nPROBLEMS:")
         for r in problems:
             print(f"  {r['ckpt']} {r['case']} round {r['rep'] + 1}: {r['problem']}")
-    (WORK / "results.json").write_text(json.dumps(info, indent=1))
-    (WORK / "results.md").write_text(text + "\n")
-    print(f"\nwritten: {WORK / 'results.json'}, {WORK / 'results.md'}")
+    (WORK / f"{a.results}.json").write_text(json.dumps(info, indent=1))
+    (WORK / f"{a.results}.md").write_text(text + "\n")
+    print(f"\nwritten: {WORK / (a.results + '.json')}, {WORK / (a.results + '.md')}")
     return 1 if problems else 0
 
 

@@ -13,7 +13,9 @@ from rich.table import Table
 def _console(stderr: bool = False) -> Console:
     f = sys.stderr if stderr else sys.stdout
     # not a terminal (pipes, CI): wide lines so names are never wrapped mid-word
-    return Console(file=f, width=None if f.isatty() else 200, soft_wrap=not f.isatty(), highlight=False)
+    # markup off: names, paths and messages are printed as they are, "[...]" included
+    return Console(file=f, width=None if f.isatty() else 200, soft_wrap=not f.isatty(), highlight=False,
+                   markup=False)
 
 
 def size(n: int | None) -> str:
@@ -39,7 +41,7 @@ def inspect(info: dict, as_json: bool = False) -> None:
         print(json.dumps(info, indent=2))
         return
     con = _console()
-    con.print(f"[bold]{info['path']}[/bold]: {info['format']}{' (sharded)' if info['sharded'] else ''}, "
+    con.print(f"{info['path']}: {info['format']}{' (sharded)' if info['sharded'] else ''}, "
               f"{len(info['files'])} weight file(s), {info['num_tensors']} tensors, "
               f"{info['total_parameters']} parameters, {size(info['total_bytes'])}")
     arch = info["architecture"]
@@ -86,11 +88,11 @@ def inspect(info: dict, as_json: bool = False) -> None:
     con.print(f"tying would save {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}% of the checkpoint)"
               + (f": {s['why_zero']}" if s.get("why_zero") else ""))
     for p in info["problems"]:
-        con.print(f"[yellow]problem:[/yellow] {p}")
+        con.print(f"problem: {p}", style="yellow")
     for n in info["notes"]:
         con.print(f"note: {n}")
     for w in info["warnings"]:
-        con.print(f"[yellow]warning:[/yellow] {w}")
+        con.print(f"warning: {w}", style="yellow")
 
 
 def report(rep: dict, as_json: bool = False) -> None:
@@ -101,7 +103,7 @@ def report(rep: dict, as_json: bool = False) -> None:
     head = f"{rep['operation']}{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
     if rep["output"] and not rep["dry_run"]:
         head += f" → {rep['output']}"
-    con.print(f"[bold]{head}[/bold]")
+    con.print(head, style="bold")
     t = Table(title="parameter-savings report")
     for col in ("change", "tensor", "shape", "parameters", "bytes"):
         t.add_column(col, overflow="fold")
@@ -134,7 +136,7 @@ def report(rep: dict, as_json: bool = False) -> None:
     for n in rep["notes"]:
         con.print(f"note: {n}")
     for w in rep["warnings"]:
-        con.print(f"[yellow]warning:[/yellow] {w}")
+        con.print(f"warning: {w}", style="yellow")
 
 
 def verify(res: dict, as_json: bool = False) -> None:
@@ -163,7 +165,7 @@ def verify(res: dict, as_json: bool = False) -> None:
         con.print("verdict: every difference is explained by tie/untie/resize")
     else:
         for u in res["unexplained"]:
-            con.print(f"[red]unexplained:[/red] {u}")
+            con.print(f"unexplained: {u}", style="red")
         con.print("verdict: differences that tie/untie/resize do not explain")
 
 

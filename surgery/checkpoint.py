@@ -36,7 +36,7 @@ def _read_json(path: Path, what: str) -> Any:
         raise CheckpointError(f"{what} not found", path, "check the path") from None
     except IsADirectoryError:
         raise CheckpointError(f"{what} is a folder, expected a JSON file", path, "remove or rename it") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(f"{what} is not valid JSON ({e.__class__.__name__}: {str(e)[:60]})", path,
                               "fix or restore the file") from None
 
@@ -103,6 +103,8 @@ class Checkpoint:
             if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
                 raise CheckpointError("index has no weight_map of name → shard file", path / index_name,
                                       "regenerate the index")
+            if not isinstance(index.get("metadata", {}), dict):
+                raise CheckpointError("index metadata is not a JSON object", path / index_name, "regenerate the index")
             listed = sorted(set(wm.values()), key=lambda n: (SHARD_RE.match(n) is None, n))
             for f in listed:
                 if "/" in f or "\\" in f or f.startswith("."):
@@ -111,13 +113,13 @@ class Checkpoint:
                 if not (path / f).is_file():
                     raise CheckpointError(f"index names shard {f}, which is not in the folder", path / index_name,
                                           f"restore {f} or regenerate the index")
-            # shards on disk that the index does not name are not part of the checkpoint, but say so
-            for f in files:
-                if f not in listed:
-                    warnings.append(f"{f} is in the folder but the index names none of its tensors; ignored")
+            unlisted = [f for f in files if f not in listed]
             files = listed
+        else:
+            unlisted = []
         ckpt = cls(path, config, fmt, index_name is not None, index_name, index, files, {}, warnings=warnings)
         ckpt._read_headers()
+        ckpt._check_unlisted_shards(unlisted)
         ckpt.other_files = ckpt._list_other_files()
         return ckpt
 
@@ -173,6 +175,24 @@ class Checkpoint:
             for name, f in where.items():
                 if name not in wm:
                     self.warnings.append(f"tensor {name} is in {f} but not in the index; it is kept and listed")
+
+    def _check_unlisted_shards(self, unlisted: list[str]) -> None:
+        """Shard files the index does not name are not part of the checkpoint; but an index entry that points
+        to the wrong shard while an unlisted one holds the tensor is an error, not a stale entry."""
+        for f in unlisted:
+            p = self.path / f
+            try:
+                names = [t.name for t in (safetensors_io.read_header(p, f)[0] if self.format == "safetensors"
+                                          else pdparams_io.read_header(p, f)[0])]
+            except CheckpointError:
+                names = []
+            wm = self.index["weight_map"]
+            moved = [n for n in names if n in wm and n not in self.tensors]
+            if moved:
+                raise CheckpointError(
+                    f"index maps {moved[0]} to {wm[moved[0]]}, but it is stored in {f}, which the index does not name",
+                    self.path / self.index_name, "regenerate the index")
+            self.warnings.append(f"{f} is in the folder but the index names none of its tensors; ignored")
 
     def _list_other_files(self) -> list[str]:
         skip = set(self.weight_files) | {self.index_name, REPORT_NAME}

@@ -7,6 +7,7 @@ comes from :mod:`surgery.architectures`; nothing here names a model.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,7 +124,8 @@ def infer_loader(ckpt: Checkpoint, embedding_name: str | None) -> tuple[str, str
         return "paddleformers", f"config.json paddleformers_version = {cfg['paddleformers_version']!r}"
     if "paddlenlp_version" in cfg:
         v = cfg["paddlenlp_version"]
-        if isinstance(v, str) and v[:1].isdigit() and int(v.split(".")[0]) >= 3:
+        major = re.match(r"\s*(\d+)", v) if isinstance(v, str) else None
+        if major and int(major.group(1)) >= 3:
             return "paddlenlp-3", f"config.json paddlenlp_version = {v!r}"
         return "paddlenlp-2.8", f"config.json paddlenlp_version = {v!r} (PaddleNLP 2.x writes null)"
     first = (embedding_name or "").split(".")[0]
@@ -181,7 +183,8 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int 
         bit_equal = False
         fa = bf16_bits_to_f32(a) if e_bf else a.astype(np.float32)
         fb = bf16_bits_to_f32(b) if h_bf else b.astype(np.float32)
-        d = np.abs(fa - fb)
+        with np.errstate(invalid="ignore", over="ignore"):
+            d = np.abs(fa - fb)
         d = np.where(np.isnan(fa) & np.isnan(fb), 0.0, np.where(np.isnan(d), np.inf, d))
         if d.size:
             max_diff = max(max_diff, float(d.max()))
@@ -207,8 +210,11 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
     cfg = ckpt.config
     tcfg, tkey = text_config(cfg)
     model_type = cfg.get("model_type")
-    if tkey and not any(model_type in r["model_types"] for r in arch.FAMILIES):
+    if tkey and not any(model_type in r["model_types"] for r in arch.FAMILIES if isinstance(model_type, str)):
         model_type = tcfg.get("model_type", model_type)
+    bad_type = model_type is not None and not isinstance(model_type, str)
+    if bad_type:
+        model_type = None
     vocab_size = tcfg.get("vocab_size", cfg.get("vocab_size"))
     vocab_size = vocab_size if isinstance(vocab_size, int) else None
     hidden = hidden_size_of(tcfg) or hidden_size_of(cfg)
@@ -219,6 +225,8 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
     fallback = False
     notes: list[str] = []
     problems: list[str] = []
+    if bad_type:
+        problems.append("config.json model_type is not a string; ignored")
     if embedding is None:
         # not in the table: shape search against config vocab_size / hidden_size
         cands = [n for n, t in ckpt.tensors.items() if len(t.shape) == 2 and vocab_size and hidden
@@ -256,7 +264,7 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
     alias_named = [n for n in _find(ckpt, fam.aliases + fam.embedding, exclude=(embedding,))
                    if ckpt.tensors[n].shape == e_info.shape]
     # the head
-    head_cands = _find(ckpt, fam.head, exclude=(embedding,))
+    head_cands = _find(ckpt, fam.head, exclude=(embedding,), ndim=None)
     head = head_cands[0] if head_cands else None
     head_present = head is not None
     if head is None and not fam.known:

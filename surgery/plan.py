@@ -302,6 +302,19 @@ def _last_in_file(ckpt: Checkpoint, file: str) -> str | None:
 
 
 INITS = ("mean", "zeros", "normal")
+MAX_VOCAB = 2**31 - 1
+
+
+def _available_memory() -> int | None:
+    """Bytes of memory available (Linux ``MemAvailable``), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def target_rows(vocab: int, pad_to_multiple_of: int | None) -> int:
@@ -402,6 +415,14 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
             "pass --layout vocab-hidden or --layout hidden-vocab")
     V, H = det.vocab_rows, det.hidden
     N = target_rows(vocab, pad_to_multiple_of)
+    if N > MAX_VOCAB:
+        raise UsageError(f"--vocab {N} is beyond any tokenizer (token ids are int32 in Paddle; at most {MAX_VOCAB})",
+                         fix="check the number")
+    need = (N - V) * H * 8 * 2  # new rows in float32 and in the stored dtype, with headroom
+    avail = _available_memory()
+    if N > V and avail is not None and need > avail:
+        raise UsageError(f"--vocab {N} adds {N - V} rows of {H}: about {need >> 20} MiB of new rows, more than the "
+                         f"{avail >> 20} MiB of memory available", fix="check the number, or free memory")
     plan = _base_plan("resize", det)
     tok = det.tokenizer
     if N < V and not force:

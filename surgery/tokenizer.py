@@ -26,7 +26,15 @@ def _ids(obj) -> list[int]:
 
 
 def tokenizer_info(folder: Path) -> TokenizerInfo:
-    """Highest token id + 1 found in the tokenizer files of ``folder``; never raises on a bad file."""
+    """Highest token id + 1 found in the tokenizer files of ``folder``; never raises on a bad file (an
+    unexpected structure makes that file count as unreadable)."""
+    try:
+        return _tokenizer_info(folder)
+    except (AttributeError, TypeError, ValueError, KeyError, RecursionError, OSError):
+        return TokenizerInfo(None, (), ("tokenizer files (unexpected structure)",))
+
+
+def _tokenizer_info(folder: Path) -> TokenizerInfo:
     ids: list[int] = []
     sources: list[str] = []
     bad: list[str] = []
@@ -37,19 +45,22 @@ def tokenizer_info(folder: Path) -> TokenizerInfo:
             return None
         try:
             return json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
             bad.append(name)
             return None
 
     tj = load("tokenizer.json")
     if isinstance(tj, dict):
         sources.append("tokenizer.json")
-        vocab = (tj.get("model") or {}).get("vocab")
+        model = tj.get("model")
+        vocab = model.get("vocab") if isinstance(model, dict) else None
         if isinstance(vocab, dict):
             ids += _ids(vocab.values())
         elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
             ids.append(len(vocab) - 1)
-        ids += _ids(t.get("id") for t in tj.get("added_tokens") or [] if isinstance(t, dict))
+        added = tj.get("added_tokens")
+        if isinstance(added, list):
+            ids += _ids(t.get("id") for t in added if isinstance(t, dict))
     vj = load("vocab.json")
     if isinstance(vj, dict):
         sources.append("vocab.json")

@@ -9,14 +9,13 @@ The contract (from the project's issues), checked by ``adversarial_support.check
 * the input folder byte-identical (sha256 of every file and the list of folders, before and after).
 
 Each bad input is built in ``tmp_path`` from a copy of a real fixture and run through ``inspect``, ``tie``,
-``untie`` and ``resize`` (``--vocab 128``) in a subprocess (``python -m cli``, 30 s timeout, RLIMIT_AS 2 GB).
+``untie`` and ``resize`` (``--vocab 256``) in a subprocess (``python -m cli``, 30 s timeout, RLIMIT_AS 2 GB).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pickle
 import shutil
 import struct
@@ -30,7 +29,15 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import adversarial_support as av  # noqa: E402
 from adversarial_support import (  # noqa: E402
-    PD_FILE, PD_INDEX, PD_ONE, PD_SHARDED, ST_INDEX, ST_ONE, ST_ONE_FILE, ST_SHARDED, FakeArray,
+    PD_FILE,
+    PD_INDEX,
+    PD_ONE,
+    PD_SHARDED,
+    ST_INDEX,
+    ST_ONE,
+    ST_ONE_FILE,
+    ST_SHARDED,
+    FakeArray,
 )
 
 pytestmark = pytest.mark.skipif(not av.CASES.is_dir(), reason="shared fixtures not found")
@@ -41,7 +48,7 @@ ALL = av.COMMANDS
 
 @dataclasses.dataclass
 class Bad:
-    """One bad checkpoint: ``build(tmp)`` returns the path to pass as CKPT; ``names`` must be in the message."""
+    """One bad checkpoint: ``build(tmp)`` returns the CKPT path; ``names`` must appear in the message."""
 
     id: str
     build: Callable[[Path], Path]
@@ -125,7 +132,9 @@ def dir_instead(rel: str) -> Callable[[Path], None]:
     return edit
 
 
-def pd_replace(key: str, value, case: str = PD_ONE, file: str = PD_FILE, protocol: int = 4) -> Callable[[Path], None]:
+def pd_replace(
+    key: str, value, case: str = PD_ONE, file: str = PD_FILE, protocol: int = 4
+) -> Callable[[Path], None]:
     def edit(d: Path) -> None:
         sd = av.pd_state(case, file)
         sd[key] = value
@@ -150,7 +159,7 @@ def st_header_bytes(blob: bytes) -> Callable[[Path], None]:
         p = d / ST_ONE_FILE
         raw = p.read_bytes()
         n = av.st_header_len(raw)
-        p.write_bytes(struct.pack("<Q", len(blob)) + blob + raw[8 + n:])
+        p.write_bytes(struct.pack("<Q", len(blob)) + blob + raw[8 + n :])
 
     return edit
 
@@ -209,8 +218,11 @@ def _overflow_shape(h):
 BAD: list[Bad] = [
     # ---- the folder itself
     Bad("missing_folder", lambda t: t / "no_such_ckpt", ("no_such_ckpt",)),
-    Bad("file_not_folder", lambda t: shutil.copyfile(av.CASES / ST_ONE / ST_ONE_FILE, t / "ckpt.safetensors")
-        and t / "ckpt.safetensors", ("ckpt.safetensors",)),
+    Bad(
+        "file_not_folder",
+        lambda t: Path(shutil.copyfile(av.CASES / ST_ONE / ST_ONE_FILE, t / "ckpt.safetensors")),
+        ("ckpt.safetensors",),
+    ),
     # ---- config.json
     Bad("missing_config", on(ST_ONE, remove("config.json")), ("config.json",)),
     Bad("config_not_json", on(ST_ONE, write("config.json", '{"model_type": "llama",')), ("config.json",)),
@@ -219,7 +231,11 @@ BAD: list[Bad] = [
     Bad("config_json_list", on(ST_ONE, write("config.json", "[1, 2, 3]")), ("config.json",)),
     Bad("config_json_null", on(PD_ONE, write("config.json", "null")), ("config.json",)),
     Bad("config_is_folder", on(ST_ONE, dir_instead("config.json")), ("config.json",)),
-    Bad("config_deeply_nested", on(ST_ONE, write("config.json", "[" * 100_000 + "]" * 100_000)), ("config.json",)),
+    Bad(
+        "config_deeply_nested",
+        on(ST_ONE, write("config.json", "[" * 100_000 + "]" * 100_000)),
+        ("config.json",),
+    ),
     # ---- weights missing / misnamed
     Bad("no_weights", on(ST_ONE, remove(ST_ONE_FILE, ST_INDEX)), ("ckpt",)),
     Bad("no_weights_pd", on(PD_ONE, remove(PD_FILE)), ("ckpt",)),
@@ -227,110 +243,249 @@ BAD: list[Bad] = [
     Bad("st_shards_without_index", on(ST_SHARDED, remove(ST_INDEX)), (ST_INDEX,)),
     Bad("pd_shards_without_index", on(PD_SHARDED, remove(PD_INDEX)), (PD_INDEX,)),
     # ---- the index
-    Bad("index_names_missing_shard", on(ST_SHARDED, remove("model-00003-of-00009.safetensors")),
-        (ST_INDEX, "model-00003-of-00009.safetensors")),
-    Bad("pd_index_names_missing_shard", on(PD_SHARDED, remove("model_state-00004-of-00008.pdparams")),
-        (PD_INDEX, "model_state-00004-of-00008.pdparams")),
-    Bad("index_weight_map_list", on(ST_SHARDED, edit_json(ST_INDEX, set_key(["weight_map"], [1, 2]))), (ST_INDEX,)),
-    Bad("index_weight_map_missing", on(ST_SHARDED, edit_json(ST_INDEX, lambda i: {"metadata": {}})), (ST_INDEX,)),
-    Bad("index_weight_map_values_not_str",
-        on(ST_ONE, edit_json(ST_INDEX, lambda i: {**i, "weight_map": {k: 1 for k in i["weight_map"]}})), (ST_INDEX,)),
+    Bad(
+        "index_names_missing_shard",
+        on(ST_SHARDED, remove("model-00003-of-00009.safetensors")),
+        (ST_INDEX, "model-00003-of-00009.safetensors"),
+    ),
+    Bad(
+        "pd_index_names_missing_shard",
+        on(PD_SHARDED, remove("model_state-00004-of-00008.pdparams")),
+        (PD_INDEX, "model_state-00004-of-00008.pdparams"),
+    ),
+    Bad(
+        "index_weight_map_list",
+        on(ST_SHARDED, edit_json(ST_INDEX, set_key(["weight_map"], [1, 2]))),
+        (ST_INDEX,),
+    ),
+    Bad(
+        "index_weight_map_missing",
+        on(ST_SHARDED, edit_json(ST_INDEX, lambda i: {"metadata": {}})),
+        (ST_INDEX,),
+    ),
+    Bad(
+        "index_weight_map_values_not_str",
+        on(ST_ONE, edit_json(ST_INDEX, lambda i: {**i, "weight_map": {k: 1 for k in i["weight_map"]}})),
+        (ST_INDEX,),
+    ),
     Bad("index_not_json", on(ST_SHARDED, write(ST_INDEX, '{"weight_map": {')), (ST_INDEX,)),
     Bad("index_json_list", on(PD_SHARDED, write(PD_INDEX, "[]")), (PD_INDEX,)),
     Bad("index_is_folder", on(ST_SHARDED, dir_instead(ST_INDEX)), (ST_INDEX,)),
     # a tensor moved to another listed shard (its own shard still holds other tensors)
-    Bad("index_wrong_shard", on(ST_SHARDED, _move_entry(ST_INDEX, "model.layers.0.mlp.gate_proj.weight",
-                                                        "model-00003-of-00009.safetensors")),
-        (ST_INDEX, "model.layers.0.mlp.gate_proj.weight")),
-    Bad("pd_index_wrong_shard", on(PD_SHARDED, _move_entry(PD_INDEX, "llama.layers.0.self_attn.q_proj.weight",
-                                                           "model_state-00003-of-00008.pdparams")),
-        (PD_INDEX, "llama.layers.0.self_attn.q_proj.weight")),
+    Bad(
+        "index_wrong_shard",
+        on(
+            ST_SHARDED,
+            _move_entry(ST_INDEX, "model.layers.0.mlp.gate_proj.weight", "model-00003-of-00009.safetensors"),
+        ),
+        (ST_INDEX, "model.layers.0.mlp.gate_proj.weight"),
+    ),
+    Bad(
+        "pd_index_wrong_shard",
+        on(
+            PD_SHARDED,
+            _move_entry(
+                PD_INDEX, "llama.layers.0.self_attn.q_proj.weight", "model_state-00003-of-00008.pdparams"
+            ),
+        ),
+        (PD_INDEX, "llama.layers.0.self_attn.q_proj.weight"),
+    ),
     # the only tensor of a shard moved to another shard: that shard is then named by no index entry
-    Bad("index_wrong_shard_sole_tensor", on(ST_SHARDED, _move_entry(ST_INDEX, "lm_head.weight",
-                                                                    "model-00001-of-00009.safetensors")),
-        (ST_INDEX, "lm_head.weight")),
-    Bad("pd_index_wrong_shard_sole_tensor", on(PD_SHARDED, _move_entry(PD_INDEX, EMB_PD,
-                                                                       "model_state-00002-of-00008.pdparams")),
-        (PD_INDEX, EMB_PD)),
-    Bad("index_shard_outside_folder",
-        on(ST_ONE, edit_json(ST_INDEX, lambda i: {**i, "weight_map": {k: "../x.safetensors"
-                                                                     for k in i["weight_map"]}})), (ST_INDEX,)),
+    Bad(
+        "index_wrong_shard_sole_tensor",
+        on(ST_SHARDED, _move_entry(ST_INDEX, "lm_head.weight", "model-00001-of-00009.safetensors")),
+        (ST_INDEX, "lm_head.weight"),
+    ),
+    Bad(
+        "pd_index_wrong_shard_sole_tensor",
+        on(PD_SHARDED, _move_entry(PD_INDEX, EMB_PD, "model_state-00002-of-00008.pdparams")),
+        (PD_INDEX, EMB_PD),
+    ),
+    Bad(
+        "index_shard_outside_folder",
+        on(
+            ST_ONE,
+            edit_json(
+                ST_INDEX, lambda i: {**i, "weight_map": {k: "../x.safetensors" for k in i["weight_map"]}}
+            ),
+        ),
+        (ST_INDEX,),
+    ),
     Bad("index_deeply_nested", on(ST_ONE, write(ST_INDEX, "[" * 100_000 + "]" * 100_000)), (ST_INDEX,)),
     # ---- safetensors files
     Bad("st_truncated_in_length", on(ST_ONE, truncate(ST_ONE_FILE, lambda r: 5)), (ST_ONE_FILE,)),
     Bad("st_truncated_in_header", on(ST_ONE, truncate(ST_ONE_FILE, st_in_header)), (ST_ONE_FILE,)),
     Bad("st_truncated_in_data", on(ST_ONE, truncate(ST_ONE_FILE, st_in_data)), (ST_ONE_FILE,)),
-    Bad("st_shard_truncated_in_data",
-        on(ST_SHARDED, truncate("model-00005-of-00009.safetensors", st_in_data)), ("model-00005-of-00009",)),
-    Bad("st_header_len_gt_file", on(ST_ONE, st_len((av.CASES / ST_ONE / ST_ONE_FILE).stat().st_size)),
-        (ST_ONE_FILE,)),
+    Bad(
+        "st_shard_truncated_in_data",
+        on(ST_SHARDED, truncate("model-00005-of-00009.safetensors", st_in_data)),
+        ("model-00005-of-00009",),
+    ),
+    Bad(
+        "st_header_len_gt_file",
+        on(ST_ONE, st_len((av.CASES / ST_ONE / ST_ONE_FILE).stat().st_size)),
+        (ST_ONE_FILE,),
+    ),
     Bad("st_header_len_2_60", on(ST_ONE, st_len(2**60)), (ST_ONE_FILE,)),
     Bad("st_header_not_json", on(ST_ONE, st_header_bytes(b'{"a": [1, 2' + b" " * 21)), (ST_ONE_FILE,)),
     Bad("st_header_not_utf8", on(ST_ONE, st_header_bytes(b'{"\xff\xfe": 1}  ')), (ST_ONE_FILE,)),
     Bad("st_header_json_list", on(ST_ONE, st_header_bytes(b"[1, 2, 3]       ")), (ST_ONE_FILE,)),
-    Bad("st_header_deeply_nested", on(ST_ONE, st_header_bytes(b"[" * 50_000 + b"]" * 50_000)), (ST_ONE_FILE,)),
-    Bad("st_bad_dtype", on(ST_ONE, st_header(ST_ONE_FILE, set_key([NORM_ST, "dtype"], "F33"))),
-        (ST_ONE_FILE, NORM_ST)),
-    Bad("st_dtype_lowercase", on(ST_ONE, st_header(ST_ONE_FILE, set_key([EMB_ST, "dtype"], "f32"))),
-        (ST_ONE_FILE, EMB_ST)),
-    Bad("st_dtype_not_a_string", on(ST_ONE, st_header(ST_ONE_FILE, set_key([NORM_ST, "dtype"], ["F32"]))),
-        (ST_ONE_FILE, NORM_ST)),
-    Bad("st_dtype_null", on(ST_ONE, st_header(ST_ONE_FILE, set_key([NORM_ST, "dtype"], None))),
-        (ST_ONE_FILE, NORM_ST)),
-    Bad("st_entry_not_object", on(ST_ONE, st_header(ST_ONE_FILE, set_key([NORM_ST], "F32"))), (ST_ONE_FILE, NORM_ST)),
-    Bad("st_metadata_not_strings", on(ST_ONE, st_header(ST_ONE_FILE, set_key(["__metadata__"], {"format": 1}))),
-        (ST_ONE_FILE,)),
-    Bad("st_offsets_exceed_file", on(ST_ONE, st_header(ST_ONE_FILE, _offsets(NORM_ST, lambda h, o: [o[0] + 10**6,
-                                                                                                  o[1] + 10**6]))),
-        (ST_ONE_FILE, NORM_ST)),
-    Bad("st_offsets_2_60", on(ST_ONE, st_header(ST_ONE_FILE, _offsets(NORM_ST, lambda h, o: [2**60, 2**60 + 64]))),
-        (ST_ONE_FILE, NORM_ST)),
-    Bad("st_offsets_reversed", on(ST_ONE, st_header(ST_ONE_FILE, _offsets(NORM_ST, lambda h, o: [o[1], o[0]]))),
-        (ST_ONE_FILE, NORM_ST)),
-    Bad("st_offsets_negative", on(ST_ONE, st_header(ST_ONE_FILE, _offsets(NORM_ST, lambda h, o: [-64, 0]))),
-        (ST_ONE_FILE, NORM_ST)),
-    Bad("st_offsets_overlap", on(ST_ONE, st_header(ST_ONE_FILE, _offsets(
-        EMB_ST, lambda h, o: [h[_other(h, EMB_ST)]["data_offsets"][0] - 16,
-                              h[_other(h, EMB_ST)]["data_offsets"][0] - 16 + (o[1] - o[0])]))), (ST_ONE_FILE,)),
-    Bad("st_shape_size_mismatch", on(ST_ONE, st_header(ST_ONE_FILE, set_key([EMB_ST, "shape"], [100, 15]))),
-        (ST_ONE_FILE, EMB_ST)),
-    Bad("st_negative_dim", on(ST_ONE, st_header(ST_ONE_FILE, set_key([EMB_ST, "shape"], [-100, -16]))),
-        (ST_ONE_FILE, EMB_ST)),
-    Bad("st_shape_overflows_to_0_bytes", on(ST_ONE, st_header(ST_ONE_FILE, _overflow_shape)), (ST_ONE_FILE, NORM_ST)),
+    Bad(
+        "st_header_deeply_nested", on(ST_ONE, st_header_bytes(b"[" * 50_000 + b"]" * 50_000)), (ST_ONE_FILE,)
+    ),
+    Bad(
+        "st_bad_dtype",
+        on(ST_ONE, st_header(ST_ONE_FILE, set_key([NORM_ST, "dtype"], "F33"))),
+        (ST_ONE_FILE, NORM_ST),
+    ),
+    Bad(
+        "st_dtype_lowercase",
+        on(ST_ONE, st_header(ST_ONE_FILE, set_key([EMB_ST, "dtype"], "f32"))),
+        (ST_ONE_FILE, EMB_ST),
+    ),
+    Bad(
+        "st_dtype_not_a_string",
+        on(ST_ONE, st_header(ST_ONE_FILE, set_key([NORM_ST, "dtype"], ["F32"]))),
+        (ST_ONE_FILE, NORM_ST),
+    ),
+    Bad(
+        "st_dtype_null",
+        on(ST_ONE, st_header(ST_ONE_FILE, set_key([NORM_ST, "dtype"], None))),
+        (ST_ONE_FILE, NORM_ST),
+    ),
+    Bad(
+        "st_entry_not_object",
+        on(ST_ONE, st_header(ST_ONE_FILE, set_key([NORM_ST], "F32"))),
+        (ST_ONE_FILE, NORM_ST),
+    ),
+    Bad(
+        "st_metadata_not_strings",
+        on(ST_ONE, st_header(ST_ONE_FILE, set_key(["__metadata__"], {"format": 1}))),
+        (ST_ONE_FILE,),
+    ),
+    Bad(
+        "st_offsets_exceed_file",
+        on(ST_ONE, st_header(ST_ONE_FILE, _offsets(NORM_ST, lambda h, o: [o[0] + 10**6, o[1] + 10**6]))),
+        (ST_ONE_FILE, NORM_ST),
+    ),
+    Bad(
+        "st_offsets_2_60",
+        on(ST_ONE, st_header(ST_ONE_FILE, _offsets(NORM_ST, lambda h, o: [2**60, 2**60 + 64]))),
+        (ST_ONE_FILE, NORM_ST),
+    ),
+    Bad(
+        "st_offsets_reversed",
+        on(ST_ONE, st_header(ST_ONE_FILE, _offsets(NORM_ST, lambda h, o: [o[1], o[0]]))),
+        (ST_ONE_FILE, NORM_ST),
+    ),
+    Bad(
+        "st_offsets_negative",
+        on(ST_ONE, st_header(ST_ONE_FILE, _offsets(NORM_ST, lambda h, o: [-64, 0]))),
+        (ST_ONE_FILE, NORM_ST),
+    ),
+    Bad(
+        "st_offsets_overlap",
+        on(
+            ST_ONE,
+            st_header(
+                ST_ONE_FILE,
+                _offsets(
+                    EMB_ST,
+                    lambda h, o: [
+                        h[_other(h, EMB_ST)]["data_offsets"][0] - 16,
+                        h[_other(h, EMB_ST)]["data_offsets"][0] - 16 + (o[1] - o[0]),
+                    ],
+                ),
+            ),
+        ),
+        (ST_ONE_FILE,),
+    ),
+    Bad(
+        "st_shape_size_mismatch",
+        on(ST_ONE, st_header(ST_ONE_FILE, set_key([EMB_ST, "shape"], [100, 15]))),
+        (ST_ONE_FILE, EMB_ST),
+    ),
+    Bad(
+        "st_negative_dim",
+        on(ST_ONE, st_header(ST_ONE_FILE, set_key([EMB_ST, "shape"], [-100, -16]))),
+        (ST_ONE_FILE, EMB_ST),
+    ),
+    Bad(
+        "st_shape_overflows_to_0_bytes",
+        on(ST_ONE, st_header(ST_ONE_FILE, _overflow_shape)),
+        (ST_ONE_FILE, NORM_ST),
+    ),
     Bad("st_empty_file", on(ST_ONE, write(ST_ONE_FILE, b"")), (ST_ONE_FILE,)),
-    Bad("st_single_empty_file", on(ST_ONE, lambda d: (remove(ST_INDEX, ST_ONE_FILE)(d),
-                                                      write("model.safetensors", b"")(d))), ("model.safetensors",)),
+    Bad(
+        "st_single_empty_file",
+        on(ST_ONE, lambda d: (remove(ST_INDEX, ST_ONE_FILE)(d), write("model.safetensors", b"")(d))),
+        ("model.safetensors",),
+    ),
     Bad("st_weight_is_folder", on(ST_ONE, dir_instead(ST_ONE_FILE)), (ST_ONE_FILE,)),
-    Bad("st_single_weight_is_folder", on(ST_ONE, lambda d: (remove(ST_INDEX, ST_ONE_FILE)(d),
-                                                            dir_instead("model.safetensors")(d))),
-        ("model.safetensors",)),
-    Bad("st_tensor_in_two_shards", on(ST_SHARDED, lambda d: shutil.copyfile(
-        d / "model-00001-of-00009.safetensors", d / "model-00002-of-00009.safetensors")), ("model-0000",)),
+    Bad(
+        "st_single_weight_is_folder",
+        on(ST_ONE, lambda d: (remove(ST_INDEX, ST_ONE_FILE)(d), dir_instead("model.safetensors")(d))),
+        ("model.safetensors",),
+    ),
+    Bad(
+        "st_tensor_in_two_shards",
+        on(
+            ST_SHARDED,
+            lambda d: shutil.copyfile(
+                d / "model-00001-of-00009.safetensors", d / "model-00002-of-00009.safetensors"
+            ),
+        ),
+        ("model-0000",),
+    ),
     # ---- pdparams files
     Bad("pd_truncated_in_opcodes", on(PD_ONE, truncate(PD_FILE, lambda r: 120)), (PD_FILE,)),
     Bad("pd_truncated_in_payload", on(PD_ONE, truncate(PD_FILE, lambda r: 1000)), (PD_FILE,)),
     Bad("pd_truncated_before_stop", on(PD_ONE, truncate(PD_FILE, lambda r: len(r) - 1)), (PD_FILE,)),
-    Bad("pd_shard_truncated", on(PD_SHARDED, truncate("model_state-00003-of-00008.pdparams", lambda r: len(r) // 2)),
-        ("model_state-00003-of-00008.pdparams",)),
+    Bad(
+        "pd_shard_truncated",
+        on(PD_SHARDED, truncate("model_state-00003-of-00008.pdparams", lambda r: len(r) // 2)),
+        ("model_state-00003-of-00008.pdparams",),
+    ),
     Bad("pd_random_bytes", on(PD_ONE, write(PD_FILE, np.random.default_rng(0).bytes(4096))), (PD_FILE,)),
     Bad("pd_text_file", on(PD_ONE, write(PD_FILE, "this is not a pickle\n")), (PD_FILE,)),
     Bad("pd_empty_file", on(PD_ONE, write(PD_FILE, b"")), (PD_FILE,)),
-    Bad("pd_top_level_list", on(PD_ONE, lambda d: av.pd_dump(list(av.pd_state().values()), d / PD_FILE)), (PD_FILE,)),
+    Bad(
+        "pd_top_level_list",
+        on(PD_ONE, lambda d: av.pd_dump(list(av.pd_state().values()), d / PD_FILE)),
+        (PD_FILE,),
+    ),
     Bad("pd_top_level_int", on(PD_ONE, lambda d: av.pd_dump(7, d / PD_FILE, 2)), (PD_FILE,)),
-    Bad("pd_key_not_string", on(PD_ONE, pd_replace(7, FakeArray((4,), np.dtype("f4"), b"\0" * 16))), (PD_FILE,)),
+    Bad(
+        "pd_key_not_string",
+        on(PD_ONE, pd_replace(7, FakeArray((4,), np.dtype("f4"), b"\0" * 16))),
+        (PD_FILE,),
+    ),
     Bad("pd_weight_is_folder", on(PD_ONE, dir_instead(PD_FILE)), (PD_FILE,)),
-    Bad("pd_payload_shorter_than_shape",
-        on(PD_ONE, pd_replace(NORM_PD, FakeArray((16,), np.dtype("f4"), b"\0" * 60))), (PD_FILE,)),
-    Bad("pd_negative_dims", on(PD_ONE, pd_replace(NORM_PD, FakeArray((-4, -4), np.dtype("f4"), b"\0" * 64))),
-        (PD_FILE,)),
-    Bad("pd_shape_overflows_to_0_bytes",
-        on(PD_ONE, pd_replace(NORM_PD, FakeArray((2**32, 2**32), np.dtype("f4"), b""))), (PD_FILE,)),
-    Bad("pd_dtype_object", on(PD_ONE, pd_replace(NORM_PD, FakeArray((2,), np.dtype("O"), b"\0" * 16))), (PD_FILE,)),
+    Bad(
+        "pd_payload_shorter_than_shape",
+        on(PD_ONE, pd_replace(NORM_PD, FakeArray((16,), np.dtype("f4"), b"\0" * 60))),
+        (PD_FILE,),
+    ),
+    Bad(
+        "pd_negative_dims",
+        on(PD_ONE, pd_replace(NORM_PD, FakeArray((-4, -4), np.dtype("f4"), b"\0" * 64))),
+        (PD_FILE,),
+    ),
+    Bad(
+        "pd_shape_overflows_to_0_bytes",
+        on(PD_ONE, pd_replace(NORM_PD, FakeArray((2**32, 2**32), np.dtype("f4"), b""))),
+        (PD_FILE,),
+    ),
+    Bad(
+        "pd_dtype_object",
+        on(PD_ONE, pd_replace(NORM_PD, FakeArray((2,), np.dtype("O"), b"\0" * 16))),
+        (PD_FILE,),
+    ),
 ]
 
 
 def _pd_deep_extras(d: Path) -> None:
-    """StructuredToParameterName@@ holding a list nested 5000 deep (the walker builds it without recursion)."""
+    """StructuredToParameterName@@ holding a list nested 5000 deep (built by the walker without recursion)."""
     raw = (av.CASES / PD_ONE / PD_FILE).read_bytes()
     assert raw.endswith(b"u."), "expected a dict pickle closed by SETITEMS, STOP"
     nested = b"(" + b"\x8c\x04deep" + b"]" * 5000 + b"a" * 4999 + b"u"
@@ -346,7 +501,10 @@ def test_bad_checkpoint_refused(bad: Bad, command: str, tmp_path: Path) -> None:
     ckpt = bad.build(tmp_path)
     before = av.tree_state(ckpt)
     out = tmp_path / "out"
-    run = av.run_cli(av.command_argv(command, ckpt, out))
+    # tie --keep embedding: the PaddleNLP fixture's head differs from its embedding, and a plain tie would be
+    # refused for that (exit 5) whether or not the damage was noticed
+    extra = ["--keep", "embedding"] if command == "tie" else []
+    run = av.run_cli(av.command_argv(command, ckpt, out, extra))
     av.assert_refused(run, bad.code, bad.names, inp=ckpt, before=before, out=out)
 
 
@@ -359,10 +517,17 @@ ODD = {
     "pd_dtype_void": on(PD_ONE, pd_replace(NORM_PD, FakeArray((4,), np.dtype("V16"), b"\0" * 64))),
     "pd_deeply_nested_extras": on(PD_ONE, lambda d: _pd_deep_extras(d)),
     "pd_protocol_2": on(PD_ONE, lambda d: av.pd_dump(av.pd_state(), d / PD_FILE, 2)),
-    "pd_fortran_order": on(PD_ONE, pd_replace(
-        "llama.layers.0.mlp.gate_proj.weight", np.asfortranarray(av.pd_state()["llama.layers.0.mlp.gate_proj.weight"]))),
-    "st_trailing_bytes_after_data": on(ST_ONE, lambda d: d.joinpath(ST_ONE_FILE).write_bytes(
-        d.joinpath(ST_ONE_FILE).read_bytes() + b"\0" * 64)),
+    "pd_fortran_order": on(
+        PD_ONE,
+        pd_replace(
+            "llama.layers.0.mlp.gate_proj.weight",
+            np.asfortranarray(av.pd_state()["llama.layers.0.mlp.gate_proj.weight"]),
+        ),
+    ),
+    "st_trailing_bytes_after_data": on(
+        ST_ONE,
+        lambda d: d.joinpath(ST_ONE_FILE).write_bytes(d.joinpath(ST_ONE_FILE).read_bytes() + b"\0" * 64),
+    ),
 }
 
 
@@ -378,7 +543,9 @@ def test_odd_checkpoint_handled_or_refused(odd: str, command: str, tmp_path: Pat
         assert av.tree_state(ckpt) == before, "the input changed"
         if command != "inspect":
             back = av.run_cli(["inspect", out])
-            assert back.rc == 0, f"the output of a successful {command} does not read back\n" + back.describe()
+            assert back.rc == 0, (
+                f"the output of a successful {command} does not read back\n" + back.describe()
+            )
     else:
         av.assert_refused(run, 3, (), inp=ckpt, before=before, out=out)
 
@@ -399,7 +566,7 @@ def test_resize_bad_vocab(case: str, vocab: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("vocab", ["99999999999999999999999999", "99999999999", "100000000"])
 def test_resize_vocab_too_large_for_memory(vocab: str, tmp_path: Path) -> None:
-    """A --vocab whose new rows cannot fit in memory is a bad option value, not an internal error (exit 70)."""
+    """A --vocab whose new rows cannot fit in memory is a bad option value, not an internal error (70)."""
     ckpt = av.copy_case(ST_ONE, tmp_path / "ckpt")
     before = av.tree_state(ckpt)
     out = tmp_path / "out"
@@ -412,7 +579,9 @@ def test_resize_bad_pad_to_multiple_of(mult: str, tmp_path: Path) -> None:
     ckpt = av.copy_case(ST_ONE, tmp_path / "ckpt")
     before = av.tree_state(ckpt)
     out = tmp_path / "out"
-    run = av.run_cli(["resize", ckpt, "--out", out, "--vocab", "128", "--pad-to-multiple-of", mult, "--quiet"])
+    run = av.run_cli(
+        ["resize", ckpt, "--out", out, "--vocab", "128", "--pad-to-multiple-of", mult, "--quiet"]
+    )
     av.assert_refused(run, 2, ("--pad-to-multiple-of",), inp=ckpt, before=before, out=out)
 
 
@@ -467,9 +636,16 @@ def _out_symlink_to_input(ckpt: Path, tmp: Path) -> Path:
     return o
 
 
-OUTS = {"equal_to_input": _out_equal, "inside_input": _out_inside, "inside_input_existing_empty": _out_inside_existing,
-        "equal_via_dotdot": _out_dotdot, "contains_input": _out_parent, "existing_nonempty_folder": _out_nonempty,
-        "existing_file": _out_file, "symlink_to_input": _out_symlink_to_input}
+OUTS = {
+    "equal_to_input": _out_equal,
+    "inside_input": _out_inside,
+    "inside_input_existing_empty": _out_inside_existing,
+    "equal_via_dotdot": _out_dotdot,
+    "contains_input": _out_parent,
+    "existing_nonempty_folder": _out_nonempty,
+    "existing_file": _out_file,
+    "symlink_to_input": _out_symlink_to_input,
+}
 
 
 @pytest.mark.parametrize("command", WRITERS)
@@ -483,8 +659,13 @@ def test_bad_out(case: str, where: str, command: str, tmp_path: Path) -> None:
     extra = ["--keep", "embedding"] if command == "tie" else []
     run = av.run_cli(av.command_argv(command, ckpt, out, extra))
     # ``inside_input_existing_empty`` / ``contains_input`` exist but their content is the input's business
-    if where in ("equal_to_input", "inside_input_existing_empty", "contains_input", "equal_via_dotdot",
-                 "symlink_to_input"):
+    if where in (
+        "equal_to_input",
+        "inside_input_existing_empty",
+        "contains_input",
+        "equal_via_dotdot",
+        "symlink_to_input",
+    ):
         av.assert_refused(run, 2, ("--out",), inp=ckpt, before=before)
         assert not av.leftovers(out), av.leftovers(out)
     else:
@@ -542,7 +723,7 @@ def test_head_vocab_disagrees_with_embedding(head: str, command: str, tmp_path: 
 @pytest.mark.parametrize("head", list(HEADS))
 def test_inspect_reports_head_mismatch_readably(head: str, tmp_path: Path) -> None:
     """inspect exits 0 and says what is wrong; the text of the problem survives the terminal rendering."""
-    build, shape = HEADS[head]
+    build, _ = HEADS[head]
     ckpt = build(tmp_path)
     run = av.run_cli(["inspect", ckpt])
     assert run.rc == 0, run.describe()
@@ -572,10 +753,17 @@ def test_bracketed_model_type(tmp_path: Path) -> None:
     assert av.check_no_crash(run) == [], run.describe()
 
 
-@pytest.mark.parametrize("tok", [
-    '{"model": "bpe"}', '{"model": {"vocab": 5}, "added_tokens": 3}', '{"added_tokens": [1, 2]}', "[1, 2]",
-    '{"model": {"vocab": {"a": 0}}, "added_tokens": {"id": 1}}',
-], ids=["model_str", "added_tokens_int", "added_tokens_ints", "list", "added_tokens_dict"])
+@pytest.mark.parametrize(
+    "tok",
+    [
+        '{"model": "bpe"}',
+        '{"model": {"vocab": 5}, "added_tokens": 3}',
+        '{"added_tokens": [1, 2]}',
+        "[1, 2]",
+        '{"model": {"vocab": {"a": 0}}, "added_tokens": {"id": 1}}',
+    ],
+    ids=["model_str", "added_tokens_int", "added_tokens_ints", "list", "added_tokens_dict"],
+)
 @pytest.mark.parametrize("command", ["inspect", "tie"])
 def test_odd_tokenizer_json(tok: str, command: str, tmp_path: Path) -> None:
     """tokenizer.py says it "never raises on a bad file": an odd tokenizer.json is a problem to report or a
@@ -599,7 +787,8 @@ def test_big_endian_pdparams_values_survive_or_refused(tmp_path: Path) -> None:
     if run.rc == 0:
         got = pickle.loads((out / PD_FILE).read_bytes())[NORM_PD]  # our own output, from our own input
         assert np.array_equal(got.astype(np.float32), vals.astype(np.float32)), (
-            f"{NORM_PD} changed: {got[:4]} (input {vals[:4]})\n{run.describe()}")
+            f"{NORM_PD} changed: {got[:4]} (input {vals[:4]})\n{run.describe()}"
+        )
     else:
         av.assert_refused(run, 3, (PD_FILE,), out=out)
 

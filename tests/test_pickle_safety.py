@@ -130,40 +130,82 @@ def _touch(m: Path) -> str:
     return f"touch '{m}'"
 
 
-# id -> (build(marker) -> object, the global the message must name, live: unpickling really creates the marker)
+# id -> (build(marker) -> object, the global the message must name, live: pickle.load creates the marker)
 PAYLOADS: dict[str, tuple[Callable[[Path], Any], str, bool]] = {
     "os.system": (lambda m: Reduce(G("os", "system"), _touch(m)), "os.system", True),
     "posix.system": (lambda m: Reduce(G("posix", "system"), _touch(m)), "posix.system", True),
-    "builtins.eval": (lambda m: Reduce(G("builtins", "eval"), f"__import__('os').system({_touch(m)!r})"),
-                      "builtins.eval", True),
-    "builtins.exec": (lambda m: Reduce(G("builtins", "exec"), f"open({str(m)!r}, 'w').close()"), "builtins.exec", True),
-    "subprocess.Popen": (lambda m: Reduce(G("subprocess", "Popen"), ["touch", str(m)]), "subprocess.Popen", True),
-    "subprocess.Popen-newobj": (lambda m: NewObj(G("subprocess", "Popen"), ["touch", str(m)]), "subprocess.Popen",
-                                False),
-    "subprocess.check_call": (lambda m: Reduce(G("subprocess", "check_call"), ["touch", str(m)]),
-                              "subprocess.check_call", True),
+    "builtins.eval": (
+        lambda m: Reduce(G("builtins", "eval"), f"__import__('os').system({_touch(m)!r})"),
+        "builtins.eval",
+        True,
+    ),
+    "builtins.exec": (
+        lambda m: Reduce(G("builtins", "exec"), f"open({str(m)!r}, 'w').close()"),
+        "builtins.exec",
+        True,
+    ),
+    "subprocess.Popen": (
+        lambda m: Reduce(G("subprocess", "Popen"), ["touch", str(m)]),
+        "subprocess.Popen",
+        True,
+    ),
+    "subprocess.Popen-newobj": (
+        lambda m: NewObj(G("subprocess", "Popen"), ["touch", str(m)]),
+        "subprocess.Popen",
+        False,
+    ),
+    "subprocess.check_call": (
+        lambda m: Reduce(G("subprocess", "check_call"), ["touch", str(m)]),
+        "subprocess.check_call",
+        True,
+    ),
     # getattr(__import__('os'), 'system')('touch m'): the first global in the stream is builtins.getattr
-    "getattr-chain": (lambda m: Reduce(Reduce(G("builtins", "getattr"), Reduce(G("builtins", "__import__"), "os"),
-                                              "system"), _touch(m)), "builtins.getattr", True),
+    "getattr-chain": (
+        lambda m: Reduce(
+            Reduce(G("builtins", "getattr"), Reduce(G("builtins", "__import__"), "os"), "system"), _touch(m)
+        ),
+        "builtins.getattr",
+        True,
+    ),
     # getattr(numpy, 'load') reached through an allowed-looking module
-    "getattr-numpy": (lambda m: Reduce(Reduce(G("builtins", "getattr"), Reduce(G("builtins", "__import__"), "numpy"),
-                                              "fromfile"), "/etc/hostname"), "builtins.getattr", False),
+    "getattr-numpy": (
+        lambda m: Reduce(
+            Reduce(G("builtins", "getattr"), Reduce(G("builtins", "__import__"), "numpy"), "fromfile"),
+            "/etc/hostname",
+        ),
+        "builtins.getattr",
+        False,
+    ),
     "numpy.load": (lambda m: Reduce(G("numpy", "load"), str(m) + ".npy"), "numpy.load", False),
     "numpy.frombuffer": (lambda m: Reduce(G("numpy", "frombuffer"), b"\0" * 8), "numpy.frombuffer", False),
     "numpy.fromfile": (lambda m: Reduce(G("numpy", "fromfile"), "/etc/hostname"), "numpy.fromfile", False),
-    "numpy-runstring": (lambda m: Reduce(G("numpy.testing._private.utils", "runstring"),
-                                         f"import os; os.system({_touch(m)!r})", {}),
-                        "numpy.testing._private.utils.runstring", True),
+    "numpy-runstring": (
+        lambda m: Reduce(
+            G("numpy.testing._private.utils", "runstring"), f"import os; os.system({_touch(m)!r})", {}
+        ),
+        "numpy.testing._private.utils.runstring",
+        True,
+    ),
     # classes outside numpy's array reconstruction: memmap(mode="w+") creates its file
-    "numpy.memmap": (lambda m: Reduce(G("numpy", "memmap"), str(m), "uint8", "w+", 0, (1,)), "numpy.memmap", True),
-    "reconstruct-memmap": (lambda m: Reduce(G("numpy.core.multiarray", "_reconstruct"), G("numpy", "memmap"), (0,),
-                                            b"b"), "numpy.memmap", False),
+    "numpy.memmap": (
+        lambda m: Reduce(G("numpy", "memmap"), str(m), "uint8", "w+", 0, (1,)),
+        "numpy.memmap",
+        True,
+    ),
+    "reconstruct-memmap": (
+        lambda m: Reduce(G("numpy.core.multiarray", "_reconstruct"), G("numpy", "memmap"), (0,), b"b"),
+        "numpy.memmap",
+        False,
+    ),
     # the protocol-0/1 call opcodes, valid in any protocol
     "os.system-INST": (lambda m: Inst(G("os", "system"), _touch(m)), "os.system", True),
     "os.system-OBJ": (lambda m: Obj(G("os", "system"), _touch(m)), "os.system", True),
     # Python 2 module name: pickle maps __builtin__ to builtins when loading protocol < 3
-    "__builtin__.eval": (lambda m: Reduce(G("__builtin__", "eval"), f"__import__('os').system({_touch(m)!r})"),
-                         "__builtin__.eval", False),
+    "__builtin__.eval": (
+        lambda m: Reduce(G("__builtin__", "eval"), f"__import__('os').system({_touch(m)!r})"),
+        "__builtin__.eval",
+        False,
+    ),
 }
 
 
@@ -176,21 +218,27 @@ PLACES: dict[str, Callable[[Any], Any]] = {
     "value": lambda e: {**_state(), "evil": e},
     "first_value": lambda e: {"evil": e, **_state()},
     "top_level": lambda e: e,
-    "in_StructuredToParameterName": lambda e: {**_state(), "StructuredToParameterName@@": {
-        **_state()["StructuredToParameterName@@"], "lm_head.weight": e}},
+    "in_StructuredToParameterName": lambda e: {
+        **_state(),
+        "StructuredToParameterName@@": {**_state()["StructuredToParameterName@@"], "lm_head.weight": e},
+    },
     "tuple_element": lambda e: {**_state(), "meta": (1, "x", e)},
     "list_element": lambda e: {**_state(), "meta": [1, [2, [e]]]},
     "dict_key": lambda e: {**_state(), "meta": {("k", e): 1}},
     "ordereddict_arg": lambda e: {**_state(), "meta": Reduce(G("collections", "OrderedDict"), [("k", e)])},
     "array_shape": lambda e: {**_state(), "llama.norm.weight": FakeArray((e,), np.dtype("f4"), b"\0" * 64)},
-    "array_dtype_arg": lambda e: {**_state(), "llama.norm.weight": Reduce(
-        G("numpy.core.multiarray", "_reconstruct"), G("numpy", "ndarray"), (0,), e)},
+    "array_dtype_arg": lambda e: {
+        **_state(),
+        "llama.norm.weight": Reduce(
+            G("numpy.core.multiarray", "_reconstruct"), G("numpy", "ndarray"), (0,), e
+        ),
+    },
     "codecs_encode_arg": lambda e: {**_state(), "meta": Reduce(G("_codecs", "encode"), e, "latin1")},
 }
 
 
 def _build(tmp: Path, payload: str, proto: int, place: str = "value") -> tuple[Path, Path]:
-    """A copy of the PaddleNLP Llama fixture whose model_state.pdparams carries ``payload``; returns (ckpt, marker)."""
+    """A copy of the PaddleNLP Llama fixture whose .pdparams carries ``payload``; returns (ckpt, marker)."""
     marker = tmp / "PWNED"
     ckpt = av.copy_case(PD_ONE, tmp / "ckpt")
     build, _, _ = PAYLOADS[payload]
@@ -234,8 +282,10 @@ def test_payload_in_one_shard_of_many(proto: int, tmp_path: Path) -> None:
     ckpt = av.copy_case(av.PD_SHARDED, tmp_path / "ckpt")
     shard = "model_state-00005-of-00008.pdparams"
     sd = av.pd_state(av.PD_SHARDED, shard)
-    sd["StructuredToParameterName@@"] = {**sd.get("StructuredToParameterName@@", {}),
-                                         "x": Reduce(G("posix", "system"), _touch(marker))}
+    sd["StructuredToParameterName@@"] = {
+        **sd.get("StructuredToParameterName@@", {}),
+        "x": Reduce(G("posix", "system"), _touch(marker)),
+    }
     (ckpt / shard).write_bytes(dumps(sd, proto))
     for command in av.COMMANDS:
         before = av.tree_state(ckpt)
@@ -260,8 +310,14 @@ def test_legit_pdparams_through_our_pickler_loads(proto: int, tmp_path: Path) ->
     ckpt = av.copy_case(PD_ONE, tmp_path / "ckpt")
     (ckpt / PD_FILE).write_bytes(dumps(_state(), proto))
     for command in av.COMMANDS:
-        run = av.run_cli(av.command_argv(command, ckpt, tmp_path / f"out_{command}",
-                                         ["--keep", "embedding"] if command == "tie" else []))
+        run = av.run_cli(
+            av.command_argv(
+                command,
+                ckpt,
+                tmp_path / f"out_{command}",
+                ["--keep", "embedding"] if command == "tie" else [],
+            )
+        )
         assert run.rc == 0, run.describe()
 
 
@@ -273,8 +329,13 @@ def test_payload_is_live(payload: str, proto: int, tmp_path: Path) -> None:
     marker = tmp_path / "PWNED"
     f = tmp_path / "evil.pdparams"
     f.write_bytes(dumps(PAYLOADS[payload][0](marker), proto))
-    subprocess.run([sys.executable, "-c", "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))", str(f)],
-                   cwd=tmp_path, capture_output=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-c", "import pickle, sys; pickle.load(open(sys.argv[1], 'rb'))", str(f)],
+        cwd=tmp_path,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     for _ in range(50):
         if marker.exists():
             break

@@ -16,6 +16,7 @@ to one array) written once and referenced through the pickle memo, as ``paddle.s
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from pathlib import Path
@@ -25,7 +26,7 @@ import numpy as np
 
 from ..errors import CheckpointError, UnsafePickleError
 from .safetensors_io import Source
-from .tensor import TensorInfo, map_array
+from .tensor import NP_TO_ST, TensorInfo, map_array
 
 RECONSTRUCT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
 SCALAR = {("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
@@ -185,14 +186,20 @@ def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:  # noqa: C901 -
         if isinstance(obj, _Array):
             _version, shape, dtype, fortran, data = state
             obj.shape = tuple(int(d) for d in shape)
+            if any(d < 0 for d in obj.shape):
+                raise ValueError(f"array with negative dimension {obj.shape}")
             obj.dtype = dtype.numpy()
+            if obj.dtype.byteorder == ">":
+                raise ValueError("big-endian array (Paddle writes little-endian; re-save the weights)")
+            if obj.dtype.name not in NP_TO_ST:
+                raise ValueError(f"array dtype {obj.dtype.name} is not a weight dtype")
             obj.fortran = bool(fortran)
             if isinstance(data, str):
                 data = data.encode("latin-1")
             if not isinstance(data, (bytes, _BytesRef)):
                 raise ValueError("array payload is not bytes (object arrays are not weights)")
             n = len(data) if isinstance(data, bytes) else data.length
-            numel = int(np.prod(obj.shape, dtype=np.int64)) if obj.shape else 1
+            numel = math.prod(obj.shape)  # Python ints: no overflow on absurd shapes
             if n != numel * obj.dtype.itemsize:
                 raise ValueError(f"array payload has {n} bytes, shape {obj.shape} needs {numel * obj.dtype.itemsize}")
             obj.data = data
@@ -312,6 +319,16 @@ def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:  # noqa: C901 -
             name = stack.pop()
             module = stack.pop()
             stack.append(check_global(str(module), str(name)))
+        elif c == 0x69:  # INST (protocol 0): module, name, then MARK'ed args
+            module = f.readline().decode("utf-8").rstrip("\n")
+            name = f.readline().decode("utf-8").rstrip("\n")
+            fn = check_global(module, name)
+            stack.append(reduce(fn, tuple(pop_mark())))
+        elif c == 0x6F:  # OBJ (protocol 1): MARK cls args...
+            items = pop_mark()
+            if not items or not isinstance(items[0], _Global):
+                raise ValueError("OBJ without a class")
+            stack.append(reduce(items[0], tuple(items[1:])))
         elif c == 0x52:  # REDUCE
             args = stack.pop()
             fn = stack.pop()
@@ -366,8 +383,22 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, Any],
                            inline=inline)
             )
         else:
+            _check_depth(path, name, v)
             extras[name] = v
     return tensors, extras, module
+
+
+def _check_depth(path: Path, name: str, v: Any, limit: int = 32) -> None:
+    """Refuse absurdly nested non-tensor values (the writer re-emits them recursively)."""
+    todo = [(v, 0)]
+    while todo:
+        x, d = todo.pop()
+        if d > limit:
+            raise _refuse(path, f"entry {name!r} is nested more than {limit} levels deep")
+        if isinstance(x, dict):
+            todo += [(y, d + 1) for kv in x.items() for y in kv]
+        elif isinstance(x, (list, tuple)):
+            todo += [(y, d + 1) for y in x]
 
 
 def raw_bytes_source(path: Path, t: TensorInfo) -> Source:

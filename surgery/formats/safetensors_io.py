@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import struct
 from pathlib import Path
@@ -58,7 +59,7 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
         raise CheckpointError(f"cannot read: {e.strerror}", path, "check its permissions") from None
     try:
         header = json.loads(blob.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(f"safetensors header is not valid JSON ({e.__class__.__name__})", path, fix) from None
     if not isinstance(header, dict):
         raise CheckpointError("safetensors header is not a JSON object", path, fix)
@@ -72,13 +73,13 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
         try:
             dtype, shape, (b, e) = h["dtype"], [int(d) for d in h["shape"]], h["data_offsets"]
             b, e = int(b), int(e)
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, AttributeError):
             raise CheckpointError(f"tensor {name!r} has a malformed header entry", path, fix) from None
-        if dtype not in DTYPES:
+        if not isinstance(dtype, str) or dtype not in DTYPES:
             raise CheckpointError(f"tensor {name!r} has unknown dtype {dtype!r}", path, fix)
         if any(d < 0 for d in shape):
             raise CheckpointError(f"tensor {name!r} has a negative dimension {shape}", path, fix)
-        numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        numel = math.prod(shape)  # Python ints: no overflow on absurd shapes
         if not (0 <= b <= e <= data_len):
             raise CheckpointError(
                 f"tensor {name!r} data [{b}, {e}) lies outside the file's {data_len} data bytes (truncated?)", path, fix
