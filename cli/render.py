@@ -130,7 +130,7 @@ def report(rep: dict, as_json: bool = False) -> None:
         con.print(f"config: {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
     if "files" in rep:
         f = rep["files"]
-        con.print(f"files: {len(f['rewritten'])} rewritten, {len(f['copied'])} copied, {len(f['linked'])} hard-linked"
+        con.print(f"files: {len(f['rewritten'])} rewritten, {len(f.get('written', []))} new, {len(f['copied'])} copied, {len(f['linked'])} hard-linked"
                   f", {len(f['removed'])} removed" + (" (linked files share data with the input: edit neither in "
                                                       "place)" if f["linked"] else ""))
     for n in rep["notes"]:

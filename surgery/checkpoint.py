@@ -240,6 +240,29 @@ class Checkpoint:
             return bf16_bits_to_f32(a)
         return a.astype(np.float32)
 
+    def iter_rows(self, name: str, chunk_rows: int):
+        """Yield tensor ``name`` in chunks of ``chunk_rows`` rows (stored dtype), read into one reused buffer:
+        memory stays at one chunk however large the tensor (no page-cache mapping kept resident)."""
+        t = self.tensors[name]
+        if t.fortran or t.inline is not None or t.nbytes == 0 or not t.shape:
+            a = self.load(name)
+            for s in range(0, max(a.shape[0] if a.ndim else 1, 1), chunk_rows):
+                yield a[s:s + chunk_rows] if a.ndim else a
+            return
+        rows = t.shape[0]
+        row_bytes = t.nbytes // rows
+        dt = np.dtype(t.dtype).newbyteorder("<") if self.format == "pdparams" else t.storage_dtype
+        buf = bytearray(row_bytes * min(chunk_rows, rows))
+        with open(self.path / t.file, "rb") as f:
+            f.seek(t.offset)
+            for s in range(0, rows, chunk_rows):
+                n = min(chunk_rows, rows - s) * row_bytes
+                view = memoryview(buf)[:n]
+                if f.readinto(view) != n:
+                    raise CheckpointError(f"tensor {name!r} is truncated", self.path / t.file,
+                                          "re-download or re-export the file")
+                yield np.frombuffer(view, dtype=dt).reshape((n // row_bytes,) + tuple(t.shape[1:]))
+
     def source(self, name: str) -> safetensors_io.Source:
         """Where the stored bytes of ``name`` are, for a byte-range copy."""
         t = self.tensors[name]

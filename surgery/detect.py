@@ -164,21 +164,22 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int 
     e_info, h_info = ckpt.tensors[emb], ckpt.tensors[head]
     if e_info.storage is not None and e_info.storage == h_info.storage:
         return Comparison("exact", 0.0, 0, storage_shared=True)
-    e = ckpt.load(emb)
-    h = ckpt.load(head)
-    if layout == HIDDEN_VOCAB:
-        h = h.T
-    if h.shape != e.shape:
+    eshape = tuple(e_info.shape)
+    hshape = tuple(h_info.shape[::-1]) if layout == HIDDEN_VOCAB else tuple(h_info.shape)
+    if len(eshape) != 2 or hshape != eshape:
         return Comparison("different")
     equal = "transposed" if layout == HIDDEN_VOCAB else "exact"
     e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
     h_bf = ckpt.logical_dtype(h_info) == "bfloat16"
-    same_kind = e.dtype == h.dtype and e_bf == h_bf
-    bits = np.dtype(f"u{e.dtype.itemsize}") if e.dtype.itemsize in (1, 2, 4, 8) else None
-    max_diff, rows, bit_equal = 0.0, 0, same_kind and bits is not None
-    for s in range(0, e.shape[0], chunk_rows):
-        a, b = np.asarray(e[s:s + chunk_rows]), np.ascontiguousarray(h[s:s + chunk_rows])
-        if bit_equal and np.array_equal(np.ascontiguousarray(a).view(bits), b.view(bits)):
+    bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf
+    if layout == HIDDEN_VOCAB:  # columns of the stored head: go through a (mapped) array
+        hT = ckpt.load(head).T
+        h_chunks = (np.ascontiguousarray(hT[s:s + chunk_rows]) for s in range(0, eshape[0], chunk_rows))
+    else:
+        h_chunks = ckpt.iter_rows(head, chunk_rows)
+    max_diff, rows = 0.0, 0
+    for a, b in zip(ckpt.iter_rows(emb, chunk_rows), h_chunks):
+        if bit_equal and a.tobytes() == b.tobytes():
             continue
         bit_equal = False
         fa = bf16_bits_to_f32(a) if e_bf else a.astype(np.float32)

@@ -20,6 +20,9 @@ from .formats.safetensors_io import Source
 from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
 
 
+NEW_SHARD = "<new shard>"  # NewTensor.file of a tensor that gets a shard file of its own
+
+
 @dataclass
 class NewTensor:
     """A tensor the output gets new data for.
@@ -30,7 +33,7 @@ class NewTensor:
         shape: output shape.
         make: returns the stored array (bf16 as ``uint16`` bits) or a :class:`Source` of its bytes, called
             once while writing.
-        file: the weight file it goes into (input file name).
+        file: the weight file it goes into (input file name), or ``NEW_SHARD``.
         after: for an added tensor, the name it follows in that file (None: at the end).
         storage: tensors with the same storage key are one array (pdparams aliases).
     """
@@ -95,7 +98,8 @@ class Plan:
     def touched_files(self) -> set[str]:
         """Weight files that must be rewritten (not copied)."""
         t = self.ckpt.tensors
-        files = {t[n].file for n in self.drop} | {t[n].file for n in self.replace} | {a.file for a in self.add}
+        files = {t[n].file for n in self.drop} | {t[n].file for n in self.replace} | {
+            a.file for a in self.add if a.file != NEW_SHARD}
         if self.relabel_u16:
             files |= {x.file for x in t.values() if x.dtype == "U16"}
         return files
@@ -273,7 +277,9 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
         plan.notes.append(f"{det.family.name}: tied logits are scaled by d_model ** -0.5 = {scale:.6g}; the new head "
                           "is the embedding times that factor, so logits do not change")
 
-    def make() -> np.ndarray:
+    def make() -> np.ndarray | Source:
+        if scale is None and lay == VOCAB_HIDDEN and not e.fortran:
+            return ckpt.source(det.embedding)  # the same bytes: a kernel copy of the embedding's range
         a = ckpt.load(det.embedding)
         if scale is not None:
             lg = ckpt.logical_dtype(e)
@@ -285,6 +291,9 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
     if det.head_present:  # an alias of the embedding's storage: write it as its own array
         plan.replace[name] = NewTensor(name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make,
                                        det.head_info.file)
+    elif ckpt.sharded:
+        # a shard of its own (as PaddleFormers lays the head out): every existing shard is copied unchanged
+        plan.add.append(NewTensor(name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make, NEW_SHARD))
     else:
         plan.add.append(NewTensor(name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make, e.file,
                                   after=_last_in_file(ckpt, e.file)))

@@ -25,7 +25,7 @@ from .errors import OutputError, UsageError
 from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source
 from .formats.tensor import DTYPES
-from .plan import NewTensor, Plan
+from .plan import NEW_SHARD, NewTensor, Plan
 
 TMP_TAG = ".tietool-tmp-"
 
@@ -61,6 +61,30 @@ def _clean_stale_temps(out: Path) -> None:
                 shutil.rmtree(p, ignore_errors=True)
             except PermissionError:
                 continue
+
+
+def copy_file(src: Path, dst: Path) -> None:
+    """Copy a file by the kernel and fsync it: ``os.copy_file_range`` (a reflink clone on btrfs/XFS, an
+    in-kernel copy elsewhere), falling back to ``shutil.copyfile`` where the platform or file system cannot."""
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        size = os.fstat(fi.fileno()).st_size
+        done = 0
+        if hasattr(os, "copy_file_range"):
+            try:
+                while done < size:
+                    n = os.copy_file_range(fi.fileno(), fo.fileno(), min(size - done, 1 << 30))
+                    if n == 0:
+                        break
+                    done += n
+            except OSError as e:
+                if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+                    raise
+        if done < size:
+            fi.seek(done)
+            fo.seek(done)
+            shutil.copyfileobj(fi, fo, 16 << 20)
+        fo.flush()
+        os.fsync(fo.fileno())
 
 
 def _shard_name(kind: str, k: int, n: int) -> str:
@@ -141,6 +165,7 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
     touched = plan.touched_files()
     # per input file: the output entries in order
     entries: dict[str, list[tuple[str, str, tuple, Any, object, bool]]] = {f: [] for f in ckpt.weight_files}
+    entries[NEW_SHARD] = []
     adds_after: dict[str | None, list[NewTensor]] = {}
     for a in plan.add:
         adds_after.setdefault(a.after, []).append(a)
@@ -176,19 +201,20 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
             entries[a.file].append((a.name, a.dtype, a.shape, a, a.storage, False))
 
     # output names: drop emptied shards, renumber
-    kept_files = [f for f in ckpt.weight_files if entries[f]]
+    kept_files = [f for f in ckpt.weight_files + [NEW_SHARD] if entries[f]]
     if not kept_files:
         raise UsageError("the plan leaves no tensor in the checkpoint", ckpt.path, "this is a bug; please report it")
     rename: dict[str, str] = {}
     if ckpt.sharded:
         n = len(kept_files)
+        kind = "model" if ckpt.format == "safetensors" else "model_state"
         for k, f in enumerate(kept_files, 1):
             m = SHARD_RE.match(f)
-            rename[f] = _shard_name(m.group(1), k, n) if m else f
+            rename[f] = _shard_name(m.group(1) if m else kind, k, n) if (m or f == NEW_SHARD) else f
     else:
         rename = {f: f for f in kept_files}
 
-    files_report = {"copied": [], "linked": [], "rewritten": [], "removed": [f for f in ckpt.weight_files
+    files_report = {"copied": [], "linked": [], "rewritten": [], "written": [], "removed": [f for f in ckpt.weight_files
                                                                              if f not in kept_files]}
     weight_map: dict[str, str] = {}
     total_size = 0
@@ -198,16 +224,19 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
         for e in entries[f]:
             weight_map[e[0]] = rename[f]
             total_size += e[3].nbytes if e[3] is not None else ckpt.tensors[e[0]].nbytes
-        if f not in touched:
+        if f == NEW_SHARD:
+            _rewrite(plan, f, entries[f], dst, source_of)
+            files_report["written"].append(rename[f])
+        elif f not in touched:
             if link:
                 try:
                     os.link(src, dst)
                     files_report["linked"].append(rename[f])
                 except OSError:
-                    shutil.copyfile(src, dst)
+                    copy_file(src, dst)
                     files_report["copied"].append(rename[f])
             else:
-                shutil.copyfile(src, dst)
+                copy_file(src, dst)
                 files_report["copied"].append(rename[f])
         else:
             _rewrite(plan, f, entries[f], dst, source_of)
@@ -234,7 +263,7 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
             continue
         d = tmp / rel
         d.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ckpt.path / rel, d)
+        copy_file(ckpt.path / rel, d)
     return {"files": files_report, "total_size": total_size, "weight_files": [rename[f] for f in kept_files],
             "rename": {f: r for f, r in rename.items() if f != r}}
 
@@ -302,4 +331,4 @@ def _write_configs(plan: Plan, tmp: Path) -> None:
         if changed:
             _write_json(tmp / file, data)
         else:
-            shutil.copyfile(src, tmp / file)
+            copy_file(src, tmp / file)

@@ -111,9 +111,9 @@ def test_disk_full_leaves_nothing(tmp_path, monkeypatch, where):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if where == "copy":
-        import shutil
+        from surgery import write
 
-        monkeypatch.setattr(shutil, "copyfile", enospc)
+        monkeypatch.setattr(write, "copy_file", enospc)
     else:
         # every tensor byte a rewritten shard gets goes through Source.write_to
         monkeypatch.setattr(safetensors_io.Source, "write_to", enospc)

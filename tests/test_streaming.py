@@ -66,7 +66,7 @@ def test_untouched_shards_are_copied_or_linked(tmp_path, link):
     assert rep["files"]["linked" if link else "copied"] and not rep["files"]["copied" if link else "linked"]
 
 
-def test_untie_rewrites_only_the_embedding_shard(tmp_path):
+def test_untie_of_a_sharded_checkpoint_adds_a_shard_and_rewrites_none(tmp_path):
     src = tmp_path / "in"
     shutil.copytree(FIX / "pf_llama_tied_sharded", src)
     tied = tmp_path / "tied"
@@ -75,12 +75,16 @@ def test_untie_rewrites_only_the_embedding_shard(tmp_path):
     r = run_cli("untie", tied, "--out", untied, "--json")
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    ck = Checkpoint.open(tied)
-    emb_file = ck.tensors["model.embed_tokens.weight"].file
-    assert rep["files"]["rewritten"] == [emb_file]
-    for f in ck.weight_files:
-        if f != emb_file:
-            assert sha(tied / f) == sha(untied / f)
+    assert rep["files"]["rewritten"] == [] and len(rep["files"]["written"]) == 1
+    new = Checkpoint.open(untied)
+    assert [n for n, t in new.tensors.items() if t.file == rep["files"]["written"][0]] == ["lm_head.weight"]
+    assert new.load("lm_head.weight").tobytes() == new.load("model.embed_tokens.weight").tobytes()
+    # every other shard is a byte copy of a shard of the tied input
+    old = Checkpoint.open(tied)
+    old_hashes = {sha(tied / f) for f in old.weight_files}
+    for f in new.weight_files:
+        if f not in rep["files"]["written"]:
+            assert sha(untied / f) in old_hashes
 
 
 class _Tracker:
@@ -97,6 +101,12 @@ class _Tracker:
         class F:
             def __init__(self, f):
                 self._f = f
+
+            def readinto(self, b):
+                pos = self._f.tell()
+                n = self._f.readinto(b)
+                reads.append((name, pos, n))
+                return n
 
             def read(self, n=-1):
                 pos = self._f.tell()
@@ -128,11 +138,12 @@ def _overlaps(reads, file, start, n):
 
 @pytest.mark.parametrize("case", ["pf_llama_tied_sharded", "pf_llama_untied_fp32"])
 def test_inspect_reads_no_untouched_tensor_data(monkeypatch, case):
+    from surgery import checkpoint
     from surgery.formats import pdparams_io, safetensors_io
 
     tr = _Tracker()
-    monkeypatch.setattr(safetensors_io, "open", tr.open, raising=False)
-    monkeypatch.setattr(pdparams_io, "open", tr.open, raising=False)
+    for mod in (safetensors_io, pdparams_io, checkpoint):
+        monkeypatch.setattr(mod, "open", tr.open, raising=False)
     ck = Checkpoint.open(FIX / case)
     det = detect(ck)
     assert det.comparison.values in ("exact", "different")  # the values were compared
