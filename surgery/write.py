@@ -87,6 +87,15 @@ def copy_file(src: Path, dst: Path) -> None:
         os.fsync(fo.fileno())
 
 
+def _try_link(src: Path, dst: Path) -> bool:
+    """Hard-link ``src`` to ``dst``; False where the file system cannot (then the caller copies)."""
+    try:
+        os.link(src, dst)
+        return True
+    except OSError:
+        return False
+
+
 def _shard_name(kind: str, k: int, n: int) -> str:
     return f"{kind}-{k:05d}-of-{n:05d}.{'safetensors' if kind == 'model' else 'pdparams'}"
 
@@ -224,28 +233,19 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
         for e in entries[f]:
             weight_map[e[0]] = rename[f]
             total_size += e[3].nbytes if e[3] is not None else ckpt.tensors[e[0]].nbytes
-        if f == NEW_SHARD:
+        if f in touched or f == NEW_SHARD:
             _rewrite(plan, f, entries[f], dst, source_of)
-            files_report["written"].append(rename[f])
-        elif f not in touched:
-            if link:
-                try:
-                    os.link(src, dst)
-                    files_report["linked"].append(rename[f])
-                except OSError:
-                    copy_file(src, dst)
-                    files_report["copied"].append(rename[f])
-            else:
-                copy_file(src, dst)
-                files_report["copied"].append(rename[f])
-        else:
-            _rewrite(plan, f, entries[f], dst, source_of)
-            files_report["rewritten"].append(rename[f])
+            files_report["written" if f == NEW_SHARD else "rewritten"].append(rename[f])
             # free new arrays no longer needed by later files
             still = {id(e[3].make) for g in kept_files[kept_files.index(f) + 1:] for e in entries[g] if e[3] is not None}
             for k in list(made):
                 if k not in still:
                     del made[k]
+        elif link and _try_link(src, dst):
+            files_report["linked"].append(rename[f])
+        else:
+            copy_file(src, dst)
+            files_report["copied"].append(rename[f])
         if progress:
             progress(rename[f], dst.stat().st_size)
 
