@@ -57,6 +57,10 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tab
 DryOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and the report; write nothing")]
 LinkOpt = Annotated[bool, typer.Option("--link", help="hard-link untouched weight files instead of copying them")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
+EmbOpt = Annotated[Optional[str], typer.Option(
+    "--embedding", help="name of the input embedding tensor (for architectures tietool does not know)")]
+HeadOpt = Annotated[Optional[str], typer.Option(
+    "--head", help="name of the LM head tensor (for architectures tietool does not know)")]
 LoaderOpt = Annotated[Optional[Loader], typer.Option(
     "--loader", help="the library that will load the output (default: told from the checkpoint)")]
 
@@ -81,6 +85,12 @@ def _run(fn):
         raise typer.Exit(130) from None
     except typer.Exit:
         raise
+    except MemoryError:
+        if _debug():
+            raise
+        print("tietool: error: out of memory; nothing was written — free memory, or check the sizes asked for",
+              file=sys.stderr)
+        raise typer.Exit(6) from None
     except Exception as e:  # noqa: BLE001 - last resort: never a bare traceback unless asked
         if _debug():
             raise
@@ -107,6 +117,8 @@ def inspect(
     json_out: JsonOpt = False,
     layout: Annotated[Optional[Layout], typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
     loader: LoaderOpt = None,
+    embedding: EmbOpt = None,
+    head: HeadOpt = None,
 ) -> None:
     """Show the embedding, head and bias, their layout, the tie state three ways, and what tying saves."""
 
@@ -115,7 +127,8 @@ def inspect(
 
         from . import render
 
-        info = inspect_path(ckpt, layout=_layout(layout), loader=loader.value if loader else None)
+        info = inspect_path(ckpt, layout=_layout(layout), loader=loader.value if loader else None,
+                            embedding_name=embedding, head_name=head)
         render.inspect(info, as_json=json_out)
 
     _run(body)
@@ -152,6 +165,8 @@ def tie(
     = False,
     layout: Annotated[Optional[Layout], typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
     loader: LoaderOpt = None,
+    embedding: EmbOpt = None,
+    head: HeadOpt = None,
     dry_run: DryOpt = False,
     json_out: JsonOpt = False,
     link: LinkOpt = False,
@@ -164,7 +179,8 @@ def tie(
         from surgery.plan import plan_tie
 
         _write_command(ckpt, out, lambda c: plan_tie(
-            detect(c, layout=_layout(layout), loader=loader.value if loader else None),
+            detect(c, layout=_layout(layout), loader=loader.value if loader else None, embedding_name=embedding,
+                   head_name=head),
             keep=keep.value if keep else None, drop_aliases=drop_aliases), dry_run, json_out, link, quiet)
 
     _run(body)
@@ -178,6 +194,8 @@ def untie(
         help="layout of a new head: auto = what the checkpoint's loader expects (PaddleNLP Llama/Qwen/ChatGLM: "
              "hidden-vocab; PaddleFormers and the rest: vocab-hidden)")] = Layout.auto,
     loader: LoaderOpt = None,
+    embedding: EmbOpt = None,
+    head: HeadOpt = None,
     dry_run: DryOpt = False,
     json_out: JsonOpt = False,
     link: LinkOpt = False,
@@ -190,7 +208,8 @@ def untie(
         from surgery.plan import plan_untie
 
         _write_command(ckpt, out, lambda c: plan_untie(
-            detect(c, layout=_layout(layout), loader=loader.value if loader else None, compare_values=True),
+            detect(c, layout=_layout(layout), loader=loader.value if loader else None, embedding_name=embedding,
+                   head_name=head, compare_values=True),
             layout=layout.value), dry_run, json_out, link, quiet)
 
     _run(body)
@@ -209,6 +228,8 @@ def resize(
     force: Annotated[bool, typer.Option("--force", help="allow trimming rows")] = False,
     layout: Annotated[Optional[Layout], typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
     loader: LoaderOpt = None,
+    embedding: EmbOpt = None,
+    head: HeadOpt = None,
     dry_run: DryOpt = False,
     json_out: JsonOpt = False,
     link: LinkOpt = False,
@@ -236,7 +257,8 @@ def resize(
         n = as_int("--vocab", vocab)
         m = as_int("--pad-to-multiple-of", pad_to_multiple_of)
         _write_command(ckpt, out, lambda c: plan_resize(
-            detect(c, layout=_layout(layout), loader=loader.value if loader else None, compare_values=True),
+            detect(c, layout=_layout(layout), loader=loader.value if loader else None, embedding_name=embedding,
+                   head_name=head, compare_values=True),
             n, m, init.value, seed, force), dry_run, json_out, link, quiet)
 
     _run(body)
@@ -269,8 +291,19 @@ def verify(
     _run(body)
 
 
+def _on_signal(signum, _frame):
+    # unwinds like Ctrl-C, so the temporary output folder is removed
+    raise KeyboardInterrupt
+
+
 def main() -> None:
-    """Console-script entry point: usage errors become one line, like tietool's own errors."""
+    """Console-script entry point: usage errors become one line, like tietool's own errors; SIGTERM and
+    SIGHUP unwind like Ctrl-C (the temporary output folder is removed)."""
+    import signal
+
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, _on_signal)
     try:
         code = app(standalone_mode=False)
     except typer.Abort:

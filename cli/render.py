@@ -36,6 +36,19 @@ def _shape(s) -> str:
     return "—" if s is None else "[" + ", ".join(str(d) for d in s) + "]"
 
 
+def tie_vals(info: dict) -> str:
+    return info["tie"]["values"]
+
+
+def _dtype(t: dict) -> str:
+    """``BF16`` / ``uint16 (bfloat16)``: the stored label, and what it means when they differ."""
+    d, lg = t.get("dtype"), t.get("logical_dtype")
+    if not d:
+        return "—"
+    return d if not lg or lg.lower() in (d.lower(), {"F32": "float32", "F16": "float16", "BF16": "bfloat16",
+                                                        "F64": "float64"}.get(d, "")) else f"{d} ({lg})"
+
+
 def inspect(info: dict, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(info, indent=2))
@@ -52,11 +65,12 @@ def inspect(info: dict, as_json: bool = False) -> None:
     for col in ("role", "name", "shape", "dtype", "layout", "file"):
         t.add_column(col, overflow="fold")
     e, h, b = info["embedding"], info["head"], info["head_bias"]
-    t.add_row("input embedding", e["name"], _shape(e["shape"]), e["dtype"], "vocab-hidden", e["file"])
+    t.add_row("input embedding", e["name"], _shape(e["shape"]), _dtype(e), "vocab-hidden", e["file"])
     for a in e["aliases"]:
         t.add_row("  alias (same table)", a, _shape(e["shape"]), e["dtype"], "", "")
-    t.add_row("LM head", h["name"] + ("" if h["present"] else " (not in files)"), _shape(h["shape"]),
-              h["dtype"] or "—", h["layout"] or "—", h["file"] or "—")
+    absent = " (the shared table; no separate head)" if tie_vals(info) == "shared" else " (not in files)"
+    t.add_row("LM head", h["name"] + ("" if h["present"] else absent), _shape(h["shape"]),
+              _dtype(h), h["layout"] or "—", h["file"] or "—")
     for a in h.get("aliases", []):
         t.add_row("  alias", a, "", "", "", "")
     if b:
@@ -72,6 +86,7 @@ def inspect(info: dict, as_json: bool = False) -> None:
         "different": f"{h['name']} differs from {e['name']}"
                      + (f" (max |difference| {tie['max_abs_diff']:.3g}, {tie['differing_rows']} rows differ)"
                         if tie["max_abs_diff"] is not None else ""),
+        "scaled": f"{h['name']} equals {e['name']} × d_model ** -0.5 (the tied head, materialised)",
         "absent": f"no head in the files ({h['name']} not found)",
         "shared": f"the head is the shared table {e['name']} (no separate head tensor)",
     }.get(vals, vals)
@@ -104,7 +119,7 @@ def report(rep: dict, as_json: bool = False) -> None:
     if rep["output"] and not rep["dry_run"]:
         head += f" → {rep['output']}"
     con.print(head, style="bold")
-    t = Table(title="parameter-savings report")
+    t = Table(title="report: parameters and bytes")
     for col in ("change", "tensor", "shape", "parameters", "bytes"):
         t.add_column(col, overflow="fold")
     for d in rep["dropped"]:
@@ -124,8 +139,9 @@ def report(rep: dict, as_json: bool = False) -> None:
         con.print(f"added {-s['parameters']} parameters, {size(-s['bytes'])} ({-s['percent']}%)")
     if "resize" in rep:
         r = rep["resize"]
-        con.print(f"rows {r['rows_before']} → {r['rows_after']} (+{r['rows_added']} / -{r['rows_removed']}), "
-                  f"init {r['init']}, seed {r['seed']}")
+        con.print(f"rows {r['rows_before']} → {r['rows_after']} (+{r['rows_added']} / -{r['rows_removed']})"
+                  + (f", new rows: init {r['init']}, seed {r['seed']} (--seed {r['seed']} reproduces them)"
+                     if r["rows_added"] else ""))
     for c in rep["config_changes"]:
         con.print(f"config: {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
     if "files" in rep:
@@ -159,8 +175,13 @@ def verify(res: dict, as_json: bool = False) -> None:
         con.print(f"changed {c['name']}: {c.get('why') or 'max |difference| ' + format(c.get('max_abs_diff', 0), '.3g')}")
     for c in res["config_differences"]:
         con.print(f"config {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
-    if res.get("logits"):
-        con.print(f"logits: {res['logits']}")
+    lg = res.get("logits")
+    if lg:
+        if lg.get("ok") is None:
+            con.print(lg.get("error"))
+        else:
+            con.print(f"logits on token ids below {lg.get('token_ids_below')}: max |difference| "
+                      f"{lg.get('max_abs_diff'):.3g} ({'same' if lg['ok'] else 'DIFFERENT'})")
     if res["explained"]:
         con.print("verdict: every difference is explained by tie/untie/resize")
     else:

@@ -14,8 +14,8 @@ import numpy as np
 
 from . import architectures as arch
 from .checkpoint import Checkpoint
-from .errors import CheckpointError
-from .formats.tensor import TensorInfo, bf16_bits_to_f32
+from .errors import CheckpointError, RefusedError
+from .formats.tensor import TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
 from .tokenizer import TokenizerInfo, tokenizer_info
 
 VOCAB_HIDDEN = "vocab-hidden"  # [vocab_size, hidden_size]
@@ -28,7 +28,8 @@ class Comparison:
     """Head vs embedding values.
 
     Attributes:
-        values: ``exact`` (same bytes, as stored), ``transposed`` (head == embedding.T), ``different``,
+        values: ``exact`` (same bytes, as stored), ``transposed`` (head == embedding.T), ``scaled`` (head ==
+            embedding × d_model ** -0.5, T5's tied head materialised), ``different``,
             ``absent`` (no head in the files), ``shared`` (the head *is* the embedding: T5, or one storage).
         max_abs_diff: largest |head - embedding| in float32 (after transposing a ``hidden-vocab`` head).
         differing_rows: number of vocab rows with any difference.
@@ -154,7 +155,8 @@ def _pick(ckpt: Checkpoint, names: list[str], rows: int | None) -> str | None:
     return names[0] if names else None
 
 
-def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int = 8192) -> Comparison:
+def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int = 8192,
+            scale: float | None = None) -> Comparison:
     """Compare head and embedding values in row chunks (memory bounded by one chunk of each).
 
     A ``hidden-vocab`` head ``[hidden, vocab]`` is compared as its transpose. Identical bits → ``exact``
@@ -171,7 +173,9 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int 
     equal = "transposed" if layout == HIDDEN_VOCAB else "exact"
     e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
     h_bf = ckpt.logical_dtype(h_info) == "bfloat16"
-    bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf
+    bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf and scale is None
+    if scale is not None:
+        equal = "scaled"
     if layout == HIDDEN_VOCAB:  # columns of the stored head: go through a (mapped) array
         hT = ckpt.load(head).T
         h_chunks = (np.ascontiguousarray(hT[s:s + chunk_rows]) for s in range(0, eshape[0], chunk_rows))
@@ -184,6 +188,9 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int 
         bit_equal = False
         fa = bf16_bits_to_f32(a) if e_bf else a.astype(np.float32)
         fb = bf16_bits_to_f32(b) if h_bf else b.astype(np.float32)
+        if scale is not None:  # the embedding times the scale, rounded to the head's dtype as untie writes it
+            fa = fa * np.float32(scale)
+            fa = bf16_bits_to_f32(f32_to_bf16_bits(fa)) if h_bf else fa.astype(b.dtype).astype(np.float32)
         with np.errstate(invalid="ignore", over="ignore"):
             d = np.abs(fa - fb)
         d = np.where(np.isnan(fa) & np.isnan(fb), 0.0, np.where(np.isnan(d), np.inf, d))
@@ -196,7 +203,7 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int 
 
 
 def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = None,
-           compare_values: bool = True) -> Detection:
+           compare_values: bool = True, embedding_name: str | None = None, head_name: str | None = None) -> Detection:
     """Find embedding, head, bias and tie state of ``ckpt``.
 
     Args:
@@ -204,10 +211,17 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
             vocab_size == hidden_size and a head is present).
         loader: one of ``architectures.LOADERS`` to override :func:`infer_loader`.
         compare_values: read the embedding and head data to compare them (inspect and tie do).
+        embedding_name, head_name: the tensor names to use (``--embedding`` / ``--head``), for architectures
+            the table does not know.
 
     Raises:
-        CheckpointError: no input embedding can be found.
+        CheckpointError: no input embedding can be found, or a named tensor does not exist.
+        RefusedError: the embedding can only be guessed by shape and several tensors fit.
     """
+    for n, what in ((embedding_name, "--embedding"), (head_name, "--head")):
+        if n is not None and n not in ckpt.tensors:
+            raise CheckpointError(f"{what} {n}: no such tensor", ckpt.path,
+                                  "tietool inspect lists the tensors; pass a name from the weight files")
     cfg = ckpt.config
     tcfg, tkey = text_config(cfg)
     model_type = cfg.get("model_type")
@@ -221,8 +235,10 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
     hidden = hidden_size_of(tcfg) or hidden_size_of(cfg)
 
     probe = arch.lookup(model_type, "hf")
-    emb_candidates = _find(ckpt, probe.embedding)
-    embedding = _pick(ckpt, emb_candidates, vocab_size)
+    if embedding_name is not None:
+        embedding = embedding_name
+    else:
+        embedding = _pick(ckpt, _find(ckpt, probe.embedding), vocab_size)
     fallback = False
     notes: list[str] = []
     problems: list[str] = []
@@ -231,15 +247,21 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
     if embedding is None:
         # not in the table: shape search against config vocab_size / hidden_size
         cands = [n for n, t in ckpt.tensors.items() if len(t.shape) == 2 and vocab_size and hidden
-                 and tuple(t.shape) == (vocab_size, hidden)]
-        cands.sort(key=lambda n: ("embed" not in n and "wte" not in n and "shared" not in n, len(n)))
+                 and tuple(t.shape) == (vocab_size, hidden) and n != head_name]
+        hinted = [n for n in cands if any(k in n for k in ("embed", "wte", "shared", "word", "tok"))]
         if not cands:
             raise CheckpointError(
                 f"no input embedding found (model_type {model_type!r}: no tensor named like "
                 f"{', '.join(probe.embedding[:3])}, and none of shape [vocab_size, hidden_size] = "
                 f"[{vocab_size}, {hidden}])",
-                ckpt.path, "check config.json vocab_size/hidden_size, or add the model to surgery/architectures.py",
+                ckpt.path, "pass --embedding NAME (and --head NAME), or check config.json vocab_size/hidden_size",
             )
+        if len(cands) > 1 and len(hinted) != 1:
+            raise RefusedError(
+                f"model_type {model_type!r} is not in the architecture table and {len(cands)} tensors have the "
+                f"embedding's shape [{vocab_size}, {hidden}]: {', '.join(cands[:6])}", ckpt.path,
+                "pass --embedding NAME and --head NAME to say which is which")
+        cands = hinted or cands
         embedding = cands[0]
         fallback = True
         notes.append(f"model_type {model_type!r} is not in the architecture table: found the embedding "
@@ -268,14 +290,19 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
     head_cands = _find(ckpt, fam.head, exclude=(embedding,), ndim=None)
     head = head_cands[0] if head_cands else None
     head_present = head is not None
-    if head is None and not fam.known:
-        # fallback: a 2-D tensor of shape {V, H} named like a head
-        for n, t in ckpt.tensors.items():
-            if n != embedding and n not in alias_named and len(t.shape) == 2 and set(t.shape) == {V, H} and any(
-                    k in n for k in ("head", "output", "lm_", "decoder", "logits")):
-                head, head_present = n, True
-                notes.append(f"found the head {n} by its shape")
-                break
+    if head_name is not None:
+        head, head_present = head_name, True
+    elif head is None and not fam.known:
+        # fallback: the other 2-D tensor of shape {V, H}, if there is exactly one
+        others = [n for n, t in ckpt.tensors.items() if n != embedding and n not in alias_named
+                  and len(t.shape) == 2 and set(t.shape) == {V, H}]
+        if len(others) == 1:
+            head, head_present = others[0], True
+            notes.append(f"found the head {head} by its shape")
+        elif others:
+            raise RefusedError(f"model_type {model_type!r} is not in the architecture table and several tensors "
+                               f"could be the head: {', '.join(others[:6])}", ckpt.path,
+                               "pass --head NAME (and --embedding NAME)")
     if head is None:
         head = _default_head_name(embedding, fam)
     head_aliases = []
@@ -377,6 +404,12 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
                      "pass --layout vocab-hidden or hidden-vocab")
     else:
         comp = compare(ckpt, embedding, head, head_layout)
+        if comp.values == "different" and fam.tied_logit_scale:
+            scaled = compare(ckpt, embedding, head, head_layout, scale=tied_scale(ckpt.config, H))
+            if scaled.values == "scaled":
+                comp = scaled
+                notes.append(f"{head} equals {embedding} × d_model ** -0.5: the tied head of {fam.name}, "
+                             "materialised (as tietool untie writes it)")
 
     # consistency findings
     if head_present and comp.values == "different" and config_tied and comp.max_abs_diff is not None:
@@ -416,6 +449,12 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
         comparison=comp, config_vocab_size=cvs, text_cfg_key=tkey, tokenizer=tok, fallback=fallback,
         tp_fraction=tp, problems=problems, notes=notes,
     )
+
+
+def tied_scale(config: dict, hidden: int) -> float:
+    """T5's tied-logit factor ``d_model ** -0.5``."""
+    d = config.get("d_model") if isinstance(config.get("d_model"), int) else hidden
+    return float(d) ** -0.5
 
 
 def _default_head_name(embedding: str, fam: arch.Family) -> str:

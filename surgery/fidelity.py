@@ -63,7 +63,12 @@ def main(argv: list[str]) -> int:
                     out = m(input_ids=ids)
             lg = out[0] if isinstance(out, (tuple, list)) else getattr(out, "logits", out)
             np.save(out_path, lg.astype("float32").numpy())
-            res["ok"] = True
+            bad = [ln for ln in log.getvalue().splitlines()
+                   if any(w in ln for w in ("Missing keys", "newly initialized", "should be assigned"))]
+            if bad:  # some weights were not loaded: the logits are not the checkpoint's
+                res["error"] = "not every weight was loaded: " + bad[0][:200]
+            else:
+                res["ok"] = True
         except Exception as e:  # noqa: BLE001 - reported to the caller as data
             res["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     print(json.dumps(res))

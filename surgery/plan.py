@@ -14,7 +14,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .configfile import get_dotted, read_config_file
-from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection
+from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, tied_scale
 from .errors import AmbiguousLayoutError, RefusedError, UsageError, ValuesDifferError
 from .formats.safetensors_io import Source
 from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
@@ -74,6 +74,7 @@ class Plan:
         relabel_u16: write safetensors ``U16`` tensors that hold bf16 bits as ``BF16``.
         changed: the plan changes tensors or config (False: the output is a copy).
         notes: what the user should know (why nothing was saved, which loader was assumed, ...).
+        warnings: what may break the model (trimming rows the tokenizer uses).
         extra_report: operation-specific report fields (resize rows, init, seed).
     """
 
@@ -88,6 +89,7 @@ class Plan:
     metadata: dict[str, str] = field(default_factory=dict)
     relabel_u16: bool = False
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
     extra_report: dict = field(default_factory=dict)
 
     @property
@@ -202,6 +204,10 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
                 f"tie refused: {det.head} differs from {det.embedding} (max |difference| {comp.max_abs_diff:.3g}, "
                 f"{comp.differing_rows} of {det.vocab_rows} rows differ)", ckpt.path,
                 "pass --keep embedding or --keep head to choose the values to keep, or use untie")
+        if keep == "head" and det.family.tied_logit_scale:
+            raise RefusedError(f"--keep head on {det.family.name}: the tied model multiplies the embedding by "
+                               "d_model ** -0.5 for the logits, so the head's values cannot become the embedding",
+                               ckpt.path, "use --keep embedding, or keep the checkpoint untied")
         if keep == "head":
             h = det.head_info
             layout = det.head_layout
@@ -220,6 +226,8 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
             plan.notes.append(f"--keep head: {det.embedding} takes the values of {det.head}")
         else:
             plan.notes.append(f"--keep embedding: the values of {det.head} are discarded")
+    if comp.values == "scaled":
+        plan.notes.append(f"{det.head} is {det.embedding} × d_model ** -0.5: exactly the tied head, so it is dropped")
     if det.family.reties:
         plan.drop[det.head] = f"duplicate of {det.embedding} (the {det.loader} loader re-ties it)"
         for a in det.head_aliases:
@@ -272,8 +280,7 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
     shape = (det.vocab_rows, det.hidden) if lay == VOCAB_HIDDEN else (det.hidden, det.vocab_rows)
     scale = None
     if det.family.tied_logit_scale and not det.head_present:
-        d_model = det.ckpt.config.get("d_model") or det.hidden
-        scale = float(d_model) ** -0.5
+        scale = tied_scale(det.ckpt.config, det.hidden)
         plan.notes.append(f"{det.family.name}: tied logits are scaled by d_model ** -0.5 = {scale:.6g}; the new head "
                           "is the embedding times that factor, so logits do not change")
 
@@ -427,7 +434,8 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
     if N > MAX_VOCAB:
         raise UsageError(f"--vocab {N} is beyond any tokenizer (token ids are int32 in Paddle; at most {MAX_VOCAB})",
                          fix="check the number")
-    need = (N - V) * H * 8 * 2  # new rows in float32 and in the stored dtype, with headroom
+    # bytes per new value held at once: float32 rows + stored copy (zeros); + float64 draw (normal, mean)
+    need = (N - V) * H * {"zeros": 8, "normal": 16, "mean": 32}.get(init, 32)
     avail = _available_memory()
     if N > V and avail is not None and need > avail:
         raise UsageError(f"--vocab {N} adds {N - V} rows of {H}: about {need >> 20} MiB of new rows, more than the "
@@ -461,7 +469,7 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
     if N < V:
         plan.notes.append(f"--force: rows {N}..{V - 1} removed from every vocabulary tensor")
     if tok.size is not None and N < tok.size:
-        plan.notes.append(f"the tokenizer defines {tok.size} tokens; ids ≥ {N} will have no row")
+        plan.warnings.append(f"the tokenizer defines {tok.size} tokens; ids ≥ {N} will have no row")
 
     def extra_rows(name: str, rng, layout: str = VOCAB_HIDDEN) -> Callable[[], np.ndarray]:
         """The N - V new rows of table ``name`` (stored dtype, ``[N - V, hidden]``), computed once."""

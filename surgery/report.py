@@ -22,7 +22,7 @@ def savings_if_tied(det: Detection) -> dict:
     ckpt = det.ckpt
     params = bytes_ = 0
     why = None
-    if det.head_present and det.comparison.values in ("exact", "transposed"):
+    if det.head_present and det.comparison.values in ("exact", "transposed", "scaled"):
         if det.family.reties:
             names = [det.head] + det.head_aliases
             params = sum(ckpt.tensors[n].numel for n in names)
@@ -85,7 +85,7 @@ def build(plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False
         "after": {"parameters": p1, "bytes": b1},
         "saved": {"parameters": p0 - p1, "bytes": b0 - b1, "percent": _pct(b0 - b1, b0)},
         "notes": list(plan.notes),
-        "warnings": list(ckpt.warnings),
+        "warnings": list(ckpt.warnings) + list(plan.warnings),
     }
     if plan.stale_index:
         rep["warnings"] += [f"stale index entry {n} dropped (no shard holds it)" for n in plan.stale_index

@@ -74,6 +74,9 @@ def summarize(det: Detection) -> dict:
     }
 
 
-def inspect_path(path, layout: str | None = None, loader: str | None = None) -> dict:
-    """Open, detect and summarise the checkpoint at ``path``. Raises what :meth:`Checkpoint.open` raises."""
-    return summarize(detect(Checkpoint.open(path), layout=layout, loader=loader))
+def inspect_path(path, layout: str | None = None, loader: str | None = None, embedding_name: str | None = None,
+                 head_name: str | None = None) -> dict:
+    """Open, detect and summarise the checkpoint at ``path``. Raises what :meth:`Checkpoint.open` and
+    :func:`detect` raise."""
+    return summarize(detect(Checkpoint.open(path), layout=layout, loader=loader, embedding_name=embedding_name,
+                            head_name=head_name))

@@ -201,3 +201,52 @@ def test_safetensors_paths_import_no_paddle(tmp_path):
     mods = _imports_after(code)
     assert (out / "model-00001-of-00001.safetensors").exists()
     assert "paddle" not in mods
+
+
+# ---------------------------------------------------------------- unknown architectures, T5 round trip
+# (placed here for lack of a better home; these are detection tests, not streaming ones)
+
+
+def _unknown_arch(tmp_path: Path, head_differs: bool) -> Path:
+    """A Llama fixture renamed to names and a model_type tietool does not know."""
+    from surgery.formats.safetensors_io import Source, write_file
+
+    src = Checkpoint.open(FIX / "pf_llama_untied_fp32" if head_differs else FIX / "pf_llama_tied_fp32")
+    d = tmp_path / "zorblax"
+    d.mkdir()
+    ren = {"model.embed_tokens.weight": "zb.wordvecs.w", "lm_head.weight": "zb.unembed.w"}
+    write_file(d / "model.safetensors", [(ren.get(n, n), t.dtype, t.shape, src.source(n))
+                                         for n, t in src.tensors.items()], None)
+    cfg = dict(src.config, model_type="zorblax", architectures=["ZorblaxForCausalLM"])
+    cfg.pop("paddleformers_version", None)
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_unknown_architecture_with_two_candidate_tables_refuses_until_named(tmp_path):
+    d = _unknown_arch(tmp_path, head_differs=True)
+    for args in (["inspect", d], ["tie", d, "--out", tmp_path / "o1"],
+                 ["resize", d, "--vocab", "107", "--out", tmp_path / "o2"]):
+        r = run_cli(*args)
+        assert r.returncode == 5, (args, r.stdout, r.stderr)
+        assert "--embedding" in r.stderr and "zb.wordvecs.w" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+    r = run_cli("resize", d, "--vocab", "107", "--init", "zeros", "--out", tmp_path / "o3",
+                "--embedding", "zb.wordvecs.w", "--head", "zb.unembed.w")
+    assert r.returncode == 0, r.stderr
+    out = Checkpoint.open(tmp_path / "o3")
+    assert out.tensors["zb.wordvecs.w"].shape == (107, 16) and out.tensors["zb.unembed.w"].shape == (107, 16)
+    r = run_cli("tie", d, "--out", tmp_path / "o4", "--embedding", "zb.wordvecs.w", "--head", "zb.unembed.w")
+    assert r.returncode == 5 and "differs" in r.stderr
+
+
+def test_t5_untie_then_tie_round_trip(tmp_path):
+    untied, tied = tmp_path / "u", tmp_path / "t"
+    assert run_cli("untie", FIX / "pnlp_t5", "--out", untied).returncode == 0
+    r = run_cli("tie", untied, "--out", tied)
+    assert r.returncode == 0, r.stderr
+    a, b = Checkpoint.open(FIX / "pnlp_t5"), Checkpoint.open(tied)
+    assert set(a.tensors) == set(b.tensors)
+    for n in a.tensors:
+        assert a.load(n).tobytes() == b.load(n).tobytes()
+    assert run_cli("tie", untied, "--out", tmp_path / "k", "--keep", "head").returncode in (0, 5)
