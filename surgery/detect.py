@@ -174,6 +174,8 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int 
     e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
     h_bf = ckpt.logical_dtype(h_info) == "bfloat16"
     bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf and scale is None
+    bits = np.dtype(f"<u{e_info.storage_dtype.itemsize}") if e_info.storage_dtype.itemsize in (1, 2, 4, 8) else None
+    bit_equal = bit_equal and bits is not None
     if scale is not None:
         equal = "scaled"
     if layout == HIDDEN_VOCAB:  # columns of the stored head: go through a (mapped) array
@@ -183,7 +185,7 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int 
         h_chunks = ckpt.iter_rows(head, chunk_rows)
     max_diff, rows = 0.0, 0
     for a, b in zip(ckpt.iter_rows(emb, chunk_rows), h_chunks):
-        if bit_equal and a.tobytes() == b.tobytes():
+        if bit_equal and np.array_equal(a.view(bits), b.view(bits)):  # bits, not values (-0.0, NaN)
             continue
         bit_equal = False
         fa = bf16_bits_to_f32(a) if e_bf else a.astype(np.float32)
