@@ -271,7 +271,7 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
             ckpt.path, "pass --loader hf if another library will load the output")
     plan.config_set = _tie_flags(det, False)
     if det.head_present and not det.comparison.storage_shared:
-        plan.notes.append(f"{det.head} already exists as its own tensor: its bytes are kept; only the flag changes")
+        plan.notes.append(f"{det.head} already exists as its own tensor: its bytes are kept (untie only sets the flag)")
         return plan
     lay = det.family.head_layout if layout in (None, "auto") else layout
     if lay not in LAYOUTS:
