@@ -240,23 +240,29 @@ class Checkpoint:
             return bf16_bits_to_f32(a)
         return a.astype(np.float32)
 
-    def iter_rows(self, name: str, chunk_rows: int):
-        """Yield tensor ``name`` in chunks of ``chunk_rows`` rows (stored dtype), read into one reused buffer:
-        memory stays at one chunk however large the tensor (no page-cache mapping kept resident)."""
+    def iter_rows(self, name: str, chunk_rows: int, start: int = 0, stop: int | None = None):
+        """Yield rows ``start:stop`` of tensor ``name`` in chunks of ``chunk_rows`` rows (stored dtype), read
+        into one reused buffer: memory stays at one chunk however large the tensor (no page-cache mapping
+        kept resident). Each chunk is valid until the next one is requested."""
         t = self.tensors[name]
-        if t.fortran or t.inline is not None or t.nbytes == 0 or not t.shape:
+        if t.fortran or t.inline is not None or t.nbytes == 0 or len(t.shape) < 1:
             a = self.load(name)
-            for s in range(0, max(a.shape[0] if a.ndim else 1, 1), chunk_rows):
-                yield a[s:s + chunk_rows] if a.ndim else a
+            if a.ndim == 0:
+                yield a
+                return
+            stop = a.shape[0] if stop is None else stop
+            for s in range(start, stop, chunk_rows):
+                yield a[s:min(s + chunk_rows, stop)]
             return
         rows = t.shape[0]
+        stop = rows if stop is None else stop
         row_bytes = t.nbytes // rows
         dt = np.dtype(t.dtype).newbyteorder("<") if self.format == "pdparams" else t.storage_dtype
-        buf = bytearray(row_bytes * min(chunk_rows, rows))
+        buf = bytearray(row_bytes * max(1, min(chunk_rows, stop - start)))
         with open(self.path / t.file, "rb") as f:
-            f.seek(t.offset)
-            for s in range(0, rows, chunk_rows):
-                n = min(chunk_rows, rows - s) * row_bytes
+            f.seek(t.offset + start * row_bytes)
+            for s in range(start, stop, chunk_rows):
+                n = min(chunk_rows, stop - s) * row_bytes
                 view = memoryview(buf)[:n]
                 if f.readinto(view) != n:
                     raise CheckpointError(f"tensor {name!r} is truncated", self.path / t.file,
