@@ -321,7 +321,7 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
                                f"could be the head: {', '.join(others[:6])}", ckpt.path,
                                "pass --head NAME (and --embedding NAME)")
     if head is None:
-        head = _default_head_name(embedding, fam)
+        head = _default_head_name(fam)
     head_aliases = []
     if head_present:
         h_info = ckpt.tensors[head]
@@ -474,7 +474,7 @@ def tied_scale(config: dict, hidden: int) -> float:
     return float(d) ** -0.5
 
 
-def _default_head_name(embedding: str, fam: arch.Family) -> str:
+def _default_head_name(fam: arch.Family) -> str:
     """Name for a head that is not in the files: the family's first head name, at the top level
     (``lm_head.weight``), as every loader in the table names it."""
     return fam.head[0]
