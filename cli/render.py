@@ -36,6 +36,15 @@ def _shape(s) -> str:
     return "—" if s is None else "[" + ", ".join(str(d) for d in s) + "]"
 
 
+def _messages(con: Console, notes, warnings, problems=()) -> None:
+    for p in problems:
+        con.print(f"problem: {p}", style="yellow")
+    for n in notes:
+        con.print(f"note: {n}")
+    for w in warnings:
+        con.print(f"warning: {w}", style="yellow")
+
+
 def tie_vals(info: dict) -> str:
     return info["tie"]["values"]
 
@@ -102,12 +111,7 @@ def inspect(info: dict, as_json: bool = False) -> None:
     s = info["savings"]
     con.print(f"tying would save {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}% of the checkpoint)"
               + (f": {s['why_zero']}" if s.get("why_zero") else ""))
-    for p in info["problems"]:
-        con.print(f"problem: {p}", style="yellow")
-    for n in info["notes"]:
-        con.print(f"note: {n}")
-    for w in info["warnings"]:
-        con.print(f"warning: {w}", style="yellow")
+    _messages(con, info["notes"], info["warnings"], info["problems"])
 
 
 def report(rep: dict, as_json: bool = False) -> None:
@@ -149,10 +153,7 @@ def report(rep: dict, as_json: bool = False) -> None:
         con.print(f"files: {len(f['rewritten'])} rewritten, {len(f.get('written', []))} new, {len(f['copied'])} copied, {len(f['linked'])} hard-linked"
                   f", {len(f['removed'])} removed" + (" (linked files share data with the input: edit neither in "
                                                       "place)" if f["linked"] else ""))
-    for n in rep["notes"]:
-        con.print(f"note: {n}")
-    for w in rep["warnings"]:
-        con.print(f"warning: {w}", style="yellow")
+    _messages(con, rep["notes"], rep["warnings"])
 
 
 def verify(res: dict, as_json: bool = False) -> None:

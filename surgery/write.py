@@ -23,8 +23,8 @@ from .checkpoint import REPORT_NAME, SHARD_RE
 from .configfile import get_dotted, read_config_file, set_dotted
 from .errors import OutputError, UsageError
 from .formats import pdparams_io, safetensors_io
-from .formats.safetensors_io import Source
-from .formats.tensor import DTYPES
+from .formats.safetensors_io import Source, copy_range
+from .formats.tensor import DTYPES, NP_TO_ST
 from .plan import NEW_SHARD, NewTensor, Plan
 
 TMP_TAG = ".tietool-tmp-"
@@ -64,25 +64,10 @@ def _clean_stale_temps(out: Path) -> None:
 
 
 def copy_file(src: Path, dst: Path) -> None:
-    """Copy a file by the kernel and fsync it: ``os.copy_file_range`` (a reflink clone on btrfs/XFS, an
-    in-kernel copy elsewhere), falling back to ``shutil.copyfile`` where the platform or file system cannot."""
-    with open(src, "rb") as fi, open(dst, "wb") as fo:
-        size = os.fstat(fi.fileno()).st_size
-        done = 0
-        if hasattr(os, "copy_file_range"):
-            try:
-                while done < size:
-                    n = os.copy_file_range(fi.fileno(), fo.fileno(), min(size - done, 1 << 30))
-                    if n == 0:
-                        break
-                    done += n
-            except OSError as e:
-                if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-                    raise
-        if done < size:
-            fi.seek(done)
-            fo.seek(done)
-            shutil.copyfileobj(fi, fo, 16 << 20)
+    """Copy a whole file by the kernel (:func:`copy_range`: ``copy_file_range``, a reflink clone on
+    btrfs/XFS, with a chunked fallback) and fsync it, so the output is durable before the final rename."""
+    with open(dst, "wb") as fo:
+        copy_range(fo, src, 0, src.stat().st_size)
         fo.flush()
         os.fsync(fo.fileno())
 
@@ -283,7 +268,7 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of) -> None:
         rows = []
         for name, dtype, shape, nt, storage, fortran in entries:
             src = source_of(nt) if nt is not None else ckpt.source(name)
-            rows.append((name, dtype if dtype in _NP_NAMES else _np_name(dtype), shape, src, storage, fortran))
+            rows.append((name, dtype if dtype in NP_TO_ST else DTYPES[dtype].np_name, shape, src, storage, fortran))
         extras = dict(ckpt.extras.get(f) or {})
         s2p = extras.get("StructuredToParameterName@@")
         if isinstance(s2p, dict):
@@ -293,14 +278,6 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of) -> None:
                 if nt.name in names and nt.name not in s2p:
                     extras["StructuredToParameterName@@"][nt.name] = nt.name
         pdparams_io.write_file(dst, rows, extras, ckpt.np_module.get(f, "numpy.core.multiarray"))
-
-
-_NP_NAMES = {"float64", "float32", "float16", "uint16", "int64", "int32", "int16", "int8", "uint8", "uint32",
-             "uint64", "bool"}
-
-
-def _np_name(label: str) -> str:
-    return DTYPES[label].np_name
 
 
 def _write_json(path: Path, data: Any) -> None:

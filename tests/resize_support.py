@@ -22,7 +22,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import casecheck  # noqa: E402  (independent reader; no tietool imports)
+from fixture_support import copy_checkpoint  # noqa: E402,F401  (shared test helper; used here and by test_resize)
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -202,14 +202,6 @@ def edit_json(path: Path, fn) -> None:
 
 
 # ------------------------------------------------------------------------------------------- the tool
-def copy_checkpoint(src: Path, dst: Path) -> Path:
-    """Writable copy of a (read-only) fixture folder."""
-    shutil.copytree(src, dst, copy_function=shutil.copyfile)
-    for d in [dst, *[p for p in dst.rglob("*") if p.is_dir()]]:
-        d.chmod(0o755)
-    return dst
-
-
 @dataclasses.dataclass
 class Run:
     argv: list[str]
