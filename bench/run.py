@@ -156,6 +156,19 @@ def warm(paths: list[Path]) -> float:
     return time.perf_counter() - t0
 
 
+def settle(limit: int = 64 << 20, timeout: float = 60.0) -> float:
+    """Wait (untimed) until the kernel has written back what earlier runs left dirty (Dirty + Writeback in
+    /proc/meminfo under ``limit``), so that no run pays for the writeback of the one before it."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout:
+        m = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()
+             if ln.startswith(("Dirty:", "Writeback:"))}
+        if sum(m.values()) < limit:
+            break
+        time.sleep(0.05)
+    return time.perf_counter() - t0
+
+
 def clean(p: Path) -> None:
     if p.exists():
         shutil.rmtree(p)
@@ -358,6 +371,10 @@ def main() -> int:
                     continue
                 clean(out)
                 os.sync()
+                # the outputs of earlier runs may have pushed input pages out of the page cache: read the
+                # inputs again (untimed) so every run starts warm, then let writeback settle
+                warm([ck, tied])
+                settle()
                 r = run_child(argv, env=env, cwd=root)
                 problem = None if r["rc"] == 0 else f"exit {r['rc']}: {r['log_tail'][-400:]}"
                 if problem is None and label not in ("tietool inspect", "tietool --help"):

@@ -119,6 +119,9 @@ def inspect(
     loader: LoaderOpt = None,
     embedding: EmbOpt = None,
     head: HeadOpt = None,
+    no_values: Annotated[bool, typer.Option(
+        "--no-values", help="read headers only: do not read the embedding and head to compare their values "
+                            "(fast on cold or remote storage; 'tied by value' is then not known)")] = False,
 ) -> None:
     """Show the embedding, head and bias, their layout, the tie state three ways, and what tying saves."""
 
@@ -128,7 +131,7 @@ def inspect(
         from . import render
 
         info = inspect_path(ckpt, layout=_layout(layout), loader=loader.value if loader else None,
-                            embedding_name=embedding, head_name=head)
+                            embedding_name=embedding, head_name=head, compare_values=not no_values)
         render.inspect(info, as_json=json_out)
 
     _run(body)

@@ -98,6 +98,7 @@ def inspect(info: dict, as_json: bool = False) -> None:
         "scaled": f"{h['name']} equals {e['name']} × d_model ** -0.5 (the tied head, materialised)",
         "absent": f"no head in the files ({h['name']} not found)",
         "shared": f"the head is the shared table {e['name']} (no separate head tensor)",
+        "unknown": "not compared (--no-values: headers only)",
     }.get(vals, vals)
     if tie["storage_shared"]:
         desc += " (one array in the file: same storage)"
@@ -110,7 +111,8 @@ def inspect(info: dict, as_json: bool = False) -> None:
                  else "not found"))
     s = info["savings"]
     con.print(f"tying would save {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}% of the checkpoint)"
-              + (f": {s['why_zero']}" if s.get("why_zero") else ""))
+              + (f": {s['why_zero']}" if s.get("why_zero") else "")
+              + (f", if the values agree ({s['assumes']})" if s.get("assumes") else ""))
     _messages(con, info["notes"], info["warnings"], info["problems"])
 
 

@@ -155,9 +155,13 @@ def _pick(ckpt: Checkpoint, names: list[str], rows: int | None) -> str | None:
     return names[0] if names else None
 
 
-def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int = 8192,
+def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int = 1 << 20,
             scale: float | None = None) -> Comparison:
     """Compare head and embedding values in row chunks (memory bounded by one chunk of each).
+
+    Chunks of about ``chunk_bytes`` (1 MiB): small enough that a chunk read from the page cache is still
+    in the CPU cache when it is compared (2-3x faster than 32 MiB chunks on a 525 MB table), large enough
+    that the per-chunk Python cost is negligible.
 
     A ``hidden-vocab`` head ``[hidden, vocab]`` is compared as its transpose. Identical bits → ``exact``
     (``transposed`` for a transposed head); equal values in another dtype or ``-0.0`` vs ``0.0`` count as
@@ -179,6 +183,9 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_rows: int 
     if scale is not None:
         equal = "scaled"
     hT = ckpt.load(head).T if layout == HIDDEN_VOCAB else None  # columns of the stored head: a mapped array
+    row_bytes = max(1, e_info.nbytes // max(1, eshape[0]))
+    # a transposed head is gathered column by column from a mapping: larger chunks amortize the strides
+    chunk_rows = max(1, (chunk_bytes * (8 if hT is not None else 1)) // row_bytes)
 
     def part(start: int, stop: int) -> tuple[float, int]:
         """max |diff| and differing rows over rows start:stop (0.0, 0 when bit-identical)."""

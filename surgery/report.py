@@ -22,7 +22,10 @@ def savings_if_tied(det: Detection) -> dict:
     ckpt = det.ckpt
     params = bytes_ = 0
     why = None
-    if det.head_present and det.comparison.values in ("exact", "transposed", "scaled"):
+    assumed = None
+    if det.head_present and det.comparison.values == "unknown" and det.family.reties:
+        assumed = "the values were not compared; tie checks that they agree before it drops the head"
+    if det.head_present and (det.comparison.values in ("exact", "transposed", "scaled") or assumed):
         if det.family.reties:
             names = [det.head] + det.head_aliases
             params = sum(ckpt.tensors[n].numel for n in names)
@@ -36,6 +39,8 @@ def savings_if_tied(det: Detection) -> dict:
     out = {"parameters": params, "bytes": bytes_, "percent": _pct(bytes_, ckpt.total_bytes)}
     if why:
         out["why_zero"] = why
+    if assumed:
+        out["assumes"] = assumed
     return out
 
 

@@ -75,8 +75,13 @@ def summarize(det: Detection) -> dict:
 
 
 def inspect_path(path, layout: str | None = None, loader: str | None = None, embedding_name: str | None = None,
-                 head_name: str | None = None) -> dict:
+                 head_name: str | None = None, compare_values: bool = True) -> dict:
     """Open, detect and summarise the checkpoint at ``path``. Raises what :meth:`Checkpoint.open` and
-    :func:`detect` raise."""
+    :func:`detect` raise.
+
+    Reads the headers (safetensors) or the pickle structure (``.pdparams``) of every weight file and, unless
+    ``compare_values`` is False, the embedding and head data (to tell tied by value); never another
+    tensor's data. With ``compare_values=False`` the values are reported as ``"unknown"``.
+    """
     return summarize(detect(Checkpoint.open(path), layout=layout, loader=loader, embedding_name=embedding_name,
-                            head_name=head_name))
+                            head_name=head_name, compare_values=compare_values))

@@ -156,6 +156,126 @@ def test_inspect_reads_no_untouched_tensor_data(monkeypatch, case):
             assert not hits, f"inspect read data of untouched tensor {name}: {hits}"
 
 
+@pytest.mark.parametrize("case", ["pf_llama_tied_sharded", "pf_llama_untied_fp32", "pnlp_llama_untied"])
+def test_inspect_no_values_reads_headers_only(monkeypatch, case):
+    """``inspect --no-values`` reads no tensor data at all, the embedding's and head's included."""
+    from surgery import checkpoint
+    from surgery.formats import pdparams_io, safetensors_io
+    from surgery.summary import inspect_path
+
+    tr = _Tracker()
+    for mod in (safetensors_io, pdparams_io, checkpoint):
+        monkeypatch.setattr(mod, "open", tr.open, raising=False)
+    info = inspect_path(FIX / case, compare_values=False)
+    ck = Checkpoint.open(FIX / case)
+    for name, t in ck.tensors.items():
+        if t.offset < 0:  # a small array pickled inline (no byte range of its own): part of the structure
+            continue
+        hits = _overlaps(tr.reads, t.file, t.offset, t.nbytes)
+        assert not hits, f"inspect --no-values read data of {name}: {hits}"
+    assert info["tie"]["values"] == "unknown"
+    # the rest of the facts are those of a full inspect
+    full = inspect_path(FIX / case)
+    for key in ("embedding", "head", "head_bias", "vocab", "loader", "architecture"):
+        assert info[key] == full[key], key
+    if full["savings"]["parameters"]:  # what tying would save, given agreeing values
+        assert info["savings"]["parameters"] == full["savings"]["parameters"]
+        assert "assumes" in info["savings"]
+
+
+def test_inspect_no_values_cli_on_unreadable_tensor_data(tmp_path):
+    """Every tensor byte of every shard zeroed out (an unreadable data region, as far as values go): the
+    header-only inspect reports the same tensors and says the values were not compared."""
+    src = tmp_path / "in"
+    shutil.copytree(FIX / "pf_llama_tied_sharded", src)
+    ck = Checkpoint.open(src)
+    for t in ck.tensors.values():
+        with open(src / t.file, "r+b") as f:
+            f.seek(t.offset)
+            f.write(b"\xff" * t.nbytes)  # NaN bf16/f32 patterns: a value comparison would see them
+    r = run_cli("inspect", src, "--no-values", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["tie"]["values"] == "unknown"
+    assert info["head"]["name"] == "lm_head.weight" and info["embedding"]["name"] == "model.embed_tokens.weight"
+    r = run_cli("inspect", src, "--no-values")
+    assert r.returncode == 0 and "not compared" in r.stdout, r.stdout + r.stderr
+
+
+def _copy_threads_alive() -> list:
+    import threading
+
+    return [t for t in threading.enumerate() if t.name.startswith("tietool-copy") and t.is_alive()]
+
+
+@pytest.mark.parametrize("fail", ["copy", "rewrite", "interrupt"])
+def test_parallel_copies_stop_and_clean_up(tmp_path, monkeypatch, fail):
+    """Untouched shards are copied by a pool of threads while the main thread rewrites: when one copy
+    fails, a rewrite fails, or the user interrupts, every copy thread has stopped before ``execute``
+    returns and nothing is left beside --out; the input is unchanged."""
+    import errno
+    import threading
+    import time
+
+    from surgery import write
+    from surgery.plan import plan_resize
+
+    src = tmp_path / "in"
+    shutil.copytree(FIX / "pf_llama_tied_sharded", src)
+    before = {p.name: sha(p) for p in src.iterdir()}
+    ck = Checkpoint.open(src)
+    det = detect(ck)
+    plan = plan_resize(det, det.vocab_rows + 8, init="zeros")
+    assert plan.touched_files() and len(set(ck.weight_files) - set(plan.touched_files())) >= 1
+    real_copy = write.copy_file
+    started = threading.Event()
+
+    def slow_copy(s, d, cancelled=None):
+        started.set()
+        if fail == "copy" and s.suffix == ".safetensors":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        for _ in range(100):  # a long copy that honours cancellation, as copy_range does
+            if cancelled is not None and cancelled():
+                return
+            time.sleep(0.01)
+        real_copy(s, d, cancelled)
+
+    monkeypatch.setattr(write, "copy_file", slow_copy)
+    if fail in ("rewrite", "interrupt"):
+        exc = KeyboardInterrupt() if fail == "interrupt" else OSError(errno.EIO, "I/O error")
+
+        def bad_rewrite(*a, **k):
+            started.wait(5)
+            raise exc
+
+        monkeypatch.setattr(write, "_rewrite", bad_rewrite)
+    out = tmp_path / "out"
+    from surgery.errors import OutputError
+
+    with pytest.raises(KeyboardInterrupt if fail == "interrupt" else OutputError):
+        write.execute(plan, out)
+    assert not _copy_threads_alive()
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert {p.name: sha(p) for p in src.iterdir()} == before
+
+
+def test_parallel_copies_match_sequential(tmp_path, monkeypatch):
+    """The same plan executed with 1 and with 4 copy threads gives byte-identical outputs."""
+    from surgery import write
+    from surgery.plan import plan_resize
+
+    ck = Checkpoint.open(FIX / "pf_llama_tied_sharded")
+    det = detect(ck)
+    outs = []
+    for n in (1, 4):
+        monkeypatch.setattr(write, "COPY_THREADS", n)
+        out = tmp_path / f"out{n}"
+        execute(plan_resize(det, det.vocab_rows + 8, init="zeros"), out)
+        outs.append({p.name: sha(p) for p in out.iterdir() if p.name != "tietool-report.json"})
+    assert outs[0] == outs[1] and len(outs[0]) > 3
+
+
 def test_pdparams_structure_is_read_without_payloads(tmp_path, monkeypatch):
     from surgery.formats import pdparams_io
 

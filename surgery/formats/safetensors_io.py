@@ -15,7 +15,7 @@ import math
 import os
 import struct
 from pathlib import Path
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Callable, Iterable
 
 import numpy as np
 
@@ -145,22 +145,30 @@ class Source:
             copy_range(f, self.path, self.offset, self.nbytes)
 
 
-def copy_range(dst: BinaryIO, src_path: Path, offset: int, nbytes: int, chunk: int = 64 << 20) -> None:
+def copy_range(dst: BinaryIO, src_path: Path, offset: int, nbytes: int, chunk: int = 64 << 20,
+               cancelled: Callable[[], bool] | None = None) -> None:
     """Append ``nbytes`` of ``src_path`` starting at ``offset`` to ``dst``, in bounded memory.
 
     Uses ``os.copy_file_range`` (a kernel copy, no user-space buffer) where the platform has it, and
     falls back to chunked reads where it does not (other file systems, other OSes).
+
+    Args:
+        cancelled: polled between kernel calls of at most 256 MiB; when it returns True the copy stops
+            early (the caller is abandoning the output).
 
     Raises:
         CheckpointError: the input ends before ``offset + nbytes``.
     """
     dst.flush()
     pos, left = offset, nbytes
+    step = 1 << 30 if cancelled is None else 256 << 20
     with open(src_path, "rb") as src:
         if hasattr(os, "copy_file_range"):
             try:
                 while left:
-                    n = os.copy_file_range(src.fileno(), dst.fileno(), min(left, 1 << 30), pos)
+                    if cancelled is not None and cancelled():
+                        return
+                    n = os.copy_file_range(src.fileno(), dst.fileno(), min(left, step), pos)
                     if n == 0:
                         break
                     pos += n
@@ -171,6 +179,8 @@ def copy_range(dst: BinaryIO, src_path: Path, offset: int, nbytes: int, chunk: i
             dst.seek(0, os.SEEK_END)
         src.seek(pos)
         while left:
+            if cancelled is not None and cancelled():
+                return
             buf = src.read(min(chunk, left))
             if not buf:
                 raise CheckpointError("input ended early while copying", src_path, "the file is truncated")
