@@ -92,8 +92,8 @@ class _Copier:
     """
 
     def __init__(self, progress: Callable[[str, int], None] | None):
-        from concurrent.futures import ThreadPoolExecutor
         import threading
+        from concurrent.futures import ThreadPoolExecutor
 
         self._pool = ThreadPoolExecutor(COPY_THREADS, thread_name_prefix="tietool-copy")
         self._stop = threading.Event()
