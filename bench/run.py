@@ -5,9 +5,9 @@
     python bench/run.py                       # 3 alternating rounds, medians, table + ratios
     python bench/run.py --repeat 5 --ckpt 2l --no-pf
 
-Every run is warm: the page cache cannot be dropped here (no root), so each round first reads every input file
-once, untimed, and before every timed run the dirty pages of earlier runs are flushed (``sync``, untimed) and
-earlier outputs deleted, so each run starts from a clean, warm cache. Runs alternate (one of each per round, the
+Every run is warm: the page cache cannot be dropped here (no root), so before every timed run earlier outputs are
+deleted, the dirty pages of earlier runs flushed (``sync``), every input file read once and writeback left to
+drain (all untimed), so each run starts from a clean, warm cache. Runs alternate (one of each per round, the
 order rotated every round) and the median of the rounds is reported.
 
 Each timed command is a child process run under ``/usr/bin/time -v`` (peak RSS = its "Maximum resident set

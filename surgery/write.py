@@ -1,7 +1,8 @@
 """Execute a plan: write the output checkpoint into a temporary folder beside ``--out``, then rename it
 into place. The input is only read.
 
-* weight files no tensor of the plan touches are copied by the kernel (``shutil.copyfile``) or, with
+* weight files no tensor of the plan touches (and the other files) are copied by the kernel
+  (``os.copy_file_range``), several at a time in threads while the touched files are rewritten, or, with
   ``link=True``, hard-linked;
 * touched files are streamed: unchanged tensors are copied by byte range, never decoded; only new data is
   in memory, one tensor (or one alias group) at a time;
@@ -79,14 +80,14 @@ def copy_file(src: Path, dst: Path, cancelled: Callable[[], bool] | None = None)
 # buffer, the GIL released), so the threads cost no memory; several copies in flight keep the disk's queue
 # full and overlap one file's fsync with the next one's copy. On the benchmark machine (virtio ext4), a
 # 6.5 GB checkpoint copied with fsync in 3.3 s with 4 threads, 3.7 s with 2 and 4-8 s one file at a time
-# (`cp -r`: 3-8 s); bench/RESULTS.md has the figures.
+# (`cp -r`: 3-8 s); bench/copy_threads.py measures it, bench/RESULTS.md has the figures.
 COPY_THREADS = 4
 
 
 class _Copier:
     """Copies whole files in a small pool of threads while the caller goes on (rewrites touched shards).
 
-    ``wait`` reports each finished file to ``progress`` and re-raises the first error; ``close`` stops
+    ``poll`` reports each finished file to ``progress`` and re-raises the first error; ``close`` stops
     the copies still running (within one 256 MiB step) and waits for every thread, so the temporary
     folder can be removed with nothing still writing into it.
     """
