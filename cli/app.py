@@ -82,7 +82,7 @@ def _run(fn):
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
         print("tietool: interrupted; nothing was written", file=sys.stderr)
-        raise typer.Exit(130) from None
+        raise typer.Exit(128 + (_signal_received or 2)) from None  # 130 for Ctrl-C, 143 for SIGTERM
     except typer.Exit:
         raise
     except MemoryError:
@@ -152,7 +152,7 @@ def _write_command(ckpt: Path, out: Path, make_plan, dry_run: bool, json_out: bo
     if dry_run:
         render.report(report_mod.build(plan, None, str(out), dry_run=True), as_json=json_out)
         return
-    with render.progress(quiet or json_out, c.total_bytes) as advance:
+    with render.progress(quiet or json_out, plan.output_bytes) as advance:
         rep = execute(plan, out, link=link, progress=advance,
                       report=lambda facts: report_mod.build(plan, facts, str(out)))
     render.report(rep, as_json=json_out)
@@ -294,8 +294,13 @@ def verify(
     _run(body)
 
 
+_signal_received: int | None = None
+
+
 def _on_signal(signum, _frame):
-    # unwinds like Ctrl-C, so the temporary output folder is removed
+    # unwinds like Ctrl-C, so the temporary output folder is removed; the exit code says which signal
+    global _signal_received
+    _signal_received = signum
     raise KeyboardInterrupt
 
 
@@ -311,7 +316,7 @@ def main() -> None:
         code = app(standalone_mode=False)
     except typer.Abort:
         print("tietool: interrupted; nothing was written", file=sys.stderr)
-        code = 130
+        code = 128 + (_signal_received or 2)
     except BrokenPipeError:
         # the reader of our output went away (| head): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -417,8 +417,16 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
             comp = Comparison("shared")
         else:
             comp = Comparison("absent")
-    elif not compare_values or head_layout is None:
-        comp = Comparison("different" if head_layout is None else "unknown")
+    elif head_layout is None:
+        comp = Comparison("different")
+    elif not compare_values:
+        # the file structure alone can still tell one array stored under two names (a .pdparams memo alias)
+        e_st, h_st = ckpt.tensors[embedding].storage, ckpt.tensors[head].storage
+        comp = Comparison("exact", 0.0, 0, storage_shared=True) if e_st is not None and e_st == h_st \
+            else Comparison("unknown")
+        if head_layout == "ambiguous":
+            notes.append(f"vocab_size == hidden_size ({V}): the head's layout cannot be told from its shape; "
+                         "pass --layout vocab-hidden or hidden-vocab")
     elif head_layout == "ambiguous":
         a = compare(ckpt, embedding, head, VOCAB_HIDDEN)
         b = compare(ckpt, embedding, head, HIDDEN_VOCAB)

@@ -97,6 +97,14 @@ class Plan:
         cfg_changes = [c for c in self.config_set if _get_config(self.ckpt, c[0], c[1]) != c[2]]
         return bool(self.drop or self.replace or self.add or cfg_changes)
 
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of tensor data the output will hold (the progress bar's total): kept tensors, replaced
+        tensors at their new size, added tensors."""
+        t = self.ckpt.tensors
+        kept = sum(x.nbytes for n, x in t.items() if n not in self.drop and n not in self.replace)
+        return kept + sum(nt.nbytes for nt in self.replace.values()) + sum(nt.nbytes for nt in self.add)
+
     def touched_files(self) -> set[str]:
         """Weight files that must be rewritten (not copied)."""
         t = self.ckpt.tensors

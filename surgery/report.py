@@ -23,10 +23,10 @@ def savings_if_tied(det: Detection) -> dict:
     params = bytes_ = 0
     why = None
     assumed = None
-    if det.head_present and det.comparison.values == "unknown" and det.family.reties:
-        assumed = "the values were not compared; tie checks that they agree before it drops the head"
-    if det.head_present and (det.comparison.values in ("exact", "transposed", "scaled") or assumed):
+    if det.head_present and det.comparison.values in ("exact", "transposed", "scaled", "unknown"):
         if det.family.reties:
+            if det.comparison.values == "unknown":
+                assumed = "the values were not compared; tie checks that they agree before it drops the head"
             names = [det.head] + det.head_aliases
             params = sum(ckpt.tensors[n].numel for n in names)
             bytes_ = sum(ckpt.tensors[n].nbytes for n in names)

@@ -64,16 +64,39 @@ def _clean_stale_temps(out: Path) -> None:
                 continue
 
 
-def copy_file(src: Path, dst: Path, cancelled: Callable[[], bool] | None = None) -> None:
+def copy_file(src: Path, dst: Path, cancelled: Callable[[], bool] | None = None,
+              advance: Callable[[int], None] | None = None) -> None:
     """Copy a whole file by the kernel (:func:`copy_range`: ``copy_file_range``, a reflink clone on
     btrfs/XFS, with a chunked fallback) and fsync it, so the output is durable before the final rename.
-    ``cancelled`` (polled between 256 MiB steps) stops the copy early when the output is being abandoned."""
-    with open(dst, "wb") as fo:
-        copy_range(fo, src, 0, src.stat().st_size, cancelled=cancelled)
-        if cancelled is not None and cancelled():
+    ``cancelled`` (polled between 256 MiB steps) stops the copy early when the output is being abandoned;
+    ``advance`` is told the bytes copied after each step.
+
+    Raises:
+        OSError: with ``filename`` set to ``dst`` when the write fails (disk full, file too large).
+    """
+    try:
+        with open(dst, "wb") as fo:
+            copy_range(fo, src, 0, src.stat().st_size, cancelled=cancelled, advance=advance)
+            if cancelled is not None and cancelled():
+                return
+            fo.flush()
+            os.fsync(fo.fileno())
+    except OSError as e:
+        if e.filename is None:  # copy_file_range / write errors name no file: name the one being written
+            raise OSError(e.errno, e.strerror, str(dst)) from None
+        raise
+
+
+def _uninterruptibly(fn: Callable[[], None]) -> None:
+    """Run ``fn`` to the end even if Ctrl-C (or SIGTERM, raised as KeyboardInterrupt) arrives meanwhile:
+    for the clean-up steps (joining the copy threads, removing the temporary folder), which a second
+    Ctrl-C must not cut short. ``fn`` must be safe to call again after an interruption."""
+    while True:
+        try:
+            fn()
             return
-        fo.flush()
-        os.fsync(fo.fileno())
+        except KeyboardInterrupt:
+            continue
 
 
 # Untouched files are copied by this many threads at once. The copies are kernel copies (no user-space
@@ -102,23 +125,26 @@ class _Copier:
         self._progress = progress
 
     def submit(self, src: Path, dst: Path, label: str | None) -> None:
-        self._pending.append((self._pool.submit(copy_file, src, dst, self._stop.is_set), dst, label))
+        """Copy ``src`` to ``dst`` in a thread; ``progress(label, bytes)`` is called as bytes are copied
+        (from that thread) unless ``label`` is None."""
+        progress = self._progress
+        advance = (lambda n: progress(label, n)) if progress and label is not None else None
+        self._pending.append(self._pool.submit(copy_file, src, dst, self._stop.is_set, advance))
 
     def poll(self, block: bool = False) -> None:
-        """Report finished copies (all of them when ``block``); raise the first copy error."""
+        """Collect finished copies (all of them when ``block``); raise the first copy error."""
         keep = []
-        for fut, dst, label in self._pending:
+        for fut in self._pending:
             if block or fut.done():
                 fut.result()
-                if self._progress and label is not None:
-                    self._progress(label, dst.stat().st_size)
             else:
-                keep.append((fut, dst, label))
+                keep.append(fut)
         self._pending = keep
 
     def close(self) -> None:
+        """Stop the copies still running and join every thread, even through a second Ctrl-C."""
         self._stop.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        _uninterruptibly(lambda: self._pool.shutdown(wait=True, cancel_futures=True))
 
 
 def _try_link(src: Path, dst: Path) -> bool:
@@ -143,7 +169,8 @@ def execute(plan: Plan, out: str | Path, link: bool = False,
         out: the output folder (must not exist, or be empty).
         link: hard-link untouched weight files instead of copying them. A later in-place edit of a
             linked file changes both checkpoints; tools that rewrite files (as tietool does) are safe.
-        progress: called with (file name, bytes) after each file is written.
+        progress: called with (file name, bytes) as bytes are written: by the copy threads as they copy,
+            and after each rewritten file; must be thread-safe (rich's ``Progress.update`` is).
         report: given the written-file facts, returns the report written as ``tietool-report.json``
             (inside the temporary folder, so a finished output always has it).
 
@@ -179,14 +206,14 @@ def execute(plan: Plan, out: str | Path, link: bool = False,
         _fsync_dir(parent)
         return facts
     except OSError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _uninterruptibly(lambda: shutil.rmtree(tmp, ignore_errors=True))
         if e.errno == errno.ENOSPC:
             raise OutputError("no space left on the device; nothing was written", parent,
                               "free space or choose an --out on another disk") from None
         raise OutputError(f"cannot write the output: {e.strerror or e}", getattr(e, "filename", None) or parent,
                           "check permissions and free space; nothing was written") from None
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _uninterruptibly(lambda: shutil.rmtree(tmp, ignore_errors=True))
         raise
 
 

@@ -230,7 +230,7 @@ def test_parallel_copies_stop_and_clean_up(tmp_path, monkeypatch, fail):
     real_copy = write.copy_file
     started = threading.Event()
 
-    def slow_copy(s, d, cancelled=None):
+    def slow_copy(s, d, cancelled=None, advance=None):
         started.set()
         if fail == "copy" and s.suffix == ".safetensors":
             raise OSError(errno.ENOSPC, "No space left on device")
@@ -238,7 +238,7 @@ def test_parallel_copies_stop_and_clean_up(tmp_path, monkeypatch, fail):
             if cancelled is not None and cancelled():
                 return
             time.sleep(0.01)
-        real_copy(s, d, cancelled)
+        real_copy(s, d, cancelled, advance)
 
     monkeypatch.setattr(write, "copy_file", slow_copy)
     if fail in ("rewrite", "interrupt"):
@@ -370,3 +370,168 @@ def test_t5_untie_then_tie_round_trip(tmp_path):
     for n in a.tensors:
         assert a.load(n).tobytes() == b.load(n).tobytes()
     assert run_cli("tie", untied, "--out", tmp_path / "k", "--keep", "head").returncode in (0, 5)
+
+
+def test_close_joins_copy_threads_through_a_second_interrupt(monkeypatch):
+    """A second Ctrl-C while the copies are being stopped must not cut the join short (else the temporary
+    folder is removed while a thread still writes into it, and comes back)."""
+    import threading
+
+    from surgery import write
+
+    copier = write._Copier(None)
+    release = threading.Event()
+    copier._pending.append(copier._pool.submit(release.wait, 10))
+    real, calls = copier._pool.shutdown, []
+
+    def shutdown(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # the second Ctrl-C, while waiting for the threads
+        release.set()
+        return real(*a, **k)
+
+    monkeypatch.setattr(copier._pool, "shutdown", shutdown)
+    copier.close()
+    assert len(calls) == 2 and not _copy_threads_alive()
+
+
+def test_temp_folder_removed_through_a_second_interrupt(tmp_path, monkeypatch):
+    """Ctrl-C during the write, then again during the removal of the temporary folder: it is still removed."""
+    from surgery import write
+
+    src = FIX / "pf_llama_tied_sharded"
+    det = detect(Checkpoint.open(src))
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    real_rmtree, calls = write.shutil.rmtree, []
+
+    def rmtree(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real_rmtree(*a, **k)
+
+    monkeypatch.setattr(write, "_write_configs", interrupted)
+    monkeypatch.setattr(write.shutil, "rmtree", rmtree)
+    with pytest.raises(KeyboardInterrupt):
+        execute(plan_tie(detect(Checkpoint.open(src))), tmp_path / "out")
+    monkeypatch.setattr(write.shutil, "rmtree", real_rmtree)
+    assert len(calls) == 2
+    assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
+    assert det.head == "lm_head.weight"
+
+
+@pytest.mark.parametrize("op", ["tie", "untie", "resize"])
+@pytest.mark.parametrize("case", ["pf_llama_tied_sharded", "pnlp_llama_untied_sharded", "pnlp_llama_untied"])
+def test_progress_counts_every_written_byte_once(tmp_path, op, case):
+    """The progress bar's total is the output's tensor bytes (``Plan.output_bytes`` = the index total_size),
+    and the bytes reported (by the copy threads as they copy, and after each rewrite) add up to the weight
+    files written, each counted once."""
+    import threading
+
+    from surgery.plan import plan_resize, plan_untie
+
+    det = detect(Checkpoint.open(FIX / case))
+    plan = {"tie": lambda: plan_tie(det, keep="embedding"), "untie": lambda: plan_untie(det),
+            "resize": lambda: plan_resize(det, det.vocab_rows + 16, init="zeros")}[op]()
+    if not plan.changed:
+        pytest.skip(f"{op} changes nothing on {case}")
+    seen: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def progress(name, n):
+        with lock:
+            seen[name] = seen.get(name, 0) + n
+
+    facts = execute(plan, tmp_path / "out", progress=progress)
+    assert plan.output_bytes == facts["total_size"]
+    out = tmp_path / "out"
+    assert seen == {f: (out / f).stat().st_size for f in facts["weight_files"]}
+
+
+def test_copy_error_names_the_file_being_written(tmp_path, monkeypatch):
+    """A kernel-copy error carries no file name; the one-line message names the output file."""
+    import errno
+
+    from typer.testing import CliRunner
+
+    from cli.app import app
+    from surgery.formats import safetensors_io
+
+    def efbig(*a, **k):
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(safetensors_io.os, "copy_file_range", efbig)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["tie", str(FIX / "pf_llama_tied_sharded"), "--out", str(out), "-q"])
+    assert r.exit_code == 6, r.output
+    line = " ".join(r.output.split())
+    assert "File too large" in line and ".safetensors" in line, line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("signum, code", [(2, 130), (15, 143)])
+def test_interrupt_exit_codes(tmp_path, monkeypatch, signum, code):
+    """Ctrl-C exits 130, SIGTERM 143 (128 + the signal), with one line and nothing written."""
+    import signal
+
+    from cli import app as app_mod
+    from surgery import write
+
+    def signalled(*a, **k):
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        app_mod._on_signal(signum, None)
+
+    monkeypatch.setattr(write, "_write_configs", signalled)
+    monkeypatch.setattr(app_mod, "_signal_received", None)
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["tietool", "tie", str(FIX / "pf_llama_tied_sharded"), "--out", str(out), "-q"])
+    with pytest.raises(SystemExit) as e:
+        app_mod.main()
+    assert e.value.code == code
+    assert list(tmp_path.iterdir()) == []
+
+
+def _all_inputs():
+    cases = ROOT.parent / "shared" / "cases"
+    return sorted([p for p in FIX.iterdir() if (p / "config.json").is_file()]
+                  + [p / "ckpt" for p in cases.iterdir() if (p / "ckpt" / "config.json").is_file()])
+
+
+@pytest.mark.parametrize("path", _all_inputs(), ids=lambda p: p.name if p.name != "ckpt" else p.parent.name)
+def test_inspect_no_values_agrees_with_full_inspect(path):
+    """Whatever the headers alone can tell, ``--no-values`` tells as the full inspect does: tensors,
+    layout, config tie state, storage sharing (one array under two names), the layout ambiguity, and the
+    reason a loader cannot save bytes."""
+    from surgery.errors import TietoolError
+    from surgery.summary import inspect_path
+
+    try:
+        full = inspect_path(path)
+    except TietoolError:
+        with pytest.raises(TietoolError):
+            inspect_path(path, compare_values=False)
+        return
+    fast = inspect_path(path, compare_values=False)
+    for key in ("embedding", "head", "head_bias", "vocab", "loader", "architecture", "format", "files"):
+        assert fast[key] == full[key], key
+    for key in ("config", "config_source", "head_in_files", "storage_shared"):
+        assert fast["tie"][key] == full["tie"][key], key
+    if full["tie"]["storage_shared"]:
+        assert fast["tie"]["values"] == full["tie"]["values"] == "exact"
+    elif full["head"]["present"] and full["head"]["layout"] is None:  # shapes that cannot match: different
+        assert fast["tie"]["values"] == full["tie"]["values"] == "different"
+    elif full["tie"]["values"] in ("exact", "transposed", "scaled", "different"):
+        assert fast["tie"]["values"] == "unknown"
+    else:  # absent / shared: told by the headers
+        assert fast["tie"]["values"] == full["tie"]["values"]
+    if "does not re-tie" in full["savings"].get("why_zero", ""):
+        assert fast["savings"]["why_zero"] == full["savings"]["why_zero"]
+    if any("cannot be told from its shape" in n for n in full["notes"]):
+        assert any("cannot be told from its shape" in n for n in fast["notes"])
+    if full["savings"]["parameters"] and fast["tie"]["values"] == "unknown":
+        assert fast["savings"]["parameters"] == full["savings"]["parameters"] and "assumes" in fast["savings"]

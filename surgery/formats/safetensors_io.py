@@ -146,7 +146,7 @@ class Source:
 
 
 def copy_range(dst: BinaryIO, src_path: Path, offset: int, nbytes: int, chunk: int = 64 << 20,
-               cancelled: Callable[[], bool] | None = None) -> None:
+               cancelled: Callable[[], bool] | None = None, advance: Callable[[int], None] | None = None) -> None:
     """Append ``nbytes`` of ``src_path`` starting at ``offset`` to ``dst``, in bounded memory.
 
     Uses ``os.copy_file_range`` (a kernel copy, no user-space buffer) where the platform has it, and
@@ -155,13 +155,14 @@ def copy_range(dst: BinaryIO, src_path: Path, offset: int, nbytes: int, chunk: i
     Args:
         cancelled: polled between kernel calls of at most 256 MiB; when it returns True the copy stops
             early (the caller is abandoning the output).
+        advance: called with the number of bytes copied after each step (for a progress bar).
 
     Raises:
         CheckpointError: the input ends before ``offset + nbytes``.
     """
     dst.flush()
     pos, left = offset, nbytes
-    step = 1 << 30 if cancelled is None else 256 << 20
+    step = 1 << 30 if cancelled is None and advance is None else 256 << 20
     with open(src_path, "rb") as src:
         if hasattr(os, "copy_file_range"):
             try:
@@ -173,6 +174,8 @@ def copy_range(dst: BinaryIO, src_path: Path, offset: int, nbytes: int, chunk: i
                         break
                     pos += n
                     left -= n
+                    if advance is not None:
+                        advance(n)
             except OSError as e:
                 if e.errno not in (errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
                     raise
@@ -186,6 +189,8 @@ def copy_range(dst: BinaryIO, src_path: Path, offset: int, nbytes: int, chunk: i
                 raise CheckpointError("input ended early while copying", src_path, "the file is truncated")
             dst.write(buf)
             left -= len(buf)
+            if advance is not None:
+                advance(len(buf))
 
 
 def write_file(path: Path, tensors: Iterable[tuple[str, str, tuple[int, ...], Source]], metadata: dict | None) -> int:
