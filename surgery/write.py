@@ -101,10 +101,11 @@ def _uninterruptibly(fn: Callable[[], None]) -> None:
 
 # Untouched files are copied by this many threads at once. The copies are kernel copies (no user-space
 # buffer, the GIL released), so the threads cost no memory; several copies in flight keep the disk's queue
-# full and overlap one file's fsync with the next one's copy. On the benchmark machine (virtio ext4), a
-# 6.5 GB checkpoint copied with fsync in 3.3 s with 4 threads, 3.7 s with 2 and 4-8 s one file at a time
-# (`cp -r`: 3-8 s); bench/copy_threads.py measures it, bench/RESULTS.md has the figures.
-COPY_THREADS = 4
+# full and overlap one file's fsync with the next one's copy. On the benchmark machine (virtio ext4), the
+# 6.5 GB checkpoint copied with fsync in a median 2.5 s with 8 threads, 3.7 s with 4, 4.8 s with 2 and 6.9 s
+# one file at a time (`cp -r`, no fsync: 4.4 s); cutting files into 256 MiB pieces did not help.
+# bench/copy_threads.py measures it; bench/RESULTS.md has the figures.
+COPY_THREADS = 8
 
 
 class _Copier:
