@@ -111,9 +111,10 @@ COPY_THREADS = 8
 class _Copier:
     """Copies whole files in a small pool of threads while the caller goes on (rewrites touched shards).
 
-    ``poll`` reports each finished file to ``progress`` and re-raises the first error; ``close`` stops
-    the copies still running (within one 256 MiB step) and waits for every thread, so the temporary
-    folder can be removed with nothing still writing into it.
+    The copy threads report their bytes to ``progress`` as they go; ``poll`` collects finished copies and
+    re-raises the first error; ``close`` stops the copies still running (within one 256 MiB step) and
+    waits for every thread, even through a second Ctrl-C, so the temporary folder can be removed with
+    nothing still writing into it.
     """
 
     def __init__(self, progress: Callable[[str, int], None] | None):
