@@ -81,8 +81,7 @@ def _run(fn):
         print(f"tietool: error: {e.one_line()}", file=sys.stderr)
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
-        print("tietool: interrupted; nothing was written", file=sys.stderr)
-        raise typer.Exit(128 + (_signal_received or 2)) from None  # 130 for Ctrl-C, 143 for SIGTERM
+        raise typer.Exit(_interrupted()) from None
     except typer.Exit:
         raise
     except MemoryError:
@@ -101,6 +100,14 @@ def _run(fn):
 
 def _layout(layout: Layout | None) -> str | None:
     return None if layout in (None, Layout.auto) else layout.value
+
+
+def _detect(c, layout: Layout | None, loader: Loader | None, embedding: str | None, head: str | None):
+    """Detection for a write command: the options mapped, values compared."""
+    from surgery.detect import detect
+
+    return detect(c, layout=_layout(layout), loader=loader.value if loader else None, embedding_name=embedding,
+                  head_name=head, compare_values=True)
 
 
 @app.callback()
@@ -178,12 +185,10 @@ def tie(
     """Drop the LM head (after checking it equals the embedding) and set tie_word_embeddings true."""
 
     def body():
-        from surgery.detect import detect
         from surgery.plan import plan_tie
 
         _write_command(ckpt, out, lambda c: plan_tie(
-            detect(c, layout=_layout(layout), loader=loader.value if loader else None, embedding_name=embedding,
-                   head_name=head),
+            _detect(c, layout, loader, embedding, head),
             keep=keep.value if keep else None, drop_aliases=drop_aliases), dry_run, json_out, link, quiet)
 
     _run(body)
@@ -207,12 +212,10 @@ def untie(
     """Write the LM head as its own tensor, equal to the embedding, and set tie_word_embeddings false."""
 
     def body():
-        from surgery.detect import detect
         from surgery.plan import plan_untie
 
         _write_command(ckpt, out, lambda c: plan_untie(
-            detect(c, layout=_layout(layout), loader=loader.value if loader else None, embedding_name=embedding,
-                   head_name=head, compare_values=True),
+            _detect(c, layout, loader, embedding, head),
             layout=layout.value), dry_run, json_out, link, quiet)
 
     _run(body)
@@ -241,7 +244,6 @@ def resize(
     """Grow or trim the vocabulary rows of the embedding, head and head bias together; update vocab_size."""
 
     def body():
-        from surgery.detect import detect
         from surgery.errors import UsageError
         from surgery.plan import plan_resize
 
@@ -260,8 +262,7 @@ def resize(
         n = as_int("--vocab", vocab)
         m = as_int("--pad-to-multiple-of", pad_to_multiple_of)
         _write_command(ckpt, out, lambda c: plan_resize(
-            detect(c, layout=_layout(layout), loader=loader.value if loader else None, embedding_name=embedding,
-                   head_name=head, compare_values=True),
+            _detect(c, layout, loader, embedding, head),
             n, m, init.value, seed, force), dry_run, json_out, link, quiet)
 
     _run(body)
@@ -297,6 +298,12 @@ def verify(
 _signal_received: int | None = None
 
 
+def _interrupted() -> int:
+    """Say so in one line; the exit code is 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM."""
+    print("tietool: interrupted; nothing was written", file=sys.stderr)
+    return 128 + (_signal_received or 2)
+
+
 def _on_signal(signum, _frame):
     # unwinds like Ctrl-C, so the temporary output folder is removed; the exit code says which signal
     global _signal_received
@@ -315,8 +322,7 @@ def main() -> None:
     try:
         code = app(standalone_mode=False)
     except typer.Abort:
-        print("tietool: interrupted; nothing was written", file=sys.stderr)
-        code = 128 + (_signal_received or 2)
+        code = _interrupted()
     except BrokenPipeError:
         # the reader of our output went away (| head): not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

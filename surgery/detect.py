@@ -155,6 +155,13 @@ def _pick(ckpt: Checkpoint, names: list[str], rows: int | None) -> str | None:
     return names[0] if names else None
 
 
+def shared_storage(ckpt: Checkpoint, emb: str, head: str) -> Comparison | None:
+    """``exact`` with ``storage_shared`` when the file stores head and embedding as one array (a
+    ``.pdparams`` memo alias), told from the file structure without reading values; else None."""
+    e_st, h_st = ckpt.tensors[emb].storage, ckpt.tensors[head].storage
+    return Comparison("exact", 0.0, 0, storage_shared=True) if e_st is not None and e_st == h_st else None
+
+
 def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int = 1 << 20,
             scale: float | None = None) -> Comparison:
     """Compare head and embedding values in row chunks (memory bounded by one chunk of each).
@@ -167,9 +174,10 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int
     (``transposed`` for a transposed head); equal values in another dtype or ``-0.0`` vs ``0.0`` count as
     equal too. Otherwise ``different`` with the float32 max |difference| and the number of differing rows.
     """
+    shared = shared_storage(ckpt, emb, head)
+    if shared is not None:
+        return shared
     e_info, h_info = ckpt.tensors[emb], ckpt.tensors[head]
-    if e_info.storage is not None and e_info.storage == h_info.storage:
-        return Comparison("exact", 0.0, 0, storage_shared=True)
     eshape = tuple(e_info.shape)
     hshape = tuple(h_info.shape[::-1]) if layout == HIDDEN_VOCAB else tuple(h_info.shape)
     if len(eshape) != 2 or hshape != eshape:
@@ -412,6 +420,7 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
                         + f"; {tkey} governs the language model, so {source} is used")
 
     # values
+    seen = ""  # what the values say about an ambiguous layout, when compared
     if not head_present:
         if fam.tied_logit_scale or (config_tied and fam.name == "t5"):
             comp = Comparison("shared")
@@ -419,21 +428,13 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
             comp = Comparison("absent")
     elif head_layout is None:
         comp = Comparison("different")
-    elif not compare_values:
-        # the file structure alone can still tell one array stored under two names (a .pdparams memo alias)
-        e_st, h_st = ckpt.tensors[embedding].storage, ckpt.tensors[head].storage
-        comp = Comparison("exact", 0.0, 0, storage_shared=True) if e_st is not None and e_st == h_st \
-            else Comparison("unknown")
-        if head_layout == "ambiguous":
-            notes.append(f"vocab_size == hidden_size ({V}): the head's layout cannot be told from its shape; "
-                         "pass --layout vocab-hidden or hidden-vocab")
+    elif not compare_values:  # the file structure alone can still tell one array under two names
+        comp = shared_storage(ckpt, embedding, head) or Comparison("unknown")
     elif head_layout == "ambiguous":
         a = compare(ckpt, embedding, head, VOCAB_HIDDEN)
         b = compare(ckpt, embedding, head, HIDDEN_VOCAB)
         comp = a if a.values == "exact" else b if b.values == "transposed" else a
-        notes.append(f"vocab_size == hidden_size ({V}): the head's layout cannot be told from its shape "
-                     f"(as stored: {a.values}; transposed: {'equal' if b.values == 'transposed' else 'different'}); "
-                     "pass --layout vocab-hidden or hidden-vocab")
+        seen = f" (as stored: {a.values}; transposed: {'equal' if b.values == 'transposed' else 'different'})"
     else:
         comp = compare(ckpt, embedding, head, head_layout)
         if comp.values == "different" and fam.tied_logit_scale:
@@ -442,6 +443,10 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
                 comp = scaled
                 notes.append(f"{head} equals {embedding} × d_model ** -0.5: the tied head of {fam.name}, "
                              "materialised (as tietool untie writes it)")
+
+    if head_present and head_layout == "ambiguous":
+        notes.append(f"vocab_size == hidden_size ({V}): the head's layout cannot be told from its shape{seen}; "
+                     "pass --layout vocab-hidden or hidden-vocab")
 
     # consistency findings
     if head_present and comp.values == "different" and config_tied and comp.max_abs_diff is not None:

@@ -207,16 +207,15 @@ def execute(plan: Plan, out: str | Path, link: bool = False,
         os.rename(tmp, out)
         _fsync_dir(parent)
         return facts
-    except OSError as e:
+    except BaseException as e:
         _uninterruptibly(lambda: shutil.rmtree(tmp, ignore_errors=True))
+        if not isinstance(e, OSError):
+            raise
         if e.errno == errno.ENOSPC:
             raise OutputError("no space left on the device; nothing was written", parent,
                               "free space or choose an --out on another disk") from None
         raise OutputError(f"cannot write the output: {e.strerror or e}", getattr(e, "filename", None) or parent,
                           "check permissions and free space; nothing was written") from None
-    except BaseException:
-        _uninterruptibly(lambda: shutil.rmtree(tmp, ignore_errors=True))
-        raise
 
 
 def _fsync_dir(p: Path) -> None:
@@ -295,11 +294,13 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
             weight_map[e[0]] = rename[f]
             total_size += e[3].nbytes if e[3] is not None else ckpt.tensors[e[0]].nbytes
 
+    to_rewrite = [f for f in kept_files if f in touched or f == NEW_SHARD]
+    config_files = {"config.json"} | {c[0] for c in plan.config_set}  # written by _write_configs
     copier = _Copier(progress)
     try:
         # untouched files first, into the pool; then the rewrites here while those copies run
         for f in kept_files:
-            if f in touched or f == NEW_SHARD:
+            if f in to_rewrite:
                 continue
             src, dst = ckpt.path / f, tmp / rename[f]
             if link and _try_link(src, dst):
@@ -310,14 +311,12 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
                 copier.submit(src, dst, rename[f])
                 files_report["copied"].append(rename[f])
         for rel in ckpt.other_files:
-            if rel in ("config.json",) or any(c[0] == rel for c in plan.config_set):
+            if rel in config_files:
                 continue
             d = tmp / rel
             d.parent.mkdir(parents=True, exist_ok=True)
             copier.submit(ckpt.path / rel, d, None)
-        for f in kept_files:
-            if not (f in touched or f == NEW_SHARD):
-                continue
+        for f in to_rewrite:
             dst = tmp / rename[f]
             _rewrite(plan, f, entries[f], dst, source_of)
             files_report["written" if f == NEW_SHARD else "rewritten"].append(rename[f])
