@@ -290,6 +290,8 @@ def verify(
                 res.unexplained.append(f"logits differ: {res.logits}")
         render.verify(res.as_dict(), as_json=json_out)
         if not res.explained:
+            print(f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize do not explain "
+                  f"between {before} and {after} (listed above)", file=sys.stderr)
             raise typer.Exit(7)
 
     _run(body)

@@ -37,7 +37,7 @@ def _read_json(path: Path, what: str) -> Any:
     except IsADirectoryError:
         raise CheckpointError(f"{what} is a folder, expected a JSON file", path, "remove or rename it") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise CheckpointError(f"{what} is not valid JSON ({e.__class__.__name__}: {str(e)[:60]})", path,
+        raise CheckpointError(f"{what} is not valid JSON ({e.__class__.__name__}: {str(e)[:200]})", path,
                               "fix or restore the file") from None
 
 

@@ -43,7 +43,9 @@ def check_output_path(inp: Path, out: Path) -> None:
                          "choose an --out outside the checkpoint folder")
     if ro in ri.parents:
         raise UsageError("--out contains the input folder", out, "choose another --out")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not out.is_dir():
+        raise UsageError("--out is an existing file, not a folder", out, "remove it or choose another --out")
+    if out.exists() and any(out.iterdir()):
         raise UsageError("--out already exists and is not empty", out, "remove it or choose another --out")
 
 

@@ -535,3 +535,37 @@ def test_inspect_no_values_agrees_with_full_inspect(path):
         assert any("cannot be told from its shape" in n for n in fast["notes"])
     if full["savings"]["parameters"] and fast["tie"]["values"] == "unknown":
         assert fast["savings"]["parameters"] == full["savings"]["parameters"] and "assumes" in fast["savings"]
+
+
+def test_verify_failure_says_so_on_stderr(tmp_path):
+    """verify's exit 7 comes with one 'tietool:' line on stderr, like every other non-zero exit."""
+    out = tmp_path / "u"
+    assert run_cli("untie", FIX / "pf_llama_untied_fp32", "--out", out, "-q").returncode == 0
+    ck = Checkpoint.open(out)
+    t = ck.tensors["model.norm.weight"]
+    with open(out / t.file, "r+b") as f:  # flip one bit of a tensor untie never changes
+        f.seek(t.offset)
+        b = f.read(1)
+        f.seek(t.offset)
+        f.write(bytes([b[0] ^ 0x40]))
+    r = run_cli("verify", FIX / "pf_llama_untied_fp32", out)
+    assert r.returncode == 7
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tietool: verify:") and "1 difference" in lines[0], r.stderr
+    assert "model.norm.weight" in r.stdout
+
+
+def test_out_is_an_existing_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    r = run_cli("untie", FIX / "pf_llama_tied_fp32", "--out", f)
+    assert r.returncode == 2 and "is an existing file" in r.stderr, r.stderr
+    assert f.read_text() == "x"
+
+
+def test_invalid_json_message_keeps_the_position(tmp_path):
+    src = tmp_path / "in"
+    shutil.copytree(FIX / "pf_llama_tied_fp32", src)
+    (src / "config.json").write_text('{"model_type": "llama", "vocab_size": 100,,')
+    r = run_cli("inspect", src)
+    assert r.returncode == 3 and "line 1 column 43" in r.stderr, r.stderr
