@@ -75,15 +75,16 @@ def main() -> int:
     files = sorted(p.name for p in a.ckpt.iterdir() if p.is_file())
     cases = {
         "cp -r": lambda: subprocess.run(["cp", "-r", str(a.ckpt), str(out)], check=True),
-        "cp -r + fsync": lambda: subprocess.run(["sh", "-c", 'cp -r "$0" "$1" && sync "$1"/*', str(a.ckpt),
-                                                 str(out)], check=True),
+        "cp -r + fsync": lambda: subprocess.run(
+            ["sh", "-c", 'cp -r "$0" "$1" && sync "$1"/*', str(a.ckpt), str(out)], check=True
+        ),
         **{f"copy_file x {n} threads": (lambda n=n: copy_pool(a.ckpt, out, n)) for n in (1, 2, 4, 8)},
         **{f"256 MiB pieces x {n} threads": (lambda n=n: copy_pieces(a.ckpt, out, n)) for n in (4, 8)},
     }
     times: dict[str, list[float]] = {k: [] for k in cases}
     labels = list(cases)
     for rep in range(a.n):
-        order = labels[rep % len(labels):] + labels[:rep % len(labels)]
+        order = labels[rep % len(labels) :] + labels[: rep % len(labels)]
         for label in order:
             shutil.rmtree(out, ignore_errors=True)
             os.sync()

@@ -192,9 +192,9 @@ def build(layers: int, out: Path, seed: int = 0) -> Path:
 
 def check_paddleformers(path: Path) -> int:
     """Load ``path`` with PaddleFormers' LlamaForCausalLM (bf16, CPU); print missing/unexpected keys."""
+    import contextlib
     import io
     import logging
-    import contextlib
 
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     import paddle
@@ -208,14 +208,28 @@ def check_paddleformers(path: Path) -> int:
     before = set(os.listdir(path))
     with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         m = LlamaForCausalLM.from_pretrained(str(path), dtype="bfloat16")
-    lines = [ln for ln in log.getvalue().splitlines()
-             if any(w in ln for w in ("Unexpected keys", "Missing keys", "newly initialized", "should be assigned",
-                                      "not used", "were not initialized"))]
+    lines = [
+        ln
+        for ln in log.getvalue().splitlines()
+        if any(
+            w in ln
+            for w in (
+                "Unexpected keys",
+                "Missing keys",
+                "newly initialized",
+                "should be assigned",
+                "not used",
+                "were not initialized",
+            )
+        )
+    ]
     emb = m.get_input_embeddings().weight
     head = m.get_output_embeddings().weight if m.get_output_embeddings() is not None else None
-    print(f"loaded {type(m).__name__}: embedding {list(emb.shape)} {emb.dtype}; head "
-          f"{None if head is None else list(head.shape)}; tied (same tensor): "
-          f"{head is not None and head is emb or (head is not None and head.data_ptr() == emb.data_ptr())}")
+    print(
+        f"loaded {type(m).__name__}: embedding {list(emb.shape)} {emb.dtype}; head "
+        f"{None if head is None else list(head.shape)}; tied (same tensor): "
+        f"{head is not None and head is emb or (head is not None and head.data_ptr() == emb.data_ptr())}"
+    )
     for ln in lines:
         print("  log:", ln.strip()[:300])
     new = set(os.listdir(path)) - before
@@ -224,8 +238,12 @@ def check_paddleformers(path: Path) -> int:
         for n in new:
             if n == "flex-ckpt.auto_generated.metadata":
                 os.unlink(os.path.join(path, n))
-    bad = [ln for ln in lines if ("Missing keys" in ln or "newly initialized" in ln or "were not initialized" in ln)
-           or ("Unexpected keys" in ln and "lm_head.weight" not in ln)]
+    bad = [
+        ln
+        for ln in lines
+        if ("Missing keys" in ln or "newly initialized" in ln or "were not initialized" in ln)
+        or ("Unexpected keys" in ln and "lm_head.weight" not in ln)
+    ]
     print("PaddleFormers load:", "OK (only the known unexpected lm_head.weight)" if not bad else "PROBLEMS")
     return 1 if bad else 0
 

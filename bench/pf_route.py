@@ -58,8 +58,11 @@ def main() -> int:
             m.config.tie_word_embeddings = False
             head = m.get_output_embeddings()
             emb = m.get_input_embeddings().weight
-            w = head.create_parameter(shape=list(emb.shape), dtype=emb.dtype,
-                                      default_initializer=paddle.nn.initializer.Constant(0.0))
+            w = head.create_parameter(
+                shape=list(emb.shape),
+                dtype=emb.dtype,
+                default_initializer=paddle.nn.initializer.Constant(0.0),
+            )
             w.set_value(emb.clone())
             head.weight = w
         else:
@@ -68,8 +71,18 @@ def main() -> int:
         m.save_pretrained(str(a.out))
         t_save = time.perf_counter()
     files = sorted(p.name for p in a.out.iterdir())
-    print(json.dumps({"op": a.op, "import_s": round(t_import - t0, 2), "load_s": round(t_load - t_import, 2),
-                      "op_s": round(t_op - t_load, 2), "save_s": round(t_save - t_op, 2), "files": files}))
+    print(
+        json.dumps(
+            {
+                "op": a.op,
+                "import_s": round(t_import - t0, 2),
+                "load_s": round(t_load - t_import, 2),
+                "op_s": round(t_op - t_load, 2),
+                "save_s": round(t_save - t_op, 2),
+                "files": files,
+            }
+        )
+    )
     return 0
 
 

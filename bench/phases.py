@@ -101,9 +101,12 @@ def main() -> int:
     T["import surgery"] = time.perf_counter() - t_start
     detect_mod.compare = timed("detect.compare (value comparison)", detect_mod.compare)
     shutil.copyfile = timed("shutil.copyfile (untouched shards)", shutil.copyfile)
-    safetensors_io.copy_range = timed("copy_range (unchanged tensors in rewritten shards)", safetensors_io.copy_range)
-    safetensors_io.write_file = timed("safetensors_io.write_file (rewritten shards, total)",
-                                      safetensors_io.write_file)
+    safetensors_io.copy_range = timed(
+        "copy_range (unchanged tensors in rewritten shards)", safetensors_io.copy_range
+    )
+    safetensors_io.write_file = timed(
+        "safetensors_io.write_file (rewritten shards, total)", safetensors_io.write_file
+    )
     real_fsync = os.fsync
 
     def fsync(fd):
@@ -155,15 +158,19 @@ def main() -> int:
     w = "safetensors_io.write_file (rewritten shards, total)"
     if w in T:
         T["  write_file self: header + new arrays (.tobytes() + write), excl. range copies and fsync"] = (
-            T[w] - T.get("copy_range (unchanged tensors in rewritten shards)", 0)
-            - T.get("os.fsync (in write_file)", 0))
+            T[w]
+            - T.get("copy_range (unchanged tensors in rewritten shards)", 0)
+            - T.get("os.fsync (in write_file)", 0)
+        )
     rows = sorted(T.items(), key=lambda kv: (not kv[0].startswith("phase"), -kv[1]))
     print(f"{a.op} {a.ckpt.name}: total in-process {total:.2f} s")
     for k, v in rows:
         print(f"  {v:8.3f} s  {('x' + str(N[k])) if N.get(k) else '':>4}  {k}")
     for k, p in PHASE_PEAK.items():
-        print(f"  peak during {k:16s} RSS {p['rss'] / 1e6:7.0f} MB  (anon {p['anon'] / 1e6:6.0f} MB, "
-              f"file-backed {p['file'] / 1e6:6.0f} MB)")
+        print(
+            f"  peak during {k:16s} RSS {p['rss'] / 1e6:7.0f} MB  (anon {p['anon'] / 1e6:6.0f} MB, "
+            f"file-backed {p['file'] / 1e6:6.0f} MB)"
+        )
     print(json.dumps({"op": a.op, "ckpt": str(a.ckpt), "total": total, "times": T, "peaks": PHASE_PEAK}))
     return 0
 

@@ -98,7 +98,9 @@ def _rss_split(pids: list[int]) -> tuple[int, int]:
     return anon, file
 
 
-def run_child(argv: list[str], env: dict | None = None, cwd: Path | None = None, timeout: float = 3600) -> dict:
+def run_child(
+    argv: list[str], env: dict | None = None, cwd: Path | None = None, timeout: float = 3600
+) -> dict:
     """Run ``argv``; wall time (perf_counter around the child), its peak RSS (``/usr/bin/time -v``, else
     ``wait4`` rusage), and the peak RssAnon / RssFile sampled from /proc every 10 ms (anonymous memory vs
     mapped file pages, which a memory-mapped tensor adds to RSS). Output goes to a log."""
@@ -140,7 +142,14 @@ def run_child(argv: list[str], env: dict | None = None, cwd: Path | None = None,
         if m:
             rc = int(m.group(1))
     tail = log.read_text(errors="replace")[-2000:]
-    return {"wall": wall, "rss": rss_kb * 1024, "anon": peak_anon, "file": peak_file, "rc": rc, "log_tail": tail}
+    return {
+        "wall": wall,
+        "rss": rss_kb * 1024,
+        "anon": peak_anon,
+        "file": peak_file,
+        "rc": rc,
+        "log_tail": tail,
+    }
 
 
 def warm(paths: list[Path]) -> float:
@@ -161,8 +170,11 @@ def settle(limit: int = 64 << 20, timeout: float = 60.0) -> float:
     /proc/meminfo under ``limit``), so that no run pays for the writeback of the one before it."""
     t0 = time.perf_counter()
     while time.perf_counter() - t0 < timeout:
-        m = {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in Path("/proc/meminfo").read_text().splitlines()
-             if ln.startswith(("Dirty:", "Writeback:"))}
+        m = {
+            ln.split(":")[0]: int(ln.split()[1]) * 1024
+            for ln in Path("/proc/meminfo").read_text().splitlines()
+            if ln.startswith(("Dirty:", "Writeback:"))
+        }
         if sum(m.values()) < limit:
             break
         time.sleep(0.05)
@@ -213,8 +225,9 @@ def check_output(op: str, out: Path) -> str | None:
 # ---------------------------------------------------------------- the cases
 
 
-def cases(py: str, ck: Path, tied: Path, out: Path, with_pf: bool, with_help: bool,
-          with_link: bool = False) -> list[tuple[str, list[str]]]:
+def cases(
+    py: str, ck: Path, tied: Path, out: Path, with_pf: bool, with_help: bool, with_link: bool = False
+) -> list[tuple[str, list[str]]]:
     cli = [py, "-m", "cli"]
     pf = [py, str(BENCH / "pf_route.py")]
     c = [
@@ -223,15 +236,46 @@ def cases(py: str, ck: Path, tied: Path, out: Path, with_pf: bool, with_help: bo
         ("tietool inspect", cli + ["inspect", str(ck)]),
         ("tietool tie", cli + ["tie", str(ck), "--out", str(out), "-q"]),
         ("tietool untie", cli + ["untie", str(tied), "--out", str(out), "-q"]),
-        ("tietool resize", cli + ["resize", str(ck), "--vocab", str(NEW_VOCAB), "--init", "zeros", "--seed", "0",
-                                  "--out", str(out), "-q"]),
+        (
+            "tietool resize",
+            cli
+            + [
+                "resize",
+                str(ck),
+                "--vocab",
+                str(NEW_VOCAB),
+                "--init",
+                "zeros",
+                "--seed",
+                "0",
+                "--out",
+                str(out),
+                "-q",
+            ],
+        ),
     ]
     if with_link:  # untouched shards hard-linked instead of copied
         c += [
             ("tietool tie --link", cli + ["tie", str(ck), "--out", str(out), "-q", "--link"]),
             ("tietool untie --link", cli + ["untie", str(tied), "--out", str(out), "-q", "--link"]),
-            ("tietool resize --link", cli + ["resize", str(ck), "--vocab", str(NEW_VOCAB), "--init", "zeros",
-                                             "--seed", "0", "--out", str(out), "-q", "--link"]),
+            (
+                "tietool resize --link",
+                cli
+                + [
+                    "resize",
+                    str(ck),
+                    "--vocab",
+                    str(NEW_VOCAB),
+                    "--init",
+                    "zeros",
+                    "--seed",
+                    "0",
+                    "--out",
+                    str(out),
+                    "-q",
+                    "--link",
+                ],
+            ),
         ]
     if with_help:
         c.append(("tietool --help", cli + ["--help"]))
@@ -257,19 +301,34 @@ def machine() -> dict:
         if line.startswith("model name"):
             cpu = line.split(":", 1)[1].strip()
             break
-    mem = next(int(x.split()[1]) * 1024 for x in Path("/proc/meminfo").read_text().splitlines()
-               if x.startswith("MemTotal:"))
-    df = subprocess.run(["df", "-hT", str(WORK)], capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    mem = next(
+        int(x.split()[1]) * 1024
+        for x in Path("/proc/meminfo").read_text().splitlines()
+        if x.startswith("MemTotal:")
+    )
+    df = (
+        subprocess.run(["df", "-hT", str(WORK)], capture_output=True, text=True)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     dev = df.split()[0]
     rot = "?"
     blk = Path("/sys/block") / Path(dev).name / "queue" / "rotational"
     if blk.exists():
         rot = "rotational" if blk.read_text().strip() == "1" else "non-rotational"
-    np_ver = subprocess.run([sys.executable, "-c", "import numpy; print(numpy.__version__)"], capture_output=True,
-                            text=True).stdout.strip()
-    return {"nproc": os.cpu_count(), "ram_bytes": mem, "cpu": cpu, "disk": f"{df} ({rot} per /sys)",
-            "python": platform.python_version(), "numpy": np_ver, "kernel": platform.release(),
-            "cp": subprocess.run(["cp", "--version"], capture_output=True, text=True).stdout.splitlines()[0]}
+    np_ver = subprocess.run(
+        [sys.executable, "-c", "import numpy; print(numpy.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
+    return {
+        "nproc": os.cpu_count(),
+        "ram_bytes": mem,
+        "cpu": cpu,
+        "disk": f"{df} ({rot} per /sys)",
+        "python": platform.python_version(),
+        "numpy": np_ver,
+        "kernel": platform.release(),
+        "cp": subprocess.run(["cp", "--version"], capture_output=True, text=True).stdout.splitlines()[0],
+    }
 
 
 # ---------------------------------------------------------------- main
@@ -287,29 +346,47 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="tietool vs cp -r vs PaddleFormers (issue 4)")
     ap.add_argument("--repeat", "-n", type=int, default=3, help="rounds (median reported); default 3")
     ap.add_argument("--ckpt", action="append", choices=["2l", "60l"], help="default: both")
-    ap.add_argument("--python", default=str(Path("/work/venv/bin/python")), help="interpreter with tietool's deps")
+    ap.add_argument(
+        "--python", default=str(Path("/work/venv/bin/python")), help="interpreter with tietool's deps"
+    )
     ap.add_argument("--no-pf", action="store_true", help="skip the PaddleFormers route")
-    ap.add_argument("--pf-repeat-large", type=int, default=1,
-                    help="rounds of the PaddleFormers route on the 6.5 GB checkpoint (peak ~18 GB RSS, ~2.5 min "
-                         "per op); default 1")
-    ap.add_argument("--pf-min-free-gb", type=float, default=20.0,
-                    help="skip a PaddleFormers run on the 6.5 GB checkpoint when MemAvailable is below this")
+    ap.add_argument(
+        "--pf-repeat-large",
+        type=int,
+        default=1,
+        help="rounds of the PaddleFormers route on the 6.5 GB checkpoint (peak ~18 GB RSS, ~2.5 min "
+        "per op); default 1",
+    )
+    ap.add_argument(
+        "--pf-min-free-gb",
+        type=float,
+        default=20.0,
+        help="skip a PaddleFormers run on the 6.5 GB checkpoint when MemAvailable is below this",
+    )
     ap.add_argument("--only", action="append", help="run only cases whose label contains this (repeatable)")
     ap.add_argument("--no-link", action="store_true", help="skip the tie/untie/resize --link cases")
     ap.add_argument("--results", default="results", help="name of the results files in bench/_work/")
     ap.add_argument("--root", type=Path, default=ROOT, help="the tietool tree to run (cwd and PYTHONPATH)")
-    ap.add_argument("--snapshot", action="store_true",
-                    help="copy ROOT/surgery and ROOT/cli to bench/_work/snapshot first and run that copy, so edits "
-                         "made to the tree while the benchmark runs do not mix versions")
+    ap.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="copy ROOT/surgery and ROOT/cli to bench/_work/snapshot first and run that copy, so edits "
+        "made to the tree while the benchmark runs do not mix versions",
+    )
     a = ap.parse_args()
     if not os.path.exists(a.python):
         a.python = sys.executable
     WORK.mkdir(exist_ok=True)
     keys = a.ckpt or ["2l", "60l"]
     root = a.root.resolve()
-    git = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "surgery", "cli"],
-                           capture_output=True, text=True).stdout.split("\n")
+    git = subprocess.run(
+        ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "-C", str(root), "status", "--porcelain", "--", "surgery", "cli"],
+        capture_output=True,
+        text=True,
+    ).stdout.split("\n")
     dirty = [d for d in dirty if d.strip()]
     if a.snapshot:
         snap = WORK / "snapshot"
@@ -319,9 +396,13 @@ def main() -> int:
             shutil.copytree(root / d, snap / d, ignore=shutil.ignore_patterns("__pycache__"))
         root = snap
     env = dict(os.environ, PYTHONPATH=str(root), CUDA_VISIBLE_DEVICES="")
-    info = {"machine": machine(), "repeat": a.repeat, "tietool": {"root": str(root), "git_head": git,
-                                                                  "uncommitted_in_surgery_cli": dirty},
-            "ckpts": {}, "runs": []}
+    info = {
+        "machine": machine(),
+        "repeat": a.repeat,
+        "tietool": {"root": str(root), "git_head": git, "uncommitted_in_surgery_cli": dirty},
+        "ckpts": {},
+        "runs": [],
+    }
     print("machine:", json.dumps(info["machine"]))
     print("tietool:", json.dumps(info["tietool"]))
 
@@ -335,7 +416,9 @@ def main() -> int:
         tied = WORK / f"ckpt_{k}_tied"
         if not (tied / "config.json").is_file():
             clean(tied)
-            r = run_child([a.python, "-m", "cli", "tie", str(ck), "--out", str(tied), "-q"], env=env, cwd=root)
+            r = run_child(
+                [a.python, "-m", "cli", "tie", str(ck), "--out", str(tied), "-q"], env=env, cwd=root
+            )
             if r["rc"] != 0:
                 print(f"could not make {tied}: {r['log_tail']}", file=sys.stderr)
                 return 1
@@ -343,9 +426,14 @@ def main() -> int:
         ts = tensors_of(ck)
         emb = ts["model.embed_tokens.weight"]["nbytes"]
         head = ts.get("lm_head.weight", {}).get("nbytes", emb)
-        info["ckpts"][k] = {"path": str(ck), "bytes": dir_bytes(ck), "tied_bytes": dir_bytes(tied),
-                            "files": len(list(ck.glob("*.safetensors"))), "tensors": len(ts),
-                            "touched_bytes": emb + head}
+        info["ckpts"][k] = {
+            "path": str(ck),
+            "bytes": dir_bytes(ck),
+            "tied_bytes": dir_bytes(tied),
+            "files": len(list(ck.glob("*.safetensors"))),
+            "tensors": len(ts),
+            "touched_bytes": emb + head,
+        }
         print(f"{k}: {info['ckpts'][k]}")
 
     out = WORK / "out"
@@ -361,12 +449,22 @@ def main() -> int:
             clean(out)
             os.sync()
             wsec = warm([ck, tied])
-            print(f"\n== round {rep + 1}/{a.repeat}, {k}: warm-up read of {ck.name} + {tied.name} "
-                  f"(untimed, {wsec:.1f} s)", flush=True)
+            print(
+                f"\n== round {rep + 1}/{a.repeat}, {k}: warm-up read of {ck.name} + {tied.name} "
+                f"(untimed, {wsec:.1f} s)",
+                flush=True,
+            )
             for label, argv in cs:
-                if label.startswith("PaddleFormers") and k != "2l" and mem_available() < a.pf_min_free_gb * 1e9:
-                    print(f"  {label:22s} skipped: MemAvailable {mem_available() / 1e9:.1f} GB < "
-                          f"{a.pf_min_free_gb} GB", flush=True)
+                if (
+                    label.startswith("PaddleFormers")
+                    and k != "2l"
+                    and mem_available() < a.pf_min_free_gb * 1e9
+                ):
+                    print(
+                        f"  {label:22s} skipped: MemAvailable {mem_available() / 1e9:.1f} GB < "
+                        f"{a.pf_min_free_gb} GB",
+                        flush=True,
+                    )
                     info["runs"].append({"ckpt": k, "rep": rep, "case": label, "skipped": "low memory"})
                     continue
                 clean(out)
@@ -380,43 +478,84 @@ def main() -> int:
                 if problem is None and label not in ("tietool inspect", "tietool --help"):
                     problem = check_output(label, out)
                 out_bytes = dir_bytes(out) if out.exists() else None
-                rec = {"ckpt": k, "rep": rep, "case": label, "wall": r["wall"], "rss": r["rss"], "anon": r["anon"],
-                       "file": r["file"], "rc": r["rc"], "out_bytes": out_bytes, "problem": problem}
+                rec = {
+                    "ckpt": k,
+                    "rep": rep,
+                    "case": label,
+                    "wall": r["wall"],
+                    "rss": r["rss"],
+                    "anon": r["anon"],
+                    "file": r["file"],
+                    "rc": r["rc"],
+                    "out_bytes": out_bytes,
+                    "problem": problem,
+                }
                 info["runs"].append(rec)
-                print(f"  {label:22s} {r['wall']:8.2f} s  {r['rss'] / MB:8.0f} MB (anon {r['anon'] / MB:.0f}, "
-                      f"file {r['file'] / MB:.0f})"
-                      + (f"  out {out_bytes / 1e9:.3f} GB" if out_bytes else "")
-                      + (f"  PROBLEM: {problem}" if problem else ""), flush=True)
+                print(
+                    f"  {label:22s} {r['wall']:8.2f} s  {r['rss'] / MB:8.0f} MB (anon {r['anon'] / MB:.0f}, "
+                    f"file {r['file'] / MB:.0f})"
+                    + (f"  out {out_bytes / 1e9:.3f} GB" if out_bytes else "")
+                    + (f"  PROBLEM: {problem}" if problem else ""),
+                    flush=True,
+                )
                 clean(out)
     os.sync()
 
     # ------------------------------------------------------------ summary
     def med(k, case, field="wall"):
-        xs = [r[field] for r in info["runs"] if r["ckpt"] == k and r["case"] == case and "skipped" not in r
-              and not r.get("problem")]
+        xs = [
+            r[field]
+            for r in info["runs"]
+            if r["ckpt"] == k and r["case"] == case and "skipped" not in r and not r.get("problem")
+        ]
         return statistics.median(xs) if xs else None
 
     def count(k, case):
-        return len([r for r in info["runs"] if r["ckpt"] == k and r["case"] == case and "skipped" not in r
-                    and not r.get("problem")])
+        return len(
+            [
+                r
+                for r in info["runs"]
+                if r["ckpt"] == k and r["case"] == case and "skipped" not in r and not r.get("problem")
+            ]
+        )
 
     labels = []
     for r in info["runs"]:
         if r["case"] not in labels:
             labels.append(r["case"])
-    order = ["cp -r", "cp -r + fsync", "tietool --help", "tietool inspect", "tietool tie", "tietool untie",
-             "tietool resize", "tietool tie --link", "tietool untie --link", "tietool resize --link",
-             "PaddleFormers tie", "PaddleFormers untie", "PaddleFormers resize"]
+    order = [
+        "cp -r",
+        "cp -r + fsync",
+        "tietool --help",
+        "tietool inspect",
+        "tietool tie",
+        "tietool untie",
+        "tietool resize",
+        "tietool tie --link",
+        "tietool untie --link",
+        "tietool resize --link",
+        "PaddleFormers tie",
+        "PaddleFormers untie",
+        "PaddleFormers resize",
+    ]
     labels = [x for x in order if x in labels]
     lines = []
-    hdr = "| case | " + " | ".join(f"{k} wall s | {k} peak RSS MB | {k} anon / file MB | {k} n" for k in keys) + " |"
+    hdr = (
+        "| case | "
+        + " | ".join(f"{k} wall s | {k} peak RSS MB | {k} anon / file MB | {k} n" for k in keys)
+        + " |"
+    )
     lines += [hdr, "|" + "---|" * (1 + 4 * len(keys))]
     for lab in labels:
         row = [lab]
         for k in keys:
             n = count(k, lab)
-            row += [fmt_s(med(k, lab)), fmt_mb(med(k, lab, "rss")),
-                    f"{fmt_mb(med(k, lab, 'anon'))} / {fmt_mb(med(k, lab, 'file'))}", str(n) if n else "—"]
+            row += [
+                fmt_s(med(k, lab)),
+                fmt_mb(med(k, lab, "rss")),
+                f"{fmt_mb(med(k, lab, 'anon'))} / {fmt_mb(med(k, lab, 'file'))}",
+                str(n) if n else "—",
+            ]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines.append("| ratio | " + " | ".join(keys) + " | target |")
@@ -429,34 +568,62 @@ def main() -> int:
         return "—" if x is None else f"{x:.{nd}f}x"
 
     for op in ("tie", "untie", "resize"):
-        lines.append(f"| tietool {op} / cp -r | " + " | ".join(fr(ratio(med(k, f'tietool {op}'), med(k, 'cp -r')))
-                                                        for k in keys) + " | ≤ 1.1x (6.5 GB) |")
+        lines.append(
+            f"| tietool {op} / cp -r | "
+            + " | ".join(fr(ratio(med(k, f"tietool {op}"), med(k, "cp -r"))) for k in keys)
+            + " | ≤ 1.1x (6.5 GB) |"
+        )
     for op in ("tie", "untie", "resize"):
-        lines.append(f"| tietool {op} / (cp -r + fsync) | " + " | ".join(
-            fr(ratio(med(k, f'tietool {op}'), med(k, 'cp -r + fsync'))) for k in keys) + " | (reference) |")
+        lines.append(
+            f"| tietool {op} / (cp -r + fsync) | "
+            + " | ".join(fr(ratio(med(k, f"tietool {op}"), med(k, "cp -r + fsync"))) for k in keys)
+            + " | (reference) |"
+        )
     for op in ("tie", "untie", "resize"):
-        lines.append(f"| PaddleFormers {op} / tietool {op} | " + " | ".join(
-            fr(ratio(med(k, f'PaddleFormers {op}'), med(k, f'tietool {op}')), 1) for k in keys) + " | ≥ 20x |")
+        lines.append(
+            f"| PaddleFormers {op} / tietool {op} | "
+            + " | ".join(fr(ratio(med(k, f"PaddleFormers {op}"), med(k, f"tietool {op}")), 1) for k in keys)
+            + " | ≥ 20x |"
+        )
     for op in ("tie", "untie", "resize"):
-        lines.append(f"| PaddleFormers {op} / tietool {op} --link | " + " | ".join(
-            fr(ratio(med(k, f'PaddleFormers {op}'), med(k, f'tietool {op} --link')), 1) for k in keys)
-            + " | (reference) |")
+        lines.append(
+            f"| PaddleFormers {op} / tietool {op} --link | "
+            + " | ".join(
+                fr(ratio(med(k, f"PaddleFormers {op}"), med(k, f"tietool {op} --link")), 1) for k in keys
+            )
+            + " | (reference) |"
+        )
     for op in ("inspect", "tie", "untie", "resize", "tie --link", "untie --link", "resize --link"):
         cells = []
         for k in keys:
             t = info["ckpts"][k]["touched_bytes"]
             rss = med(k, f"tietool {op}", "rss")
-            cells.append("—" if rss is None else f"{rss / (t + 150 * MB):.2f} (limit 2x+150 MB: "
-                                                 f"{'met' if rss <= 2 * t + 150 * MB else 'MISSED'})")
-        lines.append(f"| tietool {op} peak RSS / (touched {info['ckpts'][keys[0]]['touched_bytes'] / MB:,.0f} MB"
-                     f" + 150 MB) | " + " | ".join(cells) + " | ≤ 2x touched + 150 MB |")
+            cells.append(
+                "—"
+                if rss is None
+                else f"{rss / (t + 150 * MB):.2f} (limit 2x+150 MB: "
+                f"{'met' if rss <= 2 * t + 150 * MB else 'MISSED'})"
+            )
+        lines.append(
+            f"| tietool {op} peak RSS / (touched {info['ckpts'][keys[0]]['touched_bytes'] / MB:,.0f} MB"
+            f" + 150 MB) | " + " | ".join(cells) + " | ≤ 2x touched + 150 MB |"
+        )
     if "2l" in keys and "60l" in keys:
-        lines.append("| inspect 6.5 GB / 1.3 GB | " + fr(ratio(med("60l", "tietool inspect"),
-                                                              med("2l", "tietool inspect"))) + " | | ≤ 1.5x |")
-    lines.append(f"| tietool inspect (s) | " + " | ".join(fmt_s(med(k, "tietool inspect")) for k in keys)
-                 + " | < 0.5 s (6.5 GB) |")
-    lines.append(f"| tietool --help (s) | {fmt_s(med(keys[0], 'tietool --help'))} |" + " |" * (len(keys) - 1)
-                 + " < 0.3 s |")
+        lines.append(
+            "| inspect 6.5 GB / 1.3 GB | "
+            + fr(ratio(med("60l", "tietool inspect"), med("2l", "tietool inspect")))
+            + " | | ≤ 1.5x |"
+        )
+    lines.append(
+        "| tietool inspect (s) | "
+        + " | ".join(fmt_s(med(k, "tietool inspect")) for k in keys)
+        + " | < 0.5 s (6.5 GB) |"
+    )
+    lines.append(
+        f"| tietool --help (s) | {fmt_s(med(keys[0], 'tietool --help'))} |"
+        + " |" * (len(keys) - 1)
+        + " < 0.3 s |"
+    )
     problems = [r for r in info["runs"] if r.get("problem")]
     text = "\n".join(lines)
     print("\n" + text)

@@ -1,3 +1,3 @@
-from cli.app import main
+from .app import main
 
 main()

@@ -10,14 +10,14 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 app = typer.Typer(
     name="tietool",
     help="Inspect, tie, untie and resize the input embedding and LM head of PaddlePaddle LLM checkpoints "
-         "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors).",
+    "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -50,19 +50,34 @@ class Loader(str, Enum):
 
 
 # shared option aliases
-CkptArg = Annotated[Path, typer.Argument(help="checkpoint folder (config.json + weights)", show_default=False)]
-OutOpt = Annotated[Path, typer.Option("--out", "-o", help="output folder (must not exist or be empty)",
-                                      show_default=False)]
+CkptArg = Annotated[
+    Path, typer.Argument(help="checkpoint folder (config.json + weights)", show_default=False)
+]
+OutOpt = Annotated[
+    Path, typer.Option("--out", "-o", help="output folder (must not exist or be empty)", show_default=False)
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
 DryOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and the report; write nothing")]
-LinkOpt = Annotated[bool, typer.Option("--link", help="hard-link untouched weight files instead of copying them")]
+LinkOpt = Annotated[
+    bool, typer.Option("--link", help="hard-link untouched weight files instead of copying them")
+]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
-EmbOpt = Annotated[Optional[str], typer.Option(
-    "--embedding", help="name of the input embedding tensor (for architectures tietool does not know)")]
-HeadOpt = Annotated[Optional[str], typer.Option(
-    "--head", help="name of the LM head tensor (for architectures tietool does not know)")]
-LoaderOpt = Annotated[Optional[Loader], typer.Option(
-    "--loader", help="the library that will load the output (default: told from the checkpoint)")]
+EmbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--embedding", help="name of the input embedding tensor (for architectures tietool does not know)"
+    ),
+]
+HeadOpt = Annotated[
+    str | None,
+    typer.Option("--head", help="name of the LM head tensor (for architectures tietool does not know)"),
+]
+LoaderOpt = Annotated[
+    Loader | None,
+    typer.Option(
+        "--loader", help="the library that will load the output (default: told from the checkpoint)"
+    ),
+]
 
 
 def _debug() -> bool:
@@ -71,7 +86,7 @@ def _debug() -> bool:
 
 def _run(fn):
     """Run a command body; map tietool errors to one line on stderr and their exit code."""
-    from surgery.errors import TietoolError
+    from ..surgery.errors import TietoolError
 
     try:
         return fn()
@@ -87,14 +102,19 @@ def _run(fn):
     except MemoryError:
         if _debug():
             raise
-        print("tietool: error: out of memory; nothing was written — free memory, or check the sizes asked for",
-              file=sys.stderr)
+        print(
+            "tietool: error: out of memory; nothing was written — free memory, or check the sizes asked for",
+            file=sys.stderr,
+        )
         raise typer.Exit(6) from None
     except Exception as e:  # noqa: BLE001 - last resort: never a bare traceback unless asked
         if _debug():
             raise
-        print(f"tietool: internal error: {type(e).__name__}: {e} (set TIETOOL_DEBUG=1 for the traceback; "
-              "please report it)", file=sys.stderr)
+        print(
+            f"tietool: internal error: {type(e).__name__}: {e} (set TIETOOL_DEBUG=1 for the traceback; "
+            "please report it)",
+            file=sys.stderr,
+        )
         raise typer.Exit(70) from None
 
 
@@ -104,15 +124,23 @@ def _layout(layout: Layout | None) -> str | None:
 
 def _detect(c, layout: Layout | None, loader: Loader | None, embedding: str | None, head: str | None):
     """Detection for a write command: the options mapped, values compared."""
-    from surgery.detect import detect
+    from ..surgery.detect import detect
 
-    return detect(c, layout=_layout(layout), loader=loader.value if loader else None, embedding_name=embedding,
-                  head_name=head, compare_values=True)
+    return detect(
+        c,
+        layout=_layout(layout),
+        loader=loader.value if loader else None,
+        embedding_name=embedding,
+        head_name=head,
+        compare_values=True,
+    )
 
 
 @app.callback()
 def _main(
-    debug: Annotated[bool, typer.Option("--debug", help="show Python tracebacks (also TIETOOL_DEBUG=1)")] = False,
+    debug: Annotated[
+        bool, typer.Option("--debug", help="show Python tracebacks (also TIETOOL_DEBUG=1)")
+    ] = False,
 ) -> None:
     if debug:
         os.environ["TIETOOL_DEBUG"] = "1"
@@ -122,34 +150,44 @@ def _main(
 def inspect(
     ckpt: CkptArg,
     json_out: JsonOpt = False,
-    layout: Annotated[Optional[Layout], typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
+    layout: Annotated[Layout | None, typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
     loader: LoaderOpt = None,
     embedding: EmbOpt = None,
     head: HeadOpt = None,
-    no_values: Annotated[bool, typer.Option(
-        "--no-values", help="read headers only: do not read the embedding and head to compare their values "
-                            "(fast on cold or remote storage; 'tied by value' is then not known)")] = False,
+    no_values: Annotated[
+        bool,
+        typer.Option(
+            "--no-values",
+            help="read headers only: do not read the embedding and head to compare their values "
+            "(fast on cold or remote storage; 'tied by value' is then not known)",
+        ),
+    ] = False,
 ) -> None:
     """Show the embedding, head and bias, their layout, the tie state three ways, and what tying saves."""
 
     def body():
-        from surgery.summary import inspect_path
-
+        from ..surgery.summary import inspect_path
         from . import render
 
-        info = inspect_path(ckpt, layout=_layout(layout), loader=loader.value if loader else None,
-                            embedding_name=embedding, head_name=head, compare_values=not no_values)
+        info = inspect_path(
+            ckpt,
+            layout=_layout(layout),
+            loader=loader.value if loader else None,
+            embedding_name=embedding,
+            head_name=head,
+            compare_values=not no_values,
+        )
         render.inspect(info, as_json=json_out)
 
     _run(body)
 
 
-def _write_command(ckpt: Path, out: Path, make_plan, dry_run: bool, json_out: bool, link: bool,
-                   quiet: bool) -> None:
-    from surgery import report as report_mod
-    from surgery.checkpoint import Checkpoint
-    from surgery.write import check_output_path, execute
-
+def _write_command(
+    ckpt: Path, out: Path, make_plan, dry_run: bool, json_out: bool, link: bool, quiet: bool
+) -> None:
+    from ..surgery import report as report_mod
+    from ..surgery.checkpoint import Checkpoint
+    from ..surgery.write import check_output_path, execute
     from . import render
 
     c = Checkpoint.open(ckpt)
@@ -160,8 +198,13 @@ def _write_command(ckpt: Path, out: Path, make_plan, dry_run: bool, json_out: bo
         render.report(report_mod.build(plan, None, str(out), dry_run=True), as_json=json_out)
         return
     with render.progress(quiet or json_out, plan.output_bytes) as advance:
-        rep = execute(plan, out, link=link, progress=advance,
-                      report=lambda facts: report_mod.build(plan, facts, str(out)))
+        rep = execute(
+            plan,
+            out,
+            link=link,
+            progress=advance,
+            report=lambda facts: report_mod.build(plan, facts, str(out)),
+        )
     render.report(rep, as_json=json_out)
 
 
@@ -169,11 +212,17 @@ def _write_command(ckpt: Path, out: Path, make_plan, dry_run: bool, json_out: bo
 def tie(
     ckpt: CkptArg,
     out: OutOpt,
-    keep: Annotated[Optional[Keep], typer.Option(help="when head and embedding differ: which values to keep")] = None,
-    drop_aliases: Annotated[bool, typer.Option(
-        "--drop-aliases", help="also drop copies of the embedding under alias names (T5/BART encoder/decoder)")]
-    = False,
-    layout: Annotated[Optional[Layout], typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
+    keep: Annotated[
+        Keep | None, typer.Option(help="when head and embedding differ: which values to keep")
+    ] = None,
+    drop_aliases: Annotated[
+        bool,
+        typer.Option(
+            "--drop-aliases",
+            help="also drop copies of the embedding under alias names (T5/BART encoder/decoder)",
+        ),
+    ] = False,
+    layout: Annotated[Layout | None, typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
     loader: LoaderOpt = None,
     embedding: EmbOpt = None,
     head: HeadOpt = None,
@@ -185,11 +234,21 @@ def tie(
     """Drop the LM head (after checking it equals the embedding) and set tie_word_embeddings true."""
 
     def body():
-        from surgery.plan import plan_tie
+        from ..surgery.plan import plan_tie
 
-        _write_command(ckpt, out, lambda c: plan_tie(
-            _detect(c, layout, loader, embedding, head),
-            keep=keep.value if keep else None, drop_aliases=drop_aliases), dry_run, json_out, link, quiet)
+        _write_command(
+            ckpt,
+            out,
+            lambda c: plan_tie(
+                _detect(c, layout, loader, embedding, head),
+                keep=keep.value if keep else None,
+                drop_aliases=drop_aliases,
+            ),
+            dry_run,
+            json_out,
+            link,
+            quiet,
+        )
 
     _run(body)
 
@@ -198,9 +257,13 @@ def tie(
 def untie(
     ckpt: CkptArg,
     out: OutOpt,
-    layout: Annotated[Layout, typer.Option(
-        help="layout of a new head: auto = what the checkpoint's loader expects (PaddleNLP Llama/Qwen/ChatGLM: "
-             "hidden-vocab; PaddleFormers and the rest: vocab-hidden)")] = Layout.auto,
+    layout: Annotated[
+        Layout,
+        typer.Option(
+            help="layout of a new head: auto = what the checkpoint's loader expects (PaddleNLP Llama/Qwen/ChatGLM: "
+            "hidden-vocab; PaddleFormers and the rest: vocab-hidden)"
+        ),
+    ] = Layout.auto,
     loader: LoaderOpt = None,
     embedding: EmbOpt = None,
     head: HeadOpt = None,
@@ -212,11 +275,17 @@ def untie(
     """Write the LM head as its own tensor, equal to the embedding, and set tie_word_embeddings false."""
 
     def body():
-        from surgery.plan import plan_untie
+        from ..surgery.plan import plan_untie
 
-        _write_command(ckpt, out, lambda c: plan_untie(
-            _detect(c, layout, loader, embedding, head),
-            layout=layout.value), dry_run, json_out, link, quiet)
+        _write_command(
+            ckpt,
+            out,
+            lambda c: plan_untie(_detect(c, layout, loader, embedding, head), layout=layout.value),
+            dry_run,
+            json_out,
+            link,
+            quiet,
+        )
 
     _run(body)
 
@@ -225,14 +294,19 @@ def untie(
 def resize(
     ckpt: CkptArg,
     out: OutOpt,
-    vocab: Annotated[str, typer.Option("--vocab", help="new number of rows (vocab_size)", show_default=False)],
-    pad_to_multiple_of: Annotated[Optional[str], typer.Option(
-        "--pad-to-multiple-of", help="round the row count up to a multiple of this")] = None,
-    init: Annotated[Init, typer.Option(help="new rows: mean (HF mean_resizing), zeros, or normal(initializer_range)")]
-    = Init.mean,
-    seed: Annotated[Optional[int], typer.Option(help="random seed for new rows (same seed: same bytes)")] = None,
+    vocab: Annotated[
+        str, typer.Option("--vocab", help="new number of rows (vocab_size)", show_default=False)
+    ],
+    pad_to_multiple_of: Annotated[
+        str | None,
+        typer.Option("--pad-to-multiple-of", help="round the row count up to a multiple of this"),
+    ] = None,
+    init: Annotated[
+        Init, typer.Option(help="new rows: mean (HF mean_resizing), zeros, or normal(initializer_range)")
+    ] = Init.mean,
+    seed: Annotated[int | None, typer.Option(help="random seed for new rows (same seed: same bytes)")] = None,
     force: Annotated[bool, typer.Option("--force", help="allow trimming rows")] = False,
-    layout: Annotated[Optional[Layout], typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
+    layout: Annotated[Layout | None, typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
     loader: LoaderOpt = None,
     embedding: EmbOpt = None,
     head: HeadOpt = None,
@@ -244,8 +318,8 @@ def resize(
     """Grow or trim the vocabulary rows of the embedding, head and head bias together; update vocab_size."""
 
     def body():
-        from surgery.errors import UsageError
-        from surgery.plan import plan_resize
+        from ..surgery.errors import UsageError
+        from ..surgery.plan import plan_resize
 
         def as_int(opt: str, v: str | None) -> int | None:
             if v is None:
@@ -255,15 +329,23 @@ def resize(
             except ValueError:
                 raise UsageError(f"{opt} must be an integer, got {v!r}", fix=f"e.g. {opt} 32000") from None
             if n < 1:
-                raise UsageError(f"{opt} must be ≥ 1, got {n}", fix=f"e.g. {opt} 32000" if opt == "--vocab"
-                                 else f"e.g. {opt} 64")
+                raise UsageError(
+                    f"{opt} must be ≥ 1, got {n}",
+                    fix=f"e.g. {opt} 32000" if opt == "--vocab" else f"e.g. {opt} 64",
+                )
             return n
 
         n = as_int("--vocab", vocab)
         m = as_int("--pad-to-multiple-of", pad_to_multiple_of)
-        _write_command(ckpt, out, lambda c: plan_resize(
-            _detect(c, layout, loader, embedding, head),
-            n, m, init.value, seed, force), dry_run, json_out, link, quiet)
+        _write_command(
+            ckpt,
+            out,
+            lambda c: plan_resize(_detect(c, layout, loader, embedding, head), n, m, init.value, seed, force),
+            dry_run,
+            json_out,
+            link,
+            quiet,
+        )
 
     _run(body)
 
@@ -272,15 +354,16 @@ def resize(
 def verify(
     before: Annotated[Path, typer.Argument(help="the input checkpoint", show_default=False)],
     after: Annotated[Path, typer.Argument(help="the output checkpoint", show_default=False)],
-    logits: Annotated[bool, typer.Option("--logits", help="also compare logits under PaddleFormers (if installed)")]
-    = False,
+    logits: Annotated[
+        bool, typer.Option("--logits", help="also compare logits under PaddleFormers (if installed)")
+    ] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Check that AFTER differs from BEFORE exactly as tie/untie/resize explain (exit 7 if not)."""
 
     def body():
-        from surgery.verify import logits_check, verify as run_verify
-
+        from ..surgery.verify import logits_check
+        from ..surgery.verify import verify as run_verify
         from . import render
 
         res = run_verify(before, after)
@@ -290,8 +373,11 @@ def verify(
                 res.unexplained.append(f"logits differ: {res.logits}")
         render.verify(res.as_dict(), as_json=json_out)
         if not res.explained:
-            print(f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize do not explain "
-                  f"between {before} and {after} (listed above)", file=sys.stderr)
+            print(
+                f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize do not explain "
+                f"between {before} and {after} (listed above)",
+                file=sys.stderr,
+            )
             raise typer.Exit(7)
 
     _run(body)
@@ -343,7 +429,3 @@ def main() -> None:
             print(f"tietool: error: {msg}{where}", file=sys.stderr)
             code = e.exit_code
     sys.exit(code if isinstance(code, int) else 0)
-
-
-if __name__ == "__main__":
-    main()

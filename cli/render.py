@@ -14,8 +14,9 @@ def _console(stderr: bool = False) -> Console:
     f = sys.stderr if stderr else sys.stdout
     # not a terminal (pipes, CI): wide lines so names are never wrapped mid-word
     # markup off: names, paths and messages are printed as they are, "[...]" included
-    return Console(file=f, width=None if f.isatty() else 200, soft_wrap=not f.isatty(), highlight=False,
-                   markup=False)
+    return Console(
+        file=f, width=None if f.isatty() else 200, soft_wrap=not f.isatty(), highlight=False, markup=False
+    )
 
 
 def size(n: int | None) -> str:
@@ -54,8 +55,13 @@ def _dtype(t: dict) -> str:
     d, lg = t.get("dtype"), t.get("logical_dtype")
     if not d:
         return "—"
-    return d if not lg or lg.lower() in (d.lower(), {"F32": "float32", "F16": "float16", "BF16": "bfloat16",
-                                                        "F64": "float64"}.get(d, "")) else f"{d} ({lg})"
+    return (
+        d
+        if not lg
+        or lg.lower()
+        in (d.lower(), {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}.get(d, ""))
+        else f"{d} ({lg})"
+    )
 
 
 def inspect(info: dict, as_json: bool = False) -> None:
@@ -63,13 +69,17 @@ def inspect(info: dict, as_json: bool = False) -> None:
         print(json.dumps(info, indent=2))
         return
     con = _console()
-    con.print(f"{info['path']}: {info['format']}{' (sharded)' if info['sharded'] else ''}, "
-              f"{len(info['files'])} weight file(s), {info['num_tensors']} tensors, "
-              f"{info['total_parameters']} parameters, {size(info['total_bytes'])}")
+    con.print(
+        f"{info['path']}: {info['format']}{' (sharded)' if info['sharded'] else ''}, "
+        f"{len(info['files'])} weight file(s), {info['num_tensors']} tensors, "
+        f"{info['total_parameters']} parameters, {size(info['total_bytes'])}"
+    )
     arch = info["architecture"]
-    con.print(f"model_type {info['model_type']!s} (family {arch['family']}"
-              f"{'' if arch['in_table'] else ', not in the table'}); loader {info['loader']['name']}: "
-              f"{info['loader']['source']}")
+    con.print(
+        f"model_type {info['model_type']!s} (family {arch['family']}"
+        f"{'' if arch['in_table'] else ', not in the table'}); loader {info['loader']['name']}: "
+        f"{info['loader']['source']}"
+    )
     t = Table(title="embedding and head", show_lines=False)
     for col in ("role", "name", "shape", "dtype", "layout", "file"):
         t.add_column(col, overflow="fold")
@@ -78,8 +88,14 @@ def inspect(info: dict, as_json: bool = False) -> None:
     for a in e["aliases"]:
         t.add_row("  alias (same table)", a, _shape(e["shape"]), e["dtype"], "", "")
     absent = " (the shared table; no separate head)" if tie_vals(info) == "shared" else " (not in files)"
-    t.add_row("LM head", h["name"] + ("" if h["present"] else absent), _shape(h["shape"]),
-              _dtype(h), h["layout"] or "—", h["file"] or "—")
+    t.add_row(
+        "LM head",
+        h["name"] + ("" if h["present"] else absent),
+        _shape(h["shape"]),
+        _dtype(h),
+        h["layout"] or "—",
+        h["file"] or "—",
+    )
     for a in h.get("aliases", []):
         t.add_row("  alias", a, "", "", "", "")
     if b:
@@ -93,8 +109,11 @@ def inspect(info: dict, as_json: bool = False) -> None:
         "exact": f"{h['name']} equals {e['name']} bit for bit",
         "transposed": f"{h['name']} equals {e['name']} transposed",
         "different": f"{h['name']} differs from {e['name']}"
-                     + (f" (max |difference| {tie['max_abs_diff']:.3g}, {tie['differing_rows']} rows differ)"
-                        if tie["max_abs_diff"] is not None else ""),
+        + (
+            f" (max |difference| {tie['max_abs_diff']:.3g}, {tie['differing_rows']} rows differ)"
+            if tie["max_abs_diff"] is not None
+            else ""
+        ),
         "scaled": f"{h['name']} equals {e['name']} × d_model ** -0.5 (the tied head, materialised)",
         "absent": f"no head in the files ({h['name']} not found)",
         "shared": f"the head is the shared table {e['name']} (no separate head tensor)",
@@ -102,17 +121,26 @@ def inspect(info: dict, as_json: bool = False) -> None:
     }.get(vals, vals)
     if tie["storage_shared"]:
         desc += " (one array in the file: same storage)"
-    con.print(f"tie: config {str(tie['config']).lower()} ({tie['config_source']}); head in files: "
-              f"{'yes' if tie['head_in_files'] else 'no'}; values: {desc}")
+    con.print(
+        f"tie: config {str(tie['config']).lower()} ({tie['config_source']}); head in files: "
+        f"{'yes' if tie['head_in_files'] else 'no'}; values: {desc}"
+    )
     v = info["vocab"]
-    con.print(f"vocab: config vocab_size {v['config_vocab_size']}, embedding rows {v['embedding_rows']}, "
-              f"hidden_size {v['hidden_size']}, tokenizer "
-              + (f"{v['tokenizer_size']} tokens ({', '.join(v['tokenizer_files'])})" if v["tokenizer_size"]
-                 else "not found"))
+    con.print(
+        f"vocab: config vocab_size {v['config_vocab_size']}, embedding rows {v['embedding_rows']}, "
+        f"hidden_size {v['hidden_size']}, tokenizer "
+        + (
+            f"{v['tokenizer_size']} tokens ({', '.join(v['tokenizer_files'])})"
+            if v["tokenizer_size"]
+            else "not found"
+        )
+    )
     s = info["savings"]
-    con.print(f"tying would save {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}% of the checkpoint)"
-              + (f": {s['why_zero']}" if s.get("why_zero") else "")
-              + (f", if the values agree ({s['assumes']})" if s.get("assumes") else ""))
+    con.print(
+        f"tying would save {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}% of the checkpoint)"
+        + (f": {s['why_zero']}" if s.get("why_zero") else "")
+        + (f", if the values agree ({s['assumes']})" if s.get("assumes") else "")
+    )
     _messages(con, info["notes"], info["warnings"], info["problems"])
 
 
@@ -133,11 +161,21 @@ def report(rep: dict, as_json: bool = False) -> None:
     for a in rep["added"]:
         t.add_row("added", a["name"], _shape(a["shape"]), f"+{a['parameters']}", f"+{a['bytes']}")
     for c in rep["resized"]:
-        t.add_row("resized" if c["shape_before"] != c["shape_after"] else "rewritten", c["name"],
-                  f"{_shape(c['shape_before'])} → {_shape(c['shape_after'])}",
-                  f"{c['parameters_after'] - c['parameters_before']:+d}", f"{c['bytes_after'] - c['bytes_before']:+d}")
+        t.add_row(
+            "resized" if c["shape_before"] != c["shape_after"] else "rewritten",
+            c["name"],
+            f"{_shape(c['shape_before'])} → {_shape(c['shape_after'])}",
+            f"{c['parameters_after'] - c['parameters_before']:+d}",
+            f"{c['bytes_after'] - c['bytes_before']:+d}",
+        )
     b, a, s = rep["before"], rep["after"], rep["saved"]
-    t.add_row("total", "before → after", "", f"{b['parameters']} → {a['parameters']}", f"{b['bytes']} → {a['bytes']}")
+    t.add_row(
+        "total",
+        "before → after",
+        "",
+        f"{b['parameters']} → {a['parameters']}",
+        f"{b['bytes']} → {a['bytes']}",
+    )
     con.print(t)
     if s["bytes"] >= 0:
         con.print(f"saved {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}%)")
@@ -145,16 +183,23 @@ def report(rep: dict, as_json: bool = False) -> None:
         con.print(f"added {-s['parameters']} parameters, {size(-s['bytes'])} ({-s['percent']}%)")
     if "resize" in rep:
         r = rep["resize"]
-        con.print(f"rows {r['rows_before']} → {r['rows_after']} (+{r['rows_added']} / -{r['rows_removed']})"
-                  + (f", new rows: init {r['init']}, seed {r['seed']} (--seed {r['seed']} reproduces them)"
-                     if r["rows_added"] else ""))
+        con.print(
+            f"rows {r['rows_before']} → {r['rows_after']} (+{r['rows_added']} / -{r['rows_removed']})"
+            + (
+                f", new rows: init {r['init']}, seed {r['seed']} (--seed {r['seed']} reproduces them)"
+                if r["rows_added"]
+                else ""
+            )
+        )
     for c in rep["config_changes"]:
         con.print(f"config: {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
     if "files" in rep:
         f = rep["files"]
-        con.print(f"files: {len(f['rewritten'])} rewritten, {len(f.get('written', []))} new, {len(f['copied'])} copied, {len(f['linked'])} hard-linked"
-                  f", {len(f['removed'])} removed" + (" (linked files share data with the input: edit neither in "
-                                                      "place)" if f["linked"] else ""))
+        con.print(
+            f"files: {len(f['rewritten'])} rewritten, {len(f.get('written', []))} new, {len(f['copied'])} copied, {len(f['linked'])} hard-linked"
+            f", {len(f['removed'])} removed"
+            + (" (linked files share data with the input: edit neither in place)" if f["linked"] else "")
+        )
     _messages(con, rep["notes"], rep["warnings"])
 
 
@@ -163,19 +208,29 @@ def verify(res: dict, as_json: bool = False) -> None:
         print(json.dumps(res, indent=2))
         return
     con = _console()
-    con.print(f"{res['identical_tensors']} tensors bit-identical; {len(res['dropped'])} dropped, "
-              f"{len(res['added'])} added, {len(res['resized'])} resized, {len(res['changed'])} changed")
+    con.print(
+        f"{res['identical_tensors']} tensors bit-identical; {len(res['dropped'])} dropped, "
+        f"{len(res['added'])} added, {len(res['resized'])} resized, {len(res['changed'])} changed"
+    )
     for d in res["dropped"]:
-        con.print(f"dropped {d['name']} {_shape(d['shape'])}" + (" (equals the embedding)" if d["equals_embedding"]
-                                                                 else ""))
+        con.print(
+            f"dropped {d['name']} {_shape(d['shape'])}"
+            + (" (equals the embedding)" if d["equals_embedding"] else "")
+        )
     for a in res["added"]:
-        con.print(f"added {a['name']} {_shape(a['shape'])}" + (" (equals the embedding)" if a["equals_embedding"]
-                                                               else ""))
+        con.print(
+            f"added {a['name']} {_shape(a['shape'])}"
+            + (" (equals the embedding)" if a["equals_embedding"] else "")
+        )
     for r in res["resized"]:
-        con.print(f"resized {r['name']} {_shape(r['shape_before'])} → {_shape(r['shape_after'])}"
-                  + (" (common part identical)" if r["common_part_identical"] else " (common part DIFFERS)"))
+        con.print(
+            f"resized {r['name']} {_shape(r['shape_before'])} → {_shape(r['shape_after'])}"
+            + (" (common part identical)" if r["common_part_identical"] else " (common part DIFFERS)")
+        )
     for c in res["changed"]:
-        con.print(f"changed {c['name']}: {c.get('why') or 'max |difference| ' + format(c.get('max_abs_diff', 0), '.3g')}")
+        con.print(
+            f"changed {c['name']}: {c.get('why') or 'max |difference| ' + format(c.get('max_abs_diff', 0), '.3g')}"
+        )
     for c in res["config_differences"]:
         con.print(f"config {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
     lg = res.get("logits")
@@ -183,8 +238,10 @@ def verify(res: dict, as_json: bool = False) -> None:
         if lg.get("ok") is None:
             con.print(lg.get("error"))
         else:
-            con.print(f"logits on token ids below {lg.get('token_ids_below')}: max |difference| "
-                      f"{lg.get('max_abs_diff'):.3g} ({'same' if lg['ok'] else 'DIFFERENT'})")
+            con.print(
+                f"logits on token ids below {lg.get('token_ids_below')}: max |difference| "
+                f"{lg.get('max_abs_diff'):.3g} ({'same' if lg['ok'] else 'DIFFERENT'})"
+            )
     if res["explained"]:
         con.print("verdict: every difference is explained by tie/untie/resize")
     else:
@@ -201,8 +258,14 @@ def progress(quiet: bool, total: int, threshold: int = 256 << 20):
         return
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                  console=Console(file=sys.stderr), transient=True) as p:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        console=Console(file=sys.stderr),
+        transient=True,
+    ) as p:
         task = p.add_task("writing", total=total)
 
         def advance(name: str, nbytes: int) -> None:

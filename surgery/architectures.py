@@ -30,8 +30,28 @@ LOADERS = ("paddleformers", "paddlenlp-2.8", "paddlenlp-3", "hf")
 
 # first name component of PaddleNLP-era checkpoints (PaddleFormers and HF use model./transformer.)
 PADDLENLP_PREFIXES = (
-    "llama", "qwen", "qwen2", "qwen2_moe", "qwen3", "mixtral", "gpt", "ernie", "bert", "t5", "bart", "chatglm",
-    "chatglm_v2", "bloom", "opt", "baichuan", "gemma", "mistral", "deepseek_v2", "deepseek_v3", "yuan", "roberta",
+    "llama",
+    "qwen",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "mixtral",
+    "gpt",
+    "ernie",
+    "bert",
+    "t5",
+    "bart",
+    "chatglm",
+    "chatglm_v2",
+    "bloom",
+    "opt",
+    "baichuan",
+    "gemma",
+    "mistral",
+    "deepseek_v2",
+    "deepseek_v3",
+    "yuan",
+    "roberta",
 )
 
 _PF_LIKE = {"layout": "vocab-hidden", "reties": True}
@@ -50,20 +70,47 @@ _PNLP_EMBED_HEAD = {"layout": "vocab-hidden", "reties": True}
 #   loaders:     per loader: layout and reties (missing loader -> "*")
 #   tied_logit_scale: logits of the tied head are multiplied by this (T5: d_model ** -0.5)
 FAMILIES: list[dict] = [
-    {   # Llama and its descendants with the same names
+    {  # Llama and its descendants with the same names
         "family": "llama",
-        "model_types": ["llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral", "ernie4_5",
-                        "ernie4_5_moe", "phi3", "gpt_oss", "deepseek_v2", "deepseek_v3", "baichuan", "yuan", "qwen3_vl", "qwen3_vl_text", "qwen2_vl",
-                        "qwen2_5_vl", "mistral3", "llava", "internlm", "internlm2", "glm4"],
+        "model_types": [
+            "llama",
+            "mistral",
+            "qwen2",
+            "qwen3",
+            "qwen2_moe",
+            "qwen3_moe",
+            "mixtral",
+            "ernie4_5",
+            "ernie4_5_moe",
+            "phi3",
+            "gpt_oss",
+            "deepseek_v2",
+            "deepseek_v3",
+            "baichuan",
+            "yuan",
+            "qwen3_vl",
+            "qwen3_vl_text",
+            "qwen2_vl",
+            "qwen2_5_vl",
+            "mistral3",
+            "llava",
+            "internlm",
+            "internlm2",
+            "glm4",
+        ],
         "embedding": ["embed_tokens.weight", "tok_embeddings.weight"],
         "aliases": [],
         "head": ["lm_head.weight", "output.weight"],
         "bias": ["lm_head.bias"],
         "tie_default": {"*": False},
-        "loaders": {"paddleformers": _PF_LIKE, "hf": _PF_LIKE,
-                    "paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE, "paddlenlp-3": _PNLP_LINEAR_HEAD_RETIE},
+        "loaders": {
+            "paddleformers": _PF_LIKE,
+            "hf": _PF_LIKE,
+            "paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE,
+            "paddlenlp-3": _PNLP_LINEAR_HEAD_RETIE,
+        },
     },
-    {   # Gemma: Llama names, tied by default. PaddleFormers 1.2's Gemma3ForCausalLM always loads lm_head from
+    {  # Gemma: Llama names, tied by default. PaddleFormers 1.2's Gemma3ForCausalLM always loads lm_head from
         # model.embed_tokens.weight (its AOA config), whatever tie_word_embeddings says: an untied head is ignored.
         "family": "gemma",
         "model_types": ["gemma", "gemma2", "gemma3", "gemma3_text"],
@@ -72,10 +119,14 @@ FAMILIES: list[dict] = [
         "head": ["lm_head.weight"],
         "bias": [],
         "tie_default": {"*": True},
-        "loaders": {"paddleformers": {**_PF_LIKE, "always_tied": True}, "hf": _PF_LIKE,
-                    "paddlenlp-2.8": _PNLP_EMBED_HEAD, "paddlenlp-3": _PNLP_EMBED_HEAD},
+        "loaders": {
+            "paddleformers": {**_PF_LIKE, "always_tied": True},
+            "hf": _PF_LIKE,
+            "paddlenlp-2.8": _PNLP_EMBED_HEAD,
+            "paddlenlp-3": _PNLP_EMBED_HEAD,
+        },
     },
-    {   # OPT: PaddleNLP's OPTLMHead holds decoder_weight [vocab, hidden] and is never tied (L14)
+    {  # OPT: PaddleNLP's OPTLMHead holds decoder_weight [vocab, hidden] and is never tied (L14)
         "family": "opt",
         "model_types": ["opt"],
         "embedding": ["embed_tokens.weight", "embeddings.word_embeddings.weight"],
@@ -83,11 +134,14 @@ FAMILIES: list[dict] = [
         "head": ["lm_head.weight", "lm_head.decoder_weight"],
         "bias": [],
         "tie_default": {"*": True},
-        "loaders": {"paddleformers": _PF_LIKE, "hf": _PF_LIKE,
-                    "paddlenlp-2.8": {"layout": "vocab-hidden", "reties": False},
-                    "paddlenlp-3": {"layout": "vocab-hidden", "reties": False}},
+        "loaders": {
+            "paddleformers": _PF_LIKE,
+            "hf": _PF_LIKE,
+            "paddlenlp-2.8": {"layout": "vocab-hidden", "reties": False},
+            "paddlenlp-3": {"layout": "vocab-hidden", "reties": False},
+        },
     },
-    {   # GPT (PaddleNLP gpt.embeddings.word_embeddings; HF GPT-2 transformer.wte)
+    {  # GPT (PaddleNLP gpt.embeddings.word_embeddings; HF GPT-2 transformer.wte)
         "family": "gpt",
         "model_types": ["gpt", "gpt2", "gpt-cpm", "gpt_neo", "codegen"],
         "embedding": ["embeddings.word_embeddings.weight", "wte.weight"],
@@ -97,19 +151,39 @@ FAMILIES: list[dict] = [
         "tie_default": {"*": True},
         "loaders": {"*": _PNLP_EMBED_HEAD},
     },
-    {   # BERT / ERNIE / RoBERTa masked LM: the decoder is [vocab, hidden] with transpose_y, bias aliased
+    {  # BERT / ERNIE / RoBERTa masked LM: the decoder is [vocab, hidden] with transpose_y, bias aliased
         "family": "bert",
-        "model_types": ["bert", "ernie", "roberta", "ernie_m", "electra", "tinybert", "ppminilm", "nezha", "xlm-roberta"],
+        "model_types": [
+            "bert",
+            "ernie",
+            "roberta",
+            "ernie_m",
+            "electra",
+            "tinybert",
+            "ppminilm",
+            "nezha",
+            "xlm-roberta",
+        ],
         "embedding": ["embeddings.word_embeddings.weight"],
         "aliases": [],
-        "head": ["cls.predictions.decoder.weight", "cls.predictions.decoder_weight", "lm_head.decoder.weight",
-                 "lm_head.decoder_weight"],
-        "bias": ["cls.predictions.bias", "cls.predictions.decoder.bias", "cls.predictions.decoder_bias",
-                 "lm_head.bias", "lm_head.decoder.bias", "lm_head.decoder_bias"],
+        "head": [
+            "cls.predictions.decoder.weight",
+            "cls.predictions.decoder_weight",
+            "lm_head.decoder.weight",
+            "lm_head.decoder_weight",
+        ],
+        "bias": [
+            "cls.predictions.bias",
+            "cls.predictions.decoder.bias",
+            "cls.predictions.decoder_bias",
+            "lm_head.bias",
+            "lm_head.decoder.bias",
+            "lm_head.decoder_bias",
+        ],
         "tie_default": {"*": True},
         "loaders": {"*": _PNLP_EMBED_HEAD},
     },
-    {   # T5: shared = encoder.embed_tokens = decoder.embed_tokens; the tied head is shared, logits scaled
+    {  # T5: shared = encoder.embed_tokens = decoder.embed_tokens; the tied head is shared, logits scaled
         "family": "t5",
         "model_types": ["t5", "mt5", "umt5"],
         "embedding": ["shared.weight"],
@@ -117,13 +191,25 @@ FAMILIES: list[dict] = [
         "head": ["lm_head.weight"],
         "bias": [],
         "tie_default": {"*": True},
-        "loaders": {"*": _PNLP_EMBED_HEAD, "paddlenlp-2.8": _PNLP_LINEAR_HEAD_RETIE,
-                    "paddlenlp-3": _PNLP_LINEAR_HEAD_RETIE},
+        "loaders": {
+            "*": _PNLP_EMBED_HEAD,
+            "paddlenlp-2.8": _PNLP_LINEAR_HEAD_RETIE,
+            "paddlenlp-3": _PNLP_LINEAR_HEAD_RETIE,
+        },
         "tied_logit_scale": "d_model ** -0.5",
     },
-    {   # BART / mBART / M2M100 / Pegasus: shared table, head lm_head(.weight|_weight), final_logits_bias [1, V]
+    {  # BART / mBART / M2M100 / Pegasus: shared table, head lm_head(.weight|_weight), final_logits_bias [1, V]
         "family": "bart",
-        "model_types": ["bart", "mbart", "m2m_100", "pegasus", "marian", "blenderbot", "codegen2", "unified_transformer"],
+        "model_types": [
+            "bart",
+            "mbart",
+            "m2m_100",
+            "pegasus",
+            "marian",
+            "blenderbot",
+            "codegen2",
+            "unified_transformer",
+        ],
         "embedding": ["shared.weight", "embed_tokens.weight"],
         "aliases": ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"],
         "head": ["lm_head.weight", "lm_head_weight"],
@@ -132,7 +218,7 @@ FAMILIES: list[dict] = [
         "tie_default": {"paddlenlp-2.8": False, "paddlenlp-3": False, "*": True},
         "loaders": {"*": _PNLP_EMBED_HEAD},
     },
-    {   # XLNet
+    {  # XLNet
         "family": "xlnet",
         "model_types": ["xlnet"],
         "embedding": ["word_embedding.weight"],
@@ -142,7 +228,7 @@ FAMILIES: list[dict] = [
         "tie_default": {"*": True},
         "loaders": {"*": _PNLP_EMBED_HEAD},
     },
-    {   # ChatGLM v1: PaddleNLP's ChatGLMForConditionalGeneration uses the word embedding itself as lm_head
+    {  # ChatGLM v1: PaddleNLP's ChatGLMForConditionalGeneration uses the word embedding itself as lm_head
         "family": "chatglm",
         "model_types": ["chatglm"],
         "embedding": ["word_embeddings.weight"],
@@ -152,7 +238,7 @@ FAMILIES: list[dict] = [
         "tie_default": {"*": True},
         "loaders": {"*": _PNLP_EMBED_HEAD},
     },
-    {   # ChatGLM v2/v3: transformer.embedding.word_embeddings + a separate output_layer
+    {  # ChatGLM v2/v3: transformer.embedding.word_embeddings + a separate output_layer
         "family": "chatglm_v2",
         "model_types": ["chatglm_v2", "chatglm2", "chatglm3"],
         "embedding": ["word_embeddings.weight"],
@@ -160,10 +246,14 @@ FAMILIES: list[dict] = [
         "head": ["output_layer.weight", "lm_head.weight"],
         "bias": [],
         "tie_default": {"*": False},
-        "loaders": {"paddleformers": _PF_LIKE, "hf": _PF_LIKE,
-                    "paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE, "paddlenlp-3": _PNLP_LINEAR_HEAD_NO_RETIE},
+        "loaders": {
+            "paddleformers": _PF_LIKE,
+            "hf": _PF_LIKE,
+            "paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE,
+            "paddlenlp-3": _PNLP_LINEAR_HEAD_NO_RETIE,
+        },
     },
-    {   # Bloom: word_embeddings; PaddleNLP writes only the embedding (tied)
+    {  # Bloom: word_embeddings; PaddleNLP writes only the embedding (tied)
         "family": "bloom",
         "model_types": ["bloom"],
         "embedding": ["word_embeddings.weight"],
@@ -179,13 +269,33 @@ FAMILIES: list[dict] = [
 FALLBACK = {
     "family": "unknown",
     "model_types": [],
-    "embedding": ["embed_tokens.weight", "word_embeddings.weight", "wte.weight", "shared.weight",
-                  "tok_embeddings.weight", "word_embedding.weight"],
+    "embedding": [
+        "embed_tokens.weight",
+        "word_embeddings.weight",
+        "wte.weight",
+        "shared.weight",
+        "tok_embeddings.weight",
+        "word_embedding.weight",
+    ],
     "aliases": ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"],
-    "head": ["lm_head.weight", "output.weight", "lm_head_weight", "output_layer.weight", "lm_head.decoder_weight",
-             "cls.predictions.decoder.weight", "cls.predictions.decoder_weight", "lm_loss.weight"],
-    "bias": ["lm_head.bias", "final_logits_bias", "cls.predictions.bias", "cls.predictions.decoder_bias",
-             "cls.predictions.decoder.bias", "lm_loss.bias"],
+    "head": [
+        "lm_head.weight",
+        "output.weight",
+        "lm_head_weight",
+        "output_layer.weight",
+        "lm_head.decoder_weight",
+        "cls.predictions.decoder.weight",
+        "cls.predictions.decoder_weight",
+        "lm_loss.weight",
+    ],
+    "bias": [
+        "lm_head.bias",
+        "final_logits_bias",
+        "cls.predictions.bias",
+        "cls.predictions.decoder_bias",
+        "cls.predictions.decoder.bias",
+        "lm_loss.bias",
+    ],
     "tie_default": {"*": False},
     "loaders": {"*": _PF_LIKE},
 }

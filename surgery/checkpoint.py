@@ -35,10 +35,15 @@ def _read_json(path: Path, what: str) -> Any:
     except FileNotFoundError:
         raise CheckpointError(f"{what} not found", path, "check the path") from None
     except IsADirectoryError:
-        raise CheckpointError(f"{what} is a folder, expected a JSON file", path, "remove or rename it") from None
+        raise CheckpointError(
+            f"{what} is a folder, expected a JSON file", path, "remove or rename it"
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise CheckpointError(f"{what} is not valid JSON ({e.__class__.__name__}: {str(e)[:200]})", path,
-                              "fix or restore the file") from None
+        raise CheckpointError(
+            f"{what} is not valid JSON ({e.__class__.__name__}: {str(e)[:200]})",
+            path,
+            "fix or restore the file",
+        ) from None
 
 
 @dataclass
@@ -77,7 +82,7 @@ class Checkpoint:
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, path: str | Path) -> "Checkpoint":
+    def open(cls, path: str | Path) -> Checkpoint:
         """Read a checkpoint folder's config, index and weight headers.
 
         Raises:
@@ -89,11 +94,16 @@ class Checkpoint:
         if not path.exists():
             raise CheckpointError("no such folder", path, "check the checkpoint path")
         if not path.is_dir():
-            raise CheckpointError("is a file, expected a checkpoint folder", path,
-                                  "pass the folder that holds config.json and the weights")
+            raise CheckpointError(
+                "is a file, expected a checkpoint folder",
+                path,
+                "pass the folder that holds config.json and the weights",
+            )
         config = _read_json(path / "config.json", "config.json")
         if not isinstance(config, dict):
-            raise CheckpointError("config.json is not a JSON object", path / "config.json", "fix or restore it")
+            raise CheckpointError(
+                "config.json is not a JSON object", path / "config.json", "fix or restore it"
+            )
         fmt, index_name, files = cls._find_weights(path)
         warnings: list[str] = []
         index = None
@@ -101,18 +111,25 @@ class Checkpoint:
             index = _read_json(path / index_name, index_name)
             wm = index.get("weight_map") if isinstance(index, dict) else None
             if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
-                raise CheckpointError("index has no weight_map of name → shard file", path / index_name,
-                                      "regenerate the index")
+                raise CheckpointError(
+                    "index has no weight_map of name → shard file", path / index_name, "regenerate the index"
+                )
             if not isinstance(index.get("metadata", {}), dict):
-                raise CheckpointError("index metadata is not a JSON object", path / index_name, "regenerate the index")
+                raise CheckpointError(
+                    "index metadata is not a JSON object", path / index_name, "regenerate the index"
+                )
             listed = sorted(set(wm.values()), key=lambda n: (SHARD_RE.match(n) is None, n))
             for f in listed:
                 if "/" in f or "\\" in f or f.startswith("."):
-                    raise CheckpointError(f"index names a shard outside the folder: {f!r}", path / index_name,
-                                          "fix the index")
+                    raise CheckpointError(
+                        f"index names a shard outside the folder: {f!r}", path / index_name, "fix the index"
+                    )
                 if not (path / f).is_file():
-                    raise CheckpointError(f"index names shard {f}, which is not in the folder", path / index_name,
-                                          f"restore {f} or regenerate the index")
+                    raise CheckpointError(
+                        f"index names shard {f}, which is not in the folder",
+                        path / index_name,
+                        f"restore {f} or regenerate the index",
+                    )
             unlisted = [f for f in files if f not in listed]
             files = listed
         else:
@@ -138,12 +155,18 @@ class Checkpoint:
             return "pdparams", None, [PD_SINGLE]
         if st_shards or pd_shards:
             idx = ST_INDEX if st_shards else PD_INDEX
-            raise CheckpointError(f"shard files are present but {idx} is missing", path,
-                                  f"restore {idx} (it maps tensor names to shards)")
+            raise CheckpointError(
+                f"shard files are present but {idx} is missing",
+                path,
+                f"restore {idx} (it maps tensor names to shards)",
+            )
         others = sorted(n for n in names if n.endswith((".safetensors", ".pdparams")))
         hint = f" (found {', '.join(others)}; rename it to {ST_SINGLE} or {PD_SINGLE})" if others else ""
-        raise CheckpointError(f"no weights found{hint}", path,
-                              f"expected {ST_SINGLE}, {PD_SINGLE}, or shards with {ST_INDEX} / {PD_INDEX}")
+        raise CheckpointError(
+            f"no weights found{hint}",
+            path,
+            f"expected {ST_SINGLE}, {PD_SINGLE}, or shards with {ST_INDEX} / {PD_INDEX}",
+        )
 
     def _read_headers(self) -> None:
         where: dict[str, str] = {}
@@ -158,8 +181,11 @@ class Checkpoint:
                 self.np_module[f] = module
             for t in infos:
                 if t.name in where:
-                    raise CheckpointError(f"tensor {t.name!r} is stored in both {where[t.name]} and {f}", self.path,
-                                          "remove the duplicate and regenerate the index")
+                    raise CheckpointError(
+                        f"tensor {t.name!r} is stored in both {where[t.name]} and {f}",
+                        self.path,
+                        "remove the duplicate and regenerate the index",
+                    )
                 where[t.name] = f
                 self.tensors[t.name] = t
         if self.index is not None:
@@ -170,11 +196,16 @@ class Checkpoint:
                         f"index entry {name} → {f} is stale: {f} has no such tensor; it is left out of the output index"
                     )
                 elif where[name] != f:
-                    raise CheckpointError(f"index maps {name!r} to {f} but it is stored in {where[name]}",
-                                          self.path / self.index_name, "regenerate the index")
+                    raise CheckpointError(
+                        f"index maps {name!r} to {f} but it is stored in {where[name]}",
+                        self.path / self.index_name,
+                        "regenerate the index",
+                    )
             for name, f in where.items():
                 if name not in wm:
-                    self.warnings.append(f"tensor {name} is in {f} but not in the index; it is kept and listed")
+                    self.warnings.append(
+                        f"tensor {name} is in {f} but not in the index; it is kept and listed"
+                    )
 
     def _check_unlisted_shards(self, unlisted: list[str]) -> None:
         """Shard files the index does not name are not part of the checkpoint; but an index entry that points
@@ -182,8 +213,14 @@ class Checkpoint:
         for f in unlisted:
             p = self.path / f
             try:
-                names = [t.name for t in (safetensors_io.read_header(p, f)[0] if self.format == "safetensors"
-                                          else pdparams_io.read_header(p, f)[0])]
+                names = [
+                    t.name
+                    for t in (
+                        safetensors_io.read_header(p, f)[0]
+                        if self.format == "safetensors"
+                        else pdparams_io.read_header(p, f)[0]
+                    )
+                ]
             except CheckpointError:
                 names = []
             wm = self.index["weight_map"]
@@ -191,7 +228,9 @@ class Checkpoint:
             if moved:
                 raise CheckpointError(
                     f"index maps {moved[0]} to {wm[moved[0]]}, but it is stored in {f}, which the index does not name",
-                    self.path / self.index_name, "regenerate the index")
+                    self.path / self.index_name,
+                    "regenerate the index",
+                )
             self.warnings.append(f"{f} is in the folder but the index names none of its tensors; ignored")
 
     def _list_other_files(self) -> list[str]:
@@ -214,8 +253,12 @@ class Checkpoint:
         if self.format == "pdparams":
             return True
         cfgs = [self.config, self.config.get("text_config") or {}]
-        return any(str(c.get(k, "")).endswith("bfloat16") for c in cfgs if isinstance(c, dict)
-                   for k in ("torch_dtype", "dtype"))
+        return any(
+            str(c.get(k, "")).endswith("bfloat16")
+            for c in cfgs
+            if isinstance(c, dict)
+            for k in ("torch_dtype", "dtype")
+        )
 
     def logical_dtype(self, t: TensorInfo) -> str:
         """What the values mean: ``float32``, ``float16``, ``bfloat16`` (also for bf16 stored as U16)."""
@@ -252,7 +295,7 @@ class Checkpoint:
                 return
             stop = a.shape[0] if stop is None else stop
             for s in range(start, stop, chunk_rows):
-                yield a[s:min(s + chunk_rows, stop)]
+                yield a[s : min(s + chunk_rows, stop)]
             return
         rows = t.shape[0]
         stop = rows if stop is None else stop
@@ -265,8 +308,11 @@ class Checkpoint:
                 n = min(chunk_rows, stop - s) * row_bytes
                 view = memoryview(buf)[:n]
                 if f.readinto(view) != n:
-                    raise CheckpointError(f"tensor {name!r} is truncated", self.path / t.file,
-                                          "re-download or re-export the file")
+                    raise CheckpointError(
+                        f"tensor {name!r} is truncated",
+                        self.path / t.file,
+                        "re-download or re-export the file",
+                    )
                 yield np.frombuffer(view, dtype=dt).reshape((n // row_bytes,) + tuple(t.shape[1:]))
 
     def source(self, name: str) -> safetensors_io.Source:

@@ -131,8 +131,10 @@ def infer_loader(ckpt: Checkpoint, embedding_name: str | None) -> tuple[str, str
         return "paddlenlp-2.8", f"config.json paddlenlp_version = {v!r} (PaddleNLP 2.x writes null)"
     first = (embedding_name or "").split(".")[0]
     if first in arch.PADDLENLP_PREFIXES:
-        return "paddlenlp-3", (f"PaddleNLP names ({first}.*) and no paddlenlp_version in config.json: assumed "
-                               "PaddleNLP ≥ 3; pass --loader paddlenlp-2.8 if an older PaddleNLP loads it")
+        return "paddlenlp-3", (
+            f"PaddleNLP names ({first}.*) and no paddlenlp_version in config.json: assumed "
+            "PaddleNLP ≥ 3; pass --loader paddlenlp-2.8 if an older PaddleNLP loads it"
+        )
     return "hf", "HF-style names (model.*, transformer.*), as PaddleFormers reads them"
 
 
@@ -162,8 +164,9 @@ def shared_storage(ckpt: Checkpoint, emb: str, head: str) -> Comparison | None:
     return Comparison("exact", 0.0, 0, storage_shared=True) if e_st is not None and e_st == h_st else None
 
 
-def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int = 1 << 20,
-            scale: float | None = None) -> Comparison:
+def compare(
+    ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int = 1 << 20, scale: float | None = None
+) -> Comparison:
     """Compare head and embedding values in row chunks (memory bounded by one chunk of each).
 
     Chunks of about ``chunk_bytes`` (1 MiB): small enough that a chunk read from the page cache is still
@@ -186,7 +189,11 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int
     e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
     h_bf = ckpt.logical_dtype(h_info) == "bfloat16"
     bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf and scale is None
-    bits = np.dtype(f"<u{e_info.storage_dtype.itemsize}") if e_info.storage_dtype.itemsize in (1, 2, 4, 8) else None
+    bits = (
+        np.dtype(f"<u{e_info.storage_dtype.itemsize}")
+        if e_info.storage_dtype.itemsize in (1, 2, 4, 8)
+        else None
+    )
     bit_equal = bit_equal and bits is not None
     if scale is not None:
         equal = "scaled"
@@ -198,7 +205,10 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int
     def part(start: int, stop: int) -> tuple[float, int]:
         """max |diff| and differing rows over rows start:stop (0.0, 0 when bit-identical)."""
         if hT is not None:
-            h_chunks = (np.ascontiguousarray(hT[s:min(s + chunk_rows, stop)]) for s in range(start, stop, chunk_rows))
+            h_chunks = (
+                np.ascontiguousarray(hT[s : min(s + chunk_rows, stop)])
+                for s in range(start, stop, chunk_rows)
+            )
         else:
             h_chunks = ckpt.iter_rows(head, chunk_rows, start, stop)
         max_diff, rows, bit_eq = 0.0, 0, bit_equal
@@ -208,7 +218,9 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int
             bit_eq = False
             fa = bf16_bits_to_f32(a) if e_bf else a.astype(np.float32)
             fb = bf16_bits_to_f32(b) if h_bf else b.astype(np.float32)
-            if scale is not None:  # the embedding times the scale, rounded to the head's dtype as untie writes it
+            if (
+                scale is not None
+            ):  # the embedding times the scale, rounded to the head's dtype as untie writes it
                 fa = fa * np.float32(scale)
                 fa = bf16_bits_to_f32(f32_to_bf16_bits(fa)) if h_bf else fa.astype(b.dtype).astype(np.float32)
             with np.errstate(invalid="ignore", over="ignore"):
@@ -234,8 +246,14 @@ def compare(ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int
     return Comparison("different", max_diff, rows)
 
 
-def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = None,
-           compare_values: bool = True, embedding_name: str | None = None, head_name: str | None = None) -> Detection:
+def detect(
+    ckpt: Checkpoint,
+    layout: str | None = None,
+    loader: str | None = None,
+    compare_values: bool = True,
+    embedding_name: str | None = None,
+    head_name: str | None = None,
+) -> Detection:
     """Find embedding, head, bias and tie state of ``ckpt``.
 
     Args:
@@ -252,8 +270,11 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
     """
     for n, what in ((embedding_name, "--embedding"), (head_name, "--head")):
         if n is not None and n not in ckpt.tensors:
-            raise CheckpointError(f"{what} {n}: no such tensor", ckpt.path,
-                                  "tietool inspect lists the tensors; pass a name from the weight files")
+            raise CheckpointError(
+                f"{what} {n}: no such tensor",
+                ckpt.path,
+                "tietool inspect lists the tensors; pass a name from the weight files",
+            )
     cfg = ckpt.config
     tcfg, tkey = text_config(cfg)
     model_type = cfg.get("model_type")
@@ -278,29 +299,43 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
         problems.append("config.json model_type is not a string; ignored")
     if embedding is None:
         # not in the table: shape search against config vocab_size / hidden_size
-        cands = [n for n, t in ckpt.tensors.items() if len(t.shape) == 2 and vocab_size and hidden
-                 and tuple(t.shape) == (vocab_size, hidden) and n != head_name]
+        cands = [
+            n
+            for n, t in ckpt.tensors.items()
+            if len(t.shape) == 2
+            and vocab_size
+            and hidden
+            and tuple(t.shape) == (vocab_size, hidden)
+            and n != head_name
+        ]
         hinted = [n for n in cands if any(k in n for k in ("embed", "wte", "shared", "word", "tok"))]
         if not cands:
             raise CheckpointError(
                 f"no input embedding found (model_type {model_type!r}: no tensor named like "
                 f"{', '.join(probe.embedding[:3])}, and none of shape [vocab_size, hidden_size] = "
                 f"[{vocab_size}, {hidden}])",
-                ckpt.path, "pass --embedding NAME (and --head NAME), or check config.json vocab_size/hidden_size",
+                ckpt.path,
+                "pass --embedding NAME (and --head NAME), or check config.json vocab_size/hidden_size",
             )
         if len(cands) > 1 and len(hinted) != 1:
             raise RefusedError(
                 f"model_type {model_type!r} is not in the architecture table and {len(cands)} tensors have the "
-                f"embedding's shape [{vocab_size}, {hidden}]: {', '.join(cands[:6])}", ckpt.path,
-                "pass --embedding NAME and --head NAME to say which is which")
+                f"embedding's shape [{vocab_size}, {hidden}]: {', '.join(cands[:6])}",
+                ckpt.path,
+                "pass --embedding NAME and --head NAME to say which is which",
+            )
         cands = hinted or cands
         embedding = cands[0]
         fallback = True
-        notes.append(f"model_type {model_type!r} is not in the architecture table: found the embedding "
-                     f"{embedding} by its shape [vocab_size, hidden_size]")
+        notes.append(
+            f"model_type {model_type!r} is not in the architecture table: found the embedding "
+            f"{embedding} by its shape [vocab_size, hidden_size]"
+        )
     if not probe.known and not fallback:
-        notes.append(f"model_type {model_type!r} is not in the architecture table: names matched by the "
-                     "common patterns")
+        notes.append(
+            f"model_type {model_type!r} is not in the architecture table: names matched by the "
+            "common patterns"
+        )
 
     if loader is None:
         loader, loader_source = infer_loader(ckpt, embedding)
@@ -311,13 +346,21 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
     e_info = ckpt.tensors[embedding]
     V, H = e_info.shape
     if hidden is not None and H != hidden:
-        problems.append(f"the embedding {embedding} is {list(e_info.shape)} but config hidden_size is {hidden}")
+        problems.append(
+            f"the embedding {embedding} is {list(e_info.shape)} but config hidden_size is {hidden}"
+        )
 
     # aliases: same storage, or a known alias name with identical shape and bytes
-    same_storage = [n for n, t in ckpt.tensors.items()
-                    if n != embedding and e_info.storage is not None and t.storage == e_info.storage]
-    alias_named = [n for n in _find(ckpt, fam.aliases + fam.embedding, exclude=(embedding,))
-                   if ckpt.tensors[n].shape == e_info.shape]
+    same_storage = [
+        n
+        for n, t in ckpt.tensors.items()
+        if n != embedding and e_info.storage is not None and t.storage == e_info.storage
+    ]
+    alias_named = [
+        n
+        for n in _find(ckpt, fam.aliases + fam.embedding, exclude=(embedding,))
+        if ckpt.tensors[n].shape == e_info.shape
+    ]
     # the head
     head_cands = _find(ckpt, fam.head, exclude=(embedding,), ndim=None)
     head = head_cands[0] if head_cands else None
@@ -326,25 +369,35 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
         head, head_present = head_name, True
     elif head is None and not fam.known:
         # fallback: the other 2-D tensor of shape {V, H}, if there is exactly one
-        others = [n for n, t in ckpt.tensors.items() if n != embedding and n not in alias_named
-                  and len(t.shape) == 2 and set(t.shape) == {V, H}]
+        others = [
+            n
+            for n, t in ckpt.tensors.items()
+            if n != embedding and n not in alias_named and len(t.shape) == 2 and set(t.shape) == {V, H}
+        ]
         if len(others) == 1:
             head, head_present = others[0], True
             notes.append(f"found the head {head} by its shape")
         elif others:
-            raise RefusedError(f"model_type {model_type!r} is not in the architecture table and several tensors "
-                               f"could be the head: {', '.join(others[:6])}", ckpt.path,
-                               "pass --head NAME (and --embedding NAME)")
+            raise RefusedError(
+                f"model_type {model_type!r} is not in the architecture table and several tensors "
+                f"could be the head: {', '.join(others[:6])}",
+                ckpt.path,
+                "pass --head NAME (and --embedding NAME)",
+            )
     if head is None:
         head = _default_head_name(fam)
     head_aliases = []
     if head_present:
         h_info = ckpt.tensors[head]
         if h_info.storage is not None:
-            head_aliases = [n for n, t in ckpt.tensors.items() if n not in (head, embedding)
-                            and t.storage == h_info.storage and n in head_cands]
-    emb_aliases = [n for n in dict.fromkeys(same_storage + alias_named)
-                   if n != head and n not in head_aliases]
+            head_aliases = [
+                n
+                for n, t in ckpt.tensors.items()
+                if n not in (head, embedding) and t.storage == h_info.storage and n in head_cands
+            ]
+    emb_aliases = [
+        n for n in dict.fromkeys(same_storage + alias_named) if n != head and n not in head_aliases
+    ]
     if ckpt.tensors and emb_aliases:
         eq = []
         for n in emb_aliases:
@@ -378,11 +431,14 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
                     tp = V // rows
                     problems.append(
                         f"the head {head} {list(hs)} has {rows} vocab rows, exactly 1/{tp} of the embedding's {V}: "
-                        "likely an unmerged tensor-parallel shard (merge the tensor-parallel slices first)")
+                        "likely an unmerged tensor-parallel shard (merge the tensor-parallel slices first)"
+                    )
                     break
             else:
-                problems.append(f"the head {head} has shape {list(hs)}, which fits neither [vocab, hidden] = "
-                                f"[{V}, {H}] nor [hidden, vocab]")
+                problems.append(
+                    f"the head {head} has shape {list(hs)}, which fits neither [vocab, hidden] = "
+                    f"[{V}, {H}] nor [hidden, vocab]"
+                )
             head_layout = None
 
     # bias
@@ -394,7 +450,8 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
         for n in bias_names[1:]:
             t = ckpt.tensors[n]
             if (b_info.storage is not None and t.storage == b_info.storage) or (
-                    t.shape == b_info.shape and np.array_equal(ckpt.load(n), ckpt.load(bias))):
+                t.shape == b_info.shape and np.array_equal(ckpt.load(n), ckpt.load(bias))
+            ):
                 bias_aliases.append(n)
 
     # config flag
@@ -415,9 +472,11 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
         config_tied = fam.tie_default
         source = f"default for {model_type or 'unknown model_type'} under {loader} (key absent)"
     if len(set(flags.values())) > 1:
-        problems.append("tie_word_embeddings flags disagree: " + ", ".join(f"{k} = {str(v).lower()}"
-                                                                           for k, v in flags.items())
-                        + f"; {tkey} governs the language model, so {source} is used")
+        problems.append(
+            "tie_word_embeddings flags disagree: "
+            + ", ".join(f"{k} = {str(v).lower()}" for k, v in flags.items())
+            + f"; {tkey} governs the language model, so {source} is used"
+        )
 
     # values
     seen = ""  # what the values say about an ambiguous layout, when compared
@@ -441,50 +500,87 @@ def detect(ckpt: Checkpoint, layout: str | None = None, loader: str | None = Non
             scaled = compare(ckpt, embedding, head, head_layout, scale=tied_scale(ckpt.config, H))
             if scaled.values == "scaled":
                 comp = scaled
-                notes.append(f"{head} equals {embedding} × d_model ** -0.5: the tied head of {fam.name}, "
-                             "materialised (as tietool untie writes it)")
+                notes.append(
+                    f"{head} equals {embedding} × d_model ** -0.5: the tied head of {fam.name}, "
+                    "materialised (as tietool untie writes it)"
+                )
 
     if head_present and head_layout == "ambiguous":
-        notes.append(f"vocab_size == hidden_size ({V}): the head's layout cannot be told from its shape{seen}; "
-                     "pass --layout vocab-hidden or hidden-vocab")
+        notes.append(
+            f"vocab_size == hidden_size ({V}): the head's layout cannot be told from its shape{seen}; "
+            "pass --layout vocab-hidden or hidden-vocab"
+        )
 
     # consistency findings
     if head_present and comp.values == "different" and config_tied and comp.max_abs_diff is not None:
-        problems.append(f"tied in config ({source} = true) but {head} differs from {embedding}: "
-                        f"max |difference| {comp.max_abs_diff:.3g} in {comp.differing_rows} of {V} rows; a loader "
-                        "that re-ties ignores the head's values")
+        problems.append(
+            f"tied in config ({source} = true) but {head} differs from {embedding}: "
+            f"max |difference| {comp.max_abs_diff:.3g} in {comp.differing_rows} of {V} rows; a loader "
+            "that re-ties ignores the head's values"
+        )
     if not head_present and config_tied and not fam.reties and comp.values != "shared":
-        problems.append(f"no head in the files, and the {loader} loader does not re-tie a missing head: it would "
-                        f"load a random {head} (run untie to write it, or pass --loader if another library loads it)")
+        problems.append(
+            f"no head in the files, and the {loader} loader does not re-tie a missing head: it would "
+            f"load a random {head} (run untie to write it, or pass --loader if another library loads it)"
+        )
     if not head_present and not config_tied:
-        problems.append(f"untied in config ({source} = false) but no head ({head}) was found in the files: "
-                        "effectively tied; a loader would fail or initialise a random head "
-                        "(tie fixes the flag; untie writes the head as a copy of the embedding)")
+        problems.append(
+            f"untied in config ({source} = false) but no head ({head}) was found in the files: "
+            "effectively tied; a loader would fail or initialise a random head "
+            "(tie fixes the flag; untie writes the head as a copy of the embedding)"
+        )
     cvs = vocab_size
     if cvs is not None and cvs != V:
-        problems.append(f"config vocab_size is {cvs} but the embedding {embedding} has {V} rows "
-                        f"(resize --vocab {V} fixes vocab_size)")
+        problems.append(
+            f"config vocab_size is {cvs} but the embedding {embedding} has {V} rows "
+            f"(resize --vocab {V} fixes vocab_size)"
+        )
     tok = tokenizer_info(ckpt.path)
     if tok.size is not None:
         if tok.size < V:
-            notes.append(f"the embedding has {V} rows and the tokenizer defines {tok.size} tokens "
-                         f"(highest id {tok.size - 1}): {V - tok.size} padding rows beyond the tokenizer "
-                         "(normal when vocab_size is padded to a multiple; trimming below "
-                         f"{tok.size} would break tokens)")
+            notes.append(
+                f"the embedding has {V} rows and the tokenizer defines {tok.size} tokens "
+                f"(highest id {tok.size - 1}): {V - tok.size} padding rows beyond the tokenizer "
+                "(normal when vocab_size is padded to a multiple; trimming below "
+                f"{tok.size} would break tokens)"
+            )
         elif tok.size > V:
-            problems.append(f"the tokenizer defines {tok.size} tokens (highest id {tok.size - 1}, from "
-                            f"{', '.join(tok.sources)}) but the embedding has only {V} rows: the model is "
-                            f"{tok.size - V} row(s) short (resize --vocab {tok.size})")
+            problems.append(
+                f"the tokenizer defines {tok.size} tokens (highest id {tok.size - 1}, from "
+                f"{', '.join(tok.sources)}) but the embedding has only {V} rows: the model is "
+                f"{tok.size - V} row(s) short (resize --vocab {tok.size})"
+            )
     for n in tok.unreadable:
         problems.append(f"tokenizer file {n} could not be read")
 
     return Detection(
-        ckpt=ckpt, family=fam, loader=loader, loader_source=loader_source, model_type=model_type,
-        vocab_rows=V, hidden=H, embedding=embedding, embedding_aliases=emb_aliases, vocab_aliases=vocab_aliases,
-        head=head, head_present=head_present, head_layout=head_layout, head_aliases=head_aliases, bias=bias,
-        bias_aliases=bias_aliases, config_tied=config_tied, config_source=source, config_flags=flags,
-        comparison=comp, config_vocab_size=cvs, text_cfg_key=tkey, tokenizer=tok, fallback=fallback,
-        tp_fraction=tp, problems=problems, notes=notes,
+        ckpt=ckpt,
+        family=fam,
+        loader=loader,
+        loader_source=loader_source,
+        model_type=model_type,
+        vocab_rows=V,
+        hidden=H,
+        embedding=embedding,
+        embedding_aliases=emb_aliases,
+        vocab_aliases=vocab_aliases,
+        head=head,
+        head_present=head_present,
+        head_layout=head_layout,
+        head_aliases=head_aliases,
+        bias=bias,
+        bias_aliases=bias_aliases,
+        config_tied=config_tied,
+        config_source=source,
+        config_flags=flags,
+        comparison=comp,
+        config_vocab_size=cvs,
+        text_cfg_key=tkey,
+        tokenizer=tok,
+        fallback=fallback,
+        tp_fraction=tp,
+        problems=problems,
+        notes=notes,
     )
 
 

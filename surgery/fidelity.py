@@ -1,4 +1,4 @@
-"""Logits of a checkpoint folder under PaddleFormers on CPU, run as ``python -m surgery.fidelity CKPT
+"""Logits of a checkpoint folder under PaddleFormers on CPU, run as ``python -m tietool.surgery.fidelity CKPT
 ARCH IDS.npy OUT.npy`` in a subprocess (a failed PaddleFormers load leaves global state that breaks later
 loads in the same process). Prints one JSON line. The only module of tietool that imports paddle.
 
@@ -63,8 +63,11 @@ def main(argv: list[str]) -> int:
                     out = m(input_ids=ids)
             lg = out[0] if isinstance(out, (tuple, list)) else getattr(out, "logits", out)
             np.save(out_path, lg.astype("float32").numpy())
-            bad = [ln for ln in log.getvalue().splitlines()
-                   if any(w in ln for w in ("Missing keys", "newly initialized", "should be assigned"))]
+            bad = [
+                ln
+                for ln in log.getvalue().splitlines()
+                if any(w in ln for w in ("Missing keys", "newly initialized", "should be assigned"))
+            ]
             if bad:  # some weights were not loaded: the logits are not the checkpoint's
                 res["error"] = "not every weight was loaded: " + bad[0][:200]
             else:

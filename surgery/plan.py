@@ -7,8 +7,8 @@ A :class:`Plan` lists tensors dropped, replaced and added, config keys set, and 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -18,7 +18,6 @@ from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, tied_scale
 from .errors import AmbiguousLayoutError, RefusedError, UsageError, ValuesDifferError
 from .formats.safetensors_io import Source
 from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
-
 
 NEW_SHARD = "<new shard>"  # NewTensor.file of a tensor that gets a shard file of its own
 
@@ -108,8 +107,11 @@ class Plan:
     def touched_files(self) -> set[str]:
         """Weight files that must be rewritten (not copied)."""
         t = self.ckpt.tensors
-        files = {t[n].file for n in self.drop} | {t[n].file for n in self.replace} | {
-            a.file for a in self.add if a.file != NEW_SHARD}
+        files = (
+            {t[n].file for n in self.drop}
+            | {t[n].file for n in self.replace}
+            | {a.file for a in self.add if a.file != NEW_SHARD}
+        )
         if self.relabel_u16:
             files |= {x.file for x in t.values() if x.dtype == "U16"}
         return files
@@ -141,8 +143,11 @@ def _tie_flags(det: Detection, value: bool) -> list[tuple[str, str, object]]:
 
 def _refuse_unusable_head(det: Detection, op: str) -> None:
     if det.head_present and det.head_layout is None:
-        raise RefusedError(f"{op} refused: " + "; ".join(p for p in det.problems if det.head in p), det.ckpt.path,
-                           "fix the head first (merge tensor-parallel slices / re-export)")
+        raise RefusedError(
+            f"{op} refused: " + "; ".join(p for p in det.problems if det.head in p),
+            det.ckpt.path,
+            "fix the head first (merge tensor-parallel slices / re-export)",
+        )
 
 
 def _out_dtype(ckpt: Checkpoint, t: TensorInfo, relabel: bool) -> str:
@@ -150,7 +155,11 @@ def _out_dtype(ckpt: Checkpoint, t: TensorInfo, relabel: bool) -> str:
 
 
 def _wants_relabel(ckpt: Checkpoint) -> bool:
-    return ckpt.format == "safetensors" and ckpt.bf16_as_u16 and any(t.dtype == "U16" for t in ckpt.tensors.values())
+    return (
+        ckpt.format == "safetensors"
+        and ckpt.bf16_as_u16
+        and any(t.dtype == "U16" for t in ckpt.tensors.values())
+    )
 
 
 def _base_plan(op: str, det: Detection) -> Plan:
@@ -159,8 +168,10 @@ def _base_plan(op: str, det: Detection) -> Plan:
     if ckpt.index is not None:
         plan.stale_index = [n for n in ckpt.index["weight_map"] if n not in ckpt.tensors]
     if plan.relabel_u16:
-        plan.notes.append("U16 tensors hold bfloat16 bits (config dtype bfloat16): rewritten shards label them BF16; "
-                          "the bytes are unchanged")
+        plan.notes.append(
+            "U16 tensors hold bfloat16 bits (config dtype bfloat16): rewritten shards label them BF16; "
+            "the bytes are unchanged"
+        )
     return plan
 
 
@@ -191,51 +202,77 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
         for a in copies:
             plan.drop[a] = f"copy of {det.embedding} (--drop-aliases)"
     elif copies:
-        plan.notes.append(f"{', '.join(copies)} duplicate {det.embedding} and are kept "
-                          "(--drop-aliases drops them)")
+        plan.notes.append(
+            f"{', '.join(copies)} duplicate {det.embedding} and are kept (--drop-aliases drops them)"
+        )
     if not det.head_present:
         plan.metadata = {n: det.embedding for n in plan.drop}
         if det.config_tied:
             plan.notes.append(f"already tied: no head in the files and {det.config_source} = true")
         else:
-            plan.notes.append(f"no head in the files: only {det.config_source} changes to true (0 bytes saved)")
+            plan.notes.append(
+                f"no head in the files: only {det.config_source} changes to true (0 bytes saved)"
+            )
         return plan
     if det.head_layout == "ambiguous":
         raise AmbiguousLayoutError(
             f"vocab_size == hidden_size == {det.vocab_rows}: the layout of {det.head} cannot be told from its "
-            f"square shape; as stored it is {det.comparison.values} vs {det.embedding}", ckpt.path,
-            "pass --layout vocab-hidden or --layout hidden-vocab (PaddleNLP Llama/Qwen heads are hidden-vocab)")
+            f"square shape; as stored it is {det.comparison.values} vs {det.embedding}",
+            ckpt.path,
+            "pass --layout vocab-hidden or --layout hidden-vocab (PaddleNLP Llama/Qwen heads are hidden-vocab)",
+        )
     comp = det.comparison
     if comp.values == "different":
         if keep is None:
             raise ValuesDifferError(
                 f"tie refused: {det.head} differs from {det.embedding} (max |difference| {comp.max_abs_diff:.3g}, "
-                f"{comp.differing_rows} of {det.vocab_rows} rows differ)", ckpt.path,
-                "pass --keep embedding or --keep head to choose the values to keep, or use untie")
+                f"{comp.differing_rows} of {det.vocab_rows} rows differ)",
+                ckpt.path,
+                "pass --keep embedding or --keep head to choose the values to keep, or use untie",
+            )
         if keep == "head" and det.family.tied_logit_scale:
-            raise RefusedError(f"--keep head on {det.family.name}: the tied model multiplies the embedding by "
-                               "d_model ** -0.5 for the logits, so the head's values cannot become the embedding",
-                               ckpt.path, "use --keep embedding, or keep the checkpoint untied")
+            raise RefusedError(
+                f"--keep head on {det.family.name}: the tied model multiplies the embedding by "
+                "d_model ** -0.5 for the logits, so the head's values cannot become the embedding",
+                ckpt.path,
+                "use --keep embedding, or keep the checkpoint untied",
+            )
         if keep == "head":
             h = det.head_info
             layout = det.head_layout
 
             def head_as_embedding() -> np.ndarray:
-                return np.ascontiguousarray(ckpt.load(det.head).T) if layout == HIDDEN_VOCAB else ckpt.load(det.head)
+                return (
+                    np.ascontiguousarray(ckpt.load(det.head).T)
+                    if layout == HIDDEN_VOCAB
+                    else ckpt.load(det.head)
+                )
 
             e = det.emb_info
             if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
-                raise RefusedError(f"--keep head: {det.head} is {ckpt.logical_dtype(h)} but {det.embedding} is "
-                                   f"{ckpt.logical_dtype(e)}", ckpt.path, "convert the dtypes first")
+                raise RefusedError(
+                    f"--keep head: {det.head} is {ckpt.logical_dtype(h)} but {det.embedding} is "
+                    f"{ckpt.logical_dtype(e)}",
+                    ckpt.path,
+                    "convert the dtypes first",
+                )
             for n in [det.embedding] + det.embedding_aliases:
                 t = ckpt.tensors[n]
-                plan.replace[n] = NewTensor(n, _out_dtype(ckpt, t, plan.relabel_u16), t.shape, head_as_embedding,
-                                            t.file, storage=("embedding",))
+                plan.replace[n] = NewTensor(
+                    n,
+                    _out_dtype(ckpt, t, plan.relabel_u16),
+                    t.shape,
+                    head_as_embedding,
+                    t.file,
+                    storage=("embedding",),
+                )
             plan.notes.append(f"--keep head: {det.embedding} takes the values of {det.head}")
         else:
             plan.notes.append(f"--keep embedding: the values of {det.head} are discarded")
     if comp.values == "scaled":
-        plan.notes.append(f"{det.head} is {det.embedding} × d_model ** -0.5: exactly the tied head, so it is dropped")
+        plan.notes.append(
+            f"{det.head} is {det.embedding} × d_model ** -0.5: exactly the tied head, so it is dropped"
+        )
     if det.family.reties:
         plan.drop[det.head] = f"duplicate of {det.embedding} (the {det.loader} loader re-ties it)"
         for a in det.head_aliases:
@@ -245,14 +282,17 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
         plan.notes.append(
             f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head: it would load a random "
             f"one, so {det.head} is kept, equal to the embedding in the loader's {det.head_layout} layout; "
-            "0 bytes saved")
+            "0 bytes saved"
+        )
         if keep == "embedding" and comp.values == "different":
             h = det.head_info
 
             def make(lay=det.head_layout) -> np.ndarray:
                 return _as_layout(ckpt.load(det.embedding), lay)
 
-            plan.replace[det.head] = NewTensor(det.head, _out_dtype(ckpt, h, plan.relabel_u16), h.shape, make, h.file)
+            plan.replace[det.head] = NewTensor(
+                det.head, _out_dtype(ckpt, h, plan.relabel_u16), h.shape, make, h.file
+            )
     return plan
 
 
@@ -276,10 +316,14 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
         raise RefusedError(
             f"untie refused: the {det.loader} loader of {det.model_type} always takes {det.head} from "
             f"{det.embedding} on load, whatever tie_word_embeddings says, so an untied head would be ignored",
-            ckpt.path, "pass --loader hf if another library will load the output")
+            ckpt.path,
+            "pass --loader hf if another library will load the output",
+        )
     plan.config_set = _tie_flags(det, False)
     if det.head_present and not det.comparison.storage_shared:
-        plan.notes.append(f"{det.head} already exists as its own tensor: its bytes are kept (untie only sets the flag)")
+        plan.notes.append(
+            f"{det.head} already exists as its own tensor: its bytes are kept (untie only sets the flag)"
+        )
         return plan
     lay = det.family.head_layout if layout in (None, "auto") else layout
     if lay not in LAYOUTS:
@@ -289,8 +333,10 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
     scale = None
     if det.family.tied_logit_scale and not det.head_present:
         scale = tied_scale(det.ckpt.config, det.hidden)
-        plan.notes.append(f"{det.family.name}: tied logits are scaled by d_model ** -0.5 = {scale:.6g}; the new head "
-                          "is the embedding times that factor, so logits do not change")
+        plan.notes.append(
+            f"{det.family.name}: tied logits are scaled by d_model ** -0.5 = {scale:.6g}; the new head "
+            "is the embedding times that factor, so logits do not change"
+        )
 
     def make() -> np.ndarray | Source:
         if scale is None and lay == VOCAB_HIDDEN and not e.fortran:
@@ -304,16 +350,27 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
 
     name = det.head
     if det.head_present:  # an alias of the embedding's storage: write it as its own array
-        plan.replace[name] = NewTensor(name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make,
-                                       det.head_info.file)
+        plan.replace[name] = NewTensor(
+            name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make, det.head_info.file
+        )
     elif ckpt.sharded:
         # a shard of its own (as PaddleFormers lays the head out): every existing shard is copied unchanged
         plan.add.append(NewTensor(name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make, NEW_SHARD))
     else:
-        plan.add.append(NewTensor(name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make, e.file,
-                                  after=_last_in_file(ckpt, e.file)))
-    plan.notes.append(f"{name} written as {list(shape)} ({lay}), for the {det.loader} loader"
-                      + ("" if layout not in (None, "auto") else f" (auto: {det.loader_source})"))
+        plan.add.append(
+            NewTensor(
+                name,
+                _out_dtype(ckpt, e, plan.relabel_u16),
+                shape,
+                make,
+                e.file,
+                after=_last_in_file(ckpt, e.file),
+            )
+        )
+    plan.notes.append(
+        f"{name} written as {list(shape)} ({lay}), for the {det.loader} loader"
+        + ("" if layout not in (None, "auto") else f" (auto: {det.loader_source})")
+    )
     return plan
 
 
@@ -359,8 +416,15 @@ def _encode(ckpt: Checkpoint, t: TensorInfo, x: np.ndarray) -> np.ndarray:
     return x.astype(t.storage_dtype)
 
 
-def new_rows(old: np.ndarray, n: int, init: str, rng: np.random.Generator, std: float,
-             decode: Callable[[np.ndarray], np.ndarray] | None = None, chunk_rows: int = 8192) -> np.ndarray:
+def new_rows(
+    old: np.ndarray,
+    n: int,
+    init: str,
+    rng: np.random.Generator,
+    std: float,
+    decode: Callable[[np.ndarray], np.ndarray] | None = None,
+    chunk_rows: int = 8192,
+) -> np.ndarray:
     """``n`` new rows ``[n, hidden]`` (float32) for a table whose stored rows are ``old`` ``[rows, hidden]``.
 
     Args:
@@ -386,11 +450,11 @@ def new_rows(old: np.ndarray, n: int, init: str, rng: np.random.Generator, std: 
     rows = old.shape[0]
     total = np.zeros(h, np.float64)
     for s in range(0, rows, chunk_rows):
-        total += decode(np.asarray(old[s:s + chunk_rows])).sum(axis=0, dtype=np.float64)
+        total += decode(np.asarray(old[s : s + chunk_rows])).sum(axis=0, dtype=np.float64)
     mu = (total / rows).astype(np.float32)
     cov = np.zeros((h, h), np.float64)
     for s in range(0, rows, chunk_rows):
-        x = decode(np.asarray(old[s:s + chunk_rows])) - mu
+        x = decode(np.asarray(old[s : s + chunk_rows])) - mu
         cov += (x.T @ x).astype(np.float64)
     cov = cov / rows * 1e-9
     pd = False
@@ -407,8 +471,14 @@ def new_rows(old: np.ndarray, n: int, init: str, rng: np.random.Generator, std: 
     return (mu.astype(np.float64) + z @ chol.T).astype(np.float32)
 
 
-def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = None, init: str = "mean",
-                seed: int | None = None, force: bool = False) -> Plan:
+def plan_resize(
+    det: Detection,
+    vocab: int,
+    pad_to_multiple_of: int | None = None,
+    init: str = "mean",
+    seed: int | None = None,
+    force: bool = False,
+) -> Plan:
     """Plan ``resize``: every tensor that carries the vocabulary gets ``target_rows(vocab, M)`` rows.
 
     Resized together, old rows kept bit-exact, trimming from the end: the input embedding and its aliases,
@@ -435,19 +505,26 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
     if det.head_present and det.head_layout == "ambiguous":
         raise AmbiguousLayoutError(
             f"vocab_size == hidden_size == {det.vocab_rows}: whether {det.head} is [vocab, hidden] or "
-            "[hidden, vocab] cannot be told from its square shape", ckpt.path,
-            "pass --layout vocab-hidden or --layout hidden-vocab")
+            "[hidden, vocab] cannot be told from its square shape",
+            ckpt.path,
+            "pass --layout vocab-hidden or --layout hidden-vocab",
+        )
     V, H = det.vocab_rows, det.hidden
     N = target_rows(vocab, pad_to_multiple_of)
     if N > MAX_VOCAB:
-        raise UsageError(f"--vocab {N} is beyond any tokenizer (token ids are int32 in Paddle; at most {MAX_VOCAB})",
-                         fix="check the number")
+        raise UsageError(
+            f"--vocab {N} is beyond any tokenizer (token ids are int32 in Paddle; at most {MAX_VOCAB})",
+            fix="check the number",
+        )
     # bytes per new value held at once: float32 rows + stored copy (zeros); + float64 draw (normal, mean)
     need = (N - V) * H * {"zeros": 8, "normal": 16, "mean": 32}.get(init, 32)
     avail = _available_memory()
     if N > V and avail is not None and need > avail:
-        raise UsageError(f"--vocab {N} adds {N - V} rows of {H}: about {need >> 20} MiB of new rows, more than the "
-                         f"{avail >> 20} MiB of memory available", fix="check the number, or free memory")
+        raise UsageError(
+            f"--vocab {N} adds {N - V} rows of {H}: about {need >> 20} MiB of new rows, more than the "
+            f"{avail >> 20} MiB of memory available",
+            fix="check the number, or free memory",
+        )
     plan = _base_plan("resize", det)
     tok = det.tokenizer
     if N < V and not force:
@@ -455,15 +532,21 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
         if tok.size is None:
             what = "no tokenizer files in the checkpoint, so it is unknown whether they are real tokens"
         elif N >= tok.size:
-            what = (f"they are padding rows beyond the tokenizer's {tok.size} tokens (highest id {tok.size - 1}), "
-                    "which may still hold trained values")
+            what = (
+                f"they are padding rows beyond the tokenizer's {tok.size} tokens (highest id {tok.size - 1}), "
+                "which may still hold trained values"
+            )
         else:
             real = min(V, tok.size) - N
-            what = (f"{real} of them are real tokens of the tokenizer ({tok.size} tokens, highest id "
-                    f"{tok.size - 1}): trimming below {tok.size} breaks those tokens")
+            what = (
+                f"{real} of them are real tokens of the tokenizer ({tok.size} tokens, highest id "
+                f"{tok.size - 1}): trimming below {tok.size} breaks those tokens"
+            )
         raise RefusedError(
-            f"resize to {N} rows would trim {lost} rows ({V} → {N}, rows {N}..{V - 1} removed): {what}", ckpt.path,
-            "pass --force to shrink anyway, or a --vocab of at least the current rows")
+            f"resize to {N} rows would trim {lost} rows ({V} → {N}, rows {N}..{V - 1} removed): {what}",
+            ckpt.path,
+            "pass --force to shrink anyway, or a --vocab of at least the current rows",
+        )
     if seed is None:
         seed = int(np.random.SeedSequence().entropy % (2**31))
     elif not isinstance(seed, int) or seed < 0:
@@ -471,9 +554,16 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
     std = float(ckpt.config.get("initializer_range") or 0.02)
     rng_root = np.random.SeedSequence(seed)
     rngs = iter(np.random.default_rng(s) for s in rng_root.spawn(16))
-    plan.extra_report = {"rows_before": V, "rows_after": N, "rows_added": max(0, N - V),
-                         "rows_removed": max(0, V - N), "init": init, "seed": seed,
-                         "pad_to_multiple_of": pad_to_multiple_of, "tokenizer_size": tok.size}
+    plan.extra_report = {
+        "rows_before": V,
+        "rows_after": N,
+        "rows_added": max(0, N - V),
+        "rows_removed": max(0, V - N),
+        "init": init,
+        "seed": seed,
+        "pad_to_multiple_of": pad_to_multiple_of,
+        "tokenizer_size": tok.size,
+    }
     if N < V:
         plan.notes.append(f"--force: rows {N}..{V - 1} removed from every vocabulary tensor")
     if tok.size is not None and N < tok.size:
@@ -521,12 +611,19 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
         emb_make = _cached(rows_source(det.embedding, emb_extra))
         for n in [det.embedding] + det.embedding_aliases:
             t = ckpt.tensors[n]
-            plan.replace[n] = NewTensor(n, _out_dtype(ckpt, t, plan.relabel_u16), (N, H), emb_make, t.file,
-                                        storage=t.storage)
+            plan.replace[n] = NewTensor(
+                n, _out_dtype(ckpt, t, plan.relabel_u16), (N, H), emb_make, t.file, storage=t.storage
+            )
         for n in det.vocab_aliases:
             t = ckpt.tensors[n]
-            plan.replace[n] = NewTensor(n, _out_dtype(ckpt, t, plan.relabel_u16), (N, H),
-                                        rows_source(n, extra_rows(n, next(rngs))), t.file, storage=t.storage)
+            plan.replace[n] = NewTensor(
+                n,
+                _out_dtype(ckpt, t, plan.relabel_u16),
+                (N, H),
+                rows_source(n, extra_rows(n, next(rngs))),
+                t.file,
+                storage=t.storage,
+            )
         if det.head_present:
             h = det.head_info
             lay = det.head_layout
@@ -545,13 +642,22 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
             head_make = _cached(head_make)
             for n in [det.head] + det.head_aliases:
                 t = ckpt.tensors[n]
-                plan.replace[n] = NewTensor(n, _out_dtype(ckpt, t, plan.relabel_u16), hshape, head_make, t.file,
-                                            storage=t.storage if not det.comparison.storage_shared else emb.storage)
+                plan.replace[n] = NewTensor(
+                    n,
+                    _out_dtype(ckpt, t, plan.relabel_u16),
+                    hshape,
+                    head_make,
+                    t.file,
+                    storage=t.storage if not det.comparison.storage_shared else emb.storage,
+                )
         if det.bias:
             b = ckpt.tensors[det.bias]
             if b.shape[-1] != V:
-                raise RefusedError(f"the head bias {det.bias} has {b.shape[-1]} entries but the embedding has {V} rows",
-                                   ckpt.path, "fix the bias first")
+                raise RefusedError(
+                    f"the head bias {det.bias} has {b.shape[-1]} entries but the embedding has {V} rows",
+                    ckpt.path,
+                    "fix the bias first",
+                )
 
             def bias_make() -> np.ndarray:
                 a = ckpt.load(det.bias)
@@ -563,8 +669,14 @@ def plan_resize(det: Detection, vocab: int, pad_to_multiple_of: int | None = Non
             bias_make = _cached(bias_make)
             for n in [det.bias] + det.bias_aliases:
                 t = ckpt.tensors[n]
-                plan.replace[n] = NewTensor(n, _out_dtype(ckpt, t, plan.relabel_u16), t.shape[:-1] + (N,), bias_make,
-                                            t.file, storage=t.storage)
+                plan.replace[n] = NewTensor(
+                    n,
+                    _out_dtype(ckpt, t, plan.relabel_u16),
+                    t.shape[:-1] + (N,),
+                    bias_make,
+                    t.file,
+                    storage=t.storage,
+                )
     # config: every vocab_size key that exists (and the top level one)
     cfg = ckpt.config
     plan.config_set.append(("config.json", "vocab_size", N))

@@ -48,22 +48,49 @@ def build(plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False
     """The report of a plan (and of its execution, ``facts`` from :func:`surgery.write.execute`)."""
     ckpt, det = plan.ckpt, plan.det
     t = ckpt.tensors
-    dropped = [{"name": n, "shape": list(t[n].shape), "dtype": t[n].dtype, "parameters": t[n].numel,
-                "bytes": t[n].nbytes, "reason": why,
-                "storage_shared": t[n].storage is not None and t[n].storage == t[det.embedding].storage}
-               for n, why in plan.drop.items()]
-    added = [{"name": a.name, "shape": list(a.shape), "dtype": a.dtype, "parameters": a.numel, "bytes": a.nbytes}
-             for a in plan.add]
+    dropped = [
+        {
+            "name": n,
+            "shape": list(t[n].shape),
+            "dtype": t[n].dtype,
+            "parameters": t[n].numel,
+            "bytes": t[n].nbytes,
+            "reason": why,
+            "storage_shared": t[n].storage is not None and t[n].storage == t[det.embedding].storage,
+        }
+        for n, why in plan.drop.items()
+    ]
+    added = [
+        {"name": a.name, "shape": list(a.shape), "dtype": a.dtype, "parameters": a.numel, "bytes": a.nbytes}
+        for a in plan.add
+    ]
     changed = []
     for n, nt in plan.replace.items():
-        changed.append({"name": n, "shape_before": list(t[n].shape), "shape_after": list(nt.shape),
-                        "dtype": nt.dtype, "parameters_before": t[n].numel, "parameters_after": nt.numel,
-                        "bytes_before": t[n].nbytes, "bytes_after": nt.nbytes})
+        changed.append(
+            {
+                "name": n,
+                "shape_before": list(t[n].shape),
+                "shape_after": list(nt.shape),
+                "dtype": nt.dtype,
+                "parameters_before": t[n].numel,
+                "parameters_after": nt.numel,
+                "bytes_before": t[n].nbytes,
+                "bytes_after": nt.nbytes,
+            }
+        )
     p0, b0 = ckpt.total_parameters, ckpt.total_bytes
-    p1 = p0 - sum(d["parameters"] for d in dropped) + sum(a["parameters"] for a in added) + sum(
-        c["parameters_after"] - c["parameters_before"] for c in changed)
-    b1 = b0 - sum(d["bytes"] for d in dropped) + sum(a["bytes"] for a in added) + sum(
-        c["bytes_after"] - c["bytes_before"] for c in changed)
+    p1 = (
+        p0
+        - sum(d["parameters"] for d in dropped)
+        + sum(a["parameters"] for a in added)
+        + sum(c["parameters_after"] - c["parameters_before"] for c in changed)
+    )
+    b1 = (
+        b0
+        - sum(d["bytes"] for d in dropped)
+        + sum(a["bytes"] for a in added)
+        + sum(c["bytes_after"] - c["bytes_before"] for c in changed)
+    )
     cfg = []
     for file, key, value in plan.config_set:
         before = _get_config(ckpt, file, key)
@@ -93,12 +120,17 @@ def build(plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False
         "warnings": list(ckpt.warnings) + list(plan.warnings),
     }
     if plan.stale_index:
-        rep["warnings"] += [f"stale index entry {n} dropped (no shard holds it)" for n in plan.stale_index
-                            if not any(n in w for w in ckpt.warnings)]
+        rep["warnings"] += [
+            f"stale index entry {n} dropped (no shard holds it)"
+            for n in plan.stale_index
+            if not any(n in w for w in ckpt.warnings)
+        ]
     if plan.extra_report:
         rep["resize"] = plan.extra_report
     if not plan.changed:
-        rep["notes"].append(f"nothing to change: the output tensors and config equal the input's ({plan.op} is a no-op)")
+        rep["notes"].append(
+            f"nothing to change: the output tensors and config equal the input's ({plan.op} is a no-op)"
+        )
     if facts:
         rep["files"] = facts["files"]
         rep["total_size"] = facts["total_size"]

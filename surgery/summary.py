@@ -11,8 +11,15 @@ def _tensor(det: Detection, name: str | None) -> dict | None:
     if name is None or name not in det.ckpt.tensors:
         return None
     t = det.ckpt.tensors[name]
-    return {"name": name, "shape": list(t.shape), "dtype": t.dtype, "logical_dtype": det.ckpt.logical_dtype(t),
-            "file": t.file, "parameters": t.numel, "bytes": t.nbytes}
+    return {
+        "name": name,
+        "shape": list(t.shape),
+        "dtype": t.dtype,
+        "logical_dtype": det.ckpt.logical_dtype(t),
+        "file": t.file,
+        "parameters": t.numel,
+        "bytes": t.nbytes,
+    }
 
 
 def summarize(det: Detection) -> dict:
@@ -24,7 +31,12 @@ def summarize(det: Detection) -> dict:
     if det.head_present:
         head = _tensor(det, det.head)
     elif det.comparison.values == "shared":  # T5: the head *is* the shared table
-        head = {"name": det.embedding, "shape": list(det.emb_info.shape), "dtype": det.emb_info.dtype, "file": None}
+        head = {
+            "name": det.embedding,
+            "shape": list(det.emb_info.shape),
+            "dtype": det.emb_info.dtype,
+            "file": None,
+        }
     else:
         head = {"name": det.head, "shape": None, "dtype": None, "file": None}
     head["present"] = det.head_present
@@ -45,7 +57,11 @@ def summarize(det: Detection) -> dict:
         "other_files": list(ckpt.other_files),
         "library": det.loader.split("-")[0] if det.loader != "hf" else "unknown",
         "model_type": det.model_type,
-        "architecture": {"family": det.family.name, "in_table": det.family.known, "found_by_shape": det.fallback},
+        "architecture": {
+            "family": det.family.name,
+            "in_table": det.family.known,
+            "found_by_shape": det.fallback,
+        },
         "num_tensors": len(ckpt.tensors),
         "total_parameters": ckpt.total_parameters,
         "total_bytes": ckpt.total_bytes,
@@ -62,20 +78,34 @@ def summarize(det: Detection) -> dict:
             "differing_rows": c.differing_rows,
             "storage_shared": c.storage_shared,
         },
-        "vocab": {"config_vocab_size": det.config_vocab_size, "embedding_rows": det.vocab_rows,
-                  "hidden_size": det.hidden, "tokenizer_size": det.tokenizer.size,
-                  "tokenizer_files": list(det.tokenizer.sources)},
+        "vocab": {
+            "config_vocab_size": det.config_vocab_size,
+            "embedding_rows": det.vocab_rows,
+            "hidden_size": det.hidden,
+            "tokenizer_size": det.tokenizer.size,
+            "tokenizer_files": list(det.tokenizer.sources),
+        },
         "savings": savings_if_tied(det),
-        "loader": {"name": det.loader, "source": det.loader_source, "reties_missing_head": det.family.reties,
-                   "head_layout": det.family.head_layout},
+        "loader": {
+            "name": det.loader,
+            "source": det.loader_source,
+            "reties_missing_head": det.family.reties,
+            "head_layout": det.family.head_layout,
+        },
         "problems": list(det.problems),
         "notes": list(det.notes),
         "warnings": list(ckpt.warnings),
     }
 
 
-def inspect_path(path, layout: str | None = None, loader: str | None = None, embedding_name: str | None = None,
-                 head_name: str | None = None, compare_values: bool = True) -> dict:
+def inspect_path(
+    path,
+    layout: str | None = None,
+    loader: str | None = None,
+    embedding_name: str | None = None,
+    head_name: str | None = None,
+    compare_values: bool = True,
+) -> dict:
     """Open, detect and summarise the checkpoint at ``path``. Raises what :meth:`Checkpoint.open` and
     :func:`detect` raise.
 
@@ -83,5 +113,13 @@ def inspect_path(path, layout: str | None = None, loader: str | None = None, emb
     ``compare_values`` is False, the embedding and head data (to tell tied by value); never another
     tensor's data. With ``compare_values=False`` the values are reported as ``"unknown"``.
     """
-    return summarize(detect(Checkpoint.open(path), layout=layout, loader=loader, embedding_name=embedding_name,
-                            head_name=head_name, compare_values=compare_values))
+    return summarize(
+        detect(
+            Checkpoint.open(path),
+            layout=layout,
+            loader=loader,
+            embedding_name=embedding_name,
+            head_name=head_name,
+            compare_values=compare_values,
+        )
+    )

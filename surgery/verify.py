@@ -61,9 +61,17 @@ class VerifyResult:
         return not self.unexplained
 
     def as_dict(self) -> dict:
-        return {"explained": self.explained, "identical_tensors": self.identical, "dropped": self.dropped,
-                "added": self.added, "resized": self.resized, "changed": self.changed,
-                "config_differences": self.config, "unexplained": self.unexplained, "logits": self.logits}
+        return {
+            "explained": self.explained,
+            "identical_tensors": self.identical,
+            "dropped": self.dropped,
+            "added": self.added,
+            "resized": self.resized,
+            "changed": self.changed,
+            "config_differences": self.config,
+            "unexplained": self.unexplained,
+            "logits": self.logits,
+        }
 
 
 def _f32(ck: Checkpoint, name: str) -> np.ndarray:
@@ -85,14 +93,24 @@ def verify(a_path, b_path) -> VerifyResult:
     da, db = detect(A, compare_values=False), detect(B, compare_values=False)
     res = VerifyResult()
     emb_b = db.embedding
-    vocab_names_a = {da.embedding, da.head, *da.embedding_aliases, *da.vocab_aliases, *da.head_aliases,
-                     *([da.bias] if da.bias else []), *da.bias_aliases}
+    vocab_names_a = {
+        da.embedding,
+        da.head,
+        *da.embedding_aliases,
+        *da.vocab_aliases,
+        *da.head_aliases,
+        *([da.bias] if da.bias else []),
+        *da.bias_aliases,
+    }
     head_names = {da.head, db.head, *da.head_aliases}
     for name, ta in A.tensors.items():
         tb = B.tensors.get(name)
         if tb is None:
-            ok = emb_b in B.tensors and name in vocab_names_a and _equal_to_embedding(A, name, B, emb_b,
-                                                                                       scale=_t5_scale(db))
+            ok = (
+                emb_b in B.tensors
+                and name in vocab_names_a
+                and _equal_to_embedding(A, name, B, emb_b, scale=_t5_scale(db))
+            )
             res.dropped.append({"name": name, "shape": list(ta.shape), "equals_embedding": ok})
             if not ok:
                 res.unexplained.append(f"{name} was dropped but does not equal the embedding {emb_b}")
@@ -106,11 +124,18 @@ def verify(a_path, b_path) -> VerifyResult:
             continue
         if ta.shape != tb.shape:
             ok, why = _prefix_equal(x, y, name, da)
-            res.resized.append({"name": name, "shape_before": list(ta.shape), "shape_after": list(tb.shape),
-                                "common_part_identical": ok})
+            res.resized.append(
+                {
+                    "name": name,
+                    "shape_before": list(ta.shape),
+                    "shape_after": list(tb.shape),
+                    "common_part_identical": ok,
+                }
+            )
             if name not in vocab_names_a:
-                res.unexplained.append(f"{name} changed shape {list(ta.shape)} → {list(tb.shape)} but carries no "
-                                       "vocabulary")
+                res.unexplained.append(
+                    f"{name} changed shape {list(ta.shape)} → {list(tb.shape)} but carries no vocabulary"
+                )
             elif not ok:
                 res.unexplained.append(f"{name} was resized but its common {why} differ")
             continue
@@ -122,13 +147,17 @@ def verify(a_path, b_path) -> VerifyResult:
         elif name == da.embedding and da.head in A.tensors and _equal_to_embedding(A, da.head, B, name):
             entry["why"] = "embedding takes the head's values (tie --keep head)"
         else:
-            res.unexplained.append(f"{name} changed (max |difference| {diff:.3g}) and tie/untie/resize do not "
-                                   "change it")
+            res.unexplained.append(
+                f"{name} changed (max |difference| {diff:.3g}) and tie/untie/resize do not change it"
+            )
     for name, tb in B.tensors.items():
         if name in A.tensors:
             continue
-        ok = emb_b in B.tensors and name in head_names | {db.head} and _equal_to_embedding(B, name, B, emb_b,
-                                                                                          scale=_t5_scale(db))
+        ok = (
+            emb_b in B.tensors
+            and name in head_names | {db.head}
+            and _equal_to_embedding(B, name, B, emb_b, scale=_t5_scale(db))
+        )
         res.added.append({"name": name, "shape": list(tb.shape), "equals_embedding": ok})
         if not ok:
             res.unexplained.append(f"{name} was added but is not the head equal to the embedding {emb_b}")
@@ -160,7 +189,9 @@ def _t5_scale(det) -> float | None:
     return tied_scale(det.ckpt.config, det.hidden) if det.family.tied_logit_scale else None
 
 
-def _equal_to_embedding(X: Checkpoint, name: str, E: Checkpoint, emb: str, scale: float | None = None) -> bool:
+def _equal_to_embedding(
+    X: Checkpoint, name: str, E: Checkpoint, emb: str, scale: float | None = None
+) -> bool:
     h, e = X.load(name), E.load(emb)
     for cand in (h, h.T if h.ndim == 2 else h):
         if _same_bytes(cand, e):
@@ -201,8 +232,11 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     da = detect(A, compare_values=False)
     if da.loader.startswith("paddlenlp"):
-        return {"ok": None, "error": f"logits not compared: {a_path} is a PaddleNLP checkpoint ({da.loader_source}); "
-                                     "PaddleFormers cannot load its names"}
+        return {
+            "ok": None,
+            "error": f"logits not compared: {a_path} is a PaddleNLP checkpoint ({da.loader_source}); "
+            "PaddleFormers cannot load its names",
+        }
     va, vb = da.vocab_rows, detect(B, compare_values=False).vocab_rows
     v = min(va, vb)
     rng = np.random.default_rng(0)
@@ -213,8 +247,20 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
         np.save(Path(tmp) / "ids.npy", ids)
         for i, p in enumerate((a_path, b_path)):
             out = Path(tmp) / f"{i}.npy"
-            r = subprocess.run([sys.executable, "-m", "surgery.fidelity", str(p), arch, str(Path(tmp) / "ids.npy"),
-                                str(out)], capture_output=True, text=True, timeout=timeout)
+            r = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "tietool.surgery.fidelity",
+                    str(p),
+                    arch,
+                    str(Path(tmp) / "ids.npy"),
+                    str(out),
+                ],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
             line = (r.stdout.strip().splitlines() or ["{}"])[-1]
             try:
                 info = json.loads(line)

@@ -17,8 +17,9 @@ import errno
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .checkpoint import REPORT_NAME, SHARD_RE
 from .configfile import get_dotted, read_config_file, set_dotted
@@ -39,8 +40,11 @@ def check_output_path(inp: Path, out: Path) -> None:
     """
     ri, ro = inp.resolve(), out.resolve()
     if ro == ri or ri in ro.parents:
-        raise UsageError("--out is the input folder or inside it; the input is never modified", out,
-                         "choose an --out outside the checkpoint folder")
+        raise UsageError(
+            "--out is the input folder or inside it; the input is never modified",
+            out,
+            "choose an --out outside the checkpoint folder",
+        )
     if ro in ri.parents:
         raise UsageError("--out contains the input folder", out, "choose another --out")
     if out.exists() and not out.is_dir():
@@ -57,7 +61,7 @@ def _clean_stale_temps(out: Path) -> None:
     for p in out.parent.iterdir():
         if p.name.startswith(prefix) and p.is_dir():
             try:
-                pid = int(p.name[len(prefix):].split("-")[0])
+                pid = int(p.name[len(prefix) :].split("-")[0])
                 os.kill(pid, 0)
                 continue  # still running
             except (ValueError, ProcessLookupError):
@@ -66,8 +70,12 @@ def _clean_stale_temps(out: Path) -> None:
                 continue
 
 
-def copy_file(src: Path, dst: Path, cancelled: Callable[[], bool] | None = None,
-              advance: Callable[[int], None] | None = None) -> None:
+def copy_file(
+    src: Path,
+    dst: Path,
+    cancelled: Callable[[], bool] | None = None,
+    advance: Callable[[int], None] | None = None,
+) -> None:
     """Copy a whole file by the kernel (:func:`copy_range`: ``copy_file_range``, a reflink clone on
     btrfs/XFS, with a chunked fallback) and fsync it, so the output is durable before the final rename.
     ``cancelled`` (polled between 256 MiB steps) stops the copy early when the output is being abandoned;
@@ -164,9 +172,13 @@ def _shard_name(kind: str, k: int, n: int) -> str:
     return f"{kind}-{k:05d}-of-{n:05d}.{'safetensors' if kind == 'model' else 'pdparams'}"
 
 
-def execute(plan: Plan, out: str | Path, link: bool = False,
-            progress: Callable[[str, int], None] | None = None,
-            report: Callable[[dict], dict] | None = None) -> dict:
+def execute(
+    plan: Plan,
+    out: str | Path,
+    link: bool = False,
+    progress: Callable[[str, int], None] | None = None,
+    report: Callable[[dict], dict] | None = None,
+) -> dict:
     """Write the output checkpoint of ``plan`` to ``out`` atomically; returns the written-file facts.
 
     Args:
@@ -193,7 +205,9 @@ def execute(plan: Plan, out: str | Path, link: bool = False,
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise OutputError(f"cannot create the output's parent folder: {e.strerror}", parent, "check the path") from None
+        raise OutputError(
+            f"cannot create the output's parent folder: {e.strerror}", parent, "check the path"
+        ) from None
     tmp = parent / f".{out.name}{TMP_TAG}{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -214,10 +228,16 @@ def execute(plan: Plan, out: str | Path, link: bool = False,
         if not isinstance(e, OSError):
             raise
         if e.errno == errno.ENOSPC:
-            raise OutputError("no space left on the device; nothing was written", parent,
-                              "free space or choose an --out on another disk") from None
-        raise OutputError(f"cannot write the output: {e.strerror or e}", getattr(e, "filename", None) or parent,
-                          "check permissions and free space; nothing was written") from None
+            raise OutputError(
+                "no space left on the device; nothing was written",
+                parent,
+                "free space or choose an --out on another disk",
+            ) from None
+        raise OutputError(
+            f"cannot write the output: {e.strerror or e}",
+            getattr(e, "filename", None) or parent,
+            "check permissions and free space; nothing was written",
+        ) from None
 
 
 def _fsync_dir(p: Path) -> None:
@@ -276,7 +296,9 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
     # output names: drop emptied shards, renumber
     kept_files = [f for f in ckpt.weight_files + [NEW_SHARD] if entries[f]]
     if not kept_files:
-        raise UsageError("the plan leaves no tensor in the checkpoint", ckpt.path, "this is a bug; please report it")
+        raise UsageError(
+            "the plan leaves no tensor in the checkpoint", ckpt.path, "this is a bug; please report it"
+        )
     rename: dict[str, str] = {}
     if ckpt.sharded:
         n = len(kept_files)
@@ -287,8 +309,13 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
     else:
         rename = {f: f for f in kept_files}
 
-    files_report = {"copied": [], "linked": [], "rewritten": [], "written": [], "removed": [f for f in ckpt.weight_files
-                                                                             if f not in kept_files]}
+    files_report = {
+        "copied": [],
+        "linked": [],
+        "rewritten": [],
+        "written": [],
+        "removed": [f for f in ckpt.weight_files if f not in kept_files],
+    }
     weight_map: dict[str, str] = {}
     total_size = 0
     for f in kept_files:
@@ -323,7 +350,12 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
             _rewrite(plan, f, entries[f], dst, source_of)
             files_report["written" if f == NEW_SHARD else "rewritten"].append(rename[f])
             # free new arrays no longer needed by later files
-            still = {id(e[3].make) for g in kept_files[kept_files.index(f) + 1:] for e in entries[g] if e[3] is not None}
+            still = {
+                id(e[3].make)
+                for g in kept_files[kept_files.index(f) + 1 :]
+                for e in entries[g]
+                if e[3] is not None
+            }
             for k in list(made):
                 if k not in still:
                     del made[k]
@@ -343,13 +375,18 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
         _write_json(tmp / ckpt.index_name, index)
 
     _write_configs(plan, tmp)
-    return {"files": files_report, "total_size": total_size, "weight_files": [rename[f] for f in kept_files],
-            "rename": {f: r for f, r in rename.items() if f != r}}
+    return {
+        "files": files_report,
+        "total_size": total_size,
+        "weight_files": [rename[f] for f in kept_files],
+        "rename": {f: r for f, r in rename.items() if f != r},
+    }
 
 
 def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of) -> None:
     ckpt = plan.ckpt
     if ckpt.format == "safetensors":
+
         def gen():
             for name, dtype, shape, nt, _storage, _fortran in entries:
                 yield name, dtype, shape, (source_of(nt) if nt is not None else ckpt.source(name))
@@ -362,7 +399,9 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of) -> None:
         rows = []
         for name, dtype, shape, nt, storage, fortran in entries:
             src = source_of(nt) if nt is not None else ckpt.source(name)
-            rows.append((name, dtype if dtype in NP_TO_ST else DTYPES[dtype].np_name, shape, src, storage, fortran))
+            rows.append(
+                (name, dtype if dtype in NP_TO_ST else DTYPES[dtype].np_name, shape, src, storage, fortran)
+            )
         extras = dict(ckpt.extras.get(f) or {})
         s2p = extras.get("StructuredToParameterName@@")
         if isinstance(s2p, dict):

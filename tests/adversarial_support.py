@@ -26,8 +26,9 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -226,10 +227,10 @@ class CliWorker:
             self.proc = None
 
 
-_SHARED: list["CliWorker"] = []
+_SHARED: list[CliWorker] = []
 
 
-def _shared_worker() -> "CliWorker":
+def _shared_worker() -> CliWorker:
     if not _SHARED:
         import atexit
 

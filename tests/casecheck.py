@@ -29,9 +29,10 @@ import pickle
 import re
 import struct
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import numpy as np
 
@@ -108,7 +109,7 @@ class Tensor:
     label: str
     shape: tuple[int, ...]
     raw: bytes
-    storage: Optional[np.dtype]
+    storage: np.dtype | None
     source: str
 
     @property
@@ -117,7 +118,7 @@ class Tensor:
         return len(self.raw)
 
     @property
-    def itemsize(self) -> Optional[int]:
+    def itemsize(self) -> int | None:
         """Bytes per element, or None when unknown."""
         return None if self.storage is None else self.storage.itemsize
 
@@ -175,14 +176,11 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
             raise ReadError(f"{path.name}: malformed header entry for {name!r}: {info!r}") from exc
         if not 0 <= start <= end <= len(body):
             raise ReadError(
-                f"{path.name}: {name} data_offsets [{start}, {end}] outside the "
-                f"{len(body)}-byte data block"
+                f"{path.name}: {name} data_offsets [{start}, {end}] outside the {len(body)}-byte data block"
             )
         storage = SAFETENSORS_DTYPES.get(label)
         if storage is not None and math.prod(shape) * storage.itemsize != end - start:
-            raise ReadError(
-                f"{path.name}: {name} is {label} {list(shape)} but spans {end - start} bytes"
-            )
+            raise ReadError(f"{path.name}: {name} is {label} {list(shape)} but spans {end - start} bytes")
         tensors[name] = Tensor(name, label, shape, bytes(body[start:end]), storage, path.name)
     return tensors
 
@@ -245,7 +243,7 @@ class IndexInfo:
     filename: str
     weight_map: dict[str, str] = field(default_factory=dict)
     total_size: Any = None
-    error: Optional[str] = None
+    error: str | None = None
 
 
 @dataclass
@@ -263,7 +261,7 @@ class Checkpoint:
     files: dict[str, dict[str, Tensor]] = field(default_factory=dict)
     indexes: dict[str, IndexInfo] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
-    config: Optional[dict] = None
+    config: dict | None = None
 
     @property
     def exists(self) -> bool:
@@ -290,9 +288,10 @@ class Checkpoint:
         for scope in scopes:
             for key in ("torch_dtype", "dtype"):
                 value = scope.get(key)
-                if isinstance(value, str) and value.lower().replace("paddle.", "").replace(
-                    "torch.", ""
-                ) == "bfloat16":
+                if (
+                    isinstance(value, str)
+                    and value.lower().replace("paddle.", "").replace("torch.", "") == "bfloat16"
+                ):
                     return True
         return False
 
@@ -326,7 +325,7 @@ class Checkpoint:
         return text or "(none)"
 
 
-def _read_json(path: Path) -> tuple[Any, Optional[str]]:
+def _read_json(path: Path) -> tuple[Any, str | None]:
     """Load a JSON file, returning ``(value, error)``."""
     try:
         return json.loads(path.read_text(encoding="utf-8")), None
@@ -452,7 +451,7 @@ def diff_snapshots(before: dict[str, str], after: dict[str, str]) -> list[str]:
 _MISSING = object()
 
 
-def lookup_path(value: Any, dotted: str) -> tuple[Any, Optional[str]]:
+def lookup_path(value: Any, dotted: str) -> tuple[Any, str | None]:
     """Follow a dotted path (integers index lists) into parsed JSON.
 
     Returns ``(found_value, None)`` or ``(_MISSING, reason)``.
@@ -509,14 +508,14 @@ class CheckContext:
     (read before the command ran) to compare against the input as it was.
     """
 
-    out: Optional[Path]
-    input_dir: Optional[Path]
-    original_dir: Optional[Path]
+    out: Path | None
+    input_dir: Path | None
+    original_dir: Path | None
     message: str = ""
-    input_snapshot: Optional[dict[str, str]] = None
-    input_ckpt: Optional[Checkpoint] = None
-    original_ckpt: Optional[Checkpoint] = None
-    _out_ckpt: Optional[Checkpoint] = None
+    input_snapshot: dict[str, str] | None = None
+    input_ckpt: Checkpoint | None = None
+    original_ckpt: Checkpoint | None = None
+    _out_ckpt: Checkpoint | None = None
 
     def out_ckpt(self) -> Checkpoint:
         """The output checkpoint (read once)."""
@@ -709,7 +708,9 @@ def check_tensor_shape(ctx: CheckContext, args: list) -> None:
     name, shape = args
     tensor = _get(ctx.out_ckpt(), name, "output")
     if list(tensor.shape) != list(shape):
-        raise CheckFailure(f"output {name} has shape {list(tensor.shape)}, expected {list(shape)} ({tensor.describe()})")
+        raise CheckFailure(
+            f"output {name} has shape {list(tensor.shape)}, expected {list(shape)} ({tensor.describe()})"
+        )
 
 
 def check_tensor_dtype(ctx: CheckContext, args: list) -> None:
@@ -717,7 +718,9 @@ def check_tensor_dtype(ctx: CheckContext, args: list) -> None:
     name, dtype = args
     tensor = _get(ctx.out_ckpt(), name, "output")
     if tensor.label != dtype:
-        raise CheckFailure(f"output {name} is stored as {tensor.label!r}, expected {dtype!r} ({tensor.describe()})")
+        raise CheckFailure(
+            f"output {name} is stored as {tensor.label!r}, expected {dtype!r} ({tensor.describe()})"
+        )
 
 
 def check_tensor_equals_input(ctx: CheckContext, args: list) -> None:
@@ -1000,7 +1003,7 @@ CHECKS: dict[str, Callable[[CheckContext, Any], None]] = {
 }
 
 
-def run_check(check: dict, ctx: CheckContext) -> Optional[str]:
+def run_check(check: dict, ctx: CheckContext) -> str | None:
     """Evaluate one one-key check object.
 
     Returns None when it passes, else a description of the failure with the
@@ -1008,7 +1011,7 @@ def run_check(check: dict, ctx: CheckContext) -> Optional[str]:
     """
     if not isinstance(check, dict) or len(check) != 1:
         return f"malformed check {json.dumps(check)}: expected a one-key object"
-    (kind, arg), = check.items()
+    ((kind, arg),) = check.items()
     func = CHECKS.get(kind)
     if func is None:
         return f"unknown check {kind!r} (not in the README vocabulary known to casecheck)"
@@ -1030,7 +1033,7 @@ def run_check(check: dict, ctx: CheckContext) -> Optional[str]:
 TRACEBACK_MARK = "Traceback"
 
 
-def evaluate_command(command: dict, returncode: Optional[int], ctx: CheckContext) -> list[str]:
+def evaluate_command(command: dict, returncode: int | None, ctx: CheckContext) -> list[str]:
     """Judge one finished command of a case.
 
     ``returncode`` is None when the command timed out or could not start.

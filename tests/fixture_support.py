@@ -44,10 +44,29 @@ TRACEBACK = "Traceback (most recent call last)"
 
 # numpy dtype used to view raw bytes of each stored dtype label (bf16 is viewed as uint16: bytes, not values).
 _VIEW_DTYPE = {
-    "F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
-    "I8": "i1", "U8": "u1", "U16": "<u2", "U32": "<u4", "U64": "<u8", "BOOL": "?",
-    "float64": "<f8", "float32": "<f4", "float16": "<f2", "uint16": "<u2", "int64": "<i8", "int32": "<i4",
-    "int16": "<i2", "int8": "i1", "uint8": "u1", "bool": "?",
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "BF16": "<u2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U8": "u1",
+    "U16": "<u2",
+    "U32": "<u4",
+    "U64": "<u8",
+    "BOOL": "?",
+    "float64": "<f8",
+    "float32": "<f4",
+    "float16": "<f2",
+    "uint16": "<u2",
+    "int64": "<i8",
+    "int32": "<i4",
+    "int16": "<i2",
+    "int8": "i1",
+    "uint8": "u1",
+    "bool": "?",
 }
 
 
@@ -161,8 +180,10 @@ def index_problems(ckpt: Path) -> list[str]:
     data = json.loads(idx.read_text())
     wmap = data.get("weight_map", {})
     problems = []
-    per_file = {f.name: (read_safetensors(f) if f.suffix == ".safetensors" else read_pdparams(f))
-                for f in weight_files(ckpt)}
+    per_file = {
+        f.name: (read_safetensors(f) if f.suffix == ".safetensors" else read_pdparams(f))
+        for f in weight_files(ckpt)
+    }
     for name, fname in wmap.items():
         if fname not in per_file:
             problems.append(f"index names {name} -> {fname}, which does not exist")
@@ -240,8 +261,15 @@ def run_tool(argv: list[str], timeout: float = 300) -> subprocess.CompletedProce
     env.setdefault("CUDA_VISIBLE_DEVICES", "")
     env["NO_COLOR"] = "1"
     env["COLUMNS"] = "200"
-    return subprocess.run([sys.executable, "-m", "cli", *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def run_on_copy(src: Path, work: Path, command: str, extra: list[str], with_out: bool = True) -> ToolRun:
@@ -279,18 +307,27 @@ def find_saved_bytes(report: dict) -> list[tuple[str, Any]]:
 
 
 # --------------------------------------------------------------------------------------------------- oracle
-def run_pf_logits(ckpt: Path, model_class: str, out_npy: Path, kwargs: dict | None = None,
-                  timeout: float = 600) -> dict:
+def run_pf_logits(
+    ckpt: Path, model_class: str, out_npy: Path, kwargs: dict | None = None, timeout: float = 600
+) -> dict:
     """Run the PaddleFormers logits oracle in a subprocess; returns its JSON line (plus rc/stderr tail)."""
     ids = ORACLES_DIR / "input_ids.npy"
     if kwargs:
-        cmd = [sys.executable, str(PF_LOGITS_KW), json.dumps(kwargs), str(ckpt), model_class, str(ids),
-               str(out_npy)]
+        cmd = [
+            sys.executable,
+            str(PF_LOGITS_KW),
+            json.dumps(kwargs),
+            str(ckpt),
+            model_class,
+            str(ids),
+            str(out_npy),
+        ]
     else:
         cmd = [sys.executable, str(PF_LOGITS), str(ckpt), model_class, str(ids), str(out_npy)]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TIETOOL_PF_LOGITS=str(PF_LOGITS))
-    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                        stdin=subprocess.DEVNULL)
+    cp = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+    )
     lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
     res = json.loads(lines[-1]) if lines else {"ok": False, "error": "no JSON line", "warnings": []}
     res["rc"] = cp.returncode

@@ -9,6 +9,7 @@ keyword arguments. Some checkpoints (PaddleFormers legacy ``model_state.pdparams
 to add the given keyword arguments, then runs the oracle script as ``__main__``; everything else
 (copy to a temp dir, CPU workarounds, warning capture, JSON line) is the oracle's own code.
 """
+
 import json
 import os
 import runpy

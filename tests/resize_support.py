@@ -93,8 +93,11 @@ class Fixture:
         self.pf = name.startswith("pf_")
         self.load_kwargs = e["loader"]["roundtrip"].get("from_pretrained_kwargs") or {}
         self.init_range = cfg.get("initializer_range")
-        self.oracles = {int(k[len("resize"):]): v for k, v in e.get("oracles", {}).items()
-                        if k.startswith("resize") and k[len("resize"):].isdigit()}
+        self.oracles = {
+            int(k[len("resize") :]): v
+            for k, v in e.get("oracles", {}).items()
+            if k.startswith("resize") and k[len("resize") :].isdigit()
+        }
 
     @property
     def roles(self) -> list[Role]:
@@ -152,14 +155,18 @@ def read(folder: Path) -> casecheck.Checkpoint:
 
 def weight_file_hashes(folder: Path) -> dict[str, str]:
     """sha256 of every weight file and index in a folder."""
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())
-            if p.is_file() and (p.name.endswith(WEIGHT_SUFFIXES) or p.name.endswith(".index.json"))}
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file() and (p.name.endswith(WEIGHT_SUFFIXES) or p.name.endswith(".index.json"))
+    }
 
 
 def tensor_table(ck: casecheck.Checkpoint) -> dict[str, tuple[str, tuple[int, ...], str]]:
     """name -> (dtype label, shape, sha256 of the bytes): compares two checkpoints tensor for tensor."""
-    return {n: (t.label, tuple(t.shape), hashlib.sha256(t.raw).hexdigest())
-            for n, t in sorted(ck.tensors.items())}
+    return {
+        n: (t.label, tuple(t.shape), hashlib.sha256(t.raw).hexdigest()) for n, t in sorted(ck.tensors.items())
+    }
 
 
 def table_diff(a: dict, b: dict, label_a: str = "a", label_b: str = "b") -> list[str]:
@@ -183,13 +190,13 @@ def patch_safetensors(folder: Path, name: str, data: np.ndarray) -> None:
     for f in sorted(folder.glob("*.safetensors")):
         raw = bytearray(f.read_bytes())
         (n,) = struct.unpack("<Q", raw[:8])
-        header = json.loads(raw[8:8 + n])
+        header = json.loads(raw[8 : 8 + n])
         if name not in header:
             continue
         start, end = header[name]["data_offsets"]
         payload = np.ascontiguousarray(data).tobytes()
         assert len(payload) == end - start, f"{name}: {len(payload)} bytes for a {end - start}-byte slot"
-        raw[8 + n + start:8 + n + end] = payload
+        raw[8 + n + start : 8 + n + end] = payload
         f.write_bytes(bytes(raw))
         return
     raise KeyError(f"{name} is not in any safetensors file of {folder}")
@@ -219,7 +226,7 @@ class Run:
         text = (self.stdout + self.stderr).strip()
         return f"`tietool {' '.join(self.argv)}` -> exit {self.rc}\n--- output (tail) ---\n{text[-2500:]}"
 
-    def ok(self) -> "Run":
+    def ok(self) -> Run:
         assert self.rc == 0, self.describe()
         return self
 
@@ -245,8 +252,15 @@ def run_cli(argv: list[str], timeout: float = 300) -> subprocess.CompletedProces
     env.pop("TIETOOL_DEBUG", None)
     env["NO_COLOR"] = "1"
     env["COLUMNS"] = "200"
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, argv)], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *map(str, argv)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def run_on(inp: Path, out: Path | None, command: str, extra: list[str]) -> Run:
@@ -255,8 +269,17 @@ def run_on(inp: Path, out: Path | None, command: str, extra: list[str]) -> Run:
     before = casecheck.snapshot_tree(inp)
     t0 = time.monotonic()
     cp = run_cli(argv)
-    return Run(argv, cp.returncode, cp.stdout, cp.stderr, inp, out, before, casecheck.snapshot_tree(inp),
-               time.monotonic() - t0)
+    return Run(
+        argv,
+        cp.returncode,
+        cp.stdout,
+        cp.stderr,
+        inp,
+        out,
+        before,
+        casecheck.snapshot_tree(inp),
+        time.monotonic() - t0,
+    )
 
 
 def run_resize(src: Path, work: Path, extra: list[str], command: str = "resize") -> Run:
@@ -273,18 +296,27 @@ def pf_available() -> bool:
     return importlib.util.find_spec("paddleformers") is not None and PF_LOGITS.is_file()
 
 
-def run_pf_logits(ckpt: Path, model_class: str, out_npy: Path, kwargs: dict | None = None,
-                  timeout: float = 900) -> dict:
+def run_pf_logits(
+    ckpt: Path, model_class: str, out_npy: Path, kwargs: dict | None = None, timeout: float = 900
+) -> dict:
     """``shared/tools/pf_logits.py`` in a subprocess (through ``pf_logits_kw.py`` when ``from_pretrained``
     needs keyword arguments). Returns its JSON line plus ``rc`` and the tail of stderr."""
     if kwargs:
-        cmd = [sys.executable, str(PF_LOGITS_KW), json.dumps(kwargs), str(ckpt), model_class, str(INPUT_IDS),
-               str(out_npy)]
+        cmd = [
+            sys.executable,
+            str(PF_LOGITS_KW),
+            json.dumps(kwargs),
+            str(ckpt),
+            model_class,
+            str(INPUT_IDS),
+            str(out_npy),
+        ]
     else:
         cmd = [sys.executable, str(PF_LOGITS), str(ckpt), model_class, str(INPUT_IDS), str(out_npy)]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TIETOOL_PF_LOGITS=str(PF_LOGITS))
-    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                        stdin=subprocess.DEVNULL)
+    cp = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+    )
     lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
     res = json.loads(lines[-1]) if lines else {"ok": False, "error": "no JSON line", "warnings": []}
     res["rc"] = cp.returncode

@@ -25,8 +25,11 @@ from surgery.verify import verify  # noqa: E402
 
 
 def snapshot(d: Path) -> dict[str, str]:
-    return {p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(d.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(d.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _bf16(x: np.ndarray) -> np.ndarray:
@@ -42,8 +45,10 @@ def make_sharded_ckpt(d: Path, vocab=4096, hidden=512, layers=4) -> Path:
     emb = _bf16(rng.standard_normal((vocab, hidden)))
     shards = {
         "model-00001-of-00003.safetensors": [("model.embed_tokens.weight", emb)],
-        "model-00002-of-00003.safetensors": [(f"model.layers.{i}.mlp.down_proj.weight",
-                                              _bf16(rng.standard_normal((hidden, 4 * hidden)))) for i in range(layers)]
+        "model-00002-of-00003.safetensors": [
+            (f"model.layers.{i}.mlp.down_proj.weight", _bf16(rng.standard_normal((hidden, 4 * hidden))))
+            for i in range(layers)
+        ]
         + [("model.norm.weight", _bf16(np.ones(hidden)))],
         "model-00003-of-00003.safetensors": [("lm_head.weight", emb.copy())],
     }
@@ -51,10 +56,22 @@ def make_sharded_ckpt(d: Path, vocab=4096, hidden=512, layers=4) -> Path:
     for f, ts in shards.items():
         total += write_file(d / f, [(n, "BF16", a.shape, Source(array=a)) for n, a in ts], None)
         wm.update({n: f for n, _ in ts})
-    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": wm}))
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": vocab, "hidden_size": hidden,
-        "tie_word_embeddings": True, "torch_dtype": "bfloat16", "paddleformers_version": "1.2.0"}))
+    (d / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": wm})
+    )
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "vocab_size": vocab,
+                "hidden_size": hidden,
+                "tie_word_embeddings": True,
+                "torch_dtype": "bfloat16",
+                "paddleformers_version": "1.2.0",
+            }
+        )
+    )
     (d / "tokenizer_config.json").write_text("{}")
     return d
 
@@ -72,8 +89,13 @@ def test_sigkill_at_random_points(tmp_path):
     for i in range(runs):
         cmd = COMMANDS[i % len(COMMANDS)]
         out = tmp_path / f"out{i}"
-        p = subprocess.Popen([sys.executable, "-m", "cli", cmd[0], str(src), "--out", str(out), *cmd[1:], "-q"],
-                             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(
+            [sys.executable, "-m", "cli", cmd[0], str(src), "--out", str(out), *cmd[1:], "-q"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(rnd.uniform(0.05, 1.5))
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
@@ -88,9 +110,14 @@ def test_sigkill_at_random_points(tmp_path):
     # leftover temporary folders are named as such and removed by the next run for the same --out
     leftovers = [p for p in tmp_path.iterdir() if ".tietool-tmp-" in p.name]
     for p in leftovers:
-        name = p.name[1:p.name.index(".tietool-tmp-")]
-        r = subprocess.run([sys.executable, "-m", "cli", "tie", str(src), "--out", str(tmp_path / name), "-q"],
-                           cwd=ROOT, env=env, capture_output=True, text=True)
+        name = p.name[1 : p.name.index(".tietool-tmp-")]
+        r = subprocess.run(
+            [sys.executable, "-m", "cli", "tie", str(src), "--out", str(tmp_path / name), "-q"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if not (tmp_path / name).exists():
             continue  # its --out completed earlier; the name is taken
         assert r.returncode == 0, r.stderr

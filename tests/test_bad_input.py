@@ -20,8 +20,8 @@ import pickle
 import shutil
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest

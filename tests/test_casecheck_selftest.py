@@ -25,8 +25,12 @@ import casecheck as cc  # noqa: E402
 # Builders
 # ---------------------------------------------------------------------------
 
-ST_LABELS = {np.dtype("float32"): "F32", np.dtype("float16"): "F16", np.dtype("uint16"): "U16",
-             np.dtype("int64"): "I64"}
+ST_LABELS = {
+    np.dtype("float32"): "F32",
+    np.dtype("float16"): "F16",
+    np.dtype("uint16"): "U16",
+    np.dtype("int64"): "I64",
+}
 
 
 def write_safetensors(path: Path, tensors: dict, labels: dict | None = None) -> int:
@@ -65,8 +69,13 @@ def write_config(folder: Path, **values) -> None:
     (folder / "config.json").write_text(json.dumps(values))
 
 
-def write_sharded_safetensors(folder: Path, shards: list[dict], total_size: int | None = None,
-                              extra_map: dict | None = None, drop_from_map: tuple = ()) -> int:
+def write_sharded_safetensors(
+    folder: Path,
+    shards: list[dict],
+    total_size: int | None = None,
+    extra_map: dict | None = None,
+    drop_from_map: tuple = (),
+) -> int:
     """Write ``model-0000k-of-0000N.safetensors`` shards and their index.
 
     Returns the real total byte size. ``total_size`` overrides the size written
@@ -101,26 +110,40 @@ def to_bf16_bits(values: np.ndarray) -> np.ndarray:
     return rounded.astype(np.uint16)
 
 
-def ctx_for(out: Path | None, inp: Path | None = None, message: str = "", snapshot=None,
-            original: Path | None = None) -> cc.CheckContext:
+def ctx_for(
+    out: Path | None, inp: Path | None = None, message: str = "", snapshot=None, original: Path | None = None
+) -> cc.CheckContext:
     """A CheckContext over the given folders."""
-    return cc.CheckContext(out=out, input_dir=inp, original_dir=original or inp, message=message,
-                           input_snapshot=snapshot)
+    return cc.CheckContext(
+        out=out, input_dir=inp, original_dir=original or inp, message=message, input_snapshot=snapshot
+    )
 
 
 def passes(check: dict, ctx: cc.CheckContext) -> bool:
     """Run a check on a fresh copy of the context state (no cached checkpoints)."""
-    fresh = cc.CheckContext(out=ctx.out, input_dir=ctx.input_dir, original_dir=ctx.original_dir,
-                            message=ctx.message, input_snapshot=ctx.input_snapshot)
+    fresh = cc.CheckContext(
+        out=ctx.out,
+        input_dir=ctx.input_dir,
+        original_dir=ctx.original_dir,
+        message=ctx.message,
+        input_snapshot=ctx.input_snapshot,
+    )
     result = cc.run_check(check, fresh)
     return result is None
 
 
 def fails_with(check: dict, ctx: cc.CheckContext, *fragments: str) -> str:
     """Assert the check fails and its reason mentions every fragment."""
-    result = cc.run_check(check, cc.CheckContext(out=ctx.out, input_dir=ctx.input_dir,
-                                                 original_dir=ctx.original_dir, message=ctx.message,
-                                                 input_snapshot=ctx.input_snapshot))
+    result = cc.run_check(
+        check,
+        cc.CheckContext(
+            out=ctx.out,
+            input_dir=ctx.input_dir,
+            original_dir=ctx.original_dir,
+            message=ctx.message,
+            input_snapshot=ctx.input_snapshot,
+        ),
+    )
     assert result is not None, f"{check} unexpectedly passed"
     for fragment in fragments:
         assert fragment.lower() in result.lower(), f"{fragment!r} not in failure: {result}"
@@ -200,9 +223,13 @@ def test_read_pdparams_ordered_dict(tmp_path: Path):
 def test_read_sharded_pdparams_with_index(tmp_path: Path):
     write_pdparams(tmp_path / "model_state-00001-of-00002.pdparams", {"emb": embedding()})
     write_pdparams(tmp_path / "model_state-00002-of-00002.pdparams", {"norm": np.ones(4, np.float32)})
-    index = {"metadata": {"total_size": 6 * 4 * 4 + 16},
-             "weight_map": {"emb": "model_state-00001-of-00002.pdparams",
-                            "norm": "model_state-00002-of-00002.pdparams"}}
+    index = {
+        "metadata": {"total_size": 6 * 4 * 4 + 16},
+        "weight_map": {
+            "emb": "model_state-00001-of-00002.pdparams",
+            "norm": "model_state-00002-of-00002.pdparams",
+        },
+    }
     (tmp_path / "model_state.pdparams.index.json").write_text(json.dumps(index))
     ckpt = cc.read_checkpoint(tmp_path)
     assert set(ckpt.tensors) == {"emb", "norm"}
@@ -213,8 +240,9 @@ def test_read_sharded_pdparams_with_index(tmp_path: Path):
 
 
 def test_missing_shard_is_a_problem_not_a_crash(tmp_path: Path):
-    write_sharded_safetensors(tmp_path, [{"a": embedding()}],
-                              extra_map={"b": "model-00002-of-00002.safetensors"})
+    write_sharded_safetensors(
+        tmp_path, [{"a": embedding()}], extra_map={"b": "model-00002-of-00002.safetensors"}
+    )
     ckpt = cc.read_checkpoint(tmp_path)
     assert "a" in ckpt.tensors
     assert any("model-00002-of-00002.safetensors" in p for p in ckpt.problems)
@@ -227,7 +255,11 @@ def test_bf16_decoding_is_bit_shifting(tmp_path: Path):
     assert ckpt.decode(ckpt.tensors["x"]).tolist() == [1.0, -2.0, 0.5, 0.0]
     # U16 without a bfloat16 config is just integers
     assert ckpt.decode(ckpt.tensors["y"]).tolist() == [0x3F80, 0xC000, 0x3F00, 0.0]
-    for cfg in ({"torch_dtype": "bfloat16"}, {"dtype": "bfloat16"}, {"text_config": {"torch_dtype": "bfloat16"}}):
+    for cfg in (
+        {"torch_dtype": "bfloat16"},
+        {"dtype": "bfloat16"},
+        {"text_config": {"torch_dtype": "bfloat16"}},
+    ):
         write_config(tmp_path, **cfg)
         ckpt = cc.read_checkpoint(tmp_path)
         assert ckpt.decode(ckpt.tensors["y"]).tolist() == [1.0, -2.0, 0.5, 0.0], cfg
@@ -317,8 +349,9 @@ def test_tensor_shape_and_presence(st_pair):
 
 
 def test_out_lacks_tensor_fails_on_stale_index_entry(tmp_path: Path):
-    write_sharded_safetensors(tmp_path, [{"emb": embedding()}],
-                              extra_map={"lm_head.weight": "model-00001-of-00001.safetensors"})
+    write_sharded_safetensors(
+        tmp_path, [{"emb": embedding()}], extra_map={"lm_head.weight": "model-00001-of-00001.safetensors"}
+    )
     fails_with({"out_lacks_tensor": "lm_head.weight"}, ctx_for(tmp_path), "stale")
 
 
@@ -345,7 +378,10 @@ def test_rows_equal_input_detects_shift_and_1d(tmp_path: Path):
     emb, bias = embedding(), np.arange(1, 7, dtype=np.float32) / 10
     write_pdparams(inp / "model_state.pdparams", {"emb": emb, "bias": bias})
     shifted = np.concatenate([np.zeros((1, 4), np.float32), emb])
-    write_pdparams(out / "model_state.pdparams", {"emb": shifted, "bias": np.concatenate([bias, [0, 0]]).astype(np.float32)})
+    write_pdparams(
+        out / "model_state.pdparams",
+        {"emb": shifted, "bias": np.concatenate([bias, [0, 0]]).astype(np.float32)},
+    )
     ctx = ctx_for(out, inp)
     fails_with({"rows_equal_input": ["emb", 0, 6]}, ctx, "differs from the input")
     assert passes({"rows_equal_input": ["bias", 0, 6]}, ctx)
@@ -378,7 +414,9 @@ def _bf16_pair(tmp_path: Path, label: str, rows: np.ndarray, cfg: dict):
     bits = to_bf16_bits(values)
     write_safetensors(inp / "model.safetensors", {"emb": bits}, labels={"emb": label})
     write_config(inp, **cfg)
-    write_safetensors(out / "model.safetensors", {"emb": np.concatenate([bits, rows])}, labels={"emb": "BF16"})
+    write_safetensors(
+        out / "model.safetensors", {"emb": np.concatenate([bits, rows])}, labels={"emb": "BF16"}
+    )
     write_config(out, **cfg)
     decoded = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     return ctx_for(out, inp), decoded.mean(axis=0)
@@ -468,10 +506,14 @@ def test_index_matches_shards_unlisted_tensor(tmp_path: Path):
 
 
 def test_index_matches_shards_stale_entry_and_missing_file(tmp_path: Path):
-    write_sharded_safetensors(tmp_path, _two_shards(), extra_map={
-        "lm_head.weight": "model-00002-of-00002.safetensors",
-        "ghost": "model-00003-of-00003.safetensors",
-    })
+    write_sharded_safetensors(
+        tmp_path,
+        _two_shards(),
+        extra_map={
+            "lm_head.weight": "model-00002-of-00002.safetensors",
+            "ghost": "model-00003-of-00003.safetensors",
+        },
+    )
     reason = fails_with({"index_matches_shards": True}, ctx_for(tmp_path), "lm_head.weight")
     assert "model-00003-of-00003.safetensors, which does not exist" in reason
 
@@ -494,9 +536,12 @@ def test_index_matches_shards_requires_sharding(st_pair):
 
 
 def test_config_dotted_paths_and_strict_json(tmp_path: Path):
-    write_config(tmp_path, tie_word_embeddings=True, vocab_size=20,
-                 text_config={"tie_word_embeddings": False})
-    (tmp_path / "model_config.json").write_text(json.dumps({"init_args": [{"vocab_size": 17}], "init_class": "GPTModel"}))
+    write_config(
+        tmp_path, tie_word_embeddings=True, vocab_size=20, text_config={"tie_word_embeddings": False}
+    )
+    (tmp_path / "model_config.json").write_text(
+        json.dumps({"init_args": [{"vocab_size": 17}], "init_class": "GPTModel"})
+    )
     ctx = ctx_for(tmp_path)
     assert passes({"config": {"tie_word_embeddings": True, "text_config.tie_word_embeddings": False}}, ctx)
     fails_with({"config": {"text_config.tie_word_embeddings": True}}, ctx, "expected true, got false")

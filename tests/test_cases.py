@@ -74,6 +74,7 @@ def run_tool(argv: list[str]) -> tuple[int | None, str, str]:
             timeout=TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as exc:
+
         def text(data) -> str:
             if isinstance(data, bytes):
                 return data.decode("utf-8", "replace")
@@ -98,8 +99,9 @@ def _indent(text: str, prefix: str = "    | ") -> str:
     return "\n".join(prefix + line for line in (text.rstrip("\n") or "(no output)").splitlines())
 
 
-def _report_block(index: int, total: int, command: dict, argv: list[str], rc, stdout: str,
-                  stderr: str, failures: list[str]) -> str:
+def _report_block(
+    index: int, total: int, command: dict, argv: list[str], rc, stdout: str, stderr: str, failures: list[str]
+) -> str:
     """Failure section of one command: command line, exit code, failing checks, output."""
     shown = " ".join(argv)
     lines = [

@@ -37,8 +37,9 @@ if not rs.CASES_DIR.is_dir():
     pytest.skip(f"fixtures not found at {rs.FIXTURES}", allow_module_level=True)
 
 FIXTURES = {n: rs.Fixture(n) for n in rs.fixture_names()}
-ORACLE_RUNS = [(c, n) for c, f in FIXTURES.items() for n in sorted(f.oracles, reverse=True)
-               if f.oracle_dir(n).is_dir()]
+ORACLE_RUNS = [
+    (c, n) for c, f in FIXTURES.items() for n in sorted(f.oracles, reverse=True) if f.oracle_dir(n).is_dir()
+]
 PF_ORACLE_RUNS = [(c, n) for c, n in ORACLE_RUNS if FIXTURES[c].pf]
 GROW = 28  # the oracles grow by 28 rows and shrink by 20
 MEAN0 = ["--init", "mean", "--seed", "0"]
@@ -137,8 +138,10 @@ def test_oracle_old_rows_match(bench, case, n):
         want_shape = list(t_in.shape)
         want_shape[role.axis] = n
         if list(t_out.shape) != want_shape or t_out.label != t_in.label:
-            problems.append(f"{role.kind} {role.name}: {t_out.label} {list(t_out.shape)}, expected "
-                            f"{t_in.label} {want_shape}")
+            problems.append(
+                f"{role.kind} {role.name}: {t_out.label} {list(t_out.shape)}, expected "
+                f"{t_in.label} {want_shape}"
+            )
             continue
         ref, ref_name = oracle.tensors.get(role.name), "oracle"
         if role.kind == "head" and not info["head_resized"]:
@@ -158,7 +161,7 @@ def test_oracle_old_rows_match(bench, case, n):
             how = first_diff(got, want) if got.shape == want.shape else f"shapes {got.shape} vs {want.shape}"
             problems.append(f"{role.kind} {role.name}: first {k} entries differ from the {ref_name} ({how})")
         if n > f.V:
-            vals = rs.decoded_rows(out, t_out, role.axis)[f.V:]
+            vals = rs.decoded_rows(out, t_out, role.axis)[f.V :]
             if not np.isfinite(vals).all():
                 problems.append(f"{role.name}: new entries are not all finite")
             if role.kind == "bias" and np.any(vals != 0):
@@ -175,9 +178,13 @@ def test_oracle_other_tensors_identical(bench, case, n):
     out, inp = run.ckpt(), bench.original(case)
     assert sorted(out.tensors) == sorted(inp.tensors), (
         f"tensor names changed: added {sorted(set(out.tensors) - set(inp.tensors))}, "
-        f"dropped {sorted(set(inp.tensors) - set(out.tensors))}")
-    changed = [nm for nm in inp.tensors if nm not in f.vocab_names
-               and rs.tensor_table(out).get(nm) != rs.tensor_table(inp).get(nm)]
+        f"dropped {sorted(set(inp.tensors) - set(out.tensors))}"
+    )
+    changed = [
+        nm
+        for nm in inp.tensors
+        if nm not in f.vocab_names and rs.tensor_table(out).get(nm) != rs.tensor_table(inp).get(nm)
+    ]
     assert not changed, f"tensors outside the vocabulary group changed: {changed}"
     assert run.input_after == run.input_before, "the input folder was modified"
 
@@ -193,8 +200,9 @@ def test_oracle_config_and_shapes(bench, case, n):
     oracle_cfg = json.loads((f.oracle_dir(n) / "config.json").read_text())
     assert oracle_cfg.get("vocab_size") == n  # what the library wrote
     assert cfg_out.get("vocab_size") == n, f"config vocab_size {cfg_out.get('vocab_size')}, expected {n}"
-    other = {k for k in cfg_in.keys() | cfg_out.keys()
-             if k != "vocab_size" and cfg_in.get(k) != cfg_out.get(k)}
+    other = {
+        k for k in cfg_in.keys() | cfg_out.keys() if k != "vocab_size" and cfg_in.get(k) != cfg_out.get(k)
+    }
     assert not other, f"config keys other than vocab_size changed: {sorted(other)}"
     out = run.ckpt()
     assert out.tensors[f.embedding].shape[0] == n
@@ -202,8 +210,10 @@ def test_oracle_config_and_shapes(bench, case, n):
         h = out.tensors[f.head]
         assert h.shape[1 if f.head_layout == "hidden-vocab" else 0] == n, f"head shape {h.shape}"
     if out.indexes:
-        reason = casecheck.run_check({"index_matches_shards": True},
-                                     casecheck.CheckContext(out=run.out, input_dir=None, original_dir=None))
+        reason = casecheck.run_check(
+            {"index_matches_shards": True},
+            casecheck.CheckContext(out=run.out, input_dir=None, original_dir=None),
+        )
         assert reason is None, reason
 
 
@@ -226,11 +236,12 @@ def test_oracle_tie_state_kept(bench, case, n):
     assert run.config().get("tie_word_embeddings") == cfg_in.get("tie_word_embeddings")
     if f.head_in_files and f.head_equals == "exact":
         h = out.tensors[f.head]
-        assert np.array_equal(rs.vocab_major(h, 0 if f.head_layout == "vocab-hidden" else 1),
-                              rs.vocab_major(emb, 0)), "tied head no longer equals the embedding"
+        assert np.array_equal(
+            rs.vocab_major(h, 0 if f.head_layout == "vocab-hidden" else 1), rs.vocab_major(emb, 0)
+        ), "tied head no longer equals the embedding"
     if f.head_in_files and f.head_equals == "different":
         h = rs.vocab_major(out.tensors[f.head], 1 if f.head_layout == "hidden-vocab" else 0)
-        assert not np.array_equal(h[:min(n, f.V)], rs.vocab_major(emb, 0)[:min(n, f.V)])
+        assert not np.array_equal(h[: min(n, f.V)], rs.vocab_major(emb, 0)[: min(n, f.V)])
 
 
 # ================================================================================== 2. logits
@@ -253,8 +264,11 @@ def logits_results(bench, request, tmp_path_factory):
     (each load is its own subprocess: L5), and caches the results."""
     if not rs.pf_available():
         pytest.skip("paddleformers is not importable (or shared/tools/pf_logits.py is missing)")
-    selected = {(it.callspec.params["case"], it.callspec.params["n"]) for it in request.session.items
-                if it.originalname == "test_logits_match_oracle" and hasattr(it, "callspec")}
+    selected = {
+        (it.callspec.params["case"], it.callspec.params["n"])
+        for it in request.session.items
+        if it.originalname == "test_logits_match_oracle" and hasattr(it, "callspec")
+    }
     root = tmp_path_factory.mktemp("logits")
     pool = ThreadPoolExecutor(max_workers=2)
     futures = {}
@@ -263,8 +277,9 @@ def logits_results(bench, request, tmp_path_factory):
         if run.rc != 0:
             continue
         f = FIXTURES[case]
-        futures[(case, n)] = pool.submit(rs.run_pf_logits, run.out, f.model_class, root / f"{case}_{n}.npy",
-                                         f.load_kwargs)
+        futures[(case, n)] = pool.submit(
+            rs.run_pf_logits, run.out, f.model_class, root / f"{case}_{n}.npy", f.load_kwargs
+        )
     yield {"futures": futures, "root": root}
     pool.shutdown(wait=True, cancel_futures=True)
 
@@ -288,16 +303,21 @@ def test_logits_match_oracle(bench, logits_results, case, n):
     k = min(f.V, n)
     diff = float(np.max(np.abs(got[:, :, :k] - ref[:, :, :k])))
     scale = float(np.max(np.abs(ref[:, :, :k])))
-    assert diff <= 1e-5 * max(1.0, scale), f"max |logits - {what}| on the first {k} tokens = {diff:.3g}\n" \
-                                           f"{run.describe()}"
+    assert diff <= 1e-5 * max(1.0, scale), (
+        f"max |logits - {what}| on the first {k} tokens = {diff:.3g}\n{run.describe()}"
+    )
 
 
 # ================================================================================== 3. round trips
-ROUNDTRIP = ["pf_llama_untied_fp32",  # safetensors
-             "pf_llama_tied_sharded", "pnlp_llama_untied_sharded",  # sharded safetensors / pdparams
-             "pnlp_llama_untied",  # pdparams, [hidden, vocab] head
-             "pf_llama_tied_bf16", "pnlp_llama_untied_bf16",  # BF16 safetensors / uint16 pdparams
-             "pnlp_bert_mlm"]  # bias and its alias
+ROUNDTRIP = [
+    "pf_llama_untied_fp32",  # safetensors
+    "pf_llama_tied_sharded",
+    "pnlp_llama_untied_sharded",  # sharded safetensors / pdparams
+    "pnlp_llama_untied",  # pdparams, [hidden, vocab] head
+    "pf_llama_tied_bf16",
+    "pnlp_llama_untied_bf16",  # BF16 safetensors / uint16 pdparams
+    "pnlp_bert_mlm",
+]  # bias and its alias
 
 
 @pytest.mark.parametrize("init", ["mean", "normal"])
@@ -308,8 +328,9 @@ def test_roundtrip_up_then_down(bench, case, init):
     f = FIXTURES[case]
     up = bench.resize(case, "--vocab", f.V + GROW, "--init", init, "--seed", 3).ok()
     down = bench.then(up, "resize", "--vocab", f.V, "--force").ok()
-    diff = rs.table_diff(rs.tensor_table(bench.original(case)), rs.tensor_table(down.ckpt()), "input",
-                         "up-then-down")
+    diff = rs.table_diff(
+        rs.tensor_table(bench.original(case)), rs.tensor_table(down.ckpt()), "input", "up-then-down"
+    )
     assert not diff, "\n".join(diff)
     assert down.config() == json.loads((f.src / "config.json").read_text())
 
@@ -317,8 +338,9 @@ def test_roundtrip_up_then_down(bench, case, init):
 COMMUTE = ["pf_llama_tied_fp32", "pf_llama_tied_bf16", "pf_qwen2_tied", "pnlp_gpt"]
 
 
-@pytest.mark.parametrize("init", [["--init", "zeros"], ["--init", "mean", "--seed", "0"]],
-                         ids=["zeros", "mean"])
+@pytest.mark.parametrize(
+    "init", [["--init", "zeros"], ["--init", "mean", "--seed", "0"]], ids=["zeros", "mean"]
+)
 @pytest.mark.parametrize("case", COMMUTE)
 def test_resize_untie_commute(bench, case, init):
     """On a tied checkpoint, resize then untie equals untie then resize (same --init, same --seed), tensor for
@@ -326,8 +348,9 @@ def test_resize_untie_commute(bench, case, init):
     f = FIXTURES[case]
     a = bench.then(bench.resize(case, "--vocab", f.V + GROW, *init).ok(), "untie").ok()
     b = bench.then(bench.untie(case).ok(), "resize", "--vocab", f.V + GROW, *init).ok()
-    diff = rs.table_diff(rs.tensor_table(a.ckpt()), rs.tensor_table(b.ckpt()), "resize-then-untie",
-                         "untie-then-resize")
+    diff = rs.table_diff(
+        rs.tensor_table(a.ckpt()), rs.tensor_table(b.ckpt()), "resize-then-untie", "untie-then-resize"
+    )
     detail = ""
     if f.head in a.ckpt().tensors and f.head in b.ckpt().tensors:
         ha = rs.decoded_rows(a.ckpt(), a.ckpt().tensors[f.head])
@@ -335,8 +358,10 @@ def test_resize_untie_commute(bench, case, init):
         if ha.shape == hb.shape:
             eb = rs.decoded_rows(b.ckpt(), b.ckpt().tensors[f.embedding])
             rows = np.nonzero((ha != hb).any(axis=1))[0].tolist()
-            detail = (f"\nhead rows that differ: {rows[:10]} (max |diff| {np.max(np.abs(ha - hb)):.3g}); "
-                      f"in untie-then-resize the head equals the embedding: {np.array_equal(hb, eb)}")
+            detail = (
+                f"\nhead rows that differ: {rows[:10]} (max |diff| {np.max(np.abs(ha - hb)):.3g}); "
+                f"in untie-then-resize the head equals the embedding: {np.array_equal(hb, eb)}"
+            )
     assert not diff, "\n".join(diff) + detail
     assert a.config() == b.config()
 
@@ -378,8 +403,8 @@ def test_different_seed_different_rows(bench, case):
     for role in f.roles:
         ra = rs.decoded_rows(a.ckpt(), a.ckpt().tensors[role.name], role.axis)
         rb = rs.decoded_rows(b.ckpt(), b.ckpt().tensors[role.name], role.axis)
-        assert np.array_equal(ra[:f.V], rb[:f.V]), f"{role.name}: old rows depend on the seed"
-        frac_equal = float(np.mean(ra[f.V:] == rb[f.V:]))
+        assert np.array_equal(ra[: f.V], rb[: f.V]), f"{role.name}: old rows depend on the seed"
+        frac_equal = float(np.mean(ra[f.V :] == rb[f.V :]))
         assert frac_equal < 0.01, f"{role.name}: {frac_equal:.0%} of the new values are equal across seeds"
 
 
@@ -397,8 +422,9 @@ def _check_near_mean(old: np.ndarray, new: np.ndarray, what: str) -> None:
     assert abs(float(z.mean())) < 0.5, f"{what}: noise mean {z.mean():.3g} x sqrt(1e-9 * var)"
 
 
-@pytest.mark.parametrize("case", ["pf_llama_untied_fp32", "pnlp_llama_untied", "pf_ernie4_5_untied",
-                                  "pf_llama_tied_sharded"])
+@pytest.mark.parametrize(
+    "case", ["pf_llama_untied_fp32", "pnlp_llama_untied", "pf_ernie4_5_untied", "pf_llama_tied_sharded"]
+)
 def test_mean_init_full_rank(bench, case):
     """--init mean on the fixtures' real (full-rank) tables: new rows within a few 1e-5 (relative to the old
     rows' spread) of the mean of the old rows, not exactly equal. An untied head is drawn around the mean of
@@ -452,8 +478,9 @@ def test_normal_init_std(bench, case):
     for role in f.roles:
         new = _new_rows(run, role.name, role.axis, f.V)
         assert new.shape[0] == 3000
-        assert abs(new.std() / f.init_range - 1) < 0.03, f"{role.name}: std {new.std():.4g}, " \
-                                                          f"initializer_range {f.init_range}"
+        assert abs(new.std() / f.init_range - 1) < 0.03, (
+            f"{role.name}: std {new.std():.4g}, initializer_range {f.init_range}"
+        )
         assert abs(new.mean()) < 5 * f.init_range / np.sqrt(new.size), f"{role.name}: mean {new.mean():.3g}"
 
 
@@ -471,8 +498,9 @@ def test_normal_init_default_std(bench, variants):
         rs.edit_json(src / "config.json", edit)
         run = bench.resize(src, "--vocab", f.V + 3000, "--init", "normal", "--seed", 5).ok()
         new = _new_rows(run, f.embedding, 0, f.V)
-        assert abs(new.std() / want - 1) < 0.03, \
+        assert abs(new.std() / want - 1) < 0.03, (
             f"initializer_range={value}: std {new.std():.4g}, expected {want}"
+        )
 
 
 @pytest.mark.parametrize("case", ["pf_llama_tied_bf16", "pnlp_llama_untied_bf16"])
@@ -489,9 +517,10 @@ def test_bf16_stays_bf16(bench, case, init):
         t_in, t_out = inp.tensors[role.name], out.tensors[role.name]
         assert t_out.label == t_in.label, f"{role.name}: {t_in.label} became {t_out.label}"
         bits_out = rs.vocab_major(t_out, role.axis)
-        assert np.array_equal(bits_out[:f.V], rs.vocab_major(t_in, role.axis)), \
+        assert np.array_equal(bits_out[: f.V], rs.vocab_major(t_in, role.axis)), (
             f"{role.name}: old rows changed"
-        new_bits = np.moveaxis(np.frombuffer(t_out.raw, "<u2").reshape(t_out.shape), role.axis, 0)[f.V:]
+        )
+        new_bits = np.moveaxis(np.frombuffer(t_out.raw, "<u2").reshape(t_out.shape), role.axis, 0)[f.V :]
         if init == "mean":
             # the float32 draw is mu + noise, |noise| < 6 sqrt(1e-9 var); rounding to bf16 is monotonic, so
             # the stored value lies between round(mu - 6 s) and round(mu + 6 s) (one value where the noise is
@@ -503,11 +532,14 @@ def test_bf16_stays_bf16(bench, case, init):
             vals = rs.bf16_to_f32(new_bits)
             outside = ~((vals >= lo) & (vals <= hi))
             mus = np.broadcast_to(mu, vals.shape)
-            assert not outside.any(), (f"{role.name}: {outside.sum()} new values are not the bf16 rounding "
-                                       f"of mean +- noise, e.g. {vals[outside][:3]} "
-                                       f"vs mean {mus[outside][:3]}")
-            assert np.mean(new_bits == rs.f32_to_bf16_rne(mu)) > 0.5, \
+            assert not outside.any(), (
+                f"{role.name}: {outside.sum()} new values are not the bf16 rounding "
+                f"of mean +- noise, e.g. {vals[outside][:3]} "
+                f"vs mean {mus[outside][:3]}"
+            )
+            assert np.mean(new_bits == rs.f32_to_bf16_rne(mu)) > 0.5, (
                 f"{role.name}: most new values != round(mean)"
+            )
         elif init == "normal":
             vals = rs.bf16_to_f32(new_bits)
             assert abs(vals.std() / f.init_range - 1) < 0.03, f"{role.name}: std {vals.std():.4g}"
@@ -525,10 +557,10 @@ def test_bf16_mean_rounds_to_nearest_even(bench, variants):
     vals = rs.bf16_to_f32(bits)
     mu_cols = _exact_mean_f32(vals)
     trunc = (mu_cols.view(np.uint32) >> 16).astype(np.uint16)
-    rounds_up = [j for j in range(f.H) if rs.f32_to_bf16_rne(mu_cols[j:j + 1])[0] != trunc[j]]
+    rounds_up = [j for j in range(f.H) if rs.f32_to_bf16_rne(mu_cols[j : j + 1])[0] != trunc[j]]
     keep = [j for j in range(f.H) if j not in rounds_up]
     # 4 base columns with at least 2 whose mean rounds up (truncation would be wrong there)
-    base = (rounds_up[:2] + keep[:2]) if len(rounds_up) >= 2 else rounds_up + keep[:4 - len(rounds_up)]
+    base = (rounds_up[:2] + keep[:2]) if len(rounds_up) >= 2 else rounds_up + keep[: 4 - len(rounds_up)]
     assert rounds_up, "no column of the fixture has a mean that rounds differently from truncation"
     table_bits = np.ascontiguousarray(bits[:, [base[j % 4] for j in range(f.H)]])
     src = rs.copy_checkpoint(f.src, variants / "rankdef_bf16")
@@ -537,13 +569,14 @@ def test_bf16_mean_rounds_to_nearest_even(bench, variants):
     run = bench.resize(src, "--vocab", f.V + GROW, *MEAN0).ok()
     out = run.ckpt()
     assert out.tensors[f.embedding].label == "BF16"
-    new_bits = np.frombuffer(out.tensors[f.embedding].raw, "<u2").reshape(-1, f.H)[f.V:]
+    new_bits = np.frombuffer(out.tensors[f.embedding].raw, "<u2").reshape(-1, f.H)[f.V :]
     want = rs.f32_to_bf16_rne(_exact_mean_f32(rs.bf16_to_f32(table_bits)))
     truncated = (_exact_mean_f32(rs.bf16_to_f32(table_bits)).view(np.uint32) >> 16).astype(np.uint16)
     assert np.any(want != truncated)
     assert np.array_equal(new_bits, np.broadcast_to(want, new_bits.shape)), (
         f"new bf16 rows {new_bits[0].tolist()} != round-to-nearest-even of the float32 mean {want.tolist()} "
-        f"(truncation would give {truncated.tolist()})")
+        f"(truncation would give {truncated.tolist()})"
+    )
     assert out.tensors[f.head].raw == out.tensors[f.embedding].raw
 
 
@@ -577,16 +610,25 @@ def test_pad_updates_every_vocab_size_key(bench, variants):
         cfg["text_config"] = {"model_type": "llama", "vocab_size": f.V, "hidden_size": f.H}
 
     rs.edit_json(src / "config.json", edit)
-    (src / "model_config.json").write_text(json.dumps({
-        "vocab_size": f.V, "init_args": [{"vocab_size": f.V, "hidden_size": f.H}],
-        "init_class": "LlamaForCausalLM"}))
+    (src / "model_config.json").write_text(
+        json.dumps(
+            {
+                "vocab_size": f.V,
+                "init_args": [{"vocab_size": f.V, "hidden_size": f.H}],
+                "init_class": "LlamaForCausalLM",
+            }
+        )
+    )
     run = bench.resize(src, "--vocab", 101, "--pad-to-multiple-of", 8, "--init", "zeros").ok()
     cfg = run.config()
     mc = json.loads((run.out / "model_config.json").read_text())
-    got = {"vocab_size": cfg.get("vocab_size"), "padded_vocab_size": cfg.get("padded_vocab_size"),
-           "text_config.vocab_size": cfg["text_config"].get("vocab_size"),
-           "model_config.vocab_size": mc.get("vocab_size"), "model_config.init_args.0.vocab_size":
-               mc["init_args"][0].get("vocab_size")}
+    got = {
+        "vocab_size": cfg.get("vocab_size"),
+        "padded_vocab_size": cfg.get("padded_vocab_size"),
+        "text_config.vocab_size": cfg["text_config"].get("vocab_size"),
+        "model_config.vocab_size": mc.get("vocab_size"),
+        "model_config.init_args.0.vocab_size": mc["init_args"][0].get("vocab_size"),
+    }
     assert all(v == 104 for v in got.values()), f"expected 104 everywhere: {got}"
     assert run.ckpt().tensors[f.embedding].shape[0] == 104
 
@@ -650,10 +692,16 @@ def test_shrink_by_padding_refused(bench):
     assert not problems, "\n".join(problems)
 
 
-BAD_OPTIONS = [["--vocab", "0"], ["--vocab", "-1"], ["--vocab", "abc"], ["--vocab", "1.5"],
-               ["--vocab", "120", "--pad-to-multiple-of", "0"],
-               ["--vocab", "120", "--pad-to-multiple-of", "-8"],
-               ["--vocab", "120", "--init", "bogus"], ["--vocab", "120", "--seed", "x"]]
+BAD_OPTIONS = [
+    ["--vocab", "0"],
+    ["--vocab", "-1"],
+    ["--vocab", "abc"],
+    ["--vocab", "1.5"],
+    ["--vocab", "120", "--pad-to-multiple-of", "0"],
+    ["--vocab", "120", "--pad-to-multiple-of", "-8"],
+    ["--vocab", "120", "--init", "bogus"],
+    ["--vocab", "120", "--seed", "x"],
+]
 
 
 @pytest.mark.parametrize("extra", BAD_OPTIONS, ids=[" ".join(b) for b in BAD_OPTIONS])
@@ -674,8 +722,9 @@ def test_negative_seed_is_not_a_crash(bench):
     never an internal error."""
     run = bench.resize("pf_llama_untied_fp32", "--vocab", 120, "--init", "normal", "--seed", -1)
     if run.rc == 0:
-        again = bench.resize("pf_llama_untied_fp32", "--vocab", 120, "--init", "normal", "--seed", -1,
-                             tag="again")
+        again = bench.resize(
+            "pf_llama_untied_fp32", "--vocab", 120, "--init", "normal", "--seed", -1, tag="again"
+        )
         assert rs.weight_file_hashes(run.out) == rs.weight_file_hashes(again.ok().out)
         return
     problems = _one_line_error(run) + _no_output(run)
@@ -711,13 +760,19 @@ def test_dry_run_shrink_still_refused(bench):
 # ================================================================================== 7. the report
 def _totals(ck: casecheck.Checkpoint) -> tuple[int, int]:
     """parameters and bytes stored in the weight files (every stored name counted)."""
-    return (sum(int(np.prod(t.shape, dtype=np.int64)) for t in ck.tensors.values()),
-            sum(t.nbytes for t in ck.tensors.values()))
+    return (
+        sum(int(np.prod(t.shape, dtype=np.int64)) for t in ck.tensors.values()),
+        sum(t.nbytes for t in ck.tensors.values()),
+    )
 
 
-REPORT_RUNS = [("pf_llama_untied_fp32", GROW, "normal"), ("pf_llama_untied_fp32", -20, "mean"),
-               ("pnlp_bert_mlm", GROW, "zeros"), ("pnlp_llama_untied_bf16", -20, "normal"),
-               ("pf_llama_tied_sharded", GROW, "mean")]
+REPORT_RUNS = [
+    ("pf_llama_untied_fp32", GROW, "normal"),
+    ("pf_llama_untied_fp32", -20, "mean"),
+    ("pnlp_bert_mlm", GROW, "zeros"),
+    ("pnlp_llama_untied_bf16", -20, "normal"),
+    ("pf_llama_tied_sharded", GROW, "mean"),
+]
 
 
 @pytest.mark.parametrize("case,delta,init", REPORT_RUNS, ids=[f"{c}{d:+d}-{i}" for c, d, i in REPORT_RUNS])
@@ -726,13 +781,20 @@ def test_report_fields(bench, case, delta, init):
     and after (= what the input and output weight files hold), each resized tensor's shapes."""
     f = FIXTURES[case]
     n = f.V + delta
-    run = bench.resize(case, "--vocab", n, "--init", init, "--seed", 9, "--json",
-                       *(["--force"] if delta < 0 else [])).ok()
+    run = bench.resize(
+        case, "--vocab", n, "--init", init, "--seed", 9, "--json", *(["--force"] if delta < 0 else [])
+    ).ok()
     rep = run.report()
     assert json.loads(run.stdout) == rep, "--json stdout differs from tietool-report.json"
     r = rep["resize"]
-    want = {"rows_before": f.V, "rows_after": n, "rows_added": max(delta, 0), "rows_removed": max(-delta, 0),
-            "init": init, "seed": 9}
+    want = {
+        "rows_before": f.V,
+        "rows_after": n,
+        "rows_added": max(delta, 0),
+        "rows_removed": max(-delta, 0),
+        "init": init,
+        "seed": 9,
+    }
     got = {k: r.get(k) for k in want}
     assert got == want, f"report resize fields {got}, expected {want}"
     p_in, b_in = _totals(bench.original(case))
@@ -741,6 +803,8 @@ def test_report_fields(bench, case, delta, init):
     assert (rep["after"]["parameters"], rep["after"]["bytes"]) == (p_out, b_out), rep["after"]
     resized = {x["name"]: (x["shape_before"], x["shape_after"]) for x in rep["resized"]}
     out = run.ckpt()
-    want_resized = {role.name: (list(bench.original(case).tensors[role.name].shape),
-                                list(out.tensors[role.name].shape)) for role in f.roles}
+    want_resized = {
+        role.name: (list(bench.original(case).tensors[role.name].shape), list(out.tensors[role.name].shape))
+        for role in f.roles
+    }
     assert resized == want_resized, f"report 'resized' {resized}, expected {want_resized}"

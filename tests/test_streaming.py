@@ -34,8 +34,14 @@ def sha(p: Path) -> str:
 
 def run_cli(*args, cwd=ROOT):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "cli", *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "cli", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("link", [False, True])
@@ -197,7 +203,9 @@ def test_inspect_no_values_cli_on_unreadable_tensor_data(tmp_path):
     assert r.returncode == 0, r.stderr
     info = json.loads(r.stdout)
     assert info["tie"]["values"] == "unknown"
-    assert info["head"]["name"] == "lm_head.weight" and info["embedding"]["name"] == "model.embed_tokens.weight"
+    assert (
+        info["head"]["name"] == "lm_head.weight" and info["embedding"]["name"] == "model.embed_tokens.weight"
+    )
     r = run_cli("inspect", src, "--no-values")
     assert r.returncode == 0 and "not compared" in r.stdout, r.stdout + r.stderr
 
@@ -281,11 +289,16 @@ def test_pdparams_structure_is_read_without_payloads(tmp_path, monkeypatch):
 
     ck_dir = tmp_path / "ck"
     ck_dir.mkdir()
-    (ck_dir / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 512, "hidden_size": 64,
-                                                    "tie_word_embeddings": False}))
+    (ck_dir / "config.json").write_text(
+        json.dumps(
+            {"model_type": "llama", "vocab_size": 512, "hidden_size": 64, "tie_word_embeddings": False}
+        )
+    )
     rng = np.random.default_rng(0)
-    sd = {"llama.embed_tokens.weight": rng.standard_normal((512, 64)).astype(np.float32),
-          "lm_head.weight": rng.standard_normal((64, 512)).astype(np.float32)}
+    sd = {
+        "llama.embed_tokens.weight": rng.standard_normal((512, 64)).astype(np.float32),
+        "lm_head.weight": rng.standard_normal((64, 512)).astype(np.float32),
+    }
     for i in range(8):
         sd[f"llama.layers.{i}.mlp.weight"] = rng.standard_normal((256, 256)).astype(np.float32)
     with open(ck_dir / "model_state.pdparams", "wb") as f:
@@ -303,8 +316,14 @@ def test_pdparams_structure_is_read_without_payloads(tmp_path, monkeypatch):
 
 def _imports_after(code: str) -> set[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-c", code + "\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return set(json.loads(r.stdout.strip().splitlines()[-1]))
 
 
@@ -315,9 +334,11 @@ def test_help_imports_neither_paddle_nor_numpy():
 
 def test_safetensors_paths_import_no_paddle(tmp_path):
     out = tmp_path / "o"
-    code = (f"from cli.app import app\nfor args in (['inspect', {str(FIX / 'pf_llama_tied_fp32')!r}], "
-            f"['tie', {str(FIX / 'pf_llama_tied_fp32')!r}, '--out', {str(out)!r}]):\n"
-            "    try:\n        app(args)\n    except SystemExit as e:\n        assert not e.code, e.code")
+    code = (
+        f"from cli.app import app\nfor args in (['inspect', {str(FIX / 'pf_llama_tied_fp32')!r}], "
+        f"['tie', {str(FIX / 'pf_llama_tied_fp32')!r}, '--out', {str(out)!r}]):\n"
+        "    try:\n        app(args)\n    except SystemExit as e:\n        assert not e.code, e.code"
+    )
     mods = _imports_after(code)
     assert (out / "model-00001-of-00001.safetensors").exists()
     assert "paddle" not in mods
@@ -329,14 +350,17 @@ def test_safetensors_paths_import_no_paddle(tmp_path):
 
 def _unknown_arch(tmp_path: Path, head_differs: bool) -> Path:
     """A Llama fixture renamed to names and a model_type tietool does not know."""
-    from surgery.formats.safetensors_io import Source, write_file
+    from surgery.formats.safetensors_io import write_file
 
     src = Checkpoint.open(FIX / "pf_llama_untied_fp32" if head_differs else FIX / "pf_llama_tied_fp32")
     d = tmp_path / "zorblax"
     d.mkdir()
     ren = {"model.embed_tokens.weight": "zb.wordvecs.w", "lm_head.weight": "zb.unembed.w"}
-    write_file(d / "model.safetensors", [(ren.get(n, n), t.dtype, t.shape, src.source(n))
-                                         for n, t in src.tensors.items()], None)
+    write_file(
+        d / "model.safetensors",
+        [(ren.get(n, n), t.dtype, t.shape, src.source(n)) for n, t in src.tensors.items()],
+        None,
+    )
     cfg = dict(src.config, model_type="zorblax", architectures=["ZorblaxForCausalLM"])
     cfg.pop("paddleformers_version", None)
     (d / "config.json").write_text(json.dumps(cfg))
@@ -345,14 +369,29 @@ def _unknown_arch(tmp_path: Path, head_differs: bool) -> Path:
 
 def test_unknown_architecture_with_two_candidate_tables_refuses_until_named(tmp_path):
     d = _unknown_arch(tmp_path, head_differs=True)
-    for args in (["inspect", d], ["tie", d, "--out", tmp_path / "o1"],
-                 ["resize", d, "--vocab", "107", "--out", tmp_path / "o2"]):
+    for args in (
+        ["inspect", d],
+        ["tie", d, "--out", tmp_path / "o1"],
+        ["resize", d, "--vocab", "107", "--out", tmp_path / "o2"],
+    ):
         r = run_cli(*args)
         assert r.returncode == 5, (args, r.stdout, r.stderr)
         assert "--embedding" in r.stderr and "zb.wordvecs.w" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
-    r = run_cli("resize", d, "--vocab", "107", "--init", "zeros", "--out", tmp_path / "o3",
-                "--embedding", "zb.wordvecs.w", "--head", "zb.unembed.w")
+    r = run_cli(
+        "resize",
+        d,
+        "--vocab",
+        "107",
+        "--init",
+        "zeros",
+        "--out",
+        tmp_path / "o3",
+        "--embedding",
+        "zb.wordvecs.w",
+        "--head",
+        "zb.unembed.w",
+    )
     assert r.returncode == 0, r.stderr
     out = Checkpoint.open(tmp_path / "o3")
     assert out.tensors["zb.wordvecs.w"].shape == (107, 16) and out.tensors["zb.unembed.w"].shape == (107, 16)
@@ -435,8 +474,11 @@ def test_progress_counts_every_written_byte_once(tmp_path, op, case):
     from surgery.plan import plan_resize, plan_untie
 
     det = detect(Checkpoint.open(FIX / case))
-    plan = {"tie": lambda: plan_tie(det, keep="embedding"), "untie": lambda: plan_untie(det),
-            "resize": lambda: plan_resize(det, det.vocab_rows + 16, init="zeros")}[op]()
+    plan = {
+        "tie": lambda: plan_tie(det, keep="embedding"),
+        "untie": lambda: plan_untie(det),
+        "resize": lambda: plan_resize(det, det.vocab_rows + 16, init="zeros"),
+    }[op]()
     if not plan.changed:
         pytest.skip(f"{op} changes nothing on {case}")
     seen: dict[str, int] = {}
@@ -489,7 +531,9 @@ def test_interrupt_exit_codes(tmp_path, monkeypatch, signum, code):
     monkeypatch.setattr(write, "_write_configs", signalled)
     monkeypatch.setattr(app_mod, "_signal_received", None)
     out = tmp_path / "out"
-    monkeypatch.setattr(sys, "argv", ["tietool", "tie", str(FIX / "pf_llama_tied_sharded"), "--out", str(out), "-q"])
+    monkeypatch.setattr(
+        sys, "argv", ["tietool", "tie", str(FIX / "pf_llama_tied_sharded"), "--out", str(out), "-q"]
+    )
     with pytest.raises(SystemExit) as e:
         app_mod.main()
     assert e.value.code == code
@@ -498,8 +542,10 @@ def test_interrupt_exit_codes(tmp_path, monkeypatch, signum, code):
 
 def _all_inputs():
     cases = ROOT.parent / "shared" / "cases"
-    return sorted([p for p in FIX.iterdir() if (p / "config.json").is_file()]
-                  + [p / "ckpt" for p in cases.iterdir() if (p / "ckpt" / "config.json").is_file()])
+    return sorted(
+        [p for p in FIX.iterdir() if (p / "config.json").is_file()]
+        + [p / "ckpt" for p in cases.iterdir() if (p / "ckpt" / "config.json").is_file()]
+    )
 
 
 @pytest.mark.parametrize("path", _all_inputs(), ids=lambda p: p.name if p.name != "ckpt" else p.parent.name)
@@ -551,7 +597,9 @@ def test_verify_failure_says_so_on_stderr(tmp_path):
     r = run_cli("verify", FIX / "pf_llama_untied_fp32", out)
     assert r.returncode == 7
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("tietool: verify:") and "1 difference" in lines[0], r.stderr
+    assert len(lines) == 1 and lines[0].startswith("tietool: verify:") and "1 difference" in lines[0], (
+        r.stderr
+    )
     assert "model.norm.weight" in r.stdout
 
 

@@ -30,12 +30,16 @@ from .tensor import NP_TO_ST, TensorInfo, map_array
 
 RECONSTRUCT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
 SCALAR = {("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
-ALLOWED_GLOBALS = RECONSTRUCT | SCALAR | {
-    ("numpy", "ndarray"),
-    ("numpy", "dtype"),
-    ("collections", "OrderedDict"),
-    ("_codecs", "encode"),
-}
+ALLOWED_GLOBALS = (
+    RECONSTRUCT
+    | SCALAR
+    | {
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("collections", "OrderedDict"),
+        ("_codecs", "encode"),
+    }
+)
 NON_TENSOR_KEYS = ("StructuredToParameterName@@",)
 INLINE_MAX = 256  # payloads up to this size are read; larger ones are recorded as byte ranges
 
@@ -113,14 +117,26 @@ def walk(path: Path) -> tuple[dict[str, Any], int]:
     except IsADirectoryError:
         raise CheckpointError("is a folder, expected a .pdparams file", path, "remove or rename it") from None
     except OSError as e:
-        raise CheckpointError(f"cannot read: {e.strerror}", path, "check that it exists and is readable") from None
+        raise CheckpointError(
+            f"cannot read: {e.strerror}", path, "check that it exists and is readable"
+        ) from None
     with f:
         try:
             return _walk(f, path, size), size
         except (UnsafePickleError, CheckpointError):
             raise
-        except (struct.error, IndexError, KeyError, TypeError, ValueError, AttributeError, UnicodeDecodeError,
-                RecursionError, MemoryError, OverflowError) as e:
+        except (
+            struct.error,
+            IndexError,
+            KeyError,
+            TypeError,
+            ValueError,
+            AttributeError,
+            UnicodeDecodeError,
+            RecursionError,
+            MemoryError,
+            OverflowError,
+        ) as e:
             raise _refuse(path, f"malformed pickle ({e.__class__.__name__}: {str(e)[:80]})") from None
 
 
@@ -141,7 +157,9 @@ def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:  # noqa: C901 -
             return read(n)
         off = f.tell()
         if off + n > size:
-            raise _refuse(path, f"truncated pickle: a {n}-byte array payload at offset {off} runs past the end")
+            raise _refuse(
+                path, f"truncated pickle: a {n}-byte array payload at offset {off} runs past the end"
+            )
         f.seek(off + n)
         return _BytesRef(off, n)
 
@@ -201,7 +219,9 @@ def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:  # noqa: C901 -
             n = len(data) if isinstance(data, bytes) else data.length
             numel = math.prod(obj.shape)  # Python ints: no overflow on absurd shapes
             if n != numel * obj.dtype.itemsize:
-                raise ValueError(f"array payload has {n} bytes, shape {obj.shape} needs {numel * obj.dtype.itemsize}")
+                raise ValueError(
+                    f"array payload has {n} bytes, shape {obj.shape} needs {numel * obj.dtype.itemsize}"
+                )
             obj.data = data
         elif isinstance(obj, _DType):
             if isinstance(state, tuple) and len(state) > 1 and isinstance(state[1], str):
@@ -379,8 +399,17 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, Any],
             else:
                 off, n, inline = v.data.offset, v.data.length, None
             tensors.append(
-                TensorInfo(name, v.dtype.name, v.shape, rel, off, n, storage=(rel, id(v)), fortran=v.fortran,
-                           inline=inline)
+                TensorInfo(
+                    name,
+                    v.dtype.name,
+                    v.shape,
+                    rel,
+                    off,
+                    n,
+                    storage=(rel, id(v)),
+                    fortran=v.fortran,
+                    inline=inline,
+                )
             )
         else:
             _check_depth(path, name, v)

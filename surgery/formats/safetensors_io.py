@@ -14,8 +14,9 @@ import json
 import math
 import os
 import struct
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable
+from typing import BinaryIO
 
 import numpy as np
 
@@ -54,13 +55,17 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
                 )
             blob = f.read(n)
     except IsADirectoryError:
-        raise CheckpointError("is a folder, expected a safetensors file", path, "remove or rename it") from None
+        raise CheckpointError(
+            "is a folder, expected a safetensors file", path, "remove or rename it"
+        ) from None
     except PermissionError as e:
         raise CheckpointError(f"cannot read: {e.strerror}", path, "check its permissions") from None
     try:
         header = json.loads(blob.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise CheckpointError(f"safetensors header is not valid JSON ({e.__class__.__name__})", path, fix) from None
+        raise CheckpointError(
+            f"safetensors header is not valid JSON ({e.__class__.__name__})", path, fix
+        ) from None
     if not isinstance(header, dict):
         raise CheckpointError("safetensors header is not a JSON object", path, fix)
     meta = header.pop("__metadata__", None)
@@ -82,7 +87,9 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
         numel = math.prod(shape)  # Python ints: no overflow on absurd shapes
         if not (0 <= b <= e <= data_len):
             raise CheckpointError(
-                f"tensor {name!r} data [{b}, {e}) lies outside the file's {data_len} data bytes (truncated?)", path, fix
+                f"tensor {name!r} data [{b}, {e}) lies outside the file's {data_len} data bytes (truncated?)",
+                path,
+                fix,
             )
         if e - b != numel * DTYPES[dtype].itemsize:
             raise CheckpointError(
@@ -118,15 +125,21 @@ class Source:
 
     __slots__ = ("path", "offset", "nbytes", "array", "parts")
 
-    def __init__(self, path: Path | None = None, offset: int = 0, nbytes: int = 0, array: np.ndarray | None = None,
-                 parts: list["Source"] | None = None):
+    def __init__(
+        self,
+        path: Path | None = None,
+        offset: int = 0,
+        nbytes: int = 0,
+        array: np.ndarray | None = None,
+        parts: list[Source] | None = None,
+    ):
         self.path, self.offset, self.nbytes, self.array, self.parts = path, offset, nbytes, array, parts
         if array is not None:
             self.nbytes = array.nbytes
         if parts is not None:
             self.nbytes = sum(p.nbytes for p in parts)
 
-    def prefix(self, nbytes: int) -> "Source":
+    def prefix(self, nbytes: int) -> Source:
         """The first ``nbytes`` of a range or flat array source."""
         if self.array is not None:
             return Source(array=np.ascontiguousarray(self.array).reshape(-1).view(np.uint8)[:nbytes])
@@ -145,8 +158,15 @@ class Source:
             copy_range(f, self.path, self.offset, self.nbytes)
 
 
-def copy_range(dst: BinaryIO, src_path: Path, offset: int, nbytes: int, chunk: int = 64 << 20,
-               cancelled: Callable[[], bool] | None = None, advance: Callable[[int], None] | None = None) -> None:
+def copy_range(
+    dst: BinaryIO,
+    src_path: Path,
+    offset: int,
+    nbytes: int,
+    chunk: int = 64 << 20,
+    cancelled: Callable[[], bool] | None = None,
+    advance: Callable[[int], None] | None = None,
+) -> None:
     """Append ``nbytes`` of ``src_path`` starting at ``offset`` to ``dst``, in bounded memory.
 
     Uses ``os.copy_file_range`` (a kernel copy, no user-space buffer) where the platform has it, and
@@ -193,7 +213,9 @@ def copy_range(dst: BinaryIO, src_path: Path, offset: int, nbytes: int, chunk: i
                 advance(len(buf))
 
 
-def write_file(path: Path, tensors: Iterable[tuple[str, str, tuple[int, ...], Source]], metadata: dict | None) -> int:
+def write_file(
+    path: Path, tensors: Iterable[tuple[str, str, tuple[int, ...], Source]], metadata: dict | None
+) -> int:
     """Write a safetensors file, streaming each tensor's bytes from its :class:`Source`.
 
     Args:

@@ -50,8 +50,17 @@ DTYPES: dict[str, DType] = {
 }
 # numpy dtype name (as found in a .pdparams) -> safetensors label
 NP_TO_ST = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "uint16": "U16", "int64": "I64",
-    "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "uint32": "U32", "uint64": "U64",
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "uint16": "U16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "uint32": "U32",
+    "uint64": "U64",
     "bool": "BOOL",
 }
 
@@ -130,4 +139,6 @@ def map_array(path, offset: int, nbytes: int, dtype: np.dtype, shape: tuple[int,
     cache on demand, so comparing or copying a multi-GB embedding never holds a second copy in memory."""
     if nbytes < MMAP_MIN_BYTES:
         return None
-    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=tuple(shape), order="F" if fortran else "C")
+    return np.memmap(
+        path, dtype=dtype, mode="r", offset=offset, shape=tuple(shape), order="F" if fortran else "C"
+    )

@@ -1,0 +1,5 @@
+"""``python -m tietool``: the command line, as the ``tietool`` script."""
+
+from .cli.app import main
+
+main()
