@@ -227,8 +227,13 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
     import sys
     import tempfile
 
-    if importlib.util.find_spec("paddleformers") is None:
-        return {"ok": None, "error": "PaddleFormers is not installed; logits not compared"}
+    missing = [m for m in ("paddle", "paddleformers") if importlib.util.find_spec(m) is None]
+    if missing:
+        return {
+            "ok": None,
+            "error": f"logits not compared: {' and '.join(missing)} not installed; "
+            'pip install "tietool[paddle]" adds paddlepaddle and PaddleFormers 1.2.0',
+        }
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     da = detect(A, compare_values=False)
     if da.loader.startswith("paddlenlp"):

@@ -28,6 +28,7 @@ from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source, copy_range
 from .formats.tensor import DTYPES, NP_TO_ST
 from .plan import NEW_SHARD, NewTensor, Plan
+from .readback import Planned, check_index, check_pdparams, check_safetensors
 
 TMP_TAG = ".tietool-tmp-"
 
@@ -366,7 +367,7 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
     finally:
         copier.close()
 
-    if ckpt.sharded:
+    if ckpt.sharded and ckpt.index is not None and ckpt.index_name is not None:
         index = dict(ckpt.index)
         meta = dict(index.get("metadata") or {})
         meta["total_size"] = total_size
@@ -374,6 +375,7 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
         index["weight_map"] = dict(sorted(weight_map.items()))
         _write_json(tmp / ckpt.index_name, index)
 
+    _read_back(plan, tmp, {rename[f]: (f, entries[f]) for f in kept_files}, to_rewrite)
     _write_configs(plan, tmp)
     return {
         "files": files_report,
@@ -391,10 +393,7 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of) -> None:
             for name, dtype, shape, nt, _storage, _fortran in entries:
                 yield name, dtype, shape, (source_of(nt) if nt is not None else ckpt.source(name))
 
-        # keep the input's __metadata__ and record each dropped name as {dropped: kept}, as safetensors'
-        # own save_model does for shared tensors
-        meta = {**(ckpt.st_metadata.get(f) or {}), **plan.metadata}
-        safetensors_io.write_file(dst, gen(), meta or None)
+        safetensors_io.write_file(dst, gen(), _st_metadata(plan, f, rewritten=True))
     else:
         rows = []
         for name, dtype, shape, nt, storage, fortran in entries:
@@ -411,6 +410,46 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of) -> None:
                 if nt.name in names and nt.name not in s2p:
                     extras["StructuredToParameterName@@"][nt.name] = nt.name
         pdparams_io.write_file(dst, rows, extras, ckpt.np_module.get(f, "numpy.core.multiarray"))
+
+
+def _st_metadata(plan: Plan, f: str, rewritten: bool) -> dict | None:
+    """The ``__metadata__`` of output file ``f``: the input's, and in a rewritten file each dropped name
+    recorded as ``{dropped: kept}``, as safetensors' own ``save_model`` does for shared tensors. A new
+    shard carries what every input shard agrees on (``{"format": "pt"}`` in files PaddleFormers and
+    ``save_pretrained`` write), so that it reads like its siblings."""
+    ckpt = plan.ckpt
+    if f == NEW_SHARD:
+        metas = [dict(ckpt.st_metadata.get(g) or {}) for g in ckpt.weight_files]
+        meta = {k: v for k, v in metas[0].items() if all(m.get(k) == v for m in metas)} if metas else {}
+    else:
+        meta = dict(ckpt.st_metadata.get(f) or {})
+    if rewritten:
+        meta.update(plan.metadata)
+    return meta or None
+
+
+def _read_back(plan: Plan, tmp: Path, out_files: dict[str, tuple[str, list]], rewritten: list[str]) -> None:
+    """Check every output weight file (and the index) against what was planned; see :mod:`.readback`.
+
+    ``out_files`` maps each output file name to (its input file or ``NEW_SHARD``, its entries).
+
+    Raises:
+        OutputError: a file does not read back as planned.
+    """
+    ckpt = plan.ckpt
+    shards: dict[str, list[Planned]] = {}
+    for out_name, (f, entries) in out_files.items():
+        planned = [
+            Planned(e[0], e[1], tuple(e[2]), e[3].nbytes if e[3] is not None else ckpt.tensors[e[0]].nbytes)
+            for e in entries
+        ]
+        shards[out_name] = planned
+        if ckpt.format == "safetensors":
+            check_safetensors(tmp / out_name, planned, _st_metadata(plan, f, rewritten=f in rewritten))
+        else:
+            check_pdparams(tmp / out_name, planned)
+    if ckpt.sharded and ckpt.index_name:
+        check_index(tmp / ckpt.index_name, shards)
 
 
 def _write_json(path: Path, data: Any) -> None:

@@ -1,0 +1,131 @@
+"""The read-back of written files (``surgery/readback.py``): what the safetensors library and the strict
+pickle reader see must be what was planned, or the output is never renamed into place."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from tietool.surgery import write as write_mod
+from tietool.surgery.checkpoint import Checkpoint
+from tietool.surgery.detect import detect
+from tietool.surgery.errors import OutputError
+from tietool.surgery.formats import safetensors_io
+from tietool.surgery.plan import plan_tie
+from tietool.surgery.readback import Planned, check_index, check_pdparams, check_safetensors
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_checkpoints"
+
+
+def _st(tmp_path: Path, meta: dict[str, str] | None = None) -> Path:
+    p = tmp_path / "a.safetensors"
+    save_file({"e": np.zeros((4, 2), np.float32), "b": np.ones(4, np.float16)}, str(p), metadata=meta)
+    return p
+
+
+PLANNED = [Planned("e", "F32", (4, 2), 32), Planned("b", "F16", (4,), 8)]
+
+
+def test_safetensors_as_planned_passes(tmp_path):
+    check_safetensors(_st(tmp_path, {"format": "pt"}), PLANNED, {"format": "pt"})
+
+
+@pytest.mark.parametrize(
+    "planned, meta, words",
+    [
+        ([Planned("e", "F32", (2, 4), 32), PLANNED[1]], None, "dtype/shape differs ['e']"),
+        ([Planned("e", "BF16", (4, 2), 32), PLANNED[1]], None, "dtype/shape differs ['e']"),
+        (PLANNED[:1], None, "unexpected ['b']"),
+        (PLANNED + [Planned("h", "F32", (4, 2), 32)], None, "missing ['h']"),
+        (PLANNED, {"format": "pt"}, "__metadata__"),
+    ],
+)
+def test_safetensors_not_as_planned_refused(tmp_path, planned, meta, words):
+    with pytest.raises(OutputError) as ei:
+        check_safetensors(_st(tmp_path), planned, meta)
+    assert words in str(ei.value)
+    assert str(tmp_path / "a.safetensors") in str(ei.value)
+
+
+def test_safetensors_with_a_hole_refused_by_the_library(tmp_path):
+    """A header whose offsets leave a hole: tietool's old reader would take it, safetensors does not."""
+    header = json.dumps(
+        {
+            "e": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "f": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]},
+        }
+    ).encode()
+    header += b" " * (-len(header) % 8)
+    p = tmp_path / "hole.safetensors"
+    p.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 24)
+    with pytest.raises(OutputError, match="safetensors refuses it"):
+        check_safetensors(p, [Planned("e", "F32", (2,), 8), Planned("f", "F32", (2,), 8)], None)
+
+
+def test_pdparams_checked_by_the_strict_reader(tmp_path):
+    src = SAMPLES / "pnlp_gpt" / "model_state.pdparams"
+    ckpt = Checkpoint.open(SAMPLES / "pnlp_gpt")
+    planned = [Planned(t.name, t.dtype, t.shape, t.nbytes) for t in ckpt.tensors.values()]
+    check_pdparams(src, planned)
+    with pytest.raises(OutputError, match="missing"):
+        check_pdparams(src, planned + [Planned("x", "float32", (1,), 4)])
+    bad = tmp_path / "bad.pdparams"
+    bad.write_bytes(src.read_bytes()[:200])
+    with pytest.raises(OutputError, match="pickle reader refuses it"):
+        check_pdparams(bad, planned)
+
+
+def test_index_must_match_the_shards(tmp_path):
+    shards = {"s1": [Planned("a", "F32", (2,), 8)], "s2": [Planned("b", "F32", (3,), 12)]}
+    idx = tmp_path / "i.json"
+    idx.write_text(json.dumps({"metadata": {"total_size": 20}, "weight_map": {"a": "s1", "b": "s2"}}))
+    check_index(idx, shards)
+    idx.write_text(json.dumps({"metadata": {"total_size": 20}, "weight_map": {"a": "s1", "b": "s1"}}))
+    with pytest.raises(OutputError, match="weight_map"):
+        check_index(idx, shards)
+    idx.write_text(json.dumps({"metadata": {"total_size": 21}, "weight_map": {"a": "s1", "b": "s2"}}))
+    with pytest.raises(OutputError, match="total_size"):
+        check_index(idx, shards)
+
+
+def _tie_plan(tmp_path: Path):
+    """tie of the PaddleFormers tied Llama: drops the duplicate head, so the weight file is rewritten."""
+    ckpt_dir = tmp_path / "in"
+    shutil.copytree(SAMPLES / "pf_llama_tied_fp32", ckpt_dir)
+    return plan_tie(detect(Checkpoint.open(ckpt_dir)))
+
+
+def test_every_written_safetensors_opens_with_the_library(tmp_path):
+    """A real write: each output file is what safe_open reads, metadata included."""
+    plan = _tie_plan(tmp_path)
+    out = tmp_path / "out"
+    write_mod.execute(plan, out)
+    for f in out.glob("*.safetensors"):
+        with safe_open(str(f), framework="numpy") as s:
+            assert set(s.keys()) == {n for n, t in Checkpoint.open(out).tensors.items() if t.file == f.name}
+
+
+def test_a_bad_write_never_reaches_out(tmp_path, monkeypatch):
+    """If the writer produced a file the library refuses, the output is not renamed into place."""
+    real = safetensors_io.write_file
+
+    def truncating(path, tensors, metadata):
+        n = real(path, tensors, metadata)
+        with open(path, "r+b") as fh:
+            fh.truncate(path.stat().st_size - 4)
+        return n
+
+    monkeypatch.setattr(safetensors_io, "write_file", truncating)
+    plan = _tie_plan(tmp_path)
+    out = tmp_path / "out"
+    with pytest.raises(OutputError, match="does not read back as planned"):
+        write_mod.execute(plan, out)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["in"]
