@@ -24,6 +24,9 @@ Loader facts, per loader:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypedDict, TypeVar
+
+from .errors import UsageError
 
 # Loaders tietool knows. "hf" is the HF-transformers naming (model.*, transformer.*) that PaddleFormers reads.
 LOADERS = ("paddleformers", "paddlenlp-2.8", "paddlenlp-3", "hf")
@@ -54,10 +57,39 @@ PADDLENLP_PREFIXES = (
     "roberta",
 )
 
-_PF_LIKE = {"layout": "vocab-hidden", "reties": True}
-_PNLP_LINEAR_HEAD_NO_RETIE = {"layout": "hidden-vocab", "reties": False}
-_PNLP_LINEAR_HEAD_RETIE = {"layout": "hidden-vocab", "reties": True}
-_PNLP_EMBED_HEAD = {"layout": "vocab-hidden", "reties": True}
+
+class _LoaderFactsRequired(TypedDict):
+    layout: str  # "vocab-hidden" or "hidden-vocab"
+    reties: bool
+
+
+class LoaderFacts(_LoaderFactsRequired, total=False):
+    """One loader's facts for a family (see the module docstring)."""
+
+    always_tied: bool
+
+
+class _FamilyRowRequired(TypedDict):
+    family: str
+    model_types: list[str]
+    embedding: list[str]
+    aliases: list[str]
+    head: list[str]
+    bias: list[str]
+    tie_default: dict[str, bool]
+    loaders: dict[str, LoaderFacts]
+
+
+class FamilyRow(_FamilyRowRequired, total=False):
+    """One row of ``FAMILIES`` (keys described above the table)."""
+
+    tied_logit_scale: str
+
+
+_PF_LIKE: LoaderFacts = {"layout": "vocab-hidden", "reties": True}
+_PNLP_LINEAR_HEAD_NO_RETIE: LoaderFacts = {"layout": "hidden-vocab", "reties": False}
+_PNLP_LINEAR_HEAD_RETIE: LoaderFacts = {"layout": "hidden-vocab", "reties": True}
+_PNLP_EMBED_HEAD: LoaderFacts = {"layout": "vocab-hidden", "reties": True}
 
 # Every family's rows. Keys:
 #   model_types: config.json model_type values (also text_config.model_type)
@@ -69,7 +101,7 @@ _PNLP_EMBED_HEAD = {"layout": "vocab-hidden", "reties": True}
 #   tie_default: per loader (missing loader -> "*")
 #   loaders:     per loader: layout and reties (missing loader -> "*")
 #   tied_logit_scale: logits of the tied head are multiplied by this (T5: d_model ** -0.5)
-FAMILIES: list[dict] = [
+FAMILIES: list[FamilyRow] = [
     {  # Llama and its descendants with the same names
         "family": "llama",
         "model_types": [
@@ -110,8 +142,9 @@ FAMILIES: list[dict] = [
             "paddlenlp-3": _PNLP_LINEAR_HEAD_RETIE,
         },
     },
-    {  # Gemma: Llama names, tied by default. PaddleFormers 1.2's Gemma3ForCausalLM always loads lm_head from
-        # model.embed_tokens.weight (its AOA config), whatever tie_word_embeddings says: an untied head is ignored.
+    {  # Gemma: Llama names, tied by default. PaddleFormers 1.2's Gemma3ForCausalLM always loads lm_head
+        # from model.embed_tokens.weight (its AOA config), whatever tie_word_embeddings says: an untied head
+        # is ignored.
         "family": "gemma",
         "model_types": ["gemma", "gemma2", "gemma3", "gemma3_text"],
         "embedding": ["embed_tokens.weight"],
@@ -198,7 +231,8 @@ FAMILIES: list[dict] = [
         },
         "tied_logit_scale": "d_model ** -0.5",
     },
-    {  # BART / mBART / M2M100 / Pegasus: shared table, head lm_head(.weight|_weight), final_logits_bias [1, V]
+    {  # BART / mBART / M2M100 / Pegasus: shared table, head lm_head(.weight|_weight),
+        # final_logits_bias [1, V]
         "family": "bart",
         "model_types": [
             "bart",
@@ -266,7 +300,7 @@ FAMILIES: list[dict] = [
 ]
 
 # Used when model_type is not in the table: the common names, then a shape search (detect.py says so).
-FALLBACK = {
+FALLBACK: FamilyRow = {
     "family": "unknown",
     "model_types": [],
     "embedding": [
@@ -321,10 +355,22 @@ class Family:
     notes: tuple[str, ...] = field(default=())
 
 
-def _per_loader(table: dict, loader: str, model_type: str | None):
+_T = TypeVar("_T")
+
+
+def _per_loader(table: dict[str, _T], loader: str, model_type: str | None) -> _T:
+    """The entry of ``table`` for ``model_type`` (when it has one), else for ``loader``, else ``"*"``.
+
+    Raises:
+        UsageError: ``loader`` is not one of ``LOADERS`` (every row covers each of those).
+    """
     if model_type and model_type in table:
         return table[model_type]
-    return table.get(loader, table.get("*"))
+    if loader in table:
+        return table[loader]
+    if "*" in table:
+        return table["*"]
+    raise UsageError(f"unknown loader {loader!r}", fix=f"use one of {', '.join(LOADERS)}")
 
 
 def lookup(model_type: str | None, loader: str) -> Family:
