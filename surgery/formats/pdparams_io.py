@@ -73,7 +73,12 @@ class _DType:
             raise ValueError(f"unsupported numpy dtype {self.code!r}") from None
         if dt.hasobject or dt.fields:
             raise ValueError(f"unsupported numpy dtype {self.code!r}")
-        return dt.newbyteorder(self.order) if self.order in "<>" else dt
+        if self.order not in "<>":  # "|" (no byte order), "=": as numpy made it
+            return dt
+        if not self.order:  # as numpy itself refuses it
+            raise ValueError("byteorder not recognized (got '')")
+        # "<", ">" (numpy reads only the first character of "<>")
+        return dt.newbyteorder(">" if self.order.startswith(">") else "<")
 
 
 class _Array:
@@ -162,6 +167,12 @@ def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:  # noqa: C901 -
             )
         f.seek(off + n)
         return _BytesRef(off, n)
+
+    def pairs(items: list[Any], op: str) -> zip[tuple[Any, Any]]:
+        """Keys and values alternate; an odd count is malformed (pickle refuses it the same way)."""
+        if len(items) % 2:
+            raise ValueError(f"odd number of items for {op}")
+        return zip(items[::2], items[1::2], strict=True)
 
     def pop_mark() -> list[Any]:
         items = []
@@ -252,7 +263,7 @@ def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:  # noqa: C901 -
             stack.append(_MARK)
         elif c == 0x64:  # DICT
             items = pop_mark()
-            stack.append(dict(zip(items[::2], items[1::2])))
+            stack.append(dict(pairs(items, "DICT")))
         elif c == 0x6C:  # LIST
             stack.append(pop_mark())
         elif c == 0x74:  # TUPLE
@@ -269,7 +280,7 @@ def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:  # noqa: C901 -
         elif c == 0x75:  # SETITEMS
             items = pop_mark()
             d = stack[-1]
-            for k, v in zip(items[::2], items[1::2]):
+            for k, v in pairs(items, "SETITEMS"):
                 d[k] = v
         elif c == 0x61:  # APPEND
             v = stack.pop()
@@ -391,7 +402,7 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, Any],
         if not isinstance(name, str):
             raise _refuse(path, f"non-string key {name!r}")
         if isinstance(v, _Array):
-            if v.data is None:
+            if v.data is None or v.dtype is None or v.shape is None:  # never BUILT with its state
                 raise _refuse(path, f"array {name!r} has no data")
             module = v.module
             if isinstance(v.data, bytes):  # small payload, read during the walk

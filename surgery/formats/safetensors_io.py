@@ -15,6 +15,7 @@ import math
 import os
 import struct
 from collections.abc import Callable, Iterable
+from itertools import pairwise
 from pathlib import Path
 from typing import BinaryIO
 
@@ -76,8 +77,8 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
     out: list[TensorInfo] = []
     for name, h in header.items():
         try:
-            dtype, shape, (b, e) = h["dtype"], [int(d) for d in h["shape"]], h["data_offsets"]
-            b, e = int(b), int(e)
+            dtype, shape, (begin, end) = h["dtype"], [int(d) for d in h["shape"]], h["data_offsets"]
+            begin, end = int(begin), int(end)
         except (KeyError, TypeError, ValueError, AttributeError):
             raise CheckpointError(f"tensor {name!r} has a malformed header entry", path, fix) from None
         if not isinstance(dtype, str) or dtype not in DTYPES:
@@ -85,23 +86,25 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
         if any(d < 0 for d in shape):
             raise CheckpointError(f"tensor {name!r} has a negative dimension {shape}", path, fix)
         numel = math.prod(shape)  # Python ints: no overflow on absurd shapes
-        if not (0 <= b <= e <= data_len):
+        if not (0 <= begin <= end <= data_len):
             raise CheckpointError(
-                f"tensor {name!r} data [{b}, {e}) lies outside the file's {data_len} data bytes (truncated?)",
+                f"tensor {name!r} data [{begin}, {end}) lies outside the file's {data_len} data bytes "
+                "(truncated?)",
                 path,
                 fix,
             )
-        if e - b != numel * DTYPES[dtype].itemsize:
+        if end - begin != numel * DTYPES[dtype].itemsize:
             raise CheckpointError(
-                f"tensor {name!r} has {e - b} bytes but shape {shape} × {dtype} needs {numel * DTYPES[dtype].itemsize}",
+                f"tensor {name!r} has {end - begin} bytes but shape {shape} × {dtype} needs "
+                f"{numel * DTYPES[dtype].itemsize}",
                 path,
                 fix,
             )
-        out.append(TensorInfo(name, dtype, tuple(shape), rel, data_start + b, e - b))
+        out.append(TensorInfo(name, dtype, tuple(shape), rel, data_start + begin, end - begin))
     out.sort(key=lambda t: t.offset)
-    for a, b2 in zip(out, out[1:]):
-        if b2.offset < a.offset + a.nbytes:
-            raise CheckpointError(f"tensors {a.name!r} and {b2.name!r} overlap", path, fix)
+    for a, b in pairwise(out):  # neighbours in data order
+        if b.offset < a.offset + a.nbytes:
+            raise CheckpointError(f"tensors {a.name!r} and {b.name!r} overlap", path, fix)
     return out, meta
 
 
@@ -153,7 +156,9 @@ class Source:
         elif self.array is not None:
             a = np.ascontiguousarray(self.array)
             if a.size:
-                f.write(memoryview(a.reshape(-1)).cast("B"))
+                f.write(a.reshape(-1).data.cast("B"))  # the array's buffer as bytes, no copy
+        elif self.path is None:
+            raise ValueError("a Source needs a path, an array or parts")
         else:
             copy_range(f, self.path, self.offset, self.nbytes)
 
