@@ -189,16 +189,17 @@ class Checkpoint:
                 where[t.name] = f
                 self.tensors[t.name] = t
         if self.index is not None:
-            wm = self.index["weight_map"]
+            index_name, wm = self._index()
             for name, f in wm.items():
                 if name not in where:
                     self.warnings.append(
-                        f"index entry {name} → {f} is stale: {f} has no such tensor; it is left out of the output index"
+                        f"index entry {name} → {f} is stale: {f} has no such tensor; it is left out of the "
+                        "output index"
                     )
                 elif where[name] != f:
                     raise CheckpointError(
                         f"index maps {name!r} to {f} but it is stored in {where[name]}",
-                        self.path / self.index_name,
+                        self.path / index_name,
                         "regenerate the index",
                     )
             for name, f in where.items():
@@ -223,15 +224,22 @@ class Checkpoint:
                 ]
             except CheckpointError:
                 names = []
-            wm = self.index["weight_map"]
+            index_name, wm = self._index()
             moved = [n for n in names if n in wm and n not in self.tensors]
             if moved:
                 raise CheckpointError(
-                    f"index maps {moved[0]} to {wm[moved[0]]}, but it is stored in {f}, which the index does not name",
-                    self.path / self.index_name,
+                    f"index maps {moved[0]} to {wm[moved[0]]}, but it is stored in {f}, which the index does "
+                    "not name",
+                    self.path / index_name,
                     "regenerate the index",
                 )
             self.warnings.append(f"{f} is in the folder but the index names none of its tensors; ignored")
+
+    def _index(self) -> tuple[str, dict[str, str]]:
+        """The index file name and its weight_map (name → shard file), for a checkpoint with an index."""
+        if self.index_name is None or self.index is None:
+            raise CheckpointError("no index file", self.path, "only a sharded checkpoint has an index")
+        return self.index_name, self.index["weight_map"]
 
     def _list_other_files(self) -> list[str]:
         skip = set(self.weight_files) | {self.index_name, REPORT_NAME}
