@@ -90,6 +90,7 @@ class Detection:
 
     @property
     def head_info(self) -> TensorInfo | None:
+        """The head's header; None exactly when ``head_present`` is False."""
         return self.ckpt.tensors.get(self.head) if self.head_present else None
 
     @property
@@ -212,7 +213,8 @@ def compare(
         else:
             h_chunks = ckpt.iter_rows(head, chunk_rows, start, stop)
         max_diff, rows, bit_eq = 0.0, 0, bit_equal
-        for a, b in zip(ckpt.iter_rows(emb, chunk_rows, start, stop), h_chunks):
+        # the same rows of two tables of one shape, in the same chunks
+        for a, b in zip(ckpt.iter_rows(emb, chunk_rows, start, stop), h_chunks, strict=True):
             if bit_eq and np.array_equal(a.view(bits), b.view(bits)):  # bits, not values (-0.0, NaN)
                 continue
             bit_eq = False
@@ -288,6 +290,7 @@ def detect(
     hidden = hidden_size_of(tcfg) or hidden_size_of(cfg)
 
     probe = arch.lookup(model_type, "hf")
+    embedding: str | None
     if embedding_name is not None:
         embedding = embedding_name
     else:
@@ -319,8 +322,8 @@ def detect(
             )
         if len(cands) > 1 and len(hinted) != 1:
             raise RefusedError(
-                f"model_type {model_type!r} is not in the architecture table and {len(cands)} tensors have the "
-                f"embedding's shape [{vocab_size}, {hidden}]: {', '.join(cands[:6])}",
+                f"model_type {model_type!r} is not in the architecture table and {len(cands)} tensors have "
+                f"the embedding's shape [{vocab_size}, {hidden}]: {', '.join(cands[:6])}",
                 ckpt.path,
                 "pass --embedding NAME and --head NAME to say which is which",
             )
@@ -430,8 +433,9 @@ def detect(
                 if other == H and rows and rows < V and V % rows == 0:
                     tp = V // rows
                     problems.append(
-                        f"the head {head} {list(hs)} has {rows} vocab rows, exactly 1/{tp} of the embedding's {V}: "
-                        "likely an unmerged tensor-parallel shard (merge the tensor-parallel slices first)"
+                        f"the head {head} {list(hs)} has {rows} vocab rows, exactly 1/{tp} of the "
+                        f"embedding's {V}: likely an unmerged tensor-parallel shard (merge the "
+                        "tensor-parallel slices first)"
                     )
                     break
             else:
@@ -490,10 +494,16 @@ def detect(
     elif not compare_values:  # the file structure alone can still tell one array under two names
         comp = shared_storage(ckpt, embedding, head) or Comparison("unknown")
     elif head_layout == "ambiguous":
-        a = compare(ckpt, embedding, head, VOCAB_HIDDEN)
-        b = compare(ckpt, embedding, head, HIDDEN_VOCAB)
-        comp = a if a.values == "exact" else b if b.values == "transposed" else a
-        seen = f" (as stored: {a.values}; transposed: {'equal' if b.values == 'transposed' else 'different'})"
+        as_stored = compare(ckpt, embedding, head, VOCAB_HIDDEN)
+        transposed = compare(ckpt, embedding, head, HIDDEN_VOCAB)
+        if as_stored.values != "exact" and transposed.values == "transposed":
+            comp = transposed
+        else:
+            comp = as_stored
+        seen = (
+            f" (as stored: {as_stored.values}; transposed: "
+            f"{'equal' if transposed.values == 'transposed' else 'different'})"
+        )
     else:
         comp = compare(ckpt, embedding, head, head_layout)
         if comp.values == "different" and fam.tied_logit_scale:
@@ -586,7 +596,8 @@ def detect(
 
 def tied_scale(config: dict, hidden: int) -> float:
     """T5's tied-logit factor ``d_model ** -0.5``."""
-    d = config.get("d_model") if isinstance(config.get("d_model"), int) else hidden
+    d_model = config.get("d_model")
+    d = d_model if isinstance(d_model, int) else hidden
     return float(d) ** -0.5
 
 
