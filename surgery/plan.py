@@ -7,8 +7,10 @@ A :class:`Plan` lists tensors dropped, replaced and added, config keys set, and 
 from __future__ import annotations
 
 import math
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 
@@ -40,7 +42,7 @@ class NewTensor:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    make: Callable[[], np.ndarray]
+    make: Callable[[], np.ndarray | Source]
     file: str
     after: str | None = None
     storage: object = None
@@ -135,7 +137,7 @@ def _as_layout(a: np.ndarray, layout: str) -> np.ndarray:
 
 def _tie_flags(det: Detection, value: bool) -> list[tuple[str, str, object]]:
     """Set ``tie_word_embeddings`` at the top level and in the language model's nested config."""
-    out = [("config.json", "tie_word_embeddings", value)]
+    out: list[tuple[str, str, object]] = [("config.json", "tie_word_embeddings", value)]
     if det.text_cfg_key:
         out.append(("config.json", f"{det.text_cfg_key}.tie_word_embeddings", value))
     return out
@@ -205,7 +207,8 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
         plan.notes.append(
             f"{', '.join(copies)} duplicate {det.embedding} and are kept (--drop-aliases drops them)"
         )
-    if not det.head_present:
+    h = det.head_info  # None exactly when the files hold no head
+    if h is None:
         plan.metadata = {n: det.embedding for n in plan.drop}
         if det.config_tied:
             plan.notes.append(f"already tied: no head in the files and {det.config_source} = true")
@@ -216,17 +219,18 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
         return plan
     if det.head_layout == "ambiguous":
         raise AmbiguousLayoutError(
-            f"vocab_size == hidden_size == {det.vocab_rows}: the layout of {det.head} cannot be told from its "
-            f"square shape; as stored it is {det.comparison.values} vs {det.embedding}",
+            f"vocab_size == hidden_size == {det.vocab_rows}: the layout of {det.head} cannot be told from "
+            f"its square shape; as stored it is {det.comparison.values} vs {det.embedding}",
             ckpt.path,
-            "pass --layout vocab-hidden or --layout hidden-vocab (PaddleNLP Llama/Qwen heads are hidden-vocab)",
+            "pass --layout vocab-hidden or --layout hidden-vocab (PaddleNLP Llama/Qwen heads are "
+            "hidden-vocab)",
         )
     comp = det.comparison
     if comp.values == "different":
         if keep is None:
             raise ValuesDifferError(
-                f"tie refused: {det.head} differs from {det.embedding} (max |difference| {comp.max_abs_diff:.3g}, "
-                f"{comp.differing_rows} of {det.vocab_rows} rows differ)",
+                f"tie refused: {det.head} differs from {det.embedding} (max |difference| "
+                f"{comp.max_abs_diff:.3g}, {comp.differing_rows} of {det.vocab_rows} rows differ)",
                 ckpt.path,
                 "pass --keep embedding or --keep head to choose the values to keep, or use untie",
             )
@@ -238,7 +242,6 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
                 "use --keep embedding, or keep the checkpoint untied",
             )
         if keep == "head":
-            h = det.head_info
             layout = det.head_layout
 
             def head_as_embedding() -> np.ndarray:
@@ -280,12 +283,11 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
         plan.metadata = {n: det.embedding for n in plan.drop}
     else:
         plan.notes.append(
-            f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head: it would load a random "
-            f"one, so {det.head} is kept, equal to the embedding in the loader's {det.head_layout} layout; "
-            "0 bytes saved"
+            f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head: it would load a "
+            f"random one, so {det.head} is kept, equal to the embedding in the loader's {det.head_layout} "
+            "layout; 0 bytes saved"
         )
         if keep == "embedding" and comp.values == "different":
-            h = det.head_info
 
             def make(lay=det.head_layout) -> np.ndarray:
                 return _as_layout(ckpt.load(det.embedding), lay)
@@ -349,9 +351,10 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
         return _as_layout(a, lay)
 
     name = det.head
-    if det.head_present:  # an alias of the embedding's storage: write it as its own array
+    head_info = det.head_info
+    if head_info is not None:  # present: an alias of the embedding's storage, written as its own array
         plan.replace[name] = NewTensor(
-            name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make, det.head_info.file
+            name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make, head_info.file
         )
     elif ckpt.sharded:
         # a shard of its own (as PaddleFormers lays the head out): every existing shard is copied unchanged
@@ -485,8 +488,8 @@ def plan_resize(
     the head (rows for ``[vocab, hidden]``, columns for ``[hidden, vocab]``), the head bias (``[V]`` or
     ``[1, V]``, new entries zero) and its aliases. A tied checkpoint stays tied (a head present and equal to
     the embedding is written equal to the new embedding), an untied head gets rows of its own by the same
-    ``init``. config ``vocab_size`` (also ``text_config``, ``padded_vocab_size``, ``model_config.json``) becomes
-    the new row count. Unlike PaddleFormers' ``resize_token_embeddings`` (which builds new rows by a
+    ``init``. config ``vocab_size`` (also ``text_config``, ``padded_vocab_size``, ``model_config.json``)
+    becomes the new row count. Unlike PaddleFormers' ``resize_token_embeddings`` (which builds new rows by a
     Xavier-uniform draw and never resizes an untied head), the head is always resized.
 
     Raises:
@@ -533,8 +536,8 @@ def plan_resize(
             what = "no tokenizer files in the checkpoint, so it is unknown whether they are real tokens"
         elif N >= tok.size:
             what = (
-                f"they are padding rows beyond the tokenizer's {tok.size} tokens (highest id {tok.size - 1}), "
-                "which may still hold trained values"
+                f"they are padding rows beyond the tokenizer's {tok.size} tokens (highest id "
+                f"{tok.size - 1}), which may still hold trained values"
             )
         else:
             real = min(V, tok.size) - N
@@ -548,7 +551,8 @@ def plan_resize(
             "pass --force to shrink anyway, or a --vocab of at least the current rows",
         )
     if seed is None:
-        seed = int(np.random.SeedSequence().entropy % (2**31))
+        # as uniform as SeedSequence().entropy (OS randomness) % 2**31, which it was
+        seed = secrets.randbits(31)
     elif not isinstance(seed, int) or seed < 0:
         raise UsageError(f"--seed must be a non-negative integer, got {seed!r}", fix="e.g. --seed 0")
     std = float(ckpt.config.get("initializer_range") or 0.02)
@@ -585,7 +589,7 @@ def plan_resize(
         from the input (never decoded, never in memory), then the new rows."""
         t = ckpt.tensors[name]
 
-        def make():
+        def make() -> Source | np.ndarray:
             if t.fortran:  # rows are not contiguous in the file: go through memory
                 a = ckpt.load(name)
                 return np.ascontiguousarray(a[:N]) if N <= V else np.concatenate([a, extra()], axis=0)
@@ -624,13 +628,14 @@ def plan_resize(
                 t.file,
                 storage=t.storage,
             )
-        if det.head_present:
-            h = det.head_info
+        h = det.head_info
+        if h is not None:
             lay = det.head_layout
             hshape = (N, H) if lay == VOCAB_HIDDEN else (H, N)
             # a head equal to the embedding stays equal (tied or not): it gets the embedding's new rows, so
             # resize-then-untie and untie-then-resize give the same tensors
             tied_equal = det.comparison.values in ("exact", "transposed") and h.dtype == emb.dtype
+            head_make: Callable[[], np.ndarray | Source]
             if tied_equal and lay == VOCAB_HIDDEN:
                 head_make = emb_make
             elif tied_equal:
@@ -650,24 +655,25 @@ def plan_resize(
                     t.file,
                     storage=t.storage if not det.comparison.storage_shared else emb.storage,
                 )
-        if det.bias:
-            b = ckpt.tensors[det.bias]
+        bias = det.bias
+        if bias:
+            b = ckpt.tensors[bias]
             if b.shape[-1] != V:
                 raise RefusedError(
-                    f"the head bias {det.bias} has {b.shape[-1]} entries but the embedding has {V} rows",
+                    f"the head bias {bias} has {b.shape[-1]} entries but the embedding has {V} rows",
                     ckpt.path,
                     "fix the bias first",
                 )
 
             def bias_make() -> np.ndarray:
-                a = ckpt.load(det.bias)
+                a = ckpt.load(bias)
                 if N <= V:
                     return np.ascontiguousarray(a[..., :N])
                 pad = np.zeros(a.shape[:-1] + (N - V,), dtype=a.dtype)
                 return np.concatenate([a, pad], axis=-1)
 
             bias_make = _cached(bias_make)
-            for n in [det.bias] + det.bias_aliases:
+            for n in [bias] + det.bias_aliases:
                 t = ckpt.tensors[n]
                 plan.replace[n] = NewTensor(
                     n,
@@ -700,11 +706,14 @@ def plan_resize(
     return plan
 
 
-def _cached(fn: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
-    """Compute once; aliases of one table share the result. Released by the writer after use."""
-    box: list[np.ndarray] = []
+_T = TypeVar("_T")
 
-    def get() -> np.ndarray:
+
+def _cached(fn: Callable[[], _T]) -> Callable[[], _T]:
+    """Compute once; aliases of one table share the result. Released by the writer after use."""
+    box: list[_T] = []
+
+    def get() -> _T:
         if not box:
             box.append(fn())
         return box[0]
