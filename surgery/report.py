@@ -8,16 +8,67 @@ them; where names shared one array in a ``.pdparams`` (pickle memo), the file he
 
 from __future__ import annotations
 
+from typing import Any, TypedDict
+
 from . import __version__
 from .detect import Detection
 from .plan import Plan, _get_config
+
+
+class _SavingsRequired(TypedDict):
+    parameters: int
+    bytes: int
+    percent: float
+
+
+class Savings(_SavingsRequired, total=False):
+    """What ``tie`` would save (``inspect``'s ``savings``)."""
+
+    why_zero: str  # why nothing would be saved
+    assumes: str  # what the figures take for granted
+
+
+class DroppedTensor(TypedDict):
+    name: str
+    shape: list[int]
+    dtype: str
+    parameters: int
+    bytes: int
+    reason: str
+    storage_shared: bool
+
+
+class AddedTensor(TypedDict):
+    name: str
+    shape: list[int]
+    dtype: str
+    parameters: int
+    bytes: int
+
+
+class ResizedTensor(TypedDict):
+    name: str
+    shape_before: list[int]
+    shape_after: list[int]
+    dtype: str
+    parameters_before: int
+    parameters_after: int
+    bytes_before: int
+    bytes_after: int
+
+
+class ConfigChange(TypedDict):
+    file: str
+    key: str
+    before: object
+    after: object
 
 
 def _pct(part: int, whole: int) -> float:
     return round(100.0 * part / whole, 3) if whole else 0.0
 
 
-def savings_if_tied(det: Detection) -> dict:
+def savings_if_tied(det: Detection) -> Savings:
     """What ``tie`` would save on this checkpoint: the head and embedding copies a re-tying loader drops."""
     ckpt = det.ckpt
     params = bytes_ = 0
@@ -36,7 +87,7 @@ def savings_if_tied(det: Detection) -> dict:
         why = "the head differs from the embedding (tie --keep embedding|head would drop it)"
     elif not det.head_present:
         why = "no head in the files"
-    out = {"parameters": params, "bytes": bytes_, "percent": _pct(bytes_, ckpt.total_bytes)}
+    out: Savings = {"parameters": params, "bytes": bytes_, "percent": _pct(bytes_, ckpt.total_bytes)}
     if why:
         out["why_zero"] = why
     if assumed:
@@ -48,7 +99,7 @@ def build(plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False
     """The report of a plan (and of its execution, ``facts`` from :func:`surgery.write.execute`)."""
     ckpt, det = plan.ckpt, plan.det
     t = ckpt.tensors
-    dropped = [
+    dropped: list[DroppedTensor] = [
         {
             "name": n,
             "shape": list(t[n].shape),
@@ -60,11 +111,11 @@ def build(plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False
         }
         for n, why in plan.drop.items()
     ]
-    added = [
+    added: list[AddedTensor] = [
         {"name": a.name, "shape": list(a.shape), "dtype": a.dtype, "parameters": a.numel, "bytes": a.nbytes}
         for a in plan.add
     ]
-    changed = []
+    changed: list[ResizedTensor] = []
     for n, nt in plan.replace.items():
         changed.append(
             {
@@ -91,12 +142,12 @@ def build(plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False
         + sum(a["bytes"] for a in added)
         + sum(c["bytes_after"] - c["bytes_before"] for c in changed)
     )
-    cfg = []
+    cfg: list[ConfigChange] = []
     for file, key, value in plan.config_set:
         before = _get_config(ckpt, file, key)
         if before != value:
             cfg.append({"file": file, "key": key, "before": before, "after": value})
-    rep = {
+    rep: dict[str, Any] = {  # JSON: tietool-report.json
         "tool": f"tietool {__version__}",
         "operation": plan.op,
         "dry_run": dry_run,

@@ -1,15 +1,18 @@
-"""``inspect``: the facts about a checkpoint as a JSON-able dict (the CLI renders it, ``--json`` prints it)."""
+"""``inspect``: the facts about a checkpoint as a JSON-able dict (the CLI renders it, ``--json`` prints
+it)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from .checkpoint import Checkpoint
 from .detect import Detection, detect
 from .report import savings_if_tied
 
 
-def _tensor(det: Detection, name: str | None) -> dict | None:
-    if name is None or name not in det.ckpt.tensors:
-        return None
+def _tensor(det: Detection, name: str) -> dict[str, Any]:
+    """One stored tensor's header facts (``name`` is in the files: the embedding, a present head, the
+    bias)."""
     t = det.ckpt.tensors[name]
     return {
         "name": name,
@@ -22,12 +25,13 @@ def _tensor(det: Detection, name: str | None) -> dict | None:
     }
 
 
-def summarize(det: Detection) -> dict:
+def summarize(det: Detection) -> dict[str, Any]:
     """Everything ``tietool inspect`` reports, as numbers and names (schema in README.md)."""
     ckpt: Checkpoint = det.ckpt
     emb = _tensor(det, det.embedding)
     emb["aliases"] = det.embedding_aliases
     emb["other_vocab_tensors"] = det.vocab_aliases
+    head: dict[str, Any]
     if det.head_present:
         head = _tensor(det, det.head)
     elif det.comparison.values == "shared":  # T5: the head *is* the shared table
@@ -43,7 +47,7 @@ def summarize(det: Detection) -> dict:
     head["untie_writes"] = det.head
     head["layout"] = det.head_layout
     head["aliases"] = det.head_aliases
-    bias = None
+    bias: dict[str, Any] | None = None
     if det.bias:
         bias = _tensor(det, det.bias)
         bias["aliases"] = det.bias_aliases
