@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
         class GPTModelProvider:
             pass
 
-        mod.GPTModelProvider = GPTModelProvider
+        mod.__dict__["GPTModelProvider"] = GPTModelProvider  # a module's attributes live in its __dict__
         sys.modules["paddleformers.transformers.gpt_provider"] = mod
         if not cls_name.endswith("Deprecated"):
             cls_name += "Deprecated"
