@@ -260,8 +260,8 @@ def untie(
     layout: Annotated[
         Layout,
         typer.Option(
-            help="layout of a new head: auto = what the checkpoint's loader expects (PaddleNLP Llama/Qwen/ChatGLM: "
-            "hidden-vocab; PaddleFormers and the rest: vocab-hidden)"
+            help="layout of a new head: auto = what the checkpoint's loader expects (PaddleNLP "
+            "Llama/Qwen/ChatGLM: hidden-vocab; PaddleFormers and the rest: vocab-hidden)"
         ),
     ] = Layout.auto,
     loader: LoaderOpt = None,
@@ -321,9 +321,7 @@ def resize(
         from ..surgery.errors import UsageError
         from ..surgery.plan import plan_resize
 
-        def as_int(opt: str, v: str | None) -> int | None:
-            if v is None:
-                return None
+        def as_int(opt: str, v: str) -> int:
             try:
                 n = int(v.strip())
             except ValueError:
@@ -336,7 +334,7 @@ def resize(
             return n
 
         n = as_int("--vocab", vocab)
-        m = as_int("--pad-to-multiple-of", pad_to_multiple_of)
+        m = None if pad_to_multiple_of is None else as_int("--pad-to-multiple-of", pad_to_multiple_of)
         _write_command(
             ckpt,
             out,

@@ -137,7 +137,8 @@ def inspect(info: dict, as_json: bool = False) -> None:
     )
     s = info["savings"]
     con.print(
-        f"tying would save {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}% of the checkpoint)"
+        f"tying would save {s['parameters']} parameters, {size(s['bytes'])} "
+        f"({s['percent']}% of the checkpoint)"
         + (f": {s['why_zero']}" if s.get("why_zero") else "")
         + (f", if the values agree ({s['assumes']})" if s.get("assumes") else "")
     )
@@ -196,7 +197,8 @@ def report(rep: dict, as_json: bool = False) -> None:
     if "files" in rep:
         f = rep["files"]
         con.print(
-            f"files: {len(f['rewritten'])} rewritten, {len(f.get('written', []))} new, {len(f['copied'])} copied, {len(f['linked'])} hard-linked"
+            f"files: {len(f['rewritten'])} rewritten, {len(f.get('written', []))} new, "
+            f"{len(f['copied'])} copied, {len(f['linked'])} hard-linked"
             f", {len(f['removed'])} removed"
             + (" (linked files share data with the input: edit neither in place)" if f["linked"] else "")
         )
@@ -228,9 +230,8 @@ def verify(res: dict, as_json: bool = False) -> None:
             + (" (common part identical)" if r["common_part_identical"] else " (common part DIFFERS)")
         )
     for c in res["changed"]:
-        con.print(
-            f"changed {c['name']}: {c.get('why') or 'max |difference| ' + format(c.get('max_abs_diff', 0), '.3g')}"
-        )
+        why = c.get("why") or "max |difference| " + format(c.get("max_abs_diff", 0), ".3g")
+        con.print(f"changed {c['name']}: {why}")
     for c in res["config_differences"]:
         con.print(f"config {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
     lg = res.get("logits")
