@@ -1,16 +1,17 @@
 #!/usr/bin/env python3
-"""Build the benchmark checkpoints of issue 4: PaddleFormers 1.2 Llama folders, bf16, tied with the duplicate
-``lm_head.weight`` PaddleFormers writes, sharded so the embedding and the head each sit in a shard of their own.
+"""Build the benchmark checkpoints of issue 4: PaddleFormers 1.2 Llama folders, bf16, tied with the
+duplicate ``lm_head.weight`` PaddleFormers writes, sharded so the embedding and the head each sit in a shard
+of their own.
 
-    python bench/make_checkpoints.py                 # both: bench/_work/ckpt_2l (~1.23 GB), ckpt_60l (~6.5 GB)
-    python bench/make_checkpoints.py --layers 2      # only one
-    python bench/make_checkpoints.py --check         # also load ckpt_2l with PaddleFormers (needs paddleformers)
+    python bench/make_checkpoints.py              # both: bench/_work/ckpt_2l (~1.23 GB), ckpt_60l (~6.5 GB)
+    python bench/make_checkpoints.py --layers 2   # only one
+    python bench/make_checkpoints.py --check      # also load ckpt_2l with PaddleFormers (needs paddleformers)
 
-Shapes are those of a 3B Llama: vocab 128256, hidden 2048, intermediate 5632, 16 heads, 4 KV heads (head_dim 128).
-Data are random bf16 bits (N(0, 0.02) in float32, truncated to bf16), made in chunks by numpy, and written by the
-streaming safetensors writer below, so memory stays at one chunk (~100 MB) whatever the checkpoint size.
-Norm weights are 1.0. ``lm_head.weight`` is byte-identical to ``model.embed_tokens.weight`` (its bytes are copied
-from the embedding shard).
+Shapes are those of a 3B Llama: vocab 128256, hidden 2048, intermediate 5632, 16 heads, 4 KV heads (head_dim
+128). Data are random bf16 bits (N(0, 0.02) in float32, truncated to bf16), made in chunks by numpy, and
+written by the streaming safetensors writer below, so memory stays at one chunk (~100 MB) whatever the
+checkpoint size. Norm weights are 1.0. ``lm_head.weight`` is byte-identical to ``model.embed_tokens.weight``
+(its bytes are copied from the embedding shard).
 
 Nothing here imports tietool (``surgery``/``cli``): the checkpoints are an independent input.
 """
@@ -82,7 +83,8 @@ def layer_tensors(i: int) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def shard_plan(layers: int) -> list[list[tuple[str, tuple[int, ...]]]]:
-    """Embedding alone, the layers in groups of LAYERS_PER_SHARD (model.norm with the last group), head alone."""
+    """Embedding alone, the layers in groups of LAYERS_PER_SHARD (model.norm with the last group), head
+    alone."""
     shards = [[("model.embed_tokens.weight", (VOCAB, HIDDEN))]]
     for start in range(0, layers, LAYERS_PER_SHARD):
         group = []
@@ -177,7 +179,7 @@ def build(layers: int, out: Path, seed: int = 0) -> Path:
             yield from random_bf16_chunks(numel(shape), rng)
 
     weight_map, total = {}, 0
-    for fname, tensors in zip(names, shards):
+    for fname, tensors in zip(names, shards, strict=True):  # one name per shard
         total += write_safetensors(tmp / fname, tensors, data_for)
         for t, _ in tensors:
             weight_map[t] = fname

@@ -3,7 +3,8 @@
 
     python bench/pf_route.py tie|untie|resize CKPT OUT [--vocab N]
 
-* tie:    ``from_pretrained`` (a tied config re-ties the head on load) → ``tie_weights()`` → ``save_pretrained``
+* tie:    ``from_pretrained`` (a tied config re-ties the head on load) → ``tie_weights()`` →
+          ``save_pretrained``
 * untie:  ``from_pretrained`` → ``config.tie_word_embeddings = False`` and the head replaced by a clone of the
           embedding (its own parameter) → ``save_pretrained``
 * resize: ``from_pretrained`` → ``resize_token_embeddings(N)`` → ``save_pretrained``

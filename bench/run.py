@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""Benchmark of issue 4: tietool vs ``cp -r`` vs the PaddleFormers route, wall time and peak RSS per child process.
+"""Benchmark of issue 4: tietool vs ``cp -r`` vs the PaddleFormers route, wall time and peak RSS per child
+process.
 
     python bench/make_checkpoints.py          # once: bench/_work/ckpt_2l (1.23 GB), ckpt_60l (6.46 GB)
     python bench/run.py                       # 3 alternating rounds, medians, table + ratios
     python bench/run.py --repeat 5 --ckpt 2l --no-pf
 
-Every run is warm: the page cache cannot be dropped here (no root), so before every timed run earlier outputs are
-deleted, the dirty pages of earlier runs flushed (``sync``), every input file read once and writeback left to
-drain (all untimed), so each run starts from a clean, warm cache. Runs alternate (one of each per round, the
-order rotated every round) and the median of the rounds is reported.
+Every run is warm: the page cache cannot be dropped here (no root), so before every timed run earlier outputs
+are deleted, the dirty pages of earlier runs flushed (``sync``), every input file read once and writeback left
+to drain (all untimed), so each run starts from a clean, warm cache. Runs alternate (one of each per round,
+the order rotated every round) and the median of the rounds is reported.
 
 Each timed command is a child process run under ``/usr/bin/time -v`` (peak RSS = its "Maximum resident set
 size"; without /usr/bin/time, ``os.wait4``'s rusage); wall time is measured here around the child.
