@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import os
 import random
 import signal
 import subprocess
@@ -16,12 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support.paths import REPO
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from surgery.checkpoint import Checkpoint  # noqa: E402
-from surgery.verify import verify  # noqa: E402
+from tietool.surgery.checkpoint import Checkpoint
+from tietool.surgery.verify import verify
 
 
 def snapshot(d: Path) -> dict[str, str]:
@@ -38,7 +35,7 @@ def _bf16(x: np.ndarray) -> np.ndarray:
 
 def make_sharded_ckpt(d: Path, vocab=4096, hidden=512, layers=4) -> Path:
     """A tied Llama in PaddleFormers layout (bf16, duplicate head), ~40 MB in 3 shards."""
-    from surgery.formats.safetensors_io import Source, write_file
+    from tietool.surgery.formats.safetensors_io import Source, write_file
 
     d.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -82,7 +79,6 @@ COMMANDS = [["tie"], ["untie"], ["resize", "--vocab", "4200", "--init", "mean", 
 def test_sigkill_at_random_points(tmp_path):
     src = make_sharded_ckpt(tmp_path / "in")
     before = snapshot(src)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     rnd = random.Random(1234)
     complete = killed = 0
     runs = 54
@@ -90,9 +86,8 @@ def test_sigkill_at_random_points(tmp_path):
         cmd = COMMANDS[i % len(COMMANDS)]
         out = tmp_path / f"out{i}"
         p = subprocess.Popen(
-            [sys.executable, "-m", "cli", cmd[0], str(src), "--out", str(out), *cmd[1:], "-q"],
-            cwd=ROOT,
-            env=env,
+            [sys.executable, "-m", "tietool", cmd[0], str(src), "--out", str(out), *cmd[1:], "-q"],
+            cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -112,9 +107,8 @@ def test_sigkill_at_random_points(tmp_path):
     for p in leftovers:
         name = p.name[1 : p.name.index(".tietool-tmp-")]
         r = subprocess.run(
-            [sys.executable, "-m", "cli", "tie", str(src), "--out", str(tmp_path / name), "-q"],
-            cwd=ROOT,
-            env=env,
+            [sys.executable, "-m", "tietool", "tie", str(src), "--out", str(tmp_path / name), "-q"],
+            cwd=REPO,
             capture_output=True,
             text=True,
         )
@@ -128,8 +122,8 @@ def test_sigkill_at_random_points(tmp_path):
 def test_disk_full_leaves_nothing(tmp_path, monkeypatch, where):
     from typer.testing import CliRunner
 
-    from cli.app import app
-    from surgery.formats import safetensors_io
+    from tietool.cli.app import app
+    from tietool.surgery.formats import safetensors_io
 
     src = make_sharded_ckpt(tmp_path / "in", vocab=256, hidden=64, layers=1)
     before = snapshot(src)
@@ -138,7 +132,7 @@ def test_disk_full_leaves_nothing(tmp_path, monkeypatch, where):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if where == "copy":
-        from surgery import write
+        from tietool.surgery import write
 
         monkeypatch.setattr(write, "copy_file", enospc)
     else:

@@ -9,7 +9,8 @@ The contract (from the project's issues), checked by ``adversarial_support.check
 * the input folder byte-identical (sha256 of every file and the list of folders, before and after).
 
 Each bad input is built in ``tmp_path`` from a copy of a real fixture and run through ``inspect``, ``tie``,
-``untie`` and ``resize`` (``--vocab 256``) in a subprocess (``python -m cli``, 30 s timeout, RLIMIT_AS 2 GB).
+``untie`` and ``resize`` (``--vocab 256``) in a subprocess (``python -m tietool``, 30 s timeout, RLIMIT_AS
+2 GB).
 """
 
 from __future__ import annotations
@@ -19,16 +20,13 @@ import json
 import pickle
 import shutil
 import struct
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import adversarial_support as av  # noqa: E402
-from adversarial_support import (  # noqa: E402
+from support import adversarial_support as av
+from support.adversarial_support import (
     PD_FILE,
     PD_INDEX,
     PD_ONE,
@@ -39,8 +37,6 @@ from adversarial_support import (  # noqa: E402
     ST_SHARDED,
     FakeArray,
 )
-
-pytestmark = pytest.mark.skipif(not av.CASES.is_dir(), reason="shared fixtures not found")
 
 CHECKPOINT = 3
 ALL = av.COMMANDS

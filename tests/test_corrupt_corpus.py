@@ -2,10 +2,10 @@
 
 The runs happen once per module in worker children (``adversarial_support.CliWorker``: one per core, each
 started with ``RLIMIT_AS`` = 2 GB and running the CLI in-process through ``typer.testing.CliRunner`` on
-``cli.app.app``, with a 30 s alarm per run and a hard deadline behind it), so a hang fails, and an attempt to
-allocate a declared huge size fails loudly (MemoryError → exit 70 → failure) instead of passing on a machine
-with memory to spare. A Python process per run would cost ~0.4 s each and the corpus would not fit in three
-minutes. In-process, "no traceback" means ``result.exception`` is None or a ``SystemExit``. Each
+``tietool.cli.app.app``, with a 30 s alarm per run and a hard deadline behind it), so a hang fails, and an
+attempt to allocate a declared huge size fails loudly (MemoryError → exit 70 → failure) instead of passing on
+a machine with memory to spare. A Python process per run would cost ~0.4 s each and the corpus would not fit
+in three minutes. In-process, "no traceback" means ``result.exception`` is None or a ``SystemExit``. Each
 parametrized test then judges one (variant, command):
 
 * no hang, no Python traceback, not killed by a signal;
@@ -20,18 +20,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import os
-import sys
 import threading
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import adversarial_support as av  # noqa: E402
-import corrupt_corpus as cc  # noqa: E402
-import fixture_support as fs  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not av.CASES.is_dir(), reason="shared fixtures not found")
+from support import adversarial_support as av
+from support import corrupt_corpus as cc
+from support import fixture_support as fs
 
 COMMANDS = ("inspect", "tie")
 

@@ -1,7 +1,8 @@
 """Property: reading any byte-mutation of a small checkpoint either works or raises ``TietoolError``.
 
-The reader is what every command runs first: ``surgery.checkpoint.Checkpoint.open`` (config, index, headers or
-pickle walk) and ``surgery.detect.detect`` (embedding/head lookup, value comparison, which loads tensor data).
+The reader is what every command runs first: ``tietool.surgery.checkpoint.Checkpoint.open`` (config, index,
+headers or pickle walk) and ``tietool.surgery.detect.detect`` (embedding/head lookup, value comparison, which
+loads tensor data).
 Anything else escaping (ValueError, KeyError, TypeError, RecursionError, MemoryError, ...) is a bug: the CLI
 would report it as an internal error (exit 70) instead of a one-line "bad checkpoint" message.
 
@@ -12,22 +13,16 @@ byte, truncate. ``derandomize=True`` keeps CI deterministic; ``database=None`` k
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import adversarial_support as av
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import adversarial_support as av  # noqa: E402
-
-sys.path.insert(0, str(av.REPO))
-pytestmark = pytest.mark.skipif(not av.CASES.is_dir(), reason="shared fixtures not found")
-
-from surgery.checkpoint import Checkpoint  # noqa: E402
-from surgery.detect import detect  # noqa: E402
-from surgery.errors import TietoolError  # noqa: E402
+from tietool.surgery.checkpoint import Checkpoint
+from tietool.surgery.detect import detect
+from tietool.surgery.errors import TietoolError
 
 SETTINGS = settings(
     max_examples=200,
@@ -37,10 +32,10 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
-ST_RAW = (av.CASES / av.ST_ONE / av.ST_ONE_FILE).read_bytes() if av.CASES.is_dir() else b"\0" * 16
-PD_RAW = (av.CASES / av.PD_ONE / av.PD_FILE).read_bytes() if av.CASES.is_dir() else b"\0" * 16
+ST_RAW = (av.CASES / av.ST_ONE / av.ST_ONE_FILE).read_bytes()
+PD_RAW = (av.CASES / av.PD_ONE / av.PD_FILE).read_bytes()
 ST_HEADER_END = 8 + av.st_header_len(ST_RAW)
-PD_STRUCT_END = av.pd_first_payload(PD_RAW)[0] + 5 if av.CASES.is_dir() else 16
+PD_STRUCT_END = av.pd_first_payload(PD_RAW)[0] + 5
 
 
 def mutations(size: int, hot_end: int):

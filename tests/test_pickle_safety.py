@@ -24,12 +24,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import adversarial_support as av  # noqa: E402
-from adversarial_support import PD_FILE, PD_ONE, FakeArray  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not av.CASES.is_dir(), reason="shared fixtures not found")
+from support import adversarial_support as av
+from support.adversarial_support import PD_FILE, PD_ONE, FakeArray
 
 UNSAFE = 4
 

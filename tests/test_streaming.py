@@ -8,36 +8,29 @@ import hashlib
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support.paths import BUG_CASES_DIR, REPO
+from support.paths import CASES_DIR as FIX
 
-ROOT = Path(__file__).resolve().parents[1]
-FIX = ROOT.parent / "shared" / "fixtures" / "cases"
-pytestmark = pytest.mark.skipif(not FIX.is_dir(), reason="../shared/fixtures not found")
-
-sys.path.insert(0, str(ROOT))
-
-from surgery.checkpoint import Checkpoint  # noqa: E402
-from surgery.detect import detect  # noqa: E402
-from surgery.plan import plan_tie  # noqa: E402
-from surgery.write import execute  # noqa: E402
+from tietool.surgery.checkpoint import Checkpoint
+from tietool.surgery.detect import detect
+from tietool.surgery.plan import plan_tie
+from tietool.surgery.write import execute
 
 
 def sha(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def run_cli(*args, cwd=ROOT):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def run_cli(*args, cwd=REPO):
     return subprocess.run(
-        [sys.executable, "-m", "cli", *map(str, args)],
+        [sys.executable, "-m", "tietool", *map(str, args)],
         cwd=cwd,
-        env=env,
         capture_output=True,
         text=True,
         timeout=120,
@@ -45,9 +38,8 @@ def run_cli(*args, cwd=ROOT):
 
 
 @pytest.mark.parametrize("link", [False, True])
-def test_untouched_shards_are_copied_or_linked(tmp_path, link):
-    src = tmp_path / "in"
-    shutil.copytree(FIX / "pf_llama_tied_sharded", src)
+def test_untouched_shards_are_copied_or_linked(tmp_path, fixture_copy, link):
+    src = fixture_copy("pf_llama_tied_sharded", "in")
     ck = Checkpoint.open(src)
     head_file = ck.tensors["lm_head.weight"].file
     # the head sits alone in its shard: tie removes that shard and rewrites nothing
@@ -72,9 +64,8 @@ def test_untouched_shards_are_copied_or_linked(tmp_path, link):
     assert rep["files"]["linked" if link else "copied"] and not rep["files"]["copied" if link else "linked"]
 
 
-def test_untie_of_a_sharded_checkpoint_adds_a_shard_and_rewrites_none(tmp_path):
-    src = tmp_path / "in"
-    shutil.copytree(FIX / "pf_llama_tied_sharded", src)
+def test_untie_of_a_sharded_checkpoint_adds_a_shard_and_rewrites_none(tmp_path, fixture_copy):
+    src = fixture_copy("pf_llama_tied_sharded", "in")
     tied = tmp_path / "tied"
     assert run_cli("tie", src, "--out", tied).returncode == 0
     untied = tmp_path / "untied"
@@ -144,8 +135,8 @@ def _overlaps(reads, file, start, n):
 
 @pytest.mark.parametrize("case", ["pf_llama_tied_sharded", "pf_llama_untied_fp32"])
 def test_inspect_reads_no_untouched_tensor_data(monkeypatch, case):
-    from surgery import checkpoint
-    from surgery.formats import pdparams_io, safetensors_io
+    from tietool.surgery import checkpoint
+    from tietool.surgery.formats import pdparams_io, safetensors_io
 
     tr = _Tracker()
     for mod in (safetensors_io, pdparams_io, checkpoint):
@@ -165,9 +156,9 @@ def test_inspect_reads_no_untouched_tensor_data(monkeypatch, case):
 @pytest.mark.parametrize("case", ["pf_llama_tied_sharded", "pf_llama_untied_fp32", "pnlp_llama_untied"])
 def test_inspect_no_values_reads_headers_only(monkeypatch, case):
     """``inspect --no-values`` reads no tensor data at all, the embedding's and head's included."""
-    from surgery import checkpoint
-    from surgery.formats import pdparams_io, safetensors_io
-    from surgery.summary import inspect_path
+    from tietool.surgery import checkpoint
+    from tietool.surgery.formats import pdparams_io, safetensors_io
+    from tietool.surgery.summary import inspect_path
 
     tr = _Tracker()
     for mod in (safetensors_io, pdparams_io, checkpoint):
@@ -189,11 +180,10 @@ def test_inspect_no_values_reads_headers_only(monkeypatch, case):
         assert "assumes" in info["savings"]
 
 
-def test_inspect_no_values_cli_on_unreadable_tensor_data(tmp_path):
+def test_inspect_no_values_cli_on_unreadable_tensor_data(tmp_path, fixture_copy):
     """Every tensor byte of every shard zeroed out (an unreadable data region, as far as values go): the
     header-only inspect reports the same tensors and says the values were not compared."""
-    src = tmp_path / "in"
-    shutil.copytree(FIX / "pf_llama_tied_sharded", src)
+    src = fixture_copy("pf_llama_tied_sharded", "in")
     ck = Checkpoint.open(src)
     for t in ck.tensors.values():
         with open(src / t.file, "r+b") as f:
@@ -217,7 +207,7 @@ def _copy_threads_alive() -> list:
 
 
 @pytest.mark.parametrize("fail", ["copy", "rewrite", "interrupt"])
-def test_parallel_copies_stop_and_clean_up(tmp_path, monkeypatch, fail):
+def test_parallel_copies_stop_and_clean_up(tmp_path, fixture_copy, monkeypatch, fail):
     """Untouched shards are copied by a pool of threads while the main thread rewrites: when one copy
     fails, a rewrite fails, or the user interrupts, every copy thread has stopped before ``execute``
     returns and nothing is left beside --out; the input is unchanged."""
@@ -225,11 +215,10 @@ def test_parallel_copies_stop_and_clean_up(tmp_path, monkeypatch, fail):
     import threading
     import time
 
-    from surgery import write
-    from surgery.plan import plan_resize
+    from tietool.surgery import write
+    from tietool.surgery.plan import plan_resize
 
-    src = tmp_path / "in"
-    shutil.copytree(FIX / "pf_llama_tied_sharded", src)
+    src = fixture_copy("pf_llama_tied_sharded", "in")
     before = {p.name: sha(p) for p in src.iterdir()}
     ck = Checkpoint.open(src)
     det = detect(ck)
@@ -258,7 +247,7 @@ def test_parallel_copies_stop_and_clean_up(tmp_path, monkeypatch, fail):
 
         monkeypatch.setattr(write, "_rewrite", bad_rewrite)
     out = tmp_path / "out"
-    from surgery.errors import OutputError
+    from tietool.surgery.errors import OutputError
 
     with pytest.raises(KeyboardInterrupt if fail == "interrupt" else OutputError):
         write.execute(plan, out)
@@ -270,8 +259,8 @@ def test_parallel_copies_stop_and_clean_up(tmp_path, monkeypatch, fail):
 
 def test_parallel_copies_match_sequential(tmp_path, monkeypatch):
     """The same plan executed with 1 and with 8 copy threads gives byte-identical outputs."""
-    from surgery import write
-    from surgery.plan import plan_resize
+    from tietool.surgery import write
+    from tietool.surgery.plan import plan_resize
 
     ck = Checkpoint.open(FIX / "pf_llama_tied_sharded")
     det = detect(ck)
@@ -285,7 +274,7 @@ def test_parallel_copies_match_sequential(tmp_path, monkeypatch):
 
 
 def test_pdparams_structure_is_read_without_payloads(tmp_path, monkeypatch):
-    from surgery.formats import pdparams_io
+    from tietool.surgery.formats import pdparams_io
 
     ck_dir = tmp_path / "ck"
     ck_dir.mkdir()
@@ -315,11 +304,9 @@ def test_pdparams_structure_is_read_without_payloads(tmp_path, monkeypatch):
 
 
 def _imports_after(code: str) -> set[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     r = subprocess.run(
         [sys.executable, "-c", code + "\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"],
-        cwd=ROOT,
-        env=env,
+        cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
@@ -328,14 +315,19 @@ def _imports_after(code: str) -> set[str]:
 
 
 def test_help_imports_neither_paddle_nor_numpy():
-    mods = _imports_after("from cli.app import app\ntry:\n    app(['--help'])\nexcept SystemExit:\n    pass")
-    assert "paddle" not in mods and "numpy" not in mods and "surgery" not in mods
+    mods = _imports_after(
+        "from tietool.cli.app import app\ntry:\n    app(['--help'])\nexcept SystemExit:\n    pass"
+    )
+    assert "paddle" not in mods and "numpy" not in mods
+    # the package tietool.surgery (its __init__: the version, imported by tietool/__init__) and nothing of it
+    library = sorted(m for m in mods if m.startswith("tietool.surgery."))
+    assert not library, f"--help imported the library: {library}"
 
 
 def test_safetensors_paths_import_no_paddle(tmp_path):
     out = tmp_path / "o"
     code = (
-        f"from cli.app import app\nfor args in (['inspect', {str(FIX / 'pf_llama_tied_fp32')!r}], "
+        f"from tietool.cli.app import app\nfor args in (['inspect', {str(FIX / 'pf_llama_tied_fp32')!r}], "
         f"['tie', {str(FIX / 'pf_llama_tied_fp32')!r}, '--out', {str(out)!r}]):\n"
         "    try:\n        app(args)\n    except SystemExit as e:\n        assert not e.code, e.code"
     )
@@ -350,7 +342,7 @@ def test_safetensors_paths_import_no_paddle(tmp_path):
 
 def _unknown_arch(tmp_path: Path, head_differs: bool) -> Path:
     """A Llama fixture renamed to names and a model_type tietool does not know."""
-    from surgery.formats.safetensors_io import write_file
+    from tietool.surgery.formats.safetensors_io import write_file
 
     src = Checkpoint.open(FIX / "pf_llama_untied_fp32" if head_differs else FIX / "pf_llama_tied_fp32")
     d = tmp_path / "zorblax"
@@ -416,7 +408,7 @@ def test_close_joins_copy_threads_through_a_second_interrupt(monkeypatch):
     folder is removed while a thread still writes into it, and comes back)."""
     import threading
 
-    from surgery import write
+    from tietool.surgery import write
 
     copier = write._Copier(None)
     release = threading.Event()
@@ -437,7 +429,7 @@ def test_close_joins_copy_threads_through_a_second_interrupt(monkeypatch):
 
 def test_temp_folder_removed_through_a_second_interrupt(tmp_path, monkeypatch):
     """Ctrl-C during the write, then again during the removal of the temporary folder: it is still removed."""
-    from surgery import write
+    from tietool.surgery import write
 
     src = FIX / "pf_llama_tied_sharded"
     det = detect(Checkpoint.open(src))
@@ -471,7 +463,7 @@ def test_progress_counts_every_written_byte_once(tmp_path, op, case):
     files written, each counted once."""
     import threading
 
-    from surgery.plan import plan_resize, plan_untie
+    from tietool.surgery.plan import plan_resize, plan_untie
 
     det = detect(Checkpoint.open(FIX / case))
     plan = {
@@ -500,8 +492,8 @@ def test_copy_error_names_the_file_being_written(tmp_path, monkeypatch):
 
     from typer.testing import CliRunner
 
-    from cli.app import app
-    from surgery.formats import safetensors_io
+    from tietool.cli.app import app
+    from tietool.surgery.formats import safetensors_io
 
     def efbig(*a, **k):
         raise OSError(errno.EFBIG, "File too large")
@@ -520,8 +512,8 @@ def test_interrupt_exit_codes(tmp_path, monkeypatch, signum, code):
     """Ctrl-C exits 130, SIGTERM 143 (128 + the signal), with one line and nothing written."""
     import signal
 
-    from cli import app as app_mod
-    from surgery import write
+    from tietool.cli import app as app_mod
+    from tietool.surgery import write
 
     def signalled(*a, **k):
         if signum == signal.SIGINT:
@@ -541,10 +533,9 @@ def test_interrupt_exit_codes(tmp_path, monkeypatch, signum, code):
 
 
 def _all_inputs():
-    cases = ROOT.parent / "shared" / "cases"
     return sorted(
         [p for p in FIX.iterdir() if (p / "config.json").is_file()]
-        + [p / "ckpt" for p in cases.iterdir() if (p / "ckpt" / "config.json").is_file()]
+        + [p / "ckpt" for p in BUG_CASES_DIR.iterdir() if (p / "ckpt" / "config.json").is_file()]
     )
 
 
@@ -553,8 +544,8 @@ def test_inspect_no_values_agrees_with_full_inspect(path):
     """Whatever the headers alone can tell, ``--no-values`` tells as the full inspect does: tensors,
     layout, config tie state, storage sharing (one array under two names), the layout ambiguity, and the
     reason a loader cannot save bytes."""
-    from surgery.errors import TietoolError
-    from surgery.summary import inspect_path
+    from tietool.surgery.errors import TietoolError
+    from tietool.surgery.summary import inspect_path
 
     try:
         full = inspect_path(path)
@@ -611,9 +602,8 @@ def test_out_is_an_existing_file(tmp_path):
     assert f.read_text() == "x"
 
 
-def test_invalid_json_message_keeps_the_position(tmp_path):
-    src = tmp_path / "in"
-    shutil.copytree(FIX / "pf_llama_tied_fp32", src)
+def test_invalid_json_message_keeps_the_position(tmp_path, fixture_copy):
+    src = fixture_copy("pf_llama_tied_fp32", "in")
     (src / "config.json").write_text('{"model_type": "llama", "vocab_size": 100,,')
     r = run_cli("inspect", src)
     assert r.returncode == 3 and "line 1 column 43" in r.stderr, r.stderr

@@ -1,9 +1,9 @@
 """Helpers for the adversarial tests (bad input, unsafe pickles, the corrupt corpus, fuzzing).
 
-Nothing here imports ``surgery`` or ``cli``: the inputs are built with our own small writers, and the tool is
+Nothing here imports ``tietool``: the inputs are built with our own small writers, and the tool is
 judged from the outside (exit code, stderr, the files left behind).
 
-* :func:`run_cli` runs ``python -m cli ...`` in a subprocess with a timeout and an address-space limit
+* :func:`run_cli` runs ``python -m tietool ...`` in a subprocess with a timeout and an address-space limit
   (``RLIMIT_AS``), so a hang or an attempt to allocate a declared huge size fails loudly instead of passing.
 * :func:`tree_state` fingerprints a folder (sha256 of every file, and every sub-folder) so a test can prove
   the input was not touched.
@@ -32,8 +32,7 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import fixture_support as fs  # noqa: E402
+from support import fixture_support as fs
 
 REPO = fs.REPO
 CASES = fs.CASES_DIR
@@ -67,7 +66,7 @@ class Run:
 
     @property
     def cmdline(self) -> str:
-        return "python -m cli " + " ".join(self.argv)
+        return "python -m tietool " + " ".join(self.argv)
 
     def describe(self) -> str:
         return (
@@ -83,14 +82,13 @@ def _limits() -> None:  # runs in the child (preexec_fn)
 
 def cli_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("TIETOOL_DEBUG",) and not k.startswith("PYTEST")}
-    env["PYTHONPATH"] = str(REPO)
     env["COLUMNS"] = "200"
     env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = "1"  # small address space under RLIMIT_AS
     return env
 
 
 def run_cli(argv: Iterable[Any], timeout: float = TIMEOUT, cwd: Path | None = None) -> Run:
-    """``python -m cli *argv`` with cwd = the repository (or ``cwd``), RLIMIT_AS 2 GB and a timeout.
+    """``python -m tietool *argv`` with cwd = the repository (or ``cwd``), RLIMIT_AS 2 GB and a timeout.
 
     With ``TIETOOL_TEST_INPROCESS=1`` the run goes to a shared :class:`CliWorker` instead (same limits,
     ~20x faster, ``cwd`` ignored): for quick iterations; the default, a fresh interpreter per run, is what
@@ -102,7 +100,7 @@ def run_cli(argv: Iterable[Any], timeout: float = TIMEOUT, cwd: Path | None = No
     t0 = time.monotonic()
     try:
         p = subprocess.run(
-            [PYTHON, "-m", "cli", *argv],
+            [PYTHON, "-m", "tietool", *argv],
             cwd=cwd or REPO,
             env=cli_env(),
             capture_output=True,
@@ -121,9 +119,9 @@ def run_cli(argv: Iterable[Any], timeout: float = TIMEOUT, cwd: Path | None = No
 
 
 # A long-lived child that runs many CLI invocations in-process (``typer.testing.CliRunner`` on
-# ``cli.app.app``): the same limits as :func:`run_cli` (it is started with them), a fraction of the cost
-# (no interpreter start and no imports per run). Used by the corpus test, where hundreds of runs must fit in
-# a few minutes. The traceback check there is: ``result.exception`` is None or a ``SystemExit``.
+# ``tietool.cli.app.app``): the same limits as :func:`run_cli` (it is started with them), a fraction of the
+# cost (no interpreter start and no imports per run). Used by the corpus test, where hundreds of runs must fit
+# in a few minutes. The traceback check there is: ``result.exception`` is None or a ``SystemExit``.
 _WORKER = r"""
 import resource, sys
 # the limits first, before anything is imported (set here rather than in a preexec_fn: the workers are
@@ -133,7 +131,7 @@ resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
 resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 import json, signal, time, traceback
 from typer.testing import CliRunner
-from cli.app import app
+from tietool.cli.app import app
 
 class _Timeout(BaseException):
     pass

@@ -1,6 +1,6 @@
-"""Deterministic corpus of corrupt checkpoints, built from a few small shared fixtures.
+"""Deterministic corpus of corrupt checkpoints, built from a few small fixtures.
 
-    python tests/corrupt_corpus.py DEST        # writes DEST/<variant>/ for every variant, prints the count
+    cd tests && python -m support.corrupt_corpus DEST   # writes DEST/<variant>/ for every variant
 
 Every variant is a copy of one fixture with one mutation: truncation at many offsets, bit flips in the
 safetensors header (and its length field) and in the pickle opcodes, wrong lengths, bad JSON in config.json
@@ -9,7 +9,7 @@ overflows), wrong dtypes, empty files, folders where files should be. A few muta
 (a flipped bit inside tensor data): the tool may accept those.
 
 Random choices come from ``random.Random(<variant name>)``, so the corpus is the same on every machine and
-every run. Nothing here imports ``surgery``.
+every run. Nothing here imports ``tietool``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import adversarial_support as av  # noqa: E402
-from adversarial_support import FakeArray  # noqa: E402
+from support import adversarial_support as av
+from support.adversarial_support import FakeArray
 
 # base name -> (fixture, optional transform of the fresh copy)
 ST = "st"  # pf_llama_tied_fp32: model-00001-of-00001.safetensors + index (PaddleFormers)
@@ -556,6 +555,6 @@ def generate(root: Path, names: list[str] | None = None) -> dict[str, Path]:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        sys.exit("usage: python tests/corrupt_corpus.py DEST")
+        sys.exit("usage (in tests/): python -m support.corrupt_corpus DEST")
     made = generate(Path(sys.argv[1]))
     print(f"{len(made)} corrupt variants in {sys.argv[1]}")

@@ -1,15 +1,16 @@
-"""Independent helpers for ``test_fixtures.py``: locate the shared fixtures, read checkpoints, run the CLI.
+"""Independent helpers for ``test_fixtures.py``: read checkpoints, run the CLI, run the logits oracle.
 
-Nothing here imports ``surgery`` or ``cli``: the tests judge the tool with their own small readers.
+Nothing here imports ``tietool``: the tests judge the tool with their own small readers.
 
 * safetensors: 8-byte little-endian header length, a JSON header ``{name: {dtype, shape, data_offsets}}``
   (offsets relative to the end of the header), then the raw data.
 * ``.pdparams``: a pickle of ``{name: numpy.ndarray, "StructuredToParameterName@@": {...}}`` as
   ``paddle.save`` writes it. It is read with an unpickler that only resolves the numpy globals needed to
   rebuild arrays and raises on anything else.
+* :func:`run_pf_logits` / :class:`LiveLogits`: PaddleFormers 1.2 logits of a folder, each load in its own
+  subprocess (``tests/data/tools/pf_logits.py``).
 
-Paths: the fixtures live in ``../shared/fixtures`` next to the repository (in CI too: a fresh clone with a
-copy of ``shared/`` beside it). ``TIETOOL_FIXTURES`` and ``TIETOOL_PF_LOGITS`` override them.
+The fixtures live in ``tests/data/fixtures`` (:mod:`support.paths`).
 """
 
 from __future__ import annotations
@@ -23,20 +24,23 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-FIXTURES = Path(os.environ.get("TIETOOL_FIXTURES", SHARED / "fixtures"))
-CASES_DIR = FIXTURES / "cases"
-EXPECTED_DIR = FIXTURES / "expected"
-ORACLES_DIR = FIXTURES / "oracles"
-PF_LOGITS = Path(os.environ.get("TIETOOL_PF_LOGITS", SHARED / "tools" / "pf_logits.py"))
-PF_LOGITS_KW = Path(__file__).resolve().parent / "pf_logits_kw.py"
+from support.paths import (  # noqa: F401  (re-exported: the tests use fs.CASES_DIR etc.)
+    CASES_DIR,
+    EXPECTED_DIR,
+    INPUT_IDS,
+    ORACLES_DIR,
+    PF_LOGITS,
+    PF_LOGITS_KW,
+    REPO,
+)
 
 REPORT_NAME = "tietool-report.json"
 WEIGHT_SUFFIXES = (".safetensors", ".pdparams")
@@ -256,13 +260,13 @@ class ToolRun:
 
 
 def run_tool(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m tietool ARGV`` (the installed package) in a subprocess, cwd = the repository."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("CUDA_VISIBLE_DEVICES", "")
     env["NO_COLOR"] = "1"
     env["COLUMNS"] = "200"
     return subprocess.run(
-        [sys.executable, "-m", "cli", *argv],
+        [sys.executable, "-m", "tietool", *map(str, argv)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -308,23 +312,19 @@ def find_saved_bytes(report: dict) -> list[tuple[str, Any]]:
 
 # --------------------------------------------------------------------------------------------------- oracle
 def run_pf_logits(
-    ckpt: Path, model_class: str, out_npy: Path, kwargs: dict | None = None, timeout: float = 600
+    ckpt: Path, model_class: str, out_npy: Path, kwargs: dict | None = None, timeout: float = 900
 ) -> dict:
-    """Run the PaddleFormers logits oracle in a subprocess; returns its JSON line (plus rc/stderr tail)."""
-    ids = ORACLES_DIR / "input_ids.npy"
+    """PaddleFormers 1.2 logits of ``ckpt`` on :data:`INPUT_IDS`, written to ``out_npy``.
+
+    Runs ``tests/data/tools/pf_logits.py`` in a subprocess (through ``pf_logits_kw.py`` when
+    ``from_pretrained`` needs keyword arguments). Returns its JSON line plus ``rc`` and the tail of stderr.
+    """
     if kwargs:
-        cmd = [
-            sys.executable,
-            str(PF_LOGITS_KW),
-            json.dumps(kwargs),
-            str(ckpt),
-            model_class,
-            str(ids),
-            str(out_npy),
-        ]
+        cmd = [sys.executable, str(PF_LOGITS_KW), json.dumps(kwargs), str(ckpt)]
     else:
-        cmd = [sys.executable, str(PF_LOGITS), str(ckpt), model_class, str(ids), str(out_npy)]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TIETOOL_PF_LOGITS=str(PF_LOGITS))
+        cmd = [sys.executable, str(PF_LOGITS), str(ckpt)]
+    cmd += [model_class, str(INPUT_IDS), str(out_npy)]
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     cp = subprocess.run(
         cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
     )
@@ -333,3 +333,72 @@ def run_pf_logits(
     res["rc"] = cp.returncode
     res["stderr_tail"] = cp.stderr[-1500:]
     return res
+
+
+class LiveLogits:
+    """PaddleFormers logits computed in this run, two subprocesses at a time.
+
+    The stored ``oracles/*.npy`` logits are bit-exact only on the CPU that wrote them, so a fidelity test
+    compares the logits of a tool's output with the logits of its input computed here, the same way: a fresh
+    copy of the folder in a temporary folder, :func:`run_pf_logits` with the same keyword arguments, one
+    subprocess per load (a failed load breaks later loads in-process).
+
+    * :meth:`reference` -- logits of an input (a fixture, an oracle folder), computed once per session per
+      (folder, keyword arguments) and shared by every test that compares with it;
+    * :meth:`submit` -- logits of any folder (a tool's output), not cached.
+
+    Both return a future of :func:`run_pf_logits`'s dict, with ``logits`` (the array, or None when the
+    load failed) and ``folder`` (the folder it was computed for) added.
+    """
+
+    def __init__(self, root: Path, workers: int = 2):
+        self.root = root
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pf-logits")
+        self._lock = threading.Lock()
+        self._count = 0
+        self._references: dict[tuple[str, str], Future] = {}
+
+    def _job(self, src: Path, model_class: str, kwargs: dict) -> dict:
+        with self._lock:
+            self._count += 1
+            work = self.root / f"{self._count:03d}-{src.name}"
+        work.mkdir(parents=True)
+        ckpt = copy_checkpoint(src, work / "ckpt")
+        res = run_pf_logits(ckpt, model_class, work / "logits.npy", kwargs)
+        res["folder"] = str(src)
+        res["logits"] = np.load(work / "logits.npy") if res.get("ok") else None
+        return res
+
+    def submit(self, ckpt: Path, model_class: str, kwargs: dict | None = None) -> Future:
+        return self._pool.submit(self._job, Path(ckpt), model_class, dict(kwargs or {}))
+
+    def reference(self, src: Path, model_class: str, kwargs: dict | None = None) -> Future:
+        key = (str(Path(src).resolve()), json.dumps(kwargs or {}, sort_keys=True))
+        with self._lock:
+            if key not in self._references:
+                self._references[key] = self._pool.submit(
+                    self._job, Path(src), model_class, dict(kwargs or {})
+                )
+            return self._references[key]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def logits_mismatch(got: np.ndarray, want: np.ndarray, atol: float | None = None) -> str | None:
+    """None when ``got`` equals ``want`` bit for bit (``atol=None``) or within ``atol`` everywhere; else what
+    differs (shape, or how many values, where, and the largest difference)."""
+    if got.shape != want.shape:
+        return f"shapes differ: {list(got.shape)} vs {list(want.shape)}"
+    if atol is None and np.array_equal(got, want):
+        return None
+    delta = np.abs(got.astype(np.float64) - want.astype(np.float64))
+    if atol is not None and bool(np.all(delta < atol)):
+        return None
+    bad = ~(delta < atol) if atol is not None else (got != want)
+    first = [int(i) for i in np.argwhere(bad)[0]]
+    how = "bit for bit" if atol is None else f"within {atol:g}"
+    return (
+        f"{int(bad.sum())} of {got.size} values differ ({how}), first at {first}: "
+        f"{got[tuple(first)]!r} vs {want[tuple(first)]!r}; max |delta| {np.nanmax(delta):.3g}"
+    )

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""Run ../shared/tools/pf_logits.py unchanged, but with extra ``from_pretrained`` keyword arguments.
+"""Run tests/data/tools/pf_logits.py unchanged, but with extra ``from_pretrained`` keyword arguments.
 
-usage: python tests/pf_logits_kw.py KWARGS_JSON CKPT_DIR MODEL_CLASS INPUT_IDS.npy OUT.npy
+usage: python tests/support/pf_logits_kw.py KWARGS_JSON CKPT_DIR MODEL_CLASS INPUT_IDS.npy OUT.npy
 
 pf_logits.py calls ``getattr(paddleformers.transformers, MODEL_CLASS).from_pretrained(dir)`` with no
 keyword arguments. Some checkpoints (PaddleFormers legacy ``model_state.pdparams``) only load with
@@ -16,8 +16,7 @@ import runpy
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_DEFAULT = os.path.join(_HERE, "..", "..", "shared", "tools", "pf_logits.py")
-PF_LOGITS = os.environ.get("TIETOOL_PF_LOGITS", _DEFAULT)
+PF_LOGITS = os.path.join(os.path.dirname(_HERE), "data", "tools", "pf_logits.py")
 
 
 def main() -> None:

@@ -1,19 +1,21 @@
 """Independent helpers for ``test_resize.py``: fixture metadata, running the CLI, reading outputs.
 
-Nothing here imports ``surgery`` or ``cli``. Checkpoints are read with :mod:`casecheck` (its own
+Nothing here imports ``tietool``. Checkpoints are read with :mod:`casecheck` (its own
 safetensors header parser and allow-list pdparams unpickler); fixture facts come from
 ``fixtures/expected/<case>.json`` (written by the libraries' own save, not by tietool).
 
 * :class:`Fixture` -- one ``fixtures/cases/<name>``: which stored tensors carry the vocabulary, on which
   axis, whether the head is tied, the oracles of ``resize_token_embeddings``.
-* :func:`run_cli` / :func:`run_resize` -- ``python -m cli ...`` in a subprocess on a writable copy.
+* :func:`run_cli` / :func:`run_resize` -- ``python -m tietool ...`` in a subprocess on a writable copy.
 * :func:`vocab_major` / :func:`decoded_rows` -- a tensor with its vocabulary axis first (raw bytes or
   float values), so ``[vocab, hidden]`` rows, ``[hidden, vocab]`` columns and ``[V]`` / ``[1, V]``
   biases compare the same way.
 * :func:`patch_safetensors` -- overwrite one tensor's bytes in place (same dtype and shape) to build
   a variant of a real fixture (rank-deficient embedding...).
 * :func:`f32_to_bf16_rne` -- float32 -> bfloat16 bits, round to nearest even (the reference rounding).
-* :func:`run_pf_logits` -- the PaddleFormers logits oracle (``shared/tools/pf_logits.py``) in a subprocess.
+
+The PaddleFormers logits (``tests/data/tools/pf_logits.py``) are run by
+:class:`support.fixture_support.LiveLogits`; :func:`widened_copy` builds a same-width reference for them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import pickle
 import struct
 import subprocess
 import sys
@@ -31,20 +34,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import casecheck  # noqa: E402  (independent reader; no tietool imports)
-from fixture_support import copy_checkpoint  # noqa: E402,F401  (shared test helper; used here and by test_resize)
+from support import casecheck  # independent reader; no tietool imports
+from support.fixture_support import copy_checkpoint, read_pdparams_raw
+from support.paths import BUG_CASES_DIR, CASES_DIR, EXPECTED_DIR, ORACLES_DIR, REPO  # noqa: F401
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-FIXTURES = Path(os.environ.get("TIETOOL_FIXTURES", SHARED / "fixtures"))
-CASES_DIR = FIXTURES / "cases"
-EXPECTED_DIR = FIXTURES / "expected"
-ORACLES_DIR = FIXTURES / "oracles"
-INPUT_IDS = ORACLES_DIR / "input_ids.npy"
-BUG_CASES_DIR = SHARED / "cases"
-PF_LOGITS = Path(os.environ.get("TIETOOL_PF_LOGITS", SHARED / "tools" / "pf_logits.py"))
-PF_LOGITS_KW = Path(__file__).resolve().parent / "pf_logits_kw.py"
 REPORT_NAME = "tietool-report.json"
 WEIGHT_SUFFIXES = (".safetensors", ".pdparams")
 LAYOUTS = {"[vocab, hidden]": "vocab-hidden", "[hidden, vocab]": "hidden-vocab"}
@@ -246,14 +239,14 @@ class Run:
 
 
 def run_cli(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -m tietool ARGV`` (the installed package) in a subprocess, cwd = the repository."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("CUDA_VISIBLE_DEVICES", "")
     env.pop("TIETOOL_DEBUG", None)
     env["NO_COLOR"] = "1"
     env["COLUMNS"] = "200"
     return subprocess.run(
-        [sys.executable, "-m", "cli", *map(str, argv)],
+        [sys.executable, "-m", "tietool", *map(str, argv)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -289,36 +282,36 @@ def run_resize(src: Path, work: Path, extra: list[str], command: str = "resize")
     return run_on(inp, work / "out", command, extra)
 
 
-# ------------------------------------------------------------------------------------------- logits oracle
-def pf_available() -> bool:
-    import importlib.util
+# ------------------------------------------------------------------------------------- logits references
+def oracle_reloads(info: dict) -> bool:
+    """Whether the library's saved resize oracle reloads with ``from_pretrained`` (as
+    ``expected/<case>.json`` records it: a dict or its repr)."""
+    reload = info["reload_with_from_pretrained"]
+    if isinstance(reload, dict):
+        return reload.get("ok") is True
+    return str(reload).startswith("{'ok': True")
 
-    return importlib.util.find_spec("paddleformers") is not None and PF_LOGITS.is_file()
 
-
-def run_pf_logits(
-    ckpt: Path, model_class: str, out_npy: Path, kwargs: dict | None = None, timeout: float = 900
-) -> dict:
-    """``shared/tools/pf_logits.py`` in a subprocess (through ``pf_logits_kw.py`` when ``from_pretrained``
-    needs keyword arguments). Returns its JSON line plus ``rc`` and the tail of stderr."""
-    if kwargs:
-        cmd = [
-            sys.executable,
-            str(PF_LOGITS_KW),
-            json.dumps(kwargs),
-            str(ckpt),
-            model_class,
-            str(INPUT_IDS),
-            str(out_npy),
-        ]
-    else:
-        cmd = [sys.executable, str(PF_LOGITS), str(ckpt), model_class, str(INPUT_IDS), str(out_npy)]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TIETOOL_PF_LOGITS=str(PF_LOGITS))
-    cp = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+def widened_copy(f: Fixture, n: int, dst: Path) -> Path:
+    """A copy of fixture ``f`` with ``n`` entries along the vocabulary axis of every vocabulary tensor: the
+    first min(V, n) as stored, the rest zero; config ``vocab_size`` = n. The test's own resize, for a
+    single-file ``model_state.pdparams`` only (rewritten with :mod:`pickle`, protocol 4, as ``paddle.save``
+    writes it)."""
+    copy_checkpoint(f.src, dst)
+    pd = dst / "model_state.pdparams"
+    files = sorted(p.name for p in dst.iterdir())
+    assert pd.is_file() and not [n for n in files if n.endswith((".safetensors", ".index.json"))], (
+        f"widened_copy builds single-file .pdparams checkpoints only, not {files}"
     )
-    lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
-    res = json.loads(lines[-1]) if lines else {"ok": False, "error": "no JSON line", "warnings": []}
-    res["rc"] = cp.returncode
-    res["stderr_tail"] = cp.stderr[-1500:]
-    return res
+    state = read_pdparams_raw(pd)
+    for role in f.roles:
+        old = state[role.name]
+        shape = list(old.shape)
+        shape[role.axis] = n
+        new = np.zeros(shape, old.dtype)
+        kept = tuple(slice(0, min(f.V, n)) if ax == role.axis else slice(None) for ax in range(old.ndim))
+        new[kept] = old[kept]
+        state[role.name] = new
+    pd.write_bytes(pickle.dumps(state, protocol=4))
+    edit_json(dst / "config.json", lambda cfg: cfg.__setitem__("vocab_size", n))
+    return dst
