@@ -10,16 +10,12 @@ import json
 import os
 import pickle
 import struct
-import sys
 from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import casecheck as cc  # noqa: E402
+from support import casecheck as cc
 
 # ---------------------------------------------------------------------------
 # Builders
@@ -33,15 +29,19 @@ ST_LABELS = {
 }
 
 
-def write_safetensors(path: Path, tensors: dict, labels: dict | None = None) -> int:
+def write_safetensors(
+    path: Path, tensors: dict, labels: dict | None = None, metadata: dict | None = None
+) -> int:
     """Write a safetensors file with our own header writer.
 
     ``tensors`` maps names to numpy arrays; ``labels`` overrides the dtype
-    label per name (e.g. ``BF16`` for uint16 bit patterns). Returns the number
-    of data bytes written.
+    label per name (e.g. ``BF16`` for uint16 bit patterns); ``metadata`` is
+    the header's ``__metadata__`` (default ``{"format": "np"}``, ``{}`` for
+    none). Returns the number of data bytes written.
     """
     labels = labels or {}
-    header: dict = {"__metadata__": {"format": "np"}}
+    meta = {"format": "np"} if metadata is None else metadata
+    header: dict = {"__metadata__": meta} if meta else {}
     blobs = []
     offset = 0
     for name, arr in tensors.items():
@@ -183,6 +183,119 @@ def test_read_safetensors_rejects_bad_offsets(tmp_path: Path):
     ckpt = cc.read_checkpoint(tmp_path)
     assert "x" not in ckpt.tensors
     assert any("spans 12 bytes" in p for p in ckpt.problems)
+
+
+def write_raw_safetensors(path: Path, header_json: str, data: bytes) -> None:
+    """A safetensors file from a literal header text (which may name a tensor twice) and data block."""
+    text = header_json.encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def f32x2(start: int, end: int) -> str:
+    """Header entry of an F32 [2] tensor at the given data offsets."""
+    return f'{{"dtype": "F32", "shape": [2], "data_offsets": [{start}, {end}]}}'
+
+
+@pytest.mark.parametrize(
+    "header,size,fragment",
+    [
+        (f'{{"a": {f32x2(0, 8)}, "b": {f32x2(12, 20)}}}', 20, "a hole"),
+        (f'{{"a": {f32x2(0, 8)}, "b": {f32x2(4, 12)}}}', 12, "an overlap"),
+        (f'{{"a": {f32x2(8, 16)}}}', 16, "a hole"),
+        (f'{{"a": {f32x2(0, 8)}, "b": {f32x2(8, 16)}}}', 20, "4 byte(s) after the last tensor"),
+        (f'{{"a": {f32x2(0, 8)}, "a": {f32x2(8, 16)}}}', 16, "appears twice"),
+    ],
+    ids=["hole", "overlap", "hole-at-start", "trailing-bytes", "duplicate-name"],
+)
+def test_read_safetensors_refuses_what_the_library_refuses(tmp_path: Path, header, size, fragment):
+    """Holes, overlaps, bytes after the last tensor, a name twice: the safetensors library refuses such a
+    file, so the checker cannot read it, and every tensor check on that output fails (even the ones that
+    look for an absence)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    write_raw_safetensors(out / "model.safetensors", header, b"\0" * size)
+    ckpt = cc.read_checkpoint(out)
+    assert ckpt.tensors == {}
+    assert any(fragment in p for p in ckpt.problems), ckpt.problems
+    ctx = ctx_for(out)
+    for check in (
+        {"out_has_tensor": "a"},
+        {"out_lacks_tensor": "zzz"},
+        {"no_tensor_with_shape": [7]},
+        {"tensor_shape": ["a", [2]]},
+        {"rows_zero": ["a", 0, 2]},
+    ):
+        fails_with(check, ctx, "cannot be read", fragment)
+
+
+def test_read_safetensors_tiled_data_block_passes(tmp_path: Path):
+    """Tensors that tile the data block exactly in any header order, zero-size ones included, read fine."""
+    empty = '{"dtype": "F32", "shape": [0], "data_offsets": [8, 8]}'
+    header = f'{{"b": {f32x2(8, 16)}, "e": {empty}, "a": {f32x2(0, 8)}}}'
+    write_raw_safetensors(tmp_path / "model.safetensors", header, bytes(range(16)))
+    ckpt = cc.read_checkpoint(tmp_path)
+    assert ckpt.problems == []
+    assert ckpt.tensors["a"].raw == bytes(range(8)) and ckpt.tensors["b"].raw == bytes(range(8, 16))
+
+
+def test_read_prefers_the_indexed_file_over_a_stray_one(tmp_path: Path):
+    """A name held by a file the index lists and by an unlisted file is read from the listed file, whatever
+    the file order."""
+    emb = embedding()
+    write_sharded_safetensors(tmp_path, [{"emb": emb}, {"head": emb}])
+    # sorts after the shards: read last
+    write_safetensors(tmp_path / "model.safetensors", {"emb": emb + 7, "head": emb + 7})
+    # a stray shard-named file that sorts first
+    write_safetensors(tmp_path / "model-00000-of-00002.safetensors", {"head": emb + 9})
+    ckpt = cc.read_checkpoint(tmp_path)
+    assert ckpt.tensors["emb"].source == "model-00001-of-00002.safetensors"
+    assert ckpt.tensors["head"].source == "model-00002-of-00002.safetensors"
+    assert ckpt.tensors["head"].raw == emb.tobytes()
+    assert ckpt.problems == []
+    # two listed files (or two unlisted ones) holding one name is still a problem
+    index = json.loads((tmp_path / "model.safetensors.index.json").read_text())
+    index["weight_map"]["x"] = "model-00000-of-00002.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert any("stored twice" in p for p in cc.read_checkpoint(tmp_path).problems)
+
+
+def _split_state(emb: np.ndarray, head: np.ndarray) -> OrderedDict:
+    """A state dict as paddle.save writes arrays over its size limit: flat pieces plus the table."""
+    state: OrderedDict = OrderedDict(norm=np.ones(4, np.float32))
+    table = {}
+    for name, arr in (("emb", emb), ("head", head)):
+        flat = arr.reshape(-1)
+        half = flat.size // 2
+        state[f"{name}@@.0"], state[f"{name}@@.1"] = flat[:half].copy(), flat[half:].copy()
+        table[name] = {"OriginShape": tuple(arr.shape), "slices": [f"{name}@@.0", f"{name}@@.1"]}
+    state["UnpackBigParamInfor@@"] = table
+    return state
+
+
+def test_read_pdparams_joins_split_parameters(tmp_path: Path):
+    """A protocol-2 pickle (array bytes through _codecs.encode) with paddle.save's split pieces reads as
+    paddle.load returns it: the pieces joined under their name with the original shape, and gone."""
+    emb, head = embedding(), np.ascontiguousarray(embedding().T)
+    state = _split_state(emb, head)
+    state["emb"] = np.zeros(3, np.float32)  # a key NAME stored beside the pieces is replaced
+    with open(tmp_path / "model_state.pdparams", "wb") as fh:
+        pickle.dump(state, fh, protocol=2)
+    ckpt = cc.read_checkpoint(tmp_path)
+    assert ckpt.problems == []
+    assert set(ckpt.tensors) == {"norm", "emb", "head"}
+    assert ckpt.tensors["emb"].shape == (6, 4) and ckpt.tensors["emb"].raw == emb.tobytes()
+    assert ckpt.tensors["head"].shape == (4, 6) and ckpt.tensors["head"].raw == head.tobytes()
+    assert passes({"no_tensor_with_shape": [12]}, ctx_for(tmp_path))
+
+
+def test_read_pdparams_split_table_naming_a_missing_piece(tmp_path: Path):
+    state = _split_state(embedding(), embedding())
+    del state["head@@.1"]
+    with open(tmp_path / "model_state.pdparams", "wb") as fh:
+        pickle.dump(state, fh, protocol=4)
+    ckpt = cc.read_checkpoint(tmp_path)
+    assert ckpt.tensors == {}
+    assert any("UnpackBigParamInfor@@" in p and "head" in p for p in ckpt.problems), ckpt.problems
 
 
 def test_read_pdparams_ignores_non_arrays_and_keeps_aliases(tmp_path: Path):
@@ -353,6 +466,64 @@ def test_out_lacks_tensor_fails_on_stale_index_entry(tmp_path: Path):
         tmp_path, [{"emb": embedding()}], extra_map={"lm_head.weight": "model-00001-of-00001.safetensors"}
     )
     fails_with({"out_lacks_tensor": "lm_head.weight"}, ctx_for(tmp_path), "stale")
+
+
+def test_out_lacks_file(st_pair):
+    inp, out, emb = st_pair
+    ctx = ctx_for(out, inp)
+    write_safetensors(out / "model.safetensors", {"emb": emb})
+    assert passes({"out_lacks_file": "model-00001-of-00001.safetensors"}, ctx)
+    fails_with({"out_lacks_file": "model.safetensors"}, ctx, "holds model.safetensors", "file of")
+    (out / "sub").mkdir()
+    fails_with({"out_lacks_file": "sub"}, ctx, "a folder")
+    fails_with({"out_lacks_file": "x"}, ctx_for(out.parent / "absent", inp), "does not exist")
+
+
+def test_no_tensor_with_shape(tmp_path: Path):
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir(), out.mkdir()
+    write_pdparams(inp / "model_state.pdparams", {"emb": embedding(6, 4)})
+    grown = embedding(8, 4)
+    write_sharded_safetensors(out, [{"emb": grown}, {"head": np.ascontiguousarray(grown.T)}])
+    ctx = ctx_for(out, inp)
+    assert passes({"no_tensor_with_shape": [6, 4]}, ctx)
+    assert passes({"no_tensor_with_shape": [4, 6]}, ctx)
+    fails_with({"no_tensor_with_shape": [8, 4]}, ctx, "1 output tensor(s)", "emb")
+    fails_with({"no_tensor_with_shape": [4, 8]}, ctx, "head")
+    # a stale copy at the old size in an unlisted file counts, though the listed file wins for reading
+    write_safetensors(out / "model.safetensors", {"emb": embedding(6, 4)})
+    assert cc.read_checkpoint(out).tensors["emb"].shape == (8, 4)
+    fails_with({"no_tensor_with_shape": [6, 4]}, ctx, "emb", "model.safetensors")
+    fails_with({"no_tensor_with_shape": ["6", 4]}, ctx, "malformed")
+    fails_with({"no_tensor_with_shape": [6, 4]}, ctx_for(tmp_path / "absent", inp), "does not exist")
+
+
+def test_safetensors_metadata(tmp_path: Path):
+    emb = embedding()
+    write_sharded_safetensors(tmp_path, [{"emb": emb}, {"head": emb}])  # both with {"format": "np"}
+    ctx = ctx_for(tmp_path)
+    assert passes({"safetensors_metadata": {"format": "np"}}, ctx)
+    fails_with({"safetensors_metadata": {"format": "pt"}}, ctx, 'expected "pt", got "np"')
+    fails_with({"safetensors_metadata": {"format": "np", "k": "v"}}, ctx, "no 'k'")
+    # every file counts: one shard without __metadata__ fails
+    write_safetensors(tmp_path / "model-00002-of-00002.safetensors", {"head": emb}, metadata={})
+    fails_with(
+        {"safetensors_metadata": {"format": "np"}},
+        ctx,
+        "model-00002-of-00002.safetensors has no __metadata__",
+    )
+    write_safetensors(
+        tmp_path / "model-00002-of-00002.safetensors", {"head": emb}, metadata={"format": "np", "x": "y"}
+    )
+    assert passes({"safetensors_metadata": {"format": "np"}}, ctx)
+
+
+def test_safetensors_metadata_needs_a_safetensors_file(tmp_path: Path):
+    write_pdparams(tmp_path / "model_state.pdparams", {"emb": embedding()})
+    fails_with({"safetensors_metadata": {"format": "pt"}}, ctx_for(tmp_path), "no .safetensors file")
+    fails_with(
+        {"safetensors_metadata": {"format": "pt"}}, ctx_for(tmp_path / "absent"), "no .safetensors file"
+    )
 
 
 def test_rows_zero(st_pair):

@@ -1,7 +1,7 @@
 """Independent reader and checker for the tietool case suite.
 
-This module implements the check vocabulary of ``/work/shared/cases/README.md``
-without importing the code under test (``surgery`` / ``cli``): it has its own
+This module implements the check vocabulary of ``tests/data/cases/README.md``
+without importing the code under test (``tietool``): it has its own
 safetensors header parser and its own restricted pdparams unpickler, and it
 only depends on the standard library and numpy.
 
@@ -21,6 +21,7 @@ Main entry points:
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import io
 import json
@@ -44,6 +45,7 @@ __all__ = [
     "read_checkpoint",
     "read_safetensors",
     "read_pdparams",
+    "safetensors_header_metadata",
     "snapshot_tree",
     "diff_snapshots",
     "run_check",
@@ -144,13 +146,18 @@ class Tensor:
         return f"{self.label} {list(self.shape)} in {self.source}"
 
 
-def read_safetensors(path: Path) -> dict[str, Tensor]:
-    """Parse a safetensors file by hand and return its tensors by name.
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """``json.loads`` object hook: a key given twice is an error (plain ``json`` keeps the last one)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise ReadError(f"name {key!r} appears twice in the header")
+        seen[key] = value
+    return seen
 
-    The format is an 8-byte little-endian header length, a JSON header
-    ``{name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}`` and
-    the data block; offsets are relative to the start of the data block.
-    """
+
+def _split_safetensors(path: Path) -> tuple[dict, bytes]:
+    """The parsed JSON header and the data block of a safetensors file."""
     data = Path(path).read_bytes()
     if len(data) < 8:
         raise ReadError(f"{path.name}: file too short for a safetensors header ({len(data)} bytes)")
@@ -158,13 +165,55 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
     if 8 + hlen > len(data):
         raise ReadError(f"{path.name}: header length {hlen} exceeds file size {len(data)}")
     try:
-        header = json.loads(data[8 : 8 + hlen].decode("utf-8"))
+        header = json.loads(data[8 : 8 + hlen].decode("utf-8"), object_pairs_hook=_no_duplicate_keys)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ReadError(f"{path.name}: header is not valid JSON: {exc}") from exc
+    except ReadError as exc:
+        raise ReadError(f"{path.name}: {exc}") from exc
     if not isinstance(header, dict):
         raise ReadError(f"{path.name}: header is not a JSON object")
-    body = data[8 + hlen :]
+    return header, data[8 + hlen :]
+
+
+def safetensors_header_metadata(path: Path) -> Any:
+    """The ``__metadata__`` entry of a safetensors header (None when absent)."""
+    header, _ = _split_safetensors(path)
+    return header.get("__metadata__")
+
+
+def _check_contiguous(path: Path, spans: list[tuple[int, int, str]], size: int) -> None:
+    """The safetensors library's layout rule: sorted by offset, the tensors tile the data block exactly (no
+    hole, no overlap, no byte after the last one)."""
+    position, previous = 0, "the start of the data block"
+    for start, end, name in sorted(spans):
+        if start != position:
+            what = "a hole" if start > position else "an overlap"
+            raise ReadError(
+                f"{path.name}: {name} starts at {start}, {what} after {previous} (ends at {position}); "
+                "the safetensors library refuses such a file"
+            )
+        position, previous = end, name
+    if position != size:
+        raise ReadError(
+            f"{path.name}: {size - position} byte(s) after the last tensor ({previous}) in the data block; "
+            "the safetensors library refuses such a file"
+        )
+
+
+def read_safetensors(path: Path) -> dict[str, Tensor]:
+    """Parse a safetensors file by hand and return its tensors by name.
+
+    The format is an 8-byte little-endian header length, a JSON header
+    ``{name: {"dtype", "shape", "data_offsets"}, "__metadata__": {...}}`` and
+    the data block; offsets are relative to the start of the data block.
+    A file the safetensors library would refuse (a name twice in the header,
+    a span that does not match shape and dtype, holes or overlaps between the
+    tensors, bytes after the last one) raises :class:`ReadError`.
+    """
+    path = Path(path)
+    header, body = _split_safetensors(path)
     tensors: dict[str, Tensor] = {}
+    spans: list[tuple[int, int, str]] = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
@@ -182,6 +231,8 @@ def read_safetensors(path: Path) -> dict[str, Tensor]:
         if storage is not None and math.prod(shape) * storage.itemsize != end - start:
             raise ReadError(f"{path.name}: {name} is {label} {list(shape)} but spans {end - start} bytes")
         tensors[name] = Tensor(name, label, shape, bytes(body[start:end]), storage, path.name)
+        spans.append((start, end, name))
+    _check_contiguous(path, spans, len(body))
     return tensors
 
 
@@ -203,6 +254,7 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
         ("numpy", "ndarray"): lambda: np.ndarray,
         ("numpy", "dtype"): lambda: np.dtype,
         ("collections", "OrderedDict"): lambda: OrderedDict,
+        ("_codecs", "encode"): lambda: codecs.encode,  # array bytes in a protocol-2 pickle
     }
 
     def find_class(self, module: str, name: str) -> Any:  # noqa: D102 - see class doc
@@ -212,12 +264,49 @@ class _ArrayOnlyUnpickler(pickle.Unpickler):
         return factory()
 
 
+#: key of the table in which ``paddle.save`` lists the pieces of the arrays it split
+UNPACK_INFO = "UnpackBigParamInfor@@"
+
+
+def _join_split_params(path: Path, obj: dict) -> dict:
+    """What ``paddle.load`` returns: every split parameter joined again.
+
+    ``paddle.save`` stores an array over its size limit as flat pieces ``NAME@@.0``, ``NAME@@.1``, ... and
+    lists them in ``UnpackBigParamInfor@@`` (``{NAME: {"OriginShape": shape, "slices": [piece names]}}``);
+    ``paddle.load`` concatenates the pieces, reshapes them to ``OriginShape`` and stores the result as NAME
+    (replacing any key NAME), dropping the pieces and the table.
+    """
+    table = obj.get(UNPACK_INFO)
+    if table is None:
+        return obj
+    if not isinstance(table, dict):
+        raise ReadError(f"{path.name}: {UNPACK_INFO} is {type(table).__name__}, not a dict")
+    joined = dict(obj)
+    del joined[UNPACK_INFO]
+    for name, info in table.items():
+        try:
+            pieces = [obj[piece] for piece in info["slices"]]
+            shape = tuple(int(d) for d in info["OriginShape"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ReadError(f"{path.name}: {UNPACK_INFO} entry {name!r} is unusable: {exc!r}") from exc
+        if not pieces or not all(isinstance(p, np.ndarray) for p in pieces):
+            raise ReadError(f"{path.name}: the pieces of {name} are not all arrays")
+        flat = np.concatenate([p.reshape(-1) for p in pieces])
+        if flat.size != math.prod(shape):
+            raise ReadError(f"{path.name}: the pieces of {name} hold {flat.size} values, shape {list(shape)}")
+        joined[name] = flat.reshape(shape)
+        for piece in info["slices"]:
+            joined.pop(piece, None)
+    return joined
+
+
 def read_pdparams(path: Path) -> dict[str, Tensor]:
-    """Load a pdparams pickle with the restricted unpickler.
+    """Load a pdparams pickle with the restricted unpickler, as ``paddle.load`` returns it.
 
     Only numpy arrays become tensors; other values (such as the
-    ``StructuredToParameterName@@`` dict) are ignored. Raw bytes are
-    ``arr.tobytes()`` (C order) and the label is the numpy dtype name.
+    ``StructuredToParameterName@@`` dict) are ignored. The pieces of a split
+    parameter (``UnpackBigParamInfor@@``) are joined into one tensor. Raw
+    bytes are ``arr.tobytes()`` (C order) and the label is the numpy dtype name.
     """
     path = Path(path)
     try:
@@ -226,6 +315,7 @@ def read_pdparams(path: Path) -> dict[str, Tensor]:
         raise ReadError(f"{path.name}: cannot unpickle: {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, dict):
         raise ReadError(f"{path.name}: top-level object is {type(obj).__name__}, not a dict")
+    obj = _join_split_params(path, obj)
     tensors: dict[str, Tensor] = {}
     for name, value in obj.items():
         if isinstance(value, np.ndarray):
@@ -251,14 +341,19 @@ class Checkpoint:
     """Everything read from one checkpoint folder.
 
     ``tensors`` maps names to the first tensor of that name found (files are
-    read in sorted order); ``files`` maps each weight file read to the tensors
-    it holds; ``problems`` lists what could not be read (missing shard,
-    forbidden pickle global, duplicated names...). Reading never raises.
+    read in sorted order; where the folder has an index, a name held both by
+    a file the index lists and by an unlisted file is read from the listed
+    file); ``files`` maps each weight file read to the tensors it holds;
+    ``unreadable`` each weight file that could not be read to the reason;
+    ``problems`` lists what could not be read (missing shard, forbidden pickle
+    global, a safetensors file the library would refuse, duplicated names...).
+    Reading never raises.
     """
 
     folder: Path
     tensors: dict[str, Tensor] = field(default_factory=dict)
     files: dict[str, dict[str, Tensor]] = field(default_factory=dict)
+    unreadable: dict[str, str] = field(default_factory=dict)
     indexes: dict[str, IndexInfo] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     config: dict | None = None
@@ -393,22 +488,29 @@ def read_checkpoint(folder: Path | str) -> Checkpoint:
     files = _weight_files(folder, ckpt.indexes)
     if not files:
         ckpt.problems.append("no weight file (model.safetensors, shards or model_state.pdparams)")
+    listed = {f for info in ckpt.indexes.values() for f in info.weight_map.values()}
     for filename, reader in files:
         path = folder / filename
         if not path.is_file():
-            ckpt.problems.append(f"{filename}: named in the index but missing")
+            ckpt.unreadable[filename] = f"{filename}: named in the index but missing"
+            ckpt.problems.append(ckpt.unreadable[filename])
             continue
         try:
             tensors = reader(path)
         except (ReadError, OSError) as exc:
+            ckpt.unreadable[filename] = str(exc)
             ckpt.problems.append(str(exc))
             continue
         ckpt.files[filename] = tensors
         for name, tensor in tensors.items():
             if name in ckpt.tensors:
-                ckpt.problems.append(
-                    f"tensor {name} stored twice: {ckpt.tensors[name].source} and {filename}"
-                )
+                first_listed, this_listed = ckpt.tensors[name].source in listed, filename in listed
+                if this_listed and not first_listed:  # the index says which file holds it
+                    ckpt.tensors[name] = tensor
+                elif first_listed == this_listed:
+                    ckpt.problems.append(
+                        f"tensor {name} stored twice: {ckpt.tensors[name].source} and {filename}"
+                    )
                 continue
             ckpt.tensors[name] = tensor
     return ckpt
@@ -487,7 +589,7 @@ def json_equal(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(json_equal(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b))
+        return len(a) == len(b) and all(json_equal(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b
 
 
@@ -517,12 +619,21 @@ class CheckContext:
     original_ckpt: Checkpoint | None = None
     _out_ckpt: Checkpoint | None = None
 
-    def out_ckpt(self) -> Checkpoint:
-        """The output checkpoint (read once)."""
+    def out_ckpt(self, require_readable: bool = True) -> Checkpoint:
+        """The output checkpoint (read once).
+
+        With ``require_readable`` (every tensor check) it fails when a weight
+        file of the output cannot be read, e.g. a safetensors file the library
+        would refuse: a check must not pass on what it could not read.
+        """
         if self._out_ckpt is None:
             if self.out is None:
                 raise CheckFailure("this command has no {out} folder")
             self._out_ckpt = read_checkpoint(self.out)
+        if require_readable and self._out_ckpt.unreadable:
+            raise CheckFailure(
+                "output weight file(s) cannot be read: " + "; ".join(self._out_ckpt.unreadable.values())
+            )
         return self._out_ckpt
 
     def in_ckpt(self) -> Checkpoint:
@@ -703,6 +814,39 @@ def check_out_lacks_tensor(ctx: CheckContext, name: str) -> None:
         raise CheckFailure(f"output folder {ckpt.folder} does not exist")
 
 
+def check_out_lacks_file(ctx: CheckContext, name: str) -> None:
+    """The output folder exists and holds no file NAME (a path relative to the folder)."""
+    if ctx.out is None:
+        raise CheckFailure("this command has no {out} folder")
+    out = Path(ctx.out)
+    if not out.is_dir():
+        raise CheckFailure(f"output folder {out} does not exist")
+    path = out / name
+    if path.exists() or path.is_symlink():
+        kind = (
+            "folder" if path.is_dir() else f"file of {path.stat().st_size} bytes" if path.exists() else "link"
+        )
+        raise CheckFailure(f"output holds {name} (a {kind})")
+
+
+def check_no_tensor_with_shape(ctx: CheckContext, shape: list) -> None:
+    """No output tensor has shape SHAPE."""
+    ckpt = ctx.out_ckpt()
+    if not ckpt.exists:
+        raise CheckFailure(f"output folder {ckpt.folder} does not exist")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise CheckFailure(f"malformed shape {json.dumps(shape)}: expected a list of integers")
+    # every file's tensors, not only the first of each name: a stale duplicate counts too
+    hits = [
+        f"{name} ({t.describe()})"
+        for _, tensors in sorted(ckpt.files.items())
+        for name, t in sorted(tensors.items())
+        if list(t.shape) == shape
+    ]
+    if hits:
+        raise CheckFailure(f"{len(hits)} output tensor(s) have shape {shape}: {', '.join(hits)}")
+
+
 def check_tensor_shape(ctx: CheckContext, args: list) -> None:
     """Output tensor NAME has shape SHAPE."""
     name, shape = args
@@ -861,6 +1005,41 @@ def check_file_json(ctx: CheckContext, args: list) -> None:
     _check_json_file(ctx, filename, expected)
 
 
+def check_safetensors_metadata(ctx: CheckContext, expected: dict) -> None:
+    """The output holds a .safetensors file, and in every one the header's __metadata__ has each KEY equal to
+    VALUE."""
+    if ctx.out is None:
+        raise CheckFailure("this command has no {out} folder")
+    out = Path(ctx.out)
+    if not isinstance(expected, dict):
+        raise CheckFailure(f"malformed argument {json.dumps(expected)}: expected an object")
+    files = sorted(p for p in out.glob("*.safetensors") if p.is_file()) if out.is_dir() else []
+    if not files:
+        raise CheckFailure(f"output holds no .safetensors file ({'no folder' if not out.is_dir() else out})")
+    wrong = []
+    for path in files:
+        try:
+            meta = safetensors_header_metadata(path)
+        except ReadError as exc:
+            wrong.append(f"cannot read the header: {exc}")
+            continue
+        if not isinstance(meta, dict):
+            wrong.append(
+                f"{path.name} has no __metadata__"
+                if meta is None
+                else f"{path.name} __metadata__ is {json.dumps(meta)}"
+            )
+            continue
+        for key, want in expected.items():
+            if key not in meta:
+                wrong.append(f"{path.name} __metadata__ has no {key!r} (it has {json.dumps(meta)})")
+            elif not json_equal(meta[key], want):
+                got = json.dumps(meta[key])
+                wrong.append(f"{path.name} __metadata__ {key}: expected {json.dumps(want)}, got {got}")
+    if wrong:
+        raise CheckFailure("; ".join(wrong))
+
+
 def _message_has(message: str, word: str) -> bool:
     """Case-insensitive substring test."""
     return word.lower() in message.lower()
@@ -950,7 +1129,7 @@ def check_index_matches_shards(ctx: CheckContext, flag: bool) -> None:
     """The output is sharded and its index agrees exactly with the shard files."""
     if not flag:
         return
-    ckpt = ctx.out_ckpt()
+    ckpt = ctx.out_ckpt(require_readable=False)
     if not ckpt.exists:
         raise CheckFailure(f"output folder {ckpt.folder} does not exist")
     if not ckpt.indexes:
@@ -965,7 +1144,7 @@ def check_index_matches_shards(ctx: CheckContext, flag: bool) -> None:
 
 def check_total_size(ctx: CheckContext, expected: int) -> None:
     """The output index has metadata.total_size == N."""
-    ckpt = ctx.out_ckpt()
+    ckpt = ctx.out_ckpt(require_readable=False)
     if not ckpt.indexes:
         raise CheckFailure(f"output has no index file, so no total_size (expected {expected})")
     seen = {name: info.total_size for name, info in ckpt.indexes.items()}
@@ -979,7 +1158,9 @@ def check_total_size(ctx: CheckContext, expected: int) -> None:
 CHECKS: dict[str, Callable[[CheckContext, Any], None]] = {
     "out_has_tensor": check_out_has_tensor,
     "out_lacks_tensor": check_out_lacks_tensor,
+    "out_lacks_file": check_out_lacks_file,
     "tensor_shape": check_tensor_shape,
+    "no_tensor_with_shape": check_no_tensor_with_shape,
     "tensor_dtype": check_tensor_dtype,
     "tensor_equals_input": check_tensor_equals_input,
     "tensor_equals_original": check_tensor_equals_original,
@@ -993,6 +1174,7 @@ CHECKS: dict[str, Callable[[CheckContext, Any], None]] = {
     "same_if_present": check_same_if_present,
     "config": check_config,
     "file_json": check_file_json,
+    "safetensors_metadata": check_safetensors_metadata,
     "message_mentions_any": check_message_mentions_any,
     "message_mentions_all": check_message_mentions_all,
     "message_lacks_any": check_message_lacks_any,
