@@ -1,45 +1,81 @@
-"""Run every case of /work/shared/cases as one pytest test.
+"""Run every case of ``tests/data/cases`` (see its README) as one pytest test.
 
 Each ``<case>/case.json`` lists tietool commands; they run in order as
-``python -m cli ARGV`` subprocesses (cwd = project root, project root on
-PYTHONPATH, 120 s timeout) with ``{ckpt}``, ``{out}`` and ``{prev_out}``
-substituted. The exit status is judged against ``expect`` and every check is
-evaluated by the independent checker :mod:`casecheck`. All failures of a case
-(across all its commands) are reported together in one message that shows the
-command line, the exit code, the output and the values each failing check saw.
+``python -m tietool ARGV`` subprocesses (cwd = project root, 120 s timeout)
+on a writable copy of the case's ``ckpt/`` in the test's temporary folder,
+with ``{ckpt}``, ``{out}`` and ``{prev_out}`` substituted. The exit status is
+judged against ``expect`` and every check is evaluated by the independent
+checker :mod:`support.casecheck`, on the message with the command's folders
+written as their placeholders (so a word in a folder name never satisfies a
+check). All failures of a case (across all its commands) are reported
+together in one message that shows the command line, the exit code, the
+output and the values each failing check saw.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import casecheck
+from support.fixture_support import copy_checkpoint
+from support.paths import BUG_CASES_DIR, REPO
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import casecheck  # noqa: E402  (import after the sys.path tweak)
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-CASES_DIR = SHARED / "cases"
 TIMEOUT_S = 120
 OUTPUT_LIMIT = 2000
 
+# Cases from the second set of bug reports (c01..c11) that tietool does not pass yet: the vocabulary
+# surface is issue 10. The reason names the check that fails today; strict=False, so a case that starts
+# passing shows as XPASS instead of failing the run.
+ISSUE_10 = "issue 10: vocabulary surface"
+KNOWN_FAILING: dict[str, str] = {
+    "c01_deepseek_mtp_embed_head_copies": (
+        "inspect does not list model.layers.1.shared_head.head.weight, resize leaves it at [24, 8] "
+        "(no_tensor_with_shape), tie's refusal does not name model.embed_tokens.weight"
+    ),
+    "c02_special_token_ids_vs_rows": (
+        "inspect and resize --vocab 12 --force do not mention eos_token_id / pad_token_id"
+    ),
+    "c04_stray_weight_file_beside_index": (
+        "the stray model.safetensors is not named; tie copies it into the output "
+        "(out_lacks_file, out_lacks_tensor lm_head.weight)"
+    ),
+    "c05_paddlenlp_tp_rank_files": (
+        "the refusals say neither 'parallel' nor 'merge', and they suggest 'rename'"
+    ),
+    "c06_embedding_dropped_head_kept": (
+        "inspect and untie do not say the embedding is missing; tie --keep head keeps lm_head.weight and "
+        "writes no transformer.word_embeddings.weight"
+    ),
+    "c07_paddle_big_param_split": (
+        "inspect and resize do not name the split format (UnpackBigParamInfor / split / piece); "
+        "inspect --embedding NAME@@.0 is an internal error"
+    ),
+    "c10_quantized_packed_embedding": (
+        "no command mentions quantization; untie/resize with --embedding weight_scale / weight_packed exit 0 "
+        "and write an output"
+    ),
+    "c11_peft_wrapper_names_in_full_ckpt": "the messages say qwen2 is 'not in the architecture table'",
+}
+
 
 def _case_params() -> list:
-    """One pytest param per case folder (id = folder name), or a skipped stub."""
-    if not CASES_DIR.is_dir():
-        reason = f"shared case folder {CASES_DIR} not found"
-        return [pytest.param(None, id="no-cases", marks=pytest.mark.skip(reason=reason))]
-    folders = sorted(p.parent for p in CASES_DIR.glob("*/case.json"))
-    if not folders:
-        reason = f"no */case.json under {CASES_DIR}"
-        return [pytest.param(None, id="no-cases", marks=pytest.mark.skip(reason=reason))]
-    return [pytest.param(folder, id=folder.name) for folder in folders]
+    """One pytest param per case folder (id = folder name); the known failures are xfail."""
+    folders = sorted(p.parent for p in BUG_CASES_DIR.glob("*/case.json"))
+    assert folders, f"no */case.json under {BUG_CASES_DIR}"
+    return [
+        pytest.param(
+            folder,
+            id=folder.name,
+            marks=[pytest.mark.xfail(strict=False, reason=f"{ISSUE_10}: {KNOWN_FAILING[folder.name]}")]
+            if folder.name in KNOWN_FAILING
+            else [],
+        )
+        for folder in folders
+    ]
 
 
 def _substitute(argv: list[str], values: dict[str, str]) -> list[str]:
@@ -53,21 +89,20 @@ def _substitute(argv: list[str], values: dict[str, str]) -> list[str]:
     return result
 
 
-def _tool_env() -> dict[str, str]:
-    """The current environment with the project root prepended to PYTHONPATH."""
-    env = dict(os.environ)
-    old = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = str(PROJECT_ROOT) + (os.pathsep + old if old else "")
-    return env
+def _placeholders(message: str, values: dict[str, Path]) -> str:
+    """``message`` with every folder path written as its placeholder (longest path first, so ``{case}``
+    never eats the start of ``{ckpt}``)."""
+    for key, path in sorted(values.items(), key=lambda kv: len(str(kv[1])), reverse=True):
+        message = message.replace(str(path), "{" + key + "}")
+    return message
 
 
 def run_tool(argv: list[str]) -> tuple[int | None, str, str]:
-    """Run ``python -m cli ARGV``; return ``(returncode or None, stdout, stderr)``."""
+    """Run ``python -m tietool ARGV``; return ``(returncode or None, stdout, stderr)``."""
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "cli", *argv],
-            cwd=PROJECT_ROOT,
-            env=_tool_env(),
+            [sys.executable, "-m", "tietool", *argv],
+            cwd=REPO,
             capture_output=True,
             text=True,
             errors="replace",
@@ -119,20 +154,28 @@ def _report_block(
     return "\n".join(lines)
 
 
+def test_known_failing_cases_exist():
+    """Every xfail mark names a case that exists."""
+    assert set(KNOWN_FAILING) <= {p.parent.name for p in BUG_CASES_DIR.glob("*/case.json")}
+
+
 @pytest.mark.parametrize("case_dir", _case_params())
-def test_case(case_dir: Path, tmp_path: Path) -> None:
+def test_case(case_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     """Run one case's commands in order and check every expectation."""
     spec = json.loads((case_dir / "case.json").read_text(encoding="utf-8"))
-    ckpt = case_dir / "ckpt"
+    # a folder named after nothing in the case (tmp_path would carry the test id, the case's name)
+    work = tmp_path_factory.mktemp("case")
+    ckpt = copy_checkpoint(case_dir / "ckpt", work / "ckpt")  # never run the tool on tests/data
     commands = spec.get("commands", [])
     original = casecheck.read_checkpoint(ckpt)
     reports: list[str] = []
     prev_out: Path | None = None
     for number, command in enumerate(commands, start=1):
-        out = tmp_path / f"out{number:02d}"
-        values = {"ckpt": str(ckpt), "out": str(out)}
+        out = work / f"out{number:02d}"
+        folders = {"ckpt": ckpt, "out": out, "case": work}
         if prev_out is not None:
-            values["prev_out"] = str(prev_out)
+            folders["prev_out"] = prev_out
+        values = {k: str(v) for k, v in folders.items() if k != "case"}
         argv = _substitute(command["argv"], values)
         input_dir = Path(argv[1]) if len(argv) > 1 else None
         uses_out = any("{out}" in str(a) for a in command["argv"])
@@ -145,7 +188,7 @@ def test_case(case_dir: Path, tmp_path: Path) -> None:
             out=out if uses_out else None,
             input_dir=input_dir,
             original_dir=ckpt,
-            message=stdout + "\n" + stderr,
+            message=_placeholders(stdout + "\n" + stderr, folders),
             input_snapshot=snapshot,
             input_ckpt=input_ckpt,
             original_ckpt=original,
