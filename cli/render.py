@@ -84,7 +84,17 @@ def inspect(info: dict, as_json: bool = False) -> None:
     for col in ("role", "name", "shape", "dtype", "layout", "file"):
         t.add_column(col, overflow="fold")
     e, h, b = info["embedding"], info["head"], info["head_bias"]
-    t.add_row("input embedding", e["name"], _shape(e["shape"]), _dtype(e), "vocab-hidden", e["file"])
+    if e.get("present", True):
+        t.add_row("input embedding", e["name"], _shape(e["shape"]), _dtype(e), "vocab-hidden", e["file"])
+    else:
+        t.add_row(
+            "input embedding",
+            f"{e['name']} (missing: the table is stored as {e['stored_as']})",
+            _shape(e["shape"]),
+            "—",
+            "vocab-hidden",
+            "—",
+        )
     for a in e["aliases"]:
         t.add_row("  alias (same table)", a, _shape(e["shape"]), e["dtype"], "", "")
     absent = " (the shared table; no separate head)" if tie_vals(info) == "shared" else " (not in files)"
@@ -102,6 +112,9 @@ def inspect(info: dict, as_json: bool = False) -> None:
         t.add_row("head bias", b["name"], _shape(b["shape"]), b["dtype"], "", b["file"])
         for a in b["aliases"]:
             t.add_row("  alias", a, "", "", "", "")
+    for v in info.get("vocabulary_tensors", []):
+        if v["role"] in ("extra vocabulary table", "vocab-shaped tensor"):
+            t.add_row(v["role"], v["name"], _shape(v["shape"]), v["dtype"] or "—", "", v["file"] or "—")
     con.print(t)
     tie = info["tie"]
     vals = tie["values"]
@@ -118,6 +131,7 @@ def inspect(info: dict, as_json: bool = False) -> None:
         "absent": f"no head in the files ({h['name']} not found)",
         "shared": f"the head is the shared table {e['name']} (no separate head tensor)",
         "unknown": "not compared (--no-values: headers only)",
+        "no_embedding": f"the input embedding {e['name']} is missing; {h['name']} holds the only table",
     }.get(vals, vals)
     if tie["storage_shared"]:
         desc += " (one array in the file: same storage)"
@@ -128,7 +142,12 @@ def inspect(info: dict, as_json: bool = False) -> None:
     v = info["vocab"]
     con.print(
         f"vocab: config vocab_size {v['config_vocab_size']}, embedding rows {v['embedding_rows']}, "
-        f"hidden_size {v['hidden_size']}, tokenizer "
+        + (
+            f"head rows {h['rows']}, "
+            if h.get("rows") is not None and h["rows"] != v["embedding_rows"]
+            else ""
+        )
+        + f"hidden_size {v['hidden_size']}, tokenizer "
         + (
             f"{v['tokenizer_size']} tokens ({', '.join(v['tokenizer_files'])})"
             if v["tokenizer_size"]

@@ -23,7 +23,9 @@ Loader facts, per loader:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import TypedDict, TypeVar
 
 from .errors import UsageError
@@ -56,6 +58,49 @@ PADDLENLP_PREFIXES = (
     "yuan",
     "roberta",
 )
+
+
+class VocabRole(str, Enum):
+    """What one tensor of the vocabulary surface is (every tensor with a vocabulary axis has one role)."""
+
+    INPUT_EMBEDDING = "input embedding"
+    LM_HEAD = "LM head"
+    HEAD_BIAS = "head bias"
+    EMBEDDING_ALIAS = "embedding alias"  # another name for the input embedding's table (encoder/decoder)
+    HEAD_ALIAS = "head alias"  # another name for the head's storage
+    EXTRA_TABLE = "extra vocabulary table"  # MTP embed/head copies, per-layer token tables
+    BY_SHAPE = "vocab-shaped tensor"  # no known name; found by its [vocab, hidden] shape
+
+
+# Extra vocabulary tables, as regular expressions matched against the end of a tensor name (any family).
+# A name matching one of these is never the main embedding or head, whatever the file order: DeepSeek-V3
+# multi-token-prediction layers hold their own embed_tokens and shared_head.head (copies of the main pair,
+# model.layers.<num_hidden_layers + k>.*); Gemma-3n holds a per-layer token table.
+EXTRA_TABLES: tuple[str, ...] = (
+    r"layers\.\d+\.embed_tokens\.weight",
+    r"layers\.\d+\.shared_head\.head\.weight",
+    r"mtp\.(?:.*\.)?embed_tokens\.weight",
+    r"mtp\.(?:.*\.)?(?:lm_)?head\.weight",
+    r"embed_tokens_per_layer\.weight",
+)
+
+
+def is_listed_extra(name: str) -> bool:
+    """``name`` matches one of :data:`EXTRA_TABLES`."""
+    return any(re.search(r"(?:^|\.)" + p + "$", name) for p in EXTRA_TABLES)
+
+
+def is_extra_table(name: str) -> bool:
+    """``name`` is an extra vocabulary table (:data:`EXTRA_TABLES`) or lies inside a numbered block
+    (``...layers.3.``): a copy inside a layer, never the model's own table."""
+    if is_listed_extra(name):
+        return True
+    return any(part.isdigit() for part in name.split(".")[:-2])
+
+
+def depth(name: str) -> int:
+    """Module depth of a tensor: the number of dotted components before the parameter name."""
+    return name.count(".")
 
 
 class _LoaderFactsRequired(TypedDict):
@@ -286,6 +331,16 @@ FAMILIES: list[FamilyRow] = [
             "paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE,
             "paddlenlp-3": _PNLP_LINEAR_HEAD_NO_RETIE,
         },
+    },
+    {  # Falcon: transformer.word_embeddings + lm_head, tied by default (HF FalconConfig)
+        "family": "falcon",
+        "model_types": ["falcon", "RefinedWeb", "RefinedWebModel"],
+        "embedding": ["word_embeddings.weight"],
+        "aliases": [],
+        "head": ["lm_head.weight"],
+        "bias": [],
+        "tie_default": {"*": True},
+        "loaders": {"*": _PF_LIKE},
     },
     {  # Bloom: word_embeddings; PaddleNLP writes only the embedding (tied)
         "family": "bloom",

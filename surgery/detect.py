@@ -1,26 +1,42 @@
-"""Detection: which tensors are the input embedding, the LM head and its bias, their layout, and the tie
-state three ways (config flag, head present in the files, head values vs embedding values).
+"""Detection: the vocabulary surface of a checkpoint (every tensor with a vocabulary axis, each with a
+role), the main input embedding and LM head among them, the head's layout, and the tie state three ways
+(config flag, head present in the files, head values vs embedding values).
 
 Reads headers, and the data of the embedding and head only (to compare values). Architecture knowledge
-comes from :mod:`surgery.architectures`; nothing here names a model.
+comes from :mod:`surgery.architectures`; nothing here names a model. The main pair is chosen by the table's
+order of preference, then by module depth (the model's own table beats a copy inside a layer), never by
+file order.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
 from . import architectures as arch
+from .architectures import VocabRole
 from .checkpoint import Checkpoint
-from .errors import CheckpointError, RefusedError
+from .errors import CheckpointError, RefusedError, UsageError
 from .formats.tensor import TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
-from .tokenizer import TokenizerInfo, tokenizer_info
+from .tokenizer import SpecialTokenId, TokenizerInfo, special_token_ids, tokenizer_info
 
 VOCAB_HIDDEN = "vocab-hidden"  # [vocab_size, hidden_size]
 HIDDEN_VOCAB = "hidden-vocab"  # [hidden_size, vocab_size]
 LAYOUTS = (VOCAB_HIDDEN, HIDDEN_VOCAB)
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+class FoundBy(str, Enum):
+    """How the input embedding was found."""
+
+    NAMED = "named by the caller"
+    TABLE = "the family's preferred name"
+    OTHER_NAME = "another known name"
+    SHAPE = "its shape"
+    MISSING = "missing"
 
 
 @dataclass
@@ -30,7 +46,8 @@ class Comparison:
     Attributes:
         values: ``exact`` (same bytes, as stored), ``transposed`` (head == embedding.T), ``scaled`` (head ==
             embedding × d_model ** -0.5, T5's tied head materialised), ``different``,
-            ``absent`` (no head in the files), ``shared`` (the head *is* the embedding: T5, or one storage).
+            ``absent`` (no head in the files), ``shared`` (the head *is* the embedding: T5, or one storage),
+            ``no_embedding`` (the embedding is missing; the head holds the only table).
         max_abs_diff: largest |head - embedding| in float32 (after transposing a ``hidden-vocab`` head).
         differing_rows: number of vocab rows with any difference.
         storage_shared: the head and embedding are one array in the file (pickle memo).
@@ -42,6 +59,38 @@ class Comparison:
     storage_shared: bool = False
 
 
+@dataclass(frozen=True)
+class VocabTensor:
+    """One tensor of the vocabulary surface.
+
+    Attributes:
+        name: the tensor's name (for a missing input embedding, the name it would have).
+        role: what it is.
+        vocab_axis: the axis the vocabulary runs along (0: rows; 1: columns of a ``[hidden, vocab]``
+            head; -1: the last axis of a bias); None when it has no axis of the embedding's size.
+        entries: the number of vocabulary entries along that axis.
+        of: the main tensor it copies or aliases (embedding or head), when it is one.
+        present: False only for a missing input embedding.
+    """
+
+    name: str
+    role: VocabRole
+    vocab_axis: int | None
+    entries: int | None
+    of: str | None = None
+    present: bool = True
+
+
+@dataclass(frozen=True)
+class LayoutConflict:
+    """A requested head layout that contradicts the head's shape (vocab_size != hidden_size)."""
+
+    head: str
+    shape: tuple[int, ...]
+    requested: str
+    fits: str
+
+
 @dataclass
 class Detection:
     """Everything ``inspect`` shows and every plan needs. Shapes are stored shapes.
@@ -49,13 +98,19 @@ class Detection:
     Attributes:
         family: the architecture row (with the loader's facts).
         loader: which library will load the output, and ``loader_source`` says how that was decided.
-        embedding: input embedding name, ``[vocab_size, hidden_size]``.
+        embedding: input embedding name, ``[vocab_size, hidden_size]``; when ``embedding_present`` is False,
+            the name it would have (the table is then stored only as the head: ``embedding_stored_as``).
         embedding_aliases: other names for the same table (same storage, or an alias name with equal bytes).
         vocab_aliases: other tensors with the embedding's shape under an alias name (resized together).
-        head: the LM head name (present in the files or not), ``head_present``, ``head_layout``.
+        head: the LM head name (present in the files or not), ``head_present``, ``head_layout``;
+            ``head_rows``: its vocabulary entries (may differ from the embedding's rows: reserved rows).
         bias: LM head bias name (``[vocab]`` or ``[1, vocab]``) and ``bias_aliases``.
+        extra_tables: further vocabulary tables (MTP embed/head copies, per-layer token tables).
+        by_shape: tensors of no known name with the vocabulary's shape.
         config_tied: the effective ``tie_word_embeddings``; ``config_source`` names where it came from.
         comparison: head vs embedding values.
+        special_ids: token ids the configuration files name.
+        layout_conflict: a requested layout that contradicts the head's shape.
         problems: findings a user must know about, in words (inconsistent flags, stale vocab_size, ...).
         tp_fraction: when the head's vocab dimension is an exact fraction 1/k of the embedding's, k.
     """
@@ -87,6 +142,14 @@ class Detection:
     tp_fraction: int | None = None
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    embedding_present: bool = True
+    embedding_found_by: FoundBy = FoundBy.TABLE
+    embedding_stored_as: str | None = None
+    head_rows: int | None = None
+    extra_tables: list[str] = field(default_factory=list)
+    by_shape: list[str] = field(default_factory=list)
+    special_ids: tuple[SpecialTokenId, ...] = ()
+    layout_conflict: LayoutConflict | None = None
 
     @property
     def head_info(self) -> TensorInfo | None:
@@ -95,7 +158,51 @@ class Detection:
 
     @property
     def emb_info(self) -> TensorInfo:
-        return self.ckpt.tensors[self.embedding]
+        """The embedding's header (the head's when the embedding is missing and stored as the head)."""
+        return self.ckpt.tensors[self.embedding if self.embedding_present else self.head]
+
+    def vocab_axis(self, name: str) -> int | None:
+        """The axis of ``name`` the vocabulary runs along (see :class:`VocabTensor`)."""
+        t = self.ckpt.tensors[name]
+        if name == self.head or name in self.head_aliases:
+            return 1 if self.head_layout == HIDDEN_VOCAB else 0
+        if len(t.shape) == 1 or name == self.bias or name in self.bias_aliases:
+            return -1
+        rows = self.vocab_rows
+        if t.shape[0] in (rows, self.head_rows) and t.shape[-1] == self.hidden:
+            return 0
+        if len(t.shape) == 2 and t.shape[1] in (rows, self.head_rows) and t.shape[0] == self.hidden:
+            return 1
+        return None
+
+    @property
+    def surface(self) -> dict[VocabRole, list[VocabTensor]]:
+        """Every vocabulary tensor, grouped by role (roles with no tensor are left out)."""
+        out: dict[VocabRole, list[VocabTensor]] = {}
+
+        def add(name: str, role: VocabRole, of: str | None = None, present: bool = True) -> None:
+            axis = self.vocab_axis(name) if present else 0
+            entries = self.ckpt.tensors[name].shape[axis] if present and axis is not None else None
+            out.setdefault(role, []).append(
+                VocabTensor(name, role, axis, entries if present else self.vocab_rows, of, present)
+            )
+
+        add(self.embedding, VocabRole.INPUT_EMBEDDING, present=self.embedding_present)
+        for n in self.embedding_aliases + self.vocab_aliases:
+            add(n, VocabRole.EMBEDDING_ALIAS, self.embedding)
+        if self.head_present:
+            add(self.head, VocabRole.LM_HEAD)
+            for n in self.head_aliases:
+                add(n, VocabRole.HEAD_ALIAS, self.head)
+        if self.bias:
+            add(self.bias, VocabRole.HEAD_BIAS)
+            for n in self.bias_aliases:
+                add(n, VocabRole.HEAD_BIAS, self.bias)
+        for n in self.extra_tables:
+            add(n, VocabRole.EXTRA_TABLE)
+        for n in self.by_shape:
+            add(n, VocabRole.BY_SHAPE)
+        return out
 
 
 def text_config(config: dict) -> tuple[dict, str | None]:
@@ -139,23 +246,319 @@ def infer_loader(ckpt: Checkpoint, embedding_name: str | None) -> tuple[str, str
     return "hf", "HF-style names (model.*, transformer.*), as PaddleFormers reads them"
 
 
-def _find(ckpt: Checkpoint, suffixes, exclude=(), ndim: int | None = 2) -> list[str]:
-    out = []
-    for suf in suffixes:
+@dataclass(frozen=True)
+class _Cfg:
+    """The config facts detection needs."""
+
+    model_type: str | None
+    bad_type: bool
+    vocab_size: int | None
+    hidden: int | None
+    tcfg: dict
+    tkey: str | None
+
+
+def _config_facts(ckpt: Checkpoint) -> _Cfg:
+    cfg = ckpt.config
+    tcfg, tkey = text_config(cfg)
+    model_type = cfg.get("model_type")
+    if tkey and not any(model_type in r["model_types"] for r in arch.FAMILIES if isinstance(model_type, str)):
+        model_type = tcfg.get("model_type", model_type)
+    bad_type = model_type is not None and not isinstance(model_type, str)
+    vocab_size = tcfg.get("vocab_size", cfg.get("vocab_size"))
+    return _Cfg(
+        model_type=None if bad_type else model_type,
+        bad_type=bad_type,
+        vocab_size=vocab_size if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) else None,
+        hidden=hidden_size_of(tcfg) or hidden_size_of(cfg),
+        tcfg=tcfg,
+        tkey=tkey,
+    )
+
+
+def _ranked(
+    ckpt: Checkpoint, suffixes, rows: int | None = None, exclude=(), ndim: int | None = 2
+) -> list[str]:
+    """Tensors named by ``suffixes``, best first: the table's order of preference, then outside a numbered
+    block (a copy inside a layer comes last), then ``rows`` vocab rows, then module depth (shallowest
+    first), then name. File order never counts; a listed extra table (MTP copies) is never a candidate."""
+    found: dict[str, tuple] = {}
+    for i, suf in enumerate(suffixes):
         for name, t in ckpt.tensors.items():
-            if name in exclude or name in out:
+            if name in exclude or name in found or arch.is_listed_extra(name):
                 continue
             if arch.matches(name, suf) and (ndim is None or len(t.shape) == ndim):
-                out.append(name)
-    return out
+                inner = arch.is_extra_table(name)
+                found[name] = (i, inner, rows is not None and t.shape[0] != rows, arch.depth(name), name)
+    return sorted(found, key=found.__getitem__)
 
 
-def _pick(ckpt: Checkpoint, names: list[str], rows: int | None) -> str | None:
-    """First candidate (in the table's order of preference) whose rows equal vocab_size, else the first."""
-    for n in names:
-        if rows is not None and ckpt.tensors[n].shape[0] == rows:
-            return n
-    return names[0] if names else None
+def _check_overrides(
+    ckpt: Checkpoint, embedding: str | None, head: str | None, hidden: int | None, layout: str | None
+) -> None:
+    """``embedding`` / ``head`` name tensors that can be one: present, 2-D, a float dtype, with the config's
+    hidden size on the right axis.
+
+    Raises:
+        CheckpointError: no such tensor.
+        UsageError: a tensor that cannot be an input embedding or LM head.
+    """
+    for n, what in ((embedding, "--embedding"), (head, "--head")):
+        if n is None:
+            continue
+        if n not in ckpt.tensors:
+            raise CheckpointError(
+                f"{what} {n}: no such tensor",
+                ckpt.path,
+                "tietool inspect lists the tensors; pass a name from the weight files",
+            )
+        t = ckpt.tensors[n]
+        shape, lg = list(t.shape), ckpt.logical_dtype(t)
+        why = None
+        if len(shape) != 2:
+            why = f"has shape {shape}, not 2-D ([vocab, hidden] or [hidden, vocab])"
+        elif lg not in FLOAT_DTYPES:
+            why = f"is {lg}, not a float table (a quantized or integer tensor cannot be tied or resized)"
+        elif hidden is not None:
+            axes = [1] if what == "--embedding" or layout == VOCAB_HIDDEN else [0] if layout else [0, 1]
+            if not any(shape[a] == hidden for a in axes):
+                where = "its second axis" if axes == [1] else "its first axis" if axes == [0] else "one axis"
+                why = f"has shape {shape}, but {where} should be the config's hidden size {hidden}"
+        if why:
+            raise UsageError(
+                f"{what} {n} {why}",
+                fix="name the input embedding / LM head matrix (tietool inspect lists them)",
+            )
+
+
+def _embedding_by_shape(ckpt: Checkpoint, cf: _Cfg, exclude) -> str | None:
+    """The one tensor of shape ``[vocab_size, hidden_size]`` (a name hinting at an embedding wins); None
+    when there is none.
+
+    Raises:
+        RefusedError: several tensors fit and names do not single one out.
+    """
+    V, H = cf.vocab_size, cf.hidden
+    cands = [
+        n
+        for n, t in ckpt.tensors.items()
+        if V and H and tuple(t.shape) == (V, H) and n not in exclude and not arch.is_extra_table(n)
+    ]
+    hinted = [n for n in cands if any(k in n for k in ("embed", "wte", "shared", "word", "tok"))]
+    if len(cands) > 1 and len(hinted) != 1:
+        raise RefusedError(
+            f"model_type {cf.model_type!r} is not in the architecture table and {len(cands)} tensors have "
+            f"the embedding's shape [{V}, {H}]: {', '.join(cands[:6])}",
+            ckpt.path,
+            "pass --embedding NAME and --head NAME to say which is which",
+        )
+    found = hinted or cands
+    return found[0] if found else None
+
+
+def _find_embedding(
+    ckpt: Checkpoint, probe: arch.Family, cf: _Cfg, head_named: list[str]
+) -> tuple[str | None, FoundBy]:
+    """The input embedding: the family's names in order of preference, then its other known names
+    (encoder/decoder copies of a shared table, the common names of other families), then the shape
+    ``[vocab_size, hidden_size]``. A tensor named like a head is never taken."""
+    tried: list[str] = []
+    for names, how in (
+        (probe.embedding, FoundBy.TABLE),
+        (probe.aliases, FoundBy.OTHER_NAME),
+        (arch.FALLBACK["embedding"] + arch.FALLBACK["aliases"], FoundBy.OTHER_NAME),
+    ):
+        names = tuple(n for n in names if n not in tried)
+        tried += names
+        ranked = _ranked(ckpt, names, cf.vocab_size, exclude=head_named)
+        if ranked:
+            return ranked[0], how
+    found = _embedding_by_shape(ckpt, cf, head_named)
+    return found, (FoundBy.SHAPE if found else FoundBy.MISSING)
+
+
+def _missing_embedding_name(ckpt: Checkpoint, fam: arch.Family, head: str) -> str:
+    """The name of an input embedding the files lack: the one the safetensors metadata records as a
+    dropped copy of ``head`` (``{dropped: kept}``), else the family's name under the prefix most tensors
+    share (``transformer.`` + ``word_embeddings.weight``)."""
+    for meta in ckpt.st_metadata.values():
+        for k, v in (meta or {}).items():
+            if v == head and any(arch.matches(k, s) for s in fam.embedding + fam.aliases):
+                return k
+    firsts = [n.split(".")[0] for n in ckpt.tensors if n != head and "." in n]
+    prefix = max(set(firsts), key=firsts.count) if firsts else None
+    return f"{prefix}.{fam.embedding[0]}" if prefix else fam.embedding[0]
+
+
+def _find_head(
+    ckpt: Checkpoint, fam: arch.Family, embedding: str, taken: list[str], V: int, H: int
+) -> tuple[str | None, str | None]:
+    """The LM head by the family's names in order of preference; for a family the table does not know,
+    the one other 2-D tensor of shape ``{V, H}``. Returns (name, note) or (None, None).
+
+    Raises:
+        RefusedError: several tensors could be the head.
+    """
+    named = _ranked(ckpt, fam.head, exclude=(embedding,), ndim=None)
+    if named or fam.known:
+        return (named[0] if named else None), None
+    others = [
+        n
+        for n, t in ckpt.tensors.items()
+        if n != embedding
+        and n not in taken
+        and not arch.is_extra_table(n)
+        and len(t.shape) == 2
+        and set(t.shape) == {V, H}
+    ]
+    if len(others) > 1:
+        raise RefusedError(
+            f"model_type {fam.model_type!r} is not in the architecture table and several tensors "
+            f"could be the head: {', '.join(others[:6])}",
+            ckpt.path,
+            "pass --head NAME (and --embedding NAME)",
+        )
+    return (others[0], f"found the head {others[0]} by its shape") if others else (None, None)
+
+
+def _find_aliases(
+    ckpt: Checkpoint, fam: arch.Family, embedding: str, head: str | None, head_named: list[str]
+) -> tuple[list[str], list[str], list[str]]:
+    """(embedding aliases with equal bytes, alias-named tensors of the embedding's shape with other bytes,
+    head aliases: same storage as the head under a head name)."""
+    e_info = ckpt.tensors[embedding]
+    same_storage = [
+        n
+        for n, t in ckpt.tensors.items()
+        if n != embedding and e_info.storage is not None and t.storage == e_info.storage
+    ]
+    alias_named = [
+        n
+        for n in _ranked(ckpt, fam.aliases + fam.embedding, exclude=(embedding,))
+        if ckpt.tensors[n].shape == e_info.shape and not arch.is_extra_table(n)
+    ]
+    head_aliases: list[str] = []
+    h_info = ckpt.tensors.get(head) if head else None
+    if h_info is not None and h_info.storage is not None:
+        head_aliases = [
+            n
+            for n, t in ckpt.tensors.items()
+            if n not in (head, embedding) and t.storage == h_info.storage and n in head_named
+        ]
+    cands = [n for n in dict.fromkeys(same_storage + alias_named) if n != head and n not in head_aliases]
+    equal = [
+        n for n in cands if n in same_storage or compare(ckpt, embedding, n, VOCAB_HIDDEN).values == "exact"
+    ]
+    return equal, [n for n in cands if n not in equal], head_aliases
+
+
+def _find_extra_tables(ckpt: Checkpoint, fam: arch.Family, taken: set[str]) -> list[str]:
+    """Further vocabulary tables: names the table lists as extra (:data:`architectures.EXTRA_TABLES`), and
+    embedding or head names inside a numbered block (a copy inside a layer), in file order."""
+    known = fam.embedding + fam.aliases + fam.head + tuple(arch.FALLBACK["embedding"] + arch.FALLBACK["head"])
+    return [
+        n
+        for n, t in ckpt.tensors.items()
+        if n not in taken
+        and len(t.shape) == 2
+        and arch.is_extra_table(n)
+        and (arch.is_listed_extra(n) or any(arch.matches(n, s) for s in known))
+    ]
+
+
+def _find_by_shape(ckpt: Checkpoint, taken: set[str], V: int, H: int) -> list[str]:
+    """2-D tensors of no known vocabulary name whose shape is ``[V, H]`` or ``[H, V]`` (V != H), outside the
+    numbered blocks (a layer's own weights, an MLP projection of ``intermediate_size == vocab_size``, are no
+    vocabulary tables; a table inside a layer is found by name as an extra table)."""
+    if V == H:
+        return []
+    return [
+        n
+        for n, t in ckpt.tensors.items()
+        if n not in taken and tuple(t.shape) in ((V, H), (H, V)) and not arch.is_extra_table(n)
+    ]
+
+
+def _find_bias(ckpt: Checkpoint, fam: arch.Family) -> tuple[str | None, list[str]]:
+    """The head bias (the first present in the table's order) and its aliases (same storage or bytes)."""
+    names = _ranked(ckpt, fam.bias, ndim=None)
+    if not names:
+        return None, []
+    bias, b_info = names[0], ckpt.tensors[names[0]]
+    aliases = []
+    for n in names[1:]:
+        t = ckpt.tensors[n]
+        if (b_info.storage is not None and t.storage == b_info.storage) or (
+            t.shape == b_info.shape and np.array_equal(ckpt.load(n), ckpt.load(bias))
+        ):
+            aliases.append(n)
+    return bias, aliases
+
+
+@dataclass
+class _HeadShape:
+    """What the head's shape says: its layout (None: unusable; ``ambiguous``), its vocab entries, a
+    tensor-parallel fraction, a problem, a conflict with the requested layout."""
+
+    layout: str | None = None
+    rows: int | None = None
+    tp: int | None = None
+    problem: str | None = None
+    conflict: LayoutConflict | None = None
+
+
+def _head_shape(head: str, hs: tuple[int, ...], V: int, H: int, layout: str | None) -> _HeadShape:
+    """Read the head's layout from its shape against the embedding's ``[V, H]``."""
+    hs = tuple(hs)
+    if len(hs) != 2:
+        return _HeadShape(problem=f"the head {head} has shape {list(hs)}, not 2-D")
+    if V == H and hs == (V, H):
+        return _HeadShape(layout if layout in LAYOUTS else "ambiguous", V)
+    if hs in ((V, H), (H, V)):
+        fits = VOCAB_HIDDEN if hs == (V, H) else HIDDEN_VOCAB
+        conflict = LayoutConflict(head, hs, layout, fits) if layout in LAYOUTS and layout != fits else None
+        return _HeadShape(fits, V, conflict=conflict)
+    a, b = hs
+    for rows, other, fits in ((a, b, VOCAB_HIDDEN), (b, a, HIDDEN_VOCAB)):
+        if other != H or not rows:
+            continue
+        if rows < V and V % rows == 0:
+            return _HeadShape(
+                tp=V // rows,
+                problem=f"the head {head} {list(hs)} has {rows} vocab rows, exactly 1/{V // rows} of the "
+                f"embedding's {V}: likely an unmerged tensor-parallel shard (merge the "
+                "tensor-parallel slices first)",
+            )
+        conflict = LayoutConflict(head, hs, layout, fits) if layout in LAYOUTS and layout != fits else None
+        return _HeadShape(fits, rows, conflict=conflict)
+    return _HeadShape(
+        problem=f"the head {head} has shape {list(hs)}, which fits neither [vocab, hidden] = [{V}, {H}] "
+        "nor [hidden, vocab]"
+    )
+
+
+def _config_flag(ckpt: Checkpoint, cf: _Cfg, fam: arch.Family, loader: str) -> tuple[bool, str, dict, list]:
+    """The effective ``tie_word_embeddings``: (value, where it came from, every flag found, problems)."""
+    cfg, tcfg, tkey = ckpt.config, cf.tcfg, cf.tkey
+    flags = {}
+    if isinstance(cfg.get("tie_word_embeddings"), bool):
+        flags["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+    if tkey and isinstance(tcfg.get("tie_word_embeddings"), bool):
+        flags[f"{tkey}.tie_word_embeddings"] = tcfg["tie_word_embeddings"]
+    source = next((k for k in (f"{tkey}.tie_word_embeddings", "tie_word_embeddings") if k in flags), None)
+    if source:
+        tied = flags[source]
+    else:
+        tied = fam.tie_default
+        source = f"default for {cf.model_type or 'unknown model_type'} under {loader} (key absent)"
+    problems = []
+    if len(set(flags.values())) > 1:
+        problems.append(
+            "tie_word_embeddings flags disagree: "
+            + ", ".join(f"{k} = {str(v).lower()}" for k, v in flags.items())
+            + f"; {tkey} governs the language model, so {source} is used"
+        )
+    return tied, source, flags, problems
 
 
 def shared_storage(ckpt: Checkpoint, emb: str, head: str) -> Comparison | None:
@@ -248,6 +651,123 @@ def compare(
     return Comparison("different", max_diff, rows)
 
 
+def _compare_pair(
+    ckpt: Checkpoint, fam: arch.Family, embedding: str, head: str, shape: _HeadShape, H: int
+) -> tuple[Comparison, list[str]]:
+    """Head vs embedding values (an ambiguous square head both ways; T5's scaled tied head); notes."""
+    notes: list[str] = []
+    if shape.layout is None or (shape.rows is not None and shape.rows != ckpt.tensors[embedding].shape[0]):
+        return Comparison("different"), notes
+    if shape.layout == "ambiguous":
+        as_stored = compare(ckpt, embedding, head, VOCAB_HIDDEN)
+        transposed = compare(ckpt, embedding, head, HIDDEN_VOCAB)
+        comp = transposed if as_stored.values != "exact" and transposed.values == "transposed" else as_stored
+        notes.append(
+            f"vocab_size == hidden_size ({H}): the head's layout cannot be told from its shape (as stored: "
+            f"{as_stored.values}; transposed: {'equal' if transposed.values == 'transposed' else 'different'}"
+            "); pass --layout vocab-hidden or hidden-vocab"
+        )
+        return comp, notes
+    comp = compare(ckpt, embedding, head, shape.layout)
+    if comp.values == "different" and fam.tied_logit_scale:
+        scaled = compare(ckpt, embedding, head, shape.layout, scale=tied_scale(ckpt.config, H))
+        if scaled.values == "scaled":
+            comp = scaled
+            notes.append(
+                f"{head} equals {embedding} × d_model ** -0.5: the tied head of {fam.name}, "
+                "materialised (as tietool untie writes it)"
+            )
+    return comp, notes
+
+
+def _vocab_findings(det: Detection) -> tuple[list[str], list[str]]:
+    """(problems, notes) about sizes: vocab_size vs rows, the tokenizer, special ids, the head's rows."""
+    problems: list[str] = []
+    notes: list[str] = []
+    V, tok = det.vocab_rows, det.tokenizer
+    if det.config_vocab_size is not None and det.config_vocab_size != V:
+        problems.append(
+            f"config vocab_size is {det.config_vocab_size} but the embedding {det.embedding} has {V} rows "
+            f"(resize --vocab {V} fixes vocab_size)"
+        )
+    if det.head_rows is not None and det.head_rows != V:
+        notes.append(
+            f"the embedding {det.embedding} has {V} rows and the head {det.head} has {det.head_rows}: "
+            f"{abs(V - det.head_rows)} rows only the {'embedding' if V > det.head_rows else 'head'} has "
+            "(reserved or image rows); tie needs equal shapes, resize moves both by the same number of rows"
+        )
+    if tok.size is not None and tok.size < V:
+        notes.append(
+            f"the embedding has {V} rows and the tokenizer defines {tok.size} tokens (highest id "
+            f"{tok.size - 1}): {V - tok.size} padding rows beyond the tokenizer (normal when vocab_size is "
+            f"padded to a multiple; trimming below {tok.size} would break tokens)"
+        )
+    elif tok.size is not None and tok.size > V:
+        problems.append(
+            f"the tokenizer defines {tok.size} tokens (highest id {tok.size - 1}, from "
+            f"{', '.join(tok.sources)}) but the embedding has only {V} rows: the model is "
+            f"{tok.size - V} row(s) short (resize --vocab {tok.size})"
+        )
+    problems += [f"tokenizer file {n} could not be read" for n in tok.unreadable]
+    beyond = [s for s in det.special_ids if s.id >= V]
+    if beyond:
+        problems.append(
+            f"token ids beyond the last row of the embedding ({V} rows, ids 0..{V - 1}): "
+            + ", ".join(map(str, beyond))
+        )
+    return problems, notes
+
+
+def _tie_findings(det: Detection) -> list[str]:
+    """Problems about the tie state: flag vs head values, a missing head the loader will not re-tie."""
+    problems: list[str] = []
+    comp, head, source = det.comparison, det.head, det.config_source
+    if not det.embedding_present:
+        where = (
+            "the safetensors metadata records it as a dropped copy of it"
+            if any((m or {}).get(det.embedding) == head for m in det.ckpt.st_metadata.values())
+            else "no tensor has one of the family's embedding names"
+        )
+        problems.append(
+            f"the input embedding {det.embedding} is missing: the table is stored only as the head {head} "
+            f"({where}); untie or tie --keep head restores it from the head's bytes"
+        )
+        return problems
+    if det.head_present and comp.values == "different" and det.config_tied and comp.max_abs_diff is not None:
+        problems.append(
+            f"tied in config ({source} = true) but {head} differs from {det.embedding}: max |difference| "
+            f"{comp.max_abs_diff:.3g} in {comp.differing_rows} of {det.vocab_rows} rows; a loader that "
+            "re-ties ignores the head's values"
+        )
+    if not det.head_present and det.config_tied and not det.family.reties and comp.values != "shared":
+        problems.append(
+            f"no head in the files, and the {det.loader} loader does not re-tie a missing head: it would "
+            f"load a random {head} (run untie to write it, or pass --loader if another library loads it)"
+        )
+    if not det.head_present and not det.config_tied:
+        problems.append(
+            f"untied in config ({source} = false) but no head ({head}) was found in the files: "
+            "effectively tied; a loader would fail or initialise a random head "
+            "(tie fixes the flag; untie writes the head as a copy of the embedding)"
+        )
+    return problems
+
+
+def _missing_embedding_dims(ckpt: Checkpoint, head: str, fam: arch.Family, cf: _Cfg) -> tuple[int, int]:
+    """``(vocab, hidden)`` of a table stored only as the head: the config's hidden size picks the axis."""
+    hs = tuple(ckpt.tensors[head].shape)
+    if len(hs) != 2:
+        raise CheckpointError(
+            f"no input embedding found, and the head {head} has shape {list(hs)}, not 2-D",
+            ckpt.path,
+            "pass --embedding NAME (and --head NAME)",
+        )
+    a, b = hs
+    if a != b and cf.hidden in hs:
+        return (b, a) if a == cf.hidden else (a, b)
+    return (b, a) if fam.head_layout == HIDDEN_VOCAB else (a, b)
+
+
 def detect(
     ckpt: Checkpoint,
     layout: str | None = None,
@@ -256,7 +776,8 @@ def detect(
     embedding_name: str | None = None,
     head_name: str | None = None,
 ) -> Detection:
-    """Find embedding, head, bias and tie state of ``ckpt``.
+    """Find the vocabulary surface of ``ckpt``: embedding, head, bias, aliases, extra tables, and the tie
+    state.
 
     Args:
         layout: ``vocab-hidden`` / ``hidden-vocab`` to override the head layout decision (needed when
@@ -267,331 +788,188 @@ def detect(
             the table does not know.
 
     Raises:
-        CheckpointError: no input embedding can be found, or a named tensor does not exist.
+        CheckpointError: neither an input embedding nor a head can be found, or a named tensor does not
+            exist.
+        UsageError: a named tensor cannot be an embedding or head (not 2-D, not float, wrong hidden size).
         RefusedError: the embedding can only be guessed by shape and several tensors fit.
     """
-    for n, what in ((embedding_name, "--embedding"), (head_name, "--head")):
-        if n is not None and n not in ckpt.tensors:
-            raise CheckpointError(
-                f"{what} {n}: no such tensor",
-                ckpt.path,
-                "tietool inspect lists the tensors; pass a name from the weight files",
-            )
-    cfg = ckpt.config
-    tcfg, tkey = text_config(cfg)
-    model_type = cfg.get("model_type")
-    if tkey and not any(model_type in r["model_types"] for r in arch.FAMILIES if isinstance(model_type, str)):
-        model_type = tcfg.get("model_type", model_type)
-    bad_type = model_type is not None and not isinstance(model_type, str)
-    if bad_type:
-        model_type = None
-    vocab_size = tcfg.get("vocab_size", cfg.get("vocab_size"))
-    vocab_size = vocab_size if isinstance(vocab_size, int) else None
-    hidden = hidden_size_of(tcfg) or hidden_size_of(cfg)
-
-    probe = arch.lookup(model_type, "hf")
-    embedding: str | None
-    if embedding_name is not None:
-        embedding = embedding_name
-    else:
-        embedding = _pick(ckpt, _find(ckpt, probe.embedding), vocab_size)
-    fallback = False
+    cf = _config_facts(ckpt)
+    _check_overrides(ckpt, embedding_name, head_name, cf.hidden, layout)
+    probe = arch.lookup(cf.model_type, "hf")
+    head_named = [head_name] if head_name else _ranked(ckpt, probe.head, ndim=None)
+    embedding, found_by = (
+        (embedding_name, FoundBy.NAMED) if embedding_name else _find_embedding(ckpt, probe, cf, head_named)
+    )
     notes: list[str] = []
-    problems: list[str] = []
-    if bad_type:
-        problems.append("config.json model_type is not a string; ignored")
-    if embedding is None:
-        # not in the table: shape search against config vocab_size / hidden_size
-        cands = [
-            n
-            for n, t in ckpt.tensors.items()
-            if len(t.shape) == 2
-            and vocab_size
-            and hidden
-            and tuple(t.shape) == (vocab_size, hidden)
-            and n != head_name
-        ]
-        hinted = [n for n in cands if any(k in n for k in ("embed", "wte", "shared", "word", "tok"))]
-        if not cands:
-            raise CheckpointError(
-                f"no input embedding found (model_type {model_type!r}: no tensor named like "
-                f"{', '.join(probe.embedding[:3])}, and none of shape [vocab_size, hidden_size] = "
-                f"[{vocab_size}, {hidden}])",
-                ckpt.path,
-                "pass --embedding NAME (and --head NAME), or check config.json vocab_size/hidden_size",
-            )
-        if len(cands) > 1 and len(hinted) != 1:
-            raise RefusedError(
-                f"model_type {model_type!r} is not in the architecture table and {len(cands)} tensors have "
-                f"the embedding's shape [{vocab_size}, {hidden}]: {', '.join(cands[:6])}",
-                ckpt.path,
-                "pass --embedding NAME and --head NAME to say which is which",
-            )
-        cands = hinted or cands
-        embedding = cands[0]
-        fallback = True
+    problems = ["config.json model_type is not a string; ignored"] if cf.bad_type else []
+    if embedding is None and not head_named:
+        raise CheckpointError(
+            f"no input embedding found (model_type {cf.model_type!r}: no tensor named like "
+            f"{', '.join(probe.embedding[:3])}, and none of shape [vocab_size, hidden_size] = "
+            f"[{cf.vocab_size}, {cf.hidden}])",
+            ckpt.path,
+            "pass --embedding NAME (and --head NAME), or check config.json vocab_size/hidden_size",
+        )
+    if found_by is FoundBy.SHAPE:
         notes.append(
-            f"model_type {model_type!r} is not in the architecture table: found the embedding "
+            f"model_type {cf.model_type!r} is not in the architecture table: found the embedding "
             f"{embedding} by its shape [vocab_size, hidden_size]"
         )
-    if not probe.known and not fallback:
+    elif not probe.known:
         notes.append(
-            f"model_type {model_type!r} is not in the architecture table: names matched by the "
-            "common patterns"
+            f"model_type {cf.model_type!r} is not in the architecture table: names matched by the common "
+            "patterns"
         )
-
     if loader is None:
-        loader, loader_source = infer_loader(ckpt, embedding)
+        loader, loader_source = infer_loader(ckpt, embedding or head_named[0])
     else:
         loader_source = "--loader"
-    fam = arch.lookup(model_type, loader)
-
-    e_info = ckpt.tensors[embedding]
-    V, H = e_info.shape
-    if hidden is not None and H != hidden:
-        problems.append(
-            f"the embedding {embedding} is {list(e_info.shape)} but config hidden_size is {hidden}"
+    fam = arch.lookup(cf.model_type, loader)
+    if embedding is None:
+        return _detect_missing_embedding(
+            ckpt, fam, cf, head_named[0], loader, loader_source, layout, problems
         )
-
-    # aliases: same storage, or a known alias name with identical shape and bytes
-    same_storage = [
-        n
-        for n, t in ckpt.tensors.items()
-        if n != embedding and e_info.storage is not None and t.storage == e_info.storage
-    ]
-    alias_named = [
-        n
-        for n in _find(ckpt, fam.aliases + fam.embedding, exclude=(embedding,))
-        if ckpt.tensors[n].shape == e_info.shape
-    ]
-    # the head
-    head_cands = _find(ckpt, fam.head, exclude=(embedding,), ndim=None)
-    head = head_cands[0] if head_cands else None
-    head_present = head is not None
-    if head_name is not None:
-        head, head_present = head_name, True
-    elif head is None and not fam.known:
-        # fallback: the other 2-D tensor of shape {V, H}, if there is exactly one
-        others = [
-            n
-            for n, t in ckpt.tensors.items()
-            if n != embedding and n not in alias_named and len(t.shape) == 2 and set(t.shape) == {V, H}
-        ]
-        if len(others) == 1:
-            head, head_present = others[0], True
-            notes.append(f"found the head {head} by its shape")
-        elif others:
-            raise RefusedError(
-                f"model_type {model_type!r} is not in the architecture table and several tensors "
-                f"could be the head: {', '.join(others[:6])}",
-                ckpt.path,
-                "pass --head NAME (and --embedding NAME)",
-            )
+    V, H = ckpt.tensors[embedding].shape
+    if cf.hidden is not None and H != cf.hidden:
+        problems.append(f"the embedding {embedding} is {[V, H]} but config hidden_size is {cf.hidden}")
+    head_named = [head_name] if head_name else _ranked(ckpt, fam.head, exclude=(embedding,), ndim=None)
+    alias_probe = _ranked(ckpt, fam.aliases + fam.embedding, exclude=(embedding,))
+    head, head_note = (head_name, None) if head_name else _find_head(ckpt, fam, embedding, alias_probe, V, H)
+    notes += [head_note] if head_note else []
+    emb_aliases, vocab_aliases, head_aliases = _find_aliases(ckpt, fam, embedding, head, head_named)
+    shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout) if head else _HeadShape()
+    problems += [shape.problem] if shape.problem else []
+    bias, bias_aliases = _find_bias(ckpt, fam)
+    tied, source, flags, flag_problems = _config_flag(ckpt, cf, fam, loader)
+    problems += flag_problems
     if head is None:
-        head = _default_head_name(fam)
-    head_aliases = []
-    if head_present:
-        h_info = ckpt.tensors[head]
-        if h_info.storage is not None:
-            head_aliases = [
-                n
-                for n, t in ckpt.tensors.items()
-                if n not in (head, embedding) and t.storage == h_info.storage and n in head_cands
-            ]
-    emb_aliases = [
-        n for n in dict.fromkeys(same_storage + alias_named) if n != head and n not in head_aliases
-    ]
-    if ckpt.tensors and emb_aliases:
-        eq = []
-        for n in emb_aliases:
-            if n in same_storage or compare(ckpt, embedding, n, VOCAB_HIDDEN).values == "exact":
-                eq.append(n)
-        vocab_aliases = [n for n in emb_aliases if n not in eq]
-        emb_aliases = eq
-    else:
-        vocab_aliases = []
-
-    # head layout
-    head_layout = None
-    tp = None
-    if head_present:
-        hs = ckpt.tensors[head].shape
-        if len(hs) != 2:
-            problems.append(f"the head {head} has shape {list(hs)}, not 2-D")
-            head_layout = None
-        elif layout in LAYOUTS and set(hs) == {V, H}:
-            head_layout = layout
-        elif V == H and tuple(hs) == (V, H):
-            head_layout = "ambiguous"
-        elif tuple(hs) == (V, H):
-            head_layout = VOCAB_HIDDEN
-        elif tuple(hs) == (H, V):
-            head_layout = HIDDEN_VOCAB
-        else:
-            a, b = hs
-            for rows, other in ((a, b), (b, a)):
-                if other == H and rows and rows < V and V % rows == 0:
-                    tp = V // rows
-                    problems.append(
-                        f"the head {head} {list(hs)} has {rows} vocab rows, exactly 1/{tp} of the "
-                        f"embedding's {V}: likely an unmerged tensor-parallel shard (merge the "
-                        "tensor-parallel slices first)"
-                    )
-                    break
-            else:
-                problems.append(
-                    f"the head {head} has shape {list(hs)}, which fits neither [vocab, hidden] = "
-                    f"[{V}, {H}] nor [hidden, vocab]"
-                )
-            head_layout = None
-
-    # bias
-    bias_names = _find(ckpt, fam.bias, ndim=None)
-    bias = bias_names[0] if bias_names else None
-    bias_aliases = []
-    if bias:
-        b_info = ckpt.tensors[bias]
-        for n in bias_names[1:]:
-            t = ckpt.tensors[n]
-            if (b_info.storage is not None and t.storage == b_info.storage) or (
-                t.shape == b_info.shape and np.array_equal(ckpt.load(n), ckpt.load(bias))
-            ):
-                bias_aliases.append(n)
-
-    # config flag
-    flags = {}
-    if isinstance(cfg.get("tie_word_embeddings"), bool):
-        flags["tie_word_embeddings"] = cfg["tie_word_embeddings"]
-    if tkey and isinstance(tcfg.get("tie_word_embeddings"), bool):
-        flags[f"{tkey}.tie_word_embeddings"] = tcfg["tie_word_embeddings"]
-    if tkey and f"{tkey}.tie_word_embeddings" in flags:
-        source = f"{tkey}.tie_word_embeddings"
-    elif "tie_word_embeddings" in flags:
-        source = "tie_word_embeddings"
-    else:
-        source = None
-    if source:
-        config_tied = flags[source]
-    else:
-        config_tied = fam.tie_default
-        source = f"default for {model_type or 'unknown model_type'} under {loader} (key absent)"
-    if len(set(flags.values())) > 1:
-        problems.append(
-            "tie_word_embeddings flags disagree: "
-            + ", ".join(f"{k} = {str(v).lower()}" for k, v in flags.items())
-            + f"; {tkey} governs the language model, so {source} is used"
-        )
-
-    # values
-    seen = ""  # what the values say about an ambiguous layout, when compared
-    if not head_present:
-        if fam.tied_logit_scale or (config_tied and fam.name == "t5"):
-            comp = Comparison("shared")
-        else:
-            comp = Comparison("absent")
-    elif head_layout is None:
-        comp = Comparison("different")
-    elif not compare_values:  # the file structure alone can still tell one array under two names
+        shared = fam.tied_logit_scale or (tied and fam.name == "t5")
+        comp = Comparison("shared" if shared else "absent")
+    elif not compare_values and shape.layout is not None:
         comp = shared_storage(ckpt, embedding, head) or Comparison("unknown")
-    elif head_layout == "ambiguous":
-        as_stored = compare(ckpt, embedding, head, VOCAB_HIDDEN)
-        transposed = compare(ckpt, embedding, head, HIDDEN_VOCAB)
-        if as_stored.values != "exact" and transposed.values == "transposed":
-            comp = transposed
-        else:
-            comp = as_stored
-        seen = (
-            f" (as stored: {as_stored.values}; transposed: "
-            f"{'equal' if transposed.values == 'transposed' else 'different'})"
-        )
     else:
-        comp = compare(ckpt, embedding, head, head_layout)
-        if comp.values == "different" and fam.tied_logit_scale:
-            scaled = compare(ckpt, embedding, head, head_layout, scale=tied_scale(ckpt.config, H))
-            if scaled.values == "scaled":
-                comp = scaled
-                notes.append(
-                    f"{head} equals {embedding} × d_model ** -0.5: the tied head of {fam.name}, "
-                    "materialised (as tietool untie writes it)"
-                )
-
-    if head_present and head_layout == "ambiguous":
+        comp, cmp_notes = _compare_pair(ckpt, fam, embedding, head, shape, H)
+        notes += cmp_notes
+    if head and shape.layout == "ambiguous" and not compare_values:
         notes.append(
-            f"vocab_size == hidden_size ({V}): the head's layout cannot be told from its shape{seen}; "
+            f"vocab_size == hidden_size ({V}): the head's layout cannot be told from its shape; "
             "pass --layout vocab-hidden or hidden-vocab"
         )
-
-    # consistency findings
-    if head_present and comp.values == "different" and config_tied and comp.max_abs_diff is not None:
-        problems.append(
-            f"tied in config ({source} = true) but {head} differs from {embedding}: "
-            f"max |difference| {comp.max_abs_diff:.3g} in {comp.differing_rows} of {V} rows; a loader "
-            "that re-ties ignores the head's values"
-        )
-    if not head_present and config_tied and not fam.reties and comp.values != "shared":
-        problems.append(
-            f"no head in the files, and the {loader} loader does not re-tie a missing head: it would "
-            f"load a random {head} (run untie to write it, or pass --loader if another library loads it)"
-        )
-    if not head_present and not config_tied:
-        problems.append(
-            f"untied in config ({source} = false) but no head ({head}) was found in the files: "
-            "effectively tied; a loader would fail or initialise a random head "
-            "(tie fixes the flag; untie writes the head as a copy of the embedding)"
-        )
-    cvs = vocab_size
-    if cvs is not None and cvs != V:
-        problems.append(
-            f"config vocab_size is {cvs} but the embedding {embedding} has {V} rows "
-            f"(resize --vocab {V} fixes vocab_size)"
-        )
-    tok = tokenizer_info(ckpt.path)
-    if tok.size is not None:
-        if tok.size < V:
-            notes.append(
-                f"the embedding has {V} rows and the tokenizer defines {tok.size} tokens "
-                f"(highest id {tok.size - 1}): {V - tok.size} padding rows beyond the tokenizer "
-                "(normal when vocab_size is padded to a multiple; trimming below "
-                f"{tok.size} would break tokens)"
-            )
-        elif tok.size > V:
-            problems.append(
-                f"the tokenizer defines {tok.size} tokens (highest id {tok.size - 1}, from "
-                f"{', '.join(tok.sources)}) but the embedding has only {V} rows: the model is "
-                f"{tok.size - V} row(s) short (resize --vocab {tok.size})"
-            )
-    for n in tok.unreadable:
-        problems.append(f"tokenizer file {n} could not be read")
-
-    return Detection(
+    taken = {embedding, *emb_aliases, *vocab_aliases, *head_aliases, *([head] if head else [])}
+    taken |= {*([bias] if bias else []), *bias_aliases}
+    extra = _find_extra_tables(ckpt, fam, taken)
+    det = Detection(
         ckpt=ckpt,
         family=fam,
         loader=loader,
         loader_source=loader_source,
-        model_type=model_type,
+        model_type=cf.model_type,
         vocab_rows=V,
         hidden=H,
         embedding=embedding,
         embedding_aliases=emb_aliases,
         vocab_aliases=vocab_aliases,
-        head=head,
-        head_present=head_present,
-        head_layout=head_layout,
+        head=head or _default_head_name(fam),
+        head_present=head is not None,
+        head_layout=shape.layout,
         head_aliases=head_aliases,
         bias=bias,
         bias_aliases=bias_aliases,
-        config_tied=config_tied,
+        config_tied=tied,
         config_source=source,
         config_flags=flags,
         comparison=comp,
-        config_vocab_size=cvs,
-        text_cfg_key=tkey,
-        tokenizer=tok,
-        fallback=fallback,
-        tp_fraction=tp,
+        config_vocab_size=cf.vocab_size,
+        text_cfg_key=cf.tkey,
+        tokenizer=tokenizer_info(ckpt.path),
+        fallback=found_by is FoundBy.SHAPE,
+        tp_fraction=shape.tp,
         problems=problems,
         notes=notes,
+        embedding_found_by=found_by,
+        head_rows=shape.rows,
+        extra_tables=extra,
+        by_shape=_find_by_shape(ckpt, taken | set(extra), V, H),
+        special_ids=special_token_ids(ckpt.path),
+        layout_conflict=shape.conflict,
     )
+    _add_findings(det)
+    return det
+
+
+def _add_findings(det: Detection) -> None:
+    """The problems and notes every detection gets (tie state, sizes, the surface beyond the main pair)."""
+    det.problems += _tie_findings(det)
+    vp, vn = _vocab_findings(det)
+    det.problems += vp
+    det.notes += vn
+    if det.layout_conflict is not None:
+        c = det.layout_conflict
+        det.problems.append(
+            f"the requested layout {c.requested} contradicts the head {c.head} {list(c.shape)}: "
+            f"the layout that fits is {c.fits}"
+        )
+    if det.extra_tables:
+        det.notes.append(
+            "further vocabulary tables (resized with the embedding and head): " + ", ".join(det.extra_tables)
+        )
+    if det.by_shape:
+        det.notes.append(
+            f"tensors of no known vocabulary name with the vocabulary's shape: {', '.join(det.by_shape)}"
+        )
+
+
+def _detect_missing_embedding(
+    ckpt: Checkpoint,
+    fam: arch.Family,
+    cf: _Cfg,
+    head: str,
+    loader: str,
+    loader_source: str,
+    layout: str | None,
+    problems: list[str],
+) -> Detection:
+    """Detection of a checkpoint whose input embedding is missing while the head is present (a converter
+    kept one of a tied pair): the table is stored only as the head."""
+    V, H = _missing_embedding_dims(ckpt, head, fam, cf)
+    shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout)
+    problems += [shape.problem] if shape.problem else []
+    tied, source, flags, flag_problems = _config_flag(ckpt, cf, fam, loader)
+    bias, bias_aliases = _find_bias(ckpt, fam)
+    det = Detection(
+        ckpt=ckpt,
+        family=fam,
+        loader=loader,
+        loader_source=loader_source,
+        model_type=cf.model_type,
+        vocab_rows=V,
+        hidden=H,
+        embedding=_missing_embedding_name(ckpt, fam, head),
+        embedding_aliases=[],
+        vocab_aliases=[],
+        head=head,
+        head_present=True,
+        head_layout=shape.layout,
+        head_aliases=[],
+        bias=bias,
+        bias_aliases=bias_aliases,
+        config_tied=tied,
+        config_source=source,
+        config_flags=flags,
+        comparison=Comparison("no_embedding"),
+        config_vocab_size=cf.vocab_size,
+        text_cfg_key=cf.tkey,
+        tokenizer=tokenizer_info(ckpt.path),
+        problems=problems + flag_problems,
+        embedding_present=False,
+        embedding_found_by=FoundBy.MISSING,
+        embedding_stored_as=head,
+        head_rows=shape.rows,
+        special_ids=special_token_ids(ckpt.path),
+        layout_conflict=shape.conflict,
+    )
+    _add_findings(det)
+    return det
 
 
 def tied_scale(config: dict, hidden: int) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -16,7 +16,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .configfile import get_dotted, read_config_file
-from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, tied_scale
+from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, compare, tied_scale
 from .errors import AmbiguousLayoutError, RefusedError, UsageError, ValuesDifferError
 from .formats.safetensors_io import Source
 from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
@@ -72,6 +72,8 @@ class Plan:
         config_set: ``(file, dotted key, value)`` to set in config.json / model_config.json.
         stale_index: index entries that name no stored tensor; left out of the output index.
         metadata: safetensors ``__metadata__`` entries to add (``{dropped name: kept name}``).
+        metadata_drop: ``__metadata__`` keys to remove (a ``{dropped: kept}`` entry for a tensor the output
+            holds again).
         relabel_u16: write safetensors ``U16`` tensors that hold bf16 bits as ``BF16``.
         changed: the plan changes tensors or config (False: the output is a copy).
         notes: what the user should know (why nothing was saved, which loader was assumed, ...).
@@ -88,6 +90,7 @@ class Plan:
     config_set: list[tuple[str, str, object]] = field(default_factory=list)
     stale_index: list[str] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
+    metadata_drop: list[str] = field(default_factory=list)
     relabel_u16: bool = False
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -144,6 +147,15 @@ def _tie_flags(det: Detection, value: bool) -> list[tuple[str, str, object]]:
 
 
 def _refuse_unusable_head(det: Detection, op: str) -> None:
+    """Refuse a head that cannot be used (wrong shape, a tensor-parallel slice) or a requested layout that
+    contradicts its shape."""
+    c = det.layout_conflict
+    if c is not None:
+        raise UsageError(
+            f"{op} refused: the layout {c.requested} contradicts the head {c.head} {list(c.shape)} "
+            f"(vocab_size {det.vocab_rows} != hidden_size {det.hidden}, so its shape says {c.fits})",
+            fix=f"pass --layout {c.fits}, or leave --layout out",
+        )
     if det.head_present and det.head_layout is None:
         raise RefusedError(
             f"{op} refused: " + "; ".join(p for p in det.problems if det.head in p),
@@ -177,6 +189,57 @@ def _base_plan(op: str, det: Detection) -> Plan:
     return plan
 
 
+def _restore_embedding(det: Detection, plan: Plan) -> None:
+    """Add the missing input embedding, written from the head's bytes (``[vocab, hidden]``), in the head's
+    file right before the head; a ``{embedding: head}`` metadata entry is removed (the name is real again)."""
+    ckpt, h = det.ckpt, det.emb_info  # the head's header (the embedding is stored as the head)
+    layout = det.head_layout
+
+    def make() -> np.ndarray | Source:
+        if layout == HIDDEN_VOCAB:
+            return np.ascontiguousarray(ckpt.load(det.head).T)
+        return ckpt.load(det.head) if h.fortran else ckpt.source(det.head)
+
+    names = list(ckpt.tensors)
+    i = names.index(det.head)
+    before = next((n for n in reversed(names[:i]) if ckpt.tensors[n].file == h.file), None)
+    plan.add.append(
+        NewTensor(
+            det.embedding,
+            _out_dtype(ckpt, h, plan.relabel_u16),
+            (det.vocab_rows, det.hidden),
+            make,
+            h.file,
+            after=before,
+        )
+    )
+    plan.metadata_drop.append(det.embedding)
+    plan.notes.append(
+        f"{det.embedding} restored from the bytes of {det.head} (the table was stored only there)"
+    )
+
+
+def _missing_embedding_refusal(det: Detection, op: str, fix: str) -> RefusedError:
+    return RefusedError(
+        f"{op} refused: the input embedding {det.embedding} is missing (the table is stored only as the head "
+        f"{det.head})",
+        det.ckpt.path,
+        fix,
+    )
+
+
+def check_new_names(plan: Plan) -> None:
+    """Never two tensors under one name: an added tensor's name is new (or dropped) and added once.
+
+    Raises:
+        AssertionError: a plan that would write a name twice (a bug in the planner).
+    """
+    kept = set(plan.ckpt.tensors) - set(plan.drop)
+    added = [a.name for a in plan.add]
+    twice = sorted({n for n in added if n in kept or added.count(n) > 1})
+    assert not twice, f"plan {plan.op} would write {', '.join(twice)} twice"
+
+
 # ------------------------------------------------------------------ tie
 
 
@@ -199,6 +262,9 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
     ckpt, plan = det.ckpt, _base_plan("tie", det)
     _refuse_unusable_head(det, "tie")
     plan.config_set = _tie_flags(det, True)
+    if not det.embedding_present:
+        return _tie_missing_embedding(det, plan, keep)
+    _refuse_unequal_rows(det, "tie")
     copies = [a for a in det.embedding_aliases if det.family.reties]
     if drop_aliases:
         for a in copies:
@@ -298,6 +364,41 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
     return plan
 
 
+def _tie_missing_embedding(det: Detection, plan: Plan, keep: str | None) -> Plan:
+    """tie of a checkpoint whose embedding is stored only as the head: with ``keep="head"`` the embedding
+    is restored from the head's bytes and the head dropped (kept where the loader does not re-tie)."""
+    if keep != "head":
+        raise _missing_embedding_refusal(
+            det,
+            "tie",
+            f"pass --keep head to restore {det.embedding} from {det.head} (and drop the head), or use untie "
+            "to restore it beside the head",
+        )
+    _restore_embedding(det, plan)
+    if det.family.reties:
+        plan.drop[det.head] = f"its table is {det.embedding} now (the {det.loader} loader re-ties it)"
+        plan.metadata = {det.head: det.embedding}
+    else:
+        plan.notes.append(
+            f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head, so {det.head} "
+            "is kept"
+        )
+    check_new_names(plan)
+    return plan
+
+
+def _refuse_unequal_rows(det: Detection, op: str) -> None:
+    """tie needs a head with the embedding's vocabulary rows."""
+    if det.head_rows is not None and det.head_rows != det.vocab_rows:
+        raise RefusedError(
+            f"{op} refused: the head {det.head} {list(det.ckpt.tensors[det.head].shape)} has {det.head_rows} "
+            f"vocabulary rows and the embedding {det.embedding} {list(det.emb_info.shape)} has "
+            f"{det.vocab_rows}: one table cannot serve both shapes",
+            det.ckpt.path,
+            "keep the checkpoint untied, or resize/trim the tables to the same rows first",
+        )
+
+
 # ------------------------------------------------------------------ untie
 
 
@@ -322,6 +423,10 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
             "pass --loader hf if another library will load the output",
         )
     plan.config_set = _tie_flags(det, False)
+    if not det.embedding_present:
+        _restore_embedding(det, plan)
+        check_new_names(plan)
+        return plan
     if det.head_present and not det.comparison.storage_shared:
         plan.notes.append(
             f"{det.head} already exists as its own tensor: its bytes are kept (untie only sets the flag)"
@@ -374,6 +479,7 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
         f"{name} written as {list(shape)} ({lay}), for the {det.loader} loader"
         + ("" if layout not in (None, "auto") else f" (auto: {det.loader_source})")
     )
+    check_new_names(plan)
     return plan
 
 
@@ -528,8 +634,10 @@ def plan_resize(
             f"{avail >> 20} MiB of memory available",
             fix="check the number, or free memory",
         )
+    _refuse_resize_surface(det, N)
     plan = _base_plan("resize", det)
     tok = det.tokenizer
+    past = [str(i) for i in det.special_ids if i.id >= N]
     if N < V and not force:
         lost = V - N
         if tok.size is None:
@@ -545,6 +653,8 @@ def plan_resize(
                 f"{real} of them are real tokens of the tokenizer ({tok.size} tokens, highest id "
                 f"{tok.size - 1}): trimming below {tok.size} breaks those tokens"
             )
+        if past:
+            what += f"; these token ids would point past the last row: {', '.join(past)}"
         raise RefusedError(
             f"resize to {N} rows would trim {lost} rows ({V} → {N}, rows {N}..{V - 1} removed): {what}",
             ckpt.path,
@@ -572,124 +682,26 @@ def plan_resize(
         plan.notes.append(f"--force: rows {N}..{V - 1} removed from every vocabulary tensor")
     if tok.size is not None and N < tok.size:
         plan.warnings.append(f"the tokenizer defines {tok.size} tokens; ids ≥ {N} will have no row")
-
-    def extra_rows(name: str, rng, layout: str = VOCAB_HIDDEN) -> Callable[[], np.ndarray]:
-        """The N - V new rows of table ``name`` (stored dtype, ``[N - V, hidden]``), computed once."""
-        t = ckpt.tensors[name]
-
-        def make() -> np.ndarray:
-            a = ckpt.load(name)
-            a = a.T if layout == HIDDEN_VOCAB else a
-            return _encode(ckpt, t, new_rows(a, N - V, init, rng, std, decode=lambda c: _decode(ckpt, t, c)))
-
-        return _cached(make)
-
-    def rows_source(name: str, extra: Callable[[], np.ndarray]) -> Callable[[], Source | np.ndarray]:
-        """Table ``name`` ``[V, hidden]`` resized to N rows: its first min(V, N) rows copied by byte range
-        from the input (never decoded, never in memory), then the new rows."""
-        t = ckpt.tensors[name]
-
-        def make() -> Source | np.ndarray:
-            if t.fortran:  # rows are not contiguous in the file: go through memory
-                a = ckpt.load(name)
-                return np.ascontiguousarray(a[:N]) if N <= V else np.concatenate([a, extra()], axis=0)
-            src = ckpt.source(name)
-            keep = src.prefix(t.nbytes // V * min(N, V))
-            return keep if N <= V else Source(parts=[keep, Source(array=extra())])
-
-        return make
-
-    def head_columns(name: str, extra: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
-        """A ``[hidden, V]`` head resized to N columns (new columns = the new rows, transposed)."""
-
-        def make() -> np.ndarray:
-            a = ckpt.load(name)
-            out = a[:, :N] if N <= V else np.concatenate([a, extra().T], axis=1)
-            return np.ascontiguousarray(out)
-
-        return make
+    if past:
+        plan.warnings.append(
+            f"token ids beyond the last row after the resize (ids 0..{N - 1}): {', '.join(past)}"
+        )
+    if det.head_rows is not None and det.head_rows != V:
+        plan.extra_report["head_rows_before"] = det.head_rows
+        plan.extra_report["head_rows_after"] = det.head_rows + N - V
 
     if N != V:
-        emb = det.emb_info
-        emb_extra = extra_rows(det.embedding, next(rngs))
-        emb_make = _cached(rows_source(det.embedding, emb_extra))
-        for n in [det.embedding] + det.embedding_aliases:
-            t = ckpt.tensors[n]
-            plan.replace[n] = NewTensor(
-                n, _out_dtype(ckpt, t, plan.relabel_u16), (N, H), emb_make, t.file, storage=t.storage
-            )
-        for n in det.vocab_aliases:
-            t = ckpt.tensors[n]
-            plan.replace[n] = NewTensor(
-                n,
-                _out_dtype(ckpt, t, plan.relabel_u16),
-                (N, H),
-                rows_source(n, extra_rows(n, next(rngs))),
-                t.file,
-                storage=t.storage,
-            )
-        h = det.head_info
-        if h is not None:
-            lay = det.head_layout
-            hshape = (N, H) if lay == VOCAB_HIDDEN else (H, N)
-            # a head equal to the embedding stays equal (tied or not): it gets the embedding's new rows, so
-            # resize-then-untie and untie-then-resize give the same tensors
-            tied_equal = det.comparison.values in ("exact", "transposed") and h.dtype == emb.dtype
-            head_make: Callable[[], np.ndarray | Source]
-            if tied_equal and lay == VOCAB_HIDDEN:
-                head_make = emb_make
-            elif tied_equal:
-                head_make = head_columns(det.head, emb_extra)
-            elif lay == VOCAB_HIDDEN:
-                head_make = rows_source(det.head, extra_rows(det.head, next(rngs)))
-            else:
-                head_make = head_columns(det.head, extra_rows(det.head, next(rngs), HIDDEN_VOCAB))
-            head_make = _cached(head_make)
-            for n in [det.head] + det.head_aliases:
-                t = ckpt.tensors[n]
-                plan.replace[n] = NewTensor(
-                    n,
-                    _out_dtype(ckpt, t, plan.relabel_u16),
-                    hshape,
-                    head_make,
-                    t.file,
-                    storage=t.storage if not det.comparison.storage_shared else emb.storage,
-                )
-        bias = det.bias
-        if bias:
-            b = ckpt.tensors[bias]
-            if b.shape[-1] != V:
-                raise RefusedError(
-                    f"the head bias {bias} has {b.shape[-1]} entries but the embedding has {V} rows",
-                    ckpt.path,
-                    "fix the bias first",
-                )
-
-            def bias_make() -> np.ndarray:
-                a = ckpt.load(bias)
-                if N <= V:
-                    return np.ascontiguousarray(a[..., :N])
-                pad = np.zeros(a.shape[:-1] + (N - V,), dtype=a.dtype)
-                return np.concatenate([a, pad], axis=-1)
-
-            bias_make = _cached(bias_make)
-            for n in [bias] + det.bias_aliases:
-                t = ckpt.tensors[n]
-                plan.replace[n] = NewTensor(
-                    n,
-                    _out_dtype(ckpt, t, plan.relabel_u16),
-                    t.shape[:-1] + (N,),
-                    bias_make,
-                    t.file,
-                    storage=t.storage,
-                )
+        _resize_tensors(det, plan, N, _Resizer(ckpt, init, std, rngs))
     # config: every vocab_size key that exists (and the top level one)
     cfg = ckpt.config
-    plan.config_set.append(("config.json", "vocab_size", N))
+    # vocab_size follows the head where it counted the head's rows (an embedding with reserved rows)
+    offset_head = det.head_rows is not None and det.head_rows != V and det.config_vocab_size == det.head_rows
+    cvs = N - V + det.head_rows if offset_head and det.head_rows is not None else N
+    plan.config_set.append(("config.json", "vocab_size", cvs))
     if det.text_cfg_key and "vocab_size" in cfg.get(det.text_cfg_key, {}):
-        plan.config_set.append(("config.json", f"{det.text_cfg_key}.vocab_size", N))
+        plan.config_set.append(("config.json", f"{det.text_cfg_key}.vocab_size", cvs))
         if "vocab_size" not in cfg:
-            plan.config_set.remove(("config.json", "vocab_size", N))
+            plan.config_set.remove(("config.json", "vocab_size", cvs))
     for k in ("padded_vocab_size",):
         if k in cfg:
             plan.config_set.append(("config.json", k, N))
@@ -704,6 +716,196 @@ def plan_resize(
     if N == V:
         plan.notes.append(f"the embedding already has {N} rows: no tensor changes")
     return plan
+
+
+def _refuse_resize_surface(det: Detection, N: int) -> None:
+    """Refuse a resize that would leave part of the vocabulary surface behind: a missing embedding, a
+    vocabulary-shaped tensor of no known role, an extra table of another vocabulary size, a head with
+    reserved rows the new size cannot keep."""
+    ckpt, V = det.ckpt, det.vocab_rows
+    if not det.embedding_present:
+        raise _missing_embedding_refusal(
+            det, "resize", "restore it first (untie, or tie --keep head), then resize"
+        )
+    odd = [f"{n} {list(ckpt.tensors[n].shape)}" for n in det.by_shape]
+    if odd:
+        raise RefusedError(
+            f"resize refused: {', '.join(odd)} has the vocabulary's shape ({V} rows) but no known role "
+            "(not the embedding, head, bias or a known copy): resizing the rest would leave it at the old "
+            "size",
+            ckpt.path,
+            "if it is the embedding or head, pass --embedding/--head NAME; otherwise remove or rename it "
+            "first",
+        )
+    rows = (V, det.head_rows)
+
+    def follows(n: str) -> bool:
+        axis = det.vocab_axis(n)
+        return axis is not None and ckpt.tensors[n].shape[axis] in rows
+
+    other = [n for n in det.extra_tables if not follows(n)]
+    if other:
+        raise RefusedError(
+            f"resize refused: the extra vocabulary table(s) {', '.join(other)} have no axis of the "
+            f"embedding's {V} rows (a vocabulary of their own), so it is unknown how they follow a resize",
+            ckpt.path,
+            "resize them with the tool of their model, or remove them first",
+        )
+    if det.head_rows is not None and det.head_rows + N - V < 1:
+        raise RefusedError(
+            f"resize to {N} rows would leave the head {det.head} with {det.head_rows + N - V} rows (it has "
+            f"{V - det.head_rows} rows fewer than the embedding)",
+            ckpt.path,
+            "pass a larger --vocab",
+        )
+
+
+@dataclass
+class _Resizer:
+    """Builds the resized data of one vocabulary tensor: old entries kept bit-exact (trimmed from the end),
+    new entries from ``init``."""
+
+    ckpt: Checkpoint
+    init: str
+    std: float
+    rngs: Iterator[np.random.Generator]
+
+    def extra(self, name: str, count: int, axis: int) -> Callable[[], np.ndarray]:
+        """``count`` new rows ``[count, hidden]`` (stored dtype) for ``name``, from its own rows; once."""
+        ckpt, t, rng = self.ckpt, self.ckpt.tensors[name], next(self.rngs)
+
+        def make() -> np.ndarray:
+            a = ckpt.load(name)
+            a = a.T if axis == 1 else a
+            rows = new_rows(a, count, self.init, rng, self.std, decode=lambda c: _decode(ckpt, t, c))
+            return _encode(ckpt, t, rows)
+
+        return _cached(make)
+
+    def table(
+        self, name: str, new: int, axis: int, extra: Callable[[], np.ndarray]
+    ) -> Callable[[], np.ndarray | Source]:
+        """``name`` with ``new`` entries along ``axis``: rows are copied by byte range from the input
+        (never decoded), columns of a ``[hidden, vocab]`` head go through memory."""
+        ckpt, t = self.ckpt, self.ckpt.tensors[name]
+        old = t.shape[axis]
+
+        def rows() -> np.ndarray | Source:
+            if t.fortran:  # rows are not contiguous in the file: go through memory
+                a = ckpt.load(name)
+                return np.ascontiguousarray(a[:new]) if new <= old else np.concatenate([a, extra()], axis=0)
+            keep = ckpt.source(name).prefix(t.nbytes // old * min(new, old))
+            return keep if new <= old else Source(parts=[keep, Source(array=extra())])
+
+        def cols() -> np.ndarray | Source:
+            a = ckpt.load(name)
+            out = a[:, :new] if new <= old else np.concatenate([a, extra().T], axis=1)
+            return np.ascontiguousarray(out)
+
+        return rows if axis == 0 else cols
+
+
+def _new_shape(shape: tuple[int, ...], axis: int, new: int) -> tuple[int, ...]:
+    s = list(shape)
+    s[axis] = new
+    return tuple(s)
+
+
+def _resize_tensors(det: Detection, plan: Plan, N: int, rz: _Resizer) -> None:
+    """Every vocabulary tensor to ``N`` embedding rows (the head and its bias move by the same number of
+    rows): the embedding and its aliases, the head, the bias, the extra tables."""
+    ckpt, V = det.ckpt, det.vocab_rows
+    emb = det.emb_info
+    emb_extra = rz.extra(det.embedding, max(0, N - V), 0)
+    emb_make = _cached(rz.table(det.embedding, N, 0, emb_extra))
+
+    def put(n: str, axis: int, new: int, make: Callable[[], np.ndarray | Source], storage=None) -> None:
+        t = ckpt.tensors[n]
+        out = _out_dtype(ckpt, t, plan.relabel_u16)
+        plan.replace[n] = NewTensor(n, out, _new_shape(t.shape, axis, new), make, t.file, storage=storage)
+
+    for n in [det.embedding] + det.embedding_aliases:
+        put(n, 0, N, emb_make, ckpt.tensors[n].storage)
+    for n in det.vocab_aliases:
+        put(n, 0, N, rz.table(n, N, 0, rz.extra(n, max(0, N - V), 0)), ckpt.tensors[n].storage)
+    h = det.head_info
+    hrows = det.head_rows if det.head_rows is not None else V
+    hnew = hrows + N - V
+    head_make: Callable[[], np.ndarray | Source] | None = None
+    if h is not None:
+        axis = 1 if det.head_layout == HIDDEN_VOCAB else 0
+        # a head equal to the embedding stays equal (tied or not): it gets the embedding's new rows, so
+        # resize-then-untie and untie-then-resize give the same tensors
+        tied_equal = det.comparison.values in ("exact", "transposed") and h.dtype == emb.dtype
+        if tied_equal and axis == 0:
+            head_make = emb_make
+        else:
+            extra = emb_extra if tied_equal else rz.extra(det.head, max(0, hnew - hrows), axis)
+            head_make = _cached(rz.table(det.head, hnew, axis, extra))
+        storage = emb.storage if det.comparison.storage_shared else None
+        for n in [det.head] + det.head_aliases:
+            put(n, axis, hnew, head_make, storage or ckpt.tensors[n].storage)
+    _resize_bias(det, plan, hrows, hnew)
+    for n in det.extra_tables:
+        axis = det.vocab_axis(n) or 0
+        old = ckpt.tensors[n].shape[axis]
+        new = N if old == V else hnew
+        own = rz.table(n, new, axis, rz.extra(n, max(0, new - old), axis))
+        main = det.embedding if old == V and axis == 0 else det.head if h is not None else None
+        main_make = emb_make if main == det.embedding else head_make
+        put(n, axis, new, _copy_or_own(ckpt, n, main, main_make, own))
+
+
+def _copy_or_own(
+    ckpt: Checkpoint,
+    name: str,
+    main: str | None,
+    main_make: Callable[[], np.ndarray | Source] | None,
+    own: Callable[[], np.ndarray | Source],
+) -> Callable[[], np.ndarray | Source]:
+    """An extra table that is a bit-exact copy of ``main`` gets ``main``'s resized data (so the copy stays a
+    copy, new rows included); otherwise its own (told when written, reading both tables once)."""
+
+    def make() -> np.ndarray | Source:
+        t = ckpt.tensors[name]
+        if main is not None and main_make is not None:
+            m = ckpt.tensors[main]
+            if (
+                m.shape == t.shape
+                and m.dtype == t.dtype
+                and compare(ckpt, main, name, VOCAB_HIDDEN).values == "exact"
+            ):
+                return main_make()
+        return own()
+
+    return make
+
+
+def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
+    """The head bias ``[V]`` / ``[1, V]`` (and its aliases) to ``new`` entries; new entries zero."""
+    ckpt, bias = det.ckpt, det.bias
+    if not bias:
+        return
+    b = ckpt.tensors[bias]
+    if b.shape[-1] != old:
+        raise RefusedError(
+            f"the head bias {bias} has {b.shape[-1]} entries but the head has {old} vocabulary rows",
+            ckpt.path,
+            "fix the bias first",
+        )
+
+    def bias_make() -> np.ndarray:
+        a = ckpt.load(bias)
+        if new <= old:
+            return np.ascontiguousarray(a[..., :new])
+        return np.concatenate([a, np.zeros(a.shape[:-1] + (new - old,), dtype=a.dtype)], axis=-1)
+
+    make = _cached(bias_make)
+    for n in [bias] + det.bias_aliases:
+        t = ckpt.tensors[n]
+        plan.replace[n] = NewTensor(
+            n, _out_dtype(ckpt, t, plan.relabel_u16), t.shape[:-1] + (new,), make, t.file, storage=t.storage
+        )
 
 
 _T = TypeVar("_T")

@@ -83,6 +83,8 @@ def savings_if_tied(det: Detection) -> Savings:
             bytes_ = sum(ckpt.tensors[n].nbytes for n in names)
         else:
             why = f"the {det.loader} loader does not re-tie a missing head, so it must stay"
+    elif not det.embedding_present:
+        why = f"the input embedding {det.embedding} is missing: the head {det.head} holds the only table"
     elif det.head_present and det.comparison.values == "different":
         why = "the head differs from the embedding (tie --keep embedding|head would drop it)"
     elif not det.head_present:
@@ -107,7 +109,7 @@ def build(plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False
             "parameters": t[n].numel,
             "bytes": t[n].nbytes,
             "reason": why,
-            "storage_shared": t[n].storage is not None and t[n].storage == t[det.embedding].storage,
+            "storage_shared": t[n].storage is not None and t[n].storage == det.emb_info.storage,
         }
         for n, why in plan.drop.items()
     ]

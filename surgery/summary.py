@@ -25,10 +25,39 @@ def _tensor(det: Detection, name: str) -> dict[str, Any]:
     }
 
 
+def _surface(det: Detection) -> list[dict[str, Any]]:
+    """Every vocabulary tensor with its role (the main pair first), as JSON."""
+    out = []
+    for role, tensors in det.surface.items():
+        for v in tensors:
+            t = det.ckpt.tensors.get(v.name) if v.present else None
+            out.append(
+                {
+                    "name": v.name,
+                    "role": role.value,
+                    "present": v.present,
+                    "shape": list(t.shape) if t is not None else None,
+                    "dtype": t.dtype if t is not None else None,
+                    "file": t.file if t is not None else None,
+                    "vocab_axis": v.vocab_axis,
+                    "entries": v.entries,
+                    "of": v.of,
+                }
+            )
+    return out
+
+
 def summarize(det: Detection) -> dict[str, Any]:
     """Everything ``tietool inspect`` reports, as numbers and names (schema in README.md)."""
     ckpt: Checkpoint = det.ckpt
-    emb = _tensor(det, det.embedding)
+    emb: dict[str, Any]
+    if det.embedding_present:
+        emb = _tensor(det, det.embedding)
+    else:  # stored only as the head: the name it would have, the shape it would have
+        emb = {"name": det.embedding, "shape": [det.vocab_rows, det.hidden], "dtype": None, "file": None}
+    emb["present"] = det.embedding_present
+    emb["found_by"] = det.embedding_found_by.value
+    emb["stored_as"] = det.embedding_stored_as
     emb["aliases"] = det.embedding_aliases
     emb["other_vocab_tensors"] = det.vocab_aliases
     head: dict[str, Any]
@@ -47,6 +76,7 @@ def summarize(det: Detection) -> dict[str, Any]:
     head["untie_writes"] = det.head
     head["layout"] = det.head_layout
     head["aliases"] = det.head_aliases
+    head["rows"] = det.head_rows
     bias: dict[str, Any] | None = None
     if det.bias:
         bias = _tensor(det, det.bias)
@@ -72,6 +102,7 @@ def summarize(det: Detection) -> dict[str, Any]:
         "embedding": emb,
         "head": head,
         "head_bias": bias,
+        "vocabulary_tensors": _surface(det),
         "tie": {
             "config": det.config_tied,
             "config_source": det.config_source,
@@ -88,6 +119,10 @@ def summarize(det: Detection) -> dict[str, Any]:
             "hidden_size": det.hidden,
             "tokenizer_size": det.tokenizer.size,
             "tokenizer_files": list(det.tokenizer.sources),
+            "special_token_ids": [
+                {"file": i.file, "key": i.key, "id": i.id, "beyond_rows": i.id >= det.vocab_rows}
+                for i in det.special_ids
+            ],
         },
         "savings": savings_if_tied(det),
         "loader": {

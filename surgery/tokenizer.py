@@ -8,6 +8,7 @@ Reads (without any tokenizer library) ``tokenizer.json`` (``model.vocab`` and ``
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,3 +84,79 @@ def _tokenizer_info(folder: Path) -> TokenizerInfo:
         ids += _ids(tc["added_tokens_decoder"].keys())
     size = max(ids) + 1 if ids else None
     return TokenizerInfo(size, tuple(sources), tuple(bad))
+
+
+# ------------------------------------------------------------------ special token ids
+
+# keys that hold token ids: eos_token_id, pad_token_id, decoder_start_token_id, image_token_index,
+# eos_token_ids (lists too), vision_start_token_id, ...
+_ID_KEY = re.compile(r"token_(?:id|ids|index|idx)$")
+ID_FILES = ("config.json", "generation_config.json", "tokenizer_config.json")
+
+
+@dataclass(frozen=True)
+class SpecialTokenId:
+    """One token id a configuration file names: ``file`` (``config.json``...), ``key`` (dotted, e.g.
+    ``text_config.eos_token_id``; ``eos_token`` when a tokenizer_config token string was resolved to its
+    id) and the ``id``."""
+
+    file: str
+    key: str
+    id: int
+
+    def __str__(self) -> str:
+        return f"{self.file} {self.key} = {self.id}"
+
+
+def _id_values(v) -> list[int]:
+    vals = v if isinstance(v, list) else [v]
+    return [x for x in vals if isinstance(x, int) and not isinstance(x, bool) and x >= 0]
+
+
+def _ids_in(data: dict, file: str, prefix: str = "") -> list[SpecialTokenId]:
+    out: list[SpecialTokenId] = []
+    for k, v in data.items():
+        if not isinstance(k, str):
+            continue
+        if isinstance(v, dict) and not prefix:  # nested configs (text_config, ...), one level
+            out += _ids_in(v, file, f"{k}.")
+        elif _ID_KEY.search(k):
+            out += [SpecialTokenId(file, prefix + k, i) for i in _id_values(v)]
+    return out
+
+
+def _resolved_token_strings(tc: dict) -> list[SpecialTokenId]:
+    """tokenizer_config.json ``bos_token``/``eos_token``/... strings resolved through its
+    ``added_tokens_decoder`` (``{"id": {"content": ...}}``)."""
+    dec = tc.get("added_tokens_decoder")
+    if not isinstance(dec, dict):
+        return []
+    by_content = {
+        t.get("content"): int(i) for i, t in dec.items() if isinstance(t, dict) and str(i).isdigit()
+    }
+    out = []
+    for k, v in tc.items():
+        if not (isinstance(k, str) and k.endswith("_token")):
+            continue
+        content = v.get("content") if isinstance(v, dict) else v
+        if isinstance(content, str) and content in by_content:
+            out.append(SpecialTokenId("tokenizer_config.json", k, by_content[content]))
+    return out
+
+
+def special_token_ids(folder: Path) -> tuple[SpecialTokenId, ...]:
+    """Every token id named in the checkpoint's config.json, generation_config.json and
+    tokenizer_config.json (``*_token_id``/``*_token_ids``/``*_token_index`` keys, at the top level and in
+    nested configs; tokenizer_config token strings resolved through ``added_tokens_decoder``). A file that
+    is missing or unreadable contributes nothing (its problems are reported elsewhere)."""
+    out: list[SpecialTokenId] = []
+    for name in ID_FILES:
+        try:
+            data = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            continue
+        if isinstance(data, dict):
+            out += _ids_in(data, name)
+            if name == "tokenizer_config.json":
+                out += _resolved_token_strings(data)
+    return tuple(dict.fromkeys(out))

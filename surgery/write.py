@@ -425,6 +425,8 @@ def _st_metadata(plan: Plan, f: str, rewritten: bool) -> dict | None:
         meta = dict(ckpt.st_metadata.get(f) or {})
     if rewritten:
         meta.update(plan.metadata)
+        for k in plan.metadata_drop:
+            meta.pop(k, None)
     return meta or None
 
 

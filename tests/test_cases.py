@@ -32,23 +32,12 @@ OUTPUT_LIMIT = 2000
 # passing shows as XPASS instead of failing the run.
 ISSUE_10 = "issue 10: vocabulary surface"
 KNOWN_FAILING: dict[str, str] = {
-    "c01_deepseek_mtp_embed_head_copies": (
-        "inspect does not list model.layers.1.shared_head.head.weight, resize leaves it at [24, 8] "
-        "(no_tensor_with_shape), tie's refusal does not name model.embed_tokens.weight"
-    ),
-    "c02_special_token_ids_vs_rows": (
-        "inspect and resize --vocab 12 --force do not mention eos_token_id / pad_token_id"
-    ),
     "c04_stray_weight_file_beside_index": (
         "the stray model.safetensors is not named; tie copies it into the output "
         "(out_lacks_file, out_lacks_tensor lm_head.weight)"
     ),
     "c05_paddlenlp_tp_rank_files": (
         "the refusals say neither 'parallel' nor 'merge', and they suggest 'rename'"
-    ),
-    "c06_embedding_dropped_head_kept": (
-        "inspect and untie do not say the embedding is missing; tie --keep head keeps lm_head.weight and "
-        "writes no transformer.word_embeddings.weight"
     ),
     "c07_paddle_big_param_split": (
         "inspect and resize do not name the split format (UnpackBigParamInfor / split / piece); "

@@ -105,7 +105,33 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
     for a, b in pairwise(out):  # neighbours in data order
         if b.offset < a.offset + a.nbytes:
             raise CheckpointError(f"tensors {a.name!r} and {b.name!r} overlap", path, fix)
+    _check_covered(out, data_start, size, path)
     return out, meta
+
+
+def _check_covered(tensors: list[TensorInfo], data_start: int, size: int, path: Path) -> None:
+    """The tensors must cover the data bytes exactly, as the ``safetensors`` library requires ("file not
+    fully covered"): a hole or bytes after the last tensor make a file that library refuses to open, so
+    neither tietool nor a loader should take it as a checkpoint (and copying it would pass the damage on).
+
+    Raises:
+        CheckpointError: naming the uncovered byte range.
+    """
+    pos = data_start
+    for t in tensors:  # in data order, no overlaps
+        if t.offset != pos:
+            break
+        pos += t.nbytes
+    if pos != size:
+        nxt = [t.offset for t in tensors if t.offset > pos]
+        end = nxt[0] if nxt else size
+        raise CheckpointError(
+            f"bytes {pos - data_start}..{end - data_start} of the data belong to no tensor "
+            f"({'a hole between tensors' if nxt else 'bytes after the last tensor'}); the safetensors "
+            "library refuses such a file",
+            path,
+            "re-export the checkpoint, or load and save it again with the safetensors library",
+        )
 
 
 def read_array(path: Path, t: TensorInfo) -> np.ndarray:
