@@ -125,8 +125,10 @@ def _layout(layout: Layout | None) -> str | None:
 def _detect(c, layout: Layout | None, loader: Loader | None, embedding: str | None, head: str | None):
     """Detection for a write command: the options mapped, values compared."""
     from ..surgery.detect import detect
+    from ..surgery.summary import check_found, check_names
 
-    return detect(
+    check_names(c, embedding, head)
+    det = detect(
         c,
         layout=_layout(layout),
         loader=loader.value if loader else None,
@@ -134,6 +136,8 @@ def _detect(c, layout: Layout | None, loader: Loader | None, embedding: str | No
         head_name=head,
         compare_values=True,
     )
+    check_found(det)
+    return det
 
 
 @app.callback()
@@ -183,7 +187,14 @@ def inspect(
 
 
 def _write_command(
-    ckpt: Path, out: Path, make_plan, dry_run: bool, json_out: bool, link: bool, quiet: bool
+    ckpt: Path,
+    out: Path,
+    make_plan,
+    dry_run: bool,
+    json_out: bool,
+    link: bool,
+    quiet: bool,
+    keep_training_state: bool = False,
 ) -> None:
     from ..surgery import report as report_mod
     from ..surgery.checkpoint import Checkpoint
@@ -195,7 +206,8 @@ def _write_command(
         check_output_path(c.path, out)
     plan = make_plan(c)
     if dry_run:
-        render.report(report_mod.build(plan, None, str(out), dry_run=True), as_json=json_out)
+        rep = report_mod.build(plan, None, str(out), dry_run=True, keep_training_state=keep_training_state)
+        render.report(rep, as_json=json_out)
         return
     with render.progress(quiet or json_out, plan.output_bytes) as advance:
         rep = execute(
@@ -204,6 +216,7 @@ def _write_command(
             link=link,
             progress=advance,
             report=lambda facts: report_mod.build(plan, facts, str(out)),
+            keep_training_state=keep_training_state,
         )
     render.report(rep, as_json=json_out)
 
@@ -306,6 +319,14 @@ def resize(
     ] = Init.mean,
     seed: Annotated[int | None, typer.Option(help="random seed for new rows (same seed: same bytes)")] = None,
     force: Annotated[bool, typer.Option("--force", help="allow trimming rows")] = False,
+    keep_training_state: Annotated[
+        bool,
+        typer.Option(
+            "--keep-training-state",
+            help="copy optimizer state, master weights, scheduler, trainer_state.json and rng state to the "
+            "output (stale: they match the old vocabulary); by default they are left out",
+        ),
+    ] = False,
     layout: Annotated[Layout | None, typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
     loader: LoaderOpt = None,
     embedding: EmbOpt = None,
@@ -343,6 +364,7 @@ def resize(
             json_out,
             link,
             quiet,
+            keep_training_state,
         )
 
     _run(body)

@@ -46,6 +46,44 @@ def _messages(con: Console, notes, warnings, problems=()) -> None:
         con.print(f"warning: {w}", style="yellow")
 
 
+_LEFT_OUT_WHY = {  # LeftOutReason values (surgery/surface.py) in words
+    "not-in-index": "not listed in {index}, so not part of the checkpoint; a loader that prefers a lone "
+    "weight file over an index would read its weights instead",
+    "other-format": "weights in another format than the checkpoint's ({format}); which one a loader reads "
+    "depends on the loader",
+    "rank-file": "a tensor/pipeline-parallel rank file (a slice of the weights), not part of the whole "
+    "checkpoint",
+    "training-state": "training state (optimizer moments, master weights, scheduler, trainer or rng state), "
+    "stored per parameter",
+}
+
+
+def left_out(con: Console, items: list[dict], index: str | None, fmt: str, writing: bool) -> None:
+    """Files of the input that are not part of the checkpoint, or that the output leaves out, with why."""
+    for x in items:
+        why = _LEFT_OUT_WHY.get(x["reason"], x["reason"]).format(index=index or "the index", format=fmt)
+        name = f"{x['file']} ({size(x['bytes'])})"
+        if x["reason"] != "training-state":
+            con.print(
+                f"left out{' of the output (not copied)' if writing else ''}: {name}: {why}", style="yellow"
+            )
+        elif not writing:
+            con.print(
+                f"training state: {name}: {why}; tie/untie/resize leave it out of their output "
+                "(resize --keep-training-state copies it)"
+            )
+        elif x["kept"]:
+            con.print(
+                f"training state copied: {name}: {why}; it matches the input's parameters", style="yellow"
+            )
+        else:
+            con.print(
+                f"training state left out of the output (not copied): {name}: {why}, and the parameters "
+                "changed, so it no longer matches them (resize --keep-training-state copies it)",
+                style="yellow",
+            )
+
+
 def tie_vals(info: dict) -> str:
     return info["tie"]["values"]
 
@@ -162,6 +200,17 @@ def inspect(info: dict, as_json: bool = False) -> None:
         + (f", if the values agree ({s['assumes']})" if s.get("assumes") else "")
     )
     _messages(con, info["notes"], info["warnings"], info["problems"])
+    left_out(con, info.get("left_out", []), info["index"], info["format"], writing=False)
+    left_out(
+        con,
+        [
+            {"file": f, "reason": "training-state", "bytes": None, "kept": False}
+            for f in info.get("training_state", [])
+        ],
+        info["index"],
+        info["format"],
+        writing=False,
+    )
 
 
 def report(rep: dict, as_json: bool = False) -> None:
@@ -222,6 +271,7 @@ def report(rep: dict, as_json: bool = False) -> None:
             + (" (linked files share data with the input: edit neither in place)" if f["linked"] else "")
         )
     _messages(con, rep["notes"], rep["warnings"])
+    left_out(con, rep.get("left_out", []), rep["index"], rep["format"], writing=True)
 
 
 def verify(res: dict, as_json: bool = False) -> None:

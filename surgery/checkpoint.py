@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from . import surface
 from .errors import CheckpointError
 from .formats import pdparams_io, safetensors_io
 from .formats.tensor import TensorInfo, bf16_bits_to_f32
@@ -46,6 +47,62 @@ def _read_json(path: Path, what: str) -> Any:
         ) from None
 
 
+def _read_config(path: Path) -> tuple[dict, str, str]:
+    """config.json; or, in a folder that has only the older ``model_config.json`` (PaddleNLP 2.x), the
+    model arguments in it: ``(config, file, dotted prefix of the arguments in the file)``."""
+    name = "config.json"
+    if not (path / name).exists() and (path / "model_config.json").is_file():
+        name = "model_config.json"
+    config = _read_json(path / name, name)
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{name} is not a JSON object", path / name, "fix or restore it")
+    prefix = ""
+    if name == "model_config.json":
+        # {"init_args": [{"init_args": [{...}], "init_class": "GPTModel"}], "init_class": "GPTForCausalLM"}
+        init_class = config.get("init_class")
+        while isinstance(config.get("init_args"), list) and config["init_args"]:
+            first = config["init_args"][0]
+            if not isinstance(first, dict):
+                break
+            prefix = f"{prefix}.init_args.0".lstrip(".")
+            config = first
+        config = dict(config)
+        if "model_type" not in config and isinstance(init_class, str):
+            config["model_type"] = re.sub(r"(For[A-Z].*|Model|PretrainedModel)$", "", init_class).lower()
+    return config, name, prefix
+
+
+def _has_whole(names: set[str]) -> bool:
+    """Whole-model weights under a name save_pretrained writes (single file, index, or shards)."""
+    return bool({ST_SINGLE, ST_INDEX, PD_SINGLE, PD_INDEX} & names) or any(SHARD_RE.match(n) for n in names)
+
+
+def _left_out(path: Path, names: set[str], fmt: str, taken: set[str | None]) -> list[surface.LeftOut]:
+    """Weight files beside the checkpoint that are not part of it: its own format's single file or shards
+    the index does not list, weights of the other format or library, rank files beside whole weights."""
+    out = []
+    other_ext = ".pdparams" if fmt == "safetensors" else ".safetensors"
+    own = {ST_SINGLE, ST_INDEX} if fmt == "safetensors" else {PD_SINGLE, PD_INDEX}
+    for n in sorted(names - {x for x in taken if x}):
+        if surface.TRAINING_STATE.match(n) or surface.ADAPTER_WEIGHTS_RE.match(n):
+            continue
+        if surface.RANK_RE.search(n) and n.endswith(surface.WEIGHT_EXT + (".json",)):
+            reason = surface.LeftOutReason.RANK_FILE
+        elif n in own or (SHARD_RE.match(n) and not n.endswith(other_ext)):
+            reason = surface.LeftOutReason.NOT_IN_INDEX
+        elif (
+            n.endswith(other_ext)
+            or n in {ST_INDEX, PD_INDEX}
+            or SHARD_RE.match(n)
+            or surface.OTHER_WEIGHTS_RE.match(n)
+        ):
+            reason = surface.LeftOutReason.OTHER_FORMAT
+        else:
+            continue
+        out.append(surface.LeftOut(n, reason, (path / n).stat().st_size))
+    return out
+
+
 @dataclass
 class Checkpoint:
     """A checkpoint folder, headers only.
@@ -64,6 +121,12 @@ class Checkpoint:
         st_metadata: per safetensors file, its ``__metadata__``.
         other_files: every other file (relative paths), carried to the output unchanged.
         warnings: recoverable problems found while reading (stale index entries, ...).
+        left_out: files in the folder that are not part of the checkpoint (weights the index does not
+            list, of the other format, rank files beside whole weights); never copied to an output.
+        training_state: optimizer / master-weight / scheduler / trainer-state / rng files (relative
+            paths); a write that changes the model drops them unless asked to keep them.
+        config_file: ``config.json``, or ``model_config.json`` in a folder that has only that (PaddleNLP
+            2.x); ``config_prefix`` is where its model arguments sit in it (``init_args.0``) or "".
     """
 
     path: Path
@@ -79,6 +142,10 @@ class Checkpoint:
     st_metadata: dict[str, dict | None] = field(default_factory=dict)
     other_files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    left_out: list[surface.LeftOut] = field(default_factory=list)
+    training_state: list[str] = field(default_factory=list)
+    config_file: str = "config.json"
+    config_prefix: str = ""
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -99,12 +166,10 @@ class Checkpoint:
                 path,
                 "pass the folder that holds config.json and the weights",
             )
-        config = _read_json(path / "config.json", "config.json")
-        if not isinstance(config, dict):
-            raise CheckpointError(
-                "config.json is not a JSON object", path / "config.json", "fix or restore it"
-            )
-        fmt, index_name, files = cls._find_weights(path)
+        config, config_file, prefix = _read_config(path)
+        names = {p.name for p in path.iterdir() if p.is_file()}
+        surface.refuse_folder(path, names, config, has_whole=_has_whole(names))
+        fmt, index_name, files = cls._find_weights(path, names)
         warnings: list[str] = []
         index = None
         if index_name:
@@ -135,14 +200,17 @@ class Checkpoint:
         else:
             unlisted = []
         ckpt = cls(path, config, fmt, index_name is not None, index_name, index, files, {}, warnings=warnings)
+        ckpt.config_file, ckpt.config_prefix = config_file, prefix
         ckpt._read_headers()
+        surface.refuse_tensors(path, config, ckpt.tensors)
         ckpt._check_unlisted_shards(unlisted)
+        ckpt.left_out += _left_out(path, names, fmt, set(ckpt.weight_files) | {index_name} | set(unlisted))
         ckpt.other_files = ckpt._list_other_files()
         return ckpt
 
     @staticmethod
-    def _find_weights(path: Path) -> tuple[str, str | None, list[str]]:
-        names = {p.name for p in path.iterdir()}
+    def _find_weights(path: Path, names: set[str]) -> tuple[str, str | None, list[str]]:
+        names = {n for n in names if not surface.TRAINING_STATE.match(n)}
         st_shards = sorted(n for n in names if SHARD_RE.match(n) and n.endswith(".safetensors"))
         pd_shards = sorted(n for n in names if SHARD_RE.match(n) and n.endswith(".pdparams"))
         if ST_INDEX in names:
@@ -160,12 +228,17 @@ class Checkpoint:
                 path,
                 f"restore {idx} (it maps tensor names to shards)",
             )
-        others = sorted(n for n in names if n.endswith((".safetensors", ".pdparams")))
-        hint = f" (found {', '.join(others)}; rename it to {ST_SINGLE} or {PD_SINGLE})" if others else ""
+        others = sorted(n for n in names if n.endswith(surface.WEIGHT_EXT))
+        hint = (
+            f" (found {', '.join(others)}, which PaddleNLP/PaddleFormers do not load as a model)"
+            if others
+            else ""
+        )
         raise CheckpointError(
-            f"no weights found{hint}",
+            f"no whole-model weights found{hint}",
             path,
-            f"expected {ST_SINGLE}, {PD_SINGLE}, or shards with {ST_INDEX} / {PD_INDEX}",
+            f"tietool reads {ST_SINGLE}, {PD_SINGLE}, or shards with {ST_INDEX} / {PD_INDEX}, as "
+            "save_pretrained writes them; save the model with save_pretrained",
         )
 
     def _read_headers(self) -> None:
@@ -233,7 +306,7 @@ class Checkpoint:
                     self.path / index_name,
                     "regenerate the index",
                 )
-            self.warnings.append(f"{f} is in the folder but the index names none of its tensors; ignored")
+            self.left_out.append(surface.LeftOut(f, surface.LeftOutReason.NOT_IN_INDEX, p.stat().st_size))
 
     def _index(self) -> tuple[str, dict[str, str]]:
         """The index file name and its weight_map (name → shard file), for a checkpoint with an index."""
@@ -242,11 +315,16 @@ class Checkpoint:
         return self.index_name, self.index["weight_map"]
 
     def _list_other_files(self) -> list[str]:
-        skip = set(self.weight_files) | {self.index_name, REPORT_NAME}
+        """Files an output carries unchanged; training state is listed apart (``training_state``)."""
+        skip = set(self.weight_files) | {self.index_name, REPORT_NAME} | {x.file for x in self.left_out}
         out = []
         for p in sorted(self.path.rglob("*")):
             rel = p.relative_to(self.path).as_posix()
-            if p.is_file() and rel not in skip:
+            if not p.is_file() or rel in skip:
+                continue
+            if surface.TRAINING_STATE.match(p.name):
+                self.training_state.append(rel)
+            else:
                 out.append(rel)
         return out
 
@@ -296,7 +374,7 @@ class Checkpoint:
         into one reused buffer: memory stays at one chunk however large the tensor (no page-cache mapping
         kept resident). Each chunk is valid until the next one is requested."""
         t = self.tensors[name]
-        if t.fortran or t.inline is not None or t.nbytes == 0 or len(t.shape) < 1:
+        if t.fortran or t.inline is not None or t.pieces is not None or t.nbytes == 0 or len(t.shape) < 1:
             a = self.load(name)
             if a.ndim == 0:
                 yield a

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
-from . import __version__
+from . import __version__, surface
 from .detect import Detection
 from .plan import Plan, _get_config
 
@@ -97,8 +97,13 @@ def savings_if_tied(det: Detection) -> Savings:
     return out
 
 
-def build(plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False) -> dict:
-    """The report of a plan (and of its execution, ``facts`` from :func:`surgery.write.execute`)."""
+def build(
+    plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False, keep_training_state: bool = False
+) -> dict:
+    """The report of a plan (and of its execution, ``facts`` from :func:`surgery.write.execute`).
+
+    ``left_out`` lists the input's files the output does not hold (not part of the checkpoint, or training
+    state made stale), each with its reason (:class:`surgery.surface.LeftOutReason`)."""
     ckpt, det = plan.ckpt, plan.det
     t = ckpt.tensors
     dropped: list[DroppedTensor] = [
@@ -171,6 +176,14 @@ def build(plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False
         "saved": {"parameters": p0 - p1, "bytes": b0 - b1, "percent": _pct(b0 - b1, b0)},
         "notes": list(plan.notes),
         "warnings": list(ckpt.warnings) + list(plan.warnings),
+        "left_out": facts["left_out"]
+        if facts and "left_out" in facts
+        else [
+            x.as_dict()
+            for x in surface.output_left_out(
+                ckpt.path, ckpt.left_out, ckpt.training_state, plan.changed, keep_training_state
+            )
+        ],
     }
     if plan.stale_index:
         rep["warnings"] += [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import surface
 from .checkpoint import Checkpoint
 from .detect import Detection, detect
 from .report import savings_if_tied
@@ -89,6 +90,8 @@ def summarize(det: Detection) -> dict[str, Any]:
         "files": list(ckpt.weight_files),
         "index": ckpt.index_name,
         "other_files": list(ckpt.other_files),
+        "left_out": [x.as_dict() for x in ckpt.left_out],
+        "training_state": list(ckpt.training_state),
         "library": det.loader.split("-")[0] if det.loader != "hf" else "unknown",
         "model_type": det.model_type,
         "architecture": {
@@ -152,13 +155,33 @@ def inspect_path(
     ``compare_values`` is False, the embedding and head data (to tell tied by value); never another
     tensor's data. With ``compare_values=False`` the values are reported as ``"unknown"``.
     """
-    return summarize(
-        detect(
-            Checkpoint.open(path),
-            layout=layout,
-            loader=loader,
-            embedding_name=embedding_name,
-            head_name=head_name,
-            compare_values=compare_values,
-        )
+    ckpt = Checkpoint.open(path)
+    check_names(ckpt, embedding_name, head_name)
+    det = detect(
+        ckpt,
+        layout=layout,
+        loader=loader,
+        embedding_name=embedding_name,
+        head_name=head_name,
+        compare_values=compare_values,
+    )
+    check_found(det)
+    return summarize(det)
+
+
+def check_names(ckpt: Checkpoint, embedding_name: str | None, head_name: str | None) -> None:
+    """Refuse an ``--embedding`` / ``--head`` that cannot be a vocabulary table (before detection)."""
+    logical = {n: ckpt.logical_dtype(t) for n, t in ckpt.tensors.items()}
+    surface.check_named(ckpt.path, ckpt.tensors, logical, embedding=embedding_name, head=head_name)
+
+
+def check_found(det: Detection) -> None:
+    """Refuse a found embedding/head stored as integers or float8 (a quantized table)."""
+    ckpt = det.ckpt
+    found = {
+        "embedding": det.embedding if det.embedding_present else None,
+        "head": det.head if det.head_present else None,
+    }
+    surface.check_found(
+        ckpt.path, {n: ckpt.logical_dtype(ckpt.tensors[n]) for n in filter(None, found.values())}, found
     )

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from . import surface
 from .checkpoint import REPORT_NAME, SHARD_RE
 from .configfile import get_dotted, read_config_file, set_dotted
 from .errors import OutputError, UsageError
@@ -179,6 +180,7 @@ def execute(
     link: bool = False,
     progress: Callable[[str, int], None] | None = None,
     report: Callable[[dict], dict] | None = None,
+    keep_training_state: bool = False,
 ) -> dict:
     """Write the output checkpoint of ``plan`` to ``out`` atomically; returns the written-file facts.
 
@@ -190,6 +192,8 @@ def execute(
             and after each rewritten file; must be thread-safe (rich's ``Progress.update`` is).
         report: given the written-file facts, returns the report written as ``tietool-report.json``
             (inside the temporary folder, so a finished output always has it).
+        keep_training_state: copy optimizer / master-weight / scheduler / trainer files even though the plan
+            changes the model (:func:`surgery.surface.output_left_out` says why they are dropped otherwise).
 
     Returns:
         the report (or the facts when ``report`` is None).
@@ -214,7 +218,7 @@ def execute(
         shutil.rmtree(tmp)
     try:
         tmp.mkdir()
-        facts = _write_all(plan, tmp, link, progress)
+        facts = _write_all(plan, tmp, link, progress, keep_training_state)
         if report is not None:
             facts = report(facts)
             _write_json(tmp / REPORT_NAME, facts)
@@ -254,8 +258,12 @@ def _fsync_dir(p: Path) -> None:
         os.close(fd)
 
 
-def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
+def _write_all(plan: Plan, tmp: Path, link: bool, progress, keep_training_state: bool = False) -> dict:
     ckpt = plan.ckpt
+    left_out = surface.output_left_out(
+        ckpt.path, ckpt.left_out, ckpt.training_state, plan.changed, keep_training_state
+    )
+    carried = ckpt.other_files + [x.file for x in left_out if x.kept]
     touched = plan.touched_files()
     # per input file: the output entries in order
     entries: dict[str, list[tuple[str, str, tuple, Any, object, bool]]] = {f: [] for f in ckpt.weight_files}
@@ -325,7 +333,7 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
             total_size += e[3].nbytes if e[3] is not None else ckpt.tensors[e[0]].nbytes
 
     to_rewrite = [f for f in kept_files if f in touched or f == NEW_SHARD]
-    config_files = {"config.json"} | {c[0] for c in plan.config_set}  # written by _write_configs
+    config_files = {"config.json", ckpt.config_file} | {c[0] for c in plan.config_set}  # _write_configs
     copier = _Copier(progress)
     try:
         # untouched files first, into the pool; then the rewrites here while those copies run
@@ -340,7 +348,7 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
             else:
                 copier.submit(src, dst, rename[f])
                 files_report["copied"].append(rename[f])
-        for rel in ckpt.other_files:
+        for rel in carried:
             if rel in config_files:
                 continue
             d = tmp / rel
@@ -382,6 +390,7 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress) -> dict:
         "total_size": total_size,
         "weight_files": [rename[f] for f in kept_files],
         "rename": {f: r for f, r in rename.items() if f != r},
+        "left_out": [x.as_dict() for x in left_out],
     }
 
 
@@ -463,8 +472,11 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _write_configs(plan: Plan, tmp: Path) -> None:
-    by_file: dict[str, list[tuple[str, Any]]] = {"config.json": []}
+    ckpt = plan.ckpt
+    by_file: dict[str, list[tuple[str, Any]]] = {ckpt.config_file: []}
     for file, key, value in plan.config_set:
+        if file == "config.json" and ckpt.config_file != "config.json":  # only model_config.json: its args
+            file, key = ckpt.config_file, f"{ckpt.config_prefix}.{key}".lstrip(".")
         by_file.setdefault(file, []).append((key, value))
     for file, sets in by_file.items():
         src = plan.ckpt.path / file

@@ -41,6 +41,7 @@ ALLOWED_GLOBALS = (
     }
 )
 NON_TENSOR_KEYS = ("StructuredToParameterName@@",)
+SPLIT_TABLE = "UnpackBigParamInfor@@"  # paddle.save (protocol < 4): NAME -> {OriginShape, slices}
 INLINE_MAX = 256  # payloads up to this size are read; larger ones are recorded as byte ranges
 
 
@@ -425,7 +426,66 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, Any],
         else:
             _check_depth(path, name, v)
             extras[name] = v
+    if SPLIT_TABLE in extras:
+        tensors = _join_split(path, tensors, extras.pop(SPLIT_TABLE))
     return tensors, extras, module
+
+
+def _join_split(path: Path, tensors: list[TensorInfo], table: Any) -> list[TensorInfo]:
+    """Join the ``NAME@@.k`` pieces of each parameter ``paddle.save`` split (arrays over 1 GiB, pickle
+    protocol < 4) into NAME with the table's ``OriginShape``, as ``paddle.load`` does, by byte range: the
+    joined tensor lists its pieces (:attr:`TensorInfo.pieces`), nothing is decoded. NAME takes the place of
+    its first piece; a key NAME stored beside the pieces is replaced, as ``paddle.load`` replaces it."""
+    what = f"{SPLIT_TABLE} (paddle.save's table of parameters split into pieces)"
+    if not isinstance(table, dict):
+        raise _refuse(path, f"{what} is not a dict")
+    by_name = {t.name: t for t in tensors}
+    joined: dict[str, TensorInfo] = {}
+    first_piece: dict[str, str] = {}
+    for name, info in table.items():
+        slices = info.get("slices") if isinstance(info, dict) else None
+        shape = info.get("OriginShape") if isinstance(info, dict) else None
+        if not isinstance(name, str) or not isinstance(slices, list) or not slices:
+            raise _refuse(path, f"{what}: entry {name!r} has no list of slices")
+        if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise _refuse(path, f"{what}: entry {name!r} has no OriginShape")
+        missing = [s for s in slices if s not in by_name]
+        if missing:
+            raise _refuse(path, f"{what}: piece {missing[0]!r} of {name!r} is not in the file")
+        parts = [by_name[s] for s in slices]
+        if len({p.dtype for p in parts}) != 1:
+            raise _refuse(path, f"{what}: the pieces of {name!r} have different dtypes")
+        nbytes = sum(p.nbytes for p in parts)
+        if nbytes != math.prod(shape) * np.dtype(parts[0].dtype).itemsize:
+            raise _refuse(
+                path, f"{what}: the pieces of {name!r} hold {nbytes} bytes, not shape {tuple(shape)}"
+            )
+        pieces = tuple(p.inline if p.inline is not None else (p.offset, p.nbytes) for p in parts)
+        inline = (
+            b"".join(x for x in pieces if isinstance(x, bytes))
+            if all(p.inline is not None for p in parts)
+            else None
+        )
+        joined[name] = TensorInfo(
+            name,
+            parts[0].dtype,
+            tuple(shape),
+            parts[0].file,
+            -1 if inline is not None else parts[0].offset,
+            nbytes,
+            storage=(parts[0].file, "split", name),
+            inline=inline,
+            pieces=None if inline is not None else pieces,
+        )
+        first_piece[slices[0]] = name
+    drop = {s for info in table.values() for s in info["slices"]} | set(joined)
+    out: list[TensorInfo] = []
+    for t in tensors:
+        if t.name in first_piece:
+            out.append(joined[first_piece[t.name]])
+        elif t.name not in drop:
+            out.append(t)
+    return out
 
 
 def _check_depth(path: Path, name: str, v: Any, limit: int = 32) -> None:
@@ -443,6 +503,13 @@ def _check_depth(path: Path, name: str, v: Any, limit: int = 32) -> None:
 
 def raw_bytes_source(path: Path, t: TensorInfo) -> Source:
     """A :class:`Source` for the stored bytes of ``t`` (in the order stored, C or Fortran)."""
+    if t.pieces is not None:
+        return Source(
+            parts=[
+                Source(array=np.frombuffer(x, dtype=np.uint8)) if isinstance(x, bytes) else Source(path, *x)
+                for x in t.pieces
+            ]
+        )
     if t.inline is not None:
         return Source(array=np.frombuffer(t.inline, dtype=np.uint8))
     return Source(path, t.offset, t.nbytes)
@@ -451,7 +518,9 @@ def raw_bytes_source(path: Path, t: TensorInfo) -> Source:
 def read_array(path: Path, t: TensorInfo) -> np.ndarray:
     """Load one array (raw storage dtype, e.g. bf16 as ``uint16``), reading only its payload."""
     dt = np.dtype(t.dtype).newbyteorder("<")
-    if t.inline is not None:
+    if t.pieces is not None:
+        buf = b"".join(_read_range(path, x, t.name) if isinstance(x, tuple) else x for x in t.pieces)
+    elif t.inline is not None:
         buf = t.inline
     else:
         m = map_array(path, t.offset, t.nbytes, dt, t.shape, t.fortran)
@@ -463,6 +532,15 @@ def read_array(path: Path, t: TensorInfo) -> np.ndarray:
         if len(buf) != t.nbytes:
             raise CheckpointError(f"array {t.name!r} is truncated", path, "re-download or re-export the file")
     return np.frombuffer(buf, dtype=dt).reshape(t.shape, order="F" if t.fortran else "C")
+
+
+def _read_range(path: Path, rng: tuple[int, int], name: str) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(rng[0])
+        buf = f.read(rng[1])
+    if len(buf) != rng[1]:
+        raise CheckpointError(f"array {name!r} is truncated", path, "re-download or re-export the file")
+    return buf
 
 
 # ---------------------------------------------------------------- writer

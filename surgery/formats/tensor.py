@@ -81,6 +81,9 @@ class TensorInfo:
         fortran: the bytes are in Fortran order (numpy pickles may store that).
         inline: the data itself, for payloads small enough to be read while walking a pickle
             (``offset`` is then -1).
+        pieces: for a ``.pdparams`` parameter that ``paddle.save`` split into ``NAME@@.k`` pieces, where
+            each piece is, in order: ``(offset, nbytes)`` in ``file``, or the bytes read while walking
+            (``offset`` is then -1 and ``inline`` None).
     """
 
     name: str
@@ -92,6 +95,7 @@ class TensorInfo:
     storage: object = field(default=None, compare=False)
     fortran: bool = False
     inline: bytes | None = field(default=None, compare=False, repr=False)
+    pieces: tuple[tuple[int, int] | bytes, ...] | None = field(default=None, compare=False, repr=False)
 
     @property
     def numel(self) -> int:
