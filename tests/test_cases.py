@@ -31,24 +31,7 @@ OUTPUT_LIMIT = 2000
 # surface is issue 10. The reason names the check that fails today; strict=False, so a case that starts
 # passing shows as XPASS instead of failing the run.
 ISSUE_10 = "issue 10: vocabulary surface"
-KNOWN_FAILING: dict[str, str] = {
-    "c04_stray_weight_file_beside_index": (
-        "the stray model.safetensors is not named; tie copies it into the output "
-        "(out_lacks_file, out_lacks_tensor lm_head.weight)"
-    ),
-    "c05_paddlenlp_tp_rank_files": (
-        "the refusals say neither 'parallel' nor 'merge', and they suggest 'rename'"
-    ),
-    "c07_paddle_big_param_split": (
-        "inspect and resize do not name the split format (UnpackBigParamInfor / split / piece); "
-        "inspect --embedding NAME@@.0 is an internal error"
-    ),
-    "c10_quantized_packed_embedding": (
-        "no command mentions quantization; untie/resize with --embedding weight_scale / weight_packed exit 0 "
-        "and write an output"
-    ),
-    "c11_peft_wrapper_names_in_full_ckpt": "the messages say qwen2 is 'not in the architecture table'",
-}
+KNOWN_FAILING: dict[str, str] = {}
 
 
 def _case_params() -> list:
