@@ -129,3 +129,22 @@ def test_a_bad_write_never_reaches_out(tmp_path, monkeypatch):
         write_mod.execute(plan, out)
     assert not out.exists()
     assert [p.name for p in tmp_path.iterdir()] == ["in"]
+
+
+@pytest.mark.parametrize("tail, words", [(b"\0" * 8, "bytes after the last tensor"), (b"", None)])
+def test_input_reader_takes_only_what_the_library_takes(tmp_path, tail, words):
+    """tietool's header reader refuses bytes the tensors do not cover, as safe_open does: such an input is
+    never copied into an output."""
+    from tietool.surgery.errors import CheckpointError
+
+    p = _st(tmp_path)
+    with open(p, "ab") as fh:
+        fh.write(tail)
+    if words is None:
+        assert sorted(t.name for t in safetensors_io.read_header(p, p.name)[0]) == ["b", "e"]
+        return
+    with pytest.raises(CheckpointError, match=words):
+        safetensors_io.read_header(p, p.name)
+    with pytest.raises(Exception, match="not fully covered|incomplete"):
+        with safe_open(str(p), framework="numpy"):
+            pass
