@@ -520,7 +520,7 @@ def _head_shape(head: str, hs: tuple[int, ...], V: int, H: int, layout: str | No
         return _HeadShape(fits, V, conflict=conflict)
     a, b = hs
     for rows, other, fits in ((a, b, VOCAB_HIDDEN), (b, a, HIDDEN_VOCAB)):
-        if other != H or not rows:
+        if other != H or not rows or rows > V:  # a head with more rows than the embedding fits neither
             continue
         if rows < V and V % rows == 0:
             return _HeadShape(
