@@ -17,6 +17,9 @@ Loader facts, per loader:
   must keep the head in the file.
 * ``always_tied``: the loader ties the head to the embedding whatever the config says, so an untied head
   in the file is ignored (``untie`` refuses).
+* ``warns_missing_head``: the loader logs a dropped head as "newly initialized" although it loads it tied
+  to the embedding with identical logits (PaddleNLP 2.8.1 GPT/BERT/ERNIE); ``tie`` says so, so that the
+  warning does not scare the user into undoing it.
 * ``tie_default``: the config class's default for ``tie_word_embeddings``; PaddleNLP leaves the key out of
   config.json when it equals the default.
 """
@@ -112,6 +115,7 @@ class LoaderFacts(_LoaderFactsRequired, total=False):
     """One loader's facts for a family (see the module docstring)."""
 
     always_tied: bool
+    warns_missing_head: bool
 
 
 class _FamilyRowRequired(TypedDict):
@@ -135,6 +139,9 @@ _PF_LIKE: LoaderFacts = {"layout": "vocab-hidden", "reties": True}
 _PNLP_LINEAR_HEAD_NO_RETIE: LoaderFacts = {"layout": "hidden-vocab", "reties": False}
 _PNLP_LINEAR_HEAD_RETIE: LoaderFacts = {"layout": "hidden-vocab", "reties": True}
 _PNLP_EMBED_HEAD: LoaderFacts = {"layout": "vocab-hidden", "reties": True}
+# PaddleNLP GPT/BERT/ERNIE: a dropped head loads tied (identical logits) but is logged as newly initialized
+_PNLP_EMBED_HEAD_WARNS: LoaderFacts = {**_PNLP_EMBED_HEAD, "warns_missing_head": True}
+_PNLP_ALWAYS_TIED_WARNS: LoaderFacts = {**_PNLP_EMBED_HEAD_WARNS, "always_tied": True}
 
 # Every family's rows. Keys:
 #   model_types: config.json model_type values (also text_config.model_type)
@@ -219,7 +226,10 @@ FAMILIES: list[FamilyRow] = [
             "paddlenlp-3": {"layout": "vocab-hidden", "reties": False},
         },
     },
-    {  # GPT (PaddleNLP gpt.embeddings.word_embeddings; HF GPT-2 transformer.wte)
+    {  # GPT (PaddleNLP gpt.embeddings.word_embeddings; HF GPT-2 transformer.wte). PaddleNLP 2.8.1's
+        # GPTForCausalLM builds its head from the word embedding whatever tie_word_embeddings says (checked
+        # on the pnlp_gpt fixture): an lm_head.weight in the file is ignored, and a dropped one is reported
+        # as "newly initialized" although it loads tied with identical logits.
         "family": "gpt",
         "model_types": ["gpt", "gpt2", "gpt-cpm", "gpt_neo", "codegen"],
         "embedding": ["embeddings.word_embeddings.weight", "wte.weight"],
@@ -227,7 +237,11 @@ FAMILIES: list[FamilyRow] = [
         "head": ["lm_head.weight", "lm_head.decoder_weight"],
         "bias": [],
         "tie_default": {"*": True},
-        "loaders": {"*": _PNLP_EMBED_HEAD},
+        "loaders": {
+            "paddlenlp-2.8": _PNLP_ALWAYS_TIED_WARNS,
+            "paddlenlp-3": _PNLP_ALWAYS_TIED_WARNS,
+            "*": _PNLP_EMBED_HEAD,
+        },
     },
     {  # BERT / ERNIE / RoBERTa masked LM: the decoder is [vocab, hidden] with transpose_y, bias aliased
         "family": "bert",
@@ -259,7 +273,11 @@ FAMILIES: list[FamilyRow] = [
             "lm_head.decoder_bias",
         ],
         "tie_default": {"*": True},
-        "loaders": {"*": _PNLP_EMBED_HEAD},
+        "loaders": {
+            "paddlenlp-2.8": _PNLP_EMBED_HEAD_WARNS,
+            "paddlenlp-3": _PNLP_EMBED_HEAD_WARNS,
+            "*": _PNLP_EMBED_HEAD,
+        },
     },
     {  # T5: shared = encoder.embed_tokens = decoder.embed_tokens; the tied head is shared, logits scaled
         "family": "t5",
@@ -342,7 +360,8 @@ FAMILIES: list[FamilyRow] = [
         "tie_default": {"*": True},
         "loaders": {"*": _PF_LIKE},
     },
-    {  # Bloom: word_embeddings; PaddleNLP writes only the embedding (tied)
+    {  # Bloom: word_embeddings; PaddleNLP writes only the embedding. PaddleNLP 2.8.1's BloomForCausalLM
+        # always builds its head from the word embedding: an lm_head.weight in the file is reported unused.
         "family": "bloom",
         "model_types": ["bloom"],
         "embedding": ["word_embeddings.weight"],
@@ -350,7 +369,11 @@ FAMILIES: list[FamilyRow] = [
         "head": ["lm_head.weight"],
         "bias": [],
         "tie_default": {"*": True},
-        "loaders": {"*": _PNLP_EMBED_HEAD},
+        "loaders": {
+            "paddlenlp-2.8": {**_PNLP_EMBED_HEAD, "always_tied": True},
+            "paddlenlp-3": {**_PNLP_EMBED_HEAD, "always_tied": True},
+            "*": _PNLP_EMBED_HEAD,
+        },
     },
 ]
 
@@ -406,6 +429,7 @@ class Family:
     reties: bool
     tied_logit_scale: str | None = None
     always_tied: bool = False
+    warns_missing_head: bool = False
     known: bool = True
     notes: tuple[str, ...] = field(default=())
 
@@ -452,6 +476,7 @@ def lookup(model_type: str | None, loader: str) -> Family:
         reties=facts["reties"],
         tied_logit_scale=row.get("tied_logit_scale"),
         always_tied=bool(facts.get("always_tied", False)),
+        warns_missing_head=bool(facts.get("warns_missing_head", False)),
         known=known,
     )
 

@@ -347,6 +347,12 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
         for a in det.head_aliases:
             plan.drop[a] = f"alias of {det.head}"
         plan.metadata = {n: det.embedding for n in plan.drop}
+        if det.family.warns_missing_head:
+            plan.notes.append(
+                f"the {det.loader} loader will log {det.head} as 'newly initialized': that warning is "
+                f"harmless, it ties {det.head} to {det.embedding} on load and the logits are identical "
+                "(checked with PaddleNLP 2.8.1)"
+            )
     else:
         plan.notes.append(
             f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head: it would load a "

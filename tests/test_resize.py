@@ -81,10 +81,10 @@ class Bench:
             self.runs[key] = rs.run_on(prev.out, out, command, list(extra))
         return self.runs[key]
 
-    def untie(self, case: str) -> rs.Run:
-        key = ("untie", case)
+    def untie(self, case: str, *extra: str) -> rs.Run:
+        key = ("untie", case, *extra)
         if key not in self.runs:
-            self.runs[key] = rs.run_resize(FIXTURES[case].src, self._dir(key), [], command="untie")
+            self.runs[key] = rs.run_resize(FIXTURES[case].src, self._dir(key), list(extra), command="untie")
         return self.runs[key]
 
     def oracle_run(self, case: str, n: int) -> rs.Run:
@@ -364,6 +364,9 @@ def test_roundtrip_up_then_down(bench, case, init):
 
 
 COMMUTE = ["pf_llama_tied_fp32", "pf_llama_tied_bf16", "pf_qwen2_tied", "pnlp_gpt"]
+# PaddleNLP 2.8's GPT always builds its head from the embedding, so untie refuses under that loader; the
+# commute property is checked for a loader that reads an untied head
+UNTIE_ARGS = {"pnlp_gpt": ("--loader", "hf")}
 
 
 @pytest.mark.parametrize(
@@ -374,8 +377,9 @@ def test_resize_untie_commute(bench, case, init):
     """On a tied checkpoint, resize then untie equals untie then resize (same --init, same --seed), tensor for
     tensor, with the same config."""
     f = FIXTURES[case]
-    a = bench.then(bench.resize(case, "--vocab", f.V + GROW, *init).ok(), "untie").ok()
-    b = bench.then(bench.untie(case).ok(), "resize", "--vocab", f.V + GROW, *init).ok()
+    untie_args = UNTIE_ARGS.get(case, ())
+    a = bench.then(bench.resize(case, "--vocab", f.V + GROW, *init).ok(), "untie", *untie_args).ok()
+    b = bench.then(bench.untie(case, *untie_args).ok(), "resize", "--vocab", f.V + GROW, *init).ok()
     diff = rs.table_diff(
         rs.tensor_table(a.ckpt()), rs.tensor_table(b.ckpt()), "resize-then-untie", "untie-then-resize"
     )
