@@ -255,6 +255,11 @@ def report(rep: dict, as_json: bool = False) -> None:
         con.print(
             f"rows {r['rows_before']} → {r['rows_after']} (+{r['rows_added']} / -{r['rows_removed']})"
             + (
+                f", requested {r['rows_requested']} padded to a multiple of {r['pad_to_multiple_of']}"
+                if r.get("rows_requested") not in (None, r["rows_after"])
+                else ""
+            )
+            + (
                 f", new rows: init {r['init']}, seed {r['seed']} (--seed {r['seed']} reproduces them)"
                 if r["rows_added"]
                 else ""

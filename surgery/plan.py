@@ -677,6 +677,7 @@ def plan_resize(
     plan.extra_report = {
         "rows_before": V,
         "rows_after": N,
+        "rows_requested": vocab,
         "rows_added": max(0, N - V),
         "rows_removed": max(0, V - N),
         "init": init,
