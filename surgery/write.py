@@ -18,11 +18,12 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import surface
-from .checkpoint import REPORT_NAME, SHARD_RE
+from .checkpoint import REPORT_NAME, SHARD_RE, Checkpoint
 from .configfile import get_dotted, read_config_file, set_dotted
 from .errors import OutputError, UsageError
 from .formats import pdparams_io, safetensors_io
@@ -206,13 +207,7 @@ def execute(
     out = Path(out)
     check_output_path(ckpt.path, out)
     _clean_stale_temps(out)
-    parent = out.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise OutputError(
-            f"cannot create the output's parent folder: {e.strerror}", parent, "check the path"
-        ) from None
+    parent = _make_parent(out)
     tmp = parent / f".{out.name}{TMP_TAG}{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -232,17 +227,39 @@ def execute(
         _uninterruptibly(lambda: shutil.rmtree(tmp, ignore_errors=True))
         if not isinstance(e, OSError):
             raise
-        if e.errno == errno.ENOSPC:
-            raise OutputError(
-                "no space left on the device; nothing was written",
-                parent,
-                "free space or choose an --out on another disk",
-            ) from None
+        raise _output_error(e, parent) from None
+
+
+def _make_parent(out: Path) -> Path:
+    """Create the parent folder of ``out`` (and its parents) if missing; returns it.
+
+    Raises:
+        OutputError: the folder cannot be created.
+    """
+    parent = out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
         raise OutputError(
-            f"cannot write the output: {e.strerror or e}",
-            getattr(e, "filename", None) or parent,
-            "check permissions and free space; nothing was written",
+            f"cannot create the output's parent folder: {e.strerror}", parent, "check the path"
         ) from None
+    return parent
+
+
+def _output_error(e: OSError, parent: Path) -> OutputError:
+    """The :class:`OutputError` for a failed write of the output (``parent``: the output's parent
+    folder): no space left, or the OS error naming the file it was writing."""
+    if e.errno == errno.ENOSPC:
+        return OutputError(
+            "no space left on the device; nothing was written",
+            parent,
+            "free space or choose an --out on another disk",
+        )
+    return OutputError(
+        f"cannot write the output: {e.strerror or e}",
+        getattr(e, "filename", None) or parent,
+        "check permissions and free space; nothing was written",
+    )
 
 
 def _fsync_dir(p: Path) -> None:
@@ -258,34 +275,94 @@ def _fsync_dir(p: Path) -> None:
         os.close(fd)
 
 
+# One output tensor: (name, dtype label, shape, its NewTensor or None when its bytes come from the input,
+# storage key, fortran).
+_Entry = tuple[str, str, tuple, Any, object, bool]
+
+
 def _write_all(plan: Plan, tmp: Path, link: bool, progress, keep_training_state: bool = False) -> dict:
+    """Write every output file of ``plan`` into ``tmp``, read the weight files back, set the config keys.
+
+    Returns:
+        the written-file facts (:func:`execute`).
+
+    Raises:
+        UsageError: the plan leaves no tensor (a bug).
+        OutputError: a file does not read back as planned.
+        OSError: a write fails.
+    """
     ckpt = plan.ckpt
     left_out = surface.output_left_out(
         ckpt.path, ckpt.left_out, ckpt.training_state, plan.changed, keep_training_state
     )
     carried = ckpt.other_files + [x.file for x in left_out if x.kept]
+    lay = _layout(plan)
+    weight_map = {e[0]: lay.rename[f] for f in lay.kept for e in lay.entries[f]}
+    total_size = sum(_entry_nbytes(ckpt, e) for f in lay.kept for e in lay.entries[f])
+    files_report = _write_weight_files(plan, tmp, lay, carried, link, progress)
+    if ckpt.sharded and ckpt.index is not None and ckpt.index_name is not None:
+        _write_index(ckpt.index, tmp / ckpt.index_name, weight_map, total_size)
+    _read_back(plan, tmp, {lay.rename[f]: (f, lay.entries[f]) for f in lay.kept}, lay.rewrite)
+    _write_configs(plan, tmp)
+    return {
+        "files": files_report,
+        "total_size": total_size,
+        "weight_files": [lay.rename[f] for f in lay.kept],
+        "rename": {f: r for f, r in lay.rename.items() if f != r},
+        "left_out": [x.as_dict() for x in left_out],
+    }
+
+
+@dataclass
+class _Layout:
+    """What goes where in the output.
+
+    Attributes:
+        entries: per input weight file (and ``NEW_SHARD``), its output tensors in order.
+        kept: the files left with tensors (input order, ``NEW_SHARD`` last); the others are removed.
+        rename: output name of each kept file.
+        rewrite: the kept files that are rewritten (touched by the plan, or ``NEW_SHARD``), in order; the
+            rest are copied or linked whole.
+    """
+
+    entries: dict[str, list[_Entry]]
+    kept: list[str]
+    rename: dict[str, str]
+    rewrite: list[str]
+
+
+def _layout(plan: Plan) -> _Layout:
+    """The :class:`_Layout` of ``plan``'s output.
+
+    Raises:
+        UsageError: the plan leaves no tensor in the checkpoint (a bug).
+    """
+    ckpt = plan.ckpt
     touched = plan.touched_files()
-    # per input file: the output entries in order
-    entries: dict[str, list[tuple[str, str, tuple, Any, object, bool]]] = {f: [] for f in ckpt.weight_files}
+    entries = _plan_entries(plan)
+    kept = [f for f in ckpt.weight_files + [NEW_SHARD] if entries[f]]
+    if not kept:
+        raise UsageError(
+            "the plan leaves no tensor in the checkpoint", ckpt.path, "this is a bug; please report it"
+        )
+    rewrite = [f for f in kept if f in touched or f == NEW_SHARD]
+    return _Layout(entries, kept, _output_names(ckpt, kept), rewrite)
+
+
+def _plan_entries(plan: Plan) -> dict[str, list[_Entry]]:
+    """The output tensors of each input weight file (and of ``NEW_SHARD``), in the order they are written:
+    the input's tensors less the dropped ones, replaced tensors in their place, each added tensor right
+    after the one it follows (those following none, or a name not written, at the end of their file).
+
+    Returns:
+        input file (or ``NEW_SHARD``) → its entries; a file left with no tensor maps to ``[]``.
+    """
+    ckpt = plan.ckpt
+    entries: dict[str, list[_Entry]] = {f: [] for f in ckpt.weight_files}
     entries[NEW_SHARD] = []
     adds_after: dict[str | None, list[NewTensor]] = {}
     for a in plan.add:
         adds_after.setdefault(a.after, []).append(a)
-    made: dict[int, Any] = {}
-
-    def source_of(nt: NewTensor) -> Source:
-        key = id(nt.make)
-        if key not in made:
-            made[key] = nt.make()
-        arr = made[key]
-        if isinstance(arr, Source):
-            if arr.nbytes != nt.nbytes:
-                raise AssertionError(f"internal: {nt.name} made {arr.nbytes} bytes, planned {nt.nbytes}")
-            return arr
-        if tuple(arr.shape) != tuple(nt.shape):
-            raise AssertionError(f"internal: {nt.name} made {arr.shape}, planned {nt.shape}")
-        return Source(array=arr)
-
     for name, t in ckpt.tensors.items():
         if name in plan.drop:
             continue
@@ -301,97 +378,150 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress, keep_training_state:
     for lst in adds_after.values():
         for a in lst:
             entries[a.file].append((a.name, a.dtype, a.shape, a, a.storage, False))
+    return entries
 
-    # output names: drop emptied shards, renumber
-    kept_files = [f for f in ckpt.weight_files + [NEW_SHARD] if entries[f]]
-    if not kept_files:
-        raise UsageError(
-            "the plan leaves no tensor in the checkpoint", ckpt.path, "this is a bug; please report it"
-        )
+
+def _output_names(ckpt: Checkpoint, kept: list[str]) -> dict[str, str]:
+    """Output name of each kept file: in a sharded checkpoint, shards (and ``NEW_SHARD``) are renumbered
+    ``k-of-n`` over the kept files; any other name is unchanged."""
+    if not ckpt.sharded:
+        return {f: f for f in kept}
     rename: dict[str, str] = {}
-    if ckpt.sharded:
-        n = len(kept_files)
-        kind = "model" if ckpt.format == "safetensors" else "model_state"
-        for k, f in enumerate(kept_files, 1):
-            m = SHARD_RE.match(f)
-            rename[f] = _shard_name(m.group(1) if m else kind, k, n) if (m or f == NEW_SHARD) else f
-    else:
-        rename = {f: f for f in kept_files}
+    n = len(kept)
+    kind = "model" if ckpt.format == "safetensors" else "model_state"
+    for k, f in enumerate(kept, 1):
+        m = SHARD_RE.match(f)
+        rename[f] = _shard_name(m.group(1) if m else kind, k, n) if (m or f == NEW_SHARD) else f
+    return rename
 
-    files_report = {
+
+def _entry_nbytes(ckpt: Checkpoint, e: _Entry) -> int:
+    """Tensor bytes of output entry ``e``: its new tensor's, or the input tensor's."""
+    return e[3].nbytes if e[3] is not None else ckpt.tensors[e[0]].nbytes
+
+
+class _NewData:
+    """The data of new tensors, made on first use (once per ``make``: an alias group shares one) and held
+    until no later file needs it."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, Any] = {}
+
+    def source(self, nt: NewTensor) -> Source:
+        """A :class:`Source` of ``nt``'s bytes.
+
+        Raises:
+            AssertionError: ``make`` returned another size or shape than planned (a bug).
+        """
+        key = id(nt.make)
+        if key not in self._made:
+            self._made[key] = nt.make()
+        arr = self._made[key]
+        if isinstance(arr, Source):
+            if arr.nbytes != nt.nbytes:
+                raise AssertionError(f"internal: {nt.name} made {arr.nbytes} bytes, planned {nt.nbytes}")
+            return arr
+        if tuple(arr.shape) != tuple(nt.shape):
+            raise AssertionError(f"internal: {nt.name} made {arr.shape}, planned {nt.shape}")
+        return Source(array=arr)
+
+    def keep_only(self, needed: set[int]) -> None:
+        """Free the data of every ``make`` whose id is not in ``needed``."""
+        for k in list(self._made):
+            if k not in needed:
+                del self._made[k]
+
+
+def _write_weight_files(
+    plan: Plan, tmp: Path, lay: _Layout, carried: list[str], link: bool, progress
+) -> dict[str, list[str]]:
+    """Write the weight files and the carried files (all but the configs) into ``tmp``: untouched files
+    are copied in threads (or linked) while the touched ones are rewritten here.
+
+    Returns:
+        the output names by what was done to them (``copied``, ``linked``, ``rewritten``, ``written``)
+        and the input files ``removed``.
+
+    Raises:
+        OSError: a copy or a rewrite failed; the copies still running are stopped first.
+    """
+    files_report: dict[str, list[str]] = {
         "copied": [],
         "linked": [],
         "rewritten": [],
         "written": [],
-        "removed": [f for f in ckpt.weight_files if f not in kept_files],
+        "removed": [f for f in plan.ckpt.weight_files if f not in lay.kept],
     }
-    weight_map: dict[str, str] = {}
-    total_size = 0
-    for f in kept_files:
-        for e in entries[f]:
-            weight_map[e[0]] = rename[f]
-            total_size += e[3].nbytes if e[3] is not None else ckpt.tensors[e[0]].nbytes
-
-    to_rewrite = [f for f in kept_files if f in touched or f == NEW_SHARD]
-    config_files = {"config.json", ckpt.config_file} | {c[0] for c in plan.config_set}  # _write_configs
+    new = _NewData()
     copier = _Copier(progress)
     try:
         # untouched files first, into the pool; then the rewrites here while those copies run
-        for f in kept_files:
-            if f in to_rewrite:
-                continue
-            src, dst = ckpt.path / f, tmp / rename[f]
-            if link and _try_link(src, dst):
-                files_report["linked"].append(rename[f])
-                if progress:
-                    progress(rename[f], dst.stat().st_size)
-            else:
-                copier.submit(src, dst, rename[f])
-                files_report["copied"].append(rename[f])
-        for rel in carried:
-            if rel in config_files:
-                continue
-            d = tmp / rel
-            d.parent.mkdir(parents=True, exist_ok=True)
-            copier.submit(ckpt.path / rel, d, None)
-        for f in to_rewrite:
-            dst = tmp / rename[f]
-            _rewrite(plan, f, entries[f], dst, source_of)
-            files_report["written" if f == NEW_SHARD else "rewritten"].append(rename[f])
+        _start_copies(plan, tmp, lay, carried, link, progress, copier, files_report)
+        for f in lay.rewrite:
+            dst = tmp / lay.rename[f]
+            _rewrite(plan, f, lay.entries[f], dst, new.source)
+            files_report["written" if f == NEW_SHARD else "rewritten"].append(lay.rename[f])
             # free new arrays no longer needed by later files
-            still = {
-                id(e[3].make)
-                for g in kept_files[kept_files.index(f) + 1 :]
-                for e in entries[g]
-                if e[3] is not None
-            }
-            for k in list(made):
-                if k not in still:
-                    del made[k]
+            new.keep_only(
+                {
+                    id(e[3].make)
+                    for g in lay.kept[lay.kept.index(f) + 1 :]
+                    for e in lay.entries[g]
+                    if e[3] is not None
+                }
+            )
             if progress:
-                progress(rename[f], dst.stat().st_size)
+                progress(lay.rename[f], dst.stat().st_size)
             copier.poll()
         copier.poll(block=True)
     finally:
         copier.close()
+    return files_report
 
-    if ckpt.sharded and ckpt.index is not None and ckpt.index_name is not None:
-        index = dict(ckpt.index)
-        meta = dict(index.get("metadata") or {})
-        meta["total_size"] = total_size
-        index["metadata"] = meta
-        index["weight_map"] = dict(sorted(weight_map.items()))
-        _write_json(tmp / ckpt.index_name, index)
 
-    _read_back(plan, tmp, {rename[f]: (f, entries[f]) for f in kept_files}, to_rewrite)
-    _write_configs(plan, tmp)
-    return {
-        "files": files_report,
-        "total_size": total_size,
-        "weight_files": [rename[f] for f in kept_files],
-        "rename": {f: r for f, r in rename.items() if f != r},
-        "left_out": [x.as_dict() for x in left_out],
-    }
+def _start_copies(
+    plan: Plan,
+    tmp: Path,
+    lay: _Layout,
+    carried: list[str],
+    link: bool,
+    progress,
+    copier: _Copier,
+    files_report: dict[str, list[str]],
+) -> None:
+    """Hard-link (``link``, where the file system can) or hand to ``copier`` the kept weight files that are
+    not rewritten, recording each in ``files_report``; then hand it the carried files, less the configs
+    :func:`_write_configs` writes."""
+    ckpt = plan.ckpt
+    for f in lay.kept:
+        if f in lay.rewrite:
+            continue
+        src, dst = ckpt.path / f, tmp / lay.rename[f]
+        if link and _try_link(src, dst):
+            files_report["linked"].append(lay.rename[f])
+            if progress:
+                progress(lay.rename[f], dst.stat().st_size)
+        else:
+            copier.submit(src, dst, lay.rename[f])
+            files_report["copied"].append(lay.rename[f])
+    config_files = {"config.json", ckpt.config_file} | {c[0] for c in plan.config_set}  # _write_configs
+    for rel in carried:
+        if rel in config_files:
+            continue
+        d = tmp / rel
+        d.parent.mkdir(parents=True, exist_ok=True)
+        copier.submit(ckpt.path / rel, d, None)
+
+
+def _write_index(index: dict, path: Path, weight_map: dict[str, str], total_size: int) -> None:
+    """Write the input's ``index`` to ``path`` with ``total_size`` and the ``weight_map`` (sorted by name)
+    of the output."""
+    index = dict(index)
+    meta = dict(index.get("metadata") or {})
+    meta["total_size"] = total_size
+    index["metadata"] = meta
+    index["weight_map"] = dict(sorted(weight_map.items()))
+    _write_json(path, index)
 
 
 def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of) -> None:
@@ -450,10 +580,7 @@ def _read_back(plan: Plan, tmp: Path, out_files: dict[str, tuple[str, list]], re
     ckpt = plan.ckpt
     shards: dict[str, list[Planned]] = {}
     for out_name, (f, entries) in out_files.items():
-        planned = [
-            Planned(e[0], e[1], tuple(e[2]), e[3].nbytes if e[3] is not None else ckpt.tensors[e[0]].nbytes)
-            for e in entries
-        ]
+        planned = [Planned(e[0], e[1], tuple(e[2]), _entry_nbytes(ckpt, e)) for e in entries]
         shards[out_name] = planned
         if ckpt.format == "safetensors":
             check_safetensors(tmp / out_name, planned, _st_metadata(plan, f, rewritten=f in rewritten))
