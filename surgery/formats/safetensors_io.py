@@ -17,7 +17,7 @@ import struct
 from collections.abc import Callable, Iterable
 from itertools import pairwise
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from .tensor import DTYPES, TensorInfo, map_array
 
 # the reference implementation refuses headers over 100 MB
 MAX_HEADER = 100 * 1024 * 1024
+
+
+_FIX = "the file is damaged or not safetensors; re-download or re-export it"
 
 
 def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] | None]:
@@ -42,17 +45,39 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
         CheckpointError: truncated file, header larger than the file or 100 MB, invalid JSON, unknown
             dtype, offsets outside the file, overlapping tensors, or a size that is not shape × itemsize.
     """
-    fix = "the file is damaged or not safetensors; re-download or re-export it"
+    size, data_start, blob = _read_header_blob(path)
+    header, meta = _parse_header(blob, path)
+    out = [_tensor_info(name, h, rel, data_start, size - data_start, path) for name, h in header.items()]
+    out.sort(key=lambda t: t.offset)
+    for a, b in pairwise(out):  # neighbours in data order
+        if b.offset < a.offset + a.nbytes:
+            raise CheckpointError(f"tensors {a.name!r} and {b.name!r} overlap", path, _FIX)
+    _check_covered(out, data_start, size, path)
+    return out, meta
+
+
+def _read_header_blob(path: Path) -> tuple[int, int, bytes]:
+    """Read the header bytes of a safetensors file (after the 8-byte length).
+
+    Returns:
+        ``(file size, offset of the data (8 + the header length), header bytes)``.
+
+    Raises:
+        CheckpointError: a file too short for the length, a length over the file size or 100 MB, a folder,
+            or a file that cannot be read.
+    """
     try:
         size = path.stat().st_size
         with open(path, "rb") as f:
             raw = f.read(8)
             if len(raw) < 8:
-                raise CheckpointError(f"truncated safetensors file ({size} bytes, no header)", path, fix)
+                raise CheckpointError(f"truncated safetensors file ({size} bytes, no header)", path, _FIX)
             (n,) = struct.unpack("<Q", raw)
             if n > MAX_HEADER or n + 8 > size:
                 raise CheckpointError(
-                    f"safetensors header length {n} exceeds the file size ({size} bytes) or 100 MB", path, fix
+                    f"safetensors header length {n} exceeds the file size ({size} bytes) or 100 MB",
+                    path,
+                    _FIX,
                 )
             blob = f.read(n)
     except IsADirectoryError:
@@ -61,52 +86,64 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
         ) from None
     except PermissionError as e:
         raise CheckpointError(f"cannot read: {e.strerror}", path, "check its permissions") from None
+    return size, 8 + n, blob
+
+
+def _parse_header(blob: bytes, path: Path) -> tuple[dict, dict[str, str] | None]:
+    """Decode the header JSON of ``path``.
+
+    Returns:
+        ``(tensor entries by name, __metadata__ or None)``.
+
+    Raises:
+        CheckpointError: not UTF-8 JSON, not an object, or a ``__metadata__`` that is not str → str.
+    """
     try:
         header = json.loads(blob.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise CheckpointError(
-            f"safetensors header is not valid JSON ({e.__class__.__name__})", path, fix
+            f"safetensors header is not valid JSON ({e.__class__.__name__})", path, _FIX
         ) from None
     if not isinstance(header, dict):
-        raise CheckpointError("safetensors header is not a JSON object", path, fix)
+        raise CheckpointError("safetensors header is not a JSON object", path, _FIX)
     meta = header.pop("__metadata__", None)
     if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
-        raise CheckpointError("safetensors __metadata__ must map strings to strings", path, fix)
-    data_start = 8 + n
-    data_len = size - data_start
-    out: list[TensorInfo] = []
-    for name, h in header.items():
-        try:
-            dtype, shape, (begin, end) = h["dtype"], [int(d) for d in h["shape"]], h["data_offsets"]
-            begin, end = int(begin), int(end)
-        except (KeyError, TypeError, ValueError, AttributeError):
-            raise CheckpointError(f"tensor {name!r} has a malformed header entry", path, fix) from None
-        if not isinstance(dtype, str) or dtype not in DTYPES:
-            raise CheckpointError(f"tensor {name!r} has unknown dtype {dtype!r}", path, fix)
-        if any(d < 0 for d in shape):
-            raise CheckpointError(f"tensor {name!r} has a negative dimension {shape}", path, fix)
-        numel = math.prod(shape)  # Python ints: no overflow on absurd shapes
-        if not (0 <= begin <= end <= data_len):
-            raise CheckpointError(
-                f"tensor {name!r} data [{begin}, {end}) lies outside the file's {data_len} data bytes "
-                "(truncated?)",
-                path,
-                fix,
-            )
-        if end - begin != numel * DTYPES[dtype].itemsize:
-            raise CheckpointError(
-                f"tensor {name!r} has {end - begin} bytes but shape {shape} × {dtype} needs "
-                f"{numel * DTYPES[dtype].itemsize}",
-                path,
-                fix,
-            )
-        out.append(TensorInfo(name, dtype, tuple(shape), rel, data_start + begin, end - begin))
-    out.sort(key=lambda t: t.offset)
-    for a, b in pairwise(out):  # neighbours in data order
-        if b.offset < a.offset + a.nbytes:
-            raise CheckpointError(f"tensors {a.name!r} and {b.name!r} overlap", path, fix)
-    _check_covered(out, data_start, size, path)
-    return out, meta
+        raise CheckpointError("safetensors __metadata__ must map strings to strings", path, _FIX)
+    return header, meta
+
+
+def _tensor_info(name: str, h: Any, rel: str, data_start: int, data_len: int, path: Path) -> TensorInfo:
+    """The :class:`TensorInfo` of header entry ``name: h`` (offsets made absolute with ``data_start``).
+
+    Raises:
+        CheckpointError: a malformed entry, an unknown dtype, a negative dimension, a range outside the
+            ``data_len`` data bytes, or a byte count that is not shape × itemsize.
+    """
+    try:
+        dtype, shape, (begin, end) = h["dtype"], [int(d) for d in h["shape"]], h["data_offsets"]
+        begin, end = int(begin), int(end)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise CheckpointError(f"tensor {name!r} has a malformed header entry", path, _FIX) from None
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise CheckpointError(f"tensor {name!r} has unknown dtype {dtype!r}", path, _FIX)
+    if any(d < 0 for d in shape):
+        raise CheckpointError(f"tensor {name!r} has a negative dimension {shape}", path, _FIX)
+    numel = math.prod(shape)  # Python ints: no overflow on absurd shapes
+    if not (0 <= begin <= end <= data_len):
+        raise CheckpointError(
+            f"tensor {name!r} data [{begin}, {end}) lies outside the file's {data_len} data bytes "
+            "(truncated?)",
+            path,
+            _FIX,
+        )
+    if end - begin != numel * DTYPES[dtype].itemsize:
+        raise CheckpointError(
+            f"tensor {name!r} has {end - begin} bytes but shape {shape} × {dtype} needs "
+            f"{numel * DTYPES[dtype].itemsize}",
+            path,
+            _FIX,
+        )
+    return TensorInfo(name, dtype, tuple(shape), rel, data_start + begin, end - begin)
 
 
 def _check_covered(tensors: list[TensorInfo], data_start: int, size: int, path: Path) -> None:
