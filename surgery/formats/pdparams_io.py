@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -146,36 +147,96 @@ def walk(path: Path) -> tuple[dict[str, Any], int]:
             raise _refuse(path, f"malformed pickle ({e.__class__.__name__}: {str(e)[:80]})") from None
 
 
-def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:  # noqa: C901 - one opcode table
-    stack: list[Any] = []
-    memo: dict[int, Any] = {}
+def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:
+    """Run the opcodes of the pickle in ``f`` (``size`` bytes) through :class:`_Walker` up to STOP.
 
-    def read(n: int) -> bytes:
-        if n < 0 or f.tell() + n > size:
-            raise _refuse(path, f"truncated pickle (wants {n} bytes at offset {f.tell()} of {size})")
+    Returns:
+        the top-level dict.
+
+    Raises:
+        UnsafePickleError: a global outside ``ALLOWED_GLOBALS``.
+        CheckpointError: truncated, an opcode a weights pickle does not use, or a top level that is not
+            a dict.
+        ValueError, IndexError, KeyError, TypeError, struct.error...: a malformed pickle (:func:`walk`
+            turns these into a ``CheckpointError``).
+    """
+    w = _Walker(f, path, size)
+    ops = _OPCODES
+    while True:
+        op = f.read(1)
+        if not op:
+            raise _refuse(path, "truncated pickle (no STOP opcode)")
+        c = op[0]
+        if c == 0x2E:  # STOP
+            break
+        handler = ops.get(c)
+        if handler is None:
+            raise _refuse(path, f"unsupported pickle opcode 0x{c:02x} at offset {f.tell() - 1}")
+        handler(w)
+    stack = w.stack
+    if len(stack) != 1 or not isinstance(stack[0], dict):
+        raise _refuse(path, "the pickle does not hold a {name: array} dict")
+    return stack[0]
+
+
+def _pairs(items: list[Any], op: str) -> zip[tuple[Any, Any]]:
+    """Keys and values alternate; an odd count is malformed (pickle refuses it the same way)."""
+    if len(items) % 2:
+        raise ValueError(f"odd number of items for {op}")
+    return zip(items[::2], items[1::2], strict=True)
+
+
+class _Walker:
+    """The state of one walk over a pickle's opcodes (the file, the stack, the memo) and one method per
+    opcode a weights pickle uses (``_OPCODES`` maps each opcode to its method). Globals are checked and
+    simulated, never imported; array payloads are recorded as byte ranges, not read.
+    """
+
+    __slots__ = ("f", "path", "size", "stack", "memo")
+
+    def __init__(self, f: BinaryIO, path: Path, size: int):
+        self.f, self.path, self.size = f, path, size
+        self.stack: list[Any] = []
+        self.memo: dict[int, Any] = {}
+
+    # ------------------------------------------------------------ helpers
+
+    def read(self, n: int) -> bytes:
+        """The next ``n`` bytes.
+
+        Raises:
+            CheckpointError: fewer than ``n`` bytes are left.
+        """
+        f = self.f
+        if n < 0 or f.tell() + n > self.size:
+            raise _refuse(
+                self.path, f"truncated pickle (wants {n} bytes at offset {f.tell()} of {self.size})"
+            )
         b = f.read(n)
         if len(b) != n:
-            raise _refuse(path, "truncated pickle")
+            raise _refuse(self.path, "truncated pickle")
         return b
 
-    def payload(n: int) -> Any:
+    def payload(self, n: int) -> Any:
+        """A bytes payload of ``n`` bytes: read when small, else a :class:`_BytesRef` skipped over.
+
+        Raises:
+            CheckpointError: the payload runs past the end of the file.
+        """
         if n <= INLINE_MAX:
-            return read(n)
+            return self.read(n)
+        f = self.f
         off = f.tell()
-        if off + n > size:
+        if off + n > self.size:
             raise _refuse(
-                path, f"truncated pickle: a {n}-byte array payload at offset {off} runs past the end"
+                self.path, f"truncated pickle: a {n}-byte array payload at offset {off} runs past the end"
             )
         f.seek(off + n)
         return _BytesRef(off, n)
 
-    def pairs(items: list[Any], op: str) -> zip[tuple[Any, Any]]:
-        """Keys and values alternate; an odd count is malformed (pickle refuses it the same way)."""
-        if len(items) % 2:
-            raise ValueError(f"odd number of items for {op}")
-        return zip(items[::2], items[1::2], strict=True)
-
-    def pop_mark() -> list[Any]:
+    def pop_mark(self) -> list[Any]:
+        """Pop the items above the topmost MARK (and the MARK), in stack order."""
+        stack = self.stack
         items = []
         while True:
             x = stack.pop()
@@ -185,17 +246,35 @@ def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:  # noqa: C901 -
         items.reverse()
         return items
 
-    def check_global(module: str, name: str) -> _Global:
+    def check_global(self, module: str, name: str) -> _Global:
+        """The global ``module.name``.
+
+        Raises:
+            UnsafePickleError: it is not in ``ALLOWED_GLOBALS`` (nothing is imported).
+        """
         if (module, name) not in ALLOWED_GLOBALS:
             raise UnsafePickleError(
                 f"refused to unpickle: the pickle calls {module}.{name}, which a weights file never needs "
                 "(nothing was executed)",
-                path,
+                self.path,
                 "do not load this file with paddle.load/pickle; get the weights from a trusted source",
             )
         return _Global(module, name)
 
+    def readline_global(self) -> _Global:
+        """The checked global named by the next two lines (``module``, ``name``: GLOBAL, INST)."""
+        module = self.f.readline().decode("utf-8").rstrip("\n")
+        name = self.f.readline().decode("utf-8").rstrip("\n")
+        return self.check_global(module, name)
+
+    @staticmethod
     def reduce(fn: Any, args: Any) -> Any:
+        """Simulate calling an allowed global: an :class:`_Array` stub, a :class:`_DType`, a dict, bytes or
+        a numpy scalar's value.
+
+        Raises:
+            ValueError: ``fn`` is not a global, or not one that is simulated.
+        """
         if not isinstance(fn, _Global):
             raise ValueError("REDUCE on a non-global")
         key = (fn.module, fn.name)
@@ -212,177 +291,274 @@ def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:  # noqa: C901 -
             return np.frombuffer(args[1], dtype=dt)[0].item()
         raise ValueError(f"cannot call {fn.module}.{fn.name}")
 
-    def build(obj: Any, state: Any) -> None:
-        if isinstance(obj, _Array):
-            _version, shape, dtype, fortran, data = state
-            obj.shape = tuple(int(d) for d in shape)
-            if any(d < 0 for d in obj.shape):
-                raise ValueError(f"array with negative dimension {obj.shape}")
-            obj.dtype = dtype.numpy()
-            if obj.dtype.byteorder == ">":
-                raise ValueError("big-endian array (Paddle writes little-endian; re-save the weights)")
-            if obj.dtype.name not in NP_TO_ST:
-                raise ValueError(f"array dtype {obj.dtype.name} is not a weight dtype")
-            obj.fortran = bool(fortran)
-            if isinstance(data, str):
-                data = data.encode("latin-1")
-            if not isinstance(data, (bytes, _BytesRef)):
-                raise ValueError("array payload is not bytes (object arrays are not weights)")
-            n = len(data) if isinstance(data, bytes) else data.length
-            numel = math.prod(obj.shape)  # Python ints: no overflow on absurd shapes
-            if n != numel * obj.dtype.itemsize:
-                raise ValueError(
-                    f"array payload has {n} bytes, shape {obj.shape} needs {numel * obj.dtype.itemsize}"
-                )
-            obj.data = data
-        elif isinstance(obj, _DType):
-            if isinstance(state, tuple) and len(state) > 1 and isinstance(state[1], str):
-                obj.order = state[1]
-        elif isinstance(obj, dict) and isinstance(state, dict):
-            obj.update(state)
-        else:
-            raise ValueError("BUILD on an unsupported object")
+    # ------------------------------------------------------------ opcodes
 
-    while True:
-        op = f.read(1)
-        if not op:
-            raise _refuse(path, "truncated pickle (no STOP opcode)")
-        c = op[0]
-        if c == 0x80:  # PROTO
-            read(1)
-        elif c == 0x95:  # FRAME
-            read(8)
-        elif c == 0x2E:  # STOP
-            break
-        elif c == 0x7D:  # EMPTY_DICT
-            stack.append({})
-        elif c == 0x5D:  # EMPTY_LIST
-            stack.append([])
-        elif c == 0x29:  # EMPTY_TUPLE
-            stack.append(())
-        elif c == 0x28:  # MARK
-            stack.append(_MARK)
-        elif c == 0x64:  # DICT
-            items = pop_mark()
-            stack.append(dict(pairs(items, "DICT")))
-        elif c == 0x6C:  # LIST
-            stack.append(pop_mark())
-        elif c == 0x74:  # TUPLE
-            stack.append(tuple(pop_mark()))
-        elif c in (0x85, 0x86, 0x87):  # TUPLE1/2/3
-            n = c - 0x84
-            items = stack[-n:]
-            del stack[-n:]
-            stack.append(tuple(items))
-        elif c == 0x73:  # SETITEM
-            v = stack.pop()
-            k = stack.pop()
-            stack[-1][k] = v
-        elif c == 0x75:  # SETITEMS
-            items = pop_mark()
-            d = stack[-1]
-            for k, v in pairs(items, "SETITEMS"):
-                d[k] = v
-        elif c == 0x61:  # APPEND
-            v = stack.pop()
-            stack[-1].append(v)
-        elif c == 0x65:  # APPENDS
-            items = pop_mark()
-            stack[-1].extend(items)
-        elif c == 0x94:  # MEMOIZE
-            memo[len(memo)] = stack[-1]
-        elif c == 0x71:  # BINPUT
-            memo[read(1)[0]] = stack[-1]
-        elif c == 0x72:  # LONG_BINPUT
-            memo[struct.unpack("<I", read(4))[0]] = stack[-1]
-        elif c == 0x70:  # PUT
-            memo[int(f.readline())] = stack[-1]
-        elif c == 0x68:  # BINGET
-            stack.append(memo[read(1)[0]])
-        elif c == 0x6A:  # LONG_BINGET
-            stack.append(memo[struct.unpack("<I", read(4))[0]])
-        elif c == 0x67:  # GET
-            stack.append(memo[int(f.readline())])
-        elif c == 0x8C:  # SHORT_BINUNICODE
-            stack.append(read(read(1)[0]).decode("utf-8"))
-        elif c == 0x58:  # BINUNICODE
-            stack.append(read(struct.unpack("<I", read(4))[0]).decode("utf-8"))
-        elif c == 0x8D:  # BINUNICODE8
-            stack.append(read(struct.unpack("<Q", read(8))[0]).decode("utf-8"))
-        elif c == 0x55:  # SHORT_BINSTRING (protocol 2 str)
-            stack.append(read(read(1)[0]).decode("latin-1"))
-        elif c == 0x54:  # BINSTRING
-            stack.append(read(struct.unpack("<i", read(4))[0]).decode("latin-1"))
-        elif c == 0x43:  # SHORT_BINBYTES
-            stack.append(read(read(1)[0]))
-        elif c == 0x42:  # BINBYTES
-            stack.append(payload(struct.unpack("<I", read(4))[0]))
-        elif c == 0x8E:  # BINBYTES8
-            stack.append(payload(struct.unpack("<Q", read(8))[0]))
-        elif c == 0x4E:  # NONE
-            stack.append(None)
-        elif c == 0x88:  # NEWTRUE
-            stack.append(True)
-        elif c == 0x89:  # NEWFALSE
-            stack.append(False)
-        elif c == 0x4A:  # BININT
-            stack.append(struct.unpack("<i", read(4))[0])
-        elif c == 0x4B:  # BININT1
-            stack.append(read(1)[0])
-        elif c == 0x4D:  # BININT2
-            stack.append(struct.unpack("<H", read(2))[0])
-        elif c == 0x8A:  # LONG1
-            stack.append(int.from_bytes(read(read(1)[0]), "little", signed=True))
-        elif c == 0x8B:  # LONG4
-            n = struct.unpack("<i", read(4))[0]
-            if n > 64:
-                raise ValueError("LONG4 integer too large for a weights file")
-            stack.append(int.from_bytes(read(n), "little", signed=True))
-        elif c == 0x49:  # INT (protocol 0)
-            line = f.readline().strip()
-            stack.append(True if line == b"01" else False if line == b"00" else int(line))
-        elif c == 0x47:  # BINFLOAT
-            stack.append(struct.unpack(">d", read(8))[0])
-        elif c == 0x63:  # GLOBAL
-            module = f.readline().decode("utf-8").rstrip("\n")
-            name = f.readline().decode("utf-8").rstrip("\n")
-            stack.append(check_global(module, name))
-        elif c == 0x93:  # STACK_GLOBAL
-            name = stack.pop()
-            module = stack.pop()
-            stack.append(check_global(str(module), str(name)))
-        elif c == 0x69:  # INST (protocol 0): module, name, then MARK'ed args
-            module = f.readline().decode("utf-8").rstrip("\n")
-            name = f.readline().decode("utf-8").rstrip("\n")
-            fn = check_global(module, name)
-            stack.append(reduce(fn, tuple(pop_mark())))
-        elif c == 0x6F:  # OBJ (protocol 1): MARK cls args...
-            items = pop_mark()
-            if not items or not isinstance(items[0], _Global):
-                raise ValueError("OBJ without a class")
-            stack.append(reduce(items[0], tuple(items[1:])))
-        elif c == 0x52:  # REDUCE
-            args = stack.pop()
-            fn = stack.pop()
-            stack.append(reduce(fn, args))
-        elif c == 0x81:  # NEWOBJ
-            args = stack.pop()
-            cls = stack.pop()
-            stack.append(reduce(cls, args))
-        elif c == 0x62:  # BUILD
-            state = stack.pop()
-            build(stack[-1], state)
-        elif c == 0x30:  # POP
-            stack.pop()
-        elif c == 0x31:  # POP_MARK
-            pop_mark()
-        elif c == 0x32:  # DUP
-            stack.append(stack[-1])
-        else:
-            raise _refuse(path, f"unsupported pickle opcode 0x{c:02x} at offset {f.tell() - 1}")
-    if len(stack) != 1 or not isinstance(stack[0], dict):
-        raise _refuse(path, "the pickle does not hold a {name: array} dict")
-    return stack[0]
+    def op_proto(self) -> None:
+        self.read(1)
+
+    def op_frame(self) -> None:
+        self.read(8)
+
+    def op_empty_dict(self) -> None:
+        self.stack.append({})
+
+    def op_empty_list(self) -> None:
+        self.stack.append([])
+
+    def op_empty_tuple(self) -> None:
+        self.stack.append(())
+
+    def op_mark(self) -> None:
+        self.stack.append(_MARK)
+
+    def op_dict(self) -> None:
+        items = self.pop_mark()
+        self.stack.append(dict(_pairs(items, "DICT")))
+
+    def op_list(self) -> None:
+        self.stack.append(self.pop_mark())
+
+    def op_tuple(self) -> None:
+        self.stack.append(tuple(self.pop_mark()))
+
+    def op_tuple_n(self, n: int) -> None:
+        """TUPLE1/2/3: the top ``n`` items as a tuple."""
+        stack = self.stack
+        items = stack[-n:]
+        del stack[-n:]
+        stack.append(tuple(items))
+
+    def op_setitem(self) -> None:
+        stack = self.stack
+        v = stack.pop()
+        k = stack.pop()
+        stack[-1][k] = v
+
+    def op_setitems(self) -> None:
+        items = self.pop_mark()
+        d = self.stack[-1]
+        for k, v in _pairs(items, "SETITEMS"):
+            d[k] = v
+
+    def op_append(self) -> None:
+        stack = self.stack
+        v = stack.pop()
+        stack[-1].append(v)
+
+    def op_appends(self) -> None:
+        items = self.pop_mark()
+        self.stack[-1].extend(items)
+
+    def op_memoize(self) -> None:
+        self.memo[len(self.memo)] = self.stack[-1]
+
+    def op_binput(self) -> None:
+        self.memo[self.read(1)[0]] = self.stack[-1]
+
+    def op_long_binput(self) -> None:
+        self.memo[struct.unpack("<I", self.read(4))[0]] = self.stack[-1]
+
+    def op_put(self) -> None:
+        self.memo[int(self.f.readline())] = self.stack[-1]
+
+    def op_binget(self) -> None:
+        self.stack.append(self.memo[self.read(1)[0]])
+
+    def op_long_binget(self) -> None:
+        self.stack.append(self.memo[struct.unpack("<I", self.read(4))[0]])
+
+    def op_get(self) -> None:
+        self.stack.append(self.memo[int(self.f.readline())])
+
+    def op_short_binunicode(self) -> None:
+        self.stack.append(self.read(self.read(1)[0]).decode("utf-8"))
+
+    def op_binunicode(self) -> None:
+        self.stack.append(self.read(struct.unpack("<I", self.read(4))[0]).decode("utf-8"))
+
+    def op_binunicode8(self) -> None:
+        self.stack.append(self.read(struct.unpack("<Q", self.read(8))[0]).decode("utf-8"))
+
+    def op_short_binstring(self) -> None:  # protocol 2 str
+        self.stack.append(self.read(self.read(1)[0]).decode("latin-1"))
+
+    def op_binstring(self) -> None:
+        self.stack.append(self.read(struct.unpack("<i", self.read(4))[0]).decode("latin-1"))
+
+    def op_short_binbytes(self) -> None:
+        self.stack.append(self.read(self.read(1)[0]))
+
+    def op_binbytes(self) -> None:
+        self.stack.append(self.payload(struct.unpack("<I", self.read(4))[0]))
+
+    def op_binbytes8(self) -> None:
+        self.stack.append(self.payload(struct.unpack("<Q", self.read(8))[0]))
+
+    def op_none(self) -> None:
+        self.stack.append(None)
+
+    def op_newtrue(self) -> None:
+        self.stack.append(True)
+
+    def op_newfalse(self) -> None:
+        self.stack.append(False)
+
+    def op_binint(self) -> None:
+        self.stack.append(struct.unpack("<i", self.read(4))[0])
+
+    def op_binint1(self) -> None:
+        self.stack.append(self.read(1)[0])
+
+    def op_binint2(self) -> None:
+        self.stack.append(struct.unpack("<H", self.read(2))[0])
+
+    def op_long1(self) -> None:
+        self.stack.append(int.from_bytes(self.read(self.read(1)[0]), "little", signed=True))
+
+    def op_long4(self) -> None:
+        n = struct.unpack("<i", self.read(4))[0]
+        if n > 64:
+            raise ValueError("LONG4 integer too large for a weights file")
+        self.stack.append(int.from_bytes(self.read(n), "little", signed=True))
+
+    def op_int(self) -> None:  # protocol 0
+        line = self.f.readline().strip()
+        self.stack.append(True if line == b"01" else False if line == b"00" else int(line))
+
+    def op_binfloat(self) -> None:
+        self.stack.append(struct.unpack(">d", self.read(8))[0])
+
+    def op_global(self) -> None:
+        self.stack.append(self.readline_global())
+
+    def op_stack_global(self) -> None:
+        stack = self.stack
+        name = stack.pop()
+        module = stack.pop()
+        stack.append(self.check_global(str(module), str(name)))
+
+    def op_inst(self) -> None:  # protocol 0: module, name, then MARK'ed args
+        fn = self.readline_global()
+        self.stack.append(self.reduce(fn, tuple(self.pop_mark())))
+
+    def op_obj(self) -> None:  # protocol 1: MARK cls args...
+        items = self.pop_mark()
+        if not items or not isinstance(items[0], _Global):
+            raise ValueError("OBJ without a class")
+        self.stack.append(self.reduce(items[0], tuple(items[1:])))
+
+    def op_reduce(self) -> None:  # REDUCE and NEWOBJ
+        stack = self.stack
+        args = stack.pop()
+        fn = stack.pop()
+        stack.append(self.reduce(fn, args))
+
+    def op_build(self) -> None:
+        state = self.stack.pop()
+        _build(self.stack[-1], state)
+
+    def op_pop(self) -> None:
+        self.stack.pop()
+
+    def op_pop_mark(self) -> None:
+        self.pop_mark()
+
+    def op_dup(self) -> None:
+        self.stack.append(self.stack[-1])
+
+
+def _build(obj: Any, state: Any) -> None:
+    """BUILD: set the state of an :class:`_Array` stub (checked: shape, a weight dtype, little-endian, a bytes
+    payload of shape × itemsize), of a :class:`_DType` (byte order), or update a dict.
+
+    Raises:
+        ValueError: a state a weights pickle does not have.
+    """
+    if isinstance(obj, _Array):
+        _version, shape, dtype, fortran, data = state
+        obj.shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in obj.shape):
+            raise ValueError(f"array with negative dimension {obj.shape}")
+        obj.dtype = dtype.numpy()
+        if obj.dtype.byteorder == ">":
+            raise ValueError("big-endian array (Paddle writes little-endian; re-save the weights)")
+        if obj.dtype.name not in NP_TO_ST:
+            raise ValueError(f"array dtype {obj.dtype.name} is not a weight dtype")
+        obj.fortran = bool(fortran)
+        if isinstance(data, str):
+            data = data.encode("latin-1")
+        if not isinstance(data, (bytes, _BytesRef)):
+            raise ValueError("array payload is not bytes (object arrays are not weights)")
+        n = len(data) if isinstance(data, bytes) else data.length
+        numel = math.prod(obj.shape)  # Python ints: no overflow on absurd shapes
+        if n != numel * obj.dtype.itemsize:
+            raise ValueError(
+                f"array payload has {n} bytes, shape {obj.shape} needs {numel * obj.dtype.itemsize}"
+            )
+        obj.data = data
+    elif isinstance(obj, _DType):
+        if isinstance(state, tuple) and len(state) > 1 and isinstance(state[1], str):
+            obj.order = state[1]
+    elif isinstance(obj, dict) and isinstance(state, dict):
+        obj.update(state)
+    else:
+        raise ValueError("BUILD on an unsupported object")
+
+
+# opcode -> its :class:`_Walker` method (STOP ends the loop in :func:`_walk`); any other opcode is refused
+_OPCODES: dict[int, Callable[[_Walker], None]] = {
+    0x80: _Walker.op_proto,  # PROTO
+    0x95: _Walker.op_frame,  # FRAME
+    0x7D: _Walker.op_empty_dict,  # EMPTY_DICT
+    0x5D: _Walker.op_empty_list,  # EMPTY_LIST
+    0x29: _Walker.op_empty_tuple,  # EMPTY_TUPLE
+    0x28: _Walker.op_mark,  # MARK
+    0x64: _Walker.op_dict,  # DICT
+    0x6C: _Walker.op_list,  # LIST
+    0x74: _Walker.op_tuple,  # TUPLE
+    0x85: lambda w: w.op_tuple_n(1),  # TUPLE1
+    0x86: lambda w: w.op_tuple_n(2),  # TUPLE2
+    0x87: lambda w: w.op_tuple_n(3),  # TUPLE3
+    0x73: _Walker.op_setitem,  # SETITEM
+    0x75: _Walker.op_setitems,  # SETITEMS
+    0x61: _Walker.op_append,  # APPEND
+    0x65: _Walker.op_appends,  # APPENDS
+    0x94: _Walker.op_memoize,  # MEMOIZE
+    0x71: _Walker.op_binput,  # BINPUT
+    0x72: _Walker.op_long_binput,  # LONG_BINPUT
+    0x70: _Walker.op_put,  # PUT
+    0x68: _Walker.op_binget,  # BINGET
+    0x6A: _Walker.op_long_binget,  # LONG_BINGET
+    0x67: _Walker.op_get,  # GET
+    0x8C: _Walker.op_short_binunicode,  # SHORT_BINUNICODE
+    0x58: _Walker.op_binunicode,  # BINUNICODE
+    0x8D: _Walker.op_binunicode8,  # BINUNICODE8
+    0x55: _Walker.op_short_binstring,  # SHORT_BINSTRING
+    0x54: _Walker.op_binstring,  # BINSTRING
+    0x43: _Walker.op_short_binbytes,  # SHORT_BINBYTES
+    0x42: _Walker.op_binbytes,  # BINBYTES
+    0x8E: _Walker.op_binbytes8,  # BINBYTES8
+    0x4E: _Walker.op_none,  # NONE
+    0x88: _Walker.op_newtrue,  # NEWTRUE
+    0x89: _Walker.op_newfalse,  # NEWFALSE
+    0x4A: _Walker.op_binint,  # BININT
+    0x4B: _Walker.op_binint1,  # BININT1
+    0x4D: _Walker.op_binint2,  # BININT2
+    0x8A: _Walker.op_long1,  # LONG1
+    0x8B: _Walker.op_long4,  # LONG4
+    0x49: _Walker.op_int,  # INT
+    0x47: _Walker.op_binfloat,  # BINFLOAT
+    0x63: _Walker.op_global,  # GLOBAL
+    0x93: _Walker.op_stack_global,  # STACK_GLOBAL
+    0x69: _Walker.op_inst,  # INST
+    0x6F: _Walker.op_obj,  # OBJ
+    0x52: _Walker.op_reduce,  # REDUCE
+    0x81: _Walker.op_reduce,  # NEWOBJ
+    0x62: _Walker.op_build,  # BUILD
+    0x30: _Walker.op_pop,  # POP
+    0x31: _Walker.op_pop_mark,  # POP_MARK
+    0x32: _Walker.op_dup,  # DUP
+}
 
 
 def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, Any], str]:
