@@ -25,7 +25,7 @@ import numpy as np
 
 from .checkpoint import Checkpoint
 from .detect import HIDDEN_VOCAB, detect, tied_scale
-from .formats.tensor import bf16_bits_to_f32
+from .formats.tensor import TensorInfo, bf16_bits_to_f32
 
 ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", "vocab_size", "padded_vocab_size")
 
@@ -90,79 +90,130 @@ def verify(a_path, b_path) -> VerifyResult:
         CheckpointError, UnsafePickleError: as :meth:`Checkpoint.open`.
     """
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
-    da, db = detect(A, compare_values=False), detect(B, compare_values=False)
-    res = VerifyResult()
-    emb_b = db.embedding
-    vocab_names_a = {
-        da.embedding,
-        da.head,
-        *da.embedding_aliases,
-        *da.vocab_aliases,
-        *da.head_aliases,
-        *([da.bias] if da.bias else []),
-        *da.bias_aliases,
-    }
-    head_names = {da.head, db.head, *da.head_aliases}
+    cmp = _TensorComparison(A, B)
     for name, ta in A.tensors.items():
         tb = B.tensors.get(name)
         if tb is None:
-            ok = (
-                emb_b in B.tensors
-                and name in vocab_names_a
-                and _equal_to_embedding(A, name, B, emb_b, scale=_t5_scale(db))
+            cmp.dropped(name, ta)
+        else:
+            cmp.kept(name, ta, tb)
+    for name, tb in B.tensors.items():
+        if name not in A.tensors:
+            cmp.added(name, tb)
+    _compare_configs(cmp.res, A, B)
+    _compare_other_files(cmp.res, A, B)
+    return cmp.res
+
+
+class _TensorComparison:
+    """Classifies the tensors of ``A`` (before) and ``B`` (after) into ``res``, one name at a time, and
+    records each difference tie / untie / resize does not explain in ``res.unexplained``."""
+
+    def __init__(self, A: Checkpoint, B: Checkpoint):
+        self.A, self.B = A, B
+        self.da, self.db = detect(A, compare_values=False), detect(B, compare_values=False)
+        self.res = VerifyResult()
+        da = self.da
+        self.emb_b = self.db.embedding
+        self.vocab_names_a = {
+            da.embedding,
+            da.head,
+            *da.embedding_aliases,
+            *da.vocab_aliases,
+            *da.head_aliases,
+            *([da.bias] if da.bias else []),
+            *da.bias_aliases,
+        }
+        self.head_names = {da.head, self.db.head, *da.head_aliases}
+
+    def dropped(self, name: str, ta: TensorInfo) -> None:
+        """``name`` is in ``A`` only: explained when it is a vocabulary tensor equal to the embedding."""
+        A, B, emb_b = self.A, self.B, self.emb_b
+        ok = (
+            emb_b in B.tensors
+            and name in self.vocab_names_a
+            and _equal_to_embedding(A, name, B, emb_b, scale=_t5_scale(self.db))
+        )
+        self.res.dropped.append({"name": name, "shape": list(ta.shape), "equals_embedding": ok})
+        if not ok:
+            self.res.unexplained.append(f"{name} was dropped but does not equal the embedding {emb_b}")
+
+    def added(self, name: str, tb: TensorInfo) -> None:
+        """``name`` is in ``B`` only: explained when it is the head, equal to the embedding."""
+        B, emb_b = self.B, self.emb_b
+        ok = (
+            emb_b in B.tensors
+            and name in self.head_names | {self.db.head}
+            and _equal_to_embedding(B, name, B, emb_b, scale=_t5_scale(self.db))
+        )
+        self.res.added.append({"name": name, "shape": list(tb.shape), "equals_embedding": ok})
+        if not ok:
+            self.res.unexplained.append(
+                f"{name} was added but is not the head equal to the embedding {emb_b}"
             )
-            res.dropped.append({"name": name, "shape": list(ta.shape), "equals_embedding": ok})
-            if not ok:
-                res.unexplained.append(f"{name} was dropped but does not equal the embedding {emb_b}")
-            continue
-        x, y = A.load(name), B.load(name)
+
+    def kept(self, name: str, ta: TensorInfo, tb: TensorInfo) -> None:
+        """``name`` is in both: identical (a ``U16`` → ``BF16`` label change with the same bytes is noted as
+        a change), resized, or changed."""
+        x, y = self.A.load(name), self.B.load(name)
         same_label = ta.dtype == tb.dtype or {ta.dtype, tb.dtype} == {"U16", "BF16"}
         if ta.shape == tb.shape and same_label and _same_bytes(x, y):
-            res.identical += 1
+            self.res.identical += 1
             if ta.dtype != tb.dtype:
-                res.changed.append({"name": name, "why": f"dtype label {ta.dtype} → {tb.dtype}, same bytes"})
-            continue
-        if ta.shape != tb.shape:
-            ok, why = _prefix_equal(x, y, name, da)
-            res.resized.append(
-                {
-                    "name": name,
-                    "shape_before": list(ta.shape),
-                    "shape_after": list(tb.shape),
-                    "common_part_identical": ok,
-                }
-            )
-            if name not in vocab_names_a:
-                res.unexplained.append(
-                    f"{name} changed shape {list(ta.shape)} → {list(tb.shape)} but carries no vocabulary"
+                self.res.changed.append(
+                    {"name": name, "why": f"dtype label {ta.dtype} → {tb.dtype}, same bytes"}
                 )
-            elif not ok:
-                res.unexplained.append(f"{name} was resized but its common {why} differ")
-            continue
+        elif ta.shape != tb.shape:
+            self._resized(name, ta, tb, x, y)
+        else:
+            self._changed(name, ta, x)
+
+    def _resized(self, name: str, ta: TensorInfo, tb: TensorInfo, x: np.ndarray, y: np.ndarray) -> None:
+        """Explained when ``name`` carries the vocabulary and the common part is bit-identical."""
+        ok, why = _prefix_equal(x, y, name, self.da)
+        self.res.resized.append(
+            {
+                "name": name,
+                "shape_before": list(ta.shape),
+                "shape_after": list(tb.shape),
+                "common_part_identical": ok,
+            }
+        )
+        if name not in self.vocab_names_a:
+            self.res.unexplained.append(
+                f"{name} changed shape {list(ta.shape)} → {list(tb.shape)} but carries no vocabulary"
+            )
+        elif not ok:
+            self.res.unexplained.append(f"{name} was resized but its common {why} differ")
+
+    def _changed(self, name: str, ta: TensorInfo, x: np.ndarray) -> None:
+        """Same shape, other values: explained when the head now equals the embedding, or the embedding took
+        the head's values (``tie --keep head``)."""
+        A, B, da = self.A, self.B, self.da
         diff = float(np.max(np.abs(_f32(A, name) - _f32(B, name)))) if x.size else 0.0
         entry = {"name": name, "shape": list(ta.shape), "max_abs_diff": diff}
-        res.changed.append(entry)
-        if name in head_names and emb_b in B.tensors and _equal_to_embedding(B, name, B, emb_b):
+        self.res.changed.append(entry)
+        if (
+            name in self.head_names
+            and self.emb_b in B.tensors
+            and _equal_to_embedding(B, name, B, self.emb_b)
+        ):
             entry["why"] = "head set equal to the embedding"
         elif name == da.embedding and da.head in A.tensors and _equal_to_embedding(A, da.head, B, name):
             entry["why"] = "embedding takes the head's values (tie --keep head)"
         else:
-            res.unexplained.append(
+            self.res.unexplained.append(
                 f"{name} changed (max |difference| {diff:.3g}) and tie/untie/resize do not change it"
             )
-    for name, tb in B.tensors.items():
-        if name in A.tensors:
-            continue
-        ok = (
-            emb_b in B.tensors
-            and name in head_names | {db.head}
-            and _equal_to_embedding(B, name, B, emb_b, scale=_t5_scale(db))
-        )
-        res.added.append({"name": name, "shape": list(tb.shape), "equals_embedding": ok})
-        if not ok:
-            res.unexplained.append(f"{name} was added but is not the head equal to the embedding {emb_b}")
-    # config files
-    for fname in ("config.json", "model_config.json", "generation_config.json"):
+
+
+_CONFIG_FILES = ("config.json", "model_config.json", "generation_config.json")
+
+
+def _compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
+    """Record every differing key of the config files in ``res.config``; a key outside
+    ``ALLOWED_CONFIG_KEYS`` is unexplained."""
+    for fname in _CONFIG_FILES:
         pa, pb = A.path / fname, B.path / fname
         if not pa.exists() and not pb.exists():
             continue
@@ -173,16 +224,18 @@ def verify(a_path, b_path) -> VerifyResult:
                 res.config.append({"file": fname, "key": k, "before": ca.get(k), "after": cb.get(k)})
                 if k.split(".")[-1] not in ALLOWED_CONFIG_KEYS:
                     res.unexplained.append(f"{fname}: {k} changed ({ca.get(k)!r} → {cb.get(k)!r})")
-    # other files must be byte-identical
+
+
+def _compare_other_files(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
+    """Files other than weights and configs must be in both and byte-identical; any other is unexplained."""
     for rel in sorted(set(A.other_files) | set(B.other_files)):
-        if rel in ("config.json", "model_config.json", "generation_config.json"):
+        if rel in _CONFIG_FILES:
             continue
         pa, pb = A.path / rel, B.path / rel
         if not pa.exists() or not pb.exists():
             res.unexplained.append(f"{rel} is only in {'the input' if pa.exists() else 'the output'}")
         elif pa.read_bytes() != pb.read_bytes():
             res.unexplained.append(f"{rel} differs")
-    return res
 
 
 def _t5_scale(det) -> float | None:
@@ -223,8 +276,6 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
     not installed.
     """
     import importlib.util
-    import subprocess
-    import sys
     import tempfile
 
     missing = [m for m in ("paddle", "paddleformers") if importlib.util.find_spec(m) is None]
@@ -252,28 +303,45 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
         np.save(Path(tmp) / "ids.npy", ids)
         for i, p in enumerate((a_path, b_path)):
             out = Path(tmp) / f"{i}.npy"
-            r = subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "tietool.surgery.fidelity",
-                    str(p),
-                    arch,
-                    str(Path(tmp) / "ids.npy"),
-                    str(out),
-                ],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
-            line = (r.stdout.strip().splitlines() or ["{}"])[-1]
-            try:
-                info = json.loads(line)
-            except json.JSONDecodeError:
-                info = {"ok": False, "error": r.stderr[-300:]}
+            info = _run_fidelity(p, arch, Path(tmp) / "ids.npy", out, timeout)
             if not info.get("ok"):
                 # a checkpoint PaddleFormers cannot load is not a difference: say why nothing was compared
                 return {"ok": None, "error": f"logits not compared: {p}: {info.get('error')}"}
             outs.append(np.load(out)[..., :v])
     d = float(np.max(np.abs(outs[0] - outs[1])))
     return {"ok": d <= 1e-5, "max_abs_diff": d, "error": None, "token_ids_below": v}
+
+
+def _run_fidelity(path, arch: str, ids: Path, out: Path, timeout: float) -> dict:
+    """Run ``tietool.surgery.fidelity`` on checkpoint ``path`` in a subprocess: the logits of the token ids
+    in ``ids`` go to ``out``.
+
+    Returns:
+        the subprocess's last line of JSON (``{"ok": ..., "error": ...}``), or ``ok`` False with the end of
+        its stderr when that line is not JSON.
+
+    Raises:
+        subprocess.TimeoutExpired: it ran longer than ``timeout`` seconds.
+    """
+    import subprocess
+    import sys
+
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tietool.surgery.fidelity",
+            str(path),
+            arch,
+            str(ids),
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    line = (r.stdout.strip().splitlines() or ["{}"])[-1]
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return {"ok": False, "error": r.stderr[-300:]}
