@@ -97,6 +97,10 @@ def _run(fn):
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
         raise typer.Exit(_interrupted()) from None
+    except BrokenPipeError:
+        # the reader went away (| head): end quietly here (Click would turn it into exit 1)
+        _quiet_stdout()
+        raise typer.Exit(0) from None
     except typer.Exit:
         raise
     except MemoryError:
@@ -432,8 +436,7 @@ def main() -> None:
     except typer.Abort:
         code = _interrupted()
     except BrokenPipeError:
-        # the reader of our output went away (| head): not an error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _quiet_stdout()
         code = 0
     except Exception as e:  # noqa: BLE001
         # Click's usage errors (Typer vendors Click): duck-typed, as their classes are not public Typer API
@@ -448,4 +451,14 @@ def main() -> None:
             msg = " ".join(e.format_message().split())
             print(f"tietool: error: {msg}{where}", file=sys.stderr)
             code = e.exit_code
+    try:
+        sys.stdout.flush()  # what is still buffered goes now, while a closed pipe can still be handled
+    except BrokenPipeError:
+        _quiet_stdout()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _quiet_stdout() -> None:
+    """The reader of our output went away (``| head``): not an error of ours. Point stdout at /dev/null so
+    that the interpreter's final flush does not fail again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

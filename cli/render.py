@@ -10,11 +10,20 @@ from rich.console import Console
 from rich.table import Table
 
 
+class _Console(Console):
+    """rich's Console, except that a closed pipe (``| head``) is left to ``cli.app.main``, which ends
+    quietly with exit 0 (rich's own handler exits 1, the code of a tietool error)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def _console(stderr: bool = False) -> Console:
     f = sys.stderr if stderr else sys.stdout
     # not a terminal (pipes, CI): wide lines so names are never wrapped mid-word
     # markup off: names, paths and messages are printed as they are, "[...]" included
-    return Console(
+    return _Console(
         file=f, width=None if f.isatty() else 200, soft_wrap=not f.isatty(), highlight=False, markup=False
     )
 
