@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint
-from .detect import HIDDEN_VOCAB, detect, tied_scale
+from .detect import detect, tied_scale
 from .formats.tensor import TensorInfo, bf16_bits_to_f32
 
 ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", "vocab_size", "padded_vocab_size")
@@ -123,6 +123,7 @@ class _TensorComparison:
             *da.head_aliases,
             *([da.bias] if da.bias else []),
             *da.bias_aliases,
+            *da.extra_tables,
         }
         self.head_names = {da.head, self.db.head, *da.head_aliases}
 
@@ -140,14 +141,23 @@ class _TensorComparison:
 
     def added(self, name: str, tb: TensorInfo) -> None:
         """``name`` is in ``B`` only: explained when it is the head, equal to the embedding."""
-        B, emb_b = self.B, self.emb_b
+        A, B, da, emb_b = self.A, self.B, self.da, self.emb_b
         ok = (
             emb_b in B.tensors
             and name in self.head_names | {self.db.head}
             and _equal_to_embedding(B, name, B, emb_b, scale=_t5_scale(self.db))
         )
-        self.res.added.append({"name": name, "shape": list(tb.shape), "equals_embedding": ok})
-        if not ok:
+        # an embedding restored from the head that stored the table alone (untie, tie --keep head)
+        restored = (
+            not da.embedding_present
+            and name == emb_b
+            and da.head in A.tensors
+            and _equal_to_embedding(B, name, A, da.head)
+        )
+        self.res.added.append(
+            {"name": name, "shape": list(tb.shape), "equals_embedding": ok, "restored_from_head": restored}
+        )
+        if not (ok or restored):
             self.res.unexplained.append(
                 f"{name} was added but is not the head equal to the embedding {emb_b}"
             )
@@ -170,7 +180,7 @@ class _TensorComparison:
 
     def _resized(self, name: str, ta: TensorInfo, tb: TensorInfo, x: np.ndarray, y: np.ndarray) -> None:
         """Explained when ``name`` carries the vocabulary and the common part is bit-identical."""
-        ok, why = _prefix_equal(x, y, name, self.da)
+        ok, why = _prefix_equal(x, y)
         self.res.resized.append(
             {
                 "name": name,
@@ -258,15 +268,24 @@ def _equal_to_embedding(
     return False
 
 
-def _prefix_equal(x: np.ndarray, y: np.ndarray, name: str, det) -> tuple[bool, str]:
+def _prefix_equal(x: np.ndarray, y: np.ndarray) -> tuple[bool, str]:
+    """The part ``x`` and ``y`` have in common along their vocabulary axis is bit-identical.
+
+    The axis is the one whose size changed (resize moves exactly one axis of a vocabulary tensor), so a
+    square head whose layout detection cannot tell is compared the way it was resized; a 1-D bias (or
+    ``[1, V]``) compares entries. Returns ``(equal, what was compared)`` (``rows``, ``columns``,
+    ``entries``); a tensor whose shape changed on more than one axis is not a resize: ``(False, ...)``.
+    """
     if x.ndim == 1 or (x.ndim == 2 and x.shape[0] == 1 and y.shape[0] == 1):
         n = min(x.shape[-1], y.shape[-1])
         return _same_bytes(x[..., :n], y[..., :n]), "entries"
-    if name == det.head and det.head_layout == HIDDEN_VOCAB:
-        n = min(x.shape[1], y.shape[1])
-        return _same_bytes(x[:, :n], y[:, :n]), "columns"
-    n = min(x.shape[0], y.shape[0])
-    return _same_bytes(x[:n], y[:n]), "rows"
+    moved = [a for a in range(x.ndim) if x.shape[a] != y.shape[a]] if x.ndim == y.ndim else []
+    if len(moved) != 1 or moved[0] > 1:
+        return False, "shapes (more than one axis changed)"
+    axis = moved[0]
+    n = min(x.shape[axis], y.shape[axis])
+    common = (slice(None),) * axis + (slice(0, n),)
+    return _same_bytes(x[common], y[common]), "columns" if axis == 1 else "rows"
 
 
 def logits_check(a_path, b_path, timeout: float = 600) -> dict:
