@@ -263,6 +263,7 @@ def run_tool(argv: list[str], timeout: float = 300) -> subprocess.CompletedProce
     """``python -m tietool ARGV`` (the installed package) in a subprocess, cwd = the repository."""
     env = dict(os.environ)
     env.setdefault("CUDA_VISIBLE_DEVICES", "")
+    env.pop("TIETOOL_DEBUG", None)  # the one-line messages are what is judged
     env["NO_COLOR"] = "1"
     env["COLUMNS"] = "200"
     return subprocess.run(

@@ -23,11 +23,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import pickle
 import struct
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from support import casecheck  # independent reader; no tietool imports
-from support.fixture_support import copy_checkpoint, read_pdparams_raw
+from support.fixture_support import copy_checkpoint, read_pdparams_raw, run_tool
 from support.paths import BUG_CASES_DIR, CASES_DIR, EXPECTED_DIR, ORACLES_DIR, REPO  # noqa: F401
 
 REPORT_NAME = "tietool-report.json"
@@ -239,21 +237,8 @@ class Run:
 
 
 def run_cli(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m tietool ARGV`` (the installed package) in a subprocess, cwd = the repository."""
-    env = dict(os.environ)
-    env.setdefault("CUDA_VISIBLE_DEVICES", "")
-    env.pop("TIETOOL_DEBUG", None)
-    env["NO_COLOR"] = "1"
-    env["COLUMNS"] = "200"
-    return subprocess.run(
-        [sys.executable, "-m", "tietool", *map(str, argv)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    """``python -m tietool ARGV`` in a subprocess (:func:`support.fixture_support.run_tool`)."""
+    return run_tool(argv, timeout)
 
 
 def run_on(inp: Path, out: Path | None, command: str, extra: list[str]) -> Run:
