@@ -8,7 +8,7 @@ them; where names shared one array in a ``.pdparams`` (pickle memo), the file he
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, Literal, TypedDict
 
 from . import __version__, surface
 from .detect import Detection
@@ -97,6 +97,105 @@ def savings_if_tied(det: Detection) -> Savings:
     return out
 
 
+def _dropped(plan: Plan) -> list[DroppedTensor]:
+    """The tensors the plan drops, with their reason and whether they shared the embedding's storage."""
+    t, emb_storage = plan.ckpt.tensors, plan.det.emb_info.storage
+    return [
+        {
+            "name": n,
+            "shape": list(t[n].shape),
+            "dtype": t[n].dtype,
+            "parameters": t[n].numel,
+            "bytes": t[n].nbytes,
+            "reason": why,
+            "storage_shared": t[n].storage is not None and t[n].storage == emb_storage,
+        }
+        for n, why in plan.drop.items()
+    ]
+
+
+def _added(plan: Plan) -> list[AddedTensor]:
+    """The tensors the plan writes that the input does not hold."""
+    return [
+        {"name": a.name, "shape": list(a.shape), "dtype": a.dtype, "parameters": a.numel, "bytes": a.nbytes}
+        for a in plan.add
+    ]
+
+
+def _resized(plan: Plan) -> list[ResizedTensor]:
+    """The tensors the plan replaces, with their shape, parameters and bytes before and after."""
+    t = plan.ckpt.tensors
+    return [
+        {
+            "name": n,
+            "shape_before": list(t[n].shape),
+            "shape_after": list(nt.shape),
+            "dtype": nt.dtype,
+            "parameters_before": t[n].numel,
+            "parameters_after": nt.numel,
+            "bytes_before": t[n].nbytes,
+            "bytes_after": nt.nbytes,
+        }
+        for n, nt in plan.replace.items()
+    ]
+
+
+def _total_after(
+    before: int,
+    dropped: list[DroppedTensor],
+    added: list[AddedTensor],
+    resized: list[ResizedTensor],
+    unit: Literal["parameters", "bytes"],
+) -> int:
+    """The checkpoint's total ``unit`` after the plan: ``before`` less the dropped, plus the added and the
+    growth of the resized tensors."""
+    if unit == "parameters":
+        grown = sum(c["parameters_after"] - c["parameters_before"] for c in resized)
+    else:
+        grown = sum(c["bytes_after"] - c["bytes_before"] for c in resized)
+    return before - sum(d[unit] for d in dropped) + sum(a[unit] for a in added) + grown
+
+
+def _config_changes(plan: Plan) -> list[ConfigChange]:
+    """The config keys the plan sets to a value other than the one they hold."""
+    cfg: list[ConfigChange] = []
+    for file, key, value in plan.config_set:
+        before = _get_config(plan.ckpt, file, key)
+        if before != value:
+            cfg.append({"file": file, "key": key, "before": before, "after": value})
+    return cfg
+
+
+def _left_out(plan: Plan, facts: dict | None, keep_training_state: bool) -> list:
+    """The input's files the output does not hold: as the write found them (``facts``), else as it would."""
+    if facts and "left_out" in facts:
+        return facts["left_out"]
+    ckpt = plan.ckpt
+    return [
+        x.as_dict()
+        for x in surface.output_left_out(
+            ckpt.path, ckpt.left_out, ckpt.training_state, plan.changed, keep_training_state
+        )
+    ]
+
+
+def _stale_index_warnings(plan: Plan) -> list[str]:
+    """A warning for each stale index entry the plan drops that the checkpoint's warnings do not name."""
+    return [
+        f"stale index entry {n} dropped (no shard holds it)"
+        for n in plan.stale_index
+        if not any(n in w for w in plan.ckpt.warnings)
+    ]
+
+
+def _add_written_files(rep: dict[str, Any], facts: dict) -> None:
+    """Add the files the write produced (and any it renamed) and their total size to ``rep``."""
+    rep["files"] = facts["files"]
+    rep["total_size"] = facts["total_size"]
+    if facts.get("rename"):
+        rep["files"]["renamed"] = facts["rename"]
+
+
 def build(
     plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False, keep_training_state: bool = False
 ) -> dict:
@@ -105,55 +204,11 @@ def build(
     ``left_out`` lists the input's files the output does not hold (not part of the checkpoint, or training
     state made stale), each with its reason (:class:`surgery.surface.LeftOutReason`)."""
     ckpt, det = plan.ckpt, plan.det
-    t = ckpt.tensors
-    dropped: list[DroppedTensor] = [
-        {
-            "name": n,
-            "shape": list(t[n].shape),
-            "dtype": t[n].dtype,
-            "parameters": t[n].numel,
-            "bytes": t[n].nbytes,
-            "reason": why,
-            "storage_shared": t[n].storage is not None and t[n].storage == det.emb_info.storage,
-        }
-        for n, why in plan.drop.items()
-    ]
-    added: list[AddedTensor] = [
-        {"name": a.name, "shape": list(a.shape), "dtype": a.dtype, "parameters": a.numel, "bytes": a.nbytes}
-        for a in plan.add
-    ]
-    changed: list[ResizedTensor] = []
-    for n, nt in plan.replace.items():
-        changed.append(
-            {
-                "name": n,
-                "shape_before": list(t[n].shape),
-                "shape_after": list(nt.shape),
-                "dtype": nt.dtype,
-                "parameters_before": t[n].numel,
-                "parameters_after": nt.numel,
-                "bytes_before": t[n].nbytes,
-                "bytes_after": nt.nbytes,
-            }
-        )
+    dropped, added, changed = _dropped(plan), _added(plan), _resized(plan)
     p0, b0 = ckpt.total_parameters, ckpt.total_bytes
-    p1 = (
-        p0
-        - sum(d["parameters"] for d in dropped)
-        + sum(a["parameters"] for a in added)
-        + sum(c["parameters_after"] - c["parameters_before"] for c in changed)
-    )
-    b1 = (
-        b0
-        - sum(d["bytes"] for d in dropped)
-        + sum(a["bytes"] for a in added)
-        + sum(c["bytes_after"] - c["bytes_before"] for c in changed)
-    )
-    cfg: list[ConfigChange] = []
-    for file, key, value in plan.config_set:
-        before = _get_config(ckpt, file, key)
-        if before != value:
-            cfg.append({"file": file, "key": key, "before": before, "after": value})
+    p1 = _total_after(p0, dropped, added, changed, "parameters")
+    b1 = _total_after(b0, dropped, added, changed, "bytes")
+    cfg = _config_changes(plan)
     rep: dict[str, Any] = {  # JSON: tietool-report.json
         "tool": f"tietool {__version__}",
         "operation": plan.op,
@@ -176,21 +231,10 @@ def build(
         "saved": {"parameters": p0 - p1, "bytes": b0 - b1, "percent": _pct(b0 - b1, b0)},
         "notes": list(plan.notes),
         "warnings": list(ckpt.warnings) + list(plan.warnings),
-        "left_out": facts["left_out"]
-        if facts and "left_out" in facts
-        else [
-            x.as_dict()
-            for x in surface.output_left_out(
-                ckpt.path, ckpt.left_out, ckpt.training_state, plan.changed, keep_training_state
-            )
-        ],
+        "left_out": _left_out(plan, facts, keep_training_state),
     }
     if plan.stale_index:
-        rep["warnings"] += [
-            f"stale index entry {n} dropped (no shard holds it)"
-            for n in plan.stale_index
-            if not any(n in w for w in ckpt.warnings)
-        ]
+        rep["warnings"] += _stale_index_warnings(plan)
     if plan.extra_report:
         rep["resize"] = plan.extra_report
     if not plan.changed:
@@ -198,8 +242,5 @@ def build(
             f"nothing to change: the output tensors and config equal the input's ({plan.op} is a no-op)"
         )
     if facts:
-        rep["files"] = facts["files"]
-        rep["total_size"] = facts["total_size"]
-        if facts.get("rename"):
-            rep["files"]["renamed"] = facts["rename"]
+        _add_written_files(rep, facts)
     return rep
