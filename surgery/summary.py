@@ -48,9 +48,9 @@ def _surface(det: Detection) -> list[dict[str, Any]]:
     return out
 
 
-def summarize(det: Detection) -> dict[str, Any]:
-    """Everything ``tietool inspect`` reports, as numbers and names (schema in README.md)."""
-    ckpt: Checkpoint = det.ckpt
+def _embedding(det: Detection) -> dict[str, Any]:
+    """The input embedding: its header facts (or, stored only as the head, the name and shape it would
+    have), how it was found and its aliases."""
     emb: dict[str, Any]
     if det.embedding_present:
         emb = _tensor(det, det.embedding)
@@ -61,6 +61,12 @@ def summarize(det: Detection) -> dict[str, Any]:
     emb["stored_as"] = det.embedding_stored_as
     emb["aliases"] = det.embedding_aliases
     emb["other_vocab_tensors"] = det.vocab_aliases
+    return emb
+
+
+def _head(det: Detection) -> dict[str, Any]:
+    """The LM head: its header facts (the shared table's for T5, the name alone when absent), the name
+    untie writes, its layout, aliases and rows."""
     head: dict[str, Any]
     if det.head_present:
         head = _tensor(det, det.head)
@@ -78,11 +84,53 @@ def summarize(det: Detection) -> dict[str, Any]:
     head["layout"] = det.head_layout
     head["aliases"] = det.head_aliases
     head["rows"] = det.head_rows
-    bias: dict[str, Any] | None = None
-    if det.bias:
-        bias = _tensor(det, det.bias)
-        bias["aliases"] = det.bias_aliases
+    return head
+
+
+def _bias(det: Detection) -> dict[str, Any] | None:
+    """The head bias's header facts and aliases (None without a bias)."""
+    if not det.bias:
+        return None
+    bias = _tensor(det, det.bias)
+    bias["aliases"] = det.bias_aliases
+    return bias
+
+
+def _tie(det: Detection) -> dict[str, Any]:
+    """The tie state: what the config says, whether the head is in the files, how the values compare."""
     c = det.comparison
+    return {
+        "config": det.config_tied,
+        "config_source": det.config_source,
+        "config_flags": det.config_flags,
+        "head_in_files": det.head_present,
+        "values": c.values,
+        "max_abs_diff": c.max_abs_diff,
+        "differing_rows": c.differing_rows,
+        "storage_shared": c.storage_shared,
+    }
+
+
+def _vocab(det: Detection) -> dict[str, Any]:
+    """The vocabulary sizes (config, rows, tokenizer) and the special token ids with those beyond the
+    rows."""
+    return {
+        "config_vocab_size": det.config_vocab_size,
+        "embedding_rows": det.vocab_rows,
+        "hidden_size": det.hidden,
+        "tokenizer_size": det.tokenizer.size,
+        "tokenizer_files": list(det.tokenizer.sources),
+        "special_token_ids": [
+            {"file": i.file, "key": i.key, "id": i.id, "beyond_rows": i.id >= det.vocab_rows}
+            for i in det.special_ids
+        ],
+    }
+
+
+def summarize(det: Detection) -> dict[str, Any]:
+    """Everything ``tietool inspect`` reports, as numbers and names (schema in README.md)."""
+    ckpt: Checkpoint = det.ckpt
+    emb, head, bias = _embedding(det), _head(det), _bias(det)
     return {
         "path": str(ckpt.path),
         "format": ckpt.format,
@@ -106,27 +154,8 @@ def summarize(det: Detection) -> dict[str, Any]:
         "head": head,
         "head_bias": bias,
         "vocabulary_tensors": _surface(det),
-        "tie": {
-            "config": det.config_tied,
-            "config_source": det.config_source,
-            "config_flags": det.config_flags,
-            "head_in_files": det.head_present,
-            "values": c.values,
-            "max_abs_diff": c.max_abs_diff,
-            "differing_rows": c.differing_rows,
-            "storage_shared": c.storage_shared,
-        },
-        "vocab": {
-            "config_vocab_size": det.config_vocab_size,
-            "embedding_rows": det.vocab_rows,
-            "hidden_size": det.hidden,
-            "tokenizer_size": det.tokenizer.size,
-            "tokenizer_files": list(det.tokenizer.sources),
-            "special_token_ids": [
-                {"file": i.file, "key": i.key, "id": i.id, "beyond_rows": i.id >= det.vocab_rows}
-                for i in det.special_ids
-            ],
-        },
+        "tie": _tie(det),
+        "vocab": _vocab(det),
         "savings": savings_if_tied(det),
         "loader": {
             "name": det.loader,
