@@ -11,6 +11,7 @@ file order.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -568,6 +569,52 @@ def shared_storage(ckpt: Checkpoint, emb: str, head: str) -> Comparison | None:
     return Comparison("exact", 0.0, 0, storage_shared=True) if e_st is not None and e_st == h_st else None
 
 
+def _bits_dtype(storage: np.dtype) -> np.dtype | None:
+    """The unsigned integer dtype that views ``storage`` as raw bits (None for an unusual item size)."""
+    return np.dtype(f"<u{storage.itemsize}") if storage.itemsize in (1, 2, 4, 8) else None
+
+
+def _chunk_difference(
+    a: np.ndarray, b: np.ndarray, e_bf: bool, h_bf: bool, scale: float | None
+) -> tuple[float, int]:
+    """max |diff| and differing rows of one embedding chunk ``a`` and head chunk ``b``, as float32 (NaN
+    equals NaN; another NaN difference is infinite); the embedding is scaled first when ``scale`` is set."""
+    fa = bf16_bits_to_f32(a) if e_bf else a.astype(np.float32)
+    fb = bf16_bits_to_f32(b) if h_bf else b.astype(np.float32)
+    if scale is not None:  # the embedding times the scale, rounded to the head's dtype as untie writes it
+        fa = fa * np.float32(scale)
+        fa = bf16_bits_to_f32(f32_to_bf16_bits(fa)) if h_bf else fa.astype(b.dtype).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(fa - fb)
+    d = np.where(np.isnan(fa) & np.isnan(fb), 0.0, np.where(np.isnan(d), np.inf, d))
+    if not d.size:
+        return 0.0, 0
+    return float(d.max()), int((d > 0).any(axis=tuple(range(1, d.ndim))).sum())
+
+
+def _head_row_chunks(
+    ckpt: Checkpoint, head: str, hT: np.ndarray | None, chunk_rows: int, start: int, stop: int
+) -> Iterator[np.ndarray]:
+    """The head's rows ``start:stop`` in chunks of ``chunk_rows``: gathered from ``hT`` (the transpose of a
+    ``hidden-vocab`` head) when given, else read as stored."""
+    if hT is None:
+        return ckpt.iter_rows(head, chunk_rows, start, stop)
+    return (np.ascontiguousarray(hT[s : min(s + chunk_rows, stop)]) for s in range(start, stop, chunk_rows))
+
+
+def _in_halves(part: Callable[[int, int], tuple[float, int]], n: int, nbytes: int) -> tuple[float, int]:
+    """``part`` over rows 0:n, in two halves in two threads for a table of 64 MiB or more (reads and numpy
+    release the GIL, so a multi-GB pair compares ~2x faster): the max of the max |diff|, the sum of rows."""
+    if nbytes >= 64 << 20:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(2) as pool:
+            parts = list(pool.map(lambda r: part(*r), [(0, n // 2), (n // 2, n)]))
+    else:
+        parts = [part(0, n)]
+    return max(p[0] for p in parts), sum(p[1] for p in parts)
+
+
 def compare(
     ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int = 1 << 20, scale: float | None = None
 ) -> Comparison:
@@ -593,11 +640,7 @@ def compare(
     e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
     h_bf = ckpt.logical_dtype(h_info) == "bfloat16"
     bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf and scale is None
-    bits = (
-        np.dtype(f"<u{e_info.storage_dtype.itemsize}")
-        if e_info.storage_dtype.itemsize in (1, 2, 4, 8)
-        else None
-    )
+    bits = _bits_dtype(e_info.storage_dtype)
     bit_equal = bit_equal and bits is not None
     if scale is not None:
         equal = "scaled"
@@ -608,44 +651,18 @@ def compare(
 
     def part(start: int, stop: int) -> tuple[float, int]:
         """max |diff| and differing rows over rows start:stop (0.0, 0 when bit-identical)."""
-        if hT is not None:
-            h_chunks = (
-                np.ascontiguousarray(hT[s : min(s + chunk_rows, stop)])
-                for s in range(start, stop, chunk_rows)
-            )
-        else:
-            h_chunks = ckpt.iter_rows(head, chunk_rows, start, stop)
+        h_chunks = _head_row_chunks(ckpt, head, hT, chunk_rows, start, stop)
         max_diff, rows, bit_eq = 0.0, 0, bit_equal
         # the same rows of two tables of one shape, in the same chunks
         for a, b in zip(ckpt.iter_rows(emb, chunk_rows, start, stop), h_chunks, strict=True):
             if bit_eq and np.array_equal(a.view(bits), b.view(bits)):  # bits, not values (-0.0, NaN)
                 continue
             bit_eq = False
-            fa = bf16_bits_to_f32(a) if e_bf else a.astype(np.float32)
-            fb = bf16_bits_to_f32(b) if h_bf else b.astype(np.float32)
-            if (
-                scale is not None
-            ):  # the embedding times the scale, rounded to the head's dtype as untie writes it
-                fa = fa * np.float32(scale)
-                fa = bf16_bits_to_f32(f32_to_bf16_bits(fa)) if h_bf else fa.astype(b.dtype).astype(np.float32)
-            with np.errstate(invalid="ignore", over="ignore"):
-                d = np.abs(fa - fb)
-            d = np.where(np.isnan(fa) & np.isnan(fb), 0.0, np.where(np.isnan(d), np.inf, d))
-            if d.size:
-                max_diff = max(max_diff, float(d.max()))
-                rows += int((d > 0).any(axis=tuple(range(1, d.ndim))).sum())
+            chunk_max, chunk_differing = _chunk_difference(a, b, e_bf, h_bf, scale)
+            max_diff, rows = max(max_diff, chunk_max), rows + chunk_differing
         return max_diff, rows
 
-    # two halves in two threads: reads and numpy release the GIL, so a multi-GB pair compares ~2x faster
-    n = eshape[0]
-    if e_info.nbytes >= 64 << 20:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(2) as pool:
-            parts = list(pool.map(lambda r: part(*r), [(0, n // 2), (n // 2, n)]))
-    else:
-        parts = [part(0, n)]
-    max_diff, rows = max(p[0] for p in parts), sum(p[1] for p in parts)
+    max_diff, rows = _in_halves(part, eshape[0], e_info.nbytes)
     if rows == 0:
         return Comparison(equal, 0.0, 0)
     return Comparison("different", max_diff, rows)
