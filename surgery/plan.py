@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
@@ -408,6 +408,37 @@ def _refuse_unequal_rows(det: Detection, op: str) -> None:
 # ------------------------------------------------------------------ untie
 
 
+def _embedding_as_head(det: Detection, lay: str, scale: float | None) -> Callable[[], np.ndarray | Source]:
+    """The recipe of an untied head: the embedding's bytes in layout ``lay`` (a byte-range copy when the
+    layout is the stored one), times ``scale`` (T5) when given, rounded back to the stored dtype."""
+    ckpt, e = det.ckpt, det.emb_info
+
+    def make() -> np.ndarray | Source:
+        if scale is None and lay == VOCAB_HIDDEN and not e.fortran:
+            return ckpt.source(det.embedding)  # the same bytes: a kernel copy of the embedding's range
+        a = ckpt.load(det.embedding)
+        if scale is not None:
+            lg = ckpt.logical_dtype(e)
+            x = (bf16_bits_to_f32(a) if lg == "bfloat16" else a.astype(np.float32)) * np.float32(scale)
+            a = f32_to_bf16_bits(x) if lg == "bfloat16" else x.astype(a.dtype)
+        return _as_layout(a, lay)
+
+    return make
+
+
+def _place_new_head(det: Detection, plan: Plan, head: NewTensor) -> None:
+    """Put the untied head into the plan: in place of a head that aliased the embedding's storage, in a
+    shard of its own for a sharded checkpoint (as PaddleFormers lays the head out; every existing shard is
+    then copied unchanged), or after the last tensor of the embedding's file."""
+    ckpt = det.ckpt
+    if det.head_info is not None:
+        plan.replace[head.name] = replace(head, file=det.head_info.file)
+    elif ckpt.sharded:
+        plan.add.append(replace(head, file=NEW_SHARD))
+    else:
+        plan.add.append(replace(head, after=_last_in_file(ckpt, head.file)))
+
+
 def plan_untie(det: Detection, layout: str = "auto") -> Plan:
     """Plan ``untie``: the head as its own tensor, equal to the embedding, flag set false.
 
@@ -451,36 +482,9 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
             "is the embedding times that factor, so logits do not change"
         )
 
-    def make() -> np.ndarray | Source:
-        if scale is None and lay == VOCAB_HIDDEN and not e.fortran:
-            return ckpt.source(det.embedding)  # the same bytes: a kernel copy of the embedding's range
-        a = ckpt.load(det.embedding)
-        if scale is not None:
-            lg = ckpt.logical_dtype(e)
-            x = (bf16_bits_to_f32(a) if lg == "bfloat16" else a.astype(np.float32)) * np.float32(scale)
-            a = f32_to_bf16_bits(x) if lg == "bfloat16" else x.astype(a.dtype)
-        return _as_layout(a, lay)
-
+    make = _embedding_as_head(det, lay, scale)
     name = det.head
-    head_info = det.head_info
-    if head_info is not None:  # present: an alias of the embedding's storage, written as its own array
-        plan.replace[name] = NewTensor(
-            name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make, head_info.file
-        )
-    elif ckpt.sharded:
-        # a shard of its own (as PaddleFormers lays the head out): every existing shard is copied unchanged
-        plan.add.append(NewTensor(name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make, NEW_SHARD))
-    else:
-        plan.add.append(
-            NewTensor(
-                name,
-                _out_dtype(ckpt, e, plan.relabel_u16),
-                shape,
-                make,
-                e.file,
-                after=_last_in_file(ckpt, e.file),
-            )
-        )
+    _place_new_head(det, plan, NewTensor(name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make, e.file))
     plan.notes.append(
         f"{name} written as {list(shape)} ({lay}), for the {det.loader} loader"
         + ("" if layout not in (None, "auto") else f" (auto: {det.loader_source})")
