@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import sys
-from enum import Enum
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from ..surgery.errors import ExitCode
+from ..surgery.options import Init, Keep, Layout, Loader
 
 app = typer.Typer(
     name="tietool",
@@ -23,30 +25,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
-
-
-class Layout(str, Enum):
-    auto = "auto"
-    vocab_hidden = "vocab-hidden"
-    hidden_vocab = "hidden-vocab"
-
-
-class Keep(str, Enum):
-    embedding = "embedding"
-    head = "head"
-
-
-class Init(str, Enum):
-    mean = "mean"
-    zeros = "zeros"
-    normal = "normal"
-
-
-class Loader(str, Enum):
-    paddleformers = "paddleformers"
-    paddlenlp_28 = "paddlenlp-2.8"
-    paddlenlp_3 = "paddlenlp-3"
-    hf = "hf"
 
 
 # shared option aliases
@@ -110,7 +88,7 @@ def _run(fn):
             "tietool: error: out of memory; nothing was written — free memory, or check the sizes asked for",
             file=sys.stderr,
         )
-        raise typer.Exit(6) from None
+        raise typer.Exit(ExitCode.OUTPUT) from None
     except Exception as e:  # noqa: BLE001 - last resort: never a bare traceback unless asked
         if _debug():
             raise
@@ -119,29 +97,7 @@ def _run(fn):
             "please report it)",
             file=sys.stderr,
         )
-        raise typer.Exit(70) from None
-
-
-def _layout(layout: Layout | None) -> str | None:
-    return None if layout in (None, Layout.auto) else layout.value
-
-
-def _detect(c, layout: Layout | None, loader: Loader | None, embedding: str | None, head: str | None):
-    """Detection for a write command: the options mapped, values compared."""
-    from ..surgery.detect import detect
-    from ..surgery.summary import check_found, check_names
-
-    check_names(c, embedding, head)
-    det = detect(
-        c,
-        layout=_layout(layout),
-        loader=loader.value if loader else None,
-        embedding_name=embedding,
-        head_name=head,
-        compare_values=True,
-    )
-    check_found(det)
-    return det
+        raise typer.Exit(ExitCode.INTERNAL) from None
 
 
 @app.callback()
@@ -174,55 +130,24 @@ def inspect(
     """Show the embedding, head and bias, their layout, the tie state three ways, and what tying saves."""
 
     def body():
-        from ..surgery.summary import inspect_path
+        from ..surgery import operations
         from . import render
 
-        info = inspect_path(
-            ckpt,
-            layout=_layout(layout),
-            loader=loader.value if loader else None,
-            embedding_name=embedding,
-            head_name=head,
-            compare_values=not no_values,
+        info = operations.inspect(
+            ckpt, layout=layout, loader=loader, embedding=embedding, head=head, compare_values=not no_values
         )
         render.inspect(info, as_json=json_out)
 
     _run(body)
 
 
-def _write_command(
-    ckpt: Path,
-    out: Path,
-    make_plan,
-    dry_run: bool,
-    json_out: bool,
-    link: bool,
-    quiet: bool,
-    keep_training_state: bool = False,
-) -> None:
-    from ..surgery import report as report_mod
-    from ..surgery.checkpoint import Checkpoint
-    from ..surgery.write import check_output_path, execute
+def _progress(quiet: bool):
+    """The progress-bar factory the operations take (None: no bar)."""
+    from functools import partial
+
     from . import render
 
-    c = Checkpoint.open(ckpt)
-    if not dry_run:
-        check_output_path(c.path, out)
-    plan = make_plan(c)
-    if dry_run:
-        rep = report_mod.build(plan, None, str(out), dry_run=True, keep_training_state=keep_training_state)
-        render.report(rep, as_json=json_out)
-        return
-    with render.progress(quiet or json_out, plan.output_bytes) as advance:
-        rep = execute(
-            plan,
-            out,
-            link=link,
-            progress=advance,
-            report=lambda facts: report_mod.build(plan, facts, str(out)),
-            keep_training_state=keep_training_state,
-        )
-    render.report(rep, as_json=json_out)
+    return None if quiet else partial(render.progress, False)
 
 
 @app.command()
@@ -251,21 +176,23 @@ def tie(
     """Drop the LM head (after checking it equals the embedding) and set tie_word_embeddings true."""
 
     def body():
-        from ..surgery.plan import plan_tie
+        from ..surgery import operations
+        from . import render
 
-        _write_command(
+        rep = operations.tie(
             ckpt,
             out,
-            lambda c: plan_tie(
-                _detect(c, layout, loader, embedding, head),
-                keep=keep.value if keep else None,
-                drop_aliases=drop_aliases,
-            ),
-            dry_run,
-            json_out,
-            link,
-            quiet,
+            keep=keep,
+            drop_aliases=drop_aliases,
+            layout=layout,
+            loader=loader,
+            embedding=embedding,
+            head=head,
+            dry_run=dry_run,
+            link=link,
+            progress=_progress(quiet or json_out),
         )
+        render.report(rep, as_json=json_out)
 
     _run(body)
 
@@ -280,7 +207,7 @@ def untie(
             help="layout of a new head: auto = what the checkpoint's loader expects (PaddleNLP "
             "Llama/Qwen/ChatGLM: hidden-vocab; PaddleFormers and the rest: vocab-hidden)"
         ),
-    ] = Layout.auto,
+    ] = Layout.AUTO,
     loader: LoaderOpt = None,
     embedding: EmbOpt = None,
     head: HeadOpt = None,
@@ -292,17 +219,21 @@ def untie(
     """Write the LM head as its own tensor, equal to the embedding, and set tie_word_embeddings false."""
 
     def body():
-        from ..surgery.plan import plan_untie
+        from ..surgery import operations
+        from . import render
 
-        _write_command(
+        rep = operations.untie(
             ckpt,
             out,
-            lambda c: plan_untie(_detect(c, layout, loader, embedding, head), layout=layout.value),
-            dry_run,
-            json_out,
-            link,
-            quiet,
+            layout=layout,
+            loader=loader,
+            embedding=embedding,
+            head=head,
+            dry_run=dry_run,
+            link=link,
+            progress=_progress(quiet or json_out),
         )
+        render.report(rep, as_json=json_out)
 
     _run(body)
 
@@ -320,7 +251,7 @@ def resize(
     ] = None,
     init: Annotated[
         Init, typer.Option(help="new rows: mean (HF mean_resizing), zeros, or normal(initializer_range)")
-    ] = Init.mean,
+    ] = Init.MEAN,
     seed: Annotated[int | None, typer.Option(help="random seed for new rows (same seed: same bytes)")] = None,
     force: Annotated[bool, typer.Option("--force", help="allow trimming rows")] = False,
     keep_training_state: Annotated[
@@ -343,8 +274,9 @@ def resize(
     """Grow or trim the vocabulary rows of the embedding, head and head bias together; update vocab_size."""
 
     def body():
+        from ..surgery import operations
         from ..surgery.errors import UsageError
-        from ..surgery.plan import plan_resize
+        from . import render
 
         def as_int(opt: str, v: str) -> int:
             try:
@@ -360,16 +292,24 @@ def resize(
 
         n = as_int("--vocab", vocab)
         m = None if pad_to_multiple_of is None else as_int("--pad-to-multiple-of", pad_to_multiple_of)
-        _write_command(
+        rep = operations.resize(
             ckpt,
             out,
-            lambda c: plan_resize(_detect(c, layout, loader, embedding, head), n, m, init.value, seed, force),
-            dry_run,
-            json_out,
-            link,
-            quiet,
-            keep_training_state,
+            n,
+            pad_to_multiple_of=m,
+            init=init,
+            seed=seed,
+            force=force,
+            keep_training_state=keep_training_state,
+            layout=layout,
+            loader=loader,
+            embedding=embedding,
+            head=head,
+            dry_run=dry_run,
+            link=link,
+            progress=_progress(quiet or json_out),
         )
+        render.report(rep, as_json=json_out)
 
     _run(body)
 
@@ -386,23 +326,20 @@ def verify(
     """Check that AFTER differs from BEFORE exactly as tie/untie/resize explain (exit 7 if not)."""
 
     def body():
-        from ..surgery.verify import logits_check
-        from ..surgery.verify import verify as run_verify
+        from ..surgery import operations
         from . import render
 
-        res = run_verify(before, after)
-        if logits:
-            res.logits = logits_check(before, after)
-            if res.logits.get("ok") is False:
-                res.unexplained.append(f"logits differ: {res.logits}")
+        res = operations.verify(before, after, logits=logits)
         render.verify(res.as_dict(), as_json=json_out)
-        if not res.explained:
+        if res.exit_code != ExitCode.OK:
             print(
                 f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize do not explain "
                 f"between {before} and {after} (listed above)",
                 file=sys.stderr,
             )
-            raise typer.Exit(7)
+        if res.logits and res.logits.get("ok") is None:
+            print(f"tietool: verify: warning: {res.logits.get('error')}", file=sys.stderr)
+        raise typer.Exit(res.exit_code)
 
     _run(body)
 
@@ -413,7 +350,7 @@ _signal_received: int | None = None
 def _interrupted() -> int:
     """Say so in one line; the exit code is 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM."""
     print("tietool: interrupted; nothing was written", file=sys.stderr)
-    return 128 + (_signal_received or 2)
+    return ExitCode.INTERRUPTED + (_signal_received or 2)
 
 
 def _on_signal(signum, _frame):

@@ -1,11 +1,30 @@
 """One error hierarchy. Every error carries the file it concerns and says how to fix the problem.
 
-The CLI maps each class to a one-line message and an exit code (see ``EXIT_CODES``).
+The CLI maps each class to a one-line message and its :class:`ExitCode`; the Python API raises them.
 """
 
 from __future__ import annotations
 
+from enum import IntEnum
 from pathlib import Path
+
+
+class ExitCode(IntEnum):
+    """Every exit status of ``tietool`` (the one list; the CLI, the errors and ``verify`` use it).
+
+    ``INTERRUPTED`` is the base: a signal adds its number (130 for Ctrl-C, 143 for SIGTERM), as shells do.
+    """
+
+    OK = 0
+    ERROR = 1  # a tietool error of no narrower kind
+    USAGE = 2  # an option value that makes no sense
+    CHECKPOINT = 3  # the input is missing files, corrupt or inconsistent
+    UNSAFE_PICKLE = 4  # a .pdparams names a global outside the allow-list
+    REFUSED = 5  # possible, but would lose or invent information
+    OUTPUT = 6  # the output cannot be written (also: out of memory, read-back mismatch)
+    UNEXPLAINED = 7  # verify: a difference tie/untie/resize do not make
+    INTERNAL = 70  # a bug in tietool (EX_SOFTWARE)
+    INTERRUPTED = 128  # + the signal number
 
 
 class TietoolError(Exception):
@@ -17,7 +36,7 @@ class TietoolError(Exception):
         fix: what the user can do about it.
     """
 
-    exit_code = 1
+    exit_code = ExitCode.ERROR
 
     def __init__(self, message: str, path: str | Path | None = None, fix: str | None = None):
         self.message = message
@@ -38,25 +57,25 @@ class TietoolError(Exception):
 class UsageError(TietoolError):
     """An option value that makes no sense (``--vocab 0``, ``--out`` inside the input, ...)."""
 
-    exit_code = 2
+    exit_code = ExitCode.USAGE
 
 
 class CheckpointError(TietoolError):
     """The checkpoint folder is missing files, is corrupt or inconsistent."""
 
-    exit_code = 3
+    exit_code = ExitCode.CHECKPOINT
 
 
 class UnsafePickleError(CheckpointError):
     """A ``.pdparams`` pickle names a global outside the allow-list; nothing was executed."""
 
-    exit_code = 4
+    exit_code = ExitCode.UNSAFE_PICKLE
 
 
 class RefusedError(TietoolError):
     """The operation is possible but would lose or invent information; an option can override it."""
 
-    exit_code = 5
+    exit_code = ExitCode.REFUSED
 
 
 class ValuesDifferError(RefusedError):
@@ -70,15 +89,8 @@ class AmbiguousLayoutError(RefusedError):
 class OutputError(TietoolError):
     """The output folder cannot be written (exists, inside the input, disk full)."""
 
-    exit_code = 6
+    exit_code = ExitCode.OUTPUT
 
 
-EXIT_CODES = {
-    "ok": 0,
-    "error": TietoolError.exit_code,
-    "usage": UsageError.exit_code,
-    "checkpoint": CheckpointError.exit_code,
-    "unsafe_pickle": UnsafePickleError.exit_code,
-    "refused": RefusedError.exit_code,
-    "output": OutputError.exit_code,
-}
+EXIT_CODES = {c.name.lower(): int(c) for c in ExitCode}
+"""``{name: code}`` of :class:`ExitCode` (for JSON readers)."""

@@ -12,7 +12,13 @@ Every tensor is classified: identical (same bytes), dropped, added, resized, or 
   bfloat16 ``U16`` label written as ``BF16`` with the same bytes.
 
 Every other tensor must be bit-identical, and config files may differ only in ``tie_word_embeddings`` and
-vocab-size keys.
+vocab-size keys (:data:`surgery.vocabkeys.VOCAB_SIZE_KEYS`).
+
+When the embedding's row count changed, every tensor of the input's vocabulary surface (heads, biases,
+aliases, multi-token-prediction copies, vocabulary-shaped tensors) must have moved by the same number of
+entries, and every config key that counted the rows must have moved with them: one left at the old size is
+unexplained (a loader would index past it, or reject it). With ``logits=True`` the logits under PaddleFormers
+must agree too. The verdict (:attr:`VerifyResult.exit_code`) is decided here, not by the caller.
 """
 
 from __future__ import annotations
@@ -24,10 +30,12 @@ from pathlib import Path
 import numpy as np
 
 from .checkpoint import Checkpoint
-from .detect import detect, tied_scale
+from .detect import Detection, detect, tied_scale
+from .errors import ExitCode
 from .formats.tensor import TensorInfo, bf16_bits_to_f32
+from .vocabkeys import VOCAB_SIZE_KEYS, vocab_keys
 
-ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", "vocab_size", "padded_vocab_size")
+ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *VOCAB_SIZE_KEYS)
 
 
 def _flatten(d, prefix=""):
@@ -58,11 +66,23 @@ class VerifyResult:
 
     @property
     def explained(self) -> bool:
+        """Every difference is one tie / untie / resize makes (and the logits agree, when compared)."""
         return not self.unexplained
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """The verdict as an exit status: ``OK``, or ``UNEXPLAINED`` (7)."""
+        return ExitCode.OK if self.explained else ExitCode.UNEXPLAINED
+
+    @property
+    def logits_compared(self) -> bool:
+        """Logits were asked for and computed for both checkpoints."""
+        return bool(self.logits) and self.logits.get("ok") is not None  # type: ignore[union-attr]
 
     def as_dict(self) -> dict:
         return {
             "explained": self.explained,
+            "exit_code": int(self.exit_code),
             "identical_tensors": self.identical,
             "dropped": self.dropped,
             "added": self.added,
@@ -83,12 +103,36 @@ def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
-def verify(a_path, b_path) -> VerifyResult:
+def verify(a_path, b_path, logits: bool = False, timeout: float = 600) -> VerifyResult:
     """Compare checkpoint ``a`` (before) with ``b`` (after). Reads every tensor of both, one at a time.
+
+    Args:
+        a_path, b_path: checkpoint folders (``str`` or ``os.PathLike``).
+        logits: also compare PaddleFormers logits of both on token ids valid in both
+            (:func:`logits_check`; subprocesses, needs the ``paddle`` extra). Logits that differ by more
+            than 1e-5 are unexplained; logits that could not be computed leave the verdict to the tensors
+            and ``res.logits["error"]`` says why.
+        timeout: seconds allowed for each logits subprocess.
+
+    Returns:
+        the classification; ``res.exit_code`` is the verdict.
 
     Raises:
         CheckpointError, UnsafePickleError: as :meth:`Checkpoint.open`.
     """
+    res = _verify_tensors_and_files(a_path, b_path)
+    if logits:
+        res.logits = logits_check(a_path, b_path, timeout=timeout)
+        if res.logits.get("ok") is False:
+            res.unexplained.append(
+                f"logits differ (max |difference| {res.logits.get('max_abs_diff', float('nan')):.3g} "
+                f"> 1e-5 on token ids below {res.logits.get('token_ids_below')})"
+            )
+    return res
+
+
+def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
+    """:func:`verify` without logits."""
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = _TensorComparison(A, B)
     for name, ta in A.tensors.items():
@@ -102,7 +146,43 @@ def verify(a_path, b_path) -> VerifyResult:
             cmp.added(name, tb)
     _compare_configs(cmp.res, A, B)
     _compare_other_files(cmp.res, A, B)
+    _left_at_old_size(cmp.res, cmp.da, cmp.db)
     return cmp.res
+
+
+def _left_at_old_size(res: VerifyResult, da: Detection, db: Detection) -> None:
+    """When the embedding's rows moved by ``d`` (``V`` → ``V + d``), every vocabulary tensor of the input
+    kept in the output must have moved by ``d`` entries along its vocabulary axis, and every vocabulary-size
+    config key that counted the rows (or the head's rows) must have moved by ``d``; name each that did not."""
+    d = db.vocab_rows - da.vocab_rows
+    if d == 0 or not da.embedding_present or not db.embedding_present:
+        return
+    B = db.ckpt
+    for vt in (v for group in da.surface.values() for v in group):
+        if not vt.present or vt.vocab_axis is None or vt.entries is None or vt.name not in B.tensors:
+            continue
+        before, shape = da.ckpt.tensors[vt.name].shape, B.tensors[vt.name].shape
+        now = shape[vt.vocab_axis] if len(shape) > max(vt.vocab_axis, 0) else None
+        # a square table (vocab == hidden) may have moved along either axis: the layout decides which
+        moved = len(shape) == len(before) and any(
+            b == vt.entries and a == vt.entries + d for a, b in zip(shape, before, strict=True)
+        )
+        if not moved:
+            where = "left at the old size" if now == vt.entries else f"has {now} entries"
+            res.unexplained.append(
+                f"{vt.name} ({vt.role.value}) {where}: {vt.entries} → expected {vt.entries + d}, as the "
+                f"embedding went {da.vocab_rows} → {db.vocab_rows} rows"
+            )
+    counted = {da.vocab_rows, da.head_rows}
+    after = {(k.file, k.key): k.value for k in vocab_keys(B.path, B.config)}
+    for k in vocab_keys(da.ckpt.path, da.ckpt.config):
+        if k.value in counted and after.get((k.file, k.key), k.value + d) != k.value + d:
+            now_v = after.get((k.file, k.key))
+            where = "left at the old size" if now_v == k.value else f"is {now_v}"
+            res.unexplained.append(
+                f"{k.file}: {k.key} {where}: {k.value} → expected {k.value + d}, as the embedding went "
+                f"{da.vocab_rows} → {db.vocab_rows} rows"
+            )
 
 
 class _TensorComparison:

@@ -1,0 +1,42 @@
+"""The options of the operations as enums (one copy, shared by the library and the CLI).
+
+This module imports nothing heavy (no numpy), so the CLI can build its ``--help`` from it.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Layout(str, Enum):
+    """The LM head's layout: ``[vocab_size, hidden_size]`` or ``[hidden_size, vocab_size]`` (a Paddle
+    ``nn.Linear`` weight ``[in_features, out_features]``). ``AUTO``: told from the shapes and the loader."""
+
+    AUTO = "auto"
+    VOCAB_HIDDEN = "vocab-hidden"
+    HIDDEN_VOCAB = "hidden-vocab"
+
+
+class Keep(str, Enum):
+    """``tie`` of a head that differs from the embedding: whose values the tied table takes."""
+
+    EMBEDDING = "embedding"
+    HEAD = "head"
+
+
+class Init(str, Enum):
+    """Values of new rows: the mean of the old rows (HF ``mean_resizing``), zeros, or
+    normal(0, ``initializer_range``)."""
+
+    MEAN = "mean"
+    ZEROS = "zeros"
+    NORMAL = "normal"
+
+
+class Loader(str, Enum):
+    """The library that will load the output (its facts are in :mod:`surgery.architectures`)."""
+
+    PADDLEFORMERS = "paddleformers"
+    PADDLENLP_28 = "paddlenlp-2.8"
+    PADDLENLP_3 = "paddlenlp-3"
+    HF = "hf"

@@ -1,0 +1,178 @@
+"""The Python API (``import tietool``): the operations as functions, the report written by the library, the
+same errors (with the CLI's exit codes) as exceptions, and ``verify``'s verdict decided by the library —
+including every vocabulary tensor and vocabulary-size key that a resize left at the old size."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import tietool
+from tietool.surgery.checkpoint import Checkpoint
+
+FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
+CASES = Path(__file__).resolve().parent / "data" / "cases"
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _tensors(folder: Path) -> dict[str, np.ndarray]:
+    ck = Checkpoint.open(folder)
+    return {n: ck.load(n) for n in ck.tensors}
+
+
+def test_import_is_cheap_and_operations_load_on_use():
+    code = (
+        "import sys, tietool\n"
+        "heavy = [m for m in ('numpy', 'paddle') if m in sys.modules]\n"
+        "assert callable(tietool.tie) and 'numpy' in sys.modules\n"
+        "print(heavy)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_tie_untie_round_trip_through_the_api(tmp_path):
+    src = FIX / "pf_llama_tied_fp32"  # PaddleFormers 1.2 wrote lm_head.weight although tied
+    before = _digest(src)
+    rep = tietool.tie(src, tmp_path / "tied")  # os.PathLike
+    assert [d["name"] for d in rep["dropped"]] == ["lm_head.weight"]
+    # the library stored the report it returned
+    stored = json.loads((tmp_path / "tied" / "tietool-report.json").read_text())
+    assert stored == json.loads(json.dumps(rep))
+    assert "lm_head.weight" not in Checkpoint.open(tmp_path / "tied").tensors
+    assert tietool.verify(src, tmp_path / "tied").exit_code == tietool.ExitCode.OK
+
+    tietool.untie(str(tmp_path / "tied"), str(tmp_path / "untied"))  # str paths
+    a, b = _tensors(src), _tensors(tmp_path / "untied")
+    assert a.keys() == b.keys()
+    for n in a:  # untie(tie(x)) == x, bit for bit (the head was equal to the embedding)
+        assert a[n].dtype == b[n].dtype and a[n].tobytes() == b[n].tobytes(), n
+    assert _digest(src) == before  # the input is never touched
+
+
+def test_resize_up_then_down_is_the_identity_on_every_tensor(tmp_path):
+    src = FIX / "pf_llama_untied_fp32"  # 100 rows, untied head
+    up = tietool.resize(src, tmp_path / "up", 101, pad_to_multiple_of=8, init=tietool.Init.NORMAL, seed=3)
+    assert up["resize"]["rows_after"] == 104
+    assert Checkpoint.open(tmp_path / "up").config["vocab_size"] == 104
+    down = tietool.resize(tmp_path / "up", tmp_path / "down", 100, force=True, init="zeros")
+    assert down["resize"]["rows_after"] == 100
+    a, b = _tensors(src), _tensors(tmp_path / "down")
+    for n in a:
+        assert a[n].tobytes() == b[n].tobytes(), n
+
+
+def test_dry_run_writes_nothing_and_reports_the_plan(tmp_path):
+    rep = tietool.resize(FIX / "pf_qwen2_tied", tmp_path / "never", 200, dry_run=True)
+    assert rep["dry_run"] is True and rep["resize"]["rows_after"] == 200
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize(
+    "call, error, code",
+    [
+        (lambda t: tietool.inspect(t / "missing"), tietool.CheckpointError, 3),
+        (lambda t: tietool.tie(FIX / "pf_llama_untied_fp32", t / "o"), tietool.ValuesDifferError, 5),
+        (lambda t: tietool.resize(FIX / "pf_llama_untied_fp32", t / "o", 50), tietool.RefusedError, 5),
+        (lambda t: tietool.resize(FIX / "pf_llama_untied_fp32", t / "o", 0), tietool.UsageError, 2),
+        (lambda t: tietool.untie(FIX / "pf_llama_untied_fp32", FIX), tietool.UsageError, 2),
+    ],
+    ids=["missing-folder", "tie-values-differ", "trim-without-force", "vocab-zero", "out-is-parent-of-input"],
+)
+def test_errors_carry_the_cli_exit_code(tmp_path, call, error, code):
+    before = _digest(FIX / "pf_llama_untied_fp32")
+    with pytest.raises(error) as e:
+        call(tmp_path)
+    assert e.value.exit_code == code and int(e.value.exit_code) == code
+    assert e.value.one_line() and "\n" not in e.value.one_line()
+    assert not (tmp_path / "o").exists()
+    assert _digest(FIX / "pf_llama_untied_fp32") == before
+
+
+# ---------------------------------------------------------------- verify: left at the old size
+
+
+def _put_back_old(out: Path, src: Path, name: str) -> None:
+    """Replace tensor ``name`` in the output's single safetensors file by the input's (old-size) one."""
+    f = out / "model.safetensors"
+    tensors = load_file(f)
+    tensors[name] = load_file(src / "model.safetensors")[name]
+    save_file(tensors, f, metadata={"format": "pt"})
+
+
+C01 = CASES / "c01_deepseek_mtp_embed_head_copies" / "ckpt"  # vocab 24, MTP layer 1 has embed + head
+
+
+@pytest.mark.parametrize(
+    "name", ["model.layers.1.embed_tokens.weight", "model.layers.1.shared_head.head.weight", "lm_head.weight"]
+)
+def test_verify_names_a_vocabulary_tensor_left_at_the_old_size(tmp_path, name):
+    out = tmp_path / "out"
+    tietool.resize(C01, out, 30, seed=1)
+    assert tietool.verify(C01, out).explained
+    _put_back_old(out, C01, name)
+    res = tietool.verify(C01, out)
+    assert res.exit_code == tietool.ExitCode.UNEXPLAINED
+    assert any(
+        u.startswith(f"{name} (") and "left at the old size: 24 → expected 30" in u for u in res.unexplained
+    )
+
+
+@pytest.mark.parametrize(
+    "key, path",
+    [("vocab_size", ["vocab_size"]), ("text_config.vocab_size", ["text_config", "vocab_size"])],
+)
+def test_verify_names_a_vocabulary_size_key_left_at_the_old_size(tmp_path, key, path):
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in C01.iterdir():
+        (src / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["text_config"] = {"vocab_size": 24, "hidden_size": 8}
+    (src / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    tietool.resize(src, out, 26, seed=1)
+    assert tietool.verify(src, out).explained
+    new = json.loads((out / "config.json").read_text())
+    assert new["vocab_size"] == new["text_config"]["vocab_size"] == 26
+    node = new
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = 24
+    (out / "config.json").write_text(json.dumps(new))
+    res = tietool.verify(src, out)
+    assert (
+        f"config.json: {key} left at the old size: 24 → expected 26, as the embedding went 24 → 26 rows"
+        in (res.unexplained)
+    )
+    assert res.exit_code == 7
+
+
+def test_verify_cli_exit_code_is_the_library_verdict(tmp_path):
+    out = tmp_path / "out"
+    tietool.resize(C01, out, 30, seed=1)
+    _put_back_old(out, C01, "model.layers.1.embed_tokens.weight")
+    r = subprocess.run(
+        [sys.executable, "-m", "tietool", "verify", str(C01), str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    res = json.loads(r.stdout)
+    assert r.returncode == res["exit_code"] == tietool.verify(C01, out).exit_code == 7
+    assert res["explained"] is False
