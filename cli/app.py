@@ -29,10 +29,14 @@ app = typer.Typer(
 
 # shared option aliases
 CkptArg = Annotated[
-    Path, typer.Argument(help="checkpoint folder (config.json + weights)", show_default=False)
+    Path,
+    typer.Argument(help="checkpoint folder (config.json + weights)", show_default=False, metavar="CKPT"),
 ]
 OutOpt = Annotated[
-    Path, typer.Option("--out", "-o", help="output folder (must not exist or be empty)", show_default=False)
+    Path,
+    typer.Option(
+        "--out", "-o", help="output folder (must not exist or be empty)", show_default=False, metavar="DIR"
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
 DryOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and the report; write nothing")]
@@ -243,11 +247,23 @@ def resize(
     ckpt: CkptArg,
     out: OutOpt,
     vocab: Annotated[
-        str, typer.Option("--vocab", help="new number of rows (vocab_size)", show_default=False)
-    ],
+        int | None,
+        typer.Option(
+            "--vocab",
+            min=1,
+            help="new number of rows (vocab_size); without it, --pad-to-multiple-of rounds up the rows",
+            show_default=False,
+            metavar="ROWS",
+        ),
+    ] = None,
     pad_to_multiple_of: Annotated[
-        str | None,
-        typer.Option("--pad-to-multiple-of", help="round the row count up to a multiple of this"),
+        int | None,
+        typer.Option(
+            "--pad-to-multiple-of",
+            min=1,
+            help="round the row count up to a multiple of this (as HF resize_token_embeddings)",
+            metavar="N",
+        ),
     ] = None,
     init: Annotated[
         Init, typer.Option(help="new rows: mean (HF mean_resizing), zeros, or normal(initializer_range)")
@@ -278,25 +294,16 @@ def resize(
         from ..surgery.errors import UsageError
         from . import render
 
-        def as_int(opt: str, v: str) -> int:
-            try:
-                n = int(v.strip())
-            except ValueError:
-                raise UsageError(f"{opt} must be an integer, got {v!r}", fix=f"e.g. {opt} 32000") from None
-            if n < 1:
-                raise UsageError(
-                    f"{opt} must be ≥ 1, got {n}",
-                    fix=f"e.g. {opt} 32000" if opt == "--vocab" else f"e.g. {opt} 64",
-                )
-            return n
-
-        n = as_int("--vocab", vocab)
-        m = None if pad_to_multiple_of is None else as_int("--pad-to-multiple-of", pad_to_multiple_of)
+        if vocab is None and pad_to_multiple_of is None:
+            raise UsageError(
+                "resize needs the new number of rows",
+                fix="pass --vocab ROWS, or --pad-to-multiple-of N to round the current rows up",
+            )
         rep = operations.resize(
             ckpt,
             out,
-            n,
-            pad_to_multiple_of=m,
+            vocab,
+            pad_to_multiple_of=pad_to_multiple_of,
             init=init,
             seed=seed,
             force=force,
@@ -316,8 +323,10 @@ def resize(
 
 @app.command()
 def verify(
-    before: Annotated[Path, typer.Argument(help="the input checkpoint", show_default=False)],
-    after: Annotated[Path, typer.Argument(help="the output checkpoint", show_default=False)],
+    before: Annotated[
+        Path, typer.Argument(help="the input checkpoint", show_default=False, metavar="BEFORE")
+    ],
+    after: Annotated[Path, typer.Argument(help="the output checkpoint", show_default=False, metavar="AFTER")],
     logits: Annotated[
         bool, typer.Option("--logits", help="also compare logits under PaddleFormers (if installed)")
     ] = False,
@@ -383,16 +392,32 @@ def main() -> None:
             print(e.format_message())
             code = 0
         else:
-            ctx = getattr(e, "ctx", None)
-            where = f" ({ctx.command_path} --help shows the options)" if ctx is not None else ""
             msg = " ".join(e.format_message().split())
-            print(f"tietool: error: {msg}{where}", file=sys.stderr)
+            print(f"tietool: error: {msg}{_usage_fix(e)}", file=sys.stderr)
             code = e.exit_code
     try:
         sys.stdout.flush()  # what is still buffered goes now, while a closed pipe can still be handled
     except BrokenPipeError:
         _quiet_stdout()
     sys.exit(code if isinstance(code, int) else 0)
+
+
+# a valid value to show for an option given a bad one
+_EXAMPLES = {
+    "--vocab": "--vocab 32000",
+    "--pad-to-multiple-of": "--pad-to-multiple-of 64",
+    "--seed": "--seed 0",
+}
+
+
+def _usage_fix(e: Exception) -> str:
+    """The `` — fix`` part of a Click usage error: a valid example of the option, or where the help is."""
+    param = getattr(e, "param", None)
+    example = next((_EXAMPLES[o] for o in getattr(param, "opts", ()) if o in _EXAMPLES), None)
+    if example:
+        return f" — e.g. {example}"
+    ctx = getattr(e, "ctx", None)
+    return f" — {ctx.command_path} --help shows the options" if ctx is not None else ""
 
 
 def _quiet_stdout() -> None:

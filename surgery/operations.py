@@ -20,6 +20,7 @@ from pathlib import Path
 from . import report as report_mod
 from .checkpoint import Checkpoint
 from .detect import Detection, detect
+from .errors import UsageError
 from .options import Init, Keep, Layout, Loader
 from .plan import Plan, plan_resize, plan_tie, plan_untie
 from .summary import check_found, check_names, inspect_path
@@ -197,7 +198,7 @@ def untie(
 def resize(
     path: PathArg,
     out: PathArg,
-    vocab_size: int,
+    vocab_size: int | None,
     *,
     pad_to_multiple_of: int | None = None,
     init: Init | str = Init.MEAN,
@@ -217,7 +218,8 @@ def resize(
     untied head it leaves alone).
 
     Args:
-        vocab_size: the new number of rows (≥ 1), rounded up to ``pad_to_multiple_of``.
+        vocab_size: the new number of rows (≥ 1), rounded up to ``pad_to_multiple_of``; None: the current
+            rows, rounded up (as HF ``resize_token_embeddings(None, pad_to_multiple_of=64)``).
         init: values of new rows; ``seed`` makes ``NORMAL`` (and nothing else) reproducible.
         force: allow trimming rows.
         keep_training_state: copy optimizer / scheduler / trainer files too (stale after a resize).
@@ -228,7 +230,7 @@ def resize(
     return _run_plan(
         path,
         out,
-        lambda c: plan_resize(
+        lambda c: _plan_resize(
             _detection(c, layout, loader, embedding, head),
             vocab_size,
             pad_to_multiple_of,
@@ -241,6 +243,17 @@ def resize(
         progress,
         keep_training_state,
     )
+
+
+def _plan_resize(det: Detection, vocab_size: int | None, pad_to_multiple_of: int | None, *args) -> Plan:
+    """:func:`plan_resize`; with no ``vocab_size``, the current rows rounded up to ``pad_to_multiple_of``."""
+    if vocab_size is None:
+        if pad_to_multiple_of is None:
+            raise UsageError(
+                "resize needs the new number of rows", fix="give vocab_size, or pad_to_multiple_of alone"
+            )
+        vocab_size = det.vocab_rows
+    return plan_resize(det, vocab_size, pad_to_multiple_of, *args)
 
 
 def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyResult:
