@@ -66,8 +66,21 @@ def _debug() -> bool:
     return os.environ.get("TIETOOL_DEBUG", "") not in ("", "0")
 
 
-def _run(fn):
-    """Run a command body; map tietool errors to one line on stderr and their exit code."""
+def _fail(code: int, line: str, as_json: bool, error: dict | None = None) -> typer.Exit:
+    """Say ``line`` on stderr (one line); with ``--json`` also print ``{"error": {...}, "exit_code": N}`` on
+    stdout, so that ``tietool ... --json | python -m json.tool`` reads an object. Returns the Exit."""
+    print(line, file=sys.stderr)
+    if as_json:
+        import json
+
+        body = {"message": line.removeprefix("tietool: ").removeprefix("error: "), **(error or {})}
+        print(json.dumps({"error": body, "exit_code": int(code)}, indent=2))
+    return typer.Exit(code)
+
+
+def _run(fn, as_json: bool = False):
+    """Run a command body; map tietool errors to one line on stderr (and, with ``--json``, a JSON object on
+    stdout) and their exit code."""
     from ..surgery.errors import TietoolError
 
     try:
@@ -75,8 +88,8 @@ def _run(fn):
     except TietoolError as e:
         if _debug():
             raise
-        print(f"tietool: error: {e.one_line()}", file=sys.stderr)
-        raise typer.Exit(e.exit_code) from None
+        err = {"type": type(e).__name__, "message": e.message, "path": e.path, "fix": e.fix}
+        raise _fail(e.exit_code, f"tietool: error: {e.one_line()}", as_json, err) from None
     except KeyboardInterrupt:
         raise typer.Exit(_interrupted()) from None
     except BrokenPipeError:
@@ -88,26 +101,36 @@ def _run(fn):
     except MemoryError:
         if _debug():
             raise
-        print(
-            "tietool: error: out of memory; nothing was written — free memory, or check the sizes asked for",
-            file=sys.stderr,
+        line = (
+            "tietool: error: out of memory; nothing was written — free memory, or check the sizes asked for"
         )
-        raise typer.Exit(ExitCode.OUTPUT) from None
+        raise _fail(ExitCode.OUTPUT, line, as_json, {"type": "MemoryError"}) from None
     except Exception as e:  # noqa: BLE001 - last resort: never a bare traceback unless asked
         if _debug():
             raise
-        print(
+        line = (
             f"tietool: internal error: {type(e).__name__}: {e} (set TIETOOL_DEBUG=1 for the traceback; "
-            "please report it)",
-            file=sys.stderr,
+            "please report it)"
         )
-        raise typer.Exit(ExitCode.INTERNAL) from None
+        raise _fail(ExitCode.INTERNAL, line, as_json, {"type": type(e).__name__}) from None
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        print(f"tietool {__version__}")
+        raise typer.Exit(0)
 
 
 @app.callback()
 def _main(
     debug: Annotated[
         bool, typer.Option("--debug", help="show Python tracebacks (also TIETOOL_DEBUG=1)")
+    ] = False,
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_print_version, help="print the version and exit"),
     ] = False,
 ) -> None:
     if debug:
@@ -142,7 +165,7 @@ def inspect(
         )
         render.inspect(info, as_json=json_out)
 
-    _run(body)
+    _run(body, json_out)
 
 
 def _progress(quiet: bool):
@@ -198,7 +221,7 @@ def tie(
         )
         render.report(rep, as_json=json_out)
 
-    _run(body)
+    _run(body, json_out)
 
 
 @app.command()
@@ -239,7 +262,7 @@ def untie(
         )
         render.report(rep, as_json=json_out)
 
-    _run(body)
+    _run(body, json_out)
 
 
 @app.command()
@@ -318,7 +341,7 @@ def resize(
         )
         render.report(rep, as_json=json_out)
 
-    _run(body)
+    _run(body, json_out)
 
 
 @app.command()
@@ -350,7 +373,7 @@ def verify(
             print(f"tietool: verify: warning: {res.logits.get('error')}", file=sys.stderr)
         raise typer.Exit(res.exit_code)
 
-    _run(body)
+    _run(body, json_out)
 
 
 _signal_received: int | None = None
@@ -393,8 +416,11 @@ def main() -> None:
             code = 0
         else:
             msg = " ".join(e.format_message().split())
-            print(f"tietool: error: {msg}{_usage_fix(e)}", file=sys.stderr)
-            code = e.exit_code
+            as_json = "--json" in sys.argv[1:]
+            code = _fail(
+                e.exit_code, f"tietool: error: {msg}{_usage_fix(e)}", as_json, {"type": "UsageError"}
+            )
+            code = code.exit_code
     try:
         sys.stdout.flush()  # what is still buffered goes now, while a closed pipe can still be handled
     except BrokenPipeError:

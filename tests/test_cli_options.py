@@ -1,0 +1,79 @@
+"""Command-line details a daily user meets: errors as JSON with ``--json``, ``--version``, integer options
+with their range, and ``resize --pad-to-multiple-of`` without ``--vocab``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tietool import __version__
+from tietool.surgery.checkpoint import Checkpoint
+
+FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
+
+
+def _cli(*args: object) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tietool", *map(str, args)], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    "args, code, kind",
+    [
+        (["inspect", "{tmp}/missing", "--json"], 3, "CheckpointError"),
+        (["tie", FIX / "pf_llama_untied_fp32", "--out", "{tmp}/o", "--json"], 5, "ValuesDifferError"),
+        (
+            ["resize", FIX / "pf_llama_untied_fp32", "--out", "{tmp}/o", "--vocab", "0", "--json"],
+            2,
+            "UsageError",
+        ),
+        (["resize", FIX / "pf_llama_untied_fp32", "--out", "{tmp}/o", "--json"], 2, "UsageError"),
+    ],
+    ids=["missing-folder", "values-differ", "vocab-out-of-range", "no-size-given"],
+)
+def test_json_errors_are_an_object_on_stdout(tmp_path, args, code, kind):
+    r = _cli(*[str(a).replace("{tmp}", str(tmp_path)) for a in args])
+    assert r.returncode == code
+    doc = json.loads(r.stdout)  # parses: `... --json | python -m json.tool` works
+    assert doc["exit_code"] == code and doc["error"]["type"] == kind
+    assert doc["error"]["message"] and not doc["error"]["message"].startswith("tietool")
+    # the one line on stderr is still there, and says the same
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("tietool: error: ")
+    assert not (tmp_path / "o").exists()
+
+
+def test_errors_without_json_leave_stdout_empty(tmp_path):
+    r = _cli("inspect", tmp_path / "missing")
+    assert r.returncode == 3 and r.stdout == ""
+
+
+def test_version():
+    r = _cli("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"tietool {__version__}"
+
+
+def test_pad_to_multiple_of_alone_rounds_the_current_rows_up(tmp_path):
+    """As HF ``resize_token_embeddings(None, pad_to_multiple_of=64)``: 100 rows → 128."""
+    out = tmp_path / "o"
+    r = _cli("resize", FIX / "pf_llama_untied_fp32", "--out", out, "--pad-to-multiple-of", 64, "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["resize"]["rows_before"] == 100 and rep["resize"]["rows_after"] == 128
+    ck = Checkpoint.open(out)
+    assert ck.config["vocab_size"] == 128
+    assert ck.tensors["model.embed_tokens.weight"].shape[0] == 128
+
+
+@pytest.mark.parametrize("opt, value", [("--vocab", "1.5"), ("--vocab", "-3"), ("--pad-to-multiple-of", "0")])
+def test_integer_options_name_the_option_and_an_example(tmp_path, opt, value):
+    args = ["resize", FIX / "pf_llama_untied_fp32", "--out", tmp_path / "o", opt, value]
+    if opt != "--vocab":
+        args += ["--vocab", "128"]
+    r = _cli(*args)
+    assert r.returncode == 2
+    assert opt in r.stderr and f"e.g. {opt} " in r.stderr and r.stderr.count("\n") == 1
