@@ -29,10 +29,11 @@ from pathlib import Path
 
 import numpy as np
 
+from . import chunked
 from .checkpoint import Checkpoint
 from .detect import Detection, detect, tied_scale
 from .errors import ExitCode
-from .formats.tensor import TensorInfo, bf16_bits_to_f32
+from .formats.tensor import TensorInfo
 from .vocabkeys import VOCAB_SIZE_KEYS, vocab_keys
 
 ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *VOCAB_SIZE_KEYS)
@@ -92,15 +93,6 @@ class VerifyResult:
             "unexplained": self.unexplained,
             "logits": self.logits,
         }
-
-
-def _f32(ck: Checkpoint, name: str) -> np.ndarray:
-    a = ck.load(name)
-    return bf16_bits_to_f32(a) if ck.logical_dtype(ck.tensors[name]) == "bfloat16" else a.astype(np.float32)
-
-
-def _same_bytes(a: np.ndarray, b: np.ndarray) -> bool:
-    return a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
 
 
 def verify(a_path, b_path, logits: bool = False, timeout: float = 600) -> VerifyResult:
@@ -245,22 +237,21 @@ class _TensorComparison:
     def kept(self, name: str, ta: TensorInfo, tb: TensorInfo) -> None:
         """``name`` is in both: identical (a ``U16`` → ``BF16`` label change with the same bytes is noted as
         a change), resized, or changed."""
-        x, y = self.A.load(name), self.B.load(name)
         same_label = ta.dtype == tb.dtype or {ta.dtype, tb.dtype} == {"U16", "BF16"}
-        if ta.shape == tb.shape and same_label and _same_bytes(x, y):
+        if ta.shape == tb.shape and same_label and chunked.same_bytes(self.A, self.B, name):
             self.res.identical += 1
             if ta.dtype != tb.dtype:
                 self.res.changed.append(
                     {"name": name, "why": f"dtype label {ta.dtype} → {tb.dtype}, same bytes"}
                 )
         elif ta.shape != tb.shape:
-            self._resized(name, ta, tb, x, y)
+            self._resized(name, ta, tb)
         else:
-            self._changed(name, ta, x)
+            self._changed(name, ta)
 
-    def _resized(self, name: str, ta: TensorInfo, tb: TensorInfo, x: np.ndarray, y: np.ndarray) -> None:
+    def _resized(self, name: str, ta: TensorInfo, tb: TensorInfo) -> None:
         """Explained when ``name`` carries the vocabulary and the common part is bit-identical."""
-        ok, why = _prefix_equal(x, y)
+        ok, why = _common_part_equal(self.A, self.B, name)
         self.res.resized.append(
             {
                 "name": name,
@@ -276,11 +267,11 @@ class _TensorComparison:
         elif not ok:
             self.res.unexplained.append(f"{name} was resized but its common {why} differ")
 
-    def _changed(self, name: str, ta: TensorInfo, x: np.ndarray) -> None:
+    def _changed(self, name: str, ta: TensorInfo) -> None:
         """Same shape, other values: explained when the head now equals the embedding, or the embedding took
         the head's values (``tie --keep head``)."""
         A, B, da = self.A, self.B, self.da
-        diff = float(np.max(np.abs(_f32(A, name) - _f32(B, name)))) if x.size else 0.0
+        diff = chunked.max_abs_diff(A, B, name)
         entry = {"name": name, "shape": list(ta.shape), "max_abs_diff": diff}
         self.res.changed.append(entry)
         if (
@@ -335,37 +326,31 @@ def _t5_scale(det) -> float | None:
 def _equal_to_embedding(
     X: Checkpoint, name: str, E: Checkpoint, emb: str, scale: float | None = None
 ) -> bool:
-    h, e = X.load(name), E.load(emb)
-    for cand in (h, h.T if h.ndim == 2 else h):
-        if _same_bytes(cand, e):
-            return True
-    if scale is not None and h.size == e.size:
-        hf = _f32(X, name)
-        ef = _f32(E, emb) * np.float32(scale)
-        for cand in (hf, hf.T):
-            if cand.shape == ef.shape and np.allclose(cand, ef, rtol=1e-2, atol=0):
-                return True
-    return False
+    """``X[name]`` holds the embedding ``E[emb]``: the same bits as stored or transposed (a ``[hidden,
+    vocab]`` head), or, with ``scale``, its values times ``scale`` (T5's tied head materialised). Read in
+    bounded chunks (:mod:`surgery.chunked`)."""
+    if chunked.same_bytes(X, E, name, emb) or chunked.transposed_equal(X, name, E, emb):
+        return True
+    if scale is None:
+        return False
+    return chunked.scaled_equal(X, name, E, emb, scale) or chunked.transposed_equal(X, name, E, emb, scale)
 
 
-def _prefix_equal(x: np.ndarray, y: np.ndarray) -> tuple[bool, str]:
-    """The part ``x`` and ``y`` have in common along their vocabulary axis is bit-identical.
+def _common_part_equal(A: Checkpoint, B: Checkpoint, name: str) -> tuple[bool, str]:
+    """The part ``name`` has in both checkpoints along its vocabulary axis is bit-identical.
 
     The axis is the one whose size changed (resize moves exactly one axis of a vocabulary tensor), so a
     square head whose layout detection cannot tell is compared the way it was resized; a 1-D bias (or
     ``[1, V]``) compares entries. Returns ``(equal, what was compared)`` (``rows``, ``columns``,
     ``entries``); a tensor whose shape changed on more than one axis is not a resize: ``(False, ...)``.
     """
-    if x.ndim == 1 or (x.ndim == 2 and x.shape[0] == 1 and y.shape[0] == 1):
-        n = min(x.shape[-1], y.shape[-1])
-        return _same_bytes(x[..., :n], y[..., :n]), "entries"
-    moved = [a for a in range(x.ndim) if x.shape[a] != y.shape[a]] if x.ndim == y.ndim else []
+    xs, ys = tuple(A.tensors[name].shape), tuple(B.tensors[name].shape)
+    if len(xs) == 1 or (len(xs) == 2 and len(ys) == 2 and xs[0] == 1 and ys[0] == 1):
+        return chunked.common_part_equal(A, B, name, len(xs) - 1), "entries"
+    moved = [a for a in range(len(xs)) if xs[a] != ys[a]] if len(xs) == len(ys) else []
     if len(moved) != 1 or moved[0] > 1:
         return False, "shapes (more than one axis changed)"
-    axis = moved[0]
-    n = min(x.shape[axis], y.shape[axis])
-    common = (slice(None),) * axis + (slice(0, n),)
-    return _same_bytes(x[common], y[common]), "columns" if axis == 1 else "rows"
+    return chunked.common_part_equal(A, B, name, moved[0]), "columns" if moved[0] == 1 else "rows"
 
 
 def logits_check(a_path, b_path, timeout: float = 600) -> dict:
