@@ -9,7 +9,7 @@ no paddle)::
     import tietool
     info = tietool.inspect("ckpt/")                      # dict: what `tietool inspect --json` prints
     rep = tietool.tie("ckpt/", "tied/")                  # dict: the report (also tied/tietool-report.json)
-    rep = tietool.resize("ckpt/", "resized/", 32000, pad_to_multiple_of=64)
+    rep = tietool.resize("ckpt/", 32000, "resized/", pad_to_multiple_of=64)
     assert tietool.verify("ckpt/", "resized/").explained
 
 Errors are :class:`tietool.TietoolError` subclasses; ``err.exit_code`` is the CLI's exit status.

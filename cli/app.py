@@ -30,12 +30,28 @@ app = typer.Typer(
 # shared option aliases
 CkptArg = Annotated[
     Path,
-    typer.Argument(help="checkpoint folder (config.json + weights)", show_default=False, metavar="CKPT"),
+    typer.Argument(
+        help="checkpoint folder (config.json + weights); default: the current folder",
+        show_default=False,
+        metavar="CKPT",
+    ),
 ]
 OutOpt = Annotated[
-    Path,
+    Path | None,
     typer.Option(
-        "--out", "-o", help="output folder (must not exist or be empty)", show_default=False, metavar="DIR"
+        "--out",
+        "-o",
+        help="output folder (must not exist or be empty); without it, CKPT is rewritten in place "
+        "(crash-safe, the old version kept as CKPT.tietool-backup-<time>)",
+        show_default=False,
+        metavar="DIR",
+    ),
+]
+BackupOpt = Annotated[
+    bool,
+    typer.Option(
+        "--backup/--no-backup",
+        help="in place: keep the old version beside the checkpoint (it costs only the rewritten shards)",
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
@@ -139,7 +155,7 @@ def _main(
 
 @app.command()
 def inspect(
-    ckpt: CkptArg,
+    ckpt: CkptArg = Path("."),
     json_out: JsonOpt = False,
     layout: Annotated[Layout | None, typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
     loader: LoaderOpt = None,
@@ -168,6 +184,42 @@ def inspect(
     _run(body, json_out)
 
 
+def _render_write(rep: dict, as_json: bool) -> None:
+    """The report, and for an in-place run where the old version went and what earlier runs left."""
+    from . import render
+
+    render.report(rep, as_json=as_json)
+    ip = rep.get("in_place")
+    if as_json or not ip:
+        return
+    rec = ip.get("recovered") or {}
+    for what, paths in (("removed", rec.get("removed_temps")), ("kept as a backup", rec.get("kept_backups"))):
+        for p in paths or ():
+            print(f"note: left by an interrupted run: {p} ({what})")
+    if rec.get("restored"):
+        print(
+            f"note: an interrupted in-place run had left no folder at {rec['restored']}; "
+            "its complete new version was put there"
+        )
+    if not ip.get("written"):
+        print("in place: nothing written" + (" (dry run)" if rep.get("dry_run") else " (nothing to change)"))
+    elif ip.get("backup"):
+        print(
+            f"in place: {rep['input']} rewritten; the previous version is {ip['backup']} "
+            f"(restore: rm -rf {rep['input']} && mv {ip['backup']} {rep['input']}; delete it when satisfied)"
+        )
+    else:
+        print(f"in place: {rep['input']} rewritten (no backup kept)")
+    if ip.get("written") and _inside(Path(rep["input"])):
+        print("note: your shell is still inside the previous version's folder: run `cd .` to see the new one")
+
+
+def _inside(folder: Path) -> bool:
+    """The current folder was ``folder`` (or inside it) before a swap: its path still names ``folder``."""
+    here = Path(os.environ.get("PWD") or os.getcwd())
+    return here == folder or folder in here.parents
+
+
 def _progress(quiet: bool):
     """The progress-bar factory the operations take (None: no bar)."""
     from functools import partial
@@ -179,8 +231,8 @@ def _progress(quiet: bool):
 
 @app.command()
 def tie(
-    ckpt: CkptArg,
-    out: OutOpt,
+    ckpt: CkptArg = Path("."),
+    out: OutOpt = None,
     keep: Annotated[
         Keep | None, typer.Option(help="when head and embedding differ: which values to keep")
     ] = None,
@@ -199,12 +251,12 @@ def tie(
     json_out: JsonOpt = False,
     link: LinkOpt = False,
     quiet: QuietOpt = False,
+    backup: BackupOpt = True,
 ) -> None:
     """Drop the LM head (after checking it equals the embedding) and set tie_word_embeddings true."""
 
     def body():
         from ..surgery import operations
-        from . import render
 
         rep = operations.tie(
             ckpt,
@@ -218,16 +270,17 @@ def tie(
             dry_run=dry_run,
             link=link,
             progress=_progress(quiet or json_out),
+            backup=backup,
         )
-        render.report(rep, as_json=json_out)
+        _render_write(rep, json_out)
 
     _run(body, json_out)
 
 
 @app.command()
 def untie(
-    ckpt: CkptArg,
-    out: OutOpt,
+    ckpt: CkptArg = Path("."),
+    out: OutOpt = None,
     layout: Annotated[
         Layout,
         typer.Option(
@@ -242,12 +295,12 @@ def untie(
     json_out: JsonOpt = False,
     link: LinkOpt = False,
     quiet: QuietOpt = False,
+    backup: BackupOpt = True,
 ) -> None:
     """Write the LM head as its own tensor, equal to the embedding, and set tie_word_embeddings false."""
 
     def body():
         from ..surgery import operations
-        from . import render
 
         rep = operations.untie(
             ckpt,
@@ -259,16 +312,17 @@ def untie(
             dry_run=dry_run,
             link=link,
             progress=_progress(quiet or json_out),
+            backup=backup,
         )
-        render.report(rep, as_json=json_out)
+        _render_write(rep, json_out)
 
     _run(body, json_out)
 
 
 @app.command()
 def resize(
-    ckpt: CkptArg,
-    out: OutOpt,
+    ckpt: CkptArg = Path("."),
+    out: OutOpt = None,
     vocab: Annotated[
         int | None,
         typer.Option(
@@ -309,13 +363,13 @@ def resize(
     json_out: JsonOpt = False,
     link: LinkOpt = False,
     quiet: QuietOpt = False,
+    backup: BackupOpt = True,
 ) -> None:
     """Grow or trim the vocabulary rows of the embedding, head and head bias together; update vocab_size."""
 
     def body():
         from ..surgery import operations
         from ..surgery.errors import UsageError
-        from . import render
 
         if vocab is None and pad_to_multiple_of is None:
             raise UsageError(
@@ -324,8 +378,8 @@ def resize(
             )
         rep = operations.resize(
             ckpt,
-            out,
             vocab,
+            out,
             pad_to_multiple_of=pad_to_multiple_of,
             init=init,
             seed=seed,
@@ -338,8 +392,9 @@ def resize(
             dry_run=dry_run,
             link=link,
             progress=_progress(quiet or json_out),
+            backup=backup,
         )
-        render.report(rep, as_json=json_out)
+        _render_write(rep, json_out)
 
     _run(body, json_out)
 

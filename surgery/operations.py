@@ -11,21 +11,24 @@ as ``tietool-report.json`` before the output is renamed into place.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from enum import Enum
 from os import PathLike
 from pathlib import Path
 
+from . import inplace, surface
 from . import report as report_mod
 from .checkpoint import Checkpoint
 from .detect import Detection, detect
-from .errors import UsageError
+from .errors import OutputError, RefusedError, UsageError
 from .options import Init, Keep, Layout, Loader
 from .plan import Plan, plan_resize, plan_tie, plan_untie
 from .summary import check_found, check_names, inspect_path
 from .verify import VerifyResult
 from .verify import verify as _verify
+from .write import _fsync_dir as fsync_dir
 from .write import check_output_path, execute
 
 PathArg = str | PathLike[str]
@@ -65,7 +68,11 @@ def inspect(
     Raises:
         CheckpointError, UnsafePickleError, UsageError: as :meth:`Checkpoint.open` and :func:`detect`.
     """
-    return inspect_path(
+    try:
+        rec = inplace.recover(Path(path))  # what a killed in-place run left (a missing folder is restored)
+    except OSError:
+        rec = inplace.Recovery()  # a read-only parent folder: nothing to put right from here
+    info = inspect_path(
         Path(path),
         layout=_layout(layout),
         loader=_value(loader),
@@ -73,6 +80,9 @@ def inspect(
         head_name=head,
         compare_values=compare_values,
     )
+    if rec:
+        info["recovered"] = rec.as_dict()
+    return info
 
 
 def _detection(
@@ -98,15 +108,18 @@ def _detection(
 
 def _run_plan(
     path: PathArg,
-    out: PathArg,
+    out: PathArg | None,
     make_plan: Callable[[Checkpoint], Plan],
     dry_run: bool,
     link: bool,
     progress: ProgressFactory | None,
     keep_training_state: bool = False,
+    backup: bool = True,
 ) -> dict:
     """Open ``path``, plan, and either report the plan (``dry_run``) or write it to ``out`` atomically
-    with the report inside; returns the report."""
+    with the report inside (``out`` None: in place, :func:`_in_place`); returns the report."""
+    if out is None:
+        return _in_place(Path(path), make_plan, dry_run, progress, keep_training_state, backup)
     ckpt = Checkpoint.open(Path(path))
     if not dry_run:
         check_output_path(ckpt.path, Path(out))
@@ -124,9 +137,76 @@ def _run_plan(
         )
 
 
+def _in_place(
+    path: Path,
+    make_plan: Callable[[Checkpoint], Plan],
+    dry_run: bool,
+    progress: ProgressFactory | None,
+    keep_training_state: bool,
+    backup: bool,
+) -> dict:
+    """Rewrite checkpoint ``path`` in place (:mod:`surgery.inplace`): what killed runs left is put right
+    first; the new version is built beside it with untouched files hard-linked, read back, and swapped in;
+    the old one is kept as a backup unless ``backup`` is False. A plan that changes nothing writes nothing.
+
+    Raises:
+        RefusedError: no backup asked for while the write would leave files out (they would be deleted).
+        and what :func:`_run_plan` raises; the checkpoint is then unchanged.
+    """
+    ckpt_path = Path(os.path.abspath(path))
+    rec = inplace.recover(ckpt_path)
+    plan = make_plan(Checkpoint.open(ckpt_path))
+    if dry_run or not plan.changed:
+        rep = report_mod.build(
+            plan, None, str(ckpt_path), dry_run=dry_run, keep_training_state=keep_training_state
+        )
+        rep["in_place"] = {"written": False, "backup": None, "recovered": rec.as_dict()}
+        return rep
+    if not backup:
+        _refuse_deleting_left_out(plan, keep_training_state)
+    token, bak = inplace.new_token(), (inplace.backup_name(ckpt_path) if backup else None)
+    staging = inplace.staging_path(ckpt_path, token)
+    info = {"written": True, "token": token, "backup": str(bak) if bak else None, "recovered": rec.as_dict()}
+
+    def report(facts: dict) -> dict:
+        return {**report_mod.build(plan, facts, str(ckpt_path)), "in_place": info}
+
+    with (progress or (lambda _total: nullcontext(None)))(plan.output_bytes) as advance:
+        rep = execute(
+            plan, staging, link=True, progress=advance, report=report, keep_training_state=keep_training_state
+        )
+    try:
+        info["atomic_exchange"] = inplace.swap_in(ckpt_path, staging, bak, fsync_dir)
+    except OSError as e:
+        raise OutputError(
+            f"could not swap the new version in ({e.strerror})",
+            ckpt_path,
+            "the checkpoint is unchanged; free the folder (permissions, a busy mount) and run again",
+        ) from None
+    return {**rep, "in_place": info}
+
+
+def _refuse_deleting_left_out(plan: Plan, keep_training_state: bool) -> None:
+    """In place without a backup, files the output leaves out would be deleted: refuse, naming them."""
+    ck = plan.ckpt
+    lost = [
+        x.file
+        for x in surface.output_left_out(
+            ck.path, ck.left_out, ck.training_state, plan.changed, keep_training_state
+        )
+        if not x.kept
+    ]
+    if lost:
+        raise RefusedError(
+            f"in place without a backup would delete {', '.join(lost)} (not part of the new checkpoint)",
+            ck.path,
+            "keep the backup (the default), keep the training state, or write to another folder",
+        )
+
+
 def tie(
     path: PathArg,
-    out: PathArg,
+    out: PathArg | None = None,
     *,
     keep: Keep | str | None = None,
     drop_aliases: bool = False,
@@ -137,6 +217,7 @@ def tie(
     dry_run: bool = False,
     link: bool = False,
     progress: ProgressFactory | None = None,
+    backup: bool = True,
 ) -> dict:
     """Drop the LM head where the loader re-ties it, after checking that its values equal the input
     embedding's; set ``tie_word_embeddings`` true (as PaddleFormers' ``tie_weights`` expects).
@@ -144,7 +225,10 @@ def tie(
     Args:
         keep: when head and embedding differ, whose values to keep (None refuses).
         drop_aliases: also drop copies of the embedding under alias names (T5/BART encoder/decoder).
-        link: hard-link untouched weight files instead of copying them.
+        out: the output folder (must not exist, or be empty); None rewrites ``path`` in place, crash-safe
+            (:mod:`surgery.inplace`), keeping the old version as ``NAME.tietool-backup-<time>`` unless
+            ``backup`` is False (its path is the report's ``in_place.backup``).
+        link: hard-link untouched weight files instead of copying them (always, in place).
 
     Returns:
         the parameter-savings report (:func:`surgery.report.build`).
@@ -162,12 +246,13 @@ def tie(
         dry_run,
         link,
         progress,
+        backup=backup,
     )
 
 
 def untie(
     path: PathArg,
-    out: PathArg,
+    out: PathArg | None = None,
     *,
     layout: Layout | str = Layout.AUTO,
     loader: Loader | str | None = None,
@@ -176,6 +261,7 @@ def untie(
     dry_run: bool = False,
     link: bool = False,
     progress: ProgressFactory | None = None,
+    backup: bool = True,
 ) -> dict:
     """Write the LM head as its own tensor equal to the input embedding, in the layout the loader expects
     (``layout``: AUTO), and set ``tie_word_embeddings`` false.
@@ -192,13 +278,14 @@ def untie(
         dry_run,
         link,
         progress,
+        backup=backup,
     )
 
 
 def resize(
     path: PathArg,
-    out: PathArg,
-    vocab_size: int | None,
+    vocab_size: int | None = None,
+    out: PathArg | None = None,
     *,
     pad_to_multiple_of: int | None = None,
     init: Init | str = Init.MEAN,
@@ -212,6 +299,7 @@ def resize(
     dry_run: bool = False,
     link: bool = False,
     progress: ProgressFactory | None = None,
+    backup: bool = True,
 ) -> dict:
     """Grow or trim the vocabulary rows of every vocabulary tensor together (embedding, head, head bias,
     copies) and every vocabulary-size config key, as PaddleFormers' ``resize_token_embeddings`` (plus the
@@ -242,6 +330,7 @@ def resize(
         link,
         progress,
         keep_training_state,
+        backup,
     )
 
 

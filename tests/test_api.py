@@ -67,10 +67,10 @@ def test_tie_untie_round_trip_through_the_api(tmp_path):
 
 def test_resize_up_then_down_is_the_identity_on_every_tensor(tmp_path):
     src = FIX / "pf_llama_untied_fp32"  # 100 rows, untied head
-    up = tietool.resize(src, tmp_path / "up", 101, pad_to_multiple_of=8, init=tietool.Init.NORMAL, seed=3)
+    up = tietool.resize(src, 101, tmp_path / "up", pad_to_multiple_of=8, init=tietool.Init.NORMAL, seed=3)
     assert up["resize"]["rows_after"] == 104
     assert Checkpoint.open(tmp_path / "up").config["vocab_size"] == 104
-    down = tietool.resize(tmp_path / "up", tmp_path / "down", 100, force=True, init="zeros")
+    down = tietool.resize(tmp_path / "up", 100, tmp_path / "down", force=True, init="zeros")
     assert down["resize"]["rows_after"] == 100
     a, b = _tensors(src), _tensors(tmp_path / "down")
     for n in a:
@@ -78,7 +78,7 @@ def test_resize_up_then_down_is_the_identity_on_every_tensor(tmp_path):
 
 
 def test_dry_run_writes_nothing_and_reports_the_plan(tmp_path):
-    rep = tietool.resize(FIX / "pf_qwen2_tied", tmp_path / "never", 200, dry_run=True)
+    rep = tietool.resize(FIX / "pf_qwen2_tied", 200, tmp_path / "never", dry_run=True)
     assert rep["dry_run"] is True and rep["resize"]["rows_after"] == 200
     assert not (tmp_path / "never").exists()
 
@@ -88,8 +88,8 @@ def test_dry_run_writes_nothing_and_reports_the_plan(tmp_path):
     [
         (lambda t: tietool.inspect(t / "missing"), tietool.CheckpointError, 3),
         (lambda t: tietool.tie(FIX / "pf_llama_untied_fp32", t / "o"), tietool.ValuesDifferError, 5),
-        (lambda t: tietool.resize(FIX / "pf_llama_untied_fp32", t / "o", 50), tietool.RefusedError, 5),
-        (lambda t: tietool.resize(FIX / "pf_llama_untied_fp32", t / "o", 0), tietool.UsageError, 2),
+        (lambda t: tietool.resize(FIX / "pf_llama_untied_fp32", 50, t / "o"), tietool.RefusedError, 5),
+        (lambda t: tietool.resize(FIX / "pf_llama_untied_fp32", 0, t / "o"), tietool.UsageError, 2),
         (lambda t: tietool.untie(FIX / "pf_llama_untied_fp32", FIX), tietool.UsageError, 2),
     ],
     ids=["missing-folder", "tie-values-differ", "trim-without-force", "vocab-zero", "out-is-parent-of-input"],
@@ -123,7 +123,7 @@ C01 = CASES / "c01_deepseek_mtp_embed_head_copies" / "ckpt"  # vocab 24, MTP lay
 )
 def test_verify_names_a_vocabulary_tensor_left_at_the_old_size(tmp_path, name):
     out = tmp_path / "out"
-    tietool.resize(C01, out, 30, seed=1)
+    tietool.resize(C01, 30, out, seed=1)
     assert tietool.verify(C01, out).explained
     _put_back_old(out, C01, name)
     res = tietool.verify(C01, out)
@@ -146,7 +146,7 @@ def test_verify_names_a_vocabulary_size_key_left_at_the_old_size(tmp_path, key, 
     cfg["text_config"] = {"vocab_size": 24, "hidden_size": 8}
     (src / "config.json").write_text(json.dumps(cfg))
     out = tmp_path / "out"
-    tietool.resize(src, out, 26, seed=1)
+    tietool.resize(src, 26, out, seed=1)
     assert tietool.verify(src, out).explained
     new = json.loads((out / "config.json").read_text())
     assert new["vocab_size"] == new["text_config"]["vocab_size"] == 26
@@ -165,7 +165,7 @@ def test_verify_names_a_vocabulary_size_key_left_at_the_old_size(tmp_path, key, 
 
 def test_verify_cli_exit_code_is_the_library_verdict(tmp_path):
     out = tmp_path / "out"
-    tietool.resize(C01, out, 30, seed=1)
+    tietool.resize(C01, 30, out, seed=1)
     _put_back_old(out, C01, "model.layers.1.embed_tokens.weight")
     r = subprocess.run(
         [sys.executable, "-m", "tietool", "verify", str(C01), str(out), "--json"],

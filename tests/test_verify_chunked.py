@@ -32,7 +32,7 @@ RUNS = [
 def _run(name: str, op: str, kw: dict, out: Path) -> None:
     fn = getattr(tietool, op)
     if op == "resize":
-        fn(FIX / name, out, kw.pop("vocab_size"), **kw)
+        fn(FIX / name, kw.pop("vocab_size"), out, **kw)
     else:
         fn(FIX / name, out, **kw)
 
@@ -68,7 +68,7 @@ def _flip_last_byte(ckpt: Path, name: str) -> None:
 def test_one_flipped_byte_in_the_last_row_is_found(tmp_path, monkeypatch, chunk, name, tensor):
     monkeypatch.setattr(chunked, "CHUNK_BYTES", chunk)
     out = tmp_path / "copy"
-    tietool.resize(FIX / name, out, Checkpoint.open(FIX / name).config["vocab_size"] + 3, seed=0)
+    tietool.resize(FIX / name, Checkpoint.open(FIX / name).config["vocab_size"] + 3, out, seed=0)
     assert tietool.verify(FIX / name, out).explained
     copy = tmp_path / "in"
     copy.mkdir()

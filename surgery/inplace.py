@@ -1,0 +1,203 @@
+"""Rewriting a checkpoint in place, crash-safe, at the cost of the touched bytes.
+
+The new version is written beside the checkpoint as an ordinary output (:func:`surgery.write.execute`, with
+untouched weight files hard-linked, so only rewritten shards cost bytes), read back and checked there, and
+then swapped with the original folder in one step: ``renameat2(RENAME_EXCHANGE)`` on Linux. The previous
+version stays beside it as ``NAME.tietool-backup-<time>`` (it costs only the bytes of the rewritten shards,
+since the untouched files are the same inodes) unless no backup is asked for.
+
+A kill at any moment leaves a complete checkpoint under the original name: the old one until the exchange,
+the new one after. What a killed run leaves behind is put right by the next run in that folder
+(:func:`recover`): a staging folder ``.NAME.tietool-new-<pid>-<token>`` whose ``tietool-report.json`` carries
+its own token is a new version that was never swapped in (removed); one without is the old version after the
+swap (kept as the backup it was about to become).
+
+Where the exchange is not available (not Linux, an old kernel, a file system without it) two renames are used:
+the original to the backup name, then the new version to the original name. A kill between them leaves no
+folder under the original name; the next run renames the complete new version into place and says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .write import REPORT_NAME, TMP_TAG
+
+NEW_TAG = ".tietool-new-"
+BACKUP_TAG = ".tietool-backup-"
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+@dataclass
+class Recovery:
+    """What :func:`recover` did in a checkpoint's parent folder (paths as strings, for the report).
+
+    Attributes:
+        removed_temps: temporary folders of dead runs removed (never swapped in; their process is gone).
+        kept_backups: old versions found at a staging name after a swap, renamed to a backup name.
+        restored: the new version renamed to the original name after a kill between the two renames.
+    """
+
+    removed_temps: list[str] = field(default_factory=list)
+    kept_backups: list[str] = field(default_factory=list)
+    restored: str | None = None
+
+    def as_dict(self) -> dict:
+        return {
+            "removed_temps": self.removed_temps,
+            "kept_backups": self.kept_backups,
+            "restored": self.restored,
+        }
+
+    def __bool__(self) -> bool:
+        return bool(self.removed_temps or self.kept_backups or self.restored)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process: leave its folders alone
+    return True
+
+
+def _staging_pid_token(name: str, prefix: str) -> tuple[int, str] | None:
+    """``(pid, token)`` of a staging folder name ``prefix<pid>-<token>``; None for another name."""
+    if not name.startswith(prefix):
+        return None
+    pid, _, token = name[len(prefix) :].partition("-")
+    return (int(pid), token) if pid.isdigit() and token else None
+
+
+def _token_of(folder: Path) -> str | None:
+    """The in-place token recorded in ``folder``'s report (None: no report, or not an in-place output)."""
+    import json
+
+    try:
+        rep = json.loads((folder / REPORT_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    ip = rep.get("in_place") if isinstance(rep, dict) else None
+    return ip.get("token") if isinstance(ip, dict) else None
+
+
+def backup_name(ckpt: Path) -> Path:
+    """A new backup folder name beside ``ckpt``: ``NAME.tietool-backup-YYYYmmdd-HHMMSS`` (then ``-2``…)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    p = ckpt.with_name(f"{ckpt.name}{BACKUP_TAG}{stamp}")
+    k = 2
+    while p.exists():
+        p, k = ckpt.with_name(f"{ckpt.name}{BACKUP_TAG}{stamp}-{k}"), k + 1
+    return p
+
+
+def _remove_dead_temps(parent: Path, rec: Recovery) -> None:
+    """Remove every ``.X.tietool-tmp-<pid>`` folder in ``parent`` whose process is gone."""
+    for p in parent.iterdir():
+        if not (p.name.startswith(".") and TMP_TAG in p.name and p.is_dir() and not p.is_symlink()):
+            continue
+        pid = p.name.rsplit(TMP_TAG, 1)[1].split("-")[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+            rec.removed_temps.append(str(p))
+
+
+def recover(ckpt: Path) -> Recovery:
+    """Put right what killed runs left beside checkpoint ``ckpt`` (see the module docstring); returns what
+    was done. Folders of runs still alive are left alone."""
+    ckpt = Path(os.path.abspath(ckpt))
+    parent, rec = ckpt.parent, Recovery()
+    if not parent.is_dir():
+        return rec
+    _remove_dead_temps(parent, rec)
+    prefix = f".{ckpt.name}{NEW_TAG}"
+    for p in sorted(parent.iterdir()):
+        found = _staging_pid_token(p.name, prefix)
+        if found is None or not p.is_dir() or _pid_alive(found[0]):
+            continue
+        if _token_of(p) != found[1]:  # the old version, swapped out: keep it as the backup it was to be
+            dst = backup_name(ckpt)
+            os.rename(p, dst)
+            rec.kept_backups.append(str(dst))
+        elif not ckpt.exists():  # the two-rename fallback was killed between its renames
+            os.rename(p, ckpt)
+            rec.restored = str(ckpt)
+        else:  # a new version never swapped in
+            shutil.rmtree(p, ignore_errors=True)
+            rec.removed_temps.append(str(p))
+    return rec
+
+
+def exchange(a: Path, b: Path) -> bool:
+    """Swap folders ``a`` and ``b`` atomically (``renameat2(RENAME_EXCHANGE)``). Returns False when the
+    system cannot (no ``renameat2`` in libc, or the kernel / file system refuses the flag), True when done.
+
+    Raises:
+        OSError: any other failure (permissions, a missing path).
+    """
+    if os.environ.get("TIETOOL_NO_EXCHANGE") == "1":  # tests of the fallback
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(a))
+
+
+def _pause() -> None:
+    """Tests widen the windows between the steps of a swap (``TIETOOL_INPLACE_PAUSE`` seconds) so that a
+    kill at a random time lands in each of them."""
+    pause = os.environ.get("TIETOOL_INPLACE_PAUSE")
+    if pause:
+        time.sleep(float(pause))
+
+
+def staging_path(ckpt: Path, token: str) -> Path:
+    """Where the new version of ``ckpt`` is built: ``.NAME.tietool-new-<pid>-<token>`` beside it."""
+    return ckpt.with_name(f".{ckpt.name}{NEW_TAG}{os.getpid()}-{token}")
+
+
+def new_token() -> str:
+    return secrets.token_hex(6)
+
+
+def swap_in(ckpt: Path, staging: Path, backup: Path | None, fsync_dir: Callable[[Path], None]) -> bool:
+    """Put the complete new version ``staging`` under ``ckpt``'s name; the old version goes to ``backup``
+    (or is removed when None). Returns True when the atomic exchange was used, False for two renames."""
+    _pause()
+    exchanged = exchange(staging, ckpt)
+    if exchanged:
+        fsync_dir(ckpt.parent)
+        _pause()
+        if backup is not None:
+            os.rename(staging, backup)  # staging now holds the old version
+        else:
+            shutil.rmtree(staging)
+    else:
+        old = backup or ckpt.with_name(f".{ckpt.name}{NEW_TAG}{os.getpid()}-old")
+        os.rename(ckpt, old)
+        _pause()
+        os.rename(staging, ckpt)
+        _pause()
+        if backup is None:
+            shutil.rmtree(old)
+    fsync_dir(ckpt.parent)
+    return exchanged

@@ -1,0 +1,165 @@
+"""In place: ``tietool resize --vocab N`` inside a checkpoint folder (CKPT defaults to the current folder,
+``--out`` is optional) rewrites it crash-safely, keeps the previous version as a backup that shares the
+untouched files' inodes, and a SIGKILL at any moment leaves a complete checkpoint (old or new) under the
+original name, with what the killed run left put right by the next run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tietool
+from tietool.surgery import inplace
+
+FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
+REPORT = "tietool-report.json"
+
+
+def _cli(*args: object, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tietool", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+        env={**os.environ, **(env or {}), **({"PWD": str(cwd)} if cwd else {})},
+    )
+
+
+def _digest(folder: Path, skip_report: bool = True) -> dict[str, str]:
+    return {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.iterdir())
+        if p.is_file() and not (skip_report and p.name == REPORT)
+    }
+
+
+def _copy(name: str, dst: Path) -> Path:
+    shutil.copytree(FIX / name, dst)
+    return dst
+
+
+def _leftovers(parent: Path, name: str) -> list[str]:
+    return sorted(
+        p.name for p in parent.iterdir() if p.name.startswith(f".{name}") or ".tietool-tmp-" in p.name
+    )
+
+
+@pytest.mark.parametrize(
+    "fixture, args",
+    [
+        ("pf_llama_tied_sharded", ["tie"]),
+        ("pf_llama_tied_bf16", ["untie"]),
+        ("pf_llama_untied_sharded", ["resize", "--vocab", "200", "--seed", "1"]),
+        ("pnlp_llama_untied", ["resize", "--pad-to-multiple-of", "64", "--seed", "1"]),
+    ],
+    ids=lambda x: x if isinstance(x, str) else " ".join(x[:1]),
+)
+def test_in_place_from_inside_equals_out_and_keeps_a_backup(tmp_path, fixture, args):
+    ref = tmp_path / "ref"
+    r = _cli(*args[:1], FIX / fixture, *args[1:], "--out", ref, "-q")
+    assert r.returncode == 0, r.stderr
+    ck = _copy(fixture, tmp_path / "ckpt")
+    before = _digest(ck, skip_report=False)
+    r = _cli(*args, "-q", cwd=ck)  # CKPT defaults to the current folder, no --out: in place
+    assert r.returncode == 0, r.stderr
+    assert _digest(ck) == _digest(ref)  # the same checkpoint as --out writes
+    backups = sorted(tmp_path.glob("ckpt.tietool-backup-*"))
+    assert len(backups) == 1 and _digest(backups[0], skip_report=False) == before
+    rep = json.loads((ck / REPORT).read_text())
+    assert rep["in_place"]["backup"] == str(backups[0]) and rep["in_place"]["written"] is True
+    assert f"the previous version is {backups[0]}" in r.stdout and "cd ." in r.stdout
+    # untouched weight files are the backup's own inodes (hard links): only rewritten files cost bytes
+    files = rep["files"]
+    weights = [f.name for f in ck.iterdir() if f.suffix in (".safetensors", ".pdparams")]
+    assert sorted(weights) == sorted(files["linked"] + files["rewritten"] + files["written"])
+    backup_inodes = {f.stat().st_ino for f in backups[0].iterdir()}
+    assert all((ck / f).stat().st_ino in backup_inodes for f in files["linked"])
+    if len(weights) > 2:
+        assert len(files["linked"]) >= len(weights) - 2  # a sharded checkpoint: most shards untouched
+    assert _leftovers(tmp_path, "ckpt") == []
+
+
+def test_no_backup_and_api_in_place(tmp_path):
+    ck = _copy("pf_llama_tied_fp32", tmp_path / "ckpt")
+    rep = tietool.tie(ck, backup=False)
+    assert rep["in_place"]["backup"] is None and "lm_head.weight" not in json.dumps(rep["added"])
+    assert not list(tmp_path.glob("ckpt.tietool-backup-*"))
+    assert tietool.verify(FIX / "pf_llama_tied_fp32", ck).explained
+    again = tietool.tie(ck)  # already tied, no head: nothing to change, nothing written
+    assert again["in_place"]["written"] is False and not list(tmp_path.glob("ckpt.tietool-backup-*"))
+
+
+def test_no_backup_refuses_to_delete_training_state(tmp_path):
+    ck = _copy("pf_llama_untied_fp32", tmp_path / "ckpt")
+    (ck / "optimizer.pdopt").write_bytes(b"\0" * 64)
+    before = _digest(ck)
+    r = _cli("resize", ck, "--vocab", "128", "--no-backup", "-q")
+    assert r.returncode == 5 and "optimizer.pdopt" in r.stderr and r.stderr.count("\n") == 1
+    assert _digest(ck) == before and _leftovers(tmp_path, "ckpt") == []
+    r = _cli("resize", ck, "--vocab", "128", "-q")  # with the backup it is kept there
+    assert r.returncode == 0, r.stderr
+    (bak,) = tmp_path.glob("ckpt.tietool-backup-*")
+    assert (bak / "optimizer.pdopt").exists() and not (ck / "optimizer.pdopt").exists()
+
+
+# ------------------------------------------------------------------------------- SIGKILL at random points
+
+KILL_RUNS = 56
+ARGS = ["resize", "--vocab", "172", "--seed", "5", "-q"]
+
+
+def _states(tmp_path: Path) -> tuple[dict, dict]:
+    """Digests of the old checkpoint and of the new one an uninterrupted in-place run makes."""
+    old = _copy("pf_llama_untied_sharded", tmp_path / "old")
+    new = _copy("pf_llama_untied_sharded", tmp_path / "new")
+    r = _cli(*ARGS, new, "--no-backup")
+    assert r.returncode == 0, r.stderr
+    return _digest(old), _digest(new)
+
+
+def test_sigkill_at_random_points_leaves_old_or_new(tmp_path):
+    old, new = _states(tmp_path)
+    rng = random.Random(20261130)
+    seen = {"old": 0, "new": 0, "missing": 0}
+    for i in range(KILL_RUNS):
+        work = tmp_path / f"k{i}"
+        work.mkdir()
+        ck = _copy("pf_llama_untied_sharded", work / "ckpt")
+        fallback = i % 2 == 1  # half the runs use the two-rename fallback
+        env = {"TIETOOL_INPLACE_PAUSE": "0.05", **({"TIETOOL_NO_EXCHANGE": "1"} if fallback else {})}
+        p = subprocess.Popen(
+            [sys.executable, "-m", "tietool", *ARGS, str(ck)],
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(rng.uniform(0.3, 1.6))
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+        if ck.exists():
+            state = _digest(ck)
+            assert state in (old, new), f"run {i}: the original name holds a mix"
+            seen["old" if state == old else "new"] += 1
+        else:
+            assert fallback, f"run {i}: the folder is missing after an atomic exchange"
+            seen["missing"] += 1
+        # the next run puts right what was left: the folder is back, temporaries are gone, backups are old
+        rec = inplace.recover(ck)
+        assert ck.exists() and _digest(ck) in (old, new), f"run {i}: {rec}"
+        assert _leftovers(work, "ckpt") == [], f"run {i}"
+        for bak in work.glob("ckpt.tietool-backup-*"):
+            assert _digest(bak) == old, f"run {i}: a backup is not the old version"
+        shutil.rmtree(work)
+    # the random points covered both outcomes (the delays span the whole run)
+    assert seen["old"] > 0 and seen["new"] > 0, seen
