@@ -189,6 +189,8 @@ def _render_write(rep: dict, as_json: bool) -> None:
     from . import render
 
     render.report(rep, as_json=as_json)
+    for p in () if as_json else rep.get("removed_stale_temps", ()):
+        print(f"note: removed {p}, the temporary folder of an interrupted run (its process is gone)")
     ip = rep.get("in_place")
     if as_json or not ip:
         return

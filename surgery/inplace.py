@@ -102,8 +102,18 @@ def backup_name(ckpt: Path) -> Path:
     return p
 
 
+def remove_dead_temps(parent: Path) -> list[str]:
+    """Remove every temporary output folder ``.X.tietool-tmp-<pid>`` in ``parent`` whose process is gone
+    (a killed run's); returns their paths. A missing or unreadable ``parent`` holds none."""
+    rec = Recovery()
+    try:
+        _remove_dead_temps(parent, rec)
+    except OSError:
+        pass
+    return rec.removed_temps
+
+
 def _remove_dead_temps(parent: Path, rec: Recovery) -> None:
-    """Remove every ``.X.tietool-tmp-<pid>`` folder in ``parent`` whose process is gone."""
     for p in parent.iterdir():
         if not (p.name.startswith(".") and TMP_TAG in p.name and p.is_dir() and not p.is_symlink()):
             continue

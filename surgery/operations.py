@@ -126,13 +126,19 @@ def _run_plan(
     plan = make_plan(ckpt)
     if dry_run:
         return report_mod.build(plan, None, str(out), dry_run=True, keep_training_state=keep_training_state)
+    stale = inplace.remove_dead_temps(Path(os.path.abspath(out)).parent)
+
+    def report(facts: dict) -> dict:
+        rep = report_mod.build(plan, facts, str(out))
+        return {**rep, "removed_stale_temps": stale} if stale else rep
+
     with (progress or (lambda _total: nullcontext(None)))(plan.output_bytes) as advance:
         return execute(
             plan,
             Path(out),
             link=link,
             progress=advance,
-            report=lambda facts: report_mod.build(plan, facts, str(out)),
+            report=report,
             keep_training_state=keep_training_state,
         )
 

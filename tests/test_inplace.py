@@ -163,3 +163,17 @@ def test_sigkill_at_random_points_leaves_old_or_new(tmp_path):
         shutil.rmtree(work)
     # the random points covered both outcomes (the delays span the whole run)
     assert seen["old"] > 0 and seen["new"] > 0, seen
+
+
+def test_next_run_removes_dead_temporary_folders_and_says_so(tmp_path):
+    dead = tmp_path / ".old-out.tietool-tmp-999999999"  # no such process
+    alive = tmp_path / f".busy.tietool-tmp-{os.getpid()}"  # this test's own process: still running
+    for d in (dead, alive):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"\0" * 1024)
+    r = _cli("tie", FIX / "pf_llama_tied_fp32", "--out", tmp_path / "out", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["removed_stale_temps"] == [str(dead)]
+    assert not dead.exists() and alive.exists()
+    r = _cli("tie", FIX / "pf_llama_tied_fp32", "--out", tmp_path / "out2")
+    assert r.returncode == 0 and "interrupted run" not in r.stdout
