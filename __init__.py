@@ -7,8 +7,8 @@ The operations are also a Python API, loaded on first use (importing this packag
 no paddle)::
 
     import tietool
-    info = tietool.inspect("ckpt/")                      # dict: what `tietool inspect --json` prints
-    rep = tietool.tie("ckpt/", "tied/")                  # dict: the report (also tied/tietool-report.json)
+    info = tietool.inspect("ckpt/")          # Inspection: what `tietool inspect --json` prints, typed
+    rep = tietool.tie("ckpt/", "tied/")      # Report (also tied/tietool-report.json); out=None: in place
     rep = tietool.resize("ckpt/", 32000, "resized/", pad_to_multiple_of=64)
     assert tietool.verify("ckpt/", "resized/").explained
 
@@ -31,9 +31,11 @@ from .surgery.errors import (
     ValuesDifferError,
 )
 from .surgery.options import Init, Keep, Layout, Loader
+from .surgery.results import Inspection, Report
 
 if TYPE_CHECKING:
     from .surgery.operations import inspect, resize, tie, untie, verify
+    from .surgery.verify import VerifyResult as Verification
 
 _OPERATIONS = ("inspect", "tie", "untie", "resize", "verify")
 
@@ -41,15 +43,18 @@ __all__ = [
     "CheckpointError",
     "ExitCode",
     "Init",
+    "Inspection",
     "Keep",
     "Layout",
     "Loader",
     "OutputError",
     "RefusedError",
+    "Report",
     "TietoolError",
     "UnsafePickleError",
     "UsageError",
     "ValuesDifferError",
+    "Verification",
     "__version__",
     "inspect",
     "resize",
@@ -65,4 +70,8 @@ def __getattr__(name: str) -> Any:
         from .surgery import operations
 
         return getattr(operations, name)
+    if name == "Verification":
+        from .surgery.verify import VerifyResult
+
+        return VerifyResult
     raise AttributeError(f"module 'tietool' has no attribute {name!r}")

@@ -155,7 +155,14 @@ def _main(
 
 @app.command()
 def inspect(
-    ckpt: CkptArg = Path("."),
+    ckpts: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            help="checkpoint folder(s); default: the current folder. Several: a table row each (a JSON list)",
+            show_default=False,
+            metavar="CKPT...",
+        ),
+    ] = None,
     json_out: JsonOpt = False,
     layout: Annotated[Layout | None, typer.Option(help="head layout, when vocab_size == hidden_size")] = None,
     loader: LoaderOpt = None,
@@ -171,15 +178,26 @@ def inspect(
     ] = False,
 ) -> None:
     """Show the embedding, head and bias, their layout, the tie state three ways, and what tying saves."""
+    paths = ckpts or [Path(".")]
+
+    def one(p: Path):
+        from ..surgery import operations
+
+        return operations.inspect(
+            p, layout=layout, loader=loader, embedding=embedding, head=head, compare_values=not no_values
+        )
 
     def body():
-        from ..surgery import operations
         from . import render
 
-        info = operations.inspect(
-            ckpt, layout=layout, loader=loader, embedding=embedding, head=head, compare_values=not no_values
-        )
-        render.inspect(info, as_json=json_out)
+        if len(paths) == 1:
+            render.inspect(one(paths[0]), as_json=json_out)
+            return
+        from .many import inspect_many
+
+        code = inspect_many(paths, one, json_out)
+        if code:
+            raise typer.Exit(code)
 
     _run(body, json_out)
 

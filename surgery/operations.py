@@ -25,6 +25,7 @@ from .detect import Detection, detect
 from .errors import OutputError, RefusedError, UsageError
 from .options import Init, Keep, Layout, Loader
 from .plan import Plan, plan_resize, plan_tie, plan_untie
+from .results import Inspection, Report
 from .summary import check_found, check_names, inspect_path
 from .verify import VerifyResult
 from .verify import verify as _verify
@@ -57,7 +58,7 @@ def inspect(
     embedding: str | None = None,
     head: str | None = None,
     compare_values: bool = True,
-) -> dict:
+) -> Inspection:
     """What ``tietool inspect`` shows, as a dict (``--json`` prints it): the vocabulary surface with roles,
     shapes, dtypes and layouts, the tie state three ways, parameter counts and bytes, what tying saves.
 
@@ -82,7 +83,7 @@ def inspect(
     )
     if rec:
         info["recovered"] = rec.as_dict()
-    return info
+    return Inspection(info)
 
 
 def _detection(
@@ -115,17 +116,19 @@ def _run_plan(
     progress: ProgressFactory | None,
     keep_training_state: bool = False,
     backup: bool = True,
-) -> dict:
+) -> Report:
     """Open ``path``, plan, and either report the plan (``dry_run``) or write it to ``out`` atomically
     with the report inside (``out`` None: in place, :func:`_in_place`); returns the report."""
     if out is None:
-        return _in_place(Path(path), make_plan, dry_run, progress, keep_training_state, backup)
+        return Report(_in_place(Path(path), make_plan, dry_run, progress, keep_training_state, backup))
     ckpt = Checkpoint.open(Path(path))
     if not dry_run:
         check_output_path(ckpt.path, Path(out))
     plan = make_plan(ckpt)
     if dry_run:
-        return report_mod.build(plan, None, str(out), dry_run=True, keep_training_state=keep_training_state)
+        return Report(
+            report_mod.build(plan, None, str(out), dry_run=True, keep_training_state=keep_training_state)
+        )
     stale = inplace.remove_dead_temps(Path(os.path.abspath(out)).parent)
 
     def report(facts: dict) -> dict:
@@ -133,7 +136,7 @@ def _run_plan(
         return {**rep, "removed_stale_temps": stale} if stale else rep
 
     with (progress or (lambda _total: nullcontext(None)))(plan.output_bytes) as advance:
-        return execute(
+        rep = execute(
             plan,
             Path(out),
             link=link,
@@ -141,6 +144,7 @@ def _run_plan(
             report=report,
             keep_training_state=keep_training_state,
         )
+    return Report(rep)
 
 
 def _in_place(
@@ -224,7 +228,7 @@ def tie(
     link: bool = False,
     progress: ProgressFactory | None = None,
     backup: bool = True,
-) -> dict:
+) -> Report:
     """Drop the LM head where the loader re-ties it, after checking that its values equal the input
     embedding's; set ``tie_word_embeddings`` true (as PaddleFormers' ``tie_weights`` expects).
 
@@ -268,7 +272,7 @@ def untie(
     link: bool = False,
     progress: ProgressFactory | None = None,
     backup: bool = True,
-) -> dict:
+) -> Report:
     """Write the LM head as its own tensor equal to the input embedding, in the layout the loader expects
     (``layout``: AUTO), and set ``tie_word_embeddings`` false.
 
@@ -306,7 +310,7 @@ def resize(
     link: bool = False,
     progress: ProgressFactory | None = None,
     backup: bool = True,
-) -> dict:
+) -> Report:
     """Grow or trim the vocabulary rows of every vocabulary tensor together (embedding, head, head bias,
     copies) and every vocabulary-size config key, as PaddleFormers' ``resize_token_embeddings`` (plus the
     untied head it leaves alone).

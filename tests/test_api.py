@@ -176,3 +176,21 @@ def test_verify_cli_exit_code_is_the_library_verdict(tmp_path):
     res = json.loads(r.stdout)
     assert r.returncode == res["exit_code"] == tietool.verify(C01, out).exit_code == 7
     assert res["explained"] is False
+
+
+def test_typed_results(tmp_path):
+    info = tietool.inspect(FIX / "pnlp_llama_untied")
+    assert isinstance(info, tietool.Inspection) and isinstance(info, dict)
+    assert (info.embedding, info.head, info.head_layout) == (
+        "llama.embed_tokens.weight",
+        "lm_head.weight",
+        "hidden-vocab",
+    )
+    assert (info.vocab_rows, info.hidden_size, info.head_values) == (100, 16, "different")
+    assert info.savings_bytes == 0 and info.tied_by_config is False
+    rep = tietool.tie(FIX / "pf_llama_tied_fp32", tmp_path / "t")
+    assert isinstance(rep, tietool.Report) and rep.operation == "tie" and rep.changed
+    assert rep.bytes_before - rep.bytes_after == 100 * 16 * 4  # the [100, 16] float32 head
+    assert rep.output == tmp_path / "t" and rep.backup is None and not rep.dry_run
+    res = tietool.verify(FIX / "pf_llama_tied_fp32", tmp_path / "t")
+    assert isinstance(res, tietool.Verification) and res.explained

@@ -77,3 +77,25 @@ def test_integer_options_name_the_option_and_an_example(tmp_path, opt, value):
     r = _cli(*args)
     assert r.returncode == 2
     assert opt in r.stderr and f"e.g. {opt} " in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_inspect_several_folders_a_row_each_and_a_json_list(tmp_path):
+    a, b = FIX / "pf_llama_tied_fp32", FIX / "pnlp_llama_untied"
+    r = _cli("inspect", a, tmp_path / "missing", b, "--json")
+    assert r.returncode == 3  # the first failure's code; the others are still inspected
+    docs = json.loads(r.stdout)
+    assert [d["path"] for d in docs] == [str(a), str(tmp_path / "missing"), str(b)]
+    assert docs[0]["head"]["layout"] == "vocab-hidden" and docs[2]["head"]["layout"] == "hidden-vocab"
+    assert docs[1]["exit_code"] == 3 and docs[1]["error"]["type"] == "CheckpointError"
+    single = json.loads(_cli("inspect", a, "--json").stdout)
+    assert docs[0] == single  # a row is the same inspection as the folder alone
+    r = subprocess.run(
+        [sys.executable, "-m", "tietool", "inspect", str(a), str(b)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "COLUMNS": "200"},
+    )
+    assert r.returncode == 0
+    rows = [ln for ln in r.stdout.splitlines() if str(a) in ln or str(b) in ln]
+    assert len(rows) == 2 and "values exact" in rows[0] and "values different" in rows[1]

@@ -1,0 +1,107 @@
+"""Typed results of the operations. Each is the JSON document the CLI prints with ``--json`` (a ``dict``,
+so it serialises as is and older code indexing it keeps working) with typed accessors for the facts a
+notebook or pipeline asks for first.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+class Inspection(dict[str, Any]):
+    """What :func:`tietool.inspect` found (``tietool inspect --json``).
+
+    Counts are parameters (elements) and bytes as stored; ``vocab_rows`` is the input embedding's row count.
+    """
+
+    @property
+    def path(self) -> Path:
+        return Path(self["path"])
+
+    @property
+    def embedding(self) -> str:
+        """Name of the input embedding (``[vocab_size, hidden_size]``)."""
+        return str(self["embedding"]["name"])
+
+    @property
+    def head(self) -> str | None:
+        """Name of the LM head when the files hold one, else None."""
+        h = self["head"]
+        return str(h["name"]) if h.get("present") else None
+
+    @property
+    def head_layout(self) -> str | None:
+        """``vocab-hidden``, ``hidden-vocab``, ``ambiguous`` (square), or None without a head."""
+        return self["head"].get("layout") if self.head else None
+
+    @property
+    def tied_by_config(self) -> bool:
+        return bool(self["tie"]["config"])
+
+    @property
+    def head_values(self) -> str:
+        """Head vs embedding: ``exact``, ``transposed``, ``scaled``, ``different``, ``absent``, ``shared``,
+        ``no_embedding`` or ``not compared``."""
+        return str(self["tie"]["values"])
+
+    @property
+    def vocab_rows(self) -> int:
+        return int(self["vocab"]["embedding_rows"])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self["vocab"]["hidden_size"])
+
+    @property
+    def savings_bytes(self) -> int:
+        """Bytes ``tie`` would save (0 when it would save nothing; ``savings.why_zero`` says why)."""
+        return int(self["savings"]["bytes"])
+
+    @property
+    def problems(self) -> list[str]:
+        return list(self["problems"])
+
+
+class Report(dict[str, Any]):
+    """The parameter-savings report of :func:`tietool.tie` / ``untie`` / ``resize``: the JSON also stored in
+    the output as ``tietool-report.json`` (not for a dry run)."""
+
+    @property
+    def operation(self) -> str:
+        return str(self["operation"])
+
+    @property
+    def dry_run(self) -> bool:
+        return bool(self["dry_run"])
+
+    @property
+    def changed(self) -> bool:
+        """The operation changed tensors or config (False: the output is a copy, or nothing was written)."""
+        return bool(self["changed"])
+
+    @property
+    def output(self) -> Path | None:
+        return Path(self["output"]) if self.get("output") else None
+
+    @property
+    def parameters_before(self) -> int:
+        return int(self["before"]["parameters"])
+
+    @property
+    def parameters_after(self) -> int:
+        return int(self["after"]["parameters"])
+
+    @property
+    def bytes_before(self) -> int:
+        return int(self["before"]["bytes"])
+
+    @property
+    def bytes_after(self) -> int:
+        return int(self["after"]["bytes"])
+
+    @property
+    def backup(self) -> Path | None:
+        """In place: where the previous version was kept (None: not in place, or no backup)."""
+        ip = self.get("in_place") or {}
+        return Path(ip["backup"]) if ip.get("backup") else None
