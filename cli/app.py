@@ -13,7 +13,7 @@ from typing import Annotated
 
 import typer
 
-from ..surgery.errors import ExitCode
+from ..surgery.errors import ExitCode, Opt, set_wording
 from ..surgery.options import Init, Keep, Layout, Loader
 
 app = typer.Typer(
@@ -94,11 +94,26 @@ def _fail(code: int, line: str, as_json: bool, error: dict | None = None) -> typ
     return typer.Exit(code)
 
 
+# the command-line spelling of an operation's option, where it is not "--" + the name with dashes
+_FLAGS = {"vocab_size": "--vocab", "embedding": "--embedding", "head": "--head"}
+
+
+def _cli_wording(o: Opt) -> str:
+    """``Opt("keep", "head")`` → ``--keep head``; a flag → ``--force``; False → ``--no-backup``."""
+    flag = _FLAGS.get(o.name, "--" + o.name.replace("_", "-"))
+    if o.value is None or o.value is True:
+        return flag
+    if o.value is False:
+        return "--no-" + flag[2:]
+    return f"{flag} {getattr(o.value, 'value', o.value)}"
+
+
 def _run(fn, as_json: bool = False):
     """Run a command body; map tietool errors to one line on stderr (and, with ``--json``, a JSON object on
     stdout) and their exit code."""
     from ..surgery.errors import TietoolError
 
+    set_wording(_cli_wording)
     try:
         return fn()
     except TietoolError as e:

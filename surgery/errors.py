@@ -5,6 +5,8 @@ The CLI maps each class to a one-line message and its :class:`ExitCode`; the Pyt
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
@@ -25,6 +27,41 @@ class ExitCode(IntEnum):
     UNEXPLAINED = 7  # verify: a difference tie/untie/resize do not make
     INTERNAL = 70  # a bug in tietool (EX_SOFTWARE)
     INTERRUPTED = 128  # + the signal number
+
+
+@dataclass(frozen=True)
+class Opt:
+    """An option of an operation, as a message names it. The library never spells a command-line flag: it
+    puts ``Opt("keep", "head")`` in an f-string, and the caller's wording (:func:`set_wording`) turns it
+    into ``keep='head'`` (Python, the default) or ``--keep head`` (the CLI).
+
+    Attributes:
+        name: the parameter name, as the Python API spells it (``keep``, ``vocab_size``, ``force``).
+        value: the value to pass; None names the option in general; True a flag that is switched on.
+    """
+
+    name: str
+    value: object = None
+
+    def __format__(self, spec: str) -> str:
+        return _wording(self)
+
+    def __str__(self) -> str:
+        return _wording(self)
+
+
+def api_wording(o: Opt) -> str:
+    """``keep='head'``, ``force=True``, ``vocab_size``: how Python code passes the option."""
+    return o.name if o.value is None else f"{o.name}={o.value!r}"
+
+
+_wording: Callable[[Opt], str] = api_wording
+
+
+def set_wording(wording: Callable[[Opt], str]) -> None:
+    """How :class:`Opt` is worded in messages from now on, in this process (the CLI sets its flags)."""
+    global _wording
+    _wording = wording
 
 
 class TietoolError(Exception):

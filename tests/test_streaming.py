@@ -319,12 +319,11 @@ def test_help_imports_neither_paddle_nor_numpy():
         "from tietool.cli.app import app\ntry:\n    app(['--help'])\nexcept SystemExit:\n    pass"
     )
     assert "paddle" not in mods and "numpy" not in mods
-    # of the library, only the light modules the options are built from (the option enums and the exit
-    # codes: standard library only), never the pipeline (checkpoint, detect, plan, write: numpy)
+    # of the library, only the light modules (the option enums, the exit codes, the typed results:
+    # standard library only), never the pipeline (checkpoint, detect, plan, write: numpy)
     library = sorted(m for m in mods if m.startswith("tietool.surgery."))
-    assert library == ["tietool.surgery.errors", "tietool.surgery.options"], (
-        f"--help imported the library: {library}"
-    )
+    light = ["tietool.surgery.errors", "tietool.surgery.options", "tietool.surgery.results"]
+    assert library == light, f"--help imported the library: {library}"
 
 
 def test_safetensors_paths_import_no_paddle(tmp_path):
