@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -21,6 +22,7 @@ from . import architectures as arch
 from .architectures import VocabRole
 from .checkpoint import Checkpoint
 from .errors import CheckpointError, RefusedError, UsageError
+from .findings import Finding, FindingKind, Fix, Severity
 from .formats.tensor import TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
 from .tokenizer import SpecialTokenId, TokenizerInfo, special_token_ids, tokenizer_info
 
@@ -112,7 +114,8 @@ class Detection:
         comparison: head vs embedding values.
         special_ids: token ids the configuration files name.
         layout_conflict: a requested layout that contradicts the head's shape.
-        problems: findings a user must know about, in words (inconsistent flags, stale vocab_size, ...).
+        findings: what a user should know, as data (:mod:`surgery.findings`; ``problems`` and ``notes``
+            select them by severity, :func:`~surgery.findings.describe` words them).
         tp_fraction: when the head's vocab dimension is an exact fraction 1/k of the embedding's, k.
     """
 
@@ -141,8 +144,7 @@ class Detection:
     tokenizer: TokenizerInfo
     fallback: bool = False
     tp_fraction: int | None = None
-    problems: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     embedding_present: bool = True
     embedding_found_by: FoundBy = FoundBy.TABLE
     embedding_stored_as: str | None = None
@@ -151,6 +153,20 @@ class Detection:
     by_shape: list[str] = field(default_factory=list)
     special_ids: tuple[SpecialTokenId, ...] = ()
     layout_conflict: LayoutConflict | None = None
+
+    @property
+    def problems(self) -> list[Finding]:
+        """The findings a user must know about (inconsistent flags, stale vocab_size, ...), in order."""
+        return [f for f in self.findings if f.severity is Severity.PROBLEM]
+
+    @property
+    def notes(self) -> list[Finding]:
+        """The findings that are context (how names were matched, padding rows, ...), in order."""
+        return [f for f in self.findings if f.severity is Severity.NOTE]
+
+    def problems_about(self, name: str) -> list[Finding]:
+        """The problems about the tensor ``name`` (those listing it in ``tensors``), in order."""
+        return [f for f in self.problems if name in f.tensors]
 
     @property
     def head_info(self) -> TensorInfo | None:
@@ -215,6 +231,7 @@ def text_config(config: dict) -> tuple[dict, str | None]:
 
 
 def hidden_size_of(cfg: dict) -> int | None:
+    """The hidden size a config block names (``hidden_size``, ``d_model``, ``n_embd``, ...), else None."""
     for k in ("hidden_size", "d_model", "n_embd", "hidden_dim", "dim"):
         if isinstance(cfg.get(k), int):
             return cfg[k]
@@ -260,6 +277,8 @@ class _Cfg:
 
 
 def _config_facts(ckpt: Checkpoint) -> _Cfg:
+    """model_type (the language model's, in a multimodal config whose own type the table does not know),
+    vocab_size and hidden size from config.json, with the language model's block (``text_config``)."""
     cfg = ckpt.config
     tcfg, tkey = text_config(cfg)
     model_type = cfg.get("model_type")
@@ -393,16 +412,16 @@ def _missing_embedding_name(ckpt: Checkpoint, fam: arch.Family, head: str) -> st
 
 def _find_head(
     ckpt: Checkpoint, fam: arch.Family, embedding: str, taken: list[str], V: int, H: int
-) -> tuple[str | None, str | None]:
+) -> tuple[str | None, bool]:
     """The LM head by the family's names in order of preference; for a family the table does not know,
-    the one other 2-D tensor of shape ``{V, H}``. Returns (name, note) or (None, None).
+    the one other 2-D tensor of shape ``{V, H}``. Returns (name or None, whether it was found by shape).
 
     Raises:
         RefusedError: several tensors could be the head.
     """
     named = _ranked(ckpt, fam.head, exclude=(embedding,), ndim=None)
     if named or fam.known:
-        return (named[0] if named else None), None
+        return (named[0] if named else None), False
     others = [
         n
         for n, t in ckpt.tensors.items()
@@ -419,7 +438,7 @@ def _find_head(
             ckpt.path,
             "pass --head NAME (and --embedding NAME)",
         )
-    return (others[0], f"found the head {others[0]} by its shape") if others else (None, None)
+    return (others[0], True) if others else (None, False)
 
 
 def _find_aliases(
@@ -504,15 +523,19 @@ class _HeadShape:
     layout: str | None = None
     rows: int | None = None
     tp: int | None = None
-    problem: str | None = None
+    problem: Finding | None = None
     conflict: LayoutConflict | None = None
 
 
 def _head_shape(head: str, hs: tuple[int, ...], V: int, H: int, layout: str | None) -> _HeadShape:
-    """Read the head's layout from its shape against the embedding's ``[V, H]``."""
+    """Read the head's layout from its shape against the embedding's ``[V, H]``: ``vocab-hidden`` or
+    ``hidden-vocab`` (``layout`` when the square shape cannot say, else ``ambiguous``); a head with fewer
+    rows keeps them (reserved rows) unless it is an exact fraction 1/k of ``V`` (a tensor-parallel slice:
+    unusable, a problem); any other shape is unusable (a problem). A ``layout`` the shape contradicts is a
+    conflict."""
     hs = tuple(hs)
     if len(hs) != 2:
-        return _HeadShape(problem=f"the head {head} has shape {list(hs)}, not 2-D")
+        return _HeadShape(problem=Finding(FindingKind.HEAD_NOT_2D, (head,), {"shape": list(hs)}))
     if V == H and hs == (V, H):
         return _HeadShape(layout if layout in LAYOUTS else "ambiguous", V)
     if hs in ((V, H), (H, V)):
@@ -524,22 +547,26 @@ def _head_shape(head: str, hs: tuple[int, ...], V: int, H: int, layout: str | No
         if other != H or not rows or rows > V:  # a head with more rows than the embedding fits neither
             continue
         if rows < V and V % rows == 0:
-            return _HeadShape(
-                tp=V // rows,
-                problem=f"the head {head} {list(hs)} has {rows} vocab rows, exactly 1/{V // rows} of the "
-                f"embedding's {V}: likely an unmerged tensor-parallel shard (merge the "
-                "tensor-parallel slices first)",
-            )
+            facts = {"shape": list(hs), "head_rows": rows, "fraction": V // rows, "embedding_rows": V}
+            return _HeadShape(tp=V // rows, problem=Finding(FindingKind.HEAD_TP_SLICE, (head,), facts))
         conflict = LayoutConflict(head, hs, layout, fits) if layout in LAYOUTS and layout != fits else None
         return _HeadShape(fits, rows, conflict=conflict)
-    return _HeadShape(
-        problem=f"the head {head} has shape {list(hs)}, which fits neither [vocab, hidden] = [{V}, {H}] "
-        "nor [hidden, vocab]"
-    )
+    facts = {"shape": list(hs), "embedding_rows": V, "hidden_size": H}
+    return _HeadShape(problem=Finding(FindingKind.HEAD_SHAPE_MISFIT, (head,), facts))
 
 
-def _config_flag(ckpt: Checkpoint, cf: _Cfg, fam: arch.Family, loader: str) -> tuple[bool, str, dict, list]:
-    """The effective ``tie_word_embeddings``: (value, where it came from, every flag found, problems)."""
+class _Flag(NamedTuple):
+    """The effective ``tie_word_embeddings``: its value, where it came from, every flag found, problems."""
+
+    tied: bool
+    source: str
+    flags: dict[str, bool]
+    findings: list[Finding]
+
+
+def _config_flag(ckpt: Checkpoint, cf: _Cfg, fam: arch.Family, loader: str) -> _Flag:
+    """The effective ``tie_word_embeddings``: the language model's own (``text_config``) over the top
+    level's, else the family's default under ``loader``; flags that disagree are a problem."""
     cfg, tcfg, tkey = ckpt.config, cf.tcfg, cf.tkey
     flags = {}
     if isinstance(cfg.get("tie_word_embeddings"), bool):
@@ -552,14 +579,11 @@ def _config_flag(ckpt: Checkpoint, cf: _Cfg, fam: arch.Family, loader: str) -> t
     else:
         tied = fam.tie_default
         source = f"default for {cf.model_type or 'unknown model_type'} under {loader} (key absent)"
-    problems = []
+    findings = []
     if len(set(flags.values())) > 1:
-        problems.append(
-            "tie_word_embeddings flags disagree: "
-            + ", ".join(f"{k} = {str(v).lower()}" for k, v in flags.items())
-            + f"; {tkey} governs the language model, so {source} is used"
-        )
-    return tied, source, flags, problems
+        facts = {"flags": dict(flags), "governing": tkey, "used": source}
+        findings.append(Finding(FindingKind.TIE_FLAGS_DISAGREE, (), facts))
+    return _Flag(tied, source, flags, findings)
 
 
 def shared_storage(ckpt: Checkpoint, emb: str, head: str) -> Comparison | None:
@@ -668,106 +692,133 @@ def compare(
     return Comparison("different", max_diff, rows)
 
 
+def _ambiguous_layout(
+    head: str, size: int, as_stored: str | None = None, transposed: bool | None = None
+) -> Finding:
+    """The note on a square head (``vocab_size == hidden_size``) whose layout its shape cannot tell, with how
+    it compared both ways when it was compared."""
+    facts = {"size": size, "as_stored": as_stored, "transposed_equal": transposed}
+    return Finding(FindingKind.AMBIGUOUS_LAYOUT, (head,), facts, Fix("layout", LAYOUTS))
+
+
 def _compare_pair(
     ckpt: Checkpoint, fam: arch.Family, embedding: str, head: str, shape: _HeadShape, H: int
-) -> tuple[Comparison, list[str]]:
-    """Head vs embedding values (an ambiguous square head both ways; T5's scaled tied head); notes."""
-    notes: list[str] = []
+) -> tuple[Comparison, list[Finding]]:
+    """Head vs embedding values (an ambiguous square head both ways; T5's scaled tied head); notes.
+
+    An unusable head (layout None) or one with other rows than the embedding is ``different`` unread. Reads
+    both tables in row chunks (:func:`compare`)."""
+    notes: list[Finding] = []
     if shape.layout is None or (shape.rows is not None and shape.rows != ckpt.tensors[embedding].shape[0]):
         return Comparison("different"), notes
     if shape.layout == "ambiguous":
         as_stored = compare(ckpt, embedding, head, VOCAB_HIDDEN)
         transposed = compare(ckpt, embedding, head, HIDDEN_VOCAB)
         comp = transposed if as_stored.values != "exact" and transposed.values == "transposed" else as_stored
-        notes.append(
-            f"vocab_size == hidden_size ({H}): the head's layout cannot be told from its shape (as stored: "
-            f"{as_stored.values}; transposed: {'equal' if transposed.values == 'transposed' else 'different'}"
-            "); pass --layout vocab-hidden or hidden-vocab"
-        )
+        notes.append(_ambiguous_layout(head, H, as_stored.values, transposed.values == "transposed"))
         return comp, notes
     comp = compare(ckpt, embedding, head, shape.layout)
     if comp.values == "different" and fam.tied_logit_scale:
         scaled = compare(ckpt, embedding, head, shape.layout, scale=tied_scale(ckpt.config, H))
         if scaled.values == "scaled":
             comp = scaled
-            notes.append(
-                f"{head} equals {embedding} × d_model ** -0.5: the tied head of {fam.name}, "
-                "materialised (as tietool untie writes it)"
-            )
+            notes.append(Finding(FindingKind.SCALED_TIED_HEAD, (head, embedding), {"family": fam.name}))
     return comp, notes
 
 
-def _vocab_findings(det: Detection) -> tuple[list[str], list[str]]:
-    """(problems, notes) about sizes: vocab_size vs rows, the tokenizer, special ids, the head's rows."""
-    problems: list[str] = []
-    notes: list[str] = []
-    V, tok = det.vocab_rows, det.tokenizer
+def _comparison(
+    ckpt: Checkpoint,
+    fam: arch.Family,
+    embedding: str,
+    head: str | None,
+    shape: _HeadShape,
+    tied: bool,
+    compare_values: bool,
+) -> tuple[Comparison, list[Finding]]:
+    """How the head compares with the embedding, and notes: no head in the files is ``shared`` (T5's head
+    is the shared table) or ``absent``; without ``compare_values`` only a shared storage is told
+    (``unknown`` otherwise); else the values are read (:func:`_compare_pair`)."""
+    if head is None:
+        shared = fam.tied_logit_scale or (tied and fam.name == "t5")
+        return Comparison("shared" if shared else "absent"), []
+    if not compare_values and shape.layout is not None:
+        comp = shared_storage(ckpt, embedding, head) or Comparison("unknown")
+        H = ckpt.tensors[embedding].shape[1]
+        return comp, [_ambiguous_layout(head, H)] if shape.layout == "ambiguous" else []
+    return _compare_pair(ckpt, fam, embedding, head, shape, ckpt.tensors[embedding].shape[1])
+
+
+def _size_findings(det: Detection) -> list[Finding]:
+    """Findings about sizes: config vocab_size vs the embedding's rows, the head's rows (reserved rows),
+    the tokenizer (padding rows, or rows missing), unreadable tokenizer files, special ids past the rows."""
+    out: list[Finding] = []
+    V, tok, emb = det.vocab_rows, det.tokenizer, (det.embedding,)
+    facts: dict[str, Any]
     if det.config_vocab_size is not None and det.config_vocab_size != V:
-        problems.append(
-            f"config vocab_size is {det.config_vocab_size} but the embedding {det.embedding} has {V} rows "
-            f"(resize --vocab {V} fixes vocab_size)"
-        )
+        facts = {"config_vocab_size": det.config_vocab_size, "embedding_rows": V}
+        out.append(Finding(FindingKind.VOCAB_SIZE_MISMATCH, emb, facts, Fix("vocab", (V,), "resize")))
     if det.head_rows is not None and det.head_rows != V:
-        notes.append(
-            f"the embedding {det.embedding} has {V} rows and the head {det.head} has {det.head_rows}: "
-            f"{abs(V - det.head_rows)} rows only the {'embedding' if V > det.head_rows else 'head'} has "
-            "(reserved or image rows); tie needs equal shapes, resize moves both by the same number of rows"
-        )
-    if tok.size is not None and tok.size < V:
-        notes.append(
-            f"the embedding has {V} rows and the tokenizer defines {tok.size} tokens (highest id "
-            f"{tok.size - 1}): {V - tok.size} padding rows beyond the tokenizer (normal when vocab_size is "
-            f"padded to a multiple; trimming below {tok.size} would break tokens)"
-        )
-    elif tok.size is not None and tok.size > V:
-        problems.append(
-            f"the tokenizer defines {tok.size} tokens (highest id {tok.size - 1}, from "
-            f"{', '.join(tok.sources)}) but the embedding has only {V} rows: the model is "
-            f"{tok.size - V} row(s) short (resize --vocab {tok.size})"
-        )
-    problems += [f"tokenizer file {n} could not be read" for n in tok.unreadable]
-    beyond = [s for s in det.special_ids if s.id >= V]
+        facts = {"embedding_rows": V, "head_rows": det.head_rows}
+        out.append(Finding(FindingKind.HEAD_ROWS_DIFFER, (det.embedding, det.head), facts))
+    if tok.size is not None and tok.size != V:
+        facts = {"embedding_rows": V, "tokenizer_size": tok.size, "tokenizer_files": list(tok.sources)}
+        if tok.size < V:
+            out.append(Finding(FindingKind.PADDING_ROWS, emb, facts))
+        else:
+            fix = Fix("vocab", (tok.size,), "resize")
+            out.append(Finding(FindingKind.TOKENIZER_BEYOND_ROWS, emb, facts, fix))
+    out += [Finding(FindingKind.TOKENIZER_UNREADABLE, (), {"file": n}) for n in tok.unreadable]
+    beyond = [{"file": s.file, "key": s.key, "id": s.id} for s in det.special_ids if s.id >= V]
     if beyond:
-        problems.append(
-            f"token ids beyond the last row of the embedding ({V} rows, ids 0..{V - 1}): "
-            + ", ".join(map(str, beyond))
-        )
-    return problems, notes
+        facts = {"embedding_rows": V, "ids": beyond}
+        out.append(Finding(FindingKind.SPECIAL_IDS_BEYOND_ROWS, emb, facts))
+    return out
 
 
-def _tie_findings(det: Detection) -> list[str]:
-    """Problems about the tie state: flag vs head values, a missing head the loader will not re-tie."""
-    problems: list[str] = []
-    comp, head, source = det.comparison, det.head, det.config_source
+def _missing_embedding_finding(det: Detection) -> Finding:
+    """The problem of an input embedding stored only as the head, and whether the safetensors metadata
+    records it as a dropped copy of the head."""
+    recorded = any((m or {}).get(det.embedding) == det.head for m in det.ckpt.st_metadata.values())
+    return Finding(
+        FindingKind.EMBEDDING_MISSING, (det.embedding, det.head), {"recorded_as_dropped": recorded}
+    )
+
+
+def _tie_findings(det: Detection) -> list[Finding]:
+    """Problems about the tie state: a missing embedding; the flag vs the head's values; a missing head the
+    loader will not re-tie; an untied flag with no head."""
     if not det.embedding_present:
-        where = (
-            "the safetensors metadata records it as a dropped copy of it"
-            if any((m or {}).get(det.embedding) == head for m in det.ckpt.st_metadata.values())
-            else "no tensor has one of the family's embedding names"
-        )
-        problems.append(
-            f"the input embedding {det.embedding} is missing: the table is stored only as the head {head} "
-            f"({where}); untie or tie --keep head restores it from the head's bytes"
-        )
-        return problems
+        return [_missing_embedding_finding(det)]
+    out: list[Finding] = []
+    comp, head, source = det.comparison, det.head, det.config_source
     if det.head_present and comp.values == "different" and det.config_tied and comp.max_abs_diff is not None:
-        problems.append(
-            f"tied in config ({source} = true) but {head} differs from {det.embedding}: max |difference| "
-            f"{comp.max_abs_diff:.3g} in {comp.differing_rows} of {det.vocab_rows} rows; a loader that "
-            "re-ties ignores the head's values"
-        )
+        facts = {
+            "config_source": source,
+            "max_abs_diff": comp.max_abs_diff,
+            "differing_rows": comp.differing_rows,
+            "embedding_rows": det.vocab_rows,
+        }
+        out.append(Finding(FindingKind.TIED_BUT_DIFFERENT, (head, det.embedding), facts))
     if not det.head_present and det.config_tied and not det.family.reties and comp.values != "shared":
-        problems.append(
-            f"no head in the files, and the {det.loader} loader does not re-tie a missing head: it would "
-            f"load a random {head} (run untie to write it, or pass --loader if another library loads it)"
-        )
+        out.append(Finding(FindingKind.HEAD_MISSING_NOT_RETIED, (head,), {"loader": det.loader}))
     if not det.head_present and not det.config_tied:
-        problems.append(
-            f"untied in config ({source} = false) but no head ({head}) was found in the files: "
-            "effectively tied; a loader would fail or initialise a random head "
-            "(tie fixes the flag; untie writes the head as a copy of the embedding)"
-        )
-    return problems
+        out.append(Finding(FindingKind.UNTIED_BUT_NO_HEAD, (head,), {"config_source": source}))
+    return out
+
+
+def _later_findings(det: Detection) -> list[Finding]:
+    """The findings every detection gets from its facts: tie state, sizes, a layout conflict, the surface
+    beyond the main pair."""
+    out = _tie_findings(det) + _size_findings(det)
+    c = det.layout_conflict
+    if c is not None:
+        facts = {"requested": c.requested, "shape": list(c.shape), "fits": c.fits}
+        out.append(Finding(FindingKind.LAYOUT_CONFLICT, (c.head,), facts))
+    if det.extra_tables:
+        out.append(Finding(FindingKind.EXTRA_TABLES, tuple(det.extra_tables)))
+    if det.by_shape:
+        out.append(Finding(FindingKind.BY_SHAPE, tuple(det.by_shape)))
+    return out
 
 
 def _missing_embedding_dims(ckpt: Checkpoint, head: str, fam: arch.Family, cf: _Cfg) -> tuple[int, int]:
@@ -783,6 +834,140 @@ def _missing_embedding_dims(ckpt: Checkpoint, head: str, fam: arch.Family, cf: _
     if a != b and cf.hidden in hs:
         return (b, a) if a == cf.hidden else (a, b)
     return (b, a) if fam.head_layout == HIDDEN_VOCAB else (a, b)
+
+
+@dataclass
+class _Pair:
+    """The main pair as found, with what depends on it: the input embedding (or, missing, the name it would
+    have and ``stored_as`` the head that holds the table), its ``[V, H]``, the head (None: not in the
+    files) and its shape, the comparison, aliases, the surface beyond the pair, findings about the pair."""
+
+    embedding: str
+    found_by: FoundBy
+    V: int
+    H: int
+    head: str | None
+    shape: _HeadShape
+    comparison: Comparison
+    stored_as: str | None = None
+    emb_aliases: list[str] = field(default_factory=list)
+    vocab_aliases: list[str] = field(default_factory=list)
+    head_aliases: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)
+    by_shape: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+
+def _found_head(
+    ckpt: Checkpoint, fam: arch.Family, embedding: str, head_name: str | None, V: int, H: int
+) -> tuple[str | None, list[str], list[Finding]]:
+    """The head (``head_name`` when given, else :func:`_find_head`), the tensors named like a head (for
+    head aliases), and the note on a head found by its shape.
+
+    Raises:
+        RefusedError: several tensors could be the head.
+    """
+    if head_name:
+        return head_name, [head_name], []
+    head_named = _ranked(ckpt, fam.head, exclude=(embedding,), ndim=None)
+    alias_probe = _ranked(ckpt, fam.aliases + fam.embedding, exclude=(embedding,))
+    head, by_shape = _find_head(ckpt, fam, embedding, alias_probe, V, H)
+    return head, head_named, [Finding(FindingKind.HEAD_BY_SHAPE, (head,))] if head and by_shape else []
+
+
+def _embedding_pair(
+    ckpt: Checkpoint,
+    fam: arch.Family,
+    cf: _Cfg,
+    found: tuple[str, FoundBy],
+    head_name: str | None,
+    layout: str | None,
+    bias: tuple[str | None, list[str]],
+    tied: bool,
+    compare_values: bool,
+) -> _Pair:
+    """The pair of a checkpoint with its input embedding ``[V, H]`` (``found``: its name and how it was
+    found): the head, aliases, the comparison, extra tables and vocab-shaped tensors (none of them ``bias``
+    or its aliases); a hidden size other than the config's, a head found by shape or unusable, a square
+    head's layout, are findings.
+
+    Raises:
+        RefusedError: several tensors could be the head (:func:`_find_head`).
+    """
+    embedding, found_by = found
+    V, H = ckpt.tensors[embedding].shape
+    findings: list[Finding] = []
+    if cf.hidden is not None and H != cf.hidden:
+        facts = {"shape": [V, H], "config_hidden_size": cf.hidden}
+        findings.append(Finding(FindingKind.EMBEDDING_HIDDEN_MISMATCH, (embedding,), facts))
+    head, head_named, head_notes = _found_head(ckpt, fam, embedding, head_name, V, H)
+    emb_aliases, vocab_aliases, head_aliases = _find_aliases(ckpt, fam, embedding, head, head_named)
+    shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout) if head else _HeadShape()
+    comp, cmp_notes = _comparison(ckpt, fam, embedding, head, shape, tied, compare_values)
+    findings += head_notes + ([shape.problem] if shape.problem else []) + cmp_notes
+    taken = {embedding, *emb_aliases, *vocab_aliases, *head_aliases, *([head] if head else [])}
+    taken |= {*([bias[0]] if bias[0] else []), *bias[1]}
+    extra = _find_extra_tables(ckpt, fam, taken)
+    by_shape = _find_by_shape(ckpt, taken | set(extra), V, H)
+    return _Pair(
+        embedding,
+        found_by,
+        V,
+        H,
+        head,
+        shape,
+        comp,
+        emb_aliases=emb_aliases,
+        vocab_aliases=vocab_aliases,
+        head_aliases=head_aliases,
+        extra=extra,
+        by_shape=by_shape,
+        findings=findings,
+    )
+
+
+def _missing_embedding_pair(
+    ckpt: Checkpoint, fam: arch.Family, cf: _Cfg, head: str, layout: str | None
+) -> _Pair:
+    """The pair of a checkpoint whose input embedding is missing while the head is present (a converter
+    kept one of a tied pair): the table is stored only as the head, the embedding gets the name it would
+    have. No aliases, extra tables or vocab-shaped tensors are looked for, and values are not compared.
+
+    Raises:
+        CheckpointError: the head is not 2-D (:func:`_missing_embedding_dims`).
+    """
+    V, H = _missing_embedding_dims(ckpt, head, fam, cf)
+    shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout)
+    embedding = _missing_embedding_name(ckpt, fam, head)
+    findings = [shape.problem] if shape.problem else []
+    no_embedding = Comparison("no_embedding")
+    return _Pair(
+        embedding, FoundBy.MISSING, V, H, head, shape, no_embedding, stored_as=head, findings=findings
+    )
+
+
+def _nothing_found(ckpt: Checkpoint, cf: _Cfg, probe: arch.Family) -> CheckpointError:
+    """The error for a checkpoint with neither an input embedding nor a head."""
+    return CheckpointError(
+        f"no input embedding found (model_type {cf.model_type!r}: no tensor named like "
+        f"{', '.join(probe.embedding[:3])}, and none of shape [vocab_size, hidden_size] = "
+        f"[{cf.vocab_size}, {cf.hidden}])",
+        ckpt.path,
+        "pass --embedding NAME (and --head NAME), or check config.json vocab_size/hidden_size",
+    )
+
+
+def _config_findings(cf: _Cfg, probe: arch.Family, found_by: FoundBy, embedding: str | None) -> list[Finding]:
+    """A model_type that is not a string; how names were matched for a model_type not in the table (said
+    only when the embedding was found)."""
+    out = [Finding(FindingKind.MODEL_TYPE_NOT_STRING)] if cf.bad_type else []
+    if embedding is None:
+        return out
+    if found_by is FoundBy.SHAPE:
+        out.append(Finding(FindingKind.EMBEDDING_BY_SHAPE, (embedding,), {"model_type": cf.model_type}))
+    elif not probe.known:
+        out.append(Finding(FindingKind.MODEL_TYPE_NOT_IN_TABLE, (), {"model_type": cf.model_type}))
+    return out
 
 
 def detect(
@@ -817,176 +1002,73 @@ def detect(
     embedding, found_by = (
         (embedding_name, FoundBy.NAMED) if embedding_name else _find_embedding(ckpt, probe, cf, head_named)
     )
-    notes: list[str] = []
-    problems = ["config.json model_type is not a string; ignored"] if cf.bad_type else []
     if embedding is None and not head_named:
-        raise CheckpointError(
-            f"no input embedding found (model_type {cf.model_type!r}: no tensor named like "
-            f"{', '.join(probe.embedding[:3])}, and none of shape [vocab_size, hidden_size] = "
-            f"[{cf.vocab_size}, {cf.hidden}])",
-            ckpt.path,
-            "pass --embedding NAME (and --head NAME), or check config.json vocab_size/hidden_size",
-        )
-    if found_by is FoundBy.SHAPE:
-        notes.append(
-            f"model_type {cf.model_type!r} is not in the architecture table: found the embedding "
-            f"{embedding} by its shape [vocab_size, hidden_size]"
-        )
-    elif not probe.known:
-        notes.append(
-            f"model_type {cf.model_type!r} is not in the architecture table: names matched by the common "
-            "patterns"
-        )
+        raise _nothing_found(ckpt, cf, probe)
+    findings = _config_findings(cf, probe, found_by, embedding)
     if loader is None:
         loader, loader_source = infer_loader(ckpt, embedding or head_named[0])
     else:
         loader_source = "--loader"
     fam = arch.lookup(cf.model_type, loader)
+    bias = _find_bias(ckpt, fam)
+    flag = _config_flag(ckpt, cf, fam, loader)
     if embedding is None:
-        return _detect_missing_embedding(
-            ckpt, fam, cf, head_named[0], loader, loader_source, layout, problems
-        )
-    V, H = ckpt.tensors[embedding].shape
-    if cf.hidden is not None and H != cf.hidden:
-        problems.append(f"the embedding {embedding} is {[V, H]} but config hidden_size is {cf.hidden}")
-    head_named = [head_name] if head_name else _ranked(ckpt, fam.head, exclude=(embedding,), ndim=None)
-    alias_probe = _ranked(ckpt, fam.aliases + fam.embedding, exclude=(embedding,))
-    head, head_note = (head_name, None) if head_name else _find_head(ckpt, fam, embedding, alias_probe, V, H)
-    notes += [head_note] if head_note else []
-    emb_aliases, vocab_aliases, head_aliases = _find_aliases(ckpt, fam, embedding, head, head_named)
-    shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout) if head else _HeadShape()
-    problems += [shape.problem] if shape.problem else []
-    bias, bias_aliases = _find_bias(ckpt, fam)
-    tied, source, flags, flag_problems = _config_flag(ckpt, cf, fam, loader)
-    problems += flag_problems
-    if head is None:
-        shared = fam.tied_logit_scale or (tied and fam.name == "t5")
-        comp = Comparison("shared" if shared else "absent")
-    elif not compare_values and shape.layout is not None:
-        comp = shared_storage(ckpt, embedding, head) or Comparison("unknown")
+        pair = _missing_embedding_pair(ckpt, fam, cf, head_named[0], layout)
     else:
-        comp, cmp_notes = _compare_pair(ckpt, fam, embedding, head, shape, H)
-        notes += cmp_notes
-    if head and shape.layout == "ambiguous" and not compare_values:
-        notes.append(
-            f"vocab_size == hidden_size ({V}): the head's layout cannot be told from its shape; "
-            "pass --layout vocab-hidden or hidden-vocab"
+        pair = _embedding_pair(
+            ckpt, fam, cf, (embedding, found_by), head_name, layout, bias, flag.tied, compare_values
         )
-    taken = {embedding, *emb_aliases, *vocab_aliases, *head_aliases, *([head] if head else [])}
-    taken |= {*([bias] if bias else []), *bias_aliases}
-    extra = _find_extra_tables(ckpt, fam, taken)
-    det = Detection(
-        ckpt=ckpt,
-        family=fam,
-        loader=loader,
-        loader_source=loader_source,
-        model_type=cf.model_type,
-        vocab_rows=V,
-        hidden=H,
-        embedding=embedding,
-        embedding_aliases=emb_aliases,
-        vocab_aliases=vocab_aliases,
-        head=head or _default_head_name(fam),
-        head_present=head is not None,
-        head_layout=shape.layout,
-        head_aliases=head_aliases,
-        bias=bias,
-        bias_aliases=bias_aliases,
-        config_tied=tied,
-        config_source=source,
-        config_flags=flags,
-        comparison=comp,
-        config_vocab_size=cf.vocab_size,
-        text_cfg_key=cf.tkey,
-        tokenizer=tokenizer_info(ckpt.path),
-        fallback=found_by is FoundBy.SHAPE,
-        tp_fraction=shape.tp,
-        problems=problems,
-        notes=notes,
-        embedding_found_by=found_by,
-        head_rows=shape.rows,
-        extra_tables=extra,
-        by_shape=_find_by_shape(ckpt, taken | set(extra), V, H),
-        special_ids=special_token_ids(ckpt.path),
-        layout_conflict=shape.conflict,
-    )
-    _add_findings(det)
+    det = _detection(ckpt, cf, fam, (loader, loader_source), pair, bias, flag)
+    det.findings = findings + pair.findings + flag.findings + _later_findings(det)
     return det
 
 
-def _add_findings(det: Detection) -> None:
-    """The problems and notes every detection gets (tie state, sizes, the surface beyond the main pair)."""
-    det.problems += _tie_findings(det)
-    vp, vn = _vocab_findings(det)
-    det.problems += vp
-    det.notes += vn
-    if det.layout_conflict is not None:
-        c = det.layout_conflict
-        det.problems.append(
-            f"the requested layout {c.requested} contradicts the head {c.head} {list(c.shape)}: "
-            f"the layout that fits is {c.fits}"
-        )
-    if det.extra_tables:
-        det.notes.append(
-            "further vocabulary tables (resized with the embedding and head): " + ", ".join(det.extra_tables)
-        )
-    if det.by_shape:
-        det.notes.append(
-            f"tensors of no known vocabulary name with the vocabulary's shape: {', '.join(det.by_shape)}"
-        )
-
-
-def _detect_missing_embedding(
+def _detection(
     ckpt: Checkpoint,
-    fam: arch.Family,
     cf: _Cfg,
-    head: str,
-    loader: str,
-    loader_source: str,
-    layout: str | None,
-    problems: list[str],
+    fam: arch.Family,
+    loader: tuple[str, str],
+    pair: _Pair,
+    bias: tuple[str | None, list[str]],
+    flag: _Flag,
 ) -> Detection:
-    """Detection of a checkpoint whose input embedding is missing while the head is present (a converter
-    kept one of a tied pair): the table is stored only as the head."""
-    V, H = _missing_embedding_dims(ckpt, head, fam, cf)
-    shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout)
-    problems += [shape.problem] if shape.problem else []
-    tied, source, flags, flag_problems = _config_flag(ckpt, cf, fam, loader)
-    bias, bias_aliases = _find_bias(ckpt, fam)
-    det = Detection(
+    """The :class:`Detection` of ``pair`` under ``fam`` and ``loader`` (name, how it was decided), without
+    findings; reads the tokenizer files and the special token ids of the folder."""
+    return Detection(
         ckpt=ckpt,
         family=fam,
-        loader=loader,
-        loader_source=loader_source,
+        loader=loader[0],
+        loader_source=loader[1],
         model_type=cf.model_type,
-        vocab_rows=V,
-        hidden=H,
-        embedding=_missing_embedding_name(ckpt, fam, head),
-        embedding_aliases=[],
-        vocab_aliases=[],
-        head=head,
-        head_present=True,
-        head_layout=shape.layout,
-        head_aliases=[],
-        bias=bias,
-        bias_aliases=bias_aliases,
-        config_tied=tied,
-        config_source=source,
-        config_flags=flags,
-        comparison=Comparison("no_embedding"),
+        vocab_rows=pair.V,
+        hidden=pair.H,
+        embedding=pair.embedding,
+        embedding_aliases=pair.emb_aliases,
+        vocab_aliases=pair.vocab_aliases,
+        head=pair.head or _default_head_name(fam),
+        head_present=pair.head is not None,
+        head_layout=pair.shape.layout,
+        head_aliases=pair.head_aliases,
+        bias=bias[0],
+        bias_aliases=bias[1],
+        config_tied=flag.tied,
+        config_source=flag.source,
+        config_flags=flag.flags,
+        comparison=pair.comparison,
         config_vocab_size=cf.vocab_size,
         text_cfg_key=cf.tkey,
         tokenizer=tokenizer_info(ckpt.path),
-        problems=problems + flag_problems,
-        embedding_present=False,
-        embedding_found_by=FoundBy.MISSING,
-        embedding_stored_as=head,
-        head_rows=shape.rows,
+        fallback=pair.found_by is FoundBy.SHAPE,
+        tp_fraction=pair.shape.tp,
+        embedding_present=pair.stored_as is None,
+        embedding_found_by=pair.found_by,
+        embedding_stored_as=pair.stored_as,
+        head_rows=pair.shape.rows,
+        extra_tables=pair.extra,
+        by_shape=pair.by_shape,
         special_ids=special_token_ids(ckpt.path),
-        layout_conflict=shape.conflict,
+        layout_conflict=pair.shape.conflict,
     )
-    _add_findings(det)
-    return det
 
 
 def tied_scale(config: dict, hidden: int) -> float:

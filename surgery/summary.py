@@ -8,6 +8,7 @@ from typing import Any
 from . import surface
 from .checkpoint import Checkpoint
 from .detect import Detection, detect
+from .findings import describe
 from .report import savings_if_tied
 
 
@@ -163,8 +164,9 @@ def summarize(det: Detection) -> dict[str, Any]:
             "reties_missing_head": det.family.reties,
             "head_layout": det.family.head_layout,
         },
-        "problems": list(det.problems),
-        "notes": list(det.notes),
+        "problems": [describe(f) for f in det.problems],
+        "notes": [describe(f) for f in det.notes],
+        "findings": [f.as_dict() for f in det.findings],
         "warnings": list(ckpt.warnings),
     }
 

@@ -22,6 +22,7 @@ from support.resize_support import run_cli
 from tietool.surgery.architectures import VocabRole
 from tietool.surgery.checkpoint import Checkpoint
 from tietool.surgery.detect import FoundBy, detect
+from tietool.surgery.findings import FindingKind
 
 V, H = 24, 8
 
@@ -190,7 +191,8 @@ def test_special_token_ids_beyond_rows(tmp_path):
     det = detect(Checkpoint.open(ck))
     ids = {(s.file, s.key, s.id) for s in det.special_ids}
     assert ("config.json", "eos_token_id", 16) in ids and ("tokenizer_config.json", "eos_token", 17) in ids
-    problem = next(p for p in det.problems if "token ids beyond" in p)
+    problem = str(next(p for p in det.problems if p.kind is FindingKind.SPECIAL_IDS_BEYOND_ROWS))
+    assert problem.startswith("token ids beyond the last row of the embedding (16 rows, ids 0..15): ")
     assert "config.json eos_token_id = 16" in problem and "tokenizer_config.json eos_token = 17" in problem
     assert "image_token_index" not in problem  # 15 < 16 rows
     # a trim that leaves ids past the last row: refused naming them; with --force done, and still named

@@ -1,0 +1,273 @@
+"""Findings: what detection tells a user about a checkpoint (problems and notes), as data.
+
+A :class:`Finding` is a kind (:class:`FindingKind`, which fixes its severity), the tensors it is about, and
+the facts that word it (numbers, names, JSON-able). :func:`describe` is the one place that words a finding;
+``inspect`` prints those words and ``--json`` adds the findings themselves (:meth:`Finding.as_dict`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from .tokenizer import SpecialTokenId
+
+
+class Severity(str, Enum):
+    """A problem is something a user must know about (inconsistent or unusable); a note is context."""
+
+    PROBLEM = "problem"
+    NOTE = "note"
+
+
+class FindingKind(str, Enum):
+    """Every kind of finding detection reports (the value is its name in ``--json``)."""
+
+    MODEL_TYPE_NOT_STRING = "model-type-not-string"
+    EMBEDDING_BY_SHAPE = "embedding-found-by-shape"
+    MODEL_TYPE_NOT_IN_TABLE = "model-type-not-in-table"
+    EMBEDDING_HIDDEN_MISMATCH = "embedding-hidden-size-mismatch"
+    HEAD_BY_SHAPE = "head-found-by-shape"
+    HEAD_NOT_2D = "head-not-2d"
+    HEAD_TP_SLICE = "head-tensor-parallel-slice"
+    HEAD_SHAPE_MISFIT = "head-shape-fits-neither-layout"
+    TIE_FLAGS_DISAGREE = "tie-flags-disagree"
+    AMBIGUOUS_LAYOUT = "ambiguous-head-layout"
+    SCALED_TIED_HEAD = "scaled-tied-head"
+    VOCAB_SIZE_MISMATCH = "config-vocab-size-mismatch"
+    HEAD_ROWS_DIFFER = "head-rows-differ"
+    PADDING_ROWS = "padding-rows-beyond-tokenizer"
+    TOKENIZER_BEYOND_ROWS = "tokenizer-beyond-rows"
+    TOKENIZER_UNREADABLE = "tokenizer-file-unreadable"
+    SPECIAL_IDS_BEYOND_ROWS = "special-token-ids-beyond-rows"
+    EMBEDDING_MISSING = "embedding-missing"
+    TIED_BUT_DIFFERENT = "tied-but-different"
+    HEAD_MISSING_NOT_RETIED = "head-missing-not-retied"
+    UNTIED_BUT_NO_HEAD = "untied-but-no-head"
+    LAYOUT_CONFLICT = "layout-conflict"
+    EXTRA_TABLES = "extra-vocabulary-tables"
+    BY_SHAPE = "vocab-shaped-tensors"
+
+
+_NOTES = {
+    FindingKind.EMBEDDING_BY_SHAPE,
+    FindingKind.MODEL_TYPE_NOT_IN_TABLE,
+    FindingKind.HEAD_BY_SHAPE,
+    FindingKind.AMBIGUOUS_LAYOUT,
+    FindingKind.SCALED_TIED_HEAD,
+    FindingKind.HEAD_ROWS_DIFFER,
+    FindingKind.PADDING_ROWS,
+    FindingKind.EXTRA_TABLES,
+    FindingKind.BY_SHAPE,
+}
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A remedy as data: run ``command`` (None: the command just run) with ``--option`` set to one of
+    ``values``."""
+
+    option: str
+    values: tuple[str | int, ...]
+    command: str | None = None
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One finding.
+
+    Attributes:
+        kind: what was found (fixes the severity).
+        tensors: the tensors it is about, main subject first.
+        facts: the numbers and names that word it (JSON-able; keys per kind, see :data:`_WORDS`).
+        fix: a remedy with an option value, when the finding names one.
+    """
+
+    kind: FindingKind
+    tensors: tuple[str, ...] = ()
+    facts: Mapping[str, Any] = field(default_factory=dict)
+    fix: Fix | None = None
+
+    @property
+    def severity(self) -> Severity:
+        return Severity.NOTE if self.kind in _NOTES else Severity.PROBLEM
+
+    def __str__(self) -> str:
+        return describe(self)
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"kind", "severity", "tensors", **facts, "fix"}`` for ``--json``."""
+        fix = self.fix
+        return {
+            "kind": self.kind.value,
+            "severity": self.severity.value,
+            "tensors": list(self.tensors),
+            **self.facts,
+            "fix": None
+            if fix is None
+            else {"command": fix.command, "option": fix.option, "values": list(fix.values)},
+        }
+
+
+def _option(fix: Fix | None) -> str:
+    """``--layout vocab-hidden or hidden-vocab``; ``resize --vocab 16``."""
+    assert fix is not None
+    words = f"--{fix.option} {' or '.join(map(str, fix.values))}"
+    return f"{fix.command} {words}" if fix.command else words
+
+
+def _missing_embedding(f: Finding) -> str:
+    emb, head = f.tensors
+    where = (
+        "the safetensors metadata records it as a dropped copy of it"
+        if f.facts["recorded_as_dropped"]
+        else "no tensor has one of the family's embedding names"
+    )
+    return (
+        f"the input embedding {emb} is missing: the table is stored only as the head {head} "
+        f"({where}); untie or tie --keep head restores it from the head's bytes"
+    )
+
+
+def _ambiguous_layout(f: Finding) -> str:
+    x = f.facts
+    compared = ""
+    if x["as_stored"] is not None:
+        compared = (
+            f" (as stored: {x['as_stored']}; transposed: {'equal' if x['transposed_equal'] else 'different'})"
+        )
+    return (
+        f"vocab_size == hidden_size ({x['size']}): the head's layout cannot be told from its "
+        f"shape{compared}; pass {_option(f.fix)}"
+    )
+
+
+def _head_rows_differ(f: Finding) -> str:
+    (emb, head), x = f.tensors, f.facts
+    V, rows = x["embedding_rows"], x["head_rows"]
+    return (
+        f"the embedding {emb} has {V} rows and the head {head} has {rows}: "
+        f"{abs(V - rows)} rows only the {'embedding' if V > rows else 'head'} has "
+        "(reserved or image rows); tie needs equal shapes, resize moves both by the same number of rows"
+    )
+
+
+def _padding_rows(f: Finding) -> str:
+    V, n = f.facts["embedding_rows"], f.facts["tokenizer_size"]
+    return (
+        f"the embedding has {V} rows and the tokenizer defines {n} tokens (highest id "
+        f"{n - 1}): {V - n} padding rows beyond the tokenizer (normal when vocab_size is "
+        f"padded to a multiple; trimming below {n} would break tokens)"
+    )
+
+
+def _tokenizer_beyond_rows(f: Finding) -> str:
+    V, n, sources = f.facts["embedding_rows"], f.facts["tokenizer_size"], f.facts["tokenizer_files"]
+    return (
+        f"the tokenizer defines {n} tokens (highest id {n - 1}, from "
+        f"{', '.join(sources)}) but the embedding has only {V} rows: the model is "
+        f"{n - V} row(s) short ({_option(f.fix)})"
+    )
+
+
+def _special_ids_beyond_rows(f: Finding) -> str:
+    V = f.facts["embedding_rows"]
+    ids = (SpecialTokenId(i["file"], i["key"], i["id"]) for i in f.facts["ids"])
+    return f"token ids beyond the last row of the embedding ({V} rows, ids 0..{V - 1}): " + ", ".join(
+        map(str, ids)
+    )
+
+
+def _tied_but_different(f: Finding) -> str:
+    (head, emb), x = f.tensors, f.facts
+    return (
+        f"tied in config ({x['config_source']} = true) but {head} differs from {emb}: max |difference| "
+        f"{x['max_abs_diff']:.3g} in {x['differing_rows']} of {x['embedding_rows']} rows; a loader that "
+        "re-ties ignores the head's values"
+    )
+
+
+def _tie_flags_disagree(f: Finding) -> str:
+    x = f.facts
+    return (
+        "tie_word_embeddings flags disagree: "
+        + ", ".join(f"{k} = {str(v).lower()}" for k, v in x["flags"].items())
+        + f"; {x['governing']} governs the language model, so {x['used']} is used"
+    )
+
+
+def _head_tp_slice(f: Finding) -> str:
+    x = f.facts
+    return (
+        f"the head {f.tensors[0]} {x['shape']} has {x['head_rows']} vocab rows, exactly 1/{x['fraction']} of "
+        f"the embedding's {x['embedding_rows']}: likely an unmerged tensor-parallel shard (merge the "
+        "tensor-parallel slices first)"
+    )
+
+
+_WORDS: dict[FindingKind, Callable[[Finding], str]] = {
+    FindingKind.MODEL_TYPE_NOT_STRING: lambda f: "config.json model_type is not a string; ignored",
+    FindingKind.EMBEDDING_BY_SHAPE: lambda f: (
+        f"model_type {f.facts['model_type']!r} is not in the architecture table: found the embedding "
+        f"{f.tensors[0]} by its shape [vocab_size, hidden_size]"
+    ),
+    FindingKind.MODEL_TYPE_NOT_IN_TABLE: lambda f: (
+        f"model_type {f.facts['model_type']!r} is not in the architecture table: names matched by the "
+        "common patterns"
+    ),
+    FindingKind.EMBEDDING_HIDDEN_MISMATCH: lambda f: (
+        f"the embedding {f.tensors[0]} is {f.facts['shape']} but config hidden_size is "
+        f"{f.facts['config_hidden_size']}"
+    ),
+    FindingKind.HEAD_BY_SHAPE: lambda f: f"found the head {f.tensors[0]} by its shape",
+    FindingKind.HEAD_NOT_2D: lambda f: f"the head {f.tensors[0]} has shape {f.facts['shape']}, not 2-D",
+    FindingKind.HEAD_TP_SLICE: _head_tp_slice,
+    FindingKind.HEAD_SHAPE_MISFIT: lambda f: (
+        f"the head {f.tensors[0]} has shape {f.facts['shape']}, which fits neither [vocab, hidden] = "
+        f"[{f.facts['embedding_rows']}, {f.facts['hidden_size']}] nor [hidden, vocab]"
+    ),
+    FindingKind.TIE_FLAGS_DISAGREE: _tie_flags_disagree,
+    FindingKind.AMBIGUOUS_LAYOUT: _ambiguous_layout,
+    FindingKind.SCALED_TIED_HEAD: lambda f: (
+        f"{f.tensors[0]} equals {f.tensors[1]} × d_model ** -0.5: the tied head of {f.facts['family']}, "
+        "materialised (as tietool untie writes it)"
+    ),
+    FindingKind.VOCAB_SIZE_MISMATCH: lambda f: (
+        f"config vocab_size is {f.facts['config_vocab_size']} but the embedding {f.tensors[0]} has "
+        f"{f.facts['embedding_rows']} rows ({_option(f.fix)} fixes vocab_size)"
+    ),
+    FindingKind.HEAD_ROWS_DIFFER: _head_rows_differ,
+    FindingKind.PADDING_ROWS: _padding_rows,
+    FindingKind.TOKENIZER_BEYOND_ROWS: _tokenizer_beyond_rows,
+    FindingKind.TOKENIZER_UNREADABLE: lambda f: f"tokenizer file {f.facts['file']} could not be read",
+    FindingKind.SPECIAL_IDS_BEYOND_ROWS: _special_ids_beyond_rows,
+    FindingKind.EMBEDDING_MISSING: _missing_embedding,
+    FindingKind.TIED_BUT_DIFFERENT: _tied_but_different,
+    FindingKind.HEAD_MISSING_NOT_RETIED: lambda f: (
+        f"no head in the files, and the {f.facts['loader']} loader does not re-tie a missing head: it "
+        f"would load a random {f.tensors[0]} (run untie to write it, or pass --loader if another library "
+        "loads it)"
+    ),
+    FindingKind.UNTIED_BUT_NO_HEAD: lambda f: (
+        f"untied in config ({f.facts['config_source']} = false) but no head ({f.tensors[0]}) was found in "
+        "the files: effectively tied; a loader would fail or initialise a random head (tie fixes the "
+        "flag; untie writes the head as a copy of the embedding)"
+    ),
+    FindingKind.LAYOUT_CONFLICT: lambda f: (
+        f"the requested layout {f.facts['requested']} contradicts the head {f.tensors[0]} "
+        f"{f.facts['shape']}: the layout that fits is {f.facts['fits']}"
+    ),
+    FindingKind.EXTRA_TABLES: lambda f: (
+        "further vocabulary tables (resized with the embedding and head): " + ", ".join(f.tensors)
+    ),
+    FindingKind.BY_SHAPE: lambda f: (
+        f"tensors of no known vocabulary name with the vocabulary's shape: {', '.join(f.tensors)}"
+    ),
+}
+
+
+def describe(finding: Finding) -> str:
+    """The finding in words, as ``inspect`` prints it and ``--json`` lists it under problems/notes."""
+    return _WORDS[finding.kind](finding)
