@@ -111,22 +111,8 @@ def _dtype(t: dict) -> str:
     )
 
 
-def inspect(info: dict, as_json: bool = False) -> None:
-    if as_json:
-        print(json.dumps(info, indent=2))
-        return
-    con = _console()
-    con.print(
-        f"{info['path']}: {info['format']}{' (sharded)' if info['sharded'] else ''}, "
-        f"{len(info['files'])} weight file(s), {info['num_tensors']} tensors, "
-        f"{info['total_parameters']} parameters, {size(info['total_bytes'])}"
-    )
-    arch = info["architecture"]
-    con.print(
-        f"model_type {info['model_type']!s} (family {arch['family']}"
-        f"{'' if arch['in_table'] else ', not in the table'}); loader {info['loader']['name']}: "
-        f"{info['loader']['source']}"
-    )
+def _pair_table(info: dict) -> Table:
+    """The embedding, head and bias rows (with aliases), then extra tables and vocab-shaped tensors."""
     t = Table(title="embedding and head", show_lines=False)
     for col in ("role", "name", "shape", "dtype", "layout", "file"):
         t.add_column(col, overflow="fold")
@@ -162,32 +148,40 @@ def inspect(info: dict, as_json: bool = False) -> None:
     for v in info.get("vocabulary_tensors", []):
         if v["role"] in ("extra vocabulary table", "vocab-shaped tensor"):
             t.add_row(v["role"], v["name"], _shape(v["shape"]), v["dtype"] or "—", "", v["file"] or "—")
-    con.print(t)
-    tie = info["tie"]
+    return t
+
+
+def _tie_line(info: dict) -> str:
+    """``tie: config ...; head in files: ...; values: ...`` (the comparison in words)."""
+    tie, h, e = info["tie"], info["head"]["name"], info["embedding"]["name"]
     vals = tie["values"]
     desc = {
-        "exact": f"{h['name']} equals {e['name']} bit for bit",
-        "transposed": f"{h['name']} equals {e['name']} transposed",
-        "different": f"{h['name']} differs from {e['name']}"
+        "exact": f"{h} equals {e} bit for bit",
+        "transposed": f"{h} equals {e} transposed",
+        "different": f"{h} differs from {e}"
         + (
             f" (max |difference| {tie['max_abs_diff']:.3g}, {tie['differing_rows']} rows differ)"
             if tie["max_abs_diff"] is not None
             else ""
         ),
-        "scaled": f"{h['name']} equals {e['name']} × d_model ** -0.5 (the tied head, materialised)",
-        "absent": f"no head in the files ({h['name']} not found)",
-        "shared": f"the head is the shared table {e['name']} (no separate head tensor)",
+        "scaled": f"{h} equals {e} × d_model ** -0.5 (the tied head, materialised)",
+        "absent": f"no head in the files ({h} not found)",
+        "shared": f"the head is the shared table {e} (no separate head tensor)",
         "unknown": "not compared (--no-values: headers only)",
-        "no_embedding": f"the input embedding {e['name']} is missing; {h['name']} holds the only table",
+        "no_embedding": f"the input embedding {e} is missing; {h} holds the only table",
     }.get(vals, vals)
     if tie["storage_shared"]:
         desc += " (one array in the file: same storage)"
-    con.print(
+    return (
         f"tie: config {str(tie['config']).lower()} ({tie['config_source']}); head in files: "
         f"{'yes' if tie['head_in_files'] else 'no'}; values: {desc}"
     )
-    v = info["vocab"]
-    con.print(
+
+
+def _vocab_line(info: dict) -> str:
+    """``vocab: config vocab_size ..., embedding rows ..., [head rows ...,] hidden_size ..., tokenizer``"""
+    v, h = info["vocab"], info["head"]
+    return (
         f"vocab: config vocab_size {v['config_vocab_size']}, embedding rows {v['embedding_rows']}, "
         + (
             f"head rows {h['rows']}, "
@@ -201,13 +195,42 @@ def inspect(info: dict, as_json: bool = False) -> None:
             else "not found"
         )
     )
+
+
+def _savings_line(info: dict) -> str:
+    """``tying would save N parameters, B bytes (P% of the checkpoint)``, with why nothing or on what
+    condition."""
     s = info["savings"]
-    con.print(
+    return (
         f"tying would save {s['parameters']} parameters, {size(s['bytes'])} "
         f"({s['percent']}% of the checkpoint)"
         + (f": {s['why_zero']}" if s.get("why_zero") else "")
         + (f", if the values agree ({s['assumes']})" if s.get("assumes") else "")
     )
+
+
+def inspect(info: dict, as_json: bool = False) -> None:
+    """``tietool inspect``: the summary dict as JSON, or as lines and a table (problems, notes and
+    warnings in the words the library gave them)."""
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    con = _console()
+    con.print(
+        f"{info['path']}: {info['format']}{' (sharded)' if info['sharded'] else ''}, "
+        f"{len(info['files'])} weight file(s), {info['num_tensors']} tensors, "
+        f"{info['total_parameters']} parameters, {size(info['total_bytes'])}"
+    )
+    arch = info["architecture"]
+    con.print(
+        f"model_type {info['model_type']!s} (family {arch['family']}"
+        f"{'' if arch['in_table'] else ', not in the table'}); loader {info['loader']['name']}: "
+        f"{info['loader']['source']}"
+    )
+    con.print(_pair_table(info))
+    con.print(_tie_line(info))
+    con.print(_vocab_line(info))
+    con.print(_savings_line(info))
     _messages(con, info["notes"], info["warnings"], info["problems"])
     left_out(con, info.get("left_out", []), info["index"], info["format"], writing=False)
     left_out(
@@ -222,15 +245,8 @@ def inspect(info: dict, as_json: bool = False) -> None:
     )
 
 
-def report(rep: dict, as_json: bool = False) -> None:
-    if as_json:
-        print(json.dumps(rep, indent=2))
-        return
-    con = _console()
-    head = f"{rep['operation']}{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
-    if rep["output"] and not rep["dry_run"]:
-        head += f" → {rep['output']}"
-    con.print(head, style="bold")
+def _change_table(rep: dict) -> Table:
+    """The report's table: tensors dropped, added, resized or rewritten, and the totals before → after."""
     t = Table(title="report: parameters and bytes")
     for col in ("change", "tensor", "shape", "parameters", "bytes"):
         t.add_column(col, overflow="fold")
@@ -246,7 +262,7 @@ def report(rep: dict, as_json: bool = False) -> None:
             f"{c['parameters_after'] - c['parameters_before']:+d}",
             f"{c['bytes_after'] - c['bytes_before']:+d}",
         )
-    b, a, s = rep["before"], rep["after"], rep["saved"]
+    b, a = rep["before"], rep["after"]
     t.add_row(
         "total",
         "before → after",
@@ -254,7 +270,22 @@ def report(rep: dict, as_json: bool = False) -> None:
         f"{b['parameters']} → {a['parameters']}",
         f"{b['bytes']} → {a['bytes']}",
     )
-    con.print(t)
+    return t
+
+
+def report(rep: dict, as_json: bool = False) -> None:
+    """A tie/untie/resize report: as JSON, or the change table, savings, rows, config changes, files,
+    notes and what was left out."""
+    if as_json:
+        print(json.dumps(rep, indent=2))
+        return
+    con = _console()
+    head = f"{rep['operation']}{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
+    if rep["output"] and not rep["dry_run"]:
+        head += f" → {rep['output']}"
+    con.print(head, style="bold")
+    con.print(_change_table(rep))
+    s = rep["saved"]
     if s["bytes"] >= 0:
         con.print(f"saved {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}%)")
     else:
