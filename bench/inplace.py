@@ -8,7 +8,8 @@ Each round, untimed: a working copy of the checkpoint is made with ``cp -al`` (h
 independent input, since tietool never modifies a file, it writes new ones and swaps folders), the inputs are
 read once and writeback is left to drain (see ``run.py``). Timed, one child process each, alternating:
 ``cp -r`` of the checkpoint, ``tietool tie CKPT`` in place, ``tietool resize CKPT --vocab 128512 --init
-zeros`` in place (+256 rows), both keeping their backup. Medians and the ratios to ``cp -r`` go to
+zeros`` in place (+256 rows), both keeping their backup, and the floor of a resize: ``cp`` of the two shards
+it rewrites (the embedding's and the head's) followed by ``sync``. Medians and the ratios to ``cp -r`` go to
 ``bench/_work/inplace.{json,md}``. The targets: tie under 0.1x ``cp -r``; resize in the time it takes to
 write the touched shards (here the embedding's and the head's, 2 x 525 MB).
 """
@@ -39,8 +40,16 @@ def _cases(ckpt: Path) -> dict[str, tuple[list[str], Path | None]]:
     """label → (argv, the folder that gets a fresh working copy first, or None)."""
     work = WORK / "inplace-ckpt"
     tool = [PY, "-m", "tietool"]
+    index = json.loads((ckpt / "model.safetensors.index.json").read_text())["weight_map"]
+    touched = sorted({str(ckpt / index[n]) for n in ("model.embed_tokens.weight", "lm_head.weight")})
+    dst = WORK / "inplace-cp"
     return {
-        "cp -r": (["cp", "-r", str(ckpt), str(WORK / "inplace-cp")], None),
+        "cp -r": (["cp", "-r", str(ckpt), str(dst)], None),
+        # what resize must at least do: write the two touched shards (durably, as tietool does)
+        "cp touched shards + fsync": (
+            ["sh", "-c", f'mkdir -p "{dst}" && cp {" ".join(touched)} "{dst}/" && sync "{dst}"/*'],
+            None,
+        ),
         "tie in place": ([*tool, "tie", str(work), "-q"], work),
         "resize in place": ([*tool, "resize", str(work), "--vocab", "128512", "--init", "zeros", "-q"], work),
     }
