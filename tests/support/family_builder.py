@@ -1,0 +1,583 @@
+"""Tiny real checkpoints of eight model families, written by PaddleFormers 1.2 itself (``test_families.py``).
+
+Every checkpoint is ``paddle.seed(s); <Family>ForCausalLM(<Family>Config(**cfg))`` saved with the library's
+own ``save_pretrained``; nothing is written by hand except the DeepSeek-V3 multi-token-prediction copies
+(see below). Building imports paddle, so it runs in a subprocess (``python family_builder.py PLAN OUT``),
+one for every variant of the session: :func:`build_all` writes the plan, runs the script once and reads
+back what it wrote (``manifest.json``).
+
+Sizes: hidden 32, 1-2 layers, vocabulary :data:`OLD_VOCAB` = 61 (prime; no other dimension of any family
+equals it, so a tensor axis of 61 after a resize is a vocabulary axis left at the old size).
+Special token ids are 0-2 (below every vocabulary the tests resize to).
+
+Variants (:class:`Variant`): family x tie x format x sharding:
+
+* tie ``tied`` (``tie_word_embeddings=True``), ``untied`` (an independent random head), ``untied-equal``
+  (``tie_word_embeddings=False`` with the head set to a copy of the embedding before saving: the case where
+  ``tie`` must succeed on an untied checkpoint);
+* format ``safetensors``: the default flex-checkpoint save (HF names and layout, ``model-0000x-of-0000N
+  .safetensors`` + ``model.safetensors.index.json``); ``pdparams``: the legacy save
+  (``save_checkpoint_format="legacy", save_to_hf=False``: ``model_state.pdparams``, paddle layout), which
+  PaddleFormers 1.2 reads back only with ``load_checkpoint_format="legacy", convert_from_hf=False``;
+* sharded: ``max_shard_size`` below the embedding's size, so the embedding and the head each sit in a shard
+  of their own.
+
+DeepSeek-V3: PaddleFormers 1.2 builds the multi-token-prediction layer (``num_nextn_predict_layers=1``:
+``model.layers.{L}`` with ``enorm``, ``hnorm``, ``eh_proj`` and a decoder block) but it has no embedding or
+head of its own (it reuses ``model.embed_tokens`` and ``lm_head``), so the library saves no MTP vocabulary
+tensors. DeepSeek's released checkpoints carry them (``model.layers.{L}.embed_tokens.weight``,
+``model.layers.{L}.shared_head.head.weight``, ``model.layers.{L}.shared_head.norm.weight``), so the builder
+adds them after the save, as copies of the main embedding / head / final norm, to the shard the index
+names (safetensors) or to the pickle (pdparams), and updates the index. The PaddleFormers loader ignores
+them (they are not parameters of its model; it logs them as unexpected keys) -- the logits do not see them,
+so only the "no vocabulary tensor left at the old size" check judges how they are resized.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+OLD_VOCAB = 61
+HIDDEN = 32
+SHARD_SIZE = (
+    "6KB"  # the embedding / head of 61 x 32 float32 is 7808 bytes (3904 in bf16): shards of their own
+)
+LEGACY_LOAD = {"load_checkpoint_format": "legacy", "convert_from_hf": False}
+
+# family -> (config class, model class to build and load, config keyword arguments, seed, dtype)
+_COMMON = {
+    "vocab_size": OLD_VOCAB,
+    "hidden_size": HIDDEN,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+FAMILIES: dict[str, dict] = {
+    "llama": {
+        "config": "LlamaConfig",
+        "model": "LlamaForCausalLM",
+        "kwargs": {**_COMMON, "intermediate_size": 48, "num_hidden_layers": 2, "head_dim": 16},
+        "seed": 2101,
+        "dtype": "float32",
+    },
+    "qwen2": {
+        "config": "Qwen2Config",
+        # Qwen2ForCausalLM needs paddlefleet (not on PyPI); the Deprecated class is the one that runs
+        # (tests/data/fixtures/README.md), with a placeholder gpt_provider module
+        "model": "Qwen2ForCausalLMDeprecated",
+        "kwargs": {**_COMMON, "intermediate_size": 48, "num_hidden_layers": 1},
+        "seed": 2102,
+        "dtype": "bfloat16",
+    },
+    "qwen3": {
+        "config": "Qwen3Config",
+        "model": "Qwen3ForCausalLMDeprecated",
+        "kwargs": {**_COMMON, "intermediate_size": 48, "num_hidden_layers": 1, "head_dim": 16},
+        "seed": 2103,
+        "dtype": "float32",
+    },
+    "ernie4_5": {
+        "config": "Ernie4_5Config",
+        "model": "Ernie4_5ForCausalLM",
+        "kwargs": {
+            **_COMMON,
+            "intermediate_size": 48,
+            "num_hidden_layers": 1,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+        },
+        "seed": 2104,
+        "dtype": "float32",
+    },
+    "gemma3_text": {
+        "config": "Gemma3TextConfig",
+        "model": "Gemma3ForCausalLM",
+        "kwargs": {
+            **_COMMON,
+            "intermediate_size": 48,
+            "num_hidden_layers": 1,
+            "num_key_value_heads": 1,
+            "head_dim": 16,
+            "sliding_window": 4,
+        },
+        "seed": 2105,
+        "dtype": "float32",
+    },
+    "gpt_oss": {
+        "config": "GptOssConfig",
+        "model": "GptOssForCausalLM",
+        "kwargs": {
+            **_COMMON,
+            "intermediate_size": 48,
+            "num_hidden_layers": 2,
+            "head_dim": 16,
+            "num_local_experts": 2,
+            "num_experts_per_tok": 1,
+            "sliding_window": 4,
+            "rope_scaling": None,
+        },
+        "seed": 2106,
+        "dtype": "float32",
+    },
+    "phi3": {
+        "config": "Phi3Config",
+        "model": "Phi3ForCausalLM",
+        "kwargs": {**_COMMON, "intermediate_size": 48, "num_hidden_layers": 1},
+        "seed": 2107,
+        "dtype": "float32",
+    },
+    "deepseek_v3": {
+        "config": "DeepseekV3Config",
+        "model": "DeepseekV3ForCausalLM",
+        "kwargs": {
+            **_COMMON,
+            "intermediate_size": 48,
+            "moe_intermediate_size": 24,
+            "num_hidden_layers": 2,
+            "num_nextn_predict_layers": 1,
+            "n_routed_experts": 2,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 1,
+            "first_k_dense_replace": 1,
+            "kv_lora_rank": 16,
+            "q_lora_rank": None,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 8,
+            "topk_method": "noaux_tc",
+            "n_group": 1,
+            "topk_group": 1,
+            "scoring_func": "sigmoid",
+            "norm_topk_prob": True,
+            "rope_scaling": {
+                "type": "yarn",
+                "rope_type": "yarn",
+                "factor": 40.0,
+                "beta_fast": 32,
+                "beta_slow": 1,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "original_max_position_embeddings": 4096,
+            },
+        },
+        "seed": 2108,
+        "dtype": "float32",
+    },
+}
+TIES = ("tied", "untied", "untied-equal")
+FORMATS = ("safetensors", "pdparams")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    family: str
+    tie: str  # one of TIES
+    fmt: str  # one of FORMATS
+    sharded: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-{self.tie}-{self.fmt}-{'sharded' if self.sharded else 'single'}"
+
+    @property
+    def model_class(self) -> str:
+        return FAMILIES[self.family]["model"]
+
+    @property
+    def load_kwargs(self) -> dict:
+        return dict(LEGACY_LOAD) if self.fmt == "pdparams" else {}
+
+
+@dataclasses.dataclass
+class Built:
+    """One built checkpoint, as the builder subprocess reported it."""
+
+    variant: Variant
+    path: Path | None
+    ok: bool
+    error: str | None
+    files: list[str]
+    notes: list[str]
+
+
+def build_all(
+    variants: list[Variant], root: Path, timeout: float = 900
+) -> tuple[dict[Variant, Built], float]:
+    """Build every variant into ``root/<name>`` in one subprocess; returns what was built, by variant, and
+    the seconds it took. A variant the library could not build or save has ``ok=False`` and its error."""
+    root.mkdir(parents=True, exist_ok=True)
+    plan = root / "plan.json"
+    plan.write_text(json.dumps([dataclasses.asdict(v) for v in variants], indent=1))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    t0 = time.monotonic()
+    cp = subprocess.run(
+        [sys.executable, __file__, str(plan), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    seconds = time.monotonic() - t0
+    manifest = root / "manifest.json"
+    if not manifest.is_file():
+        raise RuntimeError(f"the builder wrote no manifest (exit {cp.returncode}):\n{cp.stderr[-3000:]}")
+    entries = json.loads(manifest.read_text())
+    out = {}
+    for v in variants:
+        e = entries.get(v.name, {"ok": False, "error": f"not built (builder exit {cp.returncode})"})
+        out[v] = Built(
+            v,
+            root / v.name if e.get("ok") else None,
+            bool(e.get("ok")),
+            e.get("error"),
+            e.get("files", []),
+            e.get("notes", []),
+        )
+    return out, seconds
+
+
+# ===================================================================================== logits, in batches
+@dataclasses.dataclass(frozen=True)
+class LogitsJob:
+    ckpt: Path
+    model_class: str
+    kwargs: tuple[tuple[str, object], ...] = ()
+
+
+def logits_batches(jobs: list[LogitsJob], root: Path, workers: int = 2, timeout: float = 900) -> dict:
+    """PaddleFormers 1.2 logits of every job's folder on :data:`support.paths.INPUT_IDS`, computed by
+    ``tests/data/tools/pf_logits.py`` itself (run unchanged with ``runpy``, as ``support/pf_logits_kw.py``
+    runs it), many folders per subprocess: a subprocess per folder
+    (:class:`support.fixture_support.LiveLogits`) costs ~4 s of paddle import each, ~10 minutes of the
+    ~300 loads of this matrix on 2 cores.
+
+    A failed ``from_pretrained`` can leave paddle state that breaks later loads in the same process
+    (fixtures README, L5), so a batch stops at its first failed job; that job is run again alone in a fresh
+    subprocess (its result is the one reported) and the rest of the batch continues in another fresh
+    subprocess. Every job after a failure therefore runs in a process that has seen no failure.
+
+    Returns ``{job: run_pf_logits-style dict}`` with ``logits`` (the array, or None) and ``batch`` (how many
+    loads the process had done before this one) added.
+    """
+    import numpy as np
+
+    root.mkdir(parents=True, exist_ok=True)
+    results: dict[LogitsJob, dict] = {}
+    lock = threading.Lock()
+    counter = [0]
+
+    def run(batch: list[LogitsJob]) -> list[dict]:
+        with lock:
+            counter[0] += 1
+            work = root / f"batch{counter[0]:03d}"
+        work.mkdir()
+        spec = []
+        for i, j in enumerate(batch):
+            spec.append(
+                {
+                    "ckpt": str(j.ckpt),
+                    "model_class": j.model_class,
+                    "kwargs": dict(j.kwargs),
+                    "out": str(work / f"{i:03d}.npy"),
+                }
+            )
+        (work / "jobs.json").write_text(json.dumps(spec, indent=1))
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+        cp = subprocess.run(
+            [sys.executable, __file__, "--logits", str(work / "jobs.json"), str(work / "results.json")],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        done = json.loads((work / "results.json").read_text()) if (work / "results.json").is_file() else []
+        for r in done:
+            r["logits"] = np.load(r["out"]) if r.get("ok") else None
+        if len(done) < len(batch) and (not done or done[-1].get("ok")):  # the process died mid-job
+            done.append(
+                {
+                    "ok": False,
+                    "error": f"logits subprocess exit {cp.returncode}: {cp.stderr[-1500:]}",
+                    "warnings": [],
+                    "logits": None,
+                    "batch": len(done),
+                }
+            )
+        return done
+
+    def worker(batch: list[LogitsJob]) -> None:
+        while batch:
+            done = run(batch)
+            for j, r in zip(batch, done, strict=False):  # done is shorter after a failure
+                results[j] = r
+            if len(done) < len(batch) or not done[-1].get("ok"):
+                failed = batch[len(done) - 1]
+                if (
+                    done[-1].get("batch", 0) > 0
+                ):  # failed after other loads: the verdict comes from a fresh one
+                    results[failed] = run([failed])[0]
+            batch = batch[len(done) :]
+
+    chunks = [jobs[i::workers] for i in range(workers)]
+    threads = [threading.Thread(target=worker, args=(c,)) for c in chunks if c]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+# ===================================================================================== subprocess side
+def _stub_gpt_provider() -> None:
+    """Qwen2/Qwen3 modeling imports paddleformers.transformers.gpt_provider, which imports paddlefleet (not
+    installable): a placeholder with an empty GPTModelProvider, as tests/data/tools/pf_logits.py does."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("paddlefleet") is not None:
+        return
+    mod = types.ModuleType("paddleformers.transformers.gpt_provider")
+
+    @dataclasses.dataclass
+    class GPTModelProvider:
+        pass
+
+    mod.GPTModelProvider = GPTModelProvider  # type: ignore[attr-defined]
+    sys.modules["paddleformers.transformers.gpt_provider"] = mod
+
+
+def _stub_paddlefleet_ops() -> None:
+    """DeepSeek-V3's modeling imports paddlefleet_ops (GPU expert-parallel kernels, not on PyPI) through
+    token_dispatcher -> fused_a2a, for ``is_deep_ep_available`` only at import time: a placeholder that says
+    DeepEP is unavailable (the CPU path)."""
+    import importlib.util
+    import types
+
+    if importlib.util.find_spec("paddlefleet_ops") is not None:
+        return
+    mod = types.ModuleType("paddlefleet_ops")
+    mod.is_deep_ep_available = lambda: False  # type: ignore[attr-defined]
+    sys.modules["paddlefleet_ops"] = mod
+
+
+def _build_model(family: str, tie: str):
+    import paddle
+    import paddleformers.transformers as T
+
+    spec = FAMILIES[family]
+    paddle.seed(spec["seed"])
+    paddle.set_default_dtype(spec["dtype"])
+    try:
+        cfg = getattr(T, spec["config"])(**spec["kwargs"], tie_word_embeddings=(tie == "tied"))
+        model = getattr(T, spec["model"])(cfg)
+    finally:
+        paddle.set_default_dtype("float32")
+    model.eval()
+    if tie == "untied-equal":
+        emb = model.get_input_embeddings().weight
+        head = model.get_output_embeddings().weight
+        assert emb is not head, "untied model shares its head with the embedding"
+        if list(head.shape) == list(emb.shape):
+            head.set_value(emb.clone())
+        else:  # a paddle-layout [hidden, vocab] head
+            head.set_value(emb.clone().T)
+    return model
+
+
+def _save(model, v: dict, out: Path) -> None:
+    kw: dict = {}
+    if v["sharded"]:
+        kw["max_shard_size"] = SHARD_SIZE
+    if v["fmt"] == "pdparams":
+        kw.update(save_checkpoint_format="legacy", save_to_hf=False, safe_serialization=False)
+    model.save_pretrained(str(out), **kw)
+
+
+def _add_mtp_copies(out: Path, n_layers: int) -> list[str]:
+    """DeepSeek-V3's released checkpoints store the MTP layer's own embedding, head and head norm; PF 1.2 does
+    not (its MTP layer reuses the main ones). Add them as copies of the main tensors, where DeepSeek puts
+    them: in the file that holds the MTP layer's other tensors."""
+    import numpy as np
+
+    mtp = f"model.layers.{n_layers}"
+    src = {
+        f"{mtp}.embed_tokens.weight": "model.embed_tokens.weight",
+        f"{mtp}.shared_head.head.weight": "lm_head.weight",
+        f"{mtp}.shared_head.norm.weight": "model.norm.weight",
+    }
+    index = next(iter(sorted(out.glob("*.index.json"))), None)
+    idx = json.loads(index.read_text()) if index else None
+    if out.joinpath("model_state.pdparams").is_file() or (index and index.name.startswith("model_state")):
+        return _add_mtp_pdparams(out, src, mtp, idx, index)
+    from safetensors.numpy import load_file, save_file
+
+    files = sorted(out.glob("*.safetensors"))
+    everything: dict[str, np.ndarray] = {}
+    for f in files:
+        everything.update(load_file(str(f)))
+    missing = [s for s in src.values() if s not in everything]
+    if missing:
+        raise RuntimeError(f"cannot add MTP copies: {missing} not in the saved files")
+    # PF 1.2's flex-checkpoint save writes no tensor of the MTP layer at all (its inverse AOA maps only the
+    # main layers); the copies go into the file that holds the final norm, away from the embedding / head
+    target = idx["weight_map"]["model.norm.weight"] if idx else files[0].name
+    from safetensors import safe_open
+
+    with safe_open(str(out / target), "np") as fh:
+        meta = fh.metadata()
+    tensors = load_file(str(out / target))
+    for new, old in src.items():
+        tensors[new] = everything[old].copy()
+        if idx:
+            idx["weight_map"][new] = target
+    save_file(tensors, str(out / target), metadata=meta)
+    if idx and index:
+        idx["weight_map"] = dict(sorted(idx["weight_map"].items()))
+        total = sum(
+            int(a.nbytes) for f in sorted(out.glob("*.safetensors")) for a in load_file(str(f)).values()
+        )
+        idx.setdefault("metadata", {})["total_size"] = total
+        index.write_text(json.dumps(idx, indent=2) + "\n")
+    return [f"added {sorted(src)} (copies of {sorted(set(src.values()))}) to {target}"]
+
+
+def _add_mtp_pdparams(out: Path, src: dict, mtp: str, idx: dict | None, index: Path | None) -> list[str]:
+    import paddle
+
+    target = idx["weight_map"]["model.norm.weight"] if idx else "model_state.pdparams"
+    everything = {}
+    names = sorted(set(idx["weight_map"].values())) if idx else [target]
+    for n in names:
+        everything.update(paddle.load(str(out / n), return_numpy=True))
+    state = paddle.load(str(out / target), return_numpy=True)
+    for new, old in src.items():
+        state[new] = everything[old].copy()
+        if idx:
+            idx["weight_map"][new] = target
+    paddle.save(state, str(out / target))
+    if idx and index:
+        total = 0
+        for n in sorted(set(idx["weight_map"].values())):
+            total += sum(
+                int(a.nbytes)
+                for a in paddle.load(str(out / n), return_numpy=True).values()
+                if hasattr(a, "nbytes")
+            )
+        idx.setdefault("metadata", {})["total_size"] = total
+        index.write_text(json.dumps(idx, indent=2) + "\n")
+    return [f"added {sorted(src)} (copies of {sorted(set(src.values()))}) to {target}"]
+
+
+def _main(plan_path: str, root: str) -> int:
+    import contextlib
+    import io
+    import logging
+    import traceback
+
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    _stub_gpt_provider()
+    _stub_paddlefleet_ops()
+    import paddle
+
+    paddle.set_device("cpu")
+    logging.disable(logging.WARNING)
+    plan = json.loads(Path(plan_path).read_text())
+    manifest: dict[str, dict] = {}
+    models: dict[tuple[str, str], object] = {}
+    for v in plan:
+        variant = Variant(**v)
+        out = Path(root) / variant.name
+        entry: dict = {"ok": False, "error": None, "files": [], "notes": []}
+        try:
+            key = (variant.family, variant.tie)
+            if key not in models:
+                with contextlib.redirect_stdout(io.StringIO()):
+                    models[key] = _build_model(*key)
+            with contextlib.redirect_stdout(io.StringIO()):
+                _save(models[key], v, out)
+            if variant.family == "deepseek_v3":
+                entry["notes"] += _add_mtp_copies(out, FAMILIES["deepseek_v3"]["kwargs"]["num_hidden_layers"])
+            for transient in out.glob("saved_signal_*"):  # the flex-checkpoint saver's done-marker
+                transient.unlink()
+                entry["notes"].append(f"removed {transient.name} (a transient marker of the save)")
+            entry["files"] = sorted(p.name for p in out.iterdir())
+            entry["ok"] = True
+        except Exception as e:  # noqa: BLE001  (reported per variant; the test says what failed)
+            entry["error"] = f"{type(e).__name__}: {str(e)[:500]}\n{traceback.format_exc()[-1500:]}"
+        manifest[variant.name] = entry
+        Path(root, "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return 0
+
+
+PF_LOGITS = Path(__file__).resolve().parents[1] / "data" / "tools" / "pf_logits.py"
+INPUT_IDS = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "oracles" / "input_ids.npy"
+
+
+def _logits_main(jobs_path: str, results_path: str) -> int:
+    """Run pf_logits.py unchanged (``runpy``) for each job in turn, in this one process; stop at the first
+    failure (the parent reruns it and what follows in fresh processes)."""
+    import contextlib
+    import io
+    import runpy
+
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    _stub_gpt_provider()
+    _stub_paddlefleet_ops()
+    jobs = json.loads(Path(jobs_path).read_text())
+    results = []
+    for n, job in enumerate(jobs):
+        import paddleformers.transformers as T
+
+        cls = None
+        orig = None
+        if job["kwargs"]:  # as support/pf_logits_kw.py does, undone after the job
+            cls = getattr(T, job["model_class"])
+            orig = cls.__dict__.get("from_pretrained")
+            base = cls.from_pretrained.__func__
+            kwargs = job["kwargs"]
+
+            def from_pretrained(klass, *a, _base=base, _kw=kwargs, **kw):
+                return _base(klass, *a, **{**_kw, **kw})
+
+            cls.from_pretrained = classmethod(from_pretrained)
+        out = io.StringIO()
+        sys.argv = [str(PF_LOGITS), job["ckpt"], job["model_class"], str(INPUT_IDS), job["out"]]
+        try:
+            with contextlib.redirect_stdout(out):
+                runpy.run_path(str(PF_LOGITS), run_name="__main__")
+        except SystemExit:
+            pass
+        except Exception as e:  # noqa: BLE001
+            print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}", "warnings": []}), file=out)
+        finally:
+            if cls is not None:
+                if orig is None:
+                    del cls.from_pretrained
+                else:
+                    cls.from_pretrained = orig
+        lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("{")]
+        res = json.loads(lines[-1]) if lines else {"ok": False, "error": "no JSON line", "warnings": []}
+        res["out"] = job["out"]
+        res["batch"] = n
+        results.append(res)
+        Path(results_path).write_text(json.dumps(results))
+        if not res["ok"]:
+            break
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--logits":
+        sys.exit(_logits_main(sys.argv[2], sys.argv[3]))
+    sys.exit(_main(sys.argv[1], sys.argv[2]))
