@@ -293,14 +293,17 @@ def logits_batches(jobs: list[LogitsJob], root: Path, workers: int = 2, timeout:
             )
         (work / "jobs.json").write_text(json.dumps(spec, indent=1))
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-        cp = subprocess.run(
-            [sys.executable, __file__, "--logits", str(work / "jobs.json"), str(work / "results.json")],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-            stdin=subprocess.DEVNULL,
-        )
+        try:
+            cp = subprocess.run(
+                [sys.executable, __file__, "--logits", str(work / "jobs.json"), str(work / "results.json")],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        except subprocess.TimeoutExpired as e:
+            cp = subprocess.CompletedProcess(e.cmd, -9, "", f"timed out after {timeout}s")
         done = json.loads((work / "results.json").read_text()) if (work / "results.json").is_file() else []
         for r in done:
             r["logits"] = np.load(r["out"]) if r.get("ok") else None
