@@ -25,12 +25,17 @@ Variants (:class:`Variant`): family x tie x format x sharding:
 DeepSeek-V3: PaddleFormers 1.2 builds the multi-token-prediction layer (``num_nextn_predict_layers=1``:
 ``model.layers.{L}`` with ``enorm``, ``hnorm``, ``eh_proj`` and a decoder block) but it has no embedding or
 head of its own (it reuses ``model.embed_tokens`` and ``lm_head``), so the library saves no MTP vocabulary
-tensors. DeepSeek's released checkpoints carry them (``model.layers.{L}.embed_tokens.weight``,
-``model.layers.{L}.shared_head.head.weight``, ``model.layers.{L}.shared_head.norm.weight``), so the builder
-adds them after the save, as copies of the main embedding / head / final norm, to the shard the index
-names (safetensors) or to the pickle (pdparams), and updates the index. The PaddleFormers loader ignores
-them (they are not parameters of its model; it logs them as unexpected keys) -- the logits do not see them,
-so only the "no vocabulary tensor left at the old size" check judges how they are resized.
+tensors. (Its flex-checkpoint safetensors save writes no tensor of layer L at all; the legacy .pdparams save
+writes the layer's own ones.) DeepSeek's released checkpoints carry them (``model.layers.{L}.embed_tokens
+.weight``, ``model.layers.{L}.shared_head.head.weight``, ``model.layers.{L}.shared_head.norm.weight``), so
+the builder adds them after the save, as copies of the main embedding / head / final norm, to the file that
+holds ``model.norm.weight`` (a shard of its own, away from the embedding and the head, when sharded) and
+updates the index. The PaddleFormers loader ignores them (not parameters of its model: "Unexpected keys" for
+safetensors, silently for .pdparams), so the logits do not see them; the "no vocabulary tensor left at the
+old size" check of the resize test judges how they are resized.
+
+Also: PaddleFormers 1.2's flex-checkpoint save leaves a ``saved_signal_<rank>`` marker file beside the
+weights; the builder removes it (as the fixtures in ``tests/data/fixtures`` were cleaned of it).
 """
 
 from __future__ import annotations
