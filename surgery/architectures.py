@@ -22,6 +22,12 @@ Loader facts, per loader:
   warning does not scare the user into undoing it.
 * ``tie_default``: the config class's default for ``tie_word_embeddings``; PaddleNLP leaves the key out of
   config.json when it equals the default.
+
+A loader's facts may differ by container (a ``loaders`` key ``"paddleformers/pdparams"`` is PaddleFormers
+reading a legacy ``.pdparams`` with ``load_checkpoint_format="legacy"``; it wins over ``"paddleformers"``)
+and by model type within a family (``model_loaders``: ``{model_type: {loader key: facts}}``, consulted
+first). Those facts were checked by loading tie/untie outputs of real PaddleFormers 1.2 checkpoints of each
+model type in both containers (``tests/test_families.py``).
 """
 
 from __future__ import annotations
@@ -133,9 +139,12 @@ class FamilyRow(_FamilyRowRequired, total=False):
     """One row of ``FAMILIES`` (keys described above the table)."""
 
     tied_logit_scale: str
+    model_loaders: dict[str, dict[str, LoaderFacts]]
 
 
 _PF_LIKE: LoaderFacts = {"layout": "vocab-hidden", "reties": True}
+# PaddleFormers 1.2 models that never build a missing head from the embedding: tie keeps the head
+_PF_NO_RETIE: LoaderFacts = {"layout": "vocab-hidden", "reties": False}
 _PNLP_LINEAR_HEAD_NO_RETIE: LoaderFacts = {"layout": "hidden-vocab", "reties": False}
 _PNLP_LINEAR_HEAD_RETIE: LoaderFacts = {"layout": "hidden-vocab", "reties": True}
 _PNLP_EMBED_HEAD: LoaderFacts = {"layout": "vocab-hidden", "reties": True}
@@ -151,7 +160,9 @@ _PNLP_ALWAYS_TIED_WARNS: LoaderFacts = {**_PNLP_EMBED_HEAD_WARNS, "always_tied":
 #   bias:        suffixes of the LM head bias ([vocab] or [1, vocab]); the first present is "the" bias,
 #                the others present are its aliases
 #   tie_default: per loader (missing loader -> "*")
-#   loaders:     per loader: layout and reties (missing loader -> "*")
+#   loaders:     per loader: layout and reties (missing loader -> "*"); "LOADER/CONTAINER" (container:
+#                pdparams or safetensors) wins over "LOADER"
+#   model_loaders: {model_type: loaders} for the model types of a family whose loaders differ
 #   tied_logit_scale: logits of the tied head are multiplied by this (T5: d_model ** -0.5)
 FAMILIES: list[FamilyRow] = [
     {  # Llama and its descendants with the same names
@@ -193,10 +204,22 @@ FAMILIES: list[FamilyRow] = [
             "paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE,
             "paddlenlp-3": _PNLP_LINEAR_HEAD_RETIE,
         },
+        # PaddleFormers 1.2, checked by loading outputs (tests/test_families.py): Qwen2/Qwen3 re-tie a dropped
+        # head from safetensors but not from a legacy .pdparams (newly initialized, random logits); Phi3
+        # never rebuilds a missing head ("lm_head.weight should be assigned before!" / random); GptOss and
+        # DeepSeek-V3 ignore tie_word_embeddings altogether (no tie_weights), so a dropped head is lost.
+        "model_loaders": {
+            "qwen2": {"paddleformers/pdparams": _PF_NO_RETIE, "hf/pdparams": _PF_NO_RETIE},
+            "qwen3": {"paddleformers/pdparams": _PF_NO_RETIE, "hf/pdparams": _PF_NO_RETIE},
+            "phi3": {"paddleformers": _PF_NO_RETIE, "hf": _PF_NO_RETIE},
+            "gpt_oss": {"paddleformers": _PF_NO_RETIE, "hf": _PF_NO_RETIE},
+            "deepseek_v3": {"paddleformers": _PF_NO_RETIE, "hf": _PF_NO_RETIE},
+        },
     },
     {  # Gemma: Llama names, tied by default. PaddleFormers 1.2's Gemma3ForCausalLM always loads lm_head
-        # from model.embed_tokens.weight (its AOA config), whatever tie_word_embeddings says: an untied head
-        # is ignored.
+        # from model.embed_tokens.weight (its AOA config) when it reads safetensors, whatever
+        # tie_word_embeddings says: an untied head is ignored. Its legacy .pdparams loader reads
+        # lm_head.weight as stored and does not re-tie a dropped one (checked in tests/test_families.py).
         "family": "gemma",
         "model_types": ["gemma", "gemma2", "gemma3", "gemma3_text"],
         "embedding": ["embed_tokens.weight"],
@@ -206,7 +229,9 @@ FAMILIES: list[FamilyRow] = [
         "tie_default": {"*": True},
         "loaders": {
             "paddleformers": {**_PF_LIKE, "always_tied": True},
+            "paddleformers/pdparams": _PF_NO_RETIE,
             "hf": _PF_LIKE,
+            "hf/pdparams": _PF_NO_RETIE,
             "paddlenlp-2.8": _PNLP_EMBED_HEAD,
             "paddlenlp-3": _PNLP_EMBED_HEAD,
         },
@@ -437,14 +462,19 @@ class Family:
 _T = TypeVar("_T")
 
 
-def _per_loader(table: dict[str, _T], loader: str, model_type: str | None) -> _T:
-    """The entry of ``table`` for ``model_type`` (when it has one), else for ``loader``, else ``"*"``.
+def _per_loader(
+    table: dict[str, _T], loader: str, model_type: str | None, container: str | None = None
+) -> _T:
+    """The entry of ``table`` for ``model_type`` (when it has one), else for ``loader/container``, else for
+    ``loader``, else ``"*"``.
 
     Raises:
         UsageError: ``loader`` is not one of ``LOADERS`` (every row covers each of those).
     """
     if model_type and model_type in table:
         return table[model_type]
+    if container and f"{loader}/{container}" in table:
+        return table[f"{loader}/{container}"]
     if loader in table:
         return table[loader]
     if "*" in table:
@@ -452,17 +482,20 @@ def _per_loader(table: dict[str, _T], loader: str, model_type: str | None) -> _T
     raise UsageError(f"unknown loader {loader!r}", fix=f"use one of {', '.join(LOADERS)}")
 
 
-def lookup(model_type: str | None, loader: str) -> Family:
+def lookup(model_type: str | None, loader: str, container: str | None = None) -> Family:
     """The table row for ``model_type`` (or the fallback row), with the facts of ``loader`` resolved.
 
     Args:
         model_type: config.json ``model_type`` (or ``text_config.model_type``); None if absent.
         loader: one of ``LOADERS``.
+        container: ``safetensors`` or ``pdparams`` (a loader may read the two differently); None: any.
     """
     row = next((r for r in FAMILIES if model_type in r["model_types"]), None)
     known = row is not None
     row = row or FALLBACK
-    facts = _per_loader(row["loaders"], loader, None)
+    own = row.get("model_loaders", {}).get(model_type or "", {})
+    key = next((k for k in (f"{loader}/{container}", loader) if k in own), None)
+    facts = own[key] if key else _per_loader(row["loaders"], loader, None, container)
     return Family(
         name=row["family"],
         model_type=model_type,

@@ -22,8 +22,8 @@ logits are compared with the input's, computed in the same run:
   :data:`RESIZE_ATOL`, and no tensor axis, no vocabulary-size key of config.json / generation_config.json is
   left at the old size 61 (no other dimension of these models is 61).
 
-Where tietool does the wrong thing the test keeps asserting the right behaviour and that parametrization is
-``xfail(strict=True)`` with the bug in its reason (:data:`KNOWN_BUGS`).
+Whether ``tie`` may drop the head follows the architecture table's loader facts, which these loads checked
+(see the comment above ``_params``).
 """
 
 from __future__ import annotations
@@ -99,45 +99,10 @@ def _ops_for(v: fb.Variant) -> list[str]:
     return ["tie"]  # untied-equal: the case where tie must succeed on an untied checkpoint
 
 
-# (variant name, op) -> reason: tietool gets these wrong; the test keeps the right assertion, xfail(strict)
-def _bugs() -> dict[tuple[str, str], str]:
-    bugs = {}
-    no_retie_legacy = (
-        "bug: tie drops lm_head.weight from a PaddleFormers 1.2 legacy .pdparams of {f}, whose loader "
-        "(load_checkpoint_format='legacy') does not re-tie a missing head: it is newly initialized (random "
-        "logits). tie should keep the head, as it does for PaddleNLP 2.8 Llama"
-    )
-    no_retie = (
-        "bug: tie drops lm_head.weight, but PaddleFormers 1.2 {f} does not rebuild a missing head from the "
-        "embedding (safetensors: 'lm_head.weight should be assigned before!', .pdparams: newly initialized). "
-        "tie should keep the head, as it does for PaddleNLP 2.8 Llama"
-    )
-    never_ties = (
-        "bug: tie drops lm_head.weight, but PaddleFormers 1.2 {f} never ties (tie_word_embeddings is "
-        "ignored: no tie_weights in its __init__); the output fails to load (safetensors: 'lm_head.weight "
-        "should be assigned before!') or gets a random head (.pdparams). tie should keep the head"
-    )
-    for v in VARIANTS:
-        if v.tie not in ("tied", "untied-equal"):
-            continue
-        if v.family in ("qwen2", "qwen3", "gemma3_text") and v.fmt == "pdparams":
-            bugs[(v.name, "tie")] = no_retie_legacy.format(f=v.family)
-        if v.family == "phi3":
-            bugs[(v.name, "tie")] = no_retie.format(f="Phi3ForCausalLM")
-        if v.tie == "untied-equal" and v.family == "gpt_oss":
-            bugs[(v.name, "tie")] = never_ties.format(f="GptOssForCausalLM")
-        if v.tie == "untied-equal" and v.family == "deepseek_v3":
-            bugs[(v.name, "tie")] = never_ties.format(f="DeepseekV3ForCausalLM")
-        if v.tie == "tied" and v.family == "gemma3_text" and v.fmt == "pdparams":
-            bugs[(v.name, "untie")] = (
-                "bug: untie refuses a Gemma3 .pdparams ('the paddleformers loader of gemma3_text always "
-                "takes lm_head.weight from model.embed_tokens.weight'), but PF 1.2's legacy .pdparams loader "
-                "reads lm_head.weight as stored (only the safetensors/flex loader re-ties): a wrong refusal"
-            )
-    return bugs
-
-
-KNOWN_BUGS = _bugs()
+# This file found five loader facts of PaddleFormers 1.2 that the architecture table then lacked (each was an
+# xfail here until surgery/architectures.py learnt it): Qwen2/Qwen3/Gemma3 legacy .pdparams loaders do not
+# re-tie a dropped head; Phi3 never rebuilds a missing head; GptOss and DeepSeek-V3 ignore
+# tie_word_embeddings; Gemma3's legacy .pdparams loader reads lm_head.weight as stored (untie is valid).
 
 
 def _params(op_filter) -> list:
@@ -146,10 +111,7 @@ def _params(op_filter) -> list:
         for op in _ops_for(v):
             if not op_filter(op):
                 continue
-            marks = []
-            if (v.name, op) in KNOWN_BUGS:
-                marks.append(pytest.mark.xfail(strict=True, reason=KNOWN_BUGS[(v.name, op)]))
-            out.append(pytest.param(v.name, op, id=f"{v.name}-{op}", marks=marks))
+            out.append(pytest.param(v.name, op, id=f"{v.name}-{op}"))
     return out
 
 
