@@ -200,12 +200,23 @@ class _TensorComparison:
         self.head_names = {da.head, self.db.head, *da.head_aliases}
 
     def dropped(self, name: str, ta: TensorInfo) -> None:
-        """``name`` is in ``A`` only: explained when it is a vocabulary tensor equal to the embedding."""
-        A, B, emb_b = self.A, self.B, self.emb_b
+        """``name`` is in ``A`` only: explained when it is a vocabulary tensor equal to the output's embedding
+        (tie), or, when the output is tied, to the input's own embedding (a resize that dropped the redundant
+        head of a tied checkpoint: the loader rebuilds it from the resized embedding)."""
+        A, B, emb_b, da = self.A, self.B, self.emb_b, self.da
+        scale = _t5_scale(self.db)
         ok = (
             emb_b in B.tensors
             and name in self.vocab_names_a
-            and _equal_to_embedding(A, name, B, emb_b, scale=_t5_scale(self.db))
+            and (
+                _equal_to_embedding(A, name, B, emb_b, scale=scale)
+                or (
+                    self.db.config_tied
+                    and da.embedding_present
+                    and name != da.embedding
+                    and _equal_to_embedding(A, name, A, da.embedding, scale=scale)
+                )
+            )
         )
         self.res.dropped.append({"name": name, "shape": list(ta.shape), "equals_embedding": ok})
         if not ok:

@@ -194,3 +194,32 @@ def test_typed_results(tmp_path):
     assert rep.output == tmp_path / "t" and rep.backup is None and not rep.dry_run
     res = tietool.verify(FIX / "pf_llama_tied_fp32", tmp_path / "t")
     assert isinstance(res, tietool.Verification) and res.explained
+
+
+def _drop_tensor(folder: Path, name: str) -> None:
+    """Remove ``name`` from a single-shard safetensors checkpoint (file and index)."""
+    (f,) = [p for p in folder.glob("*.safetensors")]
+    tensors = load_file(f)
+    del tensors[name]
+    save_file(tensors, f, metadata={"format": "pt"})
+    idx = next(folder.glob("*.index.json"), None)
+    if idx is not None:
+        doc = json.loads(idx.read_text())
+        del doc["weight_map"][name]
+        idx.write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("tied_after, explained", [(True, True), (False, False)])
+def test_verify_explains_a_redundant_head_dropped_by_a_resize(tmp_path, tied_after, explained):
+    """A tied checkpoint with the duplicate head PaddleFormers writes, resized, the head dropped: the loader
+    rebuilds the head from the resized embedding, so the drop is explained — only while the output is tied."""
+    src = FIX / "pf_llama_tied_fp32"
+    out = tmp_path / "out"
+    tietool.resize(src, 104, out, seed=0)
+    _drop_tensor(out, "lm_head.weight")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["tie_word_embeddings"] = tied_after
+    (out / "config.json").write_text(json.dumps(cfg))
+    res = tietool.verify(src, out)
+    assert res.explained is explained, res.unexplained
+    assert [d["equals_embedding"] for d in res.dropped] == [explained]
