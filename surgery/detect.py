@@ -21,8 +21,8 @@ import numpy as np
 from . import architectures as arch
 from .architectures import VocabRole
 from .checkpoint import Checkpoint
-from .errors import CheckpointError, RefusedError, UsageError
-from .findings import Finding, FindingKind, Fix, Severity
+from .errors import CheckpointError, Opt, RefusedError, UsageError
+from .findings import Finding, FindingKind, Fix, OneOf, Severity
 from .formats.tensor import TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
 from .tokenizer import SpecialTokenId, TokenizerInfo, special_token_ids, tokenizer_info
 
@@ -259,7 +259,7 @@ def infer_loader(ckpt: Checkpoint, embedding_name: str | None) -> tuple[str, str
     if first in arch.PADDLENLP_PREFIXES:
         return "paddlenlp-3", (
             f"PaddleNLP names ({first}.*) and no paddlenlp_version in config.json: assumed "
-            "PaddleNLP ≥ 3; pass --loader paddlenlp-2.8 if an older PaddleNLP loads it"
+            f"PaddleNLP ≥ 3; pass {Opt('loader', 'paddlenlp-2.8')} if an older PaddleNLP loads it"
         )
     return "hf", "HF-style names (model.*, transformer.*), as PaddleFormers reads them"
 
@@ -323,12 +323,12 @@ def _check_overrides(
         CheckpointError: no such tensor.
         UsageError: a tensor that cannot be an input embedding or LM head.
     """
-    for n, what in ((embedding, "--embedding"), (head, "--head")):
+    for n, what in ((embedding, "embedding"), (head, "head")):
         if n is None:
             continue
         if n not in ckpt.tensors:
             raise CheckpointError(
-                f"{what} {n}: no such tensor",
+                f"{Opt(what, n)}: no such tensor",
                 ckpt.path,
                 "tietool inspect lists the tensors; pass a name from the weight files",
             )
@@ -340,13 +340,13 @@ def _check_overrides(
         elif lg not in FLOAT_DTYPES:
             why = f"is {lg}, not a float table (a quantized or integer tensor cannot be tied or resized)"
         elif hidden is not None:
-            axes = [1] if what == "--embedding" or layout == VOCAB_HIDDEN else [0] if layout else [0, 1]
+            axes = [1] if what == "embedding" or layout == VOCAB_HIDDEN else [0] if layout else [0, 1]
             if not any(shape[a] == hidden for a in axes):
                 where = "its second axis" if axes == [1] else "its first axis" if axes == [0] else "one axis"
                 why = f"has shape {shape}, but {where} should be the config's hidden size {hidden}"
         if why:
             raise UsageError(
-                f"{what} {n} {why}",
+                f"{Opt(what, n)} {why}",
                 fix="name the input embedding / LM head matrix (tietool inspect lists them)",
             )
 
@@ -370,7 +370,7 @@ def _embedding_by_shape(ckpt: Checkpoint, cf: _Cfg, exclude) -> str | None:
             f"model_type {cf.model_type!r} is not in the architecture table and {len(cands)} tensors have "
             f"the embedding's shape [{V}, {H}]: {', '.join(cands[:6])}",
             ckpt.path,
-            "pass --embedding NAME and --head NAME to say which is which",
+            f"pass {Opt('embedding', 'NAME')} and {Opt('head', 'NAME')} to say which is which",
         )
     found = hinted or cands
     return found[0] if found else None
@@ -436,7 +436,7 @@ def _find_head(
             f"model_type {fam.model_type!r} is not in the architecture table and several tensors "
             f"could be the head: {', '.join(others[:6])}",
             ckpt.path,
-            "pass --head NAME (and --embedding NAME)",
+            f"pass {Opt('head', 'NAME')} (and {Opt('embedding', 'NAME')})",
         )
     return (others[0], True) if others else (None, False)
 
@@ -698,7 +698,7 @@ def _ambiguous_layout(
     """The note on a square head (``vocab_size == hidden_size``) whose layout its shape cannot tell, with how
     it compared both ways when it was compared."""
     facts = {"size": size, "as_stored": as_stored, "transposed_equal": transposed}
-    return Finding(FindingKind.AMBIGUOUS_LAYOUT, (head,), facts, Fix("layout", LAYOUTS))
+    return Finding(FindingKind.AMBIGUOUS_LAYOUT, (head,), facts, Fix(Opt("layout", OneOf(LAYOUTS))))
 
 
 def _compare_pair(
@@ -756,7 +756,7 @@ def _size_findings(det: Detection) -> list[Finding]:
     facts: dict[str, Any]
     if det.config_vocab_size is not None and det.config_vocab_size != V:
         facts = {"config_vocab_size": det.config_vocab_size, "embedding_rows": V}
-        out.append(Finding(FindingKind.VOCAB_SIZE_MISMATCH, emb, facts, Fix("vocab", (V,), "resize")))
+        out.append(Finding(FindingKind.VOCAB_SIZE_MISMATCH, emb, facts, Fix(Opt("vocab_size", V), "resize")))
     if det.head_rows is not None and det.head_rows != V:
         facts = {"embedding_rows": V, "head_rows": det.head_rows}
         out.append(Finding(FindingKind.HEAD_ROWS_DIFFER, (det.embedding, det.head), facts))
@@ -765,7 +765,7 @@ def _size_findings(det: Detection) -> list[Finding]:
         if tok.size < V:
             out.append(Finding(FindingKind.PADDING_ROWS, emb, facts))
         else:
-            fix = Fix("vocab", (tok.size,), "resize")
+            fix = Fix(Opt("vocab_size", tok.size), "resize")
             out.append(Finding(FindingKind.TOKENIZER_BEYOND_ROWS, emb, facts, fix))
     out += [Finding(FindingKind.TOKENIZER_UNREADABLE, (), {"file": n}) for n in tok.unreadable]
     beyond = [{"file": s.file, "key": s.key, "id": s.id} for s in det.special_ids if s.id >= V]
@@ -828,7 +828,7 @@ def _missing_embedding_dims(ckpt: Checkpoint, head: str, fam: arch.Family, cf: _
         raise CheckpointError(
             f"no input embedding found, and the head {head} has shape {list(hs)}, not 2-D",
             ckpt.path,
-            "pass --embedding NAME (and --head NAME)",
+            f"pass {Opt('embedding', 'NAME')} (and {Opt('head', 'NAME')})",
         )
     a, b = hs
     if a != b and cf.hidden in hs:
@@ -953,7 +953,8 @@ def _nothing_found(ckpt: Checkpoint, cf: _Cfg, probe: arch.Family) -> Checkpoint
         f"{', '.join(probe.embedding[:3])}, and none of shape [vocab_size, hidden_size] = "
         f"[{cf.vocab_size}, {cf.hidden}])",
         ckpt.path,
-        "pass --embedding NAME (and --head NAME), or check config.json vocab_size/hidden_size",
+        f"pass {Opt('embedding', 'NAME')} (and {Opt('head', 'NAME')}), or check config.json "
+        "vocab_size/hidden_size",
     )
 
 
@@ -1008,8 +1009,8 @@ def detect(
     if loader is None:
         loader, loader_source = infer_loader(ckpt, embedding or head_named[0])
     else:
-        loader_source = "--loader"
-    fam = arch.lookup(cf.model_type, loader)
+        loader_source = f"{Opt('loader')}"
+    fam = arch.lookup(cf.model_type, loader, ckpt.format)
     bias = _find_bias(ckpt, fam)
     flag = _config_flag(ckpt, cf, fam, loader)
     if embedding is None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from .errors import Opt
 from .tokenizer import SpecialTokenId
 
 
@@ -65,13 +66,44 @@ _NOTES = {
 
 
 @dataclass(frozen=True)
-class Fix:
-    """A remedy as data: run ``command`` (None: the command just run) with ``--option`` set to one of
-    ``values``."""
+class OneOf:
+    """Several values an option may take, as one :class:`~surgery.errors.Opt` value: the CLI words it
+    ``vocab-hidden or hidden-vocab`` (its ``value``, as it words an Enum), Python ``'vocab-hidden' or
+    'hidden-vocab'`` (its ``repr``)."""
 
-    option: str
     values: tuple[str | int, ...]
+
+    @property
+    def value(self) -> str:
+        return " or ".join(map(str, self.values))
+
+    def __repr__(self) -> str:
+        return " or ".join(map(repr, self.values))
+
+
+@dataclass(frozen=True)
+class Fix:
+    """A remedy as data: run ``command`` (None: the operation just run) with the option ``opt`` (its value
+    one value, or :class:`OneOf` several). Worded by the caller's wording of :class:`Opt`: ``resize
+    vocab_size=16`` in Python, ``resize --vocab 16`` in the CLI."""
+
+    opt: Opt
     command: str | None = None
+
+    def __format__(self, spec: str) -> str:
+        return f"{self.command} {self.opt}" if self.command else f"{self.opt}"
+
+    def __str__(self) -> str:
+        return format(self)
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{"command", "option", "values"}``: the option by its Python name (``vocab_size``, ``layout``)."""
+        v = self.opt.value
+        return {
+            "command": self.command,
+            "option": self.opt.name,
+            "values": list(v.values) if isinstance(v, OneOf) else [v],
+        }
 
 
 @dataclass(frozen=True)
@@ -82,7 +114,7 @@ class Finding:
         kind: what was found (fixes the severity).
         tensors: the tensors it is about, main subject first.
         facts: the numbers and names that word it (JSON-able; keys per kind, see :data:`_WORDS`).
-        fix: a remedy with an option value, when the finding names one.
+        fix: a remedy (an option and its value), when the finding names one.
     """
 
     kind: FindingKind
@@ -105,17 +137,8 @@ class Finding:
             "severity": self.severity.value,
             "tensors": list(self.tensors),
             **self.facts,
-            "fix": None
-            if fix is None
-            else {"command": fix.command, "option": fix.option, "values": list(fix.values)},
+            "fix": None if fix is None else fix.as_dict(),
         }
-
-
-def _option(fix: Fix | None) -> str:
-    """``--layout vocab-hidden or hidden-vocab``; ``resize --vocab 16``."""
-    assert fix is not None
-    words = f"--{fix.option} {' or '.join(map(str, fix.values))}"
-    return f"{fix.command} {words}" if fix.command else words
 
 
 def _missing_embedding(f: Finding) -> str:
@@ -127,7 +150,7 @@ def _missing_embedding(f: Finding) -> str:
     )
     return (
         f"the input embedding {emb} is missing: the table is stored only as the head {head} "
-        f"({where}); untie or tie --keep head restores it from the head's bytes"
+        f"({where}); untie or tie {Opt('keep', 'head')} restores it from the head's bytes"
     )
 
 
@@ -140,7 +163,7 @@ def _ambiguous_layout(f: Finding) -> str:
         )
     return (
         f"vocab_size == hidden_size ({x['size']}): the head's layout cannot be told from its "
-        f"shape{compared}; pass {_option(f.fix)}"
+        f"shape{compared}; pass {f.fix}"
     )
 
 
@@ -168,7 +191,7 @@ def _tokenizer_beyond_rows(f: Finding) -> str:
     return (
         f"the tokenizer defines {n} tokens (highest id {n - 1}, from "
         f"{', '.join(sources)}) but the embedding has only {V} rows: the model is "
-        f"{n - V} row(s) short ({_option(f.fix)})"
+        f"{n - V} row(s) short ({f.fix})"
     )
 
 
@@ -236,7 +259,7 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
     ),
     FindingKind.VOCAB_SIZE_MISMATCH: lambda f: (
         f"config vocab_size is {f.facts['config_vocab_size']} but the embedding {f.tensors[0]} has "
-        f"{f.facts['embedding_rows']} rows ({_option(f.fix)} fixes vocab_size)"
+        f"{f.facts['embedding_rows']} rows ({f.fix} fixes vocab_size)"
     ),
     FindingKind.HEAD_ROWS_DIFFER: _head_rows_differ,
     FindingKind.PADDING_ROWS: _padding_rows,
@@ -247,8 +270,8 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
     FindingKind.TIED_BUT_DIFFERENT: _tied_but_different,
     FindingKind.HEAD_MISSING_NOT_RETIED: lambda f: (
         f"no head in the files, and the {f.facts['loader']} loader does not re-tie a missing head: it "
-        f"would load a random {f.tensors[0]} (run untie to write it, or pass --loader if another library "
-        "loads it)"
+        f"would load a random {f.tensors[0]} (run untie to write it, or pass {Opt('loader')} if another "
+        "library loads it)"
     ),
     FindingKind.UNTIED_BUT_NO_HEAD: lambda f: (
         f"untied in config ({f.facts['config_source']} = false) but no head ({f.tensors[0]}) was found in "
