@@ -178,6 +178,47 @@ def _tie_line(info: dict) -> str:
     )
 
 
+def _bin_label(b: dict) -> str:
+    """``0``, ``(0, 1e-06]``, ``(1e-06, 1e-05]``, ..., ``> 1``: a histogram bin of per-row max |Δ|."""
+    if b["above"] is None:
+        return "0 (equal)"
+    if b["up_to"] is None:
+        return f"> {b['above']:g}"
+    return f"({b['above']:g}, {b['up_to']:g}]"
+
+
+def _drift_tables(d: dict, width: int = 40) -> tuple[Table, Table]:
+    """The rows with the largest max |Δ| (row, token when known, max |Δ|), and the histogram of per-row max
+    |Δ| with ``▇`` bars scaled to the largest bin (``width`` characters; a bin with rows has at least one)."""
+    top = Table(title="rows with the largest |Δ|", title_justify="left", box=None, padding=(0, 2, 0, 2))
+    for col, just in (("row", "right"), ("token", "left"), ("max |Δ| of the row", "right")):
+        top.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in d["top_rows"]:
+        token = "—" if r["token"] is None else json.dumps(r["token"], ensure_ascii=False)
+        top.add_row(str(r["row"]), token, f"{r['max_abs_diff']:.3g}")
+    hist = Table(title="rows by their max |Δ|", title_justify="left", box=None, padding=(0, 2, 0, 2))
+    for col, just in (("max |Δ|", "left"), ("rows", "right"), ("", "left")):
+        hist.add_column(col, justify=just)  # type: ignore[arg-type]
+    most = max(b["rows"] for b in d["histogram"]) or 1
+    for b in d["histogram"]:
+        bar = "▇" * max(1 if b["rows"] else 0, round(width * b["rows"] / most))
+        hist.add_row(_bin_label(b), str(b["rows"]), bar)
+    return top, hist
+
+
+def _drift(con: Console, info: dict) -> None:
+    """The drift section of a head that differs from the embedding: numbers, top rows, histogram."""
+    d = info["tie"].get("drift")
+    if not d:
+        return
+    con.print(
+        f"drift: {d['differing_rows']} of {d['rows']} rows differ; max |Δ| {d['max_abs_diff']:.3g}, mean |Δ| "
+        f"{d['mean_abs_diff']:.3g} over all {d['elements']} elements (equal ones included)"
+    )
+    for t in _drift_tables(d):
+        con.print(t)
+
+
 def _vocab_line(info: dict) -> str:
     """``vocab: config vocab_size ..., embedding rows ..., [head rows ...,] hidden_size ..., tokenizer``"""
     v, h = info["vocab"], info["head"]
@@ -229,6 +270,7 @@ def inspect(info: dict, as_json: bool = False) -> None:
     )
     con.print(_pair_table(info))
     con.print(_tie_line(info))
+    _drift(con, info)
     con.print(_vocab_line(info))
     con.print(_savings_line(info))
     _messages(con, info["notes"], info["warnings"], info["problems"])

@@ -54,12 +54,48 @@ class Comparison:
         max_abs_diff: largest |head - embedding| in float32 (after transposing a ``hidden-vocab`` head).
         differing_rows: number of vocab rows with any difference.
         storage_shared: the head and embedding are one array in the file (pickle memo).
+        drift: how the difference is spread over the rows (only when ``values`` is ``different`` and the
+            values were compared).
     """
 
     values: str
     max_abs_diff: float | None = None
     differing_rows: int | None = None
     storage_shared: bool = False
+    drift: Drift | None = None
+
+
+DRIFT_EDGES = (1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+"""Upper edges of the drift histogram's bins of per-row max |Δ|: 0, (0, 1e-6], (1e-6, 1e-5], ..., (0.1, 1],
+> 1 (so ``len(DRIFT_EDGES) + 2`` bins)."""
+DRIFT_TOP = 10
+"""How many rows with the largest max |Δ| a :class:`Drift` names."""
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How a head that differs from the embedding differs, row by row (vocab rows; a ``[hidden, vocab]`` head
+    is compared as its transpose). All |Δ| are float32 ``|head - embedding|`` as :func:`compare` computes
+    them (NaN vs NaN is 0, another NaN difference is infinite).
+
+    Attributes:
+        rows: the vocab rows compared (``V``); ``elements``: ``V × hidden``.
+        differing_rows: rows with any element that differs.
+        max_abs_diff: the largest |Δ| of any element.
+        mean_abs_diff: the mean |Δ| over *all* elements (equal ones included), summed in float64.
+        top_rows: up to :data:`DRIFT_TOP` ``(row, max |Δ| of the row)`` of differing rows, largest first
+            (ties by row id).
+        histogram: the number of rows per bin of their max |Δ| (bins of :data:`DRIFT_EDGES`; the first is
+            |Δ| = 0, the rows that do not differ).
+    """
+
+    rows: int
+    elements: int
+    differing_rows: int
+    max_abs_diff: float
+    mean_abs_diff: float
+    top_rows: tuple[tuple[int, float], ...]
+    histogram: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -600,9 +636,10 @@ def _bits_dtype(storage: np.dtype) -> np.dtype | None:
 
 def _chunk_difference(
     a: np.ndarray, b: np.ndarray, e_bf: bool, h_bf: bool, scale: float | None
-) -> tuple[float, int]:
-    """max |diff| and differing rows of one embedding chunk ``a`` and head chunk ``b``, as float32 (NaN
-    equals NaN; another NaN difference is infinite); the embedding is scaled first when ``scale`` is set."""
+) -> tuple[np.ndarray, float]:
+    """Per-row max |diff| (float32, one value per row of the chunk) and the float64 sum of |diff| of one
+    embedding chunk ``a`` and head chunk ``b`` ``[rows, hidden]``, as float32 (NaN equals NaN; another NaN
+    difference is infinite); the embedding is scaled first when ``scale`` is set."""
     fa = bf16_bits_to_f32(a) if e_bf else a.astype(np.float32)
     fb = bf16_bits_to_f32(b) if h_bf else b.astype(np.float32)
     if scale is not None:  # the embedding times the scale, rounded to the head's dtype as untie writes it
@@ -610,10 +647,39 @@ def _chunk_difference(
         fa = bf16_bits_to_f32(f32_to_bf16_bits(fa)) if h_bf else fa.astype(b.dtype).astype(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         d = np.abs(fa - fb)
-    d = np.where(np.isnan(fa) & np.isnan(fb), 0.0, np.where(np.isnan(d), np.inf, d))
+    d = np.where(np.isnan(fa) & np.isnan(fb), 0.0, np.where(np.isnan(d), np.inf, d)).astype(
+        np.float32, copy=False
+    )
     if not d.size:
-        return 0.0, 0
-    return float(d.max()), int((d > 0).any(axis=tuple(range(1, d.ndim))).sum())
+        return np.zeros(d.shape[:1], np.float32), 0.0
+    d = d.reshape(d.shape[0], -1)
+    return d.max(axis=1), float(d.sum(dtype=np.float64))
+
+
+def drift_of(row_max: np.ndarray, total: float, hidden: int) -> Drift:
+    """The :class:`Drift` of per-row max |Δ| ``row_max`` (float32 ``[V]``) and the float64 sum ``total`` of
+    |Δ| over all ``V × hidden`` elements."""
+    V = int(row_max.shape[0])
+    differing = np.flatnonzero(row_max > 0)
+    vals = row_max[differing]
+    if differing.size > DRIFT_TOP:  # the rows at or above the k-th largest value (ties kept), then sorted
+        kth = np.partition(vals, -DRIFT_TOP)[-DRIFT_TOP]
+        keep = vals >= kth
+        differing, vals = differing[keep], vals[keep]
+    order = np.lexsort((differing, -vals))[:DRIFT_TOP]
+    positive = row_max[row_max > 0]
+    bins = 1 + np.searchsorted(np.asarray(DRIFT_EDGES, np.float64), positive.astype(np.float64), "left")
+    hist = np.bincount(bins, minlength=len(DRIFT_EDGES) + 2)
+    hist[0] = V - positive.size
+    return Drift(
+        rows=V,
+        elements=V * hidden,
+        differing_rows=int(positive.size),
+        max_abs_diff=float(row_max.max()) if V else 0.0,
+        mean_abs_diff=total / (V * hidden) if V * hidden else 0.0,
+        top_rows=tuple((int(differing[i]), float(vals[i])) for i in order),
+        histogram=tuple(int(c) for c in hist),
+    )
 
 
 def _head_row_chunks(
@@ -626,31 +692,44 @@ def _head_row_chunks(
     return (np.ascontiguousarray(hT[s : min(s + chunk_rows, stop)]) for s in range(start, stop, chunk_rows))
 
 
-def _in_halves(part: Callable[[int, int], tuple[float, int]], n: int, nbytes: int) -> tuple[float, int]:
-    """``part`` over rows 0:n, in two halves in two threads for a table of 64 MiB or more (reads and numpy
-    release the GIL, so a multi-GB pair compares ~2x faster): the max of the max |diff|, the sum of rows."""
-    if nbytes >= 64 << 20:
+HALVES_BYTES = 64 << 20
+"""A table of this many bytes or more is compared in two halves in two threads (:func:`_in_halves`)."""
+CHUNK_BYTES = 1 << 20
+"""The size of the row chunks :func:`compare` reads (see there)."""
+
+
+def _in_halves(part: Callable[[int, int], float], n: int, nbytes: int) -> float:
+    """``part`` over rows 0:n, in two halves in two threads for a table of :data:`HALVES_BYTES` or more
+    (reads and numpy release the GIL, so a multi-GB pair compares ~2x faster): the sum of the parts."""
+    if nbytes >= HALVES_BYTES:
         from concurrent.futures import ThreadPoolExecutor
 
         with ThreadPoolExecutor(2) as pool:
             parts = list(pool.map(lambda r: part(*r), [(0, n // 2), (n // 2, n)]))
     else:
         parts = [part(0, n)]
-    return max(p[0] for p in parts), sum(p[1] for p in parts)
+    return sum(parts)
 
 
 def compare(
-    ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int = 1 << 20, scale: float | None = None
+    ckpt: Checkpoint,
+    emb: str,
+    head: str,
+    layout: str,
+    chunk_bytes: int | None = None,
+    scale: float | None = None,
 ) -> Comparison:
-    """Compare head and embedding values in row chunks (memory bounded by one chunk of each).
+    """Compare head and embedding values in row chunks (memory bounded by one chunk of each, plus 4 bytes a
+    vocab row for the per-row max |difference|).
 
-    Chunks of about ``chunk_bytes`` (1 MiB): small enough that a chunk read from the page cache is still
-    in the CPU cache when it is compared (2-3x faster than 32 MiB chunks on a 525 MB table), large enough
-    that the per-chunk Python cost is negligible.
+    Chunks of about ``chunk_bytes`` (default :data:`CHUNK_BYTES`, 1 MiB; at least one row): small enough
+    that a chunk read from the page cache is still in the CPU cache when it is compared (2-3x faster than 32
+    MiB chunks on a 525 MB table), large enough that the per-chunk Python cost is negligible.
 
     A ``hidden-vocab`` head ``[hidden, vocab]`` is compared as its transpose. Identical bits → ``exact``
     (``transposed`` for a transposed head); equal values in another dtype or ``-0.0`` vs ``0.0`` count as
-    equal too. Otherwise ``different`` with the float32 max |difference| and the number of differing rows.
+    equal too. Otherwise ``different`` with the float32 max |difference|, the number of differing rows and
+    how the difference is spread over the rows (:class:`Drift`).
     """
     shared = shared_storage(ckpt, emb, head)
     if shared is not None:
@@ -660,36 +739,38 @@ def compare(
     hshape = tuple(h_info.shape[::-1]) if layout == HIDDEN_VOCAB else tuple(h_info.shape)
     if len(eshape) != 2 or hshape != eshape:
         return Comparison("different")
-    equal = "transposed" if layout == HIDDEN_VOCAB else "exact"
     e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
     h_bf = ckpt.logical_dtype(h_info) == "bfloat16"
-    bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf and scale is None
     bits = _bits_dtype(e_info.storage_dtype)
-    bit_equal = bit_equal and bits is not None
-    if scale is not None:
-        equal = "scaled"
+    bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf and scale is None
+    bits = bits if bit_equal else None
     hT = ckpt.load(head).T if layout == HIDDEN_VOCAB else None  # columns of the stored head: a mapped array
     row_bytes = max(1, e_info.nbytes // max(1, eshape[0]))
     # a transposed head is gathered column by column from a mapping: larger chunks amortize the strides
-    chunk_rows = max(1, (chunk_bytes * (8 if hT is not None else 1)) // row_bytes)
+    chunk_rows = max(1, ((chunk_bytes or CHUNK_BYTES) * (8 if hT is not None else 1)) // row_bytes)
+    row_max = np.zeros(eshape[0], np.float32)  # per-row max |diff|; each half writes its own rows
 
-    def part(start: int, stop: int) -> tuple[float, int]:
-        """max |diff| and differing rows over rows start:stop (0.0, 0 when bit-identical)."""
+    def part(start: int, stop: int) -> float:
+        """Fill ``row_max[start:stop]``; the sum of |diff| over those rows (0.0 when bit-identical)."""
         h_chunks = _head_row_chunks(ckpt, head, hT, chunk_rows, start, stop)
-        max_diff, rows, bit_eq = 0.0, 0, bit_equal
+        total, at, bits_ = 0.0, start, bits
         # the same rows of two tables of one shape, in the same chunks
         for a, b in zip(ckpt.iter_rows(emb, chunk_rows, start, stop), h_chunks, strict=True):
-            if bit_eq and np.array_equal(a.view(bits), b.view(bits)):  # bits, not values (-0.0, NaN)
+            n, at = len(a), at + len(a)
+            if bits_ is not None and np.array_equal(a.view(bits_), b.view(bits_)):  # bits (-0.0, NaN)
                 continue
-            bit_eq = False
-            chunk_max, chunk_differing = _chunk_difference(a, b, e_bf, h_bf, scale)
-            max_diff, rows = max(max_diff, chunk_max), rows + chunk_differing
-        return max_diff, rows
+            bits_ = None
+            row_max[at - n : at], chunk_sum = _chunk_difference(a, b, e_bf, h_bf, scale)
+            total += chunk_sum
+        return total
 
-    max_diff, rows = _in_halves(part, eshape[0], e_info.nbytes)
-    if rows == 0:
-        return Comparison(equal, 0.0, 0)
-    return Comparison("different", max_diff, rows)
+    total = _in_halves(part, eshape[0], e_info.nbytes)
+    drift = drift_of(row_max, total, eshape[1])
+    if drift.differing_rows == 0:
+        return Comparison(
+            "scaled" if scale is not None else "transposed" if hT is not None else "exact", 0.0, 0
+        )
+    return Comparison("different", drift.max_abs_diff, drift.differing_rows, drift=drift)
 
 
 def _ambiguous_layout(

@@ -7,9 +7,10 @@ from typing import Any
 
 from . import surface
 from .checkpoint import Checkpoint
-from .detect import Detection, detect
+from .detect import DRIFT_EDGES, Detection, detect
 from .findings import describe
 from .report import savings_if_tied
+from .tokenizer import token_strings
 
 
 def _tensor(det: Detection, name: str) -> dict[str, Any]:
@@ -109,6 +110,32 @@ def _tie(det: Detection) -> dict[str, Any]:
         "max_abs_diff": c.max_abs_diff,
         "differing_rows": c.differing_rows,
         "storage_shared": c.storage_shared,
+        "drift": _drift(det),
+    }
+
+
+def _drift(det: Detection) -> dict[str, Any] | None:
+    """How a differing head differs row by row (None unless the values were compared and differ): the rows
+    that differ, max |Δ| and the mean |Δ| over all elements, the rows with the largest max |Δ| with their
+    tokens (from the tokenizer files, when they name them; else null), and the histogram of per-row max |Δ|
+    (``{"above", "up_to", "rows"}``: the first bin is |Δ| = 0, the last is above 1)."""
+    d = det.comparison.drift
+    if d is None or det.comparison.values != "different":
+        return None
+    tokens = token_strings(det.ckpt.path, [r for r, _ in d.top_rows])
+    lows: list[float | None] = [None, 0.0, *DRIFT_EDGES]
+    highs: list[float | None] = [0.0, *DRIFT_EDGES, None]
+    return {
+        "rows": d.rows,
+        "differing_rows": d.differing_rows,
+        "max_abs_diff": d.max_abs_diff,
+        "mean_abs_diff": d.mean_abs_diff,
+        "mean_over": "all elements",
+        "elements": d.elements,
+        "top_rows": [{"row": r, "token": tokens.get(r), "max_abs_diff": v} for r, v in d.top_rows],
+        "histogram": [
+            {"above": lo, "up_to": hi, "rows": n} for lo, hi, n in zip(lows, highs, d.histogram, strict=True)
+        ],
     }
 
 

@@ -1,4 +1,5 @@
-"""How many rows the tokenizer in a checkpoint folder needs: highest token id + 1.
+"""How many rows the tokenizer in a checkpoint folder needs (highest token id + 1), and the strings of given
+token ids.
 
 Reads (without any tokenizer library) ``tokenizer.json`` (``model.vocab`` and ``added_tokens``),
 ``vocab.txt`` (one token a line), ``vocab.json``, ``added_tokens.json`` and ``tokenizer_config.json``
@@ -84,6 +85,67 @@ def _tokenizer_info(folder: Path) -> TokenizerInfo:
         ids += _ids(tc["added_tokens_decoder"].keys())
     size = max(ids) + 1 if ids else None
     return TokenizerInfo(size, tuple(sources), tuple(bad))
+
+
+# ------------------------------------------------------------------ token strings
+
+
+def _token_sources(folder: Path):
+    """``{id: token}`` mappings of the tokenizer files of ``folder``, most specific first: tokenizer.json's
+    ``added_tokens`` and ``model.vocab`` (a ``{token: id}`` dict, or Unigram's ``[[piece, score], ...]``),
+    vocab.json, vocab.txt (line i is token i), added_tokens.json, tokenizer_config.json's
+    ``added_tokens_decoder``. Each is read only when the one before left ids unnamed."""
+
+    def load(name: str):
+        try:
+            return json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            return None
+
+    tj = load("tokenizer.json")
+    if isinstance(tj, dict):
+        added = tj.get("added_tokens")
+        if isinstance(added, list):
+            yield {t.get("id"): t.get("content") for t in added if isinstance(t, dict)}
+        vocab = tj.get("model", {}).get("vocab") if isinstance(tj.get("model"), dict) else None
+        if isinstance(vocab, dict):
+            yield {i: t for t, i in vocab.items()}
+        elif isinstance(vocab, list):
+            yield {i: p[0] for i, p in enumerate(vocab) if isinstance(p, list) and p}
+    vj = load("vocab.json")
+    if isinstance(vj, dict):
+        yield {i: t for t, i in vj.items()}
+    try:
+        with (folder / "vocab.txt").open(encoding="utf-8") as f:
+            yield {i: line.rstrip("\r\n") for i, line in enumerate(f)}
+    except (OSError, UnicodeDecodeError):
+        pass
+    at = load("added_tokens.json")
+    if isinstance(at, dict):
+        yield {i: t for t, i in at.items()}
+    tc = load("tokenizer_config.json")
+    dec = tc.get("added_tokens_decoder") if isinstance(tc, dict) else None
+    if isinstance(dec, dict):
+        yield {int(i): t.get("content") for i, t in dec.items() if str(i).isdigit() and isinstance(t, dict)}
+
+
+def token_strings(folder: Path, ids) -> dict[int, str]:
+    """The token strings of ``ids`` that the tokenizer files of ``folder`` name (see :func:`_token_sources`;
+    the first file naming an id wins), read with json alone (no tokenizer library). Ids no file names are
+    left out; missing or unreadable files give ``{}``, never an error."""
+    want: set[int] = set(ids)
+    out: dict[int, str] = {}
+    try:
+        for mapping in _token_sources(Path(folder)):
+            for i in want - out.keys():
+                t = mapping.get(i)
+                if isinstance(t, str):
+                    out[i] = t
+            if out.keys() >= want:
+                break
+    except (AttributeError, TypeError, ValueError, KeyError, RecursionError, OSError):
+        pass
+    return out
 
 
 # ------------------------------------------------------------------ special token ids
