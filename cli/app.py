@@ -113,7 +113,7 @@ def _run(fn, as_json: bool = False):
     stdout) and their exit code."""
     from ..surgery.errors import TietoolError
 
-    set_wording(_cli_wording)
+    before = set_wording(_cli_wording)
     try:
         return fn()
     except TietoolError as e:
@@ -144,6 +144,8 @@ def _run(fn, as_json: bool = False):
             "please report it)"
         )
         raise _fail(ExitCode.INTERNAL, line, as_json, {"type": type(e).__name__}) from None
+    finally:
+        set_wording(before)  # a Python caller of the app (CliRunner) gets its own wording back
 
 
 def _print_version(value: bool) -> None:

@@ -58,10 +58,12 @@ def api_wording(o: Opt) -> str:
 _wording: Callable[[Opt], str] = api_wording
 
 
-def set_wording(wording: Callable[[Opt], str]) -> None:
-    """How :class:`Opt` is worded in messages from now on, in this process (the CLI sets its flags)."""
+def set_wording(wording: Callable[[Opt], str]) -> Callable[[Opt], str]:
+    """How :class:`Opt` is worded in messages from now on, in this process (the CLI sets its flags while
+    a command runs). Returns the wording it replaces, to put back."""
     global _wording
-    _wording = wording
+    before, _wording = _wording, wording
+    return before
 
 
 class TietoolError(Exception):

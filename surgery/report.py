@@ -12,6 +12,7 @@ from typing import Any, Literal, TypedDict
 
 from . import __version__, surface
 from .detect import Detection
+from .errors import Opt
 from .plan import Plan, _get_config
 
 
@@ -86,7 +87,10 @@ def savings_if_tied(det: Detection) -> Savings:
     elif not det.embedding_present:
         why = f"the input embedding {det.embedding} is missing: the head {det.head} holds the only table"
     elif det.head_present and det.comparison.values == "different":
-        why = "the head differs from the embedding (tie --keep embedding|head would drop it)"
+        why = (
+            f"the head differs from the embedding (tie {Opt('keep', 'embedding')} or "
+            f"{Opt('keep', 'head')} would drop it)"
+        )
     elif not det.head_present:
         why = "no head in the files"
     out: Savings = {"parameters": params, "bytes": bytes_, "percent": _pct(bytes_, ckpt.total_bytes)}

@@ -32,7 +32,7 @@ import numpy as np
 from . import chunked
 from .checkpoint import Checkpoint
 from .detect import Detection, detect, tied_scale
-from .errors import ExitCode
+from .errors import ExitCode, Opt
 from .formats.tensor import TensorInfo
 from .vocabkeys import VOCAB_SIZE_KEYS, vocab_keys
 
@@ -292,7 +292,7 @@ class _TensorComparison:
         ):
             entry["why"] = "head set equal to the embedding"
         elif name == da.embedding and da.head in A.tensors and _equal_to_embedding(A, da.head, B, name):
-            entry["why"] = "embedding takes the head's values (tie --keep head)"
+            entry["why"] = f"embedding takes the head's values (tie {Opt('keep', 'head')})"
         else:
             self.res.unexplained.append(
                 f"{name} changed (max |difference| {diff:.3g}) and tie/untie/resize do not change it"
