@@ -4,14 +4,15 @@
     python bench/phases.py tie|untie|resize|inspect CKPT [--out DIR] [--init mean]
     TIETOOL_ROOT=bench/_work/snapshot python bench/phases.py ...   # the copy bench/run.py --snapshot ran
 
-Runs the same library calls the CLI makes (``Checkpoint.open`` → ``detect`` → ``plan_*`` →
-``write.execute``) in this process, with timers wrapped around them at run time (no source is changed): the
-value comparison (``detect.compare``), making new tensors (each ``NewTensor.make``), kernel copies of
-untouched shards (``shutil.copyfile``), byte-range copies inside rewritten shards
-(``safetensors_io.copy_range``), writing rewritten shards (``safetensors_io.write_file``, minus the range
-copies), and ``os.fsync``. A sampler thread reads ``/proc/self/status`` every 5 ms for the peak RssAnon
-(heap, numpy arrays) and RssFile (mapped file pages, e.g. memory-mapped tensors). Times of nested wrappers
-overlap (``write_file`` contains its fsync and range copies); the "self" column of write_file excludes them.
+Runs the same library calls the CLI makes (``Checkpoint.open`` → ``detect`` → ``plan_*`` → ``write.execute``)
+in this process, with timers wrapped around them at run time (no source is changed): the value comparison
+(``detect.compare``), making new tensors (the writer's ``_NewData.source`` per tensor; ``NewTensor.make`` in
+trees before recipes), kernel copies of untouched shards (``shutil.copyfile``), byte-range copies inside
+rewritten shards (``safetensors_io.copy_range``), writing rewritten shards (``safetensors_io.write_file``,
+minus the range copies), and ``os.fsync``. A sampler thread reads ``/proc/self/status`` every 5 ms for the
+peak RssAnon (heap, numpy arrays) and RssFile (mapped file pages, e.g. memory-mapped tensors). Times of nested
+wrappers overlap (``write_file`` contains its fsync and range copies); the "self" column of write_file
+excludes them.
 """
 
 from __future__ import annotations
@@ -145,8 +146,12 @@ def main() -> int:
             plan = phase("plan", plan_mod.plan_untie, det)
         else:
             plan = phase("plan", plan_mod.plan_resize, det, a.vocab, None, a.init, 0)
-        for nt in list(plan.replace.values()) + list(plan.add):
-            nt.make = timed(f"NewTensor.make ({nt.name})", nt.make)
+        if "make" in plan_mod.NewTensor.__dataclass_fields__:  # older trees: data by closures
+            for nt in list(plan.replace.values()) + list(plan.add):
+                nt.make = timed(f"NewTensor.make ({nt.name})", nt.make)
+        else:  # recipes, made (once per recipe) by the writer's memo
+            src = write_mod._NewData.source
+            write_mod._NewData.source = lambda self, nt: timed(f"new tensor data ({nt.name})", src)(self, nt)
         if a.out.exists():
             shutil.rmtree(a.out)
         phase("write.execute", write_mod.execute, plan, a.out)

@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
 
 import numpy as np
 
 from .checkpoint import Checkpoint
 from .configfile import get_dotted, read_config_file
-from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, compare, tied_scale
+from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, tied_scale
 from .errors import AmbiguousLayoutError, RefusedError, UsageError, ValuesDifferError
-from .formats.safetensors_io import Source
-from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
+from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo
+from .options import Init, Keep
+from .recipes import CopyIfEqual, CopyOf, NewRows, Recipe, ResizedBias, ResizedTable
 
 NEW_SHARD = "<new shard>"  # NewTensor.file of a tensor that gets a shard file of its own
 
@@ -32,8 +31,8 @@ class NewTensor:
         name: state-dict key.
         dtype: label in the checkpoint's format (safetensors ``BF16``...; pdparams numpy name).
         shape: output shape.
-        make: returns the stored array (bf16 as ``uint16`` bits) or a :class:`Source` of its bytes, called
-            once while writing.
+        recipe: what its data is (:mod:`surgery.recipes`); the writer makes it once per execution, shared
+            by every tensor with an equal recipe.
         file: the weight file it goes into (input file name), or ``NEW_SHARD``.
         after: for an added tensor, the name it follows in that file (None: at the end).
         storage: tensors with the same storage key are one array (pdparams aliases).
@@ -42,7 +41,7 @@ class NewTensor:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    make: Callable[[], np.ndarray | Source]
+    recipe: Recipe
     file: str
     after: str | None = None
     storage: object = None
@@ -158,7 +157,7 @@ def _refuse_unusable_head(det: Detection, op: str) -> None:
         )
     if det.head_present and det.head_layout is None:
         raise RefusedError(
-            f"{op} refused: " + "; ".join(p for p in det.problems if det.head in p),
+            f"{op} refused: " + "; ".join(map(str, det.problems_about(det.head))),
             det.ckpt.path,
             "fix the head first (merge tensor-parallel slices / re-export)",
         )
@@ -193,13 +192,7 @@ def _restore_embedding(det: Detection, plan: Plan) -> None:
     """Add the missing input embedding, written from the head's bytes (``[vocab, hidden]``), in the head's
     file right before the head; a ``{embedding: head}`` metadata entry is removed (the name is real again)."""
     ckpt, h = det.ckpt, det.emb_info  # the head's header (the embedding is stored as the head)
-    layout = det.head_layout
-
-    def make() -> np.ndarray | Source:
-        if layout == HIDDEN_VOCAB:
-            return np.ascontiguousarray(ckpt.load(det.head).T)
-        return ckpt.load(det.head) if h.fortran else ckpt.source(det.head)
-
+    recipe = CopyOf(det.head, transpose=det.head_layout == HIDDEN_VOCAB)
     names = list(ckpt.tensors)
     i = names.index(det.head)
     before = next((n for n in reversed(names[:i]) if ckpt.tensors[n].file == h.file), None)
@@ -208,7 +201,7 @@ def _restore_embedding(det: Detection, plan: Plan) -> None:
             det.embedding,
             _out_dtype(ckpt, h, plan.relabel_u16),
             (det.vocab_rows, det.hidden),
-            make,
+            recipe,
             h.file,
             after=before,
         )
@@ -243,7 +236,7 @@ def check_new_names(plan: Plan) -> None:
 # ------------------------------------------------------------------ tie
 
 
-def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False) -> Plan:
+def plan_tie(det: Detection, keep: Keep | str | None = None, drop_aliases: bool = False) -> Plan:
     """Plan ``tie``: drop the head (and its aliases) where the loader re-ties; set the flag true.
 
     Args:
@@ -254,17 +247,35 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
             ``encoder.embed_tokens``/``decoder.embed_tokens``). Off by default: the loaders build those
             as one shared layer, but the fixtures hold no evidence of a load without them.
 
+    Returns:
+        the plan: the head dropped (or, where the loader does not re-tie, kept equal to the embedding), the
+        ``tie_word_embeddings`` flags true, ``{dropped: embedding}`` safetensors metadata, as safetensors'
+        ``save_model`` records shared tensors.
+
     Raises:
         ValuesDifferError: values differ and ``keep`` is None (message names both tensors, max |diff|, rows).
         AmbiguousLayoutError: vocab_size == hidden_size and no ``--layout``.
-        RefusedError: the head is unusable (a tensor-parallel slice, a wrong shape).
+        RefusedError: the head is unusable (a tensor-parallel slice, a wrong shape), has other rows than the
+            embedding, or ``keep="head"`` cannot be honoured (:func:`_keep_head_values`).
     """
-    ckpt, plan = det.ckpt, _base_plan("tie", det)
+    plan = _base_plan("tie", det)
     _refuse_unusable_head(det, "tie")
     plan.config_set = _tie_flags(det, True)
     if not det.embedding_present:
         return _tie_missing_embedding(det, plan, keep)
     _refuse_unequal_rows(det, "tie")
+    _tie_embedding_copies(det, plan, drop_aliases)
+    if det.head_info is None:  # the files hold no head
+        return _tie_without_head(det, plan)
+    _refuse_ambiguous_tie(det)
+    _settle_values(det, plan, keep)
+    _drop_or_keep_head(det, plan, keep)
+    return plan
+
+
+def _tie_embedding_copies(det: Detection, plan: Plan, drop_aliases: bool) -> None:
+    """Drop the embedding's copies under alias names (``--drop-aliases``, where the loader re-ties), or
+    note that they are kept."""
     copies = [a for a in det.embedding_aliases if det.family.reties]
     if drop_aliases:
         for a in copies:
@@ -273,75 +284,95 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
         plan.notes.append(
             f"{', '.join(copies)} duplicate {det.embedding} and are kept (--drop-aliases drops them)"
         )
-    h = det.head_info  # None exactly when the files hold no head
-    if h is None:
-        plan.metadata = {n: det.embedding for n in plan.drop}
-        if det.config_tied:
-            plan.notes.append(f"already tied: no head in the files and {det.config_source} = true")
-        else:
-            plan.notes.append(
-                f"no head in the files: only {det.config_source} changes to true (0 bytes saved)"
-            )
-        return plan
+
+
+def _tie_without_head(det: Detection, plan: Plan) -> Plan:
+    """tie when the files hold no head: only the flag changes (and dropped aliases, if any)."""
+    plan.metadata = {n: det.embedding for n in plan.drop}
+    if det.config_tied:
+        plan.notes.append(f"already tied: no head in the files and {det.config_source} = true")
+    else:
+        plan.notes.append(f"no head in the files: only {det.config_source} changes to true (0 bytes saved)")
+    return plan
+
+
+def _refuse_ambiguous_tie(det: Detection) -> None:
+    """Refuse a square head (vocab_size == hidden_size) with no ``--layout`` (AmbiguousLayoutError)."""
     if det.head_layout == "ambiguous":
         raise AmbiguousLayoutError(
             f"vocab_size == hidden_size == {det.vocab_rows}: the layout of {det.head} cannot be told from "
             f"its square shape; as stored it is {det.comparison.values} vs {det.embedding}",
-            ckpt.path,
+            det.ckpt.path,
             "pass --layout vocab-hidden or --layout hidden-vocab (PaddleNLP Llama/Qwen heads are "
             "hidden-vocab)",
         )
+
+
+def _settle_values(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
+    """Which values the tied table gets when head and embedding differ (``--keep``); a T5 head equal to the
+    embedding × ``d_model ** -0.5`` is the tied head and is noted as such.
+
+    Raises:
+        ValuesDifferError: the values differ and ``keep`` is None.
+        RefusedError: from :func:`_keep_head_values`.
+    """
     comp = det.comparison
     if comp.values == "different":
         if keep is None:
             raise ValuesDifferError(
                 f"tie refused: {det.head} differs from {det.embedding} (max |difference| "
                 f"{comp.max_abs_diff:.3g}, {comp.differing_rows} of {det.vocab_rows} rows differ)",
-                ckpt.path,
+                det.ckpt.path,
                 "pass --keep embedding or --keep head to choose the values to keep, or use untie",
             )
-        if keep == "head" and det.family.tied_logit_scale:
-            raise RefusedError(
-                f"--keep head on {det.family.name}: the tied model multiplies the embedding by "
-                "d_model ** -0.5 for the logits, so the head's values cannot become the embedding",
-                ckpt.path,
-                "use --keep embedding, or keep the checkpoint untied",
-            )
-        if keep == "head":
-            layout = det.head_layout
-
-            def head_as_embedding() -> np.ndarray:
-                return (
-                    np.ascontiguousarray(ckpt.load(det.head).T)
-                    if layout == HIDDEN_VOCAB
-                    else ckpt.load(det.head)
-                )
-
-            e = det.emb_info
-            if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
-                raise RefusedError(
-                    f"--keep head: {det.head} is {ckpt.logical_dtype(h)} but {det.embedding} is "
-                    f"{ckpt.logical_dtype(e)}",
-                    ckpt.path,
-                    "convert the dtypes first",
-                )
-            for n in [det.embedding] + det.embedding_aliases:
-                t = ckpt.tensors[n]
-                plan.replace[n] = NewTensor(
-                    n,
-                    _out_dtype(ckpt, t, plan.relabel_u16),
-                    t.shape,
-                    head_as_embedding,
-                    t.file,
-                    storage=("embedding",),
-                )
-            plan.notes.append(f"--keep head: {det.embedding} takes the values of {det.head}")
+        if keep == Keep.HEAD:
+            _keep_head_values(det, plan)
         else:
             plan.notes.append(f"--keep embedding: the values of {det.head} are discarded")
     if comp.values == "scaled":
         plan.notes.append(
             f"{det.head} is {det.embedding} × d_model ** -0.5: exactly the tied head, so it is dropped"
         )
+
+
+def _keep_head_values(det: Detection, plan: Plan) -> None:
+    """``--keep head``: the embedding and its aliases become the head's values ``[vocab, hidden]`` (a
+    ``[hidden, vocab]`` head transposed), one shared array in a ``.pdparams``.
+
+    Raises:
+        RefusedError: a family whose tied logits scale the embedding (T5), or head and embedding of
+            different logical dtypes.
+    """
+    ckpt, h, e = det.ckpt, det.head_info, det.emb_info
+    assert h is not None
+    if det.family.tied_logit_scale:
+        raise RefusedError(
+            f"--keep head on {det.family.name}: the tied model multiplies the embedding by "
+            "d_model ** -0.5 for the logits, so the head's values cannot become the embedding",
+            ckpt.path,
+            "use --keep embedding, or keep the checkpoint untied",
+        )
+    if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
+        raise RefusedError(
+            f"--keep head: {det.head} is {ckpt.logical_dtype(h)} but {det.embedding} is "
+            f"{ckpt.logical_dtype(e)}",
+            ckpt.path,
+            "convert the dtypes first",
+        )
+    recipe = CopyOf(det.head, transpose=det.head_layout == HIDDEN_VOCAB)
+    for n in [det.embedding] + det.embedding_aliases:
+        t = ckpt.tensors[n]
+        out = _out_dtype(ckpt, t, plan.relabel_u16)
+        plan.replace[n] = NewTensor(n, out, t.shape, recipe, t.file, storage=("embedding",))
+    plan.notes.append(f"--keep head: {det.embedding} takes the values of {det.head}")
+
+
+def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
+    """Drop the head and its aliases where the loader re-ties a missing head (architecture table:
+    ``Family.reties``); elsewhere keep it, rewritten as the embedding in the head's layout when
+    ``--keep embedding`` chose the embedding's differing values."""
+    h = det.head_info
+    assert h is not None
     if det.family.reties:
         plan.drop[det.head] = f"duplicate of {det.embedding} (the {det.loader} loader re-ties it)"
         for a in det.head_aliases:
@@ -353,27 +384,22 @@ def plan_tie(det: Detection, keep: str | None = None, drop_aliases: bool = False
                 f"harmless, it ties {det.head} to {det.embedding} on load and the logits are identical "
                 "(checked with PaddleNLP 2.8.1)"
             )
-    else:
-        plan.notes.append(
-            f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head: it would load a "
-            f"random one, so {det.head} is kept, equal to the embedding in the loader's {det.head_layout} "
-            "layout; 0 bytes saved"
-        )
-        if keep == "embedding" and comp.values == "different":
-
-            def make(lay=det.head_layout) -> np.ndarray:
-                return _as_layout(ckpt.load(det.embedding), lay)
-
-            plan.replace[det.head] = NewTensor(
-                det.head, _out_dtype(ckpt, h, plan.relabel_u16), h.shape, make, h.file
-            )
-    return plan
+        return
+    plan.notes.append(
+        f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head: it would load a "
+        f"random one, so {det.head} is kept, equal to the embedding in the loader's {det.head_layout} "
+        "layout; 0 bytes saved"
+    )
+    if keep == Keep.EMBEDDING and det.comparison.values == "different":
+        recipe = CopyOf(det.embedding, transpose=det.head_layout == HIDDEN_VOCAB)
+        out = _out_dtype(det.ckpt, h, plan.relabel_u16)
+        plan.replace[det.head] = NewTensor(det.head, out, h.shape, recipe, h.file)
 
 
-def _tie_missing_embedding(det: Detection, plan: Plan, keep: str | None) -> Plan:
+def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) -> Plan:
     """tie of a checkpoint whose embedding is stored only as the head: with ``keep="head"`` the embedding
     is restored from the head's bytes and the head dropped (kept where the loader does not re-tie)."""
-    if keep != "head":
+    if keep != Keep.HEAD:
         raise _missing_embedding_refusal(
             det,
             "tie",
@@ -408,22 +434,10 @@ def _refuse_unequal_rows(det: Detection, op: str) -> None:
 # ------------------------------------------------------------------ untie
 
 
-def _embedding_as_head(det: Detection, lay: str, scale: float | None) -> Callable[[], np.ndarray | Source]:
-    """The recipe of an untied head: the embedding's bytes in layout ``lay`` (a byte-range copy when the
-    layout is the stored one), times ``scale`` (T5) when given, rounded back to the stored dtype."""
-    ckpt, e = det.ckpt, det.emb_info
-
-    def make() -> np.ndarray | Source:
-        if scale is None and lay == VOCAB_HIDDEN and not e.fortran:
-            return ckpt.source(det.embedding)  # the same bytes: a kernel copy of the embedding's range
-        a = ckpt.load(det.embedding)
-        if scale is not None:
-            lg = ckpt.logical_dtype(e)
-            x = (bf16_bits_to_f32(a) if lg == "bfloat16" else a.astype(np.float32)) * np.float32(scale)
-            a = f32_to_bf16_bits(x) if lg == "bfloat16" else x.astype(a.dtype)
-        return _as_layout(a, lay)
-
-    return make
+def _embedding_as_head(det: Detection, lay: str, scale: float | None) -> CopyOf:
+    """The recipe of an untied head: the embedding ``[vocab, hidden]`` in layout ``lay`` (a byte-range copy
+    when the layout is the stored one), times ``scale`` (T5) when given, rounded back to the stored dtype."""
+    return CopyOf(det.embedding, transpose=lay == HIDDEN_VOCAB, scale=scale)
 
 
 def _place_new_head(det: Detection, plan: Plan, head: NewTensor) -> None:
@@ -447,8 +461,15 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
             ChatGLM ``hidden-vocab``, everything else ``vocab-hidden``), or an explicit layout. Only used
             when a new head is written: an existing head keeps its stored bytes.
 
-    For T5, whose tied logits are scaled by ``d_model ** -0.5``, the new head is the embedding times that
-    factor (computed in float32, rounded back), so logits do not change.
+    The new head is ``[vocab, hidden]`` or ``[hidden, vocab]`` in the embedding's dtype. A missing
+    embedding (stored only as the head) is restored from the head's bytes instead. For T5, whose tied
+    logits are scaled by ``d_model ** -0.5``, the new head is the embedding times that factor (computed in
+    float32, rounded back), so logits do not change.
+
+    Raises:
+        RefusedError: the loader always ties the head to the embedding (PaddleFormers Gemma3, PaddleNLP 2.8
+            GPT/Bloom: architecture table ``Family.always_tied``), or the head is unusable.
+        UsageError: an unknown ``layout``, or one that contradicts the head's shape.
     """
     ckpt, plan = det.ckpt, _base_plan("untie", det)
     _refuse_unusable_head(det, "untie")
@@ -469,6 +490,18 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
             f"{det.head} already exists as its own tensor: its bytes are kept (untie only sets the flag)"
         )
         return plan
+    _add_untied_head(det, plan, layout)
+    check_new_names(plan)
+    return plan
+
+
+def _add_untied_head(det: Detection, plan: Plan, layout: str) -> None:
+    """The new head (:func:`_embedding_as_head`) in ``layout`` (``auto``: the family's, for the loader),
+    placed by :func:`_place_new_head`, with a note of its shape and why that layout.
+
+    Raises:
+        UsageError: an unknown ``layout``.
+    """
     lay = det.family.head_layout if layout in (None, "auto") else layout
     if lay not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}", fix="use auto, vocab-hidden or hidden-vocab")
@@ -481,16 +514,13 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
             f"{det.family.name}: tied logits are scaled by d_model ** -0.5 = {scale:.6g}; the new head "
             "is the embedding times that factor, so logits do not change"
         )
-
-    make = _embedding_as_head(det, lay, scale)
-    name = det.head
-    _place_new_head(det, plan, NewTensor(name, _out_dtype(ckpt, e, plan.relabel_u16), shape, make, e.file))
+    recipe = _embedding_as_head(det, lay, scale)
+    dtype = _out_dtype(det.ckpt, e, plan.relabel_u16)
+    _place_new_head(det, plan, NewTensor(det.head, dtype, shape, recipe, e.file))
     plan.notes.append(
-        f"{name} written as {list(shape)} ({lay}), for the {det.loader} loader"
+        f"{det.head} written as {list(shape)} ({lay}), for the {det.loader} loader"
         + ("" if layout not in (None, "auto") else f" (auto: {det.loader_source})")
     )
-    check_new_names(plan)
-    return plan
 
 
 def _last_in_file(ckpt: Checkpoint, file: str) -> str | None:
@@ -501,7 +531,7 @@ def _last_in_file(ckpt: Checkpoint, file: str) -> str | None:
 # ------------------------------------------------------------------ resize
 
 
-INITS = ("mean", "zeros", "normal")
+INITS = tuple(i.value for i in Init)  # --init choices
 MAX_VOCAB = 2**31 - 1
 
 
@@ -524,77 +554,11 @@ def target_rows(vocab: int, pad_to_multiple_of: int | None) -> int:
     return math.ceil(vocab / pad_to_multiple_of) * pad_to_multiple_of
 
 
-def _decode(ckpt: Checkpoint, t: TensorInfo, a: np.ndarray) -> np.ndarray:
-    return bf16_bits_to_f32(a) if ckpt.logical_dtype(t) == "bfloat16" else a.astype(np.float32)
-
-
-def _encode(ckpt: Checkpoint, t: TensorInfo, x: np.ndarray) -> np.ndarray:
-    lg = ckpt.logical_dtype(t)
-    if lg == "bfloat16":
-        return f32_to_bf16_bits(x)
-    return x.astype(t.storage_dtype)
-
-
-def new_rows(
-    old: np.ndarray,
-    n: int,
-    init: str,
-    rng: np.random.Generator,
-    std: float,
-    decode: Callable[[np.ndarray], np.ndarray] | None = None,
-    chunk_rows: int = 8192,
-) -> np.ndarray:
-    """``n`` new rows ``[n, hidden]`` (float32) for a table whose stored rows are ``old`` ``[rows, hidden]``.
-
-    Args:
-        old: stored rows (any dtype; ``decode`` turns a chunk of them into float32, e.g. bf16 bits).
-        init: ``mean``: as HF transformers' ``mean_resizing``: mean ``mu`` and population covariance ``C`` of
-            the old rows in float32; rows drawn from N(mu, 1e-9 · C); exactly ``mu`` when ``1e-9 · C`` is not
-            positive definite (Cholesky fails, or its smallest eigenvalue is within float32 rounding of zero,
-            which a rank-deficient C only passes by rounding noise). ``zeros``. ``normal``: N(0, std²), std =
-            config ``initializer_range`` (else 0.02).
-        rng: the generator (seeded by ``--seed``).
-
-    The mean and covariance are accumulated over row chunks (two passes), so memory stays at one chunk plus
-    the ``[hidden, hidden]`` covariance, whatever the vocabulary size.
-    """
-    h = old.shape[1]
-    if n <= 0:
-        return np.zeros((0, h), np.float32)
-    if init == "zeros":
-        return np.zeros((n, h), np.float32)
-    if init == "normal":
-        return rng.normal(0.0, std, size=(n, h)).astype(np.float32)
-    decode = decode or (lambda a: np.asarray(a, dtype=np.float32))
-    rows = old.shape[0]
-    total = np.zeros(h, np.float64)
-    for s in range(0, rows, chunk_rows):
-        total += decode(np.asarray(old[s : s + chunk_rows])).sum(axis=0, dtype=np.float64)
-    mu = (total / rows).astype(np.float32)
-    cov = np.zeros((h, h), np.float64)
-    for s in range(0, rows, chunk_rows):
-        x = decode(np.asarray(old[s : s + chunk_rows])) - mu
-        cov += (x.T @ x).astype(np.float64)
-    cov = cov / rows * 1e-9
-    pd = False
-    if np.isfinite(cov).all():
-        try:
-            chol = np.linalg.cholesky(cov)
-            ev = np.linalg.eigvalsh(cov)
-            pd = bool(ev.min() > ev.max() * h * np.finfo(np.float32).eps)
-        except np.linalg.LinAlgError:
-            pd = False
-    if not pd:
-        return np.broadcast_to(mu, (n, h)).astype(np.float32)
-    z = rng.standard_normal(size=(n, h))
-    return (mu.astype(np.float64) + z @ chol.T).astype(np.float32)
-
-
 def plan_resize(
     det: Detection,
     vocab: int,
     pad_to_multiple_of: int | None = None,
-    init: str = "mean",
+    init: Init | str = Init.MEAN,
     seed: int | None = None,
     force: bool = False,
 ) -> Plan:
@@ -606,37 +570,76 @@ def plan_resize(
     the embedding is written equal to the new embedding), an untied head gets rows of its own by the same
     ``init``. config ``vocab_size`` (also ``text_config``, ``padded_vocab_size``, ``model_config.json``)
     becomes the new row count. Unlike PaddleFormers' ``resize_token_embeddings`` (which builds new rows by a
-    Xavier-uniform draw and never resizes an untied head), the head is always resized.
+    Xavier-uniform draw and never resizes an untied head), the head is always resized; ``init="mean"`` is
+    HF transformers' ``resize_token_embeddings(mean_resizing=True)`` (:func:`surgery.recipes.new_rows`).
+
+    Raises:
+        UsageError: vocab < 1 or beyond int32, pad_to_multiple_of < 1, unknown init, a negative seed, new
+            rows that would not fit in the memory available.
+        AmbiguousLayoutError: a square head and no ``--layout``.
+        RefusedError: the result has fewer rows than the checkpoint and ``force`` is False (message says how
+            many rows would go and whether they are padding rows or real tokens), the head is unusable, or
+            part of the vocabulary surface cannot follow (:func:`_refuse_resize_surface`).
+    """
+    how = _resize_init(vocab, pad_to_multiple_of, init)
+    _refuse_unusable_head(det, "resize")
+    _refuse_ambiguous_resize(det)
+    V, N = det.vocab_rows, target_rows(vocab, pad_to_multiple_of)
+    _refuse_target(det, N, how)
+    _refuse_resize_surface(det, N)
+    plan = _base_plan("resize", det)
+    past = [str(i) for i in det.special_ids if i.id >= N]
+    if N < V and not force:
+        raise _trim_refusal(det, N, past)
+    seed = _resolve_seed(seed)
+    plan.extra_report = _resize_report(det, vocab, N, how, seed, pad_to_multiple_of)
+    _resize_notes(det, plan, N, past)
+    if N != V:
+        std = float(det.ckpt.config.get("initializer_range") or 0.02)
+        _resize_tensors(det, plan, N, _Draws(how, seed, std))
+    _resize_config(det, plan, N)
+    if N == V:
+        plan.notes.append(f"the embedding already has {N} rows: no tensor changes")
+    return plan
+
+
+def _resize_init(vocab: int, pad_to_multiple_of: int | None, init: Init | str) -> Init:
+    """Check the resize options that need no checkpoint; returns ``init`` as an :class:`Init`.
 
     Raises:
         UsageError: vocab < 1, pad_to_multiple_of < 1, unknown init.
-        RefusedError: the result has fewer rows than the checkpoint and ``force`` is False (message says how
-            many rows would go and whether they are padding rows or real tokens), or the head is unusable.
     """
-    ckpt = det.ckpt
     if not isinstance(vocab, int) or vocab < 1:
         raise UsageError(f"--vocab must be a positive integer, got {vocab!r}", fix="e.g. --vocab 32000")
     if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
         raise UsageError(f"--pad-to-multiple-of must be ≥ 1, got {pad_to_multiple_of}", fix="e.g. 64 or 128")
     if init not in INITS:
         raise UsageError(f"unknown --init {init!r}", fix="use mean, zeros or normal")
-    _refuse_unusable_head(det, "resize")
+    return Init(init)
+
+
+def _refuse_ambiguous_resize(det: Detection) -> None:
+    """Refuse a square head (vocab_size == hidden_size) with no ``--layout`` (AmbiguousLayoutError)."""
     if det.head_present and det.head_layout == "ambiguous":
         raise AmbiguousLayoutError(
             f"vocab_size == hidden_size == {det.vocab_rows}: whether {det.head} is [vocab, hidden] or "
             "[hidden, vocab] cannot be told from its square shape",
-            ckpt.path,
+            det.ckpt.path,
             "pass --layout vocab-hidden or --layout hidden-vocab",
         )
+
+
+def _refuse_target(det: Detection, N: int, init: Init) -> None:
+    """Refuse (UsageError) ``N`` rows beyond int32 token ids, or new rows of ``hidden`` values that would
+    not fit in the memory available (per new value: float32 rows + stored copy for ``zeros``; + a float64
+    draw for ``normal`` and ``mean``)."""
     V, H = det.vocab_rows, det.hidden
-    N = target_rows(vocab, pad_to_multiple_of)
     if N > MAX_VOCAB:
         raise UsageError(
             f"--vocab {N} is beyond any tokenizer (token ids are int32 in Paddle; at most {MAX_VOCAB})",
             fix="check the number",
         )
-    # bytes per new value held at once: float32 rows + stored copy (zeros); + float64 draw (normal, mean)
-    need = (N - V) * H * {"zeros": 8, "normal": 16, "mean": 32}.get(init, 32)
+    need = (N - V) * H * {Init.ZEROS: 8, Init.NORMAL: 16, Init.MEAN: 32}[init]
     avail = _available_memory()
     if N > V and avail is not None and need > avail:
         raise UsageError(
@@ -644,51 +647,75 @@ def plan_resize(
             f"{avail >> 20} MiB of memory available",
             fix="check the number, or free memory",
         )
-    _refuse_resize_surface(det, N)
-    plan = _base_plan("resize", det)
-    tok = det.tokenizer
-    past = [str(i) for i in det.special_ids if i.id >= N]
-    if N < V and not force:
-        lost = V - N
-        if tok.size is None:
-            what = "no tokenizer files in the checkpoint, so it is unknown whether they are real tokens"
-        elif N >= tok.size:
-            what = (
-                f"they are padding rows beyond the tokenizer's {tok.size} tokens (highest id "
-                f"{tok.size - 1}), which may still hold trained values"
-            )
-        else:
-            real = min(V, tok.size) - N
-            what = (
-                f"{real} of them are real tokens of the tokenizer ({tok.size} tokens, highest id "
-                f"{tok.size - 1}): trimming below {tok.size} breaks those tokens"
-            )
-        if past:
-            what += f"; these token ids would point past the last row: {', '.join(past)}"
-        raise RefusedError(
-            f"resize to {N} rows would trim {lost} rows ({V} → {N}, rows {N}..{V - 1} removed): {what}",
-            ckpt.path,
-            "pass --force to shrink anyway, or a --vocab of at least the current rows",
+
+
+def _trim_refusal(det: Detection, N: int, past: list[str]) -> RefusedError:
+    """The refusal of trimming to ``N`` rows without ``--force``: how many rows go, and whether they are
+    padding rows beyond the tokenizer, real tokens, or unknown (no tokenizer files); ``past``: special
+    token ids that would point past the last row."""
+    V, tok = det.vocab_rows, det.tokenizer
+    if tok.size is None:
+        what = "no tokenizer files in the checkpoint, so it is unknown whether they are real tokens"
+    elif N >= tok.size:
+        what = (
+            f"they are padding rows beyond the tokenizer's {tok.size} tokens (highest id "
+            f"{tok.size - 1}), which may still hold trained values"
         )
+    else:
+        real = min(V, tok.size) - N
+        what = (
+            f"{real} of them are real tokens of the tokenizer ({tok.size} tokens, highest id "
+            f"{tok.size - 1}): trimming below {tok.size} breaks those tokens"
+        )
+    if past:
+        what += f"; these token ids would point past the last row: {', '.join(past)}"
+    return RefusedError(
+        f"resize to {N} rows would trim {V - N} rows ({V} → {N}, rows {N}..{V - 1} removed): {what}",
+        det.ckpt.path,
+        "pass --force to shrink anyway, or a --vocab of at least the current rows",
+    )
+
+
+def _resolve_seed(seed: int | None) -> int:
+    """``seed``, or a random one in [0, 2**31) when None (as uniform as ``SeedSequence().entropy % 2**31``,
+    which it was).
+
+    Raises:
+        UsageError: a seed that is not a non-negative integer.
+    """
     if seed is None:
-        # as uniform as SeedSequence().entropy (OS randomness) % 2**31, which it was
-        seed = secrets.randbits(31)
-    elif not isinstance(seed, int) or seed < 0:
+        return secrets.randbits(31)
+    if not isinstance(seed, int) or seed < 0:
         raise UsageError(f"--seed must be a non-negative integer, got {seed!r}", fix="e.g. --seed 0")
-    std = float(ckpt.config.get("initializer_range") or 0.02)
-    rng_root = np.random.SeedSequence(seed)
-    rngs = iter(np.random.default_rng(s) for s in rng_root.spawn(16))
-    plan.extra_report = {
+    return seed
+
+
+def _resize_report(
+    det: Detection, vocab: int, N: int, init: Init, seed: int, pad_to_multiple_of: int | None
+) -> dict:
+    """The report's ``resize`` fields: rows before/after/requested/added/removed, init, seed, padding,
+    tokenizer size, and the head's rows where they differ from the embedding's."""
+    V = det.vocab_rows
+    rep = {
         "rows_before": V,
         "rows_after": N,
         "rows_requested": vocab,
         "rows_added": max(0, N - V),
         "rows_removed": max(0, V - N),
-        "init": init,
+        "init": init.value,
         "seed": seed,
         "pad_to_multiple_of": pad_to_multiple_of,
-        "tokenizer_size": tok.size,
+        "tokenizer_size": det.tokenizer.size,
     }
+    if det.head_rows is not None and det.head_rows != V:
+        rep["head_rows_before"] = det.head_rows
+        rep["head_rows_after"] = det.head_rows + N - V
+    return rep
+
+
+def _resize_notes(det: Detection, plan: Plan, N: int, past: list[str]) -> None:
+    """Notes and warnings of a resize: rows removed (``--force``), token ids left without a row."""
+    V, tok = det.vocab_rows, det.tokenizer
     if N < V:
         plan.notes.append(f"--force: rows {N}..{V - 1} removed from every vocabulary tensor")
     if tok.size is not None and N < tok.size:
@@ -697,15 +724,13 @@ def plan_resize(
         plan.warnings.append(
             f"token ids beyond the last row after the resize (ids 0..{N - 1}): {', '.join(past)}"
         )
-    if det.head_rows is not None and det.head_rows != V:
-        plan.extra_report["head_rows_before"] = det.head_rows
-        plan.extra_report["head_rows_after"] = det.head_rows + N - V
 
-    if N != V:
-        _resize_tensors(det, plan, N, _Resizer(ckpt, init, std, rngs))
-    # config: every vocab_size key that exists (and the top level one)
-    cfg = ckpt.config
-    # vocab_size follows the head where it counted the head's rows (an embedding with reserved rows)
+
+def _resize_config(det: Detection, plan: Plan, N: int) -> None:
+    """Every vocab_size key that exists (and the top-level one): config.json ``vocab_size`` (and the
+    language model's nested one; it follows the head where it counted the head's rows, an embedding with
+    reserved rows), ``padded_vocab_size``, ``model_config.json`` ``vocab_size`` and ``init_args``."""
+    ckpt, V, cfg = det.ckpt, det.vocab_rows, det.ckpt.config
     offset_head = det.head_rows is not None and det.head_rows != V and det.config_vocab_size == det.head_rows
     cvs = N - V + det.head_rows if offset_head and det.head_rows is not None else N
     plan.config_set.append(("config.json", "vocab_size", cvs))
@@ -713,9 +738,8 @@ def plan_resize(
         plan.config_set.append(("config.json", f"{det.text_cfg_key}.vocab_size", cvs))
         if "vocab_size" not in cfg:
             plan.config_set.remove(("config.json", "vocab_size", cvs))
-    for k in ("padded_vocab_size",):
-        if k in cfg:
-            plan.config_set.append(("config.json", k, N))
+    if "padded_vocab_size" in cfg:
+        plan.config_set.append(("config.json", "padded_vocab_size", N))
     if "model_config.json" in ckpt.other_files:
         mc = read_config_file(ckpt.path / "model_config.json")
         if isinstance(mc, dict):
@@ -724,9 +748,6 @@ def plan_resize(
             for i, a in enumerate(mc.get("init_args") or []):
                 if isinstance(a, dict) and "vocab_size" in a:
                     plan.config_set.append(("model_config.json", f"init_args.{i}.vocab_size", N))
-    if N == V:
-        plan.notes.append(f"the embedding already has {N} rows: no tensor changes")
-    return plan
 
 
 def _refuse_resize_surface(det: Detection, N: int) -> None:
@@ -772,48 +793,24 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
 
 
 @dataclass
-class _Resizer:
-    """Builds the resized data of one vocabulary tensor: old entries kept bit-exact (trimmed from the end),
-    new entries from ``init``."""
+class _Draws:
+    """Hands out the recipes of new rows, each with the next random stream of ``seed`` (child 0, 1, ... of
+    ``SeedSequence(seed)``, in planning order), so a given seed gives the same bytes."""
 
-    ckpt: Checkpoint
-    init: str
+    init: Init
+    seed: int
     std: float
-    rngs: Iterator[np.random.Generator]
+    streams: int = 0
 
-    def extra(self, name: str, count: int, axis: int) -> Callable[[], np.ndarray]:
-        """``count`` new rows ``[count, hidden]`` (stored dtype) for ``name``, from its own rows; once."""
-        ckpt, t, rng = self.ckpt, self.ckpt.tensors[name], next(self.rngs)
+    def rows(self, name: str, count: int, axis: int) -> NewRows | None:
+        """``count`` new rows for ``name`` from its own entries along ``axis`` (None when ``count`` is 0;
+        a stream is used either way)."""
+        stream, self.streams = self.streams, self.streams + 1
+        return NewRows(name, axis, count, self.init, self.seed, stream, self.std) if count > 0 else None
 
-        def make() -> np.ndarray:
-            a = ckpt.load(name)
-            a = a.T if axis == 1 else a
-            rows = new_rows(a, count, self.init, rng, self.std, decode=lambda c: _decode(ckpt, t, c))
-            return _encode(ckpt, t, rows)
-
-        return _cached(make)
-
-    def table(
-        self, name: str, new: int, axis: int, extra: Callable[[], np.ndarray]
-    ) -> Callable[[], np.ndarray | Source]:
-        """``name`` with ``new`` entries along ``axis``: rows are copied by byte range from the input
-        (never decoded), columns of a ``[hidden, vocab]`` head go through memory."""
-        ckpt, t = self.ckpt, self.ckpt.tensors[name]
-        old = t.shape[axis]
-
-        def rows() -> np.ndarray | Source:
-            if t.fortran:  # rows are not contiguous in the file: go through memory
-                a = ckpt.load(name)
-                return np.ascontiguousarray(a[:new]) if new <= old else np.concatenate([a, extra()], axis=0)
-            keep = ckpt.source(name).prefix(t.nbytes // old * min(new, old))
-            return keep if new <= old else Source(parts=[keep, Source(array=extra())])
-
-        def cols() -> np.ndarray | Source:
-            a = ckpt.load(name)
-            out = a[:, :new] if new <= old else np.concatenate([a, extra().T], axis=1)
-            return np.ascontiguousarray(out)
-
-        return rows if axis == 0 else cols
+    def table(self, name: str, axis: int, new: int, old: int) -> ResizedTable:
+        """``name`` to ``new`` entries along ``axis`` (``old`` now), new entries from its own."""
+        return ResizedTable(name, axis, new, self.rows(name, max(0, new - old), axis))
 
 
 def _new_shape(shape: tuple[int, ...], axis: int, new: int) -> tuple[int, ...]:
@@ -822,78 +819,72 @@ def _new_shape(shape: tuple[int, ...], axis: int, new: int) -> tuple[int, ...]:
     return tuple(s)
 
 
-def _resize_tensors(det: Detection, plan: Plan, N: int, rz: _Resizer) -> None:
+def _put(plan: Plan, n: str, axis: int, new: int, recipe: Recipe, storage: object = None) -> None:
+    """Replace ``n`` by ``recipe``: its shape with ``new`` entries along ``axis``, its (relabelled) dtype."""
+    t = plan.ckpt.tensors[n]
+    out = _out_dtype(plan.ckpt, t, plan.relabel_u16)
+    plan.replace[n] = NewTensor(n, out, _new_shape(t.shape, axis, new), recipe, t.file, storage=storage)
+
+
+def _resize_tensors(det: Detection, plan: Plan, N: int, draws: _Draws) -> None:
     """Every vocabulary tensor to ``N`` embedding rows (the head and its bias move by the same number of
-    rows): the embedding and its aliases, the head, the bias, the extra tables."""
+    rows): the embedding and its aliases (one table), vocabulary aliases, the head, the bias, the extra
+    tables. New rows are drawn in that order (:class:`_Draws`)."""
     ckpt, V = det.ckpt, det.vocab_rows
-    emb = det.emb_info
-    emb_extra = rz.extra(det.embedding, max(0, N - V), 0)
-    emb_make = _cached(rz.table(det.embedding, N, 0, emb_extra))
-
-    def put(n: str, axis: int, new: int, make: Callable[[], np.ndarray | Source], storage=None) -> None:
-        t = ckpt.tensors[n]
-        out = _out_dtype(ckpt, t, plan.relabel_u16)
-        plan.replace[n] = NewTensor(n, out, _new_shape(t.shape, axis, new), make, t.file, storage=storage)
-
+    emb = ResizedTable(det.embedding, 0, N, draws.rows(det.embedding, max(0, N - V), 0))
     for n in [det.embedding] + det.embedding_aliases:
-        put(n, 0, N, emb_make, ckpt.tensors[n].storage)
+        _put(plan, n, 0, N, emb, ckpt.tensors[n].storage)
     for n in det.vocab_aliases:
-        put(n, 0, N, rz.table(n, N, 0, rz.extra(n, max(0, N - V), 0)), ckpt.tensors[n].storage)
-    h = det.head_info
+        _put(plan, n, 0, N, draws.table(n, 0, N, V), ckpt.tensors[n].storage)
     hrows = det.head_rows if det.head_rows is not None else V
     hnew = hrows + N - V
-    head_make: Callable[[], np.ndarray | Source] | None = None
-    if h is not None:
-        axis = 1 if det.head_layout == HIDDEN_VOCAB else 0
-        # a head equal to the embedding stays equal (tied or not): it gets the embedding's new rows, so
-        # resize-then-untie and untie-then-resize give the same tensors
-        tied_equal = det.comparison.values in ("exact", "transposed") and h.dtype == emb.dtype
-        if tied_equal and axis == 0:
-            head_make = emb_make
-        else:
-            extra = emb_extra if tied_equal else rz.extra(det.head, max(0, hnew - hrows), axis)
-            head_make = _cached(rz.table(det.head, hnew, axis, extra))
-        storage = emb.storage if det.comparison.storage_shared else None
-        for n in [det.head] + det.head_aliases:
-            put(n, axis, hnew, head_make, storage or ckpt.tensors[n].storage)
+    head = _resize_head(det, plan, hrows, hnew, emb, draws)
     _resize_bias(det, plan, hrows, hnew)
     for n in det.extra_tables:
         axis = det.vocab_axis(n) or 0
         old = ckpt.tensors[n].shape[axis]
         new = N if old == V else hnew
-        own = rz.table(n, new, axis, rz.extra(n, max(0, new - old), axis))
-        main = det.embedding if old == V and axis == 0 else det.head if h is not None else None
-        main_make = emb_make if main == det.embedding else head_make
-        put(n, axis, new, _copy_or_own(ckpt, n, main, main_make, own))
+        own = draws.table(n, axis, new, old)
+        main = det.embedding if old == V and axis == 0 else det.head if head is not None else None
+        main_recipe = emb if main == det.embedding else head
+        if main is not None and main_recipe is not None:  # a copy of main stays a copy
+            _put(plan, n, axis, new, CopyIfEqual(n, main, main_recipe, own))
+        else:
+            _put(plan, n, axis, new, own)
 
 
-def _copy_or_own(
-    ckpt: Checkpoint,
-    name: str,
-    main: str | None,
-    main_make: Callable[[], np.ndarray | Source] | None,
-    own: Callable[[], np.ndarray | Source],
-) -> Callable[[], np.ndarray | Source]:
-    """An extra table that is a bit-exact copy of ``main`` gets ``main``'s resized data (so the copy stays a
-    copy, new rows included); otherwise its own (told when written, reading both tables once)."""
+def _resize_head(
+    det: Detection, plan: Plan, hrows: int, hnew: int, emb: ResizedTable, draws: _Draws
+) -> Recipe | None:
+    """The head and its aliases from ``hrows`` to ``hnew`` vocabulary entries (rows of ``[vocab, hidden]``,
+    columns of ``[hidden, vocab]``); returns its recipe (None: no head in the files).
 
-    def make() -> np.ndarray | Source:
-        t = ckpt.tensors[name]
-        if main is not None and main_make is not None:
-            m = ckpt.tensors[main]
-            if (
-                m.shape == t.shape
-                and m.dtype == t.dtype
-                and compare(ckpt, main, name, VOCAB_HIDDEN).values == "exact"
-            ):
-                return main_make()
-        return own()
-
-    return make
+    A head equal to the embedding stays equal (tied or not): it gets the embedding's new rows, so
+    resize-then-untie and untie-then-resize give the same tensors; otherwise rows of its own.
+    """
+    h = det.head_info
+    if h is None:
+        return None
+    axis = 1 if det.head_layout == HIDDEN_VOCAB else 0
+    tied_equal = det.comparison.values in ("exact", "transposed") and h.dtype == det.emb_info.dtype
+    recipe: Recipe
+    if tied_equal and axis == 0:
+        recipe = emb
+    else:
+        rows = emb.rows if tied_equal else draws.rows(det.head, max(0, hnew - hrows), axis)
+        recipe = ResizedTable(det.head, axis, hnew, rows)
+    storage = det.emb_info.storage if det.comparison.storage_shared else None
+    for n in [det.head] + det.head_aliases:
+        _put(plan, n, axis, hnew, recipe, storage or det.ckpt.tensors[n].storage)
+    return recipe
 
 
 def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
-    """The head bias ``[V]`` / ``[1, V]`` (and its aliases) to ``new`` entries; new entries zero."""
+    """The head bias ``[V]`` / ``[1, V]`` (and its aliases, one array) to ``new`` entries; new entries zero.
+
+    Raises:
+        RefusedError: the bias has another number of entries than the head's ``old`` rows.
+    """
     ckpt, bias = det.ckpt, det.bias
     if not bias:
         return
@@ -904,31 +895,8 @@ def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
             ckpt.path,
             "fix the bias first",
         )
-
-    def bias_make() -> np.ndarray:
-        a = ckpt.load(bias)
-        if new <= old:
-            return np.ascontiguousarray(a[..., :new])
-        return np.concatenate([a, np.zeros(a.shape[:-1] + (new - old,), dtype=a.dtype)], axis=-1)
-
-    make = _cached(bias_make)
+    recipe = ResizedBias(bias, new)
     for n in [bias] + det.bias_aliases:
         t = ckpt.tensors[n]
-        plan.replace[n] = NewTensor(
-            n, _out_dtype(ckpt, t, plan.relabel_u16), t.shape[:-1] + (new,), make, t.file, storage=t.storage
-        )
-
-
-_T = TypeVar("_T")
-
-
-def _cached(fn: Callable[[], _T]) -> Callable[[], _T]:
-    """Compute once; aliases of one table share the result. Released by the writer after use."""
-    box: list[_T] = []
-
-    def get() -> _T:
-        if not box:
-            box.append(fn())
-        return box[0]
-
-    return get
+        out = _out_dtype(ckpt, t, plan.relabel_u16)
+        plan.replace[n] = NewTensor(n, out, t.shape[:-1] + (new,), recipe, t.file, storage=t.storage)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import surface
+from . import recipes, surface
 from .checkpoint import REPORT_NAME, SHARD_RE, Checkpoint
 from .configfile import get_dotted, read_config_file, set_dotted
 from .errors import OutputError, UsageError
@@ -31,6 +31,7 @@ from .formats.safetensors_io import Source, copy_range
 from .formats.tensor import DTYPES, NP_TO_ST
 from .plan import NEW_SHARD, NewTensor, Plan
 from .readback import Planned, check_index, check_pdparams, check_safetensors
+from .recipes import Recipe
 
 TMP_TAG = ".tietool-tmp-"
 
@@ -401,22 +402,21 @@ def _entry_nbytes(ckpt: Checkpoint, e: _Entry) -> int:
 
 
 class _NewData:
-    """The data of new tensors, made on first use (once per ``make``: an alias group shares one) and held
+    """The data of new tensors, made on first use by :func:`recipes.make` with one memo for the whole
+    execution (tensors with equal recipes, and recipes made of the same parts, share the data) and held
     until no later file needs it."""
 
-    def __init__(self) -> None:
-        self._made: dict[int, Any] = {}
+    def __init__(self, ckpt: Checkpoint) -> None:
+        self._ckpt = ckpt
+        self._made: dict[Recipe, recipes.Data] = {}
 
     def source(self, nt: NewTensor) -> Source:
         """A :class:`Source` of ``nt``'s bytes.
 
         Raises:
-            AssertionError: ``make`` returned another size or shape than planned (a bug).
+            AssertionError: the recipe made another size or shape than planned (a bug).
         """
-        key = id(nt.make)
-        if key not in self._made:
-            self._made[key] = nt.make()
-        arr = self._made[key]
+        arr = recipes.make(nt.recipe, self._ckpt, self._made)
         if isinstance(arr, Source):
             if arr.nbytes != nt.nbytes:
                 raise AssertionError(f"internal: {nt.name} made {arr.nbytes} bytes, planned {nt.nbytes}")
@@ -425,10 +425,17 @@ class _NewData:
             raise AssertionError(f"internal: {nt.name} made {arr.shape}, planned {nt.shape}")
         return Source(array=arr)
 
-    def keep_only(self, needed: set[int]) -> None:
-        """Free the data of every ``make`` whose id is not in ``needed``."""
+    def keep_only(self, needed: list[Recipe]) -> None:
+        """Free the data of every recipe that is not in ``needed`` nor part of one that is."""
+        keep: set[Recipe] = set()
+        todo = list(needed)
+        while todo:
+            r = todo.pop()
+            if r not in keep:
+                keep.add(r)
+                todo.extend(recipes.parts(r))
         for k in list(self._made):
-            if k not in needed:
+            if k not in keep:
                 del self._made[k]
 
 
@@ -452,7 +459,7 @@ def _write_weight_files(
         "written": [],
         "removed": [f for f in plan.ckpt.weight_files if f not in lay.kept],
     }
-    new = _NewData()
+    new = _NewData(plan.ckpt)
     copier = _Copier(progress)
     try:
         # untouched files first, into the pool; then the rewrites here while those copies run
@@ -462,14 +469,8 @@ def _write_weight_files(
             _rewrite(plan, f, lay.entries[f], dst, new.source)
             files_report["written" if f == NEW_SHARD else "rewritten"].append(lay.rename[f])
             # free new arrays no longer needed by later files
-            new.keep_only(
-                {
-                    id(e[3].make)
-                    for g in lay.kept[lay.kept.index(f) + 1 :]
-                    for e in lay.entries[g]
-                    if e[3] is not None
-                }
-            )
+            later = lay.kept[lay.kept.index(f) + 1 :]
+            new.keep_only([e[3].recipe for g in later for e in lay.entries[g] if e[3] is not None])
             if progress:
                 progress(lay.rename[f], dst.stat().st_size)
             copier.poll()
