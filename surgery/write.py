@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import recipes, surface
 from .checkpoint import REPORT_NAME, SHARD_RE, Checkpoint
 from .configfile import get_dotted, read_config_file, set_dotted
@@ -140,11 +142,14 @@ class _Copier:
         self._pending: list = []
         self._progress = progress
 
-    def submit(self, src: Path, dst: Path, label: str | None) -> None:
-        """Copy ``src`` to ``dst`` in a thread; ``progress(label, bytes)`` is called as bytes are copied
-        (from that thread) unless ``label`` is None."""
+    def submit(self, src: Path, dst: Path, label: str | None, tensor_bytes: int = 0) -> None:
+        """Copy ``src`` to ``dst`` in a thread. Unless ``label`` is None, ``progress(label, bytes)`` is called
+        from that thread as bytes are copied, scaled so that the whole file reports ``tensor_bytes`` (the
+        progress total counts tensor bytes, not headers: :func:`_scaled_advance`)."""
         progress = self._progress
-        advance = (lambda n: progress(label, n)) if progress and label is not None else None
+        advance = None
+        if progress is not None and label is not None:
+            advance = _scaled_advance(progress, label, src.stat().st_size, tensor_bytes)
         self._pending.append(self._pool.submit(copy_file, src, dst, self._stop.is_set, advance))
 
     def poll(self, block: bool = False) -> None:
@@ -172,6 +177,26 @@ def _try_link(src: Path, dst: Path) -> bool:
         return False
 
 
+def _scaled_advance(
+    progress: Callable[[str, int], None], label: str, file_bytes: int, tensor_bytes: int
+) -> Callable[[int], None]:
+    """An ``advance(bytes copied)`` for the copy of a whole weight file of ``file_bytes`` bytes that tells
+    ``progress(label, n)`` the same share of the file's ``tensor_bytes`` (what ``Plan.output_bytes``, the
+    bar's total, counts: no header, aliases once per name): in integers, so a finished copy has reported
+    exactly ``tensor_bytes``. Called from one copy thread only."""
+    done = told = 0
+
+    def advance(n: int) -> None:
+        nonlocal done, told
+        done += n
+        now = tensor_bytes if done >= file_bytes else done * tensor_bytes // max(file_bytes, 1)
+        if now != told:
+            progress(label, now - told)
+            told = now
+
+    return advance
+
+
 def _shard_name(kind: str, k: int, n: int) -> str:
     return f"{kind}-{k:05d}-of-{n:05d}.{'safetensors' if kind == 'model' else 'pdparams'}"
 
@@ -190,8 +215,10 @@ def execute(
         out: the output folder (must not exist, or be empty).
         link: hard-link untouched weight files instead of copying them. A later in-place edit of a
             linked file changes both checkpoints; tools that rewrite files (as tietool does) are safe.
-        progress: called with (file name, bytes) as bytes are written: by the copy threads as they copy,
-            and after each rewritten file; must be thread-safe (rich's ``Progress.update`` is).
+        progress: called with (output file name, bytes) as tensor bytes are written: by the copy threads
+            as they copy (a whole file's share of its tensor bytes, :func:`_scaled_advance`), and in rewritten
+            files per tensor and per step within one (:class:`_Reporting`); the calls add up to
+            ``plan.output_bytes`` exactly. Must be thread-safe (rich's ``Progress.update`` is).
         report: given the written-file facts, returns the report written as ``tietool-report.json``
             (inside the temporary folder, so a finished output always has it).
         keep_training_state: copy optimizer / master-weight / scheduler / trainer files even though the plan
@@ -465,14 +492,11 @@ def _write_weight_files(
         # untouched files first, into the pool; then the rewrites here while those copies run
         _start_copies(plan, tmp, lay, carried, link, progress, copier, files_report)
         for f in lay.rewrite:
-            dst = tmp / lay.rename[f]
-            _rewrite(plan, f, lay.entries[f], dst, new.source)
+            _rewrite_reporting(plan, f, lay.entries[f], tmp / lay.rename[f], new.source, progress)
             files_report["written" if f == NEW_SHARD else "rewritten"].append(lay.rename[f])
             # free new arrays no longer needed by later files
             later = lay.kept[lay.kept.index(f) + 1 :]
             new.keep_only([e[3].recipe for g in later for e in lay.entries[g] if e[3] is not None])
-            if progress:
-                progress(lay.rename[f], dst.stat().st_size)
             copier.poll()
         copier.poll(block=True)
     finally:
@@ -498,12 +522,13 @@ def _start_copies(
         if f in lay.rewrite:
             continue
         src, dst = ckpt.path / f, tmp / lay.rename[f]
+        tensor_bytes = sum(_entry_nbytes(ckpt, e) for e in lay.entries[f])
         if link and _try_link(src, dst):
             files_report["linked"].append(lay.rename[f])
             if progress:
-                progress(lay.rename[f], dst.stat().st_size)
+                progress(lay.rename[f], tensor_bytes)
         else:
-            copier.submit(src, dst, lay.rename[f])
+            copier.submit(src, dst, lay.rename[f], tensor_bytes)
             files_report["copied"].append(lay.rename[f])
     config_files = {"config.json", ckpt.config_file} | {c[0] for c in plan.config_set}  # _write_configs
     for rel in carried:
@@ -525,19 +550,96 @@ def _write_index(index: dict, path: Path, weight_map: dict[str, str], total_size
     _write_json(path, index)
 
 
-def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of) -> None:
+# Bytes of new data (an array made in memory) written per step when progress is reported, so that a new
+# 500 MB table moves the bar in eight steps, not one. Byte ranges of the input are reported per step of
+# :func:`copy_range` (256 MiB).
+CHUNK_BYTES = 64 << 20
+
+
+class _Reporting(Source):
+    """A :class:`Source` that tells ``advance`` the bytes it writes, as it writes them: per chunk of
+    :data:`CHUNK_BYTES` for arrays, per :func:`copy_range` step for byte ranges."""
+
+    __slots__ = ("advance",)
+
+    def __init__(self, inner: Source, advance: Callable[[int], None]):
+        super().__init__(inner.path, inner.offset, inner.nbytes, inner.array, inner.parts)
+        self.advance = advance
+
+    def write_to(self, f) -> None:
+        """Append the bytes to ``f``, reporting them; the same bytes as :meth:`Source.write_to`."""
+        _write_reporting(self, f, self.advance)
+
+
+def _write_reporting(src: Source, f, advance: Callable[[int], None]) -> None:
+    """Append ``src``'s bytes to ``f`` as :meth:`Source.write_to` does, calling ``advance(n)`` after each
+    piece of ``n`` bytes.
+
+    Raises:
+        ValueError: a source with no path, array nor parts. OSError: the write fails.
+    """
+    if src.parts is not None:
+        for part in src.parts:
+            _write_reporting(part, f, advance)
+    elif src.array is not None:
+        a = np.ascontiguousarray(src.array)
+        buf = a.reshape(-1).data.cast("B") if a.size else memoryview(b"")  # the array's buffer, no copy
+        for i in range(0, len(buf), CHUNK_BYTES):
+            piece = buf[i : i + CHUNK_BYTES]
+            f.write(piece)
+            advance(len(piece))
+    elif src.path is None:
+        raise ValueError("a Source needs a path, an array or parts")
+    else:
+        copy_range(f, src.path, src.offset, src.nbytes, advance=advance)
+
+
+def _rewrite_reporting(plan: Plan, f: str, entries: list[_Entry], dst: Path, source_of, progress) -> None:
+    """:func:`_rewrite` of output file ``dst`` (input file ``f``), telling ``progress(name, bytes)`` the
+    bytes of each tensor as they are written, and at the end what the file's tensors count beyond that
+    (aliases of one storage in a ``.pdparams`` are written once but counted per name, as
+    ``Plan.output_bytes`` counts them), so that the file reports exactly its tensor bytes."""
+    if progress is None:
+        _rewrite(plan, f, entries, dst, source_of)
+        return
+    name, sent = dst.name, 0
+
+    def advance(n: int) -> None:
+        nonlocal sent
+        sent += n
+        progress(name, n)
+
+    _rewrite(plan, f, entries, dst, source_of, advance)
+    rest = sum(_entry_nbytes(plan.ckpt, e) for e in entries) - sent
+    if rest:
+        progress(name, rest)
+
+
+def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) -> None:
+    """Write output file ``dst`` with ``entries`` (input file ``f``, or ``NEW_SHARD``): unchanged tensors
+    by byte range from the input, new ones from ``source_of(NewTensor)``; ``advance(bytes)`` (if given) is
+    told the tensor bytes as they are written (:class:`_Reporting`).
+
+    Raises:
+        OSError: the write fails.
+    """
     ckpt = plan.ckpt
+
+    def source(name: str, nt: NewTensor | None) -> Source:
+        src = source_of(nt) if nt is not None else ckpt.source(name)
+        return src if advance is None else _Reporting(src, advance)
+
     if ckpt.format == "safetensors":
 
         def gen():
             for name, dtype, shape, nt, _storage, _fortran in entries:
-                yield name, dtype, shape, (source_of(nt) if nt is not None else ckpt.source(name))
+                yield name, dtype, shape, source(name, nt)
 
         safetensors_io.write_file(dst, gen(), _st_metadata(plan, f, rewritten=True))
     else:
         rows = []
         for name, dtype, shape, nt, storage, fortran in entries:
-            src = source_of(nt) if nt is not None else ckpt.source(name)
+            src = source(name, nt)
             rows.append(
                 (name, dtype if dtype in NP_TO_ST else DTYPES[dtype].np_name, shape, src, storage, fortran)
             )

@@ -461,8 +461,8 @@ def test_temp_folder_removed_through_a_second_interrupt(tmp_path, monkeypatch):
 @pytest.mark.parametrize("case", ["pf_llama_tied_sharded", "pnlp_llama_untied_sharded", "pnlp_llama_untied"])
 def test_progress_counts_every_written_byte_once(tmp_path, op, case):
     """The progress bar's total is the output's tensor bytes (``Plan.output_bytes`` = the index total_size),
-    and the bytes reported (by the copy threads as they copy, and after each rewrite) add up to the weight
-    files written, each counted once."""
+    and the bytes reported (by the copy threads as they copy, and per tensor in rewrites) add up to the
+    tensor bytes of each weight file written, each counted once, so the bar ends at its total."""
     import threading
 
     from tietool.surgery.plan import plan_resize, plan_untie
@@ -485,7 +485,11 @@ def test_progress_counts_every_written_byte_once(tmp_path, op, case):
     facts = execute(plan, tmp_path / "out", progress=progress)
     assert plan.output_bytes == facts["total_size"]
     out = tmp_path / "out"
-    assert seen == {f: (out / f).stat().st_size for f in facts["weight_files"]}
+    per_file: dict[str, int] = {}
+    for t in Checkpoint.open(out).tensors.values():
+        per_file[t.file] = per_file.get(t.file, 0) + t.nbytes
+    assert seen == per_file and set(seen) == set(facts["weight_files"])
+    assert sum(seen.values()) == plan.output_bytes
 
 
 def test_copy_error_names_the_file_being_written(tmp_path, monkeypatch):
