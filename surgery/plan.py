@@ -19,6 +19,7 @@ from .errors import AmbiguousLayoutError, RefusedError, UsageError, ValuesDiffer
 from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo
 from .options import Init, Keep
 from .recipes import CopyIfEqual, CopyOf, NewRows, Recipe, ResizedBias, ResizedTable
+from .vocabkeys import vocab_keys
 
 NEW_SHARD = "<new shard>"  # NewTensor.file of a tensor that gets a shard file of its own
 
@@ -568,8 +569,9 @@ def plan_resize(
     the head (rows for ``[vocab, hidden]``, columns for ``[hidden, vocab]``), the head bias (``[V]`` or
     ``[1, V]``, new entries zero) and its aliases. A tied checkpoint stays tied (a head present and equal to
     the embedding is written equal to the new embedding), an untied head gets rows of its own by the same
-    ``init``. config ``vocab_size`` (also ``text_config``, ``padded_vocab_size``, ``model_config.json``)
-    becomes the new row count. Unlike PaddleFormers' ``resize_token_embeddings`` (which builds new rows by a
+    ``init``. Every vocabulary-size config key that counted the rows (:func:`_resize_config`: ``vocab_size``
+    at any nesting, ``padded_vocab_size``, ``decoder_vocab_size``, ``model_config.json``) becomes the new
+    row count. Unlike PaddleFormers' ``resize_token_embeddings`` (which builds new rows by a
     Xavier-uniform draw and never resizes an untied head), the head is always resized; ``init="mean"`` is
     HF transformers' ``resize_token_embeddings(mean_resizing=True)`` (:func:`surgery.recipes.new_rows`).
 
@@ -727,27 +729,60 @@ def _resize_notes(det: Detection, plan: Plan, N: int, past: list[str]) -> None:
 
 
 def _resize_config(det: Detection, plan: Plan, N: int) -> None:
-    """Every vocab_size key that exists (and the top-level one): config.json ``vocab_size`` (and the
-    language model's nested one; it follows the head where it counted the head's rows, an embedding with
-    reserved rows), ``padded_vocab_size``, ``model_config.json`` ``vocab_size`` and ``init_args``."""
-    ckpt, V, cfg = det.ckpt, det.vocab_rows, det.ckpt.config
-    offset_head = det.head_rows is not None and det.head_rows != V and det.config_vocab_size == det.head_rows
-    cvs = N - V + det.head_rows if offset_head and det.head_rows is not None else N
-    plan.config_set.append(("config.json", "vocab_size", cvs))
-    if det.text_cfg_key and "vocab_size" in cfg.get(det.text_cfg_key, {}):
-        plan.config_set.append(("config.json", f"{det.text_cfg_key}.vocab_size", cvs))
-        if "vocab_size" not in cfg:
-            plan.config_set.remove(("config.json", "vocab_size", cvs))
-    if "padded_vocab_size" in cfg:
-        plan.config_set.append(("config.json", "padded_vocab_size", N))
-    if "model_config.json" in ckpt.other_files:
-        mc = read_config_file(ckpt.path / "model_config.json")
-        if isinstance(mc, dict):
-            if "vocab_size" in mc:
-                plan.config_set.append(("model_config.json", "vocab_size", N))
-            for i, a in enumerate(mc.get("init_args") or []):
-                if isinstance(a, dict) and "vocab_size" in a:
-                    plan.config_set.append(("model_config.json", f"init_args.{i}.vocab_size", N))
+    """Every vocabulary-size key (:func:`surgery.vocabkeys.vocab_keys`: any nesting, config.json and
+    model_config.json) that counts the embedding's rows becomes ``N``; one that counts the head's rows (an
+    embedding with reserved rows, ``head_rows != vocab_rows``) moves with the head. The language model's own
+    ``vocab_size`` (top level, or the nested ``text_config`` one) is set whatever it held
+    (:func:`_primary_vocab_size`), and a key equal to it (a stale copy, such as ``model_config.json``'s
+    ``init_args``) follows it; a key of another value (a second vocabulary) stays.
+
+    Where only the keys handled before exist (top-level / nested ``vocab_size``, ``padded_vocab_size``,
+    model_config.json ``vocab_size`` / ``init_args.N.vocab_size``) the keys set are the same as before.
+    """
+    V, hrows, ckpt = det.vocab_rows, det.head_rows, det.ckpt
+    primary = _primary_vocab_size(det, N)
+    moves = {V: N}
+    if hrows is not None and hrows != V:
+        moves.setdefault(hrows, hrows + N - V)
+    if det.config_vocab_size is not None:
+        moves.setdefault(det.config_vocab_size, _config_rows(det, N))
+    # the primary keys as the files spell them (a folder with only model_config.json keeps them in its args)
+    spelled = {_spelled(ckpt, f, k) for f, k, _ in primary}
+    config = ckpt.config if ckpt.config_file == "config.json" else None
+    plan.config_set += primary
+    for k in vocab_keys(ckpt.path, config):
+        if (k.file, k.key) not in spelled and k.value in moves:
+            plan.config_set.append((k.file, k.key, moves[k.value]))
+
+
+def _spelled(ckpt: Checkpoint, file: str, key: str) -> tuple[str, str]:
+    """``(file, key)`` of a config.json key as the folder stores it: in a folder with only model_config.json,
+    under its model arguments (``init_args.0.vocab_size``), as :mod:`surgery.write` sets it."""
+    if file == "config.json" and ckpt.config_file != "config.json":
+        return ckpt.config_file, f"{ckpt.config_prefix}.{key}".lstrip(".")
+    return file, key
+
+
+def _config_rows(det: Detection, N: int) -> int:
+    """The config's vocab_size after a resize to ``N`` embedding rows: ``N``, or the head's new rows where
+    the config counted the head's rows (an embedding with reserved rows)."""
+    V, hrows = det.vocab_rows, det.head_rows
+    offset_head = hrows is not None and hrows != V and det.config_vocab_size == hrows
+    return N - V + hrows if offset_head and hrows is not None else N
+
+
+def _primary_vocab_size(det: Detection, N: int) -> list[tuple[str, str, object]]:
+    """config.json ``vocab_size`` (created when absent, unless only the language model's nested config has
+    one) and ``<text_cfg_key>.vocab_size`` when present: ``N``, or the head's new rows where the config
+    counted the head's rows (an embedding with reserved rows)."""
+    cfg, cvs = det.ckpt.config, _config_rows(det, N)
+    out: list[tuple[str, str, object]] = []
+    nested = bool(det.text_cfg_key) and "vocab_size" in (cfg.get(det.text_cfg_key) or {})
+    if "vocab_size" in cfg or not nested:
+        out.append(("config.json", "vocab_size", cvs))
+    if nested:
+        out.append(("config.json", f"{det.text_cfg_key}.vocab_size", cvs))
+    return out
 
 
 def _refuse_resize_surface(det: Detection, N: int) -> None:
