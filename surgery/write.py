@@ -169,9 +169,15 @@ class _Copier:
 
 
 def _try_link(src: Path, dst: Path) -> bool:
-    """Hard-link ``src`` to ``dst``; False where the file system cannot (then the caller copies)."""
+    """Hard-link the file behind ``src`` to ``dst``; False where the file system cannot (then the caller
+    copies), e.g. when that file is on another device (``EXDEV``).
+
+    A symlink is followed to the file behind it (``os.path.realpath``): Linux's ``link(2)``, which
+    ``os.link`` calls, links the symlink itself, so a Hugging Face cache snapshot (files that are relative
+    symlinks into ``../../blobs/``) would give an output of symlinks that point nowhere.
+    """
     try:
-        os.link(src, dst)
+        os.link(os.path.realpath(src), dst)
         return True
     except OSError:
         return False
