@@ -27,7 +27,7 @@ import numpy as np
 from . import recipes, surface
 from .checkpoint import REPORT_NAME, SHARD_RE, Checkpoint
 from .configfile import get_dotted, read_config_file, set_dotted
-from .errors import OutputError, UsageError
+from .errors import Opt, OutputError, UsageError
 from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source, copy_range
 from .formats.tensor import DTYPES, NP_TO_ST
@@ -47,16 +47,22 @@ def check_output_path(inp: Path, out: Path) -> None:
     ri, ro = inp.resolve(), out.resolve()
     if ro == ri or ri in ro.parents:
         raise UsageError(
-            "--out is the input folder or inside it; the input is never modified",
+            f"{Opt('out')} is the input folder or inside it; the input is never modified",
             out,
-            "choose an --out outside the checkpoint folder",
+            f"choose an {Opt('out')} outside the checkpoint folder",
         )
     if ro in ri.parents:
-        raise UsageError("--out contains the input folder", out, "choose another --out")
+        raise UsageError(f"{Opt('out')} contains the input folder", out, f"choose another {Opt('out')}")
     if out.exists() and not out.is_dir():
-        raise UsageError("--out is an existing file, not a folder", out, "remove it or choose another --out")
+        raise UsageError(
+            f"{Opt('out')} is an existing file, not a folder",
+            out,
+            f"remove it or choose another {Opt('out')}",
+        )
     if out.exists() and any(out.iterdir()):
-        raise UsageError("--out already exists and is not empty", out, "remove it or choose another --out")
+        raise UsageError(
+            f"{Opt('out')} already exists and is not empty", out, f"remove it or choose another {Opt('out')}"
+        )
 
 
 def _clean_stale_temps(out: Path) -> None:
@@ -287,7 +293,7 @@ def _output_error(e: OSError, parent: Path) -> OutputError:
         return OutputError(
             "no space left on the device; nothing was written",
             parent,
-            "free space or choose an --out on another disk",
+            f"free space or choose an {Opt('out')} on another disk",
         )
     return OutputError(
         f"cannot write the output: {e.strerror or e}",

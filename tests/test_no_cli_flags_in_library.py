@@ -15,9 +15,9 @@ SURGERY = Path(__file__).resolve().parent.parent / "surgery"
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z-]+")
 
 # Files whose messages still spell flags; their owners convert them to Opt and remove them from this set.
-# plan.py, write.py, recipes.py: being converted by their owners; report.py and verify.py: still spell
+# plan.py, recipes.py: being converted by their owners; report.py and verify.py: still spell
 # "tie --keep ..." in a reason (found by this test when it was written).
-PENDING = {"plan.py", "write.py", "recipes.py"}
+PENDING = {"plan.py", "recipes.py"}
 
 
 def _docstrings(tree: ast.AST) -> set[int]:
