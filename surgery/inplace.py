@@ -23,12 +23,14 @@ import ctypes
 import errno
 import os
 import secrets
+import shlex
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import RefusedError
 from .write import REPORT_NAME, TMP_TAG
 
 NEW_TAG = ".tietool-new-"
@@ -147,6 +149,26 @@ def recover(ckpt: Path) -> Recovery:
             shutil.rmtree(p, ignore_errors=True)
             rec.removed_temps.append(str(p))
     return rec
+
+
+def target(path: str | os.PathLike[str]) -> Path:
+    """The folder an in-place run rewrites: ``path`` with symlinks resolved (a link to a checkpoint rewrites
+    the checkpoint and stays a link to it).
+
+    Raises:
+        RefusedError: the folder is a backup tietool made (``NAME.tietool-backup-<time>``): a shell (or a
+            process) that stood in the checkpoint during an earlier in-place run is still in the previous
+            version's folder, now the backup; rewriting it would change the backup, not the checkpoint.
+    """
+    real = Path(os.path.realpath(path))
+    if BACKUP_TAG in real.name:
+        name = real.name.split(BACKUP_TAG)[0]
+        raise RefusedError(
+            f"this is {real.name}, the backup an earlier in-place run kept; the checkpoint is {name}",
+            real,
+            f"cd {shlex.quote(str(real.parent / name))} (in a shell that stood in it, `cd .`) and run again",
+        )
+    return real
 
 
 def exchange(a: Path, b: Path) -> bool:

@@ -177,3 +177,15 @@ def test_next_run_removes_dead_temporary_folders_and_says_so(tmp_path):
     assert not dead.exists() and alive.exists()
     r = _cli("tie", FIX / "pf_llama_tied_fp32", "--out", tmp_path / "out2")
     assert r.returncode == 0 and "interrupted run" not in r.stdout
+
+
+def test_in_place_refuses_a_backup_folder(tmp_path):
+    """A shell that stood in the checkpoint during an earlier in-place run is in the backup now: a run there
+    is refused (it would rewrite the backup), naming the checkpoint."""
+    ck = _copy("pf_llama_untied_fp32", tmp_path / "ckpt")
+    assert _cli("resize", "--vocab", "128", "-q", cwd=ck).returncode == 0
+    (bak,) = tmp_path.glob("ckpt.tietool-backup-*")
+    before = _digest(bak, skip_report=False)
+    r = _cli("resize", "--vocab", "160", "-q", cwd=bak)
+    assert r.returncode == 5 and "the checkpoint is ckpt" in r.stderr, r.stderr
+    assert _digest(bak, skip_report=False) == before
