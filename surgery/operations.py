@@ -11,7 +11,6 @@ as ``tietool-report.json`` before the output is renamed into place.
 
 from __future__ import annotations
 
-import numbers
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -23,7 +22,7 @@ from . import inplace, surface
 from . import report as report_mod
 from .checkpoint import Checkpoint
 from .detect import Detection, detect
-from .errors import Opt, OutputError, RefusedError, UsageError
+from .errors import OutputError, RefusedError, UsageError
 from .options import Init, Keep, Layout, Loader
 from .plan import Plan, plan_resize, plan_tie, plan_untie
 from .results import Inspection, Report
@@ -42,50 +41,17 @@ ProgressFactory = Callable[[int], AbstractContextManager[Advance | None]]
 """Given the bytes the output will hold, a context manager that yields an :data:`Advance` (or None)."""
 
 
-def _option(kind: type[Enum], x: Enum | str | None, name: str) -> str | None:
-    """The value of option ``name`` as the library's string, checked against the enum ``kind``.
-
-    Raises:
-        UsageError: ``x`` is not one of ``kind``'s values (as the CLI's choices refuse it).
-    """
-    if x is None:
-        return None
-    try:
-        return str(kind(x.value if isinstance(x, Enum) else x).value)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in kind)
-        raise UsageError(
-            f"{Opt(name)} must be one of {allowed}, got {x!r}",
-            fix=f"e.g. {Opt(name, next(iter(kind)).value)}",
-        ) from None
+def _value(x: Enum | str | None) -> str | None:
+    return x.value if isinstance(x, Enum) else x
 
 
 def _layout(layout: Layout | str | None) -> str | None:
-    v = _option(Layout, layout, "layout")
+    v = _value(layout)
     return None if v in (None, Layout.AUTO.value) else v
 
 
-def _path(p: object, name: str) -> Path:
-    """A folder argument as a Path. Raises UsageError for anything but ``str`` / ``os.PathLike``."""
-    if isinstance(p, bytes) or not isinstance(p, str | PathLike):
-        raise UsageError(
-            f"{name} must be a folder path (str or os.PathLike), got {type(p).__name__}", fix='e.g. "ckpt/"'
-        )
-    return Path(p)
-
-
-def _count(x: object, name: str) -> int | None:
-    """A count option (``vocab_size``, ``pad_to_multiple_of``) as an int; numpy integers are ints, a bool
-    is not. Raises UsageError otherwise (the range is checked by the planner)."""
-    if x is None:
-        return None
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise UsageError(f"{Opt(name)} must be an integer, got {x!r}", fix=f"e.g. {Opt(name, 32000)}")
-    return int(x)
-
-
 def inspect(
-    path: PathArg = ".",
+    path: PathArg,
     *,
     layout: Layout | str | None = None,
     loader: Loader | str | None = None,
@@ -103,15 +69,14 @@ def inspect(
     Raises:
         CheckpointError, UnsafePickleError, UsageError: as :meth:`Checkpoint.open` and :func:`detect`.
     """
-    path = _path(path, "path")
     try:
-        rec = inplace.recover(path)  # what a killed in-place run left (a missing folder is restored)
+        rec = inplace.recover(Path(path))  # what a killed in-place run left (a missing folder is restored)
     except OSError:
         rec = inplace.Recovery()  # a read-only parent folder: nothing to put right from here
     info = inspect_path(
         Path(path),
         layout=_layout(layout),
-        loader=_option(Loader, loader, "loader"),
+        loader=_value(loader),
         embedding_name=embedding,
         head_name=head,
         compare_values=compare_values,
@@ -133,7 +98,7 @@ def _detection(
     det = detect(
         ckpt,
         layout=_layout(layout),
-        loader=_option(Loader, loader, "loader"),
+        loader=_value(loader),
         embedding_name=embedding,
         head_name=head,
         compare_values=True,
@@ -154,13 +119,11 @@ def _run_plan(
 ) -> Report:
     """Open ``path``, plan, and either report the plan (``dry_run``) or write it to ``out`` atomically
     with the report inside (``out`` None: in place, :func:`_in_place`); returns the report."""
-    path = _path(path, "path")
     if out is None:
-        return Report(_in_place(path, make_plan, dry_run, progress, keep_training_state, backup))
-    out = _path(out, "out")
-    ckpt = Checkpoint.open(path)
+        return Report(_in_place(Path(path), make_plan, dry_run, progress, keep_training_state, backup))
+    ckpt = Checkpoint.open(Path(path))
     if not dry_run:
-        check_output_path(ckpt.path, out)
+        check_output_path(ckpt.path, Path(out))
     plan = make_plan(ckpt)
     if dry_run:
         return Report(
@@ -288,9 +251,7 @@ def tie(
         path,
         out,
         lambda c: plan_tie(
-            _detection(c, layout, loader, embedding, head),
-            keep=_option(Keep, keep, "keep"),
-            drop_aliases=drop_aliases,
+            _detection(c, layout, loader, embedding, head), keep=_value(keep), drop_aliases=drop_aliases
         ),
         dry_run,
         link,
@@ -322,8 +283,7 @@ def untie(
         path,
         out,
         lambda c: plan_untie(
-            _detection(c, layout, loader, embedding, head),
-            layout=_option(Layout, layout, "layout") or Layout.AUTO.value,
+            _detection(c, layout, loader, embedding, head), layout=_value(layout) or Layout.AUTO.value
         ),
         dry_run,
         link,
@@ -365,8 +325,6 @@ def resize(
     Returns:
         the report. Raises as :func:`tie`; ``RefusedError`` for a trim without ``force``.
     """
-    vocab_size = _count(vocab_size, "vocab_size")
-    pad_to_multiple_of = _count(pad_to_multiple_of, "pad_to_multiple_of")
     return _run_plan(
         path,
         out,
@@ -374,7 +332,7 @@ def resize(
             _detection(c, layout, loader, embedding, head),
             vocab_size,
             pad_to_multiple_of,
-            _option(Init, init, "init") or Init.MEAN.value,
+            _value(init) or Init.MEAN.value,
             seed,
             force,
         ),
@@ -391,8 +349,7 @@ def _plan_resize(det: Detection, vocab_size: int | None, pad_to_multiple_of: int
     if vocab_size is None:
         if pad_to_multiple_of is None:
             raise UsageError(
-                "resize needs the new number of rows",
-                fix=f"give {Opt('vocab_size')}, or {Opt('pad_to_multiple_of')} alone to round the rows up",
+                "resize needs the new number of rows", fix="give vocab_size, or pad_to_multiple_of alone"
             )
         vocab_size = det.vocab_rows
     return plan_resize(det, vocab_size, pad_to_multiple_of, *args)
@@ -402,4 +359,4 @@ def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyRe
     """Check that ``after`` differs from ``before`` exactly as tie / untie / resize explain (every other
     tensor bit-identical, every vocabulary tensor and size key moved together); ``logits`` also compares
     PaddleFormers logits. The verdict is ``result.exit_code``. Raises as :meth:`Checkpoint.open`."""
-    return _verify(_path(before, "before"), _path(after, "after"), logits=logits)
+    return _verify(Path(before), Path(after), logits=logits)
