@@ -7,6 +7,7 @@ here imports paddle.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -90,7 +91,7 @@ def _fail(code: int, line: str, as_json: bool, error: dict | None = None) -> typ
         import json
 
         body = {"message": line.removeprefix("tietool: ").removeprefix("error: "), **(error or {})}
-        print(json.dumps({"error": body, "exit_code": int(code)}, indent=2))
+        print(json.dumps(finite({"error": body, "exit_code": int(code)}), indent=2))
     return typer.Exit(code)
 
 
@@ -106,6 +107,21 @@ def _cli_wording(o: Opt) -> str:
     if o.value is False:
         return "--no-" + flag[2:]
     return f"{flag} {getattr(o.value, 'value', o.value)}"
+
+
+def finite(doc):
+    """``doc`` with every non-finite float (an inf or NaN max |difference|) as the string ``"inf"``,
+    ``"-inf"`` or ``"nan"``: strict JSON has no such numbers, and ``json.dumps`` would write ``Infinity``,
+    which JSON parsers refuse."""
+    import math
+
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return "nan" if math.isnan(doc) else ("inf" if doc > 0 else "-inf")
+    if isinstance(doc, dict):
+        return {k: finite(v) for k, v in doc.items()}
+    if isinstance(doc, list | tuple):
+        return [finite(v) for v in doc]
+    return doc
 
 
 def _run(fn, as_json: bool = False):
@@ -208,7 +224,8 @@ def inspect(
         from . import render
 
         if len(paths) == 1:
-            render.inspect(one(paths[0]), as_json=json_out)
+            info = one(paths[0])
+            render.inspect(finite(dict(info)) if json_out else info, as_json=json_out)
             return
         from .many import inspect_many
 
@@ -223,7 +240,7 @@ def _render_write(rep: dict, as_json: bool) -> None:
     """The report, and for an in-place run where the old version went and what earlier runs left."""
     from . import render
 
-    render.report(rep, as_json=as_json)
+    render.report(finite(dict(rep)) if as_json else rep, as_json=as_json)
     for p in () if as_json else rep.get("removed_stale_temps", ()):
         print(f"note: removed {p}, the temporary folder of an interrupted run (its process is gone)")
     ip = rep.get("in_place")
@@ -241,9 +258,10 @@ def _render_write(rep: dict, as_json: bool) -> None:
     if not ip.get("written"):
         print("in place: nothing written" + (" (dry run)" if rep.get("dry_run") else " (nothing to change)"))
     elif ip.get("backup"):
+        q_in, q_bak = shlex.quote(rep["input"]), shlex.quote(ip["backup"])
         print(
             f"in place: {rep['input']} rewritten; the previous version is {ip['backup']} "
-            f"(restore: rm -rf {rep['input']} && mv {ip['backup']} {rep['input']}; delete it when satisfied)"
+            f"(restore: rm -rf {q_in} && mv {q_bak} {q_in}; delete it when satisfied)"
         )
     else:
         print(f"in place: {rep['input']} rewritten (no backup kept)")
@@ -454,7 +472,7 @@ def verify(
         from . import render
 
         res = operations.verify(before, after, logits=logits)
-        render.verify(res.as_dict(), as_json=json_out)
+        render.verify(finite(res.as_dict()) if json_out else res.as_dict(), as_json=json_out)
         if res.exit_code != ExitCode.OK:
             print(
                 f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize do not explain "
@@ -509,10 +527,9 @@ def main() -> None:
         else:
             msg = " ".join(e.format_message().split())
             as_json = "--json" in sys.argv[1:]
-            code = _fail(
-                e.exit_code, f"tietool: error: {msg}{_usage_fix(e)}", as_json, {"type": "UsageError"}
-            )
-            code = code.exit_code
+            fix = _usage_fix(e)
+            err = {"type": "UsageError", "path": None, "fix": fix.removeprefix(" — ") or None}
+            code = _fail(e.exit_code, f"tietool: error: {msg}{fix}", as_json, err).exit_code
     try:
         sys.stdout.flush()  # what is still buffered goes now, while a closed pipe can still be handled
     except BrokenPipeError:

@@ -45,7 +45,9 @@ def inspect_many(paths: list[Path], inspect_one: Callable[[Path], dict], as_json
             err = {"type": type(e).__name__, "message": e.message, "path": e.path, "fix": e.fix}
             results.append({"path": str(p), "error": err, "exit_code": int(e.exit_code)})
     if as_json:
-        print(json.dumps(results, indent=2))
+        from .app import finite
+
+        print(json.dumps(finite(results), indent=2))
         return code
     t = Table(title=f"{len(paths)} checkpoints")
     for col in ("checkpoint", "family", "vocab rows", "hidden", "head layout", "tie", "tying saves"):

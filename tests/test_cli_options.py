@@ -99,3 +99,27 @@ def test_inspect_several_folders_a_row_each_and_a_json_list(tmp_path):
     assert r.returncode == 0
     rows = [ln for ln in r.stdout.splitlines() if str(a) in ln or str(b) in ln]
     assert len(rows) == 2 and "values exact" in rows[0] and "values different" in rows[1]
+
+
+def test_json_is_strict_when_the_head_holds_inf(tmp_path):
+    """A non-finite max |difference| is written as a string: strict JSON parsers (JSON.parse) refuse the
+    ``Infinity`` that json.dumps would write."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for f in (FIX / "pf_llama_untied_fp32").iterdir():
+        (ck / f.name).write_bytes(f.read_bytes())
+    (st,) = ck.glob("*.safetensors")
+    t = load_file(st)
+    t["lm_head.weight"][3, 0] = np.inf
+    save_file(t, st, metadata={"format": "pt"})
+    r = _cli("inspect", ck, "--json")
+    assert r.returncode == 0, r.stderr
+
+    def refuse(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    doc = json.loads(r.stdout, parse_constant=refuse)
+    assert doc["tie"]["values"] == "different" and doc["tie"]["max_abs_diff"] == "inf"
