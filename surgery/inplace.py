@@ -12,6 +12,12 @@ the new one after. What a killed run leaves behind is put right by the next run 
 its own token is a new version that was never swapped in (removed); one without is the old version after the
 swap (kept as the backup it was about to become).
 
+Two in-place runs on one checkpoint would each build from the original and the later swap would drop the
+earlier one's change: a run holds an exclusive ``flock`` on ``.NAME.tietool-lock`` beside the checkpoint (a
+file that stays where it is across the swap, never removed) from start to end (:func:`locked`), and a second
+run refuses at once; before the swap, the folder under the name must still be the one that was read
+(:func:`check_same_folder`).
+
 Where the exchange is not available (not Linux, an old kernel, a file system without it) two renames are used:
 the original to the backup name, then the new version to the original name. A kill between them leaves no
 folder under the original name; the next run renames the complete new version into place and says so.
@@ -21,20 +27,23 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import secrets
 import shlex
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import RefusedError
+from .errors import OutputError, RefusedError
 from .write import REPORT_NAME, TMP_TAG
 
 NEW_TAG = ".tietool-new-"
 BACKUP_TAG = ".tietool-backup-"
+LOCK_TAG = ".tietool-lock"
 _AT_FDCWD = -100
 _RENAME_EXCHANGE = 2
 
@@ -233,3 +242,84 @@ def swap_in(ckpt: Path, staging: Path, backup: Path | None, fsync_dir: Callable[
             shutil.rmtree(old)
     fsync_dir(ckpt.parent)
     return exchanged
+
+
+def lock_path(ckpt: Path) -> Path:
+    """The lock file of checkpoint ``ckpt``: ``.NAME.tietool-lock`` beside it."""
+    return ckpt.with_name(f".{ckpt.name}{LOCK_TAG}")
+
+
+@contextmanager
+def locked(ckpt: Path, required: bool = True) -> Iterator[None]:
+    """Hold the exclusive lock of checkpoint ``ckpt`` (``flock`` on :func:`lock_path`, which records the
+    holder's pid) for the ``with`` block. The file is never removed: removing it would let a run that
+    opened it before the removal and one that creates it anew both hold "the" lock.
+
+    Args:
+        required: False (a dry run): where the lock file cannot be created (a read-only parent folder),
+            go on without it.
+
+    Raises:
+        RefusedError: another run holds the lock (its pid named when recorded).
+        OutputError: the lock file cannot be created and ``required``.
+    """
+    path = lock_path(ckpt)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if required:
+            raise OutputError(
+                f"cannot create the lock file {path.name}: {e.strerror}",
+                path,
+                "check the folder's permissions",
+            ) from None
+        yield
+        return
+    try:
+        _lock(fd, ckpt)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _lock(fd: int, ckpt: Path) -> None:
+    """Take the lock on open lock file ``fd`` without waiting and record this pid in it.
+
+    Raises:
+        RefusedError: another process holds it.
+    """
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        who = f" (pid {holder})" if holder.isdigit() else ""
+        raise RefusedError(
+            f"another tietool run{who} is rewriting {ckpt.name} in place", ckpt, "wait for it to finish"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+
+
+def folder_id(path: Path) -> tuple[int, int] | None:
+    """``(device, inode)`` of folder ``path`` (symlinks followed); None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def check_same_folder(ckpt: Path, read: tuple[int, int] | None, staging: Path) -> None:
+    """Before the swap: the folder under ``ckpt``'s name must still be the one that was read (``read``,
+    :func:`folder_id` at the start); otherwise the new version is removed and the run refused.
+
+    Raises:
+        RefusedError: the folder was replaced or removed meanwhile (by something that takes no lock).
+    """
+    if read is None or folder_id(ckpt) != read:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise RefusedError(
+            f"{ckpt.name} was replaced or removed while this run read it; nothing was changed",
+            ckpt,
+            "check what else writes to it, then run again",
+        )

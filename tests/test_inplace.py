@@ -5,6 +5,7 @@ original name, with what the killed run left put right by the next run."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -50,8 +51,11 @@ def _copy(name: str, dst: Path) -> Path:
 
 
 def _leftovers(parent: Path, name: str) -> list[str]:
+    """What runs left beside checkpoint ``name``, the lock file aside (it stays, by design)."""
     return sorted(
-        p.name for p in parent.iterdir() if p.name.startswith(f".{name}") or ".tietool-tmp-" in p.name
+        p.name
+        for p in parent.iterdir()
+        if (p.name.startswith(f".{name}") or ".tietool-tmp-" in p.name) and p.name != f".{name}.tietool-lock"
     )
 
 
@@ -189,3 +193,67 @@ def test_in_place_refuses_a_backup_folder(tmp_path):
     r = _cli("resize", "--vocab", "160", "-q", cwd=bak)
     assert r.returncode == 5 and "the checkpoint is ckpt" in r.stderr, r.stderr
     assert _digest(bak, skip_report=False) == before
+
+
+# ------------------------------------------------------------------------------- one run at a time
+
+
+def test_second_run_refuses_while_one_holds_the_lock(tmp_path):
+    """A run holding the checkpoint's lock (here the test) makes a second in-place run refuse at once, in one
+    line naming the holder's pid; the checkpoint is untouched."""
+    import fcntl
+
+    ck = _copy("pf_llama_untied_fp32", tmp_path / "ckpt")
+    before = _digest(ck, skip_report=False)
+    fd = os.open(tmp_path / ".ckpt.tietool-lock", os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, b"4242\n")
+        r = _cli("resize", "--vocab", "128", "-q", cwd=ck)
+    finally:
+        os.close(fd)
+    assert r.returncode == 5 and r.stderr.count("\n") == 1, r.stderr
+    assert (
+        "another tietool run (pid 4242) is rewriting ckpt" in r.stderr and "wait for it to finish" in r.stderr
+    )
+    assert _digest(ck, skip_report=False) == before and _leftovers(tmp_path, "ckpt") == []
+    assert not list(tmp_path.glob("ckpt.tietool-backup-*"))
+    r = _cli("resize", "--vocab", "128", "-q", cwd=ck)  # the lock released: the run goes ahead
+    assert r.returncode == 0, r.stderr
+
+
+def test_two_runs_at_once_the_second_refuses_and_the_first_counts(tmp_path):
+    """A slow in-place run (TIETOOL_INPLACE_PAUSE) and a second one started meanwhile: the second refuses
+    naming the first's pid, the first's change is what the folder holds."""
+    ck = _copy("pf_llama_untied_sharded", tmp_path / "ckpt")
+    lock = tmp_path / ".ckpt.tietool-lock"
+    env = {**os.environ, "TIETOOL_INPLACE_PAUSE": "2"}
+    slow = subprocess.Popen(
+        [sys.executable, "-m", "tietool", *ARGS, str(ck)], env=env, stderr=subprocess.PIPE
+    )
+    deadline = time.monotonic() + 60
+    while not (lock.exists() and lock.read_text().strip() == str(slow.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r = _cli("tie", ck, "--keep", "embedding", "-q")
+    assert slow.wait(timeout=120) == 0, slow.stderr.read() if slow.stderr else ""
+    assert r.returncode == 5 and f"another tietool run (pid {slow.pid})" in r.stderr, r.stderr
+    assert json.loads((ck / REPORT).read_text())["operation"] == "resize"
+    assert len(list(tmp_path.glob("ckpt.tietool-backup-*"))) == 1 and _leftovers(tmp_path, "ckpt") == []
+
+
+def test_a_folder_replaced_during_the_run_is_not_swapped_over(tmp_path):
+    """Something that takes no lock replaces the folder while the new version is written: the run refuses
+    before the swap, removes its new version and leaves the replacement alone."""
+    ck = _copy("pf_llama_untied_fp32", tmp_path / "ckpt")
+
+    @contextlib.contextmanager
+    def replacing(_total: int):
+        yield None
+        os.rename(ck, tmp_path / "moved")  # the write is done: swap the folder under the name for another
+        _copy("pf_llama_tied_fp32", ck)
+
+    with pytest.raises(tietool.RefusedError, match="replaced or removed"):
+        tietool.resize(ck, 128, progress=replacing)
+    assert _digest(ck) == _digest(FIX / "pf_llama_tied_fp32")
+    assert _digest(tmp_path / "moved") == _digest(FIX / "pf_llama_untied_fp32")
+    assert _leftovers(tmp_path, "ckpt") == [] and not list(tmp_path.glob("ckpt.tietool-backup-*"))
