@@ -285,6 +285,20 @@ def inspect(info: dict, as_json: bool = False) -> None:
         info["format"],
         writing=False,
     )
+    _recovered(info.get("recovered") or {})
+
+
+def _recovered(rec: dict) -> None:
+    """Notes on what the library put right before reading (``inspect``'s ``recovered``: what killed in-place
+    runs left), in the words the write commands use."""
+    for what, paths in (("removed", rec.get("removed_temps")), ("kept as a backup", rec.get("kept_backups"))):
+        for p in paths or ():
+            print(f"note: left by an interrupted run: {p} ({what})")
+    if rec.get("restored"):
+        print(
+            f"note: an interrupted in-place run had left no folder at {rec['restored']}; "
+            "its complete new version was put there"
+        )
 
 
 def _change_table(rep: dict) -> Table:

@@ -257,3 +257,19 @@ def test_a_folder_replaced_during_the_run_is_not_swapped_over(tmp_path):
     assert _digest(ck) == _digest(FIX / "pf_llama_tied_fp32")
     assert _digest(tmp_path / "moved") == _digest(FIX / "pf_llama_untied_fp32")
     assert _leftovers(tmp_path, "ckpt") == [] and not list(tmp_path.glob("ckpt.tietool-backup-*"))
+
+
+def test_inspect_says_what_it_put_right(tmp_path):
+    """``inspect`` removes what a killed run left, and its text output says so (as the write commands do)."""
+    ck = _copy("pf_llama_tied_fp32", tmp_path / "ckpt")
+    dead = tmp_path / ".other.tietool-tmp-999999999"  # a killed --out run's temporary folder
+    stale = tmp_path / ".ckpt.tietool-new-999999999-abc"  # a killed in-place run's new version (its token)
+    for d in (dead, stale):
+        d.mkdir()
+    (stale / REPORT).write_text(json.dumps({"in_place": {"token": "abc"}}))
+    r = _cli("inspect", ck)
+    assert r.returncode == 0, r.stderr
+    assert f"note: left by an interrupted run: {dead} (removed)" in r.stdout
+    assert f"note: left by an interrupted run: {stale} (removed)" in r.stdout
+    assert not dead.exists() and not stale.exists()
+    assert "interrupted" not in _cli("inspect", ck).stdout
