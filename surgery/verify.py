@@ -136,7 +136,8 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     for name, tb in B.tensors.items():
         if name not in A.tensors:
             cmp.added(name, tb)
-    _compare_configs(cmp.res, A, B)
+    _compare_configs(cmp.res, A, B, cmp.da, cmp.db)
+    _compare_metadata(cmp.res, A, B)
     _compare_other_files(cmp.res, A, B)
     _left_at_old_size(cmp.res, cmp.da, cmp.db)
     return cmp.res
@@ -302,9 +303,13 @@ class _TensorComparison:
 _CONFIG_FILES = ("config.json", "model_config.json", "generation_config.json")
 
 
-def _compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
-    """Record every differing key of the config files in ``res.config``; a key outside
-    ``ALLOWED_CONFIG_KEYS`` is unexplained."""
+def _compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detection, db: Detection) -> None:
+    """Record every differing key of the config files in ``res.config``. Unexplained: a key outside
+    ``ALLOWED_CONFIG_KEYS``; a vocabulary-size key the input did not have; a vocabulary-size key whose new
+    value counts no vocabulary of the output (neither its embedding's nor its head's rows, nor the old value
+    moved as the embedding moved)."""
+    d = db.vocab_rows - da.vocab_rows
+    counts = {db.vocab_rows, db.head_rows}
     for fname in _CONFIG_FILES:
         pa, pb = A.path / fname, B.path / fname
         if not pa.exists() and not pb.exists():
@@ -312,10 +317,52 @@ def _compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
         ca = _flatten(json.loads(pa.read_text())) if pa.exists() else {}
         cb = _flatten(json.loads(pb.read_text())) if pb.exists() else {}
         for k in sorted(set(ca) | set(cb)):
-            if ca.get(k, "<absent>") != cb.get(k, "<absent>"):
-                res.config.append({"file": fname, "key": k, "before": ca.get(k), "after": cb.get(k)})
-                if k.split(".")[-1] not in ALLOWED_CONFIG_KEYS:
-                    res.unexplained.append(f"{fname}: {k} changed ({ca.get(k)!r} → {cb.get(k)!r})")
+            before, after = ca.get(k, _ABSENT), cb.get(k, _ABSENT)
+            if before == after:
+                continue
+            res.config.append({"file": fname, "key": k, "before": ca.get(k), "after": cb.get(k)})
+            name = k.split(".")[-1]
+            change = f"({_shown(before)} → {_shown(after)})"
+            if name not in ALLOWED_CONFIG_KEYS:
+                res.unexplained.append(f"{fname}: {k} changed {change}")
+            elif name != "tie_word_embeddings" and before is _ABSENT:
+                res.unexplained.append(
+                    f"{fname}: {k} added {change}; tie/untie/resize add no vocabulary size"
+                )
+            elif (
+                name != "tie_word_embeddings"
+                and after is not _ABSENT
+                and after not in counts
+                and (not isinstance(before, int) or after != before + d)
+            ):
+                res.unexplained.append(
+                    f"{fname}: {k} changed {change}, which counts no vocabulary of the output "
+                    f"(its embedding has {db.vocab_rows} rows)"
+                )
+
+
+_ABSENT = object()
+
+
+def _shown(v: object) -> str:
+    """A config value as JSON writes it (``null``, ``"silu"``), or ``absent``."""
+    return "absent" if v is _ABSENT else json.dumps(v)
+
+
+def _compare_metadata(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
+    """safetensors ``__metadata__``: every entry of the output must be one of the input's (any shard), or a
+    ``{dropped tensor: the embedding}`` entry that tie writes for a tensor the output no longer holds."""
+    before: dict[str, str] = {}
+    for m in A.st_metadata.values():
+        before.update(m or {})
+    for f, m in B.st_metadata.items():
+        for k, v in (m or {}).items():
+            tie_entry = k in A.tensors and k not in B.tensors and v in B.tensors
+            if before.get(k) != v and not tie_entry:
+                res.unexplained.append(
+                    f"{f}: __metadata__ {json.dumps(k)}: {json.dumps(v)} is not the input's "
+                    f"({_shown(before.get(k, _ABSENT))}) and no tie entry"
+                )
 
 
 def _compare_other_files(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
