@@ -369,6 +369,7 @@ def report(rep: dict, as_json: bool = False) -> None:
             f"files: {len(f['rewritten'])} rewritten, {len(f.get('written', []))} new, "
             f"{len(f['copied'])} copied, {len(f['linked'])} hard-linked"
             f", {len(f['removed'])} removed"
+            + (f", {len(f['symlinked'])} symlinks kept" if f.get("symlinked") else "")
             + (" (linked files share data with the input: edit neither in place)" if f["linked"] else "")
         )
     _messages(con, rep["notes"], rep["warnings"])

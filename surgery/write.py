@@ -527,8 +527,9 @@ def _start_copies(
     files_report: dict[str, list[str]],
 ) -> None:
     """Hard-link (``link``, where the file system can) or hand to ``copier`` the kept weight files that are
-    not rewritten, recording each in ``files_report``; then hand it the carried files, less the configs
-    :func:`_write_configs` writes."""
+    not rewritten, then the carried files (less the configs :func:`_write_configs` writes; with ``link``, a
+    relative symlink to another carried file stays a symlink, :func:`_keep_symlink`), recording each in
+    ``files_report``."""
     ckpt = plan.ckpt
     for f in lay.kept:
         if f in lay.rewrite:
@@ -546,9 +547,29 @@ def _start_copies(
     for rel in carried:
         if rel in config_files:
             continue
-        d = tmp / rel
-        d.parent.mkdir(parents=True, exist_ok=True)
-        copier.submit(ckpt.path / rel, d, None)
+        src, d = ckpt.path / rel, tmp / rel
+        d.parent.mkdir(parents=True, exist_ok=True)  # a subfolder: a folder of links (or copies) too
+        if link and _keep_symlink(src, d, ckpt.path, set(carried)):
+            files_report.setdefault("symlinked", []).append(rel)
+        elif link and _try_link(src, d):
+            files_report["linked"].append(rel)
+        else:
+            copier.submit(src, d, None)
+            files_report["copied"].append(rel)
+
+
+def _keep_symlink(src: Path, dst: Path, folder: Path, carried: set[str]) -> bool:
+    """With ``link``, a carried symlink stays a symlink (the same relative target) when it is relative and
+    points at another carried file of ``folder`` (which the output holds at the same place); returns
+    whether it was made. Any other symlink is hard-linked or copied as the file behind it."""
+    if not src.is_symlink() or os.path.isabs(os.readlink(src)):
+        return False
+    base = os.path.realpath(folder)
+    behind = os.path.realpath(src)
+    if os.path.commonpath([base, behind]) != base or os.path.relpath(behind, base) not in carried:
+        return False
+    os.symlink(os.readlink(src), dst)
+    return True
 
 
 def _write_index(index: dict, path: Path, weight_map: dict[str, str], total_size: int) -> None:

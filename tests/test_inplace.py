@@ -86,7 +86,8 @@ def test_in_place_from_inside_equals_out_and_keeps_a_backup(tmp_path, fixture, a
     # untouched weight files are the backup's own inodes (hard links): only rewritten files cost bytes
     files = rep["files"]
     weights = [f.name for f in ck.iterdir() if f.suffix in (".safetensors", ".pdparams")]
-    assert sorted(weights) == sorted(files["linked"] + files["rewritten"] + files["written"])
+    linked_weights = [f for f in files["linked"] if f in weights]
+    assert sorted(weights) == sorted(linked_weights + files["rewritten"] + files["written"])
     backup_inodes = {f.stat().st_ino for f in backups[0].iterdir()}
     assert all((ck / f).stat().st_ino in backup_inodes for f in files["linked"])
     if len(weights) > 2:
@@ -273,3 +274,22 @@ def test_inspect_says_what_it_put_right(tmp_path):
     assert f"note: left by an interrupted run: {stale} (removed)" in r.stdout
     assert not dead.exists() and not stale.exists()
     assert "interrupted" not in _cli("inspect", ck).stdout
+
+
+def test_in_place_links_subfolders_and_extra_files(tmp_path):
+    """In place, a subfolder and an extra file are hard links to the backup's (no bytes copied), a relative
+    symlink to another extra file stays a symlink, and the report counts them as linked."""
+    ck = _copy("pf_llama_untied_sharded", tmp_path / "ckpt")
+    (ck / "checkpoint-100").mkdir()
+    (ck / "checkpoint-100" / "notes.bin").write_bytes(b"\1" * 4096)
+    (ck / "extra.txt").write_text("extra\n")
+    (ck / "extra-link.txt").symlink_to("extra.txt")
+    r = _cli(*ARGS, ck, "--json")
+    assert r.returncode == 0, r.stderr
+    files = json.loads(r.stdout)["files"]
+    (bak,) = tmp_path.glob("ckpt.tietool-backup-*")
+    for rel in ("checkpoint-100/notes.bin", "extra.txt"):
+        assert (ck / rel).stat().st_ino == (bak / rel).stat().st_ino, rel
+        assert rel in files["linked"] and rel not in files["copied"]
+    assert os.readlink(ck / "extra-link.txt") == "extra.txt" and files["symlinked"] == ["extra-link.txt"]
+    assert files["copied"] == []
