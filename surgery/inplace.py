@@ -32,6 +32,7 @@ import os
 import secrets
 import shlex
 import shutil
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -323,3 +324,22 @@ def check_same_folder(ckpt: Path, read: tuple[int, int] | None, staging: Path) -
             ckpt,
             "check what else writes to it, then run again",
         )
+
+
+def keep_modes(ckpt: Path, staging: Path, weight_files: list[str]) -> None:
+    """Give the new version ``staging`` the permissions of ``ckpt``: the folder's mode, and each file or
+    subfolder written anew the mode of the same name in ``ckpt`` (a new name: a weight file's mode for a
+    weight file, ``config.json``'s for another file). Hard links of ``ckpt``'s files keep their own."""
+    os.chmod(staging, stat.S_IMODE(os.stat(ckpt).st_mode))
+    linked = {(st.st_dev, st.st_ino) for st in map(os.stat, (p for p in ckpt.rglob("*") if p.is_file()))}
+    weight = next((ckpt / f for f in weight_files if (ckpt / f).is_file()), ckpt / "config.json")
+    for p in staging.rglob("*"):
+        st = p.lstat()
+        if p.is_symlink() or (st.st_dev, st.st_ino) in linked:
+            continue
+        old = ckpt / p.relative_to(staging)
+        if not old.exists():
+            old = weight if p.suffix in (".safetensors", ".pdparams") else ckpt / "config.json"
+            old = old if p.is_file() else ckpt
+        if old.exists():
+            os.chmod(p, stat.S_IMODE(os.stat(old).st_mode))

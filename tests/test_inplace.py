@@ -293,3 +293,15 @@ def test_in_place_links_subfolders_and_extra_files(tmp_path):
         assert rel in files["linked"] and rel not in files["copied"]
     assert os.readlink(ck / "extra-link.txt") == "extra.txt" and files["symlinked"] == ["extra-link.txt"]
     assert files["copied"] == []
+
+
+def test_in_place_keeps_a_private_checkpoint_private(tmp_path):
+    """A 0700 folder of 0600 files stays so in place: folder, rewritten files, new ones (the report)."""
+    ck = _copy("pf_llama_untied_sharded", tmp_path / "ckpt")
+    for p in ck.iterdir():
+        p.chmod(0o600)
+    ck.chmod(0o700)
+    r = _cli(*ARGS, ck)
+    assert r.returncode == 0, r.stderr
+    assert ck.stat().st_mode & 0o777 == 0o700
+    assert {p.name: p.stat().st_mode & 0o777 for p in ck.iterdir()} == {p.name: 0o600 for p in ck.iterdir()}
