@@ -374,17 +374,7 @@ def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> N
     ``--keep embedding`` chose the embedding's differing values."""
     h = det.head_info
     assert h is not None
-    if det.family.reties:
-        plan.drop[det.head] = f"duplicate of {det.embedding} (the {det.loader} loader re-ties it)"
-        for a in det.head_aliases:
-            plan.drop[a] = f"alias of {det.head}"
-        plan.metadata = {n: det.embedding for n in plan.drop}
-        if det.family.warns_missing_head:
-            plan.notes.append(
-                f"the {det.loader} loader will log {det.head} as 'newly initialized': that warning is "
-                f"harmless, it ties {det.head} to {det.embedding} on load and the logits are identical "
-                "(checked with PaddleNLP 2.8.1)"
-            )
+    if _drop_head(det, plan, f"duplicate of {det.embedding} (the {det.loader} loader re-ties it)"):
         return
     plan.notes.append(
         f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head: it would load a "
@@ -395,6 +385,29 @@ def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> N
         recipe = CopyOf(det.embedding, transpose=det.head_layout == HIDDEN_VOCAB)
         out = _out_dtype(det.ckpt, h, plan.relabel_u16)
         plan.replace[det.head] = NewTensor(det.head, out, h.shape, recipe, h.file)
+
+
+def _drop_head(det: Detection, plan: Plan, reason: str) -> bool:
+    """Drop the head (for ``reason``) and its aliases, with ``{dropped: embedding}`` safetensors metadata,
+    where the loader re-ties a missing head (architecture table: ``Family.reties``; a loader that would
+    load a random head needs it kept). Shared by ``tie`` and ``resize``.
+
+    Returns:
+        whether the head was dropped (False: the loader needs it, nothing was planned).
+    """
+    if not det.family.reties:
+        return False
+    plan.drop[det.head] = reason
+    for a in det.head_aliases:
+        plan.drop[a] = f"alias of {det.head}"
+    plan.metadata = {n: det.embedding for n in plan.drop}
+    if det.family.warns_missing_head:
+        plan.notes.append(
+            f"the {det.loader} loader will log {det.head} as 'newly initialized': that warning is "
+            f"harmless, it ties {det.head} to {det.embedding} on load and the logits are identical "
+            "(checked with PaddleNLP 2.8.1)"
+        )
+    return True
 
 
 def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) -> Plan:
@@ -567,13 +580,15 @@ def plan_resize(
 
     Resized together, old rows kept bit-exact, trimming from the end: the input embedding and its aliases,
     the head (rows for ``[vocab, hidden]``, columns for ``[hidden, vocab]``), the head bias (``[V]`` or
-    ``[1, V]``, new entries zero) and its aliases. A tied checkpoint stays tied (a head present and equal to
-    the embedding is written equal to the new embedding), an untied head gets rows of its own by the same
-    ``init``. Every vocabulary-size config key that counted the rows (:func:`_resize_config`: ``vocab_size``
-    at any nesting, ``padded_vocab_size``, ``decoder_vocab_size``, ``model_config.json``) becomes the new
-    row count. Unlike PaddleFormers' ``resize_token_embeddings`` (which builds new rows by a
-    Xavier-uniform draw and never resizes an untied head), the head is always resized; ``init="mean"`` is
-    HF transformers' ``resize_token_embeddings(mean_resizing=True)`` (:func:`surgery.recipes.new_rows`).
+    ``[1, V]``, new entries zero) and its aliases. A tied checkpoint stays tied: a head present and equal to
+    the embedding is dropped where the config says tied and the loader re-ties a missing head (as ``tie``
+    drops it: :func:`_drop_redundant_head`), else written equal to the new embedding; an untied head gets
+    rows of its own by the same ``init``. Every vocabulary-size config key that counted the rows
+    (:func:`_resize_config`: ``vocab_size`` at any nesting, ``padded_vocab_size``, ``decoder_vocab_size``,
+    ``model_config.json``) becomes the new row count. Unlike PaddleFormers' ``resize_token_embeddings``
+    (which builds new rows by a Xavier-uniform draw and never resizes an untied head), an untied head is
+    always resized; ``init="mean"`` is HF transformers' ``resize_token_embeddings(mean_resizing=True)``
+    (:func:`surgery.recipes.new_rows`).
 
     Raises:
         UsageError: vocab < 1 or beyond int32, pad_to_multiple_of < 1, unknown init, a negative seed, new
@@ -908,10 +923,27 @@ def _resize_head(
     else:
         rows = emb.rows if tied_equal else draws.rows(det.head, max(0, hnew - hrows), axis)
         recipe = ResizedTable(det.head, axis, hnew, rows)
+    if tied_equal and det.config_tied and hrows == det.vocab_rows and _drop_redundant_head(det, plan):
+        return recipe  # extra tables that copy the head still follow it
     storage = det.emb_info.storage if det.comparison.storage_shared else None
     for n in [det.head] + det.head_aliases:
         _put(plan, n, axis, hnew, recipe, storage or det.ckpt.tensors[n].storage)
     return recipe
+
+
+def _drop_redundant_head(det: Detection, plan: Plan) -> bool:
+    """Drop the redundant head of a tied checkpoint (config tied, head byte-equal to the embedding) where
+    the loader re-ties a missing head, as ``tie`` would (:func:`_drop_head`), with a note: the loader
+    rebuilds it from the resized embedding. PaddleFormers 1.2 writes such a head although the config says
+    tied. Returns whether it was dropped (False: the loader needs the head, which is resized)."""
+    why = f"duplicate of {det.embedding} in a tied checkpoint (the {det.loader} loader re-ties it)"
+    if not _drop_head(det, plan, why):
+        return False
+    plan.notes.append(
+        f"{det.head} dropped instead of resized: {det.config_source} is true and it equalled "
+        f"{det.embedding}, so the {det.loader} loader rebuilds it from the resized embedding"
+    )
+    return True
 
 
 def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
