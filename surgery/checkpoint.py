@@ -166,8 +166,16 @@ class Checkpoint:
                 path,
                 "pass the folder that holds config.json and the weights",
             )
-        config, config_file, prefix = _read_config(path)
         names = {p.name for p in path.iterdir() if p.is_file()}
+        if not names & {"config.json", "model_config.json"} and not any(
+            n.endswith((".safetensors", ".pdparams", ".index.json")) for n in names
+        ):
+            raise CheckpointError(
+                "not a checkpoint folder (no config.json and no weight files in it)",
+                path.resolve(),
+                "name the checkpoint folder, or run the command inside it",
+            )
+        config, config_file, prefix = _read_config(path)
         surface.refuse_folder(path, names, config, has_whole=_has_whole(names))
         fmt, index_name, files = cls._find_weights(path, names)
         warnings: list[str] = []

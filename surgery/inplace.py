@@ -13,9 +13,9 @@ its own token is a new version that was never swapped in (removed); one without 
 swap (kept as the backup it was about to become).
 
 Two in-place runs on one checkpoint would each build from the original and the later swap would drop the
-earlier one's change: a run holds an exclusive ``flock`` on ``.NAME.tietool-lock`` beside the checkpoint (a
-file that stays where it is across the swap, never removed) from start to end (:func:`locked`), and a second
-run refuses at once; before the swap, the folder under the name must still be the one that was read
+earlier one's change: a run that writes holds an exclusive ``flock`` on ``.NAME.tietool-lock`` beside the
+checkpoint while it writes (:func:`locked`; the file is removed at the end), and a second run refuses at once;
+when it takes the lock and before the swap, the folder under the name must still be the one that was read
 (:func:`check_same_folder`).
 
 Where the exchange is not available (not Linux, an old kernel, a file system without it) two renames are used:
@@ -251,34 +251,37 @@ def lock_path(ckpt: Path) -> Path:
 
 
 @contextmanager
-def locked(ckpt: Path, required: bool = True) -> Iterator[None]:
+def locked(ckpt: Path) -> Iterator[None]:
     """Hold the exclusive lock of checkpoint ``ckpt`` (``flock`` on :func:`lock_path`, which records the
-    holder's pid) for the ``with`` block. The file is never removed: removing it would let a run that
-    opened it before the removal and one that creates it anew both hold "the" lock.
-
-    Args:
-        required: False (a dry run): where the lock file cannot be created (a read-only parent folder),
-            go on without it.
+    holder's pid) for the ``with`` block, which writes. The file exists only while a run writes: it is
+    removed at the end while still locked, and a run that locked a file already removed (it opened it just
+    before) sees that the name no longer leads to its file and refuses, so two runs never both hold it.
 
     Raises:
-        RefusedError: another run holds the lock (its pid named when recorded).
-        OutputError: the lock file cannot be created and ``required``.
+        RefusedError: another run holds the lock (its pid named when recorded), or just released it.
+        OutputError: the lock file cannot be created (a read-only folder).
     """
     path = lock_path(ckpt)
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        if required:
-            raise OutputError(
-                f"cannot create the lock file {path.name}: {e.strerror}",
-                path,
-                "check the folder's permissions",
-            ) from None
-        yield
-        return
+        raise OutputError(
+            f"cannot create the lock file {path.name}: {e.strerror}", path, "check the folder's permissions"
+        ) from None
     try:
         _lock(fd, ckpt)
-        yield
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise RefusedError(
+                f"another tietool run has just rewritten {ckpt.name} in place", ckpt, "run again"
+            )
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)  # still locked: a run that opened it now refuses (above)
     finally:
         os.close(fd)  # releases the lock
 
@@ -310,7 +313,7 @@ def folder_id(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def check_same_folder(ckpt: Path, read: tuple[int, int] | None, staging: Path) -> None:
+def check_same_folder(ckpt: Path, read: tuple[int, int] | None, staging: Path | None) -> None:
     """Before the swap: the folder under ``ckpt``'s name must still be the one that was read (``read``,
     :func:`folder_id` at the start); otherwise the new version is removed and the run refused.
 
@@ -318,7 +321,8 @@ def check_same_folder(ckpt: Path, read: tuple[int, int] | None, staging: Path) -
         RefusedError: the folder was replaced or removed meanwhile (by something that takes no lock).
     """
     if read is None or folder_id(ckpt) != read:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         raise RefusedError(
             f"{ckpt.name} was replaced or removed while this run read it; nothing was changed",
             ckpt,

@@ -11,6 +11,7 @@ as ``tietool-report.json`` before the output is renamed into place.
 
 from __future__ import annotations
 
+import numbers
 import os
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -22,7 +23,7 @@ from . import inplace, surface
 from . import report as report_mod
 from .checkpoint import Checkpoint
 from .detect import Detection, detect
-from .errors import OutputError, RefusedError, UsageError
+from .errors import Opt, OutputError, RefusedError, UsageError
 from .options import Init, Keep, Layout, Loader
 from .plan import Plan, plan_resize, plan_tie, plan_untie
 from .results import Inspection, Report
@@ -41,17 +42,50 @@ ProgressFactory = Callable[[int], AbstractContextManager[Advance | None]]
 """Given the bytes the output will hold, a context manager that yields an :data:`Advance` (or None)."""
 
 
-def _value(x: Enum | str | None) -> str | None:
-    return x.value if isinstance(x, Enum) else x
+def _option(kind: type[Enum], x: Enum | str | None, name: str) -> str | None:
+    """The value of option ``name`` as the library's string, checked against the enum ``kind``.
+
+    Raises:
+        UsageError: ``x`` is not one of ``kind``'s values (as the CLI's choices refuse it).
+    """
+    if x is None:
+        return None
+    try:
+        return str(kind(x.value if isinstance(x, Enum) else x).value)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in kind)
+        raise UsageError(
+            f"{Opt(name)} must be one of {allowed}, got {x!r}",
+            fix=f"e.g. {Opt(name, next(iter(kind)).value)}",
+        ) from None
 
 
 def _layout(layout: Layout | str | None) -> str | None:
-    v = _value(layout)
+    v = _option(Layout, layout, "layout")
     return None if v in (None, Layout.AUTO.value) else v
 
 
+def _path(p: object, name: str) -> Path:
+    """A folder argument as a Path. Raises UsageError for anything but ``str`` / ``os.PathLike``."""
+    if isinstance(p, bytes) or not isinstance(p, str | PathLike):
+        raise UsageError(
+            f"{name} must be a folder path (str or os.PathLike), got {type(p).__name__}", fix='e.g. "ckpt/"'
+        )
+    return Path(p)
+
+
+def _count(x: object, name: str) -> int | None:
+    """A count option (``vocab_size``, ``pad_to_multiple_of``) as an int; numpy integers are ints, a bool
+    is not. Raises UsageError otherwise (the range is checked by the planner)."""
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise UsageError(f"{Opt(name)} must be an integer, got {x!r}", fix=f"e.g. {Opt(name, 32000)}")
+    return int(x)
+
+
 def inspect(
-    path: PathArg,
+    path: PathArg = ".",
     *,
     layout: Layout | str | None = None,
     loader: Loader | str | None = None,
@@ -69,14 +103,15 @@ def inspect(
     Raises:
         CheckpointError, UnsafePickleError, UsageError: as :meth:`Checkpoint.open` and :func:`detect`.
     """
+    path = _path(path, "path")
     try:
-        rec = inplace.recover(Path(path))  # what a killed in-place run left (a missing folder is restored)
+        rec = inplace.recover(path)  # what a killed in-place run left (a missing folder is restored)
     except OSError:
         rec = inplace.Recovery()  # a read-only parent folder: nothing to put right from here
     info = inspect_path(
         Path(path),
         layout=_layout(layout),
-        loader=_value(loader),
+        loader=_option(Loader, loader, "loader"),
         embedding_name=embedding,
         head_name=head,
         compare_values=compare_values,
@@ -98,7 +133,7 @@ def _detection(
     det = detect(
         ckpt,
         layout=_layout(layout),
-        loader=_value(loader),
+        loader=_option(Loader, loader, "loader"),
         embedding_name=embedding,
         head_name=head,
         compare_values=True,
@@ -119,11 +154,13 @@ def _run_plan(
 ) -> Report:
     """Open ``path``, plan, and either report the plan (``dry_run``) or write it to ``out`` atomically
     with the report inside (``out`` None: in place, :func:`_in_place`); returns the report."""
+    path = _path(path, "path")
     if out is None:
-        return Report(_in_place(Path(path), make_plan, dry_run, progress, keep_training_state, backup))
-    ckpt = Checkpoint.open(Path(path))
+        return Report(_in_place(path, make_plan, dry_run, progress, keep_training_state, backup))
+    out = _path(out, "out")
+    ckpt = Checkpoint.open(path)
     if not dry_run:
-        check_output_path(ckpt.path, Path(out))
+        check_output_path(ckpt.path, out)
     plan = make_plan(ckpt)
     if dry_run:
         return Report(
@@ -165,6 +202,7 @@ def _in_place(
     """
     ckpt_path = inplace.target(path)
     rec = inplace.recover(ckpt_path)
+    read = inplace.folder_id(ckpt_path)
     plan = make_plan(Checkpoint.open(ckpt_path))
     if dry_run or not plan.changed:
         rep = report_mod.build(
@@ -174,9 +212,30 @@ def _in_place(
         return rep
     if not backup:
         _refuse_deleting_left_out(plan, keep_training_state)
+    with inplace.locked(ckpt_path):  # one writing run per checkpoint at a time
+        inplace.check_same_folder(ckpt_path, read, None)  # not swapped by another run since it was read
+        return _write_in_place(plan, read, rec.as_dict(), progress, keep_training_state, backup)
+
+
+def _write_in_place(
+    plan: Plan,
+    read: tuple[int, int] | None,
+    recovered: dict,
+    progress: ProgressFactory | None,
+    keep_training_state: bool,
+    backup: bool,
+) -> dict:
+    """The write of :func:`_in_place`, under its lock: build the new version at a staging name, check that
+    the folder under the name is still the one read (``read``, :func:`inplace.folder_id`), swap it in.
+
+    Raises:
+        RefusedError: the folder was replaced meanwhile (the new version is removed).
+        OutputError: the write or the swap failed; the checkpoint is then unchanged.
+    """
+    ckpt_path = plan.ckpt.path
     token, bak = inplace.new_token(), (inplace.backup_name(ckpt_path) if backup else None)
     staging = inplace.staging_path(ckpt_path, token)
-    info = {"written": True, "token": token, "backup": str(bak) if bak else None, "recovered": rec.as_dict()}
+    info = {"written": True, "token": token, "backup": str(bak) if bak else None, "recovered": recovered}
 
     def report(facts: dict) -> dict:
         return {**report_mod.build(plan, facts, str(ckpt_path)), "in_place": info}
@@ -185,6 +244,8 @@ def _in_place(
         rep = execute(
             plan, staging, link=True, progress=advance, report=report, keep_training_state=keep_training_state
         )
+    inplace.keep_modes(ckpt_path, staging, plan.ckpt.weight_files)
+    inplace.check_same_folder(ckpt_path, read, staging)
     try:
         info["atomic_exchange"] = inplace.swap_in(ckpt_path, staging, bak, fsync_dir)
     except OSError as e:
@@ -251,7 +312,9 @@ def tie(
         path,
         out,
         lambda c: plan_tie(
-            _detection(c, layout, loader, embedding, head), keep=_value(keep), drop_aliases=drop_aliases
+            _detection(c, layout, loader, embedding, head),
+            keep=_option(Keep, keep, "keep"),
+            drop_aliases=drop_aliases,
         ),
         dry_run,
         link,
@@ -283,7 +346,8 @@ def untie(
         path,
         out,
         lambda c: plan_untie(
-            _detection(c, layout, loader, embedding, head), layout=_value(layout) or Layout.AUTO.value
+            _detection(c, layout, loader, embedding, head),
+            layout=_option(Layout, layout, "layout") or Layout.AUTO.value,
         ),
         dry_run,
         link,
@@ -325,6 +389,8 @@ def resize(
     Returns:
         the report. Raises as :func:`tie`; ``RefusedError`` for a trim without ``force``.
     """
+    vocab_size = _count(vocab_size, "vocab_size")
+    pad_to_multiple_of = _count(pad_to_multiple_of, "pad_to_multiple_of")
     return _run_plan(
         path,
         out,
@@ -332,7 +398,7 @@ def resize(
             _detection(c, layout, loader, embedding, head),
             vocab_size,
             pad_to_multiple_of,
-            _value(init) or Init.MEAN.value,
+            _option(Init, init, "init") or Init.MEAN.value,
             seed,
             force,
         ),
@@ -349,7 +415,8 @@ def _plan_resize(det: Detection, vocab_size: int | None, pad_to_multiple_of: int
     if vocab_size is None:
         if pad_to_multiple_of is None:
             raise UsageError(
-                "resize needs the new number of rows", fix="give vocab_size, or pad_to_multiple_of alone"
+                "resize needs the new number of rows",
+                fix=f"give {Opt('vocab_size')}, or {Opt('pad_to_multiple_of')} alone to round the rows up",
             )
         vocab_size = det.vocab_rows
     return plan_resize(det, vocab_size, pad_to_multiple_of, *args)
@@ -359,4 +426,4 @@ def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyRe
     """Check that ``after`` differs from ``before`` exactly as tie / untie / resize explain (every other
     tensor bit-identical, every vocabulary tensor and size key moved together); ``logits`` also compares
     PaddleFormers logits. The verdict is ``result.exit_code``. Raises as :meth:`Checkpoint.open`."""
-    return _verify(Path(before), Path(after), logits=logits)
+    return _verify(_path(before, "before"), _path(after, "after"), logits=logits)

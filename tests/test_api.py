@@ -216,10 +216,105 @@ def test_verify_explains_a_redundant_head_dropped_by_a_resize(tmp_path, tied_aft
     src = FIX / "pf_llama_tied_fp32"
     out = tmp_path / "out"
     tietool.resize(src, 104, out, seed=0)
-    _drop_tensor(out, "lm_head.weight")
+    if "lm_head.weight" in Checkpoint.open(out).tensors:  # (a resize that drops it itself needs no help)
+        _drop_tensor(out, "lm_head.weight")
     cfg = json.loads((out / "config.json").read_text())
     cfg["tie_word_embeddings"] = tied_after
     (out / "config.json").write_text(json.dumps(cfg))
     res = tietool.verify(src, out)
     assert res.explained is explained, res.unexplained
     assert [d["equals_embedding"] for d in res.dropped] == [explained]
+
+
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda t: tietool.tie(FIX / "pf_llama_untied_fp32", t / "o", keep="HEAD"), "keep must be one of"),
+        (
+            lambda t: tietool.untie(FIX / "pf_llama_tied_fp32", t / "o", layout="bogus"),
+            "layout must be one of",
+        ),
+        (
+            lambda t: tietool.resize(FIX / "pf_llama_untied_fp32", True, t / "o"),
+            "vocab_size must be an integer",
+        ),
+        (
+            lambda t: tietool.resize(FIX / "pf_llama_untied_fp32", 120.0, t / "o"),
+            "vocab_size must be an integer",
+        ),
+        (lambda t: tietool.inspect(5), "path must be a folder path"),
+        (lambda t: tietool.tie(FIX / "pf_llama_tied_fp32", b"o"), "out must be a folder path"),
+    ],
+    ids=["keep", "layout", "bool-size", "float-size", "int-path", "bytes-out"],
+)
+def test_bad_arguments_are_usage_errors_in_python_words(tmp_path, call, words):
+    """The API checks what the CLI's option parser checks, and words options as Python does (keep='head')."""
+    with pytest.raises(tietool.UsageError) as e:
+        call(tmp_path)
+    assert e.value.exit_code == 2 and words in e.value.one_line() and "--" not in e.value.one_line()
+    assert not (tmp_path / "o").exists()
+
+
+def test_numpy_integers_and_default_folder(tmp_path, monkeypatch):
+    rep = tietool.resize(FIX / "pf_llama_untied_fp32", np.int64(104), tmp_path / "o", seed=1)
+    assert rep["resize"]["rows_after"] == 104
+    monkeypatch.chdir(FIX / "pnlp_llama_untied")
+    assert tietool.inspect().head == "lm_head.weight"  # the current folder, as the CLI
+
+
+def test_in_place_refuses_a_backup_folder(tmp_path, monkeypatch):
+    """A process that stood in the checkpoint during an in-place run is left in the backup (the old folder's
+    inode): a second in-place run from there must not rewrite the backup."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for f in (FIX / "pf_llama_untied_fp32").iterdir():
+        (ck / f.name).write_bytes(f.read_bytes())
+    monkeypatch.chdir(ck)
+    first = tietool.resize(".", 104, seed=0)
+    assert first.backup is not None and Path.cwd().resolve() == first.backup.resolve()
+    backup_state = _digest(first.backup)
+    with pytest.raises(tietool.RefusedError) as e:
+        tietool.resize(".", 112, seed=0, backup=False)
+    assert "backup" in e.value.one_line() and "cd " in e.value.one_line()
+    assert _digest(first.backup) == backup_state
+    assert Checkpoint.open(ck).config["vocab_size"] == 104
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (lambda c: c.update(padded_vocab_size=7), "padded_vocab_size added"),
+        (lambda c: c.update(text_config={"vocab_size": 100}), "text_config.vocab_size added"),
+        (lambda c: c.update(hidden_act="gelu"), 'hidden_act changed ("silu" → "gelu")'),
+    ],
+    ids=["added-padded", "added-nested", "other-key"],
+)
+def test_verify_config_keys_a_tie_does_not_write(tmp_path, edit, words):
+    out = tmp_path / "out"
+    tietool.tie(FIX / "pf_llama_tied_fp32", out)
+    cfg = json.loads((out / "config.json").read_text())
+    edit(cfg)
+    (out / "config.json").write_text(json.dumps(cfg))
+    res = tietool.verify(FIX / "pf_llama_tied_fp32", out)
+    assert not res.explained and any(words in u for u in res.unexplained), res.unexplained
+
+
+def test_verify_a_resized_key_must_count_a_vocabulary(tmp_path):
+    out = tmp_path / "out"
+    tietool.resize(FIX / "pf_llama_untied_fp32", 110, out, seed=0)
+    assert tietool.verify(FIX / "pf_llama_untied_fp32", out).explained
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["vocab_size"] = 160
+    (out / "config.json").write_text(json.dumps(cfg))
+    res = tietool.verify(FIX / "pf_llama_untied_fp32", out)
+    assert any("vocab_size changed (100 → 160), which counts no vocabulary" in u for u in res.unexplained)
+
+
+@pytest.mark.parametrize("meta", [{"format": "zz"}, {"format": "pt", "lm_head.weight": "xx_head.weight"}])
+def test_verify_checks_safetensors_metadata(tmp_path, meta):
+    out = tmp_path / "out"
+    tietool.tie(FIX / "pf_llama_tied_fp32", out)
+    (st,) = out.glob("*.safetensors")
+    save_file(load_file(st), st, metadata=meta)
+    res = tietool.verify(FIX / "pf_llama_tied_fp32", out)
+    assert not res.explained and any("__metadata__" in u for u in res.unexplained), res.unexplained
