@@ -72,6 +72,23 @@ def _read_config(path: Path) -> tuple[dict, str, str]:
     return config, name, prefix
 
 
+def _refuse_not_a_checkpoint(path: Path, names: set[str]) -> None:
+    """A folder with neither a config file nor a weight file is not a checkpoint (``tietool inspect`` run
+    in the wrong folder): say so, rather than that config.json is missing.
+
+    Raises:
+        CheckpointError: with the folder's absolute path.
+    """
+    if names & {"config.json", "model_config.json"}:
+        return
+    if not any(n.endswith((".safetensors", ".pdparams", ".index.json")) for n in names):
+        raise CheckpointError(
+            "not a checkpoint folder (no config.json and no weight files in it)",
+            path.resolve(),
+            "name the checkpoint folder, or run the command inside it",
+        )
+
+
 def _has_whole(names: set[str]) -> bool:
     """Whole-model weights under a name save_pretrained writes (single file, index, or shards)."""
     return bool({ST_SINGLE, ST_INDEX, PD_SINGLE, PD_INDEX} & names) or any(SHARD_RE.match(n) for n in names)
@@ -167,14 +184,7 @@ class Checkpoint:
                 "pass the folder that holds config.json and the weights",
             )
         names = {p.name for p in path.iterdir() if p.is_file()}
-        if not names & {"config.json", "model_config.json"} and not any(
-            n.endswith((".safetensors", ".pdparams", ".index.json")) for n in names
-        ):
-            raise CheckpointError(
-                "not a checkpoint folder (no config.json and no weight files in it)",
-                path.resolve(),
-                "name the checkpoint folder, or run the command inside it",
-            )
+        _refuse_not_a_checkpoint(path, names)
         config, config_file, prefix = _read_config(path)
         surface.refuse_folder(path, names, config, has_whole=_has_whole(names))
         fmt, index_name, files = cls._find_weights(path, names)
