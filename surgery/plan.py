@@ -15,7 +15,7 @@ import numpy as np
 from .checkpoint import Checkpoint
 from .configfile import get_dotted, read_config_file
 from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, tied_scale
-from .errors import AmbiguousLayoutError, RefusedError, UsageError, ValuesDifferError
+from .errors import AmbiguousLayoutError, Opt, RefusedError, UsageError, ValuesDifferError
 from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo
 from .options import Init, Keep
 from .recipes import CopyIfEqual, CopyOf, NewRows, Recipe, ResizedBias, ResizedTable
@@ -154,7 +154,7 @@ def _refuse_unusable_head(det: Detection, op: str) -> None:
         raise UsageError(
             f"{op} refused: the layout {c.requested} contradicts the head {c.head} {list(c.shape)} "
             f"(vocab_size {det.vocab_rows} != hidden_size {det.hidden}, so its shape says {c.fits})",
-            fix=f"pass --layout {c.fits}, or leave --layout out",
+            fix=f"pass {Opt('layout', c.fits)}, or leave {Opt('layout')} out",
         )
     if det.head_present and det.head_layout is None:
         raise RefusedError(
@@ -280,10 +280,11 @@ def _tie_embedding_copies(det: Detection, plan: Plan, drop_aliases: bool) -> Non
     copies = [a for a in det.embedding_aliases if det.family.reties]
     if drop_aliases:
         for a in copies:
-            plan.drop[a] = f"copy of {det.embedding} (--drop-aliases)"
+            plan.drop[a] = f"copy of {det.embedding} ({Opt('drop_aliases', True)})"
     elif copies:
         plan.notes.append(
-            f"{', '.join(copies)} duplicate {det.embedding} and are kept (--drop-aliases drops them)"
+            f"{', '.join(copies)} duplicate {det.embedding} and are kept "
+            f"({Opt('drop_aliases', True)} drops them)"
         )
 
 
@@ -304,8 +305,8 @@ def _refuse_ambiguous_tie(det: Detection) -> None:
             f"vocab_size == hidden_size == {det.vocab_rows}: the layout of {det.head} cannot be told from "
             f"its square shape; as stored it is {det.comparison.values} vs {det.embedding}",
             det.ckpt.path,
-            "pass --layout vocab-hidden or --layout hidden-vocab (PaddleNLP Llama/Qwen heads are "
-            "hidden-vocab)",
+            f"pass {Opt('layout', 'vocab-hidden')} or {Opt('layout', 'hidden-vocab')} (PaddleNLP Llama/Qwen "
+            "heads are hidden-vocab)",
         )
 
 
@@ -324,12 +325,13 @@ def _settle_values(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
                 f"tie refused: {det.head} differs from {det.embedding} (max |difference| "
                 f"{comp.max_abs_diff:.3g}, {comp.differing_rows} of {det.vocab_rows} rows differ)",
                 det.ckpt.path,
-                "pass --keep embedding or --keep head to choose the values to keep, or use untie",
+                f"pass {Opt('keep', 'embedding')} or {Opt('keep', 'head')} to choose the values to keep, or "
+                "use untie",
             )
         if keep == Keep.HEAD:
             _keep_head_values(det, plan)
         else:
-            plan.notes.append(f"--keep embedding: the values of {det.head} are discarded")
+            plan.notes.append(f"{Opt('keep', 'embedding')}: the values of {det.head} are discarded")
     if comp.values == "scaled":
         plan.notes.append(
             f"{det.head} is {det.embedding} × d_model ** -0.5: exactly the tied head, so it is dropped"
@@ -348,14 +350,14 @@ def _keep_head_values(det: Detection, plan: Plan) -> None:
     assert h is not None
     if det.family.tied_logit_scale:
         raise RefusedError(
-            f"--keep head on {det.family.name}: the tied model multiplies the embedding by "
+            f"{Opt('keep', 'head')} on {det.family.name}: the tied model multiplies the embedding by "
             "d_model ** -0.5 for the logits, so the head's values cannot become the embedding",
             ckpt.path,
-            "use --keep embedding, or keep the checkpoint untied",
+            f"use {Opt('keep', 'embedding')}, or keep the checkpoint untied",
         )
     if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
         raise RefusedError(
-            f"--keep head: {det.head} is {ckpt.logical_dtype(h)} but {det.embedding} is "
+            f"{Opt('keep', 'head')}: {det.head} is {ckpt.logical_dtype(h)} but {det.embedding} is "
             f"{ckpt.logical_dtype(e)}",
             ckpt.path,
             "convert the dtypes first",
@@ -365,7 +367,7 @@ def _keep_head_values(det: Detection, plan: Plan) -> None:
         t = ckpt.tensors[n]
         out = _out_dtype(ckpt, t, plan.relabel_u16)
         plan.replace[n] = NewTensor(n, out, t.shape, recipe, t.file, storage=("embedding",))
-    plan.notes.append(f"--keep head: {det.embedding} takes the values of {det.head}")
+    plan.notes.append(f"{Opt('keep', 'head')}: {det.embedding} takes the values of {det.head}")
 
 
 def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
@@ -417,8 +419,8 @@ def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) 
         raise _missing_embedding_refusal(
             det,
             "tie",
-            f"pass --keep head to restore {det.embedding} from {det.head} (and drop the head), or use untie "
-            "to restore it beside the head",
+            f"pass {Opt('keep', 'head')} to restore {det.embedding} from {det.head} (and drop the head), or "
+            "use untie to restore it beside the head",
         )
     _restore_embedding(det, plan)
     if det.family.reties:
@@ -492,7 +494,7 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
             f"untie refused: the {det.loader} loader of {det.model_type} always takes {det.head} from "
             f"{det.embedding} on load, whatever tie_word_embeddings says, so an untied head would be ignored",
             ckpt.path,
-            "pass --loader hf if another library will load the output",
+            f"pass {Opt('loader', 'hf')} if another library will load the output",
         )
     plan.config_set = _tie_flags(det, False)
     if not det.embedding_present:
@@ -627,11 +629,16 @@ def _resize_init(vocab: int, pad_to_multiple_of: int | None, init: Init | str) -
         UsageError: vocab < 1, pad_to_multiple_of < 1, unknown init.
     """
     if not isinstance(vocab, int) or vocab < 1:
-        raise UsageError(f"--vocab must be a positive integer, got {vocab!r}", fix="e.g. --vocab 32000")
+        raise UsageError(
+            f"{Opt('vocab_size')} must be a positive integer, got {vocab!r}",
+            fix=f"e.g. {Opt('vocab_size', 32000)}",
+        )
     if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
-        raise UsageError(f"--pad-to-multiple-of must be ≥ 1, got {pad_to_multiple_of}", fix="e.g. 64 or 128")
+        raise UsageError(
+            f"{Opt('pad_to_multiple_of')} must be ≥ 1, got {pad_to_multiple_of}", fix="e.g. 64 or 128"
+        )
     if init not in INITS:
-        raise UsageError(f"unknown --init {init!r}", fix="use mean, zeros or normal")
+        raise UsageError(f"unknown {Opt('init')} {init!r}", fix="use mean, zeros or normal")
     return Init(init)
 
 
@@ -642,7 +649,7 @@ def _refuse_ambiguous_resize(det: Detection) -> None:
             f"vocab_size == hidden_size == {det.vocab_rows}: whether {det.head} is [vocab, hidden] or "
             "[hidden, vocab] cannot be told from its square shape",
             det.ckpt.path,
-            "pass --layout vocab-hidden or --layout hidden-vocab",
+            f"pass {Opt('layout', 'vocab-hidden')} or {Opt('layout', 'hidden-vocab')}",
         )
 
 
@@ -653,15 +660,16 @@ def _refuse_target(det: Detection, N: int, init: Init) -> None:
     V, H = det.vocab_rows, det.hidden
     if N > MAX_VOCAB:
         raise UsageError(
-            f"--vocab {N} is beyond any tokenizer (token ids are int32 in Paddle; at most {MAX_VOCAB})",
+            f"{Opt('vocab_size', N)} is beyond any tokenizer (token ids are int32 in Paddle; at most "
+            f"{MAX_VOCAB})",
             fix="check the number",
         )
     need = (N - V) * H * {Init.ZEROS: 8, Init.NORMAL: 16, Init.MEAN: 32}[init]
     avail = _available_memory()
     if N > V and avail is not None and need > avail:
         raise UsageError(
-            f"--vocab {N} adds {N - V} rows of {H}: about {need >> 20} MiB of new rows, more than the "
-            f"{avail >> 20} MiB of memory available",
+            f"{Opt('vocab_size', N)} adds {N - V} rows of {H}: about {need >> 20} MiB of new rows, more "
+            f"than the {avail >> 20} MiB of memory available",
             fix="check the number, or free memory",
         )
 
@@ -689,7 +697,7 @@ def _trim_refusal(det: Detection, N: int, past: list[str]) -> RefusedError:
     return RefusedError(
         f"resize to {N} rows would trim {V - N} rows ({V} → {N}, rows {N}..{V - 1} removed): {what}",
         det.ckpt.path,
-        "pass --force to shrink anyway, or a --vocab of at least the current rows",
+        f"pass {Opt('force', True)} to shrink anyway, or a {Opt('vocab_size')} of at least the current rows",
     )
 
 
@@ -703,7 +711,9 @@ def _resolve_seed(seed: int | None) -> int:
     if seed is None:
         return secrets.randbits(31)
     if not isinstance(seed, int) or seed < 0:
-        raise UsageError(f"--seed must be a non-negative integer, got {seed!r}", fix="e.g. --seed 0")
+        raise UsageError(
+            f"{Opt('seed')} must be a non-negative integer, got {seed!r}", fix=f"e.g. {Opt('seed', 0)}"
+        )
     return seed
 
 
@@ -734,7 +744,7 @@ def _resize_notes(det: Detection, plan: Plan, N: int, past: list[str]) -> None:
     """Notes and warnings of a resize: rows removed (``--force``), token ids left without a row."""
     V, tok = det.vocab_rows, det.tokenizer
     if N < V:
-        plan.notes.append(f"--force: rows {N}..{V - 1} removed from every vocabulary tensor")
+        plan.notes.append(f"{Opt('force', True)}: rows {N}..{V - 1} removed from every vocabulary tensor")
     if tok.size is not None and N < tok.size:
         plan.warnings.append(f"the tokenizer defines {tok.size} tokens; ids ≥ {N} will have no row")
     if past:
@@ -807,7 +817,7 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
     ckpt, V = det.ckpt, det.vocab_rows
     if not det.embedding_present:
         raise _missing_embedding_refusal(
-            det, "resize", "restore it first (untie, or tie --keep head), then resize"
+            det, "resize", f"restore it first (untie, or tie {Opt('keep', 'head')}), then resize"
         )
     odd = [f"{n} {list(ckpt.tensors[n].shape)}" for n in det.by_shape]
     if odd:
@@ -816,8 +826,8 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
             "(not the embedding, head, bias or a known copy): resizing the rest would leave it at the old "
             "size",
             ckpt.path,
-            "if it is the embedding or head, pass --embedding/--head NAME; otherwise remove or rename it "
-            "first",
+            f"if it is the embedding or head, pass {Opt('embedding')}/{Opt('head', 'NAME')}; otherwise "
+            "remove or rename it first",
         )
     rows = (V, det.head_rows)
 
@@ -838,7 +848,7 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
             f"resize to {N} rows would leave the head {det.head} with {det.head_rows + N - V} rows (it has "
             f"{V - det.head_rows} rows fewer than the embedding)",
             ckpt.path,
-            "pass a larger --vocab",
+            f"pass a larger {Opt('vocab_size')}",
         )
 
 
