@@ -193,7 +193,7 @@ def inspect(
         typer.Argument(
             help="checkpoint folder(s); default: the current folder. Several: a table row each (a JSON list)",
             show_default=False,
-            metavar="CKPT...",
+            metavar="CKPT",
         ),
     ] = None,
     json_out: JsonOpt = False,
