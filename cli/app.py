@@ -246,15 +246,7 @@ def _render_write(rep: dict, as_json: bool) -> None:
     ip = rep.get("in_place")
     if as_json or not ip:
         return
-    rec = ip.get("recovered") or {}
-    for what, paths in (("removed", rec.get("removed_temps")), ("kept as a backup", rec.get("kept_backups"))):
-        for p in paths or ():
-            print(f"note: left by an interrupted run: {p} ({what})")
-    if rec.get("restored"):
-        print(
-            f"note: an interrupted in-place run had left no folder at {rec['restored']}; "
-            "its complete new version was put there"
-        )
+    render.recovered(ip.get("recovered") or {})
     if not ip.get("written"):
         print("in place: nothing written" + (" (dry run)" if rep.get("dry_run") else " (nothing to change)"))
     elif ip.get("backup"):

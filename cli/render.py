@@ -285,10 +285,10 @@ def inspect(info: dict, as_json: bool = False) -> None:
         info["format"],
         writing=False,
     )
-    _recovered(info.get("recovered") or {})
+    recovered(info.get("recovered") or {})
 
 
-def _recovered(rec: dict) -> None:
+def recovered(rec: dict) -> None:
     """Notes on what the library put right before reading (``inspect``'s ``recovered``: what killed in-place
     runs left), in the words the write commands use."""
     for what, paths in (("removed", rec.get("removed_temps")), ("kept as a backup", rec.get("kept_backups"))):

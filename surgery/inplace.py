@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import OutputError, RefusedError
-from .write import REPORT_NAME, TMP_TAG
+from .write import REPORT_NAME, pid_alive, remove_dead_temps
 
 NEW_TAG = ".tietool-new-"
 BACKUP_TAG = ".tietool-backup-"
@@ -74,16 +74,6 @@ class Recovery:
         return bool(self.removed_temps or self.kept_backups or self.restored)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process: leave its folders alone
-    return True
-
-
 def _staging_pid_token(name: str, prefix: str) -> tuple[int, str] | None:
     """``(pid, token)`` of a staging folder name ``prefix<pid>-<token>``; None for another name."""
     if not name.startswith(prefix):
@@ -114,27 +104,6 @@ def backup_name(ckpt: Path) -> Path:
     return p
 
 
-def remove_dead_temps(parent: Path) -> list[str]:
-    """Remove every temporary output folder ``.X.tietool-tmp-<pid>`` in ``parent`` whose process is gone
-    (a killed run's); returns their paths. A missing or unreadable ``parent`` holds none."""
-    rec = Recovery()
-    try:
-        _remove_dead_temps(parent, rec)
-    except OSError:
-        pass
-    return rec.removed_temps
-
-
-def _remove_dead_temps(parent: Path, rec: Recovery) -> None:
-    for p in parent.iterdir():
-        if not (p.name.startswith(".") and TMP_TAG in p.name and p.is_dir() and not p.is_symlink()):
-            continue
-        pid = p.name.rsplit(TMP_TAG, 1)[1].split("-")[0]
-        if pid.isdigit() and not _pid_alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True)
-            rec.removed_temps.append(str(p))
-
-
 def recover(ckpt: Path) -> Recovery:
     """Put right what killed runs left beside checkpoint ``ckpt`` (see the module docstring); returns what
     was done. Folders of runs still alive are left alone."""
@@ -142,11 +111,11 @@ def recover(ckpt: Path) -> Recovery:
     parent, rec = ckpt.parent, Recovery()
     if not parent.is_dir():
         return rec
-    _remove_dead_temps(parent, rec)
+    rec.removed_temps += remove_dead_temps(parent)
     prefix = f".{ckpt.name}{NEW_TAG}"
     for p in sorted(parent.iterdir()):
         found = _staging_pid_token(p.name, prefix)
-        if found is None or not p.is_dir() or _pid_alive(found[0]):
+        if found is None or not p.is_dir() or pid_alive(found[0]):
             continue
         if _token_of(p) != found[1]:  # the old version, swapped out: keep it as the backup it was to be
             dst = backup_name(ckpt)

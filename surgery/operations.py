@@ -31,7 +31,7 @@ from .summary import check_found, check_names, inspect_path
 from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import _fsync_dir as fsync_dir
-from .write import check_output_path, execute
+from .write import check_output_path, execute, remove_dead_temps
 
 PathArg = str | PathLike[str]
 
@@ -166,7 +166,7 @@ def _run_plan(
         return Report(
             report_mod.build(plan, None, str(out), dry_run=True, keep_training_state=keep_training_state)
         )
-    stale = inplace.remove_dead_temps(Path(os.path.abspath(out)).parent)
+    stale = remove_dead_temps(Path(os.path.abspath(out)).parent)
 
     def report(facts: dict) -> dict:
         rep = report_mod.build(plan, facts, str(out))

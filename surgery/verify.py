@@ -34,22 +34,14 @@ from .checkpoint import Checkpoint
 from .detect import Detection, detect, tied_scale
 from .errors import ExitCode, Opt
 from .formats.tensor import TensorInfo
-from .vocabkeys import VOCAB_SIZE_KEYS, vocab_keys
+from .vocabkeys import VOCAB_SIZE_KEYS, vocab_keys, walk
 
 ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *VOCAB_SIZE_KEYS)
 
 
-def _flatten(d, prefix=""):
-    out = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-    elif isinstance(d, list):
-        for i, v in enumerate(d):
-            out.update(_flatten(v, f"{prefix}{i}."))
-    else:
-        out[prefix[:-1]] = d
-    return out
+def _flatten(d) -> dict:
+    """``{dotted key: value}`` of every leaf of a parsed config (:func:`surgery.vocabkeys.walk`)."""
+    return dict(walk(d))
 
 
 @dataclass

@@ -42,14 +42,14 @@ class VocabKey:
     value: int
 
 
-def _walk(data: object, prefix: str = ""):
+def walk(data: object, prefix: str = ""):
     """(dotted key, value) of every leaf under ``data``: dict keys and list indices joined by dots."""
     if isinstance(data, dict):
         for k, v in data.items():
-            yield from _walk(v, f"{prefix}{k}.")
+            yield from walk(v, f"{prefix}{k}.")
     elif isinstance(data, list):
         for i, v in enumerate(data):
-            yield from _walk(v, f"{prefix}{i}.")
+            yield from walk(v, f"{prefix}{i}.")
     else:
         yield prefix[:-1], data
 
@@ -61,7 +61,7 @@ def vocab_keys_in(data: object, file: str) -> list[VocabKey]:
     """
     return [
         VocabKey(file, k, v)
-        for k, v in _walk(data)
+        for k, v in walk(data)
         if k.split(".")[-1] in VOCAB_SIZE_KEYS and isinstance(v, int) and not isinstance(v, bool)
     ]
 

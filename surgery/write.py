@@ -65,21 +65,33 @@ def check_output_path(inp: Path, out: Path) -> None:
         )
 
 
-def _clean_stale_temps(out: Path) -> None:
-    """Remove temporary folders left by interrupted runs for this ``--out`` (their process is gone)."""
-    prefix = f".{out.name}{TMP_TAG}"
-    if not out.parent.is_dir():
-        return
-    for p in out.parent.iterdir():
-        if p.name.startswith(prefix) and p.is_dir():
-            try:
-                pid = int(p.name[len(prefix) :].split("-")[0])
-                os.kill(pid, 0)
-                continue  # still running
-            except (ValueError, ProcessLookupError):
-                shutil.rmtree(p, ignore_errors=True)
-            except PermissionError:
-                continue
+def pid_alive(pid: int) -> bool:
+    """Process ``pid`` is running (another user's counts as running: its folders are left alone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_dead_temps(parent: Path) -> list[str]:
+    """Remove every temporary output folder ``.X.tietool-tmp-<pid>`` in ``parent`` whose process is gone
+    (a killed run's); returns their paths. A missing or unreadable ``parent`` holds none."""
+    removed: list[str] = []
+    try:
+        entries = list(parent.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        if not (p.name.startswith(".") and TMP_TAG in p.name and p.is_dir() and not p.is_symlink()):
+            continue
+        pid = p.name.rsplit(TMP_TAG, 1)[1].split("-")[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(str(p))
+    return removed
 
 
 def copy_file(
@@ -246,7 +258,7 @@ def execute(
     ckpt = plan.ckpt
     out = Path(out)
     check_output_path(ckpt.path, out)
-    _clean_stale_temps(out)
+    remove_dead_temps(out.parent)
     parent = _make_parent(out)
     tmp = parent / f".{out.name}{TMP_TAG}{os.getpid()}"
     if tmp.exists():
