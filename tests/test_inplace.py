@@ -124,17 +124,21 @@ KILL_RUNS = 56
 ARGS = ["resize", "--vocab", "172", "--seed", "5", "-q"]
 
 
-def _states(tmp_path: Path) -> tuple[dict, dict]:
-    """Digests of the old checkpoint and of the new one an uninterrupted in-place run makes."""
+def _states(tmp_path: Path) -> tuple[dict, dict, float]:
+    """Digests of the old checkpoint and of the new one an uninterrupted in-place run makes, and how long
+    that run takes on this machine with the test's pauses (the kill points are fractions of it, so they
+    span the whole run on a fast machine and on a slow one)."""
     old = _copy("pf_llama_untied_sharded", tmp_path / "old")
     new = _copy("pf_llama_untied_sharded", tmp_path / "new")
-    r = _cli(*ARGS, new, "--no-backup")
+    start = time.monotonic()
+    r = _cli(*ARGS, new, "--no-backup", env={"TIETOOL_INPLACE_PAUSE": "0.05"})
+    elapsed = time.monotonic() - start
     assert r.returncode == 0, r.stderr
-    return _digest(old), _digest(new)
+    return _digest(old), _digest(new), elapsed
 
 
 def test_sigkill_at_random_points_leaves_old_or_new(tmp_path):
-    old, new = _states(tmp_path)
+    old, new, elapsed = _states(tmp_path)
     rng = random.Random(20261130)
     seen = {"old": 0, "new": 0, "missing": 0}
     for i in range(KILL_RUNS):
@@ -149,7 +153,7 @@ def test_sigkill_at_random_points_leaves_old_or_new(tmp_path):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        time.sleep(rng.uniform(0.3, 1.6))
+        time.sleep(rng.uniform(0.15, 1.1) * elapsed)
         p.send_signal(signal.SIGKILL)
         p.wait()
         if ck.exists():
@@ -166,7 +170,7 @@ def test_sigkill_at_random_points_leaves_old_or_new(tmp_path):
         for bak in work.glob("ckpt.tietool-backup-*"):
             assert _digest(bak) == old, f"run {i}: a backup is not the old version"
         shutil.rmtree(work)
-    # the random points covered both outcomes (the delays span the whole run)
+    # the random points covered both outcomes (the delays span the whole run, measured above)
     assert seen["old"] > 0 and seen["new"] > 0, seen
 
 
