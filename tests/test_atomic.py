@@ -7,6 +7,7 @@ import errno
 import hashlib
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -76,10 +77,22 @@ def make_sharded_ckpt(d: Path, vocab=4096, hidden=512, layers=4) -> Path:
 COMMANDS = [["tie"], ["untie"], ["resize", "--vocab", "4200", "--init", "mean", "--seed", "1"]]
 
 
+def _timed_run(src: Path, out: Path, cmd: list[str]) -> float:
+    start = time.monotonic()
+    subprocess.run(
+        [sys.executable, "-m", "tietool", cmd[0], str(src), "--out", str(out), *cmd[1:], "-q"], check=True
+    )
+    took = time.monotonic() - start
+    shutil.rmtree(out)
+    return took
+
+
 def test_sigkill_at_random_points(tmp_path):
     src = make_sharded_ckpt(tmp_path / "in")
     before = snapshot(src)
     rnd = random.Random(1234)
+    # kill points are fractions of an uninterrupted run of each command, timed here on this machine
+    elapsed = [_timed_run(src, tmp_path / f"timed{k}", cmd) for k, cmd in enumerate(COMMANDS)]
     complete = killed = 0
     runs = 54
     for i in range(runs):
@@ -91,7 +104,7 @@ def test_sigkill_at_random_points(tmp_path):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        time.sleep(rnd.uniform(0.05, 1.5))
+        time.sleep(rnd.uniform(0.05, 1.25) * elapsed[i % len(COMMANDS)])
         if p.poll() is None:
             p.send_signal(signal.SIGKILL)
             killed += 1
