@@ -1,0 +1,123 @@
+"""surgery.assemble: the writer of convert and merge. Shards as save_pretrained does, streams each tensor
+from its source, reads every file back, and leaves nothing when a source fails."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tietool.surgery.assemble import (
+    Container,
+    OutTensor,
+    assemble,
+    index_name,
+    parse_size,
+    plan_shards,
+    shard_names,
+)
+from tietool.surgery.checkpoint import Checkpoint
+from tietool.surgery.errors import OutputError, UsageError
+from tietool.surgery.formats.safetensors_io import Source
+
+FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
+
+
+def _arrays() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {
+        "model.embed_tokens.weight": rng.standard_normal((10, 4)).astype(np.float32),
+        "model.norm.weight": rng.standard_normal(4).astype(np.float32),
+        "lm_head.weight": rng.integers(0, 2**16, (10, 4), dtype=np.uint16),  # bf16 bits
+    }
+
+
+def _tensors(arrays: dict[str, np.ndarray]) -> list[OutTensor]:
+    label = {np.float32: "F32", np.uint16: "BF16"}
+    return [
+        OutTensor(k, label[a.dtype.type], a.shape, lambda a=a: Source(array=a)) for k, a in arrays.items()
+    ]
+
+
+def test_parse_size_as_paddleformers():
+    assert parse_size("10GB") == 10 * 10**9
+    assert parse_size("500MiB") == 500 * 2**20
+    assert parse_size("16KB") == 16_000
+    assert parse_size(1024) == 1024 and parse_size("1024") == 1024
+    for bad in ("0", "ten", "-5MB", "5XB", ""):
+        with pytest.raises(UsageError):
+            parse_size(bad)
+
+
+def test_plan_shards_greedy_and_big_tensors_alone():
+    ts = _tensors(_arrays())  # 160, 16 and 80 bytes
+    assert [[t.name for t in s] for s in plan_shards(ts, 176)] == [
+        ["model.embed_tokens.weight", "model.norm.weight"],
+        ["lm_head.weight"],
+    ]
+    assert [len(s) for s in plan_shards(ts, 10)] == [1, 1, 1]  # each larger than the limit: alone
+    assert [len(s) for s in plan_shards(ts, 10**9)] == [3]
+    assert shard_names(Container.PDPARAMS, 1) == ["model_state.pdparams"]
+    assert index_name(Container.PDPARAMS, 1) is None
+    assert shard_names(Container.SAFETENSORS, 2)[1] == "model-00002-of-00002.safetensors"
+    assert index_name(Container.SAFETENSORS, 1) == "model.safetensors.index.json"
+
+
+@pytest.mark.parametrize("container", list(Container))
+@pytest.mark.parametrize("max_shard_size", [100, 10**9])
+def test_round_trip_bit_exact(tmp_path, container, max_shard_size):
+    arrays = _arrays()
+    config = {"model_type": "llama", "vocab_size": 10, "hidden_size": 4}
+    (tmp_path / "gen.json").write_text('{"eos_token_id": 2}')
+    seen: dict[str, int] = {}
+    facts = assemble(
+        tmp_path / "out",
+        _tensors(arrays),
+        container,
+        config,
+        carry=[(tmp_path / "gen.json", "generation_config.json")],
+        max_shard_size=max_shard_size,
+        progress=lambda f, n: seen.__setitem__(f, seen.get(f, 0) + n),
+    )
+    out = tmp_path / "out"
+    assert json.loads((out / "config.json").read_text()) == config
+    assert (out / "generation_config.json").read_text() == '{"eos_token_id": 2}'
+    assert sum(seen.values()) == facts["total_size"] == sum(a.nbytes for a in arrays.values())
+    ck = Checkpoint.open(out)
+    assert sorted(ck.weight_files) == sorted(facts["weight_files"])
+    assert len(ck.weight_files) == (2 if max_shard_size == 100 else 1)
+    for k, a in arrays.items():
+        got = ck.load(k)
+        assert got.tobytes() == a.tobytes() and got.shape == a.shape
+    assert ck.logical_dtype(ck.tensors["lm_head.weight"]) in ("BF16", "bfloat16")
+    assert not [p for p in tmp_path.iterdir() if "tietool-tmp" in p.name]
+
+
+def test_a_failing_source_leaves_nothing(tmp_path):
+    arrays = _arrays()
+    ts = _tensors(arrays)
+
+    def boom() -> Source:
+        raise OSError(28, "No space left on device")
+
+    ts[1] = OutTensor(ts[1].name, ts[1].dtype, ts[1].shape, boom)
+    with pytest.raises(OutputError, match="no space left on the device; nothing was written"):
+        assemble(tmp_path / "out", ts, Container.SAFETENSORS, {})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_duplicate_names_refused(tmp_path):
+    ts = _tensors(_arrays())
+    with pytest.raises(UsageError):
+        assemble(tmp_path / "out", ts + ts[:1], Container.SAFETENSORS, {})
+    assert not (tmp_path / "out").exists()
+
+
+def test_wrong_source_size_is_caught(tmp_path):
+    ts = _tensors(_arrays())
+    ts[0] = OutTensor(ts[0].name, "F32", (10, 4), lambda: Source(array=np.zeros(3, np.float32)))
+    with pytest.raises(ValueError, match="planned"):
+        assemble(tmp_path / "out", ts, Container.PDPARAMS, {})
+    assert list(tmp_path.iterdir()) == []
