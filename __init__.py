@@ -30,10 +30,11 @@ from .surgery.errors import (
     UsageError,
     ValuesDifferError,
 )
-from .surgery.options import Init, Keep, Layout, Loader
+from .surgery.options import Init, Keep, Layout, Loader, Target
 from .surgery.results import Inspection, Report
 
 if TYPE_CHECKING:
+    from .surgery.convert import convert
     from .surgery.operations import inspect, resize, tie, untie, verify
     from .surgery.verify import VerifyResult as Verification
 
@@ -50,12 +51,14 @@ __all__ = [
     "OutputError",
     "RefusedError",
     "Report",
+    "Target",
     "TietoolError",
     "UnsafePickleError",
     "UsageError",
     "ValuesDifferError",
     "Verification",
     "__version__",
+    "convert",
     "inspect",
     "resize",
     "tie",
@@ -70,6 +73,10 @@ def __getattr__(name: str) -> Any:
         from .surgery import operations
 
         return getattr(operations, name)
+    if name == "convert":
+        from .surgery.convert import convert
+
+        return convert
     if name == "Verification":
         from .surgery.verify import VerifyResult
 

@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from ..surgery.errors import ExitCode, Opt, set_wording
-from ..surgery.options import Init, Keep, Layout, Loader
+from ..surgery.options import Init, Keep, Layout, Loader, Target
 
 app = typer.Typer(
     name="tietool",
@@ -474,6 +474,50 @@ def verify(
         if res.logits and res.logits.get("ok") is None:
             print(f"tietool: verify: warning: {res.logits.get('error')}", file=sys.stderr)
         raise typer.Exit(res.exit_code)
+
+    _run(body, json_out)
+
+
+@app.command()
+def convert(
+    ckpt: CkptArg = Path("."),
+    to: Annotated[
+        Target,
+        typer.Option(
+            "--to",
+            help="paddleformers: HF names, Linear [out, in], safetensors; paddlenlp: PaddleNLP 2.x names, "
+            "Linear [in, out], head [hidden, vocab], .pdparams; safetensors/pdparams: the container only",
+            show_default=False,
+        ),
+    ] = ...,  # type: ignore[assignment]
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="output folder (must not exist or be empty)", metavar="DIR")
+    ] = ...,  # type: ignore[assignment]
+    max_shard_size: Annotated[
+        str,
+        typer.Option(
+            "--max-shard-size", help="bytes per shard at most: 10GB = 10*10**9, 500MB, 2GiB or a number"
+        ),
+    ] = "10GB",
+    dry_run: DryOpt = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Convert between PaddleNLP 2.x and PaddleFormers layouts, or change only the container."""
+
+    def body():
+        from ..surgery import convert as convert_mod
+        from . import render
+
+        rep = convert_mod.convert(
+            ckpt,
+            to,
+            out,
+            max_shard_size=max_shard_size,
+            dry_run=dry_run,
+            progress=_progress(quiet or json_out),
+        )
+        render.convert(finite(rep) if json_out else rep, as_json=json_out)
 
     _run(body, json_out)
 

@@ -376,6 +376,51 @@ def report(rep: dict, as_json: bool = False) -> None:
     left_out(con, rep.get("left_out", []), rep["index"], rep["format"], writing=True)
 
 
+def convert(rep: dict, as_json: bool = False) -> None:
+    """A convert report: as JSON, or a table of every renamed, transposed and split tensor, the config
+    changes, the files written and the notes."""
+    if as_json:
+        print(json.dumps(rep, indent=2))
+        return
+    con = _console()
+    head = f"convert{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
+    con.print(head + (f" → {rep['output']}" if not rep["dry_run"] else ""), style="bold")
+    con.print(
+        f"{rep['from_convention']} ({rep['container']['before']}) → {rep['to_convention']} "
+        f"({rep['container']['after']})"
+    )
+    t = Table(title="tensors renamed, transposed or split")
+    for col in ("change", "from", "to", "shape"):
+        t.add_column(col, overflow="fold")
+    turned = {x["name"]: x for x in rep["transposed"]}
+    for r in rep["renamed"]:
+        x = turned.pop(r["to"], None)
+        shape = f"{_shape(x['shape_before'])} → {_shape(x['shape_after'])}" if x else ""
+        t.add_row("renamed, transposed" if x else "renamed", r["from"], r["to"], shape)
+    for x in turned.values():
+        t.add_row(
+            "transposed", x["from"], x["name"], f"{_shape(x['shape_before'])} → {_shape(x['shape_after'])}"
+        )
+    for sp in rep["split"]:
+        t.add_row("split", sp["from"], ", ".join(sp["to"]), "")
+    if t.row_count:
+        con.print(t)
+    else:
+        con.print("no tensor renamed or transposed: names and layouts are unchanged")
+    for c in rep["config_changes"]:
+        con.print(f"config: config.json {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
+    b, a = rep["before"], rep["after"]
+    con.print(f"tensors {b['tensors']} → {a['tensors']}, {size(b['bytes'])} → {size(a['bytes'])}")
+    if rep.get("files"):
+        f = rep["files"]
+        con.print(
+            f"files: {len(f['weight_files'])} weight file(s)"
+            + (f" + {f['index']}" if f["index"] else "")
+            + (f", carried {', '.join(f['carried'])}" if f["carried"] else "")
+        )
+    _messages(con, rep["notes"], rep["warnings"])
+
+
 def verify(res: dict, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(res, indent=2))

@@ -517,3 +517,149 @@ def lookup(model_type: str | None, loader: str, container: str | None = None) ->
 def matches(name: str, suffix: str) -> bool:
     """``name`` is ``suffix`` or ends with ``"." + suffix``."""
     return name == suffix or name.endswith("." + suffix)
+
+
+# ============================================================================ conversions (tietool convert)
+# Which tensors of a family are nn.Linear weights (they are transposed between Paddle's [in, out] and the
+# HF/PaddleFormers [out, in] layout), which are copied as they are, how PaddleNLP 2.x fused projections
+# split, and which config keys change. Sources: PaddleNLP 2.8.1 ``llama/modeling.py`` (``llama.`` names,
+# ``qkv_proj`` / ``gate_up_fused_proj`` when ``fuse_attention_qkv`` / ``fuse_attention_ffn``), PaddleFormers
+# 1.2.0 ``conversion_utils.py`` (``split_param_func``: qkv grouped per kv head) and the fixtures
+# ``pnlp_llama_untied`` / ``pf_llama_untied_legacy_pdparams`` / ``pf_llama_untied_fp32``.
+# Only model types PaddleFormers 1.2 has a class for are listed; PaddleFormers 1.2 has no Mistral, GPT,
+# BERT or T5 (``PADDLEFORMERS_LACKS``).
+
+
+class FusedSpec(TypedDict):
+    """A PaddleNLP fused projection: its parts (suffixes, same module) and how its output axis splits.
+
+    ``split``: ``"qkv"`` — ``num_attention_heads + 2 * num_key_value_heads`` head-sized chunks grouped per
+    kv head ``[q × (heads / kv_heads), k, v] × kv_heads`` (PaddleFormers ``split_param_func(is_qkv=True)``);
+    ``"halves"`` — ``[gate, up]`` in two equal halves.
+    """
+
+    parts: list[str]
+    split: str
+
+
+class ConversionRow(TypedDict):
+    """One row of ``CONVERSIONS``.
+
+    Keys:
+        paddlenlp_prefix: first name component of PaddleNLP 2.x checkpoints (``llama``), None when tietool
+            knows no PaddleNLP naming of the model type (conversion to PaddleNLP then refuses).
+        hf_prefix: first name component of PaddleFormers / HF checkpoints (``model``).
+        head: the LM head weight (top level, no prefix): ``[hidden, vocab]`` in PaddleNLP,
+            ``[vocab, hidden]`` in PaddleFormers (legacy ``.pdparams`` and safetensors alike).
+        linear: suffixes of ``nn.Linear`` weights inside the model body.
+        in_hidden: the Linear weights whose in_features is hidden_size (their shape tells the layout).
+        plain: suffixes of every other tensor (embeddings, norms, biases): copied byte for byte.
+        fused: PaddleNLP fused projection suffix → :class:`FusedSpec` (weights and biases).
+        paddlenlp_own_head: PaddleNLP 2.8 builds a head of its own whatever ``tie_word_embeddings`` says
+            (fixtures README L11), so a PaddleFormers output of a checkpoint with a head is untied.
+    """
+
+    paddlenlp_prefix: str | None
+    hf_prefix: str
+    head: str
+    linear: list[str]
+    in_hidden: list[str]
+    plain: list[str]
+    fused: dict[str, FusedSpec]
+    paddlenlp_own_head: bool
+
+
+_LLAMA_LINEAR = [
+    f"{m}.{p}_proj.weight" for m, ps in (("self_attn", "qkvo"), ("mlp", ("gate", "up", "down"))) for p in ps
+]
+_LLAMA_PLAIN = [
+    "embed_tokens.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "norm.weight",
+    *[f"self_attn.{p}_proj.bias" for p in "qkvo"],
+    *[f"mlp.{p}_proj.bias" for p in ("gate", "up", "down")],
+]
+_LLAMA_FUSED: dict[str, FusedSpec] = {
+    **{
+        f"self_attn.qkv_proj.{w}": {"parts": [f"self_attn.{p}_proj.{w}" for p in "qkv"], "split": "qkv"}
+        for w in ("weight", "bias")
+    },
+    **{
+        f"mlp.gate_up_fused_proj.{w}": {
+            "parts": [f"mlp.{p}_proj.{w}" for p in ("gate", "up")],
+            "split": "halves",
+        }
+        for w in ("weight", "bias")
+    },
+}
+
+
+def _llama_like(
+    paddlenlp_prefix: str | None, extra_plain: tuple[str, ...] = (), own_head: bool = False
+) -> ConversionRow:
+    row: ConversionRow = {
+        "paddlenlp_prefix": paddlenlp_prefix,
+        "hf_prefix": "model",
+        "head": "lm_head.weight",
+        "linear": list(_LLAMA_LINEAR),
+        "in_hidden": [f"self_attn.{p}_proj.weight" for p in "qkv"]
+        + ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+        "plain": [*_LLAMA_PLAIN, *extra_plain],
+        "fused": dict(_LLAMA_FUSED),
+        "paddlenlp_own_head": own_head,
+    }
+    return row
+
+
+# model_type -> row
+CONVERSIONS: dict[str, ConversionRow] = {
+    "llama": _llama_like("llama", own_head=True),
+    "qwen2": _llama_like("qwen2"),
+    "qwen3": _llama_like("qwen3", ("self_attn.q_norm.weight", "self_attn.k_norm.weight")),
+    # PaddleNLP 2.x has no ERNIE 4.5: PaddleFormers legacy .pdparams <-> safetensors only
+    "ernie4_5": _llama_like(None),
+}
+
+# model families (FAMILIES "family") PaddleFormers 1.2 has no model class for: what to say instead
+PADDLEFORMERS_LACKS: dict[str, str] = {
+    "gpt": "GPT",
+    "bert": "BERT/ERNIE 1-3 masked LM",
+    "t5": "T5",
+    "bart": "BART",
+    "opt": "OPT",
+    "bloom": "Bloom",
+    "chatglm": "ChatGLM",
+    "chatglm_v2": "ChatGLM2/3",
+    "xlnet": "XLNet",
+}
+
+
+# config.json keys per target convention: renamed (as PaddleFormers' save_pretrained writes ``torch_dtype``
+# for HF output, PaddleNLP ``dtype``), dropped (``source: paddle`` marks PaddleFormers' Paddle layout), set
+# false (fused projections are written unfused).
+class ConfigKeys(TypedDict):
+    """config.json edits of one target: ``rename`` old → new key, ``drop`` keys, ``unfuse`` keys set false,
+    ``refuse_set``: keys whose non-null value tietool cannot translate (it refuses)."""
+
+    rename: dict[str, str]
+    drop: list[str]
+    unfuse: list[str]
+    refuse_set: list[str]
+
+
+CONFIG_KEYS: dict[str, ConfigKeys] = {
+    "paddleformers": {
+        "rename": {"dtype": "torch_dtype"},
+        "drop": ["source"],
+        "unfuse": ["fuse_attention_qkv", "fuse_attention_ffn"],
+        # PaddleNLP's rope scaling has no PaddleFormers spelling tietool knows
+        "refuse_set": ["rope_scaling_type"],
+    },
+    "paddlenlp": {
+        "rename": {"torch_dtype": "dtype"},
+        "drop": ["source"],
+        "unfuse": ["fuse_attention_qkv", "fuse_attention_ffn"],
+        "refuse_set": ["rope_scaling"],
+    },
+}

@@ -40,3 +40,14 @@ class Loader(str, Enum):
     PADDLENLP_28 = "paddlenlp-2.8"
     PADDLENLP_3 = "paddlenlp-3"
     HF = "hf"
+
+
+class Target(str, Enum):
+    """What ``convert`` writes: PaddleFormers/HF safetensors (HF names, Linear ``[out, in]``), PaddleNLP 2.x
+    ``.pdparams`` (``llama.`` names, Linear ``[in, out]``, head ``[hidden, vocab]``), or the same names and
+    layouts in another container."""
+
+    PADDLEFORMERS = "paddleformers"
+    PADDLENLP = "paddlenlp"
+    SAFETENSORS = "safetensors"
+    PDPARAMS = "pdparams"
