@@ -1,0 +1,429 @@
+"""``tietool convert`` (issue 12 part 1): PaddleNLP 2.x ↔ PaddleFormers conventions, and container changes.
+
+* Layout: every PaddleNLP Llama fixture converted ``--to paddleformers`` has ``model.`` names, every Linear
+  weight and the head transposed byte for byte (bf16 bits moved, never converted), embeddings/norms copied,
+  and the report lists every renamed and transposed tensor.
+* Round trips are bit-identical: pnlp → paddleformers → paddlenlp gives the input's tensors (names, dtypes,
+  bytes); pf → paddlenlp → paddleformers too; safetensors ↔ pdparams container changes.
+* PaddleNLP fused ``qkv_proj`` (grouped per kv head, GQA) and ``gate_up_fused_proj`` unfuse to what the
+  unfused checkpoint gives.
+* Refusals: exit non-zero, one line naming the folder and a fix, no output left, input untouched.
+* tie/untie/resize work on a converted output, and ``verify`` explains the resize.
+* Slow: the converted PaddleNLP fixtures load in PaddleFormers 1.2 with plain ``from_pretrained`` and give
+  the stored PaddleNLP 2.8 logits within 1e-5; the converted legacy ``.pdparams`` gives, bit for bit, the
+  logits of the legacy load of the input in the same run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import fixture_support as fs
+from support import paths
+
+import tietool
+from tietool.surgery import convert as cv
+from tietool.surgery.checkpoint import Checkpoint
+from tietool.surgery.formats import pdparams_io
+from tietool.surgery.formats.safetensors_io import Source
+
+PNLP_LLAMA = ["pnlp_llama_untied", "pnlp_llama_tied", "pnlp_llama_untied_bf16", "pnlp_llama_untied_sharded"]
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _is_linear(name: str) -> bool:
+    return name == "lm_head.weight" or any(name.endswith(f".{p}.weight") for p in LINEAR)
+
+
+def _run(src: Path, tmp: Path, to: str, *extra: str) -> fs.ToolRun:
+    return fs.run_on_copy(src, tmp, "convert", ["--to", to, *extra])
+
+
+def _ok(run: fs.ToolRun) -> fs.ToolRun:
+    assert run.rc == 0, run.describe()
+    assert run.hashes_before == run.hashes_after, "the input was modified"
+    return run
+
+
+def _same_tensors(a: Path, b: Path) -> None:
+    """Names, dtypes (the storage label: uint16 stays uint16, BF16 stays BF16), shapes and bytes equal."""
+    ta, tb = fs.read_checkpoint(a), fs.read_checkpoint(b)
+    assert sorted(ta) == sorted(tb)
+    for n in ta:
+        assert (ta[n].dtype, ta[n].shape) == (tb[n].dtype, tb[n].shape), n
+        assert ta[n].data == tb[n].data, f"{n}: bytes differ"
+
+
+# ------------------------------------------------------------------------------------------ layout and names
+@pytest.mark.parametrize("name", PNLP_LLAMA)
+def test_paddlenlp_to_paddleformers_layout(name, tmp_path):
+    run = _ok(_run(paths.CASES_DIR / name, tmp_path / "w", "paddleformers"))
+    src, out = fs.read_checkpoint(run.inp), fs.read_checkpoint(run.out)
+    assert sorted(out) == sorted(n.replace("llama.", "model.", 1) for n in src)
+    bf16 = "bf16" in name
+    for n, t in src.items():
+        o = out[n.replace("llama.", "model.", 1)]
+        assert o.dtype == ("BF16" if bf16 else "F32"), (n, o.dtype)
+        if _is_linear(n):
+            assert o.shape == t.shape[::-1] and o.data == t.transposed_bytes(), n
+        else:
+            assert o.shape == t.shape and o.data == t.data, n
+    assert out["lm_head.weight"].shape == (
+        fs.config_of(run.inp)["vocab_size"],
+        16 if "sharded" not in name else 32,
+    )
+    rep = run.report()
+    assert {(r["from"], r["to"]) for r in rep["renamed"]} == {
+        (n, n.replace("llama.", "model.", 1)) for n in src if n.startswith("llama.")
+    }
+    assert sorted(x["name"] for x in rep["transposed"]) == sorted(
+        n.replace("llama.", "model.", 1) for n in src if _is_linear(n)
+    )
+    cfg = fs.config_of(run.out)
+    assert cfg["tie_word_embeddings"] is False and cfg["model_type"] == "llama"
+    assert ("torch_dtype" in cfg and "dtype" not in cfg) if bf16 else "dtype" not in cfg
+    assert (run.out / "generation_config.json").read_bytes() == (
+        run.inp / "generation_config.json"
+    ).read_bytes()
+    for table_row in ("llama.layers.0.mlp.gate_proj.weight", "lm_head.weight"):
+        assert table_row in run.stdout, f"the terminal table does not list {table_row}"
+
+
+def test_tied_paddlenlp_llama_is_untied_for_paddleformers(tmp_path):
+    """PaddleNLP 2.8 Llama used its own (different) head under tie_word_embeddings true (README L11);
+    PaddleFormers would ignore it, so the output says untied, and the report says why."""
+    run = _ok(_run(paths.CASES_DIR / "pnlp_llama_tied", tmp_path / "w", "paddleformers"))
+    assert fs.config_of(run.inp)["tie_word_embeddings"] is True
+    assert fs.config_of(run.out)["tie_word_embeddings"] is False
+    rep = run.report()
+    assert {"key": "tie_word_embeddings", "before": True, "after": False} in rep["config_changes"]
+    assert any("PaddleNLP 2.8 used this checkpoint's own head" in n for n in rep["notes"])
+
+
+def test_untransposed_tensors_are_byte_ranges_and_bf16_moves_bits():
+    ck = Checkpoint.open(paths.CASES_DIR / "pnlp_llama_untied_bf16")
+    plan = cv.plan_convert(ck, cv.Target.PADDLEFORMERS)
+    by_out = {s.out: s for s in plan.steps}
+    emb = by_out["model.embed_tokens.weight"]
+    assert not emb.transpose and emb.part is None
+    src = cv.step_source(ck, emb)()
+    assert src.array is None and src.path is not None and src.nbytes == 100 * 16 * 2
+    gate = by_out["model.layers.0.mlp.gate_proj.weight"]
+    arr = cv.step_source(ck, gate)().array
+    assert arr is not None and arr.dtype == np.uint16 and arr.shape == (32, 16)
+    assert np.array_equal(arr, ck.load("llama.layers.0.mlp.gate_proj.weight").T)
+
+
+def test_legacy_pdparams_to_paddleformers(tmp_path):
+    """HF names in Paddle layout: names kept, Linear weights transposed, the [vocab, hidden] head kept, and
+    the shapes are those of PaddleFormers' own safetensors of the same model (pf_llama_untied_fp32)."""
+    run = _ok(_run(paths.CASES_DIR / "pf_llama_untied_legacy_pdparams", tmp_path / "w", "paddleformers"))
+    src, out = fs.read_checkpoint(run.inp), fs.read_checkpoint(run.out)
+    assert sorted(src) == sorted(out)
+    ref = fs.read_checkpoint(paths.CASES_DIR / "pf_llama_untied_fp32")
+    for n, t in src.items():
+        want = t.transposed_bytes() if _is_linear(n) and n != "lm_head.weight" else t.data
+        assert out[n].data == want, n
+        assert out[n].shape == ref[n].shape, n
+    assert "source" not in fs.config_of(run.out)
+    assert [r for r in run.report()["renamed"]] == []
+
+
+def test_safetensors_in_paddle_layout_converts_like_the_pdparams(tmp_path):
+    """legacy .pdparams --to safetensors keeps names, layouts and config (source: paddle); converting that
+    --to paddleformers gives what converting the .pdparams gives."""
+    kept = _ok(_run(paths.CASES_DIR / "pf_llama_untied_legacy_pdparams", tmp_path / "a", "safetensors"))
+    assert fs.config_of(kept.out)["source"] == "paddle"
+    _same_tensors_as_values(kept.inp, kept.out)
+    via = _ok(_run(kept.out, tmp_path / "b", "paddleformers"))
+    direct = _ok(_run(paths.CASES_DIR / "pf_llama_untied_legacy_pdparams", tmp_path / "c", "paddleformers"))
+    _same_tensors(via.out, direct.out)
+
+
+def _same_tensors_as_values(a: Path, b: Path) -> None:
+    """Same names, shapes and bytes; dtype labels may be the two containers' spellings (float32 / F32)."""
+    ta, tb = fs.read_checkpoint(a), fs.read_checkpoint(b)
+    assert sorted(ta) == sorted(tb)
+    spell = {"float32": "F32", "uint16": "BF16", "F32": "F32", "BF16": "BF16"}
+    for n in ta:
+        assert spell[ta[n].dtype] == spell[tb[n].dtype] and ta[n].shape == tb[n].shape, n
+        assert ta[n].data == tb[n].data, n
+
+
+def test_layout_contradicting_the_config_is_refused(tmp_path):
+    """A safetensors in Paddle layout whose config lost ``source: paddle`` claims the HF layout; the shapes
+    of q/k/v/gate/up say otherwise, so convert refuses instead of transposing the wrong way."""
+    kept = _ok(_run(paths.CASES_DIR / "pf_llama_untied_legacy_pdparams", tmp_path / "a", "safetensors"))
+    cfg = fs.config_of(kept.out)
+    del cfg["source"]
+    (kept.out / "config.json").write_text(json.dumps(cfg))
+    run = _run(kept.out, tmp_path / "b", "paddlenlp")
+    assert run.rc == 3, run.describe()
+    assert "mlp.gate_proj.weight is [16, 32]" in run.stderr and run.out_empty()
+
+
+# ------------------------------------------------------------------------------------------------ round trips
+@pytest.mark.parametrize(
+    "name, there, back",
+    [
+        *[(n, "paddleformers", "paddlenlp") for n in PNLP_LLAMA if n != "pnlp_llama_tied"],
+        ("pf_llama_untied_fp32", "paddlenlp", "paddleformers"),
+        ("pf_llama_tied_bf16", "paddlenlp", "paddleformers"),
+        ("pf_llama_untied_sharded", "paddlenlp", "paddleformers"),
+        ("pf_qwen2_tied", "paddlenlp", "paddleformers"),
+        ("pnlp_t5", "safetensors", "pdparams"),
+        ("pnlp_bert_mlm", "safetensors", "pdparams"),
+        ("pnlp_llama_untied_bf16", "safetensors", "pdparams"),
+        ("pf_llama_tied_bf16", "pdparams", "safetensors"),
+        ("pf_ernie4_5_untied", "pdparams", "safetensors"),
+    ],
+)
+def test_round_trip_is_bit_identical(name, there, back, tmp_path):
+    one = _ok(_run(paths.CASES_DIR / name, tmp_path / "a", there))
+    two = _ok(_run(one.out, tmp_path / "b", back))
+    _same_tensors(one.inp, two.out)
+    if there in ("safetensors", "pdparams"):
+        assert one.report()["renamed"] == [] and one.report()["transposed"] == []
+
+
+def test_pnlp_tied_round_trip_keeps_tensors(tmp_path):
+    one = _ok(_run(paths.CASES_DIR / "pnlp_llama_tied", tmp_path / "a", "paddleformers"))
+    two = _ok(_run(one.out, tmp_path / "b", "paddlenlp"))
+    _same_tensors(one.inp, two.out)
+    assert (two.out / "model_state.pdparams").is_file()
+
+
+def test_tied_paddleformers_without_head_gets_one_for_paddlenlp_llama(tmp_path, fixture_copy):
+    """PaddleNLP 2.8 Llama never ties: a tied PaddleFormers Llama whose files hold no head gets the embedding
+    written as a [hidden, vocab] head (else PaddleNLP would build a random one)."""
+    ck = fixture_copy("pf_llama_tied_fp32")
+    tietool.tie(ck, tmp_path / "tied")  # drops the duplicate head
+    assert "lm_head.weight" not in fs.read_checkpoint(tmp_path / "tied")
+    rep = tietool.convert(tmp_path / "tied", "paddlenlp", tmp_path / "pnlp")
+    out = fs.read_checkpoint(tmp_path / "pnlp")
+    emb = fs.read_checkpoint(ck)["model.embed_tokens.weight"]
+    assert out["lm_head.weight"].shape == (16, 100) and out["lm_head.weight"].data == emb.transposed_bytes()
+    assert any("PaddleNLP 2.8 never ties" in n for n in rep["notes"])
+
+
+# ------------------------------------------------------------------------------------------------ fused qkv
+def _fuse_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray, nh: int, kv: int) -> np.ndarray:
+    """PaddleNLP's fused layout on the last axis, built head by head: [q(group), k, v] per kv head."""
+    hd = q.shape[-1] // nh
+    g = nh // kv
+    cols = []
+    for i in range(kv):
+        cols += [q[:, (i * g + j) * hd : (i * g + j + 1) * hd] for j in range(g)]
+        cols += [k[:, i * hd : (i + 1) * hd], v[:, i * hd : (i + 1) * hd]]
+    return np.concatenate(cols, axis=-1)
+
+
+def _write_pnlp(folder: Path, tensors: dict[str, np.ndarray], config: dict) -> Path:
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    rows = [(n, a.dtype.name, a.shape, Source(array=a), None, False) for n, a in tensors.items()]
+    pdparams_io.write_file(folder / "model_state.pdparams", rows, {})
+    return folder
+
+
+@pytest.mark.parametrize("dtype", ["float32", "uint16"])
+def test_fused_projections_unfuse_as_the_unfused_checkpoint(tmp_path, dtype):
+    """GQA (4 heads, 2 kv heads, head_dim 4): a PaddleNLP checkpoint with qkv_proj (+ bias) and
+    gate_up_fused_proj converts to exactly what its unfused twin converts to."""
+    rng = np.random.default_rng(0)
+    h, nh, kv, hd, inter, vocab = 16, 4, 2, 4, 24, 40
+
+    def r(*shape):
+        a = rng.standard_normal(shape).astype(np.float32)
+        return a if dtype == "float32" else (a.view(np.uint32) >> 16).astype(np.uint16)
+
+    q, k, v = r(h, nh * hd), r(h, kv * hd), r(h, kv * hd)
+    qb, kb, vb = r(nh * hd), r(kv * hd), r(kv * hd)
+    gate, up = r(h, inter), r(h, inter)
+    common = {
+        "llama.embed_tokens.weight": r(vocab, h),
+        "llama.norm.weight": r(h),
+        "lm_head.weight": r(h, vocab),
+    }
+    layer = "llama.layers.0."
+    unfused = {
+        **common,
+        **{f"{layer}self_attn.{p}_proj.weight": a for p, a in zip("qkv", (q, k, v), strict=True)},
+        **{f"{layer}self_attn.{p}_proj.bias": a for p, a in zip("qkv", (qb, kb, vb), strict=True)},
+        f"{layer}mlp.gate_proj.weight": gate,
+        f"{layer}mlp.up_proj.weight": up,
+    }
+    fused = {
+        **common,
+        f"{layer}self_attn.qkv_proj.weight": _fuse_qkv(q, k, v, nh, kv),
+        f"{layer}self_attn.qkv_proj.bias": _fuse_qkv(qb[None], kb[None], vb[None], nh, kv)[0],
+        f"{layer}mlp.gate_up_fused_proj.weight": np.concatenate([gate, up], axis=-1),
+    }
+    cfg = {"model_type": "llama", "hidden_size": h, "num_attention_heads": nh, "num_key_value_heads": kv}
+    cfg |= {
+        "vocab_size": vocab,
+        "intermediate_size": inter,
+        "dtype": "float32" if dtype == "float32" else "bfloat16",
+    }
+    a = _write_pnlp(tmp_path / "unfused", unfused, cfg)
+    b = _write_pnlp(
+        tmp_path / "fused", fused, {**cfg, "fuse_attention_qkv": True, "fuse_attention_ffn": True}
+    )
+    tietool.convert(a, "paddleformers", tmp_path / "a_pf")
+    rep = tietool.convert(b, "paddleformers", tmp_path / "b_pf")
+    _same_tensors(tmp_path / "a_pf", tmp_path / "b_pf")
+    assert fs.read_checkpoint(tmp_path / "b_pf")["model.layers.0.self_attn.q_proj.weight"].shape == (16, 16)
+    cfg_b = fs.config_of(tmp_path / "b_pf")
+    assert cfg_b["fuse_attention_qkv"] is False and cfg_b["fuse_attention_ffn"] is False
+    assert {s["from"]: len(s["to"]) for s in rep["split"]} == {
+        f"{layer}self_attn.qkv_proj.weight": 3,
+        f"{layer}self_attn.qkv_proj.bias": 3,
+        f"{layer}mlp.gate_up_fused_proj.weight": 2,
+    }
+
+
+# ------------------------------------------------------------------------------------------------- sharding
+def test_max_shard_size_shards_with_an_index(tmp_path):
+    run = _ok(
+        _run(
+            paths.CASES_DIR / "pnlp_llama_untied_sharded",
+            tmp_path / "w",
+            "paddleformers",
+            "--max-shard-size",
+            "20KB",
+        )
+    )
+    files = sorted(p.name for p in run.out.glob("*.safetensors"))
+    assert len(files) > 1 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    index = json.loads((run.out / "model.safetensors.index.json").read_text())
+    out = fs.read_checkpoint(run.out)
+    assert {n: t.file for n, t in out.items()} == index["weight_map"]
+    assert index["metadata"]["total_size"] == sum(len(t.data) for t in out.values())
+    for f in files:
+        inside = [t for t in out.values() if t.file == f]
+        assert sum(len(t.data) for t in inside) <= 20_000 or len(inside) == 1, f
+    assert fs.index_problems(run.out) == []
+
+
+def test_default_shard_size_is_ten_gb_and_pdparams_unsharded(tmp_path):
+    assert cv.DEFAULT_MAX_SHARD_SIZE == 10 * 10**9
+    run = _ok(_run(paths.CASES_DIR / "pf_llama_untied_sharded", tmp_path / "w", "paddlenlp"))
+    assert sorted(p.name for p in run.out.iterdir() if "model" in p.name) == ["model_state.pdparams"]
+
+
+# -------------------------------------------------------------------------------------------------- refusals
+@pytest.mark.parametrize("name, what", [("pnlp_gpt", "GPT"), ("pnlp_bert_mlm", "BERT"), ("pnlp_t5", "T5")])
+def test_families_paddleformers_lacks_are_refused(name, what, tmp_path):
+    run = _run(paths.CASES_DIR / name, tmp_path / "w", "paddleformers")
+    assert run.rc == 5, run.describe()
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"PaddleFormers 1.2 has no {what}" in lines[0]
+    assert str(run.inp) in lines[0] and "--to safetensors" in lines[0]
+    assert run.out_empty() and run.hashes_before == run.hashes_after
+
+
+def test_unknown_model_type_is_refused(tmp_path, fixture_copy):
+    ck = fixture_copy("pnlp_llama_untied")
+    cfg = fs.config_of(ck)
+    (ck / "config.json").write_text(json.dumps({**cfg, "model_type": "mystery"}))
+    run = _run(ck, tmp_path / "w", "paddleformers")
+    assert run.rc == 5 and "no conversion data for model_type 'mystery'" in run.stderr, run.describe()
+    assert "--to safetensors" in run.stderr and run.out_empty()
+
+
+def test_unplaceable_tensor_is_refused_by_name(tmp_path):
+    ck = Checkpoint.open(paths.CASES_DIR / "pnlp_llama_untied")
+    arrays = {n: ck.load(n) for n in ck.tensors}
+    arrays["llama.layers.0.self_attn.rotary_emb.mystery"] = np.zeros((4, 4), np.float32)
+    src = _write_pnlp(tmp_path / "in", arrays, ck.config)
+    run = fs.run_tool(["convert", src, "--to", "paddleformers", "--out", tmp_path / "out"])
+    assert run.returncode == 5, run.stderr
+    assert "llama.layers.0.self_attn.rotary_emb.mystery" in run.stderr and "CONVERSIONS" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+
+
+def test_no_paddlenlp_naming_is_refused(tmp_path):
+    run = _run(paths.CASES_DIR / "pf_ernie4_5_untied", tmp_path / "w", "paddlenlp")
+    assert run.rc == 5 and "no PaddleNLP 2.x naming of model_type 'ernie4_5'" in run.stderr, run.describe()
+    assert run.out_empty()
+
+
+@pytest.mark.parametrize("size", ["12XB", "0", "-5", "ten"])
+def test_bad_max_shard_size(size, tmp_path):
+    run = _run(
+        paths.CASES_DIR / "pnlp_llama_untied", tmp_path / "w", "paddleformers", "--max-shard-size", size
+    )
+    assert run.rc == 2, run.describe()
+    assert "--max-shard-size" in run.stderr and "10GB" in run.stderr and run.out_empty()
+
+
+def test_missing_input_and_occupied_output(tmp_path):
+    run = fs.run_tool(["convert", tmp_path / "nope", "--to", "paddleformers", "--out", tmp_path / "o"])
+    assert run.returncode == 3 and "nope: no such folder" in run.stderr and not (tmp_path / "o").exists()
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "x").write_text("keep")
+    run = fs.run_tool(
+        ["convert", paths.CASES_DIR / "pnlp_gpt", "--to", "safetensors", "--out", tmp_path / "busy"]
+    )
+    assert run.returncode == 2 and "not empty" in run.stderr
+    assert [p.name for p in (tmp_path / "busy").iterdir()] == ["x"]
+
+
+def test_api_dry_run_and_bad_target(tmp_path):
+    rep = tietool.convert(
+        paths.CASES_DIR / "pnlp_llama_untied", "paddleformers", tmp_path / "o", dry_run=True
+    )
+    assert isinstance(rep, tietool.Report) and rep.dry_run and not (tmp_path / "o").exists()
+    src = fs.read_checkpoint(paths.CASES_DIR / "pnlp_llama_untied")
+    assert rep.parameters_before == rep.parameters_after == sum(int(np.prod(t.shape)) for t in src.values())
+    assert len(rep["transposed"]) == 8 and len(rep["renamed"]) == 11
+    with pytest.raises(tietool.UsageError, match="to must be one of"):
+        tietool.convert(paths.CASES_DIR / "pnlp_llama_untied", "onnx", tmp_path / "o")
+
+
+# ------------------------------------------------------------------------------- operations on the output
+def test_resize_of_a_converted_checkpoint_is_explained_by_verify(tmp_path):
+    conv = _ok(_run(paths.CASES_DIR / "pnlp_llama_untied", tmp_path / "w", "paddleformers"))
+    res = fs.run_tool(["resize", conv.out, "--vocab", "128", "--out", tmp_path / "r"])
+    assert res.returncode == 0, res.stderr
+    emb = fs.read_checkpoint(tmp_path / "r")["model.embed_tokens.weight"]
+    assert emb.shape == (128, 16)
+    ver = fs.run_tool(["verify", conv.out, tmp_path / "r"])
+    assert ver.returncode == 0, ver.stdout + ver.stderr
+    tie = fs.run_tool(["tie", conv.out, "--keep", "head", "--out", tmp_path / "t"])
+    assert tie.returncode == 0, tie.stderr
+    assert fs.config_of(tmp_path / "t")["tie_word_embeddings"] is True
+
+
+# ---------------------------------------------------------------------------------------------- slow: loads
+@pytest.mark.slow
+@pytest.mark.parametrize("name", PNLP_LLAMA)
+def test_converted_paddlenlp_loads_in_paddleformers(name, tmp_path):
+    run = _ok(_run(paths.CASES_DIR / name, tmp_path / "w", "paddleformers"))
+    res = fs.run_pf_logits(run.out, "LlamaForCausalLM", tmp_path / "l.npy")
+    assert res.get("ok"), res
+    assert res["warnings"] == [], res["warnings"]
+    got = np.load(tmp_path / "l.npy")
+    want = np.load(paths.ORACLES_DIR / f"{name}.logits_before.npy")
+    assert got.shape == want.shape
+    assert float(np.abs(got - want).max()) < 1e-5
+
+
+@pytest.mark.slow
+def test_converted_legacy_pdparams_loads_without_legacy_format(tmp_path):
+    name = "pf_llama_untied_legacy_pdparams"
+    run = _ok(_run(paths.CASES_DIR / name, tmp_path / "w", "paddleformers"))
+    ref = fs.run_pf_logits(
+        fs.copy_checkpoint(paths.CASES_DIR / name, tmp_path / "ref"),
+        "LlamaForCausalLM",
+        tmp_path / "ref.npy",
+        {"load_checkpoint_format": "legacy", "convert_from_hf": False},
+    )
+    assert ref.get("ok"), ref
+    res = fs.run_pf_logits(run.out, "LlamaForCausalLM", tmp_path / "got.npy")
+    assert res.get("ok") and res["warnings"] == [], res
+    got, want = np.load(tmp_path / "got.npy"), np.load(tmp_path / "ref.npy")
+    assert fs.logits_mismatch(got, want) is None
