@@ -11,6 +11,7 @@ no paddle)::
     rep = tietool.tie("ckpt/", "tied/")      # Report (also tied/tietool-report.json); out=None: in place
     rep = tietool.resize("ckpt/", 32000, "resized/", pad_to_multiple_of=64)
     assert tietool.verify("ckpt/", "resized/").explained
+    rep = tietool.merge("tp_ranks/", "merged/")  # model_state.tp00.pdparams, ... → one checkpoint
 
 Errors are :class:`tietool.TietoolError` subclasses; ``err.exit_code`` is the CLI's exit status.
 """
@@ -35,6 +36,7 @@ from .surgery.results import Inspection, Report
 
 if TYPE_CHECKING:
     from .surgery.convert import convert
+    from .surgery.merge import merge
     from .surgery.operations import inspect, resize, tie, untie, verify
     from .surgery.verify import VerifyResult as Verification
 
@@ -60,6 +62,7 @@ __all__ = [
     "__version__",
     "convert",
     "inspect",
+    "merge",
     "resize",
     "tie",
     "untie",
@@ -77,6 +80,10 @@ def __getattr__(name: str) -> Any:
         from .surgery.convert import convert
 
         return convert
+    if name == "merge":
+        from .surgery.merge import merge
+
+        return merge
     if name == "Verification":
         from .surgery.verify import VerifyResult
 

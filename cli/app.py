@@ -447,6 +447,66 @@ def resize(
 
 
 @app.command()
+def merge(
+    ckpt: CkptArg = Path("."),
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            "-o",
+            help="output folder (must not exist or be empty)",
+            show_default=False,
+            metavar="DIR",
+        ),
+    ] = None,
+    max_shard_size: Annotated[
+        str,
+        typer.Option(
+            "--max-shard-size",
+            help="largest weight file: bytes, or a size as save_pretrained takes it (10GB, 500MiB)",
+            metavar="SIZE",
+        ),
+    ] = "10GB",
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Merge tensor-parallel rank files (model_state.tp00.pdparams, ...; also _pp00 pipeline ranks) into one
+    checkpoint."""
+
+    def body():
+        from ..surgery import merge as merge_mod
+        from ..surgery.errors import UsageError
+
+        if out is None:
+            raise UsageError("merge writes a new checkpoint", fix="pass --out DIR (a new folder)")
+        rep = merge_mod.merge(ckpt, out, max_shard_size=max_shard_size, progress=_progress(quiet or json_out))
+        _render_merge(rep, json_out)
+
+    _run(body, json_out)
+
+
+def _render_merge(rep: dict, as_json: bool) -> None:
+    """The merge report: JSON, or one line per tensor (rule, axis, shape) and a summary."""
+    if as_json:
+        import json
+
+        print(json.dumps(finite(dict(rep)), indent=2))
+        return
+    for t in rep["tensors"]:
+        axis = "" if t["axis"] is None else f" on axis {t['axis']}"
+        print(f"  {t['name']}: {t['rule']}{axis} -> {t['dtype']} {t['shape']}")
+    for k, (before, after) in rep["config_changes"].items():
+        print(f"config.json: {k} {before} -> {after}")
+    for f in rep["left_out"]:
+        print(f"left out: {f}")
+    print(
+        f"merged {len(rep['rank_files'])} rank files ({rep['tensor_parallel']} tensor-parallel x "
+        f"{rep['pipeline_parallel']} pipeline) into {rep['output']}: {len(rep['tensors'])} tensors in "
+        f"{', '.join(rep['weight_files'])}"
+    )
+
+
+@app.command()
 def verify(
     before: Annotated[
         Path, typer.Argument(help="the input checkpoint", show_default=False, metavar="BEFORE")

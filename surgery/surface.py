@@ -45,9 +45,9 @@ class Rule:
 
 
 _MERGE_TP = (
-    "merge the slices into whole weights first: PaddleNLP/PaddleFormers merge_tensor_parallel (or save "
-    "with merge_tensor_parallel=True / a unified checkpoint; a later tietool merge command will do it); "
-    "never use one rank's file alone as the model: it holds only part of each tensor"
+    "merge the slices into whole weights first, into a new folder: tietool merge (tietool.merge in Python), "
+    "or PaddleNLP/PaddleFormers merge_tensor_parallel (or save with merge_tensor_parallel=True / a unified "
+    "checkpoint); never use one rank's file alone as the model: it holds only part of each tensor"
 )
 _MERGE_ADAPTER = (
     "merge the adapter into the base model first (PaddleNLP/PaddleFormers merge_lora, or PEFT "
