@@ -167,8 +167,9 @@ def _check_complete(path: Path, groups: dict[tuple[int, int], list[RankFile]]) -
         for pp in range(n_pp):
             if (tp, pp) not in groups:
                 raise CheckpointError(
-                    f"rank file {_renumber(some, tp, pp)} is missing (tensor-parallel ranks 0..{n_tp - 1}, "
-                    f"pipeline ranks 0..{n_pp - 1} found); without it part of every split tensor is lost",
+                    f"rank file {_renumber(some, tp, pp)} is missing (the files found are of tensor-parallel "
+                    f"ranks 0..{n_tp - 1} and pipeline ranks 0..{n_pp - 1}); without it part of every split "
+                    "tensor is lost",
                     path / _renumber(some, tp, pp),
                     "copy the missing rank file from the training run's output, then merge again",
                 )
