@@ -556,7 +556,9 @@ def convert(
     max_shard_size: Annotated[
         str,
         typer.Option(
-            "--max-shard-size", help="bytes per shard at most: 10GB = 10*10**9, 500MB, 2GiB or a number"
+            "--max-shard-size",
+            help="bytes per shard at most: 10GB = 10*10**9, 500MB, 2GiB or a number",
+            metavar="SIZE",
         ),
     ] = "10GB",
     dry_run: DryOpt = False,

@@ -427,3 +427,22 @@ def test_converted_legacy_pdparams_loads_without_legacy_format(tmp_path):
     assert res.get("ok") and res["warnings"] == [], res
     got, want = np.load(tmp_path / "got.npy"), np.load(tmp_path / "ref.npy")
     assert fs.logits_mismatch(got, want) is None
+
+
+def test_training_state_is_left_out_and_said(fixture_copy, tmp_path):
+    ck = fixture_copy("pnlp_llama_untied")
+    (ck / "model_state.pdopt").write_bytes(b"optimizer")
+    (ck / "tokenizer_config.json").write_text("{}")
+    rep = tietool.convert(ck, "paddleformers", tmp_path / "o")
+    assert not (tmp_path / "o" / "model_state.pdopt").exists()
+    assert (tmp_path / "o" / "tokenizer_config.json").read_text() == "{}"
+    assert any(n.startswith("training state left out (model_state.pdopt)") for n in rep["notes"])
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (3, 700), (513, 257), (256, 256), (0, 5)])
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32, np.int8])
+def test_tiled_transpose_moves_the_same_bits(shape, dtype):
+    a = np.arange(int(np.prod(shape)), dtype=np.int64).astype(dtype).reshape(shape)
+    t = cv.transpose_2d(a)
+    assert t.flags.c_contiguous and t.dtype == a.dtype and t.shape == shape[::-1]
+    assert t.tobytes() == np.ascontiguousarray(a.T).tobytes()
