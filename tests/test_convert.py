@@ -446,3 +446,38 @@ def test_tiled_transpose_moves_the_same_bits(shape, dtype):
     t = cv.transpose_2d(a)
     assert t.flags.c_contiguous and t.dtype == a.dtype and t.shape == shape[::-1]
     assert t.tobytes() == np.ascontiguousarray(a.T).tobytes()
+
+
+def test_unfuses_what_paddleformers_fuse_param_func_fused(tmp_path):
+    """tests/data/tp_ranks/llama_fused_fp32/original was fused by PaddleFormers' own ``fuse_param_func``
+    (4 heads, 4 kv heads: per head [q_i, k_i, v_i]); the unfused q/k/v and gate/up of the conversion, fused
+    again head by head, give the file's bytes back."""
+    src = paths.DATA / "tp_ranks" / "llama_fused_fp32" / "original"
+    tietool.convert(src, "paddleformers", tmp_path / "pf")
+    inp, out = fs.read_checkpoint(src), fs.read_checkpoint(tmp_path / "pf")
+    for layer in range(2):
+        pre = f"model.layers.{layer}."
+        q, k, v = (out[f"{pre}self_attn.{p}_proj.weight"].array().T for p in "qkv")
+        fused = inp[f"llama.layers.{layer}.self_attn.qkv_proj.weight"]
+        assert _fuse_qkv(q, k, v, 4, 4).tobytes() == fused.data
+        gate, up = (out[f"{pre}mlp.{p}_proj.weight"].array().T for p in ("gate", "up"))
+        assert (
+            np.concatenate([gate, up], axis=-1).tobytes()
+            == inp[f"llama.layers.{layer}.mlp.gate_up_fused_proj.weight"].data
+        )
+    assert not any("qkv_proj" in n or "fused" in n for n in out)
+
+
+@pytest.mark.slow
+def test_converted_fused_paddlenlp_loads_in_paddleformers(tmp_path):
+    """The unfused output of a fused PaddleNLP checkpoint (fuse flags set false) loads in PaddleFormers with
+    no missing or unexpected keys and finite logits; and converting it to unfused PaddleNLP and back gives
+    the same tensors bit for bit."""
+    src = paths.DATA / "tp_ranks" / "llama_fused_fp32" / "original"
+    tietool.convert(src, "paddleformers", tmp_path / "pf")
+    tietool.convert(tmp_path / "pf", "paddlenlp", tmp_path / "pnlp")  # unfused llama. names, [in, out]
+    tietool.convert(tmp_path / "pnlp", "paddleformers", tmp_path / "pf2")
+    _same_tensors(tmp_path / "pf", tmp_path / "pf2")
+    res = fs.run_pf_logits(tmp_path / "pf", "LlamaForCausalLM", tmp_path / "l.npy")
+    assert res.get("ok") and res["warnings"] == [] and res["shape"] == [2, 8, 48], res
+    assert np.isfinite(np.load(tmp_path / "l.npy")).all()
