@@ -181,7 +181,7 @@ def read_ranks(
     """The tensors of each tensor-parallel rank: the union of its pipeline ranks' files.
 
     Returns:
-        ``({tp: {name: Slice}}, non-tensor .pdparams entries, merged)``.
+        ``({tp: {name: Slice}}, the files' non-tensor .pdparams entries, merged into one dict)``.
 
     Raises:
         RefusedError: a name in two pipeline ranks of one tensor-parallel rank with different bytes.
@@ -231,7 +231,9 @@ def _same_or_refuse(path: Path, name: str, a: Slice, b: Slice, what: str) -> Non
     """Refuse when ``b`` differs from ``a`` (dtype, shape or bytes), naming both files."""
     same = a.info.dtype == b.info.dtype and a.info.shape == b.info.shape
     if same:
-        same = np.array_equal(_read(a).view(np.uint8), _read(b).view(np.uint8))
+        x, y = _read(a).reshape(-1).view(np.uint8), _read(b).reshape(-1).view(np.uint8)
+        step = 64 << 20  # chunks: a replicated embedding may be GBs (memory-mapped), no full-size mask
+        same = all(np.array_equal(x[i : i + step], y[i : i + step]) for i in range(0, x.size, step))
     if not same:
         raise RefusedError(
             f"{name} must be equal in every one of its {what} but differs between {a.info.file} and "
@@ -472,6 +474,38 @@ def _carried(path: Path, names: set[str], skip: set[str]) -> tuple[list[tuple[Pa
     return carry, left
 
 
+def _reporter(
+    src: Path,
+    dst: Path,
+    config: dict,
+    groups: dict[tuple[int, int], list[RankFile]],
+    config_changes: dict[str, list],
+    left: list[str],
+    merged: list[Merged],
+) -> Callable[[dict], dict]:
+    """The report builder :func:`surgery.assemble.assemble` calls with the written-file facts."""
+    files = sorted(rf.rel for fs in groups.values() for rf in fs)
+
+    def report(facts: dict) -> dict:
+        return {
+            "operation": "merge",
+            "dry_run": False,
+            "changed": True,
+            "input": str(src),
+            "output": str(dst),
+            "tensor_parallel": 1 + max(t for t, _ in groups),
+            "pipeline_parallel": 1 + max(p for _, p in groups),
+            "model_type": config.get("model_type"),
+            "rank_files": files,
+            "config_changes": config_changes,
+            "left_out": left,
+            **facts,
+            "tensors": [m.as_dict() for m in merged],
+        }
+
+    return report
+
+
 def merge(
     path: str | PathLike[str],
     out: str | PathLike[str],
@@ -530,23 +564,7 @@ def merge(
     carry, left = _carried(src, names, {rf.rel for fs in groups.values() for rf in fs})
     tensors = [OutTensor(m.name, m.dtype, m.shape, source(m)) for m in merged]
 
-    def report(facts: dict) -> dict:
-        return {
-            "operation": "merge",
-            "dry_run": False,
-            "changed": True,
-            "input": str(src),
-            "output": str(dst),
-            "tensor_parallel": n_tp,
-            "pipeline_parallel": n_pp,
-            "model_type": config.get("model_type"),
-            "rank_files": sorted(rf.rel for fs in groups.values() for rf in fs),
-            "config_changes": config_changes,
-            "left_out": left,
-            **facts,
-            "tensors": [m.as_dict() for m in merged],
-        }
-
+    report = _reporter(src, dst, config, groups, config_changes, left, merged)
     total = sum(t.nbytes for t in tensors)
     with (progress or (lambda _n: nullcontext(None)))(total) as advance:
         rep = assemble(
