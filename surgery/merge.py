@@ -181,7 +181,8 @@ def read_ranks(
     """The tensors of each tensor-parallel rank: the union of its pipeline ranks' files.
 
     Returns:
-        ``({tp: {name: Slice}}, the files' non-tensor .pdparams entries, merged into one dict)``.
+        ``({tp: {name: Slice}}, the files' non-tensor entries merged into one dict: a .pdparams'
+        ``StructuredToParameterName@@``, or a safetensors ``__metadata__``)``.
 
     Raises:
         RefusedError: a name in two pipeline ranks of one tensor-parallel rank with different bytes.
@@ -201,7 +202,8 @@ def read_ranks(
                     else:
                         extras.setdefault(k, v)
             else:
-                infos, _ = safetensors_io.read_header(p, rf.rel)
+                infos, meta = safetensors_io.read_header(p, rf.rel)
+                extras.update(meta or {})
             for t in infos:
                 if t.name in own:
                     _same_or_refuse(path, t.name, own[t.name], Slice(p, t), "pipeline ranks")
@@ -337,6 +339,33 @@ def _misfit(path: Path, name: str, first: TensorInfo, n: int, want: tuple[int, .
     )
 
 
+def _rule(path: Path, model_type: str, name: str, file: str) -> TPRule:
+    """The :class:`TPRule` of ``name``.
+
+    Raises:
+        RefusedError: a pipeline-layer name (``1.self_attn.q_proj.weight``: ``PipelineLayer``'s own naming,
+            which says a stage-local layer index, not the model's layer), or a name the family's table
+            does not list.
+    """
+    if name.split(".", 1)[0].isdigit():
+        raise RefusedError(
+            f"{name} is a pipeline-layer name (a PipelineLayer index, not the model's layer number): the "
+            "file was saved without PaddleNLP's mapping back to the model's names, so its layer is unknown",
+            path / file,
+            "save the pipeline model with PaddleNLP's save_pretrained (it maps the names back), or merge it "
+            "with PaddleNLP",
+        )
+    rule = arch.tp_rule(model_type, name)
+    if rule is None:
+        raise RefusedError(
+            f"{name} is a tensor tietool does not know how {model_type} splits across ranks",
+            path / file,
+            "merge with the training library (PaddleNLP/PaddleFormers merge_tensor_parallel); tietool "
+            "merges only tensors whose rule it knows",
+        )
+    return rule
+
+
 def plan(path: Path, config: dict, by_tp: dict[int, dict[str, Slice]]) -> list[Merged]:
     """The merged tensors, in the order of rank 0's files, each with its rule (as the family's
     ``_get_tensor_parallel_mappings`` in :data:`surgery.architectures.TENSOR_PARALLEL`).
@@ -358,19 +387,7 @@ def plan(path: Path, config: dict, by_tp: dict[int, dict[str, Slice]]) -> list[M
     ranks = sorted(by_tp)
     out: list[Merged] = []
     for name, s0 in by_tp[ranks[0]].items():
-        rule = arch.tp_rule(model_type, name)
-        if rule is None:
-            raise RefusedError(
-                f"{name} is a tensor tietool does not know how {model_type} splits across ranks"
-                + (
-                    " (a pipeline-layer name: the file was saved without PaddleNLP's name mapping)"
-                    if name[:1].isdigit()
-                    else ""
-                ),
-                path / s0.info.file,
-                "merge with the training library (PaddleNLP/PaddleFormers merge_tensor_parallel); tietool "
-                "merges only tensors whose rule it knows",
-            )
+        rule = _rule(path, model_type, name, s0.info.file)
         missing = [tp for tp in ranks if name not in by_tp[tp]]
         if missing:
             other = next(iter(by_tp[missing[0]].values())).info.file
@@ -574,7 +591,8 @@ def merge(
             new_config,
             carry=carry,
             max_shard_size=limit,
-            pdparams_extras=extras or None,
+            st_metadata=(extras or None) if container == "safetensors" else None,
+            pdparams_extras=(extras or None) if container == "pdparams" else None,
             report=report,
             progress=advance,
         )

@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 import tietool
 from tietool.cli.app import app
 from tietool.surgery import merge as merge_mod
-from tietool.surgery.formats import pdparams_io
+from tietool.surgery.formats import pdparams_io, safetensors_io
 
 TP = paths.DATA / "tp_ranks"
 VARIANTS = ("llama_fp32", "llama_bf16", "llama_fused_fp32", "qwen2_fused_fp32", "qwen2_bf16", "phi3_fp32")
@@ -314,3 +314,46 @@ def test_other_commands_point_to_merge():
     code, _, err = cli("inspect", C05)
     assert code == 5
     assert "tietool merge" in err and "rename" not in err
+
+
+def test_safetensors_rank_files_merge_into_safetensors(tmp_path):
+    """Rank files in safetensors (``model.tp00.safetensors``, Paddle layout, as PaddleNLP's
+    ``save_pretrained(safe_serialization=True)`` names a rank's file) merge the same way, into safetensors."""
+    src = tmp_path / "st"
+    src.mkdir()
+    shutil.copy(TP / "qwen2_bf16" / "tp2" / "config.json", src / "config.json")
+    for r in range(2):
+        f = TP / "qwen2_bf16" / "tp2" / f"model_state.tp0{r}.pdparams"
+        infos, _, _ = pdparams_io.read_header(f, f.name)
+        rows = [(t.name, "BF16", t.shape, pdparams_io.raw_bytes_source(f, t)) for t in infos]
+        safetensors_io.write_file(src / f"model.tp0{r}.safetensors", rows, {"format": "np"})
+    rep = tietool.merge(src, tmp_path / "out")
+    assert rep["index"] == "model.safetensors.index.json"
+    out = tmp_path / "out" / rep["weight_files"][0]
+    infos, meta = safetensors_io.read_header(out, out.name)
+    assert meta == {"format": "np"}
+    original = tensors(TP / "qwen2_bf16" / "original")
+    got = {t.name: (t.dtype, t.shape, safetensors_io.read_array(out, t).tobytes()) for t in infos}
+    assert set(got) == set(original)
+    for name, (_dtype, shape, data) in original.items():
+        assert got[name] == ("BF16", shape, data), name
+
+
+def test_refuses_pipeline_layer_names(tmp_path):
+    """Pipeline files saved without PaddleNLP's name mapping hold PipelineLayer names (``0.weight``,
+    ``1.self_attn...``): refused with that cause, not merged by guess."""
+    ranks = copy(TP / "llama_fp32" / "tp2pp2", tmp_path)
+    for r in range(2):
+
+        def rename(a):
+            a["1.self_attn.q_proj.weight"] = a.pop("model.layers.0.self_attn.q_proj.weight")
+
+        rewrite(ranks / f"model_state.tp0{r}_pp00.pdparams", rename)
+    refuse(
+        ranks,
+        tmp_path,
+        5,
+        "1.self_attn.q_proj.weight",
+        "pipeline-layer name",
+        "model_state.tp00_pp00.pdparams",
+    )

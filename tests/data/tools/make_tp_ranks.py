@@ -127,7 +127,7 @@ def numpy_state(model) -> dict:
     out = {}
     for k, v in model.state_dict().items():
         a = v.numpy()
-        assert v.dtype != paddle.bfloat16 or a.dtype == np.uint16, (k, a.dtype)
+        assert (v.dtype == paddle.bfloat16) == (a.dtype == np.uint16), (k, v.dtype, a.dtype)
         out[k] = a
     return out
 
@@ -159,8 +159,11 @@ def write_variant(root: Path, name: str, sd: dict, cfg: dict, head_rows: bool) -
 def pf_model(cls_name: str, cfg_name: str, dtype: str = "float32", **kw):
     """A PaddleFormers model saved by its own save_pretrained (legacy .pdparams), and its config."""
     paddle.seed(1234)
-    config = getattr(T, cfg_name)(**SIZES, **kw, dtype=dtype)
+    config = getattr(T, cfg_name)(**SIZES, **kw)
     model = getattr(T, cls_name)(config)
+    if dtype != "float32":  # built in float32 (the Config's dtype does not reach the parameters), then cast
+        model = model.to(dtype=dtype)
+        model.config.dtype = dtype
     with tempfile.TemporaryDirectory() as tmp:
         model.save_pretrained(tmp, save_checkpoint_format="legacy", save_to_hf=False)
         cfg = json.loads(Path(tmp, "config.json").read_text())
