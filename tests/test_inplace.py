@@ -141,7 +141,8 @@ def test_sigkill_at_random_points_leaves_old_or_new(tmp_path):
     old, new, elapsed = _states(tmp_path)
     rng = random.Random(20261130)
     seen = {"old": 0, "new": 0, "missing": 0}
-    for i in range(KILL_RUNS):
+    scale, i = 1.0, 0  # adapts when the machine's load changes after the timing: both outcomes must be seen
+    while i < KILL_RUNS or ((seen["old"] == 0 or seen["new"] == 0) and i < 3 * KILL_RUNS):
         work = tmp_path / f"k{i}"
         work.mkdir()
         ck = _copy("pf_llama_untied_sharded", work / "ckpt")
@@ -153,13 +154,14 @@ def test_sigkill_at_random_points_leaves_old_or_new(tmp_path):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        time.sleep(rng.uniform(0.15, 1.1) * elapsed)
+        time.sleep(rng.uniform(0.15, 1.1) * elapsed * scale)
         p.send_signal(signal.SIGKILL)
         p.wait()
         if ck.exists():
             state = _digest(ck)
             assert state in (old, new), f"run {i}: the original name holds a mix"
             seen["old" if state == old else "new"] += 1
+            scale *= 0.9 if seen["old"] == 0 and state == new else 1.1 if seen["new"] == 0 else 1.0
         else:
             assert fallback, f"run {i}: the folder is missing after an atomic exchange"
             seen["missing"] += 1
@@ -170,6 +172,7 @@ def test_sigkill_at_random_points_leaves_old_or_new(tmp_path):
         for bak in work.glob("ckpt.tietool-backup-*"):
             assert _digest(bak) == old, f"run {i}: a backup is not the old version"
         shutil.rmtree(work)
+        i += 1
     # the random points covered both outcomes (the delays span the whole run, measured above)
     assert seen["old"] > 0 and seen["new"] > 0, seen
 
