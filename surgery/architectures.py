@@ -724,8 +724,12 @@ CONVERSIONS: dict[str, ConversionRow] = {
     "ernie4_5": _llama_like(None),
 }
 
-# model families (FAMILIES "family") PaddleFormers 1.2 has no model class for: what to say instead
+# model families (FAMILIES "family") and model types PaddleFormers 1.2 has no model class for (no folder in
+# paddleformers/transformers/): how messages name them
 PADDLEFORMERS_LACKS: dict[str, str] = {
+    "mistral": "Mistral",
+    "mixtral": "Mixtral",
+    "baichuan": "Baichuan",
     "gpt": "GPT",
     "bert": "BERT/ERNIE 1-3 masked LM",
     "t5": "T5",

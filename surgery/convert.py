@@ -147,7 +147,8 @@ def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
     mt = ckpt.config.get("model_type")
     row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
     alt = f"to change only the container, keeping names and layouts, use {Opt('to', 'safetensors')}"
-    lacks = arch.PADDLEFORMERS_LACKS.get(_family_name(mt if isinstance(mt, str) else None))
+    name = mt if isinstance(mt, str) else None
+    lacks = arch.PADDLEFORMERS_LACKS.get(name or "") or arch.PADDLEFORMERS_LACKS.get(_family_name(name))
     if row is None and lacks and to is Target.PADDLEFORMERS:
         raise RefusedError(
             f"PaddleFormers 1.2 has no {lacks} model class (model_type {mt!r}), so no PaddleFormers layout "

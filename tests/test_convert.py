@@ -481,3 +481,12 @@ def test_converted_fused_paddlenlp_loads_in_paddleformers(tmp_path):
     res = fs.run_pf_logits(tmp_path / "pf", "LlamaForCausalLM", tmp_path / "l.npy")
     assert res.get("ok") and res["warnings"] == [] and res["shape"] == [2, 8, 48], res
     assert np.isfinite(np.load(tmp_path / "l.npy")).all()
+
+
+def test_mistral_is_refused_for_paddleformers(tmp_path, fixture_copy):
+    """Mistral has Llama's names but no PaddleFormers 1.2 class: refused by name, not converted as Llama."""
+    ck = fixture_copy("pnlp_llama_untied")
+    (ck / "config.json").write_text(json.dumps({**fs.config_of(ck), "model_type": "mistral"}))
+    with pytest.raises(tietool.RefusedError, match="PaddleFormers 1.2 has no Mistral model class"):
+        tietool.convert(ck, "paddleformers", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
