@@ -415,6 +415,17 @@ def _edit_config(plan: ConvertPlan, key: str) -> None:
             plan.config_changes.append({"key": k, "before": True, "after": False})
 
 
+def _already_hf(ckpt: Checkpoint) -> bool:
+    """Safetensors in the HF layout (no ``source: paddle``) whose names carry no PaddleNLP prefix: a
+    PaddleFormers / HF checkpoint of any model type (Gemma3, Phi3, ...), nothing to rename or transpose."""
+    pre = tuple(p + "." for p in arch.PADDLENLP_PREFIXES)
+    return (
+        ckpt.format == "safetensors"
+        and ckpt.config.get("source") != "paddle"
+        and not any(n.startswith(pre) for n in ckpt.tensors)
+    )
+
+
 def plan_convert(ckpt: Checkpoint, to: Target) -> ConvertPlan:
     """Which output tensor comes from which input tensor, by which transform (pure: reads headers only).
 
@@ -433,6 +444,12 @@ def plan_convert(ckpt: Checkpoint, to: Target) -> ConvertPlan:
     conv, container = TARGETS[to]
     if conv is None:
         return ConvertPlan(ckpt, KEPT, KEPT, container, _copy_steps(ckpt), dict(ckpt.config))
+    if conv is HF and _already_hf(ckpt):
+        plan = ConvertPlan(ckpt, HF, HF, container, _copy_steps(ckpt), dict(ckpt.config))
+        plan.notes.append(
+            "the input is already in the PaddleFormers/HF layout: only the shards are rewritten"
+        )
+        return plan
     row = conversion_row(ckpt, to)
     source = convention_of(ckpt, row)
     plan = ConvertPlan(ckpt, source, conv, container, [], dict(ckpt.config))

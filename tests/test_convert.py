@@ -490,3 +490,17 @@ def test_mistral_is_refused_for_paddleformers(tmp_path, fixture_copy):
     with pytest.raises(tietool.RefusedError, match="PaddleFormers 1.2 has no Mistral model class"):
         tietool.convert(ck, "paddleformers", tmp_path / "o")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", ["pf_gemma3_text", "pf_llama_tied_sharded"])
+def test_paddleformers_input_to_paddleformers_only_reshards(name, tmp_path):
+    """Already in the PaddleFormers layout (any model type, Gemma3 included): tensors and config unchanged,
+    the shards rewritten at the new size."""
+    run = _ok(_run(paths.CASES_DIR / name, tmp_path / "w", "paddleformers", "--max-shard-size", "1GB"))
+    _same_tensors(run.inp, run.out)
+    assert fs.config_of(run.out) == fs.config_of(run.inp)
+    assert [p.name for p in run.out.glob("*.safetensors")] == ["model-00001-of-00001.safetensors"]
+    rep = run.report()
+    assert (
+        rep["renamed"] == [] and rep["transposed"] == [] and "already in the PaddleFormers" in rep["notes"][0]
+    )
