@@ -474,25 +474,54 @@ def _take(a: np.ndarray, part: Part) -> np.ndarray:
 TILE = 256
 
 
-def transpose_2d(a: np.ndarray, tile: int = TILE) -> np.ndarray:
-    """``a.T`` as a new C-ordered array, copied tile by tile (``tile`` × ``tile``): the same bits as
-    ``np.ascontiguousarray(a.T)`` (any dtype; bf16 as ``uint16``), 2-7x faster on large matrices, where
-    numpy's strided copy misses the cache on every element (measured in ``bench/convert_memory.py``)."""
+def transpose_2d(a: np.ndarray, tile: int = TILE, out: np.ndarray | None = None) -> np.ndarray:
+    """``a.T`` as a C-ordered array (written into ``out`` when given, shape ``a.shape[::-1]``), copied tile
+    by tile (``tile`` × ``tile``): the same bits as ``np.ascontiguousarray(a.T)`` (any dtype; bf16 as
+    ``uint16``), 2-7x faster on large matrices, where numpy's strided copy misses the cache on every
+    element (measured in ``bench/convert_memory.py``)."""
     rows, cols = a.shape
-    out = np.empty((cols, rows), dtype=a.dtype)
+    if out is None:
+        out = np.empty((cols, rows), dtype=a.dtype)
     for i in range(0, rows, tile):
         for j in range(0, cols, tile):
             out[j : j + tile, i : i + tile] = a[i : i + tile, j : j + tile].T
     return out
 
 
+# rows of the input read at a time when transposing a whole tensor (about this many bytes)
+ROWS_BYTES = 16 << 20
+
+
+def transposed(ckpt: Checkpoint, name: str) -> np.ndarray:
+    """Tensor ``name`` (2-D) transposed, in its stored dtype, reading the input in blocks of rows of about
+    :data:`ROWS_BYTES` (:meth:`Checkpoint.iter_rows`, one reused buffer): memory is the output tensor plus
+    one block, never the input tensor as well."""
+    t = ckpt.tensors[name]
+    rows, cols = t.shape
+    if rows == 0 or cols == 0:
+        return transpose_2d(ckpt.load(name))
+    out: np.ndarray | None = None
+    i = 0
+    for block in ckpt.iter_rows(name, max(1, ROWS_BYTES // max(1, t.nbytes // rows))):
+        if out is None:
+            out = np.empty((cols, rows), dtype=block.dtype)
+        n = block.shape[0]
+        transpose_2d(block, out=out[:, i : i + n])
+        i += n
+    assert out is not None and i == rows
+    return out
+
+
 def step_source(ckpt: Checkpoint, step: Step) -> Callable[[], Source]:
     """The bytes of ``step`` in C order, produced when called: a byte range of the input for a plain copy
-    (C-ordered storage), else the stored array (bf16 as ``uint16`` bits) chunked and/or transposed into a
-    new contiguous array. Peak memory: the input tensor and the output tensor."""
+    (C-ordered storage); a whole transposed tensor built by :func:`transposed` (peak memory: the output
+    tensor and one block of input rows); a chunk of a fused projection from the stored array (bf16 as
+    ``uint16`` bits), chunked then transposed (peak: the fused input and its chunk)."""
     t = ckpt.tensors[step.src]
 
     def build() -> Source:
+        if step.part is None and step.transpose:
+            return Source(array=transposed(ckpt, step.src))
         a = ckpt.load(step.src)
         if step.part is not None:
             a = _take(a, step.part)

@@ -504,3 +504,13 @@ def test_paddleformers_input_to_paddleformers_only_reshards(name, tmp_path):
     assert (
         rep["renamed"] == [] and rep["transposed"] == [] and "already in the PaddleFormers" in rep["notes"][0]
     )
+
+
+@pytest.mark.parametrize("name", ["pnlp_llama_untied_bf16", "pf_llama_untied_sharded", "pnlp_llama_untied"])
+def test_blockwise_transpose_of_a_stored_tensor(name, monkeypatch):
+    """Read in blocks of a few rows (forced small), the transposed tensor has the stored bits of ``.T``."""
+    monkeypatch.setattr(cv, "ROWS_BYTES", 100)
+    ck = Checkpoint.open(paths.CASES_DIR / name)
+    for n in [n for n in ck.tensors if _is_linear(n)]:
+        got, want = cv.transposed(ck, n), np.ascontiguousarray(ck.load(n).T)
+        assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes(), n
