@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
 
 from ..surgery.errors import ExitCode, Opt, set_wording
 from ..surgery.options import Init, Keep, Layout, Loader, Target
@@ -454,7 +455,7 @@ def merge(
         typer.Option(
             "--out",
             "-o",
-            help="output folder (must not exist or be empty)",
+            help="output folder (required; must not exist or be empty)",
             show_default=False,
             metavar="DIR",
         ),
@@ -467,6 +468,7 @@ def merge(
             metavar="SIZE",
         ),
     ] = "10GB",
+    dry_run: DryOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -479,7 +481,13 @@ def merge(
 
         if out is None:
             raise UsageError("merge writes a new checkpoint", fix="pass --out DIR (a new folder)")
-        rep = merge_mod.merge(ckpt, out, max_shard_size=max_shard_size, progress=_progress(quiet or json_out))
+        rep = merge_mod.merge(
+            ckpt,
+            out,
+            max_shard_size=max_shard_size,
+            dry_run=dry_run,
+            progress=_progress(quiet or json_out),
+        )
         _render_merge(rep, json_out)
 
     _run(body, json_out)
@@ -499,6 +507,12 @@ def _render_merge(rep: dict, as_json: bool) -> None:
         print(f"config.json: {k} {before} -> {after}")
     for f in rep["left_out"]:
         print(f"left out: {f}")
+    if rep["dry_run"]:
+        print(
+            f"dry run: would merge {len(rep['rank_files'])} rank files into {len(rep['tensors'])} tensors in "
+            f"{', '.join(rep['weight_files'])}; nothing was written"
+        )
+        return
     print(
         f"merged {len(rep['rank_files'])} rank files ({rep['tensor_parallel']} tensor-parallel x "
         f"{rep['pipeline_parallel']} pipeline) into {rep['output']}: {len(rep['tensors'])} tensors in "
@@ -506,7 +520,16 @@ def _render_merge(rep: dict, as_json: bool) -> None:
     )
 
 
-@app.command()
+class _PlainUsage(TyperCommand):
+    """A command whose usage line names required arguments as ``BEFORE``, not Typer's ``{BEFORE}``."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return [
+            p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in super().collect_usage_pieces(ctx)
+        ]
+
+
+@app.command(cls=_PlainUsage)
 def verify(
     before: Annotated[
         Path, typer.Argument(help="the input checkpoint", show_default=False, metavar="BEFORE")
@@ -623,7 +646,7 @@ def main() -> None:
             print(e.format_message())
             code = 0
         else:
-            msg = " ".join(e.format_message().split())
+            msg = " ".join(e.format_message().replace("Value error, ", "").split()).rstrip(".")
             as_json = "--json" in sys.argv[1:]
             fix = _usage_fix(e)
             err = {"type": "UsageError", "path": None, "fix": fix.removeprefix(" — ") or None}
@@ -640,6 +663,7 @@ _EXAMPLES = {
     "--vocab": "--vocab 32000",
     "--pad-to-multiple-of": "--pad-to-multiple-of 64",
     "--seed": "--seed 0",
+    "--to": "--to paddleformers",
 }
 
 

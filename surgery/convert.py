@@ -145,7 +145,15 @@ def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
             conversion data for the model type; the message names the container-only alternative.
     """
     mt = ckpt.config.get("model_type")
-    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
+    if not isinstance(mt, str) or not mt:
+        raise CheckpointError(
+            f"{ckpt.config_file} has no model_type (a string), so tietool cannot tell which tensors are "
+            "Linear weights",
+            ckpt.path / ckpt.config_file,
+            f'add "model_type" (e.g. "llama", "qwen2") as the training run wrote it, or use '
+            f"{Opt('to', 'safetensors')} to change only the container",
+        )
+    row = arch.CONVERSIONS.get(mt)
     alt = f"to change only the container, keeping names and layouts, use {Opt('to', 'safetensors')}"
     name = mt if isinstance(mt, str) else None
     lacks = arch.PADDLEFORMERS_LACKS.get(name or "") or arch.PADDLEFORMERS_LACKS.get(_family_name(name))
@@ -360,7 +368,9 @@ def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
       (``paddlenlp_own_head``, fixtures README L11), so the embedding is written as the head, transposed to
       ``[hidden, vocab]``;
     * from PaddleNLP with a head under ``tie_word_embeddings: true``: PaddleNLP used the file's head, while
-      PaddleFormers would ignore it and tie, so the output says ``tie_word_embeddings: false``.
+      PaddleFormers would ignore it and tie, so the output says ``tie_word_embeddings: false``, unless
+      the head is the embedding transposed bit for bit (a tied PaddleFormers checkpoint converted to
+      PaddleNLP): then tying gives the same head, and the flag stays true (the round trip is exact).
     """
     ckpt, head = plan.ckpt, row["head"]
     if not row["paddlenlp_own_head"]:
@@ -377,12 +387,36 @@ def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
             "PaddleNLP 2.8 never ties this model's head, it would build a random one"
         )
     elif plan.source is PADDLENLP and head in ckpt.tensors and tied:
+        emb = f"{_prefix(plan.source, row)}.embed_tokens.weight"
+        if emb in ckpt.tensors and head_is_embedding_t(ckpt, head, emb):
+            plan.notes.append(
+                f"tie_word_embeddings stays true: {head} is {emb} transposed bit for bit, so the head "
+                "PaddleFormers ties to the embedding is the one PaddleNLP 2.8 used"
+            )
+            return
         plan.config["tie_word_embeddings"] = False
         plan.config_changes.append({"key": "tie_word_embeddings", "before": True, "after": False})
         plan.notes.append(
             "tie_word_embeddings is set false: PaddleNLP 2.8 used this checkpoint's own head whatever the "
             "flag said, and PaddleFormers would ignore that head and tie it to the embedding"
         )
+
+
+def head_is_embedding_t(ckpt: Checkpoint, head: str, emb: str) -> bool:
+    """Whether ``[hidden, vocab]`` head ``head`` holds the bits of ``[vocab, hidden]`` embedding ``emb``
+    transposed (same dtype), compared in blocks of embedding rows against the head loaded once."""
+    h, e = ckpt.tensors[head], ckpt.tensors[emb]
+    if len(e.shape) != 2 or tuple(h.shape) != _swap(tuple(e.shape)) or h.dtype != e.dtype:
+        return False
+    if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
+        return False
+    cols, i = ckpt.load(head), 0
+    for block in ckpt.iter_rows(emb, max(1, ROWS_BYTES // max(1, e.nbytes // max(1, e.shape[0])))):
+        n = block.shape[0]
+        if transpose_2d(block).tobytes() != np.ascontiguousarray(cols[:, i : i + n]).tobytes():
+            return False
+        i += n
+    return True
 
 
 def _edit_config(plan: ConvertPlan, key: str) -> None:

@@ -35,7 +35,7 @@ import numpy as np
 from . import architectures as arch
 from . import surface
 from .architectures import TPRule, TPSplit
-from .assemble import DEFAULT_MAX_SHARD_SIZE, Container, OutTensor, assemble, parse_size
+from .assemble import DEFAULT_MAX_SHARD_SIZE, Container, OutTensor, assemble, layout, parse_size
 from .checkpoint import REPORT_NAME, _read_config
 from .errors import CheckpointError, RefusedError, UsageError
 from .formats import pdparams_io, safetensors_io
@@ -375,6 +375,12 @@ def plan(path: Path, config: dict, by_tp: dict[int, dict[str, Slice]]) -> list[M
             does not fit (:func:`_plan_one`).
     """
     model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise CheckpointError(
+            "config.json has no model_type (a string), so tietool cannot tell how the tensors were split",
+            path / "config.json",
+            'add "model_type" (e.g. "llama", "qwen2") as the training run wrote it',
+        )
     if model_type not in arch.TENSOR_PARALLEL:
         raise RefusedError(
             f"tietool knows how tensor-parallel {', '.join(sorted(arch.TENSOR_PARALLEL))} checkpoints are "
@@ -506,7 +512,7 @@ def _reporter(
     def report(facts: dict) -> dict:
         return {
             "operation": "merge",
-            "dry_run": False,
+            "dry_run": facts.pop("dry_run", False),
             "changed": True,
             "input": str(src),
             "output": str(dst),
@@ -528,6 +534,7 @@ def merge(
     out: str | PathLike[str],
     *,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    dry_run: bool = False,
     progress: Callable[[int], AbstractContextManager[Callable[[str, int], None] | None]] | None = None,
 ) -> Report:
     """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``.
@@ -547,6 +554,8 @@ def merge(
 
     Args:
         max_shard_size: bytes or a size (``"10GB"``, PaddleFormers' default).
+        dry_run: check and plan everything (rank files read, shapes checked), write nothing; the report
+            names the files a run would write.
         progress: given the bytes the output will hold, a context manager yielding ``advance(file, bytes)``
             or None (the operations' progress factory).
 
@@ -569,7 +578,8 @@ def merge(
         raise CheckpointError(
             "not a folder", src, "give the folder that holds the rank files and config.json"
         )
-    check_output_path(src, dst)
+    if not dry_run:
+        check_output_path(src, dst)
     names = {p.name for p in src.iterdir()}
     container, groups = find_ranks(src, names)
     config, _, _ = _read_config(src)
@@ -582,6 +592,10 @@ def merge(
     tensors = [OutTensor(m.name, m.dtype, m.shape, source(m)) for m in merged]
 
     report = _reporter(src, dst, config, groups, config_changes, left, merged)
+    if dry_run:
+        lay = layout(tensors, Container(container), limit)
+        planned = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
+        return Report(report({**planned, "carried": [n for _, n in carry], "dry_run": True}))
     total = sum(t.nbytes for t in tensors)
     with (progress or (lambda _n: nullcontext(None)))(total) as advance:
         rep = assemble(

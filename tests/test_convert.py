@@ -196,6 +196,31 @@ def test_pnlp_tied_round_trip_keeps_tensors(tmp_path):
     assert (two.out / "model_state.pdparams").is_file()
 
 
+@pytest.mark.parametrize("name", ["pf_llama_tied_fp32", "pf_llama_tied_bf16", "pf_llama_tied_sharded"])
+def test_tied_paddleformers_round_trip_keeps_the_tie(name, tmp_path):
+    """A tied PaddleFormers Llama (duplicate head in the files) → paddlenlp → paddleformers gives the
+    input's config back: the head is the embedding transposed, so tie_word_embeddings stays true (it was
+    set false, turning a tied checkpoint into an untied one)."""
+    one = _ok(_run(paths.CASES_DIR / name, tmp_path / "a", "paddlenlp"))
+    assert fs.config_of(one.out)["tie_word_embeddings"] is True
+    two = _ok(_run(one.out, tmp_path / "b", "paddleformers"))
+    _same_tensors(one.inp, two.out)
+    assert fs.config_of(two.out)["tie_word_embeddings"] is True
+    rep = two.report()
+    assert not any(c["key"] == "tie_word_embeddings" for c in rep["config_changes"])
+    assert any("tie_word_embeddings stays true" in n for n in rep["notes"])
+    ck = Checkpoint.open(one.out)
+    assert cv.head_is_embedding_t(ck, "lm_head.weight", "llama.embed_tokens.weight")
+    # one flipped bit in the head: not the embedding any more, so the flag goes false as before
+    arrays = {n: ck.load(n).copy() for n in ck.tensors}
+    arrays["lm_head.weight"].view(np.uint8).reshape(-1)[5] ^= 1
+    src = _write_pnlp(tmp_path / "flip", arrays, ck.config)
+    assert not cv.head_is_embedding_t(Checkpoint.open(src), "lm_head.weight", "llama.embed_tokens.weight")
+    three = fs.run_tool(["convert", src, "--to", "paddleformers", "--out", tmp_path / "c"])
+    assert three.returncode == 0, three.stderr
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["tie_word_embeddings"] is False
+
+
 def test_tied_paddleformers_without_head_gets_one_for_paddlenlp_llama(tmp_path, fixture_copy):
     """PaddleNLP 2.8 Llama never ties: a tied PaddleFormers Llama whose files hold no head gets the embedding
     written as a [hidden, vocab] head (else PaddleNLP would build a random one)."""
@@ -332,6 +357,25 @@ def test_unknown_model_type_is_refused(tmp_path, fixture_copy):
     run = _run(ck, tmp_path / "w", "paddleformers")
     assert run.rc == 5 and "no conversion data for model_type 'mystery'" in run.stderr, run.describe()
     assert "--to safetensors" in run.stderr and run.out_empty()
+
+
+@pytest.mark.parametrize("to", ["paddleformers", "paddlenlp"])
+def test_missing_model_type_names_config_json(to, tmp_path, fixture_copy):
+    """A config.json without model_type: one line naming config.json and what to add (not "model_type
+    None"); exit 3 (a bad checkpoint); nothing written. The container change still works."""
+    ck = fixture_copy("pnlp_llama_untied")
+    cfg = fs.config_of(ck)
+    del cfg["model_type"]
+    (ck / "config.json").write_text(json.dumps(cfg))
+    run = _run(ck, tmp_path / "w", to)
+    lines = run.stderr.strip().splitlines()
+    assert run.rc == 3 and len(lines) == 1, run.describe()
+    assert f"{run.inp / 'config.json'}: config.json has no model_type" in lines[0]
+    assert 'add "model_type"' in lines[0] and "None" not in lines[0] and "Traceback" not in run.stderr
+    assert run.out_empty() and run.hashes_before == run.hashes_after
+    kept = _ok(_run(ck, tmp_path / "k", "safetensors"))
+    ta, tb = fs.read_checkpoint(kept.inp), fs.read_checkpoint(kept.out)
+    assert sorted(ta) == sorted(tb) and all(ta[n].data == tb[n].data for n in ta)
 
 
 def test_unplaceable_tensor_is_refused_by_name(tmp_path):
@@ -514,3 +558,39 @@ def test_blockwise_transpose_of_a_stored_tensor(name, monkeypatch):
     for n in [n for n in ck.tensors if _is_linear(n)]:
         got, want = cv.transposed(ck, n), np.ascontiguousarray(ck.load(n).T)
         assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes(), n
+
+
+# ------------------------------------------------------------------------------------------ the CLI's help
+@pytest.mark.parametrize("command", ["inspect", "tie", "untie", "resize", "verify", "convert", "merge"])
+def test_help_names_arguments_without_braces(command):
+    """Usage lines name arguments as CKPT / BEFORE AFTER: Typer 0.29 wrapped required ones as {BEFORE}."""
+    run = fs.run_tool([command, "--help"])
+    assert run.returncode == 0, run.stderr
+    usage = run.stdout.splitlines()[0]
+    assert "{" not in run.stdout and "}" not in run.stdout, usage
+    want = {"verify": "[OPTIONS] BEFORE AFTER", "inspect": "[OPTIONS] [CKPT]..."}.get(
+        command, "[OPTIONS] [CKPT]"
+    )
+    assert usage.startswith("Usage: ") and usage.endswith(f"tietool {command} {want}"), usage
+
+
+def test_convert_help_does_not_import_paddle():
+    code = (
+        "import sys\nfrom tietool.cli.app import app\ntry:\n    app(['convert', '--help'])\n"
+        "except SystemExit:\n    pass\nprint(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('paddle', 'paddleformers', 'paddlenlp')))"
+    )
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
+def test_unknown_target_is_one_clean_line(tmp_path):
+    """--to bogus: one line with the allowed values and an example (it said "Value error, ...")."""
+    run = _run(paths.CASES_DIR / "pnlp_llama_untied", tmp_path / "w", "bogus")
+    lines = run.stderr.strip().splitlines()
+    assert run.rc == 2 and len(lines) == 1, run.describe()
+    assert "Value error" not in lines[0] and "'bogus' is not one of 'paddleformers'" in lines[0]
+    assert lines[0].endswith("— e.g. --to paddleformers") and run.out_empty()

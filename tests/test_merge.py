@@ -306,6 +306,47 @@ def test_refuses_an_unknown_family(tmp_path):
     refuse(ranks, tmp_path, 5, "config.json", "'gpt2'")
 
 
+def test_refuses_a_config_without_model_type(tmp_path):
+    """No model_type: one line naming config.json and what to add (it said "not model_type None" and
+    pointed to the training library); exit 3, a bad checkpoint."""
+    ranks = copy(TP / "llama_fp32" / "tp2", tmp_path)
+    cfg = json.loads((ranks / "config.json").read_text())
+    del cfg["model_type"]
+    (ranks / "config.json").write_text(json.dumps(cfg))
+    line = refuse(
+        ranks, tmp_path, 3, f"{ranks / 'config.json'}: config.json has no model_type", 'add "model_type"'
+    )
+    assert "None" not in line
+
+
+def test_dry_run_plans_and_writes_nothing(tmp_path):
+    """--dry-run (a common option; merge lacked it: "No such option") reads and checks every rank file,
+    prints the plan and writes nothing; the report names the files a run would write."""
+    ranks = copy(TP / "llama_fp32" / "tp2pp2", tmp_path)
+    before = tree_digest(ranks)
+    code, out, err = cli("merge", ranks, "--out", tmp_path / "out", "--dry-run", "--json")
+    assert code == 0, err
+    rep = json.loads(out)
+    assert rep["dry_run"] is True and rep["weight_files"] == ["model_state.pdparams"]
+    assert rep["index"] is None and rep["rank_files"] == sorted(p.name for p in ranks.glob("*.pdparams"))
+    original = tensors(TP / "llama_fp32" / "original")
+    assert rep["total_size"] == sum(len(b) for _, _, b in original.values())
+    assert {t["name"] for t in rep["tensors"]} == set(original)
+    assert not (tmp_path / "out").exists() and tree_digest(ranks) == before
+    assert not [p for p in tmp_path.iterdir() if "tietool" in p.name]
+    code, out, err = cli("merge", ranks, "--out", tmp_path / "out", "--dry-run", "--max-shard-size", "2KB")
+    assert code == 0 and "dry run: would merge 4 rank files" in out and "nothing was written" in out, err
+    assert "model_state-00001-of-" in out and not (tmp_path / "out").exists()
+    rep = tietool.merge(ranks, tmp_path / "out", dry_run=True)
+    assert rep["dry_run"] is True and not (tmp_path / "out").exists()
+    # still refuses a broken input, and still needs --out
+    (ranks / "model_state.tp01_pp01.pdparams").unlink()
+    code, _, err = cli("merge", ranks, "--out", tmp_path / "out", "--dry-run")
+    assert code == 3 and "model_state.tp01_pp01.pdparams" in err and len(err.strip().splitlines()) == 1
+    code, _, err = cli("merge", ranks, "--dry-run")
+    assert code == 2 and "--out" in err
+
+
 def test_refuses_a_folder_without_rank_files(tmp_path):
     refuse(paths.CASES_DIR / "pnlp_llama_untied", tmp_path, 2, "no tensor- or pipeline-parallel rank files")
 
