@@ -21,7 +21,8 @@ from ..surgery.options import Init, Keep, Layout, Loader, Target
 app = typer.Typer(
     name="tietool",
     help="Inspect, tie, untie and resize the input embedding and LM head of PaddlePaddle LLM checkpoints "
-    "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors).",
+    "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors); convert them between "
+    "the PaddleNLP and PaddleFormers conventions; merge tensor-parallel rank files.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

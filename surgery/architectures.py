@@ -533,6 +533,21 @@ PARALLEL_CONFIG_KEYS: dict[str, int] = {
 }
 
 
+# the config.json keys each size a TPRule shape names is computed from (merge names the missing ones)
+TP_DIM_KEYS: dict[str, tuple[str, ...]] = {
+    "V": ("vocab_size",),
+    "H": ("hidden_size",),
+    "I": ("intermediate_size",),
+    "2I": ("intermediate_size",),
+    "D": ("hidden_size", "num_attention_heads"),
+    "D/2": ("hidden_size", "num_attention_heads"),
+    "Q": ("hidden_size", "num_attention_heads"),
+    "KV": ("hidden_size", "num_attention_heads"),
+    "QKV": ("hidden_size", "num_attention_heads"),
+    "GROUPS": ("num_attention_heads",),
+}
+
+
 def tp_rule(model_type: str | None, name: str) -> TPRule | None:
     """The :class:`TPRule` of tensor ``name`` (longest matching suffix) for ``model_type``, or None when
     the family or the name is not in :data:`TENSOR_PARALLEL`."""

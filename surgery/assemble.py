@@ -22,6 +22,7 @@ the limit gets a shard of its own.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint import REPORT_NAME
-from .errors import Opt, UsageError
+from .errors import Opt, OutputError, UsageError
 from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source
 from .formats.tensor import DTYPES
@@ -248,6 +249,13 @@ def assemble(
         _uninterruptibly(lambda: shutil.rmtree(tmp, ignore_errors=True))
         if not isinstance(e, OSError):
             raise
+        if e.filename == str(tmp) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            # the temporary folder could not be made: name the folder the user chose, not our temp name
+            raise OutputError(
+                f"cannot create the output in this folder: {e.strerror}; nothing was written",
+                parent,
+                f"choose an {Opt('out')} in a folder you can write to",
+            ) from None
         raise _output_error(e, parent) from None
 
 

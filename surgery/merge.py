@@ -263,19 +263,27 @@ def config_dims(config: dict) -> dict[str, int]:
     kv = get("num_key_value_heads") or heads
     d = get("head_dim") or (h // heads if h and heads else None)
     dims = {"V": v, "H": h, "I": i, "2I": 2 * i if i else None, "D": d, "D/2": d // 2 if d else None}
+    dims["HEADS"] = heads
     if heads and kv and d:
         dims.update({"Q": heads * d, "KV": kv * d, "QKV": (heads + 2 * kv) * d, "GROUPS": heads // kv})
     return {k: x for k, x in dims.items() if x is not None}
 
 
+# the config_dims symbol each config.json key gives (a key whose symbol is there is not missing)
+_KEY_DIM = {"vocab_size": "V", "hidden_size": "H", "intermediate_size": "I", "num_attention_heads": "HEADS"}
+
+
 def _expected(rule: TPRule, dims: dict[str, int], path: Path, name: str) -> tuple[int, ...]:
     missing = [s for s in rule.shape if s not in dims]
     if missing:
+        wanted = dict.fromkeys(k for s in missing for k in arch.TP_DIM_KEYS.get(s, (s,)))
+        keys = [k for k in wanted if _KEY_DIM.get(k) not in dims] or list(wanted)
+        what = "a positive integer" if len(keys) == 1 else "positive integers"
         raise CheckpointError(
-            f"config.json lacks the sizes {', '.join(missing)} that the shape of {name} is checked against",
+            f"config.json lacks {' / '.join(keys)} ({what}), which the merged shape of "
+            f"{name} is checked against",
             path / "config.json",
-            "restore config.json from the training run (vocab_size, hidden_size, intermediate_size, "
-            "num_attention_heads, num_key_value_heads)",
+            f"add {', '.join(keys)} to config.json as the training run wrote it",
         )
     return tuple(dims[s] for s in rule.shape)
 

@@ -108,6 +108,24 @@ def test_a_failing_source_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_unwritable_parent_names_the_parent_not_the_temp_folder(tmp_path, monkeypatch):
+    """An --out whose parent is read-only (simulated: tests may run as root): the error named
+    ``.out.tietool-tmp-<pid>``, a folder the user never chose; it names the parent and what to do."""
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *a, **k):
+        if "tietool-tmp" in self.name:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_mkdir(self, *a, **k)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    with pytest.raises(OutputError) as e:
+        assemble(tmp_path / "ro" / "out", _tensors(_arrays()), Container.SAFETENSORS, {})
+    assert e.value.path == str(tmp_path / "ro") and "tietool-tmp" not in str(e.value)
+    assert "cannot create the output in this folder: Permission denied" in str(e.value)
+    assert e.value.exit_code == 6 and [p.name for p in tmp_path.iterdir()] == ["ro"]
+
+
 def test_duplicate_names_refused(tmp_path):
     ts = _tensors(_arrays())
     with pytest.raises(UsageError):

@@ -319,6 +319,17 @@ def test_refuses_a_config_without_model_type(tmp_path):
     assert "None" not in line
 
 
+@pytest.mark.parametrize("key", ["vocab_size", "intermediate_size", "num_attention_heads"])
+def test_refuses_a_config_without_a_size_by_its_key(tmp_path, key):
+    """A size missing from config.json is named by its key (it said "lacks the sizes V")."""
+    ranks = copy(TP / "llama_fp32" / "tp2", tmp_path)
+    cfg = json.loads((ranks / "config.json").read_text())
+    del cfg[key]
+    (ranks / "config.json").write_text(json.dumps(cfg))
+    line = refuse(ranks, tmp_path, 3, f"{ranks / 'config.json'}: config.json lacks {key}", f"add {key}")
+    assert "sizes" not in line and " V " not in line
+
+
 def test_dry_run_plans_and_writes_nothing(tmp_path):
     """--dry-run (a common option; merge lacked it: "No such option") reads and checks every rank file,
     prints the plan and writes nothing; the report names the files a run would write."""
