@@ -385,10 +385,11 @@ def convert(rep: dict, as_json: bool = False) -> None:
     con = _console()
     head = f"convert{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
     con.print(head + (f" → {rep['output']}" if not rep["dry_run"] else ""), style="bold")
-    con.print(
-        f"{rep['from_convention']} ({rep['container']['before']}) → {rep['to_convention']} "
-        f"({rep['container']['after']})"
-    )
+    before, after = rep["container"]["before"], rep["container"]["after"]
+    if rep["from_convention"] == rep["to_convention"]:
+        con.print(f"{before} → {after}: the container only, names and layouts kept")
+    else:
+        con.print(f"{rep['from_convention']} ({before}) → {rep['to_convention']} ({after})")
     t = Table(title="tensors renamed, transposed or split")
     for col in ("change", "from", "to", "shape"):
         t.add_column(col, overflow="fold")

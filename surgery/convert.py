@@ -449,6 +449,26 @@ def _edit_config(plan: ConvertPlan, key: str) -> None:
             plan.config_changes.append({"key": k, "before": True, "after": False})
 
 
+def _require_sizes(ckpt: Checkpoint) -> None:
+    """A layout change needs ``vocab_size`` and ``hidden_size``: they tell the head's layout from its
+    shape, and the target loader builds its tables from them (PaddleFormers' Llama default vocab_size is
+    32000). Raises CheckpointError naming the missing keys."""
+    missing = [k for k in ("vocab_size", "hidden_size") if not _positive_int(ckpt.config.get(k))]
+    if missing:
+        emb = next((t for n, t in ckpt.tensors.items() if n.endswith("embed_tokens.weight")), None)
+        hint = f" (the embedding is {list(emb.shape)}: [vocab_size, hidden_size])" if emb is not None else ""
+        raise CheckpointError(
+            f"{ckpt.config_file} has no {' / '.join(missing)} (a positive integer), which a layout change "
+            "needs to tell the head's layout and the loader needs to build the model",
+            ckpt.path / ckpt.config_file,
+            f"add {', '.join(missing)} as the training run wrote it{hint}",
+        )
+
+
+def _positive_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
 def _already_hf(ckpt: Checkpoint) -> bool:
     """Safetensors in the HF layout (no ``source: paddle``) whose names carry no PaddleNLP prefix: a
     PaddleFormers / HF checkpoint of any model type (Gemma3, Phi3, ...), nothing to rename or transpose."""
@@ -490,6 +510,7 @@ def plan_convert(ckpt: Checkpoint, to: Target) -> ConvertPlan:
     if source is conv:
         plan.steps = _copy_steps(ckpt)
         return plan
+    _require_sizes(ckpt)
     plan.steps = model_steps(ckpt, row, source, conv)
     _edit_config(plan, to.value)
     _head_steps(plan, row)

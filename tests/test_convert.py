@@ -378,6 +378,24 @@ def test_missing_model_type_names_config_json(to, tmp_path, fixture_copy):
     assert sorted(ta) == sorted(tb) and all(ta[n].data == tb[n].data for n in ta)
 
 
+@pytest.mark.parametrize("key", ["vocab_size", "hidden_size"])
+def test_missing_sizes_refused_for_a_layout_change(key, tmp_path, fixture_copy):
+    """Without vocab_size the head's layout went unchecked and the PaddleFormers output had no vocab_size
+    (its loader would build 32000 rows): refused as one line naming config.json and the embedding's shape;
+    a container change still works."""
+    ck = fixture_copy("pnlp_llama_untied")
+    cfg = fs.config_of(ck)
+    del cfg[key]
+    (ck / "config.json").write_text(json.dumps(cfg))
+    run = _run(ck, tmp_path / "w", "paddleformers")
+    lines = run.stderr.strip().splitlines()
+    assert run.rc == 3 and len(lines) == 1, run.describe()
+    assert f"{run.inp / 'config.json'}: config.json has no {key}" in lines[0]
+    assert f"add {key}" in lines[0] and "[100, 16]" in lines[0]
+    assert run.out_empty() and run.hashes_before == run.hashes_after
+    assert _ok(_run(ck, tmp_path / "k", "safetensors")).rc == 0
+
+
 def test_unplaceable_tensor_is_refused_by_name(tmp_path):
     ck = Checkpoint.open(paths.CASES_DIR / "pnlp_llama_untied")
     arrays = {n: ck.load(n) for n in ck.tensors}
@@ -594,3 +612,13 @@ def test_unknown_target_is_one_clean_line(tmp_path):
     assert run.rc == 2 and len(lines) == 1, run.describe()
     assert "Value error" not in lines[0] and "'bogus' is not one of 'paddleformers'" in lines[0]
     assert lines[0].endswith("— e.g. --to paddleformers") and run.out_empty()
+
+
+def test_container_change_headline(tmp_path):
+    """A container change said "the input's names and layouts (pdparams) → the input's names and layouts
+    (safetensors)"; it now says what changes."""
+    run = _ok(_run(paths.CASES_DIR / "pnlp_llama_untied", tmp_path / "w", "safetensors"))
+    assert "pdparams → safetensors: the container only, names and layouts kept" in run.stdout
+    assert "the input's names and layouts (" not in run.stdout
+    run = _ok(_run(paths.CASES_DIR / "pnlp_llama_untied", tmp_path / "p", "paddleformers"))
+    assert "PaddleNLP 2.x (pdparams) → PaddleFormers/HF safetensors (safetensors)" in run.stdout
