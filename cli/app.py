@@ -29,20 +29,22 @@ app = typer.Typer(
 
 
 # shared option aliases
+# folder arguments are strings, not Paths: a URL (s3://bucket/prefix, hf://org/model) must keep its "//"
 CkptArg = Annotated[
-    Path,
+    str,
     typer.Argument(
-        help="checkpoint folder (config.json + weights); default: the current folder",
+        help="checkpoint folder (config.json + weights) or URL (s3://bucket/prefix, hf://org/model); "
+        "default: the current folder",
         show_default=False,
         metavar="CKPT",
     ),
 ]
 OutOpt = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--out",
         "-o",
-        help="output folder (must not exist or be empty); without it, CKPT is rewritten in place "
+        help="output folder or URL (must not exist or be empty); without it, CKPT is rewritten in place "
         "(crash-safe, the old version kept as CKPT.tietool-backup-<time>)",
         show_default=False,
         metavar="DIR",
@@ -189,9 +191,10 @@ def _main(
 @app.command()
 def inspect(
     ckpts: Annotated[
-        list[Path] | None,
+        list[str] | None,
         typer.Argument(
-            help="checkpoint folder(s); default: the current folder. Several: a table row each (a JSON list)",
+            help="checkpoint folder(s) or URL(s); default: the current folder. Several: a table row each "
+            "(a JSON list)",
             show_default=False,
             metavar="CKPT",
         ),
@@ -211,9 +214,9 @@ def inspect(
     ] = False,
 ) -> None:
     """Show the embedding, head and bias, their layout, the tie state three ways, and what tying saves."""
-    paths = ckpts or [Path(".")]
+    paths = ckpts or ["."]
 
-    def one(p: Path):
+    def one(p: str):
         from ..surgery import operations
 
         return operations.inspect(
@@ -278,7 +281,7 @@ def _progress(quiet: bool):
 
 @app.command()
 def tie(
-    ckpt: CkptArg = Path("."),
+    ckpt: CkptArg = ".",
     out: OutOpt = None,
     keep: Annotated[
         Keep | None, typer.Option(help="when head and embedding differ: which values to keep")
@@ -326,7 +329,7 @@ def tie(
 
 @app.command()
 def untie(
-    ckpt: CkptArg = Path("."),
+    ckpt: CkptArg = ".",
     out: OutOpt = None,
     layout: Annotated[
         Layout,
@@ -368,7 +371,7 @@ def untie(
 
 @app.command()
 def resize(
-    ckpt: CkptArg = Path("."),
+    ckpt: CkptArg = ".",
     out: OutOpt = None,
     vocab: Annotated[
         int | None,
@@ -448,10 +451,8 @@ def resize(
 
 @app.command()
 def verify(
-    before: Annotated[
-        Path, typer.Argument(help="the input checkpoint", show_default=False, metavar="BEFORE")
-    ],
-    after: Annotated[Path, typer.Argument(help="the output checkpoint", show_default=False, metavar="AFTER")],
+    before: Annotated[str, typer.Argument(help="the input checkpoint", show_default=False, metavar="BEFORE")],
+    after: Annotated[str, typer.Argument(help="the output checkpoint", show_default=False, metavar="AFTER")],
     logits: Annotated[
         bool, typer.Option("--logits", help="also compare logits under PaddleFormers (if installed)")
     ] = False,

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from . import surface
-from .errors import CheckpointError
+from . import store, surface
+from .errors import CheckpointError, TietoolError
 from .formats import pdparams_io, safetensors_io
 from .formats.tensor import TensorInfo, bf16_bits_to_f32
 
@@ -169,12 +169,28 @@ class Checkpoint:
     def open(cls, path: str | Path) -> Checkpoint:
         """Read a checkpoint folder's config, index and weight headers.
 
+        ``path`` may be a URL (``s3://bucket/prefix``, ``hf://org/model``): see :mod:`surgery.store`; the
+        config, the index and each weight file's header are then read with range requests.
+
         Raises:
             CheckpointError: missing folder/config/weights, an index naming a missing shard or a tensor a
-                shard lacks, a tensor in two shards, corrupt headers or pickles.
+                shard lacks, a tensor in two shards, corrupt headers or pickles; a failed request to a
+                remote store (naming the object).
             UnsafePickleError: a ``.pdparams`` with a global outside the allow-list.
         """
-        path = Path(path)
+        path = store.as_path(path) if isinstance(path, str) else path
+        if not store.is_remote(path):
+            return cls._open(Path(path))
+        try:
+            return cls._open(path)
+        except TietoolError:
+            raise
+        except Exception as e:  # botocore / aiohttp / huggingface_hub errors: one line naming the object
+            raise store.remote_error(e, getattr(e, "filename", None) or path) from None
+
+    @classmethod
+    def _open(cls, path: Any) -> Checkpoint:
+        """:meth:`open` of a ``Path`` or a remote ``UPath``."""
         if not path.exists():
             raise CheckpointError("no such folder", path, "check the checkpoint path")
         if not path.is_dir():
@@ -406,7 +422,7 @@ class Checkpoint:
         row_bytes = t.nbytes // rows
         dt = np.dtype(t.dtype).newbyteorder("<") if self.format == "pdparams" else t.storage_dtype
         buf = bytearray(row_bytes * max(1, min(chunk_rows, stop - start)))
-        with open(self.path / t.file, "rb") as f:
+        with store.open_read(self.path / t.file, block_size=None) as f:  # remote: one request per chunk
             f.seek(t.offset + start * row_bytes)
             for s in range(start, stop, chunk_rows):
                 n = min(chunk_rows, stop - s) * row_bytes

@@ -8,6 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from . import store
+
 
 class Inspection(dict[str, Any]):
     """What :func:`tietool.inspect` found (``tietool inspect --json``).
@@ -16,8 +18,9 @@ class Inspection(dict[str, Any]):
     """
 
     @property
-    def path(self) -> Path:
-        return Path(self["path"])
+    def path(self) -> Any:
+        """The checkpoint: a ``Path``, or a remote path for a URL (:func:`store.as_path`)."""
+        return store.as_path(self["path"])
 
     @property
     def embedding(self) -> str:
@@ -81,8 +84,9 @@ class Report(dict[str, Any]):
         return bool(self["changed"])
 
     @property
-    def output(self) -> Path | None:
-        return Path(self["output"]) if self.get("output") else None
+    def output(self) -> Any:
+        """The output folder (a ``Path``, or a remote path for a URL), or None."""
+        return store.as_path(self["output"]) if self.get("output") else None
 
     @property
     def parameters_before(self) -> int:

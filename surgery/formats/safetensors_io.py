@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .. import store
 from ..errors import CheckpointError
 from .tensor import DTYPES, TensorInfo, map_array
 
@@ -67,19 +68,18 @@ def _read_header_blob(path: Path) -> tuple[int, int, bytes]:
             or a file that cannot be read.
     """
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                raise CheckpointError(f"truncated safetensors file ({size} bytes, no header)", path, _FIX)
-            (n,) = struct.unpack("<Q", raw)
-            if n > MAX_HEADER or n + 8 > size:
-                raise CheckpointError(
-                    f"safetensors header length {n} exceeds the file size ({size} bytes) or 100 MB",
-                    path,
-                    _FIX,
-                )
-            blob = f.read(n)
+        size = store.size(path)
+        raw = store.read_range(path, 0, 8)  # remote: two range requests, the length and then the header
+        if len(raw) < 8:
+            raise CheckpointError(f"truncated safetensors file ({size} bytes, no header)", path, _FIX)
+        (n,) = struct.unpack("<Q", raw)
+        if n > MAX_HEADER or n + 8 > size:
+            raise CheckpointError(
+                f"safetensors header length {n} exceeds the file size ({size} bytes) or 100 MB",
+                path,
+                _FIX,
+            )
+        blob = store.read_range(path, 8, n)
     except IsADirectoryError:
         raise CheckpointError(
             "is a folder, expected a safetensors file", path, "remove or rename it"
@@ -177,9 +177,7 @@ def read_array(path: Path, t: TensorInfo) -> np.ndarray:
     m = map_array(path, t.offset, t.nbytes, t.storage_dtype, t.shape)
     if m is not None:
         return m
-    with open(path, "rb") as f:
-        f.seek(t.offset)
-        buf = f.read(t.nbytes)
+    buf = store.read_range(path, t.offset, t.nbytes)  # remote: one range request
     if len(buf) != t.nbytes:
         raise CheckpointError(f"tensor {t.name!r} is truncated", path, "re-download or re-export the file")
     return np.frombuffer(buf, dtype=t.storage_dtype).reshape(t.shape)
@@ -249,6 +247,9 @@ def copy_range(
         CheckpointError: the input ends before ``offset + nbytes``.
     """
     dst.flush()
+    if store.is_remote(src_path):
+        _copy_remote_range(dst, src_path, offset, nbytes, cancelled, advance)
+        return
     pos, left = offset, nbytes
     step = 1 << 30 if cancelled is None and advance is None else 256 << 20
     with open(src_path, "rb") as src:
@@ -279,6 +280,34 @@ def copy_range(
             left -= len(buf)
             if advance is not None:
                 advance(len(buf))
+
+
+def _copy_remote_range(
+    dst: BinaryIO,
+    src: Any,
+    offset: int,
+    nbytes: int,
+    cancelled: Callable[[], bool] | None,
+    advance: Callable[[int], None] | None,
+) -> None:
+    """:func:`copy_range` from a remote file: range requests of ``store.STREAM_CHUNK`` bytes, each written
+    before the next is fetched (memory: one chunk).
+
+    Raises:
+        CheckpointError: the object ends before ``offset + nbytes``, or a request failed (naming it).
+    """
+    pos, left = offset, nbytes
+    while left:
+        if cancelled is not None and cancelled():
+            return
+        buf = store.read_range(src, pos, min(store.STREAM_CHUNK, left))
+        if not buf:
+            raise CheckpointError("input ended early while copying", str(src), "the file is truncated")
+        dst.write(buf)
+        pos += len(buf)
+        left -= len(buf)
+        if advance is not None:
+            advance(len(buf))
 
 
 def write_file(
