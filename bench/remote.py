@@ -82,6 +82,27 @@ def touched_bytes(ckpt: Path) -> int:
     return sum((ckpt / f).stat().st_size for f in files)
 
 
+def in_process(ckpt: Path, rounds: int) -> dict:
+    """``inspect --no-values`` through the library in this process, local and s3 alternating, after one
+    untimed call of each: what a remote inspect costs once the S3 client stack is imported and its client
+    made (what a Python user calling ``tietool.inspect`` repeatedly pays). Medians of ``2 * rounds``."""
+    from tietool.surgery import operations
+
+    operations.inspect(ckpt, compare_values=False)
+    operations.inspect("s3://bench/ckpt", compare_values=False)
+    local, remote = [], []
+    for _ in range(2 * rounds):
+        for where, into in ((str(ckpt), local), ("s3://bench/ckpt", remote)):
+            t = time.perf_counter()
+            operations.inspect(where, compare_values=False)
+            into.append(time.perf_counter() - t)
+    out = {"local_median_s": statistics.median(local), "s3_median_s": statistics.median(remote)}
+    print(
+        f"in-process inspect --no-values: local {out['local_median_s']:.3f} s, s3 {out['s3_median_s']:.3f} s"
+    )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ckpt", type=Path, default=WORK / "ckpt_60l")
@@ -90,6 +111,9 @@ def main() -> None:
     ckpt = args.ckpt.resolve()
     os.environ.setdefault("MOTO_S3_DEFAULT_KEY_BUFFER_SIZE", str(16 << 20))
     srv, endpoint = start_server()
+    # s3fs's default read timeout (15 s) is shorter than moto's multipart completion of a 1.4 GB copy while
+    # the machine is busy; fsspec's own configuration variable raises it (what a user would set too)
+    os.environ["FSSPEC_S3"] = json.dumps({"config_kwargs": {"read_timeout": 600, "connect_timeout": 60}})
     env = {**os.environ, **client_env(endpoint)}
     os.environ.update(client_env(endpoint))
     out_local = WORK / "remote_out"
@@ -139,6 +163,7 @@ def main() -> None:
                     f"round {rnd}: {name}: {wall:.2f} s, server sent {sent} B, received {received} B",
                     flush=True,
                 )
+        rep_inproc = in_process(ckpt, args.rounds)
         touched = touched_bytes(ckpt)
         summary = {
             name: {
@@ -156,6 +181,7 @@ def main() -> None:
             "touched_shard_bytes": touched,
             "rounds": args.rounds,
             "results": summary,
+            "in_process": rep_inproc,
         }
         s = summary
         ins_ratio = (

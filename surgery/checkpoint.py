@@ -120,6 +120,32 @@ def _left_out(path: Path, names: set[str], fmt: str, taken: set[str | None]) -> 
     return out
 
 
+def _file_names(path: Any) -> set[str]:
+    """Names of the files directly in checkpoint folder ``path`` (remote: one listing request).
+
+    Raises:
+        CheckpointError: no such folder, or ``path`` is a file.
+    """
+    if store.is_remote(path):
+        try:
+            files = store.list_files(path)
+        except FileNotFoundError:
+            files = {}
+        if files == {} and not path.exists():
+            raise CheckpointError("no such folder", path, "check the checkpoint path")
+    else:
+        if not path.exists():
+            raise CheckpointError("no such folder", path, "check the checkpoint path")
+        files = {} if path.is_dir() else None
+    if files is None:
+        raise CheckpointError(
+            "is a file, expected a checkpoint folder",
+            path,
+            "pass the folder that holds config.json and the weights",
+        )
+    return set(files) if store.is_remote(path) else {p.name for p in path.iterdir() if p.is_file()}
+
+
 @dataclass
 class Checkpoint:
     """A checkpoint folder, headers only.
@@ -191,15 +217,7 @@ class Checkpoint:
     @classmethod
     def _open(cls, path: Any) -> Checkpoint:
         """:meth:`open` of a ``Path`` or a remote ``UPath``."""
-        if not path.exists():
-            raise CheckpointError("no such folder", path, "check the checkpoint path")
-        if not path.is_dir():
-            raise CheckpointError(
-                "is a file, expected a checkpoint folder",
-                path,
-                "pass the folder that holds config.json and the weights",
-            )
-        names = {p.name for p in path.iterdir() if p.is_file()}
+        names = _file_names(path)
         _refuse_not_a_checkpoint(path, names)
         config, config_file, prefix = _read_config(path)
         surface.refuse_folder(path, names, config, has_whole=_has_whole(names))
@@ -277,10 +295,13 @@ class Checkpoint:
 
     def _read_headers(self) -> None:
         where: dict[str, str] = {}
+        blobs: dict[str, tuple[int, int, bytes]] = {}
+        if self.format == "safetensors" and store.is_remote(self.path):  # every header in two round trips
+            blobs = safetensors_io.fetch_headers([self.path / f for f in self.weight_files])
         for f in self.weight_files:
             p = self.path / f
             if self.format == "safetensors":
-                infos, meta = safetensors_io.read_header(p, f)
+                infos, meta = safetensors_io.read_header(p, f, blobs.get(str(p)))
                 self.st_metadata[f] = meta
             else:
                 infos, extras, module = pdparams_io.read_header(p, f)

@@ -161,6 +161,7 @@ def _run_plan(
     """Open ``path``, plan, and either report the plan (``dry_run``) or write it to ``out`` atomically
     with the report inside (``out`` None: in place, :func:`_in_place`); returns the report."""
     src = _path(path, "path")
+    before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
     if out is None and store.is_remote(src):
         raise UsageError(
             "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "
@@ -185,7 +186,6 @@ def _run_plan(
         rep = report_mod.build(plan, facts, str(dst))
         return {**rep, "removed_stale_temps": stale} if stale else rep
 
-    before = store.TRANSFER.snapshot()
     with (progress or (lambda _total: nullcontext(None)))(plan.output_bytes) as advance:
         rep = execute(
             plan,

@@ -219,6 +219,50 @@ def read_range(path: Any, offset: int, nbytes: int) -> bytes:
         raise remote_error(e, path) from None
 
 
+def read_ranges(paths: list[Any], starts: list[int], ends: list[int]) -> list[bytes]:
+    """Bytes ``starts[i]:ends[i]`` of each remote file ``paths[i]`` (all on one file system): concurrent
+    range requests where the file system is asynchronous (s3fs ``cat_ranges``: one round trip for all),
+    else one :func:`read_range` after another.
+
+    Raises:
+        CheckpointError: a request failed (naming the first object).
+    """
+    if not paths:
+        return []
+    fs = paths[0].fs
+    if not hasattr(fs, "_cat_ranges"):
+        return [read_range(p, a, b - a) for p, a, b in zip(paths, starts, ends, strict=True)]
+    try:
+        out = fs.cat_ranges([p.path for p in paths], starts, ends, on_error="raise")
+    except Exception as e:
+        raise remote_error(e, paths[0]) from None
+    for data in out:
+        if isinstance(data, BaseException):
+            raise remote_error(data, paths[0])
+        count(received=len(data))
+    return list(out)
+
+
+def list_files(folder: Any) -> dict[str, int] | None:
+    """The files directly in remote ``folder`` (name → bytes) with one listing request, or None when
+    ``folder`` is a file. The listing stays in fsspec's cache, so later ``is_file``/``stat`` calls on the
+    files cost no request.
+
+    Raises:
+        FileNotFoundError: nothing at ``folder``.
+    """
+    entries = folder.fs.ls(folder.path, detail=True)
+    if len(entries) == 1 and entries[0]["type"] == "file" and entries[0]["name"].rstrip("/") == folder.path:
+        return None
+    if not entries:
+        raise FileNotFoundError(str(folder))
+    return {
+        e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+        for e in entries
+        if e["type"] == "file"
+    }
+
+
 def open_read(path: Any, block_size: int | None = -1) -> Any:
     """A binary file object on ``path`` for sequential reads with seeks: a local file, or a remote one
     whose fetches are counted and that fetches ``block_size`` bytes per request (a read-ahead cache), or,

@@ -204,6 +204,9 @@ def test_tie_sharded_moves_no_untouched_shard(s3, tmp_path):
         assert got == _header_bytes(CASES_DIR / case / src) + compared.get(src, 0), src
     uploads = {p: r for m, p, _g, r, _s in srv.app.counts.log if m == "PUT" and r}
     assert not any(p.endswith(tuple(copied)) for p in uploads)  # copied shards: no upload body
+    server_sent = sum(s for m, p, _g, _r, s in srv.app.counts.log if m == "GET" and p.count("/") >= 2)
+    assert rep["transferred"]["received"] == server_sent  # tietool's count = the server's
+    assert rep["transferred"]["sent"] == sum(uploads.values())
     assert rep["transferred"]["copied_server_side"] >= sum(
         (CASES_DIR / case / rename.get(n, n)).stat().st_size for n in copied if n.endswith(".safetensors")
     )

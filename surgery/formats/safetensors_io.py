@@ -32,12 +32,15 @@ MAX_HEADER = 100 * 1024 * 1024
 _FIX = "the file is damaged or not safetensors; re-download or re-export it"
 
 
-def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] | None]:
+def read_header(
+    path: Path, rel: str, blob: tuple[int, int, bytes] | None = None
+) -> tuple[list[TensorInfo], dict[str, str] | None]:
     """Parse a safetensors header; reads no tensor data.
 
     Args:
         path: the file.
         rel: its name relative to the checkpoint folder (stored in each ``TensorInfo.file``).
+        blob: the header already fetched (:func:`fetch_headers`), else it is read here.
 
     Returns:
         ``(tensors in data order, __metadata__ or None)``.
@@ -46,8 +49,8 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
         CheckpointError: truncated file, header larger than the file or 100 MB, invalid JSON, unknown
             dtype, offsets outside the file, overlapping tensors, or a size that is not shape × itemsize.
     """
-    size, data_start, blob = _read_header_blob(path)
-    header, meta = _parse_header(blob, path)
+    size, data_start, raw = blob if blob is not None else _read_header_blob(path)
+    header, meta = _parse_header(raw, path)
     out = [_tensor_info(name, h, rel, data_start, size - data_start, path) for name, h in header.items()]
     out.sort(key=lambda t: t.offset)
     for a, b in pairwise(out):  # neighbours in data order
@@ -55,6 +58,31 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
             raise CheckpointError(f"tensors {a.name!r} and {b.name!r} overlap", path, _FIX)
     _check_covered(out, data_start, size, path)
     return out, meta
+
+
+def fetch_headers(paths: list[Any]) -> dict[str, tuple[int, int, bytes]]:
+    """The headers of remote safetensors files ``paths`` in two rounds of concurrent range requests (every
+    8-byte length, then every header): ``str(path)`` → ``(file size, data offset, header bytes)``, as
+    :func:`_read_header_blob` returns them.
+
+    Raises:
+        CheckpointError: a file too short for the length, a length over the file size or 100 MB, a failed
+            request.
+    """
+    sizes = [store.size(p) for p in paths]
+    lengths = store.read_ranges(paths, [0] * len(paths), [min(8, n) for n in sizes])
+    ends = []
+    for p, size, raw in zip(paths, sizes, lengths, strict=True):
+        if len(raw) < 8:
+            raise CheckpointError(f"truncated safetensors file ({size} bytes, no header)", p, _FIX)
+        (n,) = struct.unpack("<Q", raw)
+        if n > MAX_HEADER or n + 8 > size:
+            raise CheckpointError(
+                f"safetensors header length {n} exceeds the file size ({size} bytes) or 100 MB", p, _FIX
+            )
+        ends.append(8 + n)
+    blobs = store.read_ranges(paths, [8] * len(paths), ends)
+    return {str(p): (size, end, b) for p, size, end, b in zip(paths, sizes, ends, blobs, strict=True)}
 
 
 def _read_header_blob(path: Path) -> tuple[int, int, bytes]:
