@@ -156,7 +156,10 @@ def _count_file(f: Any, mode: str) -> None:
             read = f.read
 
             def counted_read(*args):
-                data = read(*args)
+                try:
+                    data = read(*args)
+                except Exception as e:
+                    raise remote_error(e, _url(f)) from None
                 count(received=len(data))
                 return data
 
@@ -164,7 +167,10 @@ def _count_file(f: Any, mode: str) -> None:
             return
 
         def fetcher(start, end):
-            data = fetch(start, end)
+            try:
+                data = fetch(start, end)
+            except Exception as e:  # one line naming the object, not the backend's traceback
+                raise remote_error(e, _url(f)) from None
             count(received=len(data))
             return data
 
@@ -178,6 +184,14 @@ def _count_file(f: Any, mode: str) -> None:
             return n
 
         f.write = counted_write
+
+
+def _url(f: Any) -> str:
+    """The URL of the object fsspec file ``f`` reads (``s3://bucket/key``)."""
+    try:
+        return str(f.fs.unstrip_protocol(f.path))
+    except Exception:
+        return str(getattr(f, "path", f))
 
 
 def remote_error(e: BaseException, path: Any, what: str = "read") -> TietoolError:

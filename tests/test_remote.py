@@ -282,3 +282,44 @@ def test_cli_inspect_json_reports_bytes(s3):
     assert doc["path"] == f"s3://{BUCKET}/in/pf_llama_untied_sharded"
     assert 0 < doc["transferred"]["received"] < 20_000
     assert doc["transferred"]["sent"] == 0
+
+
+def test_failed_read_mid_run_names_the_object(s3):
+    """The server fails the reads of the embedding's shard after its header was read (the values tie
+    compares): one line naming the object, exit 3, nothing under the output prefix."""
+    srv, fs = s3
+    case, prefix = "pf_llama_tied_sharded", f"{BUCKET}/out/read-fault"
+    shard = "model-00008-of-00009.safetensors"  # holds model.embed_tokens.weight
+    seen = {"n": 0}
+
+    def fail(method: str, path: str) -> bool:
+        if method == "GET" and path.endswith(f"/in/{case}/{shard}"):
+            seen["n"] += 1
+            return seen["n"] > 2  # the 8-byte length and the header pass; the tensor's bytes fail
+        return False
+
+    srv.app.fail = fail
+    try:
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "tietool",
+                "tie",
+                f"s3://{BUCKET}/in/{case}",
+                "--out",
+                f"s3://{prefix}",
+                "-q",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ},
+            cwd=REPO.parent,
+        )
+    finally:
+        srv.app.fail = None
+    assert r.returncode == 3, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"s3://{BUCKET}/in/{case}/{shard}" in lines[0], r.stderr
+    fs.invalidate_cache()
+    assert fs.find(prefix) == []
