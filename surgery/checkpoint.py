@@ -121,29 +121,29 @@ def _left_out(path: Path, names: set[str], fmt: str, taken: set[str | None]) -> 
 
 
 def _file_names(path: Any) -> set[str]:
-    """Names of the files directly in checkpoint folder ``path`` (remote: one listing request).
+    """Names of the files directly in checkpoint folder ``path`` (remote: one listing request, whose
+    result fsspec caches for the ``is_file``/``stat`` calls that follow).
 
     Raises:
         CheckpointError: no such folder, or ``path`` is a file.
     """
     if store.is_remote(path):
         try:
-            files = store.list_files(path)
+            files = store.list_files(path)  # None: path is a file
         except FileNotFoundError:
-            files = {}
-        if files == {} and not path.exists():
-            raise CheckpointError("no such folder", path, "check the checkpoint path")
+            raise CheckpointError("no such folder", path, "check the checkpoint path") from None
+        names = None if files is None else set(files)
+    elif not path.exists():
+        raise CheckpointError("no such folder", path, "check the checkpoint path")
     else:
-        if not path.exists():
-            raise CheckpointError("no such folder", path, "check the checkpoint path")
-        files = {} if path.is_dir() else None
-    if files is None:
+        names = {p.name for p in path.iterdir() if p.is_file()} if path.is_dir() else None
+    if names is None:
         raise CheckpointError(
             "is a file, expected a checkpoint folder",
             path,
             "pass the folder that holds config.json and the weights",
         )
-    return set(files) if store.is_remote(path) else {p.name for p in path.iterdir() if p.is_file()}
+    return names
 
 
 @dataclass

@@ -8,8 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from . import store
-
 
 class Inspection(dict[str, Any]):
     """What :func:`tietool.inspect` found (``tietool inspect --json``).
@@ -20,6 +18,8 @@ class Inspection(dict[str, Any]):
     @property
     def path(self) -> Any:
         """The checkpoint: a ``Path``, or a remote path for a URL (:func:`store.as_path`)."""
+        from . import store  # not at import: ``tietool --help`` imports this module
+
         return store.as_path(self["path"])
 
     @property
@@ -86,6 +86,8 @@ class Report(dict[str, Any]):
     @property
     def output(self) -> Any:
         """The output folder (a ``Path``, or a remote path for a URL), or None."""
+        from . import store
+
         return store.as_path(self["output"]) if self.get("output") else None
 
     @property

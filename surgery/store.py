@@ -265,10 +265,10 @@ def list_files(folder: Any) -> dict[str, int] | None:
     Raises:
         FileNotFoundError: nothing at ``folder``.
     """
-    entries = folder.fs.ls(folder.path, detail=True)
+    entries = folder.fs.ls(folder.path, detail=True)  # s3fs raises FileNotFoundError for no such prefix
     if len(entries) == 1 and entries[0]["type"] == "file" and entries[0]["name"].rstrip("/") == folder.path:
         return None
-    if not entries:
+    if not entries:  # an empty "folder" (a bare prefix marker, or an empty Hub folder)
         raise FileNotFoundError(str(folder))
     return {
         e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)

@@ -323,3 +323,24 @@ def test_failed_read_mid_run_names_the_object(s3):
     assert len(lines) == 1 and f"s3://{BUCKET}/in/{case}/{shard}" in lines[0], r.stderr
     fs.invalidate_cache()
     assert fs.find(prefix) == []
+
+
+def test_verify_and_dry_run_on_urls(s3, tmp_path):
+    """verify reads two URLs as it reads two folders (the same verdict and findings as the local pair); a
+    dry run against a URL output writes no object."""
+    from tietool.surgery import operations
+
+    _srv, fs = s3
+    case = "pf_llama_tied_sharded"
+    operations.untie(f"s3://{BUCKET}/in/{case}", out=f"s3://{BUCKET}/out/verify-untied")
+    operations.untie(CASES_DIR / case, out=tmp_path / "untied")
+    res = operations.verify(f"s3://{BUCKET}/in/{case}", f"s3://{BUCKET}/out/verify-untied").as_dict()
+    local = operations.verify(CASES_DIR / case, tmp_path / "untied").as_dict()
+    assert res == local
+    assert res["config_differences"] == [
+        {"file": "config.json", "key": "tie_word_embeddings", "before": True, "after": False}
+    ]
+    rep = operations.tie(f"s3://{BUCKET}/in/{case}", out=f"s3://{BUCKET}/out/dry", dry_run=True)
+    assert rep["dry_run"] is True
+    fs.invalidate_cache()
+    assert fs.find(f"{BUCKET}/out/dry") == []
