@@ -31,20 +31,30 @@ app = typer.Typer(
 
 
 # shared option aliases
+# folder arguments are strings, not Paths: a URL (s3://bucket/prefix, hf://org/model) must keep its "//"
 CkptArg = Annotated[
-    Path,
+    str,
     typer.Argument(
-        help="checkpoint folder (config.json + weights); default: the current folder",
+        help="checkpoint folder (config.json + weights) or URL (s3://bucket/prefix, hf://org/model); "
+        "default: the current folder",
+        show_default=False,
+        metavar="CKPT",
+    ),
+]
+LocalCkptArg = Annotated[
+    str,
+    typer.Argument(
+        help="checkpoint folder (local: convert and merge refuse URLs); default: the current folder",
         show_default=False,
         metavar="CKPT",
     ),
 ]
 OutOpt = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--out",
         "-o",
-        help="output folder (must not exist or be empty); without it, CKPT is rewritten in place "
+        help="output folder or URL (must not exist or be empty); without it, CKPT is rewritten in place "
         "(crash-safe, the old version kept as CKPT.tietool-backup-<time>)",
         show_default=False,
         metavar="DIR",
@@ -191,9 +201,10 @@ def _main(
 @app.command()
 def inspect(
     ckpts: Annotated[
-        list[Path] | None,
+        list[str] | None,
         typer.Argument(
-            help="checkpoint folder(s); default: the current folder. Several: a table row each (a JSON list)",
+            help="checkpoint folder(s) or URL(s); default: the current folder. Several: a table row each "
+            "(a JSON list)",
             show_default=False,
             metavar="CKPT",
         ),
@@ -213,9 +224,9 @@ def inspect(
     ] = False,
 ) -> None:
     """Show the embedding, head and bias, their layout, the tie state three ways, and what tying saves."""
-    paths = ckpts or [Path(".")]
+    paths = ckpts or ["."]
 
-    def one(p: Path):
+    def one(p: str):
         from ..surgery import operations
 
         return operations.inspect(
@@ -280,7 +291,7 @@ def _progress(quiet: bool):
 
 @app.command()
 def tie(
-    ckpt: CkptArg = Path("."),
+    ckpt: CkptArg = ".",
     out: OutOpt = None,
     keep: Annotated[
         Keep | None, typer.Option(help="when head and embedding differ: which values to keep")
@@ -328,7 +339,7 @@ def tie(
 
 @app.command()
 def untie(
-    ckpt: CkptArg = Path("."),
+    ckpt: CkptArg = ".",
     out: OutOpt = None,
     layout: Annotated[
         Layout,
@@ -370,7 +381,7 @@ def untie(
 
 @app.command()
 def resize(
-    ckpt: CkptArg = Path("."),
+    ckpt: CkptArg = ".",
     out: OutOpt = None,
     vocab: Annotated[
         int | None,
@@ -450,9 +461,9 @@ def resize(
 
 @app.command()
 def merge(
-    ckpt: CkptArg = Path("."),
+    ckpt: LocalCkptArg = ".",
     out: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
             "--out",
             "-o",
@@ -532,10 +543,8 @@ class _PlainUsage(TyperCommand):
 
 @app.command(cls=_PlainUsage)
 def verify(
-    before: Annotated[
-        Path, typer.Argument(help="the input checkpoint", show_default=False, metavar="BEFORE")
-    ],
-    after: Annotated[Path, typer.Argument(help="the output checkpoint", show_default=False, metavar="AFTER")],
+    before: Annotated[str, typer.Argument(help="the input checkpoint", show_default=False, metavar="BEFORE")],
+    after: Annotated[str, typer.Argument(help="the output checkpoint", show_default=False, metavar="AFTER")],
     logits: Annotated[
         bool, typer.Option("--logits", help="also compare logits under PaddleFormers (if installed)")
     ] = False,
@@ -564,7 +573,7 @@ def verify(
 
 @app.command()
 def convert(
-    ckpt: CkptArg = Path("."),
+    ckpt: LocalCkptArg = ".",
     to: Annotated[
         Target,
         typer.Option(
@@ -575,7 +584,7 @@ def convert(
         ),
     ] = ...,  # type: ignore[assignment]
     out: Annotated[
-        Path, typer.Option("--out", "-o", help="output folder (must not exist or be empty)", metavar="DIR")
+        str, typer.Option("--out", "-o", help="output folder (must not exist or be empty)", metavar="DIR")
     ] = ...,  # type: ignore[assignment]
     max_shard_size: Annotated[
         str,

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from pathlib import Path
 
 from rich.table import Table
 
@@ -30,7 +29,7 @@ def _row(info: dict) -> list[str]:
     ]
 
 
-def inspect_many(paths: list[Path], inspect_one: Callable[[Path], dict], as_json: bool) -> int:
+def inspect_many(paths: list[str], inspect_one: Callable[[str], dict], as_json: bool) -> int:
     """Inspect every folder in ``paths`` with ``inspect_one`` (which raises ``TietoolError``), print a table
     with a row each (or a JSON list), and return the exit code: 0, or the first failure's."""
     from ..surgery.errors import TietoolError

@@ -269,6 +269,7 @@ def inspect(info: dict, as_json: bool = False) -> None:
         f"{info['loader']['source']}"
     )
     con.print(_pair_table(info))
+    _transfer_line(con, info)
     con.print(_tie_line(info))
     _drift(con, info)
     con.print(_vocab_line(info))
@@ -329,6 +330,16 @@ def _change_table(rep: dict) -> Table:
     return t
 
 
+def _transfer_line(con, info: dict) -> None:
+    """For a checkpoint in object storage: the bytes this run moved over the network."""
+    t = info.get("transferred")
+    if t:
+        con.print(
+            f"network: {size(t['received'])} received, {size(t['sent'])} sent, "
+            f"{size(t['copied_server_side'])} copied by the server, in {t['requests']} data requests"
+        )
+
+
 def report(rep: dict, as_json: bool = False) -> None:
     """A tie/untie/resize report: as JSON, or the change table, savings, rows, config changes, files,
     notes and what was left out."""
@@ -341,6 +352,7 @@ def report(rep: dict, as_json: bool = False) -> None:
         head += f" → {rep['output']}"
     con.print(head, style="bold")
     con.print(_change_table(rep))
+    _transfer_line(con, rep)
     s = rep["saved"]
     if s["bytes"] >= 0:
         con.print(f"saved {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}%)")

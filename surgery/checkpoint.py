@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from . import surface
-from .errors import CheckpointError
+from . import store, surface
+from .errors import CheckpointError, TietoolError
 from .formats import pdparams_io, safetensors_io
 from .formats.tensor import TensorInfo, bf16_bits_to_f32
 
@@ -120,6 +120,32 @@ def _left_out(path: Path, names: set[str], fmt: str, taken: set[str | None]) -> 
     return out
 
 
+def _file_names(path: Any) -> set[str]:
+    """Names of the files directly in checkpoint folder ``path`` (remote: one listing request, whose
+    result fsspec caches for the ``is_file``/``stat`` calls that follow).
+
+    Raises:
+        CheckpointError: no such folder, or ``path`` is a file.
+    """
+    if store.is_remote(path):
+        try:
+            files = store.list_files(path)  # None: path is a file
+        except FileNotFoundError:
+            raise CheckpointError("no such folder", path, "check the checkpoint path") from None
+        names = None if files is None else set(files)
+    elif not path.exists():
+        raise CheckpointError("no such folder", path, "check the checkpoint path")
+    else:
+        names = {p.name for p in path.iterdir() if p.is_file()} if path.is_dir() else None
+    if names is None:
+        raise CheckpointError(
+            "is a file, expected a checkpoint folder",
+            path,
+            "pass the folder that holds config.json and the weights",
+        )
+    return names
+
+
 @dataclass
 class Checkpoint:
     """A checkpoint folder, headers only.
@@ -169,21 +195,29 @@ class Checkpoint:
     def open(cls, path: str | Path) -> Checkpoint:
         """Read a checkpoint folder's config, index and weight headers.
 
+        ``path`` may be a URL (``s3://bucket/prefix``, ``hf://org/model``): see :mod:`surgery.store`; the
+        config, the index and each weight file's header are then read with range requests.
+
         Raises:
             CheckpointError: missing folder/config/weights, an index naming a missing shard or a tensor a
-                shard lacks, a tensor in two shards, corrupt headers or pickles.
+                shard lacks, a tensor in two shards, corrupt headers or pickles; a failed request to a
+                remote store (naming the object).
             UnsafePickleError: a ``.pdparams`` with a global outside the allow-list.
         """
-        path = Path(path)
-        if not path.exists():
-            raise CheckpointError("no such folder", path, "check the checkpoint path")
-        if not path.is_dir():
-            raise CheckpointError(
-                "is a file, expected a checkpoint folder",
-                path,
-                "pass the folder that holds config.json and the weights",
-            )
-        names = {p.name for p in path.iterdir() if p.is_file()}
+        path = store.as_path(path) if isinstance(path, str) else path
+        if not store.is_remote(path):
+            return cls._open(Path(path))
+        try:
+            return cls._open(path)
+        except TietoolError:
+            raise
+        except Exception as e:  # botocore / aiohttp / huggingface_hub errors: one line naming the object
+            raise store.remote_error(e, getattr(e, "filename", None) or path) from None
+
+    @classmethod
+    def _open(cls, path: Any) -> Checkpoint:
+        """:meth:`open` of a ``Path`` or a remote ``UPath``."""
+        names = _file_names(path)
         _refuse_not_a_checkpoint(path, names)
         config, config_file, prefix = _read_config(path)
         surface.refuse_folder(path, names, config, has_whole=_has_whole(names))
@@ -261,10 +295,13 @@ class Checkpoint:
 
     def _read_headers(self) -> None:
         where: dict[str, str] = {}
+        blobs: dict[str, tuple[int, int, bytes]] = {}
+        if self.format == "safetensors" and store.is_remote(self.path):  # every header in two round trips
+            blobs = safetensors_io.fetch_headers([self.path / f for f in self.weight_files])
         for f in self.weight_files:
             p = self.path / f
             if self.format == "safetensors":
-                infos, meta = safetensors_io.read_header(p, f)
+                infos, meta = safetensors_io.read_header(p, f, blobs.get(str(p)))
                 self.st_metadata[f] = meta
             else:
                 infos, extras, module = pdparams_io.read_header(p, f)
@@ -406,7 +443,7 @@ class Checkpoint:
         row_bytes = t.nbytes // rows
         dt = np.dtype(t.dtype).newbyteorder("<") if self.format == "pdparams" else t.storage_dtype
         buf = bytearray(row_bytes * max(1, min(chunk_rows, stop - start)))
-        with open(self.path / t.file, "rb") as f:
+        with store.open_read(self.path / t.file, block_size=None) as f:  # remote: one request per chunk
             f.seek(t.offset + start * row_bytes)
             for s in range(start, stop, chunk_rows):
                 n = min(chunk_rows, stop - s) * row_bytes

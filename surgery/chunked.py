@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from . import store
 from .checkpoint import Checkpoint
 from .formats.tensor import bf16_bits_to_f32
 
@@ -91,7 +92,7 @@ def common_part_equal(A: Checkpoint, B: Checkpoint, name: str, axis: int) -> boo
 def _column_block(ck: Checkpoint, name: str, start: int, stop: int) -> np.ndarray:
     """Columns ``start:stop`` of 2-D tensor ``name`` (a copy), through a memory map closed on return."""
     t = ck.tensors[name]
-    if t.fortran or t.inline is not None or t.pieces is not None or t.offset < 0:
+    if t.fortran or t.inline is not None or t.pieces is not None or t.offset < 0 or store.is_remote(ck.path):
         return np.array(ck.load(name)[:, start:stop])
     dt = np.dtype(t.dtype).newbyteorder("<") if ck.format == "pdparams" else t.storage_dtype
     mm = np.memmap(ck.path / t.file, dtype=dt, mode="r", offset=t.offset, shape=tuple(t.shape))

@@ -9,7 +9,7 @@ from typing import Any
 
 
 def read_config_file(path: Path) -> Any:
-    with open(path, encoding="utf-8") as f:
+    with path.open(encoding="utf-8") as f:  # a Path or a remote UPath
         return json.load(f)
 
 

@@ -34,6 +34,7 @@ from .formats.safetensors_io import Source
 from .formats.tensor import DTYPES
 from .options import Target
 from .results import Report
+from .store import local_only
 from .write import check_output_path
 
 # files an output never carries: PaddleFormers' loader writes this one into the folder it loads, and it
@@ -700,6 +701,7 @@ def convert(
     for arg, what in ((path, "path"), (out, "out")):
         if isinstance(arg, bytes) or not isinstance(arg, str | PathLike):
             raise UsageError(f"{what} must be a folder path (str or os.PathLike), got {type(arg).__name__}")
+    local_only("convert", path, out)
     ckpt = Checkpoint.open(Path(path))
     if not dry_run:
         check_output_path(ckpt.path, Path(out))

@@ -42,6 +42,7 @@ from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source
 from .formats.tensor import TensorInfo
 from .results import Report
+from .store import local_only
 
 # model_state.tp00.pdparams, model_state.tp01_pp00.pdparams, model_state_pp01.pdparams,
 # model-00001-of-00002.tp00.safetensors (a rank's shards): the tags and the rest of the name
@@ -580,6 +581,7 @@ def merge(
     from .operations import _path
     from .write import check_output_path
 
+    local_only("merge", path, out)
     src, dst = _path(path, "path"), _path(out, "out")
     limit = parse_size(max_shard_size)
     if not src.is_dir():

@@ -18,8 +18,9 @@ from contextlib import AbstractContextManager, nullcontext
 from enum import Enum
 from os import PathLike
 from pathlib import Path
+from typing import Any
 
-from . import inplace, surface
+from . import inplace, store, surface
 from . import report as report_mod
 from .checkpoint import Checkpoint
 from .detect import Detection, detect
@@ -65,13 +66,14 @@ def _layout(layout: Layout | str | None) -> str | None:
     return None if v in (None, Layout.AUTO.value) else v
 
 
-def _path(p: object, name: str) -> Path:
-    """A folder argument as a Path. Raises UsageError for anything but ``str`` / ``os.PathLike``."""
+def _path(p: object, name: str) -> Any:
+    """A folder argument as a Path, or a URL (``s3://``, ``hf://``) as a remote path
+    (:func:`store.as_path`). Raises UsageError for anything but ``str`` / ``os.PathLike``."""
     if isinstance(p, bytes) or not isinstance(p, str | PathLike):
         raise UsageError(
             f"{name} must be a folder path (str or os.PathLike), got {type(p).__name__}", fix='e.g. "ckpt/"'
         )
-    return Path(p)
+    return store.as_path(p) if isinstance(p, str) else Path(p)
 
 
 def _count(x: object, name: str) -> int | None:
@@ -103,13 +105,15 @@ def inspect(
     Raises:
         CheckpointError, UnsafePickleError, UsageError: as :meth:`Checkpoint.open` and :func:`detect`.
     """
-    path = _path(path, "path")
+    where = _path(path, "path")
+    remote, before = store.is_remote(where), store.TRANSFER.snapshot()
     try:
-        rec = inplace.recover(path)  # what a killed in-place run left (a missing folder is restored)
+        # what a killed in-place run left (a missing folder is restored); object storage has no such runs
+        rec = inplace.Recovery() if remote else inplace.recover(where)
     except OSError:
         rec = inplace.Recovery()  # a read-only parent folder: nothing to put right from here
     info = inspect_path(
-        Path(path),
+        where,
         layout=_layout(layout),
         loader=_option(Loader, loader, "loader"),
         embedding_name=embedding,
@@ -118,6 +122,8 @@ def inspect(
     )
     if rec:
         info["recovered"] = rec.as_dict()
+    if remote:
+        info["transferred"] = store.TRANSFER.since(before).as_dict()
     return Inspection(info)
 
 
@@ -154,33 +160,43 @@ def _run_plan(
 ) -> Report:
     """Open ``path``, plan, and either report the plan (``dry_run``) or write it to ``out`` atomically
     with the report inside (``out`` None: in place, :func:`_in_place`); returns the report."""
-    path = _path(path, "path")
+    src = _path(path, "path")
+    before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
+    if out is None and store.is_remote(src):
+        raise UsageError(
+            "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "
+            "(a reader could see a half-written checkpoint)",
+            str(src),
+            f"write to another prefix with {Opt('out')} (a URL or a local folder)",
+        )
     if out is None:
-        return Report(_in_place(path, make_plan, dry_run, progress, keep_training_state, backup))
-    out = _path(out, "out")
-    ckpt = Checkpoint.open(path)
+        return Report(_in_place(src, make_plan, dry_run, progress, keep_training_state, backup))
+    dst = _path(out, "out")
+    ckpt = Checkpoint.open(src)
     if not dry_run:
-        check_output_path(ckpt.path, out)
+        check_output_path(ckpt.path, dst)
     plan = make_plan(ckpt)
     if dry_run:
         return Report(
-            report_mod.build(plan, None, str(out), dry_run=True, keep_training_state=keep_training_state)
+            report_mod.build(plan, None, str(dst), dry_run=True, keep_training_state=keep_training_state)
         )
-    stale = remove_dead_temps(Path(os.path.abspath(out)).parent)
+    stale = [] if store.is_remote(dst) else remove_dead_temps(Path(os.path.abspath(dst)).parent)
 
     def report(facts: dict) -> dict:
-        rep = report_mod.build(plan, facts, str(out))
+        rep = report_mod.build(plan, facts, str(dst))
         return {**rep, "removed_stale_temps": stale} if stale else rep
 
     with (progress or (lambda _total: nullcontext(None)))(plan.output_bytes) as advance:
         rep = execute(
             plan,
-            Path(out),
+            dst,
             link=link,
             progress=advance,
             report=report,
             keep_training_state=keep_training_state,
         )
+    if store.is_remote(src) or store.is_remote(dst):
+        rep["transferred"] = store.TRANSFER.since(before).as_dict()
     return Report(rep)
 
 

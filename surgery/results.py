@@ -16,8 +16,11 @@ class Inspection(dict[str, Any]):
     """
 
     @property
-    def path(self) -> Path:
-        return Path(self["path"])
+    def path(self) -> Any:
+        """The checkpoint: a ``Path``, or a remote path for a URL (:func:`store.as_path`)."""
+        from . import store  # not at import: ``tietool --help`` imports this module
+
+        return store.as_path(self["path"])
 
     @property
     def embedding(self) -> str:
@@ -81,8 +84,11 @@ class Report(dict[str, Any]):
         return bool(self["changed"])
 
     @property
-    def output(self) -> Path | None:
-        return Path(self["output"]) if self.get("output") else None
+    def output(self) -> Any:
+        """The output folder (a ``Path``, or a remote path for a URL), or None."""
+        from . import store
+
+        return store.as_path(self["output"]) if self.get("output") else None
 
     @property
     def parameters_before(self) -> int:

@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import store
+
 
 @dataclass(frozen=True)
 class TokenizerInfo:
@@ -136,7 +138,7 @@ def token_strings(folder: Path, ids) -> dict[int, str]:
     want: set[int] = set(ids)
     out: dict[int, str] = {}
     try:
-        for mapping in _token_sources(Path(folder)):
+        for mapping in _token_sources(store.path_of(folder)):
             for i in want - out.keys():
                 t = mapping.get(i)
                 if isinstance(t, str):

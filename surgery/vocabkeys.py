@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import store
 from .configfile import read_config_file
 
 # The names (last part of a dotted key) that size a vocabulary, as HF transformers / PaddleFormers /
@@ -82,7 +83,7 @@ def vocab_keys(folder: str | Path, config: dict | None = None) -> list[VocabKey]
             data: object = config
         else:
             try:
-                data = read_config_file(Path(folder) / name)
+                data = read_config_file(store.path_of(folder) / name)
             except (OSError, ValueError):
                 continue
         out += vocab_keys_in(data, name)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import recipes, surface
+from . import recipes, store, surface
 from .checkpoint import REPORT_NAME, SHARD_RE, Checkpoint
 from .configfile import get_dotted, read_config_file, set_dotted
 from .errors import Opt, OutputError, UsageError
@@ -38,14 +38,24 @@ from .recipes import Recipe
 TMP_TAG = ".tietool-tmp-"
 
 
-def check_output_path(inp: Path, out: Path) -> None:
+def check_output_path(inp: Any, out: Any) -> None:
     """Refuse an ``--out`` that is the input, inside it, contains it, or is a non-empty existing path.
+
+    Either may be a URL (:mod:`surgery.store`): :func:`surgery.remote_write.check_remote_output` checks a
+    URL output.
 
     Raises:
         UsageError: with the fix (another folder).
     """
-    ri, ro = inp.resolve(), out.resolve()
-    if ro == ri or ri in ro.parents:
+    if store.is_remote(out):
+        from .remote_write import check_remote_output
+
+        check_remote_output(inp, out)
+        return
+    ri, ro = (out.resolve(), out.resolve()) if store.is_remote(inp) else (inp.resolve(), out.resolve())
+    if store.is_remote(inp):
+        pass  # a local output cannot be the remote input or inside it
+    elif ro == ri or ri in ro.parents:
         raise UsageError(
             f"{Opt('out')} is the input folder or inside it; the input is never modified",
             out,
@@ -256,6 +266,10 @@ def execute(
         UsageError: ``out`` is inside the input or already holds files.
     """
     ckpt = plan.ckpt
+    if store.is_remote(out):
+        from .remote_write import execute_remote
+
+        return execute_remote(plan, out, progress, report, keep_training_state)
     out = Path(out)
     check_output_path(ckpt.path, out)
     remove_dead_temps(out.parent)
@@ -332,8 +346,13 @@ def _fsync_dir(p: Path) -> None:
 _Entry = tuple[str, str, tuple, Any, object, bool]
 
 
-def _write_all(plan: Plan, tmp: Path, link: bool, progress, keep_training_state: bool = False) -> dict:
+def _write_all(
+    plan: Plan, tmp: Path, link: bool, progress, keep_training_state: bool = False, copier: Any = None
+) -> dict:
     """Write every output file of ``plan`` into ``tmp``, read the weight files back, set the config keys.
+
+    ``copier`` (default: a :class:`_Copier` into ``tmp``) takes the whole-file copies; one that defers them
+    (a remote output's, :mod:`surgery.remote_write`) leaves them out of ``tmp`` and of the read-back.
 
     Returns:
         the written-file facts (:func:`execute`).
@@ -351,10 +370,11 @@ def _write_all(plan: Plan, tmp: Path, link: bool, progress, keep_training_state:
     lay = _layout(plan)
     weight_map = {e[0]: lay.rename[f] for f in lay.kept for e in lay.entries[f]}
     total_size = sum(_entry_nbytes(ckpt, e) for f in lay.kept for e in lay.entries[f])
-    files_report = _write_weight_files(plan, tmp, lay, carried, link, progress)
+    files_report = _write_weight_files(plan, tmp, lay, carried, link, progress, copier)
     if ckpt.sharded and ckpt.index is not None and ckpt.index_name is not None:
         _write_index(ckpt.index, tmp / ckpt.index_name, weight_map, total_size)
-    _read_back(plan, tmp, {lay.rename[f]: (f, lay.entries[f]) for f in lay.kept}, lay.rewrite)
+    deferred = set() if copier is None else {lay.rename[f] for f in lay.kept if f not in lay.rewrite}
+    _read_back(plan, tmp, {lay.rename[f]: (f, lay.entries[f]) for f in lay.kept}, lay.rewrite, deferred)
     _write_configs(plan, tmp)
     return {
         "files": files_report,
@@ -491,7 +511,7 @@ class _NewData:
 
 
 def _write_weight_files(
-    plan: Plan, tmp: Path, lay: _Layout, carried: list[str], link: bool, progress
+    plan: Plan, tmp: Path, lay: _Layout, carried: list[str], link: bool, progress, copier: Any = None
 ) -> dict[str, list[str]]:
     """Write the weight files and the carried files (all but the configs) into ``tmp``: untouched files
     are copied in threads (or linked) while the touched ones are rewritten here.
@@ -511,7 +531,7 @@ def _write_weight_files(
         "removed": [f for f in plan.ckpt.weight_files if f not in lay.kept],
     }
     new = _NewData(plan.ckpt)
-    copier = _Copier(progress)
+    copier = _Copier(progress) if copier is None else copier
     try:
         # untouched files first, into the pool; then the rewrites here while those copies run
         _start_copies(plan, tmp, lay, carried, link, progress, copier, files_report)
@@ -717,10 +737,18 @@ def _st_metadata(plan: Plan, f: str, rewritten: bool) -> dict | None:
     return meta or None
 
 
-def _read_back(plan: Plan, tmp: Path, out_files: dict[str, tuple[str, list]], rewritten: list[str]) -> None:
+def _read_back(
+    plan: Plan,
+    tmp: Path,
+    out_files: dict[str, tuple[str, list]],
+    rewritten: list[str],
+    deferred: frozenset[str] | set[str] = frozenset(),
+) -> None:
     """Check every output weight file (and the index) against what was planned; see :mod:`.readback`.
 
-    ``out_files`` maps each output file name to (its input file or ``NEW_SHARD``, its entries).
+    ``out_files`` maps each output file name to (its input file or ``NEW_SHARD``, its entries); the files
+    in ``deferred`` are not in ``tmp`` (copied later, whole, by a remote output) and only the index is
+    checked against them.
 
     Raises:
         OutputError: a file does not read back as planned.
@@ -730,6 +758,8 @@ def _read_back(plan: Plan, tmp: Path, out_files: dict[str, tuple[str, list]], re
     for out_name, (f, entries) in out_files.items():
         planned = [Planned(e[0], e[1], tuple(e[2]), _entry_nbytes(ckpt, e)) for e in entries]
         shards[out_name] = planned
+        if out_name in deferred:
+            continue
         if ckpt.format == "safetensors":
             check_safetensors(tmp / out_name, planned, _st_metadata(plan, f, rewritten=f in rewritten))
         else:

@@ -135,11 +135,12 @@ def _overlaps(reads, file, start, n):
 
 @pytest.mark.parametrize("case", ["pf_llama_tied_sharded", "pf_llama_untied_fp32"])
 def test_inspect_reads_no_untouched_tensor_data(monkeypatch, case):
-    from tietool.surgery import checkpoint
+    from tietool.surgery import checkpoint, store
     from tietool.surgery.formats import pdparams_io, safetensors_io
 
     tr = _Tracker()
-    for mod in (safetensors_io, pdparams_io, checkpoint):
+    # store: the file access layer (local files are opened there too: read_range, open_read)
+    for mod in (safetensors_io, pdparams_io, checkpoint, store):
         monkeypatch.setattr(mod, "open", tr.open, raising=False)
     ck = Checkpoint.open(FIX / case)
     det = detect(ck)

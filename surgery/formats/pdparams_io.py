@@ -25,6 +25,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .. import store
 from ..errors import CheckpointError, UnsafePickleError
 from .safetensors_io import Source
 from .tensor import NP_TO_ST, TensorInfo, map_array
@@ -119,8 +120,8 @@ def walk(path: Path) -> tuple[dict[str, Any], int]:
         CheckpointError: truncated or malformed pickle, or a top level that is not a dict.
     """
     try:
-        size = path.stat().st_size
-        f = open(path, "rb")
+        size = store.size(path)
+        f = store.open_read(path)  # remote: 64 KiB requests; the walker seeks past payloads
     except IsADirectoryError:
         raise CheckpointError("is a folder, expected a .pdparams file", path, "remove or rename it") from None
     except OSError as e:
@@ -702,18 +703,14 @@ def read_array(path: Path, t: TensorInfo) -> np.ndarray:
         m = map_array(path, t.offset, t.nbytes, dt, t.shape, t.fortran)
         if m is not None:
             return m
-        with open(path, "rb") as f:
-            f.seek(t.offset)
-            buf = f.read(t.nbytes)
+        buf = store.read_range(path, t.offset, t.nbytes)
         if len(buf) != t.nbytes:
             raise CheckpointError(f"array {t.name!r} is truncated", path, "re-download or re-export the file")
     return np.frombuffer(buf, dtype=dt).reshape(t.shape, order="F" if t.fortran else "C")
 
 
 def _read_range(path: Path, rng: tuple[int, int], name: str) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(rng[0])
-        buf = f.read(rng[1])
+    buf = store.read_range(path, rng[0], rng[1])
     if len(buf) != rng[1]:
         raise CheckpointError(f"array {name!r} is truncated", path, "re-download or re-export the file")
     return buf

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .. import store
 from ..errors import CheckpointError
 from .tensor import DTYPES, TensorInfo, map_array
 
@@ -31,12 +32,15 @@ MAX_HEADER = 100 * 1024 * 1024
 _FIX = "the file is damaged or not safetensors; re-download or re-export it"
 
 
-def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] | None]:
+def read_header(
+    path: Path, rel: str, blob: tuple[int, int, bytes] | None = None
+) -> tuple[list[TensorInfo], dict[str, str] | None]:
     """Parse a safetensors header; reads no tensor data.
 
     Args:
         path: the file.
         rel: its name relative to the checkpoint folder (stored in each ``TensorInfo.file``).
+        blob: the header already fetched (:func:`fetch_headers`), else it is read here.
 
     Returns:
         ``(tensors in data order, __metadata__ or None)``.
@@ -45,8 +49,8 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
         CheckpointError: truncated file, header larger than the file or 100 MB, invalid JSON, unknown
             dtype, offsets outside the file, overlapping tensors, or a size that is not shape × itemsize.
     """
-    size, data_start, blob = _read_header_blob(path)
-    header, meta = _parse_header(blob, path)
+    size, data_start, raw = blob if blob is not None else _read_header_blob(path)
+    header, meta = _parse_header(raw, path)
     out = [_tensor_info(name, h, rel, data_start, size - data_start, path) for name, h in header.items()]
     out.sort(key=lambda t: t.offset)
     for a, b in pairwise(out):  # neighbours in data order
@@ -54,6 +58,31 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, str] 
             raise CheckpointError(f"tensors {a.name!r} and {b.name!r} overlap", path, _FIX)
     _check_covered(out, data_start, size, path)
     return out, meta
+
+
+def fetch_headers(paths: list[Any]) -> dict[str, tuple[int, int, bytes]]:
+    """The headers of remote safetensors files ``paths`` in two rounds of concurrent range requests (every
+    8-byte length, then every header): ``str(path)`` → ``(file size, data offset, header bytes)``, as
+    :func:`_read_header_blob` returns them.
+
+    Raises:
+        CheckpointError: a file too short for the length, a length over the file size or 100 MB, a failed
+            request.
+    """
+    sizes = [store.size(p) for p in paths]
+    lengths = store.read_ranges(paths, [0] * len(paths), [min(8, n) for n in sizes])
+    ends = []
+    for p, size, raw in zip(paths, sizes, lengths, strict=True):
+        if len(raw) < 8:
+            raise CheckpointError(f"truncated safetensors file ({size} bytes, no header)", p, _FIX)
+        (n,) = struct.unpack("<Q", raw)
+        if n > MAX_HEADER or n + 8 > size:
+            raise CheckpointError(
+                f"safetensors header length {n} exceeds the file size ({size} bytes) or 100 MB", p, _FIX
+            )
+        ends.append(8 + n)
+    blobs = store.read_ranges(paths, [8] * len(paths), ends)
+    return {str(p): (size, end, b) for p, size, end, b in zip(paths, sizes, ends, blobs, strict=True)}
 
 
 def _read_header_blob(path: Path) -> tuple[int, int, bytes]:
@@ -67,19 +96,18 @@ def _read_header_blob(path: Path) -> tuple[int, int, bytes]:
             or a file that cannot be read.
     """
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            raw = f.read(8)
-            if len(raw) < 8:
-                raise CheckpointError(f"truncated safetensors file ({size} bytes, no header)", path, _FIX)
-            (n,) = struct.unpack("<Q", raw)
-            if n > MAX_HEADER or n + 8 > size:
-                raise CheckpointError(
-                    f"safetensors header length {n} exceeds the file size ({size} bytes) or 100 MB",
-                    path,
-                    _FIX,
-                )
-            blob = f.read(n)
+        size = store.size(path)
+        raw = store.read_range(path, 0, 8)  # remote: two range requests, the length and then the header
+        if len(raw) < 8:
+            raise CheckpointError(f"truncated safetensors file ({size} bytes, no header)", path, _FIX)
+        (n,) = struct.unpack("<Q", raw)
+        if n > MAX_HEADER or n + 8 > size:
+            raise CheckpointError(
+                f"safetensors header length {n} exceeds the file size ({size} bytes) or 100 MB",
+                path,
+                _FIX,
+            )
+        blob = store.read_range(path, 8, n)
     except IsADirectoryError:
         raise CheckpointError(
             "is a folder, expected a safetensors file", path, "remove or rename it"
@@ -177,9 +205,7 @@ def read_array(path: Path, t: TensorInfo) -> np.ndarray:
     m = map_array(path, t.offset, t.nbytes, t.storage_dtype, t.shape)
     if m is not None:
         return m
-    with open(path, "rb") as f:
-        f.seek(t.offset)
-        buf = f.read(t.nbytes)
+    buf = store.read_range(path, t.offset, t.nbytes)  # remote: one range request
     if len(buf) != t.nbytes:
         raise CheckpointError(f"tensor {t.name!r} is truncated", path, "re-download or re-export the file")
     return np.frombuffer(buf, dtype=t.storage_dtype).reshape(t.shape)
@@ -249,6 +275,9 @@ def copy_range(
         CheckpointError: the input ends before ``offset + nbytes``.
     """
     dst.flush()
+    if store.is_remote(src_path):
+        _copy_remote_range(dst, src_path, offset, nbytes, cancelled, advance)
+        return
     pos, left = offset, nbytes
     step = 1 << 30 if cancelled is None and advance is None else 256 << 20
     with open(src_path, "rb") as src:
@@ -279,6 +308,34 @@ def copy_range(
             left -= len(buf)
             if advance is not None:
                 advance(len(buf))
+
+
+def _copy_remote_range(
+    dst: BinaryIO,
+    src: Any,
+    offset: int,
+    nbytes: int,
+    cancelled: Callable[[], bool] | None,
+    advance: Callable[[int], None] | None,
+) -> None:
+    """:func:`copy_range` from a remote file: range requests of ``store.STREAM_CHUNK`` bytes, each written
+    before the next is fetched (memory: one chunk).
+
+    Raises:
+        CheckpointError: the object ends before ``offset + nbytes``, or a request failed (naming it).
+    """
+    pos, left = offset, nbytes
+    while left:
+        if cancelled is not None and cancelled():
+            return
+        buf = store.read_range(src, pos, min(store.STREAM_CHUNK, left))
+        if not buf:
+            raise CheckpointError("input ended early while copying", str(src), "the file is truncated")
+        dst.write(buf)
+        pos += len(buf)
+        left -= len(buf)
+        if advance is not None:
+            advance(len(buf))
 
 
 def write_file(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -141,8 +142,8 @@ def map_array(path, offset: int, nbytes: int, dtype: np.dtype, shape: tuple[int,
     """A read-only memory map of ``nbytes`` at ``offset`` as an array, for tensors of at least
     ``MMAP_MIN_BYTES`` (None below that: callers read small tensors into memory). Pages come from the page
     cache on demand, so comparing or copying a multi-GB embedding never holds a second copy in memory."""
-    if nbytes < MMAP_MIN_BYTES:
-        return None
+    if nbytes < MMAP_MIN_BYTES or not isinstance(path, str | os.PathLike) or hasattr(path, "fs"):
+        return None  # small, or a remote file (a UPath: no memory map over the network)
     return np.memmap(
         path, dtype=dtype, mode="r", offset=offset, shape=tuple(shape), order="F" if fortran else "C"
     )
