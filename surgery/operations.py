@@ -162,24 +162,25 @@ def _run_plan(
     with the report inside (``out`` None: in place, :func:`_in_place`); returns the report."""
     src = _path(path, "path")
     before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
-    if out is None and store.is_remote(src):
+    if out is None and store.is_remote(src) and not dry_run:
         raise UsageError(
             "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "
             "(a reader could see a half-written checkpoint)",
             str(src),
             f"write to another prefix with {Opt('out')} (a URL or a local folder)",
         )
-    if out is None:
+    if out is None and not store.is_remote(src):
         return Report(_in_place(src, make_plan, dry_run, progress, keep_training_state, backup))
-    dst = _path(out, "out")
+    dst = src if out is None else _path(out, "out")  # out None here: a dry run on a URL, writes nothing
     ckpt = Checkpoint.open(src)
     if not dry_run:
         check_output_path(ckpt.path, dst)
     plan = make_plan(ckpt)
     if dry_run:
-        return Report(
-            report_mod.build(plan, None, str(dst), dry_run=True, keep_training_state=keep_training_state)
-        )
+        rep = report_mod.build(plan, None, str(dst), dry_run=True, keep_training_state=keep_training_state)
+        if store.is_remote(src) or store.is_remote(dst):
+            rep["transferred"] = store.TRANSFER.since(before).as_dict()
+        return Report(rep)
     stale = [] if store.is_remote(dst) else remove_dead_temps(Path(os.path.abspath(dst)).parent)
 
     def report(facts: dict) -> dict:

@@ -53,13 +53,21 @@ def check_remote_output(inp: Any, out: Any) -> None:
             )
         if a.startswith(b):
             raise UsageError(f"{Opt('out')} contains the input", str(out), f"choose another {Opt('out')}")
+    me = out.path.rstrip("/")
     try:
-        taken = out.exists() and (not out.is_dir() or any(True for _ in out.iterdir()))
-    except TietoolError:
-        raise
+        entries = out.fs.ls(out.path, detail=True)
+    except FileNotFoundError:
+        entries = []
     except Exception as e:
         raise store.remote_error(e, out) from None
-    if taken:
+    if len(entries) == 1 and entries[0]["type"] == "file" and entries[0]["name"] == me:
+        raise UsageError(
+            f"{Opt('out')} is an existing object (a file), not a folder",
+            str(out),
+            f"give a prefix for {Opt('out')} that holds nothing yet",
+        )
+    # a folder marker ("me/", what "Create folder" in a console makes) is not content
+    if any(e["name"].rstrip("/") != me for e in entries):
         raise UsageError(
             f"{Opt('out')} already exists and is not empty",
             str(out),
@@ -120,7 +128,14 @@ def execute_remote(
             _write_json(tmp / REPORT_NAME, facts)
         _publish(copier.jobs, tmp, out, progress, written)
     except BaseException as e:
-        _remove(written)
+        left = _remove(written)
+        if left and isinstance(e, TietoolError):
+            raise type(e)(
+                f"{e.message}; {len(left)} object(s) it had written could not be deleted",
+                e.path,
+                f"delete what is under {out} (aws s3 rm --recursive {out}/), check the endpoint, the "
+                f"credentials and the connection, and run again",
+            ) from None
         if isinstance(e, TietoolError | KeyboardInterrupt):
             raise
         if isinstance(e, OSError) and not store.is_remote(getattr(e, "filename", None)):
@@ -177,7 +192,7 @@ def _put(src: Any, dst: Any, written: list[Any]) -> None:
     except Exception as e:
         line = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise OutputError(
-            f"cannot write the object ({line}); the output has no index",
+            f"cannot write the object ({line}); the output is incomplete and was not published",
             str(dst),
             "check the endpoint, the credentials and the connection, and run again",
         ) from None
@@ -193,10 +208,18 @@ def _stream(src: Any, dst: Any) -> None:
             fo.write(buf)
 
 
-def _remove(objects: list[Any]) -> None:
-    """Delete the objects a failed run wrote, as far as the store can be reached (never raises)."""
+def _remove(objects: list[Any]) -> list[Any]:
+    """Delete the objects a failed run wrote, as far as the store can be reached (never raises).
+
+    Returns:
+        the objects that could not be deleted (some may not exist: the write that failed).
+    """
+    left = []
     for o in reversed(objects):
         try:
             o.fs.rm_file(o.path)
-        except Exception:
+        except FileNotFoundError:
             pass
+        except Exception:
+            left.append(o)
+    return left

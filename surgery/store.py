@@ -31,6 +31,9 @@ from .errors import CheckpointError, TietoolError
 # "scheme://" at the start of a folder argument; file:// is a local path
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
+# the protocols the ``remote`` extra brings a file system for
+_REMOTE_EXTRA = frozenset({"s3", "s3a", "hf"})
+
 # bytes per request of a file opened for reading structure (a .pdparams pickle walk): the opcodes between
 # two array payloads are small, so a small block keeps the bytes fetched close to the bytes parsed.
 WALK_BLOCK = 64 << 10
@@ -86,24 +89,29 @@ def is_url(p: object) -> bool:
     return isinstance(p, str) and bool(_URL_RE.match(p)) and not p.startswith("file://")
 
 
-def local_only(command: str, *paths: object) -> None:
-    """Refuse a URL among ``paths`` for a command that reads and writes local
-    folders only (``convert``, ``merge``: they rewrite every tensor, so a remote run would move the whole
-    checkpoint through this machine anyway).
+def local_only(command: str, path: object, out: object) -> None:
+    """Refuse a URL as input ``path`` or output ``out`` of a command that reads and writes local folders only
+    (``convert``, ``merge``: they rewrite every tensor, so a remote run would move the whole checkpoint
+    through this machine anyway).
 
     Raises:
-        UsageError: naming the URL and the download-convert-upload route.
+        UsageError: naming the URL and the local route (download first, or upload after).
     """
     from .errors import UsageError
 
-    for p in paths:
-        if is_url(p):
-            raise UsageError(
-                f"{command} takes local folders only, not a URL",
-                str(p),
-                f"copy the checkpoint to a local folder first (aws s3 sync, huggingface-cli download), run "
-                f"{command} there, then upload the output",
-            )
+    if is_url(path):
+        raise UsageError(
+            f"{command} takes local folders only, not a URL",
+            str(path),
+            f"copy the checkpoint to a local folder first (aws s3 sync, huggingface-cli download) and run "
+            f"{command} there",
+        )
+    if is_url(out):
+        raise UsageError(
+            f"{command} writes local folders only, not a URL",
+            str(out),
+            "write the output to a local folder, then upload it (aws s3 sync, huggingface-cli upload)",
+        )
 
 
 def is_remote(p: object) -> bool:
@@ -117,10 +125,15 @@ def as_path(p: str | os.PathLike) -> Any:
     Raises:
         UsageError: a URL whose protocol no installed fsspec backend handles.
     """
+    if isinstance(p, str) and p.startswith("file://"):
+        return Path(p[len("file://") :])
     if not is_url(p):
         return Path(p)
     from .errors import UsageError
 
+    scheme, rest = str(p).split("://", 1)
+    if not rest.strip("/"):
+        raise UsageError("the URL names no bucket or repository", str(p), f"e.g. {scheme}://bucket/prefix")
     try:
         from upath import UPath
 
@@ -128,14 +141,20 @@ def as_path(p: str | os.PathLike) -> Any:
         _instrument(u.fs)
     except ImportError as e:
         raise UsageError(
-            f"reading {str(p).split('://')[0]}:// needs a package that is not installed ({e.name or e})",
+            f"reading {scheme}:// needs a package that is not installed ({e.name or e})",
             str(p),
-            "pip install 'tietool[remote]' (fsspec, s3fs, universal_pathlib; huggingface_hub for hf://)",
+            "pip install 'tietool[remote]' (fsspec, s3fs, universal_pathlib; huggingface_hub for hf://)"
+            if scheme in _REMOTE_EXTRA
+            else f"install the fsspec file system for {scheme}:// (fsspec's list of implementations names "
+            "its package)",
         ) from None
     except ValueError as e:
         raise UsageError(
             f"not a supported URL ({e})", str(p), "use s3://bucket/prefix or hf://org/model"
         ) from None
+    # each operation starts from fresh listings: fsspec keeps them per file-system instance, which lives as
+    # long as the process (a Python session would otherwise see a folder as it was minutes ago)
+    u.fs.invalidate_cache()
     return u
 
 
@@ -286,8 +305,10 @@ def list_files(folder: Any) -> dict[str, int] | None:
         FileNotFoundError: nothing at ``folder``.
     """
     entries = folder.fs.ls(folder.path, detail=True)  # s3fs raises FileNotFoundError for no such prefix
-    if len(entries) == 1 and entries[0]["type"] == "file" and entries[0]["name"].rstrip("/") == folder.path:
+    me = folder.path.rstrip("/")
+    if len(entries) == 1 and entries[0]["type"] == "file" and entries[0]["name"] == me:
         return None
+    entries = [e for e in entries if e["name"].rstrip("/") != me]  # a folder marker object "me/"
     if not entries:  # an empty "folder" (a bare prefix marker, or an empty Hub folder)
         raise FileNotFoundError(str(folder))
     return {

@@ -419,6 +419,15 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
             "error": f"logits not compared: {' and '.join(missing)} not installed; "
             'pip install "tietool[paddle]" adds paddlepaddle and PaddleFormers 1.2.0',
         }
+    from . import store
+
+    remote = [str(p) for p in (a_path, b_path) if store.is_remote(p) or store.is_url(p)]
+    if remote:
+        return {
+            "ok": None,
+            "error": f"logits not compared: {remote[0]} is in object storage and PaddleFormers loads local "
+            "folders; download both checkpoints and run verify --logits on the local copies",
+        }
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     da = detect(A, compare_values=False)
     if da.loader.startswith("paddlenlp"):
@@ -474,8 +483,9 @@ def _run_fidelity(path, arch: str, ids: Path, out: Path, timeout: float) -> dict
         text=True,
         timeout=timeout,
     )
-    line = (r.stdout.strip().splitlines() or ["{}"])[-1]
+    lines = r.stdout.strip().splitlines()
     try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        return {"ok": False, "error": r.stderr[-300:]}
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):  # no JSON line: it failed before printing one
+        tail = r.stderr.strip().splitlines()
+        return {"ok": False, "error": tail[-1][-300:] if tail else f"exit code {r.returncode}, no output"}

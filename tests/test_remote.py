@@ -366,9 +366,10 @@ def test_convert_and_merge_refuse_urls_in_one_line(tmp_path, argv):
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     url = next(a for a in args if a.startswith("s3://"))
-    head = f"tietool: error: {url}: {argv[0]} takes local folders only, not a URL"
+    verb = "takes" if args.index(url) == 1 else "writes"
+    head = f"tietool: error: {url}: {argv[0]} {verb} local folders only, not a URL"
     assert len(lines) == 1 and lines[0].startswith(head), lines
-    assert "local folder first" in lines[0]
+    assert ("local folder first" if verb == "takes" else "then upload it") in lines[0]
     assert list(tmp_path.iterdir()) == []
 
 
@@ -376,5 +377,126 @@ def test_api_convert_refuses_url():
     import tietool
     from tietool.surgery.errors import UsageError
 
-    with pytest.raises(UsageError, match="hf://org/model: convert takes local folders only"):
+    with pytest.raises(UsageError, match="hf://org/model: convert writes local folders only"):
         tietool.convert(CASES_DIR / "pf_llama_tied_sharded", "safetensors", "hf://org/model")
+
+
+# ---------------------------------------------------------------- found by a new-user run (breaker)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "tietool", *args, "--quiet"],
+        capture_output=True,
+        text=True,
+        env={**os.environ},
+        cwd=REPO.parent,
+    )
+
+
+def test_failed_clean_up_names_what_is_left(s3):
+    """The upload of config.json fails and so does every DELETE: the one line says objects were left and
+    that the prefix must be cleared before running again (which is then refused as not empty)."""
+    srv, fs = s3
+    prefix = f"{BUCKET}/out/left"
+    srv.app.fail = lambda method, path: (
+        "/out/left/" in path and (method == "DELETE" or (method == "PUT" and path.endswith("config.json")))
+    )
+    try:
+        r = _cli("tie", f"s3://{BUCKET}/in/pf_llama_tied_sharded", "--out", f"s3://{prefix}")
+    finally:
+        srv.app.fail = None
+    assert r.returncode == 6, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1, r.stderr
+    assert "could not be deleted" in lines[0] and f"delete what is under s3://{prefix}" in lines[0], lines[0]
+    fs.invalidate_cache()
+    assert fs.find(prefix) != [] and not fs.exists(f"{prefix}/model.safetensors.index.json")
+    again = _cli("tie", f"s3://{BUCKET}/in/pf_llama_tied_sharded", "--out", f"s3://{prefix}")
+    assert again.returncode == 2 and "not empty" in again.stderr
+    fs.rm(prefix, recursive=True)
+
+
+def test_output_prefix_with_only_a_folder_marker_is_empty(s3, tmp_path):
+    srv, fs = s3
+    fs.pipe(f"{BUCKET}/out/marker/", b"")  # what "Create folder" in a console makes
+    r = _cli("tie", f"s3://{BUCKET}/in/pf_llama_tied_sharded", "--out", f"s3://{BUCKET}/out/marker")
+    assert r.returncode == 0, r.stderr
+    fs.invalidate_cache()
+    assert fs.exists(f"{BUCKET}/out/marker/model.safetensors.index.json")
+    fs.rm(f"{BUCKET}/out/marker", recursive=True)
+
+
+def test_output_that_is_an_object_is_named_a_file(s3):
+    srv, fs = s3
+    fs.pipe(f"{BUCKET}/out/an_object", b"x")
+    r = _cli("tie", f"s3://{BUCKET}/in/pf_llama_tied_sharded", "--out", f"s3://{BUCKET}/out/an_object")
+    assert r.returncode == 2 and "is an existing object (a file), not a folder" in r.stderr, r.stderr
+    assert fs.cat(f"{BUCKET}/out/an_object") == b"x"
+    fs.rm(f"{BUCKET}/out/an_object")
+
+
+def test_api_sees_objects_written_since_its_last_call(s3):
+    """fsspec caches listings per file system for the life of the process; each operation lists afresh, so
+    a Python session does not write into a prefix another client filled after it looked."""
+    import fsspec
+
+    import tietool
+    from tietool.surgery.errors import CheckpointError, UsageError
+
+    srv, fs = s3
+    with pytest.raises(CheckpointError, match="no such folder"):
+        tietool.inspect(f"s3://{BUCKET}/out/race")
+    other = fsspec.filesystem("s3", skip_instance_cache=True)
+    other.pipe(f"{BUCKET}/out/race/precious.bin", b"x")
+    with pytest.raises(UsageError, match="not empty"):
+        tietool.tie(f"s3://{BUCKET}/in/pf_llama_tied_sharded", out=f"s3://{BUCKET}/out/race")
+    assert sorted(fs.ls(f"{BUCKET}/out/race")) == [f"{BUCKET}/out/race/precious.bin"]
+    fs.rm(f"{BUCKET}/out/race", recursive=True)
+
+
+def test_dry_run_on_a_url_needs_no_out_and_reports_bytes(s3):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tietool",
+            "tie",
+            f"s3://{BUCKET}/in/pf_llama_tied_sharded",
+            "--dry-run",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO.parent,
+    )
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["dry_run"] is True and doc["transferred"]["sent"] == 0 and doc["transferred"]["received"] > 0
+
+
+def test_verify_logits_on_a_url_says_why_not(s3):
+    from tietool.surgery.verify import logits_check
+
+    res = logits_check(f"s3://{BUCKET}/in/pnlp_llama_tied", str(CASES_DIR / "pnlp_llama_tied"))
+    assert res["ok"] is None and "is in object storage" in res["error"] and "download" in res["error"]
+
+
+@pytest.mark.parametrize(
+    "url, words",
+    [("s3://", "names no bucket"), ("s3:///", "names no bucket"), ("gs://b/x", "gs://")],
+)
+def test_bad_urls_one_line(url, words):
+    r = subprocess.run(
+        [sys.executable, "-m", "tietool", "inspect", url], capture_output=True, text=True, cwd=REPO.parent
+    )
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and words in lines[0], r.stderr
+
+
+def test_file_url_is_a_local_folder():
+    import tietool
+
+    a = tietool.inspect(f"file://{CASES_DIR / 'pnlp_llama_tied'}", compare_values=False)
+    b = tietool.inspect(CASES_DIR / "pnlp_llama_tied", compare_values=False)
+    assert _inspect_doc(a) == _inspect_doc(b)
