@@ -45,7 +45,8 @@ class Rule:
 
 
 _MERGE_TP = (
-    "merge the slices into whole weights first, into a new folder: tietool merge (tietool.merge in Python), "
+    "merge the slices into whole weights first, into a new folder: tietool merge (tietool.merge in Python; "
+    "local folders only: download rank files kept in object storage first), "
     "or PaddleNLP/PaddleFormers merge_tensor_parallel (or save with merge_tensor_parallel=True / a unified "
     "checkpoint); never use one rank's file alone as the model: it holds only part of each tensor"
 )
