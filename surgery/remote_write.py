@@ -133,8 +133,8 @@ def execute_remote(
             raise type(e)(
                 f"{e.message}; {len(left)} object(s) it had written could not be deleted",
                 e.path,
-                f"delete what is under {out} (aws s3 rm --recursive {out}/), check the endpoint, the "
-                f"credentials and the connection, and run again",
+                f"delete every object under {out}, check the endpoint, the credentials and the connection, "
+                "and run again",
             ) from None
         if isinstance(e, TietoolError | KeyboardInterrupt):
             raise

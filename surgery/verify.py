@@ -426,7 +426,7 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
         return {
             "ok": None,
             "error": f"logits not compared: {remote[0]} is in object storage and PaddleFormers loads local "
-            "folders; download both checkpoints and run verify --logits on the local copies",
+            f"folders; download both checkpoints and verify the local copies with {Opt('logits', True)}",
         }
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     da = detect(A, compare_values=False)

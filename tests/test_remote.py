@@ -409,7 +409,9 @@ def test_failed_clean_up_names_what_is_left(s3):
     assert r.returncode == 6, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
-    assert "could not be deleted" in lines[0] and f"delete what is under s3://{prefix}" in lines[0], lines[0]
+    assert "could not be deleted" in lines[0] and f"delete every object under s3://{prefix}" in lines[0], (
+        lines[0]
+    )
     fs.invalidate_cache()
     assert fs.find(prefix) != [] and not fs.exists(f"{prefix}/model.safetensors.index.json")
     again = _cli("tie", f"s3://{BUCKET}/in/pf_llama_tied_sharded", "--out", f"s3://{prefix}")
