@@ -22,33 +22,19 @@ the limit gets a shard of its own.
 
 from __future__ import annotations
 
-import errno
-import os
 import re
-import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import REPORT_NAME
-from .errors import Opt, OutputError, UsageError
+from .errors import Opt, UsageError
 from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source
 from .formats.tensor import DTYPES
 from .readback import Planned, check_index, check_pdparams, check_safetensors
-from .write import (
-    TMP_TAG,
-    _fsync_dir,
-    _make_parent,
-    _output_error,
-    _uninterruptibly,
-    _write_json,
-    _write_reporting,
-    copy_file,
-    remove_dead_temps,
-)
+from .write import _write_json, _write_reporting, copy_file, publish
 
 # PaddleFormers' and PaddleNLP's ``save_pretrained(max_shard_size="10GB")``; "GB" is 10**9 bytes there
 # (``convert_file_size_to_int``), "GiB" 2**30.
@@ -226,37 +212,12 @@ def assemble(
         UsageError: no tensors or duplicate names.
         OutputError: the output cannot be written or does not read back; nothing is left behind.
     """
-    out = Path(out)
     lay = layout(tensors, container, max_shard_size)
-    remove_dead_temps(out.parent)
-    parent = _make_parent(out)
-    tmp = parent / f".{out.name}{TMP_TAG}{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    try:
-        tmp.mkdir()
-        facts = _write_all(tmp, lay, container, config, carry, st_metadata, pdparams_extras, progress)
-        if report is not None:
-            facts = report(facts)
-            _write_json(tmp / REPORT_NAME, facts)
-        _fsync_dir(tmp)
-        if out.exists():
-            out.rmdir()  # empty: the caller checked
-        os.rename(tmp, out)
-        _fsync_dir(parent)
-        return facts
-    except BaseException as e:
-        _uninterruptibly(lambda: shutil.rmtree(tmp, ignore_errors=True))
-        if not isinstance(e, OSError):
-            raise
-        if e.filename == str(tmp) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            # the temporary folder could not be made: name the folder the user chose, not our temp name
-            raise OutputError(
-                f"cannot create the output in this folder: {e.strerror}; nothing was written",
-                parent,
-                f"choose an {Opt('out')} in a folder you can write to",
-            ) from None
-        raise _output_error(e, parent) from None
+    return publish(
+        Path(out),
+        lambda tmp: _write_all(tmp, lay, container, config, carry, st_metadata, pdparams_extras, progress),
+        report,
+    )
 
 
 def _write_all(

@@ -17,6 +17,12 @@ in :data:`surgery.architectures.TENSOR_PARALLEL`; this module only applies them:
    concatenation is a list of byte ranges (no memory); another axis loads the slices of one tensor,
    concatenates, writes and drops them. bf16 (``uint16`` in ``.pdparams``) moves as bits, never converted.
 
+The rules, per tensor: the embedding ``[V/n, H]`` per rank → ``[V, H]`` by rows; the head ``[H, V/n]`` →
+``[H, V]`` (or ``[V/n, H]`` → ``[V, H]``, told from the shapes and ``vocab_size``); column-parallel weights
+``[H, X/n]`` and biases ``[X/n]`` on their output axis; row-parallel weights ``[X/n, H]`` on their input
+axis; fused gate-up / GQA qkv per rank interleaved; norms and row-parallel biases replicated (checked
+equal). Pipeline ranks are unioned.
+
 Every refusal is one line naming the file and a fix that cannot do damage; nothing is written then.
 """
 
@@ -548,13 +554,8 @@ def merge(
 ) -> Report:
     """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``.
 
-    Each tensor is joined by its family's rule (:data:`surgery.architectures.TENSOR_PARALLEL`, as
-    PaddleNLP's ``_get_tensor_parallel_mappings``): the embedding ``[V/n, H]`` per rank → ``[V, H]`` by rows;
-    the head ``[H, V/n]`` → ``[H, V]`` (or ``[V/n, H]`` → ``[V, H]``, told from the shapes and
-    ``vocab_size``); column-parallel weights ``[H, X/n]`` and biases ``[X/n]`` on their output axis;
-    row-parallel weights ``[X/n, H]`` on their input axis; fused gate-up / GQA qkv per rank interleaved;
-    norms and row-parallel biases replicated (checked equal). Pipeline ranks are unioned. Values keep their
-    dtype and bits (bf16 stays bf16).
+    Each tensor is joined by its family's rule, as the module docstring says. Values keep their dtype and
+    bits (bf16 stays bf16).
 
     The output is in the rank files' container and names: ``model_state.pdparams`` (or shards of at most
     ``max_shard_size`` with ``model_state.pdparams.index.json``, as PaddleNLP's ``save_pretrained``),
@@ -578,18 +579,8 @@ def merge(
             shape that does not fit config.json. Nothing is written when any is raised.
         OutputError: the output cannot be written.
     """
-    from .operations import _path
-    from .write import check_output_path
-
-    local_only("merge", path, out)
-    src, dst = _path(path, "path"), _path(out, "out")
+    src, dst = _folders(path, out, dry_run)
     limit = parse_size(max_shard_size)
-    if not src.is_dir():
-        raise CheckpointError(
-            "not a folder", src, "give the folder that holds the rank files and config.json"
-        )
-    if not dry_run:
-        check_output_path(src, dst)
     names = {p.name for p in src.iterdir()}
     container, groups = find_ranks(src, names)
     config, _, _ = _read_config(src)
@@ -608,16 +599,30 @@ def merge(
         return Report(report({**planned, "carried": [n for _, n in carry], "dry_run": True}))
     total = sum(t.nbytes for t in tensors)
     with (progress or (lambda _n: nullcontext(None)))(total) as advance:
+        extras_of = {"st_metadata" if container == "safetensors" else "pdparams_extras": extras or None}
         rep = assemble(
-            dst,
-            tensors,
-            Container(container),
-            new_config,
-            carry=carry,
-            max_shard_size=limit,
-            st_metadata=(extras or None) if container == "safetensors" else None,
-            pdparams_extras=(extras or None) if container == "pdparams" else None,
-            report=report,
-            progress=advance,
-        )
+            dst, tensors, Container(container), new_config, carry=carry, max_shard_size=limit,
+            report=report, progress=advance, **extras_of,
+        )  # fmt: skip
     return Report(rep)
+
+
+def _folders(path: str | PathLike[str], out: str | PathLike[str], dry_run: bool) -> tuple[Path, Path]:
+    """The rank folder and the output folder of :func:`merge`, checked (local, a folder, an output that
+    is new or empty and outside the input; the output is not checked for a dry run).
+
+    Raises:
+        UsageError: a URL, or a bad ``out``. CheckpointError: ``path`` is not a folder.
+    """
+    from .operations import _path
+    from .write import check_output_path
+
+    local_only("merge", path, out)
+    src, dst = _path(path, "path"), _path(out, "out")
+    if not src.is_dir():
+        raise CheckpointError(
+            "not a folder", src, "give the folder that holds the rank files and config.json"
+        )
+    if not dry_run:
+        check_output_path(src, dst)
+    return src, dst

@@ -272,6 +272,22 @@ def execute(
         return execute_remote(plan, out, progress, report, keep_training_state)
     out = Path(out)
     check_output_path(ckpt.path, out)
+    return publish(out, lambda tmp: _write_all(plan, tmp, link, progress, keep_training_state), report)
+
+
+def publish(out: Path, fill: Callable[[Path], dict], report: Callable[[dict], dict] | None) -> dict:
+    """Build an output folder atomically: ``fill(tmp)`` writes it into a temporary folder beside ``out``
+    (``.NAME.tietool-tmp-PID``) and returns the written-file facts; ``report(facts)``, if given, is written
+    as ``tietool-report.json`` inside; then everything is fsynced and the folder renamed to ``out`` (which
+    must not exist, or be empty: the caller checks). Temporary folders of dead runs beside ``out`` are
+    removed first.
+
+    Returns:
+        the report (or the facts when ``report`` is None).
+
+    Raises:
+        OutputError: the output cannot be written (no space, permissions); nothing is left behind.
+    """
     remove_dead_temps(out.parent)
     parent = _make_parent(out)
     tmp = parent / f".{out.name}{TMP_TAG}{os.getpid()}"
@@ -279,13 +295,13 @@ def execute(
         shutil.rmtree(tmp)
     try:
         tmp.mkdir()
-        facts = _write_all(plan, tmp, link, progress, keep_training_state)
+        facts = fill(tmp)
         if report is not None:
             facts = report(facts)
             _write_json(tmp / REPORT_NAME, facts)
         _fsync_dir(tmp)
         if out.exists():
-            out.rmdir()  # empty, checked above
+            out.rmdir()  # empty: the caller checked
         os.rename(tmp, out)
         _fsync_dir(parent)
         return facts
@@ -293,7 +309,7 @@ def execute(
         _uninterruptibly(lambda: shutil.rmtree(tmp, ignore_errors=True))
         if not isinstance(e, OSError):
             raise
-        raise _output_error(e, parent) from None
+        raise _output_error(e, parent, tmp) from None
 
 
 def _make_parent(out: Path) -> Path:
@@ -312,9 +328,16 @@ def _make_parent(out: Path) -> Path:
     return parent
 
 
-def _output_error(e: OSError, parent: Path) -> OutputError:
+def _output_error(e: OSError, parent: Path, tmp: Path | None = None) -> OutputError:
     """The :class:`OutputError` for a failed write of the output (``parent``: the output's parent
-    folder): no space left, or the OS error naming the file it was writing."""
+    folder, ``tmp``: the temporary folder it is built in): no space left, a parent folder that cannot be
+    written (named, not the temporary folder it failed to create), or the OS error naming the file."""
+    if e.filename == str(tmp) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return OutputError(
+            f"cannot create the output in this folder: {e.strerror}; nothing was written",
+            parent,
+            f"choose an {Opt('out')} in a folder you can write to",
+        )
     if e.errno == errno.ENOSPC:
         return OutputError(
             "no space left on the device; nothing was written",
