@@ -19,7 +19,7 @@ import numpy as np
 from . import store, surface
 from .errors import CheckpointError, TietoolError
 from .formats import pdparams_io, safetensors_io
-from .formats.tensor import TensorInfo, bf16_bits_to_f32
+from .formats.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
 
 ST_SINGLE = "model.safetensors"
 ST_INDEX = "model.safetensors.index.json"
@@ -418,7 +418,13 @@ class Checkpoint:
         return pdparams_io.read_array(p, t)
 
     def load_f32(self, name: str) -> np.ndarray:
-        """Tensor ``name`` decoded to float32 (bf16 bits by shift, never by value cast)."""
+        """Tensor ``name`` decoded to float32 (bf16 bits by shift, never by value cast).
+
+        Raises:
+            RefusedError: a dtype tietool does not compute in (float8, float4, float6, complex).
+        """
+        if not self.tensors[name].st_dtype.decodable:
+            raise dtype_refusal(self.tensors[name], self.path, "decode its values")
         a = self.load(name)
         if self.logical_dtype(self.tensors[name]) == "bfloat16":
             return bf16_bits_to_f32(a)
@@ -427,8 +433,13 @@ class Checkpoint:
     def iter_rows(self, name: str, chunk_rows: int, start: int = 0, stop: int | None = None):
         """Yield rows ``start:stop`` of tensor ``name`` in chunks of ``chunk_rows`` rows (stored dtype), read
         into one reused buffer: memory stays at one chunk however large the tensor (no page-cache mapping
-        kept resident). Each chunk is valid until the next one is requested."""
+        kept resident). Each chunk is valid until the next one is requested.
+
+        Raises:
+            RefusedError: a packed sub-byte dtype (``F4``, ``F6_*``): no array holds its elements.
+        """
         t = self.tensors[name]
+        require_array(t, self.path / t.file)
         if t.fortran or t.inline is not None or t.pieces is not None or t.nbytes == 0 or len(t.shape) < 1:
             a = self.load(name)
             if a.ndim == 0:

@@ -9,6 +9,7 @@ from . import surface
 from .checkpoint import Checkpoint
 from .detect import DRIFT_EDGES, Detection, detect
 from .findings import describe
+from .formats.tensor import dtype_refusal
 from .report import savings_if_tied
 from .tokenizer import token_strings
 
@@ -234,12 +235,22 @@ def check_names(ckpt: Checkpoint, embedding_name: str | None, head_name: str | N
 
 
 def check_found(det: Detection) -> None:
-    """Refuse a found embedding/head stored as integers or float8 (a quantized table)."""
+    """Refuse a found embedding/head stored as integers (a quantized table) or in a dtype tietool only copies
+    as bytes (float8, float4, float6, complex: named with its label)."""
     ckpt = det.ckpt
     found = {
         "embedding": det.embedding if det.embedding_present else None,
         "head": det.head if det.head_present else None,
     }
+    for role, name in found.items():
+        if name is not None and not ckpt.tensors[name].st_dtype.decodable:
+            raise dtype_refusal(
+                ckpt.tensors[name],
+                ckpt.path,
+                f"compare or resize it as the {role}",
+                "tie/untie/resize the checkpoint before quantization (a float embedding and head), then "
+                "quantize the output again",
+            )
     surface.check_found(
         ckpt.path, {n: ckpt.logical_dtype(ckpt.tensors[n]) for n in filter(None, found.values())}, found
     )
