@@ -35,6 +35,7 @@ from .formats.tensor import DTYPES, describe_dtype, dtype_refusal
 from .options import Target
 from .results import Report
 from .store import local_only
+from .summary import check_index
 from .write import check_output_path
 
 # files an output never carries: PaddleFormers' loader writes this one into the folder it loads, and it
@@ -703,6 +704,7 @@ def convert(
             raise UsageError(f"{what} must be a folder path (str or os.PathLike), got {type(arg).__name__}")
     local_only("convert", path, out)
     ckpt = Checkpoint.open(Path(path))
+    check_index(ckpt)
     if not dry_run:
         check_output_path(ckpt.path, Path(out))
     plan = check_dtypes(plan_convert(ckpt, target))
