@@ -744,7 +744,8 @@ def check_dtypes(plan: ConvertPlan) -> ConvertPlan:
         if plan.container is Container.PDPARAMS and DTYPES[s.dtype].np_name is None:
             raise RefusedError(
                 f"convert refused: {s.src} is stored as {describe_dtype(s.dtype)}, which a .pdparams cannot "
-                "hold (numpy and paddle.save have no such dtype; its bytes would load as other values)",
+                "hold (numpy has no float8/float4/float6: paddle.save itself writes float8 as int8, which "
+                "paddle.load returns as int8; complex arrays are outside the .pdparams reader's allow-list)",
                 ck.path,
                 f"keep the safetensors container ({Opt('to', 'safetensors')} or "
                 f"{Opt('to', 'paddleformers')})",
