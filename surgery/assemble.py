@@ -32,7 +32,7 @@ from typing import Any
 from .errors import Opt, UsageError
 from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source
-from .formats.tensor import DTYPES
+from .formats.tensor import DTYPES, pdparams_name
 from .readback import Planned, check_index, check_pdparams, check_safetensors
 from .write import _write_json, _write_reporting, copy_file, publish
 
@@ -89,11 +89,11 @@ class OutTensor:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of data: ``prod(shape) * itemsize``."""
-        n = DTYPES[self.dtype].itemsize
+        """Bytes of data: ``prod(shape) × bits / 8`` (packed sub-byte dtypes included)."""
+        n = 1
         for d in self.shape:
             n *= d
-        return n
+        return DTYPES[self.dtype].nbytes(n)
 
 
 class _Lazy(Source):
@@ -273,7 +273,7 @@ def _write_file(
         safetensors_io.write_file(path, _rows(ts, path.name, progress), st_metadata)
         return
     rows: list[tuple[str, str, tuple[int, ...], Source, object, bool]] = [
-        (t.name, DTYPES[t.dtype].np_name, t.shape, src, None, False)
+        (t.name, pdparams_name(t.dtype), t.shape, src, None, False)
         for t, src in _sources(ts, path.name, progress)
     ]
     pdparams_io.write_file(path, rows, _file_extras(extras, {t.name for t in ts}))

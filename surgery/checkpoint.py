@@ -19,7 +19,7 @@ import numpy as np
 from . import store, surface
 from .errors import CheckpointError, TietoolError
 from .formats import pdparams_io, safetensors_io
-from .formats.tensor import TensorInfo, bf16_bits_to_f32
+from .formats.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
 
 ST_SINGLE = "model.safetensors"
 ST_INDEX = "model.safetensors.index.json"
@@ -146,6 +146,71 @@ def _file_names(path: Any) -> set[str]:
     return names
 
 
+def _unlisted_weights(names: set[str], fmt: str, shards: list[str], listed: list[str]) -> list[str]:
+    """Weight files of the checkpoint's format that its index does not list: shards, and the single file
+    (``model.safetensors`` / ``model_state.pdparams``) a renamed shard often becomes."""
+    single = ST_SINGLE if fmt == "safetensors" else PD_SINGLE
+    return [f for f in shards + ([single] if single in names else []) if f not in listed]
+
+
+def _check_listed(
+    path: Path, index_name: str, wm: dict[str, str], listed: list[str], unlisted: list[str]
+) -> None:
+    """Every shard the index lists is a file in the folder.
+
+    Raises:
+        CheckpointError: a shard outside the folder; a listed shard missing, naming the unlisted weight file
+            that holds the tensors the index maps to it when there is one (a renamed shard: d09).
+    """
+    for f in listed:
+        if "/" in f or "\\" in f or f.startswith("."):
+            raise CheckpointError(
+                f"index names a shard outside the folder: {f!r}", path / index_name, "fix the index"
+            )
+    for f in listed:
+        if (path / f).is_file():
+            continue
+        mapped = [n for n, g in wm.items() if g == f]
+        for holder in unlisted:
+            held = set(_names_in(path / holder, holder))
+            if held & set(mapped):
+                raise _renamed_shard(path, index_name, f, holder, mapped, set(wm) <= held)
+        raise CheckpointError(
+            f"index names shard {f}, which is not in the folder",
+            path / index_name,
+            f"restore {f} or regenerate the index",
+        )
+
+
+def _names_in(p: Path, rel: str) -> list[str]:
+    """The tensor names in weight file ``p`` (headers only; [] for a file that cannot be read)."""
+    try:
+        if rel.endswith(".safetensors"):
+            return [t.name for t in safetensors_io.read_header(p, rel)[0]]
+        return [t.name for t in pdparams_io.read_header(p, rel)[0]]
+    except CheckpointError:
+        return []
+
+
+def _renamed_shard(
+    path: Path, index_name: str, missing: str, holder: str, mapped: list[str], holds_all: bool
+) -> CheckpointError:
+    """The refusal of a stale index whose missing shard's tensors are in ``holder``, which it does not list
+    (loaders disagree on such a folder: transformers reads a lone model.safetensors, PaddleX the index)."""
+    fix = (
+        f"if {holder} is {missing} renamed, delete the stale index {index_name} ({holder} holds every "
+        f"tensor it lists; a single file needs no index) or rename {holder} back to {missing}"
+        if holds_all
+        else f"if {holder} is {missing} renamed, rename it back to {missing}; else restore {missing}"
+    )
+    return CheckpointError(
+        f"index names shard {missing}, which is not in the folder, for {len(mapped)} tensors (e.g. "
+        f"{mapped[0]}); {holder}, which the index does not list, holds them: the index is stale",
+        path / index_name,
+        fix,
+    )
+
+
 @dataclass
 class Checkpoint:
     """A checkpoint folder, headers only.
@@ -163,7 +228,9 @@ class Checkpoint:
         np_module: per pdparams file, the numpy module its arrays were pickled with.
         st_metadata: per safetensors file, its ``__metadata__``.
         other_files: every other file (relative paths), carried to the output unchanged.
-        warnings: recoverable problems found while reading (stale index entries, ...).
+        warnings: recoverable problems found while reading (tensors missing from the index, ...).
+        missing_entries: index entries (name → shard) that no shard holds; :meth:`check_index_complete`
+            refuses them, except a tied checkpoint's stale head entry.
         left_out: files in the folder that are not part of the checkpoint (weights the index does not
             list, of the other format, rank files beside whole weights); never copied to an output.
         training_state: optimizer / master-weight / scheduler / trainer-state / rng files (relative
@@ -185,6 +252,7 @@ class Checkpoint:
     st_metadata: dict[str, dict | None] = field(default_factory=dict)
     other_files: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    missing_entries: dict[str, str] = field(default_factory=dict)
     left_out: list[surface.LeftOut] = field(default_factory=list)
     training_state: list[str] = field(default_factory=list)
     config_file: str = "config.json"
@@ -236,17 +304,7 @@ class Checkpoint:
                     "index metadata is not a JSON object", path / index_name, "regenerate the index"
                 )
             listed = sorted(set(wm.values()), key=lambda n: (SHARD_RE.match(n) is None, n))
-            for f in listed:
-                if "/" in f or "\\" in f or f.startswith("."):
-                    raise CheckpointError(
-                        f"index names a shard outside the folder: {f!r}", path / index_name, "fix the index"
-                    )
-                if not (path / f).is_file():
-                    raise CheckpointError(
-                        f"index names shard {f}, which is not in the folder",
-                        path / index_name,
-                        f"restore {f} or regenerate the index",
-                    )
+            _check_listed(path, index_name, wm, listed, _unlisted_weights(names, fmt, files, listed))
             unlisted = [f for f in files if f not in listed]
             files = listed
         else:
@@ -320,10 +378,7 @@ class Checkpoint:
             index_name, wm = self._index()
             for name, f in wm.items():
                 if name not in where:
-                    self.warnings.append(
-                        f"index entry {name} → {f} is stale: {f} has no such tensor; it is left out of the "
-                        "output index"
-                    )
+                    self.missing_entries[name] = f
                 elif where[name] != f:
                     raise CheckpointError(
                         f"index maps {name!r} to {f} but it is stored in {where[name]}",
@@ -335,6 +390,36 @@ class Checkpoint:
                     self.warnings.append(
                         f"tensor {name} is in {f} but not in the index; it is kept and listed"
                     )
+
+    def check_index_complete(self, tied_head: str | None) -> None:
+        """An index entry no shard holds means a missing tensor: the checkpoint is incomplete. The one
+        exception is ``tied_head``, the LM head of a checkpoint that is tied and has no head in its files
+        (an entry left over from an earlier tie): it is dropped from the output index with a warning.
+
+        Args:
+            tied_head: the head's name when the detection found the checkpoint tied with no head stored,
+                else None.
+
+        Raises:
+            CheckpointError: naming the index, the first missing tensor and the shard it names.
+        """
+        missing = {n: f for n, f in self.missing_entries.items() if n != tied_head}
+        if missing:
+            name, f = next(iter(missing.items()))
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise CheckpointError(
+                f"index maps {name} to {f}, but {f} holds no such tensor{more}: the checkpoint is incomplete",
+                self.path / (self.index_name or ""),
+                f"copy the complete {f} from where the checkpoint came from (or re-export it); if {name} was "
+                "removed on purpose, remove its entry from the index",
+            )
+        if tied_head in self.missing_entries:
+            msg = (
+                f"index entry {tied_head} → {self.missing_entries[tied_head]} is stale: the checkpoint is "
+                "tied and no shard holds the head; it is left out of the output index"
+            )
+            if msg not in self.warnings:
+                self.warnings.append(msg)
 
     def _check_unlisted_shards(self, unlisted: list[str]) -> None:
         """Shard files the index does not name are not part of the checkpoint; but an index entry that points
@@ -418,7 +503,13 @@ class Checkpoint:
         return pdparams_io.read_array(p, t)
 
     def load_f32(self, name: str) -> np.ndarray:
-        """Tensor ``name`` decoded to float32 (bf16 bits by shift, never by value cast)."""
+        """Tensor ``name`` decoded to float32 (bf16 bits by shift, never by value cast).
+
+        Raises:
+            RefusedError: a dtype tietool does not compute in (float8, float4, float6, complex).
+        """
+        if not self.tensors[name].st_dtype.decodable:
+            raise dtype_refusal(self.tensors[name], self.path, "decode its values")
         a = self.load(name)
         if self.logical_dtype(self.tensors[name]) == "bfloat16":
             return bf16_bits_to_f32(a)
@@ -427,8 +518,13 @@ class Checkpoint:
     def iter_rows(self, name: str, chunk_rows: int, start: int = 0, stop: int | None = None):
         """Yield rows ``start:stop`` of tensor ``name`` in chunks of ``chunk_rows`` rows (stored dtype), read
         into one reused buffer: memory stays at one chunk however large the tensor (no page-cache mapping
-        kept resident). Each chunk is valid until the next one is requested."""
+        kept resident). Each chunk is valid until the next one is requested.
+
+        Raises:
+            RefusedError: a packed sub-byte dtype (``F4``, ``F6_*``): no array holds its elements.
+        """
         t = self.tensors[name]
+        require_array(t, self.path / t.file)
         if t.fortran or t.inline is not None or t.pieces is not None or t.nbytes == 0 or len(t.shape) < 1:
             a = self.load(name)
             if a.ndim == 0:

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import store
 from .checkpoint import Checkpoint
-from .formats.tensor import bf16_bits_to_f32
+from .formats.tensor import bf16_bits_to_f32, require_array
 
 CHUNK_BYTES = 4 << 20  # per chunk: large enough that per-chunk Python cost vanishes, small next to 200 MB
 
@@ -57,6 +57,10 @@ def same_bytes(A: Checkpoint, B: Checkpoint, name: str, b_name: str | None = Non
     ta, tb = A.tensors[name], B.tensors[b_name]
     if ta.shape != tb.shape or ta.nbytes != tb.nbytes:
         return False
+    if ta.st_dtype.packed or tb.st_dtype.packed:  # F4 / F6: no array of elements; compare the bytes
+        return ta.st_dtype == tb.st_dtype and all(
+            x == y for x, y in zip(_byte_chunks(A, name), _byte_chunks(B, b_name), strict=True)
+        )
     n = _rows_per_chunk(_row_bytes(A, name))
     return all(
         np.array_equal(_bits(x), _bits(y))
@@ -64,8 +68,19 @@ def same_bytes(A: Checkpoint, B: Checkpoint, name: str, b_name: str | None = Non
     )
 
 
+def _byte_chunks(ck: Checkpoint, name: str) -> Iterator[bytes]:
+    """The stored bytes of safetensors tensor ``name`` in pieces of :data:`CHUNK_BYTES`."""
+    t = ck.tensors[name]
+    for pos in range(0, t.nbytes, CHUNK_BYTES):
+        yield store.read_range(ck.path / t.file, t.offset + pos, min(CHUNK_BYTES, t.nbytes - pos))
+
+
 def max_abs_diff(A: Checkpoint, B: Checkpoint, name: str) -> float:
-    """max |A[name] - B[name]| in float32 over tensors of one shape (0.0 for an empty tensor)."""
+    """max |A[name] - B[name]| in float32 over tensors of one shape (0.0 for an empty tensor; NaN for a
+    dtype tietool does not decode, float8/float4/float6/complex: their bytes differ, by how much is not
+    computed)."""
+    if not (A.tensors[name].st_dtype.decodable and B.tensors[name].st_dtype.decodable):
+        return float("nan")
     n = _rows_per_chunk(_row_bytes(A, name), _row_bytes(B, name))
     m = 0.0
     for x, y in zip(_rows(A, name, n), _rows(B, name, n), strict=True):
@@ -92,6 +107,7 @@ def common_part_equal(A: Checkpoint, B: Checkpoint, name: str, axis: int) -> boo
 def _column_block(ck: Checkpoint, name: str, start: int, stop: int) -> np.ndarray:
     """Columns ``start:stop`` of 2-D tensor ``name`` (a copy), through a memory map closed on return."""
     t = ck.tensors[name]
+    require_array(t, ck.path / t.file)
     if t.fortran or t.inline is not None or t.pieces is not None or t.offset < 0 or store.is_remote(ck.path):
         return np.array(ck.load(name)[:, start:stop])
     dt = np.dtype(t.dtype).newbyteorder("<") if ck.format == "pdparams" else t.storage_dtype

@@ -31,10 +31,11 @@ from .assemble import DEFAULT_MAX_SHARD_SIZE, Container, OutTensor, assemble, pa
 from .checkpoint import Checkpoint
 from .errors import CheckpointError, Opt, RefusedError, UsageError
 from .formats.safetensors_io import Source
-from .formats.tensor import DTYPES
+from .formats.tensor import DTYPES, describe_dtype, dtype_refusal
 from .options import Target
 from .results import Report
 from .store import local_only
+from .summary import check_index
 from .write import check_output_path
 
 # files an output never carries: PaddleFormers' loader writes this one into the folder it loads, and it
@@ -641,7 +642,7 @@ def build_report(plan: ConvertPlan, to: Target, out: str, facts: dict | None) ->
         if s.part is not None:
             split.setdefault(s.src, []).append(s.out)
     total_in = sum(t.nbytes for t in ck.tensors.values())
-    total_out = sum(DTYPES[s.dtype].itemsize * int(np.prod(s.shape, dtype=np.int64)) for s in plan.steps)
+    total_out = sum(DTYPES[s.dtype].nbytes(int(np.prod(s.shape, dtype=np.int64))) for s in plan.steps)
     params_in = sum(t.numel for t in ck.tensors.values())
     params_out = sum(int(np.prod(s.shape, dtype=np.int64)) for s in plan.steps)
     return {
@@ -703,9 +704,10 @@ def convert(
             raise UsageError(f"{what} must be a folder path (str or os.PathLike), got {type(arg).__name__}")
     local_only("convert", path, out)
     ckpt = Checkpoint.open(Path(path))
+    check_index(ckpt)
     if not dry_run:
         check_output_path(ckpt.path, Path(out))
-    plan = plan_convert(ckpt, target)
+    plan = check_dtypes(plan_convert(ckpt, target))
     _note_left_out(plan)
     if dry_run:
         return Report(build_report(plan, target, str(out), None))
@@ -725,6 +727,32 @@ def convert(
             progress=advance,
         )
     return Report(rep)
+
+
+def check_dtypes(plan: ConvertPlan) -> ConvertPlan:
+    """Refuse, by name, a tensor whose dtype the output cannot carry: a ``.pdparams`` holds numpy dtypes
+    only (no float8, float4, float6 or complex: ``DType.np_name`` is None; relabelling their bytes as
+    ``uint8`` would make paddle load integers), and a packed sub-byte tensor (``F4``, ``F6_*``) cannot be
+    transposed or split (its elements are not whole bytes). Every other tensor moves as bytes, any dtype.
+
+    Returns:
+        ``plan``, unchanged. Raises RefusedError naming the tensor and its dtype.
+    """
+    ck = plan.ckpt
+    for s in plan.steps:
+        t = ck.tensors[s.src]
+        if plan.container is Container.PDPARAMS and DTYPES[s.dtype].np_name is None:
+            raise RefusedError(
+                f"convert refused: {s.src} is stored as {describe_dtype(s.dtype)}, which a .pdparams cannot "
+                "hold (numpy has no float8/float4/float6: paddle.save itself writes float8 as int8, which "
+                "paddle.load returns as int8; complex arrays are outside the .pdparams reader's allow-list)",
+                ck.path,
+                f"keep the safetensors container ({Opt('to', 'safetensors')} or "
+                f"{Opt('to', 'paddleformers')})",
+            )
+        if (s.transpose or s.part is not None) and DTYPES[s.dtype].packed:
+            raise dtype_refusal(t, ck.path, "transpose or split it", op="convert")
+    return plan
 
 
 def _note_left_out(plan: ConvertPlan) -> None:

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from . import architectures as arch
+from . import chunked
 from .architectures import VocabRole
 from .checkpoint import Checkpoint
 from .errors import CheckpointError, Opt, RefusedError, UsageError
@@ -739,6 +740,8 @@ def compare(
     hshape = tuple(h_info.shape[::-1]) if layout == HIDDEN_VOCAB else tuple(h_info.shape)
     if len(eshape) != 2 or hshape != eshape:
         return Comparison("different")
+    if not (e_info.st_dtype.decodable and h_info.st_dtype.decodable):
+        return _compare_undecodable(ckpt, emb, head, layout)
     e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
     h_bf = ckpt.logical_dtype(h_info) == "bfloat16"
     bits = _bits_dtype(e_info.storage_dtype)
@@ -771,6 +774,15 @@ def compare(
             "scaled" if scale is not None else "transposed" if hT is not None else "exact", 0.0, 0
         )
     return Comparison("different", drift.max_abs_diff, drift.differing_rows, drift=drift)
+
+
+def _compare_undecodable(ckpt: Checkpoint, emb: str, head: str, layout: str) -> Comparison:
+    """:func:`compare` of tables in a dtype tietool does not decode (float8, float4, complex): the same label
+    and bytes (as stored) is ``exact``; anything else ``different``, with no magnitude (never computed from
+    bits read as integers)."""
+    e, h = ckpt.tensors[emb], ckpt.tensors[head]
+    same = layout == VOCAB_HIDDEN and e.dtype == h.dtype and chunked.same_bytes(ckpt, ckpt, emb, head)
+    return Comparison("exact", 0.0, 0) if same else Comparison("different")
 
 
 def _ambiguous_layout(

@@ -132,6 +132,8 @@ def find_ranks(path: Path, names: set[str]) -> tuple[str, dict[tuple[int, int], 
 
     Raises:
         UsageError: no rank files (nothing to merge), or whole-model weights beside them.
+        RefusedError: expert-parallel or sharding rank files (``moe00``, ``moe_sharding00``, ``shard00``):
+            not joined yet (issue 21), named as such.
         CheckpointError: rank files of both containers, or a rank missing (named by its file name).
     """
     ranks = [n for n in surface.rank_files(names) if n.endswith(surface.WEIGHT_EXT)]
@@ -141,6 +143,11 @@ def find_ranks(path: Path, names: set[str]) -> tuple[str, dict[tuple[int, int], 
             "nothing to merge",
             path,
             "give the folder the training run saved its rank files in",
+        )
+    cause = surface.rank_cause(ranks)
+    if cause not in (surface.Cause.TENSOR_PARALLEL, surface.Cause.PIPELINE_PARALLEL):
+        raise surface.refuse(
+            cause, path, f"{', '.join(ranks[:6])}; merge joins tensor- and pipeline-parallel rank files only"
         )
     whole = sorted(n for n in names if n.endswith(surface.WEIGHT_EXT) and n not in ranks)
     if whole:

@@ -26,7 +26,7 @@ from .checkpoint import Checkpoint
 from .detect import Detection, detect
 from .errors import Opt, OutputError, RefusedError, UsageError
 from .options import Init, Keep, Layout, Loader
-from .plan import Plan, plan_resize, plan_tie, plan_untie
+from .plan import Plan, check_dtypes, plan_resize, plan_tie, plan_untie
 from .results import Inspection, Report
 from .summary import check_found, check_names, inspect_path
 from .verify import VerifyResult
@@ -162,6 +162,7 @@ def _run_plan(
     with the report inside (``out`` None: in place, :func:`_in_place`); returns the report."""
     src = _path(path, "path")
     before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
+    make_plan = _dtype_checked(make_plan)
     if out is None and store.is_remote(src) and not dry_run:
         raise UsageError(
             "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "
@@ -199,6 +200,12 @@ def _run_plan(
     if store.is_remote(src) or store.is_remote(dst):
         rep["transferred"] = store.TRANSFER.since(before).as_dict()
     return Report(rep)
+
+
+def _dtype_checked(make_plan: Callable[[Checkpoint], Plan]) -> Callable[[Checkpoint], Plan]:
+    """``make_plan`` followed by :func:`surgery.plan.check_dtypes` (a tensor in a dtype tietool cannot
+    compute in, such as a float8 vocabulary table, is refused by name before anything is written)."""
+    return lambda c: check_dtypes(make_plan(c))
 
 
 def _in_place(

@@ -16,9 +16,9 @@ from .checkpoint import Checkpoint
 from .configfile import get_dotted, read_config_file
 from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, tied_scale
 from .errors import AmbiguousLayoutError, Opt, RefusedError, UsageError, ValuesDifferError
-from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo
+from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo, dtype_refusal
 from .options import Init, Keep
-from .recipes import CopyIfEqual, CopyOf, NewRows, Recipe, ResizedBias, ResizedTable
+from .recipes import CopyIfEqual, CopyOf, NewRows, Recipe, ResizedBias, ResizedTable, uses
 from .vocabkeys import vocab_keys
 
 NEW_SHARD = "<new shard>"  # NewTensor.file of a tensor that gets a shard file of its own
@@ -49,15 +49,16 @@ class NewTensor:
 
     @property
     def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(_storage_np(self.dtype)).itemsize
+        return _dtype(self.dtype).nbytes(self.numel)
 
     @property
     def numel(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
-def _storage_np(label: str) -> str:
-    return DTYPES[label].storage if label in DTYPES else DTYPES[NP_TO_ST[label]].storage
+def _dtype(label: str):
+    """The :class:`~surgery.formats.tensor.DType` of a safetensors label or a pdparams numpy name."""
+    return DTYPES[label] if label in DTYPES else DTYPES[NP_TO_ST[label]]
 
 
 @dataclass
@@ -977,3 +978,30 @@ def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
         t = ckpt.tensors[n]
         out = _out_dtype(ckpt, t, plan.relabel_u16)
         plan.replace[n] = NewTensor(n, out, t.shape[:-1] + (new,), recipe, t.file, storage=t.storage)
+
+
+def check_dtypes(plan: Plan) -> Plan:
+    """Refuse a plan that would compute with a tensor in a dtype tietool only copies as bytes: resize or new
+    rows of a float8 / float4 / float6 / complex vocabulary tensor, a scaled copy of one; or transpose a
+    packed sub-byte one (``F4``, ``F6_*``). Every other tensor of any dtype is copied byte for byte.
+
+    Returns:
+        ``plan``, unchanged.
+
+    Raises:
+        RefusedError: naming the tensor, its dtype and what the plan would do with it.
+    """
+    ckpt = plan.ckpt
+    for nt in [*plan.replace.values(), *plan.add]:
+        for use in uses(nt.recipe):
+            d = ckpt.tensors[use.name].st_dtype
+            if (use.values and not d.decodable) or d.packed:
+                raise dtype_refusal(
+                    ckpt.tensors[use.name],
+                    ckpt.path,
+                    use.doing,
+                    "tietool resizes and converts vocabulary tensors stored as float (BF16, F16, F32, F64) "
+                    "or integers: run it on the checkpoint before quantization, then quantize the output",
+                    op=plan.op,
+                )
+    return plan

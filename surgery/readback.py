@@ -46,7 +46,7 @@ class Planned:
 
 def _pdparams_label(dtype: str) -> str:
     """The label a ``.pdparams`` reader reports for ``dtype`` (bf16 is stored as ``uint16`` there)."""
-    np_name = DTYPES[dtype].np_name if dtype in DTYPES else dtype
+    np_name = (DTYPES[dtype].np_name or dtype) if dtype in DTYPES else dtype
     return NP_TO_ST.get(np_name, np_name)
 
 

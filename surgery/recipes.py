@@ -19,7 +19,7 @@ import numpy as np
 from .checkpoint import Checkpoint
 from .detect import VOCAB_HIDDEN, compare
 from .formats.safetensors_io import Source
-from .formats.tensor import TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
+from .formats.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, f32_to_bf16_bits
 from .options import Init
 
 
@@ -100,6 +100,32 @@ def parts(recipe: Recipe) -> tuple[Recipe, ...]:
     if isinstance(recipe, CopyIfEqual):
         return (recipe.copy, recipe.own)
     return ()
+
+
+@dataclass(frozen=True)
+class Use:
+    """What a recipe does with tensor ``name`` beyond copying its byte range: ``doing`` in words;
+    ``values``: it computes with the values (needs a dtype tietool decodes), else it only moves whole
+    elements (a transpose: needs elements of whole bytes)."""
+
+    name: str
+    doing: str
+    values: bool
+
+
+def uses(recipe: Recipe) -> list[Use]:
+    """The tensors ``recipe`` reads other than as one unchanged byte range, and how (for the dtype check
+    of a plan, :func:`surgery.plan.check_dtypes`): its sub-recipes' uses included."""
+    if isinstance(recipe, CopyOf):
+        out = [Use(recipe.name, "scale its values", True)] if recipe.scale is not None else []
+        return out + ([Use(recipe.name, "transpose it", False)] if recipe.transpose else [])
+    if isinstance(recipe, NewRows):
+        return [Use(recipe.source, f"compute new rows from it ({recipe.init.value})", True)]
+    if isinstance(recipe, ResizedTable):
+        return [Use(recipe.name, "resize it", True)] + (uses(recipe.rows) if recipe.rows else [])
+    if isinstance(recipe, ResizedBias):
+        return [Use(recipe.name, "resize it", True)]
+    return uses(recipe.copy) + uses(recipe.own)
 
 
 def describe(recipe: Recipe) -> str:
@@ -199,10 +225,14 @@ def _resized(r: ResizedTable, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -
 
 
 def _decode(ckpt: Checkpoint, t: TensorInfo, a: np.ndarray) -> np.ndarray:
+    if not t.st_dtype.decodable:  # a plan refuses this first (surgery.plan.check_dtypes)
+        raise dtype_refusal(t, ckpt.path, "decode its values")
     return bf16_bits_to_f32(a) if ckpt.logical_dtype(t) == "bfloat16" else a.astype(np.float32)
 
 
 def _encode(ckpt: Checkpoint, t: TensorInfo, x: np.ndarray) -> np.ndarray:
+    if not t.st_dtype.decodable:
+        raise dtype_refusal(t, ckpt.path, "encode new values")
     if ckpt.logical_dtype(t) == "bfloat16":
         return f32_to_bf16_bits(x)
     return x.astype(t.storage_dtype)

@@ -8,7 +8,9 @@ from typing import Any
 from . import surface
 from .checkpoint import Checkpoint
 from .detect import DRIFT_EDGES, Detection, detect
+from .errors import TietoolError
 from .findings import describe
+from .formats.tensor import dtype_refusal
 from .report import savings_if_tied
 from .tokenizer import token_strings
 
@@ -233,13 +235,44 @@ def check_names(ckpt: Checkpoint, embedding_name: str | None, head_name: str | N
     surface.check_named(ckpt.path, ckpt.tensors, logical, embedding=embedding_name, head=head_name)
 
 
+def check_index(ckpt: Checkpoint) -> None:
+    """:meth:`Checkpoint.check_index_complete` for a command that has no detection of its own (convert):
+    the head and tie state are detected from headers; a checkpoint whose head cannot be found keeps no
+    missing entry.
+
+    Raises:
+        CheckpointError: an index entry no shard holds, other than a tied checkpoint's stale head entry.
+    """
+    if not ckpt.missing_entries:
+        return
+    try:
+        det = detect(ckpt, compare_values=False)
+    except TietoolError:
+        ckpt.check_index_complete(None)
+        return
+    ckpt.check_index_complete(det.head if det.config_tied and not det.head_present else None)
+
+
 def check_found(det: Detection) -> None:
-    """Refuse a found embedding/head stored as integers or float8 (a quantized table)."""
+    """Refuse an incomplete checkpoint (an index entry no shard holds, other than a tied checkpoint's stale
+    head entry: :meth:`Checkpoint.check_index_complete`), and a found embedding/head stored as integers (a
+    quantized table) or in a dtype tietool only copies as bytes (float8, float4, float6, complex: named
+    with its label)."""
     ckpt = det.ckpt
     found = {
         "embedding": det.embedding if det.embedding_present else None,
         "head": det.head if det.head_present else None,
     }
+    ckpt.check_index_complete(det.head if det.config_tied and not det.head_present else None)
+    for role, name in found.items():
+        if name is not None and not ckpt.tensors[name].st_dtype.decodable:
+            raise dtype_refusal(
+                ckpt.tensors[name],
+                ckpt.path,
+                f"compare or resize it as the {role}",
+                "tie/untie/resize the checkpoint before quantization (a float embedding and head), then "
+                "quantize the output again",
+            )
     surface.check_found(
         ckpt.path, {n: ckpt.logical_dtype(ckpt.tensors[n]) for n in filter(None, found.values())}, found
     )

@@ -31,6 +31,8 @@ class Cause(Enum):
 
     TENSOR_PARALLEL = "tensor-parallel"
     PIPELINE_PARALLEL = "pipeline-parallel"
+    EXPERT_PARALLEL = "expert-parallel"
+    SHARDING = "sharding"
     ADAPTER = "adapter"
     ADAPTER_WRAPPED = "adapter-wrapped"
     QUANTIZED = "quantized"
@@ -64,6 +66,20 @@ RULES: dict[Cause, Rule] = {
         "pipeline-parallel rank files: each holds some of the layers, not a whole checkpoint",
         _MERGE_TP.replace("merge_tensor_parallel (", "merge of the pipeline stages (", 1),
     ),
+    Cause.EXPERT_PARALLEL: Rule(
+        "expert-parallel rank files: each holds some of the experts (and its own copy of the other "
+        "weights: embedding, attention, router, head), not a whole checkpoint",
+        "tietool merge does not join expert-parallel rank files yet; load the training checkpoint with "
+        "PaddleFormers/PaddleNLP on the same expert-parallel layout and save it whole (save_pretrained, or a "
+        "unified checkpoint), then run tietool on that folder; never use one rank's file alone: it lacks the "
+        "other ranks' experts",
+    ),
+    Cause.SHARDING: Rule(
+        "sharding (ZeRO) rank files: each holds some of the parameters, not a whole checkpoint",
+        "load the training checkpoint with PaddleFormers/PaddleNLP on the same sharding layout and save it "
+        "whole (save_pretrained, or a unified checkpoint), then run tietool on that folder; never use one "
+        "rank's file alone: it lacks the other ranks' parameters",
+    ),
     Cause.ADAPTER: Rule(
         "a LoRA/PEFT adapter, not a whole model: it holds only the adapter weights", _MERGE_ADAPTER
     ),
@@ -82,9 +98,20 @@ RULES: dict[Cause, Rule] = {
 
 # -------------------------------------------------------------------- file names
 WEIGHT_EXT = (".safetensors", ".pdparams")
-# a rank tag in a weight file name: model_state.tp00.pdparams, model_state.tp01_pp00.pdparams,
-# model-00001-of-00002.tp00.safetensors, model_state_pp01.pdparams
-RANK_RE = re.compile(r"(?:^|[._-])(tp|pp)(\d+)(?=[._-])", re.IGNORECASE)
+# a rank tag in a weight file name, as the PaddleNLP 2.8 / PaddleFormers 1.2 trainers' weight_name_suffix
+# and sharded_name_suffix write them (TrainingArguments, joined by "_", added before the extension):
+# model_state.tp00.pdparams, model_state.tp01_pp00.pdparams, model-00001-of-00002.tp00.safetensors,
+# model_state_pp01.pdparams; expert parallelism: moe00 (one per data-parallel rank) or moe_sharding00
+# (PaddleFormers, expert_model_parallel_size > 1); sharding stage 1: shard00
+RANK_RE = re.compile(r"(?:^|[._-])(tp|pp|shard|moe_sharding|moe)(\d+)(?=[._-])", re.IGNORECASE)
+# rank tag -> what the files hold; a folder with several kinds is refused for the first in this order
+RANK_TAGS: dict[str, Cause] = {
+    "moe_sharding": Cause.EXPERT_PARALLEL,
+    "moe": Cause.EXPERT_PARALLEL,
+    "shard": Cause.SHARDING,
+    "tp": Cause.TENSOR_PARALLEL,
+    "pp": Cause.PIPELINE_PARALLEL,
+}
 ADAPTER_CONFIGS = ("lora_config.json", "adapter_config.json", "prefix_config.json")
 ADAPTER_WEIGHTS_RE = re.compile(
     r"^(lora_model_state|adapter_model|prefix_model_state|lora_model)([.-].*)?\.(pdparams|safetensors|bin)$"
@@ -150,6 +177,18 @@ def rank_files(names: set[str]) -> list[str]:
     return sorted(n for n in names if n.endswith(WEIGHT_EXT + (".json",)) and RANK_RE.search(n))
 
 
+def rank_tags(name: str) -> dict[str, int]:
+    """The rank tags of a file name: ``model_state.tp01_moe_sharding00.pdparams`` → ``{tp: 1,
+    moe_sharding: 0}``."""
+    return {m.group(1).lower(): int(m.group(2)) for m in RANK_RE.finditer(name)}
+
+
+def rank_cause(ranks: list[str]) -> Cause:
+    """What rank files ``ranks`` are, by their tags (:data:`RANK_TAGS`, first kind found in its order)."""
+    tags = {t for n in ranks for t in rank_tags(n)}
+    return next(c for t, c in RANK_TAGS.items() if t in tags)
+
+
 def refuse_folder(path: Path, names: set[str], config: dict, has_whole: bool) -> None:
     """Refuse a folder of rank files or an adapter, from file names and config.json alone.
 
@@ -165,9 +204,7 @@ def refuse_folder(path: Path, names: set[str], config: dict, has_whole: bool) ->
         files = f"; files: {', '.join(ranks[:4])}" if ranks else ""
         raise refuse(cause, path, f"config.json {key} = {n}{files}")
     if ranks and not has_whole:
-        tags = {m.group(1).lower() for n in ranks if (m := RANK_RE.search(n))}
-        cause = Cause.TENSOR_PARALLEL if "tp" in tags else Cause.PIPELINE_PARALLEL
-        raise refuse(cause, path, f"{', '.join(ranks[:6])}; no whole-model weight file")
+        raise refuse(rank_cause(ranks), path, f"{', '.join(ranks[:6])}; no whole-model weight file")
     adapter = sorted(n for n in names if ADAPTER_WEIGHTS_RE.match(n) or n in ADAPTER_CONFIGS)
     if adapter and not has_whole:
         raise refuse(Cause.ADAPTER, path, f"{', '.join(adapter[:4])}; no base-model weight file")

@@ -30,7 +30,7 @@ from .configfile import get_dotted, read_config_file, set_dotted
 from .errors import Opt, OutputError, UsageError
 from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source, copy_range
-from .formats.tensor import DTYPES, NP_TO_ST
+from .formats.tensor import pdparams_name
 from .plan import NEW_SHARD, NewTensor, Plan
 from .readback import Planned, check_index, check_pdparams, check_safetensors
 from .recipes import Recipe
@@ -728,9 +728,7 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) ->
         rows = []
         for name, dtype, shape, nt, storage, fortran in entries:
             src = source(name, nt)
-            rows.append(
-                (name, dtype if dtype in NP_TO_ST else DTYPES[dtype].np_name, shape, src, storage, fortran)
-            )
+            rows.append((name, pdparams_name(dtype), shape, src, storage, fortran))
         extras = dict(ckpt.extras.get(f) or {})
         s2p = extras.get("StructuredToParameterName@@")
         if isinstance(s2p, dict):

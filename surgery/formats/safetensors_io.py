@@ -23,7 +23,7 @@ import numpy as np
 
 from .. import store
 from ..errors import CheckpointError
-from .tensor import DTYPES, TensorInfo, map_array
+from .tensor import DTYPES, TensorInfo, map_array, require_array
 
 # the reference implementation refuses headers over 100 MB
 MAX_HEADER = 100 * 1024 * 1024
@@ -153,7 +153,13 @@ def _tensor_info(name: str, h: Any, rel: str, data_start: int, data_len: int, pa
     except (KeyError, TypeError, ValueError, AttributeError):
         raise CheckpointError(f"tensor {name!r} has a malformed header entry", path, _FIX) from None
     if not isinstance(dtype, str) or dtype not in DTYPES:
-        raise CheckpointError(f"tensor {name!r} has unknown dtype {dtype!r}", path, _FIX)
+        raise CheckpointError(
+            f"tensor {name!r} has dtype {dtype!r}, which the safetensors format does not define "
+            f"(it defines {', '.join(DTYPES)})",
+            path,
+            "if a newer safetensors release added it, tietool does not read it yet (please report it); "
+            "otherwise the header is damaged: re-export the file",
+        )
     if any(d < 0 for d in shape):
         raise CheckpointError(f"tensor {name!r} has a negative dimension {shape}", path, _FIX)
     numel = math.prod(shape)  # Python ints: no overflow on absurd shapes
@@ -164,10 +170,18 @@ def _tensor_info(name: str, h: Any, rel: str, data_start: int, data_len: int, pa
             path,
             _FIX,
         )
-    if end - begin != numel * DTYPES[dtype].itemsize:
+    try:
+        need = DTYPES[dtype].nbytes(numel)
+    except ValueError:  # a packed dtype whose elements do not end on a byte boundary: the library refuses it
         raise CheckpointError(
-            f"tensor {name!r} has {end - begin} bytes but shape {shape} × {dtype} needs "
-            f"{numel * DTYPES[dtype].itemsize}",
+            f"tensor {name!r} is {dtype} {shape}: {numel} elements of {DTYPES[dtype].bits} bits do not fill "
+            "whole bytes, which the safetensors library refuses",
+            path,
+            _FIX,
+        ) from None
+    if end - begin != need:
+        raise CheckpointError(
+            f"tensor {name!r} has {end - begin} bytes but shape {shape} × {dtype} needs {need}",
             path,
             _FIX,
         )
@@ -201,7 +215,13 @@ def _check_covered(tensors: list[TensorInfo], data_start: int, size: int, path: 
 
 def read_array(path: Path, t: TensorInfo) -> np.ndarray:
     """One tensor's raw storage (bf16 as ``uint16`` bits) from ``path``; reads only its bytes (large
-    tensors are memory-mapped read-only, see :func:`map_array`)."""
+    tensors are memory-mapped read-only, see :func:`map_array`).
+
+    Raises:
+        RefusedError: a packed sub-byte dtype (``F4``, ``F6_*``): no array holds its elements.
+        CheckpointError: the file ends before the tensor's bytes.
+    """
+    require_array(t, path)
     m = map_array(path, t.offset, t.nbytes, t.storage_dtype, t.shape)
     if m is not None:
         return m

@@ -75,6 +75,10 @@ SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype("<u2"),
     "F8_E4M3": np.dtype("u1"),
     "F8_E5M2": np.dtype("u1"),
+    "F8_E8M0": np.dtype("u1"),
+    "F8_E4M3FNUZ": np.dtype("u1"),
+    "F8_E5M2FNUZ": np.dtype("u1"),
+    "C64": np.dtype("<c8"),
     "I64": np.dtype("<i8"),
     "I32": np.dtype("<i4"),
     "I16": np.dtype("<i2"),
@@ -91,7 +95,7 @@ BF16_LABELS = {"BF16", "bfloat16"}
 #: dtype labels that hold bfloat16 bits when the checkpoint config says bfloat16.
 U16_LABELS = {"U16", "uint16"}
 #: dtype labels that cannot be decoded to numbers by this checker.
-UNDECODABLE_LABELS = {"F8_E4M3", "F8_E5M2"}
+UNDECODABLE_LABELS = {"F8_E4M3", "F8_E5M2", "F8_E8M0", "F8_E4M3FNUZ", "F8_E5M2FNUZ", "C64"}
 
 
 class ReadError(Exception):
