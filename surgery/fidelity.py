@@ -64,10 +64,12 @@ def _stub_fleet() -> bool:
 
 def _levels(config: dict, where: str = "") -> list[tuple[str, dict]]:
     """``[(dotted path, dict)]``: the config and every nested config dict (``text_config``,
-    ``thinker_config``, ...), the top first, then depth-first in the file's order."""
+    ``thinker_config``, ...), the top first, then depth-first in the file's order. A vision or audio
+    tower's config is left out: its ``model_type`` names the tower (Qwen2.5-VL's ``vision_config`` says
+    ``qwen2_5_vl``), not the language model."""
     out = [(where, config)]
     for k, v in config.items():
-        if isinstance(v, dict):
+        if isinstance(v, dict) and not any(w in k for w in ("vision", "audio")):
             out += _levels(v, f"{where}{k}.")
     return out
 

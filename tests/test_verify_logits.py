@@ -25,6 +25,8 @@ import concurrent.futures
 import importlib.util
 import json
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,7 +35,7 @@ import pytest
 from support import family_builder as fb
 from support import fixture_support as fs
 from support import logits_families as lf
-from support.paths import CASES_DIR
+from support.paths import CASES_DIR, REPO
 
 from tietool.surgery import architectures as arch
 from tietool.surgery.checkpoint import Checkpoint
@@ -240,6 +242,82 @@ def test_verify_logits_without_a_paddleformers_class_exits_8(runs):
     line = _one_line(doc)
     assert "PaddleFormers has no language-model class for architectures" in line, line
     assert "qwen2_5_omni" in line and "with the library that wrote the checkpoint" in line, line
+
+
+_RESOLVE = """
+import json, sys
+from tietool.surgery import fidelity
+fleetless = fidelity._stub_fleet()
+print(json.dumps([fidelity.resolve_class(c, fleetless)[1:] for c in json.load(sys.stdin)]))
+"""
+
+
+@pytest.mark.slow
+def test_the_class_comes_from_paddleformers_tables():
+    """:func:`surgery.fidelity.resolve_class` on configs PaddleFormers 1.2 writes or could read: the
+    ``architectures`` entry first (top level, then nested), then ``model_type`` through the auto tables; the
+    non-fleet ``*Deprecated`` twin without paddlefleet; None where PaddleFormers has no class."""
+    omni = {
+        "architectures": ["Qwen2_5OmniForConditionalGeneration"],
+        "model_type": "qwen2_5_omni",
+        "thinker_config": {
+            "model_type": "qwen2_5_omni_thinker",
+            "text_config": {"model_type": "qwen2_5_omni_text"},
+        },
+    }
+    cases = [
+        (
+            {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"},
+            "Qwen2ForCausalLMDeprecated",
+            "architectures",
+        ),
+        (
+            {
+                "model_type": "qwen2_5_vl",
+                "vision_config": {"model_type": "qwen2_5_vl"},
+                "text_config": {
+                    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+                    "model_type": "qwen2_5_vl_text",
+                },
+            },
+            "Qwen2_5_VLForConditionalGeneration",
+            "text_config.architectures",
+        ),
+        ({"model_type": "qwen3_moe"}, "Qwen3MoeForCausalLMDeprecated", "model_type ('qwen3_moe')"),
+        (
+            {"model_type": "qwen2_5_vl_text"},
+            "Qwen2_5_VLForConditionalGeneration",
+            "model_type ('qwen2_5_vl_text')",
+        ),
+        (
+            {"architectures": ["LlamaModel"], "model_type": "llama"},
+            "LlamaForCausalLM",
+            "model_type ('llama')",
+        ),
+        (
+            {"architectures": ["Qwen3VLForConditionalGeneration"]},
+            "Qwen3VLForConditionalGenerationDeprecated",
+            "architectures",
+        ),
+        ({"model_type": "gemma3_text"}, "Gemma3ForCausalLM", "model_type ('gemma3_text')"),
+        (
+            {"text_config": {"vision_config": {"model_type": "qwen2_5_vl"}}},
+            "",
+            "architectures none, model_type none",
+        ),
+        (omni, "", "architectures ['Qwen2_5OmniForConditionalGeneration'], model_type ['qwen2_5_omni', "),
+    ]
+    r = subprocess.run(
+        [sys.executable, "-c", _RESOLVE],
+        input=json.dumps([c for c, _, _ in cases]),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for (_, name, where), (gname, gwhere) in zip(cases, got, strict=True):
+        assert gname == name and gwhere.startswith(where), (name, where, gname, gwhere)
 
 
 # ------------------------------------------------------------------------------------------------ not slow

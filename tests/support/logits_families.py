@@ -5,8 +5,14 @@
 that module: :data:`EXTRA` holds their tiny configs, and :func:`build_all` runs the same builder script with
 ``family_builder.FAMILIES`` extended by them (EXTRA's entry wins where the builder has the family too: what
 ``test_verify_logits.py`` expects of a family, e.g. that PaddleFormers cannot read back its own safetensors
-of it, was seen with these configs). Every checkpoint is still ``paddle.seed(s); Model(Config(**cfg))`` saved by the
-library's own ``save_pretrained``.
+of it, was seen with these configs). Every checkpoint is still ``paddle.seed(s); Model(Config(**cfg))``
+saved by the library's own ``save_pretrained``.
+
+Not here, because PaddleFormers 1.2 cannot build them without paddlefleet (not on PyPI) or triton:
+MiniMax-M2, Qwen3-VL-MoE, Qwen3.5 / Qwen3.5-MoE (their modeling modules import paddlefleet), Kimi-K2,
+DeepSeek-V4 and GLM-MoE-DSA (only a fleet ``*Provider`` class: no ``from_config``), DeepSeek-V3.2
+(``deepseek_v3_2_provider``), PaddleOCR-VL (triton). ERNIE 4.5 VL MoE was not tried (its MoE layer calls the
+GPU-only kernel that stops ERNIE 4.5 MoE).
 
 Sizes as the builder's: hidden 32, 1-2 layers, vocabulary 61; the vision towers of the vision-language
 wrappers are one block of hidden 16. Facts seen while building them (PaddleFormers 1.2.0, paddle 3.3.1, CPU):
