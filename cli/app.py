@@ -546,11 +546,16 @@ def verify(
     before: Annotated[str, typer.Argument(help="the input checkpoint", show_default=False, metavar="BEFORE")],
     after: Annotated[str, typer.Argument(help="the output checkpoint", show_default=False, metavar="AFTER")],
     logits: Annotated[
-        bool, typer.Option("--logits", help="also compare logits under PaddleFormers (if installed)")
+        bool,
+        typer.Option(
+            "--logits",
+            help="also compare logits under PaddleFormers (exit 8 when they cannot be compared)",
+        ),
     ] = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Check that AFTER differs from BEFORE exactly as tie/untie/resize explain (exit 7 if not)."""
+    """Check that AFTER differs from BEFORE exactly as tie/untie/resize explain (exit 7 if not; 8 when
+    --logits could not compare the logits)."""
 
     def body():
         from ..surgery import operations
@@ -558,14 +563,14 @@ def verify(
 
         res = operations.verify(before, after, logits=logits)
         render.verify(finite(res.as_dict()) if json_out else res.as_dict(), as_json=json_out)
-        if res.exit_code != ExitCode.OK:
+        if res.exit_code == ExitCode.UNEXPLAINED:
             print(
                 f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize do not explain "
                 f"between {before} and {after} (listed above)",
                 file=sys.stderr,
             )
-        if res.logits and res.logits.get("ok") is None:
-            print(f"tietool: verify: warning: {res.logits.get('error')}", file=sys.stderr)
+        if res.logits and res.logits.get("ok") is None:  # exit NOT_COMPARED (8) unless 7 already
+            print(f"tietool: verify: {res.logits.get('error')}", file=sys.stderr)
         raise typer.Exit(res.exit_code)
 
     _run(body, json_out)

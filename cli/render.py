@@ -467,12 +467,19 @@ def verify(res: dict, as_json: bool = False) -> None:
     if lg:
         if lg.get("ok") is None:
             con.print(lg.get("error"))
+        elif lg.get("output_error"):
+            con.print(f"logits: the output does not load under PaddleFormers {lg.get('model_class')}")
         else:
             con.print(
-                f"logits on token ids below {lg.get('token_ids_below')}: max |difference| "
-                f"{lg.get('max_abs_diff'):.3g} ({'same' if lg['ok'] else 'DIFFERENT'})"
+                f"logits under PaddleFormers {lg.get('model_class')} on token ids below "
+                f"{lg.get('token_ids_below')}: max |difference| {lg.get('max_abs_diff'):.3g} "
+                f"({'same' if lg['ok'] else 'DIFFERENT'})"
             )
-    if res["explained"]:
+    if res["explained"] and lg and lg.get("ok") is None:
+        con.print(
+            "verdict: every tensor difference is explained by tie/untie/resize; the logits were not compared"
+        )
+    elif res["explained"]:
         con.print("verdict: every difference is explained by tie/untie/resize")
     else:
         for u in res["unexplained"]:

@@ -25,6 +25,7 @@ class ExitCode(IntEnum):
     REFUSED = 5  # possible, but would lose or invent information
     OUTPUT = 6  # the output cannot be written (also: out of memory, read-back mismatch)
     UNEXPLAINED = 7  # verify: a difference tie/untie/resize do not make
+    NOT_COMPARED = 8  # verify --logits: the logits could not be compared (the tensors alone explain all)
     INTERNAL = 70  # a bug in tietool (EX_SOFTWARE)
     INTERRUPTED = 128  # + the signal number
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
@@ -64,12 +65,19 @@ class VerifyResult:
 
     @property
     def exit_code(self) -> ExitCode:
-        """The verdict as an exit status: ``OK``, or ``UNEXPLAINED`` (7)."""
-        return ExitCode.OK if self.explained else ExitCode.UNEXPLAINED
+        """The verdict as an exit status: ``UNEXPLAINED`` (7) when a difference is unexplained (the logits'
+        included), else ``NOT_COMPARED`` (8) when logits were asked for but could not be compared, else
+        ``OK``."""
+        if not self.explained:
+            return ExitCode.UNEXPLAINED
+        if self.logits is not None and not self.logits_compared:
+            return ExitCode.NOT_COMPARED
+        return ExitCode.OK
 
     @property
     def logits_compared(self) -> bool:
-        """Logits were asked for and computed for both checkpoints."""
+        """Logits were asked for and computed for both checkpoints (or the output did not load while the
+        input did: a difference too)."""
         return bool(self.logits) and self.logits.get("ok") is not None  # type: ignore[union-attr]
 
     def as_dict(self) -> dict:
@@ -84,6 +92,7 @@ class VerifyResult:
             "config_differences": self.config,
             "unexplained": self.unexplained,
             "logits": self.logits,
+            "logits_compared": self.logits_compared if self.logits is not None else None,
         }
 
 
@@ -93,9 +102,10 @@ def verify(a_path, b_path, logits: bool = False, timeout: float = 600) -> Verify
     Args:
         a_path, b_path: checkpoint folders (``str`` or ``os.PathLike``).
         logits: also compare PaddleFormers logits of both on token ids valid in both
-            (:func:`logits_check`; subprocesses, needs the ``paddle`` extra). Logits that differ by more
-            than 1e-5 are unexplained; logits that could not be computed leave the verdict to the tensors
-            and ``res.logits["error"]`` says why.
+            (:func:`logits_check`; a subprocess, needs the ``paddle`` extra). Logits that differ by more
+            than 1e-5, or an output that does not load while the input does, are unexplained (exit 7);
+            logits that could not be compared make the verdict ``ExitCode.NOT_COMPARED`` (8) when the
+            tensors explain everything, and ``res.logits["error"]`` says why and what to do.
         timeout: seconds allowed for each logits subprocess.
 
     Returns:
@@ -106,11 +116,16 @@ def verify(a_path, b_path, logits: bool = False, timeout: float = 600) -> Verify
     """
     res = _verify_tensors_and_files(a_path, b_path)
     if logits:
-        res.logits = logits_check(a_path, b_path, timeout=timeout)
-        if res.logits.get("ok") is False:
+        res.logits = lg = logits_check(a_path, b_path, timeout=timeout)
+        if lg.get("ok") is False and lg.get("output_error"):
             res.unexplained.append(
-                f"logits differ (max |difference| {res.logits.get('max_abs_diff', float('nan')):.3g} "
-                f"> 1e-5 on token ids below {res.logits.get('token_ids_below')})"
+                f"{b_path} does not load under PaddleFormers {lg.get('model_class')} while {a_path} does "
+                f"({lg['output_error']})"
+            )
+        elif lg.get("ok") is False:
+            res.unexplained.append(
+                f"logits differ (max |difference| {lg.get('max_abs_diff', float('nan')):.3g} "
+                f"> 1e-5 on token ids below {lg.get('token_ids_below')})"
             )
     return res
 
@@ -403,89 +418,171 @@ def _common_part_equal(A: Checkpoint, B: Checkpoint, name: str) -> tuple[bool, s
     return chunked.common_part_equal(A, B, name, moved[0]), "columns" if moved[0] == 1 else "rows"
 
 
-def logits_check(a_path, b_path, timeout: float = 600) -> dict:
-    """Logits of both checkpoints under PaddleFormers on a fixed batch of ids valid in both (subprocesses).
+class NotCompared(str, Enum):
+    """Why ``verify`` could not compare the logits (``res.logits["cause"]``; exit
+    :attr:`ExitCode.NOT_COMPARED`)."""
 
-    Returns ``{"ok": bool, "max_abs_diff": float, "error": str|None}``; ``ok`` is None when PaddleFormers is
-    not installed.
+    NO_PADDLE = "no_paddle"  # paddlepaddle or PaddleFormers is not installed
+    REMOTE = "remote"  # a checkpoint is in object storage; PaddleFormers loads local folders
+    PADDLENLP = "paddlenlp"  # a PaddleNLP checkpoint: PaddleFormers cannot load its names
+    NO_CLASS = "no_class"  # PaddleFormers has no language-model class for the config
+    INPUT_FAILED = "input_failed"  # the input does not load or run under PaddleFormers (on this machine)
+    TIMEOUT = "timeout"  # the PaddleFormers subprocess ran out of time
+    CRASHED = "crashed"  # the PaddleFormers subprocess died without a verdict
+
+
+def _not_compared(cause: NotCompared, why: str, fix: str, **extra) -> dict:
+    """``res.logits`` when nothing was compared: ``ok`` None, the cause, and one line naming cause and fix."""
+    return {
+        "ok": None,
+        "compared": False,
+        "cause": cause.value,
+        "error": f"logits not compared: {why}; {fix}",
+        **extra,
+    }
+
+
+def logits_check(a_path, b_path, timeout: float = 600) -> dict:
+    """Logits of both checkpoints under PaddleFormers on CPU, on a fixed batch of ids valid in both and not a
+    special token the config names (a vision-language model's image id would ask for pixels), in one
+    subprocess (:mod:`surgery.fidelity`: the model class comes from the input's config through PaddleFormers'
+    own registries, and both are run with it).
+
+    Returns:
+        compared: ``{"ok": max |difference| <= 1e-5, "compared": True, "max_abs_diff", "token_ids_below",
+        "model_class", "class_from", "error": None}``; when the input runs but the output does not load (or
+        loads without every weight), ``ok`` False and ``output_error`` says why: the output is broken.
+        Not compared: ``{"ok": None, "compared": False, "cause": NotCompared value, "error": one line
+        naming the cause and the fix}`` (no paddle, a URL, a PaddleNLP checkpoint, no class, the input
+        does not run, timeout).
     """
     import importlib.util
-    import tempfile
+
+    from . import store
 
     missing = [m for m in ("paddle", "paddleformers") if importlib.util.find_spec(m) is None]
     if missing:
-        return {
-            "ok": None,
-            "error": f"logits not compared: {' and '.join(missing)} not installed; "
+        return _not_compared(
+            NotCompared.NO_PADDLE,
+            f"{' and '.join(missing)} not installed",
             'pip install "tietool[paddle]" adds paddlepaddle and PaddleFormers 1.2.0',
-        }
-    from . import store
-
+        )
     remote = [str(p) for p in (a_path, b_path) if store.is_remote(p) or store.is_url(p)]
     if remote:
-        return {
-            "ok": None,
-            "error": f"logits not compared: {remote[0]} is in object storage and PaddleFormers loads local "
-            f"folders; download both checkpoints and verify the local copies with {Opt('logits', True)}",
-        }
+        return _not_compared(
+            NotCompared.REMOTE,
+            f"{remote[0]} is in object storage and PaddleFormers loads local folders",
+            f"download both checkpoints and verify the local copies with {Opt('logits', True)}",
+        )
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     da = detect(A, compare_values=False)
     if da.loader.startswith("paddlenlp"):
-        return {
-            "ok": None,
-            "error": f"logits not compared: {a_path} is a PaddleNLP checkpoint ({da.loader_source}); "
-            "PaddleFormers cannot load its names",
-        }
-    va, vb = da.vocab_rows, detect(B, compare_values=False).vocab_rows
-    v = min(va, vb)
-    rng = np.random.default_rng(0)
-    ids = rng.integers(1, max(2, v), size=(2, 8), dtype=np.int64)
-    arch = (A.config.get("architectures") or ["AutoModelForCausalLM"])[0]
-    outs = []
+        return _not_compared(
+            NotCompared.PADDLENLP,
+            f"{a_path} is a PaddleNLP checkpoint ({da.loader_source}); PaddleFormers cannot load its names",
+            "compare logits under PaddleNLP itself, or convert both to PaddleFormers first",
+        )
+    v = min(da.vocab_rows, detect(B, compare_values=False).vocab_rows)
+    return _compare_logits(a_path, b_path, _token_ids(A.config, v), v, timeout)
+
+
+def _token_ids(config: dict, v: int) -> np.ndarray:
+    """A fixed ``int64 [2, 8]`` batch of ids in ``1..v-1`` (0 is the padding id of PaddleFormers Llama, which
+    reads as zeros whatever the weights), none a ``*_token_id`` the config names at any nesting (image,
+    video, vision-start ids make a vision-language model look for pixels)."""
+    special = {val for k, val in walk(config) if k.endswith("token_id") and isinstance(val, int)}
+    pool = np.setdiff1d(np.arange(1, max(2, v)), np.array(sorted(special), dtype=np.int64))
+    return (
+        np.random.default_rng(0).choice(pool if pool.size else np.arange(1, 2), size=(2, 8)).astype(np.int64)
+    )
+
+
+def _compare_logits(a_path, b_path, ids: np.ndarray, v: int, timeout: float) -> dict:
+    """Run both checkpoints (:func:`_run_fidelity`) and compare their logits on the first ``v`` entries."""
+    import tempfile
+
     with tempfile.TemporaryDirectory() as tmp:
         np.save(Path(tmp) / "ids.npy", ids)
-        for i, p in enumerate((a_path, b_path)):
-            out = Path(tmp) / f"{i}.npy"
-            info = _run_fidelity(p, arch, Path(tmp) / "ids.npy", out, timeout)
-            if not info.get("ok"):
-                # a checkpoint PaddleFormers cannot load is not a difference: say why nothing was compared
-                return {"ok": None, "error": f"logits not compared: {p}: {info.get('error')}"}
-            outs.append(np.load(out)[..., :v])
-    d = float(np.max(np.abs(outs[0] - outs[1])))
-    return {"ok": d <= 1e-5, "max_abs_diff": d, "error": None, "token_ids_below": v}
+        doc = _run_fidelity([a_path, b_path], Path(tmp) / "ids.npy", Path(tmp), timeout)
+        if "cause" in doc:  # timed out, or no verdict
+            return doc
+        found = {"model_class": doc.get("model_class"), "class_from": doc.get("class_from")}
+        results = doc.get("results") or []
+        if found["model_class"] is None:
+            return _not_compared(
+                NotCompared.NO_CLASS,
+                f"{a_path}: {doc.get('error')}",
+                "compare the logits with the library that wrote the checkpoint",
+                **found,
+            )
+        if not results or not results[0].get("ok"):
+            r = results[0] if results else {"error": doc.get("error"), "stage": None}
+            return _not_compared(
+                NotCompared.INPUT_FAILED,
+                f"{a_path} does not {'load' if r.get('stage') in ('load', None) else 'run'} under "
+                f"PaddleFormers {found['model_class']} ({r.get('error')})",
+                f"the tensors alone were compared; verify with {Opt('logits', True)} where PaddleFormers "
+                "can load and run the input (a GPU for a GPU-only kernel, another PaddleFormers version for "
+                "files this one cannot read back)",
+                **found,
+            )
+        after = Path(tmp) / "1.npy"
+        if len(results) < 2 or not results[1].get("ok"):
+            # a load after a successful one: run it again alone, so no state of the first can be the cause
+            again = _run_fidelity([b_path], Path(tmp) / "ids.npy", Path(tmp) / "b", timeout, config_of=a_path)
+            if again.get("cause") == NotCompared.TIMEOUT.value:
+                return {**again, **found}
+            r = (again.get("results") or [{"error": again.get("error")}])[0]
+            if not r.get("ok"):  # the input runs, the output does not: a difference
+                return {"ok": False, "compared": True, "output_error": r.get("error"), "error": None, **found}
+            after = Path(tmp) / "b" / "0.npy"
+        d = float(np.max(np.abs(np.load(Path(tmp) / "0.npy")[..., :v] - np.load(after)[..., :v])))
+    return {
+        "ok": d <= 1e-5,
+        "compared": True,
+        "max_abs_diff": d,
+        "error": None,
+        "token_ids_below": v,
+        **found,
+    }
 
 
-def _run_fidelity(path, arch: str, ids: Path, out: Path, timeout: float) -> dict:
-    """Run ``tietool.surgery.fidelity`` on checkpoint ``path`` in a subprocess: the logits of the token ids
-    in ``ids`` go to ``out``.
+def _run_fidelity(paths: list, ids: Path, out: Path, timeout: float, config_of=None) -> dict:
+    """Run ``tietool.surgery.fidelity`` on the checkpoints ``paths`` in one subprocess: the logits of the
+    token ids in ``ids`` go to ``out/<i>.npy``; the class comes from the first one's config (or from
+    ``config_of``'s).
 
     Returns:
-        the subprocess's last line of JSON (``{"ok": ..., "error": ...}``), or ``ok`` False with the end of
-        its stderr when that line is not JSON.
-
-    Raises:
-        subprocess.TimeoutExpired: it ran longer than ``timeout`` seconds.
+        the subprocess's JSON line (:mod:`surgery.fidelity`), or a not-compared dict (:func:`_not_compared`)
+        when it timed out or printed no JSON (its stderr's last line says why).
     """
     import subprocess
     import sys
 
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "tietool.surgery.fidelity",
-            str(path),
-            arch,
-            str(ids),
-            str(out),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    lines = r.stdout.strip().splitlines()
+    out.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, "-m", "tietool.surgery.fidelity", str(ids), str(out), str(config_of or paths[0])]
+    try:
+        r = subprocess.run(
+            [*args, *map(str, paths)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return _not_compared(
+            NotCompared.TIMEOUT,
+            f"PaddleFormers took more than {timeout:.0f} s to run {paths[0]}",
+            "run verify on a machine with more memory or cores",
+        )
+    lines = [ln for ln in r.stdout.strip().splitlines() if ln.startswith("{")]
     try:
         return json.loads(lines[-1])
-    except (IndexError, json.JSONDecodeError):  # no JSON line: it failed before printing one
+    except (IndexError, json.JSONDecodeError):  # no JSON line: it died before printing one
         tail = r.stderr.strip().splitlines()
-        return {"ok": False, "error": tail[-1][-300:] if tail else f"exit code {r.returncode}, no output"}
+        why = tail[-1][-300:] if tail else f"exit code {r.returncode}, no output"
+        return _not_compared(
+            NotCompared.CRASHED,
+            f"the PaddleFormers subprocess stopped without a result ({why})",
+            "check that paddle runs on this machine: python -c 'import paddle; paddle.utils.run_check()'",
+        )
