@@ -153,16 +153,92 @@ def _same_tensors_as_values(a: Path, b: Path) -> None:
         assert ta[n].data == tb[n].data, n
 
 
-def test_layout_contradicting_the_config_is_refused(tmp_path):
-    """A safetensors in Paddle layout whose config lost ``source: paddle`` claims the HF layout; the shapes
-    of q/k/v/gate/up say otherwise, so convert refuses instead of transposing the wrong way."""
+def test_paddle_layout_without_source_key_is_proven_from_shapes(tmp_path):
+    """A safetensors in the Paddle layout whose config lost ``source: paddle`` (it claimed the HF layout and
+    was refused, or with a square config copied as HF): the shapes of gate/up/down prove [in, out], so it
+    converts as the .pdparams does, and the report says what proved it."""
     kept = _ok(_run(paths.CASES_DIR / "pf_llama_untied_legacy_pdparams", tmp_path / "a", "safetensors"))
     cfg = fs.config_of(kept.out)
     del cfg["source"]
     (kept.out / "config.json").write_text(json.dumps(cfg))
-    run = _run(kept.out, tmp_path / "b", "paddlenlp")
-    assert run.rc == 3, run.describe()
-    assert "mlp.gate_proj.weight is [16, 32]" in run.stderr and run.out_empty()
+    via = _ok(_run(kept.out, tmp_path / "b", "paddleformers"))
+    direct = _ok(_run(paths.CASES_DIR / "pf_llama_untied_legacy_pdparams", tmp_path / "c", "paddleformers"))
+    _same_tensors(via.out, direct.out)
+    rep = via.report()
+    assert rep["layout"] == "[in, out]" and rep["from_convention"] == "PaddleFormers legacy (Paddle layout)"
+    assert any("proven by the shapes of 3 of them" in n and "4 square ones" in n for n in rep["notes"])
+
+
+def test_shape_that_fits_neither_layout_is_refused(tmp_path, fixture_copy):
+    """config.json's intermediate_size no longer matches the files: down_proj [16, 32] is neither [48, 16]
+    nor [16, 48], so no layout is claimed (exit 3, the tensor, the sizes and the count of others named)."""
+    ck = fixture_copy("pf_llama_untied_fp32")
+    (ck / "config.json").write_text(json.dumps({**fs.config_of(ck), "intermediate_size": 48}))
+    run = fs.run_tool(["convert", ck, "--to", "paddlenlp", "--out", tmp_path / "o"])
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert (
+        "down_proj.weight is [16, 32], which is neither [intermediate_size, hidden_size] = [48, 16]"
+        in run.stderr
+    )
+    assert "(2 more)" in run.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_weights_in_two_layouts_are_refused(tmp_path):
+    """One Linear weight transposed (an export that missed one, d11's story): the shapes prove both layouts,
+    and convert refuses naming one weight of each instead of transposing half of them the wrong way."""
+    ck = Checkpoint.open(paths.CASES_DIR / "pnlp_llama_untied")
+    arrays = {n: ck.load(n) for n in ck.tensors}
+    arrays["llama.layers.0.mlp.down_proj.weight"] = np.ascontiguousarray(
+        arrays["llama.layers.0.mlp.down_proj.weight"].T
+    )
+    src = _write_pnlp(tmp_path / "mixed", arrays, ck.config)
+    with pytest.raises(
+        tietool.CheckpointError,
+        match="in two layouts: .* is .*\\(\\[in, out\\]\\) but "
+        "llama.layers.0.mlp.down_proj.weight is \\[16, 32\\] \\(\\[out, in\\]\\)",
+    ):
+        tietool.convert(src, "paddleformers", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_all_square_weights_are_refused_by_name(tmp_path):
+    """hidden == intermediate == heads x head_dim: every Linear weight is square, no shape proves the layout,
+    so --to paddleformers refuses naming them (exit 5); a container change still works and says the layout
+    was not proven."""
+    rng = np.random.default_rng(3)
+    cfg = {
+        "model_type": "llama",
+        "vocab_size": 24,
+        "hidden_size": 8,
+        "intermediate_size": 8,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "paddlenlp_version": None,
+    }
+    arrays = {"llama.embed_tokens.weight": rng.standard_normal((24, 8)).astype(np.float32)}
+    for p in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ):
+        arrays[f"llama.layers.0.{p}.weight"] = rng.standard_normal((8, 8)).astype(np.float32)
+    arrays["llama.norm.weight"] = np.ones(8, np.float32)
+    arrays["lm_head.weight"] = rng.standard_normal((8, 24)).astype(np.float32)
+    src = _write_pnlp(tmp_path / "square", arrays, cfg)
+    run = fs.run_tool(["convert", src, "--to", "paddleformers", "--out", tmp_path / "o"])
+    assert run.returncode == 5, run.stdout + run.stderr
+    assert "cannot prove the layout ([in, out] or [out, in]) of 7 Linear weight(s): " in run.stderr
+    assert "llama.layers.0.self_attn.q_proj.weight is square" in run.stderr and not (tmp_path / "o").exists()
+    rep = tietool.convert(src, "safetensors", tmp_path / "st")
+    assert rep["layout"] is None and any(
+        n.startswith("layout not checked (tietool cannot prove") for n in rep["notes"]
+    )
 
 
 # ------------------------------------------------------------------------------------------------ round trips
