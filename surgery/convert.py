@@ -545,12 +545,38 @@ def _container_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
         plan.layout = proof.layout
         plan.notes.append(f"the input is {src.title}: {proof.note()}")
     except (RefusedError, CheckpointError) as e:
-        plan.notes.append(
-            f"layout not checked ({e.message}): names and layouts are copied as stored, unchecked"
-        )
-    if container is Container.PDPARAMS and _pf_legacy(ckpt, plan.layout):
-        plan.notes.append(f"PaddleFormers 1.2 loads this .pdparams with {LEGACY_LOAD}")
+        plan.notes.append(f"layout not proven ({e.message}): names and layouts are copied as stored")
+    _pf_container(plan)
     return plan
+
+
+def _pf_container(plan: ConvertPlan) -> None:
+    """What PaddleFormers 1.2 needs of a container change of its checkpoint (measured in
+    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``): its Paddle layout loads
+    only with :data:`LEGACY_LOAD` (a plain ``from_pretrained`` of such safetensors loads without a warning
+    and gives wrong logits), so the output says so; it reads a ``.pdparams`` only in that layout, so a
+    ``.pdparams`` of its HF layout is refused (no ``from_pretrained`` loads it).
+
+    Raises:
+        RefusedError: ``--to pdparams`` of a PaddleFormers checkpoint not proven in the Paddle layout.
+    """
+    ck = plan.ckpt
+    if "paddleformers_version" not in ck.config:
+        return
+    if _pf_legacy(ck, plan.layout):
+        plan.notes.append(
+            f"PaddleFormers 1.2 loads this (its legacy Paddle layout) only with {LEGACY_LOAD}"
+            + ("" if plan.container is Container.PDPARAMS else ": a plain from_pretrained gives wrong logits")
+        )
+    elif plan.container is Container.PDPARAMS:
+        how = "its Linear weights are [out, in]" if plan.layout else "its layout is not proven [in, out]"
+        raise RefusedError(
+            f"PaddleFormers 1.2 reads a .pdparams only in its legacy Paddle layout ({LEGACY_LOAD}, Linear "
+            f"weights [in, out]), and {how}: no from_pretrained would load the output",
+            ck.path,
+            "keep it as safetensors (PaddleFormers loads those with a plain from_pretrained), or use "
+            f"{Opt('to', 'paddlenlp')} for PaddleNLP's .pdparams",
+        )
 
 
 def _pf_legacy(ckpt: Checkpoint, layout: Layout | None) -> bool:

@@ -237,7 +237,7 @@ def test_all_square_weights_are_refused_by_name(tmp_path):
     assert "llama.layers.0.self_attn.q_proj.weight is square" in run.stderr and not (tmp_path / "o").exists()
     rep = tietool.convert(src, "safetensors", tmp_path / "st")
     assert rep["layout"] is None and any(
-        n.startswith("layout not checked (tietool cannot prove") for n in rep["notes"]
+        n.startswith("layout not proven (tietool cannot prove") for n in rep["notes"]
     )
 
 
@@ -253,8 +253,7 @@ def test_all_square_weights_are_refused_by_name(tmp_path):
         ("pnlp_t5", "safetensors", "pdparams"),
         ("pnlp_bert_mlm", "safetensors", "pdparams"),
         ("pnlp_llama_untied_bf16", "safetensors", "pdparams"),
-        ("pf_llama_tied_bf16", "pdparams", "safetensors"),
-        ("pf_ernie4_5_untied", "pdparams", "safetensors"),
+        ("pf_llama_untied_legacy_pdparams", "safetensors", "pdparams"),
     ],
 )
 def test_round_trip_is_bit_identical(name, there, back, tmp_path):
@@ -698,3 +697,58 @@ def test_container_change_headline(tmp_path):
     assert "the input's names and layouts (" not in run.stdout
     run = _ok(_run(paths.CASES_DIR / "pnlp_llama_untied", tmp_path / "p", "paddleformers"))
     assert "PaddleNLP 2.x (pdparams) → PaddleFormers/HF safetensors (safetensors)" in run.stdout
+
+
+def test_paddleformers_hf_layout_to_pdparams_is_refused(tmp_path):
+    """PaddleFormers 1.2 reads a .pdparams only in its legacy Paddle layout: a .pdparams of its HF-layout
+    safetensors loads with no from_pretrained (measured in the slow test below), so it is refused; the
+    legacy layout converts and says how it loads."""
+    run = _run(paths.CASES_DIR / "pf_llama_untied_fp32", tmp_path / "w", "pdparams")
+    assert run.rc == 5 and run.out_empty(), run.describe()
+    assert "reads a .pdparams only in its legacy Paddle layout" in run.stderr
+    assert "its Linear weights are [out, in]" in run.stderr
+    ok = _ok(_run(paths.CASES_DIR / "pf_llama_untied_legacy_pdparams", tmp_path / "l", "safetensors"))
+    rep = ok.report()
+    assert rep["layout"] == "[in, out]"
+    assert any(
+        cv.LEGACY_LOAD in n and "a plain from_pretrained gives wrong logits" in n for n in rep["notes"]
+    )
+    assert cv.LEGACY_LOAD in ok.stdout
+
+
+@pytest.mark.parametrize(
+    "name, to, fmt",
+    [
+        ("pnlp_llama_untied", "safetensors", "np"),  # PaddleNLP 2.8.1 reads only format np
+        ("pf_llama_untied_legacy_pdparams", "safetensors", "np"),  # Paddle layout, as save_to_hf=False
+        ("pf_llama_untied_fp32", "safetensors", "pt"),  # HF layout
+        ("pnlp_llama_untied", "paddleformers", "pt"),
+    ],
+)
+def test_safetensors_metadata_is_the_targets(name, to, fmt, tmp_path):
+    run = _ok(_run(paths.CASES_DIR / name, tmp_path / "w", to))
+    from safetensors import safe_open
+
+    for f in run.out.glob("*.safetensors"):
+        with safe_open(str(f), "np") as fh:
+            assert fh.metadata() == {"format": fmt}, f
+
+
+@pytest.mark.parametrize(
+    "name, to, key, value, gone",
+    [
+        ("pf_llama_untied_fp32", "paddlenlp", "paddlenlp_version", None, "paddleformers_version"),
+        ("pnlp_llama_untied", "paddleformers", "paddleformers_version", "1.2.0", "paddlenlp_version"),
+    ],
+)
+def test_version_key_is_the_targets(name, to, key, value, gone, tmp_path):
+    """The source library's version key would make the next command pick it as the loader (tie of a Llama
+    converted --to paddlenlp dropped the head PaddleNLP 2.8 needs): the target's key as its save_pretrained
+    writes it, the other one dropped, and inspect names the target's loader."""
+    run = _ok(_run(paths.CASES_DIR / name, tmp_path / "w", to))
+    cfg = fs.config_of(run.out)
+    assert key in cfg and cfg[key] == value and gone not in cfg
+    info = tietool.inspect(run.out)
+    assert info["loader"]["name"] == ("paddlenlp-2.8" if to == "paddlenlp" else "paddleformers"), info[
+        "loader"
+    ]
