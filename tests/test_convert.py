@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import convert_loads, paths
 from support import fixture_support as fs
-from support import paths
 
 import tietool
 from tietool.surgery import convert as cv
@@ -752,3 +752,125 @@ def test_version_key_is_the_targets(name, to, key, value, gone, tmp_path):
     assert info["loader"]["name"] == ("paddlenlp-2.8" if to == "paddlenlp" else "paddleformers"), info[
         "loader"
     ]
+
+
+# -------------------------------------------------------------- slow: ERNIE 4.5 in its Paddle layouts, loaded
+@pytest.fixture(scope="module")
+def ernie_saves(tmp_path_factory) -> Path:
+    """ERNIE 4.5 dense (tied, untied) and MoE + MTP, each saved by PaddleFormers 1.2 in its HF layout
+    (``-hf``) and its legacy Paddle layout (``-legacy``): ``support/convert_loads.py build``."""
+    root = tmp_path_factory.mktemp("ernie")
+    cp = convert_loads.run(["build", str(root)])
+    assert (root / "built.json").is_file(), cp.stderr[-3000:]
+    return root
+
+
+def _to_erniekit(hf: Path, out: Path) -> Path:
+    """The ERNIEKit layout of PaddleFormers' HF export ``hf``, as ERNIE's ``tools/paddle2torch`` reads it (its
+    inverse): ``ernie.`` names, ``qkv_proj`` = ``[q | k | v]`` and ``up_gate_proj`` = ``[gate | up]`` along
+    the output axis, every Linear weight (router and ``mtp_linear_proj`` included) and an untied head
+    ``[in, out]``, no head when tied, ``__metadata__`` ``format: np``, config ``dtype`` and no
+    ``paddleformers_version``."""
+    from safetensors.numpy import save_file
+
+    ck = Checkpoint.open(hf)
+    cfg = dict(ck.config)
+    arrays = {n: ck.load(n) for n in ck.tensors}
+    res: dict[str, np.ndarray] = {}
+    for n, a in arrays.items():
+        body = n.replace("model.", "ernie.", 1)
+        if n.endswith("self_attn.q_proj.weight"):
+            k, v = (arrays[n.replace("q_proj", p)] for p in ("k_proj", "v_proj"))
+            res[body.replace("q_proj", "qkv_proj")] = np.concatenate([a.T, k.T, v.T], axis=1)
+        elif n.endswith("gate_proj.weight"):
+            up = arrays[n.replace("gate_proj", "up_proj")]
+            res[body.replace("gate_proj", "up_gate_proj")] = np.concatenate([a.T, up.T], axis=1)
+        elif n.endswith(("k_proj.weight", "v_proj.weight", "up_proj.weight")):
+            continue
+        elif n == "lm_head.weight":
+            if not cfg.get("tie_word_embeddings"):
+                res[n] = np.ascontiguousarray(a.T)
+        elif a.ndim == 2 and "embed_tokens" not in n and "moe_statics" not in n:  # o, down, router, MTP
+            res[body] = np.ascontiguousarray(a.T)
+        else:
+            res[body] = a
+    out.mkdir(parents=True)
+    # safetensors.numpy writes an array's memory as is: a Fortran-ordered concatenation must be C-ordered
+    res = {n: np.ascontiguousarray(a) for n, a in res.items()}
+    save_file(res, str(out / "model.safetensors"), metadata={"format": "np"})
+    cfg["dtype"] = cfg.pop("torch_dtype")
+    cfg.pop("paddleformers_version")
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def _hf_bytes_equal(got: Path, export: Path) -> None:
+    """``got`` holds PaddleFormers' own HF export's tensors bit for bit (a tied legacy save's duplicate head
+    aside, which the HF export leaves out)."""
+    a, b = fs.read_checkpoint(got), fs.read_checkpoint(export)
+    assert sorted(set(a) - {"lm_head.weight"}) == sorted(set(b) - {"lm_head.weight"})
+    for n in b:
+        assert (a[n].shape, a[n].data) == (b[n].shape, b[n].data), n
+
+
+@pytest.mark.slow
+def test_ernie_paddle_layouts_convert_to_what_paddleformers_loads(ernie_saves, tmp_path):
+    """ERNIE 4.5 (and 4.5-MoE with router, experts, shared expert, moe_statics and an MTP block) in both
+    Paddle layouts -- PaddleFormers' legacy save (``model.``, qkv grouped per kv head) and ERNIEKit's
+    (``ernie.``, ``q | k | v``) -- converted --to paddleformers: the tensors of PaddleFormers' own HF export
+    bit for bit, and PaddleFormers 1.2 loads them with a plain from_pretrained, no missing or unexpected
+    key, giving the logits of the legacy input loaded in the same run bit for bit (dense), and the same
+    parameters (MoE: PaddleFormers 1.2 runs its MoE only on GPU, ``expand_modality_expert_id``)."""
+    built = json.loads((ernie_saves / "built.json").read_text())
+    jobs = []
+    for name, cls in built.items():
+        hf, legacy = ernie_saves / f"{name}-hf", ernie_saves / f"{name}-legacy"
+        kit = _to_erniekit(hf, tmp_path / f"{name}-kit")
+        outs = []
+        for src in (legacy, kit):
+            rep = tietool.convert(src, "paddleformers", tmp_path / f"{src.name}-pf")
+            assert rep["layout"] == "[in, out]" and rep["notes"], rep
+            _hf_bytes_equal(tmp_path / f"{src.name}-pf", hf)
+            outs.append(tmp_path / f"{src.name}-pf")
+        assert fs.config_of(outs[1])["paddleformers_version"] == "1.2.0"
+        jobs += [{"ckpt": str(legacy), "model_class": cls, "kwargs": convert_loads.LEGACY, "name": name}]
+        jobs += [{"ckpt": str(o), "model_class": cls, "name": name} for o in outs]
+    rows = convert_loads.load_all(jobs, str(tmp_path / "loads"))
+    for r in rows:
+        assert r["ok"] and r["warnings"] == [], (r["job"]["ckpt"], r["error"], r["warnings"])
+    for ref, *got in (rows[i : i + 3] for i in range(0, len(rows), 3)):
+        for g in got:
+            assert sorted(g["arrays"]) == sorted(ref["arrays"]), g["job"]["ckpt"]
+            for k, v in ref["arrays"].items():
+                assert fs.logits_mismatch(g["arrays"][k], v) is None, (g["job"]["ckpt"], k)
+        assert ref["logits"] is ("moe" not in ref["job"]["name"]), ref.get("no_logits")
+
+
+@pytest.mark.slow
+def test_paddleformers_container_changes_load_as_said(ernie_saves, tmp_path):
+    """What the container-change notes and the refusal rest on (PaddleFormers 1.2, ERNIE 4.5 dense): its
+    legacy Paddle layout converted --to safetensors loads right with load_checkpoint_format="legacy",
+    convert_from_hf=False, and wrong with a plain from_pretrained (no warning); an HF-layout .pdparams
+    (what --to pdparams of an HF checkpoint would write) loads right with no from_pretrained at all."""
+    hf, legacy = ernie_saves / "ernie4_5-untied-hf", ernie_saves / "ernie4_5-untied-legacy"
+    st = tmp_path / "legacy-st"
+    rep = tietool.convert(legacy, "safetensors", st)
+    assert any(cv.LEGACY_LOAD in n for n in rep["notes"])
+    ck = Checkpoint.open(hf)
+    hf_pd = _write_pnlp(tmp_path / "hf-pdparams", {n: ck.load(n) for n in ck.tensors}, ck.config)
+    cls = "Ernie4_5ForCausalLM"
+    jobs = [
+        {"ckpt": str(hf), "model_class": cls},
+        {"ckpt": str(st), "model_class": cls, "kwargs": convert_loads.LEGACY},
+        {"ckpt": str(st), "model_class": cls},
+        *(
+            {"ckpt": str(hf_pd), "model_class": cls, "kwargs": kw}
+            for kw in ({}, convert_loads.LEGACY, {**convert_loads.LEGACY, "convert_from_hf": True})
+        ),
+    ]
+    ref, legacy_ok, plain, *pdparams = convert_loads.load_all(jobs, str(tmp_path / "loads"))
+    want = ref["arrays"]["logits"]
+    assert legacy_ok["ok"] and fs.logits_mismatch(legacy_ok["arrays"]["logits"], want) is None
+    assert plain["ok"] and plain["warnings"] == [] and fs.logits_mismatch(plain["arrays"]["logits"], want)
+    for r in pdparams:
+        assert not r["ok"] or fs.logits_mismatch(r["arrays"]["logits"], want, atol=1e-3), r["job"]["kwargs"]

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import zlib  # noqa: F401  (paddle 2.6.2 needs zlib imported before it)
@@ -166,6 +167,47 @@ def load(jobs_path: str, results_path: str) -> None:
         results.append(res)
         with open(results_path, "w") as fh:
             json.dump(results, fh)
+
+
+# ===================================================================================== parent side
+LEGACY = {"load_checkpoint_format": "legacy", "convert_from_hf": False}
+
+
+def run(args: list[str], python: str | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """This script under ``python`` (default: this interpreter) with ``args``, on CPU."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    return subprocess.run(
+        [python or sys.executable, os.path.abspath(__file__), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def load_all(jobs: list[dict], work: str, python: str | None = None) -> list[dict]:
+    """Every job of :func:`load` in one subprocess; each result row gets ``arrays`` (the npz, loaded) and
+    the job itself. Raises RuntimeError when the subprocess wrote fewer rows than jobs."""
+    import numpy as np
+
+    os.makedirs(work, exist_ok=True)
+    for i, j in enumerate(jobs):
+        j.setdefault("npz", os.path.join(work, f"{i:03d}.npz"))
+        j.setdefault("kwargs", {})
+    with open(os.path.join(work, "jobs.json"), "w") as fh:
+        json.dump(jobs, fh)
+    res_path = os.path.join(work, "results.json")
+    cp = run(["load", os.path.join(work, "jobs.json"), res_path], python)
+    rows = json.load(open(res_path)) if os.path.isfile(res_path) else []
+    if len(rows) < len(jobs):
+        raise RuntimeError(
+            f"loads stopped after {len(rows)} of {len(jobs)} (exit {cp.returncode}):\n{cp.stderr[-3000:]}"
+        )
+    for row, job in zip(rows, jobs, strict=True):
+        row["job"] = job
+        row["arrays"] = dict(np.load(job["npz"])) if row["ok"] else {}
+    return rows
 
 
 if __name__ == "__main__":
