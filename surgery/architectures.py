@@ -713,6 +713,9 @@ class ConversionRow(TypedDict):
             listed has no fused tensors.
         paddlenlp_own_head: PaddleNLP 2.8 builds a head of its own whatever ``tie_word_embeddings`` says
             (fixtures README L11), so a PaddleFormers output of a checkpoint with a head is untied.
+        paddlenlp_28: PaddleNLP 2.8.1 has a model class of the type (``paddlenlp/transformers/<type>``),
+            so a PaddleNLP output says ``paddlenlp_version: null`` as 2.8.1 writes it; else (Qwen2, Qwen3:
+            PaddleNLP 3 only) no version key is written, and tietool takes PaddleNLP 3 as the loader.
     """
 
     prefixes: dict[Naming, str]
@@ -721,6 +724,7 @@ class ConversionRow(TypedDict):
     plain: list[str]
     fused: dict[Naming, dict[str, FusedSpec]]
     paddlenlp_own_head: bool
+    paddlenlp_28: bool
 
 
 S = Size
@@ -781,6 +785,7 @@ def _llama_like(
         "plain": [*_LLAMA_PLAIN, *extra_plain],
         "fused": {Naming.PADDLENLP: dict(_LLAMA_FUSED)} if paddlenlp_prefix else {},
         "paddlenlp_own_head": own_head,
+        "paddlenlp_28": paddlenlp_prefix == "llama",  # 2.8.1 has llama/ and qwen/ (v1), no qwen2/ or qwen3/
     }
 
 

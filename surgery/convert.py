@@ -432,7 +432,7 @@ def head_is_embedding_t(ckpt: Checkpoint, head: str, emb: str) -> bool:
     return True
 
 
-def _edit_config(plan: ConvertPlan, key: str) -> None:
+def _edit_config(plan: ConvertPlan, key: str, row: arch.ConversionRow) -> None:
     """Apply :data:`~surgery.architectures.CONFIG_KEYS` ``[key]`` to ``plan.config`` (recording each change).
 
     Raises:
@@ -460,6 +460,13 @@ def _edit_config(plan: ConvertPlan, key: str) -> None:
         if cfg.get(k):
             cfg[k] = False
             plan.config_changes.append({"key": k, "before": True, "after": False})
+    if key == "paddlenlp" and not row["paddlenlp_28"]:
+        plan.notes.append(
+            f"PaddleNLP 2.8.1 has no {cfg.get('model_type')} model class: the output is for PaddleNLP 3 "
+            "(not loaded by tietool's tests); config.json gets no paddlenlp_version, so tietool's next "
+            "command takes PaddleNLP 3 as its loader"
+        )
+        return
     for k, v in edits["set"].items():
         if k not in cfg or cfg[k] != v:
             plan.config_changes.append({"key": k, "before": cfg.get(k), "after": v})
@@ -621,7 +628,7 @@ def plan_convert(ckpt: Checkpoint, to: Target) -> ConvertPlan:
         )
         return plan
     plan.steps = model_steps(ckpt, row, source, conv)
-    _edit_config(plan, to.value)
+    _edit_config(plan, to.value, row)
     _head_steps(plan, row)
     return plan
 

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -874,3 +875,56 @@ def test_paddleformers_container_changes_load_as_said(ernie_saves, tmp_path):
     assert plain["ok"] and plain["warnings"] == [] and fs.logits_mismatch(plain["arrays"]["logits"], want)
     for r in pdparams:
         assert not r["ok"] or fs.logits_mismatch(r["arrays"]["logits"], want, atol=1e-3), r["job"]["kwargs"]
+
+
+# ------------------------------------------------------------------------- PaddleNLP 2.8.1 loads (pnlp venv)
+PNLP_PYTHON = os.environ.get("PNLP_PYTHON")
+needs_pnlp = pytest.mark.skipif(
+    not PNLP_PYTHON, reason="PNLP_PYTHON is unset (the PaddleNLP 2.8.1 venv: tests/tools/pnlp_venv.sh)"
+)
+
+
+@pytest.mark.pnlp
+@pytest.mark.slow
+@needs_pnlp
+def test_paddlenlp_outputs_load_in_paddlenlp(tmp_path):
+    """Every PaddleNLP output of convert loads in PaddleNLP 2.8.1 itself with no missing or unexpected key:
+    a container change of a PaddleNLP checkpoint (safetensors with format np, the only format PaddleNLP
+    reads) and a round trip through PaddleFormers give its logits bit for bit; PaddleFormers Llama
+    converted --to paddlenlp give the PaddleFormers 1.2 logits of the input computed in the same run
+    (1e-5: two libraries), and so does a tied PaddleFormers Llama converted and then tied, which keeps the
+    head PaddleNLP 2.8 needs (the output's paddlenlp_version tells tie the loader; with the
+    paddleformers_version it kept, tie dropped the head and PaddleNLP loaded a random one)."""
+    src = {
+        n: fs.copy_checkpoint(paths.CASES_DIR / n, tmp_path / "in" / n)
+        for n in ("pnlp_llama_untied", "pf_llama_untied_fp32", "pf_llama_tied_fp32", "pf_qwen2_tied")
+    }
+    out = tmp_path / "out"
+    tietool.convert(src["pnlp_llama_untied"], "safetensors", out / "pnlp-st")
+    tietool.convert(src["pnlp_llama_untied"], "paddleformers", out / "pnlp-pf")
+    tietool.convert(out / "pnlp-pf", "paddlenlp", out / "pnlp-pf-pnlp")
+    for n in ("pf_llama_untied_fp32", "pf_llama_tied_fp32", "pf_qwen2_tied"):
+        tietool.convert(src[n], "paddlenlp", out / f"{n}-pnlp")
+    # PaddleNLP 2.8.1 has no Qwen2 class: the output names no version, so tietool takes PaddleNLP 3
+    assert "paddlenlp_version" not in fs.config_of(out / "pf_qwen2_tied-pnlp")
+    assert tietool.inspect(out / "pf_qwen2_tied-pnlp")["loader"]["name"] == "paddlenlp-3"
+    rep = tietool.tie(out / "pf_llama_tied_fp32-pnlp", out / "tied")
+    assert "lm_head.weight" in fs.read_checkpoint(out / "tied") and rep["loader"]["name"] == "paddlenlp-2.8"
+    ll = "LlamaForCausalLM"
+    pnlp_jobs = [
+        {"ckpt": str(src["pnlp_llama_untied"]), "model_class": ll},
+        *({"ckpt": str(out / d), "model_class": ll} for d in ("pnlp-st", "pnlp-pf-pnlp")),
+        *({"ckpt": str(out / d), "model_class": ll} for d in ("pf_llama_untied_fp32-pnlp", "tied")),
+    ]
+    pf_jobs = [
+        {"ckpt": str(src[n]), "model_class": c}
+        for n, c in (("pf_llama_untied_fp32", ll), ("pf_llama_tied_fp32", ll))
+    ]
+    rows = convert_loads.load_all(pnlp_jobs, str(tmp_path / "pnlp"), PNLP_PYTHON)
+    refs = convert_loads.load_all(pf_jobs, str(tmp_path / "pf"))
+    for r in rows + refs:
+        assert r["ok"] and r["logits"] and r["warnings"] == [], (r["job"]["ckpt"], r["error"], r["warnings"])
+    lg = [r["arrays"]["logits"] for r in rows]
+    assert fs.logits_mismatch(lg[1], lg[0]) is None and fs.logits_mismatch(lg[2], lg[0]) is None
+    for got, ref in zip(lg[3:], refs, strict=True):
+        assert fs.logits_mismatch(got, ref["arrays"]["logits"], atol=1e-5) is None, ref["job"]["ckpt"]
