@@ -18,6 +18,7 @@ range, bf16 moved as raw ``uint16`` bits, never converted). No paddle import.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -543,6 +544,8 @@ def _container_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
     the tensors are in where the shapes prove it (the model type has a row), else that it was not checked;
     the output's ``__metadata__`` follows from it (:func:`_st_metadata`)."""
     plan = ConvertPlan(ckpt, KEPT, KEPT, container, _copy_steps(ckpt), dict(ckpt.config))
+    if container is Container.SAFETENSORS and _paddlenlp_files(ckpt):
+        _bf16_as_u16(plan)
     mt = ckpt.config.get("model_type")
     row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
     try:
@@ -555,6 +558,16 @@ def _container_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
         plan.notes.append(f"layout not proven ({e.message}): names and layouts are copied as stored")
     _pf_container(plan)
     return plan
+
+
+def _bf16_as_u16(plan: ConvertPlan) -> None:
+    """bf16 tensors of a PaddleNLP checkpoint labelled ``U16`` in safetensors, as PaddleNLP 2.8.1's
+    ``save_pretrained(safe_serialization=True)`` writes them (it reads through numpy, which has no bf16: a
+    ``BF16`` label fails its load with "Cannot interpret '2' as a data type"); the bytes are the same."""
+    n = sum(s.dtype == "BF16" for s in plan.steps)
+    if n:
+        plan.steps = [dataclasses.replace(s, dtype="U16") if s.dtype == "BF16" else s for s in plan.steps]
+        plan.notes.append(f"{n} bf16 tensor(s) labelled U16, as PaddleNLP 2.8.1 writes and reads them")
 
 
 def _pf_container(plan: ConvertPlan) -> None:
@@ -703,6 +716,12 @@ def step_source(ckpt: Checkpoint, step: Step) -> Callable[[], Source]:
     return build
 
 
+def _paddlenlp_files(ck: Checkpoint) -> bool:
+    """PaddleNLP's checkpoint: a ``paddlenlp_version`` key or PaddleNLP-era name prefixes (``llama.``)."""
+    pre = tuple(p + "." for p in arch.PADDLENLP_PREFIXES)
+    return "paddlenlp_version" in ck.config or any(n.startswith(pre) for n in ck.tensors)
+
+
 def _st_metadata(plan: ConvertPlan) -> dict[str, str]:
     """Each output safetensors file's ``__metadata__``: what the output's loader reads and its layout is.
 
@@ -717,8 +736,7 @@ def _st_metadata(plan: ConvertPlan) -> dict[str, str]:
         return {"format": "pt"}
     if plan.target != KEPT:
         return {"format": "np"}
-    pre = tuple(p + "." for p in arch.PADDLENLP_PREFIXES)
-    if "paddlenlp_version" in ck.config or any(n.startswith(pre) for n in ck.tensors):
+    if _paddlenlp_files(ck):
         return {"format": "np"}
     if plan.layout is not None:
         return {"format": "np" if plan.layout is Layout.IN_OUT else "pt"}

@@ -888,13 +888,14 @@ needs_pnlp = pytest.mark.skipif(
 @pytest.mark.slow
 @needs_pnlp
 def test_paddlenlp_outputs_load_in_paddlenlp(tmp_path):
-    """Every PaddleNLP output of convert loads in PaddleNLP 2.8.1 itself with no missing or unexpected key:
-    a container change of a PaddleNLP checkpoint (safetensors with format np, the only format PaddleNLP
-    reads) and a round trip through PaddleFormers give its logits bit for bit; PaddleFormers Llama
-    converted --to paddlenlp give the PaddleFormers 1.2 logits of the input computed in the same run
-    (1e-5: two libraries), and so does a tied PaddleFormers Llama converted and then tied, which keeps the
-    head PaddleNLP 2.8 needs (the output's paddlenlp_version tells tie the loader; with the
-    paddleformers_version it kept, tie dropped the head and PaddleNLP loaded a random one)."""
+    """Every PaddleNLP output of convert loads in PaddleNLP 2.8.1 itself with no missing or unexpected
+    key: container changes of PaddleNLP checkpoints (safetensors with format np, the only format PaddleNLP
+    reads, bf16 labelled U16, sharded, and back to .pdparams) and a round trip through PaddleFormers give
+    its logits bit for bit; PaddleFormers Llama converted --to paddlenlp gives the PaddleFormers 1.2
+    logits of the input computed in the same run (1e-5: two libraries), and so does a tied PaddleFormers
+    Llama converted and then tied, which keeps the head PaddleNLP 2.8 needs (the output's
+    paddlenlp_version tells tie the loader; with the paddleformers_version convert kept, tie dropped the
+    head and PaddleNLP loaded a random one)."""
     src = {
         n: fs.copy_checkpoint(paths.CASES_DIR / n, tmp_path / "in" / n)
         for n in ("pnlp_llama_untied", "pf_llama_untied_fp32", "pf_llama_tied_fp32", "pf_qwen2_tied")
@@ -920,7 +921,24 @@ def test_paddlenlp_outputs_load_in_paddlenlp(tmp_path):
         {"ckpt": str(src[n]), "model_class": c}
         for n, c in (("pf_llama_untied_fp32", ll), ("pf_llama_tied_fp32", ll))
     ]
-    rows = convert_loads.load_all(pnlp_jobs, str(tmp_path / "pnlp"), PNLP_PYTHON)
+    extra = []  # container changes and back: bf16 (labelled U16, as PaddleNLP writes it), sharded
+    for n in ("pnlp_llama_untied_bf16", "pnlp_llama_untied_sharded"):
+        st = out / f"{n}-st"
+        tietool.convert(paths.CASES_DIR / n, "safetensors", st)
+        tietool.convert(st, "pdparams", out / f"{n}-st-pd")
+        kw = {"dtype": "float32"} if "bf16" in n else {}  # paddle 2.6 has no bf16 kernels on CPU
+        extra += [
+            {"ckpt": str(d), "model_class": ll, "kwargs": kw}
+            for d in (paths.CASES_DIR / n, st, out / f"{n}-st-pd")
+        ]
+    rows = convert_loads.load_all(pnlp_jobs + extra, str(tmp_path / "pnlp"), PNLP_PYTHON)
+    rows, extra_rows = rows[: len(pnlp_jobs)], rows[len(pnlp_jobs) :]
+    for ref, *got in (extra_rows[i : i + 3] for i in range(0, len(extra_rows), 3)):
+        for g in [ref, *got]:
+            assert g["ok"] and g["warnings"] == [], (g["job"]["ckpt"], g["error"], g["warnings"])
+            assert fs.logits_mismatch(g["arrays"]["logits"], ref["arrays"]["logits"]) is None, g["job"][
+                "ckpt"
+            ]
     refs = convert_loads.load_all(pf_jobs, str(tmp_path / "pf"))
     for r in rows + refs:
         assert r["ok"] and r["logits"] and r["warnings"] == [], (r["job"]["ckpt"], r["error"], r["warnings"])
