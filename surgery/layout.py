@@ -153,8 +153,11 @@ def evidence(ckpt: Checkpoint) -> list[tuple[str, Layout]]:
     return out
 
 
-def prove(ckpt: Checkpoint, weights: dict[str, tuple[Size, Size]], what: str) -> Proof:
+def prove(ckpt: Checkpoint, weights: dict[str, tuple[Size, Size]], what: str, strict: bool = True) -> Proof:
     """The layout of Linear weights ``weights`` (name → sizes of its ``[in, out]`` axes) of ``ckpt``.
+
+    ``strict=False`` (a model type without a row: the weights are only named like a row's, their sizes may
+    be others, DeepSeek's MLA ``q_proj``): weights whose shape proves nothing are left out, not refused.
 
     Raises:
         CheckpointError: weights proven in both layouts, or a shape that fits neither (named).
@@ -174,6 +177,8 @@ def prove(ckpt: Checkpoint, weights: dict[str, tuple[Size, Size]], what: str) ->
             "or re-export the checkpoint in one layout",
         )
     layout = Layout.IN_OUT if by[Layout.IN_OUT] else Layout.OUT_IN if by[Layout.OUT_IN] else None
+    if not strict:
+        found = [v for v in found if v.layout is not None or (v.square and layout is not None)]
     bad = [v for v in found if v.layout is None and not (v.square and layout is not None)]
     mismatched = [v for v in bad if "neither" in v.why or "not 2-D" in v.why]
     if mismatched:

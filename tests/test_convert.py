@@ -946,3 +946,30 @@ def test_paddlenlp_outputs_load_in_paddlenlp(tmp_path):
     assert fs.logits_mismatch(lg[1], lg[0]) is None and fs.logits_mismatch(lg[2], lg[0]) is None
     for got, ref in zip(lg[3:], refs, strict=True):
         assert fs.logits_mismatch(got, ref["arrays"]["logits"], atol=1e-5) is None, ref["job"]["ckpt"]
+
+
+@pytest.mark.parametrize(
+    "name, edit, rc, said",
+    [
+        # other attention sizes (as DeepSeek MLA q_proj): q/k/v/o prove nothing, gate/up/down [out, in]
+        ("pf_llama_untied_fp32", {"head_dim": 5}, 0, "already in the PaddleFormers/HF layout"),
+        ("pf_llama_untied_legacy_pdparams", {}, 5, "its Linear weights are [in, out] (the Paddle layout)"),
+        ("pnlp_llama_untied", {}, 5, "its names (llama.embed_tokens.weight) are not PaddleFormers names"),
+        ("pf_llama_untied_fp32", {"intermediate_size": 7, "head_dim": 5}, 5, "no tensor named as a Linear"),
+    ],
+)
+def test_model_type_without_a_row_reshards_only_a_proven_hf_layout(
+    name, edit, rc, said, fixture_copy, tmp_path
+):
+    """A model type tietool has no conversion data for goes --to paddleformers only when the shapes of its
+    tensors named as Linear weights prove [out, in] (then only the shards are rewritten); a Paddle layout,
+    PaddleNLP names or no proof at all are refused (exit 5), naming why and the container-only fix."""
+    ck = fixture_copy(name)
+    (ck / "config.json").write_text(json.dumps({**fs.config_of(ck), "model_type": "acme", **edit}))
+    run = fs.run_tool(["convert", ck, "--to", "paddleformers", "--out", tmp_path / "o"])
+    assert run.returncode == rc, run.stdout + run.stderr
+    assert said in (run.stdout if rc == 0 else run.stderr).replace("\n", " ")
+    if rc:
+        assert "--to safetensors" in run.stderr and not (tmp_path / "o").exists()
+    else:
+        _same_tensors(ck, tmp_path / "o")
