@@ -770,20 +770,32 @@ def _gate_up(suffix: str, out_prefix: str, dims: tuple[Size, Size]) -> dict[str,
 
 
 _LLAMA_FUSED = {**_qkv(Split.QKV_GROUPED), **_gate_up("mlp.gate_up_fused_proj", "mlp.", (S.HIDDEN, S.INTER2))}
+# PaddleFormers 1.2's own Paddle layout (legacy save) of Qwen2/Qwen3 (the Deprecated classes): qkv_proj
+# grouped per kv head, up_gate_proj gate | up (its AOA fused_qkv / fused_ffn); converted bit for bit to its
+# HF export in tests/test_convert.py::test_paddleformers_legacy_fused_qwen_converts_to_its_hf_export
+_PF_FUSED = {**_qkv(Split.QKV_GROUPED), **_gate_up("mlp.up_gate_proj", "mlp.", (S.HIDDEN, S.INTER2))}
 
 
 def _llama_like(
-    paddlenlp_prefix: str | None, extra_plain: tuple[str, ...] = (), own_head: bool = False
+    paddlenlp_prefix: str | None,
+    extra_plain: tuple[str, ...] = (),
+    own_head: bool = False,
+    pf_fused: bool = False,
 ) -> ConversionRow:
     prefixes = {Naming.HF: "model"}
     if paddlenlp_prefix:
         prefixes[Naming.PADDLENLP] = paddlenlp_prefix
+    fused: dict[Naming, dict[str, FusedSpec]] = (
+        {Naming.PADDLENLP: dict(_LLAMA_FUSED)} if paddlenlp_prefix else {}
+    )
+    if pf_fused:
+        fused[Naming.HF] = dict(_PF_FUSED)
     return {
         "prefixes": prefixes,
         "head": "lm_head.weight",
         "linear": dict(_LLAMA_LINEAR),
         "plain": [*_LLAMA_PLAIN, *extra_plain],
-        "fused": {Naming.PADDLENLP: dict(_LLAMA_FUSED)} if paddlenlp_prefix else {},
+        "fused": fused,
         "paddlenlp_own_head": own_head,
         "paddlenlp_28": paddlenlp_prefix == "llama",  # 2.8.1 has llama/ and qwen/ (v1), no qwen2/ or qwen3/
     }
@@ -836,8 +848,8 @@ def _ernie(moe: bool) -> ConversionRow:
 # model_type -> row
 CONVERSIONS: dict[str, ConversionRow] = {
     "llama": _llama_like("llama", own_head=True),
-    "qwen2": _llama_like("qwen2"),
-    "qwen3": _llama_like("qwen3", ("self_attn.q_norm.weight", "self_attn.k_norm.weight")),
+    "qwen2": _llama_like("qwen2", pf_fused=True),
+    "qwen3": _llama_like("qwen3", ("self_attn.q_norm.weight", "self_attn.k_norm.weight"), pf_fused=True),
     # PaddleNLP 2.x has no ERNIE 4.5: ERNIEKit (ernie.*) and PaddleFormers (model.*) namings only
     "ernie4_5": _ernie(moe=False),
     "ernie4_5_moe": _ernie(moe=True),

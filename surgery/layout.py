@@ -169,7 +169,8 @@ def prove(ckpt: Checkpoint, weights: dict[str, tuple[Size, Size]], what: str, st
     by = {lay: [v for v in found if v.layout is lay] for lay in Layout}
     if by[Layout.IN_OUT] and by[Layout.OUT_IN]:
         a, b = by[Layout.IN_OUT][0], by[Layout.OUT_IN][0]
-        raise CheckpointError(
+        err = CheckpointError if strict else RefusedError  # only named like a row's: not proven, not damage
+        raise err(
             f"the Linear weights are in two layouts: {a.name} is {list(a.shape)} ([in, out]) but {b.name} is "
             f"{list(b.shape)} ([out, in]) for this config",
             ckpt.path,

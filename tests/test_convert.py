@@ -973,3 +973,26 @@ def test_model_type_without_a_row_reshards_only_a_proven_hf_layout(
         assert "--to safetensors" in run.stderr and not (tmp_path / "o").exists()
     else:
         _same_tensors(ck, tmp_path / "o")
+
+
+@pytest.mark.slow
+def test_paddleformers_legacy_fused_qwen_converts_to_its_hf_export(tmp_path):
+    """PaddleFormers 1.2's legacy save of Qwen2 (bf16, qkv bias) and Qwen3 fuses qkv_proj (grouped per kv
+    head) and up_gate_proj (gate | up): --to paddleformers gives its own HF export of the same model bit for
+    bit, and --to paddlenlp unfuses them too (was: refused, tensors it could not place)."""
+    from support import family_builder as fb
+
+    vs = [fb.Variant(f, "untied", fmt, False) for f in ("qwen2", "qwen3") for fmt in fb.FORMATS]
+    built, _ = fb.build_all(vs, tmp_path / "built")
+    assert all(b.ok for b in built.values()), {v.name: b.error for v, b in built.items()}
+    for f in ("qwen2", "qwen3"):
+        legacy = built[fb.Variant(f, "untied", "pdparams", False)].path
+        export = built[fb.Variant(f, "untied", "safetensors", False)].path
+        assert legacy is not None and export is not None
+        assert any("qkv_proj" in n for n in fs.read_checkpoint(legacy))
+        rep = tietool.convert(legacy, "paddleformers", tmp_path / f"{f}-pf")
+        assert rep["split"] and rep["layout"] == "[in, out]"
+        _same_tensors(tmp_path / f"{f}-pf", export)
+        tietool.convert(legacy, "paddlenlp", tmp_path / f"{f}-pnlp")
+        tietool.convert(tmp_path / f"{f}-pnlp", "paddleformers", tmp_path / f"{f}-back")
+        _same_tensors(tmp_path / f"{f}-back", export)
