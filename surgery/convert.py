@@ -1,15 +1,21 @@
-"""``tietool convert``: move a checkpoint between the on-disk conventions of PaddleNLP 2.x and PaddleFormers.
+"""``tietool convert``: move a checkpoint between the on-disk conventions of PaddleNLP 2.x, ERNIEKit and
+PaddleFormers.
 
-Three conventions (fixtures ``pnlp_llama_untied``, ``pf_llama_untied_legacy_pdparams``,
-``pf_llama_untied_fp32``):
+Conventions (:mod:`surgery.convention`; fixtures ``pnlp_llama_untied``, ``pf_llama_untied_legacy_pdparams``,
+``pf_llama_untied_fp32``, cases ``d01``/``d11``):
 
 * PaddleNLP 2.x: ``llama.``/``qwen2.`` names, every ``nn.Linear`` weight ``[in, out]``, the head
   ``[hidden, vocab]``; ``model_state.pdparams`` (bf16 as numpy ``uint16``).
-* PaddleFormers legacy ``.pdparams`` (``save_checkpoint_format="legacy"``, config ``source: paddle``): HF
-  names (``model.``), Linear weights ``[in, out]``, the head ``[vocab, hidden]``.
+* ERNIEKit (ERNIE 4.5 ``*-Paddle`` releases): ``ernie.`` names, fused ``qkv_proj`` ``[q | k | v]`` and
+  ``up_gate_proj`` ``[gate | up]``, ``[in, out]``, an untied head ``[hidden, vocab]``; safetensors ``np``.
+* PaddleFormers legacy (``save_checkpoint_format="legacy"``, config ``source: paddle``): HF names
+  (``model.``), Linear weights ``[in, out]`` (ERNIE 4.5 / Qwen2 / Qwen3 fused, qkv grouped per kv head),
+  the head ``[vocab, hidden]``.
 * PaddleFormers / HF safetensors: HF names, Linear weights ``[out, in]``, the head ``[vocab, hidden]``.
 
-Which tensors are Linear weights, the name prefixes and the fused projections are data
+The input's naming is read from its tensor names, its Linear layout proven from the shapes against the
+config (:mod:`surgery.layout`), never taken from the container. Which tensors are Linear weights, their
+axis sizes, the name prefixes and the fused projections are data
 (:data:`surgery.architectures.CONVERSIONS`). Planning here is pure: :func:`plan_convert` says which output
 tensor comes from which input tensor by which transform; :func:`convert` streams it through
 :func:`surgery.assemble.assemble` (one tensor in memory at a time, untransposed tensors copied by byte

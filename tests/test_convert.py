@@ -996,3 +996,43 @@ def test_paddleformers_legacy_fused_qwen_converts_to_its_hf_export(tmp_path):
         tietool.convert(legacy, "paddlenlp", tmp_path / f"{f}-pnlp")
         tietool.convert(tmp_path / f"{f}-pnlp", "paddleformers", tmp_path / f"{f}-back")
         _same_tensors(tmp_path / f"{f}-back", export)
+
+
+def test_tie_of_a_llama_converted_to_paddlenlp_keeps_the_head(tmp_path):
+    """The output names PaddleNLP 2.8 (paddlenlp_version: null), so tie keeps the [hidden, vocab] head
+    PaddleNLP 2.8 Llama needs (it never re-ties; the pnlp test loads it): with the kept
+    paddleformers_version, tie took PaddleFormers as the loader and dropped the head."""
+    tietool.convert(paths.CASES_DIR / "pf_llama_tied_fp32", "paddlenlp", tmp_path / "pnlp")
+    rep = tietool.tie(tmp_path / "pnlp", tmp_path / "tied")
+    assert rep["loader"]["name"] == "paddlenlp-2.8"
+    out = fs.read_checkpoint(tmp_path / "tied")
+    assert out["lm_head.weight"].shape == (16, 100)
+    assert out["lm_head.weight"].data == fs.read_checkpoint(tmp_path / "pnlp")["lm_head.weight"].data
+
+
+def test_square_head_layout_is_told_by_its_bytes_or_refused(tmp_path):
+    """vocab_size == hidden_size: the head's shape cannot tell [hidden, vocab] from [vocab, hidden]; the
+    embedding transposed is [hidden, vocab] (converted), any other head is refused by name."""
+    rng = np.random.default_rng(5)
+    cfg = {
+        "model_type": "llama",
+        "vocab_size": 16,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "paddlenlp_version": None,
+    }
+    emb = rng.standard_normal((16, 16)).astype(np.float32)
+    arrays = {"llama.embed_tokens.weight": emb, "llama.norm.weight": np.ones(16, np.float32)}
+    for p, shape in (("mlp.gate_proj", (16, 32)), ("mlp.up_proj", (16, 32)), ("mlp.down_proj", (32, 16))):
+        arrays[f"llama.layers.0.{p}.weight"] = rng.standard_normal(shape).astype(np.float32)
+    ok = _write_pnlp(tmp_path / "t", {**arrays, "lm_head.weight": np.ascontiguousarray(emb.T)}, cfg)
+    tietool.convert(ok, "paddleformers", tmp_path / "o")
+    assert fs.read_checkpoint(tmp_path / "o")["lm_head.weight"].data == emb.tobytes()
+    bad = _write_pnlp(
+        tmp_path / "b", {**arrays, "lm_head.weight": rng.standard_normal((16, 16)).astype(np.float32)}, cfg
+    )
+    with pytest.raises(tietool.RefusedError, match="cannot tell the layout of lm_head.weight"):
+        tietool.convert(bad, "paddleformers", tmp_path / "o2")
