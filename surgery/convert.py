@@ -723,8 +723,12 @@ def step_source(ckpt: Checkpoint, step: Step) -> Callable[[], Source]:
 
 
 def _paddlenlp_files(ck: Checkpoint) -> bool:
-    """PaddleNLP's checkpoint: a ``paddlenlp_version`` key or PaddleNLP-era name prefixes (``llama.``)."""
-    pre = tuple(p + "." for p in arch.PADDLENLP_PREFIXES)
+    """PaddleNLP's checkpoint: a ``paddlenlp_version`` key or PaddleNLP-era name prefixes (``llama.``; not
+    the model type's ERNIEKit ``ernie.``, which is no PaddleNLP naming of ERNIE 4.5)."""
+    mt = ck.config.get("model_type")
+    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
+    kit = row["prefixes"].get(Naming.KIT) if row else None
+    pre = tuple(p + "." for p in arch.PADDLENLP_PREFIXES if p != kit)
     return "paddlenlp_version" in ck.config or any(n.startswith(pre) for n in ck.tensors)
 
 

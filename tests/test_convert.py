@@ -1036,3 +1036,17 @@ def test_square_head_layout_is_told_by_its_bytes_or_refused(tmp_path):
     )
     with pytest.raises(tietool.RefusedError, match="cannot tell the layout of lm_head.weight"):
         tietool.convert(bad, "paddleformers", tmp_path / "o2")
+
+
+def test_erniekit_container_change_keeps_its_own_labels(tmp_path):
+    """ERNIEKit's ernie.* names are no PaddleNLP naming: --to safetensors of d01 keeps format np (its Paddle
+    layout, proven) and says it is ERNIEKit's convention, and --to pdparams round-trips it."""
+    d01 = paths.DATA / "cases" / "d01_ernie45_paddle_weights_convert" / "ckpt"
+    rep = tietool.convert(d01, "safetensors", tmp_path / "st")
+    assert rep["layout"] == "[in, out]" and any(n.startswith("the input is ERNIEKit") for n in rep["notes"])
+    from safetensors import safe_open
+
+    with safe_open(str(next((tmp_path / "st").glob("*.safetensors"))), "np") as fh:
+        assert fh.metadata() == {"format": "np"}
+    tietool.convert(tmp_path / "st", "pdparams", tmp_path / "pd")
+    _same_tensors_as_values(d01, tmp_path / "pd")
