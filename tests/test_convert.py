@@ -849,7 +849,7 @@ def test_ernie_paddle_layouts_convert_to_what_paddleformers_loads(ernie_saves, t
 
 @pytest.mark.slow
 def test_paddleformers_container_changes_load_as_said(ernie_saves, tmp_path):
-    """What the container-change notes and the refusal rest on (PaddleFormers 1.2, ERNIE 4.5 dense): its
+    """What the container-change notes and the refusal rest on (PaddleFormers 1.2, ERNIE 4.5, Llama): its
     legacy Paddle layout converted --to safetensors loads right with load_checkpoint_format="legacy",
     convert_from_hf=False, and wrong with a plain from_pretrained (no warning); an HF-layout .pdparams
     (what --to pdparams of an HF checkpoint would write) loads right with no from_pretrained at all."""
@@ -869,7 +869,17 @@ def test_paddleformers_container_changes_load_as_said(ernie_saves, tmp_path):
             for kw in ({}, convert_loads.LEGACY, {**convert_loads.LEGACY, "convert_from_hf": True})
         ),
     ]
-    ref, legacy_ok, plain, *pdparams = convert_loads.load_all(jobs, str(tmp_path / "loads"))
+    ll_src = paths.CASES_DIR / "pf_llama_untied_legacy_pdparams"  # and Llama: the same facts
+    tietool.convert(ll_src, "safetensors", tmp_path / "ll-st")
+    jobs[3:3] = [  # before the loads that fail (a failed from_pretrained can break later ones in-process)
+        {"ckpt": str(ll_src), "model_class": "LlamaForCausalLM", "kwargs": convert_loads.LEGACY},
+        {"ckpt": str(tmp_path / "ll-st"), "model_class": "LlamaForCausalLM", "kwargs": convert_loads.LEGACY},
+        {"ckpt": str(tmp_path / "ll-st"), "model_class": "LlamaForCausalLM"},
+    ]
+    rows = convert_loads.load_all(jobs, str(tmp_path / "loads"))
+    ref, legacy_ok, plain, *pdparams = rows[:3] + rows[6:]
+    ll_ref, ll_legacy, ll_plain = (r["arrays"]["logits"] for r in rows[3:6])
+    assert fs.logits_mismatch(ll_legacy, ll_ref) is None and fs.logits_mismatch(ll_plain, ll_ref, atol=1e-3)
     want = ref["arrays"]["logits"]
     assert legacy_ok["ok"] and fs.logits_mismatch(legacy_ok["arrays"]["logits"], want) is None
     assert plain["ok"] and plain["warnings"] == [] and fs.logits_mismatch(plain["arrays"]["logits"], want)

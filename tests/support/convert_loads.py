@@ -17,7 +17,8 @@ temporary folder (``from_pretrained`` writes into the folder it loads), loaded w
 CPU: PaddleFormers 1.2's ERNIE MoE needs the GPU kernel ``expand_modality_expert_id``) and every
 state-dict tensor (``state/NAME``), as float32. RESULTS: one row per job, ``ok``, ``error``, ``logits``
 (bool), ``warnings`` (the library's missing / unexpected / newly initialized lines). A failed load is
-reported, and later jobs run on.
+reported, and later jobs run on (a failed ``from_pretrained`` can leave paddle state that breaks later
+loads in the process, fixtures README L5: put the loads expected to fail last).
 """
 
 from __future__ import annotations
