@@ -901,20 +901,31 @@ def test_paddlenlp_outputs_load_in_paddlenlp(tmp_path):
     """Every PaddleNLP output of convert loads in PaddleNLP 2.8.1 itself with no missing or unexpected
     key: container changes of PaddleNLP checkpoints (safetensors with format np, the only format PaddleNLP
     reads, bf16 labelled U16, sharded, and back to .pdparams) and a round trip through PaddleFormers give
-    its logits bit for bit; PaddleFormers Llama converted --to paddlenlp gives the PaddleFormers 1.2
+    its logits bit for bit; PaddleFormers Llama (HF and legacy) converted --to paddlenlp gives the PF 1.2
     logits of the input computed in the same run (1e-5: two libraries), and so does a tied PaddleFormers
     Llama converted and then tied, which keeps the head PaddleNLP 2.8 needs (the output's
     paddlenlp_version tells tie the loader; with the paddleformers_version convert kept, tie dropped the
     head and PaddleNLP loaded a random one)."""
     src = {
         n: fs.copy_checkpoint(paths.CASES_DIR / n, tmp_path / "in" / n)
-        for n in ("pnlp_llama_untied", "pf_llama_untied_fp32", "pf_llama_tied_fp32", "pf_qwen2_tied")
+        for n in (
+            "pnlp_llama_untied",
+            "pf_llama_untied_fp32",
+            "pf_llama_tied_fp32",
+            "pf_qwen2_tied",
+            "pf_llama_untied_legacy_pdparams",
+        )
     }
     out = tmp_path / "out"
     tietool.convert(src["pnlp_llama_untied"], "safetensors", out / "pnlp-st")
     tietool.convert(src["pnlp_llama_untied"], "paddleformers", out / "pnlp-pf")
     tietool.convert(out / "pnlp-pf", "paddlenlp", out / "pnlp-pf-pnlp")
-    for n in ("pf_llama_untied_fp32", "pf_llama_tied_fp32", "pf_qwen2_tied"):
+    for n in (
+        "pf_llama_untied_fp32",
+        "pf_llama_tied_fp32",
+        "pf_qwen2_tied",
+        "pf_llama_untied_legacy_pdparams",
+    ):
         tietool.convert(src[n], "paddlenlp", out / f"{n}-pnlp")
     # PaddleNLP 2.8.1 has no Qwen2 class: the output names no version, so tietool takes PaddleNLP 3
     assert "paddlenlp_version" not in fs.config_of(out / "pf_qwen2_tied-pnlp")
@@ -925,11 +936,19 @@ def test_paddlenlp_outputs_load_in_paddlenlp(tmp_path):
     pnlp_jobs = [
         {"ckpt": str(src["pnlp_llama_untied"]), "model_class": ll},
         *({"ckpt": str(out / d), "model_class": ll} for d in ("pnlp-st", "pnlp-pf-pnlp")),
-        *({"ckpt": str(out / d), "model_class": ll} for d in ("pf_llama_untied_fp32-pnlp", "tied")),
+        *(
+            {"ckpt": str(out / d), "model_class": ll}
+            for d in ("pf_llama_untied_fp32-pnlp", "tied", "pf_llama_untied_legacy_pdparams-pnlp")
+        ),
     ]
     pf_jobs = [
-        {"ckpt": str(src[n]), "model_class": c}
-        for n, c in (("pf_llama_untied_fp32", ll), ("pf_llama_tied_fp32", ll))
+        {"ckpt": str(src["pf_llama_untied_fp32"]), "model_class": ll},
+        {"ckpt": str(src["pf_llama_tied_fp32"]), "model_class": ll},
+        {
+            "ckpt": str(src["pf_llama_untied_legacy_pdparams"]),
+            "model_class": ll,
+            "kwargs": convert_loads.LEGACY,
+        },
     ]
     extra = []  # container changes and back: bf16 (labelled U16, as PaddleNLP writes it), sharded
     for n in ("pnlp_llama_untied_bf16", "pnlp_llama_untied_sharded"):
