@@ -639,57 +639,104 @@ def matches(name: str, suffix: str) -> bool:
 
 # ============================================================================ conversions (tietool convert)
 # Which tensors of a family are nn.Linear weights (they are transposed between Paddle's [in, out] and the
-# HF/PaddleFormers [out, in] layout), which are copied as they are, how PaddleNLP 2.x fused projections
-# split, and which config keys change. Sources: PaddleNLP 2.8.1 ``llama/modeling.py`` (``llama.`` names,
-# ``qkv_proj`` / ``gate_up_fused_proj`` when ``fuse_attention_qkv`` / ``fuse_attention_ffn``), PaddleFormers
-# 1.2.0 ``conversion_utils.py`` (``split_param_func``: qkv grouped per kv head) and the fixtures
-# ``pnlp_llama_untied`` / ``pf_llama_untied_legacy_pdparams`` / ``pf_llama_untied_fp32``.
+# HF/PaddleFormers [out, in] layout) and which sizes of the config their two axes are (the layout is proven
+# from the shape against them), which are copied as they are, how fused projections split, and which config
+# keys change. Sources: PaddleNLP 2.8.1 ``llama/modeling.py`` (``llama.`` names, ``qkv_proj`` /
+# ``gate_up_fused_proj`` when ``fuse_attention_qkv`` / ``fuse_attention_ffn``), PaddleFormers 1.2.0
+# ``conversion_utils.py`` (``split_param_func``: qkv grouped per kv head), PaddleFormers 1.2.0
+# ``ernie4_5{,_moe}/modeling.py`` (its Paddle-layout ``qkv_proj`` is reshaped ``[kv, (q/kv + 2) x head_dim]``,
+# grouped per kv head, ``up_gate_proj`` is ``[gate | up]``; ``_gen_inv_aoa_config``: the HF names, every
+# Linear incl. the router ``mlp.gate`` and ``mtp_linear_proj.N`` transposed), ERNIE's own
+# ``tools/paddle2torch`` converter (ERNIEKit / ``*-Paddle`` releases: ``ernie.`` names, ``qkv_proj`` is
+# ``[q | k | v]`` along the output axis, ``up_gate_proj`` is ``[gate | up]``, ``ernie.`` -> ``model.``) and
+# the fixtures ``pnlp_llama_untied`` / ``pf_llama_untied_legacy_pdparams`` / ``pf_llama_untied_fp32``.
 # Only model types PaddleFormers 1.2 has a class for are listed; PaddleFormers 1.2 has no Mistral, GPT,
-# BERT or T5 (``PADDLEFORMERS_LACKS``).
+# BERT or T5 (``PADDLEFORMERS_LACKS``). A name component that is a number (layer, expert, MTP depth) is
+# written ``N`` in the suffixes.
+
+
+class Size(str, Enum):
+    """A size of the model that a Linear weight's axis has, read from config.json (``surgery.layout``)."""
+
+    HIDDEN = "hidden_size"
+    HIDDEN2 = "2 x hidden_size"
+    Q = "num_attention_heads x head_dim"
+    KV = "num_key_value_heads x head_dim"
+    QKV = "(num_attention_heads + 2 x num_key_value_heads) x head_dim"
+    INTER = "intermediate_size"
+    INTER2 = "2 x intermediate_size"
+    MOE_INTER = "moe_intermediate_size"
+    MOE_INTER2 = "2 x moe_intermediate_size"
+    SHARED_INTER = "moe_intermediate_size x moe_num_shared_experts"
+    SHARED_INTER2 = "2 x moe_intermediate_size x moe_num_shared_experts"
+    EXPERTS = "moe_num_experts"
+    VOCAB = "vocab_size"
+
+
+class Split(str, Enum):
+    """How a fused projection's output axis splits into its parts."""
+
+    QKV_GROUPED = "q, k, v grouped per kv head"  # [q x (heads / kv_heads), k, v] x kv_heads
+    QKV_CONCAT = "q | k | v"  # heads, then kv heads, then kv heads (ERNIE's paddle2torch)
+    HALVES = "gate | up"
+
+
+class Naming(str, Enum):
+    """The name prefix convention of a checkpoint's body tensors."""
+
+    PADDLENLP = "paddlenlp"  # llama., qwen2., ... (PaddleNLP 2.x)
+    KIT = "kit"  # ernie. (ERNIEKit, the ERNIE 4.5 *-Paddle releases)
+    HF = "hf"  # model. (PaddleFormers, HF)
 
 
 class FusedSpec(TypedDict):
-    """A PaddleNLP fused projection: its parts (suffixes, same module) and how its output axis splits.
-
-    ``split``: ``"qkv"`` — ``num_attention_heads + 2 * num_key_value_heads`` head-sized chunks grouped per
-    kv head ``[q × (heads / kv_heads), k, v] × kv_heads`` (PaddleFormers ``split_param_func(is_qkv=True)``);
-    ``"halves"`` — ``[gate, up]`` in two equal halves.
-    """
+    """A fused projection: its parts (suffixes, same module), how its output axis splits, and the sizes of
+    its two axes in ``[in, out]`` order (a weight; a bias is ``[out]``)."""
 
     parts: list[str]
-    split: str
+    split: Split
+    dims: tuple[Size, Size]
 
 
 class ConversionRow(TypedDict):
     """One row of ``CONVERSIONS``.
 
     Keys:
-        paddlenlp_prefix: first name component of PaddleNLP 2.x checkpoints (``llama``), None when tietool
-            knows no PaddleNLP naming of the model type (conversion to PaddleNLP then refuses).
-        hf_prefix: first name component of PaddleFormers / HF checkpoints (``model``).
-        head: the LM head weight (top level, no prefix): ``[hidden, vocab]`` in PaddleNLP,
-            ``[vocab, hidden]`` in PaddleFormers (legacy ``.pdparams`` and safetensors alike).
-        linear: suffixes of ``nn.Linear`` weights inside the model body.
-        in_hidden: the Linear weights whose in_features is hidden_size (their shape tells the layout).
-        plain: suffixes of every other tensor (embeddings, norms, biases): copied byte for byte.
-        fused: PaddleNLP fused projection suffix → :class:`FusedSpec` (weights and biases).
+        prefixes: first name component of each naming the model type is stored with (``Naming.PADDLENLP``
+            absent: tietool knows no PaddleNLP naming of it, conversion to PaddleNLP refuses).
+        head: the LM head weight (top level, no prefix): ``[hidden, vocab]`` in PaddleNLP (and ERNIEKit,
+            untied), ``[vocab, hidden]`` in PaddleFormers (legacy ``.pdparams`` and safetensors alike).
+        linear: suffixes of ``nn.Linear`` weights inside the model body, with the sizes of their axes in
+            Paddle's ``[in, out]`` order (the shape proves the layout).
+        plain: suffixes of every other tensor (embeddings, norms, biases, statistics): copied byte for byte.
+        fused: naming → fused projection suffix → :class:`FusedSpec` (weights and biases); a naming not
+            listed has no fused tensors.
         paddlenlp_own_head: PaddleNLP 2.8 builds a head of its own whatever ``tie_word_embeddings`` says
             (fixtures README L11), so a PaddleFormers output of a checkpoint with a head is untied.
+        paddlenlp_28: PaddleNLP 2.8.1 has a model class of the type (``paddlenlp/transformers/<type>``),
+            so a PaddleNLP output says ``paddlenlp_version: null`` as 2.8.1 writes it; else (Qwen2, Qwen3:
+            PaddleNLP 3 only) no version key is written, and tietool takes PaddleNLP 3 as the loader.
     """
 
-    paddlenlp_prefix: str | None
-    hf_prefix: str
+    prefixes: dict[Naming, str]
     head: str
-    linear: list[str]
-    in_hidden: list[str]
+    linear: dict[str, tuple[Size, Size]]
     plain: list[str]
-    fused: dict[str, FusedSpec]
+    fused: dict[Naming, dict[str, FusedSpec]]
     paddlenlp_own_head: bool
+    paddlenlp_28: bool
 
 
-_LLAMA_LINEAR = [
-    f"{m}.{p}_proj.weight" for m, ps in (("self_attn", "qkvo"), ("mlp", ("gate", "up", "down"))) for p in ps
-]
+S = Size
+_LLAMA_LINEAR: dict[str, tuple[Size, Size]] = {
+    "self_attn.q_proj.weight": (S.HIDDEN, S.Q),
+    "self_attn.k_proj.weight": (S.HIDDEN, S.KV),
+    "self_attn.v_proj.weight": (S.HIDDEN, S.KV),
+    "self_attn.o_proj.weight": (S.Q, S.HIDDEN),
+    "mlp.gate_proj.weight": (S.HIDDEN, S.INTER),
+    "mlp.up_proj.weight": (S.HIDDEN, S.INTER),
+    "mlp.down_proj.weight": (S.INTER, S.HIDDEN),
+}
 _LLAMA_PLAIN = [
     "embed_tokens.weight",
     "input_layernorm.weight",
@@ -698,45 +745,120 @@ _LLAMA_PLAIN = [
     *[f"self_attn.{p}_proj.bias" for p in "qkvo"],
     *[f"mlp.{p}_proj.bias" for p in ("gate", "up", "down")],
 ]
-_LLAMA_FUSED: dict[str, FusedSpec] = {
-    **{
-        f"self_attn.qkv_proj.{w}": {"parts": [f"self_attn.{p}_proj.{w}" for p in "qkv"], "split": "qkv"}
-        for w in ("weight", "bias")
-    },
-    **{
-        f"mlp.gate_up_fused_proj.{w}": {
-            "parts": [f"mlp.{p}_proj.{w}" for p in ("gate", "up")],
-            "split": "halves",
+
+
+def _qkv(split: Split, module: str = "self_attn.qkv_proj") -> dict[str, FusedSpec]:
+    return {
+        f"{module}.{w}": {
+            "parts": [f"self_attn.{p}_proj.{w}" for p in "qkv"],
+            "split": split,
+            "dims": (S.HIDDEN, S.QKV),
         }
         for w in ("weight", "bias")
-    },
-}
+    }
+
+
+def _gate_up(suffix: str, out_prefix: str, dims: tuple[Size, Size]) -> dict[str, FusedSpec]:
+    return {
+        f"{suffix}.{w}": {
+            "parts": [f"{out_prefix}{p}_proj.{w}" for p in ("gate", "up")],
+            "split": Split.HALVES,
+            "dims": dims,
+        }
+        for w in ("weight", "bias")
+    }
+
+
+_LLAMA_FUSED = {**_qkv(Split.QKV_GROUPED), **_gate_up("mlp.gate_up_fused_proj", "mlp.", (S.HIDDEN, S.INTER2))}
+# PaddleFormers 1.2's own Paddle layout (legacy save) of Qwen2/Qwen3 (the Deprecated classes): qkv_proj
+# grouped per kv head, up_gate_proj gate | up (its AOA fused_qkv / fused_ffn); converted bit for bit to its
+# HF export in tests/test_convert.py::test_paddleformers_legacy_fused_qwen_converts_to_its_hf_export
+_PF_FUSED = {**_qkv(Split.QKV_GROUPED), **_gate_up("mlp.up_gate_proj", "mlp.", (S.HIDDEN, S.INTER2))}
 
 
 def _llama_like(
-    paddlenlp_prefix: str | None, extra_plain: tuple[str, ...] = (), own_head: bool = False
+    paddlenlp_prefix: str | None,
+    extra_plain: tuple[str, ...] = (),
+    own_head: bool = False,
+    pf_fused: bool = False,
 ) -> ConversionRow:
-    row: ConversionRow = {
-        "paddlenlp_prefix": paddlenlp_prefix,
-        "hf_prefix": "model",
+    prefixes = {Naming.HF: "model"}
+    if paddlenlp_prefix:
+        prefixes[Naming.PADDLENLP] = paddlenlp_prefix
+    fused: dict[Naming, dict[str, FusedSpec]] = (
+        {Naming.PADDLENLP: dict(_LLAMA_FUSED)} if paddlenlp_prefix else {}
+    )
+    if pf_fused:
+        fused[Naming.HF] = dict(_PF_FUSED)
+    return {
+        "prefixes": prefixes,
         "head": "lm_head.weight",
-        "linear": list(_LLAMA_LINEAR),
-        "in_hidden": [f"self_attn.{p}_proj.weight" for p in "qkv"]
-        + ["mlp.gate_proj.weight", "mlp.up_proj.weight"],
+        "linear": dict(_LLAMA_LINEAR),
         "plain": [*_LLAMA_PLAIN, *extra_plain],
-        "fused": dict(_LLAMA_FUSED),
+        "fused": fused,
         "paddlenlp_own_head": own_head,
+        "paddlenlp_28": paddlenlp_prefix == "llama",  # 2.8.1 has llama/ and qwen/ (v1), no qwen2/ or qwen3/
     }
+
+
+def _ernie_fused(split: Split, moe: bool) -> dict[str, FusedSpec]:
+    """ERNIE 4.5's fused projections in ``split`` (ERNIEKit q | k | v, PaddleFormers grouped), dense MLPs
+    (main layers and the MTP blocks) and, for MoE, experts and shared experts."""
+    fused = {**_qkv(split), **_gate_up("mlp.up_gate_proj", "mlp.", (S.HIDDEN, S.INTER2))}
+    if moe:
+        fused.update(_gate_up("mlp.experts.N.up_gate_proj", "mlp.experts.N.", (S.HIDDEN, S.MOE_INTER2)))
+        fused.update(
+            _gate_up("mlp.shared_experts.up_gate_proj", "mlp.shared_experts.", (S.HIDDEN, S.SHARED_INTER2))
+        )
+    return fused
+
+
+def _ernie(moe: bool) -> ConversionRow:
+    """ERNIE 4.5 (dense or MoE with MTP): PaddleFormers names ``model.``, ERNIEKit names ``ernie.``; no
+    PaddleNLP 2.x naming (PaddleNLP 2.8 has no ERNIE 4.5)."""
+    row = _llama_like(None)
+    row["prefixes"] = {Naming.HF: "model", Naming.KIT: "ernie"}
+    row["fused"] = {
+        Naming.KIT: _ernie_fused(Split.QKV_CONCAT, moe),
+        Naming.HF: _ernie_fused(Split.QKV_GROUPED, moe),
+    }
+    if moe:
+        row["linear"].update(
+            {
+                # the router is a Linear (ERNIE's paddle2torch transposes it, so does PF's inverse AOA)
+                "mlp.gate.weight": (S.HIDDEN, S.EXPERTS),
+                "mlp.experts.N.gate_proj.weight": (S.HIDDEN, S.MOE_INTER),
+                "mlp.experts.N.up_proj.weight": (S.HIDDEN, S.MOE_INTER),
+                "mlp.experts.N.down_proj.weight": (S.MOE_INTER, S.HIDDEN),
+                "mlp.shared_experts.gate_proj.weight": (S.HIDDEN, S.SHARED_INTER),
+                "mlp.shared_experts.up_proj.weight": (S.HIDDEN, S.SHARED_INTER),
+                "mlp.shared_experts.down_proj.weight": (S.SHARED_INTER, S.HIDDEN),
+                "mtp_linear_proj.N.weight": (S.HIDDEN2, S.HIDDEN),  # [embedding | hidden] -> hidden
+            }
+        )
+        row["plain"] += [
+            "mlp.moe_statics.e_score_correction_bias",
+            "mtp_emb_norm.N.weight",
+            "mtp_hidden_norm.N.weight",
+            "mtp_linear_proj.N.bias",
+        ]
     return row
 
 
 # model_type -> row
 CONVERSIONS: dict[str, ConversionRow] = {
     "llama": _llama_like("llama", own_head=True),
-    "qwen2": _llama_like("qwen2"),
-    "qwen3": _llama_like("qwen3", ("self_attn.q_norm.weight", "self_attn.k_norm.weight")),
-    # PaddleNLP 2.x has no ERNIE 4.5: PaddleFormers legacy .pdparams <-> safetensors only
-    "ernie4_5": _llama_like(None),
+    "qwen2": _llama_like("qwen2", pf_fused=True),
+    "qwen3": _llama_like("qwen3", ("self_attn.q_norm.weight", "self_attn.k_norm.weight"), pf_fused=True),
+    # PaddleNLP 2.x has no ERNIE 4.5: ERNIEKit (ernie.*) and PaddleFormers (model.*) namings only
+    "ernie4_5": _ernie(moe=False),
+    "ernie4_5_moe": _ernie(moe=True),
+}
+
+# the Linear weights of every row, for a model type without a row of its own: only their shapes are read (to
+# tell whether a checkpoint tietool does not convert is in the HF layout), never converted
+ANY_LINEAR: dict[str, tuple[Size, Size]] = {
+    k: v for r in CONVERSIONS.values() for k, v in r["linear"].items()
 }
 
 # model families (FAMILIES "family") and model types PaddleFormers 1.2 has no model class for (no folder in
@@ -758,30 +880,37 @@ PADDLEFORMERS_LACKS: dict[str, str] = {
 
 
 # config.json keys per target convention: renamed (as PaddleFormers' save_pretrained writes ``torch_dtype``
-# for HF output, PaddleNLP ``dtype``), dropped (``source: paddle`` marks PaddleFormers' Paddle layout), set
-# false (fused projections are written unfused).
+# for HF output, PaddleNLP ``dtype``), dropped (``source: paddle`` marks PaddleFormers' Paddle layout; the
+# other library's version key would make tietool's next command pick that library as the loader), set false
+# (fused projections are written unfused), set (the target library's version key, as its save_pretrained
+# writes it: PaddleFormers 1.2.0 ``"paddleformers_version": "1.2.0"``, PaddleNLP 2.8.1
+# ``"paddlenlp_version": null``; fixtures ``pf_llama_untied_fp32`` / ``pnlp_llama_untied`` config.json).
 class ConfigKeys(TypedDict):
     """config.json edits of one target: ``rename`` old → new key, ``drop`` keys, ``unfuse`` keys set false,
-    ``refuse_set``: keys whose non-null value tietool cannot translate (it refuses)."""
+    ``set`` keys to these values, ``refuse_set``: keys whose non-null value tietool cannot translate (it
+    refuses)."""
 
     rename: dict[str, str]
     drop: list[str]
     unfuse: list[str]
+    set: dict[str, str | None]
     refuse_set: list[str]
 
 
 CONFIG_KEYS: dict[str, ConfigKeys] = {
     "paddleformers": {
         "rename": {"dtype": "torch_dtype"},
-        "drop": ["source"],
+        "drop": ["source", "paddlenlp_version"],
         "unfuse": ["fuse_attention_qkv", "fuse_attention_ffn"],
+        "set": {"paddleformers_version": "1.2.0"},
         # PaddleNLP's rope scaling has no PaddleFormers spelling tietool knows
         "refuse_set": ["rope_scaling_type"],
     },
     "paddlenlp": {
         "rename": {"torch_dtype": "dtype"},
-        "drop": ["source"],
+        "drop": ["source", "paddleformers_version"],
         "unfuse": ["fuse_attention_qkv", "fuse_attention_ffn"],
+        "set": {"paddlenlp_version": None},
         "refuse_set": ["rope_scaling"],
     },
 }

@@ -1,15 +1,21 @@
-"""``tietool convert``: move a checkpoint between the on-disk conventions of PaddleNLP 2.x and PaddleFormers.
+"""``tietool convert``: move a checkpoint between the on-disk conventions of PaddleNLP 2.x, ERNIEKit and
+PaddleFormers.
 
-Three conventions (fixtures ``pnlp_llama_untied``, ``pf_llama_untied_legacy_pdparams``,
-``pf_llama_untied_fp32``):
+Conventions (:mod:`surgery.convention`; fixtures ``pnlp_llama_untied``, ``pf_llama_untied_legacy_pdparams``,
+``pf_llama_untied_fp32``, cases ``d01``/``d11``):
 
 * PaddleNLP 2.x: ``llama.``/``qwen2.`` names, every ``nn.Linear`` weight ``[in, out]``, the head
   ``[hidden, vocab]``; ``model_state.pdparams`` (bf16 as numpy ``uint16``).
-* PaddleFormers legacy ``.pdparams`` (``save_checkpoint_format="legacy"``, config ``source: paddle``): HF
-  names (``model.``), Linear weights ``[in, out]``, the head ``[vocab, hidden]``.
+* ERNIEKit (ERNIE 4.5 ``*-Paddle`` releases): ``ernie.`` names, fused ``qkv_proj`` ``[q | k | v]`` and
+  ``up_gate_proj`` ``[gate | up]``, ``[in, out]``, an untied head ``[hidden, vocab]``; safetensors ``np``.
+* PaddleFormers legacy (``save_checkpoint_format="legacy"``, config ``source: paddle``): HF names
+  (``model.``), Linear weights ``[in, out]`` (ERNIE 4.5 / Qwen2 / Qwen3 fused, qkv grouped per kv head),
+  the head ``[vocab, hidden]``.
 * PaddleFormers / HF safetensors: HF names, Linear weights ``[out, in]``, the head ``[vocab, hidden]``.
 
-Which tensors are Linear weights, the name prefixes and the fused projections are data
+The input's naming is read from its tensor names, its Linear layout proven from the shapes against the
+config (:mod:`surgery.layout`), never taken from the container. Which tensors are Linear weights, their
+axis sizes, the name prefixes and the fused projections are data
 (:data:`surgery.architectures.CONVERSIONS`). Planning here is pure: :func:`plan_convert` says which output
 tensor comes from which input tensor by which transform; :func:`convert` streams it through
 :func:`surgery.assemble.assemble` (one tensor in memory at a time, untransposed tensors copied by byte
@@ -18,6 +24,7 @@ range, bf16 moved as raw ``uint16`` bits, never converted). No paddle import.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
@@ -29,9 +36,23 @@ import numpy as np
 from . import architectures as arch
 from .assemble import DEFAULT_MAX_SHARD_SIZE, Container, OutTensor, assemble, parse_size
 from .checkpoint import Checkpoint
+from .convention import (
+    DEFAULT_HEAD,
+    HF,
+    KEPT,
+    PADDLENLP,
+    Convention,
+    Naming,
+    convention,
+    linear_weights,
+    naming_of,
+    rebase,
+    suffix_in,
+)
 from .errors import CheckpointError, Opt, RefusedError, UsageError
 from .formats.safetensors_io import Source
 from .formats.tensor import DTYPES, describe_dtype, dtype_refusal
+from .layout import Layout, Proof, hint_container_only, prove
 from .options import Target
 from .results import Report
 from .store import local_only
@@ -46,29 +67,6 @@ NOT_CARRIED = ("flex-ckpt.auto_generated.metadata",)
 _LABEL = {d.logical: d.st for d in DTYPES.values()}
 
 
-@dataclass(frozen=True)
-class Convention:
-    """One on-disk convention.
-
-    Attributes:
-        title: how messages name it.
-        names: ``"paddlenlp"`` (``llama.`` prefix) or ``"hf"`` (``model.`` prefix).
-        linear: ``"in-out"`` (Paddle ``nn.Linear``) or ``"out-in"`` (HF).
-        head: ``"hidden-vocab"`` or ``"vocab-hidden"``.
-    """
-
-    title: str
-    names: str
-    linear: str
-    head: str
-
-
-PADDLENLP = Convention("PaddleNLP 2.x", "paddlenlp", "in-out", "hidden-vocab")
-PF_LEGACY = Convention("PaddleFormers legacy .pdparams", "hf", "in-out", "vocab-hidden")
-HF = Convention("PaddleFormers/HF safetensors", "hf", "out-in", "vocab-hidden")
-# a container change: names and layouts as the input has them, whatever they are
-KEPT = Convention("the input's names and layouts", "kept", "kept", "kept")
-
 # target -> (convention, container); None: the input's convention (a container change only)
 TARGETS: dict[Target, tuple[Convention | None, Container]] = {
     Target.PADDLEFORMERS: (HF, Container.SAFETENSORS),
@@ -76,6 +74,8 @@ TARGETS: dict[Target, tuple[Convention | None, Container]] = {
     Target.SAFETENSORS: (None, Container.SAFETENSORS),
     Target.PDPARAMS: (None, Container.PDPARAMS),
 }
+
+LEGACY_LOAD = 'from_pretrained(path, load_checkpoint_format="legacy", convert_from_hf=False)'
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,8 @@ class Step:
 class ConvertPlan:
     """What :func:`convert` writes: ``steps`` in order, into ``container``, with ``config``.
 
-    ``source``/``target``: the conventions (equal for a container change); ``notes``: said to the user.
+    ``source``/``target``: the conventions (equal for a container change); ``layout``: the input's Linear
+    layout when proven from the shapes (None: not checked); ``notes``: said to the user.
     """
 
     ckpt: Checkpoint
@@ -124,6 +125,7 @@ class ConvertPlan:
     config: dict
     notes: list[str] = field(default_factory=list)
     config_changes: list[dict] = field(default_factory=list)
+    layout: Layout | None = None
 
 
 def _label(ckpt: Checkpoint, name: str) -> str:
@@ -139,13 +141,8 @@ def _family_name(model_type: str | None) -> str:
     return next((r["family"] for r in arch.FAMILIES if model_type in r["model_types"]), "unknown")
 
 
-def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
-    """The :data:`~surgery.architectures.CONVERSIONS` row of the checkpoint's ``model_type``.
-
-    Raises:
-        RefusedError: PaddleFormers 1.2 has no class for the family (GPT, BERT, T5, ...) or tietool has no
-            conversion data for the model type; the message names the container-only alternative.
-    """
+def _model_type(ckpt: Checkpoint) -> str:
+    """config.json's ``model_type``. Raises CheckpointError when it is not a non-empty string."""
     mt = ckpt.config.get("model_type")
     if not isinstance(mt, str) or not mt:
         raise CheckpointError(
@@ -155,10 +152,24 @@ def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
             f'add "model_type" (e.g. "llama", "qwen2") as the training run wrote it, or use '
             f"{Opt('to', 'safetensors')} to change only the container",
         )
+    return mt
+
+
+def _lacks(mt: str) -> str | None:
+    return arch.PADDLEFORMERS_LACKS.get(mt) or arch.PADDLEFORMERS_LACKS.get(_family_name(mt))
+
+
+def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
+    """The :data:`~surgery.architectures.CONVERSIONS` row of the checkpoint's ``model_type``.
+
+    Raises:
+        RefusedError: PaddleFormers 1.2 has no class for the family (GPT, BERT, T5, ...) or tietool has no
+            conversion data for the model type; the message names the container-only alternative.
+    """
+    mt = _model_type(ckpt)
     row = arch.CONVERSIONS.get(mt)
     alt = f"to change only the container, keeping names and layouts, use {Opt('to', 'safetensors')}"
-    name = mt if isinstance(mt, str) else None
-    lacks = arch.PADDLEFORMERS_LACKS.get(name or "") or arch.PADDLEFORMERS_LACKS.get(_family_name(name))
+    lacks = _lacks(mt)
     if row is None and lacks and to is Target.PADDLEFORMERS:
         raise RefusedError(
             f"PaddleFormers 1.2 has no {lacks} model class (model_type {mt!r}), so no PaddleFormers layout "
@@ -174,7 +185,7 @@ def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
             ckpt.path,
             alt,
         )
-    if to is Target.PADDLENLP and row["paddlenlp_prefix"] is None:
+    if to is Target.PADDLENLP and Naming.PADDLENLP not in row["prefixes"]:
         raise RefusedError(
             f"tietool knows no PaddleNLP 2.x naming of model_type {mt!r}",
             ckpt.path,
@@ -183,78 +194,85 @@ def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
     return row
 
 
-def convention_of(ckpt: Checkpoint, row: arch.ConversionRow) -> Convention:
-    """The input's convention: PaddleNLP when its names carry the PaddleNLP prefix, else PaddleFormers'
-    Paddle layout for a ``.pdparams`` or a config saying ``source: paddle`` (PaddleFormers'
-    ``save_pretrained(save_to_hf=False)``), else HF."""
-    pre = row["paddlenlp_prefix"]
-    if pre is not None and any(n.startswith(pre + ".") for n in ckpt.tensors):
-        return PADDLENLP
-    if ckpt.format == "pdparams" or ckpt.config.get("source") == "paddle":
-        return PF_LEGACY
-    return HF
+def source_convention(ckpt: Checkpoint, row: arch.ConversionRow) -> tuple[Convention, Proof]:
+    """The input's convention: its naming from the tensor names, its Linear layout proven from the shapes
+    (:func:`surgery.layout.prove`), its head layout from the head's shape (:func:`head_layout`).
+
+    Raises:
+        RefusedError: no tensor carries a prefix of the row, or a layout is not proven (named).
+        CheckpointError: shapes that contradict the config or each other.
+    """
+    naming = naming_of(ckpt, row)
+    if naming is None:
+        pres = ", ".join(f"{p}." for p in row["prefixes"].values())
+        raise RefusedError(
+            f"no tensor of this {ckpt.config.get('model_type')} checkpoint carries a name prefix tietool "
+            f"knows for it ({pres})",
+            ckpt.path,
+            hint_container_only(),
+        )
+    proof = prove(ckpt, linear_weights(ckpt, row, naming), hint_container_only())
+    if proof.layout is None:
+        raise RefusedError(
+            "the files hold no Linear weight whose shape tells the layout", ckpt.path, hint_container_only()
+        )
+    emb = f"{row['prefixes'][naming]}.embed_tokens.weight"
+    head = head_layout(ckpt, row["head"], emb) if row["head"] in ckpt.tensors else DEFAULT_HEAD[naming]
+    return convention(naming, proof.layout, head), proof
+
+
+def head_layout(ckpt: Checkpoint, head: str, emb: str) -> str:
+    """``"hidden-vocab"`` or ``"vocab-hidden"``: the head's shape against vocab_size / hidden_size; a square
+    head (vocab == hidden) by its bytes: the embedding's as stored, or transposed.
+
+    Raises:
+        CheckpointError: a head whose shape fits neither; RefusedError: a square head that is neither.
+    """
+    shape = tuple(ckpt.tensors[head].shape)
+    v, h = ckpt.config.get("vocab_size"), ckpt.config.get("hidden_size")
+    if shape == (h, v) != (v, h):
+        return "hidden-vocab"
+    if shape == (v, h) != (h, v):
+        return "vocab-hidden"
+    if shape == (v, h) and emb in ckpt.tensors:
+        if (
+            ckpt.tensors[emb].shape == ckpt.tensors[head].shape
+            and ckpt.load(emb).tobytes() == ckpt.load(head).tobytes()
+        ):
+            return "vocab-hidden"
+        if head_is_embedding_t(ckpt, head, emb):
+            return "hidden-vocab"
+    if shape == (v, h):
+        raise RefusedError(
+            f"tietool cannot tell the layout of {head}: it is {list(shape)} with vocab_size == hidden_size, "
+            "and it is not the embedding as stored or transposed",
+            ckpt.path,
+            hint_container_only(),
+        )
+    raise CheckpointError(
+        f"tensor {head} is {list(shape)}, but this config's head is [{v}, {h}] or [{h}, {v}]",
+        ckpt.path,
+        "check config.json (vocab_size, hidden_size) against the files",
+    )
 
 
 def _prefix(conv: Convention, row: arch.ConversionRow) -> str:
-    return str(row["paddlenlp_prefix"] if conv.names == "paddlenlp" else row["hf_prefix"])
-
-
-def _suffix_in(body: str, suffixes) -> str | None:
-    return next((s for s in suffixes if arch.matches(body, s)), None)
+    return row["prefixes"][Naming(conv.names)]
 
 
 def _swap(shape: tuple[int, ...]) -> tuple[int, ...]:
     return (shape[1], shape[0])
 
 
-def _refuse_layout(ckpt: Checkpoint, name: str, shape, want, conv: Convention) -> CheckpointError:
-    return CheckpointError(
-        f"tensor {name} is {list(shape)}, but a {conv.title} checkpoint of this config stores it as "
-        f"{list(want)}: its layout is not the one its names and container say",
-        ckpt.path,
-        f"check config.json (hidden_size, vocab_size, source) or convert with {Opt('to', 'safetensors')}, "
-        "which keeps names and layouts",
-    )
-
-
-def _check_head(ckpt: Checkpoint, name: str, conv: Convention) -> None:
-    """The head's shape agrees with ``conv`` (``[hidden, vocab]`` or ``[vocab, hidden]``) where the config
-    tells the two apart. Raises CheckpointError otherwise."""
-    shape = tuple(ckpt.tensors[name].shape)
-    v, h = ckpt.config.get("vocab_size"), ckpt.config.get("hidden_size")
-    if len(shape) != 2 or not isinstance(v, int) or not isinstance(h, int) or v == h:
-        if len(shape) != 2:
-            raise _refuse_layout(ckpt, name, shape, ("vocab", "hidden"), conv)
-        return
-    want = (h, v) if conv.head == "hidden-vocab" else (v, h)
-    if shape != want:
-        raise _refuse_layout(ckpt, name, shape, want, conv)
-
-
-def _check_linear(ckpt: Checkpoint, name: str, body: str, row: arch.ConversionRow, conv: Convention) -> None:
-    """A Linear weight is 2-D, and one whose in_features is hidden_size (``row["in_hidden"]``) has it on
-    the axis ``conv`` says. Raises CheckpointError otherwise."""
-    shape = tuple(ckpt.tensors[name].shape)
-    h = ckpt.config.get("hidden_size")
-    if len(shape) != 2:
-        raise _refuse_layout(
-            ckpt, name, shape, ("in", "out") if conv.linear == "in-out" else ("out", "in"), conv
-        )
-    if _suffix_in(body, row["in_hidden"]) and isinstance(h, int) and h in shape:
-        axis = 0 if conv.linear == "in-out" else 1
-        if shape[axis] != h:
-            raise _refuse_layout(ckpt, name, shape, _swap(shape), conv)
-
-
 def _fused_parts(ckpt: Checkpoint, name: str, spec: arch.FusedSpec, axis: int) -> list[Part]:
-    """How the fused tensor ``name`` splits along ``axis`` (see :class:`~surgery.architectures.FusedSpec`).
+    """How the fused tensor ``name`` splits along ``axis`` (see :class:`~surgery.architectures.Split`).
 
     Raises:
         CheckpointError: the config lacks the head counts, or the axis does not divide into them.
     """
     size = ckpt.tensors[name].shape[axis]
     groups: list[tuple[int, ...]]
-    if spec["split"] == "halves":
+    if spec["split"] is arch.Split.HALVES:
         count, groups = 2, [(0,), (1,)]
     else:
         nh = ckpt.config.get("num_attention_heads")
@@ -266,11 +284,14 @@ def _fused_parts(ckpt: Checkpoint, name: str, spec: arch.FusedSpec, axis: int) -
                 "restore the config's head counts",
             )
         g, count = nh // kv, nh + 2 * kv
-        groups = [
-            tuple(i * (g + 2) + j for i in range(kv) for j in range(g)),
-            tuple(i * (g + 2) + g for i in range(kv)),
-            tuple(i * (g + 2) + g + 1 for i in range(kv)),
-        ]
+        if spec["split"] is arch.Split.QKV_CONCAT:
+            groups = [tuple(range(nh)), tuple(range(nh, nh + kv)), tuple(range(nh + kv, count))]
+        else:
+            groups = [
+                tuple(i * (g + 2) + j for i in range(kv) for j in range(g)),
+                tuple(i * (g + 2) + g for i in range(kv)),
+                tuple(i * (g + 2) + g + 1 for i in range(kv)),
+            ]
     if size % count:
         raise CheckpointError(
             f"cannot split {name}: its output axis ({size}) is not {count} equal chunks as the config's head "
@@ -290,7 +311,7 @@ def _unfuse(
     src: Convention,
     dst: Convention,
 ) -> list[Step]:
-    """The unfused steps of PaddleNLP fused projection ``name`` (``out_body`` its output name, ending in
+    """The unfused steps of fused projection ``name`` (``out_body`` its output name, matching the table's
     ``fused``): q, k, v (or gate, up), each transposed when the Linear layout changes."""
     shape = tuple(ckpt.tensors[name].shape)
     weight = len(shape) == 2
@@ -301,30 +322,30 @@ def _unfuse(
         s = list(shape)
         s[axis] = shape[axis] // part.count * len(part.chunks)
         out_shape = _swap(tuple(s)) if turn else tuple(s)
-        out = out_body[: -len(fused)] + suffix
-        steps.append(Step(out, name, _label(ckpt, name), out_shape, turn, part))
+        steps.append(Step(rebase(out_body, fused, suffix), name, _label(ckpt, name), out_shape, turn, part))
     return steps
 
 
 def _body_step(
     ckpt: Checkpoint, name: str, row: arch.ConversionRow, src: Convention, dst: Convention
 ) -> list[Step] | None:
-    """The steps of one tensor under the model prefix (None: tietool cannot place it)."""
+    """The steps of one tensor under the model prefix (None: tietool cannot place it). Linear weights'
+    layout was proven by :func:`source_convention`."""
     pre = _prefix(src, row) + "."
     if not name.startswith(pre):
         return None
     body = name[len(pre) :]
     out = f"{_prefix(dst, row)}.{body}"
     shape, label = tuple(ckpt.tensors[name].shape), _label(ckpt, name)
-    if _suffix_in(body, row["linear"]):
-        _check_linear(ckpt, name, body, row, src)
+    fused_specs = row["fused"].get(Naming(src.names), {})
+    lin, fused = suffix_in(body, row["linear"]), suffix_in(body, fused_specs)
+    if lin is not None and (fused is None or len(lin) >= len(fused)):
         turn = src.linear != dst.linear
         return [Step(out, name, label, _swap(shape) if turn else shape, turn)]
-    if _suffix_in(body, row["plain"]):
-        return [Step(out, name, label, shape)]
-    fused = _suffix_in(body, row["fused"]) if src.names == "paddlenlp" else None
     if fused is not None:
-        return _unfuse(ckpt, name, out, fused, row["fused"][fused], src, dst)
+        return _unfuse(ckpt, name, out, fused, fused_specs[fused], src, dst)
+    if suffix_in(body, row["plain"]):
+        return [Step(out, name, label, shape)]
     return None
 
 
@@ -333,13 +354,11 @@ def model_steps(ckpt: Checkpoint, row: arch.ConversionRow, src: Convention, dst:
 
     Raises:
         RefusedError: tensors the row cannot place (named, up to five), never guessed.
-        CheckpointError: a head or Linear weight whose shape contradicts ``src`` (see :func:`_check_head`).
     """
     steps: list[Step] = []
     unplaced: list[str] = []
     for name, t in ckpt.tensors.items():
         if name == row["head"]:
-            _check_head(ckpt, name, src)
             turn = src.head != dst.head
             steps.append(
                 Step(name, name, _label(ckpt, name), _swap(tuple(t.shape)) if turn else tuple(t.shape), turn)
@@ -378,7 +397,7 @@ def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
     if not row["paddlenlp_own_head"]:
         return
     tied = bool(ckpt.config.get("tie_word_embeddings", False))
-    if plan.target is PADDLENLP and head not in ckpt.tensors:
+    if plan.target == PADDLENLP and head not in ckpt.tensors:
         emb = f"{_prefix(plan.source, row)}.embed_tokens.weight"
         if emb not in ckpt.tensors:
             return
@@ -388,7 +407,7 @@ def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
             f"{head} is written as {emb} transposed to [hidden, vocab]: the input has no head (tied) and "
             "PaddleNLP 2.8 never ties this model's head, it would build a random one"
         )
-    elif plan.source is PADDLENLP and head in ckpt.tensors and tied:
+    elif plan.source.names == Naming.PADDLENLP and head in ckpt.tensors and tied:
         emb = f"{_prefix(plan.source, row)}.embed_tokens.weight"
         if emb in ckpt.tensors and head_is_embedding_t(ckpt, head, emb):
             plan.notes.append(
@@ -421,7 +440,7 @@ def head_is_embedding_t(ckpt: Checkpoint, head: str, emb: str) -> bool:
     return True
 
 
-def _edit_config(plan: ConvertPlan, key: str) -> None:
+def _edit_config(plan: ConvertPlan, key: str, row: arch.ConversionRow) -> None:
     """Apply :data:`~surgery.architectures.CONFIG_KEYS` ``[key]`` to ``plan.config`` (recording each change).
 
     Raises:
@@ -449,6 +468,17 @@ def _edit_config(plan: ConvertPlan, key: str) -> None:
         if cfg.get(k):
             cfg[k] = False
             plan.config_changes.append({"key": k, "before": True, "after": False})
+    if key == "paddlenlp" and not row["paddlenlp_28"]:
+        plan.notes.append(
+            f"PaddleNLP 2.8.1 has no {cfg.get('model_type')} model class: the output is for PaddleNLP 3 "
+            "(not loaded by tietool's tests); config.json gets no paddlenlp_version, so tietool's next "
+            "command takes PaddleNLP 3 as its loader"
+        )
+        return
+    for k, v in edits["set"].items():
+        if k not in cfg or cfg[k] != v:
+            plan.config_changes.append({"key": k, "before": cfg.get(k), "after": v})
+            cfg[k] = v
 
 
 def _require_sizes(ckpt: Checkpoint) -> None:
@@ -471,50 +501,154 @@ def _positive_int(v: object) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
 
-def _already_hf(ckpt: Checkpoint) -> bool:
-    """Safetensors in the HF layout (no ``source: paddle``) whose names carry no PaddleNLP prefix: a
-    PaddleFormers / HF checkpoint of any model type (Gemma3, Phi3, ...), nothing to rename or transpose."""
+def _generic_proof(ckpt: Checkpoint, what: str) -> Proof:
+    """The layout of a checkpoint whose model type has no row: the tensors named as a row's Linear weights
+    (:data:`~surgery.architectures.ANY_LINEAR`), their shapes against the config (:func:`prove`)."""
+    weights = {}
+    for name in ckpt.tensors:
+        hit = suffix_in(name, arch.ANY_LINEAR)
+        if hit is not None:
+            weights[name] = arch.ANY_LINEAR[hit]
+    return prove(ckpt, weights, what, strict=False)
+
+
+def _reshard_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
+    """``--to paddleformers`` of a model type without a row: only when its Linear weights are proven
+    ``[out, in]`` by their shapes, and no name carries a PaddleNLP-era prefix, are the shards rewritten as
+    they are (the input is then already in the PaddleFormers layout, Gemma3, Phi3, ...).
+
+    Raises:
+        RefusedError: PaddleNLP names, a Paddle layout, or no Linear weight whose shape proves the layout.
+    """
+    mt = ckpt.config.get("model_type")
     pre = tuple(p + "." for p in arch.PADDLENLP_PREFIXES)
-    return (
-        ckpt.format == "safetensors"
-        and ckpt.config.get("source") != "paddle"
-        and not any(n.startswith(pre) for n in ckpt.tensors)
-    )
+    named = next((n for n in ckpt.tensors if n.startswith(pre)), None)
+    proof = _generic_proof(ckpt, hint_container_only()) if named is None else None
+    if proof is None or proof.layout is not Layout.OUT_IN:
+        why = (
+            f"its names ({named}) are not PaddleFormers names"
+            if named
+            else "its Linear weights are [in, out] (the Paddle layout)"
+            if proof and proof.layout
+            else "no tensor named as a Linear weight tietool knows tells its layout"
+        )
+        raise RefusedError(
+            f"tietool has no conversion data for model_type {mt!r} and {why}, so it cannot write the "
+            "PaddleFormers layout",
+            ckpt.path,
+            hint_container_only(),
+        )
+    plan = ConvertPlan(ckpt, HF, HF, container, _copy_steps(ckpt), dict(ckpt.config), layout=proof.layout)
+    plan.notes += [
+        "the input is already in the PaddleFormers/HF layout: only the shards are rewritten",
+        proof.note(),
+    ]
+    return plan
+
+
+def _container_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
+    """A container change: every tensor copied as stored, config untouched. The report says which layout
+    the tensors are in where the shapes prove it (the model type has a row), else that it was not checked;
+    the output's ``__metadata__`` follows from it (:func:`_st_metadata`)."""
+    plan = ConvertPlan(ckpt, KEPT, KEPT, container, _copy_steps(ckpt), dict(ckpt.config))
+    if container is Container.SAFETENSORS and _paddlenlp_files(ckpt):
+        _bf16_as_u16(plan)
+    mt = ckpt.config.get("model_type")
+    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
+    try:
+        if row is None:
+            raise RefusedError(f"tietool has no conversion data for model_type {mt!r}", ckpt.path)
+        src, proof = source_convention(ckpt, row)
+        plan.layout = proof.layout
+        plan.notes.append(f"the input is {src.title}: {proof.note()}")
+    except (RefusedError, CheckpointError) as e:
+        plan.notes.append(f"layout not proven ({e.message}): names and layouts are copied as stored")
+    _pf_container(plan)
+    return plan
+
+
+def _bf16_as_u16(plan: ConvertPlan) -> None:
+    """bf16 tensors of a PaddleNLP checkpoint labelled ``U16`` in safetensors, as PaddleNLP 2.8.1's
+    ``save_pretrained(safe_serialization=True)`` writes them (it reads through numpy, which has no bf16: a
+    ``BF16`` label fails its load with "Cannot interpret '2' as a data type"); the bytes are the same."""
+    n = sum(s.dtype == "BF16" for s in plan.steps)
+    if n:
+        plan.steps = [dataclasses.replace(s, dtype="U16") if s.dtype == "BF16" else s for s in plan.steps]
+        plan.notes.append(f"{n} bf16 tensor(s) labelled U16, as PaddleNLP 2.8.1 writes and reads them")
+
+
+def _pf_container(plan: ConvertPlan) -> None:
+    """What PaddleFormers 1.2 needs of a container change of its checkpoint (measured in
+    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``): its Paddle layout loads
+    only with :data:`LEGACY_LOAD` (a plain ``from_pretrained`` of such safetensors loads without a warning
+    and gives wrong logits), so the output says so; it reads a ``.pdparams`` only in that layout, so a
+    ``.pdparams`` of its HF layout is refused (no ``from_pretrained`` loads it).
+
+    Raises:
+        RefusedError: ``--to pdparams`` of a PaddleFormers checkpoint not proven in the Paddle layout.
+    """
+    ck = plan.ckpt
+    if "paddleformers_version" not in ck.config:
+        return
+    if _pf_legacy(ck, plan.layout):
+        plan.notes.append(
+            f"PaddleFormers 1.2 loads this (its legacy Paddle layout) only with {LEGACY_LOAD}"
+            + ("" if plan.container is Container.PDPARAMS else ": a plain from_pretrained gives wrong logits")
+        )
+    elif plan.container is Container.PDPARAMS:
+        how = "its Linear weights are [out, in]" if plan.layout else "its layout is not proven [in, out]"
+        raise RefusedError(
+            f"PaddleFormers 1.2 reads a .pdparams only in its legacy Paddle layout ({LEGACY_LOAD}, Linear "
+            f"weights [in, out]), and {how}: no from_pretrained would load the output",
+            ck.path,
+            "keep it as safetensors (PaddleFormers loads those with a plain from_pretrained), or use "
+            f"{Opt('to', 'paddlenlp')} for PaddleNLP's .pdparams",
+        )
+
+
+def _pf_legacy(ckpt: Checkpoint, layout: Layout | None) -> bool:
+    """A PaddleFormers checkpoint (``paddleformers_version``) in the Paddle layout (``source: paddle`` or
+    Linear weights proven ``[in, out]``): PaddleFormers' legacy format."""
+    cfg = ckpt.config
+    return "paddleformers_version" in cfg and (cfg.get("source") == "paddle" or layout is Layout.IN_OUT)
 
 
 def plan_convert(ckpt: Checkpoint, to: Target) -> ConvertPlan:
     """Which output tensor comes from which input tensor, by which transform (pure: reads headers only).
 
-    ``to`` ``paddleformers``/``paddlenlp``: names renamed (``llama.`` ↔ ``model.``), every Linear weight
-    transposed, the head ``[hidden, vocab]`` ↔ ``[vocab, hidden]``, PaddleNLP fused ``qkv_proj`` /
-    ``gate_up_fused_proj`` split (as PaddleFormers' ``split_param_func``), embeddings/norms/biases copied;
-    config keys as :data:`~surgery.architectures.CONFIG_KEYS`. ``safetensors``/``pdparams``: the container
-    only; names, layouts, dtypes and config untouched. An input already in the target's convention is a
+    ``to`` ``paddleformers``/``paddlenlp``: the input's convention found (:func:`source_convention`: names,
+    Linear layout proven from the shapes, head layout), names renamed (``llama.``/``ernie.`` ↔ ``model.``),
+    every Linear weight transposed where the layouts differ, the head ``[hidden, vocab]`` ↔
+    ``[vocab, hidden]``, fused ``qkv_proj`` / ``gate_up_fused_proj`` / ``up_gate_proj`` split (PaddleNLP and
+    PaddleFormers grouped per kv head, ERNIEKit ``q | k | v``), embeddings/norms/biases copied; config keys
+    as :data:`~surgery.architectures.CONFIG_KEYS` (the target's version key). ``safetensors``/``pdparams``:
+    the container only (:func:`_container_plan`). An input already in the target's convention is a
     container change.
 
     Raises:
-        RefusedError: an unknown model type or unplaceable tensors (:func:`model_steps`), a family
-            PaddleFormers 1.2 lacks (:func:`conversion_row`).
-        CheckpointError: a layout that contradicts the input's names and container.
+        RefusedError: an unknown model type, unplaceable tensors (:func:`model_steps`), a layout not proven
+            (:func:`surgery.layout.prove`), a family PaddleFormers 1.2 lacks (:func:`conversion_row`).
+        CheckpointError: shapes that contradict the config or each other.
     """
     conv, container = TARGETS[to]
     if conv is None:
-        return ConvertPlan(ckpt, KEPT, KEPT, container, _copy_steps(ckpt), dict(ckpt.config))
-    if conv is HF and _already_hf(ckpt):
-        plan = ConvertPlan(ckpt, HF, HF, container, _copy_steps(ckpt), dict(ckpt.config))
-        plan.notes.append(
-            "the input is already in the PaddleFormers/HF layout: only the shards are rewritten"
+        return _container_plan(ckpt, container)
+    mt = _model_type(ckpt)
+    if to is Target.PADDLEFORMERS and mt not in arch.CONVERSIONS and not _lacks(mt):
+        return _reshard_plan(ckpt, container)
+    row = conversion_row(ckpt, to)
+    _require_sizes(ckpt)
+    source, proof = source_convention(ckpt, row)
+    plan = ConvertPlan(ckpt, source, conv, container, [], dict(ckpt.config), layout=proof.layout)
+    plan.notes.append(proof.note())
+    if source == conv:
+        plan.steps = _copy_steps(ckpt)
+        plan.notes.insert(
+            0, f"the input is already in the {conv.title} layout: only the shards are rewritten"
         )
         return plan
-    row = conversion_row(ckpt, to)
-    source = convention_of(ckpt, row)
-    plan = ConvertPlan(ckpt, source, conv, container, [], dict(ckpt.config))
-    if source is conv:
-        plan.steps = _copy_steps(ckpt)
-        return plan
-    _require_sizes(ckpt)
     plan.steps = model_steps(ckpt, row, source, conv)
-    _edit_config(plan, to.value)
+    _edit_config(plan, to.value, row)
     _head_steps(plan, row)
     return plan
 
@@ -589,20 +723,45 @@ def step_source(ckpt: Checkpoint, step: Step) -> Callable[[], Source]:
     return build
 
 
-def _st_metadata(plan: ConvertPlan) -> dict[str, str] | None:
-    """The input's ``__metadata__`` when it is safetensors with one metadata for all files and keeps its
-    layout; else ``{"format": "pt"}`` as HF's ``save_pretrained`` writes (HF loaders require it)."""
-    metas = {str(m) for m in plan.ckpt.st_metadata.values()}
-    if plan.ckpt.format == "safetensors" and plan.source is plan.target and len(metas) == 1:
-        first = next(iter(plan.ckpt.st_metadata.values()))
-        return dict(first) if first else None
-    return {"format": "pt"}
+def _paddlenlp_files(ck: Checkpoint) -> bool:
+    """PaddleNLP's checkpoint: a ``paddlenlp_version`` key or PaddleNLP-era name prefixes (``llama.``; not
+    the model type's ERNIEKit ``ernie.``, which is no PaddleNLP naming of ERNIE 4.5)."""
+    mt = ck.config.get("model_type")
+    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
+    kit = row["prefixes"].get(Naming.KIT) if row else None
+    pre = tuple(p + "." for p in arch.PADDLENLP_PREFIXES if p != kit)
+    return "paddlenlp_version" in ck.config or any(n.startswith(pre) for n in ck.tensors)
+
+
+def _st_metadata(plan: ConvertPlan) -> dict[str, str]:
+    """Each output safetensors file's ``__metadata__``: what the output's loader reads and its layout is.
+
+    ``{"format": "pt"}`` for the PaddleFormers/HF layout (PaddleFormers' ``save_to_hf`` export and ERNIE's
+    paddle2torch write it); ``{"format": "np"}`` for the Paddle layout (PaddleNLP 2.8.1's
+    ``load_state_dict`` refuses any other format, and a file without metadata; PaddleFormers'
+    ``save_to_hf=False`` writes it). A container change: from the layout the shapes proved; PaddleNLP
+    names or version key: ``np``; unproven: the input's own metadata when all its files agree, else ``np``
+    (a ``.pdparams`` was written by Paddle code)."""
+    ck = plan.ckpt
+    if plan.target == HF:
+        return {"format": "pt"}
+    if plan.target != KEPT:
+        return {"format": "np"}
+    if _paddlenlp_files(ck):
+        return {"format": "np"}
+    if plan.layout is not None:
+        return {"format": "np" if plan.layout is Layout.IN_OUT else "pt"}
+    metas = {str(m) for m in ck.st_metadata.values()}
+    first = next(iter(ck.st_metadata.values()), None) if ck.format == "safetensors" else None
+    if len(metas) == 1 and first:
+        return dict(first)
+    return {"format": "np"}
 
 
 def _pdparams_extras(plan: ConvertPlan) -> dict | None:
     """The input's non-tensor ``.pdparams`` entries (``StructuredToParameterName@@`` of every file) when
     names are unchanged; a renamed checkpoint gets none (PaddleNLP's loader does not need it)."""
-    if plan.ckpt.format != "pdparams" or plan.source is not plan.target:
+    if plan.ckpt.format != "pdparams" or plan.source != plan.target:
         return None
     merged: dict = {}
     for ex in plan.ckpt.extras.values():
@@ -654,6 +813,7 @@ def build_report(plan: ConvertPlan, to: Target, out: str, facts: dict | None) ->
         "changed": True,
         "from_convention": plan.source.title,
         "to_convention": plan.target.title,
+        "layout": plan.layout.value if plan.layout else None,
         "container": {"before": ck.format, "after": plan.container.value},
         "before": {"parameters": params_in, "bytes": total_in, "tensors": len(ck.tensors)},
         "after": {"parameters": params_out, "bytes": total_out, "tensors": len(plan.steps)},

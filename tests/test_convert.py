@@ -17,12 +17,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import pytest
+from support import convert_loads, paths
 from support import fixture_support as fs
-from support import paths
 
 import tietool
 from tietool.surgery import convert as cv
@@ -153,16 +154,92 @@ def _same_tensors_as_values(a: Path, b: Path) -> None:
         assert ta[n].data == tb[n].data, n
 
 
-def test_layout_contradicting_the_config_is_refused(tmp_path):
-    """A safetensors in Paddle layout whose config lost ``source: paddle`` claims the HF layout; the shapes
-    of q/k/v/gate/up say otherwise, so convert refuses instead of transposing the wrong way."""
+def test_paddle_layout_without_source_key_is_proven_from_shapes(tmp_path):
+    """A safetensors in the Paddle layout whose config lost ``source: paddle`` (it claimed the HF layout and
+    was refused, or with a square config copied as HF): the shapes of gate/up/down prove [in, out], so it
+    converts as the .pdparams does, and the report says what proved it."""
     kept = _ok(_run(paths.CASES_DIR / "pf_llama_untied_legacy_pdparams", tmp_path / "a", "safetensors"))
     cfg = fs.config_of(kept.out)
     del cfg["source"]
     (kept.out / "config.json").write_text(json.dumps(cfg))
-    run = _run(kept.out, tmp_path / "b", "paddlenlp")
-    assert run.rc == 3, run.describe()
-    assert "mlp.gate_proj.weight is [16, 32]" in run.stderr and run.out_empty()
+    via = _ok(_run(kept.out, tmp_path / "b", "paddleformers"))
+    direct = _ok(_run(paths.CASES_DIR / "pf_llama_untied_legacy_pdparams", tmp_path / "c", "paddleformers"))
+    _same_tensors(via.out, direct.out)
+    rep = via.report()
+    assert rep["layout"] == "[in, out]" and rep["from_convention"] == "PaddleFormers legacy (Paddle layout)"
+    assert any("proven by the shapes of 3 of them" in n and "4 square ones" in n for n in rep["notes"])
+
+
+def test_shape_that_fits_neither_layout_is_refused(tmp_path, fixture_copy):
+    """config.json's intermediate_size no longer matches the files: down_proj [16, 32] is neither [48, 16]
+    nor [16, 48], so no layout is claimed (exit 3, the tensor, the sizes and the count of others named)."""
+    ck = fixture_copy("pf_llama_untied_fp32")
+    (ck / "config.json").write_text(json.dumps({**fs.config_of(ck), "intermediate_size": 48}))
+    run = fs.run_tool(["convert", ck, "--to", "paddlenlp", "--out", tmp_path / "o"])
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert (
+        "down_proj.weight is [16, 32], which is neither [intermediate_size, hidden_size] = [48, 16]"
+        in run.stderr
+    )
+    assert "(2 more)" in run.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_weights_in_two_layouts_are_refused(tmp_path):
+    """One Linear weight transposed (an export that missed one, d11's story): the shapes prove both layouts,
+    and convert refuses naming one weight of each instead of transposing half of them the wrong way."""
+    ck = Checkpoint.open(paths.CASES_DIR / "pnlp_llama_untied")
+    arrays = {n: ck.load(n) for n in ck.tensors}
+    arrays["llama.layers.0.mlp.down_proj.weight"] = np.ascontiguousarray(
+        arrays["llama.layers.0.mlp.down_proj.weight"].T
+    )
+    src = _write_pnlp(tmp_path / "mixed", arrays, ck.config)
+    with pytest.raises(
+        tietool.CheckpointError,
+        match="in two layouts: .* is .*\\(\\[in, out\\]\\) but "
+        "llama.layers.0.mlp.down_proj.weight is \\[16, 32\\] \\(\\[out, in\\]\\)",
+    ):
+        tietool.convert(src, "paddleformers", tmp_path / "o")
+    assert not (tmp_path / "o").exists()
+
+
+def test_all_square_weights_are_refused_by_name(tmp_path):
+    """hidden == intermediate == heads x head_dim: every Linear weight is square, no shape proves the layout,
+    so --to paddleformers refuses naming them (exit 5); a container change still works and says the layout
+    was not proven."""
+    rng = np.random.default_rng(3)
+    cfg = {
+        "model_type": "llama",
+        "vocab_size": 24,
+        "hidden_size": 8,
+        "intermediate_size": 8,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "paddlenlp_version": None,
+    }
+    arrays = {"llama.embed_tokens.weight": rng.standard_normal((24, 8)).astype(np.float32)}
+    for p in (
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+    ):
+        arrays[f"llama.layers.0.{p}.weight"] = rng.standard_normal((8, 8)).astype(np.float32)
+    arrays["llama.norm.weight"] = np.ones(8, np.float32)
+    arrays["lm_head.weight"] = rng.standard_normal((8, 24)).astype(np.float32)
+    src = _write_pnlp(tmp_path / "square", arrays, cfg)
+    run = fs.run_tool(["convert", src, "--to", "paddleformers", "--out", tmp_path / "o"])
+    assert run.returncode == 5, run.stdout + run.stderr
+    assert "cannot prove the layout ([in, out] or [out, in]) of 7 Linear weight(s): " in run.stderr
+    assert "llama.layers.0.self_attn.q_proj.weight is square" in run.stderr and not (tmp_path / "o").exists()
+    rep = tietool.convert(src, "safetensors", tmp_path / "st")
+    assert rep["layout"] is None and any(
+        n.startswith("layout not proven (tietool cannot prove") for n in rep["notes"]
+    )
 
 
 # ------------------------------------------------------------------------------------------------ round trips
@@ -177,8 +254,7 @@ def test_layout_contradicting_the_config_is_refused(tmp_path):
         ("pnlp_t5", "safetensors", "pdparams"),
         ("pnlp_bert_mlm", "safetensors", "pdparams"),
         ("pnlp_llama_untied_bf16", "safetensors", "pdparams"),
-        ("pf_llama_tied_bf16", "pdparams", "safetensors"),
-        ("pf_ernie4_5_untied", "pdparams", "safetensors"),
+        ("pf_llama_untied_legacy_pdparams", "safetensors", "pdparams"),
     ],
 )
 def test_round_trip_is_bit_identical(name, there, back, tmp_path):
@@ -622,3 +698,384 @@ def test_container_change_headline(tmp_path):
     assert "the input's names and layouts (" not in run.stdout
     run = _ok(_run(paths.CASES_DIR / "pnlp_llama_untied", tmp_path / "p", "paddleformers"))
     assert "PaddleNLP 2.x (pdparams) → PaddleFormers/HF safetensors (safetensors)" in run.stdout
+
+
+def test_paddleformers_hf_layout_to_pdparams_is_refused(tmp_path):
+    """PaddleFormers 1.2 reads a .pdparams only in its legacy Paddle layout: a .pdparams of its HF-layout
+    safetensors loads with no from_pretrained (measured in the slow test below), so it is refused; the
+    legacy layout converts and says how it loads."""
+    run = _run(paths.CASES_DIR / "pf_llama_untied_fp32", tmp_path / "w", "pdparams")
+    assert run.rc == 5 and run.out_empty(), run.describe()
+    assert "reads a .pdparams only in its legacy Paddle layout" in run.stderr
+    assert "its Linear weights are [out, in]" in run.stderr
+    ok = _ok(_run(paths.CASES_DIR / "pf_llama_untied_legacy_pdparams", tmp_path / "l", "safetensors"))
+    rep = ok.report()
+    assert rep["layout"] == "[in, out]"
+    assert any(
+        cv.LEGACY_LOAD in n and "a plain from_pretrained gives wrong logits" in n for n in rep["notes"]
+    )
+    assert cv.LEGACY_LOAD in ok.stdout
+
+
+@pytest.mark.parametrize(
+    "name, to, fmt",
+    [
+        ("pnlp_llama_untied", "safetensors", "np"),  # PaddleNLP 2.8.1 reads only format np
+        ("pf_llama_untied_legacy_pdparams", "safetensors", "np"),  # Paddle layout, as save_to_hf=False
+        ("pf_llama_untied_fp32", "safetensors", "pt"),  # HF layout
+        ("pnlp_llama_untied", "paddleformers", "pt"),
+    ],
+)
+def test_safetensors_metadata_is_the_targets(name, to, fmt, tmp_path):
+    run = _ok(_run(paths.CASES_DIR / name, tmp_path / "w", to))
+    from safetensors import safe_open
+
+    for f in run.out.glob("*.safetensors"):
+        with safe_open(str(f), "np") as fh:
+            assert fh.metadata() == {"format": fmt}, f
+
+
+@pytest.mark.parametrize(
+    "name, to, key, value, gone",
+    [
+        ("pf_llama_untied_fp32", "paddlenlp", "paddlenlp_version", None, "paddleformers_version"),
+        ("pnlp_llama_untied", "paddleformers", "paddleformers_version", "1.2.0", "paddlenlp_version"),
+    ],
+)
+def test_version_key_is_the_targets(name, to, key, value, gone, tmp_path):
+    """The source library's version key would make the next command pick it as the loader (tie of a Llama
+    converted --to paddlenlp dropped the head PaddleNLP 2.8 needs): the target's key as its save_pretrained
+    writes it, the other one dropped, and inspect names the target's loader."""
+    run = _ok(_run(paths.CASES_DIR / name, tmp_path / "w", to))
+    cfg = fs.config_of(run.out)
+    assert key in cfg and cfg[key] == value and gone not in cfg
+    info = tietool.inspect(run.out)
+    assert info["loader"]["name"] == ("paddlenlp-2.8" if to == "paddlenlp" else "paddleformers"), info[
+        "loader"
+    ]
+
+
+# -------------------------------------------------------------- slow: ERNIE 4.5 in its Paddle layouts, loaded
+@pytest.fixture(scope="module")
+def ernie_saves(tmp_path_factory) -> Path:
+    """ERNIE 4.5 dense (tied, untied) and MoE + MTP, each saved by PaddleFormers 1.2 in its HF layout
+    (``-hf``) and its legacy Paddle layout (``-legacy``): ``support/convert_loads.py build``."""
+    root = tmp_path_factory.mktemp("ernie")
+    cp = convert_loads.run(["build", str(root)])
+    assert (root / "built.json").is_file(), cp.stderr[-3000:]
+    return root
+
+
+def _to_erniekit(hf: Path, out: Path) -> Path:
+    """The ERNIEKit layout of PaddleFormers' HF export ``hf``, as ERNIE's ``tools/paddle2torch`` reads it (its
+    inverse): ``ernie.`` names, ``qkv_proj`` = ``[q | k | v]`` and ``up_gate_proj`` = ``[gate | up]`` along
+    the output axis, every Linear weight (router and ``mtp_linear_proj`` included) and an untied head
+    ``[in, out]``, no head when tied, ``__metadata__`` ``format: np``, config ``dtype`` and no
+    ``paddleformers_version``."""
+    from safetensors.numpy import save_file
+
+    ck = Checkpoint.open(hf)
+    cfg = dict(ck.config)
+    arrays = {n: ck.load(n) for n in ck.tensors}
+    res: dict[str, np.ndarray] = {}
+    for n, a in arrays.items():
+        body = n.replace("model.", "ernie.", 1)
+        if n.endswith("self_attn.q_proj.weight"):
+            k, v = (arrays[n.replace("q_proj", p)] for p in ("k_proj", "v_proj"))
+            res[body.replace("q_proj", "qkv_proj")] = np.concatenate([a.T, k.T, v.T], axis=1)
+        elif n.endswith("gate_proj.weight"):
+            up = arrays[n.replace("gate_proj", "up_proj")]
+            res[body.replace("gate_proj", "up_gate_proj")] = np.concatenate([a.T, up.T], axis=1)
+        elif n.endswith(("k_proj.weight", "v_proj.weight", "up_proj.weight")):
+            continue
+        elif n == "lm_head.weight":
+            if not cfg.get("tie_word_embeddings"):
+                res[n] = np.ascontiguousarray(a.T)
+        elif a.ndim == 2 and "embed_tokens" not in n and "moe_statics" not in n:  # o, down, router, MTP
+            res[body] = np.ascontiguousarray(a.T)
+        else:
+            res[body] = a
+    out.mkdir(parents=True)
+    # safetensors.numpy writes an array's memory as is: a Fortran-ordered concatenation must be C-ordered
+    res = {n: np.ascontiguousarray(a) for n, a in res.items()}
+    save_file(res, str(out / "model.safetensors"), metadata={"format": "np"})
+    cfg["dtype"] = cfg.pop("torch_dtype")
+    cfg.pop("paddleformers_version")
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def _hf_bytes_equal(got: Path, export: Path) -> None:
+    """``got`` holds PaddleFormers' own HF export's tensors bit for bit (a tied legacy save's duplicate head
+    aside, which the HF export leaves out)."""
+    a, b = fs.read_checkpoint(got), fs.read_checkpoint(export)
+    assert sorted(set(a) - {"lm_head.weight"}) == sorted(set(b) - {"lm_head.weight"})
+    for n in b:
+        assert (a[n].shape, a[n].data) == (b[n].shape, b[n].data), n
+
+
+@pytest.mark.slow
+def test_ernie_paddle_layouts_convert_to_what_paddleformers_loads(ernie_saves, tmp_path):
+    """ERNIE 4.5 (and 4.5-MoE with router, experts, shared expert, moe_statics and an MTP block) in both
+    Paddle layouts -- PaddleFormers' legacy save (``model.``, qkv grouped per kv head) and ERNIEKit's
+    (``ernie.``, ``q | k | v``) -- converted --to paddleformers: the tensors of PaddleFormers' own HF export
+    bit for bit, and PaddleFormers 1.2 loads them with a plain from_pretrained, no missing or unexpected
+    key, giving the logits of the legacy input loaded in the same run bit for bit (dense), and the same
+    parameters (MoE: PaddleFormers 1.2 runs its MoE only on GPU, ``expand_modality_expert_id``)."""
+    built = json.loads((ernie_saves / "built.json").read_text())
+    jobs = []
+    for name, cls in built.items():
+        hf, legacy = ernie_saves / f"{name}-hf", ernie_saves / f"{name}-legacy"
+        kit = _to_erniekit(hf, tmp_path / f"{name}-kit")
+        outs = []
+        for src in (legacy, kit):
+            rep = tietool.convert(src, "paddleformers", tmp_path / f"{src.name}-pf")
+            assert rep["layout"] == "[in, out]" and rep["notes"], rep
+            _hf_bytes_equal(tmp_path / f"{src.name}-pf", hf)
+            outs.append(tmp_path / f"{src.name}-pf")
+        assert fs.config_of(outs[1])["paddleformers_version"] == "1.2.0"
+        jobs += [{"ckpt": str(legacy), "model_class": cls, "kwargs": convert_loads.LEGACY, "name": name}]
+        jobs += [{"ckpt": str(o), "model_class": cls, "name": name} for o in outs]
+    rows = convert_loads.load_all(jobs, str(tmp_path / "loads"))
+    for r in rows:
+        assert r["ok"] and r["warnings"] == [], (r["job"]["ckpt"], r["error"], r["warnings"])
+    for ref, *got in (rows[i : i + 3] for i in range(0, len(rows), 3)):
+        for g in got:
+            assert sorted(g["arrays"]) == sorted(ref["arrays"]), g["job"]["ckpt"]
+            for k, v in ref["arrays"].items():
+                assert fs.logits_mismatch(g["arrays"][k], v) is None, (g["job"]["ckpt"], k)
+        assert ref["logits"] is ("moe" not in ref["job"]["name"]), ref.get("no_logits")
+
+
+@pytest.mark.slow
+def test_paddleformers_container_changes_load_as_said(ernie_saves, tmp_path):
+    """What the container-change notes and the refusal rest on (PaddleFormers 1.2, ERNIE 4.5, Llama): its
+    legacy Paddle layout converted --to safetensors loads right with load_checkpoint_format="legacy",
+    convert_from_hf=False, and wrong with a plain from_pretrained (no warning); an HF-layout .pdparams
+    (what --to pdparams of an HF checkpoint would write) loads right with no from_pretrained at all."""
+    hf, legacy = ernie_saves / "ernie4_5-untied-hf", ernie_saves / "ernie4_5-untied-legacy"
+    st = tmp_path / "legacy-st"
+    rep = tietool.convert(legacy, "safetensors", st)
+    assert any(cv.LEGACY_LOAD in n for n in rep["notes"])
+    ck = Checkpoint.open(hf)
+    hf_pd = _write_pnlp(tmp_path / "hf-pdparams", {n: ck.load(n) for n in ck.tensors}, ck.config)
+    cls = "Ernie4_5ForCausalLM"
+    jobs = [
+        {"ckpt": str(hf), "model_class": cls},
+        {"ckpt": str(st), "model_class": cls, "kwargs": convert_loads.LEGACY},
+        {"ckpt": str(st), "model_class": cls},
+        *(
+            {"ckpt": str(hf_pd), "model_class": cls, "kwargs": kw}
+            for kw in ({}, convert_loads.LEGACY, {**convert_loads.LEGACY, "convert_from_hf": True})
+        ),
+    ]
+    ll_src = paths.CASES_DIR / "pf_llama_untied_legacy_pdparams"  # and Llama: the same facts
+    tietool.convert(ll_src, "safetensors", tmp_path / "ll-st")
+    jobs[3:3] = [  # before the loads that fail (a failed from_pretrained can break later ones in-process)
+        {"ckpt": str(ll_src), "model_class": "LlamaForCausalLM", "kwargs": convert_loads.LEGACY},
+        {"ckpt": str(tmp_path / "ll-st"), "model_class": "LlamaForCausalLM", "kwargs": convert_loads.LEGACY},
+        {"ckpt": str(tmp_path / "ll-st"), "model_class": "LlamaForCausalLM"},
+    ]
+    rows = convert_loads.load_all(jobs, str(tmp_path / "loads"))
+    ref, legacy_ok, plain, *pdparams = rows[:3] + rows[6:]
+    ll_ref, ll_legacy, ll_plain = (r["arrays"]["logits"] for r in rows[3:6])
+    assert fs.logits_mismatch(ll_legacy, ll_ref) is None and fs.logits_mismatch(ll_plain, ll_ref, atol=1e-3)
+    want = ref["arrays"]["logits"]
+    assert legacy_ok["ok"] and fs.logits_mismatch(legacy_ok["arrays"]["logits"], want) is None
+    assert plain["ok"] and plain["warnings"] == [] and fs.logits_mismatch(plain["arrays"]["logits"], want)
+    for r in pdparams:
+        assert not r["ok"] or fs.logits_mismatch(r["arrays"]["logits"], want, atol=1e-3), r["job"]["kwargs"]
+
+
+# ------------------------------------------------------------------------- PaddleNLP 2.8.1 loads (pnlp venv)
+PNLP_PYTHON = os.environ.get("PNLP_PYTHON")
+needs_pnlp = pytest.mark.skipif(
+    not PNLP_PYTHON, reason="PNLP_PYTHON is unset (the PaddleNLP 2.8.1 venv: tests/tools/pnlp_venv.sh)"
+)
+
+
+@pytest.mark.pnlp
+@pytest.mark.slow
+@needs_pnlp
+def test_paddlenlp_outputs_load_in_paddlenlp(tmp_path):
+    """Every PaddleNLP output of convert loads in PaddleNLP 2.8.1 itself with no missing or unexpected
+    key: container changes of PaddleNLP checkpoints (safetensors with format np, the only format PaddleNLP
+    reads, bf16 labelled U16, sharded, and back to .pdparams) and a round trip through PaddleFormers give
+    its logits bit for bit; PaddleFormers Llama (HF and legacy) converted --to paddlenlp gives the PF 1.2
+    logits of the input computed in the same run (1e-5: two libraries), and so does a tied PaddleFormers
+    Llama converted and then tied, which keeps the head PaddleNLP 2.8 needs (the output's
+    paddlenlp_version tells tie the loader; with the paddleformers_version convert kept, tie dropped the
+    head and PaddleNLP loaded a random one)."""
+    src = {
+        n: fs.copy_checkpoint(paths.CASES_DIR / n, tmp_path / "in" / n)
+        for n in (
+            "pnlp_llama_untied",
+            "pf_llama_untied_fp32",
+            "pf_llama_tied_fp32",
+            "pf_qwen2_tied",
+            "pf_llama_untied_legacy_pdparams",
+        )
+    }
+    out = tmp_path / "out"
+    tietool.convert(src["pnlp_llama_untied"], "safetensors", out / "pnlp-st")
+    tietool.convert(src["pnlp_llama_untied"], "paddleformers", out / "pnlp-pf")
+    tietool.convert(out / "pnlp-pf", "paddlenlp", out / "pnlp-pf-pnlp")
+    for n in (
+        "pf_llama_untied_fp32",
+        "pf_llama_tied_fp32",
+        "pf_qwen2_tied",
+        "pf_llama_untied_legacy_pdparams",
+    ):
+        tietool.convert(src[n], "paddlenlp", out / f"{n}-pnlp")
+    # PaddleNLP 2.8.1 has no Qwen2 class: the output names no version, so tietool takes PaddleNLP 3
+    assert "paddlenlp_version" not in fs.config_of(out / "pf_qwen2_tied-pnlp")
+    assert tietool.inspect(out / "pf_qwen2_tied-pnlp")["loader"]["name"] == "paddlenlp-3"
+    rep = tietool.tie(out / "pf_llama_tied_fp32-pnlp", out / "tied")
+    assert "lm_head.weight" in fs.read_checkpoint(out / "tied") and rep["loader"]["name"] == "paddlenlp-2.8"
+    ll = "LlamaForCausalLM"
+    pnlp_jobs = [
+        {"ckpt": str(src["pnlp_llama_untied"]), "model_class": ll},
+        *({"ckpt": str(out / d), "model_class": ll} for d in ("pnlp-st", "pnlp-pf-pnlp")),
+        *(
+            {"ckpt": str(out / d), "model_class": ll}
+            for d in ("pf_llama_untied_fp32-pnlp", "tied", "pf_llama_untied_legacy_pdparams-pnlp")
+        ),
+    ]
+    pf_jobs = [
+        {"ckpt": str(src["pf_llama_untied_fp32"]), "model_class": ll},
+        {"ckpt": str(src["pf_llama_tied_fp32"]), "model_class": ll},
+        {
+            "ckpt": str(src["pf_llama_untied_legacy_pdparams"]),
+            "model_class": ll,
+            "kwargs": convert_loads.LEGACY,
+        },
+    ]
+    extra = []  # container changes and back: bf16 (labelled U16, as PaddleNLP writes it), sharded
+    for n in ("pnlp_llama_untied_bf16", "pnlp_llama_untied_sharded"):
+        st = out / f"{n}-st"
+        tietool.convert(paths.CASES_DIR / n, "safetensors", st)
+        tietool.convert(st, "pdparams", out / f"{n}-st-pd")
+        kw = {"dtype": "float32"} if "bf16" in n else {}  # paddle 2.6 has no bf16 kernels on CPU
+        extra += [
+            {"ckpt": str(d), "model_class": ll, "kwargs": kw}
+            for d in (paths.CASES_DIR / n, st, out / f"{n}-st-pd")
+        ]
+    rows = convert_loads.load_all(pnlp_jobs + extra, str(tmp_path / "pnlp"), PNLP_PYTHON)
+    rows, extra_rows = rows[: len(pnlp_jobs)], rows[len(pnlp_jobs) :]
+    for ref, *got in (extra_rows[i : i + 3] for i in range(0, len(extra_rows), 3)):
+        for g in [ref, *got]:
+            assert g["ok"] and g["warnings"] == [], (g["job"]["ckpt"], g["error"], g["warnings"])
+            assert fs.logits_mismatch(g["arrays"]["logits"], ref["arrays"]["logits"]) is None, g["job"][
+                "ckpt"
+            ]
+    refs = convert_loads.load_all(pf_jobs, str(tmp_path / "pf"))
+    for r in rows + refs:
+        assert r["ok"] and r["logits"] and r["warnings"] == [], (r["job"]["ckpt"], r["error"], r["warnings"])
+    lg = [r["arrays"]["logits"] for r in rows]
+    assert fs.logits_mismatch(lg[1], lg[0]) is None and fs.logits_mismatch(lg[2], lg[0]) is None
+    for got, ref in zip(lg[3:], refs, strict=True):
+        assert fs.logits_mismatch(got, ref["arrays"]["logits"], atol=1e-5) is None, ref["job"]["ckpt"]
+
+
+@pytest.mark.parametrize(
+    "name, edit, rc, said",
+    [
+        # other attention sizes (as DeepSeek MLA q_proj): q/k/v/o prove nothing, gate/up/down [out, in]
+        ("pf_llama_untied_fp32", {"head_dim": 5}, 0, "already in the PaddleFormers/HF layout"),
+        ("pf_llama_untied_legacy_pdparams", {}, 5, "its Linear weights are [in, out] (the Paddle layout)"),
+        ("pnlp_llama_untied", {}, 5, "its names (llama.embed_tokens.weight) are not PaddleFormers names"),
+        ("pf_llama_untied_fp32", {"intermediate_size": 7, "head_dim": 5}, 5, "no tensor named as a Linear"),
+    ],
+)
+def test_model_type_without_a_row_reshards_only_a_proven_hf_layout(
+    name, edit, rc, said, fixture_copy, tmp_path
+):
+    """A model type tietool has no conversion data for goes --to paddleformers only when the shapes of its
+    tensors named as Linear weights prove [out, in] (then only the shards are rewritten); a Paddle layout,
+    PaddleNLP names or no proof at all are refused (exit 5), naming why and the container-only fix."""
+    ck = fixture_copy(name)
+    (ck / "config.json").write_text(json.dumps({**fs.config_of(ck), "model_type": "acme", **edit}))
+    run = fs.run_tool(["convert", ck, "--to", "paddleformers", "--out", tmp_path / "o"])
+    assert run.returncode == rc, run.stdout + run.stderr
+    assert said in (run.stdout if rc == 0 else run.stderr).replace("\n", " ")
+    if rc:
+        assert "--to safetensors" in run.stderr and not (tmp_path / "o").exists()
+    else:
+        _same_tensors(ck, tmp_path / "o")
+
+
+@pytest.mark.slow
+def test_paddleformers_legacy_fused_qwen_converts_to_its_hf_export(tmp_path):
+    """PaddleFormers 1.2's legacy save of Qwen2 (bf16, qkv bias) and Qwen3 fuses qkv_proj (grouped per kv
+    head) and up_gate_proj (gate | up): --to paddleformers gives its own HF export of the same model bit for
+    bit, and --to paddlenlp unfuses them too (was: refused, tensors it could not place)."""
+    from support import family_builder as fb
+
+    vs = [fb.Variant(f, "untied", fmt, False) for f in ("qwen2", "qwen3") for fmt in fb.FORMATS]
+    built, _ = fb.build_all(vs, tmp_path / "built")
+    assert all(b.ok for b in built.values()), {v.name: b.error for v, b in built.items()}
+    for f in ("qwen2", "qwen3"):
+        legacy = built[fb.Variant(f, "untied", "pdparams", False)].path
+        export = built[fb.Variant(f, "untied", "safetensors", False)].path
+        assert legacy is not None and export is not None
+        assert any("qkv_proj" in n for n in fs.read_checkpoint(legacy))
+        rep = tietool.convert(legacy, "paddleformers", tmp_path / f"{f}-pf")
+        assert rep["split"] and rep["layout"] == "[in, out]"
+        _same_tensors(tmp_path / f"{f}-pf", export)
+        tietool.convert(legacy, "paddlenlp", tmp_path / f"{f}-pnlp")
+        tietool.convert(tmp_path / f"{f}-pnlp", "paddleformers", tmp_path / f"{f}-back")
+        _same_tensors(tmp_path / f"{f}-back", export)
+
+
+def test_tie_of_a_llama_converted_to_paddlenlp_keeps_the_head(tmp_path):
+    """The output names PaddleNLP 2.8 (paddlenlp_version: null), so tie keeps the [hidden, vocab] head
+    PaddleNLP 2.8 Llama needs (it never re-ties; the pnlp test loads it): with the kept
+    paddleformers_version, tie took PaddleFormers as the loader and dropped the head."""
+    tietool.convert(paths.CASES_DIR / "pf_llama_tied_fp32", "paddlenlp", tmp_path / "pnlp")
+    rep = tietool.tie(tmp_path / "pnlp", tmp_path / "tied")
+    assert rep["loader"]["name"] == "paddlenlp-2.8"
+    out = fs.read_checkpoint(tmp_path / "tied")
+    assert out["lm_head.weight"].shape == (16, 100)
+    assert out["lm_head.weight"].data == fs.read_checkpoint(tmp_path / "pnlp")["lm_head.weight"].data
+
+
+def test_square_head_layout_is_told_by_its_bytes_or_refused(tmp_path):
+    """vocab_size == hidden_size: the head's shape cannot tell [hidden, vocab] from [vocab, hidden]; the
+    embedding transposed is [hidden, vocab] (converted), any other head is refused by name."""
+    rng = np.random.default_rng(5)
+    cfg = {
+        "model_type": "llama",
+        "vocab_size": 16,
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "paddlenlp_version": None,
+    }
+    emb = rng.standard_normal((16, 16)).astype(np.float32)
+    arrays = {"llama.embed_tokens.weight": emb, "llama.norm.weight": np.ones(16, np.float32)}
+    for p, shape in (("mlp.gate_proj", (16, 32)), ("mlp.up_proj", (16, 32)), ("mlp.down_proj", (32, 16))):
+        arrays[f"llama.layers.0.{p}.weight"] = rng.standard_normal(shape).astype(np.float32)
+    ok = _write_pnlp(tmp_path / "t", {**arrays, "lm_head.weight": np.ascontiguousarray(emb.T)}, cfg)
+    tietool.convert(ok, "paddleformers", tmp_path / "o")
+    assert fs.read_checkpoint(tmp_path / "o")["lm_head.weight"].data == emb.tobytes()
+    bad = _write_pnlp(
+        tmp_path / "b", {**arrays, "lm_head.weight": rng.standard_normal((16, 16)).astype(np.float32)}, cfg
+    )
+    with pytest.raises(tietool.RefusedError, match="cannot tell the layout of lm_head.weight"):
+        tietool.convert(bad, "paddleformers", tmp_path / "o2")
+
+
+def test_erniekit_container_change_keeps_its_own_labels(tmp_path):
+    """ERNIEKit's ernie.* names are no PaddleNLP naming: --to safetensors of d01 keeps format np (its Paddle
+    layout, proven) and says it is ERNIEKit's convention, and --to pdparams round-trips it."""
+    d01 = paths.DATA / "cases" / "d01_ernie45_paddle_weights_convert" / "ckpt"
+    rep = tietool.convert(d01, "safetensors", tmp_path / "st")
+    assert rep["layout"] == "[in, out]" and any(n.startswith("the input is ERNIEKit") for n in rep["notes"])
+    from safetensors import safe_open
+
+    with safe_open(str(next((tmp_path / "st").glob("*.safetensors"))), "np") as fh:
+        assert fh.metadata() == {"format": "np"}
+    tietool.convert(tmp_path / "st", "pdparams", tmp_path / "pd")
+    _same_tensors_as_values(d01, tmp_path / "pd")

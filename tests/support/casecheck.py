@@ -879,6 +879,32 @@ def check_tensor_equals_input(ctx: CheckContext, args: list) -> None:
     _compare_bitwise(ctx.out_ckpt(), out_t, ctx.in_ckpt(), in_t, mode, "input")
 
 
+def check_tensor_equals_input_slice(ctx: CheckContext, args: list) -> None:
+    """Output OUT is bitwise equal to ``IN[START:STOP]`` along AXIS of the input, as is or transposed (a part
+    split out of a fused tensor)."""
+    out_name, in_name, axis, start, stop, mode = args
+    if mode not in ("same", "transposed"):
+        raise CheckFailure(f"unknown mode {mode!r} (expected 'same' or 'transposed')")
+    out_t = _get(ctx.out_ckpt(), out_name, "output")
+    in_t = _get(ctx.in_ckpt(), in_name, "input")
+    ref = _axis_slice(in_t, int(axis), int(start), int(stop), "input")
+    if mode == "transposed":
+        if ref.ndim != 3:
+            raise CheckFailure(f"input {in_name} is {list(in_t.shape)}, not 2-D: cannot transpose")
+        ref = ref.transpose(1, 0, 2)
+    if out_t.itemsize != in_t.itemsize or list(out_t.shape) != list(ref.shape[:-1]):
+        raise CheckFailure(
+            f"output {out_name} is {out_t.describe()}, expected {list(ref.shape[:-1])} "
+            f"({in_name}[{start}:{stop}] on axis {axis}, {mode}: {in_t.describe()})"
+        )
+    count, first = _differing_elements(out_t.byte_view(), ref)
+    if count:
+        raise CheckFailure(
+            f"output {out_name} is not bitwise equal to input {in_name}[{start}:{stop}] on axis {axis} "
+            f"{mode}: {count} element(s) differ, first at index {list(first)}"
+        )
+
+
 def check_tensor_equals_original(ctx: CheckContext, args: list) -> None:
     """Output OUT is bitwise equal to tensor IN of the case's original ckpt/."""
     out_name, in_name, mode = args
@@ -1167,6 +1193,7 @@ CHECKS: dict[str, Callable[[CheckContext, Any], None]] = {
     "no_tensor_with_shape": check_no_tensor_with_shape,
     "tensor_dtype": check_tensor_dtype,
     "tensor_equals_input": check_tensor_equals_input,
+    "tensor_equals_input_slice": check_tensor_equals_input_slice,
     "tensor_equals_original": check_tensor_equals_original,
     "tensor_scaled_input": check_tensor_scaled_input,
     "rows_equal_input": check_rows_equal_input,
