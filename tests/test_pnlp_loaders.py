@@ -1,0 +1,199 @@
+"""PaddleNLP 2.8.1's loader facts, proven on checkpoints PaddleNLP itself wrote, and tietool's writes on
+them loaded back by PaddleNLP (issue 17, item 1).
+
+Every input is ``paddle.seed(s); <Model>(<Config>(tiny))`` saved by PaddleNLP 2.8.1's own
+``save_pretrained`` in both containers (``tests/support/pnlp_worker.py``), in three variants: ``tied``
+(``tie_word_embeddings=True``), ``untied`` (the model's own random head), ``untied-equal`` (untied, the head
+set to the embedding). Two more are edits of the written files: ``nohead`` (``tied`` with every tensor the
+table names as the head removed) and ``ownhead`` (``untied`` holding a head that differs from the
+embedding under the table's head name, where the library wrote none or wrote the embedding's own storage).
+
+:func:`test_pnlp_loader_facts` is the proof ``surgery/architectures.py``'s ``_PNLP_PROOFS`` names for
+``(model_type, "paddlenlp-2.8", container)``: the table's head layout is the loaded head's, ``reties`` says
+whether ``nohead`` loads with the head equal to the embedding, ``always_tied`` whether ``ownhead``'s head is
+ignored for the embedding, and the head bias is found exactly where the model has one.
+
+:func:`test_pnlp_writes_load` runs tie / untie / resize (up, down ``--force``, ``--pad-to-multiple-of``, in
+place) on them and loads every output in PaddleNLP 2.8.1: the logits of the vocabulary kept equal the
+input's (computed in the same run), so no output loads a random head, and none is refused by the library.
+A refusal by tietool is right only where the table says so (``untie`` of an always-tied model).
+
+GPT-J from safetensors is left out: PaddleNLP 2.8.1 cannot load the file its own ``save_pretrained(...,
+safe_serialization=True)`` writes (its safetensors reader fails on the 0-d ``attn.masked_bias``:
+"slice indices must be integers"), so no fact can be proven for that container.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import pnlp_support
+from support.pnlp_worker import FAMILIES, HIDDEN, VOCAB
+
+import tietool
+from tietool.surgery.architectures import PROOFS, lookup
+
+LOADER = "paddlenlp-2.8"
+CONTAINERS = ("safetensors", "pdparams")
+UNLOADABLE = {("gptj", "safetensors")}  # see the module docstring
+CASES = [(f, c) for f in FAMILIES for c in CONTAINERS if (f, c) not in UNLOADABLE]
+VARIANTS = ("tied", "untied", "untied-equal")
+KEPT = 48  # resize down keeps 50 rows; IDS are below 48 and the compared logits are the first KEPT columns
+
+
+@dataclass
+class Case:
+    family: str
+    container: str
+    model_type: str = ""
+    dirs: dict[str, Path] = field(default_factory=dict)
+    loads: dict[str, dict] = field(default_factory=dict)  # variant -> worker result + "arrays"
+
+
+def _key(family: str, container: str) -> str:
+    return f"{family}-{container}"
+
+
+def _build_jobs(root: Path) -> tuple[list[dict], dict[str, Case]]:
+    jobs, cases = [], {}
+    for family, container in CASES:
+        case = cases.setdefault(_key(family, container), Case(family, container))
+        for tie in VARIANTS:
+            out = root / f"{family}_{container}_{tie}"
+            case.dirs[tie] = out
+            jobs.append(
+                {"op": "build", "family": family, "tie": tie, "container": container, "out": str(out)}
+            )
+    return jobs, cases
+
+
+def _load_jobs(cases: dict[str, Case], variants: tuple[str, ...], root: Path) -> list[dict]:
+    return [
+        {"op": "load", "family": c.family, "dir": str(c.dirs[v]), "npz": str(root / f"{k}_{v}.npz")}
+        for k, c in cases.items()
+        for v in variants
+    ]
+
+
+def _edit_jobs(cases: dict[str, Case], root: Path) -> list[dict]:
+    """``nohead`` and ``ownhead``: the table's head names dropped from ``tied`` / put into ``untied``."""
+    jobs = []
+    rng = np.random.default_rng(7)
+    for k, c in cases.items():
+        family = lookup(c.model_type, LOADER, c.container)
+        nohead, ownhead = root / f"{k}_nohead", root / f"{k}_ownhead"
+        shutil.copytree(c.dirs["tied"], nohead)
+        shutil.copytree(c.dirs["untied"], ownhead)
+        c.dirs["nohead"], c.dirs["ownhead"] = nohead, ownhead
+        jobs.append({"op": "edit", "dir": str(nohead), "drop_suffixes": list(family.head)})
+        info = tietool.inspect(c.dirs["untied"])
+        if info["tie"]["values"] != "different":  # no head of its own (none, or the embedding's storage)
+            head = info["head"]
+            npy = root / f"{k}_ownhead.npy"
+            shape = head["shape"] if head["present"] else [VOCAB, HIDDEN]
+            np.save(npy, rng.normal(0, 0.5, shape).astype(np.float32))
+            name = head["name"] if head["present"] else head["untie_writes"]
+            jobs.append({"op": "edit", "dir": str(ownhead), "put": {name: str(npy)}})
+    return jobs
+
+
+def _check(results: list[dict], jobs: list[dict]) -> None:
+    bad = [(j, r["error"]) for j, r in zip(jobs, results, strict=True) if not r["ok"] and j["op"] != "load"]
+    assert not bad, bad
+
+
+def _attach(cases: dict[str, Case], jobs: list[dict], results: list[dict], names: dict[str, str]) -> None:
+    for job, res in zip(jobs, results, strict=True):
+        if job["op"] != "load":
+            continue
+        key, variant = names[job["dir"]]
+        if res["ok"]:
+            res["arrays"] = dict(np.load(job["npz"]))
+        cases[key].loads[variant] = res
+
+
+@pytest.fixture(scope="session")
+def pnlp_cases(tmp_path_factory) -> dict[str, Case]:
+    """Every input of :data:`CASES`, built, edited and loaded by PaddleNLP 2.8.1 (two worker processes)."""
+    pnlp_support.require()
+    root = tmp_path_factory.mktemp("pnlp")
+    jobs, cases = _build_jobs(root)
+    _check(pnlp_support.run_jobs(jobs, root / "work"), jobs)
+    for c in cases.values():
+        c.model_type = json.loads((c.dirs["tied"] / "config.json").read_text())["model_type"]
+    jobs = _edit_jobs(cases, root)
+    jobs += _load_jobs(cases, (*VARIANTS, "nohead", "ownhead"), root)
+    names = {str(d): (k, v) for k, c in cases.items() for v, d in c.dirs.items()}
+    results = pnlp_support.run_jobs(jobs, root / "work")
+    _check(results, jobs)
+    _attach(cases, jobs, results, names)
+    return cases
+
+
+def _arrays(case: Case, variant: str) -> dict[str, np.ndarray]:
+    res = case.loads[variant]
+    assert res["ok"], f"PaddleNLP 2.8.1 cannot load {case.dirs[variant].name}: {res['error']}"
+    return res["arrays"]
+
+
+def _as_embedding(head: np.ndarray) -> np.ndarray:
+    """The loaded head as a [vocab, hidden] table (VOCAB != HIDDEN, so its shape says its layout)."""
+    return head.T if head.shape == (HIDDEN, VOCAB) else head
+
+
+def _layout(head: np.ndarray) -> str:
+    assert head.shape in ((HIDDEN, VOCAB), (VOCAB, HIDDEN)), head.shape
+    return "hidden-vocab" if head.shape == (HIDDEN, VOCAB) else "vocab-hidden"
+
+
+def _observed(case: Case) -> dict:
+    """What PaddleNLP 2.8.1 did with the case's inputs, in the table's terms."""
+    untied, nohead, ownhead = (_arrays(case, v) for v in ("untied", "nohead", "ownhead"))
+    return {
+        "layout": _layout(untied["head"]),
+        "reties": np.array_equal(_as_embedding(nohead["head"]), nohead["embedding"]),
+        "always_tied": np.array_equal(_as_embedding(ownhead["head"]), ownhead["embedding"]),
+        "bias": list(untied["bias"].shape) if "bias" in untied else None,
+    }
+
+
+def test_pnlp_proofs_name_these_tests():
+    """Every PaddleNLP 2.8 proof in the table names a case of :func:`test_pnlp_loader_facts` of its model
+    type, and every case is a proof (runs without the venv)."""
+    ours = {k: v for k, v in PROOFS.items() if k[1] == LOADER}
+    want = {
+        (
+            FAMILIES[f]["model_type"],
+            LOADER,
+            c,
+        ): f"tests/test_pnlp_loaders.py::test_pnlp_loader_facts[{_key(f, c)}]"
+        for f, c in CASES
+    }
+    assert ours == want
+
+
+@pytest.mark.pnlp
+@pytest.mark.slow
+@pytest.mark.parametrize("family,container", CASES, ids=[_key(*c) for c in CASES])
+def test_pnlp_loader_facts(pnlp_cases, family, container, request):
+    case = pnlp_cases[_key(family, container)]
+    assert case.model_type == FAMILIES[family]["model_type"]
+    assert PROOFS[(case.model_type, LOADER, container)] == request.node.nodeid
+    facts = lookup(case.model_type, LOADER, container)
+    own = tietool.inspect(case.dirs["ownhead"])
+    assert own["head"]["present"] and own["tie"]["values"] == "different", own["tie"]
+    info = tietool.inspect(case.dirs["untied"])
+    assert info["loader"]["name"] == LOADER
+    bias = info["head_bias"]["shape"] if info["head_bias"] else None
+    table = {
+        "layout": facts.head_layout,
+        "reties": facts.reties,
+        "always_tied": facts.always_tied,
+        "bias": bias,
+    }
+    assert facts.known and table == _observed(case), case.model_type
