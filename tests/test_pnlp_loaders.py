@@ -197,3 +197,114 @@ def test_pnlp_loader_facts(pnlp_cases, family, container, request):
         "bias": bias,
     }
     assert facts.known and table == _observed(case), case.model_type
+
+
+# ---------------------------------------------------------------------------------------------- writes
+# (name, input variant, operation, keyword arguments); rows compared: the first KEPT of every output
+OPS: list[tuple[str, str, str, dict]] = [
+    ("tie", "untied-equal", "tie", {}),
+    ("untie", "tied", "untie", {}),
+    ("resize-up", "untied", "resize", {"vocab_size": 67}),
+    ("resize-up-tied", "tied", "resize", {"vocab_size": 67}),
+    ("resize-down", "untied", "resize", {"vocab_size": 50, "force": True}),
+    ("resize-pad", "untied", "resize", {"pad_to_multiple_of": 8}),
+    ("resize-in-place", "untied", "resize", {"vocab_size": 67, "in_place": True}),
+]
+WRITES = [(f, c, op[0]) for f, c in CASES for op in OPS]
+
+
+@dataclass
+class Write:
+    src: Path
+    out: Path | None = None
+    refused: str | None = None  # tietool's refusal (exit code and message)
+    load: dict = field(default_factory=dict)
+
+
+def _write(case: Case, op: tuple[str, str, str, dict], root: Path) -> Write:
+    name, variant, command, kw = op
+    kw = dict(kw)
+    src = case.dirs[variant]
+    w = Write(src)
+    if kw.pop("in_place", False):
+        target = root / f"{case.family}_{case.container}_{name}" / "ckpt"
+        shutil.copytree(src, target)
+        out, where = target, None
+    else:
+        out = root / f"{case.family}_{case.container}_{name}"
+        where = out
+    if command == "resize":
+        kw.setdefault("seed", 0)
+    try:
+        getattr(tietool, command)(src if where is not None else out, out=where, **kw)
+        w.out = out
+    except tietool.TietoolError as e:
+        w.refused = f"exit {int(e.exit_code)}: {e}"
+    return w
+
+
+@pytest.fixture(scope="session")
+def pnlp_writes(pnlp_cases, tmp_path_factory) -> dict[tuple[str, str, str], Write]:
+    """Every operation of :data:`OPS` on every case, by tietool in this process; every output loaded by
+    PaddleNLP 2.8.1 in one worker process."""
+    root = tmp_path_factory.mktemp("pnlp-writes")
+    writes, jobs = {}, []
+    for f, c in CASES:
+        case = pnlp_cases[_key(f, c)]
+        for op in OPS:
+            w = writes[(f, c, op[0])] = _write(case, op, root)
+            if w.out is not None:
+                npz = root / f"{f}_{c}_{op[0]}.npz"
+                jobs.append(
+                    {"op": "load", "family": f, "dir": str(w.out), "npz": str(npz), "key": [f, c, op[0]]}
+                )
+    for job, res in zip(jobs, pnlp_support.run_jobs(jobs, root / "work"), strict=True):
+        if res["ok"]:
+            res["arrays"] = dict(np.load(job["npz"]))
+        writes[tuple(job["key"])].load = res
+    return writes
+
+
+def _expected_refusal(op: str, facts) -> str | None:
+    """The refusals the table calls for (a word of the message), None where the write must succeed:
+    untie of a model whose loader always ties; tie of a T5 head equal to the embedding itself (the tied
+    model scales the embedding by d_model ** -0.5, so the head is not a duplicate)."""
+    if op == "untie" and facts.always_tied:
+        return "always"
+    if op == "tie" and facts.tied_logit_scale:
+        return "scaled"
+    return None
+
+
+@pytest.mark.pnlp
+@pytest.mark.slow
+@pytest.mark.parametrize("family,container,op", WRITES, ids=["-".join(w) for w in WRITES])
+def test_pnlp_writes_load(pnlp_cases, pnlp_writes, family, container, op):
+    case = pnlp_cases[_key(family, container)]
+    w = pnlp_writes[(family, container, op)]
+    facts = lookup(case.model_type, LOADER, container)
+    refusal = _expected_refusal(op, facts)
+    if refusal:
+        assert w.refused and w.refused.startswith("exit 5") and refusal in w.refused, w.refused
+        return
+    assert w.refused is None, w.refused
+    res = w.load
+    assert res["ok"], f"PaddleNLP 2.8.1 refuses tietool's {op} output: {res.get('error')}"
+    variant = next(o[1] for o in OPS if o[0] == op)
+    before = _arrays(case, variant)["logits"]
+    after = res["arrays"]["logits"]
+    np.testing.assert_allclose(after[..., :KEPT], before[..., :KEPT], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.pnlp
+@pytest.mark.slow
+@pytest.mark.parametrize("family,container", [c for c in CASES if c[0] in ("codegen", "gptj")])
+@pytest.mark.parametrize("keep", ["head", "embedding"])
+def test_pnlp_biased_head_tie_keep_refused(pnlp_cases, family, container, keep, tmp_path):
+    """CodeGen / GPT-J (d07's kind): ``tie --keep`` of their own biased head is refused by name (the loader
+    uses it whatever the flag says, so tie saves nothing and would overwrite trained values); nothing is
+    written."""
+    case = pnlp_cases[_key(family, container)]
+    with pytest.raises(tietool.RefusedError, match="lm_head.bias") as e:
+        tietool.tie(case.dirs["untied"], tmp_path / "out", keep=keep)
+    assert e.value.exit_code == tietool.ExitCode.REFUSED and not (tmp_path / "out").exists()
