@@ -32,8 +32,11 @@ def _usable() -> bool:
 
 def require() -> None:
     """Skip the calling test (or fixture) with :data:`SKIP_REASON` when ``PNLP_PYTHON`` names no
-    interpreter. Tests that run PaddleNLP also carry ``@pytest.mark.pnlp``."""
+    interpreter (fail instead when ``TIETOOL_REQUIRE_PNLP`` is set, as ``.ci/run`` sets it). Tests that run
+    PaddleNLP also carry ``@pytest.mark.pnlp``."""
     if not _usable():
+        if os.environ.get("TIETOOL_REQUIRE_PNLP"):  # .ci/run: a proof that does not run is a failure
+            pytest.fail(f"TIETOOL_REQUIRE_PNLP is set but {SKIP_REASON}")
         pytest.skip(SKIP_REASON)
 
 
