@@ -390,7 +390,8 @@ FAMILIES: list[FamilyRow] = [
         "tie_default": {"*": True},
         "loaders": {"*": _PNLP_EMBED_HEAD},
     },
-    {  # ChatGLM v1: PaddleNLP's ChatGLMForConditionalGeneration uses the word embedding itself as lm_head
+    {  # ChatGLM v1: PaddleNLP 2.8.1's ChatGLMForCausalLM uses the word embedding itself as lm_head, whatever
+        # tie_word_embeddings says: a head in the file is ignored (tests/test_pnlp_loaders.py)
         "family": "chatglm",
         "model_types": ["chatglm"],
         "embedding": ["word_embeddings.weight"],
@@ -398,7 +399,7 @@ FAMILIES: list[FamilyRow] = [
         "head": ["lm_head.weight"],
         "bias": [],
         "tie_default": {"*": True},
-        "loaders": {"*": _PNLP_EMBED_HEAD},
+        "loaders": {"*": _PNLP_EMBED_HEAD, "paddlenlp-2.8": {**_PNLP_EMBED_HEAD, "always_tied": True}},
     },
     {  # ChatGLM v2/v3: transformer.embedding.word_embeddings + a separate output_layer
         "family": "chatglm_v2",
@@ -496,6 +497,7 @@ _PNLP_PROVEN: dict[str, tuple[str, tuple[str, ...]]] = {
     "codegen": ("codegen", ("safetensors", "pdparams")),
     "RefinedWeb": ("rw", ("safetensors", "pdparams")),
     "chatglm_v2": ("chatglm_v2", ("safetensors", "pdparams")),
+    "chatglm": ("chatglm", ("safetensors", "pdparams")),
     "bloom": ("bloom", ("safetensors", "pdparams")),
     "gpt": ("gpt", ("safetensors", "pdparams")),
     "opt": ("opt", ("safetensors", "pdparams")),

@@ -112,6 +112,20 @@ FAMILIES: dict[str, dict] = {
         },
         "head": "chatglm_v2.output_layer.weight",
     },
+    "chatglm": {
+        "model_type": "chatglm",
+        "cls": ("ChatGLMConfig", "ChatGLMForCausalLM"),
+        "cfg": {
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "inner_hidden_size": 64,
+            "max_sequence_length": 64,
+            "mask_token_id": 45,
+            "gmask_token_id": 46,
+        },
+        "head": "lm_head.decoder_weight",
+        "glm_inputs": True,  # its forward needs a 4-D attention mask and 2-D position ids
+    },
     "bloom": {
         "model_type": "bloom",
         "cls": ("BloomConfig", "BloomForCausalLM"),
@@ -274,6 +288,10 @@ def _forward(model, family: str):
     kw = {"input_ids": ids}
     if FAMILIES[family].get("seq2seq"):
         kw["decoder_input_ids"] = ids
+    if FAMILIES[family].get("glm_inputs"):
+        b, t = ids.shape
+        kw["attention_mask"] = paddle.tril(paddle.ones([b, 1, t, t], dtype="int64"))
+        kw["position_ids"] = paddle.stack([paddle.arange(t).expand([b, t]), paddle.zeros([b, t], "int64")], 1)
     with paddle.no_grad():
         out = model(**kw, return_dict=True)
     logits = out["logits"] if isinstance(out, dict) or hasattr(out, "keys") else out[0]
