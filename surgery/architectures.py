@@ -42,6 +42,11 @@ from .errors import UsageError
 # Loaders tietool knows. "hf" is the HF-transformers naming (model.*, transformer.*) that PaddleFormers reads.
 LOADERS = ("paddleformers", "paddlenlp-2.8", "paddlenlp-3", "hf")
 
+# Loaders whose safetensors reader takes bfloat16 only as the U16 label their own save_pretrained writes:
+# PaddleNLP 2.8.1 fails on a BF16 header ("Cannot interpret '2' as a data type";
+# tests/test_pnlp_loaders.py::test_pnlp_writes_load[*-resize-up-bf16]), so U16 stays U16 for them.
+U16_BFLOAT16_ONLY: tuple[str, ...] = ("paddlenlp-2.8",)
+
 # first name component of PaddleNLP-era checkpoints (PaddleFormers and HF use model./transformer.)
 PADDLENLP_PREFIXES = (
     "llama",
@@ -501,6 +506,8 @@ _PNLP_PROVEN: dict[str, tuple[str, tuple[str, ...]]] = {
     "bloom": ("bloom", ("safetensors", "pdparams")),
     "gpt": ("gpt", ("safetensors", "pdparams")),
     "opt": ("opt", ("safetensors", "pdparams")),
+    "bert": ("bert", ("safetensors", "pdparams")),
+    "ernie": ("ernie", ("safetensors", "pdparams")),
     "t5": ("t5", ("safetensors", "pdparams")),
     "bart": ("bart", ("safetensors", "pdparams")),
 }

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from . import architectures as arch
 from .checkpoint import Checkpoint
 from .configfile import get_dotted, read_config_file
 from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, tied_scale
@@ -168,17 +169,20 @@ def _out_dtype(ckpt: Checkpoint, t: TensorInfo, relabel: bool) -> str:
     return "BF16" if relabel and t.dtype == "U16" else t.dtype
 
 
-def _wants_relabel(ckpt: Checkpoint) -> bool:
+def _wants_relabel(ckpt: Checkpoint, loader: str) -> bool:
+    """Rewritten U16 tensors holding bfloat16 bits are labelled BF16, except for a loader that reads
+    bfloat16 only as U16 (:data:`architectures.U16_BFLOAT16_ONLY`: PaddleNLP 2.8.1)."""
     return (
         ckpt.format == "safetensors"
         and ckpt.bf16_as_u16
+        and loader not in arch.U16_BFLOAT16_ONLY
         and any(t.dtype == "U16" for t in ckpt.tensors.values())
     )
 
 
 def _base_plan(op: str, det: Detection) -> Plan:
     ckpt = det.ckpt
-    plan = Plan(op, ckpt, det, relabel_u16=_wants_relabel(ckpt))
+    plan = Plan(op, ckpt, det, relabel_u16=_wants_relabel(ckpt, det.loader))
     if ckpt.index is not None:
         plan.stale_index = [n for n in ckpt.index["weight_map"] if n not in ckpt.tensors]
     if plan.relabel_u16:

@@ -8,9 +8,10 @@ real checkpoints with the library's own ``save_pretrained`` and loads checkpoint
 
 * ``{"op": "build", "family": F, "tie": T, "container": C, "out": DIR}``: ``paddle.seed(seed);
   Model(Config(**cfg))`` of :data:`FAMILIES` [F], then ``save_pretrained(DIR, safe_serialization=C ==
-  "safetensors")``. ``T``: ``"tied"`` (``tie_word_embeddings=True``), ``"untied"`` (the model's own random
-  head), ``"untied-equal"`` (``tie_word_embeddings=False``, the head set to the embedding in the head's own
-  layout before saving, so that ``tie`` must succeed on it).
+  "safetensors")`` (optional ``"max_shard_size"``: sharded with an index; ``"dtype"``: e.g. ``"bfloat16"``,
+  the model cast before saving). ``T``: ``"tied"`` (``tie_word_embeddings=True``), ``"untied"`` (the
+  model's own random head), ``"untied-equal"`` (``tie_word_embeddings=False``, the head set to the
+  embedding in the head's own layout before saving, so that ``tie`` must succeed on it).
 * ``{"op": "edit", "dir": DIR, "drop_suffixes": [...], "put": {NAME: NPY}}``: rewrites the folder's weight
   file in its own container (``paddle.load``/``paddle.save``, or safetensors with its metadata) without the
   tensors whose names end with one of the suffixes, and with the given arrays added: a checkpoint whose
@@ -40,6 +41,15 @@ HIDDEN = 32
 IDS = [[3, 17, 5, 44, 9, 28, 39, 1], [7, 0, 33, 12, 47, 21, 2, 30]]  # every id below 48
 
 _DEC = {"decoder_start_token_id": 0}
+_MLM = {  # BERT / ERNIE masked LM
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 64,
+    "type_vocab_size": 2,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
 # family -> model_type its config writes, (config class, model class), config kwargs, the loaded model's head
 # attribute path (``tied_head`` where a tied model has no head layer), its bias attribute path
 FAMILIES: dict[str, dict] = {
@@ -158,6 +168,20 @@ FAMILIES: dict[str, dict] = {
         },
         "head": "lm_head.decoder_weight",
     },
+    "bert": {
+        "model_type": "bert",
+        "cls": ("BertConfig", "BertForMaskedLM"),
+        "cfg": _MLM,
+        "head": "cls.predictions.decoder.weight",
+        "bias": "cls.predictions.decoder.bias",
+    },
+    "ernie": {
+        "model_type": "ernie",
+        "cls": ("ErnieConfig", "ErnieForMaskedLM"),
+        "cfg": _MLM,
+        "head": "cls.predictions.decoder.weight",
+        "bias": "cls.predictions.decoder.bias",
+    },
     "t5": {
         "model_type": "t5",
         "cls": ("T5Config", "T5ForConditionalGeneration"),
@@ -240,8 +264,12 @@ def _build(job: dict) -> dict:
         head = _head_param(model, family)
         value = emb if list(head.shape) == list(emb.shape) else emb.T
         head.set_value(value.clone())
+    if job.get("dtype", "float32") != "float32":
+        model.to(dtype=job["dtype"])
+        config.dtype = job["dtype"]
     out = job["out"]
-    model.save_pretrained(out, safe_serialization=job["container"] == "safetensors")
+    kw = {"max_shard_size": job["max_shard_size"]} if job.get("max_shard_size") else {}
+    model.save_pretrained(out, safe_serialization=job["container"] == "safetensors", **kw)
     return {"files": sorted(os.listdir(out))}
 
 
