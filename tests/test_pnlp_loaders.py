@@ -1,12 +1,14 @@
 """PaddleNLP 2.8.1's loader facts, proven on checkpoints PaddleNLP itself wrote, and tietool's writes on
 them loaded back by PaddleNLP (issue 17, item 1).
 
-Every input is ``paddle.seed(s); <Model>(<Config>(tiny))`` saved by PaddleNLP 2.8.1's own
-``save_pretrained`` in both containers (``tests/support/pnlp_worker.py``), in three variants: ``tied``
+Every input is ``paddle.seed(s); <Model>(<Config>(tiny))`` saved by PaddleNLP 2.8.1's own ``save_pretrained``
+in both containers (``tests/support/pnlp_worker.py``), in three variants: ``tied``
 (``tie_word_embeddings=True``), ``untied`` (the model's own random head), ``untied-equal`` (untied, the head
-set to the embedding). Two more are edits of the written files: ``nohead`` (``tied`` with every tensor the
-table names as the head removed) and ``ownhead`` (``untied`` holding a head that differs from the
-embedding under the table's head name, where the library wrote none or wrote the embedding's own storage).
+set to the embedding); Llama, CodeGen, QWen and BERT also sharded (``max_shard_size="6KB"``: the embedding and
+the head in shards of their own) and in bfloat16 (PaddleNLP writes it as U16). Two more are edits of the
+written files: ``nohead`` (``tied`` with every tensor the table names as the head removed) and ``ownhead``
+(``untied`` holding a head that differs from the embedding under the table's head name, where the library
+wrote none or wrote the embedding's own storage).
 
 :func:`test_pnlp_loader_facts` is the proof ``surgery/architectures.py``'s ``_PNLP_PROOFS`` names for
 ``(model_type, "paddlenlp-2.8", container)``: the table's head layout is the loaded head's, ``reties`` says
@@ -16,7 +18,9 @@ ignored for the embedding, and the head bias is found exactly where the model ha
 :func:`test_pnlp_writes_load` runs tie / untie / resize (up, down ``--force``, ``--pad-to-multiple-of``, in
 place) on them and loads every output in PaddleNLP 2.8.1: the logits of the vocabulary kept equal the
 input's (computed in the same run), so no output loads a random head, and none is refused by the library.
-A refusal by tietool is right only where the table says so (``untie`` of an always-tied model).
+A refusal by tietool is right only where the table says so (``untie`` of an always-tied model; ``tie`` of a
+T5 head equal to the unscaled embedding). Families: Llama, Mixtral, QWen, GPT-J, CodeGen, RW (Falcon),
+ChatGLM2, ChatGLM, Bloom, GPT, OPT, BERT, ERNIE, T5, BART (PaddleNLP 2.8.1 has no Qwen2 or Gemma).
 
 GPT-J from safetensors is left out: PaddleNLP 2.8.1 cannot load the file its own ``save_pretrained(...,
 safe_serialization=True)`` writes (its safetensors reader fails on the 0-d ``attn.masked_bias``:
