@@ -326,3 +326,23 @@ def test_pnlp_biased_head_tie_keep_refused(pnlp_cases, family, container, keep, 
     with pytest.raises(tietool.RefusedError, match="lm_head.bias") as e:
         tietool.tie(case.dirs["untied"], tmp_path / "out", keep=keep)
     assert e.value.exit_code == tietool.ExitCode.REFUSED and not (tmp_path / "out").exists()
+
+
+def test_pnlp_rows_without_the_venv():
+    """The rows the PaddleNLP proofs fixed, read from the table alone (runs without the venv): CodeGen and
+    GPT-J have their own biased ``[hidden, vocab]`` head, never re-tied; QWen's is unbiased; RW, BART never
+    re-tie an embedding-shaped head; ChatGLM v1 always ties; bfloat16 stays U16 for PaddleNLP 2.8."""
+    from tietool.surgery.architectures import U16_BFLOAT16_ONLY
+
+    for model_type in ("codegen", "gptj", "qwen"):
+        f = lookup(model_type, LOADER, "pdparams")
+        assert (f.name, f.head_layout, f.reties, f.always_tied) == (model_type, "hidden-vocab", False, False)
+        assert f.bias == (("lm_head.bias",) if model_type != "qwen" else ())
+    for model_type in ("RefinedWeb", "bart"):
+        f = lookup(model_type, LOADER, "safetensors")
+        assert (f.head_layout, f.reties, f.always_tied) == ("vocab-hidden", False, False)
+    assert lookup("chatglm", LOADER).always_tied and not lookup("chatglm", "hf").always_tied
+    assert LOADER in U16_BFLOAT16_ONLY and "paddleformers" not in U16_BFLOAT16_ONLY
+    info = tietool.inspect(Path(__file__).parent / "data/cases/d07_paddlenlp_codegen_head_bias/ckpt")
+    assert info["head_bias"]["name"] == "lm_head.bias" and info["head"]["layout"] == "hidden-vocab"
+    assert info["loader"]["reties_missing_head"] is False
