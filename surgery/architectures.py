@@ -42,6 +42,11 @@ from .errors import UsageError
 # Loaders tietool knows. "hf" is the HF-transformers naming (model.*, transformer.*) that PaddleFormers reads.
 LOADERS = ("paddleformers", "paddlenlp-2.8", "paddlenlp-3", "hf")
 
+# Loaders whose safetensors reader takes bfloat16 only as the U16 label their own save_pretrained writes:
+# PaddleNLP 2.8.1 fails on a BF16 header ("Cannot interpret '2' as a data type";
+# tests/test_pnlp_loaders.py::test_pnlp_writes_load[*-resize-up-bf16]), so U16 stays U16 for them.
+U16_BFLOAT16_ONLY: tuple[str, ...] = ("paddlenlp-2.8",)
+
 # first name component of PaddleNLP-era checkpoints (PaddleFormers and HF use model./transformer.)
 PADDLENLP_PREFIXES = (
     "llama",
@@ -148,6 +153,9 @@ _PF_NO_RETIE: LoaderFacts = {"layout": "vocab-hidden", "reties": False}
 _PNLP_LINEAR_HEAD_NO_RETIE: LoaderFacts = {"layout": "hidden-vocab", "reties": False}
 _PNLP_LINEAR_HEAD_RETIE: LoaderFacts = {"layout": "hidden-vocab", "reties": True}
 _PNLP_EMBED_HEAD: LoaderFacts = {"layout": "vocab-hidden", "reties": True}
+# an embedding-shaped head the loader never rebuilds from the embedding (PaddleNLP 2.8.1 RW/Falcon, BART);
+# also the unproven other loaders of CodeGen / GPT-J / QWen (HF's [out, in] Linear head, kept)
+_OWN_HEAD_NO_RETIE: LoaderFacts = {"layout": "vocab-hidden", "reties": False}
 # PaddleNLP GPT/BERT/ERNIE: a dropped head loads tied (identical logits) but is logged as newly initialized
 _PNLP_EMBED_HEAD_WARNS: LoaderFacts = {**_PNLP_EMBED_HEAD, "warns_missing_head": True}
 _PNLP_ALWAYS_TIED_WARNS: LoaderFacts = {**_PNLP_EMBED_HEAD_WARNS, "always_tied": True}
@@ -252,11 +260,11 @@ FAMILIES: list[FamilyRow] = [
         },
     },
     {  # GPT (PaddleNLP gpt.embeddings.word_embeddings; HF GPT-2 transformer.wte). PaddleNLP 2.8.1's
-        # GPTForCausalLM builds its head from the word embedding whatever tie_word_embeddings says (checked
-        # on the pnlp_gpt fixture): an lm_head.weight in the file is ignored, and a dropped one is reported
-        # as "newly initialized" although it loads tied with identical logits.
+        # GPTForCausalLM builds its head from the word embedding whatever tie_word_embeddings says
+        # (tests/test_pnlp_loaders.py): an lm_head.weight in the file is ignored, and a dropped one is
+        # reported as "newly initialized" although it loads tied with identical logits.
         "family": "gpt",
-        "model_types": ["gpt", "gpt2", "gpt-cpm", "gpt_neo", "codegen"],
+        "model_types": ["gpt", "gpt2", "gpt-cpm", "gpt_neo"],
         "embedding": ["embeddings.word_embeddings.weight", "wte.weight"],
         "aliases": [],
         "head": ["lm_head.weight", "lm_head.decoder_weight"],
@@ -267,6 +275,42 @@ FAMILIES: list[FamilyRow] = [
             "paddlenlp-3": _PNLP_ALWAYS_TIED_WARNS,
             "*": _PNLP_EMBED_HEAD,
         },
+    },
+    {  # CodeGen: transformer.wte + its own biased nn.Linear head, lm_head.weight [hidden, vocab] in PaddleNLP
+        # 2.8.1 and lm_head.bias [vocab]. PaddleNLP never builds it from the embedding (no tie_weights
+        # call): a checkpoint without lm_head.weight loads a random head, and a head in the file is used
+        # whatever tie_word_embeddings says (tests/test_pnlp_loaders.py). Other loaders: unproven, kept.
+        "family": "codegen",
+        "model_types": ["codegen"],
+        "embedding": ["wte.weight"],
+        "aliases": [],
+        "head": ["lm_head.weight"],
+        "bias": ["lm_head.bias"],
+        "tie_default": {"*": False},
+        "loaders": {"paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE, "*": _OWN_HEAD_NO_RETIE},
+    },
+    {  # GPT-J: the names and the head of CodeGen (a biased nn.Linear, lm_head.weight [hidden, vocab] +
+        # lm_head.bias in PaddleNLP 2.8.1, never re-tied; tests/test_pnlp_loaders.py, .pdparams: PaddleNLP
+        # 2.8.1 cannot read back the safetensors its own save_pretrained writes for GPT-J)
+        "family": "gptj",
+        "model_types": ["gptj"],
+        "embedding": ["wte.weight"],
+        "aliases": [],
+        "head": ["lm_head.weight"],
+        "bias": ["lm_head.bias"],
+        "tie_default": {"*": False},
+        "loaders": {"paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE, "*": _OWN_HEAD_NO_RETIE},
+    },
+    {  # QWen v1 (PaddleNLP qwen.wte, QWenLMHead lm_head.weight [hidden, vocab]); never re-tied by PaddleNLP
+        # 2.8.1 (tests/test_pnlp_loaders.py). HF's remote-code QWen: unproven, kept.
+        "family": "qwen",
+        "model_types": ["qwen"],
+        "embedding": ["wte.weight"],
+        "aliases": [],
+        "head": ["lm_head.weight"],
+        "bias": [],
+        "tie_default": {"*": False},
+        "loaders": {"paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE, "*": _OWN_HEAD_NO_RETIE},
     },
     {  # BERT / ERNIE / RoBERTa masked LM: the decoder is [vocab, hidden] with transpose_y, bias aliased
         "family": "bert",
@@ -336,9 +380,10 @@ FAMILIES: list[FamilyRow] = [
         "aliases": ["encoder.embed_tokens.weight", "decoder.embed_tokens.weight"],
         "head": ["lm_head.weight", "lm_head_weight"],
         "bias": ["final_logits_bias"],
-        # PaddleNLP's BART keeps lm_head_weight as a parameter of its own (initialised from the embedding)
+        # PaddleNLP's BART keeps lm_head_weight as a parameter of its own: 2.8.1 loads a checkpoint without
+        # it with a random head (tests/test_pnlp_loaders.py)
         "tie_default": {"paddlenlp-2.8": False, "paddlenlp-3": False, "*": True},
-        "loaders": {"*": _PNLP_EMBED_HEAD},
+        "loaders": {"*": _PNLP_EMBED_HEAD, "paddlenlp-2.8": _OWN_HEAD_NO_RETIE},
     },
     {  # XLNet
         "family": "xlnet",
@@ -350,7 +395,8 @@ FAMILIES: list[FamilyRow] = [
         "tie_default": {"*": True},
         "loaders": {"*": _PNLP_EMBED_HEAD},
     },
-    {  # ChatGLM v1: PaddleNLP's ChatGLMForConditionalGeneration uses the word embedding itself as lm_head
+    {  # ChatGLM v1: PaddleNLP 2.8.1's ChatGLMForCausalLM uses the word embedding itself as lm_head, whatever
+        # tie_word_embeddings says: a head in the file is ignored (tests/test_pnlp_loaders.py)
         "family": "chatglm",
         "model_types": ["chatglm"],
         "embedding": ["word_embeddings.weight"],
@@ -358,7 +404,7 @@ FAMILIES: list[FamilyRow] = [
         "head": ["lm_head.weight"],
         "bias": [],
         "tie_default": {"*": True},
-        "loaders": {"*": _PNLP_EMBED_HEAD},
+        "loaders": {"*": _PNLP_EMBED_HEAD, "paddlenlp-2.8": {**_PNLP_EMBED_HEAD, "always_tied": True}},
     },
     {  # ChatGLM v2/v3: transformer.embedding.word_embeddings + a separate output_layer
         "family": "chatglm_v2",
@@ -375,7 +421,9 @@ FAMILIES: list[FamilyRow] = [
             "paddlenlp-3": _PNLP_LINEAR_HEAD_NO_RETIE,
         },
     },
-    {  # Falcon: transformer.word_embeddings + lm_head, tied by default (HF FalconConfig)
+    {  # Falcon: transformer.word_embeddings + lm_head, tied by default (HF FalconConfig). PaddleNLP 2.8.1's
+        # RWForCausalLM (model_type RefinedWeb) holds lm_head.weight [vocab, hidden] and never calls
+        # tie_weights: a checkpoint without it loads a random head (tests/test_pnlp_loaders.py)
         "family": "falcon",
         "model_types": ["falcon", "RefinedWeb", "RefinedWebModel"],
         "embedding": ["word_embeddings.weight"],
@@ -383,7 +431,7 @@ FAMILIES: list[FamilyRow] = [
         "head": ["lm_head.weight"],
         "bias": [],
         "tie_default": {"*": True},
-        "loaders": {"*": _PF_LIKE},
+        "loaders": {"*": _PF_LIKE, "paddlenlp-2.8": _OWN_HEAD_NO_RETIE},
     },
     {  # Bloom: word_embeddings; PaddleNLP writes only the embedding. PaddleNLP 2.8.1's BloomForCausalLM
         # always builds its head from the word embedding: an lm_head.weight in the file is reported unused.
@@ -436,6 +484,40 @@ FALLBACK: FamilyRow = {
     "tie_default": {"*": False},
     "loaders": {"*": _PF_LIKE},
 }
+
+
+# ============================================================================ proofs of the loader facts
+# (model_type, loader, container) -> the pytest node id of the test that loaded real checkpoints of that
+# model type, written by that library in that container, and asserted the table's facts for it (head
+# layout, reties, always_tied, head bias). A fact without a proof is unproven: see ``PROOFS``.
+
+_PNLP_FACTS_TEST = "tests/test_pnlp_loaders.py::test_pnlp_loader_facts"
+# PaddleNLP 2.8.1 (on paddle 2.6.2): model_type -> (the test's family id, the containers proven).
+# GPT-J .pdparams only: PaddleNLP 2.8.1 cannot load the safetensors its own save_pretrained writes for it.
+_PNLP_PROVEN: dict[str, tuple[str, tuple[str, ...]]] = {
+    "llama": ("llama", ("safetensors", "pdparams")),
+    "mixtral": ("mixtral", ("safetensors", "pdparams")),
+    "qwen": ("qwen", ("safetensors", "pdparams")),
+    "gptj": ("gptj", ("pdparams",)),
+    "codegen": ("codegen", ("safetensors", "pdparams")),
+    "RefinedWeb": ("rw", ("safetensors", "pdparams")),
+    "chatglm_v2": ("chatglm_v2", ("safetensors", "pdparams")),
+    "chatglm": ("chatglm", ("safetensors", "pdparams")),
+    "bloom": ("bloom", ("safetensors", "pdparams")),
+    "gpt": ("gpt", ("safetensors", "pdparams")),
+    "opt": ("opt", ("safetensors", "pdparams")),
+    "bert": ("bert", ("safetensors", "pdparams")),
+    "ernie": ("ernie", ("safetensors", "pdparams")),
+    "t5": ("t5", ("safetensors", "pdparams")),
+    "bart": ("bart", ("safetensors", "pdparams")),
+}
+_PNLP_PROOFS: dict[tuple[str, str, str], str] = {
+    (model_type, "paddlenlp-2.8", container): f"{_PNLP_FACTS_TEST}[{test_id}-{container}]"
+    for model_type, (test_id, containers) in _PNLP_PROVEN.items()
+    for container in containers
+}
+PROOFS: dict[tuple[str, str, str], str] = {**_PNLP_PROOFS}
+"""(model_type, loader, container) → the pytest node id proving the table's facts for it."""
 
 
 # ============================================================================ tensor parallelism (merge)

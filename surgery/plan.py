@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from . import architectures as arch
 from .checkpoint import Checkpoint
 from .configfile import get_dotted, read_config_file
 from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, tied_scale
@@ -169,17 +170,20 @@ def _out_dtype(ckpt: Checkpoint, t: TensorInfo, relabel: bool) -> str:
     return "BF16" if relabel and t.dtype == "U16" else t.dtype
 
 
-def _wants_relabel(ckpt: Checkpoint) -> bool:
+def _wants_relabel(ckpt: Checkpoint, loader: str) -> bool:
+    """Rewritten U16 tensors holding bfloat16 bits are labelled BF16, except for a loader that reads
+    bfloat16 only as U16 (:data:`architectures.U16_BFLOAT16_ONLY`: PaddleNLP 2.8.1)."""
     return (
         ckpt.format == "safetensors"
         and ckpt.bf16_as_u16
+        and loader not in arch.U16_BFLOAT16_ONLY
         and any(t.dtype == "U16" for t in ckpt.tensors.values())
     )
 
 
 def _base_plan(op: str, det: Detection) -> Plan:
     ckpt = det.ckpt
-    plan = Plan(op, ckpt, det, relabel_u16=_wants_relabel(ckpt))
+    plan = Plan(op, ckpt, det, relabel_u16=_wants_relabel(ckpt, det.loader))
     if ckpt.index is not None:
         plan.stale_index = [n for n in ckpt.index["weight_map"] if n not in ckpt.tensors]
     if plan.relabel_u16:
@@ -320,7 +324,10 @@ def _settle_values(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
         RefusedError: from :func:`_keep_head_values`.
     """
     comp = det.comparison
+    if comp.values in ("exact", "transposed") and det.family.tied_logit_scale:
+        _unscaled_head(det, plan, keep)
     if comp.values == "different":
+        _refuse_own_biased_head(det, keep)
         if keep is None:
             raise ValuesDifferError(
                 f"tie refused: {det.head} differs from {det.embedding} (max |difference| "
@@ -337,6 +344,50 @@ def _settle_values(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
         plan.notes.append(
             f"{det.head} is {det.embedding} × d_model ** -0.5: exactly the tied head, so it is dropped"
         )
+
+
+def _refuse_own_biased_head(det: Detection, keep: Keep | str | None) -> None:
+    """``--keep`` on a biased Linear head that the loader never builds from the embedding (PaddleNLP 2.8.1
+    CodeGen / GPT-J: ``lm_head.weight`` + ``lm_head.bias``, ``tests/test_pnlp_loaders.py``): the head
+    stays (0 bytes saved) and ``--keep`` would only overwrite one side's trained values.
+
+    Raises:
+        RefusedError: ``keep`` is set, the head has a bias and the loader neither re-ties nor always ties.
+    """
+    fam = det.family
+    if keep is None or not det.bias or fam.reties or fam.always_tied:
+        return
+    other = det.embedding if keep == Keep.HEAD else det.head
+    raise RefusedError(
+        f"tie {Opt('keep', Keep(keep).value)} on {fam.model_type or fam.name}: {det.head} is a Linear head "
+        f"of its own with a bias ({det.bias}) that the {det.loader} loader never builds from "
+        f"{det.embedding}, so tie cannot drop it (0 bytes saved) and would only overwrite the trained values "
+        f"of {other}",
+        det.ckpt.path,
+        f"keep the checkpoint untied: the loader uses {det.head} and {det.bias} whatever "
+        "tie_word_embeddings says",
+    )
+
+
+def _unscaled_head(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
+    """A head equal to the embedding itself in a family whose tied logits scale the embedding (T5:
+    ``d_model ** -0.5``) is not the tied head: dropping it scales every logit (checked with PaddleNLP
+    2.8.1's T5, ``tests/test_pnlp_loaders.py``). Only ``--keep embedding`` accepts that.
+
+    Raises:
+        ValuesDifferError: ``keep`` is None. RefusedError: ``keep`` is ``head`` (:func:`_keep_head_values`).
+    """
+    scale = det.family.tied_logit_scale
+    if keep is None:
+        raise ValuesDifferError(
+            f"tie refused: {det.head} equals {det.embedding}, but the tied {det.family.name} model scales "
+            f"the embedding by {scale} for the logits, so without the head every logit would be scaled",
+            det.ckpt.path,
+            f"keep the checkpoint untied, or pass {Opt('keep', 'embedding')} to accept the scaled logits",
+        )
+    if keep == Keep.HEAD:
+        _keep_head_values(det, plan)
+    plan.notes.append(f"{Opt('keep', 'embedding')}: the tied logits are the untied ones × {scale}")
 
 
 def _keep_head_values(det: Detection, plan: Plan) -> None:
