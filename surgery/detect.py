@@ -257,6 +257,8 @@ class Detection:
             return 0
         if len(t.shape) == 2 and t.shape[1] in (rows, self.head_rows) and t.shape[0] == self.hidden:
             return 1
+        if name in self.by_shape and rows in t.shape:  # an integer tensor of no rule: its vocabulary axis
+            return list(t.shape).index(rows)
         return None
 
     @property

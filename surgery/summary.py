@@ -144,6 +144,8 @@ def _vocab(det: Detection) -> dict[str, Any]:
     rows."""
     return {
         "config_vocab_size": det.config_vocab_size,
+        "config_vocab_key": det.vocab_key,
+        "vocabularies": {v.key: v.size for v in det.vocabularies},
         "embedding_rows": det.vocab_rows,
         "hidden_size": det.hidden,
         "tokenizer_size": det.tokenizer.size,

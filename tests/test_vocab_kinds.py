@@ -134,6 +134,20 @@ def test_verify_names_a_token_table_left_at_the_old_size(tmp_path):
     assert any("model.layers.0.mlp.gate.tid2eid" in u and "old size" in u for u in res.unexplained)
 
 
+def test_verify_names_an_integer_tensor_of_no_rule_left_at_the_old_size(tmp_path):
+    t = {**hash_routed(), "model.layers.1.token_flags": np.zeros((V, 2), np.int8)}
+    ck = write(tmp_path / "in", MOE_CFG, t)
+    stale = dict(t)
+    for n in ("model.embed_tokens.weight", "lm_head.weight", "model.layers.0.mlp.gate.tid2eid"):
+        stale[n] = np.concatenate([t[n], t[n][:4]])
+    b = write(tmp_path / "stale", {**MOE_CFG, "vocab_size": V + 4}, stale)
+    res = tietool.verify(ck, b)
+    assert [u for u in res.unexplained if "old size" in u] == [
+        f"model.layers.1.token_flags (vocab-shaped tensor) left at the old size: {V} → expected {V + 4}, as "
+        f"the embedding went {V} → {V + 4} rows"
+    ]
+
+
 def test_token_table_values_outside_its_rule_are_refused(tmp_path):
     t = hash_routed()
     t["model.layers.0.mlp.gate.tid2eid"][3, 1] = 7  # 7 >= n_routed_experts 5: not a table of expert ids
