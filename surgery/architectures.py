@@ -116,8 +116,8 @@ class TokenTable:
         indexed_by: ``vocab``: axis 0 counts the embedding's vocabulary (it is resized with it);
             ``other``: axis 0 counts another vocabulary the config names (``draft_vocab_size``): it is kept.
         rule: how a resize treats it (:class:`TokenRule`).
-        bound: a config key (at the language model's level) that bounds its values (``n_routed_experts``);
-            None: no bound checked.
+        bound: config keys (at the language model's level or the top), the first present of which bounds
+            its values (``n_routed_experts``); empty: no bound checked.
         what: what it is, in words.
         source: where the fact comes from.
     """
@@ -127,7 +127,7 @@ class TokenTable:
     ndim: int
     indexed_by: str
     rule: TokenRule
-    bound: str | None
+    bound: tuple[str, ...]
     what: str
     source: str
 
@@ -136,12 +136,12 @@ class TokenTable:
 # tensor of this kind that no row matches (by name, dtype and number of axes) makes resize refuse naming it.
 TOKEN_TABLES: tuple[TokenTable, ...] = (
     TokenTable(
-        r"gate\.tid2eid",
+        r"tid2eid",
         "int",
         2,
         "vocab",
         TokenRule.CYCLE_ROWS,
-        "n_routed_experts",
+        ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts"),
         "hash-routing table: the experts of each token id",
         "DeepSeek-V4 inference/model.py Gate of the first num_hash_layers layers: tid2eid[input_ids] "
         "(vllm-project/vllm#50844: a table left at the old rows is read out of bounds for new ids)",
@@ -152,7 +152,7 @@ TOKEN_TABLES: tuple[TokenTable, ...] = (
         1,
         "vocab",
         TokenRule.NEW_FALSE,
-        None,
+        (),
         "EAGLE-3 target→draft mask: whether a target token id is in the draft vocabulary",
         "SpecForge / sglang llama_eagle3 (sgl-project/SpecForge#139): t2d [vocab_size], True count = "
         "draft_vocab_size",
@@ -163,7 +163,7 @@ TOKEN_TABLES: tuple[TokenTable, ...] = (
         1,
         "other",
         TokenRule.KEEP_IDS,
-        None,
+        (),
         "EAGLE-3 draft→target offsets: target id = draft id + d2t[draft id]",
         "SpecForge / sglang llama_eagle3 (sgl-project/SpecForge#139): d2t [draft_vocab_size]",
     ),

@@ -24,6 +24,7 @@ from .checkpoint import Checkpoint
 from .errors import CheckpointError, Opt, RefusedError, UsageError
 from .findings import Finding, FindingKind, Fix, OneOf, Severity
 from .formats.tensor import TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
+from .surface import quant_module
 from .tokenizer import SpecialTokenId, TokenizerInfo, special_token_ids, tokenizer_info
 from .vocabularies import (
     Vocabulary,
@@ -363,7 +364,7 @@ def _config_facts(ckpt: Checkpoint) -> _Cfg:
     the language model's block (``text_config`` at any nesting, :func:`~surgery.vocabularies.text_block`),
     the key sizing its vocabulary and the hidden size from config.json."""
     cfg = ckpt.config
-    tb = text_block(cfg, tokenizer_info(ckpt.path).size if _nested_texts(cfg) > 1 else None)
+    tb = text_block(cfg, lambda: tokenizer_info(ckpt.path).size)
     tcfg, tkey = tb.block, tb.key
     model_type = cfg.get("model_type")
     if tkey and not any(model_type in r["model_types"] for r in arch.FAMILIES if isinstance(model_type, str)):
@@ -401,11 +402,6 @@ def _settle_text(ckpt: Checkpoint, cf: _Cfg, rows: int) -> _Cfg:
     block = _block_at(ckpt.config, fits[0])
     key = table_size_key(block, fits[0])
     return replace(cf, tcfg=block, tkey=fits[0], vocab_key=key, vocab_size=rows, unclear=())
-
-
-def _nested_texts(cfg: dict) -> int:
-    """How many blocks named like a language model's config (any nesting) hold a vocabulary size."""
-    return len({v.block for v in vocabularies(cfg) if v.block.rpartition(".")[2] in arch.TEXT_BLOCKS})
 
 
 def get_dotted_int(cfg: dict, key: str | None) -> int | None:
@@ -648,12 +644,14 @@ class _HeadShape:
     conflict: LayoutConflict | None = None
 
 
-def _head_shape(head: str, hs: tuple[int, ...], V: int, H: int, layout: str | None) -> _HeadShape:
+def _head_shape(
+    head: str, hs: tuple[int, ...], V: int, H: int, layout: str | None, named: frozenset[int] = frozenset()
+) -> _HeadShape:
     """Read the head's layout from its shape against the embedding's ``[V, H]``: ``vocab-hidden`` or
     ``hidden-vocab`` (``layout`` when the square shape cannot say, else ``ambiguous``); a head with fewer
     rows keeps them (reserved rows) unless it is an exact fraction 1/k of ``V`` (a tensor-parallel slice:
-    unusable, a problem); any other shape is unusable (a problem). A ``layout`` the shape contradicts is a
-    conflict."""
+    unusable, a problem) whose rows no other vocabulary of the config (``named``: ``draft_vocab_size``)
+    counts; any other shape is unusable (a problem). A ``layout`` the shape contradicts is a conflict."""
     hs = tuple(hs)
     if len(hs) != 2:
         return _HeadShape(problem=Finding(FindingKind.HEAD_NOT_2D, (head,), {"shape": list(hs)}))
@@ -667,7 +665,7 @@ def _head_shape(head: str, hs: tuple[int, ...], V: int, H: int, layout: str | No
     for rows, other, fits in ((a, b, VOCAB_HIDDEN), (b, a, HIDDEN_VOCAB)):
         if other != H or not rows or rows > V:  # a head with more rows than the embedding fits neither
             continue
-        if rows < V and V % rows == 0:
+        if rows < V and V % rows == 0 and rows not in named:
             facts = {"shape": list(hs), "head_rows": rows, "fraction": V // rows, "embedding_rows": V}
             return _HeadShape(tp=V // rows, problem=Finding(FindingKind.HEAD_TP_SLICE, (head,), facts))
         conflict = LayoutConflict(head, hs, layout, fits) if layout in LAYOUTS and layout != fits else None
@@ -1028,17 +1026,20 @@ def _beyond_findings(det: Detection) -> list[Finding]:
 
 def _candidate_pairs(det: Detection) -> list[dict]:
     """For each candidate language-model block of an unclear choice: the embedding and head with its
-    vocabulary's rows (the common names), for the refusal to print."""
-    ckpt, out = det.ckpt, []
-    names = arch.FALLBACK
+    vocabulary's rows (the common names, else a 2-D table of those rows named like one), for the refusal to
+    print; a block with no such pair lists its tables of those rows instead (``tables``)."""
+    ckpt, out, names = det.ckpt, [], arch.FALLBACK
     for block in det.unclear_text:
         size = get_dotted_int(ckpt.config, table_size_key(_block_at(ckpt.config, block), block))
         if size is None:
             continue
+        tables = [n for n, t in ckpt.tensors.items() if len(t.shape) == 2 and size in t.shape]
         embs = [n for n in _ranked(ckpt, names["embedding"], size) if ckpt.tensors[n].shape[0] == size]
+        embs += [n for n in tables if "embed" in n and ckpt.tensors[n].shape[0] == size]
         heads = [n for n in _ranked(ckpt, names["head"], size, ndim=None) if size in ckpt.tensors[n].shape]
-        if embs and heads:
-            out.append({"block": block, "embedding": embs[0], "head": heads[0]})
+        heads += [n for n in tables if "head" in n and n not in embs[:1]]
+        pair = {"embedding": embs[0], "head": heads[0]} if embs and heads else {"tables": tables}
+        out.append({"block": block, **pair})
     return out
 
 
@@ -1117,25 +1118,34 @@ def _beyond_names(
 ) -> _Beyond:
     """Every tensor outside ``taken`` with an axis of a vocabulary's size (:func:`vocabularies.sized_by`):
     for the embedding's ``V`` rows, a :data:`~surgery.architectures.TOKEN_TABLES` rule's table or an
-    unknown one; for another vocabulary the config names (a size no other key names, not ``V``), a tensor
-    of that vocabulary (a rule's token-id map, or kept as it is). The head is over another vocabulary
-    when its rows are that vocabulary's and not the embedding's (``head_vocab``)."""
+    unknown one; for another vocabulary the config names (not ``V``), a tensor of that vocabulary (a rule's
+    token-id map, or kept as it is). A float tensor counts only where no other config key names the size
+    (:func:`vocabularies.ambiguous_sizes`); quantization tensors never. The head is over another
+    vocabulary when its rows are that vocabulary's and not the embedding's (``head_vocab``)."""
     logical = {n: ckpt.logical_dtype(t) for n, t in ckpt.tensors.items()}
     out, seen = _Beyond(), set(taken)
-    others = [v for v in cf.vocabs if v.size != V and v.size not in cf.ambiguous]
+    others = [v for v in cf.vocabs if v.size != V]
     if head is not None and head_rows is not None and head_rows != V:
         out.head_vocab = next((v.key for v in others if v.size == head_rows and v.key != cf.vocab_key), None)
-    if V not in cf.ambiguous:
-        for n in sized_by(ckpt.tensors, logical, V, seen):
-            t = ckpt.tensors[n]
-            rule = arch.token_table(n, dtype_kind(logical[n]), len(t.shape))
-            if rule is not None and rule.indexed_by == "vocab" and t.shape[0] == V:
-                out.token_tables[n] = rule
-            else:
-                out.unknown.append(n)
+
+    def sized(size: int) -> list[str]:
+        clear = size not in cf.ambiguous
+        return [
+            n
+            for n in sized_by(ckpt.tensors, logical, size, seen)
+            if quant_module(n) is None and (clear or dtype_kind(logical[n]) != "float")
+        ]
+
+    for n in sized(V):
+        t = ckpt.tensors[n]
+        rule = arch.token_table(n, dtype_kind(logical[n]), len(t.shape))
+        if rule is not None and rule.indexed_by == "vocab" and t.shape[0] == V:
+            out.token_tables[n] = rule
+        else:
+            out.unknown.append(n)
     seen |= set(out.token_tables) | set(out.unknown)
     for v in others:
-        for n in sized_by(ckpt.tensors, logical, v.size, seen):
+        for n in sized(v.size):
             t = ckpt.tensors[n]
             rule = arch.token_table(n, dtype_kind(logical[n]), len(t.shape))
             if rule is not None and rule.indexed_by == "other" and t.shape[0] == v.size:
@@ -1189,7 +1199,8 @@ def _embedding_pair(
         findings.append(Finding(FindingKind.EMBEDDING_HIDDEN_MISMATCH, (embedding,), facts))
     head, head_named, head_notes = _found_head(ckpt, fam, embedding, head_name, V, H)
     emb_aliases, vocab_aliases, head_aliases = _find_aliases(ckpt, fam, embedding, head, head_named)
-    shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout) if head else _HeadShape()
+    named = frozenset(v.size for v in cf.vocabs if v.key != cf.vocab_key and v.size != V)
+    shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout, named) if head else _HeadShape()
     comp, cmp_notes = _comparison(ckpt, fam, embedding, head, shape, tied, compare_values)
     findings += head_notes + ([shape.problem] if shape.problem else []) + cmp_notes
     taken = {embedding, *emb_aliases, *vocab_aliases, *head_aliases, *([head] if head else [])}

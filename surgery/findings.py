@@ -277,6 +277,8 @@ def _text_vocabulary(f: Finding) -> str:
 def _text_vocabulary_unclear(f: Finding) -> str:
     pairs = [
         f"{c['block']}: {Opt('embedding', c['embedding'])} {Opt('head', c['head'])}"
+        if "embedding" in c
+        else f"{c['block']}: {Opt('embedding')}/{Opt('head')} among {', '.join(c['tables']) or 'none'}"
         for c in f.facts["candidates"]
     ]
     return (

@@ -310,8 +310,8 @@ def plan_tie(det: Detection, keep: Keep | str | None = None, drop_aliases: bool 
             embedding, or ``keep="head"`` cannot be honoured (:func:`_keep_head_values`).
     """
     plan = _base_plan("tie", det)
-    _refuse_unusable_head(det, "tie")
     refuse_unsettled_pair(det, "tie")
+    _refuse_unusable_head(det, "tie")
     refuse_stale_vocab_size(det, "tie")
     plan.config_set = _tie_flags(det, True)
     if not det.embedding_present:
@@ -545,8 +545,8 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
         UsageError: an unknown ``layout``, or one that contradicts the head's shape.
     """
     ckpt, plan = det.ckpt, _base_plan("untie", det)
-    _refuse_unusable_head(det, "untie")
     refuse_unsettled_pair(det, "untie")
+    _refuse_unusable_head(det, "untie")
     refuse_stale_vocab_size(det, "untie")
     if det.family.always_tied:
         raise RefusedError(
@@ -660,11 +660,11 @@ def plan_resize(
             part of the vocabulary surface cannot follow (:func:`_refuse_resize_surface`).
     """
     how = _resize_init(vocab, pad_to_multiple_of, init)
+    refuse_unsettled_pair(det, "resize")
     _refuse_unusable_head(det, "resize")
     _refuse_ambiguous_resize(det)
     V, N = det.vocab_rows, target_rows(vocab, pad_to_multiple_of)
     _refuse_target(det, N, how)
-    refuse_unsettled_pair(det, "resize")
     _refuse_resize_surface(det, N)
     _refuse_token_values(det, N)
     plan = _base_plan("resize", det)
@@ -1024,14 +1024,14 @@ def _refuse_token_values(det: Detection, N: int) -> None:
 def _refuse_bound(det: Detection, n: str, rule: arch.TokenTable) -> None:
     """Refuse a token table whose values lie outside the bound its rule names (``n_routed_experts``): it is
     not the table the rule describes."""
-    limit = _bound(det, rule)
+    key, limit = _bound(det, rule)
     if limit is None:
         return
     a = np.asarray(det.ckpt.load(n))
     if a.size and (int(a.min()) < 0 or int(a.max()) >= limit):
         raise RefusedError(
             f"resize refused: {n} ({rule.what}) holds values {int(a.min())}..{int(a.max())}, outside "
-            f"0..{limit - 1} (config {rule.bound} = {limit}): not the table its rule describes",
+            f"0..{limit - 1} (config {key} = {limit}): not the table its rule describes",
             det.ckpt.path,
             "check the checkpoint; remove the table or resize it with its model's own tools",
         )
@@ -1055,18 +1055,24 @@ def _refuse_trimmed_ids(det: Detection, n: str, rule: arch.TokenTable, N: int) -
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 
-def _bound(det: Detection, rule: arch.TokenTable) -> int | None:
-    """The config value bounding a token table's values (its rule's ``bound`` key at the language model's
-    level or the top), or None."""
-    if rule.bound is None:
-        return None
-    cfg = det.ckpt.config
-    block = cfg.get(det.text_cfg_key) if det.text_cfg_key and "." not in det.text_cfg_key else None
-    for b in (block, cfg):
-        v = b.get(rule.bound) if isinstance(b, dict) else None
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
+def _bound(det: Detection, rule: arch.TokenTable) -> tuple[str | None, int | None]:
+    """The config key and value bounding a token table's values (the first of its rule's ``bound`` keys
+    present in the language model's block or at the top), or ``(None, None)``."""
+    for b in (det.ckpt.config if det.text_cfg_key is None else _text_block(det), det.ckpt.config):
+        for key in rule.bound:
+            v = b.get(key)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return key, v
+    return None, None
+
+
+def _text_block(det: Detection) -> dict:
+    """The language model's config block (``det.text_cfg_key``, dotted), or the top level."""
+    try:
+        block = get_dotted(det.ckpt.config, det.text_cfg_key or "")
+    except (KeyError, IndexError, TypeError):
+        return det.ckpt.config
+    return block if isinstance(block, dict) else det.ckpt.config
 
 
 def _resize_head(

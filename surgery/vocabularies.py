@@ -13,7 +13,7 @@ name rule covers is named, never left behind. A size that another config key als
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from . import architectures as arch
@@ -67,23 +67,31 @@ def _sizes(block: dict) -> list[int]:
     return [block[k] for k in VOCAB_SIZE_KEYS if _int(block.get(k))]
 
 
-def text_block(config: dict, tokenizer_size: int | None = None) -> TextBlock:
-    """The language model's config block: a top-level ``text_config`` (``llm_config``, ...); else the one
-    such block at any nesting that names a vocabulary (``thinker_config.text_config``); several of them are
-    told apart only by the tokenizer (the one block whose vocabulary holds every tokenizer id while the
-    others do not), else ``unclear`` lists them. No such block: the top level."""
+def text_block(config: dict, tokenizer_size: Callable[[], int | None] = lambda: None) -> TextBlock:
+    """The language model's config block.
+
+    A top-level ``text_config`` (``llm_config``, ...); else the one such block at any nesting that names a
+    vocabulary (``thinker_config.text_config``); else the top level when it names one. Several candidates
+    (such blocks, or, when the top level names none, nested blocks of different vocabulary sizes: a
+    thinker's and a talker's) are told apart only by the tokenizer (``tokenizer_size``: the one candidate
+    whose vocabulary holds every tokenizer id while the others do not); otherwise ``unclear`` lists them.
+    """
     for k in arch.TEXT_BLOCKS:
         if isinstance(config.get(k), dict):
             return TextBlock(config[k], k)
-    found = [
-        (path, b) for path, b in _blocks(config) if path.rpartition(".")[2] in arch.TEXT_BLOCKS and _sizes(b)
-    ]
+    found = [(p, b) for p, b in _blocks(config) if p.rpartition(".")[2] in arch.TEXT_BLOCKS and _sizes(b)]
     if len(found) == 1:
         return TextBlock(found[0][1], found[0][0])
-    if len(found) > 1 and tokenizer_size is not None:
-        fits = [(p, b) for p, b in found if max(_sizes(b)) >= tokenizer_size]
-        if len(fits) == 1:
-            return TextBlock(fits[0][1], fits[0][0])
+    if not found and not _sizes(config):
+        found = [(p, b) for p, b in _blocks(config) if p and _sizes(b)]
+        if len({max(_sizes(b)) for _, b in found}) < 2:
+            return TextBlock(config, None)
+    if not found:
+        return TextBlock(config, None)
+    n = tokenizer_size()
+    fits = [(p, b) for p, b in found if n is not None and max(_sizes(b)) >= n]
+    if len(fits) == 1:
+        return TextBlock(fits[0][1], fits[0][0])
     return TextBlock(config, None, tuple(p for p, _ in found))
 
 

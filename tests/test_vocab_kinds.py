@@ -324,3 +324,59 @@ def test_stale_vocab_size_makes_tie_and_untie_refuse_until_resize_sets_it(tmp_pa
     tietool.resize(ck, V, tmp_path / "fixed")
     tietool.untie(tmp_path / "fixed", tmp_path / "untied")
     assert len(out_tensors(tmp_path / "untied")) == 2  # the head, written now that the size agrees
+
+
+def test_token_table_under_another_module_and_a_coinciding_size_is_still_found(tmp_path):
+    # V equals intermediate_size (a float axis of that size cannot tell a vocabulary), num_experts bounds
+    cfg = {"model_type": "qwen3_moe", "vocab_size": V, "hidden_size": H, "intermediate_size": V}
+    cfg["num_experts"] = 4
+    t = {
+        "model.embed_tokens.weight": table(V, H),
+        "model.layers.0.mlp.router.tid2eid": (np.arange(V * 2).reshape(V, 2) % 4).astype(np.int64),
+        "model.layers.0.mlp.up_proj.weight": table(V, H, 1.0),  # [intermediate, hidden]: a layer weight
+        "lm_head.weight": table(V, H, 50.0),
+    }
+    ck = write(tmp_path / "in", cfg, t)
+    det = detect(Checkpoint.open(ck))
+    assert list(det.token_tables) == ["model.layers.0.mlp.router.tid2eid"] and not det.by_shape
+    tietool.resize(ck, 28, tmp_path / "out", init="zeros")
+    out = out_tensors(tmp_path / "out")
+    assert out["model.layers.0.mlp.router.tid2eid"].shape == (28, 2)
+    assert out["model.layers.0.mlp.up_proj.weight"].raw == t["model.layers.0.mlp.up_proj.weight"].tobytes()
+
+
+def test_two_nested_vocabularies_without_a_text_block_refuse_naming_both_tables(tmp_path):
+    cfg = {
+        "model_type": "some_omni",
+        "thinker_config": {"vocab_size": V, "hidden_size": H},
+        "talker_config": {"vocab_size": 12, "hidden_size": H},
+    }
+    t = {
+        "talker.model.codec_embedding.weight": table(12, H, 7.0),  # a name no table lists
+        "talker.codec_head.weight": table(12, H, 70.0),
+        "thinker.model.embed_tokens.weight": table(V, H),
+        "thinker.lm_head.weight": table(V, H, 50.0),
+    }
+    ck = write(tmp_path / "in", cfg, t)
+    for argv in (["resize", ck, "--vocab", 30], ["tie", ck], ["untie", ck]):
+        rc, msg = cli(*argv, "--out", tmp_path / "out")
+        assert rc == 5 and not (tmp_path / "out").exists(), msg
+        assert "--embedding thinker.model.embed_tokens.weight --head thinker.lm_head.weight" in msg
+        assert "--embedding talker.model.codec_embedding.weight --head talker.codec_head.weight" in msg
+    named = ["--embedding", "thinker.model.embed_tokens.weight", "--head", "thinker.lm_head.weight"]
+    rc, msg = cli("resize", ck, "--vocab", 30, *named, "--init", "zeros", "--out", tmp_path / "named")
+    assert rc == 0, msg
+    c = config(tmp_path / "named")
+    assert c["thinker_config"]["vocab_size"] == 30 and c["talker_config"]["vocab_size"] == 12
+    assert "vocab_size" not in c
+    assert tietool.verify(ck, tmp_path / "named").explained
+
+
+def test_draft_head_whose_size_another_key_also_names_is_still_the_draft_head(tmp_path):
+    cfg = {"model_type": "llama", "vocab_size": 32, "draft_vocab_size": 16, "hidden_size": H}
+    cfg["intermediate_size"] = 16
+    t = {"model.embed_tokens.weight": table(32, H), "lm_head.weight": table(16, H, 40.0)}
+    ck = write(tmp_path / "in", cfg, t)
+    tietool.resize(ck, 40, tmp_path / "out", init="zeros")
+    assert out_tensors(tmp_path / "out")["lm_head.weight"].raw == t["lm_head.weight"].tobytes()
+    assert config(tmp_path / "out")["draft_vocab_size"] == 16
