@@ -196,6 +196,12 @@ NAME_LAYOUTS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
 }
 
 
+# Families whose LM head sits inside the model's top module, beside the embedding, rather than at the top
+# level: ChatGLM2/3 and GLM-4 ``transformer.output_layer`` (THUDM modeling_chatglm.py, PaddleNLP
+# ``chatglm_v2.output_layer``). A head untie writes gets the embedding's first name component there.
+HEAD_UNDER_MODEL: tuple[str, ...] = ("chatglm_v2",)
+
+
 def model_type_by_names(model_type: str | None, names) -> str | None:
     """``model_type``, or the model type of the family whose names the files hold (:data:`NAME_LAYOUTS`)."""
     for family, marks in NAME_LAYOUTS.get(model_type or "", []):

@@ -1350,7 +1350,7 @@ def _detection(
         embedding=pair.embedding,
         embedding_aliases=pair.emb_aliases,
         vocab_aliases=pair.vocab_aliases,
-        head=pair.head or _default_head_name(fam),
+        head=pair.head or _default_head_name(fam, pair.embedding),
         head_present=pair.head is not None,
         head_layout=pair.shape.layout,
         head_aliases=pair.head_aliases,
@@ -1389,7 +1389,11 @@ def tied_scale(config: dict, hidden: int) -> float:
     return float(d) ** -0.5
 
 
-def _default_head_name(fam: arch.Family) -> str:
+def _default_head_name(fam: arch.Family, embedding: str = "") -> str:
     """Name for a head that is not in the files: the family's first head name, at the top level
-    (``lm_head.weight``), as every loader in the table names it."""
+    (``lm_head.weight``), or inside the embedding's top module for a family whose head sits there
+    (:data:`~surgery.architectures.HEAD_UNDER_MODEL`: ``transformer.output_layer.weight``)."""
+    first = embedding.split(".")[0] if "." in embedding else ""
+    if fam.name in arch.HEAD_UNDER_MODEL and first:
+        return f"{first}.{fam.head[0]}"
     return fam.head[0]
