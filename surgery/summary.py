@@ -45,6 +45,8 @@ def _surface(det: Detection) -> list[dict[str, Any]]:
                     "vocab_axis": v.vocab_axis,
                     "entries": v.entries,
                     "of": v.of,
+                    "vocabulary": v.vocabulary,
+                    "rule": det.token_tables[v.name].rule.value if v.name in det.token_tables else None,
                 }
             )
     return out
