@@ -223,7 +223,8 @@ def _vocab_line(info: dict) -> str:
     """``vocab: config vocab_size ..., embedding rows ..., [head rows ...,] hidden_size ..., tokenizer``"""
     v, h = info["vocab"], info["head"]
     return (
-        f"vocab: config vocab_size {v['config_vocab_size']}, embedding rows {v['embedding_rows']}, "
+        f"vocab: config {v.get('config_vocab_key') or 'vocab_size'} {v['config_vocab_size']}, "
+        f"embedding rows {v['embedding_rows']}, "
         + (
             f"head rows {h['rows']}, "
             if h.get("rows") is not None and h["rows"] != v["embedding_rows"]

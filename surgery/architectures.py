@@ -83,7 +83,10 @@ class VocabRole(str, Enum):
     EMBEDDING_ALIAS = "embedding alias"  # another name for the input embedding's table (encoder/decoder)
     HEAD_ALIAS = "head alias"  # another name for the head's storage
     EXTRA_TABLE = "extra vocabulary table"  # MTP embed/head copies, per-layer token tables
-    BY_SHAPE = "vocab-shaped tensor"  # no known name; found by its [vocab, hidden] shape
+    TOKEN_TABLE = "token-indexed table"  # integer/bool, one entry per token id (TOKEN_TABLES rule)
+    TOKEN_ID_MAP = "token-id map"  # values are token ids of the vocabulary (TOKEN_TABLES rule)
+    OTHER_VOCABULARY = "table of another vocabulary"  # sized by another config vocabulary (draft, talker)
+    BY_SHAPE = "vocab-shaped tensor"  # no known name or rule; found by an axis of the vocabulary's size
 
 
 # Extra vocabulary tables, as regular expressions matched against the end of a tensor name (any family).
@@ -97,6 +100,120 @@ EXTRA_TABLES: tuple[str, ...] = (
     r"mtp\.(?:.*\.)?(?:lm_)?head\.weight",
     r"embed_tokens_per_layer\.weight",
 )
+
+
+class TokenRule(str, Enum):
+    """How a token-indexed table follows a resize of the vocabulary it is indexed by (or keyed to)."""
+
+    CYCLE_ROWS = "new rows repeat existing rows"  # row V + j = row j mod V: every value stays one in use
+    NEW_FALSE = "new entries false/zero"  # a membership mask: a new token is not a member
+    KEEP_IDS = "kept; its values are token ids"  # indexed by another vocabulary; ids must stay < the rows
+
+
+@dataclass(frozen=True)
+class TokenTable:
+    """A token-indexed integer or boolean tensor whose meaning is known (one row of :data:`TOKEN_TABLES`).
+
+    Attributes:
+        pattern: regular expression matched against the end of a tensor name (after a dot or at the start).
+        kind: ``int`` (any integer dtype) or ``bool``.
+        ndim: its number of axes.
+        indexed_by: ``vocab``: axis 0 counts the embedding's vocabulary (it is resized with it);
+            ``other``: axis 0 counts another vocabulary the config names (``draft_vocab_size``): it is kept.
+        rule: how a resize treats it (:class:`TokenRule`).
+        bound: config keys (at the language model's level or the top), the first present of which bounds
+            its values (``n_routed_experts``); empty: no bound checked.
+        what: what it is, in words.
+        source: where the fact comes from.
+    """
+
+    pattern: str
+    kind: str
+    ndim: int
+    indexed_by: str
+    rule: TokenRule
+    bound: tuple[str, ...]
+    what: str
+    source: str
+
+
+# Integer/boolean tensors indexed by token id (or holding token ids), with the rule a resize follows. A
+# tensor of this kind that no row matches (by name, dtype and number of axes) makes resize refuse naming it.
+TOKEN_TABLES: tuple[TokenTable, ...] = (
+    TokenTable(
+        r"tid2eid",
+        "int",
+        2,
+        "vocab",
+        TokenRule.CYCLE_ROWS,
+        ("n_routed_experts", "num_experts", "num_local_experts", "moe_num_experts"),
+        "hash-routing table: the experts of each token id",
+        "DeepSeek-V4 inference/model.py Gate of the first num_hash_layers layers: tid2eid[input_ids] "
+        "(vllm-project/vllm#50844: a table left at the old rows is read out of bounds for new ids)",
+    ),
+    TokenTable(
+        r"t2d",
+        "bool",
+        1,
+        "vocab",
+        TokenRule.NEW_FALSE,
+        (),
+        "EAGLE-3 target→draft mask: whether a target token id is in the draft vocabulary",
+        "SpecForge / sglang llama_eagle3 (sgl-project/SpecForge#139): t2d [vocab_size], True count = "
+        "draft_vocab_size",
+    ),
+    TokenTable(
+        r"d2t",
+        "int",
+        1,
+        "other",
+        TokenRule.KEEP_IDS,
+        (),
+        "EAGLE-3 draft→target offsets: target id = draft id + d2t[draft id]",
+        "SpecForge / sglang llama_eagle3 (sgl-project/SpecForge#139): d2t [draft_vocab_size]",
+    ),
+)
+
+
+def token_table(name: str, kind: str, ndim: int) -> TokenTable | None:
+    """The :data:`TOKEN_TABLES` row for a tensor ``name`` of dtype kind ``kind`` (``int``/``bool``) and
+    ``ndim`` axes, or None."""
+    return next(
+        (
+            r
+            for r in TOKEN_TABLES
+            if r.kind == kind and r.ndim == ndim and re.search(r"(?:^|\.)" + r.pattern + "$", name)
+        ),
+        None,
+    )
+
+
+# Config blocks of a language model (its vocabulary is the text vocabulary), at any nesting.
+TEXT_BLOCKS: tuple[str, ...] = ("text_config", "llm_config", "language_config")
+
+# A model_type two layouts share: the family is told by the names the files hold (``{model_type: [(family,
+# suffixes any of which marks it)]}``), never by the model type alone. THUDM's ChatGLM2/3 and GLM-4 remote
+# code says ``chatglm`` like ChatGLM v1 but stores transformer.embedding.word_embeddings and a separate
+# head transformer.output_layer (zai-org/ChatGLM3#1072); v1 stores transformer.word_embeddings and
+# lm_head.
+NAME_LAYOUTS: dict[str, list[tuple[str, tuple[str, ...]]]] = {
+    "chatglm": [("chatglm_v2", ("output_layer.weight", "embedding.word_embeddings.weight"))],
+}
+
+
+# Families whose LM head sits inside the model's top module, beside the embedding, rather than at the top
+# level: ChatGLM2/3 and GLM-4 ``transformer.output_layer`` (THUDM modeling_chatglm.py, PaddleNLP
+# ``chatglm_v2.output_layer``). A head untie writes gets the embedding's first name component there.
+HEAD_UNDER_MODEL: tuple[str, ...] = ("chatglm_v2",)
+
+
+def model_type_by_names(model_type: str | None, names) -> str | None:
+    """``model_type``, or the model type of the family whose names the files hold (:data:`NAME_LAYOUTS`)."""
+    for family, marks in NAME_LAYOUTS.get(model_type or "", []):
+        if any(matches(n, m) for n in names for m in marks):
+            row = next(r for r in FAMILIES if r["family"] == family)
+            return row["model_types"][0]
+    return model_type
 
 
 def is_listed_extra(name: str) -> bool:
@@ -468,6 +585,7 @@ FALLBACK: FamilyRow = {
         "output.weight",
         "lm_head_weight",
         "output_layer.weight",
+        "embed_out.weight",
         "lm_head.decoder_weight",
         "cls.predictions.decoder.weight",
         "cls.predictions.decoder_weight",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -25,7 +25,17 @@ from .checkpoint import Checkpoint
 from .errors import CheckpointError, Opt, RefusedError, UsageError
 from .findings import Finding, FindingKind, Fix, OneOf, Severity
 from .formats.tensor import TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
+from .surface import quant_module
 from .tokenizer import SpecialTokenId, TokenizerInfo, special_token_ids, tokenizer_info
+from .vocabularies import (
+    Vocabulary,
+    ambiguous_sizes,
+    dtype_kind,
+    sized_by,
+    table_size_key,
+    text_block,
+    vocabularies,
+)
 
 VOCAB_HIDDEN = "vocab-hidden"  # [vocab_size, hidden_size]
 HIDDEN_VOCAB = "hidden-vocab"  # [hidden_size, vocab_size]
@@ -111,6 +121,8 @@ class VocabTensor:
         entries: the number of vocabulary entries along that axis.
         of: the main tensor it copies or aliases (embedding or head), when it is one.
         present: False only for a missing input embedding.
+        vocabulary: the config key of the vocabulary it is indexed by when that is not the embedding's
+            (``draft_vocab_size``, ``talker_config.vocab_size``); None: the embedding's.
     """
 
     name: str
@@ -119,6 +131,7 @@ class VocabTensor:
     entries: int | None
     of: str | None = None
     present: bool = True
+    vocabulary: str | None = None
 
 
 @dataclass(frozen=True)
@@ -146,7 +159,15 @@ class Detection:
             ``head_rows``: its vocabulary entries (may differ from the embedding's rows: reserved rows).
         bias: LM head bias name (``[vocab]`` or ``[1, vocab]``) and ``bias_aliases``.
         extra_tables: further vocabulary tables (MTP embed/head copies, per-layer token tables).
-        by_shape: tensors of no known name with the vocabulary's shape.
+        by_shape: tensors of no known name or rule with an axis of the vocabulary's size.
+        token_tables: integer/boolean tensors a :data:`~surgery.architectures.TOKEN_TABLES` rule covers,
+            with the rule (indexed by the embedding's vocabulary, or keyed to it by value).
+        other_vocab: tensors sized by another vocabulary the config names → its key (kept by resize).
+        head_vocab: the config key of another vocabulary that counts the head's rows (an EAGLE-3 draft
+            head over ``draft_vocab_size``); None: the head is over the embedding's vocabulary.
+        vocab_key: the config key that sizes the embedding's vocabulary (dotted), ``config_vocab_size``
+            its value; ``vocabularies``: every vocabulary the config names; ``unclear_text``: the config
+            blocks that could each be the text model's when the choice is not clear.
         config_tied: the effective ``tie_word_embeddings``; ``config_source`` names where it came from.
         comparison: head vs embedding values.
         special_ids: token ids the configuration files name.
@@ -190,6 +211,12 @@ class Detection:
     by_shape: list[str] = field(default_factory=list)
     special_ids: tuple[SpecialTokenId, ...] = ()
     layout_conflict: LayoutConflict | None = None
+    token_tables: dict[str, arch.TokenTable] = field(default_factory=dict)
+    other_vocab: dict[str, str] = field(default_factory=dict)
+    head_vocab: str | None = None
+    vocab_key: str | None = None
+    vocabularies: tuple[Vocabulary, ...] = ()
+    unclear_text: tuple[str, ...] = ()
 
     @property
     def problems(self) -> list[Finding]:
@@ -218,6 +245,11 @@ class Detection:
     def vocab_axis(self, name: str) -> int | None:
         """The axis of ``name`` the vocabulary runs along (see :class:`VocabTensor`)."""
         t = self.ckpt.tensors[name]
+        if name in self.token_tables:
+            return 0
+        if name in self.other_vocab:
+            size = next((v.size for v in self.vocabularies if v.key == self.other_vocab[name]), None)
+            return list(t.shape).index(size) if size in t.shape else None
         if name == self.head or name in self.head_aliases:
             return 1 if self.head_layout == HIDDEN_VOCAB else 0
         if len(t.shape) == 1 or name == self.bias or name in self.bias_aliases:
@@ -227,6 +259,8 @@ class Detection:
             return 0
         if len(t.shape) == 2 and t.shape[1] in (rows, self.head_rows) and t.shape[0] == self.hidden:
             return 1
+        if name in self.by_shape and rows in t.shape:  # an integer tensor of no rule: its vocabulary axis
+            return list(t.shape).index(rows)
         return None
 
     @property
@@ -237,8 +271,9 @@ class Detection:
         def add(name: str, role: VocabRole, of: str | None = None, present: bool = True) -> None:
             axis = self.vocab_axis(name) if present else 0
             entries = self.ckpt.tensors[name].shape[axis] if present and axis is not None else None
+            vocab = self.other_vocab.get(name) or (self.head_vocab if name == self.head else None)
             out.setdefault(role, []).append(
-                VocabTensor(name, role, axis, entries if present else self.vocab_rows, of, present)
+                VocabTensor(name, role, axis, entries if present else self.vocab_rows, of, present, vocab)
             )
 
         add(self.embedding, VocabRole.INPUT_EMBEDDING, present=self.embedding_present)
@@ -254,17 +289,21 @@ class Detection:
                 add(n, VocabRole.HEAD_BIAS, self.bias)
         for n in self.extra_tables:
             add(n, VocabRole.EXTRA_TABLE)
+        for n, rule in self.token_tables.items():
+            add(n, VocabRole.TOKEN_TABLE if rule.indexed_by == "vocab" else VocabRole.TOKEN_ID_MAP)
+        for n in self.other_vocab:
+            if n not in self.token_tables:
+                add(n, VocabRole.OTHER_VOCABULARY)
         for n in self.by_shape:
             add(n, VocabRole.BY_SHAPE)
         return out
 
 
 def text_config(config: dict) -> tuple[dict, str | None]:
-    """The config block of the language model: ``text_config`` (or ``llm_config``) when present."""
-    for k in ("text_config", "llm_config", "language_config"):
-        if isinstance(config.get(k), dict):
-            return config[k], k
-    return config, None
+    """The config block of the language model and its dotted path (None: the top level):
+    :func:`surgery.vocabularies.text_block`."""
+    tb = text_block(config)
+    return tb.block, tb.key
 
 
 def hidden_size_of(cfg: dict) -> int | None:
@@ -303,7 +342,10 @@ def infer_loader(ckpt: Checkpoint, embedding_name: str | None) -> tuple[str, str
 
 @dataclass(frozen=True)
 class _Cfg:
-    """The config facts detection needs."""
+    """The config facts detection needs: the language model's block ``tcfg`` at dotted path ``tkey``
+    (``unclear``: the candidate blocks when several could be it), the key sizing its table
+    (``vocab_key``) and its value, every vocabulary the config names, and the sizes that cannot tell a
+    vocabulary axis (:func:`~surgery.vocabularies.ambiguous_sizes`)."""
 
     model_type: str | None
     bad_type: bool
@@ -311,26 +353,64 @@ class _Cfg:
     hidden: int | None
     tcfg: dict
     tkey: str | None
+    vocab_key: str | None = None
+    vocabs: tuple[Vocabulary, ...] = ()
+    unclear: tuple[str, ...] = ()
+    ambiguous: frozenset[int] = frozenset()
 
 
 def _config_facts(ckpt: Checkpoint) -> _Cfg:
-    """model_type (the language model's, in a multimodal config whose own type the table does not know),
-    vocab_size and hidden size from config.json, with the language model's block (``text_config``)."""
+    """model_type (the language model's, in a multimodal config whose own type the table does not know;
+    the family whose names the files hold where a model type is shared, :func:`arch.model_type_by_names`),
+    the language model's block (``text_config`` at any nesting, :func:`~surgery.vocabularies.text_block`),
+    the key sizing its vocabulary and the hidden size from config.json."""
     cfg = ckpt.config
-    tcfg, tkey = text_config(cfg)
+    tb = text_block(cfg, lambda: tokenizer_info(ckpt.path).size)
+    tcfg, tkey = tb.block, tb.key
     model_type = cfg.get("model_type")
     if tkey and not any(model_type in r["model_types"] for r in arch.FAMILIES if isinstance(model_type, str)):
         model_type = tcfg.get("model_type", model_type)
     bad_type = model_type is not None and not isinstance(model_type, str)
-    vocab_size = tcfg.get("vocab_size", cfg.get("vocab_size"))
+    if not bad_type:
+        model_type = arch.model_type_by_names(model_type, ckpt.tensors)
+    key = table_size_key(tcfg, tkey) or table_size_key(cfg, None)
+    vocab_size = get_dotted_int(cfg, key)
+    hidden = hidden_size_of(tcfg) or hidden_size_of(cfg)
     return _Cfg(
         model_type=None if bad_type else model_type,
         bad_type=bad_type,
-        vocab_size=vocab_size if isinstance(vocab_size, int) and not isinstance(vocab_size, bool) else None,
-        hidden=hidden_size_of(tcfg) or hidden_size_of(cfg),
+        vocab_size=vocab_size,
+        hidden=hidden,
         tcfg=tcfg,
         tkey=tkey,
+        vocab_key=key if vocab_size is not None else None,
+        vocabs=tuple(vocabularies(cfg)),
+        unclear=tb.unclear,
+        ambiguous=frozenset(ambiguous_sizes(tcfg, hidden) | ambiguous_sizes(cfg, hidden)),
     )
+
+
+def _settle_text(ckpt: Checkpoint, cf: _Cfg, rows: int) -> _Cfg:
+    """An unclear text block settled by a named embedding: the one candidate block whose vocabulary has the
+    embedding's ``rows`` becomes the language model's (unchanged otherwise)."""
+    fits = [
+        b
+        for b in cf.unclear
+        if get_dotted_int(ckpt.config, table_size_key(_block_at(ckpt.config, b), b)) == rows
+    ]
+    if len(fits) != 1:
+        return cf
+    block = _block_at(ckpt.config, fits[0])
+    key = table_size_key(block, fits[0])
+    return replace(cf, tcfg=block, tkey=fits[0], vocab_key=key, vocab_size=rows, unclear=())
+
+
+def get_dotted_int(cfg: dict, key: str | None) -> int | None:
+    """The integer at dotted ``key`` of ``cfg`` (None when absent, not an integer, or ``key`` is None)."""
+    v: object = cfg
+    for part in (key or "").split(".") if key else []:
+        v = v.get(part) if isinstance(v, dict) else None
+    return v if key and isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def _ranked(
@@ -346,7 +426,8 @@ def _ranked(
                 continue
             if arch.matches(name, suf) and (ndim is None or len(t.shape) == ndim):
                 inner = arch.is_extra_table(name)
-                found[name] = (i, inner, rows is not None and t.shape[0] != rows, arch.depth(name), name)
+                other_rows = rows is not None and (t.shape[0] != rows if ndim else rows not in t.shape)
+                found[name] = (i, inner, other_rows, arch.depth(name), name)
     return sorted(found, key=found.__getitem__)
 
 
@@ -456,7 +537,7 @@ def _find_head(
     Raises:
         RefusedError: several tensors could be the head.
     """
-    named = _ranked(ckpt, fam.head, exclude=(embedding,), ndim=None)
+    named = _ranked(ckpt, fam.head, V, exclude=(embedding,), ndim=None)
     if named or fam.known:
         return (named[0] if named else None), False
     others = [
@@ -564,12 +645,14 @@ class _HeadShape:
     conflict: LayoutConflict | None = None
 
 
-def _head_shape(head: str, hs: tuple[int, ...], V: int, H: int, layout: str | None) -> _HeadShape:
+def _head_shape(
+    head: str, hs: tuple[int, ...], V: int, H: int, layout: str | None, named: frozenset[int] = frozenset()
+) -> _HeadShape:
     """Read the head's layout from its shape against the embedding's ``[V, H]``: ``vocab-hidden`` or
     ``hidden-vocab`` (``layout`` when the square shape cannot say, else ``ambiguous``); a head with fewer
     rows keeps them (reserved rows) unless it is an exact fraction 1/k of ``V`` (a tensor-parallel slice:
-    unusable, a problem); any other shape is unusable (a problem). A ``layout`` the shape contradicts is a
-    conflict."""
+    unusable, a problem) whose rows no other vocabulary of the config (``named``: ``draft_vocab_size``)
+    counts; any other shape is unusable (a problem). A ``layout`` the shape contradicts is a conflict."""
     hs = tuple(hs)
     if len(hs) != 2:
         return _HeadShape(problem=Finding(FindingKind.HEAD_NOT_2D, (head,), {"shape": list(hs)}))
@@ -583,7 +666,7 @@ def _head_shape(head: str, hs: tuple[int, ...], V: int, H: int, layout: str | No
     for rows, other, fits in ((a, b, VOCAB_HIDDEN), (b, a, HIDDEN_VOCAB)):
         if other != H or not rows or rows > V:  # a head with more rows than the embedding fits neither
             continue
-        if rows < V and V % rows == 0:
+        if rows < V and V % rows == 0 and rows not in named:
             facts = {"shape": list(hs), "head_rows": rows, "fraction": V // rows, "embedding_rows": V}
             return _HeadShape(tp=V // rows, problem=Finding(FindingKind.HEAD_TP_SLICE, (head,), facts))
         conflict = LayoutConflict(head, hs, layout, fits) if layout in LAYOUTS and layout != fits else None
@@ -848,9 +931,17 @@ def _size_findings(det: Detection) -> list[Finding]:
     V, tok, emb = det.vocab_rows, det.tokenizer, (det.embedding,)
     facts: dict[str, Any]
     if det.config_vocab_size is not None and det.config_vocab_size != V:
-        facts = {"config_vocab_size": det.config_vocab_size, "embedding_rows": V}
+        facts = {"config_vocab_size": det.config_vocab_size, "embedding_rows": V, "key": det.vocab_key}
         out.append(Finding(FindingKind.VOCAB_SIZE_MISMATCH, emb, facts, Fix(Opt("vocab_size", V), "resize")))
-    if det.head_rows is not None and det.head_rows != V:
+    if det.head_vocab is not None and det.head_rows is not None:
+        facts = {
+            "head_rows": det.head_rows,
+            "head_key": det.head_vocab,
+            "embedding_rows": V,
+            "embedding_key": det.vocab_key,
+        }
+        out.append(Finding(FindingKind.HEAD_OTHER_VOCABULARY, (det.head, det.embedding), facts))
+    elif det.head_rows is not None and det.head_rows != V:
         facts = {"embedding_rows": V, "head_rows": det.head_rows}
         out.append(Finding(FindingKind.HEAD_ROWS_DIFFER, (det.embedding, det.head), facts))
     if tok.size is not None and tok.size != V:
@@ -894,9 +985,81 @@ def _tie_findings(det: Detection) -> list[Finding]:
         out.append(Finding(FindingKind.TIED_BUT_DIFFERENT, (head, det.embedding), facts))
     if not det.head_present and det.config_tied and not det.family.reties and comp.values != "shared":
         out.append(Finding(FindingKind.HEAD_MISSING_NOT_RETIED, (head,), {"loader": det.loader}))
-    if not det.head_present and not det.config_tied:
+    shaped = unnamed_heads(det)
+    if not det.head_present and shaped:
+        out.append(Finding(FindingKind.HEAD_UNNAMED, (head, *shaped)))
+    elif not det.head_present and not det.config_tied:
         out.append(Finding(FindingKind.UNTIED_BUT_NO_HEAD, (head,), {"config_source": source}))
     return out
+
+
+def unnamed_heads(det: Detection) -> list[str]:
+    """Tensors of no known name with the head's shape (``[V, H]`` or ``[H, V]``, outside the numbered
+    blocks) when the files hold no head by name: each may be a trained head under a name the table lacks."""
+    if det.head_present:
+        return []
+    shapes = ((det.vocab_rows, det.hidden), (det.hidden, det.vocab_rows))
+    return [n for n in det.by_shape if tuple(det.ckpt.tensors[n].shape) in shapes]
+
+
+def _beyond_findings(det: Detection) -> list[Finding]:
+    """Notes on the surface found by shape and by value: token-indexed tables and their rules, tensors of
+    another vocabulary, the text vocabulary chosen among several (or a problem: not clear)."""
+    out: list[Finding] = []
+    tables = [
+        {"name": n, "what": r.what, "rule": r.rule.value}
+        for n, r in det.token_tables.items()
+        if r.indexed_by == "vocab"
+    ]
+    if tables:
+        out.append(Finding(FindingKind.TOKEN_TABLES, tuple(t["name"] for t in tables), {"tables": tables}))
+    by_key: dict[str, dict] = {}
+    sizes = {v.key: v.size for v in det.vocabularies}
+    for n, k in det.other_vocab.items():
+        by_key.setdefault(k, {"size": sizes.get(k), "tensors": []})["tensors"].append(n)
+    if by_key:
+        out.append(Finding(FindingKind.OTHER_VOCABULARY, tuple(det.other_vocab), {"by_key": by_key}))
+    if det.unclear_text:
+        facts = {"blocks": list(det.unclear_text), "candidates": _candidate_pairs(det)}
+        out.append(Finding(FindingKind.TEXT_VOCABULARY_UNCLEAR, (), facts))
+    elif det.text_cfg_key and det.vocab_key and det.head_present:
+        block = det.vocab_key.rpartition(".")[0]
+        named = {v.key: v.size for v in det.vocabularies if v.block != block and v.size != det.vocab_rows}
+        if named:
+            facts = {
+                "vocabularies": {det.vocab_key: det.config_vocab_size, **named},
+                "block": det.text_cfg_key,
+                "key": det.vocab_key,
+                "size": det.config_vocab_size,
+            }
+            out.append(Finding(FindingKind.TEXT_VOCABULARY, (det.embedding, det.head), facts))
+    return out
+
+
+def _candidate_pairs(det: Detection) -> list[dict]:
+    """For each candidate language-model block of an unclear choice: the embedding and head with its
+    vocabulary's rows (the common names, else a 2-D table of those rows named like one), for the refusal to
+    print; a block with no such pair lists its tables of those rows instead (``tables``)."""
+    ckpt, out, names = det.ckpt, [], arch.FALLBACK
+    for block in det.unclear_text:
+        size = get_dotted_int(ckpt.config, table_size_key(_block_at(ckpt.config, block), block))
+        if size is None:
+            continue
+        tables = [n for n, t in ckpt.tensors.items() if len(t.shape) == 2 and size in t.shape]
+        embs = [n for n in _ranked(ckpt, names["embedding"], size) if ckpt.tensors[n].shape[0] == size]
+        embs += [n for n in tables if "embed" in n and ckpt.tensors[n].shape[0] == size]
+        heads = [n for n in _ranked(ckpt, names["head"], size, ndim=None) if size in ckpt.tensors[n].shape]
+        heads += [n for n in tables if "head" in n and n not in embs[:1]]
+        pair = {"embedding": embs[0], "head": heads[0]} if embs and heads else {"tables": tables}
+        out.append({"block": block, **pair})
+    return out
+
+
+def _block_at(cfg: dict, dotted: str) -> dict:
+    v: object = cfg
+    for part in dotted.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return v if isinstance(v, dict) else {}
 
 
 def _later_findings(det: Detection) -> list[Finding]:
@@ -911,7 +1074,7 @@ def _later_findings(det: Detection) -> list[Finding]:
         out.append(Finding(FindingKind.EXTRA_TABLES, tuple(det.extra_tables)))
     if det.by_shape:
         out.append(Finding(FindingKind.BY_SHAPE, tuple(det.by_shape)))
-    return out
+    return out + _beyond_findings(det)
 
 
 def _missing_embedding_dims(ckpt: Checkpoint, head: str, fam: arch.Family, cf: _Cfg) -> tuple[int, int]:
@@ -949,6 +1112,59 @@ class _Pair:
     extra: list[str] = field(default_factory=list)
     by_shape: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    beyond: _Beyond | None = None
+
+
+@dataclass
+class _Beyond:
+    """The surface beyond the named tables, found by shape and by value (:func:`_beyond_names`)."""
+
+    token_tables: dict[str, arch.TokenTable] = field(default_factory=dict)
+    other_vocab: dict[str, str] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)
+    head_vocab: str | None = None
+
+
+def _beyond_names(
+    ckpt: Checkpoint, cf: _Cfg, taken: set[str], V: int, head: str | None, head_rows: int | None
+) -> _Beyond:
+    """Every tensor outside ``taken`` with an axis of a vocabulary's size (:func:`vocabularies.sized_by`):
+    for the embedding's ``V`` rows, a :data:`~surgery.architectures.TOKEN_TABLES` rule's table or an
+    unknown one; for another vocabulary the config names (not ``V``), a tensor of that vocabulary (a rule's
+    token-id map, or kept as it is). A float tensor counts only where no other config key names the size
+    (:func:`vocabularies.ambiguous_sizes`); quantization tensors never. The head is over another
+    vocabulary when its rows are that vocabulary's and not the embedding's (``head_vocab``)."""
+    logical = {n: ckpt.logical_dtype(t) for n, t in ckpt.tensors.items()}
+    out, seen = _Beyond(), set(taken)
+    others = [v for v in cf.vocabs if v.size != V]
+    if head is not None and head_rows is not None and head_rows != V:
+        out.head_vocab = next((v.key for v in others if v.size == head_rows and v.key != cf.vocab_key), None)
+
+    def sized(size: int) -> list[str]:
+        clear = size not in cf.ambiguous
+        return [
+            n
+            for n in sized_by(ckpt.tensors, logical, size, seen)
+            if quant_module(n) is None and (clear or dtype_kind(logical[n]) != "float")
+        ]
+
+    for n in sized(V):
+        t = ckpt.tensors[n]
+        rule = arch.token_table(n, dtype_kind(logical[n]), len(t.shape))
+        if rule is not None and rule.indexed_by == "vocab" and t.shape[0] == V:
+            out.token_tables[n] = rule
+        else:
+            out.unknown.append(n)
+    seen |= set(out.token_tables) | set(out.unknown)
+    for v in others:
+        for n in sized(v.size):
+            t = ckpt.tensors[n]
+            rule = arch.token_table(n, dtype_kind(logical[n]), len(t.shape))
+            if rule is not None and rule.indexed_by == "other" and t.shape[0] == v.size:
+                out.token_tables[n] = rule
+            out.other_vocab[n] = v.key
+            seen.add(n)
+    return out
 
 
 def _found_head(
@@ -962,7 +1178,7 @@ def _found_head(
     """
     if head_name:
         return head_name, [head_name], []
-    head_named = _ranked(ckpt, fam.head, exclude=(embedding,), ndim=None)
+    head_named = _ranked(ckpt, fam.head, V, exclude=(embedding,), ndim=None)
     alias_probe = _ranked(ckpt, fam.aliases + fam.embedding, exclude=(embedding,))
     head, by_shape = _find_head(ckpt, fam, embedding, alias_probe, V, H)
     return head, head_named, [Finding(FindingKind.HEAD_BY_SHAPE, (head,))] if head and by_shape else []
@@ -995,13 +1211,16 @@ def _embedding_pair(
         findings.append(Finding(FindingKind.EMBEDDING_HIDDEN_MISMATCH, (embedding,), facts))
     head, head_named, head_notes = _found_head(ckpt, fam, embedding, head_name, V, H)
     emb_aliases, vocab_aliases, head_aliases = _find_aliases(ckpt, fam, embedding, head, head_named)
-    shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout) if head else _HeadShape()
+    named = frozenset(v.size for v in cf.vocabs if v.key != cf.vocab_key and v.size != V)
+    shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout, named) if head else _HeadShape()
     comp, cmp_notes = _comparison(ckpt, fam, embedding, head, shape, tied, compare_values)
     findings += head_notes + ([shape.problem] if shape.problem else []) + cmp_notes
     taken = {embedding, *emb_aliases, *vocab_aliases, *head_aliases, *([head] if head else [])}
     taken |= {*([bias[0]] if bias[0] else []), *bias[1]}
     extra = _find_extra_tables(ckpt, fam, taken)
     by_shape = _find_by_shape(ckpt, taken | set(extra), V, H)
+    beyond = _beyond_names(ckpt, cf, taken | set(extra) | set(by_shape), V, head, shape.rows)
+    by_shape += beyond.unknown
     return _Pair(
         embedding,
         found_by,
@@ -1016,6 +1235,7 @@ def _embedding_pair(
         extra=extra,
         by_shape=by_shape,
         findings=findings,
+        beyond=beyond,
     )
 
 
@@ -1098,6 +1318,8 @@ def detect(
     )
     if embedding is None and not head_named:
         raise _nothing_found(ckpt, cf, probe)
+    if embedding is not None and found_by is FoundBy.NAMED:
+        cf = _settle_text(ckpt, cf, ckpt.tensors[embedding].shape[0])
     findings = _config_findings(cf, probe, found_by, embedding)
     if loader is None:
         loader, loader_source = infer_loader(ckpt, embedding or head_named[0])
@@ -1128,6 +1350,7 @@ def _detection(
 ) -> Detection:
     """The :class:`Detection` of ``pair`` under ``fam`` and ``loader`` (name, how it was decided), without
     findings; reads the tokenizer files and the special token ids of the folder."""
+    beyond = pair.beyond or _Beyond()
     return Detection(
         ckpt=ckpt,
         family=fam,
@@ -1139,7 +1362,7 @@ def _detection(
         embedding=pair.embedding,
         embedding_aliases=pair.emb_aliases,
         vocab_aliases=pair.vocab_aliases,
-        head=pair.head or _default_head_name(fam),
+        head=pair.head or _default_head_name(fam, pair.embedding),
         head_present=pair.head is not None,
         head_layout=pair.shape.layout,
         head_aliases=pair.head_aliases,
@@ -1162,6 +1385,12 @@ def _detection(
         by_shape=pair.by_shape,
         special_ids=special_token_ids(ckpt.path),
         layout_conflict=pair.shape.conflict,
+        token_tables=beyond.token_tables,
+        other_vocab=beyond.other_vocab,
+        head_vocab=beyond.head_vocab,
+        vocab_key=cf.vocab_key,
+        vocabularies=cf.vocabs,
+        unclear_text=cf.unclear,
     )
 
 
@@ -1172,7 +1401,11 @@ def tied_scale(config: dict, hidden: int) -> float:
     return float(d) ** -0.5
 
 
-def _default_head_name(fam: arch.Family) -> str:
+def _default_head_name(fam: arch.Family, embedding: str = "") -> str:
     """Name for a head that is not in the files: the family's first head name, at the top level
-    (``lm_head.weight``), as every loader in the table names it."""
+    (``lm_head.weight``), or inside the embedding's top module for a family whose head sits there
+    (:data:`~surgery.architectures.HEAD_UNDER_MODEL`: ``transformer.output_layer.weight``)."""
+    first = embedding.split(".")[0] if "." in embedding else ""
+    if fam.name in arch.HEAD_UNDER_MODEL and first:
+        return f"{first}.{fam.head[0]}"
     return fam.head[0]

@@ -50,6 +50,12 @@ class FindingKind(str, Enum):
     LAYOUT_CONFLICT = "layout-conflict"
     EXTRA_TABLES = "extra-vocabulary-tables"
     BY_SHAPE = "vocab-shaped-tensors"
+    TOKEN_TABLES = "token-indexed-tables"
+    OTHER_VOCABULARY = "other-vocabulary-tensors"
+    HEAD_OTHER_VOCABULARY = "head-over-another-vocabulary"
+    TEXT_VOCABULARY = "text-vocabulary-chosen"
+    TEXT_VOCABULARY_UNCLEAR = "text-vocabulary-unclear"
+    HEAD_UNNAMED = "head-not-named-but-shaped"
 
 
 _NOTES = {
@@ -62,6 +68,10 @@ _NOTES = {
     FindingKind.PADDING_ROWS,
     FindingKind.EXTRA_TABLES,
     FindingKind.BY_SHAPE,
+    FindingKind.TOKEN_TABLES,
+    FindingKind.OTHER_VOCABULARY,
+    FindingKind.HEAD_OTHER_VOCABULARY,
+    FindingKind.TEXT_VOCABULARY,
 }
 
 
@@ -230,6 +240,63 @@ def _head_tp_slice(f: Finding) -> str:
     )
 
 
+def _token_tables(f: Finding) -> str:
+    shown = [f"{t['name']} ({t['what']}: {t['rule']})" for t in f.facts["tables"]]
+    return "token-indexed tables, resized with the embedding by the architecture table's rule: " + "; ".join(
+        shown
+    )
+
+
+def _other_vocabulary(f: Finding) -> str:
+    groups = [
+        f"config.json {k} = {v['size']}: {', '.join(v['tensors'])}" for k, v in f.facts["by_key"].items()
+    ]
+    return "tensors of another vocabulary, left as they are by resize (" + "; ".join(groups) + ")"
+
+
+def _head_other_vocabulary(f: Finding) -> str:
+    (head, emb), x = f.tensors, f.facts
+    return (
+        f"the head {head} has {x['head_rows']} rows: it is over another vocabulary, config.json "
+        f"{x['head_key']} = {x['head_rows']}, not the embedding's ({x['embedding_key']} = "
+        f"{x['embedding_rows']} rows of {emb}); by design, not a truncated or tensor-parallel head: tie "
+        "cannot serve both with one table, resize keeps it"
+    )
+
+
+def _text_vocabulary(f: Finding) -> str:
+    x = f.facts
+    named = ", ".join(f"{k} = {v}" for k, v in x["vocabularies"].items())
+    return (
+        f"config.json names several vocabularies ({named}): the text model's is {x['block']} "
+        f"({x['key']} = {x['size']}), so the pair is {f.tensors[0]} / {f.tensors[1]}; the other "
+        "vocabularies' tensors are left as they are"
+    )
+
+
+def _text_vocabulary_unclear(f: Finding) -> str:
+    pairs = [
+        f"{c['block']}: {Opt('embedding', c['embedding'])} {Opt('head', c['head'])}"
+        if "embedding" in c
+        else f"{c['block']}: {Opt('embedding')}/{Opt('head')} among {', '.join(c['tables']) or 'none'}"
+        for c in f.facts["candidates"]
+    ]
+    return (
+        f"config.json names several language-model blocks ({', '.join(f.facts['blocks'])}): which one is "
+        "the text vocabulary is not clear (tie/untie/resize refuse until the pair is named); pass "
+        + ("; or ".join(pairs) if pairs else f"{Opt('embedding', 'NAME')} and {Opt('head', 'NAME')}")
+    )
+
+
+def _head_unnamed(f: Finding) -> str:
+    head, shaped = f.tensors[0], f.tensors[1:]
+    return (
+        f"no tensor is named like the head ({head}), but {', '.join(shaped)} has the vocabulary's shape: it "
+        f"may be a trained head under another name, so the model is not 'tied' by absence; if it is the "
+        f"head, pass {Opt('head', shaped[0])} (tie and untie refuse until then)"
+    )
+
+
 _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
     FindingKind.MODEL_TYPE_NOT_STRING: lambda f: "config.json model_type is not a string; ignored",
     FindingKind.EMBEDDING_BY_SHAPE: lambda f: (
@@ -258,8 +325,9 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
         "materialised (as tietool untie writes it)"
     ),
     FindingKind.VOCAB_SIZE_MISMATCH: lambda f: (
-        f"config vocab_size is {f.facts['config_vocab_size']} but the embedding {f.tensors[0]} has "
-        f"{f.facts['embedding_rows']} rows ({f.fix} fixes vocab_size)"
+        f"config {f.facts.get('key', 'vocab_size')} is {f.facts['config_vocab_size']} but the embedding "
+        f"{f.tensors[0]} has {f.facts['embedding_rows']} rows ({f.fix} fixes "
+        f"{f.facts.get('key', 'vocab_size')}; tie and untie refuse until then)"
     ),
     FindingKind.HEAD_ROWS_DIFFER: _head_rows_differ,
     FindingKind.PADDING_ROWS: _padding_rows,
@@ -286,8 +354,15 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
         "further vocabulary tables (resized with the embedding and head): " + ", ".join(f.tensors)
     ),
     FindingKind.BY_SHAPE: lambda f: (
-        f"tensors of no known vocabulary name with the vocabulary's shape: {', '.join(f.tensors)}"
+        "tensors of no known vocabulary name or rule with an axis of the vocabulary's size (resize refuses "
+        f"until they are named or removed): {', '.join(f.tensors)}"
     ),
+    FindingKind.TOKEN_TABLES: _token_tables,
+    FindingKind.OTHER_VOCABULARY: _other_vocabulary,
+    FindingKind.HEAD_OTHER_VOCABULARY: _head_other_vocabulary,
+    FindingKind.TEXT_VOCABULARY: _text_vocabulary,
+    FindingKind.TEXT_VOCABULARY_UNCLEAR: _text_vocabulary_unclear,
+    FindingKind.HEAD_UNNAMED: _head_unnamed,
 }
 
 

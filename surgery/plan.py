@@ -15,11 +15,12 @@ import numpy as np
 from . import architectures as arch
 from .checkpoint import Checkpoint
 from .configfile import get_dotted, read_config_file
-from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, tied_scale
+from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, FoundBy, tied_scale, unnamed_heads
 from .errors import AmbiguousLayoutError, Opt, RefusedError, UsageError, ValuesDifferError
+from .findings import FindingKind, Fix, describe
 from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo, dtype_refusal
 from .options import Init, Keep
-from .recipes import CopyIfEqual, CopyOf, NewRows, Recipe, ResizedBias, ResizedTable, uses
+from .recipes import CopyIfEqual, CopyOf, NewRows, Recipe, ResizedBias, ResizedTable, TokenRows, uses
 from .vocabkeys import vocab_keys
 
 NEW_SHARD = "<new shard>"  # NewTensor.file of a tensor that gets a shard file of its own
@@ -166,6 +167,54 @@ def _refuse_unusable_head(det: Detection, op: str) -> None:
         )
 
 
+def refuse_unsettled_pair(det: Detection, op: str) -> None:
+    """Refuse a write whose pair or vocabulary is not settled: the text vocabulary is not clear among
+    several (unless ``--embedding`` named the table), or no head is named while a tensor of no known name
+    has the head's shape (it may be a trained head: tie would set the flag beside it, untie add a second
+    head).
+
+    Raises:
+        RefusedError: naming the candidates and the ``--embedding`` / ``--head`` to pass.
+    """
+    if det.unclear_text and det.embedding_found_by is not FoundBy.NAMED:
+        found = next(f for f in det.problems if f.kind is FindingKind.TEXT_VOCABULARY_UNCLEAR)
+        raise RefusedError(
+            f"{op} refused: {describe(found)}", det.ckpt.path, "name the pair of the text model"
+        )
+    shaped = unnamed_heads(det)
+    if shaped:
+        raise RefusedError(
+            f"{op} refused: no tensor is named like the head ({det.head}), but {', '.join(shaped)} has the "
+            f"vocabulary's shape {list(det.ckpt.tensors[shaped[0]].shape)}: it may be a trained head under "
+            "another name",
+            det.ckpt.path,
+            f"if it is the LM head, pass {Opt('head', shaped[0])}; otherwise remove or rename it first",
+        )
+
+
+def refuse_stale_vocab_size(det: Detection, op: str) -> None:
+    """Refuse tie/untie while the config's vocabulary size disagrees with the embedding's rows: the loader
+    builds a table of the config's size, so the output would load only by luck, and its head would be
+    tied or untied against the wrong number of rows. ``resize`` to the rows sets the key (a config that
+    counts the head's rows of an embedding with reserved rows agrees).
+
+    Raises:
+        RefusedError: one line naming the config file, the key, both numbers and the resize that fixes it.
+    """
+    cvs, V = det.config_vocab_size, det.vocab_rows
+    if cvs is None or cvs == V or (cvs == det.head_rows and det.head_vocab is None):
+        return
+    key, ckpt = det.vocab_key or "vocab_size", det.ckpt
+    if ckpt.config_file != "config.json":
+        key = f"{ckpt.config_prefix}.{key}".lstrip(".")
+    raise RefusedError(
+        f"{op} refused: {ckpt.config_file} {key} is {cvs} but the embedding {det.embedding} has {V} rows "
+        f"(the loader would build a {cvs}-row table)",
+        ckpt.path / ckpt.config_file,
+        f"tietool {Fix(Opt('vocab_size', V), 'resize')} sets {key} to the rows, then {op}",
+    )
+
+
 def _out_dtype(ckpt: Checkpoint, t: TensorInfo, relabel: bool) -> str:
     return "BF16" if relabel and t.dtype == "U16" else t.dtype
 
@@ -265,7 +314,9 @@ def plan_tie(det: Detection, keep: Keep | str | None = None, drop_aliases: bool 
             embedding, or ``keep="head"`` cannot be honoured (:func:`_keep_head_values`).
     """
     plan = _base_plan("tie", det)
+    refuse_unsettled_pair(det, "tie")
     _refuse_unusable_head(det, "tie")
+    refuse_stale_vocab_size(det, "tie")
     plan.config_set = _tie_flags(det, True)
     if not det.embedding_present:
         return _tie_missing_embedding(det, plan, keep)
@@ -490,10 +541,15 @@ def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) 
 def _refuse_unequal_rows(det: Detection, op: str) -> None:
     """tie needs a head with the embedding's vocabulary rows."""
     if det.head_rows is not None and det.head_rows != det.vocab_rows:
+        other = (
+            f" (the head is over another vocabulary, config.json {det.head_vocab} = {det.head_rows})"
+            if det.head_vocab
+            else ""
+        )
         raise RefusedError(
             f"{op} refused: the head {det.head} {list(det.ckpt.tensors[det.head].shape)} has {det.head_rows} "
             f"vocabulary rows and the embedding {det.embedding} {list(det.emb_info.shape)} has "
-            f"{det.vocab_rows}: one table cannot serve both shapes",
+            f"{det.vocab_rows}{other}: one table cannot serve both shapes",
             det.ckpt.path,
             "keep the checkpoint untied, or resize/trim the tables to the same rows first",
         )
@@ -540,7 +596,9 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
         UsageError: an unknown ``layout``, or one that contradicts the head's shape.
     """
     ckpt, plan = det.ckpt, _base_plan("untie", det)
+    refuse_unsettled_pair(det, "untie")
     _refuse_unusable_head(det, "untie")
+    refuse_stale_vocab_size(det, "untie")
     if det.family.always_tied:
         raise RefusedError(
             f"untie refused: the {det.loader} loader of {det.model_type} always takes {det.head} from "
@@ -653,11 +711,13 @@ def plan_resize(
             part of the vocabulary surface cannot follow (:func:`_refuse_resize_surface`).
     """
     how = _resize_init(vocab, pad_to_multiple_of, init)
+    refuse_unsettled_pair(det, "resize")
     _refuse_unusable_head(det, "resize")
     _refuse_ambiguous_resize(det)
     V, N = det.vocab_rows, target_rows(vocab, pad_to_multiple_of)
     _refuse_target(det, N, how)
     _refuse_resize_surface(det, N)
+    _refuse_token_values(det, N)
     plan = _base_plan("resize", det)
     past = [str(i) for i in det.special_ids if i.id >= N]
     if N < V and not force:
@@ -786,7 +846,7 @@ def _resize_report(
         "pad_to_multiple_of": pad_to_multiple_of,
         "tokenizer_size": det.tokenizer.size,
     }
-    if det.head_rows is not None and det.head_rows != V:
+    if det.head_rows is not None and det.head_rows != V and det.head_vocab is None:
         rep["head_rows_before"] = det.head_rows
         rep["head_rows_after"] = det.head_rows + N - V
     return rep
@@ -819,7 +879,7 @@ def _resize_config(det: Detection, plan: Plan, N: int) -> None:
     V, hrows, ckpt = det.vocab_rows, det.head_rows, det.ckpt
     primary = _primary_vocab_size(det, N)
     moves = {V: N}
-    if hrows is not None and hrows != V:
+    if hrows is not None and hrows != V and det.head_vocab is None:
         moves.setdefault(hrows, hrows + N - V)
     if det.config_vocab_size is not None:
         moves.setdefault(det.config_vocab_size, _config_rows(det, N))
@@ -844,21 +904,21 @@ def _config_rows(det: Detection, N: int) -> int:
     """The config's vocab_size after a resize to ``N`` embedding rows: ``N``, or the head's new rows where
     the config counted the head's rows (an embedding with reserved rows)."""
     V, hrows = det.vocab_rows, det.head_rows
-    offset_head = hrows is not None and hrows != V and det.config_vocab_size == hrows
+    offset_head = hrows is not None and hrows != V and det.config_vocab_size == hrows and not det.head_vocab
     return N - V + hrows if offset_head and hrows is not None else N
 
 
 def _primary_vocab_size(det: Detection, N: int) -> list[tuple[str, str, object]]:
-    """config.json ``vocab_size`` (created when absent, unless only the language model's nested config has
-    one) and ``<text_cfg_key>.vocab_size`` when present: ``N``, or the head's new rows where the config
-    counted the head's rows (an embedding with reserved rows)."""
-    cfg, cvs = det.ckpt.config, _config_rows(det, N)
+    """config.json ``vocab_size`` (when present, or created when the config names no key sizing the table)
+    and the key that sizes the language model's table (``det.vocab_key``: ``text_config.vocab_size``,
+    ``thinker_config.text_config.vocab_size``, ``padded_vocab_size``): ``N``, or the head's new rows where
+    the config counted the head's rows (an embedding with reserved rows)."""
+    cfg, cvs, key = det.ckpt.config, _config_rows(det, N), det.vocab_key
     out: list[tuple[str, str, object]] = []
-    nested = bool(det.text_cfg_key) and "vocab_size" in (cfg.get(det.text_cfg_key) or {})
-    if "vocab_size" in cfg or not nested:
+    if "vocab_size" in cfg or key in (None, "vocab_size"):
         out.append(("config.json", "vocab_size", cvs))
-    if nested:
-        out.append(("config.json", f"{det.text_cfg_key}.vocab_size", cvs))
+    if key is not None and key != "vocab_size":
+        out.append(("config.json", key, cvs))
     return out
 
 
@@ -871,17 +931,17 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
         raise _missing_embedding_refusal(
             det, "resize", f"restore it first (untie, or tie {Opt('keep', 'head')}), then resize"
         )
-    odd = [f"{n} {list(ckpt.tensors[n].shape)}" for n in det.by_shape]
+    odd = [f"{n} {list(ckpt.tensors[n].shape)} {ckpt.logical_dtype(ckpt.tensors[n])}" for n in det.by_shape]
     if odd:
         raise RefusedError(
-            f"resize refused: {', '.join(odd)} has the vocabulary's shape ({V} rows) but no known role "
-            "(not the embedding, head, bias or a known copy): resizing the rest would leave it at the old "
-            "size",
+            f"resize refused: {', '.join(odd)} has an axis of the vocabulary's {V} entries but no known role "
+            "or rule (not the embedding, head, bias, a known copy or a token-indexed table of the "
+            "architecture table): resizing the rest would leave it at the old size",
             ckpt.path,
             f"if it is the embedding or head, pass {Opt('embedding')}/{Opt('head', 'NAME')}; otherwise "
             "remove or rename it first",
         )
-    rows = (V, det.head_rows)
+    rows = (V, det.head_rows if det.head_vocab is None else V)
 
     def follows(n: str) -> bool:
         axis = det.vocab_axis(n)
@@ -895,7 +955,7 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
             ckpt.path,
             "resize them with the tool of their model, or remove them first",
         )
-    if det.head_rows is not None and det.head_rows + N - V < 1:
+    if det.head_rows is not None and det.head_vocab is None and det.head_rows + N - V < 1:
         raise RefusedError(
             f"resize to {N} rows would leave the head {det.head} with {det.head_rows + N - V} rows (it has "
             f"{V - det.head_rows} rows fewer than the embedding)",
@@ -950,8 +1010,15 @@ def _resize_tensors(det: Detection, plan: Plan, N: int, draws: _Draws) -> None:
         _put(plan, n, 0, N, draws.table(n, 0, N, V), ckpt.tensors[n].storage)
     hrows = det.head_rows if det.head_rows is not None else V
     hnew = hrows + N - V
-    head = _resize_head(det, plan, hrows, hnew, emb, draws)
-    _resize_bias(det, plan, hrows, hnew)
+    head: Recipe | None = None
+    if det.head_vocab is None:
+        head = _resize_head(det, plan, hrows, hnew, emb, draws)
+        _resize_bias(det, plan, hrows, hnew)
+    else:
+        plan.notes.append(
+            f"{det.head} is over another vocabulary (config.json {det.head_vocab} = {hrows}): kept as it is"
+        )
+    _resize_token_tables(det, plan, N)
     for n in det.extra_tables:
         axis = det.vocab_axis(n) or 0
         old = ckpt.tensors[n].shape[axis]
@@ -963,6 +1030,100 @@ def _resize_tensors(det: Detection, plan: Plan, N: int, draws: _Draws) -> None:
             _put(plan, n, axis, new, CopyIfEqual(n, main, main_recipe, own))
         else:
             _put(plan, n, axis, new, own)
+
+
+def _resize_token_tables(det: Detection, plan: Plan, N: int) -> None:
+    """Every token-indexed table of the embedding's vocabulary to ``N`` rows by its rule
+    (:data:`~surgery.architectures.TOKEN_TABLES`): old rows kept, new rows repeating existing rows (ids of
+    something else stay valid) or zero/False (a membership mask); tables keyed to another vocabulary are
+    kept (their values checked by :func:`_refuse_token_values`)."""
+    for n, rule in det.token_tables.items():
+        if rule.indexed_by != "vocab":
+            continue
+        recipe = TokenRows(n, N, cycle=rule.rule is arch.TokenRule.CYCLE_ROWS)
+        _put(plan, n, 0, N, recipe, det.ckpt.tensors[n].storage)
+        plan.notes.append(f"{n} ({rule.what}) to {N} rows: {rule.rule.value}")
+
+
+def _refuse_token_values(det: Detection, N: int) -> None:
+    """Refuse a resize to ``N`` rows that the values of a token table contradict
+    (:func:`_refuse_bound`, :func:`_refuse_trimmed_ids`), or a trim while an integer tensor of another
+    vocabulary, whose values no rule explains, may hold token ids the trim removes.
+
+    Raises:
+        RefusedError: naming the tensor.
+    """
+    ckpt = det.ckpt
+    for n, rule in det.token_tables.items():
+        _refuse_bound(det, n, rule)
+        if rule.rule is arch.TokenRule.KEEP_IDS and N < det.vocab_rows:
+            _refuse_trimmed_ids(det, n, rule, N)
+    unknown = [
+        n
+        for n in det.other_vocab
+        if n not in det.token_tables and ckpt.logical_dtype(ckpt.tensors[n]) not in _FLOATS
+    ]
+    if N < det.vocab_rows and unknown:
+        raise RefusedError(
+            f"resize to {N} rows refused: {', '.join(unknown)} (integer, of another vocabulary) may hold "
+            "token ids the trim removes, and no rule of the architecture table says what its values are",
+            ckpt.path,
+            "grow the vocabulary instead, or remove the tensor first",
+        )
+
+
+def _refuse_bound(det: Detection, n: str, rule: arch.TokenTable) -> None:
+    """Refuse a token table whose values lie outside the bound its rule names (``n_routed_experts``): it is
+    not the table the rule describes."""
+    key, limit = _bound(det, rule)
+    if limit is None:
+        return
+    a = np.asarray(det.ckpt.load(n))
+    if a.size and (int(a.min()) < 0 or int(a.max()) >= limit):
+        raise RefusedError(
+            f"resize refused: {n} ({rule.what}) holds values {int(a.min())}..{int(a.max())}, outside "
+            f"0..{limit - 1} (config {key} = {limit}): not the table its rule describes",
+            det.ckpt.path,
+            "check the checkpoint; remove the table or resize it with its model's own tools",
+        )
+
+
+def _refuse_trimmed_ids(det: Detection, n: str, rule: arch.TokenTable, N: int) -> None:
+    """Refuse a trim to ``N`` rows while the token-id map ``n`` (target id = index + value) points at a
+    removed row."""
+    a = np.asarray(det.ckpt.load(n)).astype(np.int64)
+    ids = np.arange(a.shape[0]) + a
+    top = int(ids.max()) if ids.size else -1
+    if top >= N:
+        raise RefusedError(
+            f"resize to {N} rows refused: {n} ({rule.what}) points at token ids up to {top}, which the "
+            "trim removes",
+            det.ckpt.path,
+            f"pass a {Opt('vocab_size')} above {top}",
+        )
+
+
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+
+def _bound(det: Detection, rule: arch.TokenTable) -> tuple[str | None, int | None]:
+    """The config key and value bounding a token table's values (the first of its rule's ``bound`` keys
+    present in the language model's block or at the top), or ``(None, None)``."""
+    for b in (det.ckpt.config if det.text_cfg_key is None else _text_block(det), det.ckpt.config):
+        for key in rule.bound:
+            v = b.get(key)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+                return key, v
+    return None, None
+
+
+def _text_block(det: Detection) -> dict:
+    """The language model's config block (``det.text_cfg_key``, dotted), or the top level."""
+    try:
+        block = get_dotted(det.ckpt.config, det.text_cfg_key or "")
+    except (KeyError, IndexError, TypeError):
+        return det.ckpt.config
+    return block if isinstance(block, dict) else det.ckpt.config
 
 
 def _resize_head(

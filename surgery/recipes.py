@@ -89,7 +89,18 @@ class CopyIfEqual:
     own: Recipe
 
 
-Recipe = CopyOf | NewRows | ResizedTable | ResizedBias | CopyIfEqual
+@dataclass(frozen=True)
+class TokenRows:
+    """A token-indexed integer/boolean table ``name`` with ``new`` rows (axis 0): old rows kept (trimmed
+    from the end); new row ``V + j`` repeats row ``j mod V`` when ``cycle`` (ids of something else, such as
+    experts, stay ids in use), else zero/False (a membership mask)."""
+
+    name: str
+    new: int
+    cycle: bool
+
+
+Recipe = CopyOf | NewRows | ResizedTable | ResizedBias | CopyIfEqual | TokenRows
 Data = np.ndarray | Source
 
 
@@ -142,6 +153,9 @@ def describe(recipe: Recipe) -> str:
         return f"{recipe.name} to {recipe.new} {what}{extra}"
     if isinstance(recipe, ResizedBias):
         return f"{recipe.name} to {recipe.new} entries (new ones zero)"
+    if isinstance(recipe, TokenRows):
+        fill = "repeating existing rows" if recipe.cycle else "new ones zero"
+        return f"{recipe.name} to {recipe.new} rows ({fill})"
     return f"{describe(recipe.copy)} if {recipe.name} equals {recipe.main}, else {describe(recipe.own)}"
 
 
@@ -170,11 +184,26 @@ def _build(recipe: Recipe, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -> D
         if new <= old:
             return np.ascontiguousarray(a[..., :new])
         return np.concatenate([a, np.zeros(a.shape[:-1] + (new - old,), dtype=a.dtype)], axis=-1)
+    if isinstance(recipe, TokenRows):
+        return _token_rows(recipe, ckpt)
     m, t = ckpt.tensors[recipe.main], ckpt.tensors[recipe.name]
     same = m.shape == t.shape and m.dtype == t.dtype
     if same and compare(ckpt, recipe.main, recipe.name, VOCAB_HIDDEN).values == "exact":
         return get(recipe.copy)
     return get(recipe.own)
+
+
+def _token_rows(r: TokenRows, ckpt: Checkpoint) -> np.ndarray:
+    """:class:`TokenRows`: kept rows, then repeated rows or zeros, in the stored dtype."""
+    a = np.asarray(ckpt.load(r.name))
+    old = a.shape[0]
+    if r.new <= old:
+        return np.ascontiguousarray(a[: r.new])
+    if r.cycle and old:
+        extra = a[np.arange(old, r.new) % old]
+    else:
+        extra = np.zeros((r.new - old, *a.shape[1:]), dtype=a.dtype)
+    return np.ascontiguousarray(np.concatenate([a, extra], axis=0))
 
 
 def _copy_of(r: CopyOf, ckpt: Checkpoint) -> Data:

@@ -47,6 +47,8 @@ def _surface(det: Detection) -> list[dict[str, Any]]:
                     "vocab_axis": v.vocab_axis,
                     "entries": v.entries,
                     "of": v.of,
+                    "vocabulary": v.vocabulary,
+                    "rule": det.token_tables[v.name].rule.value if v.name in det.token_tables else None,
                 }
             )
     return out
@@ -146,6 +148,8 @@ def _vocab(det: Detection) -> dict[str, Any]:
     rows."""
     return {
         "config_vocab_size": det.config_vocab_size,
+        "config_vocab_key": det.vocab_key,
+        "vocabularies": {v.key: v.size for v in det.vocabularies},
         "embedding_rows": det.vocab_rows,
         "hidden_size": det.hidden,
         "tokenizer_size": det.tokenizer.size,

@@ -161,6 +161,8 @@ def _left_at_old_size(res: VerifyResult, da: Detection, db: Detection) -> None:
     for vt in (v for group in da.surface.values() for v in group):
         if not vt.present or vt.vocab_axis is None or vt.entries is None or vt.name not in B.tensors:
             continue
+        if vt.vocabulary is not None:  # indexed by another vocabulary: must be unchanged (kept())
+            continue
         before, shape = da.ckpt.tensors[vt.name].shape, B.tensors[vt.name].shape
         now = shape[vt.vocab_axis] if len(shape) > max(vt.vocab_axis, 0) else None
         # a square table (vocab == hidden) may have moved along either axis: the layout decides which
@@ -173,7 +175,7 @@ def _left_at_old_size(res: VerifyResult, da: Detection, db: Detection) -> None:
                 f"{vt.name} ({vt.role.value}) {where}: {vt.entries} → expected {vt.entries + d}, as the "
                 f"embedding went {da.vocab_rows} → {db.vocab_rows} rows"
             )
-    counted = {da.vocab_rows, da.head_rows}
+    counted = {da.vocab_rows, da.head_rows if da.head_vocab is None else da.vocab_rows}
     after = {(k.file, k.key): k.value for k in vocab_keys(B.path, B.config)}
     for k in vocab_keys(da.ckpt.path, da.ckpt.config):
         if k.value in counted and after.get((k.file, k.key), k.value + d) != k.value + d:
@@ -197,13 +199,14 @@ class _TensorComparison:
         self.emb_b = self.db.embedding
         self.vocab_names_a = {
             da.embedding,
-            da.head,
+            *([da.head] if da.head_vocab is None else []),
             *da.embedding_aliases,
             *da.vocab_aliases,
             *da.head_aliases,
-            *([da.bias] if da.bias else []),
+            *([da.bias] if da.bias and da.head_vocab is None else []),
             *da.bias_aliases,
             *da.extra_tables,
+            *(n for n, r in da.token_tables.items() if r.indexed_by == "vocab"),
         }
         self.head_names = {da.head, self.db.head, *da.head_aliases}
 

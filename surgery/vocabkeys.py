@@ -22,7 +22,13 @@ VOCAB_SIZE_KEYS: tuple[str, ...] = (
     "padded_vocab_size",  # ChatGLM / GLM: the padded table size
     "decoder_vocab_size",  # Marian / seq2seq models with a separate target vocabulary
     "vocab_size_per_layer_input",  # Gemma3n's per-layer token tables
+    "draft_vocab_size",  # EAGLE-3 draft models: the head's (draft) vocabulary beside the target's vocab_size
 )
+
+# The key that sizes the language model's own table, in order of preference within one config block:
+# ChatGLM/GLM pad the table and store its size as padded_vocab_size (their vocab_size, when present, is the
+# tokenizer's).
+TABLE_SIZE_KEYS: tuple[str, ...] = ("padded_vocab_size", "vocab_size")
 
 # Config files that may hold vocabulary sizes, in the order a loader reads them.
 CONFIG_FILES: tuple[str, ...] = ("config.json", "model_config.json")

@@ -138,13 +138,17 @@ def test_case(case_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     # a folder named after nothing in the case (tmp_path would carry the test id, the case's name)
     work = tmp_path_factory.mktemp("case")
     ckpt = copy_checkpoint(case_dir / "ckpt", work / "ckpt")  # never run the tool on tests/data
+    # second inputs (``ckpt_NAME/``, e.g. a stale copy ``verify`` compares with the first): ``{ckpt_NAME}``
+    seconds = {
+        p.name: copy_checkpoint(p, work / p.name) for p in sorted(case_dir.glob("ckpt_*")) if p.is_dir()
+    }
     commands = spec.get("commands", [])
     original = casecheck.read_checkpoint(ckpt)
     reports: list[str] = []
     prev_out: Path | None = None
     for number, command in enumerate(commands, start=1):
         out = work / f"out{number:02d}"
-        folders = {"ckpt": ckpt, "out": out, "case": work}
+        folders = {"ckpt": ckpt, **seconds, "out": out, "case": work}
         if prev_out is not None:
             folders["prev_out"] = prev_out
         values = {k: str(v) for k, v in folders.items() if k != "case"}

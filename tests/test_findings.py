@@ -36,7 +36,7 @@ def test_words_severity_and_json(wording):
         == str(f)
         == (
             "config vocab_size is 20 but the embedding model.embed_tokens.weight has 16 rows "
-            "(resize --vocab 16 fixes vocab_size)"
+            "(resize --vocab 16 fixes vocab_size; tie and untie refuse until then)"
         )
     )
     assert f.severity is Severity.PROBLEM
