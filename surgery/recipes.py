@@ -136,6 +136,8 @@ def uses(recipe: Recipe) -> list[Use]:
         return [Use(recipe.name, "resize it", True)] + (uses(recipe.rows) if recipe.rows else [])
     if isinstance(recipe, ResizedBias):
         return [Use(recipe.name, "resize it", True)]
+    if isinstance(recipe, TokenRows):  # whole rows kept or repeated: elements moved, never computed with
+        return [Use(recipe.name, "resize it", False)]
     return uses(recipe.copy) + uses(recipe.own)
 
 
