@@ -12,7 +12,14 @@ from pathlib import Path
 
 import pytest
 from support import fixture_support as fs
-from support import paths
+from support import paths, pnlp_support
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``pnlp`` needs the PaddleNLP 2.8.1 venv: skipped without it, failed under
+    ``TIETOOL_REQUIRE_PNLP`` (``.ci/run``), whether or not the test calls :func:`pnlp_support.require`."""
+    if item.get_closest_marker("pnlp"):
+        pnlp_support.require()
 
 
 @pytest.fixture

@@ -17,12 +17,11 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support import convert_loads, paths
+from support import convert_loads, paths, pnlp_support
 from support import fixture_support as fs
 
 import tietool
@@ -888,15 +887,10 @@ def test_paddleformers_container_changes_load_as_said(ernie_saves, tmp_path):
 
 
 # ------------------------------------------------------------------------- PaddleNLP 2.8.1 loads (pnlp venv)
-PNLP_PYTHON = os.environ.get("PNLP_PYTHON")
-needs_pnlp = pytest.mark.skipif(
-    not PNLP_PYTHON, reason="PNLP_PYTHON is unset (the PaddleNLP 2.8.1 venv: tests/tools/pnlp_venv.sh)"
-)
 
 
 @pytest.mark.pnlp
 @pytest.mark.slow
-@needs_pnlp
 def test_paddlenlp_outputs_load_in_paddlenlp(tmp_path):
     """Every PaddleNLP output of convert loads in PaddleNLP 2.8.1 itself with no missing or unexpected
     key: container changes of PaddleNLP checkpoints (safetensors with format np, the only format PaddleNLP
@@ -960,7 +954,7 @@ def test_paddlenlp_outputs_load_in_paddlenlp(tmp_path):
             {"ckpt": str(d), "model_class": ll, "kwargs": kw}
             for d in (paths.CASES_DIR / n, st, out / f"{n}-st-pd")
         ]
-    rows = convert_loads.load_all(pnlp_jobs + extra, str(tmp_path / "pnlp"), PNLP_PYTHON)
+    rows = convert_loads.load_all(pnlp_jobs + extra, str(tmp_path / "pnlp"), pnlp_support.PNLP_PYTHON)
     rows, extra_rows = rows[: len(pnlp_jobs)], rows[len(pnlp_jobs) :]
     for ref, *got in (extra_rows[i : i + 3] for i in range(0, len(extra_rows), 3)):
         for g in [ref, *got]:
