@@ -9,7 +9,7 @@ from . import surface
 from .checkpoint import Checkpoint
 from .detect import DRIFT_EDGES, Detection, detect
 from .findings import describe
-from .report import savings_if_tied
+from .report import loader_facts, savings_if_tied
 from .tokenizer import token_strings
 
 
@@ -185,12 +185,7 @@ def summarize(det: Detection) -> dict[str, Any]:
         "tie": _tie(det),
         "vocab": _vocab(det),
         "savings": savings_if_tied(det),
-        "loader": {
-            "name": det.loader,
-            "source": det.loader_source,
-            "reties_missing_head": det.family.reties,
-            "head_layout": det.family.head_layout,
-        },
+        "loader": loader_facts(det),
         "problems": [describe(f) for f in det.problems],
         "notes": [describe(f) for f in det.notes],
         "findings": [f.as_dict() for f in det.findings],
