@@ -881,7 +881,7 @@ def _tie_findings(det: Detection) -> list[Finding]:
         }
         out.append(Finding(FindingKind.TIED_BUT_DIFFERENT, (head, det.embedding), facts))
     if not det.head_present and det.config_tied and not det.family.may_drop_head and comp.values != "shared":
-        facts = {**_proof_facts(det), "proven": det.family.proven and not det.family.reties}
+        facts = {**_proof_facts(det), "proven": det.family.trusted and not det.family.reties}
         out.append(Finding(FindingKind.HEAD_MISSING_NOT_RETIED, (head,), facts))
     if not det.head_present and not det.config_tied:
         out.append(Finding(FindingKind.UNTIED_BUT_NO_HEAD, (head,), {"config_source": source}))
@@ -903,7 +903,7 @@ def _proof_facts(det: Detection) -> dict:
 def loader_facts_unproven(det: Detection) -> Finding | None:
     """The note that the loader facts of ``det`` are unproven (``Family.proven`` False), else None. Its
     words say what the writes do instead and how to name a proven loader (``Opt('loader')``)."""
-    if det.family.proven:
+    if det.family.trusted:
         return None
     return Finding(FindingKind.LOADER_FACTS_UNPROVEN, (), _proof_facts(det))
 

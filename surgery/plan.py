@@ -379,7 +379,7 @@ def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> N
     assert h is not None
     if _drop_head(det, plan, f"duplicate of {det.embedding} (the {det.loader} loader re-ties it)"):
         return
-    if not det.family.proven:
+    if not det.family.trusted:
         kept = f"{det.head} is kept, equal to the embedding, and the flag set; 0 bytes saved"
         _unproven_note(det, plan, kept)
     else:
@@ -432,7 +432,7 @@ def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) 
     if det.family.may_drop_head:
         plan.drop[det.head] = f"its table is {det.embedding} now (the {det.loader} loader re-ties it)"
         plan.metadata = {det.head: det.embedding}
-    elif not det.family.proven:
+    elif not det.family.trusted:
         _unproven_note(det, plan, f"{det.head} is kept")
     else:
         plan.notes.append(
@@ -990,7 +990,7 @@ def _drop_redundant_head(det: Detection, plan: Plan) -> bool:
     tied. Returns whether it was dropped (False: the loader needs the head, which is resized)."""
     why = f"duplicate of {det.embedding} in a tied checkpoint (the {det.loader} loader re-ties it)"
     if not _drop_head(det, plan, why):
-        if det.family.reties and not det.family.proven:
+        if det.family.reties and not det.family.trusted:
             _unproven_note(det, plan, f"{det.head} is resized with the embedding, not dropped")
         return False
     plan.notes.append(

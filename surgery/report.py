@@ -100,7 +100,7 @@ def savings_if_tied(det: Detection) -> Savings:
             names = [det.head] + det.head_aliases
             params = sum(ckpt.tensors[n].numel for n in names)
             bytes_ = sum(ckpt.tensors[n].nbytes for n in names)
-        elif not det.family.proven:
+        elif not det.family.trusted:
             why = (
                 f"whether the {det.loader} loader re-ties a missing head of {det.model_type} from "
                 f"{ckpt.format} is unproven, so it stays"

@@ -499,7 +499,7 @@ def test_loader_facts(matrix, family, fmt, request):
     * head bias: a bias PaddleFormers writes is one of the row's bias names;
 
     and that detection resolves the model type to this row, under the paddleformers loader, and PROOFS maps
-    (model_type, loader, container) to this test for both PaddleFormers loaders (paddleformers, hf).
+    (model_type, paddleformers, container) to this test; the hf row mirrors the paddleformers one.
     """
     nohead, untied, equal = (BY_NAME[fb.Variant(family, t, fmt, False).name] for t in FACT_TIES)
     built = {v: matrix.built[v] for v in (nohead, untied, equal)}
@@ -521,23 +521,25 @@ def test_loader_facts(matrix, family, fmt, request):
     layout = None if head is None else {(V, H): "vocab-hidden", (H, V): "hidden-vocab"}[tuple(head.shape)]
     det = detect(Checkpoint.open(built[untied].path))
     assert (det.model_type, det.loader, det.family.known) == (family, "paddleformers", True)
-    assert arch.ProofKey(family, "paddleformers", fmt) in arch.PROOFS
-    for loader in ("paddleformers", "hf"):  # hf: PaddleFormers reading HF names, where PROOFS says so
-        if arch.ProofKey(family, loader, fmt) not in arch.PROOFS:
-            continue
-        fam = arch.lookup(family, loader, fmt)
-        seen = {"reties": reties, "always_tied": ignored, "warns_missing_head": warns}
-        table = {
-            "reties": fam.reties,
-            "always_tied": fam.always_tied,
-            "warns_missing_head": fam.warns_missing_head,
-        }
-        assert table == seen, f"{family} {loader}/{fmt}: table {table}, loads {seen}"
-        assert layout is not None or fam.always_tied, f"{family} {fmt}: no head saved, yet not always tied"
-        if layout is not None:
-            assert fam.head_layout == layout, (
-                f"{family} {fmt}: head {list(head.shape)}, table {fam.head_layout}"
-            )
-        for b in (n for n in ck if n.startswith("lm_head.") and n != "lm_head.weight"):
-            assert b in fam.bias, f"{family}: PaddleFormers writes {b}, not a bias name of the row"
-        assert arch.PROOFS.get(arch.ProofKey(family, loader, fmt)) == request.node.nodeid
+    assert arch.PROOFS.get(arch.ProofKey(family, "paddleformers", fmt)) == request.node.nodeid
+    fam = arch.lookup(family, "paddleformers", fmt)
+    seen = {"reties": reties, "always_tied": ignored, "warns_missing_head": warns}
+    table = {
+        "reties": fam.reties,
+        "always_tied": fam.always_tied,
+        "warns_missing_head": fam.warns_missing_head,
+    }
+    assert table == seen, f"{family} paddleformers/{fmt}: table {table}, loads {seen}"
+    assert layout is not None or fam.always_tied, f"{family} {fmt}: no head saved, yet not always tied"
+    if layout is not None:
+        assert fam.head_layout == layout, f"{family} {fmt}: head {list(head.shape)}, table {fam.head_layout}"
+    for b in (n for n in ck if n.startswith("lm_head.") and n != "lm_head.weight"):
+        assert b in fam.bias, f"{family}: PaddleFormers writes {b}, not a bias name of the row"
+    if (family, fmt) not in arch.HF_NOT_PF:  # the hf row mirrors PaddleFormers' reading of HF names
+        hf = arch.lookup(family, "hf", fmt)
+        assert (hf.reties, hf.always_tied, hf.warns_missing_head, hf.head_layout) == (
+            fam.reties,
+            fam.always_tied,
+            fam.warns_missing_head,
+            fam.head_layout,
+        ), f"{family} {fmt}: the hf row differs from the paddleformers row"
