@@ -26,8 +26,12 @@ Loader facts, per loader:
 A loader's facts may differ by container (a ``loaders`` key ``"paddleformers/pdparams"`` is PaddleFormers
 reading a legacy ``.pdparams`` with ``load_checkpoint_format="legacy"``; it wins over ``"paddleformers"``)
 and by model type within a family (``model_loaders``: ``{model_type: {loader key: facts}}``, consulted
-first). Those facts were checked by loading tie/untie outputs of real PaddleFormers 1.2 checkpoints of each
-model type in both containers (``tests/test_families.py``).
+first).
+
+Proofs: :data:`PROOFS` maps ``(model_type, loader, container)`` to the test that loaded checkpoints the
+library itself wrote and asserted these facts (PaddleFormers 1.2: ``tests/test_families.py::
+test_loader_facts``). Under :data:`PROVABLE_LOADERS` a write relies on a fact only where it is proven
+(``Family.trusted``); elsewhere tie/resize keep the head, untie writes it and refuses to guess its layout.
 """
 
 from __future__ import annotations

@@ -410,10 +410,11 @@ def _drop_head(det: Detection, plan: Plan, reason: str) -> bool:
         plan.drop[a] = f"alias of {det.head}"
     plan.metadata = {n: det.embedding for n in plan.drop}
     if det.family.warns_missing_head:
+        source = f"checked by loading: {det.family.proof}" if det.family.proof else "architecture table"
         plan.notes.append(
             f"the {det.loader} loader will log {det.head} as 'newly initialized': that warning is "
             f"harmless, it ties {det.head} to {det.embedding} on load and the logits are identical "
-            f"(checked by loading: {det.family.proof})"
+            f"({source})"
         )
     return True
 
