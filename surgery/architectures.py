@@ -26,16 +26,22 @@ Loader facts, per loader:
 A loader's facts may differ by container (a ``loaders`` key ``"paddleformers/pdparams"`` is PaddleFormers
 reading a legacy ``.pdparams`` with ``load_checkpoint_format="legacy"``; it wins over ``"paddleformers"``)
 and by model type within a family (``model_loaders``: ``{model_type: {loader key: facts}}``, consulted
-first). Those facts were checked by loading tie/untie outputs of real PaddleFormers 1.2 checkpoints of each
-model type in both containers (``tests/test_families.py``).
+first).
+
+Proofs: :data:`PROOFS` maps ``(model_type, loader, container)`` to the test that loaded checkpoints the
+library itself wrote and asserted these facts (PaddleFormers 1.2: ``tests/test_families.py::
+test_loader_facts``). Under :data:`PROVABLE_LOADERS` a write relies on a fact only where it is proven
+(``Family.trusted``); elsewhere tie/resize keep the head, untie writes it and refuses to guess its layout.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TypedDict, TypeVar
+from types import MappingProxyType
+from typing import NamedTuple, TypedDict, TypeVar
 
 from .errors import UsageError
 
@@ -46,6 +52,14 @@ LOADERS = ("paddleformers", "paddlenlp-2.8", "paddlenlp-3", "hf")
 # PaddleNLP 2.8.1 fails on a BF16 header ("Cannot interpret '2' as a data type";
 # tests/test_pnlp_loaders.py::test_pnlp_writes_load[*-resize-up-bf16]), so U16 stays U16 for them.
 U16_BFLOAT16_ONLY: tuple[str, ...] = ("paddlenlp-2.8",)
+# The containers a loader may read differently (``Checkpoint.format``).
+CONTAINERS = ("safetensors", "pdparams")
+
+# The loaders whose facts the tests can prove by loading (PaddleFormers 1.2 is in the test environment,
+# PaddleNLP 2.8.1 in its own venv): under these a write relies on a fact only where PROOFS holds it. "hf"
+# (HF transformers' reading, which needs torch) and "paddlenlp-3" have no library here; their rows are the
+# facts read from those libraries' source, and writes use them as the table states them.
+PROVABLE_LOADERS = ("paddleformers", "paddlenlp-2.8")
 
 # first name component of PaddleNLP-era checkpoints (PaddleFormers and HF use model./transformer.)
 PADDLENLP_PREFIXES = (
@@ -267,6 +281,22 @@ class FamilyRow(_FamilyRowRequired, total=False):
 _PF_LIKE: LoaderFacts = {"layout": "vocab-hidden", "reties": True}
 # PaddleFormers 1.2 models that never build a missing head from the embedding: tie keeps the head
 _PF_NO_RETIE: LoaderFacts = {"layout": "vocab-hidden", "reties": False}
+# PaddleFormers 1.2 loaders (paddleformers and hf names alike) per container, for model_loaders
+_PF_RETIE_WARNS: LoaderFacts = {**_PF_LIKE, "warns_missing_head": True}
+_PDPARAMS_NO_RETIE: dict[str, LoaderFacts] = {
+    "paddleformers/pdparams": _PF_NO_RETIE,
+    "hf/pdparams": _PF_NO_RETIE,
+}
+_NEVER_RETIE: dict[str, LoaderFacts] = {"paddleformers": _PF_NO_RETIE, "hf": _PF_NO_RETIE}
+_PDPARAMS_RETIE_WARNS: dict[str, LoaderFacts] = {
+    "paddleformers/pdparams": _PF_RETIE_WARNS,
+    "hf/pdparams": _PF_RETIE_WARNS,
+}
+# GLM-OCR's legacy .pdparams save writes its head as a Paddle Linear weight [hidden, vocab]
+_GLM_OCR_PDPARAMS: dict[str, LoaderFacts] = {
+    "paddleformers/pdparams": {"layout": "hidden-vocab", "reties": False},
+    "hf/pdparams": {"layout": "hidden-vocab", "reties": False},
+}
 _PNLP_LINEAR_HEAD_NO_RETIE: LoaderFacts = {"layout": "hidden-vocab", "reties": False}
 _PNLP_LINEAR_HEAD_RETIE: LoaderFacts = {"layout": "hidden-vocab", "reties": True}
 _PNLP_EMBED_HEAD: LoaderFacts = {"layout": "vocab-hidden", "reties": True}
@@ -317,6 +347,10 @@ FAMILIES: list[FamilyRow] = [
             "internlm",
             "internlm2",
             "glm4",
+            "qwen3_next",
+            "glm4_moe",
+            "glm_ocr",
+            "glm4v_moe",
         ],
         "embedding": ["embed_tokens.weight", "tok_embeddings.weight"],
         "aliases": [],
@@ -329,22 +363,36 @@ FAMILIES: list[FamilyRow] = [
             "paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE,
             "paddlenlp-3": _PNLP_LINEAR_HEAD_RETIE,
         },
-        # PaddleFormers 1.2, checked by loading outputs (tests/test_families.py): Qwen2/Qwen3 re-tie a dropped
-        # head from safetensors but not from a legacy .pdparams (newly initialized, random logits); Phi3
-        # never rebuilds a missing head ("lm_head.weight should be assigned before!" / random); GptOss and
-        # DeepSeek-V3 ignore tie_word_embeddings altogether (no tie_weights), so a dropped head is lost.
+        # PaddleFormers 1.2 (tests/test_families.py::test_loader_facts): Phi3 does not rebuild a missing head
+        # from safetensors ("lm_head.weight should be assigned before!"); GptOss and DeepSeek-V3 ignore
+        # tie_word_embeddings altogether (no tie_weights), so a dropped head is lost.
+        # Issue 17 (tests/test_families.py::test_loader_facts): Qwen2-MoE / Qwen3-MoE as Qwen2 (a random head
+        # from .pdparams); Qwen3-Next, GLM-4-MoE, GLM-OCR and GLM-4.5V-MoE never rebuild a missing head
+        # (safetensors: "lm_head.weight should be assigned before!"; .pdparams: random); Qwen3-VL and
+        # Qwen2.5-VL re-tie from .pdparams but log the head as newly initialized; so do Qwen2 and Qwen3 (the
+        # logits are bit for bit those of the tied model: an earlier reading of that warning as "random
+        # head" was wrong).
         "model_loaders": {
-            "qwen2": {"paddleformers/pdparams": _PF_NO_RETIE, "hf/pdparams": _PF_NO_RETIE},
-            "qwen3": {"paddleformers/pdparams": _PF_NO_RETIE, "hf/pdparams": _PF_NO_RETIE},
-            "phi3": {"paddleformers": _PF_NO_RETIE, "hf": _PF_NO_RETIE},
-            "gpt_oss": {"paddleformers": _PF_NO_RETIE, "hf": _PF_NO_RETIE},
-            "deepseek_v3": {"paddleformers": _PF_NO_RETIE, "hf": _PF_NO_RETIE},
+            "qwen2": _PDPARAMS_RETIE_WARNS,
+            "qwen3": _PDPARAMS_RETIE_WARNS,
+            "qwen2_moe": _PDPARAMS_NO_RETIE,
+            "qwen3_moe": _PDPARAMS_NO_RETIE,
+            "phi3": {"paddleformers": _PF_NO_RETIE, "hf": _PF_NO_RETIE, **_PDPARAMS_RETIE_WARNS},
+            "gpt_oss": _NEVER_RETIE,
+            "deepseek_v3": _NEVER_RETIE,
+            "qwen3_next": _NEVER_RETIE,
+            "glm4_moe": _NEVER_RETIE,
+            "glm_ocr": {**_NEVER_RETIE, **_GLM_OCR_PDPARAMS},
+            "glm4v_moe": _NEVER_RETIE,
+            "qwen3_vl": _PDPARAMS_RETIE_WARNS,
+            "qwen2_5_vl": _PDPARAMS_RETIE_WARNS,
         },
     },
     {  # Gemma: Llama names, tied by default. PaddleFormers 1.2's Gemma3ForCausalLM always loads lm_head
         # from model.embed_tokens.weight (its AOA config) when it reads safetensors, whatever
         # tie_word_embeddings says: an untied head is ignored. Its legacy .pdparams loader reads
-        # lm_head.weight as stored and does not re-tie a dropped one (checked in tests/test_families.py).
+        # lm_head.weight as stored, and re-ties a dropped one while logging it as newly initialized
+        # (tests/test_families.py::test_loader_facts).
         "family": "gemma",
         "model_types": ["gemma", "gemma2", "gemma3", "gemma3_text"],
         "embedding": ["embed_tokens.weight"],
@@ -354,9 +402,9 @@ FAMILIES: list[FamilyRow] = [
         "tie_default": {"*": True},
         "loaders": {
             "paddleformers": {**_PF_LIKE, "always_tied": True},
-            "paddleformers/pdparams": _PF_NO_RETIE,
+            "paddleformers/pdparams": _PF_RETIE_WARNS,
             "hf": _PF_LIKE,
-            "hf/pdparams": _PF_NO_RETIE,
+            "hf/pdparams": _PF_RETIE_WARNS,
             "paddlenlp-2.8": _PNLP_EMBED_HEAD,
             "paddlenlp-3": _PNLP_EMBED_HEAD,
         },
@@ -605,10 +653,53 @@ FALLBACK: FamilyRow = {
 
 
 # ============================================================================ proofs of the loader facts
-# (model_type, loader, container) -> the pytest node id of the test that loaded real checkpoints of that
-# model type, written by that library in that container, and asserted the table's facts for it (head
-# layout, reties, always_tied, head bias). A fact without a proof is unproven: see ``PROOFS``.
+class ProofKey(NamedTuple):
+    """What a proof covers: one model type (config.json ``model_type``, as detection resolves it), one loader
+    (:data:`LOADERS`), one container (:data:`CONTAINERS`)."""
 
+    model_type: str
+    loader: str
+    container: str
+
+
+# PaddleFormers 1.2: tests/test_families.py::test_loader_facts builds each model type with PaddleFormers
+# itself (support/family_builder.py), saves it in both containers, loads variants back (head dropped with
+# the flag tied; an independent head with the flag untied; the head equal to the embedding) and asserts
+# the row's facts (reties, always_tied, head layout in the file, head bias). The same test checks that the
+# "hf" rows of these model types mirror them (except Gemma3 from safetensors, whose hf row is HF
+# transformers' reading: it honours tie_word_embeddings, so "untie --loader hf" is the way out of
+# PaddleFormers' always-tied one).
+_PF_FACTS_TEST = "tests/test_families.py::test_loader_facts[{model_type}-{container}]"
+_BOTH = CONTAINERS
+# model type -> the containers its facts are proven in. PaddleFormers 1.2 cannot read back its own
+# safetensors save of Qwen2.5-VL and GLM-4.5V-MoE ("...self_attn.qkv_proj.bias / k_proj.weight should be
+# assigned before!"), so only their .pdparams facts are proven.
+_PF_PROVEN: dict[str, tuple[str, ...]] = {
+    "llama": _BOTH,
+    "qwen2": _BOTH,
+    "qwen3": _BOTH,
+    "ernie4_5": _BOTH,
+    "gemma3_text": _BOTH,
+    "gpt_oss": _BOTH,
+    "phi3": _BOTH,
+    "deepseek_v3": _BOTH,
+    "qwen2_moe": _BOTH,
+    "qwen3_moe": _BOTH,
+    "qwen3_next": _BOTH,
+    "glm4_moe": _BOTH,
+    "glm_ocr": _BOTH,
+    "qwen3_vl": _BOTH,
+    "qwen2_5_vl": ("pdparams",),
+    "glm4v_moe": ("pdparams",),
+}
+HF_NOT_PF: frozenset[tuple[str, str]] = frozenset({("gemma3_text", "safetensors")})
+_PF_PROOFS: dict[ProofKey, str] = {
+    ProofKey(mt, "paddleformers", c): _PF_FACTS_TEST.format(model_type=mt, container=c)
+    for mt, containers in _PF_PROVEN.items()
+    for c in containers
+}
+# PaddleNLP 2.8.1 (on paddle 2.6.2): tests/test_pnlp_loaders.py::test_pnlp_loader_facts builds each
+# model type with PaddleNLP itself in its own venv, saves it in both containers and asserts the row's facts.
 _PNLP_FACTS_TEST = "tests/test_pnlp_loaders.py::test_pnlp_loader_facts"
 # PaddleNLP 2.8.1 (on paddle 2.6.2): model_type -> (the test's family id, the containers proven).
 # GPT-J .pdparams only: PaddleNLP 2.8.1 cannot load the safetensors its own save_pretrained writes for it.
@@ -629,13 +720,16 @@ _PNLP_PROVEN: dict[str, tuple[str, tuple[str, ...]]] = {
     "t5": ("t5", ("safetensors", "pdparams")),
     "bart": ("bart", ("safetensors", "pdparams")),
 }
-_PNLP_PROOFS: dict[tuple[str, str, str], str] = {
-    (model_type, "paddlenlp-2.8", container): f"{_PNLP_FACTS_TEST}[{test_id}-{container}]"
+_PNLP_PROOFS: dict[ProofKey, str] = {
+    ProofKey(model_type, "paddlenlp-2.8", container): f"{_PNLP_FACTS_TEST}[{test_id}-{container}]"
     for model_type, (test_id, containers) in _PNLP_PROVEN.items()
     for container in containers
 }
-PROOFS: dict[tuple[str, str, str], str] = {**_PNLP_PROOFS}
-"""(model_type, loader, container) → the pytest node id proving the table's facts for it."""
+PROOFS: Mapping[ProofKey, str] = MappingProxyType({**_PF_PROOFS, **_PNLP_PROOFS})
+"""``(model_type, loader, container)`` → pytest node id of the test that loaded a library-written checkpoint
+of that model type in that container and asserted the table's facts for it. A write relies on a loader fact
+(drop a head the loader re-ties, refuse untie where it always ties, the layout of a head it writes) only
+where the triple is here (``Family.proven``); elsewhere it does what is right under every loader."""
 
 
 # ============================================================================ tensor parallelism (merge)
@@ -775,6 +869,42 @@ class Family:
     warns_missing_head: bool = False
     known: bool = True
     notes: tuple[str, ...] = field(default=())
+    container: str | None = None
+    proof: str | None = None
+
+    @property
+    def proven(self) -> bool:
+        """:data:`PROOFS` holds ``(model_type, loader, container)``: a test loaded a checkpoint the library
+        wrote of this model type in this container and asserted this row's loader facts."""
+        return self.proof is not None
+
+    @property
+    def trusted(self) -> bool:
+        """A write may rely on this row's loader facts: proven (:data:`PROOFS`), or the loader is not one
+        the tests can load with (:data:`PROVABLE_LOADERS`)."""
+        return self.proven or self.loader not in PROVABLE_LOADERS
+
+    @property
+    def may_drop_head(self) -> bool:
+        """A write may drop a duplicate head (and embedding copies): the loader re-ties a missing head, and
+        that is proven (``trusted``). Unproven, a head is kept equal to the embedding (right under every
+        loader)."""
+        return self.reties and self.trusted
+
+    @property
+    def refuses_untie(self) -> bool:
+        """``untie`` is refused: the loader always takes the head from the embedding, and that is proven.
+        Unproven, untie writes the head (an ignored head does no harm)."""
+        return self.always_tied and self.trusted
+
+    @property
+    def head_layout_proven(self) -> bool:
+        """The layout of a head tietool writes (``head_layout``) may come from the table: it is proven."""
+        return self.trusted
+
+    def proven_loaders(self) -> tuple[str, ...]:
+        """The loaders whose facts are proven for this model type and container (:data:`PROOFS`)."""
+        return proven_loaders(self.model_type, self.container)
 
 
 _T = TypeVar("_T")
@@ -800,13 +930,21 @@ def _per_loader(
     raise UsageError(f"unknown loader {loader!r}", fix=f"use one of {', '.join(LOADERS)}")
 
 
+def proven_loaders(model_type: str | None, container: str | None) -> tuple[str, ...]:
+    """The loaders (in :data:`LOADERS` order) whose facts :data:`PROOFS` holds a proof of for
+    ``model_type`` read from ``container``; empty when either is None."""
+    return tuple(ld for ld in LOADERS if ProofKey(model_type or "", ld, container or "") in PROOFS)
+
+
 def lookup(model_type: str | None, loader: str, container: str | None = None) -> Family:
-    """The table row for ``model_type`` (or the fallback row), with the facts of ``loader`` resolved.
+    """The table row for ``model_type`` (or the fallback row), with the facts of ``loader`` resolved, and
+    the proof of those facts (:data:`PROOFS`; ``Family.proven``).
 
     Args:
         model_type: config.json ``model_type`` (or ``text_config.model_type``); None if absent.
         loader: one of ``LOADERS``.
-        container: ``safetensors`` or ``pdparams`` (a loader may read the two differently); None: any.
+        container: ``safetensors`` or ``pdparams`` (a loader may read the two differently); None: any
+            (then nothing is proven: a proof is per container).
     """
     row = next((r for r in FAMILIES if model_type in r["model_types"]), None)
     known = row is not None
@@ -829,6 +967,8 @@ def lookup(model_type: str | None, loader: str, container: str | None = None) ->
         always_tied=bool(facts.get("always_tied", False)),
         warns_missing_head=bool(facts.get("warns_missing_head", False)),
         known=known,
+        container=container,
+        proof=PROOFS.get(ProofKey(model_type or "", loader, container or "")),
     )
 
 

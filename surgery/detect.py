@@ -983,8 +983,9 @@ def _tie_findings(det: Detection) -> list[Finding]:
             "embedding_rows": det.vocab_rows,
         }
         out.append(Finding(FindingKind.TIED_BUT_DIFFERENT, (head, det.embedding), facts))
-    if not det.head_present and det.config_tied and not det.family.reties and comp.values != "shared":
-        out.append(Finding(FindingKind.HEAD_MISSING_NOT_RETIED, (head,), {"loader": det.loader}))
+    if not det.head_present and det.config_tied and not det.family.may_drop_head and comp.values != "shared":
+        facts = {**_proof_facts(det), "proven": det.family.trusted and not det.family.reties}
+        out.append(Finding(FindingKind.HEAD_MISSING_NOT_RETIED, (head,), facts))
     shaped = unnamed_heads(det)
     if not det.head_present and shaped:
         out.append(Finding(FindingKind.HEAD_UNNAMED, (head, *shaped)))
@@ -1062,10 +1063,31 @@ def _block_at(cfg: dict, dotted: str) -> dict:
     return v if isinstance(v, dict) else {}
 
 
+def _proof_facts(det: Detection) -> dict:
+    """The facts that word a loader fact's proof: loader, model type, container, the loaders proven for
+    them (architecture table ``PROOFS``)."""
+    fam = det.family
+    return {
+        "loader": det.loader,
+        "model_type": det.model_type,
+        "container": det.ckpt.format,
+        "proven_loaders": list(fam.proven_loaders()),
+    }
+
+
+def loader_facts_unproven(det: Detection) -> Finding | None:
+    """The note that the loader facts of ``det`` are unproven (``Family.proven`` False), else None. Its
+    words say what the writes do instead and how to name a proven loader (``Opt('loader')``)."""
+    if det.family.trusted:
+        return None
+    return Finding(FindingKind.LOADER_FACTS_UNPROVEN, (), _proof_facts(det))
+
+
 def _later_findings(det: Detection) -> list[Finding]:
     """The findings every detection gets from its facts: tie state, sizes, a layout conflict, the surface
-    beyond the main pair."""
-    out = _tie_findings(det) + _size_findings(det)
+    beyond the main pair, unproven loader facts."""
+    unproven = loader_facts_unproven(det)
+    out = _tie_findings(det) + _size_findings(det) + ([unproven] if unproven else [])
     c = det.layout_conflict
     if c is not None:
         facts = {"requested": c.requested, "shape": list(c.shape), "fits": c.fits}

@@ -46,6 +46,7 @@ class FindingKind(str, Enum):
     EMBEDDING_MISSING = "embedding-missing"
     TIED_BUT_DIFFERENT = "tied-but-different"
     HEAD_MISSING_NOT_RETIED = "head-missing-not-retied"
+    LOADER_FACTS_UNPROVEN = "loader-facts-unproven"
     UNTIED_BUT_NO_HEAD = "untied-but-no-head"
     LAYOUT_CONFLICT = "layout-conflict"
     EXTRA_TABLES = "extra-vocabulary-tables"
@@ -72,6 +73,7 @@ _NOTES = {
     FindingKind.OTHER_VOCABULARY,
     FindingKind.HEAD_OTHER_VOCABULARY,
     FindingKind.TEXT_VOCABULARY,
+    FindingKind.LOADER_FACTS_UNPROVEN,
 }
 
 
@@ -297,6 +299,45 @@ def _head_unnamed(f: Finding) -> str:
     )
 
 
+def _loader_hint(x: Mapping[str, Any]) -> str:
+    """How to tell tietool which library loads the output: ``--loader``, with the loaders proven for the
+    model type (only a proven loader lets a write drop the head)."""
+    proven = x["proven_loaders"]
+    if proven:
+        return (
+            f"pass {Opt('loader', OneOf(tuple(proven)))} if that library loads it (proven for "
+            f"{x['model_type']} from {x['container']}: only a proven loader lets tietool drop the head)"
+        )
+    return (
+        f"no loader is proven for {x['model_type']} from {x['container']}; {Opt('loader')} names the "
+        "library that loads it, and a head is dropped only under a proven one"
+    )
+
+
+def _loader_facts_unproven(f: Finding) -> str:
+    x = f.facts
+    return (
+        f"what the {x['loader']} loader does with the head of {x['model_type']} from {x['container']} "
+        "(re-ties a missing head, ignores an untied one, the head layout) is unproven: tie and resize keep "
+        "the head equal to the embedding, untie writes it; " + _loader_hint(x)
+    )
+
+
+def _head_missing_not_retied(f: Finding) -> str:
+    x = f.facts
+    if x.get("proven", True):
+        return (
+            f"no head in the files, and the {x['loader']} loader does not re-tie a missing head: it "
+            f"would load a random {f.tensors[0]} (run untie to write it, or pass {Opt('loader')} if another "
+            "library loads it)"
+        )
+    return (
+        f"no head in the files, and whether the {x['loader']} loader re-ties a missing head of "
+        f"{x['model_type']} from {x['container']} is unproven: it may load a random {f.tensors[0]} (untie "
+        "writes it, right under every loader; or " + _loader_hint(x) + ")"
+    )
+
+
 _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
     FindingKind.MODEL_TYPE_NOT_STRING: lambda f: "config.json model_type is not a string; ignored",
     FindingKind.EMBEDDING_BY_SHAPE: lambda f: (
@@ -336,11 +377,8 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
     FindingKind.SPECIAL_IDS_BEYOND_ROWS: _special_ids_beyond_rows,
     FindingKind.EMBEDDING_MISSING: _missing_embedding,
     FindingKind.TIED_BUT_DIFFERENT: _tied_but_different,
-    FindingKind.HEAD_MISSING_NOT_RETIED: lambda f: (
-        f"no head in the files, and the {f.facts['loader']} loader does not re-tie a missing head: it "
-        f"would load a random {f.tensors[0]} (run untie to write it, or pass {Opt('loader')} if another "
-        "library loads it)"
-    ),
+    FindingKind.HEAD_MISSING_NOT_RETIED: _head_missing_not_retied,
+    FindingKind.LOADER_FACTS_UNPROVEN: _loader_facts_unproven,
     FindingKind.UNTIED_BUT_NO_HEAD: lambda f: (
         f"untied in config ({f.facts['config_source']} = false) but no head ({f.tensors[0]}) was found in "
         "the files: effectively tied; a loader would fail or initialise a random head (tie fixes the "

@@ -15,7 +15,16 @@ import numpy as np
 from . import architectures as arch
 from .checkpoint import Checkpoint
 from .configfile import get_dotted, read_config_file
-from .detect import HIDDEN_VOCAB, LAYOUTS, VOCAB_HIDDEN, Detection, FoundBy, tied_scale, unnamed_heads
+from .detect import (
+    HIDDEN_VOCAB,
+    LAYOUTS,
+    VOCAB_HIDDEN,
+    Detection,
+    FoundBy,
+    loader_facts_unproven,
+    tied_scale,
+    unnamed_heads,
+)
 from .errors import AmbiguousLayoutError, Opt, RefusedError, UsageError, ValuesDifferError
 from .findings import FindingKind, Fix, describe
 from .formats.tensor import DTYPES, NP_TO_ST, TensorInfo, dtype_refusal
@@ -333,7 +342,7 @@ def plan_tie(det: Detection, keep: Keep | str | None = None, drop_aliases: bool 
 def _tie_embedding_copies(det: Detection, plan: Plan, drop_aliases: bool) -> None:
     """Drop the embedding's copies under alias names (``--drop-aliases``, where the loader re-ties), or
     note that they are kept."""
-    copies = [a for a in det.embedding_aliases if det.family.reties]
+    copies = [a for a in det.embedding_aliases if det.family.may_drop_head]
     if drop_aliases:
         for a in copies:
             plan.drop[a] = f"copy of {det.embedding} ({Opt('drop_aliases', True)})"
@@ -481,11 +490,15 @@ def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> N
     assert h is not None
     if _drop_head(det, plan, f"duplicate of {det.embedding} (the {det.loader} loader re-ties it)"):
         return
-    plan.notes.append(
-        f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head: it would load a "
-        f"random one, so {det.head} is kept, equal to the embedding in the loader's {det.head_layout} "
-        "layout; 0 bytes saved"
-    )
+    if not det.family.trusted:
+        kept = f"{det.head} is kept, equal to the embedding, and the flag set; 0 bytes saved"
+        _unproven_note(det, plan, kept)
+    else:
+        plan.notes.append(
+            f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head: it would load a "
+            f"random one, so {det.head} is kept, equal to the embedding in the loader's {det.head_layout} "
+            "layout; 0 bytes saved"
+        )
     if keep == Keep.EMBEDDING and det.comparison.values == "different":
         recipe = CopyOf(det.embedding, transpose=det.head_layout == HIDDEN_VOCAB)
         out = _out_dtype(det.ckpt, h, plan.relabel_u16)
@@ -494,23 +507,25 @@ def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> N
 
 def _drop_head(det: Detection, plan: Plan, reason: str) -> bool:
     """Drop the head (for ``reason``) and its aliases, with ``{dropped: embedding}`` safetensors metadata,
-    where the loader re-ties a missing head (architecture table: ``Family.reties``; a loader that would
-    load a random head needs it kept). Shared by ``tie`` and ``resize``.
+    where the loader re-ties a missing head and that is proven (architecture table: ``Family.may_drop_head``;
+    a loader that would load a random head, or one whose behaviour is unproven, needs it kept). Shared by
+    ``tie`` and ``resize``.
 
     Returns:
         whether the head was dropped (False: the loader needs it, nothing was planned).
     """
-    if not det.family.reties:
+    if not det.family.may_drop_head:
         return False
     plan.drop[det.head] = reason
     for a in det.head_aliases:
         plan.drop[a] = f"alias of {det.head}"
     plan.metadata = {n: det.embedding for n in plan.drop}
     if det.family.warns_missing_head:
+        source = f"checked by loading: {det.family.proof}" if det.family.proof else "architecture table"
         plan.notes.append(
             f"the {det.loader} loader will log {det.head} as 'newly initialized': that warning is "
             f"harmless, it ties {det.head} to {det.embedding} on load and the logits are identical "
-            "(checked with PaddleNLP 2.8.1)"
+            f"({source})"
         )
     return True
 
@@ -526,9 +541,11 @@ def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) 
             "use untie to restore it beside the head",
         )
     _restore_embedding(det, plan)
-    if det.family.reties:
+    if det.family.may_drop_head:
         plan.drop[det.head] = f"its table is {det.embedding} now (the {det.loader} loader re-ties it)"
         plan.metadata = {det.head: det.embedding}
+    elif not det.family.trusted:
+        _unproven_note(det, plan, f"{det.head} is kept")
     else:
         plan.notes.append(
             f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head, so {det.head} "
@@ -536,6 +553,13 @@ def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) 
         )
     check_new_names(plan)
     return plan
+
+
+def _unproven_note(det: Detection, plan: Plan, done: str) -> None:
+    """Note what a write did instead of relying on an unproven loader fact (``done``), with the finding
+    that words the missing proof and the ``loader`` option that names a proven loader."""
+    finding = loader_facts_unproven(det)
+    plan.notes.append(f"{done}: " + (describe(finding) if finding else "the loader facts are unproven"))
 
 
 def _refuse_unequal_rows(det: Detection, op: str) -> None:
@@ -599,13 +623,15 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
     refuse_unsettled_pair(det, "untie")
     _refuse_unusable_head(det, "untie")
     refuse_stale_vocab_size(det, "untie")
-    if det.family.always_tied:
+    if det.family.refuses_untie:
         raise RefusedError(
             f"untie refused: the {det.loader} loader of {det.model_type} always takes {det.head} from "
             f"{det.embedding} on load, whatever tie_word_embeddings says, so an untied head would be ignored",
             ckpt.path,
             f"pass {Opt('loader', 'hf')} if another library will load the output",
         )
+    if det.family.always_tied:
+        _unproven_note(det, plan, "the head is written although the table says the loader always ties it")
     plan.config_set = _tie_flags(det, False)
     if not det.embedding_present:
         _restore_embedding(det, plan)
@@ -628,7 +654,7 @@ def _add_untied_head(det: Detection, plan: Plan, layout: str) -> None:
     Raises:
         UsageError: an unknown ``layout``.
     """
-    lay = det.family.head_layout if layout in (None, "auto") else layout
+    lay = _auto_layout(det) if layout in (None, "auto") else layout
     if lay not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}", fix="use auto, vocab-hidden or hidden-vocab")
     e = det.emb_info
@@ -646,6 +672,31 @@ def _add_untied_head(det: Detection, plan: Plan, layout: str) -> None:
     plan.notes.append(
         f"{det.head} written as {list(shape)} ({lay}), for the {det.loader} loader"
         + ("" if layout not in (None, "auto") else f" (auto: {det.loader_source})")
+    )
+
+
+def _auto_layout(det: Detection) -> str:
+    """The layout of an untied head under ``layout="auto"``: the stored head's (a head sharing the
+    embedding's storage), else the layout the loader expects for the family, where that is proven.
+
+    Raises:
+        RefusedError: no stored head and the loader's head layout is unproven for the model type and
+            container (``Family.head_layout_proven``): a wrong layout would not load.
+    """
+    if det.head_present and det.head_layout in LAYOUTS:
+        return det.head_layout
+    fam = det.family
+    if fam.head_layout_proven:
+        return fam.head_layout
+    proven = fam.proven_loaders()
+    raise RefusedError(
+        f"untie refused: the head layout the {det.loader} loader expects for {det.model_type} from "
+        f"{det.ckpt.format} is unproven (the table says {fam.head_layout}; a head in the wrong layout does "
+        "not load)",
+        det.ckpt.path,
+        f"pass {Opt('layout', 'vocab-hidden')} or {Opt('layout', 'hidden-vocab')} for the library that "
+        f"loads it, or {Opt('loader')} naming a proven loader"
+        + (f" ({', '.join(proven)})" if proven else ""),
     )
 
 
@@ -1161,6 +1212,8 @@ def _drop_redundant_head(det: Detection, plan: Plan) -> bool:
     tied. Returns whether it was dropped (False: the loader needs the head, which is resized)."""
     why = f"duplicate of {det.embedding} in a tied checkpoint (the {det.loader} loader re-ties it)"
     if not _drop_head(det, plan, why):
+        if det.family.reties and not det.family.trusted:
+            _unproven_note(det, plan, f"{det.head} is resized with the embedding, not dropped")
         return False
     plan.notes.append(
         f"{det.head} dropped instead of resized: {det.config_source} is true and it equalled "

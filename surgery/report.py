@@ -13,6 +13,7 @@ from typing import Any, Literal, TypedDict
 from . import __version__, surface
 from .detect import Detection
 from .errors import Opt
+from .findings import FindingKind
 from .plan import Plan, _get_config
 
 
@@ -69,6 +70,23 @@ def _pct(part: int, whole: int) -> float:
     return round(100.0 * part / whole, 3) if whole else 0.0
 
 
+def loader_facts(det: Detection) -> dict[str, Any]:
+    """The loader block of a report and of ``inspect --json``: the loader, how it was decided, its facts
+    for this model type and container (architecture table) and the test that proved them (``proof``,
+    None: unproven, so no write relied on them)."""
+    fam = det.family
+    return {
+        "name": det.loader,
+        "source": det.loader_source,
+        "reties_missing_head": fam.reties,
+        "always_tied": fam.always_tied,
+        "head_layout": fam.head_layout,
+        "proven": fam.proven,
+        "proof": fam.proof,
+        "proven_loaders": list(fam.proven_loaders()),
+    }
+
+
 def savings_if_tied(det: Detection) -> Savings:
     """What ``tie`` would save on this checkpoint: the head and embedding copies a re-tying loader drops."""
     ckpt = det.ckpt
@@ -76,12 +94,17 @@ def savings_if_tied(det: Detection) -> Savings:
     why = None
     assumed = None
     if det.head_present and det.comparison.values in ("exact", "transposed", "scaled", "unknown"):
-        if det.family.reties:
+        if det.family.may_drop_head:
             if det.comparison.values == "unknown":
                 assumed = "the values were not compared; tie checks that they agree before it drops the head"
             names = [det.head] + det.head_aliases
             params = sum(ckpt.tensors[n].numel for n in names)
             bytes_ = sum(ckpt.tensors[n].nbytes for n in names)
+        elif not det.family.trusted:
+            why = (
+                f"whether the {det.loader} loader re-ties a missing head of {det.model_type} from "
+                f"{ckpt.format} is unproven, so it stays"
+            )
         else:
             why = f"the {det.loader} loader does not re-tie a missing head, so it must stay"
     elif not det.embedding_present:
@@ -222,7 +245,7 @@ def build(
         "format": ckpt.format,
         "sharded": len(ckpt.weight_files) > 1,
         "index": ckpt.index_name,
-        "loader": {"name": det.loader, "source": det.loader_source, "reties_missing_head": det.family.reties},
+        "loader": loader_facts(det),
         "embedding": det.embedding,
         "head": det.head,
         "changed": plan.changed,
@@ -234,6 +257,7 @@ def build(
         "after": {"parameters": p1, "bytes": b1},
         "saved": {"parameters": p0 - p1, "bytes": b0 - b1, "percent": _pct(b0 - b1, b0)},
         "notes": list(plan.notes),
+        "findings": [f.as_dict() for f in det.findings if f.kind is FindingKind.LOADER_FACTS_UNPROVEN],
         "warnings": list(ckpt.warnings) + list(plan.warnings),
         "left_out": _left_out(plan, facts, keep_training_state),
     }

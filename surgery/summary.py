@@ -11,7 +11,7 @@ from .detect import DRIFT_EDGES, Detection, detect
 from .errors import TietoolError
 from .findings import describe
 from .formats.tensor import dtype_refusal
-from .report import savings_if_tied
+from .report import loader_facts, savings_if_tied
 from .tokenizer import token_strings
 
 
@@ -191,12 +191,7 @@ def summarize(det: Detection) -> dict[str, Any]:
         "tie": _tie(det),
         "vocab": _vocab(det),
         "savings": savings_if_tied(det),
-        "loader": {
-            "name": det.loader,
-            "source": det.loader_source,
-            "reties_missing_head": det.family.reties,
-            "head_layout": det.family.head_layout,
-        },
+        "loader": loader_facts(det),
         "problems": [describe(f) for f in det.problems],
         "notes": [describe(f) for f in det.notes],
         "findings": [f.as_dict() for f in det.findings],

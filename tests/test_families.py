@@ -40,6 +40,10 @@ import pytest
 from support import family_builder as fb
 from support import fixture_support as fs
 
+from tietool.surgery import architectures as arch
+from tietool.surgery.checkpoint import Checkpoint
+from tietool.surgery.detect import detect
+
 pytestmark = pytest.mark.slow  # every test here needs PaddleFormers (the builder and the logits)
 
 OLD = fb.OLD_VOCAB  # 61
@@ -61,14 +65,44 @@ VARIANTS = [
     fb.Variant(f, t, fmt, sharded)
     for f in fb.FAMILIES
     for t in fb.TIES
-    for fmt in fb.FORMATS
+    for fmt in fb.formats(f)
     for sharded in (False, True)
 ]
-BY_NAME = {v.name: v for v in VARIANTS}
+# the checkpoints test_loader_facts loads (one file, each container): the head dropped with the flag tied, an
+# independent head with the flag untied, the head equal to the embedding with the flag untied
+FACT_TIES = (fb.NOHEAD, "untied", "untied-equal")
+PROBES = [fb.Variant(f, fb.NOHEAD, fmt, False) for f in fb.FAMILIES for fmt in fb.formats(f)]
+BY_NAME = {v.name: v for v in VARIANTS + PROBES}
 
 # What is right for each command on each checkpoint (tietool's result is judged against this):
 #   "ok"     -- exit 0, verify exit 0, the output loads in PaddleFormers with the input's logits;
 #   "refuse" -- exit 5 and no output.
+
+
+def _emb_name(ck: dict) -> str:
+    """The input embedding's name in a built checkpoint (``model.embed_tokens.weight``, or
+    ``model.language_model.embed_tokens.weight`` in a vision-language model), never an MTP layer's copy."""
+    names = [n for n in ck if n.endswith("embed_tokens.weight") and ".layers." not in n]
+    assert len(names) == 1, names
+    return names[0]
+
+
+def _equal_as_head(head: fs.RawTensor, emb: fs.RawTensor) -> bool:
+    """The head holds the embedding's values, in either layout (GLM-OCR's .pdparams head: [hidden, vocab])."""
+    if head.shape == emb.shape:
+        return head.data == emb.data
+    return bool(np.array_equal(head.array().T, emb.array()))
+
+
+def _vocab_size(cfg: dict) -> int | None:
+    """config.json's vocabulary size: top level, or the text model's (vision-language configs)."""
+    return cfg.get("vocab_size", (cfg.get("text_config") or {}).get("vocab_size"))
+
+
+def _facts(v: fb.Variant) -> arch.Family:
+    """The architecture table's row for the variant's model type (builder family names are model types)
+    under the PaddleFormers loader, in its container."""
+    return arch.lookup(v.family, "paddleformers", v.fmt)
 
 
 def expected(v: fb.Variant, op: str, ck: dict[str, fs.RawTensor]) -> str:
@@ -81,13 +115,14 @@ def expected(v: fb.Variant, op: str, ck: dict[str, fs.RawTensor]) -> str:
         # head, but its safetensors without any head (tie then only sets the flag: the flex loader always
         # takes the embedding).
         head = ck.get("lm_head.weight")
-        return "ok" if head is None or head.data == ck["model.embed_tokens.weight"].data else "refuse"
+        return "ok" if head is None or _equal_as_head(head, ck[_emb_name(ck)]) else "refuse"
     if op == "untie":
         # PF 1.2 Gemma3's safetensors (flex-checkpoint) loader always builds the head from the embedding
         # (its AOA maps "model.embed_tokens.weight -> lm_head.weight"), so an untied head would be ignored
         # and tietool refuses (README). Its legacy .pdparams loader has no AOA and does read lm_head.weight
         # (an untied Gemma3 .pdparams loads its own head): there an untie output is loaded as written.
-        return "refuse" if v.family == "gemma3_text" and v.fmt == "safetensors" else "ok"
+        # (table: always_tied; proven by test_loader_facts, so untie refuses where it is proven)
+        return "refuse" if _facts(v).refuses_untie else "ok"
     return "ok"  # resize
 
 
@@ -134,14 +169,14 @@ class Matrix:
     """Builds the selected checkpoints (one builder subprocess), runs the selected commands (threads, each a
     ``python -m tietool`` subprocess on a fresh copy), then every PaddleFormers load (batches)."""
 
-    def __init__(self, root: Path, selected: set[tuple[str, str]]):
+    def __init__(self, root: Path, selected: set[tuple[str, str | None]]):
         self.root = root
         t0 = time.monotonic()
         variants = sorted({BY_NAME[n] for n, _ in selected}, key=lambda v: v.name)
         self.built, self.build_seconds = fb.build_all(variants, root / "built")
         self.results: dict[tuple[str, str], OpResult] = {}
         self.resize_deltas: dict[tuple[str, str], float] = {}  # max |logit difference| on the kept vocabulary
-        jobs = [(n, op) for n, op in sorted(selected) if self.built[BY_NAME[n]].ok]
+        jobs = [(n, op) for n, op in sorted(selected, key=str) if op and self.built[BY_NAME[n]].ok]
         t1 = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
             for key, res in zip(jobs, pool.map(self._run_op, jobs), strict=True):
@@ -185,16 +220,18 @@ class Matrix:
         return self.logits[self._job(run.out, v)]
 
 
-def _selected(request) -> set[tuple[str, str]]:
+def _selected(request) -> set[tuple[str, str | None]]:
     """(variant name, op) of every selected test; a test of inputs only needs its checkpoints built and
     loaded, which tie (every variant's first command) brings."""
-    sel = set()
+    sel: set[tuple[str, str | None]] = set()
     for it in request.session.items:
         p = getattr(getattr(it, "callspec", None), "params", None)
         if it.module is None or it.module.__name__ != __name__ or p is None:
             continue
         if "op" in p:
             sel.add((p["name"], p["op"]))
+        elif "fmt" in p:  # test_loader_facts: load only
+            sel |= {(fb.Variant(p["family"], t, p["fmt"], False).name, None) for t in FACT_TIES}
         elif "name" in p:
             sel.add((p["name"], "tie"))
         elif "family" in p:
@@ -229,11 +266,24 @@ def _built(matrix: Matrix, name: str) -> fb.Built:
     return b
 
 
-def _load_ok(res: dict, what: str) -> np.ndarray:
+def _load_ok(res: dict, what: str, retied: bool = False) -> np.ndarray:
+    """The logits of a load that ran without load problems; ``retied``: the output dropped the head and the
+    table says the loader logs a re-tied head as newly initialized (the logits then show it was re-tied)."""
     assert res.get("ok"), f"PaddleFormers could not run {what}: {res.get('error')}"
-    bad = [w for w in res.get("warnings", []) if any(p in w for p in LOAD_PROBLEMS)]
+    harmless = "newly initialized: ['lm_head.weight']"
+    bad = [
+        w
+        for w in res.get("warnings", [])
+        if any(p in w for p in LOAD_PROBLEMS) and not (retied and w.endswith(harmless))
+    ]
     assert not bad, f"PaddleFormers warned loading {what}: {bad}"
     return res["logits"]
+
+
+def _retied(v: fb.Variant, r: OpResult) -> bool:
+    """The command dropped the head and the table says the loader logs the re-tied head as new."""
+    rep = json.loads((r.run.out / "tietool-report.json").read_text())
+    return _facts(v).warns_missing_head and any(d["name"] == "lm_head.weight" for d in rep["dropped"])
 
 
 def _check_op(matrix: Matrix, name: str, op: str) -> tuple[fb.Variant, OpResult | None]:
@@ -270,12 +320,12 @@ def test_inputs(matrix, name):
     vocab_like = ("embed_tokens.weight", "lm_head.weight", "shared_head.head.weight")
     with_61 = sorted(n for n, t in ck.items() if OLD in t.shape)
     assert with_61 and all(n.endswith(vocab_like) for n in with_61), with_61
-    assert fs.config_of(b.path)["vocab_size"] == OLD
-    emb, head = ck["model.embed_tokens.weight"], ck.get("lm_head.weight")
+    assert _vocab_size(fs.config_of(b.path)) == OLD
+    emb, head = ck[_emb_name(ck)], ck.get("lm_head.weight")
     if v.sharded and head is not None:
         assert emb.file != head.file, f"embedding and head share {emb.file}"
     if v.tie == "untied-equal" and head is not None:
-        assert emb.data == head.data
+        assert _equal_as_head(head, emb)
     if v.family == "deepseek_v3":
         n = fb.FAMILIES["deepseek_v3"]["kwargs"]["num_hidden_layers"]
         assert ck[f"model.layers.{n}.embed_tokens.weight"].data == emb.data
@@ -283,6 +333,13 @@ def test_inputs(matrix, name):
     if v.fmt == "pdparams":
         assert all(f.suffix == ".pdparams" for f in fs.weight_files(b.path))
     _load_ok(matrix.input_logits(v), f"the input {name}")
+
+
+# PaddleFormers 1.2 Qwen2-MoE / Qwen3-MoE: the same model saved in the two containers does not load to the
+# same logits. Tied, the .pdparams holds the model's own (untied, random) lm_head while the safetensors save
+# writes none and loads tied; untied, the logits still differ by up to ~2.5e-3 (not explained here: each
+# container is compared with itself only, and every output with its own input).
+CONTAINERS_DIFFER = {"qwen2_moe", "qwen3_moe"}
 
 
 @pytest.mark.parametrize("family", list(fb.FAMILIES))
@@ -296,7 +353,9 @@ def test_inputs_agree_across_formats(matrix, family, tie):
             # PF 1.2 saves an untied Gemma3 without its head in safetensors (the flex-checkpoint loader then
             # takes the embedding), but with it in the legacy .pdparams (whose loader uses it): the two
             # formats hold different models, so they are compared within each format only
-            key = v.fmt if (family, tie) == ("gemma3_text", "untied") else "all"
+            key = (
+                v.fmt if (family, tie) == ("gemma3_text", "untied") or family in CONTAINERS_DIFFER else "all"
+            )
             groups.setdefault(key, {})[v.name] = _load_ok(matrix.input_logits(v), v.name)
     if not any(len(g) > 1 for g in groups.values()):
         pytest.skip(f"fewer than two comparable {family} {tie} checkpoints selected")
@@ -321,7 +380,7 @@ def test_tie(matrix, name, op):
         f"tie left tie_word_embeddings={cfg.get('tie_word_embeddings')}"
     )
     want = _load_ok(matrix.input_logits(v), f"the input {name}")
-    got = _load_ok(matrix.output_logits(v, r.run), f"the tie output of {name}")
+    got = _load_ok(matrix.output_logits(v, r.run), f"the tie output of {name}", _retied(v, r))
     diff = fs.logits_mismatch(got, want)
     assert diff is None, f"tie output of {name}: logits differ from the input's: {diff}\n{r.run.describe()}"
 
@@ -391,9 +450,14 @@ def test_resize(matrix, name, op):
         stale_keys = [(k, val) for k, val in keys if val == OLD]
         assert not stale_keys, f"{fname} still says {OLD}: {stale_keys}"
         if fname == "config.json":
-            assert ("vocab_size", n) in keys, f"config.json vocab-size keys: {keys}"
+            top = (
+                "vocab_size"
+                if "vocab_size" in fs.config_of(_built(matrix, name).path)
+                else "text_config.vocab_size"
+            )
+            assert (top, n) in keys, f"config.json vocab-size keys: {keys}"
     want = _load_ok(matrix.input_logits(v), f"the input {name}")
-    got = _load_ok(matrix.output_logits(v, r.run), f"the {op} output of {name}")
+    got = _load_ok(matrix.output_logits(v, r.run), f"the {op} output of {name}", _retied(v, r))
     assert got.shape[:-1] == want.shape[:-1] and got.shape[-1] == n, f"logits {got.shape}, input {want.shape}"
     k = min(n, OLD)
     matrix.resize_deltas[(name, op)] = float(np.max(np.abs(got[..., :k].astype(np.float64) - want[..., :k])))
@@ -409,7 +473,7 @@ def _redundant_heads_dropped(out, inp) -> set[str]:
     rep = json.loads((out / "tietool-report.json").read_text())
     names = {d["name"] for d in rep["dropped"]}
     if names:
-        emb = inp["model.embed_tokens.weight"].array()
+        emb = inp[_emb_name(inp)].array()
         assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
         for k in names:
             assert np.array_equal(inp[k].array(), emb), f"{k} was dropped but differed from the embedding"
@@ -438,3 +502,70 @@ def test_batched_logits_equal_fresh_process(matrix, name, tmp_path):
     assert fresh["ok"], fresh
     diff = fs.logits_mismatch(batched, np.load(tmp_path / "l.npy"))
     assert diff is None, diff
+
+
+# --------------------------------------------------------------------------------------------- loader facts
+def _same(a: dict, b: dict) -> bool:
+    """Both loads ran and gave the same logits bit for bit."""
+    return bool(a.get("ok") and b.get("ok")) and np.array_equal(a["logits"], b["logits"])
+
+
+@pytest.mark.parametrize(
+    "family,fmt", [pytest.param(f, fmt, id=f"{f}-{fmt}") for f in fb.FAMILIES for fmt in fb.formats(f)]
+)
+def test_loader_facts(matrix, family, fmt, request):
+    """The proof of the architecture table's PaddleFormers 1.2 facts for one model type and container
+    (``architectures.PROOFS`` names this test): loads of checkpoints PaddleFormers itself wrote --
+
+    * reties: the tied model with its head removed from the files loads with the logits of the model whose
+      head equals the embedding (a random head, or "should be assigned before!", means it does not);
+    * always_tied: an independent head saved with the flag untied is ignored (or not even saved);
+    * warns_missing_head: the re-tied load logs the head as newly initialized;
+    * head layout: the shape of the head PaddleFormers writes ([vocab, hidden] or [hidden, vocab]);
+    * head bias: a bias PaddleFormers writes is one of the row's bias names;
+
+    and that detection resolves the model type to this row, under the paddleformers loader, and PROOFS maps
+    (model_type, paddleformers, container) to this test; the hf row mirrors the paddleformers one.
+    """
+    nohead, untied, equal = (BY_NAME[fb.Variant(family, t, fmt, False).name] for t in FACT_TIES)
+    built = {v: matrix.built[v] for v in (nohead, untied, equal)}
+    if not all(b.ok for b in built.values()):
+        pytest.fail(
+            f"PaddleFormers 1.2 could not build/save {family} ({fmt}): "
+            + "; ".join(f"{v.name}: {b.error}" for v, b in built.items() if not b.ok)
+        )
+    ref = matrix.input_logits(equal)
+    assert ref.get("ok"), f"PaddleFormers could not load {equal.name}: {ref.get('error')}"
+    ck = fs.read_checkpoint(built[untied].path)
+    emb = _emb_name(ck)
+    V, H = ck[emb].shape
+    head = ck.get("lm_head.weight") or fs.read_checkpoint(built[equal].path).get("lm_head.weight")
+    nohead_res, untied_res = matrix.input_logits(nohead), matrix.input_logits(untied)
+    reties = _same(nohead_res, ref)
+    warns = reties and any("newly initialized" in w for w in nohead_res.get("warnings", []))
+    ignored = _same(untied_res, ref)  # the independent head (saved or not) does not reach the logits
+    layout = None if head is None else {(V, H): "vocab-hidden", (H, V): "hidden-vocab"}[tuple(head.shape)]
+    det = detect(Checkpoint.open(built[untied].path))
+    assert (det.model_type, det.loader, det.family.known) == (family, "paddleformers", True)
+    assert arch.PROOFS.get(arch.ProofKey(family, "paddleformers", fmt)) == request.node.nodeid
+    fam = arch.lookup(family, "paddleformers", fmt)
+    seen = {"reties": reties, "always_tied": ignored, "warns_missing_head": warns}
+    table = {
+        "reties": fam.reties,
+        "always_tied": fam.always_tied,
+        "warns_missing_head": fam.warns_missing_head,
+    }
+    assert table == seen, f"{family} paddleformers/{fmt}: table {table}, loads {seen}"
+    assert layout is not None or fam.always_tied, f"{family} {fmt}: no head saved, yet not always tied"
+    if layout is not None:
+        assert fam.head_layout == layout, f"{family} {fmt}: head {list(head.shape)}, table {fam.head_layout}"
+    for b in (n for n in ck if n.startswith("lm_head.") and n != "lm_head.weight"):
+        assert b in fam.bias, f"{family}: PaddleFormers writes {b}, not a bias name of the row"
+    if (family, fmt) not in arch.HF_NOT_PF:  # the hf row mirrors PaddleFormers' reading of HF names
+        hf = arch.lookup(family, "hf", fmt)
+        assert (hf.reties, hf.always_tied, hf.warns_missing_head, hf.head_layout) == (
+            fam.reties,
+            fam.always_tied,
+            fam.warns_missing_head,
+            fam.head_layout,
+        ), f"{family} {fmt}: the hf row differs from the paddleformers row"

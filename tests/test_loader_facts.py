@@ -11,11 +11,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from safetensors.numpy import save_file
+from support import loader_table
 
+from tietool.surgery import architectures as arch
 from tietool.surgery.architectures import lookup
 
 FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -39,11 +43,21 @@ def test_table_rows():
     assert not lookup("llama", "paddlenlp-2.8").warns_missing_head
 
 
+def _proven(model_type: str, loader: str = "paddlenlp-2.8", container: str = "pdparams") -> bool:
+    """The PaddleNLP facts these tests exercise are proven by the PaddleNLP tests (``_PNLP_PROOFS``); until
+    they are, tietool takes the safe default, which these tests then assert instead."""
+    return lookup(model_type, loader, container).trusted
+
+
 def test_untie_pnlp_gpt_refused_naming_loader(tmp_path):
     ckpt = tmp_path / "gpt"
     shutil.copytree(FIX / "pnlp_gpt", ckpt)
     before = _tree(ckpt)
     r = _cli("untie", str(ckpt), "--out", str(tmp_path / "out"))
+    if not _proven("gpt"):  # unproven "always tied": untie does not refuse (an ignored head does no harm)
+        assert r.returncode == 0 and "unproven" in r.stdout, r.stdout + r.stderr
+        assert _tree(ckpt) == before
+        return
     assert r.returncode == 5, r.stderr
     assert "paddlenlp-2.8" in r.stderr and "always" in r.stderr and "--loader" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
@@ -63,7 +77,10 @@ def test_untie_bloom_refused(tmp_path):
     )
     r = _cli("untie", str(ckpt), "--out", str(tmp_path / "out"))
     assert r.returncode == 5, r.stderr
-    assert "bloom" in r.stderr and "always" in r.stderr
+    if _proven("bloom", "paddlenlp-3", "safetensors"):  # llama-style names, no version: PaddleNLP 3
+        assert "bloom" in r.stderr and "always" in r.stderr
+    else:  # the head it would write needs a layout, which is a loader fact too
+        assert "unproven" in r.stderr and "--layout" in r.stderr
     assert not (tmp_path / "out").exists()
 
 
@@ -73,6 +90,10 @@ def test_tie_says_the_newly_initialized_warning_is_harmless(tmp_path):
         shutil.copytree(FIX / case, ckpt)
         r = _cli("tie", str(ckpt), "--out", str(tmp_path / f"{case}_tied"), "-q")
         assert r.returncode == 0, r.stderr
+        if not _proven(case.split("_")[1]):  # unproven re-tie: the head is kept, nothing to warn about
+            rep = json.loads((tmp_path / f"{case}_tied" / "tietool-report.json").read_text())
+            assert rep["dropped"] == [] and "unproven" in r.stdout
+            continue
         assert "newly initialized" in r.stdout and "harmless" in r.stdout and head in r.stdout
         rep = json.loads((tmp_path / f"{case}_tied" / "tietool-report.json").read_text())
         assert any("newly initialized" in n for n in rep["notes"])
@@ -80,3 +101,108 @@ def test_tie_says_the_newly_initialized_warning_is_harmless(tmp_path):
     shutil.copytree(FIX / "pf_llama_tied_fp32", ckpt)
     r = _cli("tie", str(ckpt), "--out", str(tmp_path / "llama_tied"), "-q")
     assert r.returncode == 0 and "newly initialized" not in r.stdout
+
+
+# ------------------------------------------------------------------------------------------------ proofs
+def test_proofs_are_typed_data():
+    """PROOFS is read-only data: (model type, loader, container) keys of LOADERS / CONTAINERS, node ids as
+    values; Family.proven is exactly "the triple is in PROOFS"."""
+    with pytest.raises(TypeError):
+        arch.PROOFS[arch.ProofKey("llama", "paddleformers", "safetensors")] = "x"  # type: ignore[index]
+    for key, node in arch.PROOFS.items():
+        assert (
+            isinstance(key, arch.ProofKey) and key.loader in arch.LOADERS and key.container in arch.CONTAINERS
+        )
+        assert node.startswith("tests/test_") and "::" in node, node
+        fam = lookup(key.model_type, key.loader, key.container)
+        assert fam.known, f"{key}: the model type has no row of its own"
+        assert fam.proven and fam.proof == node
+    assert not lookup("llama", "paddleformers", None).proven  # a proof is per container
+    assert not lookup("no-such-model", "paddleformers", "safetensors").proven
+
+
+def test_proofs_name_existing_tests():
+    """Every node id in PROOFS names a test pytest collects (so a renamed or removed test fails here)."""
+    nodes = sorted(set(arch.PROOFS.values()))
+    if not nodes:
+        pytest.skip("no proofs")
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *nodes],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    collected = set(r.stdout.split())
+    missing = [n for n in nodes if n not in collected]
+    assert r.returncode == 0 and not missing, (
+        f"not collected: {missing}\n{r.stdout[-2000:]}{r.stderr[-2000:]}"
+    )
+
+
+def test_readme_loader_table_matches_architecture_table():
+    """README's loader table is the one support/loader_table.py generates from the architecture table
+    (regenerate: python tests/support/loader_table.py README.md)."""
+    block = loader_table.readme_block((ROOT / "README.md").read_text())
+    assert block is not None, f"README.md has no {loader_table.BEGIN} ... {loader_table.END} block"
+    assert block == loader_table.markdown().strip(), "README's loader table is stale: regenerate it"
+
+
+def _tied_llama(tmp: Path, model_type: str, head: bool) -> Path:
+    """A tiny tied PaddleFormers-named checkpoint of ``model_type`` (head equal to the embedding, or none)."""
+    ckpt = tmp / f"{model_type}-{head}"
+    ckpt.mkdir()
+    cfg = {"model_type": model_type, "vocab_size": 16, "hidden_size": 8, "tie_word_embeddings": True}
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "paddleformers_version": "1.2.0"}))
+    emb = np.arange(128, dtype=np.float32).reshape(16, 8)
+    t = {"model.embed_tokens.weight": emb, "model.norm.weight": np.ones(8, np.float32)}
+    if head:
+        t["lm_head.weight"] = emb.copy()
+    save_file(t, str(ckpt / "model.safetensors"))
+    return ckpt
+
+
+def test_unproven_tie_keeps_the_head_and_says_so(tmp_path):
+    """A model type whose loader facts are unproven (here internlm2, in the Llama row whose facts say
+    "re-ties"): tie keeps the head (equal to the embedding) and sets the flag; the output and the report
+    say the fact is unproven and name --loader. Under a proven model type the head is dropped."""
+    assert not lookup("internlm2", "paddleformers", "safetensors").proven
+    for mt, dropped in (("internlm2", False), ("llama", True)):
+        ckpt = _tied_llama(tmp_path, mt, head=True)
+        out = tmp_path / f"{mt}-tied"
+        r = _cli("tie", str(ckpt), "--out", str(out))
+        assert r.returncode == 0, r.stderr
+        rep = json.loads((out / "tietool-report.json").read_text())
+        assert [d["name"] for d in rep["dropped"]] == (["lm_head.weight"] if dropped else [])
+        assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+        kinds = [f["kind"] for f in rep["findings"]]
+        assert rep["loader"]["proven"] is dropped
+        if dropped:
+            assert "loader-facts-unproven" not in kinds
+            continue
+        assert "loader-facts-unproven" in kinds and "unproven" in r.stdout and "--loader" in r.stdout
+        assert any("unproven" in n and "--loader" in n for n in rep["notes"])
+
+
+def test_unproven_resize_resizes_the_duplicate_head(tmp_path):
+    ckpt = _tied_llama(tmp_path, "internlm2", head=True)
+    out = tmp_path / "resized"
+    r = _cli("resize", str(ckpt), "--vocab", "24", "--out", str(out), "--seed", "0")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((out / "tietool-report.json").read_text())
+    assert rep["dropped"] == [] and "unproven" in r.stdout
+    assert {x["name"] for x in rep["resized"]} >= {"lm_head.weight", "model.embed_tokens.weight"}
+
+
+def test_unproven_untie_writes_the_head_only_with_a_layout(tmp_path):
+    """untie of a tied checkpoint without a head under an unproven loader: the head layout is a loader
+    fact, so it is refused naming --layout; with --layout it writes it."""
+    ckpt = _tied_llama(tmp_path, "internlm2", head=False)
+    r = _cli("untie", str(ckpt), "--out", str(tmp_path / "u"))
+    assert r.returncode == 5 and "--layout" in r.stderr and "unproven" in r.stderr, r.stderr
+    assert not (tmp_path / "u").exists()
+    r = _cli("untie", str(ckpt), "--out", str(tmp_path / "u2"), "--layout", "vocab-hidden", "-q")
+    assert r.returncode == 0, r.stderr
+    ckpt = _tied_llama(tmp_path, "llama", head=False)
+    r = _cli("untie", str(ckpt), "--out", str(tmp_path / "u3"), "-q")
+    assert r.returncode == 0, r.stderr

@@ -396,6 +396,14 @@ def test_unknown_architecture_with_two_candidate_tables_refuses_until_named(tmp_
 
 def test_t5_untie_then_tie_round_trip(tmp_path):
     untied, tied = tmp_path / "u", tmp_path / "t"
+    from tietool.surgery.architectures import lookup
+
+    if not lookup("t5", "paddlenlp-2.8", "pdparams").trusted:
+        # no test loads PaddleNLP 2.8.1 T5: the layout of the head untie would write is unproven (refused,
+        # naming --layout) and tie would keep the head, so there is no round trip to check
+        r = run_cli("untie", FIX / "pnlp_t5", "--out", untied)
+        assert r.returncode == 5 and "--layout" in r.stderr and not untied.exists(), r.stderr
+        return
     assert run_cli("untie", FIX / "pnlp_t5", "--out", untied).returncode == 0
     r = run_cli("tie", untied, "--out", tied)
     assert r.returncode == 0, r.stderr

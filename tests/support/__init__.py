@@ -9,6 +9,7 @@ imports these as ``from support import fixture_support as fs``. Nothing here is 
 * :mod:`support.resize_support` -- fixture metadata and helpers of the resize tests.
 * :mod:`support.casecheck` -- the check vocabulary of ``tests/data/cases/README.md``.
 * :mod:`support.adversarial_support`, :mod:`support.corrupt_corpus` -- bad inputs and their contract.
+* :mod:`support.loader_table` -- README's loader table, generated from the architecture table.
 * ``support/pf_logits_kw.py`` -- a script: ``tests/data/tools/pf_logits.py`` with ``from_pretrained``
   keyword arguments.
 """

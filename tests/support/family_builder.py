@@ -47,6 +47,7 @@ import subprocess
 import sys
 import threading
 import time
+import typing
 from pathlib import Path
 
 OLD_VOCAB = 61
@@ -178,8 +179,173 @@ FAMILIES: dict[str, dict] = {
         "dtype": "float32",
     },
 }
+_FUSE = {"fuse_rms_norm": False}  # the fused RMSNorm kernel is GPU-only
+_VL_TEXT = {**_COMMON, **_FUSE, "intermediate_size": 48, "num_hidden_layers": 1, "head_dim": 16}
+_VL_VISION = {
+    "depth": 1,
+    "hidden_size": 16,
+    "intermediate_size": 24,
+    "num_heads": 2,
+    "out_hidden_size": HIDDEN,
+    "patch_size": 2,
+    "spatial_merge_size": 2,
+    "temporal_patch_size": 2,
+}
+_VL_IDS = {"image_token_id": 50, "video_token_id": 51}
+_MROPE = {"rope_type": "default", "mrope_section": [2, 3, 3]}
+# PaddleFormers 1.2 families beyond the eight above (issue 17). Those whose modeling imports paddlefleet
+# (Qwen2-MoE / Qwen3-MoE's non-Deprecated classes) are built with the Deprecated class that runs on CPU.
+FAMILIES.update(
+    {
+        "qwen2_moe": {
+            "config": "Qwen2MoeConfig",
+            "model": "Qwen2MoeForCausalLMDeprecated",
+            "kwargs": {
+                **_COMMON,
+                **_FUSE,
+                "intermediate_size": 48,
+                "num_hidden_layers": 1,
+                "moe_intermediate_size": 24,
+                "shared_expert_intermediate_size": 24,
+                "num_experts": 2,
+                "num_experts_per_tok": 1,
+            },
+            "seed": 2109,
+            "dtype": "float32",
+        },
+        "qwen3_moe": {
+            "config": "Qwen3MoeConfig",
+            "model": "Qwen3MoeForCausalLMDeprecated",
+            "kwargs": {
+                **_COMMON,
+                **_FUSE,
+                "intermediate_size": 48,
+                "num_hidden_layers": 1,
+                "head_dim": 16,
+                "moe_intermediate_size": 24,
+                "num_experts": 2,
+                "num_experts_per_tok": 1,
+            },
+            "seed": 2110,
+            "dtype": "float32",
+        },
+        "qwen3_next": {
+            "config": "Qwen3NextConfig",
+            "model": "Qwen3NextForCausalLM",
+            "kwargs": {
+                **_COMMON,
+                **_FUSE,
+                "intermediate_size": 48,
+                "num_hidden_layers": 2,  # one linear-attention (gated delta) layer, one full-attention
+                "head_dim": 16,
+                "moe_intermediate_size": 24,
+                "shared_expert_intermediate_size": 24,
+                "num_experts": 2,
+                "num_experts_per_tok": 1,
+                "linear_key_head_dim": 8,
+                "linear_value_head_dim": 8,
+                "linear_num_key_heads": 2,
+                "linear_num_value_heads": 2,
+            },
+            "seed": 2111,
+            "dtype": "float32",
+        },
+        "glm4_moe": {
+            "config": "Glm4MoeConfig",
+            "model": "Glm4MoeForCausalLMDeprecated",
+            "kwargs": {
+                **_COMMON,
+                **_FUSE,
+                "intermediate_size": 48,
+                "num_hidden_layers": 2,
+                "head_dim": 16,
+                "moe_intermediate_size": 24,
+                "n_routed_experts": 2,
+                "num_experts_per_tok": 1,
+                "first_k_dense_replace": 1,
+            },
+            "seed": 2112,
+            "dtype": "float32",
+        },
+        "qwen2_5_vl": {
+            "config": "Qwen2_5_VLConfig",
+            "model": "Qwen2_5_VLForConditionalGeneration",
+            "kwargs": {
+                "text_config": {**_VL_TEXT, "rope_scaling": {**_MROPE, "type": "mrope"}},
+                "vision_config": {**_VL_VISION, "window_size": 4, "fullatt_block_indexes": [0]},
+                **_VL_IDS,
+                **_FUSE,
+            },
+            "seed": 2113,
+            "dtype": "float32",
+        },
+        "qwen3_vl": {
+            "config": "Qwen3VLConfig",
+            "model": "Qwen3VLForConditionalGenerationDeprecated",
+            "kwargs": {
+                "text_config": {**_VL_TEXT, "rope_scaling": {**_MROPE, "mrope_interleaved": True}},
+                "vision_config": {
+                    **_VL_VISION,
+                    "num_position_embeddings": 16,
+                    "deepstack_visual_indexes": [0],
+                },
+                **_VL_IDS,
+                **_FUSE,
+            },
+            "seed": 2114,
+            "dtype": "float32",
+        },
+        "glm_ocr": {
+            "config": "GlmOcrConfig",
+            "model": "GlmOcrForConditionalGeneration",
+            "kwargs": {
+                "text_config": {**_VL_TEXT, "mrope_section": [2, 3, 3]},
+                "vision_config": {**_VL_VISION, "image_size": 8},
+                **_VL_IDS,
+                **_FUSE,
+            },
+            "seed": 2115,
+            "dtype": "float32",
+        },
+        "glm4v_moe": {
+            "config": "Glm4vMoeConfig",
+            "model": "Glm4vMoeForConditionalGeneration",
+            "kwargs": {
+                "text_config": {
+                    **_VL_TEXT,
+                    "num_hidden_layers": 2,
+                    "moe_intermediate_size": 24,
+                    "n_routed_experts": 2,
+                    "num_experts_per_tok": 1,
+                    "first_k_dense_replace": 1,
+                    # half of head_dim 16 rotates: 8 = 2 * sum(mrope_section)
+                    "rope_parameters": {**_MROPE, "mrope_section": [1, 1, 2], "partial_rotary_factor": 0.5},
+                    "num_key_value_heads": 1,
+                },
+                "vision_config": {**_VL_VISION, "image_size": 8},
+                **_VL_IDS,
+                **_FUSE,
+            },
+            "seed": 2116,
+            "dtype": "float32",
+        },
+    }
+)
+# PaddleFormers 1.2 cannot read back its own safetensors save of these (tiny configs; the flex-checkpoint
+# loader stops at "model.language_model.layers.0.self_attn.{qkv_proj.bias,k_proj.weight} should be
+# assigned before!"): they are built in the legacy .pdparams container only, and their safetensors facts
+# stay unproven (architectures.PROOFS has no entry: tietool keeps the head there).
+LOADS_ONLY_PDPARAMS = {"qwen2_5_vl", "glm4v_moe"}
 TIES = ("tied", "untied", "untied-equal")
+# A probe, not a variant the commands run on: the tied model saved, then its head removed from the files
+# (when the save wrote one) -- the checkpoint whose load tells whether the loader re-ties a missing head.
+NOHEAD = "tied-nohead"
 FORMATS = ("safetensors", "pdparams")
+
+
+def formats(family: str) -> tuple[str, ...]:
+    """The containers a family is built in (:data:`LOADS_ONLY_PDPARAMS`)."""
+    return ("pdparams",) if family in LOADS_ONLY_PDPARAMS else FORMATS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -359,7 +525,7 @@ def _stub_gpt_provider() -> None:
 
     @dataclasses.dataclass
     class GPTModelProvider:
-        pass
+        transform_rules: typing.ClassVar[dict] = {}  # GLM-4-MoE's provider extends it at import time
 
     mod.GPTModelProvider = GPTModelProvider  # type: ignore[attr-defined]
     sys.modules["paddleformers.transformers.gpt_provider"] = mod
@@ -379,6 +545,15 @@ def _stub_paddlefleet_ops() -> None:
     sys.modules["paddlefleet_ops"] = mod
 
 
+def _with_tie(kwargs: dict, tied: bool) -> dict:
+    """The config keyword arguments with ``tie_word_embeddings`` set, in the nested text config too (a
+    vision-language config reads it from either level)."""
+    out = {**kwargs, "tie_word_embeddings": tied}
+    if isinstance(out.get("text_config"), dict):
+        out["text_config"] = {**out["text_config"], "tie_word_embeddings": tied}
+    return out
+
+
 def _build_model(family: str, tie: str):
     import paddle
     import paddleformers.transformers as T
@@ -387,7 +562,7 @@ def _build_model(family: str, tie: str):
     paddle.seed(spec["seed"])
     paddle.set_default_dtype(spec["dtype"])
     try:
-        cfg = getattr(T, spec["config"])(**spec["kwargs"], tie_word_embeddings=(tie == "tied"))
+        cfg = getattr(T, spec["config"])(**_with_tie(spec["kwargs"], tie in ("tied", NOHEAD)))
         model = getattr(T, spec["model"])(cfg)
     finally:
         paddle.set_default_dtype("float32")
@@ -460,6 +635,60 @@ def _add_mtp_copies(out: Path, n_layers: int) -> list[str]:
     return [f"added {sorted(src)} (copies of {sorted(set(src.values()))}) to {target}"]
 
 
+def _drop_head(out: Path) -> list[str]:
+    """Remove ``lm_head.weight`` from the saved files (and the index) and say so; nothing when the save
+    wrote no head. Safetensors shards are rewritten byte for byte (header and data of the other tensors
+    unchanged, any dtype); a .pdparams through paddle.load / paddle.save."""
+    index = next(iter(sorted(out.glob("*.index.json"))), None)
+    idx = json.loads(index.read_text()) if index else None
+    files = [idx["weight_map"]["lm_head.weight"]] if idx and "lm_head.weight" in idx["weight_map"] else []
+    if not idx:
+        files = [p.name for p in out.iterdir() if p.suffix in (".safetensors", ".pdparams")]
+    notes = []
+    for name in files:
+        path = out / name
+        if path.suffix == ".safetensors":
+            dropped = _drop_safetensors_tensor(path, "lm_head.weight")
+        else:
+            import paddle
+
+            state = paddle.load(str(path))
+            dropped = state.pop("lm_head.weight", None) is not None
+            if dropped:
+                paddle.save(state, str(path))
+        if dropped:
+            notes.append(f"removed lm_head.weight from {name}")
+    if idx and index and "lm_head.weight" in idx["weight_map"]:
+        del idx["weight_map"]["lm_head.weight"]
+        index.write_text(json.dumps(idx, indent=2) + "\n")
+    return notes or ["the save wrote no lm_head.weight"]
+
+
+def _drop_safetensors_tensor(path: Path, name: str) -> bool:
+    """Rewrite the safetensors file ``path`` without tensor ``name`` (the others' bytes and the metadata
+    unchanged, offsets recomputed); False when it holds no such tensor."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8 : 8 + n])
+    if name not in header:
+        return False
+    data = raw[8 + n :]
+    del header[name]
+    new_header: dict = {k: v for k, v in header.items() if k == "__metadata__"}
+    chunks, at = [], 0
+    for k, v in sorted(
+        ((k, v) for k, v in header.items() if k != "__metadata__"), key=lambda kv: kv[1]["data_offsets"][0]
+    ):
+        a, b = v["data_offsets"]
+        chunks.append(data[a:b])
+        new_header[k] = {**v, "data_offsets": [at, at + (b - a)]}
+        at += b - a
+    hb = json.dumps(new_header, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    path.write_bytes(len(hb).to_bytes(8, "little") + hb + b"".join(chunks))
+    return True
+
+
 def _add_mtp_pdparams(out: Path, src: dict, mtp: str, idx: dict | None, index: Path | None) -> list[str]:
     import paddle
 
@@ -508,13 +737,15 @@ def _main(plan_path: str, root: str) -> int:
         out = Path(root) / variant.name
         entry: dict = {"ok": False, "error": None, "files": [], "notes": []}
         try:
-            key = (variant.family, variant.tie)
+            key = (variant.family, "tied" if variant.tie == NOHEAD else variant.tie)
             if key not in models:
                 with contextlib.redirect_stdout(io.StringIO()):
                     models[key] = _build_model(*key)
             with contextlib.redirect_stdout(io.StringIO()):
                 _save(models[key], v, out)
-            if variant.family == "deepseek_v3":
+            if variant.tie == NOHEAD:
+                entry["notes"] += _drop_head(out)
+            if variant.family == "deepseek_v3" and variant.tie != NOHEAD:  # a probe: the loader ignores them
                 entry["notes"] += _add_mtp_copies(out, FAMILIES["deepseek_v3"]["kwargs"]["num_hidden_layers"])
             for transient in out.glob("saved_signal_*"):  # the flex-checkpoint saver's done-marker
                 transient.unlink()
@@ -532,6 +763,16 @@ PF_LOGITS = Path(__file__).resolve().parents[1] / "data" / "tools" / "pf_logits.
 INPUT_IDS = Path(__file__).resolve().parents[1] / "data" / "fixtures" / "oracles" / "input_ids.npy"
 
 
+def _alias_deprecated(T, cls_name: str) -> None:
+    """pf_logits.py loads ``<cls>Deprecated`` for every Qwen2*/Qwen3* class when paddlefleet is missing;
+    Qwen2.5-VL and Qwen3-Next have no such class (their own one runs on CPU): alias it."""
+    if cls_name.startswith(("Qwen2", "Qwen3")) and not cls_name.endswith("Deprecated"):
+        try:
+            getattr(T, cls_name + "Deprecated")
+        except (AttributeError, ModuleNotFoundError):
+            setattr(T, cls_name + "Deprecated", getattr(T, cls_name))
+
+
 def _logits_main(jobs_path: str, results_path: str) -> int:
     """Run pf_logits.py unchanged (``runpy``) for each job in turn, in this one process; stop at the first
     failure (the parent reruns it and what follows in fresh processes)."""
@@ -546,6 +787,8 @@ def _logits_main(jobs_path: str, results_path: str) -> int:
     results = []
     for n, job in enumerate(jobs):
         import paddleformers.transformers as T
+
+        _alias_deprecated(T, job["model_class"])
 
         cls = None
         orig = None

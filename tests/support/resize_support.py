@@ -52,6 +52,15 @@ class Role:
     kind: str
 
 
+def _tietool_drops_head(path) -> bool:
+    """Whether tietool's table lets a write drop this checkpoint's duplicate head (``Family.may_drop_head``:
+    the loader re-ties a missing head and that is proven in ``architectures.PROOFS``)."""
+    from tietool.surgery.checkpoint import Checkpoint
+    from tietool.surgery.detect import detect
+
+    return detect(Checkpoint.open(path), compare_values=False).family.may_drop_head
+
+
 class Fixture:
     """What ``expected/<name>.json`` says about a fixture checkpoint, in the terms the resize tests need."""
 
@@ -85,7 +94,9 @@ class Fixture:
         # it instead of resizing it, as tie does
         verdict = str(e["loader"].get("dedup_verdict") or "")
         redundant = self.head_in_files and self.tied and self.head_equals in ("exact", "transposed")
-        self.dropped_by_resize = {self.head} if redundant and verdict.startswith("can_drop_head") else set()
+        # (only where tietool's table proves the re-tie: Family.may_drop_head; else the head is resized)
+        drops = redundant and verdict.startswith("can_drop_head") and _tietool_drops_head(self.src)
+        self.dropped_by_resize = {self.head} if drops else set()
         self.model_class = cfg["architectures"][0]
         self.pf = name.startswith("pf_")
         self.load_kwargs = e["loader"]["roundtrip"].get("from_pretrained_kwargs") or {}
