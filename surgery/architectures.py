@@ -880,9 +880,10 @@ class Family:
 
     @property
     def trusted(self) -> bool:
-        """A write may rely on this row's loader facts: proven (:data:`PROOFS`), or the loader is not one
-        the tests can load with (:data:`PROVABLE_LOADERS`)."""
-        return self.proven or self.loader not in PROVABLE_LOADERS
+        """A write may rely on this row's loader facts: proven (:data:`PROOFS`), or the model type has a row
+        of its own and the loader is not one the tests can load with (:data:`PROVABLE_LOADERS`). A model
+        type the table does not know (the fallback row) is never trusted, under any loader."""
+        return self.proven or (self.known and self.loader not in PROVABLE_LOADERS)
 
     @property
     def may_drop_head(self) -> bool:

@@ -184,6 +184,28 @@ def test_unproven_tie_keeps_the_head_and_says_so(tmp_path):
         assert any("unproven" in n and "--loader" in n for n in rep["notes"])
 
 
+def test_model_type_the_table_lacks_keeps_the_head_under_every_loader(tmp_path):
+    """A model type with no row (the fallback row's facts say "re-ties") is unproven under every loader, the
+    ones no test can load with (hf, paddlenlp-3) included: tie keeps the head, sets the flag and names
+    --loader; a known model type under hf (HF transformers' re-tie, read from its source) drops it."""
+    for loader in ("hf", "paddlenlp-3", "paddleformers"):
+        assert not lookup("my_new_lm", loader, "safetensors").trusted
+    assert lookup("llama", "hf", "safetensors").trusted
+    for mt, dropped in (("my_new_lm", False), ("llama", True)):
+        ckpt = _tied_llama(tmp_path, mt, head=True)
+        cfg = json.loads((ckpt / "config.json").read_text())
+        del cfg["paddleformers_version"]  # no library's version key: the loader is told from the names (hf)
+        (ckpt / "config.json").write_text(json.dumps(cfg))
+        out = tmp_path / f"{mt}-hf-tied"
+        r = _cli("tie", str(ckpt), "--out", str(out), "--loader", "hf")
+        assert r.returncode == 0, r.stderr
+        rep = json.loads((out / "tietool-report.json").read_text())
+        assert [d["name"] for d in rep["dropped"]] == (["lm_head.weight"] if dropped else []), rep["dropped"]
+        assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+        if not dropped:
+            assert "unproven" in r.stdout and "--loader" in r.stdout, r.stdout
+
+
 def test_unproven_resize_resizes_the_duplicate_head(tmp_path):
     ckpt = _tied_llama(tmp_path, "internlm2", head=True)
     out = tmp_path / "resized"
