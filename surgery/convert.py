@@ -468,6 +468,8 @@ def _edit_config(plan: ConvertPlan, key: str, row: arch.ConversionRow) -> None:
         if cfg.get(k):
             cfg[k] = False
             plan.config_changes.append({"key": k, "before": True, "after": False})
+    if key == "paddlenlp":
+        _drop_deprecated_class_names(plan)
     if key == "paddlenlp" and not row["paddlenlp_28"]:
         plan.notes.append(
             f"PaddleNLP 2.8.1 has no {cfg.get('model_type')} model class: the output is for PaddleNLP 3 "
@@ -479,6 +481,18 @@ def _edit_config(plan: ConvertPlan, key: str, row: arch.ConversionRow) -> None:
         if k not in cfg or cfg[k] != v:
             plan.config_changes.append({"key": k, "before": cfg.get(k), "after": v})
             cfg[k] = v
+
+
+def _drop_deprecated_class_names(plan: ConvertPlan) -> None:
+    """``architectures`` of a PaddleNLP output names PaddleNLP's class: PaddleFormers 1.2 saves the classes it
+    keeps beside a paddlefleet one as ``<Name>Deprecated`` (``Qwen2ForCausalLMDeprecated``), a name only
+    PaddleFormers has, so the suffix is dropped (``Qwen2ForCausalLM``)."""
+    names = plan.config.get("architectures")
+    if not isinstance(names, list) or not any(isinstance(n, str) and n.endswith("Deprecated") for n in names):
+        return
+    new = [n.removesuffix("Deprecated") if isinstance(n, str) else n for n in names]
+    plan.config_changes.append({"key": "architectures", "before": names, "after": new})
+    plan.config["architectures"] = new
 
 
 def _require_sizes(ckpt: Checkpoint) -> None:

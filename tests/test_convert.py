@@ -924,6 +924,9 @@ def test_paddlenlp_outputs_load_in_paddlenlp(tmp_path):
     # PaddleNLP 2.8.1 has no Qwen2 class: the output names no version, so tietool takes PaddleNLP 3
     assert "paddlenlp_version" not in fs.config_of(out / "pf_qwen2_tied-pnlp")
     assert tietool.inspect(out / "pf_qwen2_tied-pnlp")["loader"]["name"] == "paddlenlp-3"
+    # PaddleFormers' class name Qwen2ForCausalLMDeprecated exists in no PaddleNLP
+    assert fs.config_of(src["pf_qwen2_tied"])["architectures"] == ["Qwen2ForCausalLMDeprecated"]
+    assert fs.config_of(out / "pf_qwen2_tied-pnlp")["architectures"] == ["Qwen2ForCausalLM"]
     rep = tietool.tie(out / "pf_llama_tied_fp32-pnlp", out / "tied")
     assert "lm_head.weight" in fs.read_checkpoint(out / "tied") and rep["loader"]["name"] == "paddlenlp-2.8"
     ll = "LlamaForCausalLM"
