@@ -606,6 +606,24 @@ def _pf_container(plan: ConvertPlan) -> None:
         )
 
 
+def pf_legacy_layout(ckpt: Checkpoint) -> bool:
+    """Whether PaddleFormers 1.2 loads ``ckpt`` only with :data:`LEGACY_LOAD` (a plain ``from_pretrained``
+    of its safetensors loads without a warning and gives wrong logits, measured in
+    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``): a PaddleFormers checkpoint
+    in its legacy Paddle layout, told as :func:`_container_plan` tells it (config ``source: paddle``, or
+    Linear weights proven ``[in, out]`` by their shapes for a model type of :data:`~surgery.architectures.
+    CONVERSIONS`). Reads headers only; a layout not proven counts as not legacy. Raises nothing."""
+    mt = ckpt.config.get("model_type")
+    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
+    layout = None
+    if row is not None:
+        try:
+            layout = source_convention(ckpt, row)[1].layout
+        except (RefusedError, CheckpointError):
+            layout = None
+    return _pf_legacy(ckpt, layout)
+
+
 def _pf_legacy(ckpt: Checkpoint, layout: Layout | None) -> bool:
     """A PaddleFormers checkpoint (``paddleformers_version``) in the Paddle layout (``source: paddle`` or
     Linear weights proven ``[in, out]``): PaddleFormers' legacy format."""
