@@ -758,8 +758,9 @@ def _st_metadata(plan: ConvertPlan) -> dict[str, str]:
     paddle2torch write it); ``{"format": "np"}`` for the Paddle layout (PaddleNLP 2.8.1's
     ``load_state_dict`` refuses any other format, and a file without metadata; PaddleFormers'
     ``save_to_hf=False`` writes it). A container change: from the layout the shapes proved; PaddleNLP
-    names or version key: ``np``; unproven: the input's own metadata when all its files agree, else ``np``
-    (a ``.pdparams`` was written by Paddle code)."""
+    names or version key: ``np``; unproven: the input's own metadata when all its files agree, none when its
+    safetensors have none (``np`` would claim the Paddle layout, and HF transformers refuses a file labelled
+    ``np``), else ``np`` (a ``.pdparams`` was written by Paddle code)."""
     ck = plan.ckpt
     if plan.target == HF:
         return {"format": "pt"}
@@ -773,6 +774,8 @@ def _st_metadata(plan: ConvertPlan) -> dict[str, str]:
     first = next(iter(ck.st_metadata.values()), None) if ck.format == "safetensors" else None
     if len(metas) == 1 and first:
         return dict(first)
+    if ck.format == "safetensors" and not any(ck.st_metadata.values()):
+        return {}  # none in the input (PaddleFormers' own HF-layout save): a copy as stored has none either
     return {"format": "np"}
 
 
