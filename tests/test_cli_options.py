@@ -139,3 +139,15 @@ def test_out_under_a_file_names_the_file(tmp_path, out):
         "was written — choose an --out whose parent is a folder\n"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+@pytest.mark.parametrize("args", [["untie"], ["resize", "--vocab", "120"]])
+def test_layout_contradicting_the_head_names_the_checkpoint(tmp_path, args):
+    """--layout against a head whose shape says the other layout: the line named no file (it began
+    "tietool: error: untie refused: ..."); it names the checkpoint, as every error does."""
+    ck = FIX / "pf_llama_untied_fp32"
+    r = _cli(args[0], ck, *args[1:], "--layout", "hidden-vocab", "--out", tmp_path / "o")
+    assert r.returncode == 2 and not (tmp_path / "o").exists()
+    want = f"tietool: error: {ck}: {args[0]} refused: the layout hidden-vocab contradicts the head"
+    assert r.stderr.startswith(want), r.stderr
+    assert r.stderr.rstrip().endswith("pass --layout vocab-hidden, or leave --layout out"), r.stderr
