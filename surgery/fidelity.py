@@ -149,11 +149,10 @@ def _legacy(folder: str) -> bool:
         return True
     from .checkpoint import Checkpoint
     from .convert import pf_legacy_layout
-    from .errors import TietoolError
 
     try:
         return pf_legacy_layout(Checkpoint.open(folder))
-    except TietoolError:
+    except Exception:  # noqa: BLE001 - unreadable here: the load that follows says why
         return False
 
 
