@@ -620,6 +620,24 @@ def _pf_container(plan: ConvertPlan) -> None:
         )
 
 
+def pf_legacy_layout(ckpt: Checkpoint) -> bool:
+    """Whether PaddleFormers 1.2 loads ``ckpt`` only with :data:`LEGACY_LOAD` (a plain ``from_pretrained``
+    of its safetensors loads without a warning and gives wrong logits, measured in
+    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``): a PaddleFormers checkpoint
+    in its legacy Paddle layout, told as :func:`_container_plan` tells it (config ``source: paddle``, or
+    Linear weights proven ``[in, out]`` by their shapes for a model type of :data:`~surgery.architectures.
+    CONVERSIONS`). Reads headers only; a layout not proven counts as not legacy. Raises nothing."""
+    mt = ckpt.config.get("model_type")
+    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
+    layout = None
+    if row is not None:
+        try:
+            layout = source_convention(ckpt, row)[1].layout
+        except (RefusedError, CheckpointError):
+            layout = None
+    return _pf_legacy(ckpt, layout)
+
+
 def _pf_legacy(ckpt: Checkpoint, layout: Layout | None) -> bool:
     """A PaddleFormers checkpoint (``paddleformers_version``) in the Paddle layout (``source: paddle`` or
     Linear weights proven ``[in, out]``): PaddleFormers' legacy format."""
@@ -754,8 +772,9 @@ def _st_metadata(plan: ConvertPlan) -> dict[str, str]:
     paddle2torch write it); ``{"format": "np"}`` for the Paddle layout (PaddleNLP 2.8.1's
     ``load_state_dict`` refuses any other format, and a file without metadata; PaddleFormers'
     ``save_to_hf=False`` writes it). A container change: from the layout the shapes proved; PaddleNLP
-    names or version key: ``np``; unproven: the input's own metadata when all its files agree, else ``np``
-    (a ``.pdparams`` was written by Paddle code)."""
+    names or version key: ``np``; unproven: the input's own metadata when all its files agree, none when its
+    safetensors have none (``np`` would claim the Paddle layout, and HF transformers refuses a file labelled
+    ``np``), else ``np`` (a ``.pdparams`` was written by Paddle code)."""
     ck = plan.ckpt
     if plan.target == HF:
         return {"format": "pt"}
@@ -769,6 +788,8 @@ def _st_metadata(plan: ConvertPlan) -> dict[str, str]:
     first = next(iter(ck.st_metadata.values()), None) if ck.format == "safetensors" else None
     if len(metas) == 1 and first:
         return dict(first)
+    if ck.format == "safetensors" and not any(ck.st_metadata.values()):
+        return {}  # none in the input (PaddleFormers' own HF-layout save): a copy as stored has none either
     return {"format": "np"}
 
 

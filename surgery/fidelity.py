@@ -140,8 +140,25 @@ def _no_fused_norm(model: Any) -> None:
                 cfg.fuse_rms_norm = False
 
 
+def _legacy(folder: str) -> bool:
+    """Whether PaddleFormers 1.2 reads ``folder`` only with its legacy loader: a ``.pdparams`` folder, or
+    safetensors in its legacy Paddle layout (``convert --to safetensors`` of a legacy save writes them, and
+    resize/tie/untie keep them; :func:`surgery.convert.pf_legacy_layout`), which a plain ``from_pretrained``
+    loads silently wrong."""
+    if any(f.endswith(".pdparams") for f in os.listdir(folder)):
+        return True
+    from .checkpoint import Checkpoint
+    from .convert import pf_legacy_layout
+
+    try:
+        return pf_legacy_layout(Checkpoint.open(folder))
+    except Exception:  # noqa: BLE001 - unreadable here: the load that follows says why
+        return False
+
+
 def run_one(cls: Any, ckpt: str, ids_path: str, out_path: str) -> dict:
-    """Load ``ckpt`` with ``cls`` (a ``.pdparams`` folder with the legacy loader, as PaddleFormers 1.2 needs)
+    """Load ``ckpt`` with ``cls`` (the legacy loader for a ``.pdparams`` folder or legacy-layout safetensors,
+    as PaddleFormers 1.2 needs: :func:`_legacy`)
     and save the float32 logits of the ids in ``ids_path`` (``int64 [batch, seq]``) to ``out_path``.
 
     Returns ``{"ok": bool, "stage": None | "load" | "forward" | "weights", "error": str | None}``.
@@ -159,9 +176,7 @@ def run_one(cls: Any, ckpt: str, ids_path: str, out_path: str) -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             d = os.path.join(tmp, "ckpt")
             shutil.copytree(ckpt, d)
-            kwargs = {}
-            if any(f.endswith(".pdparams") for f in os.listdir(d)):
-                kwargs = {"load_checkpoint_format": "legacy", "convert_from_hf": False}
+            kwargs = {"load_checkpoint_format": "legacy", "convert_from_hf": False} if _legacy(d) else {}
             with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
                 m = cls.from_pretrained(d, **kwargs)
                 m.eval()

@@ -166,6 +166,7 @@ def _refuse_unusable_head(det: Detection, op: str) -> None:
         raise UsageError(
             f"{op} refused: the layout {c.requested} contradicts the head {c.head} {list(c.shape)} "
             f"(vocab_size {det.vocab_rows} != hidden_size {det.hidden}, so its shape says {c.fits})",
+            det.ckpt.path,
             fix=f"pass {Opt('layout', c.fits)}, or leave {Opt('layout')} out",
         )
     if det.head_present and det.head_layout is None:

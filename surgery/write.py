@@ -322,6 +322,13 @@ def _make_parent(out: Path) -> Path:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
+        file = next((p for p in (parent, *parent.parents) if p.exists() and not p.is_dir()), None)
+        if file is not None:  # mkdir says only "File exists" (or "Not a directory") of the wrong path
+            raise OutputError(
+                "is a file, so the output cannot be created inside it; nothing was written",
+                file,
+                f"choose an {Opt('out')} whose parent is a folder",
+            ) from None
         raise OutputError(
             f"cannot create the output's parent folder: {e.strerror}", parent, "check the path"
         ) from None

@@ -124,3 +124,30 @@ def test_json_is_strict_when_the_head_holds_inf(tmp_path):
 
     doc = json.loads(r.stdout, parse_constant=refuse)
     assert doc["tie"]["values"] == "different" and doc["tie"]["max_abs_diff"] == "inf"
+
+
+@pytest.mark.parametrize("out", ["f/o", "f/a/b"])
+def test_out_under_a_file_names_the_file(tmp_path, out):
+    """--out below a path that is a file: mkdir says only "File exists" / "Not a directory" of the parent
+    (the message read "f: cannot create the output's parent folder: File exists — check the path"); the
+    line names the file, says why, and nothing is written (exit 6)."""
+    (tmp_path / "f").write_text("not a folder")
+    r = _cli("tie", FIX / "pf_llama_tied_fp32", "--out", tmp_path / out)
+    assert r.returncode == 6 and r.stdout == "", r.stderr
+    assert r.stderr == (
+        f"tietool: error: {tmp_path / 'f'}: is a file, so the output cannot be created inside it; nothing "
+        "was written — choose an --out whose parent is a folder\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+@pytest.mark.parametrize("args", [["untie"], ["resize", "--vocab", "120"]])
+def test_layout_contradicting_the_head_names_the_checkpoint(tmp_path, args):
+    """--layout against a head whose shape says the other layout: the line named no file (it began
+    "tietool: error: untie refused: ..."); it names the checkpoint, as every error does."""
+    ck = FIX / "pf_llama_untied_fp32"
+    r = _cli(args[0], ck, *args[1:], "--layout", "hidden-vocab", "--out", tmp_path / "o")
+    assert r.returncode == 2 and not (tmp_path / "o").exists()
+    want = f"tietool: error: {ck}: {args[0]} refused: the layout hidden-vocab contradicts the head"
+    assert r.stderr.startswith(want), r.stderr
+    assert r.stderr.rstrip().endswith("pass --layout vocab-hidden, or leave --layout out"), r.stderr

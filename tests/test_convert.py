@@ -723,6 +723,9 @@ def test_paddleformers_hf_layout_to_pdparams_is_refused(tmp_path):
         ("pf_llama_untied_legacy_pdparams", "safetensors", "np"),  # Paddle layout, as save_to_hf=False
         ("pf_llama_untied_fp32", "safetensors", "pt"),  # HF layout
         ("pnlp_llama_untied", "paddleformers", "pt"),
+        # layout not proven (no conversion data for gemma3_text) and no metadata in the input: none, as
+        # stored (it was labelled np, the Paddle layout, which HF transformers refuses to load)
+        ("pf_gemma3_text", "safetensors", None),
     ],
 )
 def test_safetensors_metadata_is_the_targets(name, to, fmt, tmp_path):
@@ -731,7 +734,9 @@ def test_safetensors_metadata_is_the_targets(name, to, fmt, tmp_path):
 
     for f in run.out.glob("*.safetensors"):
         with safe_open(str(f), "np") as fh:
-            assert fh.metadata() == {"format": fmt}, f
+            assert (fh.metadata() or None) == ({"format": fmt} if fmt else None), f
+    if fmt is None:  # nothing but the container changed: verify finds the files' metadata equal too
+        assert fs.run_tool(["verify", str(paths.CASES_DIR / name), str(run.out)]).returncode == 0
 
 
 @pytest.mark.parametrize(

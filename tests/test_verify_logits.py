@@ -320,7 +320,42 @@ def test_the_class_comes_from_paddleformers_tables():
         assert gname == name and gwhere.startswith(where), (name, where, gname, gwhere)
 
 
+@pytest.mark.slow
+def test_verify_logits_loads_legacy_layout_safetensors_with_the_legacy_loader(tmp_path):
+    """PaddleFormers' legacy Llama converted --to safetensors (its Paddle layout, which a plain
+    from_pretrained loads silently wrong: test_convert.py) and resized: verify --logits loads both with the
+    legacy loader, so a right resize compares equal and exits 0 (it exited 7, 'logits differ' by 2.77)."""
+    st, out = tmp_path / "legacy-st", tmp_path / "resized"
+    r = fs.run_tool(
+        ["convert", str(CASES_DIR / "pf_llama_untied_legacy_pdparams"), "--to", "safetensors"]
+        + ["--out", str(st)]
+    )
+    assert r.returncode == 0, r.stderr
+    r = fs.run_tool(["resize", str(st), "--vocab", "110", "--seed", "1", "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    doc = _verify(st, out)
+    lg = doc["logits"]
+    assert doc["_rc"] == doc["exit_code"] == 0, doc
+    assert lg["compared"] is True and lg["ok"] is True and lg["max_abs_diff"] < 1e-5, lg
+
+
 # ------------------------------------------------------------------------------------------------ not slow
+def test_legacy_layout_is_told_from_the_checkpoint(tmp_path):
+    """The loader verify --logits picks: legacy for PaddleFormers' Paddle layout in either container, plain
+    for its HF layout (no paddle needed: headers and config only)."""
+    from tietool.surgery.convert import pf_legacy_layout
+
+    legacy = CASES_DIR / "pf_llama_untied_legacy_pdparams"
+    st = tmp_path / "legacy-st"
+    assert fs.run_tool(["convert", str(legacy), "--to", "safetensors", "--out", str(st)]).returncode == 0
+    cfg = json.loads((st / "config.json").read_text())
+    cfg.pop("source")  # the shapes alone prove the Paddle layout
+    (st / "config.json").write_text(json.dumps(cfg))
+    assert pf_legacy_layout(Checkpoint.open(legacy)) and pf_legacy_layout(Checkpoint.open(st))
+    assert not pf_legacy_layout(Checkpoint.open(CASES_DIR / "pf_llama_untied_fp32"))
+    assert not pf_legacy_layout(Checkpoint.open(CASES_DIR / "pnlp_llama_untied"))  # not PaddleFormers
+
+
 def test_verify_logits_of_a_paddlenlp_checkpoint_exits_8(tmp_path):
     src = CASES_DIR / "pnlp_llama_tied"
     out = fs.copy_checkpoint(src, tmp_path / "copy")
