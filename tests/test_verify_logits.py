@@ -55,7 +55,17 @@ FORMATS = ("safetensors", "pdparams")
 
 def _untie_refused(family: str, fmt: str) -> bool:
     """untie is refused where the loader always ties (the architecture table; test_families proves it)."""
-    return fmt == "safetensors" and arch.lookup(family, "paddleformers", fmt).always_tied
+    return fmt == "safetensors" and arch.lookup(family, "paddleformers", fmt).refuses_untie
+
+
+def _layout_written(untied: Path) -> list[str]:
+    """``["--layout", L]``: the head layout PaddleFormers itself wrote in the untied sibling ``untied``
+    (its shape against the embedding's [vocab, hidden]; these families' vocab != hidden), for an untie
+    whose loader facts are unproven (tietool then refuses to guess the layout of the head it writes)."""
+    ts = Checkpoint.open(untied).tensors
+    emb = next(t.shape for n, t in ts.items() if n.endswith("embed_tokens.weight") and ".layers." not in n)
+    assert emb[0] != emb[1], emb
+    return ["--layout", "vocab-hidden" if ts["lm_head.weight"].shape == emb else "hidden-vocab"]
 
 
 def _variants() -> list[fb.Variant]:
@@ -138,7 +148,9 @@ class Runs:
                 if _untie_refused(fam, fmt):
                     jobs[f"{fam}-{fmt}-op"] = self._op("tie", self._path(fam, "untied-equal", fmt), work)
                 else:
-                    jobs[f"{fam}-{fmt}-op"] = self._op("untie", self._path(fam, "tied", fmt), work)
+                    trusted = arch.lookup(fam, "paddleformers", fmt).trusted
+                    extra = [] if trusted else _layout_written(self._path(fam, "untied", fmt))
+                    jobs[f"{fam}-{fmt}-op"] = self._op("untie", self._path(fam, "tied", fmt), work, extra)
             src = self._path(fam, "untied", "safetensors")
             jobs[f"{fam}-corrupt"] = (src, work / f"{fam}-corrupt")
             self.corrupted[fam] = _corrupt_head(src, work / f"{fam}-corrupt")
@@ -165,9 +177,9 @@ class Runs:
         return b.path
 
     @staticmethod
-    def _op(op: str, src: Path, work: Path) -> tuple[Path, Path]:
+    def _op(op: str, src: Path, work: Path, extra: list[str] | None = None) -> tuple[Path, Path]:
         out = work / f"{src.name}-{op}"
-        r = fs.run_tool([op, str(src), "--out", str(out)])
+        r = fs.run_tool([op, str(src), "--out", str(out), *(extra or [])])
         assert r.returncode == 0, f"tietool {op} {src.name}: exit {r.returncode}\n{r.stderr}"
         return src, out
 
