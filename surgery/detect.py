@@ -850,8 +850,12 @@ def compare(
             total += chunk_sum
         return total
 
-    total = _in_halves(part, eshape[0], e_info.nbytes)
-    drift = drift_of(row_max, total, eshape[1])
+    return _verdict(drift_of(row_max, _in_halves(part, eshape[0], e_info.nbytes), eshape[1]), scale, hT)
+
+
+def _verdict(drift: Drift, scale: float | None, hT: np.ndarray | None) -> Comparison:
+    """The :class:`Comparison` of a compared pair: no differing row → ``scaled`` / ``transposed`` (a
+    ``[hidden, vocab]`` head, ``hT`` its transpose) / ``exact``; else ``different`` with its drift."""
     if drift.differing_rows == 0:
         return Comparison(
             "scaled" if scale is not None else "transposed" if hT is not None else "exact", 0.0, 0
