@@ -601,9 +601,7 @@ def merge(
 
     report = _reporter(src, dst, config, groups, config_changes, left, merged)
     if dry_run:
-        lay = layout(tensors, Container(container), limit)
-        planned = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
-        return Report(report({**planned, "carried": [n for _, n in carry], "dry_run": True}))
+        return Report(report(_planned(tensors, Container(container), limit, carry)))
     total = sum(t.nbytes for t in tensors)
     with (progress or (lambda _n: nullcontext(None)))(total) as advance:
         extras_of = {"st_metadata" if container == "safetensors" else "pdparams_extras": extras or None}
@@ -612,6 +610,14 @@ def merge(
             report=report, progress=advance, **extras_of,
         )  # fmt: skip
     return Report(rep)
+
+
+def _planned(tensors: list[OutTensor], container: Container, limit: int, carry: list) -> dict:
+    """The report facts of a dry run: the weight files, index and total size the output would have, and
+    the files it would carry."""
+    lay = layout(tensors, container, limit)
+    planned = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
+    return {**planned, "carried": [n for _, n in carry], "dry_run": True}
 
 
 def _folders(path: str | PathLike[str], out: str | PathLike[str], dry_run: bool) -> tuple[Path, Path]:
