@@ -63,6 +63,7 @@ class Run:
     stdout: str
     stderr: str
     seconds: float
+    maxrss: int = 0  # peak resident memory of the process that ran it, bytes (a CliWorker: its high-water)
 
     @property
     def cmdline(self) -> str:
@@ -160,6 +161,7 @@ for line in sys.stdin:
     finally:
         signal.alarm(0)
     res["seconds"] = time.monotonic() - t0
+    res["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     sys.__stdout__.write(json.dumps(res) + "\n")
     sys.__stdout__.flush()
 """
@@ -210,7 +212,7 @@ class CliWorker:
                 f"\n{TRACEBACK}\n(in-process: result.exception is {res['exception']}, not SystemExit)\n"
                 + res["traceback"]
             )
-        return Run(argv, res["rc"], res["stdout"], err, res["seconds"])
+        return Run(argv, res["rc"], res["stdout"], err, res["seconds"], res.get("maxrss", 0))
 
     def close(self) -> None:
         if self.proc is not None:

@@ -1,0 +1,177 @@
+"""Read only regular files, and never more than a bound: the one place every reader of the input opens a file.
+
+A FIFO in place of ``config.json`` blocks ``open()`` forever, ``/dev/zero`` linked as a JSON file reads until
+memory runs out, and a 600 MB "config" costs 600 MB before the parser sees it (issue 18). So every local
+input file is opened here with ``O_NONBLOCK`` (a FIFO's ``open`` returns at once instead of waiting for a
+writer), checked with ``fstat`` to be a regular file (``S_ISREG``: not a FIFO, socket, device or folder),
+and read up to a limit. A remote path (fsspec) has no FIFOs or devices: it is opened as such, and bounded
+by the same limits.
+
+JSON is parsed by :func:`parse_json`: bounded size, nesting depth (Python's parser recurses), integers of
+at most 4,300 digits (CPython's limit, raised as ValueError), no ``NaN``/``Infinity`` (not JSON; ``1e400``
+is refused too, as it parses to ``inf``), and duplicate keys refused (the safetensors library refuses a
+header that repeats a key). Every refusal is a :class:`CheckpointError` (exit 3) naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from pathlib import Path
+from typing import IO, Any
+
+from .errors import CheckpointError
+
+JSON_LIMIT = 64 * 1024**2  # bytes of a config, index or tokenizer JSON we read (the largest real: ~20 MB)
+JSON_DEPTH = 512  # nesting of a JSON value (real configs: < 10; Python's parser recurses per level)
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a folder",
+}
+
+
+def kind_of(mode: int) -> str:
+    """What a ``st_mode`` is, in words ("a FIFO (named pipe)", "a folder", "a regular file")."""
+    return "a regular file" if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+
+
+def _is_local(path: Any) -> bool:
+    return isinstance(path, (str, os.PathLike)) and not type(path).__module__.startswith("upath")
+
+
+def open_regular(path: Any, what: str | None = None) -> IO[bytes]:
+    """Open ``path`` for binary reading, refusing anything but a regular file.
+
+    Args:
+        path: a local path (``str``/``Path``) or a remote ``UPath`` (opened as it is: object stores have no
+            special files).
+        what: how messages name the file ("config.json", "the shard"); default its name.
+
+    Returns:
+        a buffered binary file object positioned at 0 (blocking mode restored).
+
+    Raises:
+        CheckpointError: missing, a FIFO, device, socket or folder, or unreadable (permission); the message
+            names the file and what it is.
+    """
+    if not _is_local(path):
+        return path.open("rb")
+    p = Path(path)
+    name = what or p.name
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
+        raise CheckpointError(f"{name} not found", p, "check the path") from None
+    except PermissionError:
+        raise CheckpointError(f"{name} cannot be read (permission denied)", p, "make it readable") from None
+    except OSError as e:
+        raise CheckpointError(f"{name} cannot be opened ({e.strerror})", p, "check the file") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise CheckpointError(
+                f"{name} is {kind_of(mode)}, expected a regular file", p, "replace it with the real file"
+            )
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: Any, limit: int, what: str | None = None) -> bytes:
+    """The whole content of a regular file of at most ``limit`` bytes.
+
+    Raises:
+        CheckpointError: as :func:`open_regular`, or the file is larger than ``limit`` (the message says
+            the limit), or a read fails.
+    """
+    name = what or Path(str(path)).name
+    with open_regular(path, what) as f:
+        try:
+            data = f.read(limit + 1)
+        except OSError as e:
+            raise CheckpointError(f"{name} cannot be read ({e.strerror})", path, "check the file") from None
+    if len(data) > limit:
+        raise CheckpointError(
+            f"{name} is larger than {limit:,} bytes, more than tietool reads from such a file",
+            path,
+            "check that it is the right file",
+        )
+    return data
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _float(s: str) -> float:
+    v = float(s)
+    if not math.isfinite(v):
+        raise ValueError(f"{s[:40]} is out of range")
+    return v
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        dup = next(k for k, _ in pairs if k in seen or seen.add(k))  # type: ignore[func-returns-value]
+        raise ValueError(f"the key {dup[:80]!r} appears twice in one object")
+    return d
+
+
+def parse_json(blob: bytes | str, path: Any, what: str | None = None, depth: int = JSON_DEPTH) -> Any:
+    """Parse JSON text strictly (see the module docstring); ``path``/``what`` name it in errors.
+
+    Raises:
+        CheckpointError: not UTF-8, not JSON, nested deeper than ``depth``, an integer over 4,300 digits,
+            ``NaN``/``Infinity``/an overflowing float, or a repeated key.
+    """
+    name = what or Path(str(path)).name
+    try:
+        text = blob.decode("utf-8") if isinstance(blob, bytes) else blob
+        _check_depth(text, depth)
+        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant, parse_float=_float)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        kind = "nested too deep" if isinstance(e, RecursionError) else str(e)[:200]
+        raise CheckpointError(f"{name} is not valid JSON ({kind})", path, "fix or restore the file") from None
+
+
+def _check_depth(text: str, depth: int) -> None:
+    """Refuse nesting deeper than ``depth`` before the recursive parser sees it. Counts brackets outside
+    strings; only runs the slow scan when the text has more opening brackets than ``depth`` at all."""
+    if text.count("[") + text.count("{") <= depth:
+        return
+    level, in_str, esc = 0, False, False
+    for ch in text:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            level += 1
+            if level > depth:
+                raise ValueError(f"nested more than {depth} levels deep")
+        elif ch in "]}":
+            level -= 1
+
+
+def load_json(path: Any, what: str | None = None, limit: int = JSON_LIMIT, depth: int = JSON_DEPTH) -> Any:
+    """:func:`read_bounded` then :func:`parse_json`: the way to read any JSON file of the input.
+
+    Raises:
+        CheckpointError: as those two (exit 3, naming the file).
+    """
+    return parse_json(read_bounded(path, limit, what), path, what, depth)
