@@ -149,8 +149,8 @@ def _run(fn, as_json: bool = False):
             raise
         err = {"type": type(e).__name__, "message": e.message, "path": e.path, "fix": e.fix}
         raise _fail(e.exit_code, f"tietool: error: {e.one_line()}", as_json, err) from None
-    except KeyboardInterrupt:
-        raise typer.Exit(_interrupted()) from None
+    except KeyboardInterrupt as e:
+        raise typer.Exit(_interrupted(getattr(e, "state", None))) from None
     except BrokenPipeError:
         # the reader went away (| head): end quietly here (Click would turn it into exit 1)
         _quiet_stdout()
@@ -254,8 +254,7 @@ def _render_write(rep: dict, as_json: bool) -> None:
     from . import render
 
     render.report(finite(dict(rep)) if as_json else rep, as_json=as_json)
-    for p in () if as_json else rep.get("removed_stale_temps", ()):
-        print(f"note: removed {p}, the temporary folder of an interrupted run (its process is gone)")
+    _stale_notes(rep, as_json)
     ip = rep.get("in_place")
     if as_json or not ip:
         return
@@ -270,8 +269,22 @@ def _render_write(rep: dict, as_json: bool) -> None:
         )
     else:
         print(f"in place: {rep['input']} rewritten (no backup kept)")
+    if ip.get("left_to_delete"):
+        left = shlex.quote(ip["left_to_delete"])
+        print(
+            f"tietool: warning: {rep['input']} holds the new version, but the previous version could not be "
+            f"deleted completely ({ip['delete_error']}); what is left is {ip['left_to_delete']} — "
+            f"remove it with: chmod -R u+w {left} && rm -rf {left} (the next tietool run on it tries again)",
+            file=sys.stderr,
+        )
     if ip.get("written") and _inside(Path(rep["input"])):
         print("note: your shell is still inside the previous version's folder: run `cd .` to see the new one")
+
+
+def _stale_notes(rep: dict, as_json: bool) -> None:
+    """A note for each temporary folder of a killed run that the write removed (``removed_stale_temps``)."""
+    for p in () if as_json else rep.get("removed_stale_temps", ()):
+        print(f"note: removed {p}, the temporary folder of an interrupted run (its process is gone)")
 
 
 def _inside(folder: Path) -> bool:
@@ -501,6 +514,7 @@ def merge(
             progress=_progress(quiet or json_out),
         )
         _render_merge(rep, json_out)
+        _stale_notes(rep, json_out)
 
     _run(body, json_out)
 
@@ -618,6 +632,7 @@ def convert(
             progress=_progress(quiet or json_out),
         )
         render.convert(finite(rep) if json_out else rep, as_json=json_out)
+        _stale_notes(rep, json_out)
 
     _run(body, json_out)
 
@@ -625,9 +640,10 @@ def convert(
 _signal_received: int | None = None
 
 
-def _interrupted() -> int:
-    """Say so in one line; the exit code is 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM."""
-    print("tietool: interrupted; nothing was written", file=sys.stderr)
+def _interrupted(state: str | None = None) -> int:
+    """Say so in one line (an in-place run's ``state``: what the checkpoint's name holds now); the exit
+    code is 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM."""
+    print(f"tietool: interrupted; {state or 'nothing was written'}", file=sys.stderr)
     return ExitCode.INTERRUPTED + (_signal_received or 2)
 
 

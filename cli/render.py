@@ -293,9 +293,19 @@ def inspect(info: dict, as_json: bool = False) -> None:
 def recovered(rec: dict) -> None:
     """Notes on what the library put right before reading (``inspect``'s ``recovered``: what killed in-place
     runs left), in the words the write commands use."""
-    for what, paths in (("removed", rec.get("removed_temps")), ("kept as a backup", rec.get("kept_backups"))):
+    for what, paths in (
+        ("removed", rec.get("removed_temps")),
+        ("kept as a backup", rec.get("kept_backups")),
+        ("the previous version it was deleting; now deleted", rec.get("finished_deletions")),
+        ("a stale lock file; removed", rec.get("removed_locks")),
+    ):
         for p in paths or ():
             print(f"note: left by an interrupted run: {p} ({what})")
+    for p in rec.get("left_to_delete") or ():
+        print(
+            f"warning: left by an interrupted run: {p}, the previous version it was deleting, still cannot "
+            "be deleted: remove it by hand (chmod -R u+w, then rm -rf)"
+        )
     if rec.get("restored"):
         print(
             f"note: an interrupted in-place run had left no folder at {rec['restored']}; "

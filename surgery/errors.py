@@ -94,6 +94,16 @@ class TietoolError(Exception):
         return "".join(parts).replace("\n", " ")
 
 
+class Interrupted(KeyboardInterrupt):
+    """A Ctrl-C or SIGTERM (raised as KeyboardInterrupt) that stopped an in-place run, with ``state``: what
+    the checkpoint's name holds now (the old or the new version, and where the other one is), found by
+    looking at the folders (:func:`surgery.inplace.interrupted_state`)."""
+
+    def __init__(self, state: str):
+        super().__init__(state)
+        self.state = state
+
+
 class UsageError(TietoolError):
     """An option value that makes no sense (``--vocab 0``, ``--out`` inside the input, ...)."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from enum import Enum
@@ -24,7 +25,7 @@ from . import inplace, store, surface
 from . import report as report_mod
 from .checkpoint import Checkpoint
 from .detect import Detection, detect
-from .errors import Opt, OutputError, RefusedError, UsageError
+from .errors import Interrupted, Opt, OutputError, RefusedError, UsageError
 from .options import Init, Keep, Layout, Loader
 from .plan import Plan, check_dtypes, plan_resize, plan_tie, plan_untie
 from .results import Inspection, Report
@@ -32,7 +33,7 @@ from .summary import check_found, check_names, inspect_path
 from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import _fsync_dir as fsync_dir
-from .write import check_output_path, execute, remove_dead_temps
+from .write import check_output_path, execute, fsync_tree, remove_dead_temps
 
 PathArg = str | PathLike[str]
 
@@ -222,11 +223,13 @@ def _in_place(
 
     Raises:
         RefusedError: no backup asked for while the write would leave files out (they would be deleted).
+        OutputError: a mount point (it cannot be swapped), or what :func:`_write_in_place` raises.
         and what :func:`_run_plan` raises; the checkpoint is then unchanged.
     """
     ckpt_path = inplace.target(path)
     rec = inplace.recover(ckpt_path)
     read = inplace.folder_id(ckpt_path)
+    files = inplace.input_files(ckpt_path)  # before anything is read: compared before the swap
     plan = make_plan(Checkpoint.open(ckpt_path))
     if dry_run or not plan.changed:
         rep = report_mod.build(
@@ -238,23 +241,26 @@ def _in_place(
         _refuse_deleting_left_out(plan, keep_training_state)
     with inplace.locked(ckpt_path):  # one writing run per checkpoint at a time
         inplace.check_same_folder(ckpt_path, read, None)  # not swapped by another run since it was read
-        return _write_in_place(plan, read, rec.as_dict(), progress, keep_training_state, backup)
+        return _write_in_place(plan, (read, files), rec.as_dict(), progress, keep_training_state, backup)
 
 
 def _write_in_place(
     plan: Plan,
-    read: tuple[int, int] | None,
+    read: tuple[tuple[int, int] | None, dict[str, inplace.FileId]],
     recovered: dict,
     progress: ProgressFactory | None,
     keep_training_state: bool,
     backup: bool,
 ) -> dict:
     """The write of :func:`_in_place`, under its lock: build the new version at a staging name, check that
-    the folder under the name is still the one read (``read``, :func:`inplace.folder_id`), swap it in.
+    the folder under the name and every file in it are still the ones read (``read``:
+    :func:`inplace.folder_id` and :func:`inplace.input_files` at the start), swap it in.
 
     Raises:
-        RefusedError: the folder was replaced meanwhile (the new version is removed).
+        RefusedError: the folder was replaced meanwhile; CheckpointError: a file in it changed (the new
+            version is removed in both cases).
         OutputError: the write or the swap failed; the checkpoint is then unchanged.
+        Interrupted: a Ctrl-C or SIGTERM; its ``state`` says what the name holds.
     """
     ckpt_path = plan.ckpt.path
     token, bak = inplace.new_token(), (inplace.backup_name(ckpt_path) if backup else None)
@@ -264,21 +270,57 @@ def _write_in_place(
     def report(facts: dict) -> dict:
         return {**report_mod.build(plan, facts, str(ckpt_path)), "in_place": info}
 
-    with (progress or (lambda _total: nullcontext(None)))(plan.output_bytes) as advance:
-        rep = execute(
-            plan, staging, link=True, progress=advance, report=report, keep_training_state=keep_training_state
-        )
-    inplace.keep_modes(ckpt_path, staging, plan.ckpt.weight_files)
-    inplace.check_same_folder(ckpt_path, read, staging)
     try:
-        info["atomic_exchange"] = inplace.swap_in(ckpt_path, staging, bak, fsync_dir)
-    except OSError as e:
-        raise OutputError(
-            f"could not swap the new version in ({e.strerror})",
-            ckpt_path,
-            "the checkpoint is unchanged; free the folder (permissions, a busy mount) and run again",
-        ) from None
+        with (progress or (lambda _total: nullcontext(None)))(plan.output_bytes) as advance:
+            rep = execute(
+                plan,
+                staging,
+                link=True,
+                progress=advance,
+                report=report,
+                keep_training_state=keep_training_state,
+            )
+        inplace.keep_modes(ckpt_path, staging, plan.ckpt.weight_files)
+        fsync_tree(staging)
+        inplace.pause("check")
+        inplace.check_same_folder(ckpt_path, read[0], staging)
+        inplace.check_inputs(ckpt_path, read[1], staging)
+        swapped = _swap(ckpt_path, staging, bak, token)
+    except KeyboardInterrupt:
+        raise Interrupted(inplace.interrupted_state(ckpt_path, token, staging, bak)) from None
+    except BaseException:
+        if inplace.token_of(staging) == token:  # the new version, never swapped in
+            shutil.rmtree(staging, ignore_errors=True)
+        raise
+    info["atomic_exchange"] = swapped.exchanged
+    if swapped.left_to_delete is not None:
+        info["left_to_delete"], info["delete_error"] = swapped.left_to_delete, swapped.error
     return {**rep, "in_place": info}
+
+
+def _swap(ckpt_path: Path, staging: Path, bak: Path | None, token: str) -> inplace.Swapped:
+    """:func:`inplace.swap_in`, with the error saying what the name holds when it fails.
+
+    Raises:
+        OutputError: the swap failed (permissions, a busy mount): the name holds the old version (the
+            caller removes the new one); or, after the exchange, moving the old version away failed.
+    """
+    try:
+        return inplace.swap_in(ckpt_path, staging, bak, token, fsync_dir)
+    except OSError as e:
+        if inplace.token_of(ckpt_path) == token:
+            raise OutputError(
+                f"the new version is in place, but the previous version could not be moved from {staging} "
+                f"({e.strerror})",
+                ckpt_path,
+                "the next tietool run on it keeps that folder as a backup; delete it if you do not need it",
+            ) from None
+        raise OutputError(
+            f"could not swap the new version in ({e.strerror}); the checkpoint is unchanged and the new "
+            "version was removed",
+            ckpt_path,
+            "free the folder (permissions, a busy mount) and run again",
+        ) from None
 
 
 def _refuse_deleting_left_out(plan: Plan, keep_training_state: bool) -> None:

@@ -280,7 +280,7 @@ def publish(out: Path, fill: Callable[[Path], dict], report: Callable[[dict], di
     (``.NAME.tietool-tmp-PID``) and returns the written-file facts; ``report(facts)``, if given, is written
     as ``tietool-report.json`` inside; then everything is fsynced and the folder renamed to ``out`` (which
     must not exist, or be empty: the caller checks). Temporary folders of dead runs beside ``out`` are
-    removed first.
+    removed first, and listed as the report's ``removed_stale_temps`` (absent when there were none).
 
     Returns:
         the report (or the facts when ``report`` is None).
@@ -288,7 +288,7 @@ def publish(out: Path, fill: Callable[[Path], dict], report: Callable[[dict], di
     Raises:
         OutputError: the output cannot be written (no space, permissions); nothing is left behind.
     """
-    remove_dead_temps(out.parent)
+    stale = remove_dead_temps(out.parent)
     parent = _make_parent(out)
     tmp = parent / f".{out.name}{TMP_TAG}{os.getpid()}"
     if tmp.exists():
@@ -298,8 +298,11 @@ def publish(out: Path, fill: Callable[[Path], dict], report: Callable[[dict], di
         facts = fill(tmp)
         if report is not None:
             facts = report(facts)
+        if stale:
+            facts = {**facts, "removed_stale_temps": stale}
+        if report is not None:
             _write_json(tmp / REPORT_NAME, facts)
-        _fsync_dir(tmp)
+        fsync_tree(tmp)
         if out.exists():
             out.rmdir()  # empty: the caller checked
         os.rename(tmp, out)
@@ -356,6 +359,13 @@ def _output_error(e: OSError, parent: Path, tmp: Path | None = None) -> OutputEr
         getattr(e, "filename", None) or parent,
         "check permissions and free space; nothing was written",
     )
+
+
+def fsync_tree(folder: Path) -> None:
+    """fsync ``folder`` and every folder under it (not following symlinks), so that the entries in them
+    (hard links, symlinks, renamed files) are durable; files are fsynced by their writers."""
+    for dirpath, _dirs, _files in os.walk(folder):
+        _fsync_dir(Path(dirpath))
 
 
 def _fsync_dir(p: Path) -> None:
