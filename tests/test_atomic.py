@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import os
 import random
 import shutil
 import signal
@@ -165,3 +166,37 @@ def test_disk_full_leaves_nothing(tmp_path, monkeypatch, where):
     assert not [p for p in tmp_path.iterdir() if ".tietool-tmp-" in p.name]
     assert snapshot(src) == before
     Checkpoint.open(src)
+
+
+@pytest.mark.parametrize("command", ["convert", "merge"])
+def test_convert_and_merge_say_when_they_remove_a_dead_runs_temporary_folder(tmp_path, command):
+    """A killed run's temporary folder beside --out is removed by the next convert/merge, which says so (a
+    note, and ``removed_stale_temps`` in the report and --json); a live run's is left alone (issue 18 item
+    8: they removed it silently)."""
+    from support.paths import DATA
+
+    dead = tmp_path / ".old.tietool-tmp-999999999"  # no such process
+    alive = tmp_path / f".busy.tietool-tmp-{os.getpid()}"
+    for d in (dead, alive):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"\0" * 64)
+    if command == "convert":
+        args = ["convert", str(REPO / "tests/data/fixtures/cases/pf_llama_tied_fp32"), "--to", "paddlenlp"]
+    else:
+        args = ["merge", str(DATA / "tp_ranks" / "llama_fp32" / "tp2")]
+    run = [sys.executable, "-m", "tietool", *args]
+    r = subprocess.run([*run, "--out", str(tmp_path / "out")], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0, r.stderr
+    note = f"note: removed {dead}, the temporary folder of an interrupted run (its process is gone)"
+    assert note in r.stdout, r.stdout
+    assert json.loads((tmp_path / "out" / "tietool-report.json").read_text())["removed_stale_temps"] == [
+        str(dead)
+    ]
+    assert not dead.exists() and alive.exists()
+    dead.mkdir()
+    r = subprocess.run(
+        [*run, "--out", str(tmp_path / "out2"), "--json"], capture_output=True, text=True, cwd=REPO
+    )
+    assert r.returncode == 0 and json.loads(r.stdout)["removed_stale_temps"] == [str(dead)], r.stderr
+    r = subprocess.run([*run, "--out", str(tmp_path / "out3")], capture_output=True, text=True, cwd=REPO)
+    assert r.returncode == 0 and "interrupted run" not in r.stdout
