@@ -237,7 +237,6 @@ def target(path: str | os.PathLike[str]) -> Path:
             version being deleted (``.NAME.tietool-deleting-…``): a shell (or a process) that stood in the
             checkpoint during an earlier in-place run is still in the previous version's folder; rewriting
             it would change that, not the checkpoint.
-        OutputError: the folder is a mount point, which cannot be renamed, so it cannot be swapped.
     """
     real = Path(os.path.realpath(path))
     for tag, what in ((BACKUP_TAG, "the backup"), (DELETING_TAG, "the previous version being deleted")):
@@ -249,15 +248,24 @@ def target(path: str | os.PathLike[str]) -> Path:
                 f"cd {shlex.quote(str(real.parent / name))} (in a shell that stood in it, `cd .`) "
                 "and run again",
             )
-    if _is_mount_point(real):
+    return real
+
+
+def check_swappable(ckpt: Path) -> None:
+    """Before anything is written in place: ``ckpt`` must be a folder that can be renamed.
+
+    Raises:
+        OutputError: it is a mount point (its own file system, or a bind mount): ``rename`` and the exchange
+            fail with ``EBUSY``, so the new version could never be swapped in.
+    """
+    if _is_mount_point(ckpt):
         raise OutputError(
             "is a mount point, which cannot be renamed, so it cannot be rewritten in place; "
             "nothing was written",
-            real,
+            ckpt,
             f"write the new version to another folder with {Opt('out')} (then copy it onto the mount if it "
             "must live there)",
         )
-    return real
 
 
 def _is_mount_point(folder: Path) -> bool:

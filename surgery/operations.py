@@ -239,6 +239,7 @@ def _in_place(
         return rep
     if not backup:
         _refuse_deleting_left_out(plan, keep_training_state)
+    inplace.check_swappable(ckpt_path)
     with inplace.locked(ckpt_path):  # one writing run per checkpoint at a time
         inplace.check_same_folder(ckpt_path, read, None)  # not swapped by another run since it was read
         return _write_in_place(plan, (read, files), rec.as_dict(), progress, keep_training_state, backup)

@@ -673,6 +673,7 @@ def test_a_mount_point_is_refused_before_writing_and_leaves_nothing(tmp_path, ki
         for p in (FIX / "pf_llama_untied_fp32").iterdir():
             shutil.copy(p, ck / p.name)
         before = _digest(ck, skip_report=False)
+        assert _cli("resize", ck, "--vocab", "128", "--dry-run").returncode == 0  # writes nothing: allowed
         r = _cli("resize", ck, "--vocab", "128", "-q")
         assert r.returncode == 6, r.stderr
         assert r.stderr.count("\n") == 1 and "mount point" in r.stderr and "--out" in r.stderr, r.stderr
