@@ -765,3 +765,53 @@ def test_in_place_refuses_a_folder_being_deleted(tmp_path):
     r = _cli("resize", "--vocab", "128", "-q", cwd=d)
     assert r.returncode == 5 and "the checkpoint is ckpt" in r.stderr, r.stderr
     assert _digest(d, skip_report=False) == before
+
+
+@pytest.mark.parametrize(
+    "point, fallback, no_backup, holds, note",
+    [
+        ("check", False, False, "old", "(removed)"),  # the new version built, not yet checked
+        ("swap", False, True, "old", "(removed)"),  # checked, not yet swapped
+        ("swapped", False, False, "new", "(kept as a backup)"),  # the old version still at the staging name
+        ("swapped", False, True, "new", "(kept as a backup)"),  # no backup asked, but nothing deleted yet
+        ("renames", True, False, "new", "its complete new version was put there"),  # no folder under NAME
+        ("delete", False, True, "new", "(the previous version it was deleting; now deleted)"),
+    ],
+    ids=[
+        "before-check",
+        "before-swap",
+        "after-exchange",
+        "after-exchange-no-backup",
+        "between-renames",
+        "delete",
+    ],
+)
+def test_sigkill_at_each_step_and_the_next_run(tmp_path, point, fallback, no_backup, holds, note):
+    """SIGKILL at each step of an in-place run (a pause point): the name holds the old or the new version
+    (or, between the fallback's renames, nothing until the next run), and the next run, here `inspect`, puts
+    right what was left and says so: the new version never swapped in removed, the old version kept as a
+    complete backup or its deletion finished, the lock file removed."""
+    ck = _copy("pf_llama_untied_sharded", tmp_path / "ckpt")
+    old = _digest(ck)
+    env = {"TIETOOL_INPLACE_PAUSE": "30", "TIETOOL_INPLACE_PAUSE_AT": point}
+    env |= {"TIETOOL_NO_EXCHANGE": "1"} if fallback else {}
+    p = _popen([*ARGS, ck, *(["--no-backup"] if no_backup else [])], env=env)
+    waits = {
+        "check": lambda: _staged(tmp_path, "ckpt"),
+        "swap": lambda: _staged(tmp_path, "ckpt"),
+        "swapped": lambda: _new_under_name(ck),
+        "renames": lambda: not ck.exists(),
+        "delete": lambda: any(DELETING in q.name for q in tmp_path.iterdir()),
+    }
+    _wait_for(waits[point])
+    time.sleep(0.3 if point in ("check", "swap") else 0.0)  # past the last step before the pause
+    p.kill()
+    p.wait()
+    r = _cli("inspect", ck, "--no-values")
+    assert r.returncode == 0, r.stderr
+    assert note in r.stdout, r.stdout
+    assert f"{tmp_path / '.ckpt.tietool-lock'} (a stale lock file; removed)" in r.stdout, r.stdout
+    assert (_digest(ck) == old) == (holds == "old")
+    for bak in tmp_path.glob("ckpt.tietool-backup-*"):
+        assert _digest(bak) == old
+    assert _leftovers(tmp_path, "ckpt") == [] and not (tmp_path / ".ckpt.tietool-lock").exists()
