@@ -45,9 +45,7 @@ import os
 import secrets
 import shlex
 import shutil
-import signal
 import stat
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -55,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CheckpointError, Opt, OutputError, RefusedError
-from .write import REPORT_NAME, pid_alive, remove_dead_temps
+from .write import REPORT_NAME, pid_alive, remove_dead_temps, signals_deferred
 
 NEW_TAG = ".tietool-new-"
 BACKUP_TAG = ".tietool-backup-"
@@ -340,29 +338,6 @@ def deleting_path(ckpt: Path, token: str) -> Path:
 
 def new_token() -> str:
     return secrets.token_hex(6)
-
-
-@contextmanager
-def signals_deferred() -> Iterator[None]:
-    """Hold back SIGINT, SIGTERM and SIGHUP for the ``with`` block, then deliver the first one that came (to
-    the handler that was there before): a Ctrl-C or SIGTERM lands before or after the block, never inside.
-    Python runs signal handlers in the main thread only, so from another thread nothing can interrupt the
-    block (a signal whose action kills the process, as SIGKILL does, is for :func:`recover`)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    got: list[int] = []
-    saved = {}
-    for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if s is not None and signal.getsignal(s) is not None:  # None: a handler not set from Python
-            saved[s] = signal.signal(s, lambda n, _f: got.append(n))
-    try:
-        yield
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
-        if got:
-            signal.raise_signal(got[0])
 
 
 @dataclass

@@ -17,7 +17,10 @@ import errno
 import json
 import os
 import shutil
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,7 @@ import numpy as np
 from . import recipes, store, surface
 from .checkpoint import REPORT_NAME, SHARD_RE, Checkpoint
 from .configfile import get_dotted, read_config_file, set_dotted
-from .errors import Opt, OutputError, UsageError
+from .errors import Interrupted, Opt, OutputError, UsageError
 from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source, copy_range
 from .formats.tensor import pdparams_name
@@ -293,6 +296,7 @@ def publish(out: Path, fill: Callable[[Path], dict], report: Callable[[dict], di
     tmp = parent / f".{out.name}{TMP_TAG}{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
+    published = False
     try:
         tmp.mkdir()
         facts = fill(tmp)
@@ -303,16 +307,43 @@ def publish(out: Path, fill: Callable[[Path], dict], report: Callable[[dict], di
         if report is not None:
             _write_json(tmp / REPORT_NAME, facts)
         fsync_tree(tmp)
-        if out.exists():
-            out.rmdir()  # empty: the caller checked
-        os.rename(tmp, out)
-        _fsync_dir(parent)
+        with signals_deferred():  # a Ctrl-C or SIGTERM lands before the rename or after it
+            if out.exists():
+                out.rmdir()  # empty: the caller checked
+            os.rename(tmp, out)
+            published = True
+            _fsync_dir(parent)
         return facts
     except BaseException as e:
+        if published and isinstance(e, KeyboardInterrupt):  # came during the rename, held back until now
+            raise Interrupted(f"the output {out} was written completely just before") from None
         _uninterruptibly(lambda: shutil.rmtree(tmp, ignore_errors=True))
         if not isinstance(e, OSError):
             raise
         raise _output_error(e, parent, tmp) from None
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold back SIGINT, SIGTERM and SIGHUP for the ``with`` block, then deliver the first one that came (to
+    the handler that was there before): a Ctrl-C or SIGTERM lands before or after the block, never inside.
+    Python runs signal handlers in the main thread only, so from another thread nothing can interrupt the
+    block (a signal whose action kills the process, as SIGKILL does, is for :func:`recover`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    got: list[int] = []
+    saved = {}
+    for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if s is not None and signal.getsignal(s) is not None:  # None: a handler not set from Python
+            saved[s] = signal.signal(s, lambda n, _f: got.append(n))
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+        if got:
+            signal.raise_signal(got[0])
 
 
 def _make_parent(out: Path) -> Path:

@@ -200,3 +200,30 @@ def test_convert_and_merge_say_when_they_remove_a_dead_runs_temporary_folder(tmp
     assert r.returncode == 0 and json.loads(r.stdout)["removed_stale_temps"] == [str(dead)], r.stderr
     r = subprocess.run([*run, "--out", str(tmp_path / "out3")], capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 0 and "interrupted run" not in r.stdout
+
+
+def test_an_interrupt_during_the_final_rename_is_held_back_and_said(tmp_path, monkeypatch):
+    """Ctrl-C while the output is renamed into place (here: sent while the parent folder is fsynced, right
+    after the rename): it is held back to the end of the step, and the interruption says the output is
+    complete, not "nothing was written" (issue 18 item 2, for --out)."""
+    import os
+    import signal
+
+    import tietool
+    from tietool.surgery import write
+
+    src = make_sharded_ckpt(tmp_path / "in", vocab=256, hidden=64, layers=1)
+    out = tmp_path / "out"
+    real = write._fsync_dir
+
+    def fsync_and_interrupt(p):
+        if Path(p) == tmp_path:  # the parent folder, after the rename
+            os.kill(os.getpid(), signal.SIGINT)
+        real(p)
+
+    monkeypatch.setattr(write, "_fsync_dir", fsync_and_interrupt)
+    with pytest.raises(KeyboardInterrupt) as e:
+        tietool.tie(src, out)
+    assert isinstance(e.value, tietool.surgery.errors.Interrupted)
+    assert e.value.state == f"the output {out} was written completely just before"
+    assert verify(src, out).explained and not [p for p in tmp_path.iterdir() if ".tietool-tmp-" in p.name]
