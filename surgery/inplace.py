@@ -40,7 +40,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
-import json
 import os
 import secrets
 import shlex
@@ -53,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CheckpointError, Opt, OutputError, RefusedError
+from .regular import load_json
 from .write import REPORT_NAME, pid_alive, remove_dead_temps, signals_deferred
 
 NEW_TAG = ".tietool-new-"
@@ -109,10 +109,11 @@ def _staging_pid_token(name: str, prefix: str) -> tuple[int, str] | None:
 
 
 def token_of(folder: Path) -> str | None:
-    """The in-place token recorded in ``folder``'s report (None: no report, or not an in-place output)."""
+    """The in-place token recorded in ``folder``'s report (None: no report, not an in-place output, or not a
+    regular JSON file: read with :func:`surgery.regular.load_json`, so a FIFO there cannot block)."""
     try:
-        rep = json.loads((folder / REPORT_NAME).read_text())
-    except (OSError, ValueError):
+        rep = load_json(folder / REPORT_NAME, limit=16 << 20)
+    except (OSError, ValueError, CheckpointError):
         return None
     ip = rep.get("in_place") if isinstance(rep, dict) else None
     return ip.get("token") if isinstance(ip, dict) else None
