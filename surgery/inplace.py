@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CheckpointError, Opt, OutputError, RefusedError
-from .regular import load_json
+from .regular import kind_of, load_json
 from .write import REPORT_NAME, pid_alive, remove_dead_temps, signals_deferred
 
 NEW_TAG = ".tietool-new-"
@@ -447,10 +447,7 @@ def locked(ckpt: Path) -> Iterator[None]:
             file is left.
     """
     path = lock_path(ckpt)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        raise _lock_error(e, path) from None
+    fd = _open_lock(path)
     try:
         _lock(fd, ckpt, path)
         try:
@@ -467,6 +464,34 @@ def locked(ckpt: Path) -> Iterator[None]:
             path.unlink(missing_ok=True)  # still locked: a run that opened it now refuses (above)
     finally:
         os.close(fd)  # releases the lock
+
+
+def _open_lock(path: Path) -> int:
+    """Open (or create) lock file ``path``: never through a symlink, never blocking, a regular file only
+    (a link there could make the truncation that records the pid hit another file).
+
+    Raises:
+        OutputError: it cannot be created, or something else has its name (named, left alone).
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OutputError(
+                f"{path.name} is a symbolic link, not tietool's lock file; nothing was written",
+                path,
+                "remove it (tietool creates that file while it rewrites the checkpoint) and run again",
+            ) from None
+        raise _lock_error(e, path) from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OutputError(
+            f"{path.name} is {kind_of(mode)}, not tietool's lock file; nothing was written",
+            path,
+            "remove it (tietool creates that file while it rewrites the checkpoint) and run again",
+        )
+    return fd
 
 
 def _lock_error(e: OSError, path: Path) -> OutputError:

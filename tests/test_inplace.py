@@ -816,3 +816,25 @@ def test_sigkill_at_each_step_and_the_next_run(tmp_path, point, fallback, no_bac
     for bak in tmp_path.glob("ckpt.tietool-backup-*"):
         assert _digest(bak) == old
     assert _leftovers(tmp_path, "ckpt") == [] and not (tmp_path / ".ckpt.tietool-lock").exists()
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "folder"])
+def test_something_else_at_the_lock_files_name_is_refused_and_left_alone(tmp_path, kind):
+    """A symlink (to a file the truncation that records the pid would empty), a FIFO or a folder where the
+    lock file goes: exit 6 in one line naming it, nothing followed, truncated or removed, nothing written."""
+    ck = _copy("pf_llama_tied_fp32", tmp_path / "ckpt")
+    before = _digest(ck, skip_report=False)
+    lock = tmp_path / ".ckpt.tietool-lock"
+    victim = tmp_path / "precious.txt"
+    victim.write_text("keep me\n")
+    if kind == "symlink":
+        lock.symlink_to(victim)
+    elif kind == "fifo":
+        os.mkfifo(lock)
+    else:
+        lock.mkdir()
+    r = _cli("tie", ck)
+    assert r.returncode == 6, r.stderr
+    assert r.stderr.count("\n") == 1 and ".ckpt.tietool-lock" in r.stderr, r.stderr
+    assert victim.read_text() == "keep me\n" and os.path.lexists(lock)
+    assert _digest(ck, skip_report=False) == before and not list(tmp_path.glob(".ckpt.tietool-new-*"))
