@@ -51,6 +51,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checkpoint import CONFIG_FILES, PD_INDEX, PD_SINGLE, SHARD_RE, ST_INDEX, ST_SINGLE
 from .errors import CheckpointError, Opt, OutputError, RefusedError
 from .regular import kind_of, load_json
 from .write import REPORT_NAME, pid_alive, remove_dead_temps, signals_deferred
@@ -124,7 +125,7 @@ def backup_name(ckpt: Path) -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     p = ckpt.with_name(f"{ckpt.name}{BACKUP_TAG}{stamp}")
     k = 2
-    while p.exists():
+    while os.path.lexists(p):  # a dangling symlink there too: rename would fail after the exchange
         p, k = ckpt.with_name(f"{ckpt.name}{BACKUP_TAG}{stamp}-{k}"), k + 1
     return p
 
@@ -157,7 +158,15 @@ def recover(ckpt: Path) -> Recovery:
 def _recover_staging(ckpt: Path, p: Path, token: str, rec: Recovery) -> None:
     """Staging folder ``p`` of a dead run (``token`` from its name): the old version after the exchange is
     kept as a backup; the new version goes under the name if none is there, else it is removed."""
-    if token_of(p) != token:  # the old version, swapped out and still complete: keep it as the backup
+    if token_of(p) != token and not _complete(p):  # half deleted by an earlier tietool: finish it
+        dst = ckpt.with_name(p.name.replace(NEW_TAG, DELETING_TAG, 1))
+        os.rename(p, dst)
+        err = delete_tree(dst)
+        if err is None:
+            rec.finished_deletions.append(str(dst))
+        else:
+            rec.left_to_delete.append(f"{dst} ({err})")
+    elif token_of(p) != token:  # the old version, swapped out and still complete: keep it as the backup
         dst = backup_name(ckpt)
         os.rename(p, dst)
         rec.kept_backups.append(str(dst))
@@ -167,6 +176,26 @@ def _recover_staging(ckpt: Path, p: Path, token: str, rec: Recovery) -> None:
     else:  # a new version never swapped in
         shutil.rmtree(p, ignore_errors=True)
         rec.removed_temps.append(str(p))
+
+
+def _complete(folder: Path) -> bool:
+    """``folder`` holds a whole checkpoint: a config file, and every shard its index names (without an
+    index, a weight file). A previous version that an older tietool was deleting from a staging name when
+    it was killed fails this, and is never kept as a backup."""
+    try:
+        names = set(os.listdir(folder))
+    except OSError:
+        return False
+    if not names & set(CONFIG_FILES):
+        return False
+    for index in (ST_INDEX, PD_INDEX):
+        if index in names:
+            try:
+                wm = load_json(folder / index, limit=64 << 20).get("weight_map")
+            except (CheckpointError, AttributeError):
+                return False
+            return isinstance(wm, dict) and all(isinstance(f, str) and f in names for f in set(wm.values()))
+    return bool(names & {ST_SINGLE, PD_SINGLE}) or any(SHARD_RE.match(n) for n in names)
 
 
 def _finish_deletions(ckpt: Path, entries: list[Path], rec: Recovery) -> None:

@@ -838,3 +838,22 @@ def test_something_else_at_the_lock_files_name_is_refused_and_left_alone(tmp_pat
     assert r.stderr.count("\n") == 1 and ".ckpt.tietool-lock" in r.stderr, r.stderr
     assert victim.read_text() == "keep me\n" and os.path.lexists(lock)
     assert _digest(ck, skip_report=False) == before and not list(tmp_path.glob(".ckpt.tietool-new-*"))
+
+
+def test_a_half_deleted_old_version_at_a_staging_name_is_never_kept_as_a_backup(tmp_path):
+    """What an earlier tietool left when a kill cut its deletion short (the old version at the staging name,
+    shards missing): the next run finishes the deletion and says so instead of keeping it as a backup; a
+    complete old version there is still kept."""
+    ck = _copy("pf_llama_untied_sharded", tmp_path / "ckpt")
+    half = _copy("pf_llama_untied_sharded", tmp_path / ".ckpt.tietool-new-999999998-abc")
+    (half / "model-00001-of-00009.safetensors").unlink()
+    whole = _copy("pf_llama_untied_sharded", tmp_path / ".ckpt.tietool-new-999999999-def")
+    no_config = _copy("pf_llama_tied_fp32", tmp_path / ".ckpt.tietool-new-999999997-ghi")
+    (no_config / "config.json").unlink()
+    rec = inplace.recover(ck)
+    assert sorted(rec.finished_deletions) == sorted(
+        str(tmp_path / f".ckpt.tietool-deleting-{x}") for x in ("999999998-abc", "999999997-ghi")
+    )
+    (bak,) = tmp_path.glob("ckpt.tietool-backup-*")
+    assert rec.kept_backups == [str(bak)] and _digest(bak) == _digest(FIX / "pf_llama_untied_sharded")
+    assert not half.exists() and not whole.exists() and _leftovers(tmp_path, "ckpt") == []
