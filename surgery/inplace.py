@@ -18,8 +18,9 @@ and the parent folder fsynced), and only after it was renamed to ``.NAME.tietool
 the next run finishes deleting (and says so), never one it would take for a backup.
 
 The swap itself (exchange or two renames, and the rename of the old version to its backup or deleting name)
-runs with SIGINT/SIGTERM/SIGHUP deferred (:func:`signals_deferred`), so a Ctrl-C or SIGTERM lands before it or
-after it; :func:`interrupted_state` then says, by looking at the folders, what the name holds.
+runs with SIGINT/SIGTERM/SIGHUP deferred (:func:`surgery.write.signals_deferred`), so a Ctrl-C or SIGTERM
+lands before it or after it; :func:`interrupted_state` then says, by looking at the folders, what the name
+holds.
 
 Two in-place runs on one checkpoint would each build from the original and the later swap would drop the
 earlier one's change: a run that writes holds an exclusive ``flock`` on ``.NAME.tietool-lock`` beside the
