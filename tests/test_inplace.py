@@ -365,10 +365,11 @@ def test_no_backup_deletion_killed_is_finished_never_adopted_as_backup(tmp_path)
     args = ["resize", "--vocab", "172", "--seed", "5", "--no-backup", "-q"]
     timed = _with_many_files(_copy("pf_llama_untied_sharded", tmp_path / "timed" / "ckpt"), 1500)
     p = _popen([*args, timed])
-    _wait_for(lambda: _new_under_name(timed))
-    swapped = time.monotonic()
+    _wait_for(lambda: _deleting(timed.parent) or p.poll() is not None)
+    started = time.monotonic()
+    _wait_for(lambda: not _deleting(timed.parent), step=0.0005)
+    window = time.monotonic() - started  # the deletion, measured
     assert p.wait(timeout=120) == 0, p.stderr.read() if p.stderr else ""
-    window = time.monotonic() - swapped  # from the swap to the end: mostly the deletion
     new = _digest(timed)
     rng = random.Random(18)
     seen_partial, scale, i = 0, 1.0, 0
@@ -376,11 +377,11 @@ def test_no_backup_deletion_killed_is_finished_never_adopted_as_backup(tmp_path)
         work = tmp_path / f"k{i}"
         ck = _with_many_files(_copy("pf_llama_untied_sharded", work / "ckpt"), 1500)
         p = _popen([*args, ck])
-        _wait_for(lambda ck=ck: _new_under_name(ck))
+        _wait_for(lambda work=work, p=p: _deleting(work) or p.poll() is not None)
         time.sleep(rng.uniform(0.0, 0.9) * window * scale)
-        scale *= 0.5 if p.poll() is not None else 1.0  # too late (a loaded machine): aim earlier
         p.kill()
         p.wait()
+        scale *= 1.0 if _deleting(work) else 0.5  # too late (a loaded machine): aim earlier
         assert _digest(ck) == new, f"run {i}: the name does not hold the new version"
         left = [q for q in work.iterdir() if q.name != "ckpt" and not q.name.endswith(".tietool-lock")]
         seen_partial += any(DELETING in q.name for q in left)
@@ -400,6 +401,13 @@ def test_no_backup_deletion_killed_is_finished_never_adopted_as_backup(tmp_path)
 
 
 DELETING = ".tietool-deleting-"
+
+
+def _deleting(parent: Path) -> bool:
+    """A previous version is being deleted in ``parent`` (its folder renamed to say so)."""
+    return any(DELETING in q.name for q in parent.iterdir())
+
+
 FIX_NAMES = sorted(p.name for p in (FIX / "pf_llama_untied_sharded").iterdir())
 
 
