@@ -256,6 +256,8 @@ def _render_write(rep: dict, as_json: bool) -> None:
     render.report(finite(dict(rep)) if as_json else rep, as_json=as_json)
     _stale_notes(rep, as_json)
     ip = rep.get("in_place")
+    if ip and ip.get("left_to_delete"):  # on stderr, with --json too
+        _left_to_delete_warning(rep["input"], ip)
     if as_json or not ip:
         return
     render.recovered(ip.get("recovered") or {})
@@ -269,16 +271,20 @@ def _render_write(rep: dict, as_json: bool) -> None:
         )
     else:
         print(f"in place: {rep['input']} rewritten (no backup kept)")
-    if ip.get("left_to_delete"):
-        left = shlex.quote(ip["left_to_delete"])
-        print(
-            f"tietool: warning: {rep['input']} holds the new version, but the previous version could not be "
-            f"deleted completely ({ip['delete_error']}); what is left is {ip['left_to_delete']} — "
-            f"remove it with: chmod -R u+w {left} && rm -rf {left} (the next tietool run on it tries again)",
-            file=sys.stderr,
-        )
     if ip.get("written") and _inside(Path(rep["input"])):
         print("note: your shell is still inside the previous version's folder: run `cd .` to see the new one")
+
+
+def _left_to_delete_warning(ckpt: str, ip: dict) -> None:
+    """The one warning line of an in-place run without a backup whose old version could not be deleted
+    completely: the name holds the new version (exit 0), what is left, and how to remove it."""
+    left = shlex.quote(ip["left_to_delete"])
+    print(
+        f"tietool: warning: {ckpt} holds the new version, but the previous version could not be "
+        f"deleted completely ({ip['delete_error']}); what is left is {ip['left_to_delete']} — "
+        f"remove it with: chmod -R u+w {left} && rm -rf {left} (the next tietool run on it tries again)",
+        file=sys.stderr,
+    )
 
 
 def _stale_notes(rep: dict, as_json: bool) -> None:

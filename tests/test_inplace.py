@@ -453,13 +453,19 @@ def test_no_backup_with_an_undeletable_subfolder_says_the_name_holds_the_new_ver
         assert "rm -rf" in warning[0]
         assert tietool.verify(ref, ck).explained  # the new version, complete
         assert not list(tmp_path.glob("ckpt.tietool-backup-*"))
+        if os.geteuid() == 0:  # the new version's copy of the file pinned too (non-root: its folder's mode)
+            subprocess.run(["chattr", "+i", str(ck / "sub" / "pinned.bin")], check=True)
+        r = _cli("untie", ck, "--no-backup", "--json")  # again, with --json: the warning still on stderr
+        assert r.returncode == 0 and r.stderr.startswith("tietool: warning:"), r.stderr
+        (left2,) = [p for p in tmp_path.iterdir() if DELETING in p.name and p != left]
+        assert json.loads(r.stdout)["in_place"]["left_to_delete"] == str(left2)
         r = _cli("inspect", ck, "--no-values")  # still undeletable: said, not adopted as a backup
         assert r.returncode == 0 and f"warning: left by an interrupted run: {left}" in r.stdout, r.stdout
         assert left.exists() and not list(tmp_path.glob("ckpt.tietool-backup-*"))
     r = _cli("inspect", ck, "--json", "--no-values")  # deletable now: the next run finishes it
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["recovered"]["finished_deletions"] == [str(left)]
-    assert not left.exists() and _leftovers(tmp_path, "ckpt") == []
+    assert sorted(json.loads(r.stdout)["recovered"]["finished_deletions"]) == sorted([str(left), str(left2)])
+    assert not left.exists() and not left2.exists() and _leftovers(tmp_path, "ckpt") == []
 
 
 @pytest.mark.parametrize(
