@@ -431,10 +431,11 @@ class _Walker:
         while todo:
             x, d = todo.pop()
             n += len(x)
-            if n > lim.key_nodes or d > lim.depth:
+            if d > lim.depth:
+                raise _too_big(self.path, f"a dict key tuple is nested more than {lim.depth} levels deep")
+            if n > lim.key_nodes:
                 raise _too_big(
-                    self.path,
-                    f"a dict key tuple counts over {lim.key_nodes} elements or {lim.depth} levels",
+                    self.path, f"a dict key tuple counts over {lim.key_nodes} elements at every reference"
                 )
             for c in x:
                 if type(c) is tuple:

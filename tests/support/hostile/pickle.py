@@ -173,6 +173,7 @@ _TB = _tuple_bomb(60)
 _LB = _list_bomb(28, 2)
 BOMBS: list[tuple[str, bytes, bytes, bytes]] = [  # name, prelude, key, value
     ("bomb-tuple-key", _TB[0], _TB[1], b"K\x01"),
+    ("bomb-tuple-key-shallow", *_tuple_bomb(20)[:1], _tuple_bomb(20)[1], b"K\x01"),  # under the depth limit
     ("bomb-tuple-value", *_as_value("meta", _TB)),
     ("bomb-list-value", *_as_value("meta", _LB)),
     ("bomb-list-fan100", *_as_value("meta", _list_bomb(5, 100))),
