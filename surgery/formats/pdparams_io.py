@@ -21,6 +21,7 @@ import os
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -81,7 +82,7 @@ class AllowList:
     classes: frozenset[tuple[str, str]] = frozenset()
     limits: Limits = Limits()
 
-    @property
+    @cached_property
     def globals(self) -> frozenset[tuple[str, str]]:
         """Every global the pickle may name."""
         return frozenset(self.calls) | self.classes
@@ -144,7 +145,7 @@ class _DType:
         """
         if self.error:
             raise ValueError(self.error)
-        if self.order not in _ORDERS:
+        if type(self.order) is not str or self.order not in _ORDERS:  # a str: hashing it is bounded
             raise ValueError(f"dtype byte order {_show(self.order)} (expected '<', '|', '=' or '>')")
         return _DTYPE_CODES[self.code].newbyteorder(_ORDERS[self.order])
 

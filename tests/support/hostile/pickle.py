@@ -261,6 +261,27 @@ def _dtype_not_str(raw: bytes) -> bytes:
 ORDERS = [("order-bang", b"!"), ("order-empty", b""), ("order-two", b"<>"), ("order-big", b">")]
 
 
+def _order_value(value: bytes) -> Callable[[bytes], bytes]:
+    """Replace the memoized byte-order string ``<`` by the value ``value`` pushes (memoized in its place,
+    so every dtype state that references it gets the value): found by the opcode fuzzer, a byte order
+    that is a memo bomb was hashed (exponential time)."""
+
+    def fn(raw: bytes) -> bytes:
+        old = b"\x8c\x01<\x94"
+        at = raw.index(old)
+        return raw[:at] + value + b"\x94" + raw[at + len(old) :]
+
+    return fn
+
+
+ORDER_VALUES = [
+    ("order-tuple-bomb", b")" + b"22\x87" * 40),
+    ("order-deep-tuple", b")" + b"\x85" * 100_000),
+    ("order-list", b"]"),
+    ("order-int", b"K\x03"),
+]
+
+
 def _shape_edit(new: bytes) -> Callable[[bytes], bytes]:
     """Replace the shape of the fixture's first array state ``(K\\x01 <shape> numpy.dtype...``: the
     BININT1 1 version then a TUPLE of BININT1/BININT2 dims, up to the first ``\\x85``/``\\x86``."""
@@ -323,6 +344,7 @@ CASES: list[Hostile] = [
     # not UTF-8: refused as a malformed string, before it is known to be a dtype
     _h("dtype-not-utf8", _edit_raw(_dtype_to(b"f\xc3")), "malformed pickle"),
     *[_h(n, _edit_raw(_order_to(o)), "tensor") for n, o in ORDERS],
+    *[_h(n, _edit_raw(_order_value(v)), "tensor", "byte order") for n, v in ORDER_VALUES],
     *[_h(n, _edit_raw(_shape_edit(b)), "tensor") for n, b in SHAPES],
     _h("fifo-pdparams", _fifo_as(PD), "FIFO"),
     Hostile(
