@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from . import store, surface
+from . import regular, store, surface
 from .errors import CheckpointError, TietoolError
 from .formats import pdparams_io, safetensors_io
 from .formats.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
@@ -25,6 +25,7 @@ ST_SINGLE = "model.safetensors"
 ST_INDEX = "model.safetensors.index.json"
 PD_SINGLE = "model_state.pdparams"
 PD_INDEX = "model_state.pdparams.index.json"
+_WEIGHT_SUFFIXES = (".safetensors", ".pdparams", ".index.json")  # weight and index files of a folder
 SHARD_RE = re.compile(r"^(model|model_state)-(\d+)-of-(\d+)\.(safetensors|pdparams)$")
 CONFIG_FILES = ("config.json", "model_config.json")
 REPORT_NAME = "tietool-report.json"
@@ -137,6 +138,8 @@ def _file_names(path: Any) -> set[str]:
         raise CheckpointError("no such folder", path, "check the checkpoint path")
     else:
         names = {p.name for p in path.iterdir() if p.is_file()} if path.is_dir() else None
+        if names is not None:
+            _refuse_special_weights(path)
     if names is None:
         raise CheckpointError(
             "is a file, expected a checkpoint folder",
@@ -144,6 +147,19 @@ def _file_names(path: Any) -> set[str]:
             "pass the folder that holds config.json and the weights",
         )
     return names
+
+
+def _refuse_special_weights(path: Path) -> None:
+    """A weight or index file of local folder ``path`` that is a FIFO, a device or a socket is refused by
+    name (issue 18: reading a FIFO blocks forever, ``/dev/zero`` never ends) instead of being left out as
+    if it were absent; :func:`regular.open_regular` says what it is without blocking.
+
+    Raises:
+        CheckpointError: naming the file and what it is (exit 3).
+    """
+    for p in path.iterdir():
+        if p.name.endswith(_WEIGHT_SUFFIXES) and p.exists() and not p.is_file() and not p.is_dir():
+            regular.open_regular(p).close()  # raises for anything but a regular file
 
 
 def _unlisted_weights(names: set[str], fmt: str, shards: list[str], listed: list[str]) -> list[str]:

@@ -19,32 +19,73 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import numpy as np
 
-from .. import store
+from .. import regular, store
 from ..errors import CheckpointError, UnsafePickleError
 from .safetensors_io import Source
 from .tensor import NP_TO_ST, TensorInfo, map_array
 
 RECONSTRUCT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
 SCALAR = {("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
-ALLOWED_GLOBALS = (
-    RECONSTRUCT
-    | SCALAR
-    | {
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("collections", "OrderedDict"),
-        ("_codecs", "encode"),
-    }
-)
 NON_TENSOR_KEYS = ("StructuredToParameterName@@",)
 SPLIT_TABLE = "UnpackBigParamInfor@@"  # paddle.save (protocol < 4): NAME -> {OriginShape, slices}
 INLINE_MAX = 256  # payloads up to this size are read; larger ones are recorded as byte ranges
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of one walk (issue 18: no input may crash the interpreter or take more than linear time).
+
+    Attributes:
+        depth: nesting of a value in the top-level dict (real weights files: under 6 levels); deeper is
+            refused, so nothing that recurses over the values (the writer, ``repr``) can overflow the stack.
+        key_nodes: elements of one dict key counted at every reference (a tuple key is hashed by walking
+            all of them: a key that shares sub-tuples would take exponential time); real keys are strings.
+        nodes_beyond_size: values counted at every reference (a list referenced twice counts twice) may
+            exceed the file's size in bytes by this much: memo references cannot blow a few hundred bytes up
+            into exponential work for the code that walks the result.
+        name: bytes of a global's module or name (GLOBAL/INST lines, STACK_GLOBAL strings).
+        line: bytes of an INT/PUT/GET text line.
+        dims: dimensions of an array (numpy's own limit: 64).
+    """
+
+    depth: int = 32
+    key_nodes: int = 256
+    nodes_beyond_size: int = 1_000_000
+    name: int = 1024
+    line: int = 64
+    dims: int = 64
+
+
+@dataclass(frozen=True)
+class AllowList:
+    """The globals one kind of pickle may name, each mapped to the function that *simulates* calling it
+    (never imported or called: ``calls[(module, name)](args)`` builds a stand-in). A second kind of pickle
+    (e.g. the flex-checkpoint ``.metadata``) is a second ``AllowList``.
+
+    Attributes:
+        what: what such a file is, for messages ("a Paddle weights file").
+        calls: ``(module, name)`` → simulation; a global not in it is refused (``UnsafePickleError``).
+        classes: globals that may appear only as an argument (``numpy.ndarray`` given to ``_reconstruct``).
+        limits: the bounds of a walk.
+    """
+
+    what: str
+    calls: Mapping[tuple[str, str], Callable[[tuple[Any, ...]], Any]]
+    classes: frozenset[tuple[str, str]] = frozenset()
+    limits: Limits = Limits()
+
+    @cached_property
+    def globals(self) -> frozenset[tuple[str, str]]:
+        """Every global the pickle may name."""
+        return frozenset(self.calls) | self.classes
 
 
 class _Global:
@@ -63,31 +104,57 @@ class _BytesRef:
         self.offset, self.length = offset, length
 
 
-class _DType:
-    __slots__ = ("code", "order")
+def _dtype_codes() -> dict[str, np.dtype]:
+    """The dtype strings a weights pickle may give ``numpy.dtype`` (``f4``, ``u2``, ``b1``: what numpy's
+    ``dtype.__reduce__`` writes; also the names and one-letter codes), each a weight dtype of ``NP_TO_ST``.
+    A table, so that no other string from the file ever reaches numpy's dtype parser (which raises
+    TypeError, ValueError or SyntaxError on strings it does not know and accepts structured, subarray and
+    object dtypes)."""
+    out: dict[str, np.dtype] = {}
+    for name in NP_TO_ST:
+        dt = np.dtype(name)
+        for code in (dt.str[1:], dt.char, name, f"{dt.kind}{dt.itemsize}"):
+            out[code] = dt
+    return out
 
-    def __init__(self, code: str):
+
+_DTYPE_CODES = _dtype_codes()
+_NATIVE: Literal["<", ">"] = "<" if np.little_endian else ">"
+_ORDERS: dict[str, Literal["<", ">"]] = {"<": "<", "|": "<", "=": _NATIVE, ">": ">"}
+
+
+class _DType:
+    """A simulated ``numpy.dtype(code)``; BUILD may set its byte order. ``error`` says why it is not a
+    weight dtype (reported with the tensor's name by :func:`read_header`)."""
+
+    __slots__ = ("code", "order", "error")
+
+    def __init__(self, code: Any):
         self.code, self.order = code, "<"
+        self.error = (
+            None
+            if isinstance(code, str) and code in _DTYPE_CODES
+            else f"dtype {_show(code)} is not a weight dtype"
+        )
 
     def numpy(self) -> np.dtype:
-        try:
-            dt = np.dtype(self.code)
-        except TypeError:
-            raise ValueError(f"unsupported numpy dtype {self.code!r}") from None
-        if dt.hasobject or dt.fields:
-            raise ValueError(f"unsupported numpy dtype {self.code!r}")
-        if self.order not in "<>":  # "|" (no byte order), "=": as numpy made it
-            return dt
-        if not self.order:  # as numpy itself refuses it
-            raise ValueError("byteorder not recognized (got '')")
-        # "<", ">" (numpy reads only the first character of "<>")
-        return dt.newbyteorder(">" if self.order.startswith(">") else "<")
+        """The dtype (byte order applied).
+
+        Raises:
+            ValueError: not a weight dtype, or an unknown byte order.
+        """
+        if self.error:
+            raise ValueError(self.error)
+        if type(self.order) is not str or self.order not in _ORDERS:  # a str: hashing it is bounded
+            raise ValueError(f"dtype byte order {_show(self.order)} (expected '<', '|', '=' or '>')")
+        return _DTYPE_CODES[self.code].newbyteorder(_ORDERS[self.order])
 
 
 class _Array:
-    """An ndarray seen in the pickle; its data stays in the file."""
+    """An ndarray seen in the pickle; its data stays in the file. ``error``: why its BUILD state is not a
+    weights array (raised, naming the tensor, by :func:`read_header`)."""
 
-    __slots__ = ("shape", "dtype", "fortran", "data", "module")
+    __slots__ = ("shape", "dtype", "fortran", "data", "module", "error")
 
     def __init__(self, module: str):
         self.shape: tuple[int, ...] | None = None
@@ -95,6 +162,7 @@ class _Array:
         self.fortran = False
         self.data: _BytesRef | bytes | None = None
         self.module = module
+        self.error: str | None = None
 
 
 class _Mark:
@@ -102,26 +170,58 @@ class _Mark:
 
 
 _MARK = _Mark()
+_STAND_INS = (_Global, _BytesRef, _DType, _Array, _Mark)  # what the walker builds besides plain values
+_KEY_LEAVES = (str, int, float, bytes, type(None))  # bool is an int
+
+
+def _show(v: Any, n: int = 40) -> str:
+    """``v`` for a message, bounded: a string or bytes cut to ``n`` characters, anything else by its type
+    (never ``repr`` of a container: a deep or shared one would recurse or take exponential time)."""
+    if isinstance(v, (str, bytes)):
+        return repr(v[:n]) + ("..." if len(v) > n else "")
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 10**20:
+        return repr(v)
+    return f"a {type(v).__name__}"
 
 
 def _refuse(path: Path, what: str) -> CheckpointError:
     return CheckpointError(what, path, "the file is damaged or is not a Paddle weights file; re-export it")
 
 
-def walk(path: Path) -> tuple[dict[str, Any], int]:
+def _too_big(path: Path, what: str) -> CheckpointError:
+    return CheckpointError(
+        f"{what}, more than tietool reads from a weights pickle",
+        path,
+        "the file is damaged or crafted; re-export it or get it from a trusted source",
+    )
+
+
+def walk(path: Path, rules: AllowList | None = None) -> tuple[dict[str, Any], int]:
     """Walk the opcodes of a ``.pdparams`` pickle without executing or loading it.
+
+    Args:
+        path: the file (local, or a remote ``UPath``); a local one must be a regular file (a FIFO or a
+            device is refused by :func:`regular.open_regular`, never opened for reading).
+        rules: the allow-list and limits (default :data:`WEIGHTS`).
 
     Returns:
         ``(top-level dict, file size)``. Array values are ``_Array`` stubs with their byte ranges;
-        other values are plain Python objects (the ``StructuredToParameterName@@`` dict).
+        other values are plain Python objects (the ``StructuredToParameterName@@`` dict), checked against
+        ``rules.limits`` (no cycle, nesting depth, size counted at every reference).
 
     Raises:
-        UnsafePickleError: a global outside ``ALLOWED_GLOBALS`` (named in the message); nothing is run.
-        CheckpointError: truncated or malformed pickle, or a top level that is not a dict.
+        UnsafePickleError: a global outside the allow-list (named in the message); nothing is run.
+        CheckpointError: not a regular file, truncated or malformed pickle, a limit passed (named), or a
+            top level that is not a dict.
     """
+    rules = rules or WEIGHTS
     try:
-        size = store.size(path)
-        f = store.open_read(path)  # remote: 64 KiB requests; the walker seeks past payloads
+        if store.is_remote(path):
+            size = store.size(path)
+            f = store.open_read(path)  # remote: 64 KiB requests; the walker seeks past payloads
+        else:
+            f = regular.open_regular(path)
+            size = os.fstat(f.fileno()).st_size
     except IsADirectoryError:
         raise CheckpointError("is a folder, expected a .pdparams file", path, "remove or rename it") from None
     except OSError as e:
@@ -130,7 +230,7 @@ def walk(path: Path) -> tuple[dict[str, Any], int]:
         ) from None
     with f:
         try:
-            return _walk(f, path, size), size
+            return _walk(f, path, size, rules), size
         except (UnsafePickleError, CheckpointError):
             raise
         except (
@@ -148,23 +248,28 @@ def walk(path: Path) -> tuple[dict[str, Any], int]:
             raise _refuse(path, f"malformed pickle ({e.__class__.__name__}: {str(e)[:80]})") from None
 
 
-def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:
-    """Run the opcodes of the pickle in ``f`` (``size`` bytes) through :class:`_Walker` up to STOP.
+def _walk(f: BinaryIO, path: Path, size: int, rules: AllowList) -> dict[str, Any]:
+    """Run the opcodes of the pickle in ``f`` (``size`` bytes) through :class:`_Walker` up to STOP, then
+    check the result against ``rules.limits`` (:func:`_check_values`).
+
+    Every opcode consumes at least one byte, so the loop runs at most ``size + 1`` times (an explicit
+    bound, not a ``while True``).
 
     Returns:
         the top-level dict.
 
     Raises:
-        UnsafePickleError: a global outside ``ALLOWED_GLOBALS``.
-        CheckpointError: truncated, an opcode a weights pickle does not use, or a top level that is not
-            a dict.
+        UnsafePickleError: a global outside the allow-list.
+        CheckpointError: truncated, an opcode a weights pickle does not use, a limit passed, or a top level
+            that is not a dict.
         ValueError, IndexError, KeyError, TypeError, struct.error...: a malformed pickle (:func:`walk`
             turns these into a ``CheckpointError``).
     """
-    w = _Walker(f, path, size)
+    w = _Walker(f, path, size, rules)
     ops = _OPCODES
-    while True:
-        op = f.read(1)
+    read = f.read
+    for _ in range(size + 1):
+        op = read(1)
         if not op:
             raise _refuse(path, "truncated pickle (no STOP opcode)")
         c = op[0]
@@ -174,10 +279,85 @@ def _walk(f: BinaryIO, path: Path, size: int) -> dict[str, Any]:
         if handler is None:
             raise _refuse(path, f"unsupported pickle opcode 0x{c:02x} at offset {f.tell() - 1}")
         handler(w)
+    else:
+        raise _too_big(path, f"more opcodes than the file's {size} bytes")
     stack = w.stack
     if len(stack) != 1 or not isinstance(stack[0], dict):
         raise _refuse(path, "the pickle does not hold a {name: array} dict")
+    _check_values(path, stack[0], rules.limits, size)
     return stack[0]
+
+
+def _children(x: Any) -> Any:
+    return (y for kv in x.items() for y in kv) if type(x) is dict else x
+
+
+def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> None:
+    """Refuse a result no weights file has, before any code walks it: a value that contains itself, one
+    nested deeper than ``lim.depth``, more than ``size + lim.nodes_beyond_size`` values counted at every
+    reference (a memo bomb), or a walker stand-in (an array, a dtype, a global) inside a non-tensor value.
+
+    One iterative pass; each container is visited once (its counted size is remembered by ``id``; the
+    containers stay alive in ``top`` meanwhile), so the cost is linear in the references the file made.
+
+    Raises:
+        CheckpointError: naming the top-level entry and the limit.
+    """
+    budget = size + lim.nodes_beyond_size
+    sizes: dict[int, int] = {}
+    for name, v in top.items():
+        if type(v) not in (dict, list, tuple):
+            if isinstance(v, _STAND_INS) and not isinstance(v, _Array):
+                raise _refuse(path, f"entry {_show(name)} is a bare {_stand_in(v)}, not a value")
+            continue
+        on_path = {id(v)}
+        todo = [(v, iter(_children(v)))]
+        counts = [1]
+        while todo:
+            x, it = todo[-1]
+            for c in it:
+                t = type(c)
+                if t is dict or t is list or t is tuple:
+                    i = id(c)
+                    if i in sizes:
+                        counts[-1] += sizes[i]
+                        continue
+                    if i in on_path:
+                        raise _refuse(path, f"entry {_show(name)} contains itself (a cyclic value)")
+                    if len(todo) >= lim.depth:
+                        raise _too_big(
+                            path, f"entry {_show(name)} is nested more than {lim.depth} levels deep"
+                        )
+                    on_path.add(i)
+                    todo.append((c, iter(_children(c))))
+                    counts.append(1)
+                    break
+                if isinstance(c, _STAND_INS):
+                    raise _refuse(path, f"entry {_show(name)} holds {_stand_in(c)} inside a non-tensor value")
+                counts[-1] += 1
+            else:
+                todo.pop()
+                on_path.discard(id(x))
+                n = counts.pop()
+                sizes[id(x)] = n
+                if counts:
+                    counts[-1] += n
+                if n > budget:
+                    raise _too_big(
+                        path,
+                        f"entry {_show(name)} counts over {budget:,} values at every reference "
+                        "(memo references repeat one value: a memo bomb)",
+                    )
+
+
+def _stand_in(v: Any) -> str:
+    if isinstance(v, _Array):
+        return "an array"
+    if isinstance(v, _DType):
+        return "a numpy dtype"
+    if isinstance(v, _Global):
+        return f"the global {v.module[:80]}.{v.name[:80]}"
+    return "an array payload" if isinstance(v, _BytesRef) else "a MARK"
 
 
 def _pairs(items: list[Any], op: str) -> zip[tuple[Any, Any]]:
@@ -193,10 +373,10 @@ class _Walker:
     simulated, never imported; array payloads are recorded as byte ranges, not read.
     """
 
-    __slots__ = ("f", "path", "size", "stack", "memo")
+    __slots__ = ("f", "path", "size", "stack", "memo", "rules", "lim")
 
-    def __init__(self, f: BinaryIO, path: Path, size: int):
-        self.f, self.path, self.size = f, path, size
+    def __init__(self, f: BinaryIO, path: Path, size: int, rules: AllowList):
+        self.f, self.path, self.size, self.rules, self.lim = f, path, size, rules, rules.limits
         self.stack: list[Any] = []
         self.memo: dict[int, Any] = {}
 
@@ -217,6 +397,63 @@ class _Walker:
         if len(b) != n:
             raise _refuse(self.path, "truncated pickle")
         return b
+
+    def readline(self, limit: int, what: str) -> bytes:
+        """The next text line (protocol 0 arguments), without its newline, read at most ``limit`` bytes far.
+
+        Raises:
+            CheckpointError: no newline within ``limit`` bytes (named: ``what`` and the limit).
+        """
+        line = self.f.readline(limit + 1)
+        if not line.endswith(b"\n"):
+            if len(line) > limit:
+                raise _too_big(self.path, f"{what} is longer than {limit:,} bytes")
+            raise _refuse(self.path, f"truncated pickle (a {what} without its end of line)")
+        return line[:-1]
+
+    def key(self, k: Any) -> Any:
+        """``k``, checked to be a dict key a pickle of plain values has: a string, a number, bytes, None,
+        or a tuple of them of at most ``key_nodes`` elements counted at every reference and ``depth``
+        levels (hashing a tuple walks it all, recursively, in C: a deep one crashes the interpreter, a
+        shared one takes exponential time).
+
+        Raises:
+            CheckpointError: another key (named by its type and the limit).
+        """
+        if type(k) is str:
+            return k
+        if isinstance(k, _KEY_LEAVES):
+            return k
+        if type(k) is not tuple:
+            raise _refuse(self.path, f"a dict key is {_show(k)} (a weights pickle's keys are names)")
+        lim = self.lim
+        todo = [(k, 1)]
+        n = 0
+        while todo:
+            x, d = todo.pop()
+            n += len(x)
+            if d > lim.depth:
+                raise _too_big(self.path, f"a dict key tuple is nested more than {lim.depth} levels deep")
+            if n > lim.key_nodes:
+                raise _too_big(
+                    self.path, f"a dict key tuple counts over {lim.key_nodes} elements at every reference"
+                )
+            for c in x:
+                if type(c) is tuple:
+                    todo.append((c, d + 1))
+                elif not isinstance(c, _KEY_LEAVES):
+                    raise _refuse(
+                        self.path, f"a dict key holds {_show(c)} (a weights pickle's keys are names)"
+                    )
+        return k
+
+    def setitems(self, d: Any, items: list[Any], op: str) -> None:
+        """``d[k] = v`` for the alternating keys and values ``items`` (keys checked by :meth:`key`)."""
+        if type(d) is not dict:
+            raise ValueError(f"{op} on {_show(d)}")
+        key = self.key
+        for k, v in _pairs(items, op):
+            d[k if type(k) is str else key(k)] = v
 
     def payload(self, n: int) -> Any:
         """A bytes payload of ``n`` bytes: read when small, else a :class:`_BytesRef` skipped over.
@@ -247,13 +484,20 @@ class _Walker:
         items.reverse()
         return items
 
-    def check_global(self, module: str, name: str) -> _Global:
+    def check_global(self, module: Any, name: Any) -> _Global:
         """The global ``module.name``.
 
         Raises:
-            UnsafePickleError: it is not in ``ALLOWED_GLOBALS`` (nothing is imported).
+            UnsafePickleError: it is not in the allow-list (nothing is imported).
+            CheckpointError: the module or the name is not a string of at most ``Limits.name`` bytes.
         """
-        if (module, name) not in ALLOWED_GLOBALS:
+        lim = self.lim.name
+        for s in (module, name):
+            if type(s) is not str:
+                raise _refuse(self.path, f"a global's module or name is {_show(s)}, not a string")
+            if len(s) > lim:
+                raise _too_big(self.path, f"a global's module or name is longer than {lim:,} bytes")
+        if (module, name) not in self.rules.globals:
             raise UnsafePickleError(
                 f"refused to unpickle: the pickle calls {module}.{name}, which a weights file never needs "
                 "(nothing was executed)",
@@ -263,34 +507,43 @@ class _Walker:
         return _Global(module, name)
 
     def readline_global(self) -> _Global:
-        """The checked global named by the next two lines (``module``, ``name``: GLOBAL, INST)."""
-        module = self.f.readline().decode("utf-8").rstrip("\n")
-        name = self.f.readline().decode("utf-8").rstrip("\n")
+        """The checked global named by the next two lines (``module``, ``name``: GLOBAL, INST), each read
+        at most ``Limits.name`` bytes far."""
+        lim = self.lim.name
+        module = self.readline(lim, "global's module name").decode("utf-8")
+        name = self.readline(lim, "global's name").decode("utf-8")
         return self.check_global(module, name)
 
-    @staticmethod
-    def reduce(fn: Any, args: Any) -> Any:
-        """Simulate calling an allowed global: an :class:`_Array` stub, a :class:`_DType`, a dict, bytes or
-        a numpy scalar's value.
+    def reduce(self, fn: Any, args: Any) -> Any:
+        """Simulate calling an allowed global (``AllowList.calls``): an :class:`_Array` stub, a
+        :class:`_DType`, a dict, bytes or a numpy scalar's value.
 
         Raises:
-            ValueError: ``fn`` is not a global, or not one that is simulated.
+            ValueError: ``fn`` is not a global, or not one that is called; ``args`` not a tuple.
+            CheckpointError: a dict key of the wrong kind (OrderedDict).
         """
         if not isinstance(fn, _Global):
             raise ValueError("REDUCE on a non-global")
-        key = (fn.module, fn.name)
-        if key in RECONSTRUCT:
-            return _Array(fn.module)
-        if key == ("numpy", "dtype"):
-            return _DType(str(args[0]))
-        if key == ("collections", "OrderedDict"):
-            return dict(args[0]) if args else {}
-        if key == ("_codecs", "encode"):
-            return str(args[0]).encode("latin-1")
-        if key in SCALAR:
-            dt = args[0].numpy() if isinstance(args[0], _DType) else np.dtype("float32")
-            return np.frombuffer(args[1], dtype=dt)[0].item()
-        raise ValueError(f"cannot call {fn.module}.{fn.name}")
+        call = self.rules.calls.get((fn.module, fn.name))
+        if call is None:
+            raise ValueError(f"cannot call {fn.module}.{fn.name}")
+        if type(args) is not tuple:
+            raise ValueError(f"arguments of {fn.module}.{fn.name} are {_show(args)}, not a tuple")
+        if call is _ordered_dict:
+            return self.ordered_dict(args)
+        return call(args) if call is not _reconstruct else _Array(fn.module)
+
+    def ordered_dict(self, args: tuple[Any, ...]) -> dict[Any, Any]:
+        """``collections.OrderedDict(pairs)`` as a dict, keys checked by :meth:`key`."""
+        d: dict[Any, Any] = {}
+        if args:
+            if type(args[0]) not in (list, tuple):
+                raise ValueError(f"OrderedDict of {_show(args[0])}")
+            for kv in args[0]:
+                if type(kv) not in (list, tuple) or len(kv) != 2:
+                    raise ValueError("OrderedDict item that is not a (key, value) pair")
+                d[self.key(kv[0])] = kv[1]
+        return d
 
     # ------------------------------------------------------------ opcodes
 
@@ -313,8 +566,9 @@ class _Walker:
         self.stack.append(_MARK)
 
     def op_dict(self) -> None:
-        items = self.pop_mark()
-        self.stack.append(dict(_pairs(items, "DICT")))
+        d: dict[Any, Any] = {}
+        self.setitems(d, self.pop_mark(), "DICT")
+        self.stack.append(d)
 
     def op_list(self) -> None:
         self.stack.append(self.pop_mark())
@@ -325,6 +579,8 @@ class _Walker:
     def op_tuple_n(self, n: int) -> None:
         """TUPLE1/2/3: the top ``n`` items as a tuple."""
         stack = self.stack
+        if len(stack) < n:
+            raise IndexError(f"TUPLE{n} on a stack of {len(stack)}")
         items = stack[-n:]
         del stack[-n:]
         stack.append(tuple(items))
@@ -333,13 +589,14 @@ class _Walker:
         stack = self.stack
         v = stack.pop()
         k = stack.pop()
-        stack[-1][k] = v
+        d = stack[-1]
+        if type(d) is not dict:
+            raise ValueError(f"SETITEM on {_show(d)}")
+        d[k if type(k) is str else self.key(k)] = v
 
     def op_setitems(self) -> None:
         items = self.pop_mark()
-        d = self.stack[-1]
-        for k, v in _pairs(items, "SETITEMS"):
-            d[k] = v
+        self.setitems(self.stack[-1], items, "SETITEMS")
 
     def op_append(self) -> None:
         stack = self.stack
@@ -360,7 +617,7 @@ class _Walker:
         self.memo[struct.unpack("<I", self.read(4))[0]] = self.stack[-1]
 
     def op_put(self) -> None:
-        self.memo[int(self.f.readline())] = self.stack[-1]
+        self.memo[int(self.readline(self.lim.line, "PUT index"))] = self.stack[-1]
 
     def op_binget(self) -> None:
         self.stack.append(self.memo[self.read(1)[0]])
@@ -369,7 +626,7 @@ class _Walker:
         self.stack.append(self.memo[struct.unpack("<I", self.read(4))[0]])
 
     def op_get(self) -> None:
-        self.stack.append(self.memo[int(self.f.readline())])
+        self.stack.append(self.memo[int(self.readline(self.lim.line, "GET index"))])
 
     def op_short_binunicode(self) -> None:
         self.stack.append(self.read(self.read(1)[0]).decode("utf-8"))
@@ -423,7 +680,7 @@ class _Walker:
         self.stack.append(int.from_bytes(self.read(n), "little", signed=True))
 
     def op_int(self) -> None:  # protocol 0
-        line = self.f.readline().strip()
+        line = self.readline(self.lim.line, "INT value").strip()
         self.stack.append(True if line == b"01" else False if line == b"00" else int(line))
 
     def op_binfloat(self) -> None:
@@ -436,7 +693,7 @@ class _Walker:
         stack = self.stack
         name = stack.pop()
         module = stack.pop()
-        stack.append(self.check_global(str(module), str(name)))
+        stack.append(self.check_global(module, name))
 
     def op_inst(self) -> None:  # protocol 0: module, name, then MARK'ed args
         fn = self.readline_global()
@@ -456,7 +713,16 @@ class _Walker:
 
     def op_build(self) -> None:
         state = self.stack.pop()
-        _build(self.stack[-1], state)
+        obj = self.stack[-1]
+        if isinstance(obj, _Array):
+            obj.error = _array_state(obj, state, self.lim)
+        elif isinstance(obj, _DType):
+            if type(state) is tuple and len(state) > 1:
+                obj.order = state[1]
+        elif type(obj) is dict and type(state) is dict:
+            self.setitems(obj, [x for kv in state.items() for x in kv], "BUILD")
+        else:
+            raise ValueError("BUILD on an unsupported object")
 
     def op_pop(self) -> None:
         self.stack.pop()
@@ -468,42 +734,94 @@ class _Walker:
         self.stack.append(self.stack[-1])
 
 
-def _build(obj: Any, state: Any) -> None:
-    """BUILD: set the state of an :class:`_Array` stub (checked: shape, a weight dtype, little-endian, a bytes
-    payload of shape × itemsize), of a :class:`_DType` (byte order), or update a dict.
+def _array_state(obj: _Array, state: Any, lim: Limits) -> str | None:
+    """BUILD of an :class:`_Array` stub: set its shape, dtype, order and payload from ``state``
+    (``(version, shape, dtype, fortran, data)``, what ``ndarray.__reduce__`` writes), each checked: a tuple
+    of at most ``lim.dims`` ints in ``[0, 2**63)``, a weight dtype (:data:`_DTYPE_CODES`) little-endian, a
+    bool order, a bytes payload of shape × itemsize.
 
-    Raises:
-        ValueError: a state a weights pickle does not have.
+    Returns:
+        None, or what is wrong (reported with the tensor's name by :func:`read_header`; the walk goes on,
+        so the message can name the tensor).
     """
-    if isinstance(obj, _Array):
-        _version, shape, dtype, fortran, data = state
-        obj.shape = tuple(int(d) for d in shape)
-        if any(d < 0 for d in obj.shape):
-            raise ValueError(f"array with negative dimension {obj.shape}")
-        obj.dtype = dtype.numpy()
-        if obj.dtype.byteorder == ">":
-            raise ValueError("big-endian array (Paddle writes little-endian; re-save the weights)")
-        if obj.dtype.name not in NP_TO_ST:
-            raise ValueError(f"array dtype {obj.dtype.name} is not a weight dtype")
-        obj.fortran = bool(fortran)
-        if isinstance(data, str):
-            data = data.encode("latin-1")
-        if not isinstance(data, (bytes, _BytesRef)):
-            raise ValueError("array payload is not bytes (object arrays are not weights)")
-        n = len(data) if isinstance(data, bytes) else data.length
-        numel = math.prod(obj.shape)  # Python ints: no overflow on absurd shapes
-        if n != numel * obj.dtype.itemsize:
-            raise ValueError(
-                f"array payload has {n} bytes, shape {obj.shape} needs {numel * obj.dtype.itemsize}"
-            )
-        obj.data = data
-    elif isinstance(obj, _DType):
-        if isinstance(state, tuple) and len(state) > 1 and isinstance(state[1], str):
-            obj.order = state[1]
-    elif isinstance(obj, dict) and isinstance(state, dict):
-        obj.update(state)
-    else:
-        raise ValueError("BUILD on an unsupported object")
+    if type(state) is not tuple or len(state) != 5:
+        return f"array state is {_show(state)}, expected (version, shape, dtype, fortran, data)"
+    _version, shape, dtype, fortran, data = state
+    if type(shape) is not tuple or len(shape) > lim.dims:
+        return f"array shape is {_show(shape)}, expected a tuple of at most {lim.dims} ints"
+    if not all(type(d) is int and 0 <= d < 2**63 for d in shape):
+        bad = next(d for d in shape if not (type(d) is int and 0 <= d < 2**63))
+        return f"array shape has the dimension {_show(bad)} (expected an int from 0 to 2**63 - 1)"
+    if not isinstance(dtype, _DType):
+        return f"array dtype is {_show(dtype)}, not a numpy dtype"
+    try:
+        dt = dtype.numpy()
+    except ValueError as e:
+        return str(e)
+    if dt.byteorder == ">":
+        return "big-endian array (Paddle writes little-endian; re-save the weights)"
+    if type(fortran) not in (bool, int):
+        return f"array order flag is {_show(fortran)}, not a bool"
+    if isinstance(data, str):  # protocol 2 writes the payload as a latin-1 str
+        data = data.encode("latin-1")
+    if not isinstance(data, (bytes, _BytesRef)):
+        return "array payload is not bytes (object arrays are not weights)"
+    n = len(data) if isinstance(data, bytes) else data.length
+    numel = math.prod(shape)  # Python ints: no overflow on absurd shapes
+    if n != numel * dt.itemsize:
+        return f"array payload has {n} bytes, shape {shape} needs {numel * dt.itemsize}"
+    obj.shape, obj.dtype, obj.fortran, obj.data = shape, dt, bool(fortran), data
+    return None
+
+
+# ------------------------------------------------------------ the simulated globals of a weights pickle
+
+
+def _reconstruct(args: tuple[Any, ...]) -> Any:  # numpy.core.multiarray._reconstruct: an _Array stub
+    raise AssertionError("handled by _Walker.reduce")  # pragma: no cover
+
+
+def _ordered_dict(args: tuple[Any, ...]) -> Any:  # collections.OrderedDict: keys checked by the walker
+    raise AssertionError("handled by _Walker.ordered_dict")  # pragma: no cover
+
+
+def _np_dtype(args: tuple[Any, ...]) -> _DType:
+    """``numpy.dtype(code, align, copy)``: a :class:`_DType` (an unknown code is reported with the
+    tensor's name when the array is read)."""
+    if not args:
+        raise ValueError("numpy.dtype without arguments")
+    return _DType(args[0])
+
+
+def _codecs_encode(args: tuple[Any, ...]) -> bytes:
+    """``_codecs.encode(text, "latin1")``: how protocol 2 pickles bytes."""
+    if not args or type(args[0]) is not str or (len(args) > 1 and args[1] not in ("latin1", "latin-1")):
+        raise ValueError("_codecs.encode of something other than a latin-1 string")
+    return args[0].encode("latin-1")
+
+
+def _np_scalar(args: tuple[Any, ...]) -> Any:
+    """``numpy.core.multiarray.scalar(dtype, bytes)``: the scalar's Python value."""
+    if len(args) != 2 or not isinstance(args[0], _DType) or type(args[1]) is not bytes:
+        raise ValueError("numpy scalar without a dtype and its bytes")
+    dt = args[0].numpy()
+    if len(args[1]) != dt.itemsize:
+        raise ValueError(f"numpy scalar of {len(args[1])} bytes for dtype {dt.name}")
+    return np.frombuffer(args[1], dtype=dt)[0].item()
+
+
+WEIGHTS = AllowList(
+    "a Paddle weights file",
+    {
+        **{g: _reconstruct for g in RECONSTRUCT},
+        **{g: _np_scalar for g in SCALAR},
+        ("numpy", "dtype"): _np_dtype,
+        ("collections", "OrderedDict"): _ordered_dict,
+        ("_codecs", "encode"): _codecs_encode,
+    },
+    classes=frozenset({("numpy", "ndarray")}),
+)
+ALLOWED_GLOBALS = WEIGHTS.globals  # every global a weights pickle may name
 
 
 # opcode -> its :class:`_Walker` method (STOP ends the loop in :func:`_walk`); any other opcode is refused
@@ -578,10 +896,12 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, Any],
     module = "numpy.core.multiarray"
     for name, v in top.items():
         if not isinstance(name, str):
-            raise _refuse(path, f"non-string key {name!r}")
+            raise _refuse(path, f"a top-level key is {_show(name)}, not a tensor name")
         if isinstance(v, _Array):
+            if v.error:
+                raise _refuse(path, f"tensor {_show(name, 200)}: {v.error}")
             if v.data is None or v.dtype is None or v.shape is None:  # never BUILT with its state
-                raise _refuse(path, f"array {name!r} has no data")
+                raise _refuse(path, f"tensor {_show(name, 200)} has no data")
             module = v.module
             if isinstance(v.data, bytes):  # small payload, read during the walk
                 off, n, inline = -1, len(v.data), v.data
@@ -600,8 +920,7 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, Any],
                     inline=inline,
                 )
             )
-        else:
-            _check_depth(path, name, v)
+        else:  # plain values, checked by the walk (depth, no cycle, size at every reference)
             extras[name] = v
     if SPLIT_TABLE in extras:
         tensors = _join_split(path, tensors, extras.pop(SPLIT_TABLE))
@@ -623,12 +942,14 @@ def _join_split(path: Path, tensors: list[TensorInfo], table: Any) -> list[Tenso
         slices = info.get("slices") if isinstance(info, dict) else None
         shape = info.get("OriginShape") if isinstance(info, dict) else None
         if not isinstance(name, str) or not isinstance(slices, list) or not slices:
-            raise _refuse(path, f"{what}: entry {name!r} has no list of slices")
-        if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and d >= 0 for d in shape):
-            raise _refuse(path, f"{what}: entry {name!r} has no OriginShape")
+            raise _refuse(path, f"{what}: entry {_show(name)} has no list of slices")
+        if not all(type(x) is str for x in slices):
+            raise _refuse(path, f"{what}: the slices of {_show(name)} are not all names")
+        if not isinstance(shape, (list, tuple)) or not all(type(d) is int and d >= 0 for d in shape):
+            raise _refuse(path, f"{what}: entry {_show(name)} has no OriginShape")
         missing = [s for s in slices if s not in by_name]
         if missing:
-            raise _refuse(path, f"{what}: piece {missing[0]!r} of {name!r} is not in the file")
+            raise _refuse(path, f"{what}: piece {_show(missing[0])} of {_show(name)} is not in the file")
         parts = [by_name[s] for s in slices]
         if len({p.dtype for p in parts}) != 1:
             raise _refuse(path, f"{what}: the pieces of {name!r} have different dtypes")
@@ -663,19 +984,6 @@ def _join_split(path: Path, tensors: list[TensorInfo], table: Any) -> list[Tenso
         elif t.name not in drop:
             out.append(t)
     return out
-
-
-def _check_depth(path: Path, name: str, v: Any, limit: int = 32) -> None:
-    """Refuse absurdly nested non-tensor values (the writer re-emits them recursively)."""
-    todo = [(v, 0)]
-    while todo:
-        x, d = todo.pop()
-        if d > limit:
-            raise _refuse(path, f"entry {name!r} is nested more than {limit} levels deep")
-        if isinstance(x, dict):
-            todo += [(y, d + 1) for kv in x.items() for y in kv]
-        elif isinstance(x, (list, tuple)):
-            todo += [(y, d + 1) for y in x]
 
 
 def raw_bytes_source(path: Path, t: TensorInfo) -> Source:
