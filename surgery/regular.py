@@ -175,3 +175,16 @@ def load_json(path: Any, what: str | None = None, limit: int = JSON_LIMIT, depth
         CheckpointError: as those two (exit 3, naming the file).
     """
     return parse_json(read_bounded(path, limit, what), path, what, depth)
+
+
+def require_regular(path: Any, what: str | None = None) -> None:
+    """Check that ``path`` is a regular file tietool can read (as :func:`open_regular`, then closed): for
+    a file that is copied, not parsed (tokenizer files, carried files, rank files), so that a FIFO, device,
+    socket or unreadable file is refused by name before anything is written, not met half-way through
+    the copy (a FIFO blocks it; a permission error would be reported as a failed write).
+
+    Raises:
+        CheckpointError: as :func:`open_regular`.
+    """
+    if _is_local(path):
+        open_regular(path, what).close()
