@@ -166,9 +166,16 @@ def _local_names(path: Path) -> set[str] | None:
                 raise _special_file(p, mode)
         return names
     except OSError as e:
-        raise CheckpointError(
-            f"the folder cannot be read ({e.strerror})", e.filename or path, "make it readable (chmod u+rx)"
-        ) from None
+        raise _unreadable_folder(path, e) from None
+
+
+def _unreadable_folder(folder: Path, e: OSError) -> CheckpointError:
+    """The refusal of a checkpoint folder (or subfolder) that cannot be listed or whose entries cannot be
+    looked at (no ``r`` or no ``x`` permission)."""
+    where = f" ({Path(e.filename).name})" if e.filename and Path(e.filename) != folder else ""
+    return CheckpointError(
+        f"the folder cannot be read: {e.strerror}{where}", folder, "make it readable (chmod -R u+rX)"
+    )
 
 
 def _special_file(p: Path, mode: int) -> CheckpointError:
@@ -179,6 +186,24 @@ def _special_file(p: Path, mode: int) -> CheckpointError:
         p,
         "remove it from the checkpoint folder, or replace it with the real file",
     )
+
+
+def _check_entry(p: Path) -> None:
+    """An entry below a local checkpoint folder is a regular file or a folder that can be listed (rglob
+    passes over a folder it cannot read in silence: its files would be missing from the output).
+
+    Raises:
+        CheckpointError: a FIFO, socket or device (:func:`_special_file`); an unreadable subfolder.
+    """
+    mode = os.stat(p).st_mode
+    if stat.S_ISDIR(mode):
+        try:
+            with os.scandir(p) as it:
+                next(it, None)
+        except OSError as e:
+            raise _unreadable_folder(p, e) from None
+    elif not stat.S_ISREG(mode):
+        raise _special_file(p, mode)
 
 
 def _unlisted_weights(names: set[str], fmt: str, shards: list[str], listed: list[str]) -> list[str]:
@@ -546,9 +571,7 @@ class Checkpoint:
         for p in sorted(self.path.rglob("*")):
             rel = p.relative_to(self.path).as_posix()
             if local and p.exists():  # not a dangling link
-                mode = os.stat(p).st_mode
-                if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                    raise _special_file(p, mode)
+                _check_entry(p)
             if not p.is_file() or rel in skip:
                 continue
             if local:

@@ -42,7 +42,7 @@ from . import architectures as arch
 from . import surface
 from .architectures import TPRule, TPSplit
 from .assemble import DEFAULT_MAX_SHARD_SIZE, Container, OutTensor, assemble, layout, parse_size
-from .checkpoint import REPORT_NAME, _read_config, _special_file
+from .checkpoint import REPORT_NAME, _read_config, _special_file, _unreadable_folder
 from .errors import CheckpointError, RefusedError, UsageError
 from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source
@@ -536,9 +536,7 @@ def _names(src: Path) -> set[str]:
                 raise _special_file(p, p.stat().st_mode)
         return names
     except OSError as e:
-        raise CheckpointError(
-            f"the folder cannot be read ({e.strerror})", e.filename or src, "make it readable (chmod u+rx)"
-        ) from None
+        raise _unreadable_folder(src, e) from None
 
 
 def _reporter(
