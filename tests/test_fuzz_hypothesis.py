@@ -325,25 +325,36 @@ def write_or_refuse(ckpt: Path, scratch: Path, ops) -> None:
     """Open + detect, then each of ``ops`` (``(name, kwargs)`` of :mod:`tietool.surgery.operations`) to a
     fresh ``--out`` under ``scratch``: only success or a TietoolError may come out; a refusal leaves no
     output behind."""
-    from tietool.surgery import operations
-
     read_or_refuse(ckpt)
     for i, (op, kw) in enumerate(ops):
         out = scratch / f"out{i}"
         try:
-            getattr(operations, op)(ckpt, out=out, **kw)
+            _op(op)(ckpt, out=out, **kw)
         except TietoolError:
             assert not out.exists(), f"{op} refused but left {out}"
         finally:
             shutil.rmtree(out, ignore_errors=True)
 
 
+def _op(name: str):
+    """An operation by name: ``tie``/``untie``/``resize`` of :mod:`tietool.surgery.operations`, ``convert``
+    (to PaddleFormers), ``verify`` (the input against itself; ``out`` unused)."""
+    from tietool.surgery import operations
+    from tietool.surgery.convert import convert
+
+    if name == "convert":
+        return lambda ckpt, out, **kw: convert(ckpt, "paddleformers", out, **kw)
+    if name == "verify":
+        return lambda ckpt, out, **kw: operations.verify(ckpt, ckpt)
+    return getattr(operations, name)
+
+
 INDEX_CASE = "pf_llama_untied_sharded"
 INDEX_DOC = json.loads((av.CASES / INDEX_CASE / av.ST_INDEX).read_text())
-INDEX_OPS = (("tie", {"keep": "embedding"}), ("resize", {"vocab_size": 256}))
+INDEX_OPS = (("tie", {"keep": "embedding"}), ("resize", {"vocab_size": 256}), ("convert", {}), ("verify", {}))
 CONFIG_CASE = av.ST_ONE
 CONFIG_DOC = json.loads((av.CASES / CONFIG_CASE / "config.json").read_text())
-CONFIG_OPS = (("untie", {}), ("resize", {"vocab_size": 256}))
+CONFIG_OPS = (("untie", {}), ("resize", {"vocab_size": 256}), ("convert", {}), ("verify", {}))
 CONFIG_KEYS = tuple(CONFIG_DOC) + (
     "text_config",
     "llm_config",
@@ -367,11 +378,9 @@ def config_ckpt(tmp_path_factory) -> Path:
 def test_unmutated_json_fixtures_write(index_ckpt: Path, config_ckpt: Path, tmp_path: Path) -> None:
     """Control: the unmutated index and config checkpoints are written by every op the fuzzers run (so a
     mutant's refusal is the mutant's doing)."""
-    from tietool.surgery import operations
-
     for ckpt, ops in ((index_ckpt, INDEX_OPS), (config_ckpt, CONFIG_OPS)):
         for i, (op, kw) in enumerate(ops):
-            getattr(operations, op)(ckpt, out=tmp_path / f"{ckpt.parent.name}{i}", **kw)
+            _op(op)(ckpt, out=tmp_path / f"{ckpt.parent.name}{i}", **kw)
 
 
 def _index_property(index_ckpt: Path, tmp_path_factory, raw: bytes) -> None:
