@@ -420,3 +420,65 @@ def test_index_mutants_many(index_ckpt: Path, tmp_path_factory, raw: bytes) -> N
 @given(raw=json_mutant(CONFIG_DOC, keys=CONFIG_KEYS))
 def test_config_mutants_many(config_ckpt: Path, tmp_path_factory, raw: bytes) -> None:
     _config_property(config_ckpt, tmp_path_factory, raw)
+
+
+# tokenizer and generation files: read for the tokenizer's size, token strings and special token ids
+TOKENIZER_DOCS: dict[str, dict] = {
+    "tokenizer_config.json": {
+        "bos_token": "<s>",
+        "eos_token": {"content": "</s>", "lstrip": False},
+        "pad_token": None,
+        "added_tokens_decoder": {"1": {"content": "<s>", "special": True}, "2": {"content": "</s>"}},
+        "model_max_length": 2048,
+    },
+    "tokenizer.json": {
+        "added_tokens": [{"id": 1, "content": "<s>"}, {"id": 2, "content": "</s>"}],
+        "model": {"type": "BPE", "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2, "a": 3}},
+    },
+    "added_tokens.json": {"<extra_0>": 98, "<extra_1>": 99},
+    "generation_config.json": {"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 0},
+    "vocab.json": {"<unk>": 0, "a": 1},
+}
+TOKENIZER_OPS = (("untie", {}), ("resize", {"vocab_size": 256}), ("verify", {}))
+
+
+@pytest.fixture(scope="module")
+def tokenizer_ckpt(tmp_path_factory) -> Path:
+    ckpt = av.copy_case(av.ST_ONE, tmp_path_factory.mktemp("fuzz_tokenizer") / "ckpt")
+    for name, doc in TOKENIZER_DOCS.items():
+        (ckpt / name).write_text(json.dumps(doc))
+    return ckpt
+
+
+@st.composite
+def tokenizer_mutant(draw) -> tuple[str, bytes]:
+    name = draw(st.sampled_from(sorted(TOKENIZER_DOCS)))
+    return name, draw(json_mutant(TOKENIZER_DOCS[name], keys=("bos_token", "added_tokens_decoder", "id")))
+
+
+def _tokenizer_property(ckpt: Path, tmp_path_factory, mutant: tuple[str, bytes]) -> None:
+    name, raw = mutant
+    try:
+        (ckpt / name).write_bytes(raw)
+        write_or_refuse(ckpt, tmp_path_factory.mktemp("o"), TOKENIZER_OPS)
+    finally:
+        (ckpt / name).write_text(json.dumps(TOKENIZER_DOCS[name]))
+
+
+def test_unmutated_tokenizer_fixture_writes(tokenizer_ckpt: Path, tmp_path: Path) -> None:
+    """Control: with every tokenizer file intact, each op the tokenizer fuzzer runs succeeds."""
+    for i, (op, kw) in enumerate(TOKENIZER_OPS):
+        _op(op)(tokenizer_ckpt, out=tmp_path / f"o{i}", **kw)
+
+
+@SETTINGS
+@given(mutant=tokenizer_mutant())
+def test_tokenizer_mutants_read_write_or_refuse(tokenizer_ckpt: Path, tmp_path_factory, mutant) -> None:
+    _tokenizer_property(tokenizer_ckpt, tmp_path_factory, mutant)
+
+
+@pytest.mark.slow
+@SLOW_SETTINGS
+@given(mutant=tokenizer_mutant())
+def test_tokenizer_mutants_many(tokenizer_ckpt: Path, tmp_path_factory, mutant) -> None:
+    _tokenizer_property(tokenizer_ckpt, tmp_path_factory, mutant)
