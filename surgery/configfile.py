@@ -34,7 +34,7 @@ _COUNT0 = KeyType((int,), 0, "an integer ≥ 0")
 _FLAG = KeyType((bool,), None, "true or false")
 _TEXT = KeyType((str,), None, "a string")
 _BLOCK = KeyType((dict,), None, "a JSON object")
-_NUMBER = KeyType((float,), None, "a number")
+_STD = KeyType((float,), 0, "a number ≥ 0")  # a standard deviation (resize --init normal draws with it)
 
 # The keys tietool reads from a config block, with their type. Data, not code: the readers (detect,
 # layout, plan, merge, convert) then rely on it. Sources: PaddleFormers 1.2 PretrainedConfig and the model
@@ -73,7 +73,7 @@ CONFIG_KEYS: dict[str, KeyType] = {
         k: _TEXT for k in ("model_type", "torch_dtype", "dtype", "paddleformers_version", "paddlenlp_version")
     },
     **{k: _BLOCK for k in ("text_config", "llm_config", "language_config")},
-    "initializer_range": _NUMBER,
+    "initializer_range": _STD,
 }
 
 

@@ -354,7 +354,13 @@ INDEX_DOC = json.loads((av.CASES / INDEX_CASE / av.ST_INDEX).read_text())
 INDEX_OPS = (("tie", {"keep": "embedding"}), ("resize", {"vocab_size": 256}), ("convert", {}), ("verify", {}))
 CONFIG_CASE = av.ST_ONE
 CONFIG_DOC = json.loads((av.CASES / CONFIG_CASE / "config.json").read_text())
-CONFIG_OPS = (("untie", {}), ("resize", {"vocab_size": 256}), ("convert", {}), ("verify", {}))
+CONFIG_OPS = (
+    ("untie", {}),
+    ("resize", {"vocab_size": 256}),
+    ("resize", {"vocab_size": 256, "init": "normal"}),  # draws with the config's initializer_range
+    ("convert", {}),
+    ("verify", {}),
+)
 CONFIG_KEYS = tuple(CONFIG_DOC) + (
     "text_config",
     "llm_config",

@@ -286,7 +286,16 @@ CONFIG_TYPES: dict[str, object] = {
 
 
 def _config_type_cases() -> list[Hostile]:
-    out = []
+    out = [
+        Hostile(
+            "config-type-initializer_range-negative",
+            "config-type",
+            _edit_json("config.json", _set("initializer_range", -1.0)),
+            3,
+            names=("config.json", "initializer_range"),
+            extra={"resize": ("--init", "normal")},  # exit 70 before: numpy's normal() with scale < 0
+        )
+    ]
     for key, value in CONFIG_TYPES.items():
         out.append(
             Hostile(
