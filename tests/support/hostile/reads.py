@@ -245,7 +245,41 @@ def _json_cases() -> list[Hostile]:
             "json-huge-config.json", "json", _put("config.json", _huge), 3, names=("config.json", "larger")
         )
     )
+    # merge reads the rank folder's config.json the same way
+    for what in ("deep-list", "bigint", "1e400", "dup-key", "surrogate"):
+        out.append(
+            Hostile(
+                f"json-merge-{what}-config.json",
+                "json",
+                _put("config.json", _text(HOSTILE_JSON[what]), _ranks),
+                3,
+                ("merge",),
+                names=("config.json",),
+            )
+        )
+    for key, value in (("vocab_size", "16"), ("hidden_size", True), ("tensor_parallel_degree", "2")):
+        out.append(
+            Hostile(
+                f"config-type-merge-{key}",
+                "config-type",
+                _ranks_config(key, value),
+                3,
+                ("merge",),
+                names=("config.json", key),
+            )
+        )
     return out
+
+
+def _ranks_config(key: str, value: object):
+    def build(dest: Path) -> Path:
+        ckpt = _ranks(dest)
+        doc = json.loads((ckpt / "config.json").read_text())
+        doc[key] = value
+        (ckpt / "config.json").write_text(json.dumps(doc))
+        return ckpt
+
+    return build
 
 
 def _huge(p: Path) -> None:
