@@ -381,10 +381,17 @@ def config_ckpt(tmp_path_factory) -> Path:
     return av.copy_case(CONFIG_CASE, tmp_path_factory.mktemp("fuzz_config") / "ckpt")
 
 
-def test_unmutated_json_fixtures_write(index_ckpt: Path, config_ckpt: Path, tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def pd_config_ckpt(tmp_path_factory) -> Path:
+    return av.copy_case(av.PD_ONE, tmp_path_factory.mktemp("fuzz_pd_config") / "ckpt")
+
+
+def test_unmutated_json_fixtures_write(
+    index_ckpt: Path, config_ckpt: Path, pd_config_ckpt: Path, tmp_path: Path
+) -> None:
     """Control: the unmutated index and config checkpoints are written by every op the fuzzers run (so a
     mutant's refusal is the mutant's doing)."""
-    for ckpt, ops in ((index_ckpt, INDEX_OPS), (config_ckpt, CONFIG_OPS)):
+    for ckpt, ops in ((index_ckpt, INDEX_OPS), (config_ckpt, CONFIG_OPS), (pd_config_ckpt, CONFIG_OPS)):
         for i, (op, kw) in enumerate(ops):
             _op(op)(ckpt, out=tmp_path / f"{ckpt.parent.name}{i}", **kw)
 
@@ -409,6 +416,17 @@ def test_index_mutants_read_write_or_refuse(index_ckpt: Path, tmp_path_factory, 
 @given(raw=json_mutant(CONFIG_DOC, keys=CONFIG_KEYS))
 def test_config_mutants_read_write_or_refuse(config_ckpt: Path, tmp_path_factory, raw: bytes) -> None:
     _config_property(config_ckpt, tmp_path_factory, raw)
+
+
+PD_CONFIG_DOC = json.loads((av.CASES / av.PD_ONE / "config.json").read_text())
+PD_CONFIG_KEYS = tuple(PD_CONFIG_DOC) + ("text_config", "tensor_parallel_degree", "paddlenlp_version")
+
+
+@SETTINGS
+@given(raw=json_mutant(PD_CONFIG_DOC, keys=PD_CONFIG_KEYS))
+def test_pdparams_config_mutants_read_write_or_refuse(pd_config_ckpt: Path, tmp_path_factory, raw) -> None:
+    """The config fuzzer on a PaddleNLP ``.pdparams`` checkpoint (loader facts from paddlenlp_version)."""
+    _config_property(pd_config_ckpt, tmp_path_factory, raw)
 
 
 SLOW_SETTINGS = settings(SETTINGS, max_examples=3000)
