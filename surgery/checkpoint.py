@@ -8,6 +8,7 @@ before anything is written; recoverable ones (a stale index entry, a tensor miss
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -158,8 +159,10 @@ def _local_names(path: Path) -> set[str] | None:
         for p in path.iterdir():
             try:
                 mode = p.stat().st_mode
-            except FileNotFoundError:  # a dangling link: neither read nor copied
-                continue
+            except OSError as e:  # a dangling link or a loop of links: neither read nor copied
+                if e.errno in (errno.ENOENT, errno.ELOOP):
+                    continue
+                raise
             if stat.S_ISREG(mode):
                 names.add(p.name)
             elif not stat.S_ISDIR(mode):
