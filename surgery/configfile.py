@@ -51,17 +51,22 @@ CONFIG_KEYS: dict[str, KeyType] = {
             "hidden_size",
             "d_model",
             "n_embd",
-            "num_attention_heads",
-            "num_key_value_heads",
             "head_dim",
         )
     },
-    **{k: _COUNT0 for k in ("num_hidden_layers", "moe_num_shared_experts")},
+    **{k: _COUNT0 for k in ("moe_num_shared_experts",)},
+    # a list per stage in vision backbones (SegFormer, PVT, LeViT: num_attention_heads [1, 2, 5, 8]), an
+    # object per tower (LXMERT: num_hidden_layers {"language": 9, ...}); the readers take only an int
+    **{
+        k: KeyType((int, list, dict), 0, "an integer ≥ 0")
+        for k in ("num_attention_heads", "num_key_value_heads", "num_hidden_layers")
+    },
     # ERNIE 4.5 VL: one count per modality ([64, 64]); 0 in dense configs
     "moe_num_experts": KeyType((int, list), 0, "an integer ≥ 0"),
-    # a list per layer in some families (Gemma3n's text_config.intermediate_size)
+    # a list per layer in some families (Gemma3n's text_config.intermediate_size); 0 in PaddleFormers'
+    # Ernie4_5_MoeConfig() default
     **{
-        k: KeyType((int, list), 1, "a positive integer")
+        k: KeyType((int, list), 0, "an integer ≥ 0")
         for k in ("intermediate_size", "moe_intermediate_size")
     },
     # PaddleNLP writes -1 for "not set"
