@@ -65,10 +65,7 @@ CONFIG_KEYS: dict[str, KeyType] = {
     "moe_num_experts": KeyType((int, list), 0, "an integer ≥ 0"),
     # a list per layer in some families (Gemma3n's text_config.intermediate_size); 0 in PaddleFormers'
     # Ernie4_5_MoeConfig() default
-    **{
-        k: KeyType((int, list), 0, "an integer ≥ 0")
-        for k in ("intermediate_size", "moe_intermediate_size")
-    },
+    **{k: KeyType((int, list), 0, "an integer ≥ 0") for k in ("intermediate_size", "moe_intermediate_size")},
     # PaddleNLP writes -1 for "not set"
     **{
         k: KeyType((int,), None, "an integer") for k in ("tensor_parallel_degree", "pipeline_parallel_degree")

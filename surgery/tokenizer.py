@@ -223,16 +223,15 @@ def _resolved_token_strings(tc: dict) -> list[SpecialTokenId]:
 
 
 def _token_problem(v: Any) -> str | None:
-    """Why ``v`` is not a token of tokenizer_config.json (a string, null, or an AddedToken object whose
-    ``content`` is a string, as transformers/PaddleFormers write it); None when it is one."""
-    if v is None or isinstance(v, str):
+    """Why ``v`` is not a value of a tokenizer_config.json ``*_token`` key (a string, null, an AddedToken
+    object whose ``content`` is a string, as transformers/PaddleFormers write them, or true/false: the
+    ``add_bos_token``/``add_eos_token`` flags end in ``_token`` too); None when it is one."""
+    if v is None or isinstance(v, (str, bool)):
         return None
     if isinstance(v, dict):
         c = v.get("content")
         return None if isinstance(c, str) else "an object whose content is not a string"
-    return (
-        "a list" if isinstance(v, list) else f"{type(v).__name__ if not isinstance(v, bool) else 'a boolean'}"
-    )
+    return "a list" if isinstance(v, list) else f"the number {v!r}" if isinstance(v, (int, float)) else "odd"
 
 
 def check_tokenizer_config(data: Any, path: Any) -> None:

@@ -454,6 +454,7 @@ TOKENIZER_DOCS: dict[str, dict] = {
         "pad_token": None,
         "added_tokens_decoder": {"1": {"content": "<s>", "special": True}, "2": {"content": "</s>"}},
         "model_max_length": 2048,
+        "add_bos_token": True,  # a flag, not a token: accepted
     },
     "tokenizer.json": {
         "added_tokens": [{"id": 1, "content": "<s>"}, {"id": 2, "content": "</s>"}],

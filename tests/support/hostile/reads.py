@@ -425,7 +425,7 @@ def _index_cases() -> list[Hostile]:
 TOKENIZER_CONFIGS: dict[str, dict] = {
     "list-token": {"eos_token": ["</s>"]},
     "int-token": {"bos_token": 1},
-    "bool-token": {"pad_token": False},
+    "float-token": {"pad_token": 1.5},
     "object-token-no-content": {"unk_token": {"content": 5}},
     "decoder-list": {"added_tokens_decoder": [1, 2]},
     "decoder-entry-string": {"added_tokens_decoder": {"5": "<x>"}},
