@@ -37,8 +37,9 @@ _BLOCK = KeyType((dict,), None, "a JSON object")
 _STD = KeyType((float,), 0, "a number ≥ 0")  # a standard deviation (resize --init normal draws with it)
 
 # The keys tietool reads from a config block, with their type. Data, not code: the readers (detect,
-# layout, plan, merge, convert) then rely on it. Sources: PaddleFormers 1.2 PretrainedConfig and the model
-# configs (LlamaConfig...): every such key is an int / bool / str / dict there.
+# layout, plan, merge, convert) then rely on it. Proved against the libraries: every config class's defaults
+# of PaddleFormers 1.2 and transformers pass (tests/test_bad_input.py::test_*_default_configs_pass_the_type_
+# check), and each wrong type gives exit 3 (tests/support/hostile/reads.py, the config-type cases).
 CONFIG_KEYS: dict[str, KeyType] = {
     **{
         k: _COUNT

@@ -308,7 +308,7 @@ CONFIG_TYPES: dict[str, object] = {
     "text_config.vocab_size": -5,
     "text_config.tie_word_embeddings": 1,
     "num_attention_heads": True,
-    "num_key_value_heads": 0,
+    "num_key_value_heads": "2",
     "head_dim": [8],
     "intermediate_size": "32",
     "model_type": 3,
