@@ -8,18 +8,22 @@ before anything is written; recoverable ones (a stale index entry, a tensor miss
 
 from __future__ import annotations
 
-import json
+import errno
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import regular, store, surface
+from . import store, surface
+from .configfile import check_config
 from .errors import CheckpointError, TietoolError
 from .formats import pdparams_io, safetensors_io
 from .formats.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
+from .regular import kind_of, load_json, require_regular
 
 ST_SINGLE = "model.safetensors"
 ST_INDEX = "model.safetensors.index.json"
@@ -32,20 +36,13 @@ REPORT_NAME = "tietool-report.json"
 
 
 def _read_json(path: Path, what: str) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise CheckpointError(f"{what} not found", path, "check the path") from None
-    except IsADirectoryError:
-        raise CheckpointError(
-            f"{what} is a folder, expected a JSON file", path, "remove or rename it"
-        ) from None
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise CheckpointError(
-            f"{what} is not valid JSON ({e.__class__.__name__}: {str(e)[:200]})",
-            path,
-            "fix or restore the file",
-        ) from None
+    """A JSON file of the checkpoint, read strictly (:func:`surgery.regular.load_json`: a regular file,
+    bounded size and depth, no huge integers or non-finite numbers, no repeated keys).
+
+    Raises:
+        CheckpointError: missing, not a regular file, unreadable or not valid JSON, naming ``what``.
+    """
+    return load_json(path, what)
 
 
 def _read_config(path: Path) -> tuple[dict, str, str]:
@@ -57,6 +54,7 @@ def _read_config(path: Path) -> tuple[dict, str, str]:
     config = _read_json(path / name, name)
     if not isinstance(config, dict):
         raise CheckpointError(f"{name} is not a JSON object", path / name, "fix or restore it")
+    check_config(config, path / name, name)
     prefix = ""
     if name == "model_config.json":
         # {"init_args": [{"init_args": [{...}], "init_class": "GPTModel"}], "init_class": "GPTForCausalLM"}
@@ -134,12 +132,8 @@ def _file_names(path: Any) -> set[str]:
         except FileNotFoundError:
             raise CheckpointError("no such folder", path, "check the checkpoint path") from None
         names = None if files is None else set(files)
-    elif not path.exists():
-        raise CheckpointError("no such folder", path, "check the checkpoint path")
     else:
-        names = {p.name for p in path.iterdir() if p.is_file()} if path.is_dir() else None
-        if names is not None:
-            _refuse_special_weights(path)
+        names = _local_names(path)
     if names is None:
         raise CheckpointError(
             "is a file, expected a checkpoint folder",
@@ -149,17 +143,71 @@ def _file_names(path: Any) -> set[str]:
     return names
 
 
-def _refuse_special_weights(path: Path) -> None:
-    """A weight or index file of local folder ``path`` that is a FIFO, a device or a socket is refused by
-    name (issue 18: reading a FIFO blocks forever, ``/dev/zero`` never ends) instead of being left out as
-    if it were absent; :func:`regular.open_regular` says what it is without blocking.
+def _local_names(path: Path) -> set[str] | None:
+    """The regular files directly in local folder ``path`` (None: ``path`` is a file).
 
     Raises:
-        CheckpointError: naming the file and what it is (exit 3).
+        CheckpointError: no such folder; the folder cannot be listed (permission); an entry is a FIFO,
+            socket or device (or a link to one, ``/dev/zero``): tietool reads or copies every file of the
+            folder, and such a file would block the read or the copy or never end.
     """
-    for p in path.iterdir():
-        if p.name.endswith(_WEIGHT_SUFFIXES) and p.exists() and not p.is_file() and not p.is_dir():
-            regular.open_regular(p).close()  # raises for anything but a regular file
+    try:
+        if not path.is_dir():
+            if not path.exists():
+                raise CheckpointError("no such folder", path, "check the checkpoint path")
+            return None
+        names = set()
+        for p in path.iterdir():
+            try:
+                mode = p.stat().st_mode
+            except OSError as e:  # a dangling link or a loop of links: neither read nor copied
+                if e.errno in (errno.ENOENT, errno.ELOOP):
+                    continue
+                raise
+            if stat.S_ISREG(mode):
+                names.add(p.name)
+            elif not stat.S_ISDIR(mode):
+                raise _special_file(p, mode)
+        return names
+    except OSError as e:
+        raise _unreadable_folder(path, e) from None
+
+
+def _unreadable_folder(folder: Path, e: OSError) -> CheckpointError:
+    """The refusal of a checkpoint folder (or subfolder) that cannot be listed or whose entries cannot be
+    looked at (no ``r`` or no ``x`` permission)."""
+    where = f" ({Path(e.filename).name})" if e.filename and Path(e.filename) != folder else ""
+    return CheckpointError(
+        f"the folder cannot be read: {e.strerror}{where}", folder, "make it readable (chmod -R u+rX)"
+    )
+
+
+def _special_file(p: Path, mode: int) -> CheckpointError:
+    """The refusal of a FIFO / socket / device (or a link to one) in a checkpoint folder."""
+    return CheckpointError(
+        f"{p.name} is {kind_of(mode)}, expected a regular file: tietool reads or copies every file of a "
+        "checkpoint",
+        p,
+        "remove it from the checkpoint folder, or replace it with the real file",
+    )
+
+
+def _check_entry(p: Path) -> None:
+    """An entry below a local checkpoint folder is a regular file or a folder that can be listed (rglob
+    passes over a folder it cannot read in silence: its files would be missing from the output).
+
+    Raises:
+        CheckpointError: a FIFO, socket or device (:func:`_special_file`); an unreadable subfolder.
+    """
+    mode = os.stat(p).st_mode
+    if stat.S_ISDIR(mode):
+        try:
+            with os.scandir(p) as it:
+                next(it, None)
+        except OSError as e:
+            raise _unreadable_folder(p, e) from None
+    elif not stat.S_ISREG(mode):
+        raise _special_file(p, mode)
 
 
 def _unlisted_weights(names: set[str], fmt: str, shards: list[str], listed: list[str]) -> list[str]:
@@ -167,6 +215,62 @@ def _unlisted_weights(names: set[str], fmt: str, shards: list[str], listed: list
     (``model.safetensors`` / ``model_state.pdparams``) a renamed shard often becomes."""
     single = ST_SINGLE if fmt == "safetensors" else PD_SINGLE
     return [f for f in shards + ([single] if single in names else []) if f not in listed]
+
+
+NAME_MAX = 255  # bytes of one file name (Linux, macOS; the longest name any file system here allows)
+
+
+def check_index(index: Any, path: Any, name: str) -> dict[str, str]:
+    """The weight_map of a parsed index, every entry checked: an object of tensor name → shard file name,
+    each a plain file name in the folder (no ``/``, ``\\``, leading ``.``, NUL; at most 255 bytes), and
+    ``metadata`` (optional) an object whose ``total_size`` (optional) is an integer ≥ 0. As
+    ``save_pretrained`` writes it (PaddleFormers 1.2 ``shard_checkpoint``; transformers the same).
+
+    Raises:
+        CheckpointError: naming the index file and the entry that breaks the rule.
+    """
+    wm = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(wm, dict):
+        raise CheckpointError("index has no weight_map of name → shard file", path, "regenerate the index")
+    for tensor, f in wm.items():
+        problem = _shard_name_problem(f)
+        if problem:
+            raise CheckpointError(
+                f"index weight_map entry {_short(tensor)!r} is {problem}, expected a shard file name in the "
+                "folder",
+                path,
+                "regenerate the index",
+            )
+    meta = index.get("metadata", {})
+    if meta is not None and not isinstance(meta, dict):
+        raise CheckpointError("index metadata is not a JSON object", path, "regenerate the index")
+    total = (meta or {}).get("total_size")
+    if total is not None and (isinstance(total, bool) or not isinstance(total, int) or total < 0):
+        raise CheckpointError(
+            f"index metadata.total_size is {_short(repr(total))}, expected a byte count (an integer ≥ 0)",
+            path,
+            "regenerate the index",
+        )
+    return wm
+
+
+def _short(s: str, n: int = 60) -> str:
+    return s if len(s) <= n else s[: n - 3] + "..."
+
+
+def _shard_name_problem(f: Any) -> str | None:
+    """Why ``f`` cannot be a shard file name in the folder (None: it can)."""
+    if not isinstance(f, str):
+        return f"{type(f).__name__ if f is not None else 'null'}, not a string"
+    if not f:
+        return "an empty name"
+    if "/" in f or "\\" in f or f.startswith("."):
+        return f"{_short(f)!r}, outside the folder"
+    if "\0" in f:
+        return "a name with a NUL character"
+    if len(f.encode("utf-8", "surrogatepass")) > NAME_MAX:
+        return f"a name of {len(f.encode('utf-8', 'surrogatepass')):,} bytes (longer than a file name can be)"
+    return None
 
 
 def _check_listed(
@@ -178,11 +282,6 @@ def _check_listed(
         CheckpointError: a shard outside the folder; a listed shard missing, naming the unlisted weight file
             that holds the tensors the index maps to it when there is one (a renamed shard: d09).
     """
-    for f in listed:
-        if "/" in f or "\\" in f or f.startswith("."):
-            raise CheckpointError(
-                f"index names a shard outside the folder: {f!r}", path / index_name, "fix the index"
-            )
     for f in listed:
         if (path / f).is_file():
             continue
@@ -310,15 +409,7 @@ class Checkpoint:
         index = None
         if index_name:
             index = _read_json(path / index_name, index_name)
-            wm = index.get("weight_map") if isinstance(index, dict) else None
-            if not isinstance(wm, dict) or not all(isinstance(v, str) for v in wm.values()):
-                raise CheckpointError(
-                    "index has no weight_map of name → shard file", path / index_name, "regenerate the index"
-                )
-            if not isinstance(index.get("metadata", {}), dict):
-                raise CheckpointError(
-                    "index metadata is not a JSON object", path / index_name, "regenerate the index"
-                )
+            wm = check_index(index, path / index_name, index_name)
             listed = sorted(set(wm.values()), key=lambda n: (SHARD_RE.match(n) is None, n))
             _check_listed(path, index_name, wm, listed, _unlisted_weights(names, fmt, files, listed))
             unlisted = [f for f in files if f not in listed]
@@ -471,13 +562,24 @@ class Checkpoint:
         return self.index_name, self.index["weight_map"]
 
     def _list_other_files(self) -> list[str]:
-        """Files an output carries unchanged; training state is listed apart (``training_state``)."""
+        """Files an output carries unchanged; training state is listed apart (``training_state``).
+
+        Raises:
+            CheckpointError: a FIFO, socket or device (or a link to one) in the folder or a subfolder, or a
+                file that cannot be read (permission): refused by name now, before any output is written,
+                rather than blocking or failing the copy half-way (:func:`surgery.regular.require_regular`).
+        """
         skip = set(self.weight_files) | {self.index_name, REPORT_NAME} | {x.file for x in self.left_out}
         out = []
+        local = not store.is_remote(self.path)
         for p in sorted(self.path.rglob("*")):
             rel = p.relative_to(self.path).as_posix()
+            if local and p.exists():  # not a dangling link
+                _check_entry(p)
             if not p.is_file() or rel in skip:
                 continue
+            if local:
+                require_regular(p, rel)
             if surface.TRAINING_STATE.match(p.name):
                 self.training_state.append(rel)
             else:

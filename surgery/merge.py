@@ -42,11 +42,12 @@ from . import architectures as arch
 from . import surface
 from .architectures import TPRule, TPSplit
 from .assemble import DEFAULT_MAX_SHARD_SIZE, Container, OutTensor, assemble, layout, parse_size
-from .checkpoint import REPORT_NAME, _read_config
+from .checkpoint import REPORT_NAME, _read_config, _special_file, _unreadable_folder
 from .errors import CheckpointError, RefusedError, UsageError
 from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source
 from .formats.tensor import TensorInfo
+from .regular import require_regular
 from .results import Report
 from .store import local_only
 
@@ -515,8 +516,27 @@ def _carried(path: Path, names: set[str], skip: set[str]) -> tuple[list[tuple[Pa
         ):
             left.append(n)
         else:
+            require_regular(p, n)  # unreadable: refused now (exit 3), not met as a failed write
             carry.append((p, n))
     return carry, left
+
+
+def _names(src: Path) -> set[str]:
+    """The entries of the rank folder (files and subfolders).
+
+    Raises:
+        CheckpointError: the folder cannot be listed, or holds a FIFO, socket or device (or a link to
+            one): a rank file or carried file that would block the read or the copy.
+    """
+    try:
+        names = set()
+        for p in src.iterdir():
+            names.add(p.name)
+            if p.exists() and not (p.is_file() or p.is_dir()):
+                raise _special_file(p, p.stat().st_mode)
+        return names
+    except OSError as e:
+        raise _unreadable_folder(src, e) from None
 
 
 def _reporter(
@@ -588,8 +608,10 @@ def merge(
     """
     src, dst = _folders(path, out, dry_run)
     limit = parse_size(max_shard_size)
-    names = {p.name for p in src.iterdir()}
+    names = _names(src)
     container, groups = find_ranks(src, names)
+    for rf in (rf for fs in groups.values() for rf in fs):
+        require_regular(src / rf.rel, rf.rel)  # readable before the first header is read
     config, _, _ = _read_config(src)
     n_tp, n_pp = 1 + max(t for t, _ in groups), 1 + max(p for _, p in groups)
     _check_degree(src, config, n_tp, n_pp)

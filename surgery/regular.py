@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import stat
 from pathlib import Path
 from typing import IO, Any
@@ -138,10 +139,26 @@ def parse_json(blob: bytes | str, path: Any, what: str | None = None, depth: int
     try:
         text = blob.decode("utf-8") if isinstance(blob, bytes) else blob
         _check_depth(text, depth)
-        return json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant, parse_float=_float)
+        data = json.loads(text, object_pairs_hook=_pairs, parse_constant=_no_constant, parse_float=_float)
+        if _SURROGATE_ESCAPE.search(text):
+            _refuse_lone_surrogates(data)
+        return data
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         kind = "nested too deep" if isinstance(e, RecursionError) else str(e)[:200]
         raise CheckpointError(f"{name} is not valid JSON ({kind})", path, "fix or restore the file") from None
+
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(data: Any) -> None:
+    """A ``\\ud800`` escape with no partner parses to a string Python cannot encode as UTF-8 (a write of
+    it fails late, and serde_json, the safetensors library's parser, refuses it): refuse it here.
+    Only called when the text has such an escape at all (a valid pair parses to one character)."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("a \\u escape of a lone UTF-16 surrogate, which is not a character") from None
 
 
 def _check_depth(text: str, depth: int) -> None:
@@ -175,3 +192,16 @@ def load_json(path: Any, what: str | None = None, limit: int = JSON_LIMIT, depth
         CheckpointError: as those two (exit 3, naming the file).
     """
     return parse_json(read_bounded(path, limit, what), path, what, depth)
+
+
+def require_regular(path: Any, what: str | None = None) -> None:
+    """Check that ``path`` is a regular file tietool can read (as :func:`open_regular`, then closed): for
+    a file that is copied, not parsed (tokenizer files, carried files, rank files), so that a FIFO, device,
+    socket or unreadable file is refused by name before anything is written, not met half-way through
+    the copy (a FIFO blocks it; a permission error would be reported as a failed write).
+
+    Raises:
+        CheckpointError: as :func:`open_regular`.
+    """
+    if _is_local(path):
+        open_regular(path, what).close()

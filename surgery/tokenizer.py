@@ -8,12 +8,15 @@ Reads (without any tokenizer library) ``tokenizer.json`` (``model.vocab`` and ``
 
 from __future__ import annotations
 
-import json
+import io
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import store
+from .errors import CheckpointError
+from .regular import JSON_LIMIT, load_json, read_bounded
 
 
 @dataclass(frozen=True)
@@ -23,6 +26,25 @@ class TokenizerInfo:
     size: int | None
     sources: tuple[str, ...] = field(default=())
     unreadable: tuple[str, ...] = field(default=())
+
+
+def _load(folder: Path, name: str) -> Any:
+    """A tokenizer or config JSON file of ``folder``, parsed strictly (:func:`surgery.regular.load_json`);
+    None when it is missing or not valid JSON (Checkpoint.open has already refused one that is not a
+    regular file or cannot be read; a remote folder's file is read here the first time)."""
+    try:
+        return load_json(folder / name, name)
+    except (CheckpointError, OSError):
+        return None
+
+
+def _vocab_lines(folder: Path) -> list[str] | None:
+    """The lines of ``vocab.txt`` (bounded as a JSON file is), or None when missing or not UTF-8."""
+    try:
+        blob = read_bounded(folder / "vocab.txt", JSON_LIMIT, "vocab.txt")
+        return list(io.TextIOWrapper(io.BytesIO(blob), encoding="utf-8"))  # lines as open() reads them
+    except (CheckpointError, OSError, UnicodeDecodeError):
+        return None
 
 
 def _ids(obj) -> list[int]:
@@ -44,14 +66,12 @@ def _tokenizer_info(folder: Path) -> TokenizerInfo:
     bad: list[str] = []
 
     def load(name: str):
-        p = folder / name
-        if not p.is_file():
+        if not (folder / name).is_file():
             return None
-        try:
-            return json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        data = _load(folder, name)
+        if data is None:
             bad.append(name)
-            return None
+        return data
 
     tj = load("tokenizer.json")
     if isinstance(tj, dict):
@@ -69,14 +89,13 @@ def _tokenizer_info(folder: Path) -> TokenizerInfo:
     if isinstance(vj, dict):
         sources.append("vocab.json")
         ids += _ids(vj.values())
-    vt = folder / "vocab.txt"
-    if vt.is_file():
-        try:
-            n = sum(1 for _ in vt.open(encoding="utf-8"))
-            sources.append("vocab.txt")
-            ids.append(n - 1)
-        except (OSError, UnicodeDecodeError):
+    if (folder / "vocab.txt").is_file():
+        lines = _vocab_lines(folder)
+        if lines is None:
             bad.append("vocab.txt")
+        else:
+            sources.append("vocab.txt")
+            ids.append(len(lines) - 1)
     at = load("added_tokens.json")
     if isinstance(at, dict):
         sources.append("added_tokens.json")
@@ -99,10 +118,7 @@ def _token_sources(folder: Path):
     ``added_tokens_decoder``. Each is read only when the one before left ids unnamed."""
 
     def load(name: str):
-        try:
-            return json.loads((folder / name).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-            return None
+        return _load(folder, name)
 
     tj = load("tokenizer.json")
     if isinstance(tj, dict):
@@ -117,11 +133,9 @@ def _token_sources(folder: Path):
     vj = load("vocab.json")
     if isinstance(vj, dict):
         yield {i: t for t, i in vj.items()}
-    try:
-        with (folder / "vocab.txt").open(encoding="utf-8") as f:
-            yield {i: line.rstrip("\r\n") for i, line in enumerate(f)}
-    except (OSError, UnicodeDecodeError):
-        pass
+    lines = _vocab_lines(folder)
+    if lines is not None:
+        yield {i: line.rstrip("\r\n") for i, line in enumerate(lines)}
     at = load("added_tokens.json")
     if isinstance(at, dict):
         yield {i: t for t, i in at.items()}
@@ -208,6 +222,50 @@ def _resolved_token_strings(tc: dict) -> list[SpecialTokenId]:
     return out
 
 
+def _token_problem(v: Any) -> str | None:
+    """Why ``v`` is not a value of a tokenizer_config.json ``*_token`` key (a string, null, an AddedToken
+    object whose ``content`` is a string, as transformers/PaddleFormers write them, or true/false: the
+    ``add_bos_token``/``add_eos_token`` flags end in ``_token`` too); None when it is one."""
+    if v is None or isinstance(v, (str, bool)):
+        return None
+    if isinstance(v, dict):
+        c = v.get("content")
+        return None if isinstance(c, str) else "an object whose content is not a string"
+    return "a list" if isinstance(v, list) else f"the number {v!r}" if isinstance(v, (int, float)) else "odd"
+
+
+def check_tokenizer_config(data: Any, path: Any) -> None:
+    """Refuse a tokenizer_config.json whose values tietool reads have the wrong type: each ``*_token``
+    (``bos_token``, ``eos_token``, ...; :func:`_token_problem`) and each ``added_tokens_decoder`` entry
+    (a decimal id → an object with a string ``content``). Not an object at all, or absent: nothing to check.
+
+    Raises:
+        CheckpointError: naming the file and the key.
+    """
+    if not isinstance(data, dict):
+        return
+    fix = "fix the value in tokenizer_config.json (save the tokenizer again with save_pretrained)"
+    for k, v in data.items():
+        problem = _token_problem(v) if k.endswith("_token") else None
+        if problem:
+            raise CheckpointError(
+                f"tokenizer_config.json {k} is {problem}, expected a token string", path, fix
+            )
+    dec = data.get("added_tokens_decoder")
+    if dec is None:
+        return
+    if not isinstance(dec, dict):
+        raise CheckpointError("tokenizer_config.json added_tokens_decoder is not an object", path, fix)
+    for i, t in dec.items():
+        if not (i.isdigit() and i.isascii() and len(i) <= 18):
+            raise CheckpointError(
+                f"tokenizer_config.json added_tokens_decoder key {i[:40]!r} is not a token id", path, fix
+            )
+        problem = _token_problem(t) if isinstance(t, dict) else "not an object"
+        if problem:
+            raise CheckpointError(f"tokenizer_config.json added_tokens_decoder {i} is {problem}", path, fix)
+
+
 def special_token_ids(folder: Path) -> tuple[SpecialTokenId, ...]:
     """Every token id named in the checkpoint's config.json, generation_config.json and
     tokenizer_config.json (``*_token_id``/``*_token_ids``/``*_token_index`` keys, at the top level and in
@@ -215,10 +273,9 @@ def special_token_ids(folder: Path) -> tuple[SpecialTokenId, ...]:
     is missing or unreadable contributes nothing (its problems are reported elsewhere)."""
     out: list[SpecialTokenId] = []
     for name in ID_FILES:
-        try:
-            data = json.loads((folder / name).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-            continue
+        data = _load(folder, name)
+        if name == "tokenizer_config.json":
+            check_tokenizer_config(data, folder / name)
         if isinstance(data, dict):
             out += _ids_in(data, name)
             if name == "tokenizer_config.json":

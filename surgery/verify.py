@@ -23,6 +23,7 @@ must agree too. The verdict (:attr:`VerifyResult.exit_code`) is decided here, no
 
 from __future__ import annotations
 
+import filecmp
 import json
 from dataclasses import dataclass, field
 from enum import Enum
@@ -30,11 +31,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import chunked
+from . import chunked, store
 from .checkpoint import Checkpoint
+from .configfile import read_config_file
 from .detect import Detection, detect, tied_scale
-from .errors import ExitCode, Opt
+from .errors import CheckpointError, ExitCode, Opt
 from .formats.tensor import TensorInfo
+from .regular import load_json
 from .vocabkeys import VOCAB_SIZE_KEYS, vocab_keys, walk
 
 ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *VOCAB_SIZE_KEYS)
@@ -324,8 +327,8 @@ def _compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detect
         pa, pb = A.path / fname, B.path / fname
         if not pa.exists() and not pb.exists():
             continue
-        ca = _flatten(json.loads(pa.read_text())) if pa.exists() else {}
-        cb = _flatten(json.loads(pb.read_text())) if pb.exists() else {}
+        ca = _flatten(_read_cfg(pa)) if pa.exists() else {}
+        cb = _flatten(_read_cfg(pb)) if pb.exists() else {}
         for k in sorted(set(ca) | set(cb)):
             before, after = ca.get(k, _ABSENT), cb.get(k, _ABSENT)
             if before == after:
@@ -375,6 +378,25 @@ def _compare_metadata(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
                 )
 
 
+def _read_cfg(p: Path) -> object:
+    """A config file (strictly, types checked: :func:`surgery.configfile.read_config_file`) or
+    ``generation_config.json`` (strictly: :func:`surgery.regular.load_json`)."""
+    return load_json(p, p.name) if p.name == "generation_config.json" else read_config_file(p)
+
+
+def _same_bytes(pa: Path, pb: Path) -> bool:
+    """Two carried files hold the same bytes (local: compared in blocks, :func:`filecmp.cmp`; both were
+    checked to be regular, readable files when the checkpoints were opened)."""
+    if store.is_remote(pa) or store.is_remote(pb):
+        return bool(pa.read_bytes() == pb.read_bytes())
+    try:
+        return filecmp.cmp(pa, pb, shallow=False)
+    except OSError as e:
+        raise CheckpointError(
+            f"cannot be read ({e.strerror})", e.filename or pa, "make it readable"
+        ) from None
+
+
 def _compare_other_files(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
     """Files other than weights and configs must be in both and byte-identical; any other is unexplained."""
     for rel in sorted(set(A.other_files) | set(B.other_files)):
@@ -383,7 +405,7 @@ def _compare_other_files(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> Non
         pa, pb = A.path / rel, B.path / rel
         if not pa.exists() or not pb.exists():
             res.unexplained.append(f"{rel} is only in {'the input' if pa.exists() else 'the output'}")
-        elif pa.read_bytes() != pb.read_bytes():
+        elif not _same_bytes(pa, pb):
             res.unexplained.append(f"{rel} differs")
 
 

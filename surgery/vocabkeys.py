@@ -80,18 +80,21 @@ def vocab_keys(folder: str | Path, config: dict | None = None) -> list[VocabKey]
         folder: the checkpoint folder.
         config: its parsed ``config.json`` when already read (it is not read again).
 
-    A config file that is absent or not valid JSON contributes nothing (reading the checkpoint reports
-    those).
+    An absent config file contributes nothing.
+
+    Raises:
+        CheckpointError: a config file that is not a regular file, cannot be read, is not valid JSON or
+            holds a key of the wrong type (:func:`surgery.configfile.read_config_file`).
     """
     out: list[VocabKey] = []
     for name in CONFIG_FILES:
         if name == "config.json" and config is not None:
             data: object = config
         else:
-            try:
-                data = read_config_file(store.path_of(folder) / name)
-            except (OSError, ValueError):
+            p = store.path_of(folder) / name
+            if not p.exists():
                 continue
+            data = read_config_file(p)
         out += vocab_keys_in(data, name)
     return out
 

@@ -20,6 +20,8 @@ import json
 import pickle
 import shutil
 import struct
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -797,3 +799,139 @@ def test_good_input_still_works(command: str, tmp_path: Path) -> None:
     run = av.run_cli(av.command_argv(command, ckpt, out))
     assert run.rc == 0, run.describe()
     assert (out / "config.json").is_file() and not av.leftovers(out)
+
+
+# ------------------------------------------------------------------ unreadable files and folders (issue 18)
+# The suite may run as root, which reads anything: these runs drop CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH
+# from the child's bounding set (setpriv), so that mode 000 means "cannot be read" for it too.
+NO_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+
+
+def _permissions_enforced(tmp: Path) -> bool:
+    probe = tmp / "probe"
+    probe.write_text("x")
+    probe.chmod(0)
+    try:
+        return subprocess.run([*NO_DAC, "cat", str(probe)], capture_output=True, check=False).returncode != 0
+    except OSError:  # no setpriv
+        return False
+    finally:
+        probe.chmod(0o600)
+
+
+def run_no_dac(argv: list) -> av.Run:
+    """``python -m tietool *argv`` as :func:`av.run_cli`, with file permissions enforced even for root."""
+    argv = [str(a) for a in argv]
+    t0 = time.monotonic()
+    p = subprocess.run(
+        [*NO_DAC, av.PYTHON, "-m", "tietool", *argv],
+        cwd=av.REPO,
+        env=av.cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=av.TIMEOUT,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    return av.Run(argv, p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
+
+
+# (what is made unreadable, its mode, the name the error must give); "." is the checkpoint folder itself
+UNREADABLE = [
+    ("config.json", 0, "config.json"),
+    (ST_INDEX, 0, ST_INDEX),
+    ("tokenizer.json", 0, "tokenizer.json"),  # item 9: exit 6 "cannot write the output" before
+    ("tokenizer_config.json", 0, "tokenizer_config.json"),
+    ("generation_config.json", 0, "generation_config.json"),
+    ("assets/notes.txt", 0, "notes.txt"),
+    ("assets", 0, "assets"),  # an unreadable subfolder: its files were left out of the output in silence
+    (".", 0, "ckpt"),  # exit 70 before
+    (".", 0o600, "ckpt"),  # listable but not searchable: exit 70 before
+]
+
+
+@pytest.mark.parametrize(("rel", "mode", "name"), UNREADABLE, ids=[f"{r}-{m:o}" for r, m, _ in UNREADABLE])
+def test_unreadable_refused(rel: str, mode: int, name: str, tmp_path: Path) -> None:
+    if not _permissions_enforced(tmp_path):
+        pytest.skip("cannot make a file unreadable here (no setpriv, or permissions are not enforced)")
+    tmp_path.chmod(0o755)
+    ckpt = av.copy_case(ST_ONE, tmp_path / "ckpt")
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        (ckpt / f).write_text("{}")
+    (ckpt / "assets").mkdir()
+    (ckpt / "assets" / "notes.txt").write_text("hi")
+    target = ckpt / rel
+    target.chmod(mode)
+    try:
+        for command in ("inspect", "untie"):
+            out = tmp_path / f"out-{command}"
+            run = run_no_dac(av.command_argv(command, ckpt, out))
+            av.assert_refused(run, 3, [name], out=out)
+    finally:
+        target.chmod(0o755 if target.is_dir() else 0o644)
+
+
+@pytest.mark.parametrize("rel", ["model_state.tp01.pdparams", "tokenizer_config.json", "."])
+def test_merge_unreadable_refused(rel: str, tmp_path: Path) -> None:
+    if not _permissions_enforced(tmp_path):
+        pytest.skip("cannot make a file unreadable here (no setpriv, or permissions are not enforced)")
+    from support import fixture_support as fs
+    from support.paths import BUG_CASES_DIR
+
+    tmp_path.chmod(0o755)
+    ranks = fs.copy_checkpoint(BUG_CASES_DIR / "c05_paddlenlp_tp_rank_files" / "ckpt", tmp_path / "ckpt")
+    (ranks / "tokenizer_config.json").write_text("{}")
+    target = ranks / rel
+    target.chmod(0)
+    try:
+        out = tmp_path / "out"
+        run = run_no_dac(["merge", ranks, "--out", out, "--quiet"])
+        av.assert_refused(run, 3, [target.name if rel != "." else "ckpt"], out=out)
+    finally:
+        target.chmod(0o755 if target.is_dir() else 0o644)
+
+
+# ------------------------------------------------------------ the config type check refuses no real config
+# configfile.CONFIG_KEYS is checked against every config class's defaults of the libraries (an oracle: what
+# they write is what a checkpoint holds). transformers' Pix2StructConfig() nests a dict as
+# text_config.vocab_size (a construction quirk of that class: pix2struct checkpoints hold an int), which
+# tietool refuses as it must.
+KNOWN_BAD_DEFAULTS = {"pix2struct"}
+
+
+def _default_config_refusals(mapping) -> tuple[int, list[str]]:
+    import warnings
+
+    from tietool.surgery.configfile import check_config
+    from tietool.surgery.errors import CheckpointError
+
+    checked, refused = 0, []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for name in list(mapping.keys()):
+            try:
+                doc = json.loads(mapping[name]().to_json_string())
+            except Exception:  # a class that cannot be built without arguments: nothing to check
+                continue
+            checked += 1
+            try:
+                check_config(doc, name)
+            except CheckpointError as e:
+                if name not in KNOWN_BAD_DEFAULTS:
+                    refused.append(str(e))
+    return checked, refused
+
+
+def test_paddleformers_default_configs_pass_the_type_check() -> None:
+    from paddleformers.transformers.auto.configuration import CONFIG_MAPPING
+
+    checked, refused = _default_config_refusals(CONFIG_MAPPING)
+    assert checked >= 20 and not refused, refused
+
+
+@pytest.mark.slow
+def test_transformers_default_configs_pass_the_type_check() -> None:
+    from transformers import CONFIG_MAPPING
+
+    checked, refused = _default_config_refusals(CONFIG_MAPPING)
+    assert checked >= 300 and not refused, refused

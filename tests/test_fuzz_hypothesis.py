@@ -20,6 +20,8 @@ examples per property; the ``slow`` variants run thousands.
 
 from __future__ import annotations
 
+import copy
+import json
 import pickletools
 import shutil
 import struct
@@ -110,7 +112,7 @@ WRITES = {
 }
 
 
-def write_or_refuse(ckpt: Path, outs: Path) -> None:
+def every_write_or_refuse(ckpt: Path, outs: Path) -> None:
     """Every write operation on ``ckpt`` (in-process, into a fresh folder under ``outs``): written or a
     ``TietoolError``; the input is unchanged and a refusal leaves no output."""
     before = av.tree_state(ckpt)
@@ -129,7 +131,7 @@ def read_write_or_refuse(ckpt: Path, outs: Path) -> None:
     """:func:`read_or_refuse`, then the writes when it read (a mutant the reader refuses is refused by
     every operation in the same way: they all open it first)."""
     if read_or_refuse(ckpt):
-        write_or_refuse(ckpt, outs)
+        every_write_or_refuse(ckpt, outs)
 
 
 def test_unmutated_fixtures_read(st_ckpt: Path, pd_ckpt: Path) -> None:
@@ -406,3 +408,319 @@ def test_pdparams_array_of_any_header(
     sd[name] = av.FakeArray(shape, dt, b"\x01" * nbytes, fortran)
     av.pd_dump(sd, pd_ckpt / av.PD_FILE, 4)
     read_or_refuse(pd_ckpt)
+
+
+# ------------------------------------------------------------------ the JSON files: index and config
+# Structure-aware mutants of model.safetensors.index.json and config.json (issue 18: 906 of ~36,000 index
+# mutants exited 70): a value anywhere in the document replaced by one of the wrong type, a huge or
+# non-finite number (written as raw JSON text: Python cannot even dump 10**5000), a deep nesting, an odd
+# file name; or the text's bytes mutated. Each mutant is read (Checkpoint.open + detect) and written (tie,
+# resize, untie to a fresh --out) in-process: only success or a TietoolError may come out.
+
+
+class Raw(str):
+    """JSON text put into a document as it is (``1e400``, a 5,000-digit integer, ``[[[...]]]``)."""
+
+
+def dumps(obj) -> str:
+    """``json.dumps`` that writes :class:`Raw` values verbatim (iterative over the document's depth is not
+    needed: the documents here are shallow; deep nestings are Raw)."""
+    if isinstance(obj, Raw):
+        return str(obj)
+    if isinstance(obj, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {dumps(v)}" for k, v in obj.items()) + "}"
+    if isinstance(obj, list):
+        return "[" + ", ".join(dumps(v) for v in obj) + "]"
+    return json.dumps(obj)
+
+
+HOSTILE_SCALARS = [
+    Raw("9" * 5000),  # over CPython's 4,300-digit int limit
+    Raw("-" + "1" * 4301),
+    Raw("1e400"),  # parses to inf
+    Raw("-1e400"),
+    Raw("Infinity"),
+    Raw("NaN"),
+    Raw("[" * 10_000 + "]" * 10_000),  # deeper than any recursive parser
+    Raw("{" + '"a": {' * 3000 + "}" * 3001),
+    Raw('"\\ud800"'),  # a lone surrogate
+    2**64,
+    -1,
+    0,
+    True,
+    1.5,
+    None,
+    "",
+    "100",
+    [],
+    [1, 2],
+    {},
+    {"a": 1},
+]
+ODD_NAMES = [
+    "x" * 300 + ".safetensors",  # over 255 bytes: ENAMETOOLONG
+    "é" * 130 + ".safetensors",  # 260 bytes in UTF-8, 143 characters
+    "../model-00001-of-00009.safetensors",
+    "/etc/passwd",
+    "sub/model-00001-of-00009.safetensors",
+    "model-00001-of-00009.safetensors\\x",
+    ".hidden.safetensors",
+    ".",
+    "..",
+    "model\x00.safetensors",
+    "model-00001-of-00009.safetensors ",
+    "config.json",
+    "model-00099-of-00009.safetensors",
+    "",
+]
+HOSTILE_VALUE = st.sampled_from(HOSTILE_SCALARS).map(copy.deepcopy) | ANY_JSON
+HOSTILE_NAME = st.sampled_from(ODD_NAMES) | st.text(max_size=12)
+
+
+def _paths(doc, prefix=()):
+    """Every (path tuple) to a value in ``doc``, the root included."""
+    yield prefix
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _paths(v, prefix + (i,))
+
+
+def _replace(doc, path, value):
+    if not path:
+        return value
+    doc = copy.deepcopy(doc)
+    parent = doc
+    for p in path[:-1]:
+        parent = parent[p]
+    parent[path[-1]] = value
+    return doc
+
+
+@st.composite
+def json_mutant(draw, doc: dict, names=HOSTILE_NAME, keys: tuple[str, ...] = ()) -> bytes:
+    """One mutant of ``doc`` as the bytes of a file: 1-3 structure-aware edits (a value replaced, a
+    weight_map file name made odd, a key added at the top or in a nested object, a key deleted), and
+    sometimes byte mutations of the result."""
+    doc = copy.deepcopy(doc)  # never edit the module's document or a shared hostile value
+    paths = list(_paths(doc))
+    for _ in range(draw(st.integers(1, 3))):
+        kind = draw(st.sampled_from(["replace", "name", "add", "delete"]))
+        if kind == "replace":
+            doc = _replace(doc, draw(st.sampled_from(paths)), draw(HOSTILE_VALUE))
+        elif kind == "name" and isinstance(doc, dict) and isinstance(doc.get("weight_map"), dict):
+            wm = doc["weight_map"]
+            if wm:
+                doc = _replace(doc, ("weight_map", draw(st.sampled_from(sorted(wm)))), draw(names))
+        elif kind == "add" and isinstance(doc, dict):
+            key = draw(st.sampled_from(keys) | st.text(max_size=8)) if keys else draw(st.text(max_size=8))
+            where = draw(st.sampled_from([p for p in paths if not p] + [("text_config",), ("metadata",)]))
+            target = doc if not where else doc.get(where[0])
+            if where and not isinstance(target, dict):
+                doc = _replace(doc, where, {key: draw(HOSTILE_VALUE)})
+            elif isinstance(target, dict):
+                target[key] = draw(HOSTILE_VALUE)
+        elif kind == "delete" and len(paths) > 1:
+            path = draw(st.sampled_from(paths[1:]))
+            try:
+                parent = doc
+                for p in path[:-1]:
+                    parent = parent[p]
+                del parent[path[-1]]
+            except (KeyError, IndexError, TypeError):
+                pass
+        paths = list(_paths(doc))
+    raw = dumps(doc).encode("utf-8", "surrogatepass")
+    if draw(st.integers(0, 4)) == 0:
+        raw = mutate(raw, draw(mutations(len(raw), len(raw))))
+    return raw
+
+
+def write_or_refuse(ckpt: Path, scratch: Path, ops) -> None:
+    """Open + detect, then each of ``ops`` (``(name, kwargs)`` of :mod:`tietool.surgery.operations`) to a
+    fresh ``--out`` under ``scratch``: only success or a TietoolError may come out; a refusal leaves no
+    output behind."""
+    read_or_refuse(ckpt)
+    for i, (op, kw) in enumerate(ops):
+        out = scratch / f"out{i}"
+        try:
+            _op(op)(ckpt, out=out, **kw)
+        except TietoolError:
+            assert not out.exists(), f"{op} refused but left {out}"
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+
+
+def _op(name: str):
+    """An operation by name: ``tie``/``untie``/``resize`` of :mod:`tietool.surgery.operations`, ``convert``
+    (to PaddleFormers), ``verify`` (the input against itself; ``out`` unused)."""
+    from tietool.surgery import operations
+    from tietool.surgery.convert import convert
+
+    if name == "convert":
+        return lambda ckpt, out, **kw: convert(ckpt, "paddleformers", out, **kw)
+    if name == "verify":
+        return lambda ckpt, out, **kw: operations.verify(ckpt, ckpt)
+    return getattr(operations, name)
+
+
+INDEX_CASE = "pf_llama_untied_sharded"
+INDEX_DOC = json.loads((av.CASES / INDEX_CASE / av.ST_INDEX).read_text())
+INDEX_OPS = (("tie", {"keep": "embedding"}), ("resize", {"vocab_size": 256}), ("convert", {}), ("verify", {}))
+CONFIG_CASE = av.ST_ONE
+CONFIG_DOC = json.loads((av.CASES / CONFIG_CASE / "config.json").read_text())
+CONFIG_OPS = (
+    ("untie", {}),
+    ("resize", {"vocab_size": 256}),
+    ("resize", {"vocab_size": 256, "init": "normal"}),  # draws with the config's initializer_range
+    ("convert", {}),
+    ("verify", {}),
+)
+CONFIG_KEYS = tuple(CONFIG_DOC) + (
+    "text_config",
+    "llm_config",
+    "padded_vocab_size",
+    "d_model",
+    "tensor_parallel_degree",
+    "init_args",
+)
+
+
+@pytest.fixture(scope="module")
+def index_ckpt(tmp_path_factory) -> Path:
+    return av.copy_case(INDEX_CASE, tmp_path_factory.mktemp("fuzz_index") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def config_ckpt(tmp_path_factory) -> Path:
+    return av.copy_case(CONFIG_CASE, tmp_path_factory.mktemp("fuzz_config") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def pd_config_ckpt(tmp_path_factory) -> Path:
+    return av.copy_case(av.PD_ONE, tmp_path_factory.mktemp("fuzz_pd_config") / "ckpt")
+
+
+def test_unmutated_json_fixtures_write(
+    index_ckpt: Path, config_ckpt: Path, pd_config_ckpt: Path, tmp_path: Path
+) -> None:
+    """Control: the unmutated index and config checkpoints are written by every op the fuzzers run (so a
+    mutant's refusal is the mutant's doing)."""
+    for ckpt, ops in ((index_ckpt, INDEX_OPS), (config_ckpt, CONFIG_OPS), (pd_config_ckpt, CONFIG_OPS)):
+        for i, (op, kw) in enumerate(ops):
+            _op(op)(ckpt, out=tmp_path / f"{ckpt.parent.name}{i}", **kw)
+
+
+def _index_property(index_ckpt: Path, tmp_path_factory, raw: bytes) -> None:
+    (index_ckpt / av.ST_INDEX).write_bytes(raw)
+    write_or_refuse(index_ckpt, tmp_path_factory.mktemp("o"), INDEX_OPS)
+
+
+def _config_property(config_ckpt: Path, tmp_path_factory, raw: bytes) -> None:
+    (config_ckpt / "config.json").write_bytes(raw)
+    write_or_refuse(config_ckpt, tmp_path_factory.mktemp("o"), CONFIG_OPS)
+
+
+@SETTINGS
+@given(raw=json_mutant(INDEX_DOC))
+def test_index_mutants_read_write_or_refuse(index_ckpt: Path, tmp_path_factory, raw: bytes) -> None:
+    _index_property(index_ckpt, tmp_path_factory, raw)
+
+
+@SETTINGS
+@given(raw=json_mutant(CONFIG_DOC, keys=CONFIG_KEYS))
+def test_config_mutants_read_write_or_refuse(config_ckpt: Path, tmp_path_factory, raw: bytes) -> None:
+    _config_property(config_ckpt, tmp_path_factory, raw)
+
+
+PD_CONFIG_DOC = json.loads((av.CASES / av.PD_ONE / "config.json").read_text())
+PD_CONFIG_KEYS = tuple(PD_CONFIG_DOC) + ("text_config", "tensor_parallel_degree", "paddlenlp_version")
+
+
+@SETTINGS
+@given(raw=json_mutant(PD_CONFIG_DOC, keys=PD_CONFIG_KEYS))
+def test_pdparams_config_mutants_read_write_or_refuse(pd_config_ckpt: Path, tmp_path_factory, raw) -> None:
+    """The config fuzzer on a PaddleNLP ``.pdparams`` checkpoint (loader facts from paddlenlp_version)."""
+    _config_property(pd_config_ckpt, tmp_path_factory, raw)
+
+
+SLOW_SETTINGS = settings(SETTINGS, max_examples=1500)  # x3 tests: ~4 min of CI
+
+
+@pytest.mark.slow
+@SLOW_SETTINGS
+@given(raw=json_mutant(INDEX_DOC))
+def test_index_mutants_many(index_ckpt: Path, tmp_path_factory, raw: bytes) -> None:
+    _index_property(index_ckpt, tmp_path_factory, raw)
+
+
+@pytest.mark.slow
+@SLOW_SETTINGS
+@given(raw=json_mutant(CONFIG_DOC, keys=CONFIG_KEYS))
+def test_config_mutants_many(config_ckpt: Path, tmp_path_factory, raw: bytes) -> None:
+    _config_property(config_ckpt, tmp_path_factory, raw)
+
+
+# tokenizer and generation files: read for the tokenizer's size, token strings and special token ids
+TOKENIZER_DOCS: dict[str, dict] = {
+    "tokenizer_config.json": {
+        "bos_token": "<s>",
+        "eos_token": {"content": "</s>", "lstrip": False},
+        "pad_token": None,
+        "added_tokens_decoder": {"1": {"content": "<s>", "special": True}, "2": {"content": "</s>"}},
+        "model_max_length": 2048,
+        "add_bos_token": True,  # a flag, not a token: accepted
+    },
+    "tokenizer.json": {
+        "added_tokens": [{"id": 1, "content": "<s>"}, {"id": 2, "content": "</s>"}],
+        "model": {"type": "BPE", "vocab": {"<unk>": 0, "<s>": 1, "</s>": 2, "a": 3}},
+    },
+    "added_tokens.json": {"<extra_0>": 98, "<extra_1>": 99},
+    "generation_config.json": {"bos_token_id": 1, "eos_token_id": [2, 3], "pad_token_id": 0},
+    "vocab.json": {"<unk>": 0, "a": 1},
+}
+TOKENIZER_OPS = (("untie", {}), ("resize", {"vocab_size": 256}), ("verify", {}))
+
+
+@pytest.fixture(scope="module")
+def tokenizer_ckpt(tmp_path_factory) -> Path:
+    ckpt = av.copy_case(av.ST_ONE, tmp_path_factory.mktemp("fuzz_tokenizer") / "ckpt")
+    for name, doc in TOKENIZER_DOCS.items():
+        (ckpt / name).write_text(json.dumps(doc))
+    return ckpt
+
+
+@st.composite
+def tokenizer_mutant(draw) -> tuple[str, bytes]:
+    name = draw(st.sampled_from(sorted(TOKENIZER_DOCS)))
+    return name, draw(json_mutant(TOKENIZER_DOCS[name], keys=("bos_token", "added_tokens_decoder", "id")))
+
+
+def _tokenizer_property(ckpt: Path, tmp_path_factory, mutant: tuple[str, bytes]) -> None:
+    name, raw = mutant
+    try:
+        (ckpt / name).write_bytes(raw)
+        write_or_refuse(ckpt, tmp_path_factory.mktemp("o"), TOKENIZER_OPS)
+    finally:
+        (ckpt / name).write_text(json.dumps(TOKENIZER_DOCS[name]))
+
+
+def test_unmutated_tokenizer_fixture_writes(tokenizer_ckpt: Path, tmp_path: Path) -> None:
+    """Control: with every tokenizer file intact, each op the tokenizer fuzzer runs succeeds."""
+    for i, (op, kw) in enumerate(TOKENIZER_OPS):
+        _op(op)(tokenizer_ckpt, out=tmp_path / f"o{i}", **kw)
+
+
+@SETTINGS
+@given(mutant=tokenizer_mutant())
+def test_tokenizer_mutants_read_write_or_refuse(tokenizer_ckpt: Path, tmp_path_factory, mutant) -> None:
+    _tokenizer_property(tokenizer_ckpt, tmp_path_factory, mutant)
+
+
+@pytest.mark.slow
+@SLOW_SETTINGS
+@given(mutant=tokenizer_mutant())
+def test_tokenizer_mutants_many(tokenizer_ckpt: Path, tmp_path_factory, mutant) -> None:
+    _tokenizer_property(tokenizer_ckpt, tmp_path_factory, mutant)
