@@ -9,6 +9,7 @@ before anything is written; recoverable ones (a stale index entry, a tensor miss
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import store, surface
+from . import regular, store, surface
 from .errors import CheckpointError, TietoolError
 from .formats import pdparams_io, safetensors_io
 from .formats.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
@@ -170,6 +171,8 @@ def _check_listed(
     for f in listed:
         if (path / f).is_file():
             continue
+        if not store.is_remote(path) and os.path.lexists(path / f):
+            regular.open_regular(path / f, f).close()  # a FIFO, device or folder: refused by what it is
         mapped = [n for n, g in wm.items() if g == f]
         for holder in unlisted:
             held = set(_names_in(path / holder, holder))
