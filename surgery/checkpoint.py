@@ -260,6 +260,8 @@ class Checkpoint:
     training_state: list[str] = field(default_factory=list)
     config_file: str = "config.json"
     config_prefix: str = ""
+    # one Path per weight file for source(): a header of millions of tensors made a Path per tensor
+    _file_paths: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -560,7 +562,10 @@ class Checkpoint:
         t = self.tensors[name]
         if self.format == "pdparams":
             return pdparams_io.raw_bytes_source(self.path / t.file, t)
-        return safetensors_io.Source(self.path / t.file, t.offset, t.nbytes)
+        p = self._file_paths.get(t.file)
+        if p is None:
+            p = self._file_paths[t.file] = self.path / t.file
+        return safetensors_io.Source(p, t.offset, t.nbytes)
 
     @property
     def total_bytes(self) -> int:

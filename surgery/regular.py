@@ -177,6 +177,8 @@ def _check_depth(text: bytes | str, depth: int) -> None:
     removed (they cannot end a string), then everything but quotes and brackets, then the strings; the
     deepest level is the maximum of the running sum of the brackets left (+1 opening, -1 closing).
     Exact for valid JSON; invalid JSON is refused by the parser afterwards either way."""
+    if depth >= len(text):
+        return  # a caller that lets the parser's recursion limit decide
     raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     if raw.count(b"[") + raw.count(b"{") <= depth:
         return

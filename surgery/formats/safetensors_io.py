@@ -42,15 +42,47 @@ _LIB = "which the safetensors library refuses"
 
 
 def _header_pairs(pairs: list[tuple[str, Any]]) -> Any:
-    """The JSON parser's object hook for a header: an object of exactly the three entry fields, in the order
-    every writer uses, becomes the tuple ``(dtype, shape, data_offsets)`` (a header of millions of entries
-    then holds no dict per entry; JSON itself never yields a tuple); any other object a dict. A repeated key
-    is refused (``regular.unique_pairs``)."""
+    """The JSON parser's object hook for a header. An object of exactly the three entry fields, in the order
+    every writer uses, becomes its :class:`TensorInfo` at once when it is valid (:func:`_quick_info`; the
+    name, file and absolute offset are filled in by :func:`read_header`), else the tuple ``(dtype, shape,
+    data_offsets)`` (JSON itself never yields a tuple), checked with its name later: a header of millions of
+    entries then holds no dict or list per entry. Any other object is a dict; a repeated key is refused
+    (``regular.unique_pairs``)."""
     if len(pairs) == 3:
         a, b, c = pairs
         if a[0] == "dtype" and b[0] == "shape" and c[0] == "data_offsets":
-            return a[1], b[1], c[1]
+            return _quick_info(a[1], b[1], c[1]) or (a[1], b[1], c[1])
     return regular.unique_pairs(pairs)
+
+
+def _quick_info(dtype: Any, shape: Any, offsets: Any) -> TensorInfo | None:
+    """The :class:`TensorInfo` of a valid entry (``offset`` relative to the data, no name), or None when any
+    rule of :func:`_tensor_info` fails (which then names the rule)."""
+    dt = DTYPES.get(dtype) if type(dtype) is str else None
+    if dt is None or type(shape) is not list or type(offsets) is not list or len(offsets) != 2:
+        return None
+    numel = 1
+    for d in shape:
+        if type(d) is not int or d < 0:
+            return None
+        numel *= d
+        if numel > U64_MAX:
+            return None
+    begin, end = offsets
+    if type(begin) is not int or type(end) is not int or not 0 <= begin <= end:
+        return None
+    bits = numel * dt.bits
+    if bits > U64_MAX or bits % 8 or end - begin != bits >> 3:
+        return None
+    key = tuple(shape)
+    if len(_SHAPES) > 4096:
+        _SHAPES.clear()
+    return TensorInfo("", dt.st, _SHAPES.setdefault(key, key), "", begin, end - begin)
+
+
+_SHAPES: dict[tuple, tuple] = {}  # equal shapes share one tuple (a header of 1.6 M entries has a few dozen)
+# the slots' setters, for the objects _quick_info makes before their name is known
+_SET_NAME, _SET_FILE, _SET_OFFSET = (vars(TensorInfo)[f].__set__ for f in ("name", "file", "offset"))
 
 
 def _header_int(text: str) -> int | float:
@@ -101,15 +133,44 @@ def read_header(
         CheckpointError: exit 3, naming the file and the rule broken.
     """
     size, data_start, raw = blob if blob is not None else _read_header_blob(path)
+    text, int_hook, surrogates = _decode(raw, path)
+    del raw, blob  # the text alone from here on: a 100 MB header is not held twice
     with _gc_paused():  # millions of new objects: the cyclic GC would rescan them all, again and again
-        header, meta = _parse_header(raw, path)
-        del raw
-        shapes: dict[tuple, tuple] = {}
-        out = [_tensor_info(name, h, rel, data_start, path, shapes) for name, h in header.items()]
+        header, meta = _parse_header(text, path, int_hook, surrogates)
+        del text
+        out = [_named(name, h, rel, data_start, path) for name, h in header.items()]
         del header
     out.sort(key=_DATA_ORDER)
     _check_tiling(out, data_start, size, path)
     return out, meta
+
+
+def _named(name: str, h: Any, rel: str, data_start: int, path: Any) -> TensorInfo:
+    """The :class:`TensorInfo` of entry ``name: h``: one :func:`_quick_info` made while parsing, given its
+    name, file and absolute offset (it is not yet shared with anyone), or :func:`_tensor_info`'s."""
+    if type(h) is TensorInfo:
+        _SET_NAME(h, name)
+        _SET_FILE(h, rel)
+        _SET_OFFSET(h, data_start + h.offset)
+        return h
+    return _tensor_info(name, h, rel, data_start, path)
+
+
+def _decode(raw: bytes, path: Any) -> tuple[str, Callable[[str], Any] | None, bool]:
+    """The header text, the integer hook it needs (:func:`_header_int` when it holds ``-0`` or a run of 20
+    digits, else None: the plain parser is faster) and whether it may hold a lone surrogate escape.
+
+    Raises:
+        CheckpointError: not UTF-8.
+    """
+    hook = _header_int if b"-0" in raw or b"0" * 20 in raw.translate(_DIGITS_AS_0) else None
+    surrogates = b"\\u" in raw and _LONE_SURROGATE.search(raw) is not None
+    try:
+        return raw.decode("utf-8"), hook, surrogates
+    except UnicodeDecodeError as e:
+        raise CheckpointError(
+            f"the safetensors header is not valid utf-8 text ({str(e)[:120]}), {_LIB}", path, _FIX
+        ) from None
 
 
 @contextlib.contextmanager
@@ -194,27 +255,30 @@ def _read_header_blob(path: Any) -> tuple[int, int, bytes]:
     return size, 8 + n, blob
 
 
-def _parse_header(blob: bytes, path: Any) -> tuple[dict[str, Any], dict[str, str] | None]:
-    """Decode the header JSON of ``path`` strictly (:func:`regular.parse_json` with the library's nesting
-    limit and number rules).
+def _parse_header(
+    text: str, path: Any, int_hook: Callable[[str], Any] | None, surrogates: bool
+) -> tuple[dict[str, Any], dict[str, str] | None]:
+    """Parse the header JSON of ``path`` strictly (:func:`regular.parse_json` with the library's nesting
+    limit and number rules; ``int_hook``, ``surrogates`` from :func:`_decode`).
 
     Returns:
         ``(tensor entries by name, __metadata__ or None)``.
 
     Raises:
-        CheckpointError: not UTF-8 JSON, not an object, a lone surrogate escape, or a ``__metadata__`` that
-            is not null or str → str.
+        CheckpointError: not JSON, not an object, a lone surrogate escape, or a ``__metadata__`` that is not
+            null or str → str.
     """
-    hook = _header_int if b"-0" in blob or b"0" * 20 in blob.translate(_DIGITS_AS_0) else None
+    # nesting: the parser's own recursion limit refuses the deepest (RecursionError), and _check_nesting
+    # the rest, on the few values that are not entries (scanning 100 MB of text for it took seconds)
     header = regular.parse_json(
-        blob, path, "the safetensors header", HEADER_DEPTH, pairs_hook=_header_pairs, int_hook=hook
+        text, path, "the safetensors header", len(text), pairs_hook=_header_pairs, int_hook=int_hook
     )
     if not isinstance(header, dict):
         raise CheckpointError(f"the safetensors header is not a JSON object, {_LIB}", path, _FIX)
-    if b"\\u" in blob and _LONE_SURROGATE.search(blob):
+    _check_nesting(header, path)
+    if surrogates:
         try:
-            json.dumps(list(header), ensure_ascii=False).encode("utf-8")
-            json.dumps(list(header.values()), ensure_ascii=False).encode("utf-8")
+            json.dumps([*header.items()], ensure_ascii=False, default=lambda _: None).encode("utf-8")
         except UnicodeEncodeError:
             raise CheckpointError(
                 f"the safetensors header has a lone surrogate escape (\\ud800-\\udfff), {_LIB}", path, _FIX
@@ -227,6 +291,31 @@ def _parse_header(blob: bytes, path: Any) -> tuple[dict[str, Any], dict[str, str
             f"the safetensors __metadata__ is not a map of strings to strings, {_LIB}", path, _FIX
         )
     return header, meta
+
+
+_NESTS = (dict, list, tuple, TensorInfo)
+
+
+def _check_nesting(header: dict[str, Any], path: Any) -> None:
+    """The header nests at most :data:`HEADER_DEPTH` levels (the header object is level 1; an entry made
+    by :func:`_header_pairs` is at most 3). Iterative: the values may nest hundreds of levels.
+
+    Raises:
+        CheckpointError: nested deeper, as the library's parser refuses it.
+    """
+    todo = [(v, 2) for v in header.values() if type(v) is not TensorInfo]
+    while todo:
+        v, level = todo.pop()
+        if level > HEADER_DEPTH:
+            raise CheckpointError(
+                f"the safetensors header is nested more than {HEADER_DEPTH} levels deep, {_LIB}", path, _FIX
+            )
+        if isinstance(v, dict):
+            todo += [(x, level + 1) for x in v.values() if isinstance(x, _NESTS)]
+        elif isinstance(v, list | tuple):
+            todo += [(x, level + 1) for x in v if isinstance(x, _NESTS)]
+        elif type(v) is TensorInfo and level + 1 > HEADER_DEPTH:  # its shape list was one level deeper
+            todo.append(([], level + 1))
 
 
 def _entry_fields(name: str, h: Any, path: Any) -> tuple[Any, Any, Any]:
@@ -267,12 +356,10 @@ def _dtype(name: str, dtype: Any, path: Any) -> DType:
     )
 
 
-def _tensor_info(
-    name: str, h: Any, rel: str, data_start: int, path: Any, shapes: dict[tuple, tuple]
-) -> TensorInfo:
-    """The :class:`TensorInfo` of header entry ``name: h`` (offsets made absolute with ``data_start``;
-    equal shapes share one tuple through ``shapes``). Integers beyond 64 bits are floats here
-    (:func:`_header_int`), so an ``int`` is in range once it is not negative.
+def _tensor_info(name: str, h: Any, rel: str, data_start: int, path: Any) -> TensorInfo:
+    """The :class:`TensorInfo` of header entry ``name: h`` (offsets made absolute with ``data_start``), for
+    the entries :func:`_quick_info` could not make, so that the broken rule is named. Integers beyond 64
+    bits are floats here (:func:`_header_int`), so an ``int`` is in range once it is not negative.
 
     Raises:
         CheckpointError: a malformed entry (:func:`_entry_fields`), an unknown dtype, a shape that is not a
@@ -313,7 +400,7 @@ def _tensor_info(
             _FIX,
         )
     key = tuple(shape)
-    return TensorInfo(name, dt.st, shapes.setdefault(key, key), rel, data_start + begin, end - begin)
+    return TensorInfo(name, dt.st, key, rel, data_start + begin, end - begin)
 
 
 def _bad_shape(name: str, shape: Any, path: Any) -> CheckpointError:
@@ -451,6 +538,8 @@ def copy_range(
     Raises:
         CheckpointError: the input ends before ``offset + nbytes``.
     """
+    if nbytes == 0:
+        return  # an empty tensor: nothing to copy (a header may hold millions; no open per tensor)
     dst.flush()
     if store.is_remote(src_path):
         _copy_remote_range(dst, src_path, offset, nbytes, cancelled, advance)
@@ -515,6 +604,39 @@ def _copy_remote_range(
             advance(len(buf))
 
 
+def _header_blob(
+    tensors: list[tuple[str, str, tuple[int, ...], Source]], metadata: dict | None
+) -> tuple[bytearray, int]:
+    """The header :func:`write_file` writes, byte for byte ``json.dumps(header, separators=(",", ":"))``
+    padded with spaces to a multiple of 8 (data 8-byte aligned, as the reference writer does), built entry by
+    entry into one buffer (a dict per entry costs ~400 bytes: 640 MB for a header of 1.6 M tensors).
+
+    Returns:
+        ``(header bytes, bytes of tensor data)``.
+    """
+    out = bytearray(b"{")
+    if metadata:
+        meta = {str(k): str(v) for k, v in metadata.items()}
+        out += b'"__metadata__":' + json.dumps(meta, separators=(",", ":")).encode() + b","
+    pos = 0
+    for name, dtype, shape, src in tensors:
+        end = pos + src.nbytes
+        out += (
+            f'{_json_str(name)}:{{"dtype":{_json_str(dtype)},"shape":[{",".join(map(str, shape))}],'
+            f'"data_offsets":[{pos},{end}]}},'
+        ).encode()
+        pos = end
+    if len(out) > 1:
+        out[-1:] = b"}"
+    else:
+        out += b"}"
+    out += b" " * (-len(out) % 8)
+    return out, pos
+
+
+_json_str = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]  # as json.dumps quotes keys
+
+
 def write_file(
     path: Path, tensors: Iterable[tuple[str, str, tuple[int, ...], Source]], metadata: dict | None
 ) -> int:
@@ -529,15 +651,7 @@ def write_file(
         bytes of tensor data written (what an index's ``total_size`` counts).
     """
     tensors = list(tensors)
-    header: dict = {}
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
-    pos = 0
-    for name, dtype, shape, src in tensors:
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [pos, pos + src.nbytes]}
-        pos += src.nbytes
-    blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    blob += b" " * (-len(blob) % 8)  # data starts 8-byte aligned, as the reference writer does
+    blob, pos = _header_blob(tensors, metadata)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)

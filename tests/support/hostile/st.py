@@ -226,13 +226,23 @@ CASES = [
     _case("length-u64-max", _length(2**64 - 1), "100,000,000"),
     # not a regular file (issue 18 item 7): a FIFO must be refused at once, never block
     _case("fifo-shard", _fifo, "FIFO"),
-    # valid, but huge: 1.6 M empty tensors in a ~93 MB header (issue 18 item 7: 205 s and 1.3 GB before)
+    # valid, but huge (issue 18 item 7: 205 s and 1.3 GB before): 1.6 M empty tensors in a ~93 MB header
+    # through inspect, 400 k (~23 MB) through the writes (their read-back through the safetensors library
+    # costs ~1.4 kB per tensor: 1.6 M would pass 2 GB there)
     Hostile(
         "st-many-empty-tensors",
         "safetensors",
         _empty_tensors(1_600_000),
-        {"*": 0, "untie": (0, 5)},
-        commands=("inspect", "tie", "resize"),
+        0,
+        commands=("inspect",),
+        timeout=90.0,
+    ),
+    Hostile(
+        "st-many-empty-tensors-400k",
+        "safetensors",
+        _empty_tensors(400_000),
+        0,
+        commands=("tie", "resize"),
         timeout=60.0,
     ),
 ]
