@@ -634,7 +634,7 @@ def _header_blob(
     return out, pos
 
 
-_json_str = json.encoder.encode_basestring_ascii  # type: ignore[attr-defined]  # as json.dumps quotes keys
+_json_str = json.encoder.encode_basestring_ascii  # as json.dumps quotes keys (ensure_ascii)
 
 
 def write_file(
