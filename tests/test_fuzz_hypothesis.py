@@ -186,6 +186,13 @@ RAW_VALUES = st.sampled_from(
     ]
 )
 FIELD = st.sampled_from(["dtype", "shape", "data_offsets", "extra"])
+# labels of the same width: a relabelled tensor keeps a valid size (the reader accepts it, the writes run)
+SAME_WIDTH = {
+    "F32": ["I32", "U32", "F16", "BF16"],
+    "BF16": ["F16", "U16", "I16"],
+    "F16": ["BF16", "U16"],
+    "U16": ["BF16", "F16"],
+}
 
 
 def _apply(h: dict, kind: str, name: str, other: str, field: str, raw: str, k: int) -> tuple[str, int]:
@@ -220,7 +227,19 @@ def _apply(h: dict, kind: str, name: str, other: str, field: str, raw: str, k: i
         h[f"empty.{k}"] = {"dtype": "F32", "shape": [0], "data_offsets": [k * 4, k * 4]}
     elif kind == "data":
         grow = k - 4
+    elif kind == "extra-field" and e is not None:
+        e[f"x{k}"] = put(raw)  # a field the library ignores (valid unless the value is not JSON)
+    elif kind == "as-list" and e is not None and all(f in e for f in ("dtype", "shape", "data_offsets")):
+        h[name] = [e["dtype"], e["shape"], e["data_offsets"]]  # serde reads a struct from a list too
+    elif kind == "unit-variant" and e is not None and isinstance(e.get("dtype"), str):
+        e["dtype"] = {e["dtype"]: None}
+    elif kind == "reorder" and e is not None:
+        h[name] = dict(reversed(list(e.items())))
+    elif kind == "relabel" and e is not None and e.get("dtype") in SAME_WIDTH:
+        e["dtype"] = SAME_WIDTH[e["dtype"]][k % len(SAME_WIDTH[e["dtype"]])]
     text = json.dumps(h)
+    if kind == "pad":
+        text = " \n\t"[: k % 4] + text + " " * k  # JSON whitespace around the object: valid
     if dup:
         key = json.dumps(name) + ": {"
         text = text.replace(key, key + dup, 1) if kind == "duplicate-field" else "{" + dup + text[1:]
@@ -244,6 +263,13 @@ HEADER_MUTATION = st.tuples(
             "metadata",
             "empty-tensor",
             "data",
+            "extra-field",
+            "as-list",
+            "unit-variant",
+            "reorder",
+            "relabel",
+            "relabel",
+            "pad",
         ]
     ),
     st.sampled_from([*ST_NAMES, "__metadata__"]),
