@@ -231,8 +231,12 @@ def model_type_by_names(model_type: str | None, names) -> str | None:
 
 
 def is_listed_extra(name: str) -> bool:
-    """``name`` matches one of :data:`EXTRA_TABLES`."""
-    return any(re.search(r"(?:^|\.)" + p + "$", name) for p in EXTRA_TABLES)
+    """``name`` matches one of :data:`EXTRA_TABLES` (one compiled pattern: detection asks this of every
+    tensor for every name it looks for, and a header may hold millions)."""
+    return _EXTRA_RE.search(name) is not None
+
+
+_EXTRA_RE = re.compile(r"(?:^|\.)(?:" + "|".join(f"(?:{p})" for p in EXTRA_TABLES) + ")$")
 
 
 def is_extra_table(name: str) -> bool:

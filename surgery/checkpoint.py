@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import store, surface
+from . import regular, store, surface
 from .configfile import check_config
 from .errors import CheckpointError, TietoolError
 from .formats import pdparams_io, safetensors_io
@@ -285,6 +285,8 @@ def _check_listed(
     for f in listed:
         if (path / f).is_file():
             continue
+        if not store.is_remote(path) and os.path.lexists(path / f):
+            regular.open_regular(path / f, f).close()  # a FIFO, device or folder: refused by what it is
         mapped = [n for n, g in wm.items() if g == f]
         for holder in unlisted:
             held = set(_names_in(path / holder, holder))
@@ -372,6 +374,8 @@ class Checkpoint:
     training_state: list[str] = field(default_factory=list)
     config_file: str = "config.json"
     config_prefix: str = ""
+    # one Path per weight file for source(): a header of millions of tensors made a Path per tensor
+    _file_paths: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -675,7 +679,10 @@ class Checkpoint:
         t = self.tensors[name]
         if self.format == "pdparams":
             return pdparams_io.raw_bytes_source(self.path / t.file, t)
-        return safetensors_io.Source(self.path / t.file, t.offset, t.nbytes)
+        p = self._file_paths.get(t.file)
+        if p is None:
+            p = self._file_paths[t.file] = self.path / t.file
+        return safetensors_io.Source(p, t.offset, t.nbytes)
 
     @property
     def total_bytes(self) -> int:

@@ -420,11 +420,13 @@ def _ranked(
     block (a copy inside a layer comes last), then ``rows`` vocab rows, then module depth (shallowest
     first), then name. File order never counts; a listed extra table (MTP copies) is never a candidate."""
     found: dict[str, tuple] = {}
-    for i, suf in enumerate(suffixes):
-        for name, t in ckpt.tensors.items():
-            if name in exclude or name in found or arch.is_listed_extra(name):
+    ends = tuple(suffixes)  # one C-level pass keeps the names that can match (a header may hold millions)
+    near = {n: t for n, t in ckpt.tensors.items() if n.endswith(ends)}
+    for i, suf in enumerate(ends):
+        for name, t in near.items():
+            if not arch.matches(name, suf) or name in exclude or name in found or arch.is_listed_extra(name):
                 continue
-            if arch.matches(name, suf) and (ndim is None or len(t.shape) == ndim):
+            if ndim is None or len(t.shape) == ndim:
                 inner = arch.is_extra_table(name)
                 other_rows = rows is not None and (t.shape[0] != rows if ndim else rows not in t.shape)
                 found[name] = (i, inner, other_rows, arch.depth(name), name)

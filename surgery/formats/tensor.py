@@ -107,7 +107,7 @@ NP_TO_ST = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a header of millions of tensors stays lean
 class TensorInfo:
     """Header of one stored tensor; no data.
 
