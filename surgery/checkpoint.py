@@ -35,14 +35,14 @@ CONFIG_FILES = ("config.json", "model_config.json")
 REPORT_NAME = "tietool-report.json"
 
 
-def _read_json(path: Path, what: str) -> Any:
+def _read_json(path: Path, what: str, limit: int = regular.JSON_LIMIT) -> Any:
     """A JSON file of the checkpoint, read strictly (:func:`surgery.regular.load_json`: a regular file,
     bounded size and depth, no huge integers or non-finite numbers, no repeated keys).
 
     Raises:
         CheckpointError: missing, not a regular file, unreadable or not valid JSON, naming ``what``.
     """
-    return load_json(path, what)
+    return load_json(path, what, limit)
 
 
 def _read_config(path: Path) -> tuple[dict, str, str]:
@@ -412,7 +412,7 @@ class Checkpoint:
         warnings: list[str] = []
         index = None
         if index_name:
-            index = _read_json(path / index_name, index_name)
+            index = _read_json(path / index_name, index_name, regular.INDEX_LIMIT)
             wm = check_index(index, path / index_name, index_name)
             listed = sorted(set(wm.values()), key=lambda n: (SHARD_RE.match(n) is None, n))
             _check_listed(path, index_name, wm, listed, _unlisted_weights(names, fmt, files, listed))

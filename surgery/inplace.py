@@ -54,7 +54,7 @@ from pathlib import Path
 
 from .checkpoint import CONFIG_FILES, PD_INDEX, PD_SINGLE, SHARD_RE, ST_INDEX, ST_SINGLE
 from .errors import CheckpointError, Opt, OutputError, RefusedError
-from .regular import kind_of, load_json
+from .regular import INDEX_LIMIT, kind_of, load_json
 from .write import REPORT_NAME, pid_alive, remove_dead_temps, signals_deferred
 
 NEW_TAG = ".tietool-new-"
@@ -192,7 +192,7 @@ def _complete(folder: Path) -> bool:
     for index in (ST_INDEX, PD_INDEX):
         if index in names:
             try:
-                wm = load_json(folder / index, limit=64 << 20).get("weight_map")
+                wm = load_json(folder / index, limit=INDEX_LIMIT).get("weight_map")
             except (CheckpointError, AttributeError):
                 return False
             return isinstance(wm, dict) and all(isinstance(f, str) and f in names for f in set(wm.values()))

@@ -27,6 +27,7 @@ from typing import IO, Any
 from .errors import CheckpointError
 
 JSON_LIMIT = 64 * 1024**2  # bytes of a config, index or tokenizer JSON we read (the largest real: ~20 MB)
+INDEX_LIMIT = 256 * 1024**2  # an index names every tensor: as many as a few 100 MB safetensors headers hold
 JSON_DEPTH = 512  # nesting of a JSON value (real configs: < 10; Python's parser recurses per level)
 
 _KINDS = {
@@ -168,7 +169,7 @@ def parse_json(
             parse_int=int_hook,
         )
         if _SURROGATE_ESCAPE.search(text):
-            _refuse_lone_surrogates(data)
+            _refuse_lone_surrogates(text)
         return data
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         kind = "nested too deep" if isinstance(e, RecursionError) else str(e)[:200]
@@ -178,12 +179,14 @@ def parse_json(
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
-def _refuse_lone_surrogates(data: Any) -> None:
+def _refuse_lone_surrogates(text: str) -> None:
     """A ``\\ud800`` escape with no partner parses to a string Python cannot encode as UTF-8 (a write of
     it fails late, and serde_json, the safetensors library's parser, refuses it): refuse it here.
-    Only called when the text has such an escape at all (a valid pair parses to one character)."""
+    Only called when the text has such an escape at all (a valid pair parses to one character). The text
+    is parsed again plainly, because a ``pairs_hook`` may have built objects ``json.dumps`` cannot write
+    (the safetensors reader's ``TensorInfo``)."""
     try:
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
+        json.dumps(json.loads(text), ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise ValueError("a \\u escape of a lone UTF-16 surrogate, which is not a character") from None
 
