@@ -104,7 +104,7 @@ def read_or_refuse(ckpt: Path) -> bool:
     return True
 
 
-WRITES = {
+PD_WRITES = {
     "tie": lambda ckpt, out: tietool.tie(ckpt, out, keep="embedding"),
     "untie": lambda ckpt, out: tietool.untie(ckpt, out),
     "resize": lambda ckpt, out: tietool.resize(ckpt, 256, out),
@@ -116,7 +116,7 @@ def every_write_or_refuse(ckpt: Path, outs: Path) -> None:
     """Every write operation on ``ckpt`` (in-process, into a fresh folder under ``outs``): written or a
     ``TietoolError``; the input is unchanged and a refusal leaves no output."""
     before = av.tree_state(ckpt)
-    for op, run in WRITES.items():
+    for op, run in PD_WRITES.items():
         out = outs / op
         try:
             run(ckpt, out)
