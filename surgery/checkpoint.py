@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from . import store, surface
+from . import store, surface, tree
 from .errors import CheckpointError, TietoolError
 from .formats import pdparams_io, safetensors_io
 from .formats.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
@@ -146,6 +146,27 @@ def _file_names(path: Any) -> set[str]:
     return names
 
 
+MAX_RANK = 32
+"""The most axes a tensor may have: numpy 1.x arrays hold at most 32 (``NPY_MAXDIMS``), paddle tensors 9; a
+rank above it cannot be loaded by any reader of a Paddle checkpoint."""
+
+
+def _check_ranks(path: Path, tensors: dict[str, TensorInfo]) -> None:
+    """Every tensor has at most :data:`MAX_RANK` axes.
+
+    Raises:
+        CheckpointError: naming the first tensor with more, its file and its shape.
+    """
+    for t in tensors.values():
+        if len(t.shape) > MAX_RANK:
+            raise CheckpointError(
+                f"tensor {t.name} has {len(t.shape)} axes; numpy holds at most "
+                f"{MAX_RANK} and paddle 9, so no loader can read it",
+                path / t.file,
+                "the file is damaged or was not written by paddle: re-export the checkpoint",
+            )
+
+
 def _unlisted_weights(names: set[str], fmt: str, shards: list[str], listed: list[str]) -> list[str]:
     """Weight files of the checkpoint's format that its index does not list: shards, and the single file
     (``model.safetensors`` / ``model_state.pdparams``) a renamed shard often becomes."""
@@ -235,6 +256,8 @@ class Checkpoint:
             list, of the other format, rank files beside whole weights); never copied to an output.
         training_state: optimizer / master-weight / scheduler / trainer-state / rng files (relative
             paths); a write that changes the model drops them unless asked to keep them.
+        folder_links: the symbolic links to folders below the folder (followed: their files are in
+            ``other_files``); the in-place new version keeps them as links (:mod:`surgery.tree`).
         config_file: ``config.json``, or ``model_config.json`` in a folder that has only that (PaddleNLP
             2.x); ``config_prefix`` is where its model arguments sit in it (``init_args.0``) or "".
     """
@@ -257,6 +280,7 @@ class Checkpoint:
     training_state: list[str] = field(default_factory=list)
     config_file: str = "config.json"
     config_prefix: str = ""
+    folder_links: list[tree.FolderLink] = field(default_factory=list)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -312,6 +336,7 @@ class Checkpoint:
         ckpt = cls(path, config, fmt, index_name is not None, index_name, index, files, {}, warnings=warnings)
         ckpt.config_file, ckpt.config_prefix = config_file, prefix
         ckpt._read_headers()
+        _check_ranks(path, ckpt.tensors)
         surface.refuse_tensors(path, config, ckpt.tensors)
         ckpt._check_unlisted_shards(unlisted)
         ckpt.left_out += _left_out(path, names, fmt, set(ckpt.weight_files) | {index_name} | set(unlisted))
@@ -455,14 +480,23 @@ class Checkpoint:
         return self.index_name, self.index["weight_map"]
 
     def _list_other_files(self) -> list[str]:
-        """Files an output carries unchanged; training state is listed apart (``training_state``)."""
+        """Files an output carries unchanged; training state is listed apart (``training_state``). Locally,
+        symbolic links to files and folders are followed (:func:`surgery.tree.walk`, which refuses dangling
+        links and loops by name; the folder links are kept in ``folder_links``).
+
+        Raises:
+            CheckpointError: as :func:`surgery.tree.walk`.
+        """
         skip = set(self.weight_files) | {self.index_name, REPORT_NAME} | {x.file for x in self.left_out}
+        if store.is_remote(self.path):  # object storage has no links
+            rels = [p.relative_to(self.path).as_posix() for p in sorted(self.path.rglob("*")) if p.is_file()]
+        else:
+            rels, self.folder_links = tree.walk(self.path)
         out = []
-        for p in sorted(self.path.rglob("*")):
-            rel = p.relative_to(self.path).as_posix()
-            if not p.is_file() or rel in skip:
+        for rel in rels:
+            if rel in skip:
                 continue
-            if surface.TRAINING_STATE.match(p.name):
+            if surface.TRAINING_STATE.match(rel.rsplit("/", 1)[-1]):
                 self.training_state.append(rel)
             else:
                 out.append(rel)

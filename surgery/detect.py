@@ -243,8 +243,11 @@ class Detection:
         return self.ckpt.tensors[self.embedding if self.embedding_present else self.head]
 
     def vocab_axis(self, name: str) -> int | None:
-        """The axis of ``name`` the vocabulary runs along (see :class:`VocabTensor`)."""
+        """The axis of ``name`` the vocabulary runs along (see :class:`VocabTensor`); None for a 0-D tensor
+        (a damaged head has no axis at all)."""
         t = self.ckpt.tensors[name]
+        if not t.shape:
+            return None
         if name in self.token_tables:
             return 0
         if name in self.other_vocab:
@@ -1273,8 +1276,10 @@ def _missing_embedding_pair(
     have. No aliases, extra tables or vocab-shaped tensors are looked for, and values are not compared.
 
     Raises:
-        CheckpointError: the head is not 2-D (:func:`_missing_embedding_dims`).
+        CheckpointError: the head is not 2-D (:func:`_missing_embedding_dims`); a tensor named like the
+            family's embedding is there but not 2-D (:func:`_refuse_flat_embedding`).
     """
+    _refuse_flat_embedding(ckpt, fam, head)
     V, H = _missing_embedding_dims(ckpt, head, fam, cf)
     shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout)
     embedding = _missing_embedding_name(ckpt, fam, head)
@@ -1283,6 +1288,28 @@ def _missing_embedding_pair(
     return _Pair(
         embedding, FoundBy.MISSING, V, H, head, shape, no_embedding, stored_as=head, findings=findings
     )
+
+
+def _refuse_flat_embedding(ckpt: Checkpoint, fam: arch.Family, head: str | None) -> None:
+    """Refuse a checkpoint whose input embedding is there under its name but is not a matrix (0-D, 1-D, 3-D
+    or more): taking it as missing would rebuild it from the head and write a second tensor of its name.
+
+    Raises:
+        CheckpointError: naming the tensor, its shape and its file.
+    """
+    exclude = (head,) if head else ()
+    names = _ranked(ckpt, fam.embedding + fam.aliases, exclude=exclude, ndim=None)
+    name = _missing_embedding_name(ckpt, fam, head) if head else None
+    flat = [n for n in names if len(ckpt.tensors[n].shape) != 2]
+    if name in ckpt.tensors and name not in flat and name != head:
+        flat.insert(0, name)
+    if flat:
+        t = ckpt.tensors[flat[0]]
+        raise CheckpointError(
+            f"the input embedding {t.name} has shape {list(t.shape)}, not 2-D ([vocab_size, hidden_size])",
+            ckpt.path / t.file,
+            "the file is damaged or the tensor was reshaped: restore it from the original checkpoint",
+        )
 
 
 def _nothing_found(ckpt: Checkpoint, cf: _Cfg, probe: arch.Family) -> CheckpointError:
@@ -1343,6 +1370,7 @@ def detect(
         (embedding_name, FoundBy.NAMED) if embedding_name else _find_embedding(ckpt, probe, cf, head_named)
     )
     if embedding is None and not head_named:
+        _refuse_flat_embedding(ckpt, probe, None)
         raise _nothing_found(ckpt, cf, probe)
     if embedding is not None and found_by is FoundBy.NAMED:
         cf = _settle_text(ckpt, cf, ckpt.tensors[embedding].shape[0])
