@@ -459,7 +459,7 @@ def _keep_head_values(det: Detection, plan: Plan) -> None:
         RefusedError: a family whose tied logits scale the embedding (T5), or head and embedding of
             different logical dtypes.
     """
-    ckpt, h, e = det.ckpt, det.head_info, det.emb_info
+    ckpt, h = det.ckpt, det.head_info
     assert h is not None
     if det.family.tied_logit_scale:
         raise RefusedError(
@@ -468,19 +468,32 @@ def _keep_head_values(det: Detection, plan: Plan) -> None:
             ckpt.path,
             f"use {Opt('keep', 'embedding')}, or keep the checkpoint untied",
         )
-    if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
-        raise RefusedError(
-            f"{Opt('keep', 'head')}: {det.head} is {ckpt.logical_dtype(h)} but {det.embedding} is "
-            f"{ckpt.logical_dtype(e)}",
-            ckpt.path,
-            "convert the dtypes first",
-        )
+    _refuse_other_dtypes(det, Keep.HEAD)
     recipe = CopyOf(det.head, transpose=det.head_layout == HIDDEN_VOCAB)
     for n in [det.embedding] + det.embedding_aliases:
         t = ckpt.tensors[n]
         out = _out_dtype(ckpt, t, plan.relabel_u16)
         plan.replace[n] = NewTensor(n, out, t.shape, recipe, t.file, storage=("embedding",))
     plan.notes.append(f"{Opt('keep', 'head')}: {det.embedding} takes the values of {det.head}")
+
+
+def _refuse_other_dtypes(det: Detection, keep: Keep) -> None:
+    """``--keep``: one side's values are written into the other's tensor, which keeps its dtype, so both
+    must hold the same logical dtype (a byte copy of float32 values into a float64 head would be another
+    size and other numbers).
+
+    Raises:
+        RefusedError: naming both tensors and their dtypes.
+    """
+    ckpt, h, e = det.ckpt, det.head_info, det.emb_info
+    assert h is not None
+    if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
+        raise RefusedError(
+            f"{Opt('keep', keep.value)}: {det.head} is {ckpt.logical_dtype(h)} but {det.embedding} is "
+            f"{ckpt.logical_dtype(e)}",
+            ckpt.path,
+            "convert the dtypes first",
+        )
 
 
 def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
@@ -501,6 +514,7 @@ def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> N
             "layout; 0 bytes saved"
         )
     if keep == Keep.EMBEDDING and det.comparison.values == "different":
+        _refuse_other_dtypes(det, Keep.EMBEDDING)
         recipe = CopyOf(det.embedding, transpose=det.head_layout == HIDDEN_VOCAB)
         out = _out_dtype(det.ckpt, h, plan.relabel_u16)
         plan.replace[det.head] = NewTensor(det.head, out, h.shape, recipe, h.file)

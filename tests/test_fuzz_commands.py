@@ -25,13 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support import adversarial_support as av
 from support import fixture_support as fs
 
 import tietool
-from tietool.surgery.errors import TietoolError
+from tietool.surgery.errors import OutputError, TietoolError
 
 V, H = 100, 16  # both fixtures: vocab_size 100, hidden_size 16
 ST_CASE, PD_CASE = av.ST_ONE, av.PD_ONE
@@ -284,42 +284,50 @@ def build(case: str, muts: list, root: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------ commands
+IN_PLACE = st.booleans()  # tie/untie/resize: --out or in place (the new version swapped in, a backup kept)
 COMMANDS = st.one_of(
     st.just(("inspect",)),
-    st.tuples(st.just("tie"), st.sampled_from([None, "embedding", "head"])),
-    st.just(("untie",)),
-    st.tuples(st.just("resize"), st.sampled_from([(128, False), (96, True), (None, False)])),
+    st.tuples(st.just("tie"), st.sampled_from([None, "embedding", "head"]), IN_PLACE),
+    st.tuples(st.just("untie"), st.none(), IN_PLACE),
+    st.tuples(st.just("resize"), st.sampled_from([(128, False), (96, True), (None, False)]), IN_PLACE),
     st.tuples(st.just("convert"), st.sampled_from(["paddleformers", "paddlenlp", "safetensors", "pdparams"])),
     st.tuples(st.just("verify"), st.booleans()),
 )
 
 
-def run(command: tuple, ckpt: Path, out: Path, case: str) -> Path | None:
-    """Run ``command`` on ``ckpt`` through the Python API; returns the output folder it wrote (None for
-    inspect and verify)."""
+def run(command: tuple, ckpt: Path, out: Path, case: str) -> tuple[Path, Path] | None:
+    """Run ``command`` on ``ckpt`` through the Python API; returns (the version it read, the folder it
+    wrote): ``(ckpt, out)``, or in place ``(backup, ckpt)``; None for inspect and verify."""
     name = command[0]
+    in_place = name in ("tie", "untie", "resize") and command[2]
+    dst = None if in_place else out
     if name == "inspect":
         tietool.inspect(ckpt)
     elif name == "tie":
-        tietool.tie(ckpt, out, keep=command[1])
+        rep = tietool.tie(ckpt, dst, keep=command[1])
     elif name == "untie":
-        tietool.untie(ckpt, out)
+        rep = tietool.untie(ckpt, dst)
     elif name == "resize":
         size, force = command[1]
         if size is None:
-            tietool.resize(ckpt, None, out, pad_to_multiple_of=64, init="zeros")
+            rep = tietool.resize(ckpt, None, dst, pad_to_multiple_of=64, init="zeros")
         else:
-            tietool.resize(ckpt, size, out, force=force, init="zeros", seed=0)
+            rep = tietool.resize(ckpt, size, dst, force=force, init="zeros", seed=0)
     elif name == "convert":
         tietool.convert(ckpt, command[1], out)
     else:
         tietool.verify(av.CASES / case if command[1] else ckpt, ckpt)
-    return out if name in ("tie", "untie", "resize", "convert") else None
+    if name in ("inspect", "verify"):
+        return None
+    if not in_place:
+        return ckpt, out
+    backup = rep["in_place"]["backup"]
+    return (Path(backup), ckpt) if backup else None  # a plan that changes nothing writes nothing
 
 
 def check_output(ckpt: Path, out: Path) -> None:
-    """A written output reads back with the independent readers, has a JSON config, and ``verify`` of
-    input against output raises nothing but a ``TietoolError``."""
+    """A written output ``out`` reads back with the independent readers, has a JSON config, and ``verify``
+    of ``ckpt`` (the version it was made from) against it raises nothing but a ``TietoolError``."""
     tensors = fs.read_checkpoint(out)
     assert tensors, f"{out}: no tensor in the output"
     for t in tensors.values():
@@ -340,18 +348,38 @@ def one_example(case: str, muts: list, command: tuple) -> None:
         ckpt = build(case, muts, root)
         try:
             written = run(command, ckpt, root / "out", case)
+        except OutputError as e:  # a healthy temporary folder: an output error is a write that went wrong
+            raise AssertionError(f"exit 6 on a healthy disk: {e}") from None
         except TietoolError:
             return
         if written is not None:
-            check_output(ckpt, written)
+            check_output(*written)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# what the fuzzer found (each was an exit 70 or a write that did not read back), kept as fixed examples:
+FOUND = [
+    ([("shape", "embedding", 1)], ("untie", None, False)),  # 1-D embedding taken as missing: written twice
+    ([("shape", "embedding", 12)], ("verify", True)),  # 40 axes: numpy's reshape raised
+    ([("shape", "head", 0)], ("inspect",)),  # 0-D head: vocab_axis 0 of shape ()
+    ([("shape", "llama.layers.0.input_layernorm.weight", 0)], ("verify", True)),  # [16] → []: IndexError
+    ([("dtype", "head", "F64")], ("tie", "embedding", False)),  # --keep across dtypes: wrong payload size
+    ([("dtype", "embedding", "F16")], ("tie", "embedding", True)),
+]
+
+
+def _with_found(prop):
+    for muts, command in FOUND:
+        prop = example(muts, command)(prop)
+    return prop
 
 
 @pytest.mark.parametrize("case", [ST_CASE, PD_CASE])
 def test_every_command_on_folder_mutants(case: str) -> None:
     @settings(max_examples=150, **SETTINGS)
     @given(mutations(case), COMMANDS)
+    @_with_found
     def prop(muts, command):
         one_example(case, muts, command)
 
