@@ -1301,8 +1301,8 @@ def _refuse_flat_embedding(ckpt: Checkpoint, fam: arch.Family, head: str | None)
     names = _ranked(ckpt, fam.embedding + fam.aliases, exclude=exclude, ndim=None)
     name = _missing_embedding_name(ckpt, fam, head) if head else None
     flat = [n for n in names if len(ckpt.tensors[n].shape) != 2]
-    if name in ckpt.tensors and name not in flat and name != head:
-        flat.insert(0, name)
+    if name in ckpt.tensors and name not in flat and name != head and len(ckpt.tensors[name].shape) != 2:
+        flat.insert(0, name)  # the name a missing embedding would get is taken by a tensor of another rank
     if flat:
         t = ckpt.tensors[flat[0]]
         raise CheckpointError(

@@ -389,7 +389,7 @@ def test_every_command_on_folder_mutants(case: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [ST_CASE, PD_CASE])
 def test_every_command_on_folder_mutants_slow(case: str) -> None:
-    @settings(max_examples=2500, **SETTINGS)
+    @settings(max_examples=2000, **SETTINGS)
     @given(mutations(case), COMMANDS)
     def prop(muts, command):
         one_example(case, muts, command)

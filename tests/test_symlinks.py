@@ -181,6 +181,15 @@ def test_convert_and_resize_carry_symlinked_folders(tmp_path, linked):
         assert _files_below(out) == _files_below(linked)
 
 
+def test_in_place_without_backup_leaves_what_links_lead_to(tmp_path, linked):
+    """``--no-backup`` deletes the old version: its folder links go, the folders behind them stay whole."""
+    before = _files_below(linked)
+    tietool.tie(linked, backup=False)
+    assert _files_below(linked) == before
+    assert (tmp_path / "shared_tokenizer" / "tokenizer_config.json").is_file()
+    assert (tmp_path / "assets_store" / "img" / "b.bin").read_bytes() == b"\0\1"
+
+
 def test_in_place_keeps_symlinked_folders_as_the_same_links(tmp_path, linked):
     """In place, the new version holds each symlinked subfolder as the same link (same text), so it leads
     where the old version's did; the backup keeps its links; nothing behind them changed."""
