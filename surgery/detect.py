@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -902,7 +903,7 @@ def _compare_pair(
         return comp, notes
     comp = compare(ckpt, embedding, head, shape.layout)
     if comp.values == "different" and fam.tied_logit_scale:
-        scaled = compare(ckpt, embedding, head, shape.layout, scale=tied_scale(ckpt.config, H))
+        scaled = compare(ckpt, embedding, head, shape.layout, scale=tied_scale(ckpt.config, H, ckpt.path))
         if scaled.values == "scaled":
             comp = scaled
             notes.append(Finding(FindingKind.SCALED_TIED_HEAD, (head, embedding), {"family": fam.name}))
@@ -1448,10 +1449,24 @@ def _detection(
     )
 
 
-def tied_scale(config: dict, hidden: int) -> float:
-    """T5's tied-logit factor ``d_model ** -0.5``."""
+def tied_scale(config: dict, hidden: int, path: Path | None = None) -> float:
+    """T5's tied-logit factor ``d_model ** -0.5`` (``hidden`` when the config has no ``d_model``).
+
+    Raises:
+        CheckpointError: ``d_model`` is not a positive integer (0, negative, a bool, 1e30 as a float), or
+            is absent and ``hidden`` is not positive; ``path`` is the checkpoint folder, for the message.
+    """
     d_model = config.get("d_model")
-    d = d_model if isinstance(d_model, int) else hidden
+    d = hidden if d_model is None else d_model
+    if isinstance(d, bool) or not isinstance(d, int) or d <= 0:
+        raise CheckpointError(
+            f"d_model = {d_model!r} in config.json is not a positive integer (the tied logits are scaled "
+            "by d_model ** -0.5)"
+            if d_model is not None
+            else f"config.json has no d_model and the hidden size is {hidden}",
+            None if path is None else path / "config.json",
+            "set d_model to the model's hidden size, as the training run wrote it",
+        )
     return float(d) ** -0.5
 
 

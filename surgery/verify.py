@@ -388,7 +388,7 @@ def _compare_other_files(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> Non
 
 
 def _t5_scale(det) -> float | None:
-    return tied_scale(det.ckpt.config, det.hidden) if det.family.tied_logit_scale else None
+    return tied_scale(det.ckpt.config, det.hidden, det.ckpt.path) if det.family.tied_logit_scale else None
 
 
 def _equal_to_embedding(

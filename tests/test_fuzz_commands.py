@@ -366,6 +366,8 @@ FOUND = [
     ([("shape", "llama.layers.0.input_layernorm.weight", 0)], ("verify", True)),  # [16] → []: IndexError
     ([("dtype", "head", "F64")], ("tie", "embedding", False)),  # --keep across dtypes: wrong payload size
     ([("dtype", "embedding", "F16")], ("tie", "embedding", True)),
+    ([("model_type", "t5"), ("config", "d_model", 0)], ("inspect",)),  # 0.0 ** -0.5: ZeroDivisionError
+    ([("model_type", "t5"), ("config", "d_model", -1)], ("untie", None, False)),  # (-1) ** -0.5 is complex
 ]
 
 
