@@ -1247,9 +1247,10 @@ def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
     if not bias:
         return
     b = ckpt.tensors[bias]
-    if b.shape[-1] != old:
+    if not b.shape or b.shape[-1] != old:
+        got = f"{b.shape[-1]} entries" if b.shape else "no axis (shape [])"
         raise RefusedError(
-            f"the head bias {bias} has {b.shape[-1]} entries but the head has {old} vocabulary rows",
+            f"the head bias {bias} has {got} but the head has {old} vocabulary rows",
             ckpt.path,
             "fix the bias first",
         )
