@@ -395,6 +395,9 @@ def report(rep: dict, as_json: bool = False) -> None:
             + (f", {len(f['symlinked'])} symlinks kept" if f.get("symlinked") else "")
             + (" (linked files share data with the input: edit neither in place)" if f["linked"] else "")
         )
+        for fl in f.get("folder_links", []):
+            how = "kept as the same link" if fl["kept"] else "written as a real folder of its files"
+            con.print(f"symlinked folder {fl['link']} → {fl['target']} ({fl['files']} files): {how}")
     _messages(con, rep["notes"], rep["warnings"])
     left_out(con, rep.get("left_out", []), rep["index"], rep["format"], writing=True)
 

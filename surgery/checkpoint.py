@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from . import regular, store, surface
+from . import regular, store, surface, tree
 from .configfile import check_config
 from .errors import CheckpointError, TietoolError
 from .formats import pdparams_io, safetensors_io
@@ -192,22 +192,25 @@ def _special_file(p: Path, mode: int) -> CheckpointError:
     )
 
 
-def _check_entry(p: Path) -> None:
-    """An entry below a local checkpoint folder is a regular file or a folder that can be listed (rglob
-    passes over a folder it cannot read in silence: its files would be missing from the output).
+MAX_RANK = 32
+"""The most axes a tensor may have: numpy 1.x arrays hold at most 32 (``NPY_MAXDIMS``), paddle tensors 9; a
+rank above it cannot be loaded by any reader of a Paddle checkpoint."""
+
+
+def _check_ranks(path: Path, tensors: dict[str, TensorInfo]) -> None:
+    """Every tensor has at most :data:`MAX_RANK` axes.
 
     Raises:
-        CheckpointError: a FIFO, socket or device (:func:`_special_file`); an unreadable subfolder.
+        CheckpointError: naming the first tensor with more, its file and its shape.
     """
-    mode = os.stat(p).st_mode
-    if stat.S_ISDIR(mode):
-        try:
-            with os.scandir(p) as it:
-                next(it, None)
-        except OSError as e:
-            raise _unreadable_folder(p, e) from None
-    elif not stat.S_ISREG(mode):
-        raise _special_file(p, mode)
+    for t in tensors.values():
+        if len(t.shape) > MAX_RANK:
+            raise CheckpointError(
+                f"tensor {t.name} has {len(t.shape)} axes; numpy holds at most "
+                f"{MAX_RANK} and paddle 9, so no loader can read it",
+                path / t.file,
+                "the file is damaged or was not written by paddle: re-export the checkpoint",
+            )
 
 
 def _unlisted_weights(names: set[str], fmt: str, shards: list[str], listed: list[str]) -> list[str]:
@@ -352,6 +355,8 @@ class Checkpoint:
             list, of the other format, rank files beside whole weights); never copied to an output.
         training_state: optimizer / master-weight / scheduler / trainer-state / rng files (relative
             paths); a write that changes the model drops them unless asked to keep them.
+        folder_links: the symbolic links to folders below the folder (followed: their files are in
+            ``other_files``); the in-place new version keeps them as links (:mod:`surgery.tree`).
         config_file: ``config.json``, or ``model_config.json`` in a folder that has only that (PaddleNLP
             2.x); ``config_prefix`` is where its model arguments sit in it (``init_args.0``) or "".
     """
@@ -376,6 +381,7 @@ class Checkpoint:
     config_prefix: str = ""
     # one Path per weight file for source(): a header of millions of tensors made a Path per tensor
     _file_paths: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    folder_links: list[tree.FolderLink] = field(default_factory=list)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -423,6 +429,7 @@ class Checkpoint:
         ckpt = cls(path, config, fmt, index_name is not None, index_name, index, files, {}, warnings=warnings)
         ckpt.config_file, ckpt.config_prefix = config_file, prefix
         ckpt._read_headers()
+        _check_ranks(path, ckpt.tensors)
         surface.refuse_tensors(path, config, ckpt.tensors)
         ckpt._check_unlisted_shards(unlisted)
         ckpt.left_out += _left_out(path, names, fmt, set(ckpt.weight_files) | {index_name} | set(unlisted))
@@ -566,25 +573,29 @@ class Checkpoint:
         return self.index_name, self.index["weight_map"]
 
     def _list_other_files(self) -> list[str]:
-        """Files an output carries unchanged; training state is listed apart (``training_state``).
+        """Files an output carries unchanged; training state is listed apart (``training_state``). Locally,
+        symbolic links to files and folders are followed (:func:`surgery.tree.walk`, which refuses dangling
+        links, loops, special files and unreadable subfolders by name; the folder links are kept in
+        ``folder_links``).
 
         Raises:
-            CheckpointError: a FIFO, socket or device (or a link to one) in the folder or a subfolder, or a
-                file that cannot be read (permission): refused by name now, before any output is written,
-                rather than blocking or failing the copy half-way (:func:`surgery.regular.require_regular`).
+            CheckpointError: as :func:`surgery.tree.walk`; a file that cannot be read (permission): refused
+                by name now, before any output is written, rather than failing the copy half-way
+                (:func:`surgery.regular.require_regular`).
         """
         skip = set(self.weight_files) | {self.index_name, REPORT_NAME} | {x.file for x in self.left_out}
+        if store.is_remote(self.path):  # object storage has no links
+            rels = [p.relative_to(self.path).as_posix() for p in sorted(self.path.rglob("*")) if p.is_file()]
+        else:
+            rels, self.folder_links = tree.walk(self.path)
         out = []
         local = not store.is_remote(self.path)
-        for p in sorted(self.path.rglob("*")):
-            rel = p.relative_to(self.path).as_posix()
-            if local and p.exists():  # not a dangling link
-                _check_entry(p)
-            if not p.is_file() or rel in skip:
+        for rel in rels:
+            if rel in skip:
                 continue
             if local:
-                require_regular(p, rel)
-            if surface.TRAINING_STATE.match(p.name):
+                require_regular(self.path / rel, rel)
+            if surface.TRAINING_STATE.match(rel.rsplit("/", 1)[-1]):
                 self.training_state.append(rel)
             else:
                 out.append(rel)

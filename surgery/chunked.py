@@ -85,8 +85,17 @@ def max_abs_diff(A: Checkpoint, B: Checkpoint, name: str) -> float:
     m = 0.0
     for x, y in zip(_rows(A, name, n), _rows(B, name, n), strict=True):
         if x.size:
-            m = max(m, float(np.max(np.abs(_decode(A, name, x) - _decode(B, name, y)))))
+            m = max(m, _max_diff(_decode(A, name, x), _decode(B, name, y)))
     return m
+
+
+def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
+    """max |a - b| where equal values (the same infinity, NaN against NaN) count 0 and a NaN against a
+    number counts inf (``inf - inf`` is NaN, and ``max`` would skip it silently)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(a - b)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    return float(np.max(np.where(same, 0.0, np.where(np.isnan(d), np.inf, d))))
 
 
 def common_part_equal(A: Checkpoint, B: Checkpoint, name: str, axis: int) -> bool:

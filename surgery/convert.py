@@ -217,8 +217,25 @@ def source_convention(ckpt: Checkpoint, row: arch.ConversionRow) -> tuple[Conven
             "the files hold no Linear weight whose shape tells the layout", ckpt.path, hint_container_only()
         )
     emb = f"{row['prefixes'][naming]}.embed_tokens.weight"
+    _check_embedding(ckpt, emb)
     head = head_layout(ckpt, row["head"], emb) if row["head"] in ckpt.tensors else DEFAULT_HEAD[naming]
     return convention(naming, proof.layout, head), proof
+
+
+def _check_embedding(ckpt: Checkpoint, emb: str) -> None:
+    """The input embedding ``emb`` (when present) is ``[rows, hidden_size]``, as every convention stores it.
+
+    Raises:
+        CheckpointError: any other shape (0-D, 1-D, 3-D or more, another hidden size), naming the tensor.
+    """
+    t = ckpt.tensors.get(emb)
+    h = ckpt.config.get("hidden_size")
+    if t is not None and (len(t.shape) != 2 or t.shape[1] != h):
+        raise CheckpointError(
+            f"tensor {emb} is {list(t.shape)}, but this config's embedding is [vocab_size, {h}]",
+            ckpt.path / t.file,
+            "check config.json (hidden_size) against the files; a damaged file must be re-exported",
+        )
 
 
 def head_layout(ckpt: Checkpoint, head: str, emb: str) -> str:

@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -243,8 +244,11 @@ class Detection:
         return self.ckpt.tensors[self.embedding if self.embedding_present else self.head]
 
     def vocab_axis(self, name: str) -> int | None:
-        """The axis of ``name`` the vocabulary runs along (see :class:`VocabTensor`)."""
+        """The axis of ``name`` the vocabulary runs along (see :class:`VocabTensor`); None for a 0-D tensor
+        (a damaged head has no axis at all)."""
         t = self.ckpt.tensors[name]
+        if not t.shape:
+            return None
         if name in self.token_tables:
             return 0
         if name in self.other_vocab:
@@ -901,7 +905,7 @@ def _compare_pair(
         return comp, notes
     comp = compare(ckpt, embedding, head, shape.layout)
     if comp.values == "different" and fam.tied_logit_scale:
-        scaled = compare(ckpt, embedding, head, shape.layout, scale=tied_scale(ckpt.config, H))
+        scaled = compare(ckpt, embedding, head, shape.layout, scale=tied_scale(ckpt.config, H, ckpt.path))
         if scaled.values == "scaled":
             comp = scaled
             notes.append(Finding(FindingKind.SCALED_TIED_HEAD, (head, embedding), {"family": fam.name}))
@@ -1275,8 +1279,10 @@ def _missing_embedding_pair(
     have. No aliases, extra tables or vocab-shaped tensors are looked for, and values are not compared.
 
     Raises:
-        CheckpointError: the head is not 2-D (:func:`_missing_embedding_dims`).
+        CheckpointError: the head is not 2-D (:func:`_missing_embedding_dims`); a tensor named like the
+            family's embedding is there but not 2-D (:func:`_refuse_flat_embedding`).
     """
+    _refuse_flat_embedding(ckpt, fam, head)
     V, H = _missing_embedding_dims(ckpt, head, fam, cf)
     shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout)
     embedding = _missing_embedding_name(ckpt, fam, head)
@@ -1285,6 +1291,28 @@ def _missing_embedding_pair(
     return _Pair(
         embedding, FoundBy.MISSING, V, H, head, shape, no_embedding, stored_as=head, findings=findings
     )
+
+
+def _refuse_flat_embedding(ckpt: Checkpoint, fam: arch.Family, head: str | None) -> None:
+    """Refuse a checkpoint whose input embedding is there under its name but is not a matrix (0-D, 1-D, 3-D
+    or more): taking it as missing would rebuild it from the head and write a second tensor of its name.
+
+    Raises:
+        CheckpointError: naming the tensor, its shape and its file.
+    """
+    exclude = (head,) if head else ()
+    names = _ranked(ckpt, fam.embedding + fam.aliases, exclude=exclude, ndim=None)
+    name = _missing_embedding_name(ckpt, fam, head) if head else None
+    flat = [n for n in names if len(ckpt.tensors[n].shape) != 2]
+    if name in ckpt.tensors and name not in flat and name != head and len(ckpt.tensors[name].shape) != 2:
+        flat.insert(0, name)  # the name a missing embedding would get is taken by a tensor of another rank
+    if flat:
+        t = ckpt.tensors[flat[0]]
+        raise CheckpointError(
+            f"the input embedding {t.name} has shape {list(t.shape)}, not 2-D ([vocab_size, hidden_size])",
+            ckpt.path / t.file,
+            "the file is damaged or the tensor was reshaped: restore it from the original checkpoint",
+        )
 
 
 def _nothing_found(ckpt: Checkpoint, cf: _Cfg, probe: arch.Family) -> CheckpointError:
@@ -1345,6 +1373,7 @@ def detect(
         (embedding_name, FoundBy.NAMED) if embedding_name else _find_embedding(ckpt, probe, cf, head_named)
     )
     if embedding is None and not head_named:
+        _refuse_flat_embedding(ckpt, probe, None)
         raise _nothing_found(ckpt, cf, probe)
     if embedding is not None and found_by is FoundBy.NAMED:
         cf = _settle_text(ckpt, cf, ckpt.tensors[embedding].shape[0])
@@ -1422,10 +1451,24 @@ def _detection(
     )
 
 
-def tied_scale(config: dict, hidden: int) -> float:
-    """T5's tied-logit factor ``d_model ** -0.5``."""
+def tied_scale(config: dict, hidden: int, path: Path | None = None) -> float:
+    """T5's tied-logit factor ``d_model ** -0.5`` (``hidden`` when the config has no ``d_model``).
+
+    Raises:
+        CheckpointError: ``d_model`` is not a positive integer (0, negative, a bool, 1e30 as a float), or
+            is absent and ``hidden`` is not positive; ``path`` is the checkpoint folder, for the message.
+    """
     d_model = config.get("d_model")
-    d = d_model if isinstance(d_model, int) else hidden
+    d = hidden if d_model is None else d_model
+    if isinstance(d, bool) or not isinstance(d, int) or d <= 0:
+        raise CheckpointError(
+            f"d_model = {d_model!r} in config.json is not a positive integer (the tied logits are scaled "
+            "by d_model ** -0.5)"
+            if d_model is not None
+            else f"config.json has no d_model and the hidden size is {hidden}",
+            None if path is None else path / "config.json",
+            "set d_model to the model's hidden size, as the training run wrote it",
+        )
     return float(d) ** -0.5
 
 

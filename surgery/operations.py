@@ -33,7 +33,7 @@ from .summary import check_found, check_names, inspect_path
 from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import _fsync_dir as fsync_dir
-from .write import check_output_path, execute, fsync_tree, remove_dead_temps
+from .write import check_output_path, execute, fsync_tree, output_folder, remove_dead_temps
 
 PathArg = str | PathLike[str]
 
@@ -183,7 +183,8 @@ def _run_plan(
         if store.is_remote(src) or store.is_remote(dst):
             rep["transferred"] = store.TRANSFER.since(before).as_dict()
         return Report(rep)
-    stale = [] if store.is_remote(dst) else remove_dead_temps(Path(os.path.abspath(dst)).parent)
+    real = None if store.is_remote(dst) else Path(os.path.abspath(output_folder(dst)))
+    stale = [] if real is None else remove_dead_temps(real.parent)
 
     def report(facts: dict) -> dict:
         rep = report_mod.build(plan, facts, str(dst))
@@ -280,6 +281,7 @@ def _write_in_place(
                 progress=advance,
                 report=report,
                 keep_training_state=keep_training_state,
+                keep_folder_links=True,
             )
         inplace.keep_modes(ckpt_path, staging, plan.ckpt.weight_files)
         fsync_tree(staging)

@@ -459,7 +459,7 @@ def _keep_head_values(det: Detection, plan: Plan) -> None:
         RefusedError: a family whose tied logits scale the embedding (T5), or head and embedding of
             different logical dtypes.
     """
-    ckpt, h, e = det.ckpt, det.head_info, det.emb_info
+    ckpt, h = det.ckpt, det.head_info
     assert h is not None
     if det.family.tied_logit_scale:
         raise RefusedError(
@@ -468,19 +468,32 @@ def _keep_head_values(det: Detection, plan: Plan) -> None:
             ckpt.path,
             f"use {Opt('keep', 'embedding')}, or keep the checkpoint untied",
         )
-    if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
-        raise RefusedError(
-            f"{Opt('keep', 'head')}: {det.head} is {ckpt.logical_dtype(h)} but {det.embedding} is "
-            f"{ckpt.logical_dtype(e)}",
-            ckpt.path,
-            "convert the dtypes first",
-        )
+    _refuse_other_dtypes(det, Keep.HEAD)
     recipe = CopyOf(det.head, transpose=det.head_layout == HIDDEN_VOCAB)
     for n in [det.embedding] + det.embedding_aliases:
         t = ckpt.tensors[n]
         out = _out_dtype(ckpt, t, plan.relabel_u16)
         plan.replace[n] = NewTensor(n, out, t.shape, recipe, t.file, storage=("embedding",))
     plan.notes.append(f"{Opt('keep', 'head')}: {det.embedding} takes the values of {det.head}")
+
+
+def _refuse_other_dtypes(det: Detection, keep: Keep) -> None:
+    """``--keep``: one side's values are written into the other's tensor, which keeps its dtype, so both
+    must hold the same logical dtype (a byte copy of float32 values into a float64 head would be another
+    size and other numbers).
+
+    Raises:
+        RefusedError: naming both tensors and their dtypes.
+    """
+    ckpt, h, e = det.ckpt, det.head_info, det.emb_info
+    assert h is not None
+    if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
+        raise RefusedError(
+            f"{Opt('keep', keep.value)}: {det.head} is {ckpt.logical_dtype(h)} but {det.embedding} is "
+            f"{ckpt.logical_dtype(e)}",
+            ckpt.path,
+            "convert the dtypes first",
+        )
 
 
 def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
@@ -501,6 +514,7 @@ def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> N
             "layout; 0 bytes saved"
         )
     if keep == Keep.EMBEDDING and det.comparison.values == "different":
+        _refuse_other_dtypes(det, Keep.EMBEDDING)
         recipe = CopyOf(det.embedding, transpose=det.head_layout == HIDDEN_VOCAB)
         out = _out_dtype(det.ckpt, h, plan.relabel_u16)
         plan.replace[det.head] = NewTensor(det.head, out, h.shape, recipe, h.file)
@@ -662,7 +676,7 @@ def _add_untied_head(det: Detection, plan: Plan, layout: str) -> None:
     shape = (det.vocab_rows, det.hidden) if lay == VOCAB_HIDDEN else (det.hidden, det.vocab_rows)
     scale = None
     if det.family.tied_logit_scale and not det.head_present:
-        scale = tied_scale(det.ckpt.config, det.hidden)
+        scale = tied_scale(det.ckpt.config, det.hidden, det.ckpt.path)
         plan.notes.append(
             f"{det.family.name}: tied logits are scaled by d_model ** -0.5 = {scale:.6g}; the new head "
             "is the embedding times that factor, so logits do not change"
@@ -1233,9 +1247,10 @@ def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
     if not bias:
         return
     b = ckpt.tensors[bias]
-    if b.shape[-1] != old:
+    if not b.shape or b.shape[-1] != old:
+        got = f"{b.shape[-1]} entries" if b.shape else "no axis (shape [])"
         raise RefusedError(
-            f"the head bias {bias} has {b.shape[-1]} entries but the head has {old} vocabulary rows",
+            f"the head bias {bias} has {got} but the head has {old} vocabulary rows",
             ckpt.path,
             "fix the bias first",
         )

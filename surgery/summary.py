@@ -172,6 +172,7 @@ def summarize(det: Detection) -> dict[str, Any]:
         "files": list(ckpt.weight_files),
         "index": ckpt.index_name,
         "other_files": list(ckpt.other_files),
+        "folder_links": [fl.as_dict() for fl in ckpt.folder_links],
         "left_out": [x.as_dict() for x in ckpt.left_out],
         "training_state": list(ckpt.training_state),
         "library": det.loader.split("-")[0] if det.loader != "hf" else "unknown",

@@ -410,7 +410,7 @@ def _compare_other_files(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> Non
 
 
 def _t5_scale(det) -> float | None:
-    return tied_scale(det.ckpt.config, det.hidden) if det.family.tied_logit_scale else None
+    return tied_scale(det.ckpt.config, det.hidden, det.ckpt.path) if det.family.tied_logit_scale else None
 
 
 def _equal_to_embedding(
@@ -432,12 +432,15 @@ def _common_part_equal(A: Checkpoint, B: Checkpoint, name: str) -> tuple[bool, s
     The axis is the one whose size changed (resize moves exactly one axis of a vocabulary tensor), so a
     square head whose layout detection cannot tell is compared the way it was resized; a 1-D bias (or
     ``[1, V]``) compares entries. Returns ``(equal, what was compared)`` (``rows``, ``columns``,
-    ``entries``); a tensor whose shape changed on more than one axis is not a resize: ``(False, ...)``.
+    ``entries``); a tensor whose shape changed on more than one axis, or whose number of axes changed, is not
+    a resize: ``(False, ...)``.
     """
     xs, ys = tuple(A.tensors[name].shape), tuple(B.tensors[name].shape)
-    if len(xs) == 1 or (len(xs) == 2 and len(ys) == 2 and xs[0] == 1 and ys[0] == 1):
+    if len(xs) != len(ys):
+        return False, "shapes (the number of axes changed)"
+    if len(xs) == 1 or (len(xs) == 2 and xs[0] == 1 and ys[0] == 1):
         return chunked.common_part_equal(A, B, name, len(xs) - 1), "entries"
-    moved = [a for a in range(len(xs)) if xs[a] != ys[a]] if len(xs) == len(ys) else []
+    moved = [a for a in range(len(xs)) if xs[a] != ys[a]]
     if len(moved) != 1 or moved[0] > 1:
         return False, "shapes (more than one axis changed)"
     return chunked.common_part_equal(A, B, name, moved[0]), "columns" if moved[0] == 1 else "rows"

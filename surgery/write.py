@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import recipes, store, surface
+from . import recipes, store, surface, tree
 from .checkpoint import REPORT_NAME, SHARD_RE, Checkpoint
 from .configfile import get_dotted, read_config_file, set_dotted
 from .errors import Interrupted, Opt, OutputError, UsageError
@@ -47,14 +47,20 @@ def check_output_path(inp: Any, out: Any) -> None:
     Either may be a URL (:mod:`surgery.store`): :func:`surgery.remote_write.check_remote_output` checks a
     URL output.
 
+    A symbolic link as ``--out`` (or above it) is followed: the output is written into the folder it leads
+    to (:func:`output_folder`), which must be empty or new as any ``--out``; a link that leads nowhere is
+    refused here, before any work.
+
     Raises:
         UsageError: with the fix (another folder).
+        OutputError: ``out`` or a folder above it is a dangling symbolic link or a link loop.
     """
     if store.is_remote(out):
         from .remote_write import check_remote_output
 
         check_remote_output(inp, out)
         return
+    _check_out_links(out)
     ri, ro = (out.resolve(), out.resolve()) if store.is_remote(inp) else (inp.resolve(), out.resolve())
     if store.is_remote(inp):
         pass  # a local output cannot be the remote input or inside it
@@ -76,6 +82,39 @@ def check_output_path(inp: Any, out: Any) -> None:
         raise UsageError(
             f"{Opt('out')} already exists and is not empty", out, f"remove it or choose another {Opt('out')}"
         )
+
+
+def _check_out_links(out: Path) -> None:
+    """``out`` and every folder above it that is a symbolic link lead somewhere (a folder, or for ``out``
+    also a file, which :func:`check_output_path` refuses as a file).
+
+    Raises:
+        OutputError: naming the link, what it points to, and that nothing was written.
+    """
+    for p in (out, *out.parents):
+        if not os.path.islink(p):
+            continue
+        try:
+            os.stat(p)
+        except OSError as e:
+            target = os.readlink(p)
+            what = (
+                f"is a symbolic link loop ({target})"
+                if e.errno == errno.ELOOP
+                else f"is a symbolic link to {target}, which does not exist"
+            )
+            where = Opt("out") if p == out else f"a folder above {Opt('out')}"
+            raise OutputError(
+                f"{where} {what}; nothing was written",
+                p,
+                f"create the folder it points to, remove the link, or choose another {Opt('out')}",
+            ) from None
+
+
+def output_folder(out: Path) -> Path:
+    """The folder an output is written to: ``out``, or where it leads when it is a symbolic link (to an
+    empty folder: the link stays, the folder behind it is filled)."""
+    return Path(os.path.realpath(out)) if os.path.islink(out) else out
 
 
 def pid_alive(pid: int) -> bool:
@@ -245,6 +284,7 @@ def execute(
     progress: Callable[[str, int], None] | None = None,
     report: Callable[[dict], dict] | None = None,
     keep_training_state: bool = False,
+    keep_folder_links: bool = False,
 ) -> dict:
     """Write the output checkpoint of ``plan`` to ``out`` atomically; returns the written-file facts.
 
@@ -260,6 +300,10 @@ def execute(
             (inside the temporary folder, so a finished output always has it).
         keep_training_state: copy optimizer / master-weight / scheduler / trainer files even though the plan
             changes the model (:func:`surgery.surface.output_left_out` says why they are dropped otherwise).
+        keep_folder_links: a symbolic link to a folder in the input stays the same link in the output
+            when the output holds every file below it unchanged (the in-place new version, which takes the
+            input's place, so the link leads where it did); otherwise (and always for ``--out``) the output
+            holds a real folder of its files (:func:`_kept_links`).
 
     Returns:
         the report (or the facts when ``report`` is None).
@@ -275,7 +319,13 @@ def execute(
         return execute_remote(plan, out, progress, report, keep_training_state)
     out = Path(out)
     check_output_path(ckpt.path, out)
-    return publish(out, lambda tmp: _write_all(plan, tmp, link, progress, keep_training_state), report)
+    return publish(
+        out,
+        lambda tmp: _write_all(
+            plan, tmp, link, progress, keep_training_state, keep_folder_links=keep_folder_links
+        ),
+        report,
+    )
 
 
 def publish(out: Path, fill: Callable[[Path], dict], report: Callable[[dict], dict] | None) -> dict:
@@ -291,6 +341,7 @@ def publish(out: Path, fill: Callable[[Path], dict], report: Callable[[dict], di
     Raises:
         OutputError: the output cannot be written (no space, permissions); nothing is left behind.
     """
+    out = output_folder(out)
     stale = remove_dead_temps(out.parent)
     parent = _make_parent(out)
     tmp = parent / f".{out.name}{TMP_TAG}{os.getpid()}"
@@ -418,7 +469,14 @@ _Entry = tuple[str, str, tuple, Any, object, bool]
 
 
 def _write_all(
-    plan: Plan, tmp: Path, link: bool, progress, keep_training_state: bool = False, copier: Any = None
+    plan: Plan,
+    tmp: Path,
+    link: bool,
+    progress,
+    keep_training_state: bool = False,
+    copier: Any = None,
+    *,
+    keep_folder_links: bool = False,
 ) -> dict:
     """Write every output file of ``plan`` into ``tmp``, read the weight files back, set the config keys.
 
@@ -441,7 +499,9 @@ def _write_all(
     lay = _layout(plan)
     weight_map = {e[0]: lay.rename[f] for f in lay.kept for e in lay.entries[f]}
     total_size = sum(_entry_nbytes(ckpt, e) for f in lay.kept for e in lay.entries[f])
-    files_report = _write_weight_files(plan, tmp, lay, carried, link, progress, copier)
+    kept_links = _kept_links(plan, carried) if keep_folder_links else []
+    files_report = _write_weight_files(plan, tmp, lay, carried, link, progress, copier, kept_links)
+    files_report["folder_links"] = _folder_link_facts(ckpt.folder_links, kept_links)
     if ckpt.sharded and ckpt.index is not None and ckpt.index_name is not None:
         _write_index(ckpt.index, tmp / ckpt.index_name, weight_map, total_size)
     deferred = set() if copier is None else {lay.rename[f] for f in lay.kept if f not in lay.rewrite}
@@ -582,8 +642,15 @@ class _NewData:
 
 
 def _write_weight_files(
-    plan: Plan, tmp: Path, lay: _Layout, carried: list[str], link: bool, progress, copier: Any = None
-) -> dict[str, list[str]]:
+    plan: Plan,
+    tmp: Path,
+    lay: _Layout,
+    carried: list[str],
+    link: bool,
+    progress,
+    copier: Any = None,
+    kept_links: list[tree.FolderLink] | None = None,
+) -> dict[str, Any]:
     """Write the weight files and the carried files (all but the configs) into ``tmp``: untouched files
     are copied in threads (or linked) while the touched ones are rewritten here.
 
@@ -605,7 +672,7 @@ def _write_weight_files(
     copier = _Copier(progress) if copier is None else copier
     try:
         # untouched files first, into the pool; then the rewrites here while those copies run
-        _start_copies(plan, tmp, lay, carried, link, progress, copier, files_report)
+        _start_copies(plan, tmp, lay, carried, link, progress, copier, files_report, kept_links or [])
         for f in lay.rewrite:
             _rewrite_reporting(plan, f, lay.entries[f], tmp / lay.rename[f], new.source, progress)
             files_report["written" if f == NEW_SHARD else "rewritten"].append(lay.rename[f])
@@ -627,12 +694,13 @@ def _start_copies(
     link: bool,
     progress,
     copier: _Copier,
-    files_report: dict[str, list[str]],
+    files_report: dict[str, Any],
+    kept_links: list[tree.FolderLink],
 ) -> None:
     """Hard-link (``link``, where the file system can) or hand to ``copier`` the kept weight files that are
     not rewritten, then the carried files (less the configs :func:`_write_configs` writes; with ``link``, a
-    relative symlink to another carried file stays a symlink, :func:`_keep_symlink`), recording each in
-    ``files_report``."""
+    relative symlink to another carried file stays a symlink, :func:`_keep_symlink`; the files below a
+    folder link of ``kept_links`` are that link, made once), recording each in ``files_report``."""
     ckpt = plan.ckpt
     for f in lay.kept:
         if f in lay.rewrite:
@@ -646,9 +714,14 @@ def _start_copies(
         else:
             copier.submit(src, dst, lay.rename[f], tensor_bytes)
             files_report["copied"].append(lay.rename[f])
-    config_files = {"config.json", ckpt.config_file} | {c[0] for c in plan.config_set}  # _write_configs
+    config_files = _config_files(plan)
+    for fl in kept_links:
+        (tmp / fl.rel).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(fl.target, tmp / fl.rel)
+        files_report.setdefault("symlinked", []).append(fl.rel)
+    below = {f for fl in kept_links for f in fl.files}
     for rel in carried:
-        if rel in config_files:
+        if rel in config_files or rel in below:
             continue
         src, d = ckpt.path / rel, tmp / rel
         d.parent.mkdir(parents=True, exist_ok=True)  # a subfolder: a folder of links (or copies) too
@@ -659,6 +732,36 @@ def _start_copies(
         else:
             copier.submit(src, d, None)
             files_report["copied"].append(rel)
+
+
+def _config_files(plan: Plan) -> set[str]:
+    """The files :func:`_write_configs` writes (never copied)."""
+    return {"config.json", plan.ckpt.config_file} | {c[0] for c in plan.config_set}
+
+
+def _kept_links(plan: Plan, carried: list[str]) -> list[tree.FolderLink]:
+    """The input's folder links an in-place new version keeps as links: those whose every file is carried
+    unchanged (none is a config file the run writes, none is training state the run drops), outermost
+    first (a link below a kept one is part of it)."""
+    unchanged = set(carried) - _config_files(plan)
+    kept: list[tree.FolderLink] = []
+    for fl in plan.ckpt.folder_links:
+        if any(fl.rel.startswith(k.rel + "/") for k in kept):
+            continue
+        if all(f in unchanged for f in fl.files):
+            kept.append(fl)
+    return kept
+
+
+def _folder_link_facts(links: list[tree.FolderLink], kept: list[tree.FolderLink]) -> list[dict]:
+    """The report's ``files.folder_links``: each symbolic link to a folder in the input, and whether the
+    output keeps it as the same link (``kept: true``) or holds a real folder of its files."""
+    inside = [k.rel for k in kept]
+    return [
+        {**fl.as_dict(), "kept": fl in kept}
+        for fl in links
+        if not any(fl.rel.startswith(r + "/") for r in inside)
+    ]
 
 
 def _keep_symlink(src: Path, dst: Path, folder: Path, carried: set[str]) -> bool:

@@ -46,6 +46,8 @@ class Hostile:
         names: strings the error line must contain (the file concerned, the rule broken).
         timeout: seconds a run may take (issue 18: "no hang over 10 s").
         extra: extra arguments per command (``{"resize": ("--vocab", "256")}``).
+        out: ``out(path)`` prepares the ``--out`` path the harness passes before each run (makes it a
+            symbolic link, a dangling one, ...); None: ``--out`` does not exist.
     """
 
     name: str
@@ -56,6 +58,7 @@ class Hostile:
     names: tuple[str, ...] = ()
     timeout: float = 10.0
     extra: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+    out: Callable[[Path], None] | None = None
 
     def codes(self, command: str) -> set[int]:
         """The exit codes allowed for ``command``."""
