@@ -452,13 +452,13 @@ def _apply(h: dict, kind: str, name: str, other: str, field: str, raw: str, k: i
         e["dtype"] = {e["dtype"]: None}
     elif kind == "reorder" and e is not None:
         h[name] = dict(reversed(list(e.items())))
-    elif kind == "relabel" and e is not None and e.get("dtype") in SAME_WIDTH:
+    elif kind == "relabel" and e is not None and isinstance(e.get("dtype"), str) and e["dtype"] in SAME_WIDTH:
         e["dtype"] = SAME_WIDTH[e["dtype"]][k % len(SAME_WIDTH[e["dtype"]])]
     elif kind == "reshape" and e is not None and isinstance(e.get("shape"), list) and len(e["shape"]) == 2:
-        # same bytes, same rank (a 1-D or 3-D embedding makes untie exit 70 today: issue 18, "folders")
+        # same bytes, the same or another rank (a 1-D or 3-D embedding is refused by name)
         a, b = e["shape"]
         n = a * b if isinstance(a, int) and isinstance(b, int) else 0
-        e["shape"] = [[b, a], [1, n], [n, 1]][k % 3]
+        e["shape"] = [[b, a], [1, n], [n, 1], [n], [1, a, b], [a, 1, b]][k % 6]
     text = json.dumps(h)
     if kind == "pad":
         text = " \n\t"[: k % 4] + text + " " * k  # JSON whitespace around the object: valid
