@@ -19,11 +19,11 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -439,11 +439,13 @@ def _write_all(
     )
     carried = ckpt.other_files + [x.file for x in left_out if x.kept]
     lay = _layout(plan)
-    weight_map = {e[0]: lay.rename[f] for f in lay.kept for e in lay.entries[f]}
     total_size = sum(_entry_nbytes(ckpt, e) for f in lay.kept for e in lay.entries[f])
     files_report = _write_weight_files(plan, tmp, lay, carried, link, progress, copier)
     if ckpt.sharded and ckpt.index is not None and ckpt.index_name is not None:
+        # one entry per tensor: made only now, not held through the weight writes nor the read-back
+        weight_map = {e[0]: lay.rename[f] for f in lay.kept for e in lay.entries[f]}
         _write_index(ckpt.index, tmp / ckpt.index_name, weight_map, total_size)
+        del weight_map
     deferred = set() if copier is None else {lay.rename[f] for f in lay.kept if f not in lay.rewrite}
     _read_back(plan, tmp, {lay.rename[f]: (f, lay.entries[f]) for f in lay.kept}, lay.rewrite, deferred)
     _write_configs(plan, tmp)
@@ -766,12 +768,9 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) ->
         return src if advance is None else _Reporting(src, advance)
 
     if ckpt.format == "safetensors":
-
-        def gen():
-            for name, dtype, shape, nt, _storage, _fortran in entries:
-                yield name, dtype, shape, source(name, nt)
-
-        safetensors_io.write_file(dst, gen(), _st_metadata(plan, f, rewritten=True))
+        header = ((e[0], e[1], e[2], _entry_nbytes(ckpt, e)) for e in entries)
+        sources = ((_entry_nbytes(ckpt, e), source(e[0], e[3])) for e in entries)
+        safetensors_io.write_rows(dst, header, sources, _st_metadata(plan, f, rewritten=True))
     else:
         rows = []
         for name, dtype, shape, nt, storage, fortran in entries:
@@ -823,9 +822,9 @@ def _read_back(
         OutputError: a file does not read back as planned.
     """
     ckpt = plan.ckpt
-    shards: dict[str, list[Planned]] = {}
+    shards: dict[str, Sequence[Planned]] = {}
     for out_name, (f, entries) in out_files.items():
-        planned = [Planned(e[0], e[1], tuple(e[2]), _entry_nbytes(ckpt, e)) for e in entries]
+        planned = _PlannedView(ckpt, entries)
         shards[out_name] = planned
         if out_name in deferred:
             continue
@@ -835,6 +834,34 @@ def _read_back(
             check_pdparams(tmp / out_name, planned)
     if ckpt.sharded and ckpt.index_name:
         check_index(tmp / ckpt.index_name, shards)
+
+
+class _PlannedView(Sequence[Planned]):
+    """The :class:`Planned` tensors of output entries, each made when it is read (a checkpoint of millions
+    of tensors holds its entries once, not a second list of records)."""
+
+    __slots__ = ("_ckpt", "_entries")
+
+    def __init__(self, ckpt: Checkpoint, entries: list[_Entry]) -> None:
+        self._ckpt, self._entries = ckpt, entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _one(self, e: _Entry) -> Planned:
+        return Planned(e[0], e[1], tuple(e[2]), _entry_nbytes(self._ckpt, e))
+
+    @overload
+    def __getitem__(self, i: int) -> Planned: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Planned]: ...
+    def __getitem__(self, i: int | slice) -> Planned | list[Planned]:
+        if isinstance(i, slice):
+            return [self._one(e) for e in self._entries[i]]
+        return self._one(self._entries[i])
+
+    def __iter__(self) -> Iterator[Planned]:
+        return (self._one(e) for e in self._entries)
 
 
 def _write_json(path: Path, data: Any) -> None:
