@@ -35,7 +35,7 @@ from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source, copy_range
 from .formats.tensor import pdparams_name
 from .plan import NEW_SHARD, NewTensor, Plan
-from .readback import Planned, check_index, check_pdparams, check_safetensors
+from .readback import Planned, check_json_file, check_pdparams, check_safetensors
 from .recipes import Recipe
 
 TMP_TAG = ".tietool-tmp-"
@@ -680,12 +680,18 @@ def _keep_symlink(src: Path, dst: Path, folder: Path, carried: set[str]) -> bool
 def _write_index(index: dict, path: Path, weight_map: dict[str, str], total_size: int) -> None:
     """Write the input's ``index`` to ``path`` with ``total_size`` and the ``weight_map`` (sorted by name)
     of the output."""
+    _write_json(path, _index_data(index, weight_map, total_size))
+
+
+def _index_data(index: dict, weight_map: dict[str, str], total_size: int) -> dict:
+    """The input's ``index`` with ``total_size`` and ``weight_map`` (sorted by name): what
+    :func:`_write_index` writes and the read-back expects."""
     index = dict(index)
     meta = dict(index.get("metadata") or {})
     meta["total_size"] = total_size
     index["metadata"] = meta
-    index["weight_map"] = dict(sorted(weight_map.items()))
-    _write_json(path, index)
+    index["weight_map"] = {k: weight_map[k] for k in sorted(weight_map)}  # no tuple per entry
+    return index
 
 
 # Bytes of new data (an array made in memory) written per step when progress is reported, so that a new
@@ -832,8 +838,37 @@ def _read_back(
             check_safetensors(tmp / out_name, planned, _st_metadata(plan, f, rewritten=f in rewritten))
         else:
             check_pdparams(tmp / out_name, planned)
-    if ckpt.sharded and ckpt.index_name:
-        check_index(tmp / ckpt.index_name, shards)
+    if ckpt.sharded and ckpt.index_name and ckpt.index is not None:
+        # the index tietool wrote, made again from the planned shards: byte for byte what is on disk
+        total = sum(p.nbytes for ps in shards.values() for p in ps)
+        expected = dict(_index_data(ckpt.index, {}, total))
+        expected["weight_map"] = _SortedMap(shards)
+        check_json_file(tmp / ckpt.index_name, expected, JSON_STYLE)
+
+
+class _SortedMap(dict):
+    """The output ``weight_map`` (name → output file, sorted by name, as :func:`_index_data` makes it) for
+    the JSON encoder to read entry by entry: the sorted names and, with more than one shard, a name → file
+    dict; not the second dict of sorted pairs the index itself took. Only ``len`` and ``items`` (what
+    ``json``'s Python encoder, the one ``indent`` selects, reads) are meaningful."""
+
+    def __init__(self, shards: dict[str, Sequence[Planned]]) -> None:
+        super().__init__()
+        self._names = sorted(p.name for ps in shards.values() for p in ps)
+        only = next(iter(shards)) if len(shards) == 1 else None
+        self._file = {} if only is not None else {p.name: f for f, ps in shards.items() for p in ps}
+        self._only = only
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __bool__(self) -> bool:
+        return bool(self._names)
+
+    def items(self) -> Iterator[tuple[str, str]]:  # type: ignore[override]
+        if self._only is not None:
+            return ((n, self._only) for n in self._names)
+        return ((n, self._file[n]) for n in self._names)
 
 
 class _PlannedView(Sequence[Planned]):
@@ -864,9 +899,13 @@ class _PlannedView(Sequence[Planned]):
         return (self._one(e) for e in self._entries)
 
 
+# How tietool writes JSON files (json.dump's arguments); the read-back of an index encodes it the same way.
+JSON_STYLE: dict[str, Any] = {"indent": 2, "ensure_ascii": False}
+
+
 def _write_json(path: Path, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, ensure_ascii=False)
+        json.dump(data, fh, **JSON_STYLE)
         fh.write("\n")
         fh.flush()
         os.fsync(fh.fileno())
