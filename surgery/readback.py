@@ -23,10 +23,10 @@ import math
 import operator
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from .errors import CheckpointError, OutputError
 from .formats import pdparams_io, safetensors_io
@@ -197,8 +197,17 @@ def check_index(path: Path, shards: dict[str, Sequence[Planned]]) -> None:
     Raises:
         OutputError: the index disagrees with the shards.
     """
-    index = json.loads(path.read_text(encoding="utf-8"))
-    wm = index.get("weight_map")
+    check_index_data(path, json.loads(path.read_text(encoding="utf-8")), shards)
+
+
+def check_index_data(path: Path, index: Any, shards: dict[str, Sequence[Planned]]) -> None:
+    """:func:`check_index` of ``index`` as parsed (or as written, when :func:`check_json_file` proves the
+    file holds it), compared entry by entry (no second name → file dict).
+
+    Raises:
+        OutputError: the index disagrees with the shards.
+    """
+    wm = index.get("weight_map") if isinstance(index, dict) else None
     count = sum(len(ps) for ps in shards.values())  # names are distinct: then equal length and entries
     if (
         not isinstance(wm, dict)
@@ -206,10 +215,34 @@ def check_index(path: Path, shards: dict[str, Sequence[Planned]]) -> None:
         or any(wm.get(p.name) != f for f, ps in shards.items() for p in ps)
     ):
         raise _mismatch(path, "weight_map differs from the shards' contents")
-    del wm
     total = sum(p.nbytes for ps in shards.values() for p in ps)
     if (index.get("metadata") or {}).get("total_size") != total:
         raise _mismatch(path, f"metadata.total_size is not {total}")
+
+
+class PlannedView(Sequence[Planned]):
+    """The :class:`Planned` tensor of each of ``items``, made by ``make`` when it is read: an output of
+    millions of tensors holds its own records once, not a second list of :class:`Planned`."""
+
+    __slots__ = ("_items", "_make")
+
+    def __init__(self, items: Sequence[Any], make: Callable[[Any], Planned]) -> None:
+        self._items, self._make = items, make
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @overload
+    def __getitem__(self, i: int) -> Planned: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Planned]: ...
+    def __getitem__(self, i: int | slice) -> Planned | list[Planned]:
+        if isinstance(i, slice):
+            return [self._make(x) for x in self._items[i]]
+        return self._make(self._items[i])
+
+    def __iter__(self) -> Iterator[Planned]:
+        return (self._make(x) for x in self._items)
 
 
 def check_json_file(path: Path, data: Any, style: dict[str, Any]) -> None:

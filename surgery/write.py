@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source, copy_range
 from .formats.tensor import pdparams_name
 from .plan import NEW_SHARD, NewTensor, Plan
-from .readback import Planned, check_json_file, check_pdparams, check_safetensors
+from .readback import Planned, PlannedView, check_json_file, check_pdparams, check_safetensors
 from .recipes import Recipe
 
 TMP_TAG = ".tietool-tmp-"
@@ -830,7 +830,7 @@ def _read_back(
     ckpt = plan.ckpt
     shards: dict[str, Sequence[Planned]] = {}
     for out_name, (f, entries) in out_files.items():
-        planned = _PlannedView(ckpt, entries)
+        planned = PlannedView(entries, lambda e: Planned(e[0], e[1], tuple(e[2]), _entry_nbytes(ckpt, e)))
         shards[out_name] = planned
         if out_name in deferred:
             continue
@@ -869,34 +869,6 @@ class _SortedMap(dict):
         if self._only is not None:
             return ((n, self._only) for n in self._names)
         return ((n, self._file[n]) for n in self._names)
-
-
-class _PlannedView(Sequence[Planned]):
-    """The :class:`Planned` tensors of output entries, each made when it is read (a checkpoint of millions
-    of tensors holds its entries once, not a second list of records)."""
-
-    __slots__ = ("_ckpt", "_entries")
-
-    def __init__(self, ckpt: Checkpoint, entries: list[_Entry]) -> None:
-        self._ckpt, self._entries = ckpt, entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def _one(self, e: _Entry) -> Planned:
-        return Planned(e[0], e[1], tuple(e[2]), _entry_nbytes(self._ckpt, e))
-
-    @overload
-    def __getitem__(self, i: int) -> Planned: ...
-    @overload
-    def __getitem__(self, i: slice) -> list[Planned]: ...
-    def __getitem__(self, i: int | slice) -> Planned | list[Planned]:
-        if isinstance(i, slice):
-            return [self._one(e) for e in self._entries[i]]
-        return self._one(self._entries[i])
-
-    def __iter__(self) -> Iterator[Planned]:
-        return (self._one(e) for e in self._entries)
 
 
 # How tietool writes JSON files (json.dump's arguments); the read-back of an index encodes it the same way.
