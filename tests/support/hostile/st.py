@@ -227,10 +227,10 @@ CASES = [
     # not a regular file (issue 18 item 7): a FIFO must be refused at once, never block
     _case("fifo-shard", _fifo, "FIFO"),
     # valid, but huge (issue 18 item 7: 205 s and 1.3 GB before): 1.6 M empty tensors in a ~93 MB header
-    # through inspect, 400 k (~23 MB) through every write (verify of 400 k takes over 60 s here: left out). The writes on 1.6 M went from 2.6 GB
-    # (tie/resize/untie; convert 3.3 GB) to ~1.03 GB and 35-60 s on a busy machine (issue 18 item 7: a
-    # header over 8 MiB is read back without safe_open), just over this corpus' 1 GiB limit: the
-    # reader's per-tensor records and the writer's per-tensor entries are the rest.
+    # through inspect, 400 k (~23 MB) through every write (verify of 400 k takes over 60 s here: left
+    # out). On 1.6 M the writes went from 2.6 GB (convert 3.3 GB) to 1.0-2.1 GB (a header over 8 MiB is
+    # read back without safe_open), still over this corpus' 1 GiB limit: the reader's per-tensor records
+    # and the writers' per-tensor entries are the rest.
     Hostile(
         "st-many-empty-tensors",
         "safetensors",
