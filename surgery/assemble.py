@@ -33,8 +33,15 @@ from .errors import Opt, UsageError
 from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source
 from .formats.tensor import DTYPES, pdparams_name
-from .readback import Planned, check_index, check_pdparams, check_safetensors
-from .write import _write_json, _write_reporting, copy_file, publish
+from .readback import (
+    Planned,
+    PlannedView,
+    check_index_data,
+    check_json_file,
+    check_pdparams,
+    check_safetensors,
+)
+from .write import JSON_STYLE, _write_json, _write_reporting, copy_file, publish
 
 # PaddleFormers' and PaddleNLP's ``save_pretrained(max_shard_size="10GB")``; "GB" is 10**9 bytes there
 # (``convert_file_size_to_int``), "GiB" 2**30.
@@ -68,7 +75,7 @@ def parse_size(text: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: one per output tensor, millions in a hostile header
 class OutTensor:
     """One tensor of the checkpoint being assembled.
 
@@ -233,21 +240,20 @@ def _write_all(
     """Write the weight files, the index, config.json and the carried files into ``tmp``; read back."""
     for fname, ts in lay.files.items():
         _write_file(tmp / fname, ts, container, st_metadata, extras, progress)
+    index = {"metadata": {"total_size": lay.total_size}, "weight_map": lay.weight_map}
     if lay.index is not None:
-        _write_json(
-            tmp / lay.index, {"metadata": {"total_size": lay.total_size}, "weight_map": lay.weight_map}
-        )
-    for fname, ts in lay.files.items():
-        planned = [Planned(t.name, t.dtype, t.shape, t.nbytes) for t in ts]
+        _write_json(tmp / lay.index, index)
+    shards: dict[str, Sequence[Planned]] = {f: PlannedView(ts, _planned) for f, ts in lay.files.items()}
+    for fname, planned in shards.items():
         if container is Container.SAFETENSORS:
             check_safetensors(tmp / fname, planned, st_metadata)
         else:
             check_pdparams(tmp / fname, planned)
     if lay.index is not None:
-        check_index(
-            tmp / lay.index,
-            {f: [Planned(t.name, t.dtype, t.shape, t.nbytes) for t in ts] for f, ts in lay.files.items()},
-        )
+        # the file holds the index written (compared as encoded, never parsed into a second dict), and
+        # that index names exactly the planned tensors
+        check_json_file(tmp / lay.index, index, JSON_STYLE)
+        check_index_data(tmp / lay.index, index, shards)
     _write_json(tmp / "config.json", config)
     for src, rel in carry:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -258,6 +264,10 @@ def _write_all(
         "total_size": lay.total_size,
         "carried": [rel for _, rel in carry],
     }
+
+
+def _planned(t: OutTensor) -> Planned:
+    return Planned(t.name, t.dtype, t.shape, t.nbytes)
 
 
 def _write_file(

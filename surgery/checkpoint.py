@@ -508,6 +508,20 @@ class Checkpoint:
                     self.warnings.append(
                         f"tensor {name} is in {f} but not in the index; it is kept and listed"
                     )
+            del where, wm  # one entry per tensor: freed before the weight_map is made again
+            self._share_index_strings()
+
+    def _share_index_strings(self) -> None:
+        """Rebuild the index's ``weight_map`` (same entries, same order) on the name and file strings the
+        headers hold (``TensorInfo.name``, the shard names of ``weight_files``), so that a checkpoint of
+        millions of tensors keeps each name once, not twice (~140 bytes an entry: 220 MB for 1.6 M)."""
+        assert self.index is not None  # only called with an index
+        wm = self.index["weight_map"]
+        shared: dict[str, str] = {}
+        for name, f in wm.items():
+            t = self.tensors.get(name)
+            shared[t.name if t is not None else name] = t.file if t is not None else f
+        self.index["weight_map"] = shared
 
     def check_index_complete(self, tied_head: str | None) -> None:
         """An index entry no shard holds means a missing tensor: the checkpoint is incomplete. The one

@@ -19,7 +19,7 @@ import os
 import shutil
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +35,7 @@ from .formats import pdparams_io, safetensors_io
 from .formats.safetensors_io import Source, copy_range
 from .formats.tensor import pdparams_name
 from .plan import NEW_SHARD, NewTensor, Plan
-from .readback import Planned, check_index, check_pdparams, check_safetensors
+from .readback import Planned, PlannedView, check_json_file, check_pdparams, check_safetensors
 from .recipes import Recipe
 
 TMP_TAG = ".tietool-tmp-"
@@ -497,13 +497,15 @@ def _write_all(
     )
     carried = ckpt.other_files + [x.file for x in left_out if x.kept]
     lay = _layout(plan)
-    weight_map = {e[0]: lay.rename[f] for f in lay.kept for e in lay.entries[f]}
     total_size = sum(_entry_nbytes(ckpt, e) for f in lay.kept for e in lay.entries[f])
     kept_links = _kept_links(plan, carried) if keep_folder_links else []
     files_report = _write_weight_files(plan, tmp, lay, carried, link, progress, copier, kept_links)
     files_report["folder_links"] = _folder_link_facts(ckpt.folder_links, kept_links)
     if ckpt.sharded and ckpt.index is not None and ckpt.index_name is not None:
+        # one entry per tensor: made only now, not held through the weight writes nor the read-back
+        weight_map = {e[0]: lay.rename[f] for f in lay.kept for e in lay.entries[f]}
         _write_index(ckpt.index, tmp / ckpt.index_name, weight_map, total_size)
+        del weight_map
     deferred = set() if copier is None else {lay.rename[f] for f in lay.kept if f not in lay.rewrite}
     _read_back(plan, tmp, {lay.rename[f]: (f, lay.entries[f]) for f in lay.kept}, lay.rewrite, deferred)
     _write_configs(plan, tmp)
@@ -781,12 +783,18 @@ def _keep_symlink(src: Path, dst: Path, folder: Path, carried: set[str]) -> bool
 def _write_index(index: dict, path: Path, weight_map: dict[str, str], total_size: int) -> None:
     """Write the input's ``index`` to ``path`` with ``total_size`` and the ``weight_map`` (sorted by name)
     of the output."""
+    _write_json(path, _index_data(index, weight_map, total_size))
+
+
+def _index_data(index: dict, weight_map: dict[str, str], total_size: int) -> dict:
+    """The input's ``index`` with ``total_size`` and ``weight_map`` (sorted by name): what
+    :func:`_write_index` writes and the read-back expects."""
     index = dict(index)
     meta = dict(index.get("metadata") or {})
     meta["total_size"] = total_size
     index["metadata"] = meta
-    index["weight_map"] = dict(sorted(weight_map.items()))
-    _write_json(path, index)
+    index["weight_map"] = {k: weight_map[k] for k in sorted(weight_map)}  # no tuple per entry
+    return index
 
 
 # Bytes of new data (an array made in memory) written per step when progress is reported, so that a new
@@ -869,12 +877,9 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) ->
         return src if advance is None else _Reporting(src, advance)
 
     if ckpt.format == "safetensors":
-
-        def gen():
-            for name, dtype, shape, nt, _storage, _fortran in entries:
-                yield name, dtype, shape, source(name, nt)
-
-        safetensors_io.write_file(dst, gen(), _st_metadata(plan, f, rewritten=True))
+        header = ((e[0], e[1], e[2], _entry_nbytes(ckpt, e)) for e in entries)
+        sources = ((_entry_nbytes(ckpt, e), source(e[0], e[3])) for e in entries)
+        safetensors_io.write_rows(dst, header, sources, _st_metadata(plan, f, rewritten=True))
     else:
         rows = []
         for name, dtype, shape, nt, storage, fortran in entries:
@@ -926,9 +931,9 @@ def _read_back(
         OutputError: a file does not read back as planned.
     """
     ckpt = plan.ckpt
-    shards: dict[str, list[Planned]] = {}
+    shards: dict[str, Sequence[Planned]] = {}
     for out_name, (f, entries) in out_files.items():
-        planned = [Planned(e[0], e[1], tuple(e[2]), _entry_nbytes(ckpt, e)) for e in entries]
+        planned = PlannedView(entries, lambda e: Planned(e[0], e[1], tuple(e[2]), _entry_nbytes(ckpt, e)))
         shards[out_name] = planned
         if out_name in deferred:
             continue
@@ -936,13 +941,46 @@ def _read_back(
             check_safetensors(tmp / out_name, planned, _st_metadata(plan, f, rewritten=f in rewritten))
         else:
             check_pdparams(tmp / out_name, planned)
-    if ckpt.sharded and ckpt.index_name:
-        check_index(tmp / ckpt.index_name, shards)
+    if ckpt.sharded and ckpt.index_name and ckpt.index is not None:
+        # the index tietool wrote, made again from the planned shards: byte for byte what is on disk
+        total = sum(p.nbytes for ps in shards.values() for p in ps)
+        expected = dict(_index_data(ckpt.index, {}, total))
+        expected["weight_map"] = _SortedMap(shards)
+        check_json_file(tmp / ckpt.index_name, expected, JSON_STYLE)
+
+
+class _SortedMap(dict):
+    """The output ``weight_map`` (name → output file, sorted by name, as :func:`_index_data` makes it) for
+    the JSON encoder to read entry by entry: the sorted names and, with more than one shard, a name → file
+    dict; not the second dict of sorted pairs the index itself took. Only ``len`` and ``items`` (what
+    ``json``'s Python encoder, the one ``indent`` selects, reads) are meaningful."""
+
+    def __init__(self, shards: dict[str, Sequence[Planned]]) -> None:
+        super().__init__()
+        self._names = sorted(p.name for ps in shards.values() for p in ps)
+        only = next(iter(shards)) if len(shards) == 1 else None
+        self._file = {} if only is not None else {p.name: f for f, ps in shards.items() for p in ps}
+        self._only = only
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __bool__(self) -> bool:
+        return bool(self._names)
+
+    def items(self) -> Iterator[tuple[str, str]]:  # type: ignore[override]
+        if self._only is not None:
+            return ((n, self._only) for n in self._names)
+        return ((n, self._file[n]) for n in self._names)
+
+
+# How tietool writes JSON files (json.dump's arguments); the read-back of an index encodes it the same way.
+JSON_STYLE: dict[str, Any] = {"indent": 2, "ensure_ascii": False}
 
 
 def _write_json(path: Path, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, ensure_ascii=False)
+        json.dump(data, fh, **JSON_STYLE)
         fh.write("\n")
         fh.flush()
         os.fsync(fh.fileno())

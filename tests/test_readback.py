@@ -13,6 +13,7 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from tietool.surgery import readback
 from tietool.surgery import write as write_mod
 from tietool.surgery.checkpoint import Checkpoint
 from tietool.surgery.detect import detect
@@ -112,17 +113,21 @@ def test_every_written_safetensors_opens_with_the_library(tmp_path):
             assert set(s.keys()) == {n for n, t in Checkpoint.open(out).tensors.items() if t.file == f.name}
 
 
-def test_a_bad_write_never_reaches_out(tmp_path, monkeypatch):
-    """If the writer produced a file the library refuses, the output is not renamed into place."""
-    real = safetensors_io.write_file
+@pytest.mark.parametrize("large", [False, True], ids=["safe_open", "large-header"])
+def test_a_bad_write_never_reaches_out(tmp_path, monkeypatch, large):
+    """If the writer produced a file the library refuses, the output is not renamed into place (read back
+    by safe_open, or as a header over the safe_open limit is)."""
+    real = safetensors_io.write_rows
 
-    def truncating(path, tensors, metadata):
-        n = real(path, tensors, metadata)
+    def truncating(path, header, sources, metadata):
+        n = real(path, header, sources, metadata)
         with open(path, "r+b") as fh:
             fh.truncate(path.stat().st_size - 4)
         return n
 
-    monkeypatch.setattr(safetensors_io, "write_file", truncating)
+    monkeypatch.setattr(safetensors_io, "write_rows", truncating)
+    if large:
+        monkeypatch.setattr(readback, "SAFE_OPEN_HEADER", 0)
     plan = _tie_plan(tmp_path)
     out = tmp_path / "out"
     with pytest.raises(OutputError, match="does not read back as planned"):
@@ -148,3 +153,66 @@ def test_input_reader_takes_only_what_the_library_takes(tmp_path, tail, words):
     with pytest.raises(Exception, match="not fully covered|incomplete"):
         with safe_open(str(p), framework="numpy"):
             pass
+
+
+def _ours(tmp_path: Path, meta: dict[str, str] | None = None) -> Path:
+    """PLANNED written by tietool's writer, in the planned order (the header a large read-back expects)."""
+    p = tmp_path / "ours.safetensors"
+    arrays = {"e": np.zeros((4, 2), np.float32), "b": np.ones(4, np.float16)}
+    rows = [(t.name, t.dtype, t.shape, safetensors_io.Source(array=arrays[t.name])) for t in PLANNED]
+    safetensors_io.write_file(p, rows, meta)
+    return p
+
+
+def test_large_header_read_back_compares_the_header_bytes(tmp_path, monkeypatch):
+    """Over SAFE_OPEN_HEADER (a hostile header of millions of tensors) the header on disk must be the one
+    serialised from the plan, and the file end where the planned data does; a file whose header differs
+    (copied whole, written by another writer) is parsed with the library's rules and compared."""
+    monkeypatch.setattr(readback, "SAFE_OPEN_HEADER", 0)
+    p = _ours(tmp_path, {"format": "pt"})
+    check_safetensors(p, PLANNED, {"format": "pt"})
+    with pytest.raises(OutputError, match="dtype/shape differs \\['e'\\]"):
+        check_safetensors(p, [Planned("e", "F32", (2, 4), 32), PLANNED[1]], {"format": "pt"})
+    with pytest.raises(OutputError, match="__metadata__"):
+        check_safetensors(p, PLANNED, None)
+    with pytest.raises(OutputError, match="32 bytes for F32 \\[4, 3\\]"):
+        check_safetensors(p, [Planned("e", "F32", (4, 3), 32), PLANNED[1]], {"format": "pt"})
+    with pytest.raises(OutputError, match="planned twice"):
+        check_safetensors(p, [PLANNED[0], PLANNED[0]], {"format": "pt"})
+    with open(p, "ab") as fh:
+        fh.write(b"\0" * 8)
+    with pytest.raises(OutputError, match="bytes, planned"):
+        check_safetensors(p, PLANNED, {"format": "pt"})
+    lib = _st(tmp_path)  # the library's own order: the parsed comparison
+    check_safetensors(lib, PLANNED, None)
+    with pytest.raises(OutputError, match="unexpected \\['b'\\]"):
+        check_safetensors(lib, PLANNED[:1], None)
+
+
+def test_large_header_with_a_hole_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(readback, "SAFE_OPEN_HEADER", 0)
+    header = json.dumps(
+        {
+            "e": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+            "f": {"dtype": "F32", "shape": [2], "data_offsets": [16, 24]},
+        }
+    ).encode()
+    header += b" " * (-len(header) % 8)
+    p = tmp_path / "hole.safetensors"
+    p.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 24)
+    with pytest.raises(OutputError, match="breaks a rule of the format"):
+        check_safetensors(p, [Planned("e", "F32", (2,), 8), Planned("f", "F32", (2,), 8)], None)
+
+
+def test_index_read_back_is_byte_for_byte(tmp_path):
+    """The index tietool wrote must be the one made again from the plan: an entry, a size, a byte
+    appended or cut is refused."""
+    data = {"metadata": {"total_size": 20}, "weight_map": {"a": "s1", "b": "s2", "ü": "s2"}}
+    idx = tmp_path / "i.json"
+    write_mod._write_json(idx, data)
+    readback.check_json_file(idx, data, write_mod.JSON_STYLE)
+    text = idx.read_bytes()
+    for bad in (text.replace(b'"s2"', b'"s1"', 1), text + b" ", text[:-1], text.replace(b"20", b"21")):
+        idx.write_bytes(bad)
+        with pytest.raises(OutputError, match="not the index planned"):
+            readback.check_json_file(idx, data, write_mod.JSON_STYLE)

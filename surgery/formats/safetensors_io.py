@@ -607,9 +607,22 @@ def _copy_remote_range(
 def _header_blob(
     tensors: list[tuple[str, str, tuple[int, ...], Source]], metadata: dict | None
 ) -> tuple[bytearray, int]:
-    """The header :func:`write_file` writes, byte for byte ``json.dumps(header, separators=(",", ":"))``
-    padded with spaces to a multiple of 8 (data 8-byte aligned, as the reference writer does), built entry by
-    entry into one buffer (a dict per entry costs ~400 bytes: 640 MB for a header of 1.6 M tensors).
+    """The header :func:`write_file` writes (:func:`header_bytes` of each tensor's source size).
+
+    Returns:
+        ``(header bytes, bytes of tensor data)``.
+    """
+    return header_bytes(((n, d, s, src.nbytes) for n, d, s, src in tensors), metadata)
+
+
+def header_bytes(
+    tensors: Iterable[tuple[str, str, tuple[int, ...], int]], metadata: dict | None
+) -> tuple[bytearray, int]:
+    """The header of tensors ``(name, dtype label, shape, nbytes)`` laid out in this order from byte 0:
+    byte for byte ``json.dumps(header, separators=(",", ":"))`` padded with spaces to a multiple of 8 (data
+    8-byte aligned, as the reference writer does), built entry by entry into one buffer (a dict per entry
+    costs ~400 bytes: 640 MB for a header of 1.6 M tensors). The writer and the read-back of a large header
+    (:func:`surgery.readback.check_safetensors`) both use it.
 
     Returns:
         ``(header bytes, bytes of tensor data)``.
@@ -619,8 +632,8 @@ def _header_blob(
         meta = {str(k): str(v) for k, v in metadata.items()}
         out += b'"__metadata__":' + json.dumps(meta, separators=(",", ":")).encode() + b","
     pos = 0
-    for name, dtype, shape, src in tensors:
-        end = pos + src.nbytes
+    for name, dtype, shape, nbytes in tensors:
+        end = pos + nbytes
         out += (
             f'{_json_str(name)}:{{"dtype":{_json_str(dtype)},"shape":[{",".join(map(str, shape))}],'
             f'"data_offsets":[{pos},{end}]}},'
@@ -657,6 +670,41 @@ def write_file(
         f.write(blob)
         for _, _, _, src in tensors:
             src.write_to(f)
+        f.flush()
+        os.fsync(f.fileno())
+    return pos
+
+
+def write_rows(
+    path: Path,
+    header: Iterable[tuple[str, str, tuple[int, ...], int]],
+    sources: Iterable[tuple[int, Source]],
+    metadata: dict | None,
+) -> int:
+    """:func:`write_file` without a list of sources: the header from ``header`` (``(name, dtype label,
+    shape, nbytes)`` in data order), then each tensor's bytes from ``sources`` (``(planned nbytes,
+    source)`` in the same order), each source made only when its bytes are written. A checkpoint of
+    millions of tensors then never holds a :class:`Source` per tensor at once.
+
+    Returns:
+        bytes of tensor data written.
+
+    Raises:
+        AssertionError: a source holds another size than its header entry (a bug). OSError: the write.
+    """
+    blob, pos = header_bytes(header, metadata)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)))
+        f.write(blob)
+        del blob
+        written = 0
+        for nbytes, src in sources:
+            if src.nbytes != nbytes:
+                raise AssertionError(f"internal: a source of {src.nbytes} bytes for {nbytes} planned")
+            src.write_to(f)
+            written += nbytes
+        if written != pos:
+            raise AssertionError(f"internal: {written} bytes of tensors written, the header plans {pos}")
         f.flush()
         os.fsync(f.fileno())
     return pos

@@ -227,8 +227,10 @@ CASES = [
     # not a regular file (issue 18 item 7): a FIFO must be refused at once, never block
     _case("fifo-shard", _fifo, "FIFO"),
     # valid, but huge (issue 18 item 7: 205 s and 1.3 GB before): 1.6 M empty tensors in a ~93 MB header
-    # through inspect, 400 k (~23 MB) through the writes (their read-back through the safetensors library
-    # costs ~1.4 kB per tensor: 1.6 M would pass 2 GB there)
+    # through inspect, 400 k (~23 MB) through every write (verify of 400 k takes over 60 s here: left
+    # out). On 1.6 M the writes went from 2.6 GB (convert 3.3 GB) to 1.0-2.1 GB (a header over 8 MiB is
+    # read back without safe_open), still over this corpus' 1 GiB limit: the reader's per-tensor records
+    # and the writers' per-tensor entries are the rest.
     Hostile(
         "st-many-empty-tensors",
         "safetensors",
@@ -242,7 +244,7 @@ CASES = [
         "safetensors",
         _empty_tensors(400_000),
         0,
-        commands=("tie", "resize"),
+        commands=("tie", "resize", "untie", "convert"),
         timeout=60.0,
     ),
 ]
