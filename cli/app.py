@@ -644,11 +644,14 @@ def convert(
 
 
 _signal_received: int | None = None
+_announced = False  # the "interrupted" line was printed
 
 
 def _interrupted(state: str | None = None) -> int:
     """Say so in one line (an in-place run's ``state``: what the checkpoint's name holds now); the exit
     code is 128 + the signal: 130 for Ctrl-C, 143 for SIGTERM."""
+    global _announced
+    _announced = True
     print(f"tietool: interrupted; {state or 'nothing was written'}", file=sys.stderr)
     return ExitCode.INTERRUPTED + (_signal_received or 2)
 
@@ -670,7 +673,7 @@ def main() -> None:
             signal.signal(sig, _on_signal)
     try:
         code = app(standalone_mode=False)
-    except typer.Abort:
+    except (typer.Abort, KeyboardInterrupt):  # KeyboardInterrupt: a signal while Typer builds the commands
         code = _interrupted()
     except BrokenPipeError:
         _quiet_stdout()
@@ -688,6 +691,10 @@ def main() -> None:
             fix = _usage_fix(e)
             err = {"type": "UsageError", "path": None, "fix": fix.removeprefix(" — ") or None}
             code = _fail(e.exit_code, f"tietool: error: {msg}{fix}", as_json, err).exit_code
+    if code == ExitCode.INTERRUPTED + 2 and not _announced:
+        # Typer turns a KeyboardInterrupt while it parses the arguments (before any work) into a silent
+        # Exit(130), even for SIGTERM: say so, with the signal's code
+        code = _interrupted()
     try:
         sys.stdout.flush()  # what is still buffered goes now, while a closed pipe can still be handled
     except BrokenPipeError:

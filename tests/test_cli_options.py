@@ -151,3 +151,44 @@ def test_layout_contradicting_the_head_names_the_checkpoint(tmp_path, args):
     want = f"tietool: error: {ck}: {args[0]} refused: the layout hidden-vocab contradicts the head"
     assert r.stderr.startswith(want), r.stderr
     assert r.stderr.rstrip().endswith("pass --layout vocab-hidden, or leave --layout out"), r.stderr
+
+
+# A SIGTERM (or Ctrl-C) that lands while Typer builds the commands or parses the arguments, before any work
+# (the breaker campaign of issue 18 hit both windows with a timed SIGTERM 0.5-0.8 s after start): the
+# first was a raw KeyboardInterrupt traceback (killed by SIGINT), the second a silent exit 130 (Typer's
+# Exit(130)) instead of SIGTERM's 143 and the one "interrupted" line.
+_SIGNAL_AT = """
+import os, signal, sys
+import typer.core, typer.main
+from tietool.cli import app as A
+where, sig = sys.argv[1], getattr(signal, sys.argv[2])
+if where == "build":
+    real = typer.main.get_command
+    def hook(*a, **k):
+        os.kill(os.getpid(), sig)
+        return real(*a, **k)
+    typer.main.get_command = hook
+else:
+    ctx = typer.core.TyperCommand.context_class  # Click's Context (Typer vendors Click)
+    real = ctx.__init__
+    def hook(self, *a, **k):
+        os.kill(os.getpid(), sig)
+        return real(self, *a, **k)
+    ctx.__init__ = hook
+sys.argv = ["tietool", "inspect", sys.argv[3]]
+A.main()
+"""
+
+
+@pytest.mark.parametrize("where", ["build", "parse"])
+@pytest.mark.parametrize("sig, code", [("SIGTERM", 143), ("SIGINT", 130)])
+def test_a_signal_before_any_work_is_one_line_and_its_code(where, sig, code):
+    r = subprocess.run(
+        [sys.executable, "-c", _SIGNAL_AT, where, sig, FIX / "pf_llama_untied_fp32"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == code, (r.returncode, r.stderr[-2000:])
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ["tietool: interrupted; nothing was written"], r.stderr
