@@ -9,8 +9,9 @@ by the same limits.
 
 JSON is parsed by :func:`parse_json`: bounded size, nesting depth (Python's parser recurses), integers of
 at most 4,300 digits (CPython's limit, raised as ValueError), no ``NaN``/``Infinity`` (not JSON; ``1e400``
-is refused too, as it parses to ``inf``), and duplicate keys refused (the safetensors library refuses a
-header that repeats a key). Every refusal is a :class:`CheckpointError` (exit 3) naming the file.
+is refused too, as it parses to ``inf``), no ``\\ud800`` escape of a lone surrogate (Python cannot write it
+back as UTF-8), and duplicate keys refused (the format forbids them; the safetensors library keeps the
+last). Every refusal is a :class:`CheckpointError` (exit 3) naming the file.
 """
 
 from __future__ import annotations

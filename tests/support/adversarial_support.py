@@ -63,7 +63,7 @@ class Run:
     stdout: str
     stderr: str
     seconds: float
-    maxrss: int = 0  # peak resident memory of the process that ran it, bytes (a CliWorker: its high-water)
+    maxrss: int = 0  # peak resident memory of the run, bytes (a CliWorker's VmHWM, reset before each run)
 
     @property
     def cmdline(self) -> str:
@@ -140,10 +140,31 @@ class _Timeout(BaseException):
 def _alarm(signum, frame):
     raise _Timeout()
 
+def _peak():
+    # this run's peak RSS: VmHWM of this process's memory, reset before each run (clear_refs 5, Linux 4.0+).
+    # Not ru_maxrss: Linux carries a forked parent's RSS across fork + exec into it, so a worker started by
+    # a pytest process of 1.1 GB (paddle imported by earlier tests) would report 1.1 GB for every run.
+    try:
+        with open("/proc/self/status") as f:
+            for ln in f:
+                if ln.startswith("VmHWM:"):
+                    return int(ln.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+def _reset_peak():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
 signal.signal(signal.SIGALRM, _alarm)
 runner = CliRunner()
 for line in sys.stdin:
     job = json.loads(line)
+    _reset_peak()
     t0 = time.monotonic()
     res = {"rc": None, "stdout": "", "stderr": "", "exception": None, "traceback": ""}
     signal.alarm(max(1, int(job["timeout"])))
@@ -161,7 +182,7 @@ for line in sys.stdin:
     finally:
         signal.alarm(0)
     res["seconds"] = time.monotonic() - t0
-    res["maxrss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    res["maxrss"] = _peak()
     sys.__stdout__.write(json.dumps(res) + "\n")
     sys.__stdout__.flush()
 """
