@@ -571,6 +571,16 @@ def _reporter(
     return report
 
 
+def _require_readable(src: Path, groups: dict) -> None:
+    """Every rank file is a readable regular file, checked before the first header is read.
+
+    Raises:
+        CheckpointError: naming the first that is not (:func:`surgery.regular.require_regular`).
+    """
+    for rf in (rf for fs in groups.values() for rf in fs):
+        require_regular(src / rf.rel, rf.rel)
+
+
 def merge(
     path: str | PathLike[str],
     out: str | PathLike[str],
@@ -610,8 +620,7 @@ def merge(
     limit = parse_size(max_shard_size)
     names = _names(src)
     container, groups = find_ranks(src, names)
-    for rf in (rf for fs in groups.values() for rf in fs):
-        require_regular(src / rf.rel, rf.rel)  # readable before the first header is read
+    _require_readable(src, groups)
     config, _, _ = _read_config(src)
     n_tp, n_pp = 1 + max(t for t, _ in groups), 1 + max(p for _, p in groups)
     _check_degree(src, config, n_tp, n_pp)
