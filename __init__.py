@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .surgery import __version__
-from .surgery.errors import (
+from .surgery.model.enums import Init, Keep, Layout, Loader, Target
+from .surgery.model.errors import (
     CheckpointError,
     ExitCode,
     OutputError,
@@ -31,13 +32,12 @@ from .surgery.errors import (
     UsageError,
     ValuesDifferError,
 )
-from .surgery.options import Init, Keep, Layout, Loader, Target
 from .surgery.results import Inspection, Report
 
 if TYPE_CHECKING:
-    from .surgery.convert import convert
-    from .surgery.merge import merge
-    from .surgery.operations import inspect, resize, tie, untie, verify
+    from .surgery.ops import inspect, resize, tie, untie, verify
+    from .surgery.plan.convert import convert
+    from .surgery.plan.merge import merge
     from .surgery.verify import VerifyResult as Verification
 
 _OPERATIONS = ("inspect", "tie", "untie", "resize", "verify")
@@ -71,17 +71,17 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The operations (:mod:`tietool.surgery.operations`), imported on first use (they need numpy)."""
+    """The operations (:mod:`tietool.surgery.ops`), imported on first use (they need numpy)."""
     if name in _OPERATIONS:
-        from .surgery import operations
+        from .surgery import ops as operations
 
         return getattr(operations, name)
     if name == "convert":
-        from .surgery.convert import convert
+        from .surgery.plan.convert import convert
 
         return convert
     if name == "merge":
-        from .surgery.merge import merge
+        from .surgery.plan.merge import merge
 
         return merge
     if name == "Verification":

@@ -61,7 +61,7 @@ def run_child(argv: list[str]) -> dict:
 
 
 def largest_tensor(ckpt: Path) -> tuple[str, int]:
-    from tietool.surgery.checkpoint import Checkpoint
+    from tietool.surgery.io.checkpoint import Checkpoint
 
     c = Checkpoint.open(ckpt)
     t = max(c.tensors.values(), key=lambda t: t.nbytes)

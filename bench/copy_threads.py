@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How many threads should copy the untouched shards? (the ``COPY_THREADS`` of ``surgery/write.py``)
+"""How many threads should copy the untouched shards? (the ``COPY_THREADS`` of ``surgery/write/writer.py``)
 
 Copies every file of a checkpoint folder into ``bench/_work/out_copy`` with tietool's own ``copy_file``
 (``os.copy_file_range`` + fsync) from a pool of 1, 2, 4 and 8 threads, and with ``cp -r`` and ``cp -r`` +
@@ -28,7 +28,7 @@ sys.path.insert(0, str(BENCH))
 
 from run import settle, warm  # noqa: E402
 
-from surgery.write import copy_file  # noqa: E402
+from surgery.write.writer import copy_file  # noqa: E402
 
 
 def copy_pool(src: Path, dst: Path, threads: int) -> None:

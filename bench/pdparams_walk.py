@@ -35,7 +35,7 @@ def _files() -> list[Path]:
 def _synthetic(dest: Path, pdparams_io, n: int = 20_000) -> Path:
     import numpy as np
 
-    from tietool.surgery.formats.safetensors_io import Source
+    from tietool.surgery.io.safetensors_io import Source
 
     rows = []
     for i in range(n):
@@ -66,7 +66,7 @@ def _baseline(commit: str, tmp: Path):
     subprocess.run(["tar", "-x", "-C", str(dst)], input=tar, check=True)
     (tmp / "tietool_base").symlink_to(dst)
     sys.path.insert(0, str(tmp))
-    return importlib.import_module("tietool_base.surgery.formats.pdparams_io")
+    return importlib.import_module("tietool_base.surgery.io.pdparams_io")
 
 
 def main() -> None:
@@ -74,7 +74,7 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=7, help="rounds (medians)")
     ap.add_argument("--baseline-commit", help="also time the walker of this commit")
     a = ap.parse_args()
-    from tietool.surgery.formats import pdparams_io
+    from tietool.surgery.io import pdparams_io
 
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)

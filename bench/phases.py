@@ -93,11 +93,14 @@ def main() -> int:
     t_start = time.perf_counter()
     import numpy  # noqa: F401
 
-    from surgery import detect as detect_mod
-    from surgery import plan as plan_mod
-    from surgery import write as write_mod
-    from surgery.checkpoint import Checkpoint
-    from surgery.formats import safetensors_io
+    from tietool.surgery.inspect import detect as detect_mod
+    from tietool.surgery.io import safetensors_io
+    from tietool.surgery.io.checkpoint import Checkpoint
+    from tietool.surgery.plan import plan as plan_mod
+    from tietool.surgery.plan.resize import plan_resize
+    from tietool.surgery.plan.tie import plan_tie
+    from tietool.surgery.plan.untie import plan_untie
+    from tietool.surgery.write import writer as write_mod
 
     T["import surgery"] = time.perf_counter() - t_start
     detect_mod.compare = timed("detect.compare (value comparison)", detect_mod.compare)
@@ -136,16 +139,16 @@ def main() -> int:
     ck = phase("Checkpoint.open", Checkpoint.open, a.ckpt)
     det = phase("detect", detect_mod.detect, ck, compare_values=True)
     if a.op == "inspect":
-        from surgery.summary import summarize
+        from tietool.surgery.inspect.summary import summarize
 
         phase("summarize", summarize, det)
     else:
         if a.op == "tie":
-            plan = phase("plan", plan_mod.plan_tie, det)
+            plan = phase("plan", plan_tie, det)
         elif a.op == "untie":
-            plan = phase("plan", plan_mod.plan_untie, det)
+            plan = phase("plan", plan_untie, det)
         else:
-            plan = phase("plan", plan_mod.plan_resize, det, a.vocab, None, a.init, 0)
+            plan = phase("plan", plan_resize, det, a.vocab, None, a.init, 0)
         if "make" in plan_mod.NewTensor.__dataclass_fields__:  # older trees: data by closures
             for nt in list(plan.replace.values()) + list(plan.add):
                 nt.make = timed(f"NewTensor.make ({nt.name})", nt.make)

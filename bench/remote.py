@@ -86,7 +86,7 @@ def in_process(ckpt: Path, rounds: int) -> dict:
     """``inspect --no-values`` through the library in this process, local and s3 alternating, after one
     untimed call of each: what a remote inspect costs once the S3 client stack is imported and its client
     made (what a Python user calling ``tietool.inspect`` repeatedly pays). Medians of ``2 * rounds``."""
-    from tietool.surgery import operations
+    from tietool.surgery import ops as operations
 
     operations.inspect(ckpt, compare_values=False)
     operations.inspect("s3://bench/ckpt", compare_values=False)

@@ -15,8 +15,8 @@ from typing import Annotated
 import typer
 from typer.core import TyperCommand
 
-from ..surgery.errors import ExitCode, Opt, set_wording
-from ..surgery.options import Init, Keep, Layout, Loader, Target
+from ..surgery.model.enums import Init, Keep, Layout, Loader, Target
+from ..surgery.model.errors import ExitCode, Opt, set_wording
 
 app = typer.Typer(
     name="tietool",
@@ -139,7 +139,7 @@ def finite(doc):
 def _run(fn, as_json: bool = False):
     """Run a command body; map tietool errors to one line on stderr (and, with ``--json``, a JSON object on
     stdout) and their exit code."""
-    from ..surgery.errors import TietoolError
+    from ..surgery.model.errors import TietoolError
 
     before = set_wording(_cli_wording)
     try:
@@ -227,7 +227,7 @@ def inspect(
     paths = ckpts or ["."]
 
     def one(p: str):
-        from ..surgery import operations
+        from ..surgery import ops as operations
 
         return operations.inspect(
             p, layout=layout, loader=loader, embedding=embedding, head=head, compare_values=not no_values
@@ -335,7 +335,7 @@ def tie(
     """Drop the LM head (after checking it equals the embedding) and set tie_word_embeddings true."""
 
     def body():
-        from ..surgery import operations
+        from ..surgery import ops as operations
 
         rep = operations.tie(
             ckpt,
@@ -379,7 +379,7 @@ def untie(
     """Write the LM head as its own tensor, equal to the embedding, and set tie_word_embeddings false."""
 
     def body():
-        from ..surgery import operations
+        from ..surgery import ops as operations
 
         rep = operations.untie(
             ckpt,
@@ -447,8 +447,8 @@ def resize(
     """Grow or trim the vocabulary rows of the embedding, head and head bias together; update vocab_size."""
 
     def body():
-        from ..surgery import operations
-        from ..surgery.errors import UsageError
+        from ..surgery import ops as operations
+        from ..surgery.model.errors import UsageError
 
         if vocab is None and pad_to_multiple_of is None:
             raise UsageError(
@@ -507,8 +507,8 @@ def merge(
     checkpoint."""
 
     def body():
-        from ..surgery import merge as merge_mod
-        from ..surgery.errors import UsageError
+        from ..surgery.model.errors import UsageError
+        from ..surgery.plan import merge as merge_mod
 
         if out is None:
             raise UsageError("merge writes a new checkpoint", fix="pass --out DIR (a new folder)")
@@ -578,7 +578,7 @@ def verify(
     --logits could not compare the logits)."""
 
     def body():
-        from ..surgery import operations
+        from ..surgery import ops as operations
         from . import render
 
         res = operations.verify(before, after, logits=logits)
@@ -626,7 +626,7 @@ def convert(
     """Convert between PaddleNLP 2.x and PaddleFormers layouts, or change only the container."""
 
     def body():
-        from ..surgery import convert as convert_mod
+        from ..surgery.plan import convert as convert_mod
         from . import render
 
         rep = convert_mod.convert(

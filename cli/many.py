@@ -32,7 +32,7 @@ def _row(info: dict) -> list[str]:
 def inspect_many(paths: list[str], inspect_one: Callable[[str], dict], as_json: bool) -> int:
     """Inspect every folder in ``paths`` with ``inspect_one`` (which raises ``TietoolError``), print a table
     with a row each (or a JSON list), and return the exit code: 0, or the first failure's."""
-    from ..surgery.errors import TietoolError
+    from ..surgery.model.errors import TietoolError
 
     results: list[dict] = []
     code = 0

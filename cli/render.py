@@ -55,7 +55,7 @@ def _messages(con: Console, notes, warnings, problems=()) -> None:
         con.print(f"warning: {w}", style="yellow")
 
 
-_LEFT_OUT_WHY = {  # LeftOutReason values (surgery/surface.py) in words
+_LEFT_OUT_WHY = {  # LeftOutReason values (surgery/io/surface.py) in words
     "not-in-index": "not listed in {index}, so not part of the checkpoint; a loader that prefers a lone "
     "weight file over an index would read its weights instead",
     "other-format": "weights in another format than the checkpoint's ({format}); which one a loader reads "

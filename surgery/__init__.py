@@ -1,14 +1,25 @@
 """tietool's library: read → detect → plan → write → report, for PaddlePaddle LLM checkpoints.
 
-The pipeline lives in one module per step:
+The map, one line per layer, in pipeline order:
 
-* :mod:`surgery.formats` — safetensors and ``.pdparams`` readers/writers (headers first, data on demand)
-* :mod:`surgery.checkpoint` — a checkpoint folder: config, weight files, index, tensor headers
-* :mod:`surgery.architectures` — the architecture table (data) and per-library loader facts
-* :mod:`surgery.detect` — finds the input embedding, LM head, bias and the tie state
-* :mod:`surgery.plan` — ``plan_tie`` / ``plan_untie`` / ``plan_resize``: what changes, bytes saved
-* :mod:`surgery.write` — executes a plan into a temporary folder, then renames it into place
-* :mod:`surgery.report` — the parameter-savings report
+* :mod:`surgery.model` — the vocabulary: errors, option enums, tensor headers and dtypes; no I/O
+* :mod:`surgery.arch` — architecture knowledge as data: families, loader facts and their proofs
+* :mod:`surgery.io` — bytes in and out: stores (local, URL), safetensors / ``.pdparams``, the checkpoint
+  folder, config and tokenizer files, read-back; the only layer that knows a local path from a URL
+* :mod:`surgery.inspect` — what a checkpoint holds: detection of embedding, head, bias and tie state,
+  value comparison, findings, conventions and layouts, the ``inspect`` summary
+* :mod:`surgery.plan` — planners only: what ``tie`` / ``untie`` / ``resize`` / ``convert`` / ``merge``
+  will write, as recipes, computed from headers and detection
+* :mod:`surgery.write` — executes a plan into a temporary folder, reads it back, publishes it (or swaps it
+  in place, crash-safe)
+* :mod:`surgery.report` — the parameter-savings report of a plan; :mod:`surgery.results` its typed face
+* :mod:`surgery.verify` — compares two checkpoints; :mod:`surgery.ops` — the operations end to end
+* :mod:`surgery.logits_worker` — the PaddleFormers subprocess of ``verify --logits`` (the only paddle import)
+
+**The layer rule**: a module imports only from its own layer and the layers above it in this list
+(``model`` first, then ``arch``, ``io``, ``inspect``, ``plan``, ``write``, ``report``/``results``,
+``verify``, ``ops``); then the package face :mod:`tietool` and :mod:`tietool.cli`. ``tests/test_layers.py``
+walks every import (lazy ones included) and fails on an import against this order or a cycle.
 
 Nothing here imports paddle.
 """

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from typing import Any, Literal, TypedDict
 
-from . import __version__, surface
-from .detect import Detection
-from .errors import Opt
-from .findings import FindingKind
-from .plan import Plan, _get_config
+from . import __version__
+from .inspect.detect import Detection
+from .inspect.findings import FindingKind
+from .io import surface
+from .model.errors import Opt
+from .plan.plan import Plan, get_config
 
 
 class _SavingsRequired(TypedDict):
@@ -187,7 +188,7 @@ def _config_changes(plan: Plan) -> list[ConfigChange]:
     """The config keys the plan sets to a value other than the one they hold."""
     cfg: list[ConfigChange] = []
     for file, key, value in plan.config_set:
-        before = _get_config(plan.ckpt, file, key)
+        before = get_config(plan.ckpt, file, key)
         if before != value:
             cfg.append({"file": file, "key": key, "before": before, "after": value})
     return cfg
@@ -226,10 +227,10 @@ def _add_written_files(rep: dict[str, Any], facts: dict) -> None:
 def build(
     plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False, keep_training_state: bool = False
 ) -> dict:
-    """The report of a plan (and of its execution, ``facts`` from :func:`surgery.write.execute`).
+    """The report of a plan (and of its execution, ``facts`` from :func:`surgery.write.writer.execute`).
 
     ``left_out`` lists the input's files the output does not hold (not part of the checkpoint, or training
-    state made stale), each with its reason (:class:`surgery.surface.LeftOutReason`)."""
+    state made stale), each with its reason (:class:`surgery.io.surface.LeftOutReason`)."""
     ckpt, det = plan.ckpt, plan.det
     dropped, added, changed = _dropped(plan), _added(plan), _resized(plan)
     p0, b0 = ckpt.total_parameters, ckpt.total_bytes

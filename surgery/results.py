@@ -18,7 +18,7 @@ class Inspection(dict[str, Any]):
     @property
     def path(self) -> Any:
         """The checkpoint: a ``Path``, or a remote path for a URL (:func:`store.as_path`)."""
-        from . import store  # not at import: ``tietool --help`` imports this module
+        from .io import store  # not at import: ``tietool --help`` imports this module
 
         return store.as_path(self["path"])
 
@@ -86,7 +86,7 @@ class Report(dict[str, Any]):
     @property
     def output(self) -> Any:
         """The output folder (a ``Path``, or a remote path for a URL), or None."""
-        from . import store
+        from .io import store
 
         return store.as_path(self["output"]) if self.get("output") else None
 

@@ -12,7 +12,7 @@ Every tensor is classified: identical (same bytes), dropped, added, resized, or 
   bfloat16 ``U16`` label written as ``BF16`` with the same bytes.
 
 Every other tensor must be bit-identical, and config files may differ only in ``tie_word_embeddings`` and
-vocab-size keys (:data:`surgery.vocabkeys.VOCAB_SIZE_KEYS`).
+vocab-size keys (:data:`surgery.io.vocabkeys.VOCAB_SIZE_KEYS`).
 
 When the embedding's row count changed, every tensor of the input's vocabulary surface (heads, biases,
 aliases, multi-token-prediction copies, vocabulary-shaped tensors) must have moved by the same number of
@@ -31,20 +31,21 @@ from pathlib import Path
 
 import numpy as np
 
-from . import chunked, store
-from .checkpoint import Checkpoint
-from .configfile import read_config_file
-from .detect import Detection, detect, tied_scale
-from .errors import CheckpointError, ExitCode, Opt
-from .formats.tensor import TensorInfo
-from .regular import load_json
-from .vocabkeys import VOCAB_SIZE_KEYS, vocab_keys, walk
+from .inspect import chunked
+from .inspect.detect import Detection, detect, tied_scale
+from .io import store
+from .io.checkpoint import Checkpoint
+from .io.configfile import read_config_file
+from .io.regular import load_json
+from .io.vocabkeys import VOCAB_SIZE_KEYS, vocab_keys, walk
+from .model.errors import CheckpointError, ExitCode, Opt
+from .model.tensor import TensorInfo
 
 ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *VOCAB_SIZE_KEYS)
 
 
 def _flatten(d) -> dict:
-    """``{dotted key: value}`` of every leaf of a parsed config (:func:`surgery.vocabkeys.walk`)."""
+    """``{dotted key: value}`` of every leaf of a parsed config (:func:`surgery.io.vocabkeys.walk`)."""
     return dict(walk(d))
 
 
@@ -379,8 +380,8 @@ def _compare_metadata(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
 
 
 def _read_cfg(p: Path) -> object:
-    """A config file (strictly, types checked: :func:`surgery.configfile.read_config_file`) or
-    ``generation_config.json`` (strictly: :func:`surgery.regular.load_json`)."""
+    """A config file (strictly, types checked: :func:`surgery.io.configfile.read_config_file`) or
+    ``generation_config.json`` (strictly: :func:`surgery.io.regular.load_json`)."""
     return load_json(p, p.name) if p.name == "generation_config.json" else read_config_file(p)
 
 
@@ -418,7 +419,7 @@ def _equal_to_embedding(
 ) -> bool:
     """``X[name]`` holds the embedding ``E[emb]``: the same bits as stored or transposed (a ``[hidden,
     vocab]`` head), or, with ``scale``, its values times ``scale`` (T5's tied head materialised). Read in
-    bounded chunks (:mod:`surgery.chunked`)."""
+    bounded chunks (:mod:`surgery.inspect.chunked`)."""
     if chunked.same_bytes(X, E, name, emb) or chunked.transposed_equal(X, name, E, emb):
         return True
     if scale is None:
@@ -473,7 +474,8 @@ def _not_compared(cause: NotCompared, why: str, fix: str, **extra) -> dict:
 def logits_check(a_path, b_path, timeout: float = 600) -> dict:
     """Logits of both checkpoints under PaddleFormers on CPU, on a fixed batch of ids valid in both and not a
     special token the config names (a vision-language model's image id would ask for pixels), in one
-    subprocess (:mod:`surgery.fidelity`: the model class comes from the input's config through PaddleFormers'
+    subprocess (:mod:`surgery.logits_worker`: the model class comes from the input's config through
+    PaddleFormers'
     own registries, and both are run with it).
 
     Returns:
@@ -486,7 +488,7 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
     """
     import importlib.util
 
-    from . import store
+    from .io import store
 
     missing = [m for m in ("paddle", "paddleformers") if importlib.util.find_spec(m) is None]
     if missing:
@@ -576,19 +578,27 @@ def _compare_logits(a_path, b_path, ids: np.ndarray, v: int, timeout: float) -> 
 
 
 def _run_fidelity(paths: list, ids: Path, out: Path, timeout: float, config_of=None) -> dict:
-    """Run ``tietool.surgery.fidelity`` on the checkpoints ``paths`` in one subprocess: the logits of the
+    """Run ``tietool.surgery.logits_worker`` on the checkpoints ``paths`` in one subprocess: the logits of the
     token ids in ``ids`` go to ``out/<i>.npy``; the class comes from the first one's config (or from
     ``config_of``'s).
 
     Returns:
-        the subprocess's JSON line (:mod:`surgery.fidelity`), or a not-compared dict (:func:`_not_compared`)
+        the subprocess's JSON line (:mod:`surgery.logits_worker`), or a not-compared dict
+        (:func:`_not_compared`)
         when it timed out or printed no JSON (its stderr's last line says why).
     """
     import subprocess
     import sys
 
     out.mkdir(parents=True, exist_ok=True)
-    args = [sys.executable, "-m", "tietool.surgery.fidelity", str(ids), str(out), str(config_of or paths[0])]
+    args = [
+        sys.executable,
+        "-m",
+        "tietool.surgery.logits_worker",
+        str(ids),
+        str(out),
+        str(config_of or paths[0]),
+    ]
     try:
         r = subprocess.run(
             [*args, *map(str, paths)],

@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import tietool
-from tietool.surgery.checkpoint import Checkpoint
+from tietool.surgery.io.checkpoint import Checkpoint
 
 FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 CASES = Path(__file__).resolve().parent / "data" / "cases"

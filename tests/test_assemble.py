@@ -1,4 +1,5 @@
-"""surgery.assemble: the writer of convert and merge. Shards as save_pretrained does, streams each tensor
+"""surgery.write.assemble: the writer of convert and merge. Shards as save_pretrained does, streams each
+tensor
 from its source, reads every file back, and leaves nothing when a source fails."""
 
 from __future__ import annotations
@@ -9,7 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tietool.surgery.assemble import (
+from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.io.safetensors_io import Source
+from tietool.surgery.model.errors import OutputError, UsageError
+from tietool.surgery.write.assemble import (
     Container,
     OutTensor,
     assemble,
@@ -18,9 +22,6 @@ from tietool.surgery.assemble import (
     plan_shards,
     shard_names,
 )
-from tietool.surgery.checkpoint import Checkpoint
-from tietool.surgery.errors import OutputError, UsageError
-from tietool.surgery.formats.safetensors_io import Source
 
 FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from support.paths import REPO
 
-from tietool.surgery.checkpoint import Checkpoint
+from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.verify import verify
 
 
@@ -37,7 +37,7 @@ def _bf16(x: np.ndarray) -> np.ndarray:
 
 def make_sharded_ckpt(d: Path, vocab=4096, hidden=512, layers=4) -> Path:
     """A tied Llama in PaddleFormers layout (bf16, duplicate head), ~40 MB in 3 shards."""
-    from tietool.surgery.formats.safetensors_io import Source, write_file
+    from tietool.surgery.io.safetensors_io import Source, write_file
 
     d.mkdir(parents=True)
     rng = np.random.default_rng(0)
@@ -141,7 +141,7 @@ def test_disk_full_leaves_nothing(tmp_path, monkeypatch, where):
     from typer.testing import CliRunner
 
     from tietool.cli.app import app
-    from tietool.surgery.formats import safetensors_io
+    from tietool.surgery.io import safetensors_io
 
     src = make_sharded_ckpt(tmp_path / "in", vocab=256, hidden=64, layers=1)
     before = snapshot(src)
@@ -150,9 +150,9 @@ def test_disk_full_leaves_nothing(tmp_path, monkeypatch, where):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     if where == "copy":
-        from tietool.surgery import write
+        from tietool.surgery.write import copy as copies
 
-        monkeypatch.setattr(write, "copy_file", enospc)
+        monkeypatch.setattr(copies, "copy_file", enospc)
     else:
         # every tensor byte a rewritten shard gets goes through Source.write_to
         monkeypatch.setattr(safetensors_io.Source, "write_to", enospc)
@@ -210,20 +210,20 @@ def test_an_interrupt_during_the_final_rename_is_held_back_and_said(tmp_path, mo
     import signal
 
     import tietool
-    from tietool.surgery import write
+    from tietool.surgery.write import publish
 
     src = make_sharded_ckpt(tmp_path / "in", vocab=256, hidden=64, layers=1)
     out = tmp_path / "out"
-    real = write._fsync_dir
+    real = publish.fsync_dir
 
     def fsync_and_interrupt(p):
         if Path(p) == tmp_path:  # the parent folder, after the rename
             os.kill(os.getpid(), signal.SIGINT)
         real(p)
 
-    monkeypatch.setattr(write, "_fsync_dir", fsync_and_interrupt)
+    monkeypatch.setattr(publish, "fsync_dir", fsync_and_interrupt)
     with pytest.raises(KeyboardInterrupt) as e:
         tietool.tie(src, out)
-    assert isinstance(e.value, tietool.surgery.errors.Interrupted)
+    assert isinstance(e.value, tietool.surgery.model.errors.Interrupted)
     assert e.value.state == f"the output {out} was written completely just before"
     assert verify(src, out).explained and not [p for p in tmp_path.iterdir() if ".tietool-tmp-" in p.name]

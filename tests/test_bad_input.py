@@ -902,8 +902,8 @@ KNOWN_BAD_DEFAULTS = {"pix2struct"}
 def _default_config_refusals(mapping) -> tuple[int, list[str]]:
     import warnings
 
-    from tietool.surgery.configfile import check_config
-    from tietool.surgery.errors import CheckpointError
+    from tietool.surgery.io.configfile import check_config
+    from tietool.surgery.model.errors import CheckpointError
 
     checked, refused = 0, []
     with warnings.catch_warnings():

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tietool import __version__
-from tietool.surgery.checkpoint import Checkpoint
+from tietool.surgery.io.checkpoint import Checkpoint
 
 FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 

@@ -25,10 +25,10 @@ from support import convert_loads, paths, pnlp_support
 from support import fixture_support as fs
 
 import tietool
-from tietool.surgery import convert as cv
-from tietool.surgery.checkpoint import Checkpoint
-from tietool.surgery.formats import pdparams_io
-from tietool.surgery.formats.safetensors_io import Source
+from tietool.surgery.io import pdparams_io
+from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.io.safetensors_io import Source
+from tietool.surgery.plan import convert as cv
 
 PNLP_LLAMA = ["pnlp_llama_untied", "pnlp_llama_tied", "pnlp_llama_untied_bf16", "pnlp_llama_untied_sharded"]
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

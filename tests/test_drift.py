@@ -21,12 +21,12 @@ from support import paths
 from typer.testing import CliRunner
 
 from tietool.cli.app import app
-from tietool.surgery import detect as det_mod
-from tietool.surgery.checkpoint import Checkpoint
-from tietool.surgery.detect import DRIFT_EDGES, detect
-from tietool.surgery.formats.tensor import bf16_bits_to_f32, f32_to_bf16_bits
-from tietool.surgery.operations import inspect as inspect_op
-from tietool.surgery.tokenizer import token_strings
+from tietool.surgery.inspect import detect as det_mod
+from tietool.surgery.inspect.detect import DRIFT_EDGES, detect
+from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.io.tokenizer import token_strings
+from tietool.surgery.model.tensor import bf16_bits_to_f32, f32_to_bf16_bits
+from tietool.surgery.ops import inspect as inspect_op
 
 # row -> (column, |Δ| added): one row per histogram bin but "(1e-06, 1e-05]" and "(0.001, 0.01]"; twelve
 # rows, so the top ten leave two out; 95 is an added token, 99 has no token

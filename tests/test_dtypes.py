@@ -27,9 +27,9 @@ import pytest
 from safetensors import TensorSpec, safe_open, serialize_file
 
 import tietool
-from tietool.surgery.errors import CheckpointError, ExitCode, RefusedError
-from tietool.surgery.formats import safetensors_io
-from tietool.surgery.formats.tensor import DTYPES
+from tietool.surgery.io import safetensors_io
+from tietool.surgery.model.errors import CheckpointError, ExitCode, RefusedError
+from tietool.surgery.model.tensor import DTYPES
 
 # TensorSpec dtype name (what the library's writer takes) -> the header label it writes
 LIBRARY_WRITES = {

@@ -40,9 +40,9 @@ import pytest
 from support import family_builder as fb
 from support import fixture_support as fs
 
-from tietool.surgery import architectures as arch
-from tietool.surgery.checkpoint import Checkpoint
-from tietool.surgery.detect import detect
+from tietool.surgery.arch import families as arch
+from tietool.surgery.inspect.detect import detect
+from tietool.surgery.io.checkpoint import Checkpoint
 
 pytestmark = pytest.mark.slow  # every test here needs PaddleFormers (the builder and the logits)
 
@@ -135,7 +135,7 @@ def _ops_for(v: fb.Variant) -> list[str]:
 
 
 # This file found five loader facts of PaddleFormers 1.2 that the architecture table then lacked (each was an
-# xfail here until surgery/architectures.py learnt it): Qwen2/Qwen3/Gemma3 legacy .pdparams loaders do not
+# xfail here until surgery/arch/families.py learnt it): Qwen2/Qwen3/Gemma3 legacy .pdparams loaders do not
 # re-tie a dropped head; Phi3 never rebuilds a missing head; GptOss and DeepSeek-V3 ignore
 # tie_word_embeddings; Gemma3's legacy .pdparams loader reads lm_head.weight as stored (untie is valid).
 

@@ -102,8 +102,8 @@ class Case:
 def tietool_drops_head(path: Path) -> bool:
     """Whether tietool's table lets a write drop this checkpoint's duplicate head (``Family.may_drop_head``:
     the loader re-ties and that is proven; test_loader_facts and the PaddleNLP tests hold the proofs)."""
-    from tietool.surgery.checkpoint import Checkpoint
-    from tietool.surgery.detect import detect
+    from tietool.surgery.inspect.detect import detect
+    from tietool.surgery.io.checkpoint import Checkpoint
 
     return detect(Checkpoint.open(path), compare_values=False).family.may_drop_head
 

@@ -31,7 +31,7 @@ from support import adversarial_support as av
 from support import fixture_support as fs
 
 import tietool
-from tietool.surgery.errors import OutputError, TietoolError
+from tietool.surgery.model.errors import OutputError, TietoolError
 
 V, H = 100, 16  # both fixtures: vocab_size 100, hidden_size 16
 ST_CASE, PD_CASE = av.ST_ONE, av.PD_ONE

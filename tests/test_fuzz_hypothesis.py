@@ -1,7 +1,8 @@
 """Property: reading any byte-mutation of a small checkpoint either works or raises ``TietoolError``.
 
-The reader is what every command runs first: ``tietool.surgery.checkpoint.Checkpoint.open`` (config, index,
-headers or pickle walk) and ``tietool.surgery.detect.detect`` (embedding/head lookup, value comparison, which
+The reader is what every command runs first: ``tietool.surgery.io.checkpoint.Checkpoint.open`` (config, index,
+headers or pickle walk) and ``tietool.surgery.inspect.detect.detect`` (embedding/head lookup, value
+comparison, which
 loads tensor data).
 Anything else escaping (ValueError, KeyError, TypeError, RecursionError, MemoryError, ...) is a bug: the CLI
 would report it as an internal error (exit 70) instead of a one-line "bad checkpoint" message.
@@ -33,9 +34,9 @@ from hypothesis import strategies as st
 from support import adversarial_support as av
 
 import tietool
-from tietool.surgery.checkpoint import Checkpoint
-from tietool.surgery.detect import detect
-from tietool.surgery.errors import TietoolError
+from tietool.surgery.inspect.detect import detect
+from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.model.errors import TietoolError
 
 SETTINGS = settings(
     max_examples=200,
@@ -760,7 +761,7 @@ def json_mutant(draw, doc: dict, names=HOSTILE_NAME, keys: tuple[str, ...] = ())
 
 
 def write_or_refuse(ckpt: Path, scratch: Path, ops) -> None:
-    """Open + detect, then each of ``ops`` (``(name, kwargs)`` of :mod:`tietool.surgery.operations`) to a
+    """Open + detect, then each of ``ops`` (``(name, kwargs)`` of :mod:`tietool.surgery.ops`) to a
     fresh ``--out`` under ``scratch``: only success or a TietoolError may come out; a refusal leaves no
     output behind."""
     read_or_refuse(ckpt)
@@ -775,10 +776,10 @@ def write_or_refuse(ckpt: Path, scratch: Path, ops) -> None:
 
 
 def _op(name: str):
-    """An operation by name: ``tie``/``untie``/``resize`` of :mod:`tietool.surgery.operations`, ``convert``
+    """An operation by name: ``tie``/``untie``/``resize`` of :mod:`tietool.surgery.ops`, ``convert``
     (to PaddleFormers), ``verify`` (the input against itself; ``out`` unused)."""
-    from tietool.surgery import operations
-    from tietool.surgery.convert import convert
+    from tietool.surgery import ops as operations
+    from tietool.surgery.plan.convert import convert
 
     if name == "convert":
         return lambda ckpt, out, **kw: convert(ckpt, "paddleformers", out, **kw)

@@ -24,7 +24,7 @@ from support import adversarial_support as av
 from support import casecheck
 
 import tietool
-from tietool.surgery.errors import CheckpointError, ExitCode, RefusedError
+from tietool.surgery.model.errors import CheckpointError, ExitCode, RefusedError
 
 CASES = Path(__file__).resolve().parent / "data" / "cases"
 INDEX = "model.safetensors.index.json"

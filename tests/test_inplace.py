@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import tietool
-from tietool.surgery import inplace
+from tietool.surgery.write import inplace
 
 FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 REPORT = "tietool-report.json"
@@ -742,7 +742,7 @@ def test_the_old_version_is_deleted_only_after_the_new_one_is_durable(tmp_path, 
     monkeypatch.setattr(inplace, "exchange", exchange)
     monkeypatch.setattr(inplace, "delete_tree", delete)
     monkeypatch.setattr(inplace.os, "rename", rename)
-    from tietool.surgery import operations
+    from tietool.surgery import ops as operations
 
     monkeypatch.setattr(operations, "fsync_dir", lambda p: steps.append(f"fsync {Path(p).name}"))
     tietool.resize(ck, 128, backup=False)

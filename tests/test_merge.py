@@ -20,8 +20,8 @@ from typer.testing import CliRunner
 
 import tietool
 from tietool.cli.app import app
-from tietool.surgery import merge as merge_mod
-from tietool.surgery.formats import pdparams_io, safetensors_io
+from tietool.surgery.io import pdparams_io, safetensors_io
+from tietool.surgery.plan import merge as merge_mod
 
 TP = paths.DATA / "tp_ranks"
 VARIANTS = ("llama_fp32", "llama_bf16", "llama_fused_fp32", "qwen2_fused_fp32", "qwen2_bf16", "phi3_fp32")

@@ -1,5 +1,6 @@
 """The library names no command-line flag (issue 10): a message names an option as data
-(``surgery.errors.Opt``), and the caller words it (``keep='head'`` in Python, ``--keep head`` in the CLI).
+(``surgery.model.errors.Opt``), and the caller words it (``keep='head'`` in Python, ``--keep head`` in the
+CLI).
 
 Every string constant and f-string literal part in ``surgery/**/*.py`` is checked, docstrings excluded
 (they may describe the CLI); comments are not in the syntax tree.
@@ -53,7 +54,7 @@ def test_no_flags_in_library_strings():
         for p in _files()
         if str(p.relative_to(SURGERY)) not in PENDING and (flags := flags_in(p.read_text(encoding="utf-8")))
     }
-    assert not found, f"command-line flags in library strings (use surgery.errors.Opt): {found}"
+    assert not found, f"command-line flags in library strings (use surgery.model.errors.Opt): {found}"
 
 
 def test_pending_files_exist():

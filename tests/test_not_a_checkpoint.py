@@ -1,5 +1,5 @@
 """Folders that are not a whole checkpoint, or hold more than one: refused with the true cause, or read with
-the extra files named and left out of every output (surgery/surface.py).
+the extra files named and left out of every output (surgery/io/surface.py).
 
 * tensor/pipeline-parallel rank files (names, or ``tensor_parallel_degree`` > 1): every command refuses,
   says "parallel" and "merge", never "rename";

@@ -349,7 +349,7 @@ def test_every_real_pdparams_walks_as_pickle_loads_it() -> None:
     ``.pdparams`` in tests/data (PaddleNLP/PaddleFormers/paddle.save files and tietool's own outputs) is
     read, and gives the tensors and non-tensor entries that ``pickle.load`` (allow-listed, building real
     numpy arrays) gives."""
-    from tietool.surgery.formats import pdparams_io
+    from tietool.surgery.io import pdparams_io
 
     assert len(REAL_PDPARAMS) > 50
     for p in REAL_PDPARAMS:
@@ -373,8 +373,8 @@ def test_memo_bomb_refused_in_linear_time(levels: int, tmp_path: Path) -> None:
     """A value tripled by DUP DUP TUPLE3 ``levels`` times (3**levels elements counted at every reference,
     3 bytes a level, nested less than the depth limit) is refused by its counted size, in time that does
     not grow with 3**levels."""
-    from tietool.surgery.errors import CheckpointError
-    from tietool.surgery.formats import pdparams_io
+    from tietool.surgery.io import pdparams_io
+    from tietool.surgery.model.errors import CheckpointError
 
     p = tmp_path / PD_FILE
     p.write_bytes(_pd_with(b")" + b"22\x87" * levels))
@@ -386,7 +386,7 @@ def test_memo_bomb_refused_in_linear_time(levels: int, tmp_path: Path) -> None:
 
 def test_shared_values_within_the_limit_are_read(tmp_path: Path) -> None:
     """Control: sharing itself is allowed (pickle memoizes any repeated object); 2**12 counted values read."""
-    from tietool.surgery.formats import pdparams_io
+    from tietool.surgery.io import pdparams_io
 
     p = tmp_path / PD_FILE
     p.write_bytes(_pd_with(b")" + b"2\x86" * 12))
@@ -400,8 +400,8 @@ def test_shared_values_within_the_limit_are_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize("depth", [32, 33])
 def test_nesting_limit_is_exact(depth: int, tmp_path: Path) -> None:
     """A list value nested ``depth`` deep below its entry: 32 levels read, 33 refused naming the limit."""
-    from tietool.surgery.errors import CheckpointError
-    from tietool.surgery.formats import pdparams_io
+    from tietool.surgery.io import pdparams_io
+    from tietool.surgery.model.errors import CheckpointError
 
     p = tmp_path / PD_FILE
     p.write_bytes(_pd_with(b"]" * depth + b"a" * (depth - 1)))

@@ -10,7 +10,7 @@ written files: ``nohead`` (``tied`` with every tensor the table names as the hea
 (``untied`` holding a head that differs from the embedding under the table's head name, where the library
 wrote none or wrote the embedding's own storage).
 
-:func:`test_pnlp_loader_facts` is the proof ``surgery/architectures.py``'s ``_PNLP_PROOFS`` names for
+:func:`test_pnlp_loader_facts` is the proof ``surgery/arch/families.py``'s ``_PNLP_PROOFS`` names for
 ``(model_type, "paddlenlp-2.8", container)``: the table's head layout is the loaded head's, ``reties`` says
 whether ``nohead`` loads with the head equal to the embedding, ``always_tied`` whether ``ownhead``'s head is
 ignored for the embedding, and the head bias is found exactly where the model has one.
@@ -40,7 +40,7 @@ from support import pnlp_support
 from support.pnlp_worker import FAMILIES, HIDDEN, VOCAB
 
 import tietool
-from tietool.surgery.architectures import PROOFS, lookup
+from tietool.surgery.arch.families import PROOFS, lookup
 
 LOADER = "paddlenlp-2.8"
 CONTAINERS = ("safetensors", "pdparams")
@@ -332,7 +332,7 @@ def test_pnlp_rows_without_the_venv():
     """The rows the PaddleNLP proofs fixed, read from the table alone (runs without the venv): CodeGen and
     GPT-J have their own biased ``[hidden, vocab]`` head, never re-tied; QWen's is unbiased; RW, BART never
     re-tie an embedding-shaped head; ChatGLM v1 always ties; bfloat16 stays U16 for PaddleNLP 2.8."""
-    from tietool.surgery.architectures import U16_BFLOAT16_ONLY
+    from tietool.surgery.arch.families import U16_BFLOAT16_ONLY
 
     for model_type in ("codegen", "gptj", "qwen"):
         f = lookup(model_type, LOADER, "pdparams")

@@ -14,8 +14,10 @@ import pytest
 from support.paths import CASES_DIR as FIX
 
 from tietool.cli import render
-from tietool.surgery import operations, write
-from tietool.surgery.formats.safetensors_io import read_header
+from tietool.surgery import ops as operations
+from tietool.surgery.io.safetensors_io import read_header
+from tietool.surgery.write import copy as copies
+from tietool.surgery.write import writer as write
 
 
 class Recorder:
@@ -54,7 +56,7 @@ def watch_rewrites(monkeypatch, rec: Recorder, chunk: int = 4096) -> None:
         rec.done(dst.name)
 
     monkeypatch.setattr(write, "_rewrite", rewrite)
-    monkeypatch.setattr(write, "CHUNK_BYTES", chunk)
+    monkeypatch.setattr(copies, "CHUNK_BYTES", chunk)
 
 
 def _tensor_bytes(path: Path) -> int:
@@ -68,9 +70,9 @@ def test_resize_reports_bytes_as_they_are_written(tmp_path, monkeypatch, case):
     up to ``output_bytes`` exactly, each output file reports exactly its tensor bytes, a rewritten file of
     several tensors reports at least one advance per tensor before it is finished, and the first advance
     of all comes before the first rewritten file is finished."""
-    from tietool.surgery.checkpoint import Checkpoint
-    from tietool.surgery.detect import detect
-    from tietool.surgery.plan import plan_resize
+    from tietool.surgery.inspect.detect import detect
+    from tietool.surgery.io.checkpoint import Checkpoint
+    from tietool.surgery.plan.resize import plan_resize
 
     src = FIX / case
     det = detect(Checkpoint.open(src))
@@ -100,10 +102,10 @@ def test_resize_reports_bytes_as_they_are_written(tmp_path, monkeypatch, case):
 
 
 def test_new_rows_are_reported_in_chunks(tmp_path, monkeypatch):
-    """Within one tensor, new data is reported per chunk of ``write.CHUNK_BYTES``: the resized embedding,
+    """Within one tensor, new data is reported per chunk of ``copy.CHUNK_BYTES``: the resized embedding,
     alone in its shard (old rows by byte range, new rows from memory), moves the bar many times."""
-    from tietool.surgery.checkpoint import Checkpoint
-    from tietool.surgery.detect import detect
+    from tietool.surgery.inspect.detect import detect
+    from tietool.surgery.io.checkpoint import Checkpoint
 
     src = FIX / "pf_llama_untied_sharded"
     ckpt = Checkpoint.open(src)
@@ -131,8 +133,8 @@ def test_new_rows_are_reported_in_chunks(tmp_path, monkeypatch):
 def test_advances_add_up_to_the_total(tmp_path, monkeypatch, fixture_copy, case, op, rewrites):
     """Other layouts and routes report the same total: .pdparams rewrites (aliases counted per name),
     copies only, and in place (linked files reported at once)."""
-    from tietool.surgery.checkpoint import Checkpoint
-    from tietool.surgery.detect import detect
+    from tietool.surgery.inspect.detect import detect
+    from tietool.surgery.io.checkpoint import Checkpoint
 
     rec = Recorder()
     watch_rewrites(monkeypatch, rec)

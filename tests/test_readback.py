@@ -1,4 +1,4 @@
-"""The read-back of written files (``surgery/readback.py``): what the safetensors library and the strict
+"""The read-back of written files (``surgery/io/readback.py``): what the safetensors library and the strict
 pickle reader see must be what was planned, or the output is never renamed into place."""
 
 from __future__ import annotations
@@ -13,14 +13,13 @@ import pytest
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from tietool.surgery import readback
-from tietool.surgery import write as write_mod
-from tietool.surgery.checkpoint import Checkpoint
-from tietool.surgery.detect import detect
-from tietool.surgery.errors import OutputError
-from tietool.surgery.formats import safetensors_io
-from tietool.surgery.plan import plan_tie
-from tietool.surgery.readback import Planned, check_index, check_pdparams, check_safetensors
+from tietool.surgery.inspect.detect import detect
+from tietool.surgery.io import readback, safetensors_io
+from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.io.readback import Planned, check_index, check_pdparams, check_safetensors
+from tietool.surgery.model.errors import OutputError
+from tietool.surgery.plan.tie import plan_tie
+from tietool.surgery.write import writer as write_mod
 
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_checkpoints"
 
@@ -140,7 +139,7 @@ def test_a_bad_write_never_reaches_out(tmp_path, monkeypatch, large):
 def test_input_reader_takes_only_what_the_library_takes(tmp_path, tail, words):
     """tietool's header reader refuses bytes the tensors do not cover, as safe_open does: such an input is
     never copied into an output."""
-    from tietool.surgery.errors import CheckpointError
+    from tietool.surgery.model.errors import CheckpointError
 
     p = _st(tmp_path)
     with open(p, "ab") as fh:
@@ -209,7 +208,7 @@ def test_index_read_back_is_byte_for_byte(tmp_path):
     appended or cut is refused."""
     data = {"metadata": {"total_size": 20}, "weight_map": {"a": "s1", "b": "s2", "ü": "s2"}}
     idx = tmp_path / "i.json"
-    write_mod._write_json(idx, data)
+    write_mod.write_json(idx, data)
     readback.check_json_file(idx, data, write_mod.JSON_STYLE)
     text = idx.read_bytes()
     for bad in (text.replace(b'"s2"', b'"s1"', 1), text + b" ", text[:-1], text.replace(b"20", b"21")):

@@ -92,7 +92,8 @@ def _inspect_doc(info) -> str:
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("values", [False, True])
 def test_inspect_remote_equals_local_and_reads_headers_only(s3, case, values):
-    from tietool.surgery import operations, store
+    from tietool.surgery import ops as operations
+    from tietool.surgery.io import store
 
     srv, _fs = s3
     srv.app.reset()
@@ -104,7 +105,7 @@ def test_inspect_remote_equals_local_and_reads_headers_only(s3, case, values):
     folder = CASES_DIR / case
     if case.startswith("pf_"):
         ckpt = store.as_path(str(folder))
-        from tietool.surgery.checkpoint import Checkpoint
+        from tietool.surgery.io.checkpoint import Checkpoint
 
         c = Checkpoint.open(ckpt)
         value_bytes: dict[str, int] = {}
@@ -126,8 +127,9 @@ def test_inspect_remote_equals_local_and_reads_headers_only(s3, case, values):
 def test_inspect_pdparams_walk_skips_payloads(s3, monkeypatch):
     """The opcode walker over a remote ``.pdparams`` fetches the pickle structure, not the arrays: with a
     512-byte block, the bytes fetched stay under the non-payload bytes plus a block per array."""
-    from tietool.surgery import operations, store
-    from tietool.surgery.checkpoint import Checkpoint
+    from tietool.surgery import ops as operations
+    from tietool.surgery.io import store
+    from tietool.surgery.io.checkpoint import Checkpoint
 
     srv, _fs = s3
     monkeypatch.setattr(store, "WALK_BLOCK", 512)
@@ -156,7 +158,7 @@ WRITES = [
 @pytest.mark.parametrize(("op", "case", "kw"), WRITES, ids=[f"{w[0]}-{w[1]}" for w in WRITES])
 @pytest.mark.parametrize("where", ["s3-s3", "s3-local", "local-s3"])
 def test_write_remote_equals_local(s3, tmp_path, op, case, kw, where):
-    from tietool.surgery import operations
+    from tietool.surgery import ops as operations
 
     srv, fs = s3
     fn = getattr(operations, op)
@@ -182,7 +184,7 @@ def test_tie_sharded_moves_no_untouched_shard(s3, tmp_path):
     """tie s3 → s3 of a sharded checkpoint: untouched shards are copied by the server (no body in either
     direction); the client downloads only headers, the compared tensors and the rewritten shards' kept
     tensors, and uploads only the rewritten files, the configs, the report and the index."""
-    from tietool.surgery import operations
+    from tietool.surgery import ops as operations
 
     srv, fs = s3
     case = "pf_llama_tied_sharded"
@@ -190,7 +192,7 @@ def test_tie_sharded_moves_no_untouched_shard(s3, tmp_path):
     rep = operations.tie(f"s3://{BUCKET}/in/{case}", out=f"s3://{BUCKET}/out/tie-sharded")
     copied = rep["files"]["copied"]
     assert len(copied) >= 7  # 9 shards: the head's shard goes, the rest are untouched
-    from tietool.surgery.checkpoint import Checkpoint
+    from tietool.surgery.io.checkpoint import Checkpoint
 
     c = Checkpoint.open(CASES_DIR / case)
     compared = {c.tensors[n].file: c.tensors[n].nbytes for n in (rep["embedding"], "lm_head.weight")}
@@ -328,7 +330,7 @@ def test_failed_read_mid_run_names_the_object(s3):
 def test_verify_and_dry_run_on_urls(s3, tmp_path):
     """verify reads two URLs as it reads two folders (the same verdict and findings as the local pair); a
     dry run against a URL output writes no object."""
-    from tietool.surgery import operations
+    from tietool.surgery import ops as operations
 
     _srv, fs = s3
     case = "pf_llama_tied_sharded"
@@ -375,7 +377,7 @@ def test_convert_and_merge_refuse_urls_in_one_line(tmp_path, argv):
 
 def test_api_convert_refuses_url():
     import tietool
-    from tietool.surgery.errors import UsageError
+    from tietool.surgery.model.errors import UsageError
 
     with pytest.raises(UsageError, match="hf://org/model: convert writes local folders only"):
         tietool.convert(CASES_DIR / "pf_llama_tied_sharded", "safetensors", "hf://org/model")
@@ -444,7 +446,7 @@ def test_api_sees_objects_written_since_its_last_call(s3):
     import fsspec
 
     import tietool
-    from tietool.surgery.errors import CheckpointError, UsageError
+    from tietool.surgery.model.errors import CheckpointError, UsageError
 
     srv, fs = s3
     with pytest.raises(CheckpointError, match="no such folder"):

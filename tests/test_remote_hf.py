@@ -42,7 +42,7 @@ def _doc(info) -> str:
 @pytest.mark.parametrize("repo", sorted(REPOS))
 @pytest.mark.parametrize("values", [False, True])
 def test_inspect_hf_equals_local(hub, repo, values):
-    from tietool.surgery import operations
+    from tietool.surgery import ops as operations
 
     hub.app.sent.clear()
     remote = operations.inspect(f"hf://{repo}", compare_values=values)
@@ -53,7 +53,7 @@ def test_inspect_hf_equals_local(hub, repo, values):
 
 
 def test_inspect_hf_no_values_reads_headers_only(hub):
-    from tietool.surgery import operations
+    from tietool.surgery import ops as operations
 
     hub.app.sent.clear()
     operations.inspect("hf://org/untied-sharded", compare_values=False)
@@ -65,7 +65,7 @@ def test_inspect_hf_no_values_reads_headers_only(hub):
 
 
 def test_resize_hf_to_local_equals_local(hub, tmp_path):
-    from tietool.surgery import operations
+    from tietool.surgery import ops as operations
 
     operations.resize(CASES_DIR / REPOS["org/untied-sharded"], 192, tmp_path / "local", seed=0)
     operations.resize("hf://org/untied-sharded", 192, tmp_path / "remote", seed=0)

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from tietool.surgery.errors import CheckpointError
-from tietool.surgery.formats.safetensors_io import read_header
+from tietool.surgery.io.safetensors_io import read_header
+from tietool.surgery.model.errors import CheckpointError
 
 A4 = '"dtype":"F32","shape":[1],"data_offsets":[0,4]'
 T = '"a":{%s}' % A4

@@ -17,10 +17,10 @@ import pytest
 from support.paths import BUG_CASES_DIR, REPO
 from support.paths import CASES_DIR as FIX
 
-from tietool.surgery.checkpoint import Checkpoint
-from tietool.surgery.detect import detect
-from tietool.surgery.plan import plan_tie
-from tietool.surgery.write import execute
+from tietool.surgery.inspect.detect import detect
+from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.plan.tie import plan_tie
+from tietool.surgery.write.writer import execute
 
 
 def sha(p: Path) -> str:
@@ -135,8 +135,7 @@ def _overlaps(reads, file, start, n):
 
 @pytest.mark.parametrize("case", ["pf_llama_tied_sharded", "pf_llama_untied_fp32"])
 def test_inspect_reads_no_untouched_tensor_data(monkeypatch, case):
-    from tietool.surgery import checkpoint, store
-    from tietool.surgery.formats import pdparams_io, safetensors_io
+    from tietool.surgery.io import checkpoint, pdparams_io, safetensors_io, store
 
     tr = _Tracker()
     # store: the file access layer (local files are opened there too: read_range, open_read)
@@ -157,9 +156,8 @@ def test_inspect_reads_no_untouched_tensor_data(monkeypatch, case):
 @pytest.mark.parametrize("case", ["pf_llama_tied_sharded", "pf_llama_untied_fp32", "pnlp_llama_untied"])
 def test_inspect_no_values_reads_headers_only(monkeypatch, case):
     """``inspect --no-values`` reads no tensor data at all, the embedding's and head's included."""
-    from tietool.surgery import checkpoint
-    from tietool.surgery.formats import pdparams_io, safetensors_io
-    from tietool.surgery.summary import inspect_path
+    from tietool.surgery.inspect.summary import inspect_path
+    from tietool.surgery.io import checkpoint, pdparams_io, safetensors_io
 
     tr = _Tracker()
     for mod in (safetensors_io, pdparams_io, checkpoint):
@@ -216,8 +214,9 @@ def test_parallel_copies_stop_and_clean_up(tmp_path, fixture_copy, monkeypatch, 
     import threading
     import time
 
-    from tietool.surgery import write
-    from tietool.surgery.plan import plan_resize
+    from tietool.surgery.plan.resize import plan_resize
+    from tietool.surgery.write import copy as copies
+    from tietool.surgery.write import writer as write
 
     src = fixture_copy("pf_llama_tied_sharded", "in")
     before = {p.name: sha(p) for p in src.iterdir()}
@@ -225,7 +224,7 @@ def test_parallel_copies_stop_and_clean_up(tmp_path, fixture_copy, monkeypatch, 
     det = detect(ck)
     plan = plan_resize(det, det.vocab_rows + 8, init="zeros")
     assert plan.touched_files() and len(set(ck.weight_files) - set(plan.touched_files())) >= 1
-    real_copy = write.copy_file
+    real_copy = copies.copy_file
     started = threading.Event()
 
     def slow_copy(s, d, cancelled=None, advance=None):
@@ -238,7 +237,7 @@ def test_parallel_copies_stop_and_clean_up(tmp_path, fixture_copy, monkeypatch, 
             time.sleep(0.01)
         real_copy(s, d, cancelled, advance)
 
-    monkeypatch.setattr(write, "copy_file", slow_copy)
+    monkeypatch.setattr(copies, "copy_file", slow_copy)
     if fail in ("rewrite", "interrupt"):
         exc = KeyboardInterrupt() if fail == "interrupt" else OSError(errno.EIO, "I/O error")
 
@@ -248,7 +247,7 @@ def test_parallel_copies_stop_and_clean_up(tmp_path, fixture_copy, monkeypatch, 
 
         monkeypatch.setattr(write, "_rewrite", bad_rewrite)
     out = tmp_path / "out"
-    from tietool.surgery.errors import OutputError
+    from tietool.surgery.model.errors import OutputError
 
     with pytest.raises(KeyboardInterrupt if fail == "interrupt" else OutputError):
         write.execute(plan, out)
@@ -260,14 +259,14 @@ def test_parallel_copies_stop_and_clean_up(tmp_path, fixture_copy, monkeypatch, 
 
 def test_parallel_copies_match_sequential(tmp_path, monkeypatch):
     """The same plan executed with 1 and with 8 copy threads gives byte-identical outputs."""
-    from tietool.surgery import write
-    from tietool.surgery.plan import plan_resize
+    from tietool.surgery.plan.resize import plan_resize
+    from tietool.surgery.write import copy as copies
 
     ck = Checkpoint.open(FIX / "pf_llama_tied_sharded")
     det = detect(ck)
     outs = []
     for n in (1, 8):
-        monkeypatch.setattr(write, "COPY_THREADS", n)
+        monkeypatch.setattr(copies, "COPY_THREADS", n)
         out = tmp_path / f"out{n}"
         execute(plan_resize(det, det.vocab_rows + 8, init="zeros"), out)
         outs.append({p.name: sha(p) for p in out.iterdir() if p.name != "tietool-report.json"})
@@ -275,7 +274,7 @@ def test_parallel_copies_match_sequential(tmp_path, monkeypatch):
 
 
 def test_pdparams_structure_is_read_without_payloads(tmp_path, monkeypatch):
-    from tietool.surgery.formats import pdparams_io
+    from tietool.surgery.io import pdparams_io
 
     ck_dir = tmp_path / "ck"
     ck_dir.mkdir()
@@ -323,7 +322,7 @@ def test_help_imports_neither_paddle_nor_numpy():
     # of the library, only the light modules (the option enums, the exit codes, the typed results:
     # standard library only), never the pipeline (checkpoint, detect, plan, write: numpy)
     library = sorted(m for m in mods if m.startswith("tietool.surgery."))
-    light = ["tietool.surgery.errors", "tietool.surgery.options", "tietool.surgery.results"]
+    light = ["tietool.surgery.model.errors", "tietool.surgery.model.enums", "tietool.surgery.results"]
     assert library == light, f"--help imported the library: {library}"
 
 
@@ -345,7 +344,7 @@ def test_safetensors_paths_import_no_paddle(tmp_path):
 
 def _unknown_arch(tmp_path: Path, head_differs: bool) -> Path:
     """A Llama fixture renamed to names and a model_type tietool does not know."""
-    from tietool.surgery.formats.safetensors_io import write_file
+    from tietool.surgery.io.safetensors_io import write_file
 
     src = Checkpoint.open(FIX / "pf_llama_untied_fp32" if head_differs else FIX / "pf_llama_tied_fp32")
     d = tmp_path / "zorblax"
@@ -396,7 +395,7 @@ def test_unknown_architecture_with_two_candidate_tables_refuses_until_named(tmp_
 
 def test_t5_untie_then_tie_round_trip(tmp_path):
     untied, tied = tmp_path / "u", tmp_path / "t"
-    from tietool.surgery.architectures import lookup
+    from tietool.surgery.arch.families import lookup
 
     if not lookup("t5", "paddlenlp-2.8", "pdparams").trusted:
         # no test loads PaddleNLP 2.8.1 T5: the layout of the head untie would write is unproven (refused,
@@ -419,9 +418,9 @@ def test_close_joins_copy_threads_through_a_second_interrupt(monkeypatch):
     folder is removed while a thread still writes into it, and comes back)."""
     import threading
 
-    from tietool.surgery import write
+    from tietool.surgery.write.copy import Copier
 
-    copier = write._Copier(None)
+    copier = Copier(None)
     release = threading.Event()
     copier._pending.append(copier._pool.submit(release.wait, 10))
     real, calls = copier._pool.shutdown, []
@@ -440,7 +439,7 @@ def test_close_joins_copy_threads_through_a_second_interrupt(monkeypatch):
 
 def test_temp_folder_removed_through_a_second_interrupt(tmp_path, monkeypatch):
     """Ctrl-C during the write, then again during the removal of the temporary folder: it is still removed."""
-    from tietool.surgery import write
+    from tietool.surgery.write import writer as write
 
     src = FIX / "pf_llama_tied_sharded"
     det = detect(Checkpoint.open(src))
@@ -474,7 +473,8 @@ def test_progress_counts_every_written_byte_once(tmp_path, op, case):
     tensor bytes of each weight file written, each counted once, so the bar ends at its total."""
     import threading
 
-    from tietool.surgery.plan import plan_resize, plan_untie
+    from tietool.surgery.plan.resize import plan_resize
+    from tietool.surgery.plan.untie import plan_untie
 
     det = detect(Checkpoint.open(FIX / case))
     plan = {
@@ -508,7 +508,7 @@ def test_copy_error_names_the_file_being_written(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from tietool.cli.app import app
-    from tietool.surgery.formats import safetensors_io
+    from tietool.surgery.io import safetensors_io
 
     def efbig(*a, **k):
         raise OSError(errno.EFBIG, "File too large")
@@ -528,7 +528,7 @@ def test_interrupt_exit_codes(tmp_path, monkeypatch, signum, code):
     import signal
 
     from tietool.cli import app as app_mod
-    from tietool.surgery import write
+    from tietool.surgery.write import writer as write
 
     def signalled(*a, **k):
         if signum == signal.SIGINT:
@@ -559,8 +559,8 @@ def test_inspect_no_values_agrees_with_full_inspect(path):
     """Whatever the headers alone can tell, ``--no-values`` tells as the full inspect does: tensors,
     layout, config tie state, storage sharing (one array under two names), the layout ambiguity, and the
     reason a loader cannot save bytes."""
-    from tietool.surgery.errors import TietoolError
-    from tietool.surgery.summary import inspect_path
+    from tietool.surgery.inspect.summary import inspect_path
+    from tietool.surgery.model.errors import TietoolError
 
     try:
         full = inspect_path(path)

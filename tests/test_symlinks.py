@@ -16,8 +16,8 @@ from support.paths import CASES_DIR as FIX
 from typer.testing import CliRunner
 
 from tietool.cli.app import app
-from tietool.surgery import write
-from tietool.surgery.checkpoint import REPORT_NAME
+from tietool.surgery.io.checkpoint import REPORT_NAME
+from tietool.surgery.write import writer as write
 
 CASE = "pf_llama_tied_sharded"  # 8 shards: the head's is removed by tie, the others linked or copied
 
@@ -115,7 +115,7 @@ def test_in_place_on_a_snapshot(tmp_path, snapshot):
 import json  # noqa: E402
 
 import tietool  # noqa: E402
-from tietool.surgery.errors import CheckpointError, OutputError, UsageError  # noqa: E402
+from tietool.surgery.model.errors import CheckpointError, OutputError, UsageError  # noqa: E402
 
 
 @pytest.fixture
@@ -231,7 +231,7 @@ def test_bad_links_are_refused_by_name(tmp_path, rel, text, named):
 
 def test_a_link_diamond_is_bounded(tmp_path, monkeypatch):
     """Folder links that multiply one tree are walked up to ``tree.MAX_ENTRIES`` entries, then refused."""
-    from tietool.surgery import tree
+    from tietool.surgery.io import tree
 
     monkeypatch.setattr(tree, "MAX_ENTRIES", 50)
     ckpt = tmp_path / "ckpt"
@@ -266,7 +266,7 @@ def test_out_link_to_an_empty_folder_is_followed(tmp_path):
 def test_out_dangling_link_is_refused_before_any_work(tmp_path, monkeypatch, kind):
     """A dangling ``--out`` link, a link loop, or a dangling link above ``--out``: exit 6 naming the link,
     before anything is written (no temporary folder is made), for every writing command."""
-    from tietool.surgery import write
+    from tietool.surgery.write import writer as write
 
     def no_work(*a, **k):
         raise AssertionError("the output was started")

@@ -1,4 +1,5 @@
-"""``verify`` reads tensors in bounded chunks (:mod:`tietool.surgery.chunked`). With chunks of a few bytes
+"""``verify`` reads tensors in bounded chunks (:mod:`tietool.surgery.inspect.chunked`). With chunks of a few
+bytes
 (every tensor split in many pieces, every chunk boundary exercised) its verdict and every figure equal the
 verdict with the default chunks, on outputs of every operation (including ``[hidden, vocab]`` heads compared
 by column blocks and T5's scaled head), and a single flipped byte in the last row of a tensor is still
@@ -12,8 +13,8 @@ import numpy as np
 import pytest
 
 import tietool
-from tietool.surgery import chunked
-from tietool.surgery.checkpoint import Checkpoint
+from tietool.surgery.inspect import chunked
+from tietool.surgery.io.checkpoint import Checkpoint
 
 FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 

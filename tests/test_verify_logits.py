@@ -37,10 +37,10 @@ from support import fixture_support as fs
 from support import logits_families as lf
 from support.paths import CASES_DIR, REPO
 
-from tietool.surgery import architectures as arch
-from tietool.surgery.checkpoint import Checkpoint
-from tietool.surgery.detect import detect
-from tietool.surgery.errors import ExitCode
+from tietool.surgery.arch import families as arch
+from tietool.surgery.inspect.detect import detect
+from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.model.errors import ExitCode
 from tietool.surgery.verify import VerifyResult, logits_check
 
 # PaddleFormers 1.2 on CPU cannot run these (see support/logits_families.py): family -> containers
@@ -266,7 +266,7 @@ print(json.dumps([fidelity.resolve_class(c, fleetless)[1:] for c in json.load(sy
 
 @pytest.mark.slow
 def test_the_class_comes_from_paddleformers_tables():
-    """:func:`surgery.fidelity.resolve_class` on configs PaddleFormers 1.2 writes or could read: the
+    """:func:`surgery.logits_worker.resolve_class` on configs PaddleFormers 1.2 writes or could read: the
     ``architectures`` entry first (top level, then nested), then ``model_type`` through the auto tables; the
     non-fleet ``*Deprecated`` twin without paddlefleet; None where PaddleFormers has no class."""
     omni = {
@@ -355,7 +355,7 @@ def test_verify_logits_loads_legacy_layout_safetensors_with_the_legacy_loader(tm
 def test_legacy_layout_is_told_from_the_checkpoint(tmp_path):
     """The loader verify --logits picks: legacy for PaddleFormers' Paddle layout in either container, plain
     for its HF layout (no paddle needed: headers and config only)."""
-    from tietool.surgery.convert import pf_legacy_layout
+    from tietool.surgery.plan.convert import pf_legacy_layout
 
     legacy = CASES_DIR / "pf_llama_untied_legacy_pdparams"
     st = tmp_path / "legacy-st"

@@ -28,11 +28,11 @@ from support import casecheck
 from support.resize_support import run_cli
 
 import tietool
-from tietool.surgery.architectures import VocabRole
-from tietool.surgery.checkpoint import Checkpoint
-from tietool.surgery.detect import detect
-from tietool.surgery.errors import ExitCode, RefusedError
-from tietool.surgery.findings import FindingKind
+from tietool.surgery.arch.families import VocabRole
+from tietool.surgery.inspect.detect import detect
+from tietool.surgery.inspect.findings import FindingKind
+from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.model.errors import ExitCode, RefusedError
 
 V, H = 24, 8
 

@@ -19,10 +19,10 @@ from safetensors.numpy import save_file
 from support import casecheck
 from support.resize_support import run_cli
 
-from tietool.surgery.architectures import VocabRole
-from tietool.surgery.checkpoint import Checkpoint
-from tietool.surgery.detect import FoundBy, detect
-from tietool.surgery.findings import FindingKind
+from tietool.surgery.arch.families import VocabRole
+from tietool.surgery.inspect.detect import FoundBy, detect
+from tietool.surgery.inspect.findings import FindingKind
+from tietool.surgery.io.checkpoint import Checkpoint
 
 V, H = 24, 8
 

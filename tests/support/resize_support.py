@@ -55,8 +55,8 @@ class Role:
 def _tietool_drops_head(path) -> bool:
     """Whether tietool's table lets a write drop this checkpoint's duplicate head (``Family.may_drop_head``:
     the loader re-ties a missing head and that is proven in ``architectures.PROOFS``)."""
-    from tietool.surgery.checkpoint import Checkpoint
-    from tietool.surgery.detect import detect
+    from tietool.surgery.inspect.detect import detect
+    from tietool.surgery.io.checkpoint import Checkpoint
 
     return detect(Checkpoint.open(path), compare_values=False).family.may_drop_head
 

@@ -3,7 +3,7 @@
 body bytes received from the client (uploads) and sent to it (downloads), and that can fail requests on
 purpose (fault injection).
 
-The counts are the server's, independent of tietool's own :data:`tietool.surgery.store.TRANSFER`: a
+The counts are the server's, independent of tietool's own :data:`tietool.surgery.io.store.TRANSFER`: a
 server-side copy (``PUT`` with ``x-amz-copy-source``) moves no body in either direction.
 
 Run as a script (``python tests/support/s3server.py --port 0``) it serves in its own process and prints

@@ -1,0 +1,278 @@
+"""``inspect``: the facts about a checkpoint as a JSON-able dict (the CLI renders it, ``--json`` prints
+it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..io import surface
+from ..io.checkpoint import Checkpoint
+from ..io.tokenizer import token_strings
+from ..model.errors import TietoolError
+from ..model.tensor import dtype_refusal
+from ..report import loader_facts, savings_if_tied
+from .detect import DRIFT_EDGES, Detection, detect
+from .findings import describe
+
+
+def _tensor(det: Detection, name: str) -> dict[str, Any]:
+    """One stored tensor's header facts (``name`` is in the files: the embedding, a present head, the
+    bias)."""
+    t = det.ckpt.tensors[name]
+    return {
+        "name": name,
+        "shape": list(t.shape),
+        "dtype": t.dtype,
+        "logical_dtype": det.ckpt.logical_dtype(t),
+        "file": t.file,
+        "parameters": t.numel,
+        "bytes": t.nbytes,
+    }
+
+
+def _surface(det: Detection) -> list[dict[str, Any]]:
+    """Every vocabulary tensor with its role (the main pair first), as JSON."""
+    out = []
+    for role, tensors in det.surface.items():
+        for v in tensors:
+            t = det.ckpt.tensors.get(v.name) if v.present else None
+            out.append(
+                {
+                    "name": v.name,
+                    "role": role.value,
+                    "present": v.present,
+                    "shape": list(t.shape) if t is not None else None,
+                    "dtype": t.dtype if t is not None else None,
+                    "file": t.file if t is not None else None,
+                    "vocab_axis": v.vocab_axis,
+                    "entries": v.entries,
+                    "of": v.of,
+                    "vocabulary": v.vocabulary,
+                    "rule": det.token_tables[v.name].rule.value if v.name in det.token_tables else None,
+                }
+            )
+    return out
+
+
+def _embedding(det: Detection) -> dict[str, Any]:
+    """The input embedding: its header facts (or, stored only as the head, the name and shape it would
+    have), how it was found and its aliases."""
+    emb: dict[str, Any]
+    if det.embedding_present:
+        emb = _tensor(det, det.embedding)
+    else:  # stored only as the head: the name it would have, the shape it would have
+        emb = {"name": det.embedding, "shape": [det.vocab_rows, det.hidden], "dtype": None, "file": None}
+    emb["present"] = det.embedding_present
+    emb["found_by"] = det.embedding_found_by.value
+    emb["stored_as"] = det.embedding_stored_as
+    emb["aliases"] = det.embedding_aliases
+    emb["other_vocab_tensors"] = det.vocab_aliases
+    return emb
+
+
+def _head(det: Detection) -> dict[str, Any]:
+    """The LM head: its header facts (the shared table's for T5, the name alone when absent), the name
+    untie writes, its layout, aliases and rows."""
+    head: dict[str, Any]
+    if det.head_present:
+        head = _tensor(det, det.head)
+    elif det.comparison.values == "shared":  # T5: the head *is* the shared table
+        head = {
+            "name": det.embedding,
+            "shape": list(det.emb_info.shape),
+            "dtype": det.emb_info.dtype,
+            "file": None,
+        }
+    else:
+        head = {"name": det.head, "shape": None, "dtype": None, "file": None}
+    head["present"] = det.head_present
+    head["untie_writes"] = det.head
+    head["layout"] = det.head_layout
+    head["aliases"] = det.head_aliases
+    head["rows"] = det.head_rows
+    return head
+
+
+def _bias(det: Detection) -> dict[str, Any] | None:
+    """The head bias's header facts and aliases (None without a bias)."""
+    if not det.bias:
+        return None
+    bias = _tensor(det, det.bias)
+    bias["aliases"] = det.bias_aliases
+    return bias
+
+
+def _tie(det: Detection) -> dict[str, Any]:
+    """The tie state: what the config says, whether the head is in the files, how the values compare."""
+    c = det.comparison
+    return {
+        "config": det.config_tied,
+        "config_source": det.config_source,
+        "config_flags": det.config_flags,
+        "head_in_files": det.head_present,
+        "values": c.values,
+        "max_abs_diff": c.max_abs_diff,
+        "differing_rows": c.differing_rows,
+        "storage_shared": c.storage_shared,
+        "drift": _drift(det),
+    }
+
+
+def _drift(det: Detection) -> dict[str, Any] | None:
+    """How a differing head differs row by row (None unless the values were compared and differ): the rows
+    that differ, max |Δ| and the mean |Δ| over all elements, the rows with the largest max |Δ| with their
+    tokens (from the tokenizer files, when they name them; else null), and the histogram of per-row max |Δ|
+    (``{"above", "up_to", "rows"}``: the first bin is |Δ| = 0, the last is above 1)."""
+    d = det.comparison.drift
+    if d is None or det.comparison.values != "different":
+        return None
+    tokens = token_strings(det.ckpt.path, [r for r, _ in d.top_rows])
+    lows: list[float | None] = [None, 0.0, *DRIFT_EDGES]
+    highs: list[float | None] = [0.0, *DRIFT_EDGES, None]
+    return {
+        "rows": d.rows,
+        "differing_rows": d.differing_rows,
+        "max_abs_diff": d.max_abs_diff,
+        "mean_abs_diff": d.mean_abs_diff,
+        "mean_over": "all elements",
+        "elements": d.elements,
+        "top_rows": [{"row": r, "token": tokens.get(r), "max_abs_diff": v} for r, v in d.top_rows],
+        "histogram": [
+            {"above": lo, "up_to": hi, "rows": n} for lo, hi, n in zip(lows, highs, d.histogram, strict=True)
+        ],
+    }
+
+
+def _vocab(det: Detection) -> dict[str, Any]:
+    """The vocabulary sizes (config, rows, tokenizer) and the special token ids with those beyond the
+    rows."""
+    return {
+        "config_vocab_size": det.config_vocab_size,
+        "config_vocab_key": det.vocab_key,
+        "vocabularies": {v.key: v.size for v in det.vocabularies},
+        "embedding_rows": det.vocab_rows,
+        "hidden_size": det.hidden,
+        "tokenizer_size": det.tokenizer.size,
+        "tokenizer_files": list(det.tokenizer.sources),
+        "special_token_ids": [
+            {"file": i.file, "key": i.key, "id": i.id, "beyond_rows": i.id >= det.vocab_rows}
+            for i in det.special_ids
+        ],
+    }
+
+
+def summarize(det: Detection) -> dict[str, Any]:
+    """Everything ``tietool inspect`` reports, as numbers and names (schema in README.md)."""
+    ckpt: Checkpoint = det.ckpt
+    emb, head, bias = _embedding(det), _head(det), _bias(det)
+    return {
+        "path": str(ckpt.path),
+        "format": ckpt.format,
+        "sharded": len(ckpt.weight_files) > 1,
+        "files": list(ckpt.weight_files),
+        "index": ckpt.index_name,
+        "other_files": list(ckpt.other_files),
+        "folder_links": [fl.as_dict() for fl in ckpt.folder_links],
+        "left_out": [x.as_dict() for x in ckpt.left_out],
+        "training_state": list(ckpt.training_state),
+        "library": det.loader.split("-")[0] if det.loader != "hf" else "unknown",
+        "model_type": det.model_type,
+        "architecture": {
+            "family": det.family.name,
+            "in_table": det.family.known,
+            "found_by_shape": det.fallback,
+        },
+        "num_tensors": len(ckpt.tensors),
+        "total_parameters": ckpt.total_parameters,
+        "total_bytes": ckpt.total_bytes,
+        "embedding": emb,
+        "head": head,
+        "head_bias": bias,
+        "vocabulary_tensors": _surface(det),
+        "tie": _tie(det),
+        "vocab": _vocab(det),
+        "savings": savings_if_tied(det),
+        "loader": loader_facts(det),
+        "problems": [describe(f) for f in det.problems],
+        "notes": [describe(f) for f in det.notes],
+        "findings": [f.as_dict() for f in det.findings],
+        "warnings": list(ckpt.warnings),
+    }
+
+
+def inspect_path(
+    path,
+    layout: str | None = None,
+    loader: str | None = None,
+    embedding_name: str | None = None,
+    head_name: str | None = None,
+    compare_values: bool = True,
+) -> dict:
+    """Open, detect and summarise the checkpoint at ``path``. Raises what :meth:`Checkpoint.open` and
+    :func:`detect` raise.
+
+    Reads the headers (safetensors) or the pickle structure (``.pdparams``) of every weight file and, unless
+    ``compare_values`` is False, the embedding and head data (to tell tied by value); never another
+    tensor's data. With ``compare_values=False`` the values are reported as ``"unknown"``.
+    """
+    ckpt = Checkpoint.open(path)
+    check_names(ckpt, embedding_name, head_name)
+    det = detect(
+        ckpt,
+        layout=layout,
+        loader=loader,
+        embedding_name=embedding_name,
+        head_name=head_name,
+        compare_values=compare_values,
+    )
+    check_found(det)
+    return summarize(det)
+
+
+def check_names(ckpt: Checkpoint, embedding_name: str | None, head_name: str | None) -> None:
+    """Refuse an ``--embedding`` / ``--head`` that cannot be a vocabulary table (before detection)."""
+    logical = {n: ckpt.logical_dtype(t) for n, t in ckpt.tensors.items()}
+    surface.check_named(ckpt.path, ckpt.tensors, logical, embedding=embedding_name, head=head_name)
+
+
+def check_index(ckpt: Checkpoint) -> None:
+    """:meth:`Checkpoint.check_index_complete` for a command that has no detection of its own (convert):
+    the head and tie state are detected from headers; a checkpoint whose head cannot be found keeps no
+    missing entry.
+
+    Raises:
+        CheckpointError: an index entry no shard holds, other than a tied checkpoint's stale head entry.
+    """
+    if not ckpt.missing_entries:
+        return
+    try:
+        det = detect(ckpt, compare_values=False)
+    except TietoolError:
+        ckpt.check_index_complete(None)
+        return
+    ckpt.check_index_complete(det.head if det.config_tied and not det.head_present else None)
+
+
+def check_found(det: Detection) -> None:
+    """Refuse an incomplete checkpoint (an index entry no shard holds, other than a tied checkpoint's stale
+    head entry: :meth:`Checkpoint.check_index_complete`), and a found embedding/head stored as integers (a
+    quantized table) or in a dtype tietool only copies as bytes (float8, float4, float6, complex: named
+    with its label)."""
+    ckpt = det.ckpt
+    found = {
+        "embedding": det.embedding if det.embedding_present else None,
+        "head": det.head if det.head_present else None,
+    }
+    ckpt.check_index_complete(det.head if det.config_tied and not det.head_present else None)
+    for role, name in found.items():
+        if name is not None and not ckpt.tensors[name].st_dtype.decodable:
+            raise dtype_refusal(
+                ckpt.tensors[name],
+                ckpt.path,
+                f"compare or resize it as the {role}",
+                "tie/untie/resize the checkpoint before quantization (a float embedding and head), then "
+                "quantize the output again",
+            )
+    surface.check_found(
+        ckpt.path, {n: ckpt.logical_dtype(ckpt.tensors[n]) for n in filter(None, found.values())}, found
+    )

@@ -1,0 +1,337 @@
+"""Where a checkpoint's bytes live: a local folder or a URL of object storage.
+
+A folder argument that is a URL (``s3://bucket/prefix``, ``hf://org/model``, any protocol ``fsspec`` has a
+file system for) becomes a ``universal_pathlib`` ``UPath`` over that file system; anything else stays a
+:class:`pathlib.Path`. The rest of tietool uses the methods both share (``/``, ``name``, ``exists``,
+``is_file``, ``iterdir``, ``rglob``, ``stat().st_size``, ``open``, ``read_text``) and, for the bytes of
+weight files, the functions here, which keep the local fast paths (memory maps, ``copy_file_range``, hard
+links) and give remote files range requests: :func:`read_range` fetches exactly the bytes asked for;
+:func:`open_read` a file object that fetches ``block_size`` bytes per request (the ``.pdparams`` opcode
+walker seeks past array payloads, so it reads only the pickle structure).
+
+Credentials and endpoints are the backends' own (``s3fs``/botocore: ``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, ``~/.aws/config``; ``huggingface_hub``:
+``HF_TOKEN``, ``HF_ENDPOINT``). ``fsspec``, ``s3fs`` and ``upath`` are imported only for a URL.
+
+Every byte that crosses the network through these file systems is counted in :data:`TRANSFER`
+(:class:`Transfer`): received, sent, and copied server-side (which crosses no client link).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..model.errors import CheckpointError, TietoolError
+
+# "scheme://" at the start of a folder argument; file:// is a local path
+_URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+# the protocols the ``remote`` extra brings a file system for
+_REMOTE_EXTRA = frozenset({"s3", "s3a", "hf"})
+
+# bytes per request of a file opened for reading structure (a .pdparams pickle walk): the opcodes between
+# two array payloads are small, so a small block keeps the bytes fetched close to the bytes parsed.
+WALK_BLOCK = 64 << 10
+# bytes per request when streaming a range (a tensor copied into a rewritten shard, a cross-store copy):
+# also the memory a stream holds
+STREAM_CHUNK = 32 << 20
+
+
+@dataclass
+class Transfer:
+    """Bytes moved by remote file systems since the process started (or a :meth:`snapshot`).
+
+    Attributes:
+        received: bytes read from a remote store (response bodies of range and whole-object GETs).
+        sent: bytes written to a remote store (bodies of uploads).
+        copied_server_side: bytes of objects copied within one store by the server (no client traffic).
+        requests: data requests made (reads of a range, uploads, server-side copies).
+    """
+
+    received: int = 0
+    sent: int = 0
+    copied_server_side: int = 0
+    requests: int = 0
+
+    def snapshot(self) -> Transfer:
+        """A copy of the counts now."""
+        return Transfer(**asdict(self))
+
+    def since(self, before: Transfer) -> Transfer:
+        """The counts accumulated after ``before`` (a :meth:`snapshot`)."""
+        now = asdict(self)
+        return Transfer(**{k: now[k] - v for k, v in asdict(before).items()})
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+TRANSFER = Transfer()
+_LOCK = threading.Lock()
+
+
+def count(received: int = 0, sent: int = 0, copied: int = 0, requests: int = 1) -> None:
+    """Add to :data:`TRANSFER` (thread-safe)."""
+    with _LOCK:
+        TRANSFER.received += received
+        TRANSFER.sent += sent
+        TRANSFER.copied_server_side += copied
+        TRANSFER.requests += requests
+
+
+def is_url(p: object) -> bool:
+    """``p`` is a URL string of a remote store (``s3://``, ``hf://``, ...; not ``file://``)."""
+    return isinstance(p, str) and bool(_URL_RE.match(p)) and not p.startswith("file://")
+
+
+def local_only(command: str, path: object, out: object) -> None:
+    """Refuse a URL as input ``path`` or output ``out`` of a command that reads and writes local folders only
+    (``convert``, ``merge``: they rewrite every tensor, so a remote run would move the whole checkpoint
+    through this machine anyway).
+
+    Raises:
+        UsageError: naming the URL and the local route (download first, or upload after).
+    """
+    from ..model.errors import UsageError
+
+    if is_url(path):
+        raise UsageError(
+            f"{command} takes local folders only, not a URL",
+            str(path),
+            f"copy the checkpoint to a local folder first (aws s3 sync, huggingface-cli download) and run "
+            f"{command} there",
+        )
+    if is_url(out):
+        raise UsageError(
+            f"{command} writes local folders only, not a URL",
+            str(out),
+            "write the output to a local folder, then upload it (aws s3 sync, huggingface-cli upload)",
+        )
+
+
+def is_remote(p: object) -> bool:
+    """``p`` is a path object on a remote file system (a ``UPath`` that is not local)."""
+    return not isinstance(p, Path) and hasattr(p, "fs") and hasattr(p, "protocol")
+
+
+def as_path(p: str | os.PathLike) -> Any:
+    """A folder argument as a path: a counting ``UPath`` for a URL (:func:`is_url`), else a ``Path``.
+
+    Raises:
+        UsageError: a URL whose protocol no installed fsspec backend handles.
+    """
+    if isinstance(p, str) and p.startswith("file://"):
+        return Path(p[len("file://") :])
+    if not is_url(p):
+        return Path(p)
+    from ..model.errors import UsageError
+
+    scheme, rest = str(p).split("://", 1)
+    if not rest.strip("/"):
+        raise UsageError("the URL names no bucket or repository", str(p), f"e.g. {scheme}://bucket/prefix")
+    try:
+        from upath import UPath
+
+        u = UPath(str(p).rstrip("/"))
+        _instrument(u.fs)
+    except ImportError as e:
+        raise UsageError(
+            f"reading {scheme}:// needs a package that is not installed ({e.name or e})",
+            str(p),
+            "pip install 'tietool[remote]' (fsspec, s3fs, universal_pathlib; huggingface_hub for hf://)"
+            if scheme in _REMOTE_EXTRA
+            else f"install the fsspec file system for {scheme}:// (fsspec's list of implementations names "
+            "its package)",
+        ) from None
+    except ValueError as e:
+        raise UsageError(
+            f"not a supported URL ({e})", str(p), "use s3://bucket/prefix or hf://org/model"
+        ) from None
+    # each operation starts from fresh listings: fsspec keeps them per file-system instance, which lives as
+    # long as the process (a Python session would otherwise see a folder as it was minutes ago)
+    u.fs.invalidate_cache()
+    return u
+
+
+def path_of(p: Any) -> Any:
+    """``p`` as a path object: a remote path stays itself, anything else becomes a ``Path``."""
+    return p if is_remote(p) else Path(p)
+
+
+def same_store(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are on one remote file system instance (so a server-side copy can join them)."""
+    return is_remote(a) and is_remote(b) and a.fs is b.fs
+
+
+def _instrument(fs: Any) -> None:
+    """Make every file ``fs`` opens count its bytes in :data:`TRANSFER` (once per file system instance;
+    fsspec caches instances, so one URL's paths share one)."""
+    if getattr(fs, "_tietool_counted", False):
+        return
+    orig = fs._open
+
+    def _open(path, mode="rb", *args, **kwargs):
+        f = orig(path, mode, *args, **kwargs)
+        _count_file(f, mode)
+        return f
+
+    fs._open = _open
+    fs._tietool_counted = True
+
+
+def _count_file(f: Any, mode: str) -> None:
+    """Count the bytes file object ``f`` of an fsspec file system fetches (its cache's fetcher, which
+    issues each range request) or writes."""
+    if "r" in mode:
+        cache = getattr(f, "cache", None)
+        fetch = getattr(cache, "fetcher", None)
+        if cache is None or fetch is None or getattr(f, "blocksize", None) == 0:
+            # a streaming file (block size 0: HfFileSystemStreamFile reads past its cache): count its reads
+            read = f.read
+
+            def counted_read(*args):
+                try:
+                    data = read(*args)
+                except Exception as e:
+                    raise remote_error(e, _url(f)) from None
+                count(received=len(data))
+                return data
+
+            f.read = counted_read
+            return
+
+        def fetcher(start, end):
+            try:
+                data = fetch(start, end)
+            except Exception as e:  # one line naming the object, not the backend's traceback
+                raise remote_error(e, _url(f)) from None
+            count(received=len(data))
+            return data
+
+        cache.fetcher = fetcher
+    else:
+        write = f.write
+
+        def counted_write(data):
+            n = write(data)
+            count(sent=len(memoryview(data).cast("B")), requests=0)
+            return n
+
+        f.write = counted_write
+
+
+def _url(f: Any) -> str:
+    """The URL of the object fsspec file ``f`` reads (``s3://bucket/key``)."""
+    try:
+        return str(f.fs.unstrip_protocol(f.path))
+    except Exception:
+        return str(getattr(f, "path", f))
+
+
+def remote_error(e: BaseException, path: Any, what: str = "read") -> TietoolError:
+    """One line for an error of a remote file system while reading or writing object ``path``."""
+    msg = str(e).splitlines()[0][:200] if str(e) else ""
+    return CheckpointError(
+        f"cannot {what} the object ({type(e).__name__}{': ' + msg if msg else ''})",
+        str(path),
+        "check the URL, the endpoint (AWS_ENDPOINT_URL / HF_ENDPOINT), the credentials and the connection",
+    )
+
+
+def read_range(path: Any, offset: int, nbytes: int) -> bytes:
+    """``nbytes`` bytes of file ``path`` from byte ``offset`` (fewer at the end of the file): one range
+    request for a remote file, a seek and a read for a local one.
+
+    Raises:
+        CheckpointError: a remote read failed (naming the object).
+        OSError: a local read failed.
+    """
+    if not is_remote(path):
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read(nbytes)
+    if nbytes == 0:
+        return b""
+    fs = path.fs
+    try:
+        if hasattr(fs, "_cat_file"):  # an async file system (s3fs): one ranged GET, no HEAD first
+            data = fs.cat_file(path.path, start=offset, end=offset + nbytes)
+            count(received=len(data))
+            return data
+        with fs.open(path.path, "rb", cache_type="none") as f:  # counted by its fetcher (_count_file)
+            f.seek(offset)
+            return f.read(nbytes)
+    except (FileNotFoundError, IsADirectoryError):
+        raise
+    except Exception as e:
+        raise remote_error(e, path) from None
+
+
+def read_ranges(paths: list[Any], starts: list[int], ends: list[int]) -> list[bytes]:
+    """Bytes ``starts[i]:ends[i]`` of each remote file ``paths[i]`` (all on one file system): concurrent
+    range requests where the file system is asynchronous (s3fs ``cat_ranges``: one round trip for all),
+    else one :func:`read_range` after another.
+
+    Raises:
+        CheckpointError: a request failed (naming the first object).
+    """
+    if not paths:
+        return []
+    fs = paths[0].fs
+    if not hasattr(fs, "_cat_ranges"):
+        return [read_range(p, a, b - a) for p, a, b in zip(paths, starts, ends, strict=True)]
+    try:
+        out = fs.cat_ranges([p.path for p in paths], starts, ends, on_error="raise")
+    except Exception as e:
+        raise remote_error(e, paths[0]) from None
+    for data in out:
+        if isinstance(data, BaseException):
+            raise remote_error(data, paths[0])
+        count(received=len(data))
+    return list(out)
+
+
+def list_files(folder: Any) -> dict[str, int] | None:
+    """The files directly in remote ``folder`` (name → bytes) with one listing request, or None when
+    ``folder`` is a file. The listing stays in fsspec's cache, so later ``is_file``/``stat`` calls on the
+    files cost no request.
+
+    Raises:
+        FileNotFoundError: nothing at ``folder``.
+    """
+    entries = folder.fs.ls(folder.path, detail=True)  # s3fs raises FileNotFoundError for no such prefix
+    me = folder.path.rstrip("/")
+    if len(entries) == 1 and entries[0]["type"] == "file" and entries[0]["name"] == me:
+        return None
+    entries = [e for e in entries if e["name"].rstrip("/") != me]  # a folder marker object "me/"
+    if not entries:  # an empty "folder" (a bare prefix marker, or an empty Hub folder)
+        raise FileNotFoundError(str(folder))
+    return {
+        e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e.get("size") or 0)
+        for e in entries
+        if e["type"] == "file"
+    }
+
+
+def open_read(path: Any, block_size: int | None = -1) -> Any:
+    """A binary file object on ``path`` for sequential reads with seeks: a local file, or a remote one
+    whose fetches are counted and that fetches ``block_size`` bytes per request (a read-ahead cache), or,
+    with ``block_size`` None, exactly the bytes each ``read`` asks for (no cache: for streaming ranges).
+    ``block_size`` -1: :data:`WALK_BLOCK` (read when called)."""
+    if not is_remote(path):
+        return open(path, "rb")
+    if block_size == -1:
+        block_size = WALK_BLOCK
+    if block_size is None:
+        return path.fs.open(path.path, "rb", cache_type="none")
+    return path.fs.open(path.path, "rb", block_size=block_size, cache_type="readahead")
+
+
+def size(path: Any) -> int:
+    """Bytes in file ``path`` (remote: from the listing fsspec caches, else one HEAD request)."""
+    return int(path.stat().st_size)

@@ -1,0 +1,996 @@
+"""``tietool convert``: move a checkpoint between the on-disk conventions of PaddleNLP 2.x, ERNIEKit and
+PaddleFormers.
+
+Conventions (:mod:`surgery.inspect.convention`; fixtures ``pnlp_llama_untied``,
+``pf_llama_untied_legacy_pdparams``,
+``pf_llama_untied_fp32``, cases ``d01``/``d11``):
+
+* PaddleNLP 2.x: ``llama.``/``qwen2.`` names, every ``nn.Linear`` weight ``[in, out]``, the head
+  ``[hidden, vocab]``; ``model_state.pdparams`` (bf16 as numpy ``uint16``).
+* ERNIEKit (ERNIE 4.5 ``*-Paddle`` releases): ``ernie.`` names, fused ``qkv_proj`` ``[q | k | v]`` and
+  ``up_gate_proj`` ``[gate | up]``, ``[in, out]``, an untied head ``[hidden, vocab]``; safetensors ``np``.
+* PaddleFormers legacy (``save_checkpoint_format="legacy"``, config ``source: paddle``): HF names
+  (``model.``), Linear weights ``[in, out]`` (ERNIE 4.5 / Qwen2 / Qwen3 fused, qkv grouped per kv head),
+  the head ``[vocab, hidden]``.
+* PaddleFormers / HF safetensors: HF names, Linear weights ``[out, in]``, the head ``[vocab, hidden]``.
+
+The input's naming is read from its tensor names, its Linear layout proven from the shapes against the
+config (:mod:`surgery.inspect.layout`), never taken from the container. Which tensors are Linear weights,
+their
+axis sizes, the name prefixes and the fused projections are data
+(:data:`surgery.arch.families.CONVERSIONS`). Planning here is pure: :func:`plan_convert` says which output
+tensor comes from which input tensor by which transform; :func:`convert` streams it through
+:func:`surgery.write.assemble.assemble` (one tensor in memory at a time, untransposed tensors copied by byte
+range, bf16 moved as raw ``uint16`` bits, never converted). No paddle import.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+
+import numpy as np
+
+from ..arch import families as arch
+from ..inspect.convention import (
+    DEFAULT_HEAD,
+    HF,
+    KEPT,
+    PADDLENLP,
+    Convention,
+    Naming,
+    convention,
+    linear_weights,
+    naming_of,
+    rebase,
+    suffix_in,
+)
+from ..inspect.layout import Layout, Proof, hint_container_only, prove
+from ..inspect.summary import check_index
+from ..io.checkpoint import Checkpoint
+from ..io.safetensors_io import Source
+from ..io.store import local_only
+from ..model.enums import Target
+from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
+from ..model.tensor import DTYPES, describe_dtype, dtype_refusal
+from ..results import Report
+from ..write.assemble import DEFAULT_MAX_SHARD_SIZE, Container, OutTensor, assemble, parse_size
+from ..write.publish import check_output_path
+
+# files an output never carries: PaddleFormers' loader writes this one into the folder it loads, and it
+# describes the input's files, not the output's
+NOT_CARRIED = ("flex-ckpt.auto_generated.metadata",)
+
+# safetensors label of each logical dtype ("bfloat16" -> "BF16")
+_LABEL = {d.logical: d.st for d in DTYPES.values()}
+
+
+# target -> (convention, container); None: the input's convention (a container change only)
+TARGETS: dict[Target, tuple[Convention | None, Container]] = {
+    Target.PADDLEFORMERS: (HF, Container.SAFETENSORS),
+    Target.PADDLENLP: (PADDLENLP, Container.PDPARAMS),
+    Target.SAFETENSORS: (None, Container.SAFETENSORS),
+    Target.PDPARAMS: (None, Container.PDPARAMS),
+}
+
+LEGACY_LOAD = 'from_pretrained(path, load_checkpoint_format="legacy", convert_from_hf=False)'
+
+
+@dataclass(frozen=True)
+class Part:
+    """The chunks of a fused projection's output axis that make one unfused tensor.
+
+    Attributes:
+        axis: the output axis in the input (-1 for ``[in, out]``, 0 for ``[out, in]``).
+        count: how many equal chunks the axis holds (``heads + 2 * kv_heads``, or 2 for ``[gate, up]``).
+        chunks: which chunks, in order.
+    """
+
+    axis: int
+    count: int
+    chunks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One output tensor: ``out`` (its name, ``dtype`` label, ``shape``) made from input tensor ``src``.
+
+    ``transpose``: swap the two axes (a Linear weight or head changing layout); ``part``: take these chunks
+    of a fused projection first. Neither: the stored bytes are copied by byte range.
+    """
+
+    out: str
+    src: str
+    dtype: str
+    shape: tuple[int, ...]
+    transpose: bool = False
+    part: Part | None = None
+
+
+@dataclass
+class ConvertPlan:
+    """What :func:`convert` writes: ``steps`` in order, into ``container``, with ``config``.
+
+    ``source``/``target``: the conventions (equal for a container change); ``layout``: the input's Linear
+    layout when proven from the shapes (None: not checked); ``notes``: said to the user.
+    """
+
+    ckpt: Checkpoint
+    source: Convention
+    target: Convention
+    container: Container
+    steps: list[Step]
+    config: dict
+    notes: list[str] = field(default_factory=list)
+    config_changes: list[dict] = field(default_factory=list)
+    layout: Layout | None = None
+
+
+def _label(ckpt: Checkpoint, name: str) -> str:
+    """The safetensors label of the logical dtype of input tensor ``name`` (bf16 stored as U16 → BF16)."""
+    return _LABEL[ckpt.logical_dtype(ckpt.tensors[name])]
+
+
+def _copy_steps(ckpt: Checkpoint) -> list[Step]:
+    return [Step(n, n, _label(ckpt, n), tuple(t.shape)) for n, t in ckpt.tensors.items()]
+
+
+def _family_name(model_type: str | None) -> str:
+    return next((r["family"] for r in arch.FAMILIES if model_type in r["model_types"]), "unknown")
+
+
+def _model_type(ckpt: Checkpoint) -> str:
+    """config.json's ``model_type``. Raises CheckpointError when it is not a non-empty string."""
+    mt = ckpt.config.get("model_type")
+    if not isinstance(mt, str) or not mt:
+        raise CheckpointError(
+            f"{ckpt.config_file} has no model_type (a string), so tietool cannot tell which tensors are "
+            "Linear weights",
+            ckpt.path / ckpt.config_file,
+            f'add "model_type" (e.g. "llama", "qwen2") as the training run wrote it, or use '
+            f"{Opt('to', 'safetensors')} to change only the container",
+        )
+    return mt
+
+
+def _lacks(mt: str) -> str | None:
+    return arch.PADDLEFORMERS_LACKS.get(mt) or arch.PADDLEFORMERS_LACKS.get(_family_name(mt))
+
+
+def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
+    """The :data:`~surgery.arch.families.CONVERSIONS` row of the checkpoint's ``model_type``.
+
+    Raises:
+        RefusedError: PaddleFormers 1.2 has no class for the family (GPT, BERT, T5, ...) or tietool has no
+            conversion data for the model type; the message names the container-only alternative.
+    """
+    mt = _model_type(ckpt)
+    row = arch.CONVERSIONS.get(mt)
+    alt = f"to change only the container, keeping names and layouts, use {Opt('to', 'safetensors')}"
+    lacks = _lacks(mt)
+    if row is None and lacks and to is Target.PADDLEFORMERS:
+        raise RefusedError(
+            f"PaddleFormers 1.2 has no {lacks} model class (model_type {mt!r}), so no PaddleFormers layout "
+            "of it can load",
+            ckpt.path,
+            f"{alt}, and keep loading it with PaddleNLP",
+        )
+    if row is None:
+        known = ", ".join(sorted(arch.CONVERSIONS))
+        raise RefusedError(
+            f"tietool has no conversion data for model_type {mt!r} (it knows {known}); it will not guess "
+            "which tensors are Linear weights",
+            ckpt.path,
+            alt,
+        )
+    if to is Target.PADDLENLP and Naming.PADDLENLP not in row["prefixes"]:
+        raise RefusedError(
+            f"tietool knows no PaddleNLP 2.x naming of model_type {mt!r}",
+            ckpt.path,
+            f"{alt}, or convert with {Opt('to', 'paddleformers')}",
+        )
+    return row
+
+
+def source_convention(ckpt: Checkpoint, row: arch.ConversionRow) -> tuple[Convention, Proof]:
+    """The input's convention: its naming from the tensor names, its Linear layout proven from the shapes
+    (:func:`surgery.inspect.layout.prove`), its head layout from the head's shape (:func:`head_layout`).
+
+    Raises:
+        RefusedError: no tensor carries a prefix of the row, or a layout is not proven (named).
+        CheckpointError: shapes that contradict the config or each other.
+    """
+    naming = naming_of(ckpt, row)
+    if naming is None:
+        pres = ", ".join(f"{p}." for p in row["prefixes"].values())
+        raise RefusedError(
+            f"no tensor of this {ckpt.config.get('model_type')} checkpoint carries a name prefix tietool "
+            f"knows for it ({pres})",
+            ckpt.path,
+            hint_container_only(),
+        )
+    proof = prove(ckpt, linear_weights(ckpt, row, naming), hint_container_only())
+    if proof.layout is None:
+        raise RefusedError(
+            "the files hold no Linear weight whose shape tells the layout", ckpt.path, hint_container_only()
+        )
+    emb = f"{row['prefixes'][naming]}.embed_tokens.weight"
+    _check_embedding(ckpt, emb)
+    head = head_layout(ckpt, row["head"], emb) if row["head"] in ckpt.tensors else DEFAULT_HEAD[naming]
+    return convention(naming, proof.layout, head), proof
+
+
+def _check_embedding(ckpt: Checkpoint, emb: str) -> None:
+    """The input embedding ``emb`` (when present) is ``[rows, hidden_size]``, as every convention stores it.
+
+    Raises:
+        CheckpointError: any other shape (0-D, 1-D, 3-D or more, another hidden size), naming the tensor.
+    """
+    t = ckpt.tensors.get(emb)
+    h = ckpt.config.get("hidden_size")
+    if t is not None and (len(t.shape) != 2 or t.shape[1] != h):
+        raise CheckpointError(
+            f"tensor {emb} is {list(t.shape)}, but this config's embedding is [vocab_size, {h}]",
+            ckpt.path / t.file,
+            "check config.json (hidden_size) against the files; a damaged file must be re-exported",
+        )
+
+
+def head_layout(ckpt: Checkpoint, head: str, emb: str) -> str:
+    """``"hidden-vocab"`` or ``"vocab-hidden"``: the head's shape against vocab_size / hidden_size; a square
+    head (vocab == hidden) by its bytes: the embedding's as stored, or transposed.
+
+    Raises:
+        CheckpointError: a head whose shape fits neither; RefusedError: a square head that is neither.
+    """
+    shape = tuple(ckpt.tensors[head].shape)
+    v, h = ckpt.config.get("vocab_size"), ckpt.config.get("hidden_size")
+    if shape == (h, v) != (v, h):
+        return "hidden-vocab"
+    if shape == (v, h) != (h, v):
+        return "vocab-hidden"
+    if shape == (v, h) and emb in ckpt.tensors:
+        if (
+            ckpt.tensors[emb].shape == ckpt.tensors[head].shape
+            and ckpt.load(emb).tobytes() == ckpt.load(head).tobytes()
+        ):
+            return "vocab-hidden"
+        if head_is_embedding_t(ckpt, head, emb):
+            return "hidden-vocab"
+    if shape == (v, h):
+        raise RefusedError(
+            f"tietool cannot tell the layout of {head}: it is {list(shape)} with vocab_size == hidden_size, "
+            "and it is not the embedding as stored or transposed",
+            ckpt.path,
+            hint_container_only(),
+        )
+    raise CheckpointError(
+        f"tensor {head} is {list(shape)}, but this config's head is [{v}, {h}] or [{h}, {v}]",
+        ckpt.path,
+        "check config.json (vocab_size, hidden_size) against the files",
+    )
+
+
+def _prefix(conv: Convention, row: arch.ConversionRow) -> str:
+    return row["prefixes"][Naming(conv.names)]
+
+
+def _swap(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return (shape[1], shape[0])
+
+
+def _fused_parts(ckpt: Checkpoint, name: str, spec: arch.FusedSpec, axis: int) -> list[Part]:
+    """How the fused tensor ``name`` splits along ``axis`` (see :class:`~surgery.arch.families.Split`).
+
+    Raises:
+        CheckpointError: the config lacks the head counts, or the axis does not divide into them.
+    """
+    size = ckpt.tensors[name].shape[axis]
+    groups: list[tuple[int, ...]]
+    if spec["split"] is arch.Split.HALVES:
+        count, groups = 2, [(0,), (1,)]
+    else:
+        nh = ckpt.config.get("num_attention_heads")
+        kv = ckpt.config.get("num_key_value_heads") or nh
+        if not isinstance(nh, int) or not isinstance(kv, int) or kv < 1 or nh % kv:
+            raise CheckpointError(
+                f"cannot split {name}: config.json has no usable num_attention_heads / num_key_value_heads",
+                ckpt.path,
+                "restore the config's head counts",
+            )
+        g, count = nh // kv, nh + 2 * kv
+        if spec["split"] is arch.Split.QKV_CONCAT:
+            groups = [tuple(range(nh)), tuple(range(nh, nh + kv)), tuple(range(nh + kv, count))]
+        else:
+            groups = [
+                tuple(i * (g + 2) + j for i in range(kv) for j in range(g)),
+                tuple(i * (g + 2) + g for i in range(kv)),
+                tuple(i * (g + 2) + g + 1 for i in range(kv)),
+            ]
+    if size % count:
+        raise CheckpointError(
+            f"cannot split {name}: its output axis ({size}) is not {count} equal chunks as the config's head "
+            "counts say",
+            ckpt.path,
+            "check num_attention_heads / num_key_value_heads in config.json",
+        )
+    return [Part(axis, count, c) for c in groups]
+
+
+def _unfuse(
+    ckpt: Checkpoint,
+    name: str,
+    out_body: str,
+    fused: str,
+    spec: arch.FusedSpec,
+    src: Convention,
+    dst: Convention,
+) -> list[Step]:
+    """The unfused steps of fused projection ``name`` (``out_body`` its output name, matching the table's
+    ``fused``): q, k, v (or gate, up), each transposed when the Linear layout changes."""
+    shape = tuple(ckpt.tensors[name].shape)
+    weight = len(shape) == 2
+    axis = len(shape) - 1 if src.linear == "in-out" else 0
+    turn = weight and src.linear != dst.linear
+    steps = []
+    for suffix, part in zip(spec["parts"], _fused_parts(ckpt, name, spec, axis), strict=True):
+        s = list(shape)
+        s[axis] = shape[axis] // part.count * len(part.chunks)
+        out_shape = _swap(tuple(s)) if turn else tuple(s)
+        steps.append(Step(rebase(out_body, fused, suffix), name, _label(ckpt, name), out_shape, turn, part))
+    return steps
+
+
+def _body_step(
+    ckpt: Checkpoint, name: str, row: arch.ConversionRow, src: Convention, dst: Convention
+) -> list[Step] | None:
+    """The steps of one tensor under the model prefix (None: tietool cannot place it). Linear weights'
+    layout was proven by :func:`source_convention`."""
+    pre = _prefix(src, row) + "."
+    if not name.startswith(pre):
+        return None
+    body = name[len(pre) :]
+    out = f"{_prefix(dst, row)}.{body}"
+    shape, label = tuple(ckpt.tensors[name].shape), _label(ckpt, name)
+    fused_specs = row["fused"].get(Naming(src.names), {})
+    lin, fused = suffix_in(body, row["linear"]), suffix_in(body, fused_specs)
+    if lin is not None and (fused is None or len(lin) >= len(fused)):
+        turn = src.linear != dst.linear
+        return [Step(out, name, label, _swap(shape) if turn else shape, turn)]
+    if fused is not None:
+        return _unfuse(ckpt, name, out, fused, fused_specs[fused], src, dst)
+    if suffix_in(body, row["plain"]):
+        return [Step(out, name, label, shape)]
+    return None
+
+
+def model_steps(ckpt: Checkpoint, row: arch.ConversionRow, src: Convention, dst: Convention) -> list[Step]:
+    """Every output tensor of a conversion from ``src`` to ``dst``, in the input's tensor order.
+
+    Raises:
+        RefusedError: tensors the row cannot place (named, up to five), never guessed.
+    """
+    steps: list[Step] = []
+    unplaced: list[str] = []
+    for name, t in ckpt.tensors.items():
+        if name == row["head"]:
+            turn = src.head != dst.head
+            steps.append(
+                Step(name, name, _label(ckpt, name), _swap(tuple(t.shape)) if turn else tuple(t.shape), turn)
+            )
+            continue
+        got = _body_step(ckpt, name, row, src, dst)
+        if got is None:
+            unplaced.append(name)
+        else:
+            steps += got
+    if unplaced:
+        more = f" and {len(unplaced) - 5} more" if len(unplaced) > 5 else ""
+        raise RefusedError(
+            f"tietool cannot place {len(unplaced)} tensor(s) of this {ckpt.config.get('model_type')} "
+            f"checkpoint in the {dst.title} layout: {', '.join(unplaced[:5])}{more}; it will not guess "
+            "whether they are Linear weights",
+            ckpt.path,
+            f"convert with {Opt('to', 'safetensors')} (names and layouts unchanged), or add their suffixes "
+            "to CONVERSIONS in surgery/arch/families.py",
+        )
+    return steps
+
+
+def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
+    """The head where the target loader treats it differently from the source's (adds steps and notes):
+
+    * to PaddleNLP without a head in the files (tied): PaddleNLP 2.8 builds a random head of its own
+      (``paddlenlp_own_head``, fixtures README L11), so the embedding is written as the head, transposed to
+      ``[hidden, vocab]``;
+    * from PaddleNLP with a head under ``tie_word_embeddings: true``: PaddleNLP used the file's head, while
+      PaddleFormers would ignore it and tie, so the output says ``tie_word_embeddings: false``, unless
+      the head is the embedding transposed bit for bit (a tied PaddleFormers checkpoint converted to
+      PaddleNLP): then tying gives the same head, and the flag stays true (the round trip is exact).
+    """
+    ckpt, head = plan.ckpt, row["head"]
+    if not row["paddlenlp_own_head"]:
+        return
+    tied = bool(ckpt.config.get("tie_word_embeddings", False))
+    if plan.target == PADDLENLP and head not in ckpt.tensors:
+        emb = f"{_prefix(plan.source, row)}.embed_tokens.weight"
+        if emb not in ckpt.tensors:
+            return
+        t = ckpt.tensors[emb]
+        plan.steps.append(Step(head, emb, _label(ckpt, emb), _swap(tuple(t.shape)), True))
+        plan.notes.append(
+            f"{head} is written as {emb} transposed to [hidden, vocab]: the input has no head (tied) and "
+            "PaddleNLP 2.8 never ties this model's head, it would build a random one"
+        )
+    elif plan.source.names == Naming.PADDLENLP and head in ckpt.tensors and tied:
+        emb = f"{_prefix(plan.source, row)}.embed_tokens.weight"
+        if emb in ckpt.tensors and head_is_embedding_t(ckpt, head, emb):
+            plan.notes.append(
+                f"tie_word_embeddings stays true: {head} is {emb} transposed bit for bit, so the head "
+                "PaddleFormers ties to the embedding is the one PaddleNLP 2.8 used"
+            )
+            return
+        plan.config["tie_word_embeddings"] = False
+        plan.config_changes.append({"key": "tie_word_embeddings", "before": True, "after": False})
+        plan.notes.append(
+            "tie_word_embeddings is set false: PaddleNLP 2.8 used this checkpoint's own head whatever the "
+            "flag said, and PaddleFormers would ignore that head and tie it to the embedding"
+        )
+
+
+def head_is_embedding_t(ckpt: Checkpoint, head: str, emb: str) -> bool:
+    """Whether ``[hidden, vocab]`` head ``head`` holds the bits of ``[vocab, hidden]`` embedding ``emb``
+    transposed (same dtype), compared in blocks of embedding rows against the head loaded once."""
+    h, e = ckpt.tensors[head], ckpt.tensors[emb]
+    if len(e.shape) != 2 or tuple(h.shape) != _swap(tuple(e.shape)) or h.dtype != e.dtype:
+        return False
+    if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
+        return False
+    cols, i = ckpt.load(head), 0
+    for block in ckpt.iter_rows(emb, max(1, ROWS_BYTES // max(1, e.nbytes // max(1, e.shape[0])))):
+        n = block.shape[0]
+        if transpose_2d(block).tobytes() != np.ascontiguousarray(cols[:, i : i + n]).tobytes():
+            return False
+        i += n
+    return True
+
+
+def _edit_config(plan: ConvertPlan, key: str, row: arch.ConversionRow) -> None:
+    """Apply :data:`~surgery.arch.families.CONFIG_KEYS` ``[key]`` to ``plan.config`` (recording each change).
+
+    Raises:
+        RefusedError: a key the row must refuse is set (a rope scaling tietool cannot translate).
+    """
+    edits, cfg = arch.CONFIG_KEYS[key], plan.config
+    for k in edits["refuse_set"]:
+        if cfg.get(k) not in (None, {}, 1.0):
+            raise RefusedError(
+                f"config.json sets {k}={cfg[k]!r}, which tietool cannot translate for {plan.target.title}",
+                plan.ckpt.path,
+                f"convert with {Opt('to', 'safetensors')} (names and layouts unchanged)",
+            )
+    for old, new in edits["rename"].items():
+        if old in cfg:
+            val = cfg.pop(old)
+            plan.config_changes.append({"key": old, "before": val, "after": None})
+            if new not in cfg:
+                cfg[new] = val
+                plan.config_changes.append({"key": new, "before": None, "after": val})
+    for k in edits["drop"]:
+        if k in cfg:
+            plan.config_changes.append({"key": k, "before": cfg.pop(k), "after": None})
+    for k in edits["unfuse"]:
+        if cfg.get(k):
+            cfg[k] = False
+            plan.config_changes.append({"key": k, "before": True, "after": False})
+    if key == "paddlenlp":
+        _drop_deprecated_class_names(plan)
+    if key == "paddlenlp" and not row["paddlenlp_28"]:
+        plan.notes.append(
+            f"PaddleNLP 2.8.1 has no {cfg.get('model_type')} model class: the output is for PaddleNLP 3 "
+            "(not loaded by tietool's tests); config.json gets no paddlenlp_version, so tietool's next "
+            "command takes PaddleNLP 3 as its loader"
+        )
+        return
+    for k, v in edits["set"].items():
+        if k not in cfg or cfg[k] != v:
+            plan.config_changes.append({"key": k, "before": cfg.get(k), "after": v})
+            cfg[k] = v
+
+
+def _drop_deprecated_class_names(plan: ConvertPlan) -> None:
+    """``architectures`` of a PaddleNLP output names PaddleNLP's class: PaddleFormers 1.2 saves the classes it
+    keeps beside a paddlefleet one as ``<Name>Deprecated`` (``Qwen2ForCausalLMDeprecated``), a name only
+    PaddleFormers has, so the suffix is dropped (``Qwen2ForCausalLM``)."""
+    names = plan.config.get("architectures")
+    if not isinstance(names, list) or not any(isinstance(n, str) and n.endswith("Deprecated") for n in names):
+        return
+    new = [n.removesuffix("Deprecated") if isinstance(n, str) else n for n in names]
+    plan.config_changes.append({"key": "architectures", "before": names, "after": new})
+    plan.config["architectures"] = new
+
+
+def _require_sizes(ckpt: Checkpoint) -> None:
+    """A layout change needs ``vocab_size`` and ``hidden_size``: they tell the head's layout from its
+    shape, and the target loader builds its tables from them (PaddleFormers' Llama default vocab_size is
+    32000). Raises CheckpointError naming the missing keys."""
+    missing = [k for k in ("vocab_size", "hidden_size") if not _positive_int(ckpt.config.get(k))]
+    if missing:
+        emb = next((t for n, t in ckpt.tensors.items() if n.endswith("embed_tokens.weight")), None)
+        hint = f" (the embedding is {list(emb.shape)}: [vocab_size, hidden_size])" if emb is not None else ""
+        raise CheckpointError(
+            f"{ckpt.config_file} has no {' / '.join(missing)} (a positive integer), which a layout change "
+            "needs to tell the head's layout and the loader needs to build the model",
+            ckpt.path / ckpt.config_file,
+            f"add {', '.join(missing)} as the training run wrote it{hint}",
+        )
+
+
+def _positive_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def _generic_proof(ckpt: Checkpoint, what: str) -> Proof:
+    """The layout of a checkpoint whose model type has no row: the tensors named as a row's Linear weights
+    (:data:`~surgery.arch.families.ANY_LINEAR`), their shapes against the config (:func:`prove`)."""
+    weights = {}
+    for name in ckpt.tensors:
+        hit = suffix_in(name, arch.ANY_LINEAR)
+        if hit is not None:
+            weights[name] = arch.ANY_LINEAR[hit]
+    return prove(ckpt, weights, what, strict=False)
+
+
+def _reshard_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
+    """``--to paddleformers`` of a model type without a row: only when its Linear weights are proven
+    ``[out, in]`` by their shapes, and no name carries a PaddleNLP-era prefix, are the shards rewritten as
+    they are (the input is then already in the PaddleFormers layout, Gemma3, Phi3, ...).
+
+    Raises:
+        RefusedError: PaddleNLP names, a Paddle layout, or no Linear weight whose shape proves the layout.
+    """
+    mt = ckpt.config.get("model_type")
+    pre = tuple(p + "." for p in arch.PADDLENLP_PREFIXES)
+    named = next((n for n in ckpt.tensors if n.startswith(pre)), None)
+    proof = _generic_proof(ckpt, hint_container_only()) if named is None else None
+    if proof is None or proof.layout is not Layout.OUT_IN:
+        why = (
+            f"its names ({named}) are not PaddleFormers names"
+            if named
+            else "its Linear weights are [in, out] (the Paddle layout)"
+            if proof and proof.layout
+            else "no tensor named as a Linear weight tietool knows tells its layout"
+        )
+        raise RefusedError(
+            f"tietool has no conversion data for model_type {mt!r} and {why}, so it cannot write the "
+            "PaddleFormers layout",
+            ckpt.path,
+            hint_container_only(),
+        )
+    plan = ConvertPlan(ckpt, HF, HF, container, _copy_steps(ckpt), dict(ckpt.config), layout=proof.layout)
+    plan.notes += [
+        "the input is already in the PaddleFormers/HF layout: only the shards are rewritten",
+        proof.note(),
+    ]
+    return plan
+
+
+def _container_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
+    """A container change: every tensor copied as stored, config untouched. The report says which layout
+    the tensors are in where the shapes prove it (the model type has a row), else that it was not checked;
+    the output's ``__metadata__`` follows from it (:func:`_st_metadata`)."""
+    plan = ConvertPlan(ckpt, KEPT, KEPT, container, _copy_steps(ckpt), dict(ckpt.config))
+    if container is Container.SAFETENSORS and _paddlenlp_files(ckpt):
+        _bf16_as_u16(plan)
+    mt = ckpt.config.get("model_type")
+    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
+    try:
+        if row is None:
+            raise RefusedError(f"tietool has no conversion data for model_type {mt!r}", ckpt.path)
+        src, proof = source_convention(ckpt, row)
+        plan.layout = proof.layout
+        plan.notes.append(f"the input is {src.title}: {proof.note()}")
+    except (RefusedError, CheckpointError) as e:
+        plan.notes.append(f"layout not proven ({e.message}): names and layouts are copied as stored")
+    _pf_container(plan)
+    return plan
+
+
+def _bf16_as_u16(plan: ConvertPlan) -> None:
+    """bf16 tensors of a PaddleNLP checkpoint labelled ``U16`` in safetensors, as PaddleNLP 2.8.1's
+    ``save_pretrained(safe_serialization=True)`` writes them (it reads through numpy, which has no bf16: a
+    ``BF16`` label fails its load with "Cannot interpret '2' as a data type"); the bytes are the same."""
+    n = sum(s.dtype == "BF16" for s in plan.steps)
+    if n:
+        plan.steps = [dataclasses.replace(s, dtype="U16") if s.dtype == "BF16" else s for s in plan.steps]
+        plan.notes.append(f"{n} bf16 tensor(s) labelled U16, as PaddleNLP 2.8.1 writes and reads them")
+
+
+def _pf_container(plan: ConvertPlan) -> None:
+    """What PaddleFormers 1.2 needs of a container change of its checkpoint (measured in
+    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``): its Paddle layout loads
+    only with :data:`LEGACY_LOAD` (a plain ``from_pretrained`` of such safetensors loads without a warning
+    and gives wrong logits), so the output says so; it reads a ``.pdparams`` only in that layout, so a
+    ``.pdparams`` of its HF layout is refused (no ``from_pretrained`` loads it).
+
+    Raises:
+        RefusedError: ``--to pdparams`` of a PaddleFormers checkpoint not proven in the Paddle layout.
+    """
+    ck = plan.ckpt
+    if "paddleformers_version" not in ck.config:
+        return
+    if _pf_legacy(ck, plan.layout):
+        plan.notes.append(
+            f"PaddleFormers 1.2 loads this (its legacy Paddle layout) only with {LEGACY_LOAD}"
+            + ("" if plan.container is Container.PDPARAMS else ": a plain from_pretrained gives wrong logits")
+        )
+    elif plan.container is Container.PDPARAMS:
+        how = "its Linear weights are [out, in]" if plan.layout else "its layout is not proven [in, out]"
+        raise RefusedError(
+            f"PaddleFormers 1.2 reads a .pdparams only in its legacy Paddle layout ({LEGACY_LOAD}, Linear "
+            f"weights [in, out]), and {how}: no from_pretrained would load the output",
+            ck.path,
+            "keep it as safetensors (PaddleFormers loads those with a plain from_pretrained), or use "
+            f"{Opt('to', 'paddlenlp')} for PaddleNLP's .pdparams",
+        )
+
+
+def pf_legacy_layout(ckpt: Checkpoint) -> bool:
+    """Whether PaddleFormers 1.2 loads ``ckpt`` only with :data:`LEGACY_LOAD` (a plain ``from_pretrained``
+    of its safetensors loads without a warning and gives wrong logits, measured in
+    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``): a PaddleFormers checkpoint
+    in its legacy Paddle layout, told as :func:`_container_plan` tells it (config ``source: paddle``, or
+    Linear weights proven ``[in, out]`` by their shapes for a model type of :data:`~surgery.arch.families.
+    CONVERSIONS`). Reads headers only; a layout not proven counts as not legacy. Raises nothing."""
+    mt = ckpt.config.get("model_type")
+    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
+    layout = None
+    if row is not None:
+        try:
+            layout = source_convention(ckpt, row)[1].layout
+        except (RefusedError, CheckpointError):
+            layout = None
+    return _pf_legacy(ckpt, layout)
+
+
+def _pf_legacy(ckpt: Checkpoint, layout: Layout | None) -> bool:
+    """A PaddleFormers checkpoint (``paddleformers_version``) in the Paddle layout (``source: paddle`` or
+    Linear weights proven ``[in, out]``): PaddleFormers' legacy format."""
+    cfg = ckpt.config
+    return "paddleformers_version" in cfg and (cfg.get("source") == "paddle" or layout is Layout.IN_OUT)
+
+
+def plan_convert(ckpt: Checkpoint, to: Target) -> ConvertPlan:
+    """Which output tensor comes from which input tensor, by which transform (pure: reads headers only).
+
+    ``to`` ``paddleformers``/``paddlenlp``: the input's convention found (:func:`source_convention`: names,
+    Linear layout proven from the shapes, head layout), names renamed (``llama.``/``ernie.`` ↔ ``model.``),
+    every Linear weight transposed where the layouts differ, the head ``[hidden, vocab]`` ↔
+    ``[vocab, hidden]``, fused ``qkv_proj`` / ``gate_up_fused_proj`` / ``up_gate_proj`` split (PaddleNLP and
+    PaddleFormers grouped per kv head, ERNIEKit ``q | k | v``), embeddings/norms/biases copied; config keys
+    as :data:`~surgery.arch.families.CONFIG_KEYS` (the target's version key). ``safetensors``/``pdparams``:
+    the container only (:func:`_container_plan`). An input already in the target's convention is a
+    container change.
+
+    Raises:
+        RefusedError: an unknown model type, unplaceable tensors (:func:`model_steps`), a layout not proven
+            (:func:`surgery.inspect.layout.prove`), a family PaddleFormers 1.2 lacks (:func:`conversion_row`).
+        CheckpointError: shapes that contradict the config or each other.
+    """
+    conv, container = TARGETS[to]
+    if conv is None:
+        return _container_plan(ckpt, container)
+    mt = _model_type(ckpt)
+    if to is Target.PADDLEFORMERS and mt not in arch.CONVERSIONS and not _lacks(mt):
+        return _reshard_plan(ckpt, container)
+    row = conversion_row(ckpt, to)
+    _require_sizes(ckpt)
+    source, proof = source_convention(ckpt, row)
+    plan = ConvertPlan(ckpt, source, conv, container, [], dict(ckpt.config), layout=proof.layout)
+    plan.notes.append(proof.note())
+    if source == conv:
+        plan.steps = _copy_steps(ckpt)
+        plan.notes.insert(
+            0, f"the input is already in the {conv.title} layout: only the shards are rewritten"
+        )
+        return plan
+    plan.steps = model_steps(ckpt, row, source, conv)
+    _edit_config(plan, to.value, row)
+    _head_steps(plan, row)
+    return plan
+
+
+def _take(a: np.ndarray, part: Part) -> np.ndarray:
+    """The chunks ``part.chunks`` of ``a``'s axis ``part.axis`` (raw storage dtype: bits move, no cast)."""
+    axis = part.axis % a.ndim
+    size = a.shape[axis] // part.count
+    split = a.reshape(a.shape[:axis] + (part.count, size) + a.shape[axis + 1 :])
+    got = np.take(split, list(part.chunks), axis=axis)
+    return got.reshape(a.shape[:axis] + (len(part.chunks) * size,) + a.shape[axis + 1 :])
+
+
+TILE = 256
+
+
+def transpose_2d(a: np.ndarray, tile: int = TILE, out: np.ndarray | None = None) -> np.ndarray:
+    """``a.T`` as a C-ordered array (written into ``out`` when given, shape ``a.shape[::-1]``), copied tile
+    by tile (``tile`` × ``tile``): the same bits as ``np.ascontiguousarray(a.T)`` (any dtype; bf16 as
+    ``uint16``), 2-7x faster on large matrices, where numpy's strided copy misses the cache on every
+    element (measured in ``bench/convert_memory.py``)."""
+    rows, cols = a.shape
+    if out is None:
+        out = np.empty((cols, rows), dtype=a.dtype)
+    for i in range(0, rows, tile):
+        for j in range(0, cols, tile):
+            out[j : j + tile, i : i + tile] = a[i : i + tile, j : j + tile].T
+    return out
+
+
+# rows of the input read at a time when transposing a whole tensor (about this many bytes)
+ROWS_BYTES = 16 << 20
+
+
+def transposed(ckpt: Checkpoint, name: str) -> np.ndarray:
+    """Tensor ``name`` (2-D) transposed, in its stored dtype, reading the input in blocks of rows of about
+    :data:`ROWS_BYTES` (:meth:`Checkpoint.iter_rows`, one reused buffer): memory is the output tensor plus
+    one block, never the input tensor as well."""
+    t = ckpt.tensors[name]
+    rows, cols = t.shape
+    if rows == 0 or cols == 0:
+        return transpose_2d(ckpt.load(name))
+    out: np.ndarray | None = None
+    i = 0
+    for block in ckpt.iter_rows(name, max(1, ROWS_BYTES // max(1, t.nbytes // rows))):
+        if out is None:
+            out = np.empty((cols, rows), dtype=block.dtype)
+        n = block.shape[0]
+        transpose_2d(block, out=out[:, i : i + n])
+        i += n
+    assert out is not None and i == rows
+    return out
+
+
+def step_source(ckpt: Checkpoint, step: Step) -> Callable[[], Source]:
+    """The bytes of ``step`` in C order, produced when called: a byte range of the input for a plain copy
+    (C-ordered storage); a whole transposed tensor built by :func:`transposed` (peak memory: the output
+    tensor and one block of input rows); a chunk of a fused projection from the stored array (bf16 as
+    ``uint16`` bits), chunked then transposed (peak: the fused input and its chunk)."""
+    t = ckpt.tensors[step.src]
+
+    def build() -> Source:
+        if step.part is None and step.transpose:
+            return Source(array=transposed(ckpt, step.src))
+        a = ckpt.load(step.src)
+        if step.part is not None:
+            a = _take(a, step.part)
+        return Source(array=transpose_2d(a) if step.transpose else np.ascontiguousarray(a))
+
+    if step.part is None and not step.transpose and not t.fortran:
+        return lambda: ckpt.source(step.src)
+    return build
+
+
+def _paddlenlp_files(ck: Checkpoint) -> bool:
+    """PaddleNLP's checkpoint: a ``paddlenlp_version`` key or PaddleNLP-era name prefixes (``llama.``; not
+    the model type's ERNIEKit ``ernie.``, which is no PaddleNLP naming of ERNIE 4.5)."""
+    mt = ck.config.get("model_type")
+    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
+    kit = row["prefixes"].get(Naming.KIT) if row else None
+    pre = tuple(p + "." for p in arch.PADDLENLP_PREFIXES if p != kit)
+    return "paddlenlp_version" in ck.config or any(n.startswith(pre) for n in ck.tensors)
+
+
+def _st_metadata(plan: ConvertPlan) -> dict[str, str]:
+    """Each output safetensors file's ``__metadata__``: what the output's loader reads and its layout is.
+
+    ``{"format": "pt"}`` for the PaddleFormers/HF layout (PaddleFormers' ``save_to_hf`` export and ERNIE's
+    paddle2torch write it); ``{"format": "np"}`` for the Paddle layout (PaddleNLP 2.8.1's
+    ``load_state_dict`` refuses any other format, and a file without metadata; PaddleFormers'
+    ``save_to_hf=False`` writes it). A container change: from the layout the shapes proved; PaddleNLP
+    names or version key: ``np``; unproven: the input's own metadata when all its files agree, none when its
+    safetensors have none (``np`` would claim the Paddle layout, and HF transformers refuses a file labelled
+    ``np``), else ``np`` (a ``.pdparams`` was written by Paddle code)."""
+    ck = plan.ckpt
+    if plan.target == HF:
+        return {"format": "pt"}
+    if plan.target != KEPT:
+        return {"format": "np"}
+    if _paddlenlp_files(ck):
+        return {"format": "np"}
+    if plan.layout is not None:
+        return {"format": "np" if plan.layout is Layout.IN_OUT else "pt"}
+    metas = {str(m) for m in ck.st_metadata.values()}
+    first = next(iter(ck.st_metadata.values()), None) if ck.format == "safetensors" else None
+    if len(metas) == 1 and first:
+        return dict(first)
+    if ck.format == "safetensors" and not any(ck.st_metadata.values()):
+        return {}  # none in the input (PaddleFormers' own HF-layout save): a copy as stored has none either
+    return {"format": "np"}
+
+
+def _pdparams_extras(plan: ConvertPlan) -> dict | None:
+    """The input's non-tensor ``.pdparams`` entries (``StructuredToParameterName@@`` of every file) when
+    names are unchanged; a renamed checkpoint gets none (PaddleNLP's loader does not need it)."""
+    if plan.ckpt.format != "pdparams" or plan.source != plan.target:
+        return None
+    merged: dict = {}
+    for ex in plan.ckpt.extras.values():
+        for k, v in ex.items():
+            if isinstance(v, dict) and isinstance(merged.get(k), dict):
+                merged[k] = {**merged[k], **v}
+            else:
+                merged.setdefault(k, v)
+    return merged or None
+
+
+def _carry(ckpt: Checkpoint) -> list[tuple[Path, str]]:
+    """Files carried unchanged: everything but weights, index, config, report and training state."""
+    skip = {ckpt.config_file, *NOT_CARRIED}
+    return [
+        (ckpt.path / rel, rel) for rel in ckpt.other_files if rel not in skip and Path(rel).name not in skip
+    ]
+
+
+def build_report(plan: ConvertPlan, to: Target, out: str, facts: dict | None) -> dict:
+    """The report (``tietool-report.json``): every renamed, transposed and split tensor, config changes,
+    notes, and the files written (``facts`` from :func:`~surgery.write.assemble.assemble`; None for a dry
+    run)."""
+    ck = plan.ckpt
+    renamed = [{"from": s.src, "to": s.out} for s in plan.steps if s.out != s.src and s.part is None]
+    transposed = [
+        {
+            "name": s.out,
+            "from": s.src,
+            "shape_before": list(ck.tensors[s.src].shape),
+            "shape_after": list(s.shape),
+        }
+        for s in plan.steps
+        if s.transpose
+    ]
+    split: dict[str, list[str]] = {}
+    for s in plan.steps:
+        if s.part is not None:
+            split.setdefault(s.src, []).append(s.out)
+    total_in = sum(t.nbytes for t in ck.tensors.values())
+    total_out = sum(DTYPES[s.dtype].nbytes(int(np.prod(s.shape, dtype=np.int64))) for s in plan.steps)
+    params_in = sum(t.numel for t in ck.tensors.values())
+    params_out = sum(int(np.prod(s.shape, dtype=np.int64)) for s in plan.steps)
+    return {
+        "operation": "convert",
+        "to": to.value,
+        "input": str(ck.path),
+        "output": out,
+        "dry_run": facts is None,
+        "changed": True,
+        "from_convention": plan.source.title,
+        "to_convention": plan.target.title,
+        "layout": plan.layout.value if plan.layout else None,
+        "container": {"before": ck.format, "after": plan.container.value},
+        "before": {"parameters": params_in, "bytes": total_in, "tensors": len(ck.tensors)},
+        "after": {"parameters": params_out, "bytes": total_out, "tensors": len(plan.steps)},
+        "renamed": renamed,
+        "transposed": transposed,
+        "split": [{"from": k, "to": v} for k, v in split.items()],
+        "config_changes": plan.config_changes,
+        "notes": plan.notes,
+        "warnings": list(ck.warnings),
+        "files": facts,
+    }
+
+
+ProgressFactory = Callable[[int], AbstractContextManager[Callable[[str, int], None] | None]]
+
+
+def convert(
+    path: str | PathLike[str],
+    to: Target | str,
+    out: str | PathLike[str],
+    *,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    dry_run: bool = False,
+    progress: ProgressFactory | None = None,
+) -> Report:
+    """Convert checkpoint ``path`` to the convention or container ``to`` (see :func:`plan_convert`),
+    written to ``out`` atomically (a temporary folder renamed into place when complete, as
+    :func:`surgery.write.assemble.assemble`), sharded at ``max_shard_size`` bytes (default ``"10GB"`` =
+    10·10⁹ bytes, as PaddleFormers' ``save_pretrained``; ints, ``"500MB"``, ``"2GiB"`` accepted).
+
+    Tensors stream one at a time: a copied tensor by byte range, a transposed or split one loaded in its
+    stored dtype (bf16 as ``uint16`` bits, never converted), rearranged, written and dropped.
+
+    Returns:
+        the report (:func:`build_report`), also written as ``out/tietool-report.json`` (not for a dry run).
+
+    Raises:
+        UsageError: ``to`` not a target, a bad ``max_shard_size``, an ``out`` that is the input, inside it or
+            not empty.
+        CheckpointError: a missing or corrupt input, or one whose layout contradicts its names.
+        RefusedError: see :func:`plan_convert`.
+        OutputError: the output cannot be written; nothing is left behind.
+    """
+    target = _target(to)
+    limit = parse_size(max_shard_size)
+    for arg, what in ((path, "path"), (out, "out")):
+        if isinstance(arg, bytes) or not isinstance(arg, str | PathLike):
+            raise UsageError(f"{what} must be a folder path (str or os.PathLike), got {type(arg).__name__}")
+    local_only("convert", path, out)
+    ckpt = Checkpoint.open(Path(path))
+    check_index(ckpt)
+    if not dry_run:
+        check_output_path(ckpt.path, Path(out))
+    plan = check_dtypes(plan_convert(ckpt, target))
+    _note_left_out(plan)
+    if dry_run:
+        return Report(build_report(plan, target, str(out), None))
+    tensors = [OutTensor(s.out, s.dtype, s.shape, step_source(ckpt, s)) for s in plan.steps]
+    total = sum(t.nbytes for t in tensors)
+    with (progress or (lambda _total: nullcontext(None)))(total) as advance:
+        rep = assemble(
+            Path(out),
+            tensors,
+            plan.container,
+            plan.config,
+            carry=_carry(ckpt),
+            max_shard_size=limit,
+            st_metadata=_st_metadata(plan) if plan.container is Container.SAFETENSORS else None,
+            pdparams_extras=_pdparams_extras(plan),
+            report=lambda facts: build_report(plan, target, str(out), facts),
+            progress=advance,
+        )
+    return Report(rep)
+
+
+def check_dtypes(plan: ConvertPlan) -> ConvertPlan:
+    """Refuse, by name, a tensor whose dtype the output cannot carry: a ``.pdparams`` holds numpy dtypes
+    only (no float8, float4, float6 or complex: ``DType.np_name`` is None; relabelling their bytes as
+    ``uint8`` would make paddle load integers), and a packed sub-byte tensor (``F4``, ``F6_*``) cannot be
+    transposed or split (its elements are not whole bytes). Every other tensor moves as bytes, any dtype.
+
+    Returns:
+        ``plan``, unchanged. Raises RefusedError naming the tensor and its dtype.
+    """
+    ck = plan.ckpt
+    for s in plan.steps:
+        t = ck.tensors[s.src]
+        if plan.container is Container.PDPARAMS and DTYPES[s.dtype].np_name is None:
+            raise RefusedError(
+                f"convert refused: {s.src} is stored as {describe_dtype(s.dtype)}, which a .pdparams cannot "
+                "hold (numpy has no float8/float4/float6: paddle.save itself writes float8 as int8, which "
+                "paddle.load returns as int8; complex arrays are outside the .pdparams reader's allow-list)",
+                ck.path,
+                f"keep the safetensors container ({Opt('to', 'safetensors')} or "
+                f"{Opt('to', 'paddleformers')})",
+            )
+        if (s.transpose or s.part is not None) and DTYPES[s.dtype].packed:
+            raise dtype_refusal(t, ck.path, "transpose or split it", op="convert")
+    return plan
+
+
+def _note_left_out(plan: ConvertPlan) -> None:
+    """Say which files of the input the output does not hold: training state (optimizer, master weights:
+    their layout is the input's) and files the input's index does not list (:attr:`Checkpoint.left_out`)."""
+    ck = plan.ckpt
+    if ck.training_state:
+        plan.notes.append(
+            f"training state left out ({', '.join(ck.training_state[:3])}"
+            f"{', ...' if len(ck.training_state) > 3 else ''}): its tensors keep the input's names and layout"
+        )
+    if ck.left_out:
+        plan.notes.append(
+            f"files that are not part of the checkpoint left out: {', '.join(x.file for x in ck.left_out)}"
+        )
+
+
+def _target(to: Target | str) -> Target:
+    """``to`` as a :class:`Target`. Raises UsageError for anything else."""
+    try:
+        return Target(to.value if isinstance(to, Target) else to)
+    except ValueError:
+        allowed = ", ".join(repr(t.value) for t in Target)
+        raise UsageError(
+            f"{Opt('to')} must be one of {allowed}, got {to!r}", fix=f"e.g. {Opt('to', 'paddleformers')}"
+        ) from None

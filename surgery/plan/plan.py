@@ -1,0 +1,342 @@
+"""Plans: what ``tie``, ``untie`` and ``resize`` will change, computed from headers and detection only.
+
+A :class:`Plan` lists tensors dropped, replaced and added, config keys set, and notes. Executing it
+(:func:`surgery.write.writer.execute`) is the only step that writes; ``--dry-run`` prints the plan and stops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..arch import families as arch
+from ..inspect.detect import (
+    HIDDEN_VOCAB,
+    Detection,
+    FoundBy,
+    loader_facts_unproven,
+    unnamed_heads,
+)
+from ..inspect.findings import FindingKind, Fix, describe
+from ..io.checkpoint import Checkpoint
+from ..io.configfile import get_dotted, read_config_file
+from ..model.errors import Opt, RefusedError, UsageError
+from ..model.tensor import DTYPES, NP_TO_ST, TensorInfo, dtype_refusal
+from .recipes import CopyOf, Recipe, uses
+
+NEW_SHARD = "<new shard>"  # NewTensor.file of a tensor that gets a shard file of its own
+
+
+@dataclass
+class NewTensor:
+    """A tensor the output gets new data for.
+
+    Attributes:
+        name: state-dict key.
+        dtype: label in the checkpoint's format (safetensors ``BF16``...; pdparams numpy name).
+        shape: output shape.
+        recipe: what its data is (:mod:`surgery.plan.recipes`); the writer makes it once per execution, shared
+            by every tensor with an equal recipe.
+        file: the weight file it goes into (input file name), or ``NEW_SHARD``.
+        after: for an added tensor, the name it follows in that file (None: at the end).
+        storage: tensors with the same storage key are one array (pdparams aliases).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    recipe: Recipe
+    file: str
+    after: str | None = None
+    storage: object = None
+
+    @property
+    def nbytes(self) -> int:
+        return _dtype(self.dtype).nbytes(self.numel)
+
+    @property
+    def numel(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+
+def _dtype(label: str):
+    """The :class:`~surgery.model.tensor.DType` of a safetensors label or a pdparams numpy name."""
+    return DTYPES[label] if label in DTYPES else DTYPES[NP_TO_ST[label]]
+
+
+@dataclass
+class Plan:
+    """What an operation changes. Nothing is written until it is executed.
+
+    Attributes:
+        op: ``tie`` / ``untie`` / ``resize``.
+        drop: names removed → reason.
+        replace: existing names whose data (and maybe shape) change.
+        add: new names.
+        config_set: ``(file, dotted key, value)`` to set in config.json / model_config.json.
+        stale_index: index entries that name no stored tensor; left out of the output index.
+        metadata: safetensors ``__metadata__`` entries to add (``{dropped name: kept name}``).
+        metadata_drop: ``__metadata__`` keys to remove (a ``{dropped: kept}`` entry for a tensor the output
+            holds again).
+        relabel_u16: write safetensors ``U16`` tensors that hold bf16 bits as ``BF16``.
+        changed: the plan changes tensors or config (False: the output is a copy).
+        notes: what the user should know (why nothing was saved, which loader was assumed, ...).
+        warnings: what may break the model (trimming rows the tokenizer uses).
+        extra_report: operation-specific report fields (resize rows, init, seed).
+    """
+
+    op: str
+    ckpt: Checkpoint
+    det: Detection
+    drop: dict[str, str] = field(default_factory=dict)
+    replace: dict[str, NewTensor] = field(default_factory=dict)
+    add: list[NewTensor] = field(default_factory=list)
+    config_set: list[tuple[str, str, object]] = field(default_factory=list)
+    stale_index: list[str] = field(default_factory=list)
+    metadata: dict[str, str] = field(default_factory=dict)
+    metadata_drop: list[str] = field(default_factory=list)
+    relabel_u16: bool = False
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    extra_report: dict = field(default_factory=dict)
+
+    @property
+    def changed(self) -> bool:
+        cfg_changes = [c for c in self.config_set if get_config(self.ckpt, c[0], c[1]) != c[2]]
+        return bool(self.drop or self.replace or self.add or cfg_changes)
+
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of tensor data the output will hold (the progress bar's total): kept tensors, replaced
+        tensors at their new size, added tensors."""
+        t = self.ckpt.tensors
+        kept = sum(x.nbytes for n, x in t.items() if n not in self.drop and n not in self.replace)
+        return kept + sum(nt.nbytes for nt in self.replace.values()) + sum(nt.nbytes for nt in self.add)
+
+    def touched_files(self) -> set[str]:
+        """Weight files that must be rewritten (not copied)."""
+        t = self.ckpt.tensors
+        files = (
+            {t[n].file for n in self.drop}
+            | {t[n].file for n in self.replace}
+            | {a.file for a in self.add if a.file != NEW_SHARD}
+        )
+        if self.relabel_u16:
+            files |= {x.file for x in t.values() if x.dtype == "U16"}
+        return files
+
+
+def get_config(ckpt: Checkpoint, file: str, key: str):
+    data = ckpt.config if file == "config.json" else read_config_file(ckpt.path / file)
+    try:
+        return get_dotted(data, key)
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
+def tie_flags(det: Detection, value: bool) -> list[tuple[str, str, object]]:
+    """Set ``tie_word_embeddings`` at the top level and in the language model's nested config."""
+    out: list[tuple[str, str, object]] = [("config.json", "tie_word_embeddings", value)]
+    if det.text_cfg_key:
+        out.append(("config.json", f"{det.text_cfg_key}.tie_word_embeddings", value))
+    return out
+
+
+def refuse_unusable_head(det: Detection, op: str) -> None:
+    """Refuse a head that cannot be used (wrong shape, a tensor-parallel slice) or a requested layout that
+    contradicts its shape."""
+    c = det.layout_conflict
+    if c is not None:
+        raise UsageError(
+            f"{op} refused: the layout {c.requested} contradicts the head {c.head} {list(c.shape)} "
+            f"(vocab_size {det.vocab_rows} != hidden_size {det.hidden}, so its shape says {c.fits})",
+            det.ckpt.path,
+            fix=f"pass {Opt('layout', c.fits)}, or leave {Opt('layout')} out",
+        )
+    if det.head_present and det.head_layout is None:
+        raise RefusedError(
+            f"{op} refused: " + "; ".join(map(str, det.problems_about(det.head))),
+            det.ckpt.path,
+            "fix the head first (merge tensor-parallel slices / re-export)",
+        )
+
+
+def refuse_unsettled_pair(det: Detection, op: str) -> None:
+    """Refuse a write whose pair or vocabulary is not settled: the text vocabulary is not clear among
+    several (unless ``--embedding`` named the table), or no head is named while a tensor of no known name
+    has the head's shape (it may be a trained head: tie would set the flag beside it, untie add a second
+    head).
+
+    Raises:
+        RefusedError: naming the candidates and the ``--embedding`` / ``--head`` to pass.
+    """
+    if det.unclear_text and det.embedding_found_by is not FoundBy.NAMED:
+        found = next(f for f in det.problems if f.kind is FindingKind.TEXT_VOCABULARY_UNCLEAR)
+        raise RefusedError(
+            f"{op} refused: {describe(found)}", det.ckpt.path, "name the pair of the text model"
+        )
+    shaped = unnamed_heads(det)
+    if shaped:
+        raise RefusedError(
+            f"{op} refused: no tensor is named like the head ({det.head}), but {', '.join(shaped)} has the "
+            f"vocabulary's shape {list(det.ckpt.tensors[shaped[0]].shape)}: it may be a trained head under "
+            "another name",
+            det.ckpt.path,
+            f"if it is the LM head, pass {Opt('head', shaped[0])}; otherwise remove or rename it first",
+        )
+
+
+def refuse_stale_vocab_size(det: Detection, op: str) -> None:
+    """Refuse tie/untie while the config's vocabulary size disagrees with the embedding's rows: the loader
+    builds a table of the config's size, so the output would load only by luck, and its head would be
+    tied or untied against the wrong number of rows. ``resize`` to the rows sets the key (a config that
+    counts the head's rows of an embedding with reserved rows agrees).
+
+    Raises:
+        RefusedError: one line naming the config file, the key, both numbers and the resize that fixes it.
+    """
+    cvs, V = det.config_vocab_size, det.vocab_rows
+    if cvs is None or cvs == V or (cvs == det.head_rows and det.head_vocab is None):
+        return
+    key, ckpt = det.vocab_key or "vocab_size", det.ckpt
+    if ckpt.config_file != "config.json":
+        key = f"{ckpt.config_prefix}.{key}".lstrip(".")
+    raise RefusedError(
+        f"{op} refused: {ckpt.config_file} {key} is {cvs} but the embedding {det.embedding} has {V} rows "
+        f"(the loader would build a {cvs}-row table)",
+        ckpt.path / ckpt.config_file,
+        f"tietool {Fix(Opt('vocab_size', V), 'resize')} sets {key} to the rows, then {op}",
+    )
+
+
+def out_dtype(ckpt: Checkpoint, t: TensorInfo, relabel: bool) -> str:
+    return "BF16" if relabel and t.dtype == "U16" else t.dtype
+
+
+def _wants_relabel(ckpt: Checkpoint, loader: str) -> bool:
+    """Rewritten U16 tensors holding bfloat16 bits are labelled BF16, except for a loader that reads
+    bfloat16 only as U16 (:data:`architectures.U16_BFLOAT16_ONLY`: PaddleNLP 2.8.1)."""
+    return (
+        ckpt.format == "safetensors"
+        and ckpt.bf16_as_u16
+        and loader not in arch.U16_BFLOAT16_ONLY
+        and any(t.dtype == "U16" for t in ckpt.tensors.values())
+    )
+
+
+def base_plan(op: str, det: Detection) -> Plan:
+    ckpt = det.ckpt
+    plan = Plan(op, ckpt, det, relabel_u16=_wants_relabel(ckpt, det.loader))
+    if ckpt.index is not None:
+        plan.stale_index = [n for n in ckpt.index["weight_map"] if n not in ckpt.tensors]
+    if plan.relabel_u16:
+        plan.notes.append(
+            "U16 tensors hold bfloat16 bits (config dtype bfloat16): rewritten shards label them BF16; "
+            "the bytes are unchanged"
+        )
+    return plan
+
+
+def restore_embedding(det: Detection, plan: Plan) -> None:
+    """Add the missing input embedding, written from the head's bytes (``[vocab, hidden]``), in the head's
+    file right before the head; a ``{embedding: head}`` metadata entry is removed (the name is real again)."""
+    ckpt, h = det.ckpt, det.emb_info  # the head's header (the embedding is stored as the head)
+    recipe = CopyOf(det.head, transpose=det.head_layout == HIDDEN_VOCAB)
+    names = list(ckpt.tensors)
+    i = names.index(det.head)
+    before = next((n for n in reversed(names[:i]) if ckpt.tensors[n].file == h.file), None)
+    plan.add.append(
+        NewTensor(
+            det.embedding,
+            out_dtype(ckpt, h, plan.relabel_u16),
+            (det.vocab_rows, det.hidden),
+            recipe,
+            h.file,
+            after=before,
+        )
+    )
+    plan.metadata_drop.append(det.embedding)
+    plan.notes.append(
+        f"{det.embedding} restored from the bytes of {det.head} (the table was stored only there)"
+    )
+
+
+def missing_embedding_refusal(det: Detection, op: str, fix: str) -> RefusedError:
+    return RefusedError(
+        f"{op} refused: the input embedding {det.embedding} is missing (the table is stored only as the head "
+        f"{det.head})",
+        det.ckpt.path,
+        fix,
+    )
+
+
+def check_new_names(plan: Plan) -> None:
+    """Never two tensors under one name: an added tensor's name is new (or dropped) and added once.
+
+    Raises:
+        AssertionError: a plan that would write a name twice (a bug in the planner).
+    """
+    kept = set(plan.ckpt.tensors) - set(plan.drop)
+    added = [a.name for a in plan.add]
+    twice = sorted({n for n in added if n in kept or added.count(n) > 1})
+    assert not twice, f"plan {plan.op} would write {', '.join(twice)} twice"
+
+
+def drop_head(det: Detection, plan: Plan, reason: str) -> bool:
+    """Drop the head (for ``reason``) and its aliases, with ``{dropped: embedding}`` safetensors metadata,
+    where the loader re-ties a missing head and that is proven (architecture table: ``Family.may_drop_head``;
+    a loader that would load a random head, or one whose behaviour is unproven, needs it kept). Shared by
+    ``tie`` and ``resize``.
+
+    Returns:
+        whether the head was dropped (False: the loader needs it, nothing was planned).
+    """
+    if not det.family.may_drop_head:
+        return False
+    plan.drop[det.head] = reason
+    for a in det.head_aliases:
+        plan.drop[a] = f"alias of {det.head}"
+    plan.metadata = {n: det.embedding for n in plan.drop}
+    if det.family.warns_missing_head:
+        source = f"checked by loading: {det.family.proof}" if det.family.proof else "architecture table"
+        plan.notes.append(
+            f"the {det.loader} loader will log {det.head} as 'newly initialized': that warning is "
+            f"harmless, it ties {det.head} to {det.embedding} on load and the logits are identical "
+            f"({source})"
+        )
+    return True
+
+
+def unproven_note(det: Detection, plan: Plan, done: str) -> None:
+    """Note what a write did instead of relying on an unproven loader fact (``done``), with the finding
+    that words the missing proof and the ``loader`` option that names a proven loader."""
+    finding = loader_facts_unproven(det)
+    plan.notes.append(f"{done}: " + (describe(finding) if finding else "the loader facts are unproven"))
+
+
+def check_dtypes(plan: Plan) -> Plan:
+    """Refuse a plan that would compute with a tensor in a dtype tietool only copies as bytes: resize or new
+    rows of a float8 / float4 / float6 / complex vocabulary tensor, a scaled copy of one; or transpose a
+    packed sub-byte one (``F4``, ``F6_*``). Every other tensor of any dtype is copied byte for byte.
+
+    Returns:
+        ``plan``, unchanged.
+
+    Raises:
+        RefusedError: naming the tensor, its dtype and what the plan would do with it.
+    """
+    ckpt = plan.ckpt
+    for nt in [*plan.replace.values(), *plan.add]:
+        for use in uses(nt.recipe):
+            d = ckpt.tensors[use.name].st_dtype
+            if (use.values and not d.decodable) or d.packed:
+                raise dtype_refusal(
+                    ckpt.tensors[use.name],
+                    ckpt.path,
+                    use.doing,
+                    "tietool resizes and converts vocabulary tensors stored as float (BF16, F16, F32, F64) "
+                    "or integers: run it on the checkpoint before quantization, then quantize the output",
+                    op=plan.op,
+                )
+    return plan

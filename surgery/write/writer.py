@@ -1,0 +1,583 @@
+"""Execute a plan: write the output checkpoint into a temporary folder beside ``--out``, then rename it
+into place. The input is only read.
+
+* weight files no tensor of the plan touches (and the other files) are copied by the kernel
+  (``os.copy_file_range``), several at a time in threads while the touched files are rewritten, or, with
+  ``link=True``, hard-linked;
+* touched files are streamed: unchanged tensors are copied by byte range, never decoded; only new data is
+  in memory, one tensor (or one alias group) at a time;
+* shards left empty are removed and the rest renumbered; the index (``weight_map``, ``total_size``) is
+  rewritten to match exactly what was written;
+* config keys are set, every other file is copied unchanged, and ``tietool-report.json`` is added.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..io import pdparams_io, safetensors_io, store, surface, tree
+from ..io.checkpoint import SHARD_RE, Checkpoint
+from ..io.configfile import get_dotted, read_config_file, set_dotted
+from ..io.readback import Planned, PlannedView, check_json_file, check_pdparams, check_safetensors
+from ..io.safetensors_io import Source
+from ..model.errors import UsageError
+from ..model.tensor import pdparams_name
+from ..plan import recipes
+from ..plan.plan import NEW_SHARD, NewTensor, Plan
+from ..plan.recipes import Recipe
+from .copy import Copier, Reporting, copy_file, try_link
+from .publish import JSON_STYLE, check_output_path, publish, write_json
+
+
+def _shard_name(kind: str, k: int, n: int) -> str:
+    return f"{kind}-{k:05d}-of-{n:05d}.{'safetensors' if kind == 'model' else 'pdparams'}"
+
+
+def execute(
+    plan: Plan,
+    out: str | Path,
+    link: bool = False,
+    progress: Callable[[str, int], None] | None = None,
+    report: Callable[[dict], dict] | None = None,
+    keep_training_state: bool = False,
+    keep_folder_links: bool = False,
+) -> dict:
+    """Write the output checkpoint of ``plan`` to ``out`` atomically; returns the written-file facts.
+
+    Args:
+        out: the output folder (must not exist, or be empty).
+        link: hard-link untouched weight files instead of copying them. A later in-place edit of a
+            linked file changes both checkpoints; tools that rewrite files (as tietool does) are safe.
+        progress: called with (output file name, bytes) as tensor bytes are written: by the copy threads
+            as they copy (a whole file's share of its tensor bytes, :func:`_scaled_advance`), and in rewritten
+            files per tensor and per step within one (:class:`Reporting`); the calls add up to
+            ``plan.output_bytes`` exactly. Must be thread-safe (rich's ``Progress.update`` is).
+        report: given the written-file facts, returns the report written as ``tietool-report.json``
+            (inside the temporary folder, so a finished output always has it).
+        keep_training_state: copy optimizer / master-weight / scheduler / trainer files even though the plan
+            changes the model (:func:`surgery.io.surface.output_left_out` says why they are dropped
+            otherwise).
+        keep_folder_links: a symbolic link to a folder in the input stays the same link in the output
+            when the output holds every file below it unchanged (the in-place new version, which takes the
+            input's place, so the link leads where it did); otherwise (and always for ``--out``) the output
+            holds a real folder of its files (:func:`_kept_links`).
+
+    Returns:
+        the report (or the facts when ``report`` is None).
+
+    Raises:
+        OutputError: the output cannot be written (disk full, permissions); nothing is left behind.
+        UsageError: ``out`` is inside the input or already holds files.
+    """
+    ckpt = plan.ckpt
+    if store.is_remote(out):
+        from .remote import execute_remote
+
+        return execute_remote(plan, out, progress, report, keep_training_state)
+    out = Path(out)
+    check_output_path(ckpt.path, out)
+    return publish(
+        out,
+        lambda tmp: _write_all(
+            plan, tmp, link, progress, keep_training_state, keep_folder_links=keep_folder_links
+        ),
+        report,
+    )
+
+
+# One output tensor: (name, dtype label, shape, its NewTensor or None when its bytes come from the input,
+# storage key, fortran).
+_Entry = tuple[str, str, tuple, Any, object, bool]
+
+
+def _write_all(
+    plan: Plan,
+    tmp: Path,
+    link: bool,
+    progress,
+    keep_training_state: bool = False,
+    copier: Any = None,
+    *,
+    keep_folder_links: bool = False,
+) -> dict:
+    """Write every output file of ``plan`` into ``tmp``, read the weight files back, set the config keys.
+
+    ``copier`` (default: a :class:`Copier` into ``tmp``) takes the whole-file copies; one that defers them
+    (a remote output's, :mod:`surgery.write.remote`) leaves them out of ``tmp`` and of the read-back.
+
+    Returns:
+        the written-file facts (:func:`execute`).
+
+    Raises:
+        UsageError: the plan leaves no tensor (a bug).
+        OutputError: a file does not read back as planned.
+        OSError: a write fails.
+    """
+    ckpt = plan.ckpt
+    left_out = surface.output_left_out(
+        ckpt.path, ckpt.left_out, ckpt.training_state, plan.changed, keep_training_state
+    )
+    carried = ckpt.other_files + [x.file for x in left_out if x.kept]
+    lay = _layout(plan)
+    total_size = sum(_entry_nbytes(ckpt, e) for f in lay.kept for e in lay.entries[f])
+    kept_links = _kept_links(plan, carried) if keep_folder_links else []
+    files_report = _write_weight_files(plan, tmp, lay, carried, link, progress, copier, kept_links)
+    files_report["folder_links"] = _folder_link_facts(ckpt.folder_links, kept_links)
+    if ckpt.sharded and ckpt.index is not None and ckpt.index_name is not None:
+        # one entry per tensor: made only now, not held through the weight writes nor the read-back
+        weight_map = {e[0]: lay.rename[f] for f in lay.kept for e in lay.entries[f]}
+        _write_index(ckpt.index, tmp / ckpt.index_name, weight_map, total_size)
+        del weight_map
+    deferred = set() if copier is None else {lay.rename[f] for f in lay.kept if f not in lay.rewrite}
+    _read_back(plan, tmp, {lay.rename[f]: (f, lay.entries[f]) for f in lay.kept}, lay.rewrite, deferred)
+    _write_configs(plan, tmp)
+    return {
+        "files": files_report,
+        "total_size": total_size,
+        "weight_files": [lay.rename[f] for f in lay.kept],
+        "rename": {f: r for f, r in lay.rename.items() if f != r},
+        "left_out": [x.as_dict() for x in left_out],
+    }
+
+
+@dataclass
+class _Layout:
+    """What goes where in the output.
+
+    Attributes:
+        entries: per input weight file (and ``NEW_SHARD``), its output tensors in order.
+        kept: the files left with tensors (input order, ``NEW_SHARD`` last); the others are removed.
+        rename: output name of each kept file.
+        rewrite: the kept files that are rewritten (touched by the plan, or ``NEW_SHARD``), in order; the
+            rest are copied or linked whole.
+    """
+
+    entries: dict[str, list[_Entry]]
+    kept: list[str]
+    rename: dict[str, str]
+    rewrite: list[str]
+
+
+def _layout(plan: Plan) -> _Layout:
+    """The :class:`_Layout` of ``plan``'s output.
+
+    Raises:
+        UsageError: the plan leaves no tensor in the checkpoint (a bug).
+    """
+    ckpt = plan.ckpt
+    touched = plan.touched_files()
+    entries = _plan_entries(plan)
+    kept = [f for f in ckpt.weight_files + [NEW_SHARD] if entries[f]]
+    if not kept:
+        raise UsageError(
+            "the plan leaves no tensor in the checkpoint", ckpt.path, "this is a bug; please report it"
+        )
+    rewrite = [f for f in kept if f in touched or f == NEW_SHARD]
+    return _Layout(entries, kept, _output_names(ckpt, kept), rewrite)
+
+
+def _plan_entries(plan: Plan) -> dict[str, list[_Entry]]:
+    """The output tensors of each input weight file (and of ``NEW_SHARD``), in the order they are written:
+    the input's tensors less the dropped ones, replaced tensors in their place, each added tensor right
+    after the one it follows (those following none, or a name not written, at the end of their file).
+
+    Returns:
+        input file (or ``NEW_SHARD``) → its entries; a file left with no tensor maps to ``[]``.
+    """
+    ckpt = plan.ckpt
+    entries: dict[str, list[_Entry]] = {f: [] for f in ckpt.weight_files}
+    entries[NEW_SHARD] = []
+    adds_after: dict[str | None, list[NewTensor]] = {}
+    for a in plan.add:
+        adds_after.setdefault(a.after, []).append(a)
+    for name, t in ckpt.tensors.items():
+        if name in plan.drop:
+            continue
+        if name in plan.replace:
+            nt = plan.replace[name]
+            # a replaced tensor has storage of its own unless the plan groups it (aliases of one new table)
+            entries[t.file].append((name, nt.dtype, nt.shape, nt, nt.storage, False))
+        else:
+            dtype = "BF16" if plan.relabel_u16 and t.dtype == "U16" else t.dtype
+            entries[t.file].append((name, dtype, t.shape, None, t.storage, t.fortran))
+        for a in adds_after.pop(name, []):
+            entries[a.file].append((a.name, a.dtype, a.shape, a, a.storage, False))
+    for lst in adds_after.values():
+        for a in lst:
+            entries[a.file].append((a.name, a.dtype, a.shape, a, a.storage, False))
+    return entries
+
+
+def _output_names(ckpt: Checkpoint, kept: list[str]) -> dict[str, str]:
+    """Output name of each kept file: in a sharded checkpoint, shards (and ``NEW_SHARD``) are renumbered
+    ``k-of-n`` over the kept files; any other name is unchanged."""
+    if not ckpt.sharded:
+        return {f: f for f in kept}
+    rename: dict[str, str] = {}
+    n = len(kept)
+    kind = "model" if ckpt.format == "safetensors" else "model_state"
+    for k, f in enumerate(kept, 1):
+        m = SHARD_RE.match(f)
+        rename[f] = _shard_name(m.group(1) if m else kind, k, n) if (m or f == NEW_SHARD) else f
+    return rename
+
+
+def _entry_nbytes(ckpt: Checkpoint, e: _Entry) -> int:
+    """Tensor bytes of output entry ``e``: its new tensor's, or the input tensor's."""
+    return e[3].nbytes if e[3] is not None else ckpt.tensors[e[0]].nbytes
+
+
+class _NewData:
+    """The data of new tensors, made on first use by :func:`recipes.make` with one memo for the whole
+    execution (tensors with equal recipes, and recipes made of the same parts, share the data) and held
+    until no later file needs it."""
+
+    def __init__(self, ckpt: Checkpoint) -> None:
+        self._ckpt = ckpt
+        self._made: dict[Recipe, recipes.Data] = {}
+
+    def source(self, nt: NewTensor) -> Source:
+        """A :class:`Source` of ``nt``'s bytes.
+
+        Raises:
+            AssertionError: the recipe made another size or shape than planned (a bug).
+        """
+        arr = recipes.make(nt.recipe, self._ckpt, self._made)
+        if isinstance(arr, Source):
+            if arr.nbytes != nt.nbytes:
+                raise AssertionError(f"internal: {nt.name} made {arr.nbytes} bytes, planned {nt.nbytes}")
+            return arr
+        if tuple(arr.shape) != tuple(nt.shape):
+            raise AssertionError(f"internal: {nt.name} made {arr.shape}, planned {nt.shape}")
+        return Source(array=arr)
+
+    def keep_only(self, needed: list[Recipe]) -> None:
+        """Free the data of every recipe that is not in ``needed`` nor part of one that is."""
+        keep: set[Recipe] = set()
+        todo = list(needed)
+        while todo:
+            r = todo.pop()
+            if r not in keep:
+                keep.add(r)
+                todo.extend(recipes.parts(r))
+        for k in list(self._made):
+            if k not in keep:
+                del self._made[k]
+
+
+def _write_weight_files(
+    plan: Plan,
+    tmp: Path,
+    lay: _Layout,
+    carried: list[str],
+    link: bool,
+    progress,
+    copier: Any = None,
+    kept_links: list[tree.FolderLink] | None = None,
+) -> dict[str, Any]:
+    """Write the weight files and the carried files (all but the configs) into ``tmp``: untouched files
+    are copied in threads (or linked) while the touched ones are rewritten here.
+
+    Returns:
+        the output names by what was done to them (``copied``, ``linked``, ``rewritten``, ``written``)
+        and the input files ``removed``.
+
+    Raises:
+        OSError: a copy or a rewrite failed; the copies still running are stopped first.
+    """
+    files_report: dict[str, list[str]] = {
+        "copied": [],
+        "linked": [],
+        "rewritten": [],
+        "written": [],
+        "removed": [f for f in plan.ckpt.weight_files if f not in lay.kept],
+    }
+    new = _NewData(plan.ckpt)
+    copier = Copier(progress) if copier is None else copier
+    try:
+        # untouched files first, into the pool; then the rewrites here while those copies run
+        _start_copies(plan, tmp, lay, carried, link, progress, copier, files_report, kept_links or [])
+        for f in lay.rewrite:
+            _rewrite_reporting(plan, f, lay.entries[f], tmp / lay.rename[f], new.source, progress)
+            files_report["written" if f == NEW_SHARD else "rewritten"].append(lay.rename[f])
+            # free new arrays no longer needed by later files
+            later = lay.kept[lay.kept.index(f) + 1 :]
+            new.keep_only([e[3].recipe for g in later for e in lay.entries[g] if e[3] is not None])
+            copier.poll()
+        copier.poll(block=True)
+    finally:
+        copier.close()
+    return files_report
+
+
+def _start_copies(
+    plan: Plan,
+    tmp: Path,
+    lay: _Layout,
+    carried: list[str],
+    link: bool,
+    progress,
+    copier: Copier,
+    files_report: dict[str, Any],
+    kept_links: list[tree.FolderLink],
+) -> None:
+    """Hard-link (``link``, where the file system can) or hand to ``copier`` the kept weight files that are
+    not rewritten, then the carried files (less the configs :func:`_write_configs` writes; with ``link``, a
+    relative symlink to another carried file stays a symlink, :func:`_keep_symlink`; the files below a
+    folder link of ``kept_links`` are that link, made once), recording each in ``files_report``."""
+    ckpt = plan.ckpt
+    for f in lay.kept:
+        if f in lay.rewrite:
+            continue
+        src, dst = ckpt.path / f, tmp / lay.rename[f]
+        tensor_bytes = sum(_entry_nbytes(ckpt, e) for e in lay.entries[f])
+        if link and try_link(src, dst):
+            files_report["linked"].append(lay.rename[f])
+            if progress:
+                progress(lay.rename[f], tensor_bytes)
+        else:
+            copier.submit(src, dst, lay.rename[f], tensor_bytes)
+            files_report["copied"].append(lay.rename[f])
+    config_files = _config_files(plan)
+    for fl in kept_links:
+        (tmp / fl.rel).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(fl.target, tmp / fl.rel)
+        files_report.setdefault("symlinked", []).append(fl.rel)
+    below = {f for fl in kept_links for f in fl.files}
+    for rel in carried:
+        if rel in config_files or rel in below:
+            continue
+        src, d = ckpt.path / rel, tmp / rel
+        d.parent.mkdir(parents=True, exist_ok=True)  # a subfolder: a folder of links (or copies) too
+        if link and _keep_symlink(src, d, ckpt.path, set(carried)):
+            files_report.setdefault("symlinked", []).append(rel)
+        elif link and try_link(src, d):
+            files_report["linked"].append(rel)
+        else:
+            copier.submit(src, d, None)
+            files_report["copied"].append(rel)
+
+
+def _config_files(plan: Plan) -> set[str]:
+    """The files :func:`_write_configs` writes (never copied)."""
+    return {"config.json", plan.ckpt.config_file} | {c[0] for c in plan.config_set}
+
+
+def _kept_links(plan: Plan, carried: list[str]) -> list[tree.FolderLink]:
+    """The input's folder links an in-place new version keeps as links: those whose every file is carried
+    unchanged (none is a config file the run writes, none is training state the run drops), outermost
+    first (a link below a kept one is part of it)."""
+    unchanged = set(carried) - _config_files(plan)
+    kept: list[tree.FolderLink] = []
+    for fl in plan.ckpt.folder_links:
+        if any(fl.rel.startswith(k.rel + "/") for k in kept):
+            continue
+        if all(f in unchanged for f in fl.files):
+            kept.append(fl)
+    return kept
+
+
+def _folder_link_facts(links: list[tree.FolderLink], kept: list[tree.FolderLink]) -> list[dict]:
+    """The report's ``files.folder_links``: each symbolic link to a folder in the input, and whether the
+    output keeps it as the same link (``kept: true``) or holds a real folder of its files."""
+    inside = [k.rel for k in kept]
+    return [
+        {**fl.as_dict(), "kept": fl in kept}
+        for fl in links
+        if not any(fl.rel.startswith(r + "/") for r in inside)
+    ]
+
+
+def _keep_symlink(src: Path, dst: Path, folder: Path, carried: set[str]) -> bool:
+    """With ``link``, a carried symlink stays a symlink (the same relative target) when it is relative and
+    points at another carried file of ``folder`` (which the output holds at the same place); returns
+    whether it was made. Any other symlink is hard-linked or copied as the file behind it."""
+    if not src.is_symlink() or os.path.isabs(os.readlink(src)):
+        return False
+    base = os.path.realpath(folder)
+    behind = os.path.realpath(src)
+    if os.path.commonpath([base, behind]) != base or os.path.relpath(behind, base) not in carried:
+        return False
+    os.symlink(os.readlink(src), dst)
+    return True
+
+
+def _write_index(index: dict, path: Path, weight_map: dict[str, str], total_size: int) -> None:
+    """Write the input's ``index`` to ``path`` with ``total_size`` and the ``weight_map`` (sorted by name)
+    of the output."""
+    write_json(path, _index_data(index, weight_map, total_size))
+
+
+def _index_data(index: dict, weight_map: dict[str, str], total_size: int) -> dict:
+    """The input's ``index`` with ``total_size`` and ``weight_map`` (sorted by name): what
+    :func:`_write_index` writes and the read-back expects."""
+    index = dict(index)
+    meta = dict(index.get("metadata") or {})
+    meta["total_size"] = total_size
+    index["metadata"] = meta
+    index["weight_map"] = {k: weight_map[k] for k in sorted(weight_map)}  # no tuple per entry
+    return index
+
+
+def _rewrite_reporting(plan: Plan, f: str, entries: list[_Entry], dst: Path, source_of, progress) -> None:
+    """:func:`_rewrite` of output file ``dst`` (input file ``f``), telling ``progress(name, bytes)`` the
+    bytes of each tensor as they are written, and at the end what the file's tensors count beyond that
+    (aliases of one storage in a ``.pdparams`` are written once but counted per name, as
+    ``Plan.output_bytes`` counts them), so that the file reports exactly its tensor bytes."""
+    if progress is None:
+        _rewrite(plan, f, entries, dst, source_of)
+        return
+    name, sent = dst.name, 0
+
+    def advance(n: int) -> None:
+        nonlocal sent
+        sent += n
+        progress(name, n)
+
+    _rewrite(plan, f, entries, dst, source_of, advance)
+    rest = sum(_entry_nbytes(plan.ckpt, e) for e in entries) - sent
+    if rest:
+        progress(name, rest)
+
+
+def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) -> None:
+    """Write output file ``dst`` with ``entries`` (input file ``f``, or ``NEW_SHARD``): unchanged tensors
+    by byte range from the input, new ones from ``source_of(NewTensor)``; ``advance(bytes)`` (if given) is
+    told the tensor bytes as they are written (:class:`Reporting`).
+
+    Raises:
+        OSError: the write fails.
+    """
+    ckpt = plan.ckpt
+
+    def source(name: str, nt: NewTensor | None) -> Source:
+        src = source_of(nt) if nt is not None else ckpt.source(name)
+        return src if advance is None else Reporting(src, advance)
+
+    if ckpt.format == "safetensors":
+        header = ((e[0], e[1], e[2], _entry_nbytes(ckpt, e)) for e in entries)
+        sources = ((_entry_nbytes(ckpt, e), source(e[0], e[3])) for e in entries)
+        safetensors_io.write_rows(dst, header, sources, _st_metadata(plan, f, rewritten=True))
+    else:
+        rows = []
+        for name, dtype, shape, nt, storage, fortran in entries:
+            src = source(name, nt)
+            rows.append((name, pdparams_name(dtype), shape, src, storage, fortran))
+        extras = dict(ckpt.extras.get(f) or {})
+        s2p = extras.get("StructuredToParameterName@@")
+        if isinstance(s2p, dict):
+            extras["StructuredToParameterName@@"] = {k: v for k, v in s2p.items() if k not in plan.drop}
+            names = {r[0] for r in rows}
+            for nt in plan.add:
+                if nt.name in names and nt.name not in s2p:
+                    extras["StructuredToParameterName@@"][nt.name] = nt.name
+        pdparams_io.write_file(dst, rows, extras, ckpt.np_module.get(f, "numpy.core.multiarray"))
+
+
+def _st_metadata(plan: Plan, f: str, rewritten: bool) -> dict | None:
+    """The ``__metadata__`` of output file ``f``: the input's, and in a rewritten file each dropped name
+    recorded as ``{dropped: kept}``, as safetensors' own ``save_model`` does for shared tensors. A new
+    shard carries what every input shard agrees on (``{"format": "pt"}`` in files PaddleFormers and
+    ``save_pretrained`` write), so that it reads like its siblings."""
+    ckpt = plan.ckpt
+    if f == NEW_SHARD:
+        metas = [dict(ckpt.st_metadata.get(g) or {}) for g in ckpt.weight_files]
+        meta = {k: v for k, v in metas[0].items() if all(m.get(k) == v for m in metas)} if metas else {}
+    else:
+        meta = dict(ckpt.st_metadata.get(f) or {})
+    if rewritten:
+        meta.update(plan.metadata)
+        for k in plan.metadata_drop:
+            meta.pop(k, None)
+    return meta or None
+
+
+def _read_back(
+    plan: Plan,
+    tmp: Path,
+    out_files: dict[str, tuple[str, list]],
+    rewritten: list[str],
+    deferred: frozenset[str] | set[str] = frozenset(),
+) -> None:
+    """Check every output weight file (and the index) against what was planned; see :mod:`.readback`.
+
+    ``out_files`` maps each output file name to (its input file or ``NEW_SHARD``, its entries); the files
+    in ``deferred`` are not in ``tmp`` (copied later, whole, by a remote output) and only the index is
+    checked against them.
+
+    Raises:
+        OutputError: a file does not read back as planned.
+    """
+    ckpt = plan.ckpt
+    shards: dict[str, Sequence[Planned]] = {}
+    for out_name, (f, entries) in out_files.items():
+        planned = PlannedView(entries, lambda e: Planned(e[0], e[1], tuple(e[2]), _entry_nbytes(ckpt, e)))
+        shards[out_name] = planned
+        if out_name in deferred:
+            continue
+        if ckpt.format == "safetensors":
+            check_safetensors(tmp / out_name, planned, _st_metadata(plan, f, rewritten=f in rewritten))
+        else:
+            check_pdparams(tmp / out_name, planned)
+    if ckpt.sharded and ckpt.index_name and ckpt.index is not None:
+        # the index tietool wrote, made again from the planned shards: byte for byte what is on disk
+        total = sum(p.nbytes for ps in shards.values() for p in ps)
+        expected = dict(_index_data(ckpt.index, {}, total))
+        expected["weight_map"] = _SortedMap(shards)
+        check_json_file(tmp / ckpt.index_name, expected, JSON_STYLE)
+
+
+class _SortedMap(dict):
+    """The output ``weight_map`` (name → output file, sorted by name, as :func:`_index_data` makes it) for
+    the JSON encoder to read entry by entry: the sorted names and, with more than one shard, a name → file
+    dict; not the second dict of sorted pairs the index itself took. Only ``len`` and ``items`` (what
+    ``json``'s Python encoder, the one ``indent`` selects, reads) are meaningful."""
+
+    def __init__(self, shards: dict[str, Sequence[Planned]]) -> None:
+        super().__init__()
+        self._names = sorted(p.name for ps in shards.values() for p in ps)
+        only = next(iter(shards)) if len(shards) == 1 else None
+        self._file = {} if only is not None else {p.name: f for f, ps in shards.items() for p in ps}
+        self._only = only
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __bool__(self) -> bool:
+        return bool(self._names)
+
+    def items(self) -> Iterator[tuple[str, str]]:  # type: ignore[override]
+        if self._only is not None:
+            return ((n, self._only) for n in self._names)
+        return ((n, self._file[n]) for n in self._names)
+
+
+def _write_configs(plan: Plan, tmp: Path) -> None:
+    ckpt = plan.ckpt
+    by_file: dict[str, list[tuple[str, Any]]] = {ckpt.config_file: []}
+    for file, key, value in plan.config_set:
+        if file == "config.json" and ckpt.config_file != "config.json":  # only model_config.json: its args
+            file, key = ckpt.config_file, f"{ckpt.config_prefix}.{key}".lstrip(".")
+        by_file.setdefault(file, []).append((key, value))
+    for file, sets in by_file.items():
+        src = plan.ckpt.path / file
+        changed = False
+        data = plan.ckpt.config if file == "config.json" else read_config_file(src)
+        data = json.loads(json.dumps(data))
+        for key, value in sets:
+            try:
+                if get_dotted(data, key) == value:
+                    continue
+            except (KeyError, IndexError, TypeError):
+                pass
+            set_dotted(data, key, value)
+            changed = True
+        if changed:
+            write_json(tmp / file, data)
+        else:
+            copy_file(src, tmp / file)
