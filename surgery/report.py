@@ -14,6 +14,7 @@ from . import __version__
 from .inspect.detect import Detection
 from .inspect.findings import FindingKind
 from .io import surface
+from .model.enums import TieState
 from .model.errors import Opt
 from .plan.plan import Plan, get_config
 
@@ -88,15 +89,20 @@ def loader_facts(det: Detection) -> dict[str, Any]:
     }
 
 
+_DROPPABLE = (TieState.EXACT, TieState.TRANSPOSED, TieState.SCALED, TieState.UNKNOWN)
+"""The tie states of a present head that ``tie`` may drop (equal as stored, transposed or scaled; not
+compared: tie compares before it drops)."""
+
+
 def savings_if_tied(det: Detection) -> Savings:
     """What ``tie`` would save on this checkpoint: the head and embedding copies a re-tying loader drops."""
     ckpt = det.ckpt
     params = bytes_ = 0
     why = None
     assumed = None
-    if det.head_present and det.comparison.values in ("exact", "transposed", "scaled", "unknown"):
+    if det.head_present and det.comparison.values in _DROPPABLE:
         if det.family.may_drop_head:
-            if det.comparison.values == "unknown":
+            if det.comparison.values is TieState.UNKNOWN:
                 assumed = "the values were not compared; tie checks that they agree before it drops the head"
             names = [det.head] + det.head_aliases
             params = sum(ckpt.tensors[n].numel for n in names)
@@ -110,7 +116,7 @@ def savings_if_tied(det: Detection) -> Savings:
             why = f"the {det.loader} loader does not re-tie a missing head, so it must stay"
     elif not det.embedding_present:
         why = f"the input embedding {det.embedding} is missing: the head {det.head} holds the only table"
-    elif det.head_present and det.comparison.values == "different":
+    elif det.head_present and det.comparison.values is TieState.DIFFERENT:
         why = (
             f"the head differs from the embedding (tie {Opt('keep', 'embedding')} or "
             f"{Opt('keep', 'head')} would drop it)"

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,8 +23,9 @@ from ..arch.families import VocabRole
 from ..io.checkpoint import Checkpoint
 from ..io.surface import quant_module
 from ..io.tokenizer import SpecialTokenId, TokenizerInfo, special_token_ids, tokenizer_info
+from ..model.enums import LAYOUTS, FoundBy, HeadLayout, TieState
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
-from ..model.tensor import TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
+from ..model.tensor import FLOAT_DTYPES, TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
 from . import chunked
 from .findings import Finding, FindingKind, Fix, OneOf, Severity
 from .vocabularies import (
@@ -37,21 +37,6 @@ from .vocabularies import (
     text_block,
     vocabularies,
 )
-
-VOCAB_HIDDEN = "vocab-hidden"  # [vocab_size, hidden_size]
-HIDDEN_VOCAB = "hidden-vocab"  # [hidden_size, vocab_size]
-LAYOUTS = (VOCAB_HIDDEN, HIDDEN_VOCAB)
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-
-
-class FoundBy(str, Enum):
-    """How the input embedding was found."""
-
-    NAMED = "named by the caller"
-    TABLE = "the family's preferred name"
-    OTHER_NAME = "another known name"
-    SHAPE = "its shape"
-    MISSING = "missing"
 
 
 @dataclass
@@ -70,7 +55,7 @@ class Comparison:
             values were compared).
     """
 
-    values: str
+    values: TieState
     max_abs_diff: float | None = None
     differing_rows: int | None = None
     storage_shared: bool = False
@@ -141,8 +126,8 @@ class LayoutConflict:
 
     head: str
     shape: tuple[int, ...]
-    requested: str
-    fits: str
+    requested: HeadLayout
+    fits: HeadLayout
 
 
 @dataclass
@@ -191,7 +176,7 @@ class Detection:
     vocab_aliases: list[str]
     head: str
     head_present: bool
-    head_layout: str | None
+    head_layout: HeadLayout | None
     head_aliases: list[str]
     bias: str | None
     bias_aliases: list[str]
@@ -256,7 +241,7 @@ class Detection:
             size = next((v.size for v in self.vocabularies if v.key == self.other_vocab[name]), None)
             return list(t.shape).index(size) if size in t.shape else None
         if name == self.head or name in self.head_aliases:
-            return 1 if self.head_layout == HIDDEN_VOCAB else 0
+            return 1 if self.head_layout == HeadLayout.HIDDEN_VOCAB else 0
         if len(t.shape) == 1 or name == self.bias or name in self.bias_aliases:
             return -1
         rows = self.vocab_rows
@@ -466,7 +451,9 @@ def _check_overrides(
         elif lg not in FLOAT_DTYPES:
             why = f"is {lg}, not a float table (a quantized or integer tensor cannot be tied or resized)"
         elif hidden is not None:
-            axes = [1] if what == "embedding" or layout == VOCAB_HIDDEN else [0] if layout else [0, 1]
+            axes = (
+                [1] if what == "embedding" or layout == HeadLayout.VOCAB_HIDDEN else [0] if layout else [0, 1]
+            )
             if not any(shape[a] == hidden for a in axes):
                 where = "its second axis" if axes == [1] else "its first axis" if axes == [0] else "one axis"
                 why = f"has shape {shape}, but {where} should be the config's hidden size {hidden}"
@@ -593,7 +580,9 @@ def _find_aliases(
         ]
     cands = [n for n in dict.fromkeys(same_storage + alias_named) if n != head and n not in head_aliases]
     equal = [
-        n for n in cands if n in same_storage or compare(ckpt, embedding, n, VOCAB_HIDDEN).values == "exact"
+        n
+        for n in cands
+        if n in same_storage or compare(ckpt, embedding, n, HeadLayout.VOCAB_HIDDEN).values is TieState.EXACT
     ]
     return equal, [n for n in cands if n not in equal], head_aliases
 
@@ -646,11 +635,19 @@ class _HeadShape:
     """What the head's shape says: its layout (None: unusable; ``ambiguous``), its vocab entries, a
     tensor-parallel fraction, a problem, a conflict with the requested layout."""
 
-    layout: str | None = None
+    layout: HeadLayout | None = None
     rows: int | None = None
     tp: int | None = None
     problem: Finding | None = None
     conflict: LayoutConflict | None = None
+
+
+def _conflict(head: str, hs: tuple[int, ...], layout: str | None, fits: HeadLayout) -> LayoutConflict | None:
+    """The conflict of a requested ``layout`` (one of :data:`~surgery.model.enums.LAYOUTS`) with the layout
+    that ``fits`` the head's shape; None when none was requested or it fits."""
+    return (
+        LayoutConflict(head, hs, HeadLayout(layout), fits) if layout in LAYOUTS and layout != fits else None
+    )
 
 
 def _head_shape(
@@ -665,19 +662,19 @@ def _head_shape(
     if len(hs) != 2:
         return _HeadShape(problem=Finding(FindingKind.HEAD_NOT_2D, (head,), {"shape": list(hs)}))
     if V == H and hs == (V, H):
-        return _HeadShape(layout if layout in LAYOUTS else "ambiguous", V)
+        return _HeadShape(HeadLayout(layout) if layout in LAYOUTS else HeadLayout.AMBIGUOUS, V)
     if hs in ((V, H), (H, V)):
-        fits = VOCAB_HIDDEN if hs == (V, H) else HIDDEN_VOCAB
-        conflict = LayoutConflict(head, hs, layout, fits) if layout in LAYOUTS and layout != fits else None
+        fits = HeadLayout.VOCAB_HIDDEN if hs == (V, H) else HeadLayout.HIDDEN_VOCAB
+        conflict = _conflict(head, hs, layout, fits)
         return _HeadShape(fits, V, conflict=conflict)
     a, b = hs
-    for rows, other, fits in ((a, b, VOCAB_HIDDEN), (b, a, HIDDEN_VOCAB)):
+    for rows, other, fits in ((a, b, HeadLayout.VOCAB_HIDDEN), (b, a, HeadLayout.HIDDEN_VOCAB)):
         if other != H or not rows or rows > V:  # a head with more rows than the embedding fits neither
             continue
         if rows < V and V % rows == 0 and rows not in named:
             facts = {"shape": list(hs), "head_rows": rows, "fraction": V // rows, "embedding_rows": V}
             return _HeadShape(tp=V // rows, problem=Finding(FindingKind.HEAD_TP_SLICE, (head,), facts))
-        conflict = LayoutConflict(head, hs, layout, fits) if layout in LAYOUTS and layout != fits else None
+        conflict = _conflict(head, hs, layout, fits)
         return _HeadShape(fits, rows, conflict=conflict)
     facts = {"shape": list(hs), "embedding_rows": V, "hidden_size": H}
     return _HeadShape(problem=Finding(FindingKind.HEAD_SHAPE_MISFIT, (head,), facts))
@@ -718,7 +715,9 @@ def shared_storage(ckpt: Checkpoint, emb: str, head: str) -> Comparison | None:
     """``exact`` with ``storage_shared`` when the file stores head and embedding as one array (a
     ``.pdparams`` memo alias), told from the file structure without reading values; else None."""
     e_st, h_st = ckpt.tensors[emb].storage, ckpt.tensors[head].storage
-    return Comparison("exact", 0.0, 0, storage_shared=True) if e_st is not None and e_st == h_st else None
+    return (
+        Comparison(TieState.EXACT, 0.0, 0, storage_shared=True) if e_st is not None and e_st == h_st else None
+    )
 
 
 def _bits_dtype(storage: np.dtype) -> np.dtype | None:
@@ -828,9 +827,9 @@ def compare(
         return shared
     e_info, h_info = ckpt.tensors[emb], ckpt.tensors[head]
     eshape = tuple(e_info.shape)
-    hshape = tuple(h_info.shape[::-1]) if layout == HIDDEN_VOCAB else tuple(h_info.shape)
+    hshape = tuple(h_info.shape[::-1]) if layout == HeadLayout.HIDDEN_VOCAB else tuple(h_info.shape)
     if len(eshape) != 2 or hshape != eshape:
-        return Comparison("different")
+        return Comparison(TieState.DIFFERENT)
     if not (e_info.st_dtype.decodable and h_info.st_dtype.decodable):
         return _compare_undecodable(ckpt, emb, head, layout)
     e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
@@ -838,7 +837,9 @@ def compare(
     bits = _bits_dtype(e_info.storage_dtype)
     bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf and scale is None
     bits = bits if bit_equal else None
-    hT = ckpt.load(head).T if layout == HIDDEN_VOCAB else None  # columns of the stored head: a mapped array
+    hT = (
+        ckpt.load(head).T if layout == HeadLayout.HIDDEN_VOCAB else None
+    )  # columns of the stored head: a mapped array
     row_bytes = max(1, e_info.nbytes // max(1, eshape[0]))
     # a transposed head is gathered column by column from a mapping: larger chunks amortize the strides
     chunk_rows = max(1, ((chunk_bytes or CHUNK_BYTES) * (8 if hT is not None else 1)) // row_bytes)
@@ -866,9 +867,15 @@ def _verdict(drift: Drift, scale: float | None, hT: np.ndarray | None) -> Compar
     ``[hidden, vocab]`` head, ``hT`` its transpose) / ``exact``; else ``different`` with its drift."""
     if drift.differing_rows == 0:
         return Comparison(
-            "scaled" if scale is not None else "transposed" if hT is not None else "exact", 0.0, 0
+            TieState.SCALED
+            if scale is not None
+            else TieState.TRANSPOSED
+            if hT is not None
+            else TieState.EXACT,
+            0.0,
+            0,
         )
-    return Comparison("different", drift.max_abs_diff, drift.differing_rows, drift=drift)
+    return Comparison(TieState.DIFFERENT, drift.max_abs_diff, drift.differing_rows, drift=drift)
 
 
 def _compare_undecodable(ckpt: Checkpoint, emb: str, head: str, layout: str) -> Comparison:
@@ -876,8 +883,10 @@ def _compare_undecodable(ckpt: Checkpoint, emb: str, head: str, layout: str) -> 
     and bytes (as stored) is ``exact``; anything else ``different``, with no magnitude (never computed from
     bits read as integers)."""
     e, h = ckpt.tensors[emb], ckpt.tensors[head]
-    same = layout == VOCAB_HIDDEN and e.dtype == h.dtype and chunked.same_bytes(ckpt, ckpt, emb, head)
-    return Comparison("exact", 0.0, 0) if same else Comparison("different")
+    same = (
+        layout == HeadLayout.VOCAB_HIDDEN and e.dtype == h.dtype and chunked.same_bytes(ckpt, ckpt, emb, head)
+    )
+    return Comparison(TieState.EXACT, 0.0, 0) if same else Comparison(TieState.DIFFERENT)
 
 
 def _ambiguous_layout(
@@ -898,17 +907,18 @@ def _compare_pair(
     both tables in row chunks (:func:`compare`)."""
     notes: list[Finding] = []
     if shape.layout is None or (shape.rows is not None and shape.rows != ckpt.tensors[embedding].shape[0]):
-        return Comparison("different"), notes
-    if shape.layout == "ambiguous":
-        as_stored = compare(ckpt, embedding, head, VOCAB_HIDDEN)
-        transposed = compare(ckpt, embedding, head, HIDDEN_VOCAB)
-        comp = transposed if as_stored.values != "exact" and transposed.values == "transposed" else as_stored
-        notes.append(_ambiguous_layout(head, H, as_stored.values, transposed.values == "transposed"))
+        return Comparison(TieState.DIFFERENT), notes
+    if shape.layout is HeadLayout.AMBIGUOUS:
+        as_stored = compare(ckpt, embedding, head, HeadLayout.VOCAB_HIDDEN)
+        transposed = compare(ckpt, embedding, head, HeadLayout.HIDDEN_VOCAB)
+        as_transposed = transposed.values is TieState.TRANSPOSED
+        comp = transposed if as_stored.values is not TieState.EXACT and as_transposed else as_stored
+        notes.append(_ambiguous_layout(head, H, as_stored.values, as_transposed))
         return comp, notes
     comp = compare(ckpt, embedding, head, shape.layout)
-    if comp.values == "different" and fam.tied_logit_scale:
+    if comp.values is TieState.DIFFERENT and fam.tied_logit_scale:
         scaled = compare(ckpt, embedding, head, shape.layout, scale=tied_scale(ckpt.config, H, ckpt.path))
-        if scaled.values == "scaled":
+        if scaled.values is TieState.SCALED:
             comp = scaled
             notes.append(Finding(FindingKind.SCALED_TIED_HEAD, (head, embedding), {"family": fam.name}))
     return comp, notes
@@ -928,11 +938,11 @@ def _comparison(
     (``unknown`` otherwise); else the values are read (:func:`_compare_pair`)."""
     if head is None:
         shared = fam.tied_logit_scale or (tied and fam.name == "t5")
-        return Comparison("shared" if shared else "absent"), []
+        return Comparison(TieState.SHARED if shared else TieState.ABSENT), []
     if not compare_values and shape.layout is not None:
-        comp = shared_storage(ckpt, embedding, head) or Comparison("unknown")
+        comp = shared_storage(ckpt, embedding, head) or Comparison(TieState.UNKNOWN)
         H = ckpt.tensors[embedding].shape[1]
-        return comp, [_ambiguous_layout(head, H)] if shape.layout == "ambiguous" else []
+        return comp, [_ambiguous_layout(head, H)] if shape.layout is HeadLayout.AMBIGUOUS else []
     return _compare_pair(ckpt, fam, embedding, head, shape, ckpt.tensors[embedding].shape[1])
 
 
@@ -987,7 +997,12 @@ def _tie_findings(det: Detection) -> list[Finding]:
         return [_missing_embedding_finding(det)]
     out: list[Finding] = []
     comp, head, source = det.comparison, det.head, det.config_source
-    if det.head_present and comp.values == "different" and det.config_tied and comp.max_abs_diff is not None:
+    if (
+        det.head_present
+        and comp.values is TieState.DIFFERENT
+        and det.config_tied
+        and comp.max_abs_diff is not None
+    ):
         facts = {
             "config_source": source,
             "max_abs_diff": comp.max_abs_diff,
@@ -995,7 +1010,12 @@ def _tie_findings(det: Detection) -> list[Finding]:
             "embedding_rows": det.vocab_rows,
         }
         out.append(Finding(FindingKind.TIED_BUT_DIFFERENT, (head, det.embedding), facts))
-    if not det.head_present and det.config_tied and not det.family.may_drop_head and comp.values != "shared":
+    if (
+        not det.head_present
+        and det.config_tied
+        and not det.family.may_drop_head
+        and comp.values is not TieState.SHARED
+    ):
         facts = {**_proof_facts(det), "proven": det.family.trusted and not det.family.reties}
         out.append(Finding(FindingKind.HEAD_MISSING_NOT_RETIED, (head,), facts))
     shaped = unnamed_heads(det)
@@ -1123,7 +1143,7 @@ def _missing_embedding_dims(ckpt: Checkpoint, head: str, fam: arch.Family, cf: _
     a, b = hs
     if a != b and cf.hidden in hs:
         return (b, a) if a == cf.hidden else (a, b)
-    return (b, a) if fam.head_layout == HIDDEN_VOCAB else (a, b)
+    return (b, a) if fam.head_layout == HeadLayout.HIDDEN_VOCAB else (a, b)
 
 
 @dataclass
@@ -1289,7 +1309,7 @@ def _missing_embedding_pair(
     shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout)
     embedding = _missing_embedding_name(ckpt, fam, head)
     findings = [shape.problem] if shape.problem else []
-    no_embedding = Comparison("no_embedding")
+    no_embedding = Comparison(TieState.NO_EMBEDDING)
     return _Pair(
         embedding, FoundBy.MISSING, V, H, head, shape, no_embedding, stored_as=head, findings=findings
     )

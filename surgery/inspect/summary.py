@@ -8,6 +8,7 @@ from typing import Any
 from ..io import surface
 from ..io.checkpoint import Checkpoint
 from ..io.tokenizer import token_strings
+from ..model.enums import TieState
 from ..model.errors import TietoolError
 from ..model.tensor import dtype_refusal
 from ..report import loader_facts, savings_if_tied
@@ -76,7 +77,7 @@ def _head(det: Detection) -> dict[str, Any]:
     head: dict[str, Any]
     if det.head_present:
         head = _tensor(det, det.head)
-    elif det.comparison.values == "shared":  # T5: the head *is* the shared table
+    elif det.comparison.values is TieState.SHARED:  # T5: the head *is* the shared table
         head = {
             "name": det.embedding,
             "shape": list(det.emb_info.shape),
@@ -124,7 +125,7 @@ def _drift(det: Detection) -> dict[str, Any] | None:
     tokens (from the tokenizer files, when they name them; else null), and the histogram of per-row max |Δ|
     (``{"above", "up_to", "rows"}``: the first bin is |Δ| = 0, the last is above 1)."""
     d = det.comparison.drift
-    if d is None or det.comparison.values != "different":
+    if d is None or det.comparison.values is not TieState.DIFFERENT:
         return None
     tokens = token_strings(det.ckpt.path, [r for r, _ in d.top_rows])
     lows: list[float | None] = [None, 0.0, *DRIFT_EDGES]

@@ -12,15 +12,14 @@ import numpy as np
 
 from ..arch import families as arch
 from ..inspect.detect import (
-    HIDDEN_VOCAB,
     Detection,
-    FoundBy,
     loader_facts_unproven,
     unnamed_heads,
 )
 from ..inspect.findings import FindingKind, Fix, describe
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file
+from ..model.enums import FoundBy, HeadLayout
 from ..model.errors import Opt, RefusedError, UsageError
 from ..model.tensor import DTYPES, NP_TO_ST, TensorInfo, dtype_refusal
 from .recipes import CopyOf, Recipe, uses
@@ -242,7 +241,7 @@ def restore_embedding(det: Detection, plan: Plan) -> None:
     """Add the missing input embedding, written from the head's bytes (``[vocab, hidden]``), in the head's
     file right before the head; a ``{embedding: head}`` metadata entry is removed (the name is real again)."""
     ckpt, h = det.ckpt, det.emb_info  # the head's header (the embedding is stored as the head)
-    recipe = CopyOf(det.head, transpose=det.head_layout == HIDDEN_VOCAB)
+    recipe = CopyOf(det.head, transpose=det.head_layout == HeadLayout.HIDDEN_VOCAB)
     names = list(ckpt.tensors)
     i = names.index(det.head)
     before = next((n for n in reversed(names[:i]) if ckpt.tensors[n].file == h.file), None)

@@ -11,14 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..arch import families as arch
-from ..inspect.detect import (
-    HIDDEN_VOCAB,
-    Detection,
-)
+from ..inspect.detect import Detection
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted
 from ..io.vocabkeys import vocab_keys
-from ..model.enums import Init
+from ..model.enums import EQUAL_STATES, HeadLayout, Init
 from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, UsageError
 from .plan import (
     NewTensor,
@@ -134,7 +131,7 @@ def _resize_init(vocab: int, pad_to_multiple_of: int | None, init: Init | str) -
 
 def _refuse_ambiguous_resize(det: Detection) -> None:
     """Refuse a square head (vocab_size == hidden_size) with no ``--layout`` (AmbiguousLayoutError)."""
-    if det.head_present and det.head_layout == "ambiguous":
+    if det.head_present and det.head_layout is HeadLayout.AMBIGUOUS:
         raise AmbiguousLayoutError(
             f"vocab_size == hidden_size == {det.vocab_rows}: whether {det.head} is [vocab, hidden] or "
             "[hidden, vocab] cannot be told from its square shape",
@@ -516,8 +513,8 @@ def _resize_head(
     h = det.head_info
     if h is None:
         return None
-    axis = 1 if det.head_layout == HIDDEN_VOCAB else 0
-    tied_equal = det.comparison.values in ("exact", "transposed") and h.dtype == det.emb_info.dtype
+    axis = 1 if det.head_layout == HeadLayout.HIDDEN_VOCAB else 0
+    tied_equal = det.comparison.values in EQUAL_STATES and h.dtype == det.emb_info.dtype
     recipe: Recipe
     if tied_equal and axis == 0:
         recipe = emb

@@ -4,11 +4,8 @@
 
 from __future__ import annotations
 
-from ..inspect.detect import (
-    HIDDEN_VOCAB,
-    Detection,
-)
-from ..model.enums import Keep
+from ..inspect.detect import Detection
+from ..model.enums import EQUAL_STATES, HeadLayout, Keep, TieState
 from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, ValuesDifferError
 from .plan import (
     NewTensor,
@@ -93,7 +90,7 @@ def _tie_without_head(det: Detection, plan: Plan) -> Plan:
 
 def _refuse_ambiguous_tie(det: Detection) -> None:
     """Refuse a square head (vocab_size == hidden_size) with no ``--layout`` (AmbiguousLayoutError)."""
-    if det.head_layout == "ambiguous":
+    if det.head_layout is HeadLayout.AMBIGUOUS:
         raise AmbiguousLayoutError(
             f"vocab_size == hidden_size == {det.vocab_rows}: the layout of {det.head} cannot be told from "
             f"its square shape; as stored it is {det.comparison.values} vs {det.embedding}",
@@ -112,9 +109,9 @@ def _settle_values(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
         RefusedError: from :func:`_keep_head_values`.
     """
     comp = det.comparison
-    if comp.values in ("exact", "transposed") and det.family.tied_logit_scale:
+    if comp.values in EQUAL_STATES and det.family.tied_logit_scale:
         _unscaled_head(det, plan, keep)
-    if comp.values == "different":
+    if comp.values is TieState.DIFFERENT:
         _refuse_own_biased_head(det, keep)
         if keep is None:
             raise ValuesDifferError(
@@ -128,7 +125,7 @@ def _settle_values(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
             _keep_head_values(det, plan)
         else:
             plan.notes.append(f"{Opt('keep', 'embedding')}: the values of {det.head} are discarded")
-    if comp.values == "scaled":
+    if comp.values is TieState.SCALED:
         plan.notes.append(
             f"{det.head} is {det.embedding} × d_model ** -0.5: exactly the tied head, so it is dropped"
         )
@@ -196,7 +193,7 @@ def _keep_head_values(det: Detection, plan: Plan) -> None:
             f"use {Opt('keep', 'embedding')}, or keep the checkpoint untied",
         )
     _refuse_other_dtypes(det, Keep.HEAD)
-    recipe = CopyOf(det.head, transpose=det.head_layout == HIDDEN_VOCAB)
+    recipe = CopyOf(det.head, transpose=det.head_layout == HeadLayout.HIDDEN_VOCAB)
     for n in [det.embedding] + det.embedding_aliases:
         t = ckpt.tensors[n]
         out = out_dtype(ckpt, t, plan.relabel_u16)
@@ -240,9 +237,9 @@ def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> N
             f"random one, so {det.head} is kept, equal to the embedding in the loader's {det.head_layout} "
             "layout; 0 bytes saved"
         )
-    if keep == Keep.EMBEDDING and det.comparison.values == "different":
+    if keep == Keep.EMBEDDING and det.comparison.values is TieState.DIFFERENT:
         _refuse_other_dtypes(det, Keep.EMBEDDING)
-        recipe = CopyOf(det.embedding, transpose=det.head_layout == HIDDEN_VOCAB)
+        recipe = CopyOf(det.embedding, transpose=det.head_layout == HeadLayout.HIDDEN_VOCAB)
         out = out_dtype(det.ckpt, h, plan.relabel_u16)
         plan.replace[det.head] = NewTensor(det.head, out, h.shape, recipe, h.file)
 

@@ -6,14 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..inspect.detect import (
-    HIDDEN_VOCAB,
-    LAYOUTS,
-    VOCAB_HIDDEN,
-    Detection,
-    tied_scale,
-)
+from ..inspect.detect import Detection, tied_scale
 from ..io.checkpoint import Checkpoint
+from ..model.enums import LAYOUTS, HeadLayout
 from ..model.errors import Opt, RefusedError, UsageError
 from .plan import (
     NEW_SHARD,
@@ -35,7 +30,7 @@ from .recipes import CopyOf
 def _embedding_as_head(det: Detection, lay: str, scale: float | None) -> CopyOf:
     """The recipe of an untied head: the embedding ``[vocab, hidden]`` in layout ``lay`` (a byte-range copy
     when the layout is the stored one), times ``scale`` (T5) when given, rounded back to the stored dtype."""
-    return CopyOf(det.embedding, transpose=lay == HIDDEN_VOCAB, scale=scale)
+    return CopyOf(det.embedding, transpose=lay == HeadLayout.HIDDEN_VOCAB, scale=scale)
 
 
 def _place_new_head(det: Detection, plan: Plan, head: NewTensor) -> None:
@@ -108,7 +103,7 @@ def _add_untied_head(det: Detection, plan: Plan, layout: str) -> None:
     if lay not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}", fix="use auto, vocab-hidden or hidden-vocab")
     e = det.emb_info
-    shape = (det.vocab_rows, det.hidden) if lay == VOCAB_HIDDEN else (det.hidden, det.vocab_rows)
+    shape = (det.vocab_rows, det.hidden) if lay == HeadLayout.VOCAB_HIDDEN else (det.hidden, det.vocab_rows)
     scale = None
     if det.family.tied_logit_scale and not det.head_present:
         scale = tied_scale(det.ckpt.config, det.hidden, det.ckpt.path)
