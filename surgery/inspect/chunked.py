@@ -119,7 +119,7 @@ def _column_block(ck: Checkpoint, name: str, start: int, stop: int) -> np.ndarra
     require_array(t, ck.path / t.file)
     if t.fortran or t.inline is not None or t.pieces is not None or t.offset < 0 or store.is_remote(ck.path):
         return np.array(ck.load(name)[:, start:stop])
-    dt = np.dtype(t.dtype).newbyteorder("<") if ck.format == "pdparams" else t.storage_dtype
+    dt = ck.fmt.row_dtype(t)
     mm = np.memmap(ck.path / t.file, dtype=dt, mode="r", offset=t.offset, shape=tuple(t.shape))
     block = np.array(mm[:, start:stop])
     del mm  # the last reference: unmapped now, so the pages it touched leave the resident set

@@ -217,7 +217,7 @@ def _wants_relabel(ckpt: Checkpoint, loader: str) -> bool:
     """Rewritten U16 tensors holding bfloat16 bits are labelled BF16, except for a loader that reads
     bfloat16 only as U16 (:data:`architectures.U16_BFLOAT16_ONLY`: PaddleNLP 2.8.1)."""
     return (
-        ckpt.format == "safetensors"
+        ckpt.fmt.bf16_label
         and ckpt.bf16_as_u16
         and loader not in arch.U16_BFLOAT16_ONLY
         and any(t.dtype == "U16" for t in ckpt.tensors.values())
