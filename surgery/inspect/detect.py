@@ -44,10 +44,11 @@ class Comparison:
     """Head vs embedding values.
 
     Attributes:
-        values: ``exact`` (same bytes, as stored), ``transposed`` (head == embedding.T), ``scaled`` (head ==
-            embedding × d_model ** -0.5, T5's tied head materialised), ``different``,
-            ``absent`` (no head in the files), ``shared`` (the head *is* the embedding: T5, or one storage),
-            ``no_embedding`` (the embedding is missing; the head holds the only table).
+        values: a :class:`~surgery.model.enums.TieState`: ``exact`` (same bytes, as stored),
+            ``transposed`` (head == embedding.T), ``scaled`` (head == embedding × d_model ** -0.5, T5's tied
+            head materialised), ``different``, ``absent`` (no head in the files), ``shared`` (the head *is*
+            the embedding: T5, or one storage), ``no_embedding`` (the embedding is missing; the head holds
+            the only table), ``unknown`` (not compared).
         max_abs_diff: largest |head - embedding| in float32 (after transposing a ``hidden-vocab`` head).
         differing_rows: number of vocab rows with any difference.
         storage_shared: the head and embedding are one array in the file (pickle memo).
