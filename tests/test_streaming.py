@@ -535,15 +535,16 @@ def test_interrupt_exit_codes(tmp_path, monkeypatch, signum, code):
     import signal
 
     from tietool.cli import app as app_mod
+    from tietool.cli import errors
     from tietool.surgery.write import writer as write
 
     def signalled(*a, **k):
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
-        app_mod._on_signal(signum, None)
+        errors._on_signal(signum, None)
 
     monkeypatch.setattr(write, "_write_configs", signalled)
-    monkeypatch.setattr(app_mod, "_signal_received", None)
+    monkeypatch.setattr(errors, "_signal_received", None)
     out = tmp_path / "out"
     monkeypatch.setattr(
         sys, "argv", ["tietool", "tie", str(FIX / "pf_llama_tied_sharded"), "--out", str(out), "-q"]
