@@ -143,9 +143,6 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("surgery.plan.merge", "surgery.write.publish"),
 }
 KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset(
-        {"surgery.write.copy", "surgery.write.publish", "surgery.write.remote", "surgery.write.writer"}
-    ),
     frozenset({"cli.app", "cli.many"}),
 }
 

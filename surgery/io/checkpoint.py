@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from ..model.errors import CheckpointError, TietoolError
+from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
 from . import pdparams_io, regular, safetensors_io, store, surface, tree
 from .configfile import check_config
 from .regular import kind_of, load_json, require_regular
+from .store import Store
 
 ST_SINGLE = "model.safetensors"
 ST_INDEX = "model.safetensors.index.json"
@@ -356,6 +357,8 @@ class Checkpoint:
             paths); a write that changes the model drops them unless asked to keep them.
         folder_links: the symbolic links to folders below the folder (followed: their files are in
             ``other_files``); the in-place new version keeps them as links (:mod:`surgery.io.tree`).
+        store: the :class:`surgery.io.store.Store` the folder is in (``path`` is its root); what differs
+            between a local folder and object storage is asked of it, not of the path.
         config_file: ``config.json``, or ``model_config.json`` in a folder that has only that (PaddleNLP
             2.x); ``config_prefix`` is where its model arguments sit in it (``init_args.0``) or "".
     """
@@ -381,6 +384,12 @@ class Checkpoint:
     # one Path per weight file for source(): a header of millions of tensors made a Path per tensor
     _file_paths: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     folder_links: list[tree.FolderLink] = field(default_factory=list)
+    # where the files are (:mod:`surgery.io.store`): weight files and other files are names relative to it
+    store: Store = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.store is None:  # made by hand (tests): the store of its path
+            self.store = store.store_for(self.path)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -396,19 +405,17 @@ class Checkpoint:
                 remote store (naming the object).
             UnsafePickleError: a ``.pdparams`` with a global outside the allow-list.
         """
-        path = store.as_path(path) if isinstance(path, str) else path
-        if not store.is_remote(path):
-            return cls._open(Path(path))
-        try:
-            return cls._open(path)
-        except TietoolError:
-            raise
-        except Exception as e:  # botocore / aiohttp / huggingface_hub errors: one line naming the object
-            raise store.remote_error(e, getattr(e, "filename", None) or path) from None
+        st = store.store_for(path)
+        if st.on_disk:
+            return cls._open(st.root, st)
+        with (
+            st.map_errors()
+        ):  # botocore / aiohttp / fsspec / huggingface_hub errors: one line naming the object
+            return cls._open(st.root, st)
 
     @classmethod
-    def _open(cls, path: Any) -> Checkpoint:
-        """:meth:`open` of a ``Path`` or a remote ``UPath``."""
+    def _open(cls, path: Any, st: Store) -> Checkpoint:
+        """:meth:`open` of a ``Path`` or a remote ``UPath`` (the root of store ``st``)."""
         names = _file_names(path)
         _refuse_not_a_checkpoint(path, names)
         config, config_file, prefix = _read_config(path)
@@ -426,6 +433,7 @@ class Checkpoint:
         else:
             unlisted = []
         ckpt = cls(path, config, fmt, index_name is not None, index_name, index, files, {}, warnings=warnings)
+        ckpt.store = st
         ckpt.config_file, ckpt.config_prefix = config_file, prefix
         ckpt._read_headers()
         _check_ranks(path, ckpt.tensors)
