@@ -65,10 +65,12 @@ def test_is_remote_only_inside_io():
     assert outside == set()
 
 
-def test_the_walk_sees_is_remote():
-    """Not vacuous: the walk finds the uses inside io/."""
+def test_the_walk_sees_is_remote(tmp_path):
+    """Not vacuous: the walk finds a call, a bare call and an import, and the definition in io/."""
+    f = tmp_path / "m.py"
+    f.write_text("from .io.store import is_remote\nfrom .io import store\nstore.is_remote(p)\nis_remote(q)\n")
+    assert _uses_of("is_remote", f) == [1, 3, 4]
     assert _uses_of("is_remote", REPO / "surgery/io/store.py")
-    assert _uses_of("is_remote", REPO / "surgery/io/checkpoint.py")
 
 
 def test_store_for():
@@ -86,12 +88,24 @@ def test_store_for():
 
 
 # ------------------------------------------------------------------------------------------ error mapping
-def _all_subclasses(roots) -> list[type[BaseException]]:
-    for mod in ("botocore.exceptions", "aiohttp", "fsspec.exceptions", "s3fs", "huggingface_hub", "requests"):
+def _import_libraries() -> None:
+    """The libraries under the stores, imported (the mapping covers the ones a process has imported)."""
+    for mod in (
+        "botocore.exceptions",
+        "aiohttp",
+        "fsspec.exceptions",
+        "s3fs",
+        "huggingface_hub",
+        "huggingface_hub.errors",
+        "requests",
+    ):
         try:
             importlib.import_module(mod)
         except ImportError:
             pass
+
+
+def _all_subclasses(roots) -> list[type[BaseException]]:
     seen: dict[type, None] = {}
     todo = list(roots)
     while todo:
@@ -112,6 +126,7 @@ def _instance(cls: type[BaseException]) -> BaseException:
         return e
 
 
+_import_libraries()
 THIRD_PARTY = _all_subclasses(store.third_party_errors())
 ERRNOS = [errno.EACCES, errno.ENOENT, errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EIO]
 ERRNOS += [errno.ENOSPC, errno.EROFS, errno.EPIPE, errno.EHOSTUNREACH]

@@ -119,16 +119,17 @@ def _left_out(path: Path, names: set[str], fmt: str, taken: set[str | None]) -> 
     return out
 
 
-def _file_names(path: Any) -> set[str]:
-    """Names of the files directly in checkpoint folder ``path`` (remote: one listing request, whose
+def _file_names(st: Store) -> set[str]:
+    """Names of the files directly in checkpoint folder ``st.root`` (remote: one listing request, whose
     result fsspec caches for the ``is_file``/``stat`` calls that follow).
 
     Raises:
-        CheckpointError: no such folder, or ``path`` is a file.
+        CheckpointError: no such folder, or the root is a file.
     """
-    if store.is_remote(path):
+    path = st.root
+    if not st.on_disk:
         try:
-            files = store.list_files(path)  # None: path is a file
+            files = st.list()  # None: path is a file
         except FileNotFoundError:
             raise CheckpointError("no such folder", path, "check the checkpoint path") from None
         names = None if files is None else set(files)
@@ -416,7 +417,7 @@ class Checkpoint:
     @classmethod
     def _open(cls, path: Any, st: Store) -> Checkpoint:
         """:meth:`open` of a ``Path`` or a remote ``UPath`` (the root of store ``st``)."""
-        names = _file_names(path)
+        names = _file_names(st)
         _refuse_not_a_checkpoint(path, names)
         config, config_file, prefix = _read_config(path)
         surface.refuse_folder(path, names, config, has_whole=_has_whole(names))
@@ -479,7 +480,7 @@ class Checkpoint:
     def _read_headers(self) -> None:
         where: dict[str, str] = {}
         blobs: dict[str, tuple[int, int, bytes]] = {}
-        if self.format == "safetensors" and store.is_remote(self.path):  # every header in two round trips
+        if self.format == "safetensors" and not self.store.on_disk:  # every header in two round trips
             blobs = safetensors_io.fetch_headers([self.path / f for f in self.weight_files])
         for f in self.weight_files:
             p = self.path / f
@@ -605,12 +606,12 @@ class Checkpoint:
                 (:func:`surgery.io.regular.require_regular`).
         """
         skip = set(self.weight_files) | {self.index_name, REPORT_NAME} | {x.file for x in self.left_out}
-        if store.is_remote(self.path):  # object storage has no links
+        local = self.store.on_disk
+        if not local:  # object storage has no links
             rels = [p.relative_to(self.path).as_posix() for p in sorted(self.path.rglob("*")) if p.is_file()]
         else:
             rels, self.folder_links = tree.walk(self.path)
         out = []
-        local = not store.is_remote(self.path)
         for rel in rels:
             if rel in skip:
                 continue
@@ -693,7 +694,7 @@ class Checkpoint:
         row_bytes = t.nbytes // rows
         dt = np.dtype(t.dtype).newbyteorder("<") if self.format == "pdparams" else t.storage_dtype
         buf = bytearray(row_bytes * max(1, min(chunk_rows, stop - start)))
-        with store.open_read(self.path / t.file, block_size=None) as f:  # remote: one request per chunk
+        with self.store.open_read(t.file, block_size=None) as f:  # remote: one request per chunk
             f.seek(t.offset + start * row_bytes)
             for s in range(start, stop, chunk_rows):
                 n = min(chunk_rows, stop - s) * row_bytes

@@ -23,16 +23,16 @@ import builtins
 import contextlib
 import errno
 import filecmp
-import importlib
 import os
 import re
+import sys
 import threading
 from collections.abc import Iterator, MutableSequence, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, Protocol
 
 from ..model.errors import CheckpointError, Opt, OutputError, TietoolError, UsageError
 
@@ -369,7 +369,7 @@ class Store(Protocol):
         """``nbytes`` bytes of file ``rel`` from ``offset`` (fewer at the end of the file)."""
         ...
 
-    def open_read(self, rel: str, block_size: int | None = -1) -> BinaryIO:
+    def open_read(self, rel: str, block_size: int | None = -1) -> Any:
         """A binary file object on ``rel`` (as :func:`open_read`)."""
         ...
 
@@ -438,14 +438,12 @@ def third_party_errors() -> tuple[type[BaseException], ...]:
     ``OSError`` (and so ``requests``/``huggingface_hub`` HTTP errors, ``TimeoutError``), botocore's
     ``BotoCoreError`` and ``ClientError``, ``aiohttp.ClientError``, fsspec's own, ``huggingface_hub``'s
     ``HFValidationError`` (a ``ValueError``: a malformed repository id); those of a package that is not
-    installed are left out (it cannot raise)."""
+    imported are left out (it cannot have raised: nothing is imported to map an error)."""
     found: list[type[BaseException]] = [OSError]
     for mod, names in _THIRD_PARTY:
-        try:
-            m = importlib.import_module(mod)
-        except ImportError:
-            continue
-        found += [getattr(m, n) for n in names if isinstance(getattr(m, n, None), type)]
+        m = sys.modules.get(mod)
+        if m is not None:
+            found += [getattr(m, n) for n in names if isinstance(getattr(m, n, None), type)]
     return tuple(found)
 
 
@@ -524,7 +522,7 @@ class LocalStore:
     def read_range(self, rel: str, offset: int, nbytes: int) -> bytes:
         return read_range(self.root / rel, offset, nbytes)
 
-    def open_read(self, rel: str, block_size: int | None = -1) -> BinaryIO:
+    def open_read(self, rel: str, block_size: int | None = -1) -> Any:
         return open(self.root / rel, "rb")
 
     def check_output(self, inp: Any, out: Any) -> None:
@@ -639,7 +637,7 @@ class RemoteStore:
     def read_range(self, rel: str, offset: int, nbytes: int) -> bytes:
         return read_range(self.root / rel, offset, nbytes)
 
-    def open_read(self, rel: str, block_size: int | None = -1) -> BinaryIO:
+    def open_read(self, rel: str, block_size: int | None = -1) -> Any:
         return open_read(self.root / rel, block_size)
 
     def map_errors(self, where: Any = None, *, output: bool = False) -> AbstractContextManager[None]:
