@@ -2,9 +2,10 @@
 
 - Only ``surgery/io/`` knows local from remote: no other module calls or imports ``is_remote`` (AST walk).
 - Third-party errors map in one place: every class below botocore's ``BotoCoreError``/``ClientError``,
-  ``aiohttp.ClientError``, fsspec's errors, ``huggingface_hub``'s validation error and ``OSError`` (each
-  errno tietool meets) becomes one line naming the URL, exit 3 reading and 6 writing; other exceptions and
-  tietool's own are not touched.
+  ``aiohttp.ClientError``, ``httpx.HTTPError``, fsspec's errors, ``huggingface_hub``'s validation error,
+  ``ValueError``/``RuntimeError`` (what fsspec backends raise for a bad path or an unsupported operation)
+  and ``OSError`` (each errno tietool meets) becomes one line naming the URL, exit 3 reading and 6 writing;
+  a bug (``KeyError``) and tietool's own errors are not touched.
 - A :class:`MemoryStore` (a dict of name → bytes) holds a checkpoint with no files and no server: the
   detection and the plans of tie / untie / resize are the ones of the same checkpoint in a folder, and a
   write into it holds the bytes a local write does.
@@ -98,6 +99,7 @@ def _import_libraries() -> None:
         "huggingface_hub",
         "huggingface_hub.errors",
         "requests",
+        "httpx",
     ):
         try:
             importlib.import_module(mod)
@@ -139,6 +141,7 @@ def test_the_walk_covers_the_libraries():
         "botocore.exceptions.NoCredentialsError",
         "botocore.exceptions.ClientError",
         "aiohttp.client_exceptions.ClientConnectorError",
+        "httpx.ConnectError",
         "fsspec.exceptions.FSTimeoutError",
         "builtins.PermissionError",
         "builtins.FileNotFoundError",
@@ -352,3 +355,13 @@ def test_write_refuses_a_non_empty_memory_output():
         full.clear()
     finally:
         mem.clear()
+
+
+def test_a_backend_value_error_is_one_line():
+    """huggingface_hub's file system refuses ``hf://org`` with a plain ValueError (no request made): mapped,
+    as it was by the blanket ``except Exception`` it replaces."""
+    pytest.importorskip("huggingface_hub")
+    with pytest.raises(CheckpointError) as got:
+        Checkpoint.open("hf://org")
+    line = got.value.one_line()
+    assert line.startswith("hf://org: cannot read the object (ValueError: Repository id must be"), line

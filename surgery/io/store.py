@@ -435,11 +435,21 @@ def same_bytes(a: Any, b: Any) -> bool:
 
 def third_party_errors() -> tuple[type[BaseException], ...]:
     """The exception classes of the layers below tietool that :meth:`Store.map_errors` translates:
-    ``OSError`` (and so ``requests``/``huggingface_hub`` HTTP errors, ``TimeoutError``), botocore's
-    ``BotoCoreError`` and ``ClientError``, ``aiohttp.ClientError``, fsspec's own, ``huggingface_hub``'s
-    ``HFValidationError`` (a ``ValueError``: a malformed repository id); those of a package that is not
-    imported are left out (it cannot have raised: nothing is imported to map an error)."""
-    found: list[type[BaseException]] = [OSError]
+
+    - ``OSError`` (so ``requests``' and ``huggingface_hub``'s HTTP errors, ``TimeoutError``, a refused
+      connection);
+    - ``ValueError`` and ``RuntimeError``: fsspec file systems refuse a malformed path with a plain
+      ``ValueError`` (``hf://org``: "Repository id must be 'namespace/name'"), ``NotImplementedError`` for
+      what a backend cannot do (listing every repository), and aiobotocore raises ``RuntimeError`` for a
+      closed session;
+    - botocore's ``BotoCoreError`` and ``ClientError``, ``aiohttp.ClientError``, ``httpx.HTTPError`` (and
+      its ``InvalidURL``, ``CookieConflict``, ``StreamError``: huggingface_hub 1.x talks through httpx),
+      fsspec's own, ``huggingface_hub``'s ``HFValidationError``.
+
+    Those of a package this process has not imported are left out (it cannot have raised). What is not
+    here (``KeyError``, ``TypeError``, ``AttributeError``) is a bug, reported as one (the CLI's internal
+    error), not as a store that cannot be read."""
+    found: list[type[BaseException]] = [OSError, ValueError, RuntimeError]
     for mod, names in _THIRD_PARTY:
         m = sys.modules.get(mod)
         if m is not None:
@@ -450,6 +460,7 @@ def third_party_errors() -> tuple[type[BaseException], ...]:
 _THIRD_PARTY = (
     ("botocore.exceptions", ("BotoCoreError", "ClientError")),
     ("aiohttp", ("ClientError",)),
+    ("httpx", ("HTTPError", "InvalidURL", "CookieConflict", "StreamError")),
     ("fsspec.exceptions", ("FSTimeoutError", "BlocksizeMismatchError")),
     ("huggingface_hub.errors", ("HFValidationError",)),
 )
