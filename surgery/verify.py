@@ -23,7 +23,6 @@ must agree too. The verdict (:attr:`VerifyResult.exit_code`) is decided here, no
 
 from __future__ import annotations
 
-import filecmp
 import json
 from dataclasses import dataclass, field
 from enum import Enum
@@ -392,10 +391,8 @@ def _read_cfg(p: Path) -> object:
 def _same_bytes(pa: Path, pb: Path) -> bool:
     """Two carried files hold the same bytes (local: compared in blocks, :func:`filecmp.cmp`; both were
     checked to be regular, readable files when the checkpoints were opened)."""
-    if store.is_remote(pa) or store.is_remote(pb):
-        return bool(pa.read_bytes() == pb.read_bytes())
     try:
-        return filecmp.cmp(pa, pb, shallow=False)
+        return store.same_bytes(pa, pb)
     except OSError as e:
         raise CheckpointError(
             f"cannot be read ({e.strerror})", e.filename or pa, "make it readable"
@@ -501,7 +498,7 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
             f"{' and '.join(missing)} not installed",
             'pip install "tietool[paddle]" adds paddlepaddle and PaddleFormers 1.2.0',
         )
-    remote = [str(p) for p in (a_path, b_path) if store.is_remote(p) or store.is_url(p)]
+    remote = [str(p) for p in (a_path, b_path) if store.is_url(p) or not store.store_for(p).on_disk]
     if remote:
         return _not_compared(
             NotCompared.REMOTE,

@@ -19,12 +19,13 @@ from typing import Any
 import numpy as np
 
 from ..model.enums import Container
-from ..model.errors import CheckpointError, TietoolError
+from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
 from . import regular, safetensors_io, store, surface, tree
 from .configfile import check_config
 from .formats import FORMATS, PDPARAMS, SAFETENSORS, Format, other
 from .regular import kind_of, load_json, require_regular
+from .store import Store
 
 ST_SINGLE = SAFETENSORS.single
 ST_INDEX = SAFETENSORS.index
@@ -120,16 +121,17 @@ def _left_out(path: Path, names: set[str], fmt: Format, taken: set[str | None]) 
     return out
 
 
-def _file_names(path: Any) -> set[str]:
-    """Names of the files directly in checkpoint folder ``path`` (remote: one listing request, whose
+def _file_names(st: Store) -> set[str]:
+    """Names of the files directly in checkpoint folder ``st.root`` (remote: one listing request, whose
     result fsspec caches for the ``is_file``/``stat`` calls that follow).
 
     Raises:
-        CheckpointError: no such folder, or ``path`` is a file.
+        CheckpointError: no such folder, or the root is a file.
     """
-    if store.is_remote(path):
+    path = st.root
+    if not st.on_disk:
         try:
-            files = store.list_files(path)  # None: path is a file
+            files = st.list()  # None: path is a file
         except FileNotFoundError:
             raise CheckpointError("no such folder", path, "check the checkpoint path") from None
         names = None if files is None else set(files)
@@ -358,6 +360,8 @@ class Checkpoint:
             paths); a write that changes the model drops them unless asked to keep them.
         folder_links: the symbolic links to folders below the folder (followed: their files are in
             ``other_files``); the in-place new version keeps them as links (:mod:`surgery.io.tree`).
+        store: the :class:`surgery.io.store.Store` the folder is in (``path`` is its root); what differs
+            between a local folder and object storage is asked of it, not of the path.
         config_file: ``config.json``, or ``model_config.json`` in a folder that has only that (PaddleNLP
             2.x); ``config_prefix`` is where its model arguments sit in it (``init_args.0``) or "".
     """
@@ -383,6 +387,12 @@ class Checkpoint:
     # one Path per weight file for source(): a header of millions of tensors made a Path per tensor
     _file_paths: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     folder_links: list[tree.FolderLink] = field(default_factory=list)
+    # where the files are (:mod:`surgery.io.store`): weight files and other files are names relative to it
+    store: Store = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.store is None:  # made by hand (tests): the store of its path
+            self.store = store.store_for(self.path)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -398,20 +408,18 @@ class Checkpoint:
                 remote store (naming the object).
             UnsafePickleError: a ``.pdparams`` with a global outside the allow-list.
         """
-        path = store.as_path(path) if isinstance(path, str) else path
-        if not store.is_remote(path):
-            return cls._open(Path(path))
-        try:
-            return cls._open(path)
-        except TietoolError:
-            raise
-        except Exception as e:  # botocore / aiohttp / huggingface_hub errors: one line naming the object
-            raise store.remote_error(e, getattr(e, "filename", None) or path) from None
+        st = store.store_for(path)
+        if st.on_disk:
+            return cls._open(st.root, st)
+        with (
+            st.map_errors()
+        ):  # botocore / aiohttp / fsspec / huggingface_hub errors: one line naming the object
+            return cls._open(st.root, st)
 
     @classmethod
-    def _open(cls, path: Any) -> Checkpoint:
-        """:meth:`open` of a ``Path`` or a remote ``UPath``."""
-        names = _file_names(path)
+    def _open(cls, path: Any, st: Store) -> Checkpoint:
+        """:meth:`open` of a ``Path`` or a remote ``UPath`` (the root of store ``st``)."""
+        names = _file_names(st)
         _refuse_not_a_checkpoint(path, names)
         config, config_file, prefix = read_config(path)
         surface.refuse_folder(path, names, config, has_whole=_has_whole(names))
@@ -428,6 +436,7 @@ class Checkpoint:
         else:
             unlisted = []
         ckpt = cls(path, config, fmt, index_name is not None, index_name, index, files, {}, warnings=warnings)
+        ckpt.store = st
         ckpt.config_file, ckpt.config_prefix = config_file, prefix
         ckpt._read_headers()
         _check_ranks(path, ckpt.tensors)
@@ -471,7 +480,7 @@ class Checkpoint:
     def _read_headers(self) -> None:
         where: dict[str, str] = {}
         blobs: dict[str, tuple[int, int, bytes]] = {}
-        if self.fmt is SAFETENSORS and store.is_remote(self.path):  # every header in two round trips
+        if self.fmt is SAFETENSORS and not self.store.on_disk:  # every header in two round trips
             blobs = safetensors_io.fetch_headers([self.path / f for f in self.weight_files])
         for f in self.weight_files:
             p = self.path / f
@@ -589,12 +598,12 @@ class Checkpoint:
                 (:func:`surgery.io.regular.require_regular`).
         """
         skip = set(self.weight_files) | {self.index_name, REPORT_NAME} | {x.file for x in self.left_out}
-        if store.is_remote(self.path):  # object storage has no links
+        local = self.store.on_disk
+        if not local:  # object storage has no links
             rels = [p.relative_to(self.path).as_posix() for p in sorted(self.path.rglob("*")) if p.is_file()]
         else:
             rels, self.folder_links = tree.walk(self.path)
         out = []
-        local = not store.is_remote(self.path)
         for rel in rels:
             if rel in skip:
                 continue
@@ -679,7 +688,7 @@ class Checkpoint:
         row_bytes = t.nbytes // rows
         dt = self.fmt.row_dtype(t)
         buf = bytearray(row_bytes * max(1, min(chunk_rows, stop - start)))
-        with store.open_read(self.path / t.file, block_size=None) as f:  # remote: one request per chunk
+        with self.store.open_read(t.file, block_size=None) as f:  # remote: one request per chunk
             f.seek(t.offset + start * row_bytes)
             for s in range(start, stop, chunk_rows):
                 n = min(chunk_rows, stop - s) * row_bytes
