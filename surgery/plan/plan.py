@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..arch import families as arch
+from .. import arch
 from ..inspect.detect import (
     HIDDEN_VOCAB,
     Detection,
@@ -216,7 +216,7 @@ def out_dtype(ckpt: Checkpoint, t: TensorInfo, relabel: bool) -> str:
 
 def _wants_relabel(ckpt: Checkpoint, loader: str) -> bool:
     """Rewritten U16 tensors holding bfloat16 bits are labelled BF16, except for a loader that reads
-    bfloat16 only as U16 (:data:`architectures.U16_BFLOAT16_ONLY`: PaddleNLP 2.8.1)."""
+    bfloat16 only as U16 (:data:`surgery.arch.U16_BFLOAT16_ONLY`: PaddleNLP 2.8.1)."""
     return (
         ckpt.format == "safetensors"
         and ckpt.bf16_as_u16
