@@ -40,6 +40,7 @@ from .surgery.model.enums import (
     Loader,
     Operation,
     Target,
+    TensorRole,
     TieState,
 )
 from .surgery.model.errors import (
@@ -91,6 +92,7 @@ __all__ = [
     "RefusedError",
     "Report",
     "Target",
+    "TensorRole",
     "TieState",
     "TietoolError",
     "UnsafePickleError",

@@ -12,7 +12,7 @@ Every tensor is classified: identical (same bytes), dropped, added, resized, or 
   bfloat16 ``U16`` label written as ``BF16`` with the same bytes.
 
 Every other tensor must be bit-identical, and config files may differ only in ``tie_word_embeddings`` and
-vocab-size keys (:data:`surgery.io.vocabkeys.VOCAB_SIZE_KEYS`).
+vocab-size keys (:data:`surgery.arch.VOCAB_SIZE_KEYS`).
 
 When the embedding's row count changed, every tensor of the input's vocabulary surface (heads, biases,
 aliases, multi-token-prediction copies, vocabulary-shaped tensors) must have moved by the same number of
@@ -30,17 +30,18 @@ from pathlib import Path
 
 import numpy as np
 
+from . import arch
 from .inspect import chunked
 from .inspect.detect import Detection, detect, tied_scale
 from .io import store
 from .io.checkpoint import Checkpoint
 from .io.configfile import read_config_file
 from .io.regular import load_json
-from .io.vocabkeys import VOCAB_SIZE_KEYS, vocab_keys, walk
+from .io.vocabkeys import vocab_keys, walk
 from .model.errors import CheckpointError, ExitCode, Opt
 from .model.tensor import TensorInfo
 
-ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *VOCAB_SIZE_KEYS)
+ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *arch.VOCAB_SIZE_KEYS)
 
 
 def _flatten(d) -> dict:
@@ -412,7 +413,7 @@ def _compare_other_files(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> Non
 
 
 def _t5_scale(det) -> float | None:
-    return tied_scale(det.ckpt.config, det.hidden, det.ckpt.path) if det.family.tied_logit_scale else None
+    return tied_scale(det.ckpt.config, det.hidden, det.ckpt.path) if det.family.scales_tied_logits else None
 
 
 def _equal_to_embedding(

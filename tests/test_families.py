@@ -40,7 +40,7 @@ import pytest
 from support import family_builder as fb
 from support import fixture_support as fs
 
-from tietool.surgery.arch import families as arch
+from tietool.surgery import arch
 from tietool.surgery.inspect.detect import detect
 from tietool.surgery.io.checkpoint import Checkpoint
 
@@ -515,7 +515,7 @@ def _same(a: dict, b: dict) -> bool:
 )
 def test_loader_facts(matrix, family, fmt, request):
     """The proof of the architecture table's PaddleFormers 1.2 facts for one model type and container
-    (``architectures.PROOFS`` names this test): loads of checkpoints PaddleFormers itself wrote --
+    (``surgery.arch.PROOFS`` names this test): loads of checkpoints PaddleFormers itself wrote --
 
     * reties: the tied model with its head removed from the files loads with the logits of the model whose
       head equals the embedding (a random head, or "should be assigned before!", means it does not);

@@ -78,7 +78,7 @@ class Case:
         self.group = {self.embed, self.head, "lm_head.weight"} | self.embed_aliases | self.bias_names
         self.verdict = INDEX[name]["dedup_verdict"]
         # the fixture's own load check says the loader re-ties a dropped head; tietool drops it only where
-        # that fact is proven for the model type, loader and container (architectures.PROOFS), else keeps it
+        # that fact is proven for the model type, loader and container (surgery.arch.PROOFS), else keeps it
         self.can_drop_head = self.verdict.startswith("can_drop_head") and tietool_drops_head(self.src)
         self.pf = name.startswith("pf_")
         self.pnlp_llama = name.startswith("pnlp_llama")

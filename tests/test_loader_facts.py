@@ -15,8 +15,8 @@ import pytest
 from safetensors.numpy import save_file
 from support import loader_table
 
-from tietool.surgery.arch import families as arch
-from tietool.surgery.arch.families import lookup
+from tietool.surgery import arch
+from tietool.surgery.arch import lookup
 
 FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 ROOT = Path(__file__).resolve().parents[1]

@@ -40,7 +40,7 @@ from support import pnlp_support
 from support.pnlp_worker import FAMILIES, HIDDEN, VOCAB
 
 import tietool
-from tietool.surgery.arch.families import PROOFS, lookup
+from tietool.surgery.arch import PROOFS, lookup
 
 LOADER = "paddlenlp-2.8"
 CONTAINERS = ("safetensors", "pdparams")
@@ -289,7 +289,7 @@ def _expected_refusal(op: str, facts) -> str | None:
     model scales the embedding by d_model ** -0.5, so the head is not a duplicate)."""
     if op.split("-")[0] == "untie" and facts.always_tied:
         return "always"
-    if op.split("-")[0] == "tie" and facts.tied_logit_scale:
+    if op.split("-")[0] == "tie" and facts.scales_tied_logits:
         return "scaled"
     return None
 
@@ -332,7 +332,7 @@ def test_pnlp_rows_without_the_venv():
     """The rows the PaddleNLP proofs fixed, read from the table alone (runs without the venv): CodeGen and
     GPT-J have their own biased ``[hidden, vocab]`` head, never re-tied; QWen's is unbiased; RW, BART never
     re-tie an embedding-shaped head; ChatGLM v1 always ties; bfloat16 stays U16 for PaddleNLP 2.8."""
-    from tietool.surgery.arch.families import U16_BFLOAT16_ONLY
+    from tietool.surgery.arch import U16_BFLOAT16_ONLY
 
     for model_type in ("codegen", "gptj", "qwen"):
         f = lookup(model_type, LOADER, "pdparams")

@@ -400,7 +400,7 @@ def test_unknown_architecture_with_two_candidate_tables_refuses_until_named(tmp_
 
 def test_t5_untie_then_tie_round_trip(tmp_path):
     untied, tied = tmp_path / "u", tmp_path / "t"
-    from tietool.surgery.arch.families import lookup
+    from tietool.surgery.arch import lookup
 
     if not lookup("t5", "paddlenlp-2.8", "pdparams").trusted:
         # no test loads PaddleNLP 2.8.1 T5: the layout of the head untie would write is unproven (refused,

@@ -37,7 +37,7 @@ from support import fixture_support as fs
 from support import logits_families as lf
 from support.paths import CASES_DIR, REPO
 
-from tietool.surgery.arch import families as arch
+from tietool.surgery import arch
 from tietool.surgery.inspect.detect import detect
 from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.model.errors import ExitCode

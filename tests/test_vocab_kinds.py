@@ -28,10 +28,10 @@ from support import casecheck
 from support.resize_support import run_cli
 
 import tietool
-from tietool.surgery.arch.families import VocabRole
 from tietool.surgery.inspect.detect import detect
 from tietool.surgery.inspect.findings import FindingKind
 from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.model.enums import TensorRole
 from tietool.surgery.model.errors import ExitCode, RefusedError
 
 V, H = 24, 8
@@ -110,7 +110,7 @@ def test_token_table_under_a_rule_grows_with_valid_rows(tmp_path, fmt):
     t = hash_routed()
     ck = write(tmp_path / "in", MOE_CFG, t, fmt)
     det = detect(Checkpoint.open(ck))
-    assert det.surface[VocabRole.TOKEN_TABLE][0].name == "model.layers.0.mlp.gate.tid2eid"
+    assert det.surface[TensorRole.TOKEN_TABLE][0].name == "model.layers.0.mlp.gate.tid2eid"
     tietool.resize(ck, 30, tmp_path / "out", init="zeros", seed=0)
     out = out_tensors(tmp_path / "out")
     got = array(out["model.layers.0.mlp.gate.tid2eid"], np.int32)

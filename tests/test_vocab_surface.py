@@ -19,10 +19,10 @@ from safetensors.numpy import save_file
 from support import casecheck
 from support.resize_support import run_cli
 
-from tietool.surgery.arch.families import VocabRole
 from tietool.surgery.inspect.detect import FoundBy, detect
 from tietool.surgery.inspect.findings import FindingKind
 from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.model.enums import TensorRole
 
 V, H = 24, 8
 
@@ -103,10 +103,10 @@ def test_mtp_copies_are_extra_tables_not_the_main_pair(tmp_path, fmt, shards):
     ]
     roles = {v.name: r for r, vs in det.surface.items() for v in vs}
     assert roles == {
-        "model.embed_tokens.weight": VocabRole.INPUT_EMBEDDING,
-        "lm_head.weight": VocabRole.LM_HEAD,
-        "model.layers.1.embed_tokens.weight": VocabRole.EXTRA_TABLE,
-        "model.layers.1.shared_head.head.weight": VocabRole.EXTRA_TABLE,
+        "model.embed_tokens.weight": TensorRole.INPUT_EMBEDDING,
+        "lm_head.weight": TensorRole.LM_HEAD,
+        "model.layers.1.embed_tokens.weight": TensorRole.EXTRA_TABLE,
+        "model.layers.1.shared_head.head.weight": TensorRole.EXTRA_TABLE,
     }
     rc, msg = cli("inspect", ck, "--json")
     assert rc == 0

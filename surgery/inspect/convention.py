@@ -1,9 +1,9 @@
 """The on-disk conventions ``tietool convert`` moves between, and which one a checkpoint is in.
 
-A convention is a naming (:class:`~surgery.arch.families.Naming`: ``llama.``, ``ernie.``, ``model.``), a
+A convention is a naming (:class:`~surgery.arch.Naming`: ``llama.``, ``ernie.``, ``model.``), a
 Linear layout (``[in, out]`` or ``[out, in]``) and a head layout (``[hidden, vocab]`` or ``[vocab, hidden]``).
 The naming is read from the tensor names against the model type's row of
-:data:`~surgery.arch.families.CONVERSIONS`; the Linear layout is proven from the shapes
+:data:`~surgery.arch.CONVERSIONS`; the Linear layout is proven from the shapes
 (:mod:`surgery.inspect.layout`); the head's from its shape (:func:`surgery.plan.convert.head_layout`). Pure.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..arch import families as arch
+from .. import arch
 from ..io.checkpoint import Checkpoint
 from .layout import Layout
 
@@ -24,7 +24,7 @@ class Convention:
 
     Attributes:
         title: how messages name it.
-        names: a :class:`~surgery.arch.families.Naming` value (``"paddlenlp"``, ``"kit"``, ``"hf"``), or
+        names: a :class:`~surgery.arch.Naming` value (``"paddlenlp"``, ``"kit"``, ``"hf"``), or
             ``"kept"`` for a container change.
         linear: ``"in-out"`` (Paddle ``nn.Linear``) or ``"out-in"`` (HF).
         head: ``"hidden-vocab"`` or ``"vocab-hidden"``.
@@ -87,7 +87,7 @@ def naming_of(ckpt: Checkpoint, row: arch.ConversionRow) -> Naming | None:
     """The naming of the checkpoint's body tensors: the first of the row's namings (PaddleNLP, ERNIEKit,
     HF, in that order) whose prefix some tensor carries; None when none does."""
     for naming in Naming:
-        pre = row["prefixes"].get(naming)
+        pre = row.prefixes.get(naming)
         if pre is not None and any(n.startswith(pre + ".") for n in ckpt.tensors):
             return naming
     return None
@@ -98,17 +98,17 @@ def linear_weights(
 ) -> dict[str, tuple[arch.Size, arch.Size]]:
     """The Linear weights (plain and fused, 2-D or not) under the naming's prefix, with the sizes of their
     ``[in, out]`` axes; fused biases (1-D) are not Linear weights."""
-    pre = row["prefixes"][naming] + "."
-    fused = row["fused"].get(naming, {})
+    pre = row.prefixes[naming] + "."
+    fused = row.fused.get(naming, {})
     out: dict[str, tuple[arch.Size, arch.Size]] = {}
     for name in ckpt.tensors:
         if not name.startswith(pre):
             continue
         body = name[len(pre) :]
-        lin = suffix_in(body, row["linear"])
+        lin = suffix_in(body, row.linear)
         fz = suffix_in(body, fused)
         if lin is not None and (fz is None or len(lin) >= len(fz)):
-            out[name] = row["linear"][lin]
+            out[name] = row.linear[lin]
         elif fz is not None and fz.endswith(".weight"):
-            out[name] = fused[fz]["dims"]
+            out[name] = fused[fz].dims
     return out

@@ -3,7 +3,7 @@ role), the main input embedding and LM head among them, the head's layout, and t
 (config flag, head present in the files, head values vs embedding values).
 
 Reads headers, and the data of the embedding and head only (to compare values). Architecture knowledge
-comes from :mod:`surgery.arch.families`; nothing here names a model. The main pair is chosen by the table's
+comes from :mod:`surgery.arch`; nothing here names a model. The main pair is chosen by the table's
 order of preference, then by module depth (the model's own table beats a copy inside a layer), never by
 file order.
 """
@@ -18,12 +18,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..arch import families as arch
-from ..arch.families import VocabRole
+from .. import arch
 from ..io.checkpoint import Checkpoint
 from ..io.surface import quant_module
 from ..io.tokenizer import SpecialTokenId, TokenizerInfo, special_token_ids, tokenizer_info
-from ..model.enums import LAYOUTS, FoundBy, HeadLayout, TieState
+from ..model.enums import LAYOUTS, FoundBy, HeadLayout, TensorRole, TieState
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import FLOAT_DTYPES, TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
 from . import chunked
@@ -113,7 +112,7 @@ class VocabTensor:
     """
 
     name: str
-    role: VocabRole
+    role: TensorRole
     vocab_axis: int | None
     entries: int | None
     of: str | None = None
@@ -238,7 +237,7 @@ class Beyond:
     Attributes:
         extra_tables: further vocabulary tables (MTP embed/head copies, per-layer token tables).
         by_shape: tensors of no known name or rule with an axis of the vocabulary's size.
-        token_tables: integer/boolean tensors a :data:`~surgery.arch.families.TOKEN_TABLES` rule covers,
+        token_tables: integer/boolean tensors a :data:`~surgery.arch.TOKEN_TABLES` rule covers,
             with the rule (indexed by the embedding's vocabulary, or keyed to it by value).
         other_vocab: tensors sized by another vocabulary the config names → its key (kept by resize).
     """
@@ -347,12 +346,12 @@ class Detection:
         return None
 
     @property
-    def surface(self) -> dict[VocabRole, list[VocabTensor]]:
+    def surface(self) -> dict[TensorRole, list[VocabTensor]]:
         """Every vocabulary tensor, grouped by role (roles with no tensor are left out)."""
-        out: dict[VocabRole, list[VocabTensor]] = {}
+        out: dict[TensorRole, list[VocabTensor]] = {}
         emb, head, beyond = self.embedding, self.head, self.beyond
 
-        def add(name: str, role: VocabRole, of: str | None = None, present: bool = True) -> None:
+        def add(name: str, role: TensorRole, of: str | None = None, present: bool = True) -> None:
             axis = self.vocab_axis(name) if present else 0
             entries = self.ckpt.tensors[name].shape[axis] if present and axis is not None else None
             vocab = beyond.other_vocab.get(name) or (head.vocab if name == head.name else None)
@@ -360,26 +359,26 @@ class Detection:
                 VocabTensor(name, role, axis, entries if present else self.vocab_rows, of, present, vocab)
             )
 
-        add(emb.name, VocabRole.INPUT_EMBEDDING, present=emb.present)
+        add(emb.name, TensorRole.INPUT_EMBEDDING, present=emb.present)
         for n in emb.aliases + emb.vocab_aliases:
-            add(n, VocabRole.EMBEDDING_ALIAS, emb.name)
+            add(n, TensorRole.EMBEDDING_ALIAS, emb.name)
         if head.present:
-            add(head.name, VocabRole.LM_HEAD)
+            add(head.name, TensorRole.LM_HEAD)
             for n in head.aliases:
-                add(n, VocabRole.HEAD_ALIAS, head.name)
+                add(n, TensorRole.HEAD_ALIAS, head.name)
         if self.bias:
-            add(self.bias.name, VocabRole.HEAD_BIAS)
+            add(self.bias.name, TensorRole.HEAD_BIAS)
             for n in self.bias.aliases:
-                add(n, VocabRole.HEAD_BIAS, self.bias.name)
+                add(n, TensorRole.HEAD_BIAS, self.bias.name)
         for n in beyond.extra_tables:
-            add(n, VocabRole.EXTRA_TABLE)
+            add(n, TensorRole.EXTRA_TABLE)
         for n, rule in beyond.token_tables.items():
-            add(n, VocabRole.TOKEN_TABLE if rule.indexed_by == "vocab" else VocabRole.TOKEN_ID_MAP)
+            add(n, TensorRole.TOKEN_TABLE if rule.indexed_by == "vocab" else TensorRole.TOKEN_ID_MAP)
         for n in beyond.other_vocab:
             if n not in beyond.token_tables:
-                add(n, VocabRole.OTHER_VOCABULARY)
+                add(n, TensorRole.OTHER_VOCABULARY)
         for n in beyond.by_shape:
-            add(n, VocabRole.BY_SHAPE)
+            add(n, TensorRole.BY_SHAPE)
         return out
 
 
@@ -392,7 +391,7 @@ def text_config(config: dict) -> tuple[dict, str | None]:
 
 def hidden_size_of(cfg: dict) -> int | None:
     """The hidden size a config block names (``hidden_size``, ``d_model``, ``n_embd``, ...), else None."""
-    for k in ("hidden_size", "d_model", "n_embd", "hidden_dim", "dim"):
+    for k in arch.HIDDEN_SIZE_KEYS:
         if isinstance(cfg.get(k), int):
             return cfg[k]
     return None
@@ -453,7 +452,7 @@ def _config_facts(ckpt: Checkpoint) -> _Cfg:
     tb = text_block(cfg, lambda: tokenizer_info(ckpt.path).size)
     tcfg, tkey = tb.block, tb.key
     model_type = cfg.get("model_type")
-    if tkey and not any(model_type in r["model_types"] for r in arch.FAMILIES if isinstance(model_type, str)):
+    if tkey and not (isinstance(model_type, str) and arch.family_row(model_type)):
         model_type = tcfg.get("model_type", model_type)
     bad_type = model_type is not None and not isinstance(model_type, str)
     if not bad_type:
@@ -593,7 +592,7 @@ def _find_embedding(
     for names, how in (
         (probe.embedding, FoundBy.TABLE),
         (probe.aliases, FoundBy.OTHER_NAME),
-        (arch.FALLBACK["embedding"] + arch.FALLBACK["aliases"], FoundBy.OTHER_NAME),
+        (arch.FALLBACK.embedding + arch.FALLBACK.aliases, FoundBy.OTHER_NAME),
     ):
         names = tuple(n for n in names if n not in tried)
         tried += names
@@ -682,9 +681,9 @@ def _find_aliases(
 
 
 def _find_extra_tables(ckpt: Checkpoint, fam: arch.Family, taken: set[str]) -> list[str]:
-    """Further vocabulary tables: names the table lists as extra (:data:`architectures.EXTRA_TABLES`), and
+    """Further vocabulary tables: names the table lists as extra (:data:`surgery.arch.EXTRA_TABLES`), and
     embedding or head names inside a numbered block (a copy inside a layer), in file order."""
-    known = fam.embedding + fam.aliases + fam.head + tuple(arch.FALLBACK["embedding"] + arch.FALLBACK["head"])
+    known = fam.embedding + fam.aliases + fam.head + arch.FALLBACK.embedding + arch.FALLBACK.head
     return [
         n
         for n, t in ckpt.tensors.items()
@@ -1010,7 +1009,7 @@ def _compare_pair(
         notes.append(_ambiguous_layout(head, H, as_stored.values, as_transposed))
         return comp, notes
     comp = compare(ckpt, embedding, head, shape.layout)
-    if comp.values is TieState.DIFFERENT and fam.tied_logit_scale:
+    if comp.values is TieState.DIFFERENT and fam.scales_tied_logits:
         scaled = compare(ckpt, embedding, head, shape.layout, scale=tied_scale(ckpt.config, H, ckpt.path))
         if scaled.values is TieState.SCALED:
             comp = scaled
@@ -1024,15 +1023,13 @@ def _comparison(
     embedding: str,
     head: str | None,
     shape: _HeadShape,
-    tied: bool,
     compare_values: bool,
 ) -> tuple[Comparison, list[Finding]]:
     """How the head compares with the embedding, and notes: no head in the files is ``shared`` (T5's head
     is the shared table) or ``absent``; without ``compare_values`` only a shared storage is told
     (``unknown`` otherwise); else the values are read (:func:`_compare_pair`)."""
     if head is None:
-        shared = fam.tied_logit_scale or (tied and fam.name == "t5")
-        return Comparison(TieState.SHARED if shared else TieState.ABSENT), []
+        return Comparison(TieState.SHARED if fam.scales_tied_logits else TieState.ABSENT), []
     if not compare_values and shape.layout is not None:
         comp = shared_storage(ckpt, embedding, head) or Comparison(TieState.UNKNOWN)
         H = ckpt.tensors[embedding].shape[1]
@@ -1175,9 +1172,9 @@ def _candidate_pairs(det: Detection) -> list[dict]:
         if size is None:
             continue
         tables = [n for n, t in ckpt.tensors.items() if len(t.shape) == 2 and size in t.shape]
-        embs = [n for n in _ranked(ckpt, names["embedding"], size) if ckpt.tensors[n].shape[0] == size]
+        embs = [n for n in _ranked(ckpt, names.embedding, size) if ckpt.tensors[n].shape[0] == size]
         embs += [n for n in tables if "embed" in n and ckpt.tensors[n].shape[0] == size]
-        heads = [n for n in _ranked(ckpt, names["head"], size, ndim=None) if size in ckpt.tensors[n].shape]
+        heads = [n for n in _ranked(ckpt, names.head, size, ndim=None) if size in ckpt.tensors[n].shape]
         heads += [n for n in tables if "head" in n and n not in embs[:1]]
         pair = {"embedding": embs[0], "head": heads[0]} if embs and heads else {"tables": tables}
         out.append({"block": block, **pair})
@@ -1279,7 +1276,7 @@ def _beyond_names(
     ckpt: Checkpoint, cf: _Cfg, taken: set[str], V: int, head: str | None, head_rows: int | None
 ) -> _Beyond:
     """Every tensor outside ``taken`` with an axis of a vocabulary's size (:func:`vocabularies.sized_by`):
-    for the embedding's ``V`` rows, a :data:`~surgery.arch.families.TOKEN_TABLES` rule's table or an
+    for the embedding's ``V`` rows, a :data:`~surgery.arch.TOKEN_TABLES` rule's table or an
     unknown one; for another vocabulary the config names (not ``V``), a tensor of that vocabulary (a rule's
     token-id map, or kept as it is). A float tensor counts only where no other config key names the size
     (:func:`vocabularies.ambiguous_sizes`); quantization tensors never. The head is over another
@@ -1342,7 +1339,6 @@ def _embedding_pair(
     head_name: str | None,
     layout: str | None,
     bias: tuple[str | None, list[str]],
-    tied: bool,
     compare_values: bool,
 ) -> _Pair:
     """The pair of a checkpoint with its input embedding ``[V, H]`` (``found``: its name and how it was
@@ -1363,7 +1359,7 @@ def _embedding_pair(
     emb_aliases, vocab_aliases, head_aliases = _find_aliases(ckpt, fam, embedding, head, head_named)
     named = frozenset(v.size for v in cf.vocabs if v.key != cf.vocab_key and v.size != V)
     shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout, named) if head else _HeadShape()
-    comp, cmp_notes = _comparison(ckpt, fam, embedding, head, shape, tied, compare_values)
+    comp, cmp_notes = _comparison(ckpt, fam, embedding, head, shape, compare_values)
     findings += head_notes + ([shape.problem] if shape.problem else []) + cmp_notes
     taken = {embedding, *emb_aliases, *vocab_aliases, *head_aliases, *([head] if head else [])}
     taken |= {*([bias[0]] if bias[0] else []), *bias[1]}
@@ -1472,7 +1468,7 @@ def detect(
     Args:
         layout: ``vocab-hidden`` / ``hidden-vocab`` to override the head layout decision (needed when
             vocab_size == hidden_size and a head is present).
-        loader: one of ``architectures.LOADERS`` to override :func:`infer_loader`.
+        loader: one of ``surgery.arch.LOADERS`` to override :func:`infer_loader`.
         compare_values: read the embedding and head data to compare them (inspect and tie do).
         embedding_name, head_name: the tensor names to use (``--embedding`` / ``--head``), for architectures
             the table does not know.
@@ -1506,9 +1502,7 @@ def detect(
     if embedding is None:
         pair = _missing_embedding_pair(ckpt, fam, cf, head_named[0], layout)
     else:
-        pair = _embedding_pair(
-            ckpt, fam, cf, (embedding, found_by), head_name, layout, bias, flag.tied, compare_values
-        )
+        pair = _embedding_pair(ckpt, fam, cf, (embedding, found_by), head_name, layout, bias, compare_values)
     det = _detection(ckpt, cf, fam, (loader, loader_source), pair, bias, flag)
     det.findings = findings + pair.findings + flag.findings + _later_findings(det)
     return det
@@ -1585,8 +1579,8 @@ def tied_scale(config: dict, hidden: int, path: Path | None = None) -> float:
 def _default_head_name(fam: arch.Family, embedding: str = "") -> str:
     """Name for a head that is not in the files: the family's first head name, at the top level
     (``lm_head.weight``), or inside the embedding's top module for a family whose head sits there
-    (:data:`~surgery.arch.families.HEAD_UNDER_MODEL`: ``transformer.output_layer.weight``)."""
+    (``Family.head_under_model``: ``transformer.output_layer.weight``)."""
     first = embedding.split(".")[0] if "." in embedding else ""
-    if fam.name in arch.HEAD_UNDER_MODEL and first:
+    if fam.head_under_model and first:
         return f"{first}.{fam.head[0]}"
     return fam.head[0]

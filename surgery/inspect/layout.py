@@ -3,7 +3,7 @@
 A Paddle ``nn.Linear`` weight is ``[in, out]``, an HF / PaddleFormers one ``[out, in]``. The container does
 not say which (PaddleFormers writes safetensors in either, ERNIEKit writes Paddle-layout safetensors), so
 each Linear weight's shape is compared with the sizes of the config its two axes must have
-(:class:`~surgery.arch.families.Size`: hidden_size, intermediate_size, heads x head_dim, ...):
+(:class:`~surgery.arch.Size`: hidden_size, intermediate_size, heads x head_dim, ...):
 
 * ``[in, out]`` or ``[out, in]`` when the shape is one of the two and ``in != out``;
 * a square weight (``in == out``, e.g. ``o_proj`` when heads x head_dim == hidden) takes the layout its
@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ..arch import families as arch
+from .. import arch
 from ..io.checkpoint import Checkpoint
 from ..model.errors import CheckpointError, Opt, RefusedError
 

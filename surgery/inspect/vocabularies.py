@@ -4,7 +4,7 @@ value beyond the named vocabulary tables.
 A config may name several vocabularies: a draft model's head vocabulary beside the target's
 (``draft_vocab_size``), a thinker's text vocabulary and a talker's codec vocabulary
 (``thinker_config.text_config.vocab_size``, ``talker_config.vocab_size``). The text vocabulary is the
-language model's (:data:`~surgery.arch.families.TEXT_BLOCKS` at any nesting); :func:`text_block` finds it
+language model's (:data:`~surgery.arch.TEXT_BLOCKS` at any nesting); :func:`text_block` finds it
 or says that it is not clear. :func:`sized_by` finds every tensor with an axis of a vocabulary's size
 (integer and boolean tensors anywhere, float tensors outside the numbered blocks), so that a tensor no
 name rule covers is named, never left behind. A size that another config key also names (``hidden_size``,
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from ..arch import families as arch
-from ..io.vocabkeys import TABLE_SIZE_KEYS, VOCAB_SIZE_KEYS, walk
+from .. import arch
+from ..io.vocabkeys import walk
 from ..model.tensor import TensorInfo
 
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -51,8 +51,8 @@ def _int(v: object) -> bool:
 
 
 def vocabularies(config: dict) -> list[Vocabulary]:
-    """Every vocabulary-size key of ``config`` (any nesting, :data:`VOCAB_SIZE_KEYS`), in file order."""
-    return [Vocabulary(k, v) for k, v in walk(config) if k.split(".")[-1] in VOCAB_SIZE_KEYS and _int(v)]
+    """Every vocabulary-size key of ``config`` (any nesting, :data:`arch.VOCAB_SIZE_KEYS`), in file order."""
+    return [Vocabulary(k, v) for k, v in walk(config) if k.split(".")[-1] in arch.VOCAB_SIZE_KEYS and _int(v)]
 
 
 def _blocks(data: object, prefix: str = "") -> Iterable[tuple[str, dict]]:
@@ -64,7 +64,7 @@ def _blocks(data: object, prefix: str = "") -> Iterable[tuple[str, dict]]:
 
 
 def _sizes(block: dict) -> list[int]:
-    return [block[k] for k in VOCAB_SIZE_KEYS if _int(block.get(k))]
+    return [block[k] for k in arch.VOCAB_SIZE_KEYS if _int(block.get(k))]
 
 
 def text_block(config: dict, tokenizer_size: Callable[[], int | None] = lambda: None) -> TextBlock:
@@ -96,9 +96,9 @@ def text_block(config: dict, tokenizer_size: Callable[[], int | None] = lambda: 
 
 
 def table_size_key(block: dict, prefix: str | None) -> str | None:
-    """The dotted key that sizes the language model's table in ``block`` (:data:`TABLE_SIZE_KEYS` order),
+    """The dotted key that sizes the language model's table in ``block`` (:data:`arch.TABLE_SIZE_KEYS` order),
     or None."""
-    k = next((k for k in TABLE_SIZE_KEYS if _int(block.get(k))), None)
+    k = next((k for k in arch.TABLE_SIZE_KEYS if _int(block.get(k))), None)
     return None if k is None else f"{prefix}.{k}" if prefix else k
 
 
@@ -109,7 +109,7 @@ def ambiguous_sizes(config: dict, hidden: int | None) -> set[int]:
     out = {hidden} if hidden else set()
     for k, v in walk(config):
         last = k.split(".")[-1]
-        if _int(v) and last not in VOCAB_SIZE_KEYS and not last.endswith(("token_id", "token_index")):
+        if _int(v) and last not in arch.VOCAB_SIZE_KEYS and not last.endswith(("token_id", "token_index")):
             out.add(v)
     heads = config.get("num_attention_heads")
     if hidden and _int(heads) and heads and hidden % heads == 0:

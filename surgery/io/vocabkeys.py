@@ -1,10 +1,10 @@
 """The config keys that size a vocabulary, found at any nesting of the checkpoint's config files.
 
-A key sizes a vocabulary when its last part is one of :data:`VOCAB_SIZE_KEYS` (``vocab_size`` at the top
-level or inside ``text_config``/``llm_config``, ChatGLM's ``padded_vocab_size``, Marian's
-``decoder_vocab_size``, ...) and its value is an integer. PaddleNLP's older ``model_config.json`` keeps
-them under ``init_args.N``. ``resize`` moves the keys that count the embedding's rows (or the head's, for
-an embedding with reserved rows); ``verify`` flags one left at the old size.
+A key sizes a vocabulary when its last part is one of :data:`surgery.arch.VOCAB_SIZE_KEYS`
+(``vocab_size`` at the top level or inside ``text_config``/``llm_config``, ChatGLM's ``padded_vocab_size``,
+Marian's ``decoder_vocab_size``, ...) and its value is an integer. PaddleNLP's older ``model_config.json``
+keeps them under ``init_args.N``. ``resize`` moves the keys that count the embedding's rows (or the head's,
+for an embedding with reserved rows); ``verify`` flags one left at the old size.
 """
 
 from __future__ import annotations
@@ -12,23 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..arch import VOCAB_SIZE_KEYS
 from . import store
 from .configfile import read_config_file
 
-# The names (last part of a dotted key) that size a vocabulary, as HF transformers / PaddleFormers /
-# PaddleNLP configs spell them. Data, not code: add a name here and resize and verify both follow it.
-VOCAB_SIZE_KEYS: tuple[str, ...] = (
-    "vocab_size",  # every family; nested in text_config / llm_config for multimodal wrappers
-    "padded_vocab_size",  # ChatGLM / GLM: the padded table size
-    "decoder_vocab_size",  # Marian / seq2seq models with a separate target vocabulary
-    "vocab_size_per_layer_input",  # Gemma3n's per-layer token tables
-    "draft_vocab_size",  # EAGLE-3 draft models: the head's (draft) vocabulary beside the target's vocab_size
-)
-
-# The key that sizes the language model's own table, in order of preference within one config block:
-# ChatGLM/GLM pad the table and store its size as padded_vocab_size (their vocab_size, when present, is the
-# tokenizer's).
-TABLE_SIZE_KEYS: tuple[str, ...] = ("padded_vocab_size", "vocab_size")
+# The key names (:data:`surgery.arch.VOCAB_SIZE_KEYS`, :data:`surgery.arch.TABLE_SIZE_KEYS`) are data in
+# :mod:`surgery.arch.config_keys`; this module walks the files for them.
 
 # Config files that may hold vocabulary sizes, in the order a loader reads them.
 CONFIG_FILES: tuple[str, ...] = ("config.json", "model_config.json")

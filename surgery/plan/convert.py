@@ -18,7 +18,7 @@ The input's naming is read from its tensor names, its Linear layout proven from 
 config (:mod:`surgery.inspect.layout`), never taken from the container. Which tensors are Linear weights,
 their
 axis sizes, the name prefixes and the fused projections are data
-(:data:`surgery.arch.families.CONVERSIONS`). Planning here is pure: :func:`plan_convert` says which output
+(:data:`surgery.arch.CONVERSIONS`). Planning here is pure: :func:`plan_convert` says which output
 tensor comes from which input tensor by which transform; :func:`convert` streams it through
 :func:`surgery.write.assemble.assemble` (one tensor in memory at a time, untransposed tensors copied by byte
 range, bf16 moved as raw ``uint16`` bits, never converted). No paddle import.
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..arch import families as arch
+from .. import arch
 from ..inspect.convention import (
     DEFAULT_HEAD,
     HF,
@@ -139,10 +139,6 @@ def _copy_steps(ckpt: Checkpoint) -> list[Step]:
     return [Step(n, n, _label(ckpt, n), tuple(t.shape)) for n, t in ckpt.tensors.items()]
 
 
-def _family_name(model_type: str | None) -> str:
-    return next((r["family"] for r in arch.FAMILIES if model_type in r["model_types"]), "unknown")
-
-
 def _model_type(ckpt: Checkpoint) -> str:
     """config.json's ``model_type``. Raises CheckpointError when it is not a non-empty string."""
     mt = ckpt.config.get("model_type")
@@ -158,18 +154,18 @@ def _model_type(ckpt: Checkpoint) -> str:
 
 
 def _lacks(mt: str) -> str | None:
-    return arch.PADDLEFORMERS_LACKS.get(mt) or arch.PADDLEFORMERS_LACKS.get(_family_name(mt))
+    return arch.paddleformers_lacks(mt)
 
 
 def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
-    """The :data:`~surgery.arch.families.CONVERSIONS` row of the checkpoint's ``model_type``.
+    """The :data:`~surgery.arch.CONVERSIONS` row of the checkpoint's ``model_type``.
 
     Raises:
         RefusedError: PaddleFormers 1.2 has no class for the family (GPT, BERT, T5, ...) or tietool has no
             conversion data for the model type; the message names the container-only alternative.
     """
     mt = _model_type(ckpt)
-    row = arch.CONVERSIONS.get(mt)
+    row = arch.conversion_row(mt)
     alt = f"to change only the container, keeping names and layouts, use {Opt('to', 'safetensors')}"
     lacks = _lacks(mt)
     if row is None and lacks and to is Target.PADDLEFORMERS:
@@ -187,7 +183,7 @@ def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
             ckpt.path,
             alt,
         )
-    if to is Target.PADDLENLP and Naming.PADDLENLP not in row["prefixes"]:
+    if to is Target.PADDLENLP and Naming.PADDLENLP not in row.prefixes:
         raise RefusedError(
             f"tietool knows no PaddleNLP 2.x naming of model_type {mt!r}",
             ckpt.path,
@@ -206,7 +202,7 @@ def source_convention(ckpt: Checkpoint, row: arch.ConversionRow) -> tuple[Conven
     """
     naming = naming_of(ckpt, row)
     if naming is None:
-        pres = ", ".join(f"{p}." for p in row["prefixes"].values())
+        pres = ", ".join(f"{p}." for p in row.prefixes.values())
         raise RefusedError(
             f"no tensor of this {ckpt.config.get('model_type')} checkpoint carries a name prefix tietool "
             f"knows for it ({pres})",
@@ -218,9 +214,9 @@ def source_convention(ckpt: Checkpoint, row: arch.ConversionRow) -> tuple[Conven
         raise RefusedError(
             "the files hold no Linear weight whose shape tells the layout", ckpt.path, hint_container_only()
         )
-    emb = f"{row['prefixes'][naming]}.embed_tokens.weight"
+    emb = f"{row.prefixes[naming]}.{row.embedding}"
     _check_embedding(ckpt, emb)
-    head = head_layout(ckpt, row["head"], emb) if row["head"] in ckpt.tensors else DEFAULT_HEAD[naming]
+    head = head_layout(ckpt, row.head, emb) if row.head in ckpt.tensors else DEFAULT_HEAD[naming]
     return convention(naming, proof.layout, head), proof
 
 
@@ -276,7 +272,7 @@ def head_layout(ckpt: Checkpoint, head: str, emb: str) -> str:
 
 
 def _prefix(conv: Convention, row: arch.ConversionRow) -> str:
-    return row["prefixes"][Naming(conv.names)]
+    return row.prefixes[Naming(conv.names)]
 
 
 def _swap(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -284,14 +280,14 @@ def _swap(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _fused_parts(ckpt: Checkpoint, name: str, spec: arch.FusedSpec, axis: int) -> list[Part]:
-    """How the fused tensor ``name`` splits along ``axis`` (see :class:`~surgery.arch.families.Split`).
+    """How the fused tensor ``name`` splits along ``axis`` (see :class:`~surgery.arch.Split`).
 
     Raises:
         CheckpointError: the config lacks the head counts, or the axis does not divide into them.
     """
     size = ckpt.tensors[name].shape[axis]
     groups: list[tuple[int, ...]]
-    if spec["split"] is arch.Split.HALVES:
+    if spec.split is arch.Split.HALVES:
         count, groups = 2, [(0,), (1,)]
     else:
         nh = ckpt.config.get("num_attention_heads")
@@ -303,7 +299,7 @@ def _fused_parts(ckpt: Checkpoint, name: str, spec: arch.FusedSpec, axis: int) -
                 "restore the config's head counts",
             )
         g, count = nh // kv, nh + 2 * kv
-        if spec["split"] is arch.Split.QKV_CONCAT:
+        if spec.split is arch.Split.QKV_CONCAT:
             groups = [tuple(range(nh)), tuple(range(nh, nh + kv)), tuple(range(nh + kv, count))]
         else:
             groups = [
@@ -337,7 +333,7 @@ def _unfuse(
     axis = len(shape) - 1 if src.linear == "in-out" else 0
     turn = weight and src.linear != dst.linear
     steps = []
-    for suffix, part in zip(spec["parts"], _fused_parts(ckpt, name, spec, axis), strict=True):
+    for suffix, part in zip(spec.parts, _fused_parts(ckpt, name, spec, axis), strict=True):
         s = list(shape)
         s[axis] = shape[axis] // part.count * len(part.chunks)
         out_shape = _swap(tuple(s)) if turn else tuple(s)
@@ -356,14 +352,14 @@ def _body_step(
     body = name[len(pre) :]
     out = f"{_prefix(dst, row)}.{body}"
     shape, label = tuple(ckpt.tensors[name].shape), _label(ckpt, name)
-    fused_specs = row["fused"].get(Naming(src.names), {})
-    lin, fused = suffix_in(body, row["linear"]), suffix_in(body, fused_specs)
+    fused_specs = row.fused.get(Naming(src.names), {})
+    lin, fused = suffix_in(body, row.linear), suffix_in(body, fused_specs)
     if lin is not None and (fused is None or len(lin) >= len(fused)):
         turn = src.linear != dst.linear
         return [Step(out, name, label, _swap(shape) if turn else shape, turn)]
     if fused is not None:
         return _unfuse(ckpt, name, out, fused, fused_specs[fused], src, dst)
-    if suffix_in(body, row["plain"]):
+    if suffix_in(body, row.plain):
         return [Step(out, name, label, shape)]
     return None
 
@@ -377,7 +373,7 @@ def model_steps(ckpt: Checkpoint, row: arch.ConversionRow, src: Convention, dst:
     steps: list[Step] = []
     unplaced: list[str] = []
     for name, t in ckpt.tensors.items():
-        if name == row["head"]:
+        if name == row.head:
             turn = src.head != dst.head
             steps.append(
                 Step(name, name, _label(ckpt, name), _swap(tuple(t.shape)) if turn else tuple(t.shape), turn)
@@ -412,12 +408,12 @@ def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
       the head is the embedding transposed bit for bit (a tied PaddleFormers checkpoint converted to
       PaddleNLP): then tying gives the same head, and the flag stays true (the round trip is exact).
     """
-    ckpt, head = plan.ckpt, row["head"]
-    if not row["paddlenlp_own_head"]:
+    ckpt, head = plan.ckpt, row.head
+    if not row.paddlenlp_own_head:
         return
     tied = bool(ckpt.config.get("tie_word_embeddings", False))
     if plan.target == PADDLENLP and head not in ckpt.tensors:
-        emb = f"{_prefix(plan.source, row)}.embed_tokens.weight"
+        emb = f"{_prefix(plan.source, row)}.{row.embedding}"
         if emb not in ckpt.tensors:
             return
         t = ckpt.tensors[emb]
@@ -427,7 +423,7 @@ def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
             "PaddleNLP 2.8 never ties this model's head, it would build a random one"
         )
     elif plan.source.names == Naming.PADDLENLP and head in ckpt.tensors and tied:
-        emb = f"{_prefix(plan.source, row)}.embed_tokens.weight"
+        emb = f"{_prefix(plan.source, row)}.{row.embedding}"
         if emb in ckpt.tensors and head_is_embedding_t(ckpt, head, emb):
             plan.notes.append(
                 f"tie_word_embeddings stays true: {head} is {emb} transposed bit for bit, so the head "
@@ -460,43 +456,43 @@ def head_is_embedding_t(ckpt: Checkpoint, head: str, emb: str) -> bool:
 
 
 def _edit_config(plan: ConvertPlan, key: str, row: arch.ConversionRow) -> None:
-    """Apply :data:`~surgery.arch.families.CONFIG_KEYS` ``[key]`` to ``plan.config`` (recording each change).
+    """Apply :data:`~surgery.arch.CONFIG_KEYS` ``[key]`` to ``plan.config`` (recording each change).
 
     Raises:
         RefusedError: a key the row must refuse is set (a rope scaling tietool cannot translate).
     """
     edits, cfg = arch.CONFIG_KEYS[key], plan.config
-    for k in edits["refuse_set"]:
+    for k in edits.refuse_set:
         if cfg.get(k) not in (None, {}, 1.0):
             raise RefusedError(
                 f"config.json sets {k}={cfg[k]!r}, which tietool cannot translate for {plan.target.title}",
                 plan.ckpt.path,
                 f"convert with {Opt('to', 'safetensors')} (names and layouts unchanged)",
             )
-    for old, new in edits["rename"].items():
+    for old, new in edits.rename.items():
         if old in cfg:
             val = cfg.pop(old)
             plan.config_changes.append({"key": old, "before": val, "after": None})
             if new not in cfg:
                 cfg[new] = val
                 plan.config_changes.append({"key": new, "before": None, "after": val})
-    for k in edits["drop"]:
+    for k in edits.drop:
         if k in cfg:
             plan.config_changes.append({"key": k, "before": cfg.pop(k), "after": None})
-    for k in edits["unfuse"]:
+    for k in edits.unfuse:
         if cfg.get(k):
             cfg[k] = False
             plan.config_changes.append({"key": k, "before": True, "after": False})
     if key == "paddlenlp":
         _drop_deprecated_class_names(plan)
-    if key == "paddlenlp" and not row["paddlenlp_28"]:
+    if key == "paddlenlp" and not row.paddlenlp_28:
         plan.notes.append(
             f"PaddleNLP 2.8.1 has no {cfg.get('model_type')} model class: the output is for PaddleNLP 3 "
             "(not loaded by tietool's tests); config.json gets no paddlenlp_version, so tietool's next "
             "command takes PaddleNLP 3 as its loader"
         )
         return
-    for k, v in edits["set"].items():
+    for k, v in edits.set.items():
         if k not in cfg or cfg[k] != v:
             plan.config_changes.append({"key": k, "before": cfg.get(k), "after": v})
             cfg[k] = v
@@ -536,7 +532,7 @@ def _positive_int(v: object) -> bool:
 
 def _generic_proof(ckpt: Checkpoint, what: str) -> Proof:
     """The layout of a checkpoint whose model type has no row: the tensors named as a row's Linear weights
-    (:data:`~surgery.arch.families.ANY_LINEAR`), their shapes against the config (:func:`prove`)."""
+    (:data:`~surgery.arch.ANY_LINEAR`), their shapes against the config (:func:`prove`)."""
     weights = {}
     for name in ckpt.tensors:
         hit = suffix_in(name, arch.ANY_LINEAR)
@@ -587,7 +583,7 @@ def _container_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
     if container is Container.SAFETENSORS and _paddlenlp_files(ckpt):
         _bf16_as_u16(plan)
     mt = ckpt.config.get("model_type")
-    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
+    row = arch.conversion_row(mt)
     try:
         if row is None:
             raise RefusedError(f"tietool has no conversion data for model_type {mt!r}", ckpt.path)
@@ -644,10 +640,10 @@ def pf_legacy_layout(ckpt: Checkpoint) -> bool:
     of its safetensors loads without a warning and gives wrong logits, measured in
     ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``): a PaddleFormers checkpoint
     in its legacy Paddle layout, told as :func:`_container_plan` tells it (config ``source: paddle``, or
-    Linear weights proven ``[in, out]`` by their shapes for a model type of :data:`~surgery.arch.families.
+    Linear weights proven ``[in, out]`` by their shapes for a model type of :data:`~surgery.arch.
     CONVERSIONS`). Reads headers only; a layout not proven counts as not legacy. Raises nothing."""
     mt = ckpt.config.get("model_type")
-    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
+    row = arch.conversion_row(mt)
     layout = None
     if row is not None:
         try:
@@ -672,7 +668,7 @@ def plan_convert(ckpt: Checkpoint, to: Target) -> ConvertPlan:
     every Linear weight transposed where the layouts differ, the head ``[hidden, vocab]`` ↔
     ``[vocab, hidden]``, fused ``qkv_proj`` / ``gate_up_fused_proj`` / ``up_gate_proj`` split (PaddleNLP and
     PaddleFormers grouped per kv head, ERNIEKit ``q | k | v``), embeddings/norms/biases copied; config keys
-    as :data:`~surgery.arch.families.CONFIG_KEYS` (the target's version key). ``safetensors``/``pdparams``:
+    as :data:`~surgery.arch.CONFIG_KEYS` (the target's version key). ``safetensors``/``pdparams``:
     the container only (:func:`_container_plan`). An input already in the target's convention is a
     container change.
 
@@ -778,8 +774,8 @@ def _paddlenlp_files(ck: Checkpoint) -> bool:
     """PaddleNLP's checkpoint: a ``paddlenlp_version`` key or PaddleNLP-era name prefixes (``llama.``; not
     the model type's ERNIEKit ``ernie.``, which is no PaddleNLP naming of ERNIE 4.5)."""
     mt = ck.config.get("model_type")
-    row = arch.CONVERSIONS.get(mt) if isinstance(mt, str) else None
-    kit = row["prefixes"].get(Naming.KIT) if row else None
+    row = arch.conversion_row(mt)
+    kit = row.prefixes.get(Naming.KIT) if row else None
     pre = tuple(p + "." for p in arch.PADDLENLP_PREFIXES if p != kit)
     return "paddlenlp_version" in ck.config or any(n.startswith(pre) for n in ck.tensors)
 

@@ -6,7 +6,7 @@ saved without merging. Each tensor-parallel rank holds a slice of each split ten
 holds some of the layers, under the whole model's names (PaddleNLP's ``PipelinePretrainedModel.state_dict``
 maps the pipeline-layer names back to the single model's). The rules are the libraries' own
 ``_get_tensor_parallel_mappings`` (merge direction, ``split_or_merge_func(is_split=False)``), kept as data
-in :data:`surgery.arch.families.TENSOR_PARALLEL`; this module only applies them:
+in :data:`surgery.arch.TENSOR_PARALLEL`; this module only applies them:
 
 1. :func:`find_ranks`: the rank files of a folder, grouped by ``(tp, pp)``; a missing rank is refused by
    the file name it would have.
@@ -39,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ..arch import families as arch
-from ..arch.families import TPRule, TPSplit
+from .. import arch
+from ..arch import TPRule, TPSplit
 from ..io import pdparams_io, safetensors_io, surface
 from ..io.checkpoint import REPORT_NAME, read_config, special_file, unreadable_folder
 from ..io.regular import require_regular
@@ -269,14 +269,10 @@ def config_dims(config: dict) -> dict[str, int]:
         v = config.get(key)
         return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
-    v, h, i, heads = (
-        get("vocab_size"),
-        get("hidden_size"),
-        get("intermediate_size"),
-        get("num_attention_heads"),
-    )
-    kv = get("num_key_value_heads") or heads
-    d = get("head_dim") or (h // heads if h and heads else None)
+    key = arch.TP_SIZE_KEYS
+    v, h, i, heads = get(key["V"]), get(key["H"]), get(key["I"]), get(key["HEADS"])
+    kv = get(key["KV_HEADS"]) or heads
+    d = get(key["HEAD_DIM"]) or (h // heads if h and heads else None)
     dims = {"V": v, "H": h, "I": i, "2I": 2 * i if i else None, "D": d, "D/2": d // 2 if d else None}
     dims["HEADS"] = heads
     if heads and kv and d:
@@ -284,15 +280,11 @@ def config_dims(config: dict) -> dict[str, int]:
     return {k: x for k, x in dims.items() if x is not None}
 
 
-# the config_dims symbol each config.json key gives (a key whose symbol is there is not missing)
-_KEY_DIM = {"vocab_size": "V", "hidden_size": "H", "intermediate_size": "I", "num_attention_heads": "HEADS"}
-
-
 def _expected(rule: TPRule, dims: dict[str, int], path: Path, name: str) -> tuple[int, ...]:
     missing = [s for s in rule.shape if s not in dims]
     if missing:
         wanted = dict.fromkeys(k for s in missing for k in arch.TP_DIM_KEYS.get(s, (s,)))
-        keys = [k for k in wanted if _KEY_DIM.get(k) not in dims] or list(wanted)
+        keys = [k for k in wanted if arch.KEY_DIM.get(k) not in dims] or list(wanted)
         what = "a positive integer" if len(keys) == 1 else "positive integers"
         raise CheckpointError(
             f"config.json lacks {' / '.join(keys)} ({what}), which the merged shape of "
@@ -391,7 +383,7 @@ def _rule(path: Path, model_type: str, name: str, file: str) -> TPRule:
 
 def plan(path: Path, config: dict, by_tp: dict[int, dict[str, Slice]]) -> list[Merged]:
     """The merged tensors, in the order of rank 0's files, each with its rule (as the family's
-    ``_get_tensor_parallel_mappings`` in :data:`surgery.arch.families.TENSOR_PARALLEL`).
+    ``_get_tensor_parallel_mappings`` in :data:`surgery.arch.TENSOR_PARALLEL`).
 
     Raises:
         RefusedError: an unknown family or tensor (named), a tensor missing from a rank, or a shape that
@@ -478,7 +470,7 @@ def source(m: Merged) -> Callable[[], Source]:
 # ------------------------------------------------------------------------------------------ the operation
 def _merged_config(config: dict) -> tuple[dict, dict[str, list]]:
     """config.json for the merged checkpoint: the parallel-run keys set to a single process's values
-    (:data:`surgery.arch.families.PARALLEL_CONFIG_KEYS`). Returns it and ``{key: [before, after]}``."""
+    (:data:`surgery.arch.PARALLEL_CONFIG_KEYS`). Returns it and ``{key: [before, after]}``."""
     out, changed = dict(config), {}
     for k, v in arch.PARALLEL_CONFIG_KEYS.items():
         if k in out and out[k] != v:

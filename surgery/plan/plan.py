@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..arch import families as arch
+from .. import arch
 from ..inspect.detect import (
     Detection,
     loader_facts_unproven,
@@ -217,7 +217,7 @@ def out_dtype(ckpt: Checkpoint, t: TensorInfo, relabel: bool) -> str:
 
 def _wants_relabel(ckpt: Checkpoint, loader: str) -> bool:
     """Rewritten U16 tensors holding bfloat16 bits are labelled BF16, except for a loader that reads
-    bfloat16 only as U16 (:data:`architectures.U16_BFLOAT16_ONLY`: PaddleNLP 2.8.1)."""
+    bfloat16 only as U16 (:data:`surgery.arch.U16_BFLOAT16_ONLY`: PaddleNLP 2.8.1)."""
     return (
         ckpt.fmt.bf16_label
         and ckpt.bf16_as_u16

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..arch import families as arch
+from .. import arch
 from ..inspect.detect import Detection
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted
@@ -414,7 +414,7 @@ def _resize_tensors(det: Detection, plan: Plan, N: int, draws: _Draws) -> None:
 
 def _resize_token_tables(det: Detection, plan: Plan, N: int) -> None:
     """Every token-indexed table of the embedding's vocabulary to ``N`` rows by its rule
-    (:data:`~surgery.arch.families.TOKEN_TABLES`): old rows kept, new rows repeating existing rows (ids of
+    (:data:`~surgery.arch.TOKEN_TABLES`): old rows kept, new rows repeating existing rows (ids of
     something else stay valid) or zero/False (a membership mask); tables keyed to another vocabulary are
     kept (their values checked by :func:`_refuse_token_values`)."""
     for n, rule in det.beyond.token_tables.items():

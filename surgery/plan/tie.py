@@ -110,7 +110,7 @@ def _settle_values(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
         RefusedError: from :func:`_keep_head_values`.
     """
     comp = det.comparison
-    if comp.values in EQUAL_STATES and det.family.tied_logit_scale:
+    if comp.values in EQUAL_STATES and det.family.scales_tied_logits:
         _unscaled_head(det, plan, keep)
     if comp.values is TieState.DIFFERENT:
         _refuse_own_biased_head(det, keep)
@@ -166,7 +166,7 @@ def _unscaled_head(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
     Raises:
         ValuesDifferError: ``keep`` is None. RefusedError: ``keep`` is ``head`` (:func:`_keep_head_values`).
     """
-    scale = det.family.tied_logit_scale
+    scale = det.family.tied_scale.value
     if keep is None:
         raise ValuesDifferError(
             f"tie refused: {det.head.name} equals {det.embedding.name}, but the tied {det.family.name} model "
@@ -190,7 +190,7 @@ def _keep_head_values(det: Detection, plan: Plan) -> None:
     """
     ckpt, h = det.ckpt, det.head_info
     assert h is not None
-    if det.family.tied_logit_scale:
+    if det.family.scales_tied_logits:
         raise RefusedError(
             f"{Opt('keep', 'head')} on {det.family.name}: the tied model multiplies the embedding by "
             "d_model ** -0.5 for the logits, so the head's values cannot become the embedding",

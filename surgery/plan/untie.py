@@ -107,7 +107,7 @@ def _add_untied_head(det: Detection, plan: Plan, layout: str) -> None:
     e = det.emb_info
     shape = (det.vocab_rows, det.hidden) if lay == HeadLayout.VOCAB_HIDDEN else (det.hidden, det.vocab_rows)
     scale = None
-    if det.family.tied_logit_scale and not det.head.present:
+    if det.family.scales_tied_logits and not det.head.present:
         scale = tied_scale(det.ckpt.config, det.hidden, det.ckpt.path)
         plan.notes.append(
             f"{det.family.name}: tied logits are scaled by d_model ** -0.5 = {scale:.6g}; the new head "

@@ -334,7 +334,7 @@ FAMILIES.update(
 # PaddleFormers 1.2 cannot read back its own safetensors save of these (tiny configs; the flex-checkpoint
 # loader stops at "model.language_model.layers.0.self_attn.{qkv_proj.bias,k_proj.weight} should be
 # assigned before!"): they are built in the legacy .pdparams container only, and their safetensors facts
-# stay unproven (architectures.PROOFS has no entry: tietool keeps the head there).
+# stay unproven (surgery.arch.PROOFS has no entry: tietool keeps the head there).
 LOADS_ONLY_PDPARAMS = {"qwen2_5_vl", "glm4v_moe"}
 TIES = ("tied", "untied", "untied-equal")
 # A probe, not a variant the commands run on: the tied model saved, then its head removed from the files

@@ -54,7 +54,7 @@ class Role:
 
 def _tietool_drops_head(path) -> bool:
     """Whether tietool's table lets a write drop this checkpoint's duplicate head (``Family.may_drop_head``:
-    the loader re-ties a missing head and that is proven in ``architectures.PROOFS``)."""
+    the loader re-ties a missing head and that is proven in ``surgery.arch.PROOFS``)."""
     from tietool.surgery.inspect.detect import detect
     from tietool.surgery.io.checkpoint import Checkpoint
 

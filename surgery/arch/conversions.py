@@ -1,0 +1,199 @@
+"""Conversions (``tietool convert``): which tensors of a model type are Linear weights and how its names,
+fused projections and config keys change between conventions.
+
+Which tensors of a family are nn.Linear weights (they are transposed between Paddle's [in, out] and the
+HF/PaddleFormers [out, in] layout) and which sizes of the config their two axes are (the layout is proven
+from the shape against them), which are copied as they are, how fused projections split, and which config
+keys change. Sources: PaddleNLP 2.8.1 ``llama/modeling.py`` (``llama.`` names, ``qkv_proj`` /
+``gate_up_fused_proj`` when ``fuse_attention_qkv`` / ``fuse_attention_ffn``), PaddleFormers 1.2.0
+``conversion_utils.py`` (``split_param_func``: qkv grouped per kv head), PaddleFormers 1.2.0
+``ernie4_5{,_moe}/modeling.py`` (its Paddle-layout ``qkv_proj`` is reshaped ``[kv, (q/kv + 2) x head_dim]``,
+grouped per kv head, ``up_gate_proj`` is ``[gate | up]``; ``_gen_inv_aoa_config``: the HF names, every
+Linear incl. the router ``mlp.gate`` and ``mtp_linear_proj.N`` transposed), ERNIE's own
+``tools/paddle2torch`` converter (ERNIEKit / ``*-Paddle`` releases: ``ernie.`` names, ``qkv_proj`` is
+``[q | k | v]`` along the output axis, ``up_gate_proj`` is ``[gate | up]``, ``ernie.`` -> ``model.``) and
+the fixtures ``pnlp_llama_untied`` / ``pf_llama_untied_legacy_pdparams`` / ``pf_llama_untied_fp32``.
+Only model types PaddleFormers 1.2 has a class for are listed; PaddleFormers 1.2 has no Mistral, GPT,
+BERT or T5 (``PADDLEFORMERS_LACKS``). A name component that is a number (layer, expert, MTP depth) is
+written ``N`` in the suffixes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from .rows import ConfigKeys, ConversionRow, FusedSpec, Naming, Size, Split
+
+S = Size
+_LLAMA_LINEAR: dict[str, tuple[Size, Size]] = {
+    "self_attn.q_proj.weight": (S.HIDDEN, S.Q),
+    "self_attn.k_proj.weight": (S.HIDDEN, S.KV),
+    "self_attn.v_proj.weight": (S.HIDDEN, S.KV),
+    "self_attn.o_proj.weight": (S.Q, S.HIDDEN),
+    "mlp.gate_proj.weight": (S.HIDDEN, S.INTER),
+    "mlp.up_proj.weight": (S.HIDDEN, S.INTER),
+    "mlp.down_proj.weight": (S.INTER, S.HIDDEN),
+}
+_LLAMA_PLAIN: tuple[str, ...] = (
+    "embed_tokens.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "norm.weight",
+    *[f"self_attn.{p}_proj.bias" for p in "qkvo"],
+    *[f"mlp.{p}_proj.bias" for p in ("gate", "up", "down")],
+)
+
+
+def _qkv(split: Split, module: str = "self_attn.qkv_proj") -> dict[str, FusedSpec]:
+    return {
+        f"{module}.{w}": FusedSpec(tuple(f"self_attn.{p}_proj.{w}" for p in "qkv"), split, (S.HIDDEN, S.QKV))
+        for w in ("weight", "bias")
+    }
+
+
+def _gate_up(suffix: str, out_prefix: str, dims: tuple[Size, Size]) -> dict[str, FusedSpec]:
+    return {
+        f"{suffix}.{w}": FusedSpec(
+            tuple(f"{out_prefix}{p}_proj.{w}" for p in ("gate", "up")), Split.HALVES, dims
+        )
+        for w in ("weight", "bias")
+    }
+
+
+_LLAMA_FUSED = {**_qkv(Split.QKV_GROUPED), **_gate_up("mlp.gate_up_fused_proj", "mlp.", (S.HIDDEN, S.INTER2))}
+# PaddleFormers 1.2's own Paddle layout (legacy save) of Qwen2/Qwen3 (the Deprecated classes): qkv_proj
+# grouped per kv head, up_gate_proj gate | up (its AOA fused_qkv / fused_ffn); converted bit for bit to its
+# HF export in tests/test_convert.py::test_paddleformers_legacy_fused_qwen_converts_to_its_hf_export
+_PF_FUSED = {**_qkv(Split.QKV_GROUPED), **_gate_up("mlp.up_gate_proj", "mlp.", (S.HIDDEN, S.INTER2))}
+
+
+def _llama_like(
+    paddlenlp_prefix: str | None,
+    extra_plain: tuple[str, ...] = (),
+    own_head: bool = False,
+    pf_fused: bool = False,
+) -> ConversionRow:
+    prefixes = {Naming.HF: "model"}
+    if paddlenlp_prefix:
+        prefixes[Naming.PADDLENLP] = paddlenlp_prefix
+    fused: dict[Naming, Mapping[str, FusedSpec]] = (
+        {Naming.PADDLENLP: _LLAMA_FUSED} if paddlenlp_prefix else {}
+    )
+    if pf_fused:
+        fused[Naming.HF] = _PF_FUSED
+    return ConversionRow(
+        prefixes=prefixes,
+        head="lm_head.weight",
+        linear=_LLAMA_LINEAR,
+        plain=(*_LLAMA_PLAIN, *extra_plain),
+        fused=fused,
+        paddlenlp_own_head=own_head,
+        paddlenlp_28=paddlenlp_prefix == "llama",  # 2.8.1 has llama/ and qwen/ (v1), no qwen2/ or qwen3/
+    )
+
+
+def _ernie_fused(split: Split, moe: bool) -> dict[str, FusedSpec]:
+    """ERNIE 4.5's fused projections in ``split`` (ERNIEKit q | k | v, PaddleFormers grouped), dense MLPs
+    (main layers and the MTP blocks) and, for MoE, experts and shared experts."""
+    fused = {**_qkv(split), **_gate_up("mlp.up_gate_proj", "mlp.", (S.HIDDEN, S.INTER2))}
+    if moe:
+        fused.update(_gate_up("mlp.experts.N.up_gate_proj", "mlp.experts.N.", (S.HIDDEN, S.MOE_INTER2)))
+        fused.update(
+            _gate_up("mlp.shared_experts.up_gate_proj", "mlp.shared_experts.", (S.HIDDEN, S.SHARED_INTER2))
+        )
+    return fused
+
+
+_ERNIE_MOE_LINEAR: dict[str, tuple[Size, Size]] = {
+    # the router is a Linear (ERNIE's paddle2torch transposes it, so does PF's inverse AOA)
+    "mlp.gate.weight": (S.HIDDEN, S.EXPERTS),
+    "mlp.experts.N.gate_proj.weight": (S.HIDDEN, S.MOE_INTER),
+    "mlp.experts.N.up_proj.weight": (S.HIDDEN, S.MOE_INTER),
+    "mlp.experts.N.down_proj.weight": (S.MOE_INTER, S.HIDDEN),
+    "mlp.shared_experts.gate_proj.weight": (S.HIDDEN, S.SHARED_INTER),
+    "mlp.shared_experts.up_proj.weight": (S.HIDDEN, S.SHARED_INTER),
+    "mlp.shared_experts.down_proj.weight": (S.SHARED_INTER, S.HIDDEN),
+    "mtp_linear_proj.N.weight": (S.HIDDEN2, S.HIDDEN),  # [embedding | hidden] -> hidden
+}
+_ERNIE_MOE_PLAIN: tuple[str, ...] = (
+    "mlp.moe_statics.e_score_correction_bias",
+    "mtp_emb_norm.N.weight",
+    "mtp_hidden_norm.N.weight",
+    "mtp_linear_proj.N.bias",
+)
+
+
+def _ernie(moe: bool) -> ConversionRow:
+    """ERNIE 4.5 (dense or MoE with MTP): PaddleFormers names ``model.``, ERNIEKit names ``ernie.``; no
+    PaddleNLP 2.x naming (PaddleNLP 2.8 has no ERNIE 4.5)."""
+    row = _llama_like(None)
+    return replace(
+        row,
+        prefixes={Naming.HF: "model", Naming.KIT: "ernie"},
+        fused={
+            Naming.KIT: _ernie_fused(Split.QKV_CONCAT, moe),
+            Naming.HF: _ernie_fused(Split.QKV_GROUPED, moe),
+        },
+        linear={**row.linear, **(_ERNIE_MOE_LINEAR if moe else {})},
+        plain=(*row.plain, *(_ERNIE_MOE_PLAIN if moe else ())),
+    )
+
+
+# model_type -> row
+CONVERSIONS: Mapping[str, ConversionRow] = {
+    "llama": _llama_like("llama", own_head=True),
+    "qwen2": _llama_like("qwen2", pf_fused=True),
+    "qwen3": _llama_like("qwen3", ("self_attn.q_norm.weight", "self_attn.k_norm.weight"), pf_fused=True),
+    # PaddleNLP 2.x has no ERNIE 4.5: ERNIEKit (ernie.*) and PaddleFormers (model.*) namings only
+    "ernie4_5": _ernie(moe=False),
+    "ernie4_5_moe": _ernie(moe=True),
+}
+
+# the Linear weights of every row, for a model type without a row of its own: only their shapes are read (to
+# tell whether a checkpoint tietool does not convert is in the HF layout), never converted
+ANY_LINEAR: Mapping[str, tuple[Size, Size]] = {
+    k: v for r in CONVERSIONS.values() for k, v in r.linear.items()
+}
+
+# model families (FAMILIES "family") and model types PaddleFormers 1.2 has no model class for (no folder in
+# paddleformers/transformers/): how messages name them
+PADDLEFORMERS_LACKS: Mapping[str, str] = {
+    "mistral": "Mistral",
+    "mixtral": "Mixtral",
+    "baichuan": "Baichuan",
+    "gpt": "GPT",
+    "bert": "BERT/ERNIE 1-3 masked LM",
+    "t5": "T5",
+    "bart": "BART",
+    "opt": "OPT",
+    "bloom": "Bloom",
+    "chatglm": "ChatGLM",
+    "chatglm_v2": "ChatGLM2/3",
+    "xlnet": "XLNet",
+}
+
+
+# config.json keys per target convention: renamed (as PaddleFormers' save_pretrained writes ``torch_dtype``
+# for HF output, PaddleNLP ``dtype``), dropped (``source: paddle`` marks PaddleFormers' Paddle layout; the
+# other library's version key would make tietool's next command pick that library as the loader), set false
+# (fused projections are written unfused), set (the target library's version key, as its save_pretrained
+# writes it: PaddleFormers 1.2.0 ``"paddleformers_version": "1.2.0"``, PaddleNLP 2.8.1
+# ``"paddlenlp_version": null``; fixtures ``pf_llama_untied_fp32`` / ``pnlp_llama_untied`` config.json).
+CONFIG_KEYS: Mapping[str, ConfigKeys] = {
+    "paddleformers": ConfigKeys(
+        rename={"dtype": "torch_dtype"},
+        drop=("source", "paddlenlp_version"),
+        unfuse=("fuse_attention_qkv", "fuse_attention_ffn"),
+        set={"paddleformers_version": "1.2.0"},
+        # PaddleNLP's rope scaling has no PaddleFormers spelling tietool knows
+        refuse_set=("rope_scaling_type",),
+    ),
+    "paddlenlp": ConfigKeys(
+        rename={"torch_dtype": "dtype"},
+        drop=("source", "paddleformers_version"),
+        unfuse=("fuse_attention_qkv", "fuse_attention_ffn"),
+        set={"paddlenlp_version": None},
+        refuse_set=("rope_scaling",),
+    ),
+}
