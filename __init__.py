@@ -35,12 +35,10 @@ from .surgery.model.errors import (
 from .surgery.results import Inspection, Report
 
 if TYPE_CHECKING:
-    from .surgery.ops import inspect, resize, tie, untie, verify
-    from .surgery.plan.convert import convert
-    from .surgery.plan.merge import merge
+    from .surgery.ops import convert, inspect, merge, resize, tie, untie, verify
     from .surgery.verify import VerifyResult as Verification
 
-_OPERATIONS = ("inspect", "tie", "untie", "resize", "verify")
+_OPERATIONS = ("inspect", "tie", "untie", "resize", "verify", "convert", "merge")
 
 __all__ = [
     "CheckpointError",
@@ -76,14 +74,6 @@ def __getattr__(name: str) -> Any:
         from .surgery import ops as operations
 
         return getattr(operations, name)
-    if name == "convert":
-        from .surgery.plan.convert import convert
-
-        return convert
-    if name == "merge":
-        from .surgery.plan.merge import merge
-
-        return merge
     if name == "Verification":
         from .surgery.verify import VerifyResult
 

@@ -507,12 +507,12 @@ def merge(
     checkpoint."""
 
     def body():
+        from ..surgery import ops as operations
         from ..surgery.model.errors import UsageError
-        from ..surgery.plan import merge as merge_mod
 
         if out is None:
             raise UsageError("merge writes a new checkpoint", fix="pass --out DIR (a new folder)")
-        rep = merge_mod.merge(
+        rep = operations.merge(
             ckpt,
             out,
             max_shard_size=max_shard_size,
@@ -626,10 +626,10 @@ def convert(
     """Convert between PaddleNLP 2.x and PaddleFormers layouts, or change only the container."""
 
     def body():
-        from ..surgery.plan import convert as convert_mod
+        from ..surgery import ops as operations
         from . import render
 
-        rep = convert_mod.convert(
+        rep = operations.convert(
             ckpt,
             to,
             out,

@@ -9,16 +9,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.io.safetensors_io import Source
+from tietool.surgery.model.enums import Container
 from tietool.surgery.model.errors import OutputError, UsageError
+from tietool.surgery.plan.plan import OutTensor, parse_size
+from tietool.surgery.plan.recipes import CopyOf
 from tietool.surgery.write.assemble import (
-    Container,
-    OutTensor,
     assemble,
     index_name,
-    parse_size,
     plan_shards,
     shard_names,
 )
@@ -36,10 +37,17 @@ def _arrays() -> dict[str, np.ndarray]:
 
 
 def _tensors(arrays: dict[str, np.ndarray]) -> list[OutTensor]:
+    """The arrays as output tensors: each a :class:`CopyOf` the tensor of that name (:func:`_input`)."""
     label = {np.float32: "F32", np.uint16: "BF16"}
-    return [
-        OutTensor(k, label[a.dtype.type], a.shape, lambda a=a: Source(array=a)) for k, a in arrays.items()
-    ]
+    return [OutTensor(k, label[a.dtype.type], a.shape, CopyOf(k)) for k, a in arrays.items()]
+
+
+def _input(folder: Path, arrays: dict[str, np.ndarray]) -> Checkpoint:
+    """A safetensors checkpoint in ``folder`` holding ``arrays`` (the recipes of :func:`_tensors` read it)."""
+    folder.mkdir()
+    save_file(arrays, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text("{}")
+    return Checkpoint.open(folder)
 
 
 def test_parse_size_as_paddleformers():
@@ -73,11 +81,13 @@ def test_round_trip_bit_exact(tmp_path, container, max_shard_size):
     config = {"model_type": "llama", "vocab_size": 10, "hidden_size": 4}
     (tmp_path / "gen.json").write_text('{"eos_token_id": 2}')
     seen: dict[str, int] = {}
+    ck = _input(tmp_path / "in", arrays)
     facts = assemble(
         tmp_path / "out",
         _tensors(arrays),
         container,
         config,
+        ckpt=ck,
         carry=[(tmp_path / "gen.json", "generation_config.json")],
         max_shard_size=max_shard_size,
         progress=lambda f, n: seen.__setitem__(f, seen.get(f, 0) + n),
@@ -96,17 +106,21 @@ def test_round_trip_bit_exact(tmp_path, container, max_shard_size):
     assert not [p for p in tmp_path.iterdir() if "tietool-tmp" in p.name]
 
 
-def test_a_failing_source_leaves_nothing(tmp_path):
+def test_a_failing_source_leaves_nothing(tmp_path, monkeypatch):
     arrays = _arrays()
     ts = _tensors(arrays)
+    ck = _input(tmp_path / "in", arrays)
+    real = ck.source
 
-    def boom() -> Source:
-        raise OSError(28, "No space left on device")
+    def boom(name: str) -> Source:
+        if name == ts[1].name:
+            raise OSError(28, "No space left on device")
+        return real(name)
 
-    ts[1] = OutTensor(ts[1].name, ts[1].dtype, ts[1].shape, boom)
+    monkeypatch.setattr(ck, "source", boom)
     with pytest.raises(OutputError, match="no space left on the device; nothing was written"):
-        assemble(tmp_path / "out", ts, Container.SAFETENSORS, {})
-    assert list(tmp_path.iterdir()) == []
+        assemble(tmp_path / "out", ts, Container.SAFETENSORS, {}, ckpt=ck)
+    assert [p.name for p in tmp_path.iterdir()] == ["in"]
 
 
 def test_unwritable_parent_names_the_parent_not_the_temp_folder(tmp_path, monkeypatch):
@@ -120,11 +134,12 @@ def test_unwritable_parent_names_the_parent_not_the_temp_folder(tmp_path, monkey
         return real_mkdir(self, *a, **k)
 
     monkeypatch.setattr(Path, "mkdir", mkdir)
+    ck = _input(tmp_path / "in", _arrays())
     with pytest.raises(OutputError) as e:
-        assemble(tmp_path / "ro" / "out", _tensors(_arrays()), Container.SAFETENSORS, {})
+        assemble(tmp_path / "ro" / "out", _tensors(_arrays()), Container.SAFETENSORS, {}, ckpt=ck)
     assert e.value.path == str(tmp_path / "ro") and "tietool-tmp" not in str(e.value)
     assert "cannot create the output in this folder: Permission denied" in str(e.value)
-    assert e.value.exit_code == 6 and [p.name for p in tmp_path.iterdir()] == ["ro"]
+    assert e.value.exit_code == 6 and sorted(p.name for p in tmp_path.iterdir()) == ["in", "ro"]
 
 
 def test_duplicate_names_refused(tmp_path):
@@ -135,8 +150,10 @@ def test_duplicate_names_refused(tmp_path):
 
 
 def test_wrong_source_size_is_caught(tmp_path):
-    ts = _tensors(_arrays())
-    ts[0] = OutTensor(ts[0].name, "F32", (10, 4), lambda: Source(array=np.zeros(3, np.float32)))
+    arrays = _arrays()
+    ts = _tensors(arrays)
+    ck = _input(tmp_path / "in", arrays)
+    ts[0] = OutTensor(ts[0].name, "F32", (10, 4), CopyOf("model.norm.weight"))  # 4 floats made, 40 planned
     with pytest.raises(ValueError, match="planned"):
-        assemble(tmp_path / "out", ts, Container.PDPARAMS, {})
-    assert list(tmp_path.iterdir()) == []
+        assemble(tmp_path / "out", ts, Container.PDPARAMS, {}, ckpt=ck)
+    assert [p.name for p in tmp_path.iterdir()] == ["in"]

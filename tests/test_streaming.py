@@ -322,7 +322,12 @@ def test_help_imports_neither_paddle_nor_numpy():
     # of the library, only the light modules (the option enums, the exit codes, the typed results:
     # standard library only), never the pipeline (checkpoint, detect, plan, write: numpy)
     library = sorted(m for m in mods if m.startswith("tietool.surgery."))
-    light = ["tietool.surgery.model.errors", "tietool.surgery.model.enums", "tietool.surgery.results"]
+    light = [
+        "tietool.surgery.model",
+        "tietool.surgery.model.enums",
+        "tietool.surgery.model.errors",
+        "tietool.surgery.results",
+    ]
     assert library == light, f"--help imported the library: {library}"
 
 
@@ -439,6 +444,7 @@ def test_close_joins_copy_threads_through_a_second_interrupt(monkeypatch):
 
 def test_temp_folder_removed_through_a_second_interrupt(tmp_path, monkeypatch):
     """Ctrl-C during the write, then again during the removal of the temporary folder: it is still removed."""
+    from tietool.surgery.write import publish
     from tietool.surgery.write import writer as write
 
     src = FIX / "pf_llama_tied_sharded"
@@ -447,7 +453,7 @@ def test_temp_folder_removed_through_a_second_interrupt(tmp_path, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    real_rmtree, calls = write.shutil.rmtree, []
+    real_rmtree, calls = publish.shutil.rmtree, []
 
     def rmtree(*a, **k):
         calls.append(1)
@@ -456,10 +462,10 @@ def test_temp_folder_removed_through_a_second_interrupt(tmp_path, monkeypatch):
         return real_rmtree(*a, **k)
 
     monkeypatch.setattr(write, "_write_configs", interrupted)
-    monkeypatch.setattr(write.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(publish.shutil, "rmtree", rmtree)  # publish removes the temporary folder
     with pytest.raises(KeyboardInterrupt):
         execute(plan_tie(detect(Checkpoint.open(src))), tmp_path / "out")
-    monkeypatch.setattr(write.shutil, "rmtree", real_rmtree)
+    monkeypatch.setattr(publish.shutil, "rmtree", real_rmtree)
     assert len(calls) == 2
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
     assert det.head == "lm_head.weight"

@@ -51,3 +51,10 @@ class Target(str, Enum):
     PADDLENLP = "paddlenlp"
     SAFETENSORS = "safetensors"
     PDPARAMS = "pdparams"
+
+
+class Container(str, Enum):
+    """The file format of the weights."""
+
+    SAFETENSORS = "safetensors"
+    PDPARAMS = "pdparams"

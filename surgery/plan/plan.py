@@ -6,6 +6,7 @@ A :class:`Plan` lists tensors dropped, replaced and added, config keys set, and 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,24 +22,63 @@ from ..inspect.detect import (
 from ..inspect.findings import FindingKind, Fix, describe
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file
+from ..model.enums import Container
 from ..model.errors import Opt, RefusedError, UsageError
 from ..model.tensor import DTYPES, NP_TO_ST, TensorInfo, dtype_refusal
 from .recipes import CopyOf, Recipe, uses
 
-NEW_SHARD = "<new shard>"  # NewTensor.file of a tensor that gets a shard file of its own
+NEW_SHARD = "<new shard>"  # OutTensor.file of a tensor that gets a shard file of its own
+
+# PaddleFormers' and PaddleNLP's ``save_pretrained(max_shard_size="10GB")``; "GB" is 10**9 bytes there
+# (``convert_file_size_to_int``), "GiB" 2**30.
+DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
 
 
-@dataclass
-class NewTensor:
-    """A tensor the output gets new data for.
+def parse_size(text: str | int) -> int:
+    """``"10GB"`` → 10_000_000_000, ``"500MiB"`` → 524_288_000, ``"1024"``/``1024`` → 1024 bytes, as
+    PaddleFormers' ``convert_file_size_to_int`` (decimal ``KB/MB/GB``, binary ``KiB/MiB/GiB``).
+
+    Raises:
+        UsageError: not a positive size.
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
+    if m is None or m.group(2) not in _UNITS or float(m.group(1)) * _UNITS[m.group(2)] < 1:
+        raise UsageError(
+            f"{Opt('max_shard_size', text)} is not a size",
+            None,
+            f"give bytes or a size: {Opt('max_shard_size', '10GB')}, {Opt('max_shard_size', '500MiB')}",
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+@dataclass(frozen=True)
+class Reshard:
+    """The layout of a plan that writes a whole new checkpoint (``convert``, ``merge``): its tensors laid
+    out in shards of ``container`` of at most ``max_shard_size`` bytes each (:mod:`surgery.write.layout`)."""
+
+    container: Container
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
+
+
+@dataclass(frozen=True, slots=True)  # slots: one per output tensor, millions in a hostile header
+class OutTensor:
+    """A tensor the output gets data for (every operation's one tensor type): by a recipe of the input's
+    tensors.
 
     Attributes:
         name: state-dict key.
-        dtype: label in the checkpoint's format (safetensors ``BF16``...; pdparams numpy name).
+        dtype: label in the output's format: safetensors ``BF16``...; a kept file of a ``.pdparams`` its
+            numpy name. A resharded output (``convert``, ``merge``) takes the safetensors label of the
+            logical dtype (a ``.pdparams`` stores bf16 as numpy ``uint16``, as PaddleNLP does, the bits
+            unchanged).
         shape: output shape.
         recipe: what its data is (:mod:`surgery.plan.recipes`); the writer makes it once per execution, shared
             by every tensor with an equal recipe.
-        file: the weight file it goes into (input file name), or ``NEW_SHARD``.
+        file: the weight file it goes into (input file name), or ``NEW_SHARD`` (and for a resharded output,
+            whose files the writer lays out).
         after: for an added tensor, the name it follows in that file (None: at the end).
         storage: tensors with the same storage key are one array (pdparams aliases).
     """
@@ -47,7 +87,7 @@ class NewTensor:
     dtype: str
     shape: tuple[int, ...]
     recipe: Recipe
-    file: str
+    file: str = NEW_SHARD
     after: str | None = None
     storage: object = None
 
@@ -90,8 +130,8 @@ class Plan:
     ckpt: Checkpoint
     det: Detection
     drop: dict[str, str] = field(default_factory=dict)
-    replace: dict[str, NewTensor] = field(default_factory=dict)
-    add: list[NewTensor] = field(default_factory=list)
+    replace: dict[str, OutTensor] = field(default_factory=dict)
+    add: list[OutTensor] = field(default_factory=list)
     config_set: list[tuple[str, str, object]] = field(default_factory=list)
     stale_index: list[str] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
@@ -247,7 +287,7 @@ def restore_embedding(det: Detection, plan: Plan) -> None:
     i = names.index(det.head)
     before = next((n for n in reversed(names[:i]) if ckpt.tensors[n].file == h.file), None)
     plan.add.append(
-        NewTensor(
+        OutTensor(
             det.embedding,
             out_dtype(ckpt, h, plan.relabel_u16),
             (det.vocab_rows, det.hidden),

@@ -21,7 +21,7 @@ from ..io.vocabkeys import vocab_keys
 from ..model.enums import Init
 from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, UsageError
 from .plan import (
-    NewTensor,
+    OutTensor,
     Plan,
     base_plan,
     drop_head,
@@ -373,7 +373,7 @@ def _put(plan: Plan, n: str, axis: int, new: int, recipe: Recipe, storage: objec
     """Replace ``n`` by ``recipe``: its shape with ``new`` entries along ``axis``, its (relabelled) dtype."""
     t = plan.ckpt.tensors[n]
     out = out_dtype(plan.ckpt, t, plan.relabel_u16)
-    plan.replace[n] = NewTensor(n, out, _new_shape(t.shape, axis, new), recipe, t.file, storage=storage)
+    plan.replace[n] = OutTensor(n, out, _new_shape(t.shape, axis, new), recipe, t.file, storage=storage)
 
 
 def _resize_tensors(det: Detection, plan: Plan, N: int, draws: _Draws) -> None:
@@ -570,4 +570,4 @@ def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
     for n in [bias] + det.bias_aliases:
         t = ckpt.tensors[n]
         out = out_dtype(ckpt, t, plan.relabel_u16)
-        plan.replace[n] = NewTensor(n, out, t.shape[:-1] + (new,), recipe, t.file, storage=t.storage)
+        plan.replace[n] = OutTensor(n, out, t.shape[:-1] + (new,), recipe, t.file, storage=t.storage)

@@ -11,7 +11,7 @@ from ..inspect.detect import (
 from ..model.enums import Keep
 from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, ValuesDifferError
 from .plan import (
-    NewTensor,
+    OutTensor,
     Plan,
     base_plan,
     check_new_names,
@@ -200,7 +200,7 @@ def _keep_head_values(det: Detection, plan: Plan) -> None:
     for n in [det.embedding] + det.embedding_aliases:
         t = ckpt.tensors[n]
         out = out_dtype(ckpt, t, plan.relabel_u16)
-        plan.replace[n] = NewTensor(n, out, t.shape, recipe, t.file, storage=("embedding",))
+        plan.replace[n] = OutTensor(n, out, t.shape, recipe, t.file, storage=("embedding",))
     plan.notes.append(f"{Opt('keep', 'head')}: {det.embedding} takes the values of {det.head}")
 
 
@@ -244,7 +244,7 @@ def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> N
         _refuse_other_dtypes(det, Keep.EMBEDDING)
         recipe = CopyOf(det.embedding, transpose=det.head_layout == HIDDEN_VOCAB)
         out = out_dtype(det.ckpt, h, plan.relabel_u16)
-        plan.replace[det.head] = NewTensor(det.head, out, h.shape, recipe, h.file)
+        plan.replace[det.head] = OutTensor(det.head, out, h.shape, recipe, h.file)
 
 
 def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) -> Plan:

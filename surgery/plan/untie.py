@@ -17,7 +17,7 @@ from ..io.checkpoint import Checkpoint
 from ..model.errors import Opt, RefusedError, UsageError
 from .plan import (
     NEW_SHARD,
-    NewTensor,
+    OutTensor,
     Plan,
     base_plan,
     check_new_names,
@@ -38,7 +38,7 @@ def _embedding_as_head(det: Detection, lay: str, scale: float | None) -> CopyOf:
     return CopyOf(det.embedding, transpose=lay == HIDDEN_VOCAB, scale=scale)
 
 
-def _place_new_head(det: Detection, plan: Plan, head: NewTensor) -> None:
+def _place_new_head(det: Detection, plan: Plan, head: OutTensor) -> None:
     """Put the untied head into the plan: in place of a head that aliased the embedding's storage, in a
     shard of its own for a sharded checkpoint (as PaddleFormers lays the head out; every existing shard is
     then copied unchanged), or after the last tensor of the embedding's file."""
@@ -118,7 +118,7 @@ def _add_untied_head(det: Detection, plan: Plan, layout: str) -> None:
         )
     recipe = _embedding_as_head(det, lay, scale)
     dtype = out_dtype(det.ckpt, e, plan.relabel_u16)
-    _place_new_head(det, plan, NewTensor(det.head, dtype, shape, recipe, e.file))
+    _place_new_head(det, plan, OutTensor(det.head, dtype, shape, recipe, e.file))
     plan.notes.append(
         f"{det.head} written as {list(shape)} ({lay}), for the {det.loader} loader"
         + ("" if layout not in (None, "auto") else f" (auto: {det.loader_source})")

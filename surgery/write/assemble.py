@@ -22,14 +22,14 @@ the limit gets a shard of its own.
 
 from __future__ import annotations
 
-import re
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from ..io import pdparams_io, safetensors_io
+from ..io.checkpoint import Checkpoint
 from ..io.readback import (
     Planned,
     PlannedView,
@@ -39,86 +39,53 @@ from ..io.readback import (
     check_safetensors,
 )
 from ..io.safetensors_io import Source
-from ..model.errors import Opt, UsageError
-from ..model.tensor import DTYPES, pdparams_name
+from ..model.enums import Container
+from ..model.errors import UsageError
+from ..model.tensor import pdparams_name
+from ..plan import recipes
+from ..plan.plan import DEFAULT_MAX_SHARD_SIZE, OutTensor
+from ..plan.recipes import Recipe
 from .copy import copy_file, write_reporting
 from .publish import JSON_STYLE, publish, write_json
 
-# PaddleFormers' and PaddleNLP's ``save_pretrained(max_shard_size="10GB")``; "GB" is 10**9 bytes there
-# (``convert_file_size_to_int``), "GiB" 2**30.
-DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
 
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
+class _Made:
+    """The data of the output tensors, made by :func:`surgery.plan.recipes.make` with one memo for the
+    whole write: a tensor whose recipe equals a later one's shares its data, which is dropped once the last
+    of them is made (so one tensor is in memory at a time, unless equal recipes repeat)."""
 
+    def __init__(self, ckpt: Checkpoint | None, tensors: Sequence[OutTensor]) -> None:
+        self._ckpt = ckpt
+        self._memo: dict[Recipe, recipes.Data] = {}
+        self._left = Counter(t.recipe for t in tensors)
 
-class Container(str, Enum):
-    """The file format of the weights."""
-
-    SAFETENSORS = "safetensors"
-    PDPARAMS = "pdparams"
-
-
-def parse_size(text: str | int) -> int:
-    """``"10GB"`` → 10_000_000_000, ``"500MiB"`` → 524_288_000, ``"1024"``/``1024`` → 1024 bytes, as
-    PaddleFormers' ``convert_file_size_to_int`` (decimal ``KB/MB/GB``, binary ``KiB/MiB/GiB``).
-
-    Raises:
-        UsageError: not a positive size.
-    """
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
-    if m is None or m.group(2) not in _UNITS or float(m.group(1)) * _UNITS[m.group(2)] < 1:
-        raise UsageError(
-            f"{Opt('max_shard_size', text)} is not a size",
-            None,
-            f"give bytes or a size: {Opt('max_shard_size', '10GB')}, {Opt('max_shard_size', '500MiB')}",
-        )
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
-
-
-@dataclass(frozen=True, slots=True)  # slots: one per output tensor, millions in a hostile header
-class OutTensor:
-    """One tensor of the checkpoint being assembled.
-
-    Attributes:
-        name: its state-dict name in the output.
-        dtype: the safetensors label of its logical dtype (``"F32"``, ``"BF16"``, ...); a ``.pdparams``
-            output stores bf16 as numpy ``uint16`` (as PaddleNLP does), the bits unchanged.
-        shape: its shape in the output, e.g. ``(vocab_size, hidden_size)``.
-        source: called once, when the tensor is written, for its bytes in C order (a byte range of an
-            input, or an array built then: a transpose, a concatenation). The array is dropped right
-            after, so at most one built tensor is in memory at a time.
-    """
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-    source: Callable[[], Source]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of data: ``prod(shape) × bits / 8`` (packed sub-byte dtypes included)."""
-        n = 1
-        for d in self.shape:
-            n *= d
-        return DTYPES[self.dtype].nbytes(n)
+    def source(self, t: OutTensor) -> Source:
+        data = recipes.make(t.recipe, self._ckpt, self._memo)
+        self._left[t.recipe] -= 1
+        if not self._left[t.recipe]:
+            del self._left[t.recipe]
+            self._memo.pop(t.recipe, None)
+        return data if isinstance(data, Source) else Source(array=data)
 
 
 class _Lazy(Source):
     """A :class:`Source` of known size whose bytes are produced only when written (then released)."""
 
-    __slots__ = ("make",)
+    __slots__ = ("make", "tensor")
 
-    def __init__(self, t: OutTensor):
+    def __init__(self, t: OutTensor, made: _Made):
         super().__init__(nbytes=t.nbytes)
         self.nbytes = t.nbytes
-        self.make = t.source
+        self.tensor, self.make = t, made
 
-    def write_to(self, f) -> None:
-        src = self.make()
+    def made(self) -> Source:
+        src = self.make.source(self.tensor)
         if src.nbytes != self.nbytes:
             raise ValueError(f"a source gave {src.nbytes} bytes, {self.nbytes} were planned")
-        src.write_to(f)
+        return src
+
+    def write_to(self, f) -> None:
+        self.made().write_to(f)
 
 
 def shard_names(container: Container, n: int) -> list[str]:
@@ -188,6 +155,7 @@ def assemble(
     container: Container,
     config: dict,
     *,
+    ckpt: Checkpoint | None = None,
     carry: Sequence[tuple[Path, str]] = (),
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
     st_metadata: dict[str, str] | None = None,
@@ -200,9 +168,11 @@ def assemble(
     Args:
         out: the output folder (must not exist, or be empty). Checked by the caller against its inputs
             (:func:`surgery.write.writer.check_output_path`).
-        tensors: the output tensors in the order they are laid out.
+        tensors: the output tensors in the order they are laid out, each made by its recipe
+            (:func:`surgery.plan.recipes.make`) when it is written.
         container: safetensors or ``.pdparams``.
         config: written as ``config.json``.
+        ckpt: the input checkpoint the recipes read (None: ``merge``'s, whose slices name their files).
         carry: ``(source file, relative name in the output)`` copied unchanged (generation config,
             tokenizer files).
         max_shard_size: bytes per shard at most (one larger tensor excepted).
@@ -223,13 +193,16 @@ def assemble(
     lay = layout(tensors, container, max_shard_size)
     return publish(
         Path(out),
-        lambda tmp: _write_all(tmp, lay, container, config, carry, st_metadata, pdparams_extras, progress),
+        lambda tmp: _write_all(
+            tmp, ckpt, lay, container, config, carry, st_metadata, pdparams_extras, progress
+        ),
         report,
     )
 
 
 def _write_all(
     tmp: Path,
+    ckpt: Checkpoint | None,
     lay: Layout,
     container: Container,
     config: dict,
@@ -239,8 +212,9 @@ def _write_all(
     progress: Callable[[str, int], None] | None,
 ) -> dict:
     """Write the weight files, the index, config.json and the carried files into ``tmp``; read back."""
+    made = _Made(ckpt, [t for ts in lay.files.values() for t in ts])
     for fname, ts in lay.files.items():
-        _write_file(tmp / fname, ts, container, st_metadata, extras, progress)
+        _write_file(tmp / fname, ts, made, container, st_metadata, extras, progress)
     index = {"metadata": {"total_size": lay.total_size}, "weight_map": lay.weight_map}
     if lay.index is not None:
         write_json(tmp / lay.index, index)
@@ -274,6 +248,7 @@ def _planned(t: OutTensor) -> Planned:
 def _write_file(
     path: Path,
     ts: list[OutTensor],
+    made: _Made,
     container: Container,
     st_metadata: dict[str, str] | None,
     extras: dict[str, Any] | None,
@@ -281,22 +256,24 @@ def _write_file(
 ) -> None:
     """One weight file of ``ts``, each tensor's bytes produced only when it is written."""
     if container is Container.SAFETENSORS:
-        safetensors_io.write_file(path, _rows(ts, path.name, progress), st_metadata)
+        safetensors_io.write_file(path, _rows(ts, made, path.name, progress), st_metadata)
         return
     rows: list[tuple[str, str, tuple[int, ...], Source, object, bool]] = [
         (t.name, pdparams_name(t.dtype), t.shape, src, None, False)
-        for t, src in _sources(ts, path.name, progress)
+        for t, src in _sources(ts, made, path.name, progress)
     ]
     pdparams_io.write_file(path, rows, _file_extras(extras, {t.name for t in ts}))
 
 
-def _sources(ts: list[OutTensor], fname: str, progress) -> Iterator[tuple[OutTensor, Source]]:
+def _sources(ts: list[OutTensor], made: _Made, fname: str, progress) -> Iterator[tuple[OutTensor, Source]]:
     for t in ts:
-        yield t, (_Lazy(t) if progress is None else _Progressing(t, fname, progress))
+        yield t, (_Lazy(t, made) if progress is None else _Progressing(t, made, fname, progress))
 
 
-def _rows(ts: list[OutTensor], fname: str, progress) -> Iterator[tuple[str, str, tuple[int, ...], Source]]:
-    for t, src in _sources(ts, fname, progress):
+def _rows(
+    ts: list[OutTensor], made: _Made, fname: str, progress
+) -> Iterator[tuple[str, str, tuple[int, ...], Source]]:
+    for t, src in _sources(ts, made, fname, progress):
         yield t.name, t.dtype, t.shape, src
 
 
@@ -305,15 +282,12 @@ class _Progressing(_Lazy):
 
     __slots__ = ("fname", "progress")
 
-    def __init__(self, t: OutTensor, fname: str, progress: Callable[[str, int], None]):
-        super().__init__(t)
+    def __init__(self, t: OutTensor, made: _Made, fname: str, progress: Callable[[str, int], None]):
+        super().__init__(t, made)
         self.fname, self.progress = fname, progress
 
     def write_to(self, f) -> None:
-        src = self.make()
-        if src.nbytes != self.nbytes:
-            raise ValueError(f"a source gave {src.nbytes} bytes, {self.nbytes} were planned")
-        write_reporting(src, f, lambda n: self.progress(self.fname, n))
+        write_reporting(self.made(), f, lambda n: self.progress(self.fname, n))
 
 
 def _file_extras(extras: dict[str, Any] | None, names: set[str]) -> dict[str, Any]:

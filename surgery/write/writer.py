@@ -28,7 +28,7 @@ from ..io.safetensors_io import Source
 from ..model.errors import UsageError
 from ..model.tensor import pdparams_name
 from ..plan import recipes
-from ..plan.plan import NEW_SHARD, NewTensor, Plan
+from ..plan.plan import NEW_SHARD, OutTensor, Plan
 from ..plan.recipes import Recipe
 from .copy import Copier, Reporting, copy_file, try_link
 from .publish import JSON_STYLE, check_output_path, publish, write_json
@@ -90,7 +90,7 @@ def execute(
     )
 
 
-# One output tensor: (name, dtype label, shape, its NewTensor or None when its bytes come from the input,
+# One output tensor: (name, dtype label, shape, its OutTensor or None when its bytes come from the input,
 # storage key, fortran).
 _Entry = tuple[str, str, tuple, Any, object, bool]
 
@@ -192,7 +192,7 @@ def _plan_entries(plan: Plan) -> dict[str, list[_Entry]]:
     ckpt = plan.ckpt
     entries: dict[str, list[_Entry]] = {f: [] for f in ckpt.weight_files}
     entries[NEW_SHARD] = []
-    adds_after: dict[str | None, list[NewTensor]] = {}
+    adds_after: dict[str | None, list[OutTensor]] = {}
     for a in plan.add:
         adds_after.setdefault(a.after, []).append(a)
     for name, t in ckpt.tensors.items():
@@ -241,7 +241,7 @@ class _NewData:
         self._ckpt = ckpt
         self._made: dict[Recipe, recipes.Data] = {}
 
-    def source(self, nt: NewTensor) -> Source:
+    def source(self, nt: OutTensor) -> Source:
         """A :class:`Source` of ``nt``'s bytes.
 
         Raises:
@@ -447,7 +447,7 @@ def _rewrite_reporting(plan: Plan, f: str, entries: list[_Entry], dst: Path, sou
 
 def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) -> None:
     """Write output file ``dst`` with ``entries`` (input file ``f``, or ``NEW_SHARD``): unchanged tensors
-    by byte range from the input, new ones from ``source_of(NewTensor)``; ``advance(bytes)`` (if given) is
+    by byte range from the input, new ones from ``source_of(OutTensor)``; ``advance(bytes)`` (if given) is
     told the tensor bytes as they are written (:class:`Reporting`).
 
     Raises:
@@ -455,7 +455,7 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) ->
     """
     ckpt = plan.ckpt
 
-    def source(name: str, nt: NewTensor | None) -> Source:
+    def source(name: str, nt: OutTensor | None) -> Source:
         src = source_of(nt) if nt is not None else ckpt.source(name)
         return src if advance is None else Reporting(src, advance)
 
