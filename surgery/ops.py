@@ -18,6 +18,7 @@ import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from enum import Enum
+from functools import partial
 from os import PathLike
 from pathlib import Path
 from typing import Any, TypeVar
@@ -27,9 +28,10 @@ from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
 from .io import store, surface
 from .io.checkpoint import Checkpoint
-from .model.enums import Container, Init, Keep, Layout, Loader, Target
+from .model.enums import Init, Keep, Layout, Loader, Target
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
 from .plan import convert as convert_plan
+from .plan import merge as merge_plan
 from .plan.merge import plan_merge
 from .plan.plan import DEFAULT_MAX_SHARD_SIZE, Plan, check_dtypes, parse_size
 from .plan.resize import plan_resize
@@ -39,7 +41,7 @@ from .results import Inspection, Report
 from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import inplace
-from .write.assemble import assemble, layout
+from .write.layout import reshard
 from .write.publish import check_output_path, fsync_dir, fsync_tree, output_folder, remove_dead_temps
 from .write.writer import execute
 
@@ -528,7 +530,7 @@ def convert(
 ) -> Report:
     """Convert checkpoint ``path`` to the convention or container ``to`` (see
     :func:`surgery.plan.convert.plan_convert`), written to ``out`` atomically (a temporary folder renamed into
-    place when complete, as :func:`surgery.write.assemble.assemble`), sharded at ``max_shard_size`` bytes
+    place when complete, as :func:`surgery.write.writer.write_new`), sharded at ``max_shard_size`` bytes
     (default ``"10GB"`` = 10·10⁹ bytes, as PaddleFormers' ``save_pretrained``; ints, ``"500MB"``, ``"2GiB"``
     accepted).
 
@@ -561,21 +563,10 @@ def convert(
     convert_plan.note_left_out(plan)
     if dry_run:
         return Report(report_mod.convert_report(plan, target, str(out), None))
-    safetensors = plan.container is Container.SAFETENSORS
-    with _progress(progress, sum(t.nbytes for t in plan.tensors)) as advance:
-        rep = assemble(
-            Path(out),
-            plan.tensors,
-            plan.container,
-            plan.config,
-            ckpt=ckpt,
-            carry=convert_plan.carry(ckpt),
-            max_shard_size=limit,
-            st_metadata=convert_plan.st_metadata(plan) if safetensors else None,
-            pdparams_extras=convert_plan.pdparams_extras(plan),
-            report=lambda facts: report_mod.convert_report(plan, target, str(out), facts),
-            progress=advance,
-        )
+    new = convert_plan.new_checkpoint(plan, limit)
+    with _progress(progress, new.output_bytes) as advance:
+        report = partial(report_mod.convert_report, plan, target, str(out))
+        rep = execute(new, Path(out), progress=advance, report=report)
     return Report(rep)
 
 
@@ -618,22 +609,15 @@ def merge(
     src, dst = _merge_folders(path, out, dry_run)
     limit = parse_size(max_shard_size)
     plan = plan_merge(src)
-    container = Container(plan.container)
-    tensors = plan.merged
+    new = merge_plan.new_checkpoint(plan, limit)
     before, after = report_mod.merge_totals(plan)
     if dry_run:
-        lay = layout(tensors, container, limit)
+        lay = reshard(new.tensors, new.layout.container, limit)
         facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
         facts.update(carried=[n for _, n in plan.carry], dry_run=True)
         return Report(report_mod.merge_report(plan, str(dst), facts), before=before, after=after)
-    with _progress(progress, sum(t.nbytes for t in tensors)) as advance:
-        st = container is Container.SAFETENSORS
-        rep = assemble(
-            dst, tensors, container, plan.new_config, carry=plan.carry, max_shard_size=limit,
-            st_metadata=(plan.extras or None) if st else None,
-            pdparams_extras=None if st else (plan.extras or None),
-            report=lambda facts: report_mod.merge_report(plan, str(dst), facts), progress=advance,
-        )  # fmt: skip
+    with _progress(progress, new.output_bytes) as advance:
+        rep = execute(new, dst, progress=advance, report=partial(report_mod.merge_report, plan, str(dst)))
     return Report(rep, before=before, after=after)
 
 

@@ -210,7 +210,7 @@ def build(
 
 def convert_report(plan: ConvertPlan, to: Target, out: str, facts: dict | None) -> dict:
     """The report of ``convert`` (``tietool-report.json``): every renamed, transposed and split tensor, config
-    changes, notes, and the files written (``facts`` from :func:`~surgery.write.assemble.assemble`; None for a
+    changes, notes, and the files written (``facts`` from :func:`~surgery.write.writer.write_new`; None for a
     dry run)."""
     ck, ts = plan.ckpt, plan.tensors
     renamed = [

@@ -1,6 +1,6 @@
-"""surgery.write.assemble: the writer of convert and merge. Shards as save_pretrained does, streams each
-tensor
-from its source, reads every file back, and leaves nothing when a source fails."""
+"""The writer of a new checkpoint (convert and merge: :func:`surgery.write.writer.write_new`, laid out by
+:func:`surgery.write.layout.reshard`). Shards as save_pretrained does, streams each tensor from its recipe,
+reads every file back, and leaves nothing when a source fails."""
 
 from __future__ import annotations
 
@@ -15,14 +15,17 @@ from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.io.safetensors_io import Source
 from tietool.surgery.model.enums import Container
 from tietool.surgery.model.errors import OutputError, UsageError
-from tietool.surgery.plan.plan import OutTensor, parse_size
+from tietool.surgery.plan.plan import NewCheckpoint, OutTensor, Reshard, parse_size
 from tietool.surgery.plan.recipes import CopyOf
-from tietool.surgery.write.assemble import (
-    assemble,
-    index_name,
-    plan_shards,
-    shard_names,
-)
+from tietool.surgery.write.layout import index_name, plan_shards, shard_names
+from tietool.surgery.write.writer import write_new
+
+
+def assemble(out, tensors, container, config, *, ckpt=None, carry=(), max_shard_size=10**10, progress=None):
+    """:func:`write_new` of the :class:`NewCheckpoint` of these parts (the facts it returns)."""
+    new = NewCheckpoint(list(tensors), Reshard(container, max_shard_size), config, list(carry), ckpt)
+    return write_new(new, out, progress=progress)
+
 
 FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 

@@ -16,11 +16,11 @@ Conventions (:mod:`surgery.inspect.convention`; fixtures ``pnlp_llama_untied``,
 
 The input's naming is read from its tensor names, its Linear layout proven from the shapes against the
 config (:mod:`surgery.inspect.layout`), never taken from the container. Which tensors are Linear weights,
-their
-axis sizes, the name prefixes and the fused projections are data
+their axis sizes, the name prefixes and the fused projections are data
 (:data:`surgery.arch.families.CONVERSIONS`). Planning here is pure: :func:`plan_convert` says which output
-tensor comes from which input tensor by which transform; :func:`convert` streams it through
-:func:`surgery.write.assemble.assemble` (one tensor in memory at a time, untransposed tensors copied by byte
+tensor comes from which input tensor by which recipe (:class:`~surgery.plan.recipes.CopyOf`, transposed or
+not, :class:`~surgery.plan.recipes.FusedPart`); :func:`surgery.ops.convert` has the writer stream it
+(:func:`surgery.write.writer.write_new`: one tensor in memory at a time, untransposed tensors copied by byte
 range, bf16 moved as raw ``uint16`` bits, never converted). No paddle import.
 """
 
@@ -51,7 +51,7 @@ from ..io.checkpoint import Checkpoint
 from ..model.enums import Container, Target
 from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tensor import DTYPES, describe_dtype, dtype_refusal
-from .plan import OutTensor
+from .plan import NewCheckpoint, OutTensor, Reshard
 from .recipes import ROWS_BYTES, CopyOf, FusedPart, transpose_2d
 
 # files an output never carries: PaddleFormers' loader writes this one into the folder it loads, and it
@@ -807,3 +807,19 @@ def note_left_out(plan: ConvertPlan) -> None:
         plan.notes.append(
             f"files that are not part of the checkpoint left out: {', '.join(x.file for x in ck.left_out)}"
         )
+
+
+def new_checkpoint(plan: ConvertPlan, max_shard_size: int) -> NewCheckpoint:
+    """What the conversion ``plan`` writes: its tensors in shards of ``plan.container`` of at most
+    ``max_shard_size`` bytes, its config, the carried files (:func:`carry`) and the container's non-tensor
+    entries (:func:`st_metadata`, :func:`pdparams_extras`)."""
+    safetensors = plan.container is Container.SAFETENSORS
+    return NewCheckpoint(
+        plan.tensors,
+        Reshard(plan.container, max_shard_size),
+        plan.config,
+        carry=carry(plan.ckpt),
+        source=plan.ckpt,
+        st_metadata=st_metadata(plan) if safetensors else None,
+        pdparams_extras=pdparams_extras(plan),
+    )

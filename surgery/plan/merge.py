@@ -13,10 +13,11 @@ in :data:`surgery.arch.families.TENSOR_PARALLEL`; this module only applies them:
 2. :func:`read_ranks`: their headers (never unpickled: :mod:`.formats.pdparams_io`).
 3. :func:`plan`: per tensor, its rule, axis and merged shape, checked against ``config.json``; replicated
    tensors (and a tensor in two pipeline ranks) compared byte for byte.
-4. :func:`merge`: the merged tensors written by :func:`surgery.write.assemble.assemble`, one at a time: an
-axis-0
-   concatenation is a list of byte ranges (no memory); another axis loads the slices of one tensor,
-   concatenates, writes and drops them. bf16 (``uint16`` in ``.pdparams``) moves as bits, never converted.
+4. :func:`plan_merge` does 1-3 for a folder; :func:`new_checkpoint` is what :func:`surgery.ops.merge` has
+   the writer write (:func:`surgery.write.writer.write_new`), one tensor at a time: each merged tensor is
+   a :class:`~surgery.plan.recipes.Joined` recipe; an axis-0 concatenation is a list of byte ranges (no
+   memory); another axis loads the slices of one tensor, concatenates, writes and drops them. bf16
+   (``uint16`` in ``.pdparams``) moves as bits, never converted.
 
 The rules, per tensor: the embedding ``[V/n, H]`` per rank → ``[V, H]`` by rows; the head ``[H, V/n]`` →
 ``[H, V]`` (or ``[V/n, H]`` → ``[V, H]``, told from the shapes and ``vocab_size``); column-parallel weights
@@ -41,9 +42,10 @@ from ..arch.families import TPRule, TPSplit
 from ..io import pdparams_io, safetensors_io, surface
 from ..io.checkpoint import REPORT_NAME, _read_config, _special_file, _unreadable_folder
 from ..io.regular import require_regular
+from ..model.enums import Container
 from ..model.errors import CheckpointError, RefusedError, UsageError
 from ..model.tensor import TensorInfo
-from .plan import OutTensor
+from .plan import NewCheckpoint, OutTensor, Reshard
 from .recipes import Joined, Slice, read_slice
 
 # model_state.tp00.pdparams, model_state.tp01_pp00.pdparams, model_state_pp01.pdparams,
@@ -507,4 +509,20 @@ def plan_merge(src: Path) -> MergePlan:
     carry, left = carried(src, names, {rf.rel for fs in groups.values() for rf in fs})
     return MergePlan(
         src, container, groups, config, new_config, config_changes, by_tp, extras, merged, carry, left
+    )
+
+
+def new_checkpoint(plan: MergePlan, max_shard_size: int) -> NewCheckpoint:
+    """What the merge ``plan`` writes: the merged tensors in the rank files' container, in shards of at most
+    ``max_shard_size`` bytes, the merged config, the carried files and the rank files' non-tensor entries
+    (a safetensors ``__metadata__`` or a ``.pdparams``' ``StructuredToParameterName@@``)."""
+    container = Container(plan.container)
+    st = container is Container.SAFETENSORS
+    return NewCheckpoint(
+        plan.merged,
+        Reshard(container, max_shard_size),
+        plan.new_config,
+        carry=plan.carry,
+        st_metadata=(plan.extras or None) if st else None,
+        pdparams_extras=None if st else (plan.extras or None),
     )

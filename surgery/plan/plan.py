@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -165,6 +166,39 @@ class Plan:
         if self.relabel_u16:
             files |= {x.file for x in t.values() if x.dtype == "U16"}
         return files
+
+
+@dataclass(frozen=True)
+class NewCheckpoint:
+    """A whole new checkpoint to write (``convert``, ``merge``): what
+    :func:`surgery.write.writer.execute` writes of it, decided before anything is written.
+
+    Attributes:
+        tensors: the output tensors in the order they are laid out (recipes of ``source``'s tensors, or of
+            rank-file slices).
+        layout: the container and the shard limit (:func:`surgery.write.layout.reshard` lays them out).
+        config: written as ``config.json``.
+        carry: ``(source file, relative name in the output)`` copied unchanged (generation config,
+            tokenizer files).
+        source: the input checkpoint the recipes read (None: ``merge``'s, whose slices name their files).
+        st_metadata: each safetensors file's ``__metadata__`` (PaddleFormers 1.2 writes
+            ``{"format": "pt"}``; what the readers of the output expect), or None.
+        pdparams_extras: non-tensor entries of each ``.pdparams`` file; ``StructuredToParameterName@@`` is
+            restricted to the file's own tensors.
+    """
+
+    tensors: list[OutTensor]
+    layout: Reshard
+    config: dict
+    carry: list[tuple[Path, str]] = field(default_factory=list)
+    source: Checkpoint | None = None
+    st_metadata: dict[str, str] | None = None
+    pdparams_extras: dict | None = None
+
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of tensor data the output will hold (the progress bar's total)."""
+        return sum(t.nbytes for t in self.tensors)
 
 
 def get_config(ckpt: Checkpoint, file: str, key: str):
