@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -125,9 +126,9 @@ class ConvertPlan:
     target: Convention
     container: Container
     tensors: list[OutTensor]
-    config: dict
+    config: dict[str, Any]
     notes: list[str] = field(default_factory=list)
-    config_changes: list[dict] = field(default_factory=list)
+    config_changes: list[dict[str, Any]] = field(default_factory=list)
     layout: Layout | None = None
 
 
@@ -745,12 +746,12 @@ def st_metadata(plan: ConvertPlan) -> dict[str, str]:
     return {"format": "np"}
 
 
-def pdparams_extras(plan: ConvertPlan) -> dict | None:
+def pdparams_extras(plan: ConvertPlan) -> dict[str, Any] | None:
     """The input's non-tensor ``.pdparams`` entries (``StructuredToParameterName@@`` of every file) when
     names are unchanged; a renamed checkpoint gets none (PaddleNLP's loader does not need it)."""
     if plan.ckpt.format != "pdparams" or plan.source != plan.target:
         return None
-    merged: dict = {}
+    merged: dict[str, Any] = {}
     for ex in plan.ckpt.extras.values():
         for k, v in ex.items():
             if isinstance(v, dict) and isinstance(merged.get(k), dict):

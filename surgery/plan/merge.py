@@ -71,9 +71,9 @@ def _tags(name: str) -> dict[str, int]:
 def _renumber(name: str, tp: int, pp: int) -> str:
     """``name`` with its rank tags set to ``tp`` / ``pp`` (the name a missing rank's file would have)."""
 
-    def sub(m: re.Match) -> str:
+    def sub(m: re.Match[str]) -> str:
         n = tp if m.group(1).lower() == "tp" else pp
-        return m.group(0)[: -len(m.group(2))] + f"{n:0{len(m.group(2))}d}"
+        return str(m.group(0)[: -len(m.group(2))]) + f"{n:0{len(m.group(2))}d}"
 
     return _TAG_RE.sub(sub, name)
 
@@ -197,7 +197,7 @@ def _same_or_refuse(path: Path, name: str, a: Slice, b: Slice, what: str) -> Non
 
 
 # ------------------------------------------------------------------------------------------ planning
-def config_dims(config: dict) -> dict[str, int]:
+def config_dims(config: dict[str, Any]) -> dict[str, int]:
     """The config quantities :class:`TPRule` shapes name (``V``, ``H``, ``I``, ``Q``, ``KV``, ...); a
     quantity whose keys config.json lacks is left out (a rule that needs it refuses)."""
 
@@ -333,7 +333,7 @@ def _rule(path: Path, model_type: str, name: str, file: str) -> TPRule:
     return rule
 
 
-def plan(path: Path, config: dict, by_tp: dict[int, dict[str, Slice]]) -> list[OutTensor]:
+def plan(path: Path, config: dict[str, Any], by_tp: dict[int, dict[str, Slice]]) -> list[OutTensor]:
     """The merged tensors, in the order of rank 0's files, each with its rule (as the family's
     ``_get_tensor_parallel_mappings`` in :data:`surgery.arch.families.TENSOR_PARALLEL`).
 
@@ -382,7 +382,7 @@ def plan(path: Path, config: dict, by_tp: dict[int, dict[str, Slice]]) -> list[O
 
 
 # ------------------------------------------------------------------------------------------ the operation
-def merged_config(config: dict) -> tuple[dict, dict[str, list]]:
+def merged_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """config.json for the merged checkpoint: the parallel-run keys set to a single process's values
     (:data:`surgery.arch.families.PARALLEL_CONFIG_KEYS`). Returns it and ``{key: [before, after]}``."""
     out, changed = dict(config), {}
@@ -393,7 +393,7 @@ def merged_config(config: dict) -> tuple[dict, dict[str, list]]:
     return out, changed
 
 
-def check_degree(path: Path, config: dict, n_tp: int, n_pp: int) -> None:
+def check_degree(path: Path, config: dict[str, Any], n_tp: int, n_pp: int) -> None:
     """Refuse when config.json's parallel degree says more ranks than there are files."""
     for key, n in (("tensor_parallel_degree", n_tp), ("pipeline_parallel_degree", n_pp)):
         v = config.get(key)
@@ -445,7 +445,7 @@ def folder_names(src: Path) -> set[str]:
         raise _unreadable_folder(src, e) from None
 
 
-def require_readable(src: Path, groups: dict) -> None:
+def require_readable(src: Path, groups: dict[tuple[int, int], list[RankFile]]) -> None:
     """Every rank file is a readable regular file, checked before the first header is read.
 
     Raises:
@@ -473,9 +473,9 @@ class MergePlan:
     path: Path
     container: str
     groups: dict[tuple[int, int], list[RankFile]]
-    config: dict
-    new_config: dict
-    config_changes: dict[str, list]
+    config: dict[str, Any]
+    new_config: dict[str, Any]
+    config_changes: dict[str, list[Any]]
     by_tp: dict[int, dict[str, Slice]]
     extras: dict[str, Any]
     merged: list[OutTensor]

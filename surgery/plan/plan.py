@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file
 from ..model.enums import Container
 from ..model.errors import Opt, RefusedError, UsageError
-from ..model.tensor import DTYPES, NP_TO_ST, TensorInfo, dtype_refusal
+from ..model.tensor import DTYPES, NP_TO_ST, DType, TensorInfo, dtype_refusal
 from .recipes import CopyOf, Recipe, uses
 
 NEW_SHARD = "<new shard>"  # OutTensor.file of a tensor that gets a shard file of its own
@@ -94,14 +95,14 @@ class OutTensor:
 
     @property
     def nbytes(self) -> int:
-        return _dtype(self.dtype).nbytes(self.numel)
+        return int(_dtype(self.dtype).nbytes(self.numel))
 
     @property
     def numel(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
-def _dtype(label: str):
+def _dtype(label: str) -> DType:
     """The :class:`~surgery.model.tensor.DType` of a safetensors label or a pdparams numpy name."""
     return DTYPES[label] if label in DTYPES else DTYPES[NP_TO_ST[label]]
 
@@ -140,7 +141,7 @@ class Plan:
     relabel_u16: bool = False
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    extra_report: dict = field(default_factory=dict)
+    extra_report: dict[str, Any] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -189,11 +190,11 @@ class NewCheckpoint:
 
     tensors: list[OutTensor]
     layout: Reshard
-    config: dict
+    config: dict[str, Any]
     carry: list[tuple[Path, str]] = field(default_factory=list)
     source: Checkpoint | None = None
     st_metadata: dict[str, str] | None = None
-    pdparams_extras: dict | None = None
+    pdparams_extras: dict[str, Any] | None = None
 
     @property
     def output_bytes(self) -> int:
@@ -201,7 +202,7 @@ class NewCheckpoint:
         return sum(t.nbytes for t in self.tensors)
 
 
-def get_config(ckpt: Checkpoint, file: str, key: str):
+def get_config(ckpt: Checkpoint, file: str, key: str) -> Any:
     data = ckpt.config if file == "config.json" else read_config_file(ckpt.path / file)
     try:
         return get_dotted(data, key)

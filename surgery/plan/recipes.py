@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from ..arch.families import TPSplit
 from ..inspect.detect import VOCAB_HIDDEN, compare
@@ -29,6 +31,9 @@ from ..io.checkpoint import Checkpoint
 from ..io.safetensors_io import Source
 from ..model.enums import Init
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, f32_to_bf16_bits
+
+Array = npt.NDArray[Any]
+"""An array in a stored dtype (bf16 as ``uint16`` bits)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +151,7 @@ class TokenRows:
 
 
 Recipe = CopyOf | NewRows | ResizedTable | ResizedBias | CopyIfEqual | TokenRows | FusedPart | Joined
-Data = np.ndarray | Source
+Data = Array | Source
 
 
 def parts(recipe: Recipe) -> tuple[Recipe, ...]:
@@ -234,8 +239,7 @@ def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data
         return _joined(recipe)
     assert ckpt is not None, f"internal: {describe(recipe)} needs the input checkpoint"
     if isinstance(recipe, FusedPart):
-        a = _take(ckpt.load(recipe.name), recipe.axis, recipe.count, recipe.chunks)
-        return transpose_2d(a) if recipe.transpose else np.ascontiguousarray(a)
+        return _fused_part(recipe, ckpt)
     if isinstance(recipe, CopyOf):
         return _copy_of(recipe, ckpt)
     if isinstance(recipe, NewRows):
@@ -243,11 +247,7 @@ def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data
     if isinstance(recipe, ResizedTable):
         return _resized(recipe, ckpt, get)
     if isinstance(recipe, ResizedBias):
-        a = ckpt.load(recipe.name)
-        old, new = a.shape[-1], recipe.new
-        if new <= old:
-            return np.ascontiguousarray(a[..., :new])
-        return np.concatenate([a, np.zeros(a.shape[:-1] + (new - old,), dtype=a.dtype)], axis=-1)
+        return _resized_bias(recipe, ckpt)
     if isinstance(recipe, TokenRows):
         return _token_rows(recipe, ckpt)
     m, t = ckpt.tensors[recipe.main], ckpt.tensors[recipe.name]
@@ -257,7 +257,23 @@ def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data
     return get(recipe.own)
 
 
-def _token_rows(r: TokenRows, ckpt: Checkpoint) -> np.ndarray:
+def _resized_bias(r: ResizedBias, ckpt: Checkpoint) -> Array:
+    """:class:`ResizedBias`: old entries kept (trimmed from the end), new entries zero."""
+    a: Array = ckpt.load(r.name)
+    old, new = a.shape[-1], r.new
+    if new <= old:
+        return np.ascontiguousarray(a[..., :new])
+    return np.concatenate([a, np.zeros(a.shape[:-1] + (new - old,), dtype=a.dtype)], axis=-1)
+
+
+def _fused_part(r: FusedPart, ckpt: Checkpoint) -> Array:
+    """:class:`FusedPart`: the chunks from the stored array, chunked then transposed (peak memory: the fused
+    input and its chunk)."""
+    a = _take(ckpt.load(r.name), r.axis, r.count, r.chunks)
+    return transpose_2d(a) if r.transpose else np.ascontiguousarray(a)
+
+
+def _token_rows(r: TokenRows, ckpt: Checkpoint) -> Array:
     """:class:`TokenRows`: kept rows, then repeated rows or zeros, in the stored dtype."""
     a = np.asarray(ckpt.load(r.name))
     old = a.shape[0]
@@ -285,7 +301,7 @@ def _copy_of(r: CopyOf, ckpt: Checkpoint) -> Data:
     return np.ascontiguousarray(a.T) if r.transpose else a
 
 
-def _new_rows_of(r: NewRows, ckpt: Checkpoint) -> np.ndarray:
+def _new_rows_of(r: NewRows, ckpt: Checkpoint) -> Array:
     """:class:`NewRows`, encoded to the source's stored dtype."""
     t = ckpt.tensors[r.source]
     a = ckpt.load(r.source)
@@ -300,7 +316,7 @@ def _resized(r: ResizedTable, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -
     t = ckpt.tensors[r.name]
     old, new = t.shape[r.axis], r.new
 
-    def extra() -> np.ndarray:
+    def extra() -> Array:
         assert r.rows is not None, f"internal: {r.name} grows without new rows"
         made = get(r.rows)
         assert isinstance(made, np.ndarray)
@@ -319,20 +335,20 @@ def _resized(r: ResizedTable, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -
 # ------------------------------------------------------------------ transposes and fused parts (convert)
 
 
-def _take(a: np.ndarray, axis: int, count: int, chunks: tuple[int, ...]) -> np.ndarray:
+def _take(a: Array, axis: int, count: int, chunks: tuple[int, ...]) -> Array:
     """The chunks ``chunks`` of the ``count`` equal chunks of ``a``'s axis ``axis`` (raw storage dtype: bits
     move, no cast)."""
     axis %= a.ndim
     size = a.shape[axis] // count
     split = a.reshape(a.shape[:axis] + (count, size) + a.shape[axis + 1 :])
-    got = np.take(split, list(chunks), axis=axis)
+    got: Array = np.take(split, list(chunks), axis=axis)
     return got.reshape(a.shape[:axis] + (len(chunks) * size,) + a.shape[axis + 1 :])
 
 
 TILE = 256
 
 
-def transpose_2d(a: np.ndarray, tile: int = TILE, out: np.ndarray | None = None) -> np.ndarray:
+def transpose_2d(a: Array, tile: int = TILE, out: Array | None = None) -> Array:
     """``a.T`` as a C-ordered array (written into ``out`` when given, shape ``a.shape[::-1]``), copied tile
     by tile (``tile`` × ``tile``): the same bits as ``np.ascontiguousarray(a.T)`` (any dtype; bf16 as
     ``uint16``), 2-7x faster on large matrices, where numpy's strided copy misses the cache on every
@@ -350,7 +366,7 @@ def transpose_2d(a: np.ndarray, tile: int = TILE, out: np.ndarray | None = None)
 ROWS_BYTES = 16 << 20
 
 
-def transposed(ckpt: Checkpoint, name: str) -> np.ndarray:
+def transposed(ckpt: Checkpoint, name: str) -> Array:
     """Tensor ``name`` (2-D) transposed, in its stored dtype, reading the input in blocks of rows of about
     :data:`ROWS_BYTES` (:meth:`Checkpoint.iter_rows`, one reused buffer): memory is the output tensor plus
     one block, never the input tensor as well."""
@@ -358,7 +374,7 @@ def transposed(ckpt: Checkpoint, name: str) -> np.ndarray:
     rows, cols = t.shape
     if rows == 0 or cols == 0:
         return transpose_2d(ckpt.load(name))
-    out: np.ndarray | None = None
+    out: Array | None = None
     i = 0
     for block in ckpt.iter_rows(name, max(1, ROWS_BYTES // max(1, t.nbytes // rows))):
         if out is None:
@@ -373,7 +389,7 @@ def transposed(ckpt: Checkpoint, name: str) -> np.ndarray:
 # ------------------------------------------------------------------ joined slices (merge)
 
 
-def read_slice(s: Slice) -> np.ndarray:
+def read_slice(s: Slice) -> Array:
     """The slice's array in its storage dtype (bf16 as uint16 bits), C order."""
     if s.path.suffix == ".safetensors":
         return safetensors_io.read_array(s.path, s.info)
@@ -389,7 +405,7 @@ def raw_slice(s: Slice) -> Source:
     return pdparams_io.raw_bytes_source(s.path, s.info)
 
 
-def join(arrays: list[np.ndarray], rule: TPSplit, axis: int, parts: tuple[int, ...] | None) -> np.ndarray:
+def join(arrays: list[Array], rule: TPSplit, axis: int, parts: tuple[int, ...] | None) -> Array:
     """Join the slices of one tensor (one array per rank, in rank order), as PaddleFormers'
     ``normal_fuse_merge_tp`` (plain concatenation on ``axis``) and ``naive_fuse_merge_tp`` (fused kinds:
     each rank's slice is cut into ``parts`` shares along ``axis`` — ``[gate_r, up_r]`` or ``[q_r, k_r, v_r]``
@@ -427,13 +443,13 @@ def _joined(r: Joined) -> Data:
 # ------------------------------------------------------------------ new rows
 
 
-def _decode(ckpt: Checkpoint, t: TensorInfo, a: np.ndarray) -> np.ndarray:
+def _decode(ckpt: Checkpoint, t: TensorInfo, a: Array) -> Array:
     if not t.st_dtype.decodable:  # a plan refuses this first (surgery.plan.plan.check_dtypes)
         raise dtype_refusal(t, ckpt.path, "decode its values")
     return bf16_bits_to_f32(a) if ckpt.logical_dtype(t) == "bfloat16" else a.astype(np.float32)
 
 
-def _encode(ckpt: Checkpoint, t: TensorInfo, x: np.ndarray) -> np.ndarray:
+def _encode(ckpt: Checkpoint, t: TensorInfo, x: Array) -> Array:
     if not t.st_dtype.decodable:
         raise dtype_refusal(t, ckpt.path, "encode new values")
     if ckpt.logical_dtype(t) == "bfloat16":
@@ -442,14 +458,14 @@ def _encode(ckpt: Checkpoint, t: TensorInfo, x: np.ndarray) -> np.ndarray:
 
 
 def new_rows(
-    old: np.ndarray,
+    old: Array,
     n: int,
     init: Init | str,
     rng: np.random.Generator,
     std: float,
-    decode: Callable[[np.ndarray], np.ndarray] | None = None,
+    decode: Callable[[Array], Array] | None = None,
     chunk_rows: int = 8192,
-) -> np.ndarray:
+) -> Array:
     """``n`` new rows ``[n, hidden]`` (float32) for a table whose stored rows are ``old`` ``[rows, hidden]``.
 
     Args:
@@ -480,8 +496,8 @@ def new_rows(
 
 
 def _mean_and_covariance(
-    old: np.ndarray, decode: Callable[[np.ndarray], np.ndarray], chunk_rows: int
-) -> tuple[np.ndarray, np.ndarray]:
+    old: Array, decode: Callable[[Array], Array], chunk_rows: int
+) -> tuple[Array, Array]:
     """Mean ``[hidden]`` (float32, summed in float64) and population covariance ``[hidden, hidden]``
     (float64) of the rows of ``old``, ``chunk_rows`` rows at a time."""
     rows, h = old.shape
@@ -496,7 +512,7 @@ def _mean_and_covariance(
     return mu, cov / rows
 
 
-def _cholesky_if_definite(cov: np.ndarray) -> np.ndarray | None:
+def _cholesky_if_definite(cov: Array) -> Array | None:
     """The Cholesky factor of ``cov``, or None when it is not finite or not positive definite beyond
     float32 rounding (smallest eigenvalue ≤ largest · hidden · float32 eps)."""
     if not np.isfinite(cov).all():

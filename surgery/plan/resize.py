@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -209,7 +210,7 @@ def _resolve_seed(seed: int | None) -> int:
 
 def _resize_report(
     det: Detection, vocab: int, N: int, init: Init, seed: int, pad_to_multiple_of: int | None
-) -> dict:
+) -> dict[str, Any]:
     """The report's ``resize`` fields: rows before/after/requested/added/removed, init, seed, padding,
     tokenizer size, and the head's rows where they differ from the embedding's."""
     V = det.vocab_rows
@@ -495,7 +496,7 @@ def _bound(det: Detection, rule: arch.TokenTable) -> tuple[str | None, int | Non
     return None, None
 
 
-def _text_block(det: Detection) -> dict:
+def _text_block(det: Detection) -> dict[str, Any]:
     """The language model's config block (``det.text_cfg_key``, dotted), or the top level."""
     try:
         block = get_dotted(det.ckpt.config, det.text_cfg_key or "")
