@@ -6,8 +6,10 @@ Errors are the classes of :mod:`surgery.model.errors` (each with its
 :class:`~surgery.model.errors.ExitCode`); nothing
 is written when one is raised, and the input is never modified.
 
-The report (a dict, :func:`surgery.report.build`) is returned and, for a real run, also stored in the output
-as ``tietool-report.json`` before the output is renamed into place.
+The report (a :class:`~surgery.results.Report`: :func:`surgery.report.build`, ``convert_report``,
+``merge_report``) is returned and, for a real run, also stored in the output as ``tietool-report.json``
+before the output is renamed into place. ``convert`` and ``merge`` write a whole new checkpoint
+(:class:`~surgery.plan.plan.NewCheckpoint`); every write goes through :func:`surgery.write.writer.execute`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
-"""The parameter-savings report: what a plan drops, adds and changes, with parameters and bytes before and
-after. Numbers only; the CLI renders them (a rich table) and the writer stores them (tietool-report.json).
+"""The reports of the writing operations: :func:`build` for ``tie`` / ``untie`` / ``resize`` (what a plan
+drops, adds and changes, with parameters and bytes before and after), :func:`convert_report` and
+:func:`merge_report`. Numbers only; the CLI renders them (a rich table) and the writer stores them
+(tietool-report.json). Each operation keeps the JSON keys it always had; the fields every operation
+answers are :class:`surgery.results.Report`'s accessors (``merge``'s totals from :func:`merge_totals`).
 
 Bytes are counted per tensor name, as an index's ``total_size`` counts them and as a loader materialises
 them; where names shared one array in a ``.pdparams`` (pickle memo), the file held it once, and
