@@ -58,9 +58,7 @@ from .surgery.model.errors import (
 from .surgery.results import Inspection, Report
 
 if _typing.TYPE_CHECKING:
-    from .surgery.ops import inspect, resize, tie, untie, verify
-    from .surgery.plan.convert import convert
-    from .surgery.plan.merge import merge
+    from .surgery.ops import convert, inspect, merge, resize, tie, untie, verify
     from .surgery.verify import VerifyResult as Verification
 
 # the names that need numpy, imported on first use: name → (module under tietool, attribute)
@@ -70,8 +68,8 @@ _LAZY = {
     "untie": ("surgery.ops", "untie"),
     "resize": ("surgery.ops", "resize"),
     "verify": ("surgery.ops", "verify"),
-    "convert": ("surgery.plan.convert", "convert"),
-    "merge": ("surgery.plan.merge", "merge"),
+    "convert": ("surgery.ops", "convert"),
+    "merge": ("surgery.ops", "merge"),
     "Verification": ("surgery.verify", "VerifyResult"),
 }
 

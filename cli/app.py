@@ -264,12 +264,12 @@ def merge(
 ) -> None:
     """Merge tensor-parallel rank files (model_state.tp00.pdparams, ...; also _pp00 pipeline ranks) into one
     checkpoint."""
-    from ..surgery.plan import merge as merge_mod
+    from ..surgery import ops
     from . import render
 
     if out is None:
         raise UsageError("merge writes a new checkpoint", fix="pass --out DIR (a new folder)")
-    rep = merge_mod.merge(
+    rep = ops.merge(
         ckpt,
         out,
         max_shard_size=max_shard_size,
@@ -313,10 +313,10 @@ def convert(
     quiet: QuietOpt = False,
 ) -> None:
     """Convert between PaddleNLP 2.x and PaddleFormers layouts, or change only the container."""
-    from ..surgery.plan import convert as convert_mod
+    from ..surgery import ops
     from . import render
 
-    rep = convert_mod.convert(
+    rep = ops.convert(
         ckpt,
         to,
         out,

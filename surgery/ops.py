@@ -6,8 +6,10 @@ Errors are the classes of :mod:`surgery.model.errors` (each with its
 :class:`~surgery.model.errors.ExitCode`); nothing
 is written when one is raised, and the input is never modified.
 
-The report (a dict, :func:`surgery.report.build`) is returned and, for a real run, also stored in the output
-as ``tietool-report.json`` before the output is renamed into place.
+The report (a :class:`~surgery.results.Report`: :func:`surgery.report.build`, ``convert_report``,
+``merge_report``) is returned and, for a real run, also stored in the output as ``tietool-report.json``
+before the output is renamed into place. ``convert`` and ``merge`` write a whole new checkpoint
+(:class:`~surgery.plan.plan.NewCheckpoint`); every write goes through :func:`surgery.write.writer.execute`.
 """
 
 from __future__ import annotations
@@ -18,18 +20,22 @@ import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from enum import Enum
+from functools import partial
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from . import report as report_mod
 from .inspect.detect import Detection, detect
-from .inspect.summary import check_found, check_names, inspect_path
+from .inspect.summary import check_found, check_index, check_names, inspect_path
 from .io import store, surface
 from .io.checkpoint import Checkpoint
-from .model.enums import Init, Keep, Layout, Loader
-from .model.errors import Interrupted, Opt, OutputError, RefusedError, UsageError
-from .plan.plan import Plan, check_dtypes
+from .model.enums import Init, Keep, Layout, Loader, Target
+from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
+from .plan import convert as convert_plan
+from .plan import merge as merge_plan
+from .plan.merge import plan_merge
+from .plan.plan import DEFAULT_MAX_SHARD_SIZE, Plan, check_dtypes, parse_size
 from .plan.resize import plan_resize
 from .plan.tie import plan_tie
 from .plan.untie import plan_untie
@@ -37,10 +43,12 @@ from .results import Inspection, Report
 from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import inplace
+from .write.layout import reshard
 from .write.publish import check_output_path, fsync_dir, fsync_tree, output_folder, remove_dead_temps
 from .write.writer import execute
 
 PathArg = str | PathLike[str]
+E = TypeVar("E", bound=Enum)
 
 Advance = Callable[[str, int], None]
 """Called with (file name, bytes) as bytes are written; must be thread-safe."""
@@ -55,10 +63,20 @@ def _option(kind: type[Enum], x: Enum | str | None, name: str) -> str | None:
     Raises:
         UsageError: ``x`` is not one of ``kind``'s values (as the CLI's choices refuse it).
     """
+    member = _enum(kind, x, name)
+    return None if member is None else str(member.value)
+
+
+def _enum(kind: type[E], x: Enum | str | None, name: str) -> E | None:
+    """Option ``name`` as a member of the enum ``kind`` (None stays None).
+
+    Raises:
+        UsageError: ``x`` is not one of ``kind``'s values (as the CLI's choices refuse it).
+    """
     if x is None:
         return None
     try:
-        return str(kind(x.value if isinstance(x, Enum) else x).value)
+        return kind(x.value if isinstance(x, Enum) else x)
     except ValueError:
         allowed = ", ".join(repr(m.value) for m in kind)
         raise UsageError(
@@ -501,3 +519,128 @@ def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyRe
     tensor bit-identical, every vocabulary tensor and size key moved together); ``logits`` also compares
     PaddleFormers logits. The verdict is ``result.exit_code``. Raises as :meth:`Checkpoint.open`."""
     return _verify(_path(before, "before"), _path(after, "after"), logits=logits)
+
+
+def convert(
+    path: PathArg,
+    to: Target | str,
+    out: PathArg,
+    *,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    dry_run: bool = False,
+    progress: ProgressFactory | None = None,
+) -> Report:
+    """Convert checkpoint ``path`` to the convention or container ``to`` (see
+    :func:`surgery.plan.convert.plan_convert`), written to ``out`` atomically (a temporary folder renamed into
+    place when complete, as :func:`surgery.write.writer.write_new`), sharded at ``max_shard_size`` bytes
+    (default ``"10GB"`` = 10·10⁹ bytes, as PaddleFormers' ``save_pretrained``; ints, ``"500MB"``, ``"2GiB"``
+    accepted).
+
+    Tensors stream one at a time: a copied tensor by byte range, a transposed or split one loaded in its
+    stored dtype (bf16 as ``uint16`` bits, never converted), rearranged, written and dropped.
+
+    Returns:
+        the report (:func:`surgery.report.convert_report`), also written as ``out/tietool-report.json`` (not
+        for a dry run).
+
+    Raises:
+        UsageError: ``to`` not a target, a bad ``max_shard_size``, an ``out`` that is the input, inside it or
+            not empty.
+        CheckpointError: a missing or corrupt input, or one whose layout contradicts its names.
+        RefusedError: see :func:`surgery.plan.convert.plan_convert`.
+        OutputError: the output cannot be written; nothing is left behind.
+    """
+    target = _enum(Target, to, "to")
+    assert target is not None, "convert needs a target"
+    limit = parse_size(max_shard_size)
+    for arg, what in ((path, "path"), (out, "out")):
+        if isinstance(arg, bytes) or not isinstance(arg, str | PathLike):
+            raise UsageError(f"{what} must be a folder path (str or os.PathLike), got {type(arg).__name__}")
+    store.local_only("convert", path, out)
+    ckpt = Checkpoint.open(Path(path))
+    check_index(ckpt)
+    if not dry_run:
+        check_output_path(ckpt.path, Path(out))
+    plan = convert_plan.check_dtypes(convert_plan.plan_convert(ckpt, target))
+    convert_plan.note_left_out(plan)
+    if dry_run:
+        return Report(report_mod.convert_report(plan, target, str(out), None))
+    new = convert_plan.new_checkpoint(plan, limit)
+    with _progress(progress, new.output_bytes) as advance:
+        report = partial(report_mod.convert_report, plan, target, str(out))
+        rep = execute(new, Path(out), progress=advance, report=report)
+    return Report(rep)
+
+
+def merge(
+    path: PathArg,
+    out: PathArg,
+    *,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    dry_run: bool = False,
+    progress: ProgressFactory | None = None,
+) -> Report:
+    """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``.
+
+    Each tensor is joined by its family's rule (:mod:`surgery.plan.merge`). Values keep their dtype and
+    bits (bf16 stays bf16).
+
+    The output is in the rank files' container and names: ``model_state.pdparams`` (or shards of at most
+    ``max_shard_size`` with ``model_state.pdparams.index.json``, as PaddleNLP's ``save_pretrained``),
+    config.json with ``tensor_parallel_degree``-like keys set to 1, the other files copied, and
+    ``tietool-report.json`` listing each tensor's rule and axis.
+
+    Args:
+        max_shard_size: bytes or a size (``"10GB"``, PaddleFormers' default).
+        dry_run: check and plan everything (rank files read, shapes checked), write nothing; the report
+            names the files a run would write.
+        progress: given the bytes the output will hold, a context manager yielding ``advance(file, bytes)``
+            or None (the operations' progress factory).
+
+    Returns:
+        the report (also ``out/tietool-report.json``); ``parameters_before`` counts every rank's tensors
+        (:func:`surgery.report.merge_totals`).
+
+    Raises:
+        UsageError: no rank files, whole weights beside them, a bad ``out`` or ``max_shard_size``.
+        CheckpointError: a rank file missing (named), damaged, or config.json lacking a size.
+        RefusedError: an unknown family or tensor, a replicated tensor that differs between ranks, a
+            shape that does not fit config.json. Nothing is written when any is raised.
+        OutputError: the output cannot be written.
+    """
+    src, dst = _merge_folders(path, out, dry_run)
+    limit = parse_size(max_shard_size)
+    plan = plan_merge(src)
+    new = merge_plan.new_checkpoint(plan, limit)
+    before, after = report_mod.merge_totals(plan)
+    if dry_run:
+        lay = reshard(new.tensors, new.layout.container, limit)
+        facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
+        facts.update(carried=[n for _, n in plan.carry], dry_run=True)
+        return Report(report_mod.merge_report(plan, str(dst), facts), before=before, after=after)
+    with _progress(progress, new.output_bytes) as advance:
+        rep = execute(new, dst, progress=advance, report=partial(report_mod.merge_report, plan, str(dst)))
+    return Report(rep, before=before, after=after)
+
+
+def _merge_folders(path: PathArg, out: PathArg, dry_run: bool) -> tuple[Path, Path]:
+    """The rank folder and the output folder of :func:`merge`, checked (local, a folder, an output that
+    is new or empty and outside the input; the output is not checked for a dry run).
+
+    Raises:
+        UsageError: a URL, or a bad ``out``. CheckpointError: ``path`` is not a folder.
+    """
+    store.local_only("merge", path, out)
+    src, dst = _path(path, "path"), _path(out, "out")
+    if not src.is_dir():
+        raise CheckpointError(
+            "not a folder", src, "give the folder that holds the rank files and config.json"
+        )
+    if not dry_run:
+        check_output_path(src, dst)
+    return src, dst
+
+
+def _progress(progress: ProgressFactory | None, total: int) -> AbstractContextManager[Advance | None]:
+    """``progress(total)``, or a context that yields None without one."""
+    return (progress or (lambda _total: nullcontext(None)))(total)

@@ -1,5 +1,8 @@
-"""The parameter-savings report: what a plan drops, adds and changes, with parameters and bytes before and
-after. Numbers only; the CLI renders them (a rich table) and the writer stores them (tietool-report.json).
+"""The reports of the writing operations: :func:`build` for ``tie`` / ``untie`` / ``resize`` (what a plan
+drops, adds and changes, with parameters and bytes before and after), :func:`convert_report` and
+:func:`merge_report`. Numbers only; the CLI renders them (a rich table) and the writer stores them
+(tietool-report.json). Each operation keeps the JSON keys it always had; the fields every operation
+answers are :class:`surgery.results.Report`'s accessors (``merge``'s totals from :func:`merge_totals`).
 
 Bytes are counted per tensor name, as an index's ``total_size`` counts them and as a loader materialises
 them; where names shared one array in a ``.pdparams`` (pickle memo), the file held it once, and
@@ -11,25 +14,15 @@ from __future__ import annotations
 from typing import Any, Literal, TypedDict
 
 from . import __version__
-from .inspect.detect import Detection
 from .inspect.findings import FindingKind
+from .inspect.summary import loader_facts, percent
 from .io import surface
-from .model.enums import TieState
-from .model.errors import Opt
-from .plan.plan import Plan, get_config
-
-
-class _SavingsRequired(TypedDict):
-    parameters: int
-    bytes: int
-    percent: float
-
-
-class Savings(_SavingsRequired, total=False):
-    """What ``tie`` would save (``inspect``'s ``savings``)."""
-
-    why_zero: str  # why nothing would be saved
-    assumes: str  # what the figures take for granted
+from .model.enums import Target
+from .plan.convert import ConvertPlan, source_of
+from .plan.merge import MergePlan
+from .plan.plan import OutTensor, Plan, get_config
+from .plan.recipes import FusedPart, Joined
+from .results import Totals
 
 
 class DroppedTensor(TypedDict):
@@ -66,71 +59,6 @@ class ConfigChange(TypedDict):
     key: str
     before: object
     after: object
-
-
-def _pct(part: int, whole: int) -> float:
-    return round(100.0 * part / whole, 3) if whole else 0.0
-
-
-def loader_facts(det: Detection) -> dict[str, Any]:
-    """The loader block of a report and of ``inspect --json``: the loader, how it was decided, its facts
-    for this model type and container (architecture table) and the test that proved them (``proof``,
-    None: unproven, so no write relied on them)."""
-    fam = det.family
-    return {
-        "name": det.loader.name,
-        "source": det.loader.source,
-        "reties_missing_head": fam.reties,
-        "always_tied": fam.always_tied,
-        "head_layout": fam.head_layout,
-        "proven": fam.proven,
-        "proof": fam.proof,
-        "proven_loaders": list(fam.proven_loaders()),
-    }
-
-
-_DROPPABLE = (TieState.EXACT, TieState.TRANSPOSED, TieState.SCALED, TieState.UNKNOWN)
-"""The tie states of a present head that ``tie`` may drop (equal as stored, transposed or scaled; not
-compared: tie compares before it drops)."""
-
-
-def savings_if_tied(det: Detection) -> Savings:
-    """What ``tie`` would save on this checkpoint: the head and embedding copies a re-tying loader drops."""
-    ckpt = det.ckpt
-    params = bytes_ = 0
-    why = None
-    assumed = None
-    if det.head.present and det.comparison.values in _DROPPABLE:
-        if det.family.may_drop_head:
-            if det.comparison.values is TieState.UNKNOWN:
-                assumed = "the values were not compared; tie checks that they agree before it drops the head"
-            names = [det.head.name] + det.head.aliases
-            params = sum(ckpt.tensors[n].numel for n in names)
-            bytes_ = sum(ckpt.tensors[n].nbytes for n in names)
-        elif not det.family.trusted:
-            why = (
-                f"whether the {det.loader.name} loader re-ties a missing head of {det.config.model_type} "
-                "from "
-                f"{ckpt.format} is unproven, so it stays"
-            )
-        else:
-            why = f"the {det.loader.name} loader does not re-tie a missing head, so it must stay"
-    elif not det.embedding.present:
-        emb, head = det.embedding.name, det.head.name
-        why = f"the input embedding {emb} is missing: the head {head} holds the only table"
-    elif det.head.present and det.comparison.values is TieState.DIFFERENT:
-        why = (
-            f"the head differs from the embedding (tie {Opt('keep', 'embedding')} or "
-            f"{Opt('keep', 'head')} would drop it)"
-        )
-    elif not det.head.present:
-        why = "no head in the files"
-    out: Savings = {"parameters": params, "bytes": bytes_, "percent": _pct(bytes_, ckpt.total_bytes)}
-    if why:
-        out["why_zero"] = why
-    if assumed:
-        out["assumes"] = assumed
-    return out
 
 
 def _dropped(plan: Plan) -> list[DroppedTensor]:
@@ -264,7 +192,7 @@ def build(
         "config_changes": cfg,
         "before": {"parameters": p0, "bytes": b0},
         "after": {"parameters": p1, "bytes": b1},
-        "saved": {"parameters": p0 - p1, "bytes": b0 - b1, "percent": _pct(b0 - b1, b0)},
+        "saved": {"parameters": p0 - p1, "bytes": b0 - b1, "percent": percent(b0 - b1, b0)},
         "notes": list(plan.notes),
         "findings": [f.as_dict() for f in det.findings if f.kind is FindingKind.LOADER_FACTS_UNPROVEN],
         "warnings": list(ckpt.warnings) + list(plan.warnings),
@@ -281,3 +209,98 @@ def build(
     if facts:
         _add_written_files(rep, facts)
     return rep
+
+
+def convert_report(plan: ConvertPlan, to: Target, out: str, facts: dict | None) -> dict:
+    """The report of ``convert`` (``tietool-report.json``): every renamed, transposed and split tensor, config
+    changes, notes, and the files written (``facts`` from :func:`~surgery.write.writer.write_new`; None for a
+    dry run)."""
+    ck, ts = plan.ckpt, plan.tensors
+    renamed = [
+        {"from": source_of(t), "to": t.name}
+        for t in ts
+        if t.name != source_of(t) and not isinstance(t.recipe, FusedPart)
+    ]
+    transposed = [
+        {
+            "name": t.name,
+            "from": source_of(t),
+            "shape_before": list(ck.tensors[source_of(t)].shape),
+            "shape_after": list(t.shape),
+        }
+        for t in ts
+        if t.recipe.transpose  # type: ignore[union-attr]  # a conversion's: CopyOf or FusedPart
+    ]
+    split: dict[str, list[str]] = {}
+    for t in ts:
+        if isinstance(t.recipe, FusedPart):
+            split.setdefault(t.recipe.name, []).append(t.name)
+    total_in = sum(t.nbytes for t in ck.tensors.values())
+    total_out = sum(t.nbytes for t in ts)
+    params_in = sum(t.numel for t in ck.tensors.values())
+    params_out = sum(t.numel for t in ts)
+    return {
+        "operation": "convert",
+        "to": to.value,
+        "input": str(ck.path),
+        "output": out,
+        "dry_run": facts is None,
+        "changed": True,
+        "from_convention": plan.source.title,
+        "to_convention": plan.target.title,
+        "layout": plan.layout.value if plan.layout else None,
+        "container": {"before": ck.format, "after": plan.container.value},
+        "before": {"parameters": params_in, "bytes": total_in, "tensors": len(ck.tensors)},
+        "after": {"parameters": params_out, "bytes": total_out, "tensors": len(ts)},
+        "renamed": renamed,
+        "transposed": transposed,
+        "split": [{"from": k, "to": v} for k, v in split.items()],
+        "config_changes": plan.config_changes,
+        "notes": plan.notes,
+        "warnings": list(ck.warnings),
+        "files": facts,
+    }
+
+
+def merge_report(plan: MergePlan, out: str, facts: dict) -> dict:
+    """The report of ``merge`` (``tietool-report.json``): the ranks, the config changes, the files left
+    out, the written (or, ``facts["dry_run"]``, planned) files' facts and each tensor's rule and axis."""
+    groups = plan.groups
+    return {
+        "operation": "merge",
+        "dry_run": facts.pop("dry_run", False),
+        "changed": True,
+        "input": str(plan.path),
+        "output": out,
+        "tensor_parallel": 1 + max(t for t, _ in groups),
+        "pipeline_parallel": 1 + max(p for _, p in groups),
+        "model_type": plan.config.get("model_type"),
+        "rank_files": plan.rank_files,
+        "config_changes": plan.config_changes,
+        "left_out": plan.left,
+        **facts,
+        "tensors": [_merged_facts(t) for t in plan.merged],
+    }
+
+
+def merge_totals(plan: MergePlan) -> tuple[Totals, Totals]:
+    """Parameters and bytes of a merge before (every tensor-parallel rank's tensors: a replicated tensor
+    once per rank, a tensor in two pipeline ranks of one rank once) and after (the merged tensors). Not in
+    ``tietool-report.json`` (its keys are kept as they were); :class:`~surgery.results.Report` reads them."""
+    slices = [s.info for own in plan.by_tp.values() for s in own.values()]
+    before = Totals(sum(t.numel for t in slices), sum(t.nbytes for t in slices))
+    return before, Totals(sum(t.numel for t in plan.merged), sum(t.nbytes for t in plan.merged))
+
+
+def _merged_facts(t: OutTensor) -> dict[str, Any]:
+    """One merged tensor in the report: its rule, axis, dtype, shape and the rank files it comes from."""
+    j = t.recipe
+    assert isinstance(j, Joined), f"internal: {t.name} is not joined"
+    return {
+        "name": t.name,
+        "rule": j.rule.value,
+        "axis": j.axis,
+        "dtype": t.dtype,
+        "shape": list(t.shape),
+        "from": sorted({s.info.file for s in j.slices}),
+    }

@@ -5,8 +5,17 @@ notebook or pipeline asks for first.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Parameters (elements) and bytes of a checkpoint's tensors, as stored."""
+
+    parameters: int
+    bytes: int
 
 
 class Inspection(dict[str, Any]):
@@ -67,8 +76,32 @@ class Inspection(dict[str, Any]):
 
 
 class Report(dict[str, Any]):
-    """The parameter-savings report of :func:`tietool.tie` / ``untie`` / ``resize``: the JSON also stored in
-    the output as ``tietool-report.json`` (not for a dry run)."""
+    """The report of every writing operation (:func:`tietool.tie`, ``untie``, ``resize``, ``convert``,
+    ``merge``): the JSON also stored in the output as ``tietool-report.json`` (not for a dry run). Its keys
+    differ per operation (as they always did, so readers of the file do not break); the accessors below are
+    the fields every operation has, dry run included.
+
+    ``before`` / ``after``: the totals where the JSON has none (``merge``: the rank files' tensors and the
+    merged ones, :func:`surgery.report.merge_totals`); otherwise they are read from its ``before`` /
+    ``after``.
+    """
+
+    def __init__(self, data: Any = (), *, before: Totals | None = None, after: Totals | None = None) -> None:
+        super().__init__(data)
+        self._before, self._after = before, after
+
+    def _totals(self, key: str) -> Totals:
+        given = self._before if key == "before" else self._after
+        if given is not None:
+            return given
+        return Totals(int(self[key]["parameters"]), int(self[key]["bytes"]))
+
+    @property
+    def input(self) -> Any:
+        """The input folder (a ``Path``, or a remote path for a URL)."""
+        from .io import store
+
+        return store.as_path(self["input"])
 
     @property
     def operation(self) -> str:
@@ -92,19 +125,19 @@ class Report(dict[str, Any]):
 
     @property
     def parameters_before(self) -> int:
-        return int(self["before"]["parameters"])
+        return self._totals("before").parameters
 
     @property
     def parameters_after(self) -> int:
-        return int(self["after"]["parameters"])
+        return self._totals("after").parameters
 
     @property
     def bytes_before(self) -> int:
-        return int(self["before"]["bytes"])
+        return self._totals("before").bytes
 
     @property
     def bytes_after(self) -> int:
-        return int(self["after"]["bytes"])
+        return self._totals("after").bytes
 
     @property
     def backup(self) -> Path | None:

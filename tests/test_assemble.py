@@ -1,6 +1,6 @@
-"""surgery.write.assemble: the writer of convert and merge. Shards as save_pretrained does, streams each
-tensor
-from its source, reads every file back, and leaves nothing when a source fails."""
+"""The writer of a new checkpoint (convert and merge: :func:`surgery.write.writer.write_new`, laid out by
+:func:`surgery.write.layout.reshard`). Shards as save_pretrained does, streams each tensor from its recipe,
+reads every file back, and leaves nothing when a source fails."""
 
 from __future__ import annotations
 
@@ -9,19 +9,24 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.numpy import save_file
 
 from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.io.formats import PDPARAMS, SAFETENSORS
 from tietool.surgery.io.safetensors_io import Source
+from tietool.surgery.model.enums import Container
 from tietool.surgery.model.errors import OutputError, UsageError
-from tietool.surgery.write.assemble import (
-    Container,
-    OutTensor,
-    assemble,
-    index_name,
-    parse_size,
-    plan_shards,
-    shard_names,
-)
+from tietool.surgery.plan.plan import NewCheckpoint, OutTensor, Reshard, parse_size
+from tietool.surgery.plan.recipes import CopyOf
+from tietool.surgery.write.layout import plan_shards
+from tietool.surgery.write.writer import write_new
+
+
+def assemble(out, tensors, container, config, *, ckpt=None, carry=(), max_shard_size=10**10, progress=None):
+    """:func:`write_new` of the :class:`NewCheckpoint` of these parts (the facts it returns)."""
+    new = NewCheckpoint(list(tensors), Reshard(container, max_shard_size), config, list(carry), ckpt)
+    return write_new(new, out, progress=progress)
+
 
 FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 
@@ -36,10 +41,17 @@ def _arrays() -> dict[str, np.ndarray]:
 
 
 def _tensors(arrays: dict[str, np.ndarray]) -> list[OutTensor]:
+    """The arrays as output tensors: each a :class:`CopyOf` the tensor of that name (:func:`_input`)."""
     label = {np.float32: "F32", np.uint16: "BF16"}
-    return [
-        OutTensor(k, label[a.dtype.type], a.shape, lambda a=a: Source(array=a)) for k, a in arrays.items()
-    ]
+    return [OutTensor(k, label[a.dtype.type], a.shape, CopyOf(k)) for k, a in arrays.items()]
+
+
+def _input(folder: Path, arrays: dict[str, np.ndarray]) -> Checkpoint:
+    """A safetensors checkpoint in ``folder`` holding ``arrays`` (the recipes of :func:`_tensors` read it)."""
+    folder.mkdir()
+    save_file(arrays, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text("{}")
+    return Checkpoint.open(folder)
 
 
 def test_parse_size_as_paddleformers():
@@ -60,10 +72,10 @@ def test_plan_shards_greedy_and_big_tensors_alone():
     ]
     assert [len(s) for s in plan_shards(ts, 10)] == [1, 1, 1]  # each larger than the limit: alone
     assert [len(s) for s in plan_shards(ts, 10**9)] == [3]
-    assert shard_names(Container.PDPARAMS, 1) == ["model_state.pdparams"]
-    assert index_name(Container.PDPARAMS, 1) is None
-    assert shard_names(Container.SAFETENSORS, 2)[1] == "model-00002-of-00002.safetensors"
-    assert index_name(Container.SAFETENSORS, 1) == "model.safetensors.index.json"
+    assert PDPARAMS.shard_names(1) == ["model_state.pdparams"]
+    assert PDPARAMS.index_name(1) is None
+    assert SAFETENSORS.shard_names(2)[1] == "model-00002-of-00002.safetensors"
+    assert SAFETENSORS.index_name(1) == "model.safetensors.index.json"
 
 
 @pytest.mark.parametrize("container", list(Container))
@@ -73,11 +85,13 @@ def test_round_trip_bit_exact(tmp_path, container, max_shard_size):
     config = {"model_type": "llama", "vocab_size": 10, "hidden_size": 4}
     (tmp_path / "gen.json").write_text('{"eos_token_id": 2}')
     seen: dict[str, int] = {}
+    ck = _input(tmp_path / "in", arrays)
     facts = assemble(
         tmp_path / "out",
         _tensors(arrays),
         container,
         config,
+        ckpt=ck,
         carry=[(tmp_path / "gen.json", "generation_config.json")],
         max_shard_size=max_shard_size,
         progress=lambda f, n: seen.__setitem__(f, seen.get(f, 0) + n),
@@ -96,17 +110,21 @@ def test_round_trip_bit_exact(tmp_path, container, max_shard_size):
     assert not [p for p in tmp_path.iterdir() if "tietool-tmp" in p.name]
 
 
-def test_a_failing_source_leaves_nothing(tmp_path):
+def test_a_failing_source_leaves_nothing(tmp_path, monkeypatch):
     arrays = _arrays()
     ts = _tensors(arrays)
+    ck = _input(tmp_path / "in", arrays)
+    real = ck.source
 
-    def boom() -> Source:
-        raise OSError(28, "No space left on device")
+    def boom(name: str) -> Source:
+        if name == ts[1].name:
+            raise OSError(28, "No space left on device")
+        return real(name)
 
-    ts[1] = OutTensor(ts[1].name, ts[1].dtype, ts[1].shape, boom)
+    monkeypatch.setattr(ck, "source", boom)
     with pytest.raises(OutputError, match="no space left on the device; nothing was written"):
-        assemble(tmp_path / "out", ts, Container.SAFETENSORS, {})
-    assert list(tmp_path.iterdir()) == []
+        assemble(tmp_path / "out", ts, Container.SAFETENSORS, {}, ckpt=ck)
+    assert [p.name for p in tmp_path.iterdir()] == ["in"]
 
 
 def test_unwritable_parent_names_the_parent_not_the_temp_folder(tmp_path, monkeypatch):
@@ -120,11 +138,12 @@ def test_unwritable_parent_names_the_parent_not_the_temp_folder(tmp_path, monkey
         return real_mkdir(self, *a, **k)
 
     monkeypatch.setattr(Path, "mkdir", mkdir)
+    ck = _input(tmp_path / "in", _arrays())
     with pytest.raises(OutputError) as e:
-        assemble(tmp_path / "ro" / "out", _tensors(_arrays()), Container.SAFETENSORS, {})
+        assemble(tmp_path / "ro" / "out", _tensors(_arrays()), Container.SAFETENSORS, {}, ckpt=ck)
     assert e.value.path == str(tmp_path / "ro") and "tietool-tmp" not in str(e.value)
     assert "cannot create the output in this folder: Permission denied" in str(e.value)
-    assert e.value.exit_code == 6 and [p.name for p in tmp_path.iterdir()] == ["ro"]
+    assert e.value.exit_code == 6 and sorted(p.name for p in tmp_path.iterdir()) == ["in", "ro"]
 
 
 def test_duplicate_names_refused(tmp_path):
@@ -135,8 +154,10 @@ def test_duplicate_names_refused(tmp_path):
 
 
 def test_wrong_source_size_is_caught(tmp_path):
-    ts = _tensors(_arrays())
-    ts[0] = OutTensor(ts[0].name, "F32", (10, 4), lambda: Source(array=np.zeros(3, np.float32)))
+    arrays = _arrays()
+    ts = _tensors(arrays)
+    ck = _input(tmp_path / "in", arrays)
+    ts[0] = OutTensor(ts[0].name, "F32", (10, 4), CopyOf("model.norm.weight"))  # 4 floats made, 40 planned
     with pytest.raises(ValueError, match="planned"):
-        assemble(tmp_path / "out", ts, Container.PDPARAMS, {})
-    assert list(tmp_path.iterdir()) == []
+        assemble(tmp_path / "out", ts, Container.PDPARAMS, {}, ckpt=ck)
+    assert [p.name for p in tmp_path.iterdir()] == ["in"]

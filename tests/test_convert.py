@@ -29,6 +29,9 @@ from tietool.surgery.io import pdparams_io
 from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.io.safetensors_io import Source
 from tietool.surgery.plan import convert as cv
+from tietool.surgery.plan import recipes
+from tietool.surgery.plan.plan import DEFAULT_MAX_SHARD_SIZE
+from tietool.surgery.plan.recipes import CopyOf
 
 PNLP_LLAMA = ["pnlp_llama_untied", "pnlp_llama_tied", "pnlp_llama_untied_bf16", "pnlp_llama_untied_sharded"]
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -106,14 +109,14 @@ def test_tied_paddlenlp_llama_is_untied_for_paddleformers(tmp_path):
 def test_untransposed_tensors_are_byte_ranges_and_bf16_moves_bits():
     ck = Checkpoint.open(paths.CASES_DIR / "pnlp_llama_untied_bf16")
     plan = cv.plan_convert(ck, cv.Target.PADDLEFORMERS)
-    by_out = {s.out: s for s in plan.steps}
+    by_out = {t.name: t for t in plan.tensors}
     emb = by_out["model.embed_tokens.weight"]
-    assert not emb.transpose and emb.part is None
-    src = cv.step_source(ck, emb)()
+    assert not cv.reshaped(emb) and emb.recipe == CopyOf("llama.embed_tokens.weight")
+    src = recipes.make(emb.recipe, ck, {})
     assert src.array is None and src.path is not None and src.nbytes == 100 * 16 * 2
     gate = by_out["model.layers.0.mlp.gate_proj.weight"]
-    arr = cv.step_source(ck, gate)().array
-    assert arr is not None and arr.dtype == np.uint16 and arr.shape == (32, 16)
+    arr = recipes.make(gate.recipe, ck, {})
+    assert isinstance(arr, np.ndarray) and arr.dtype == np.uint16 and arr.shape == (32, 16)
     assert np.array_equal(arr, ck.load("llama.layers.0.mlp.gate_proj.weight").T)
 
 
@@ -409,7 +412,7 @@ def test_max_shard_size_shards_with_an_index(tmp_path):
 
 
 def test_default_shard_size_is_ten_gb_and_pdparams_unsharded(tmp_path):
-    assert cv.DEFAULT_MAX_SHARD_SIZE == 10 * 10**9
+    assert DEFAULT_MAX_SHARD_SIZE == 10 * 10**9
     run = _ok(_run(paths.CASES_DIR / "pf_llama_untied_sharded", tmp_path / "w", "paddlenlp"))
     assert sorted(p.name for p in run.out.iterdir() if "model" in p.name) == ["model_state.pdparams"]
 
@@ -580,7 +583,7 @@ def test_training_state_is_left_out_and_said(fixture_copy, tmp_path):
 @pytest.mark.parametrize("dtype", [np.uint16, np.float32, np.int8])
 def test_tiled_transpose_moves_the_same_bits(shape, dtype):
     a = np.arange(int(np.prod(shape)), dtype=np.int64).astype(dtype).reshape(shape)
-    t = cv.transpose_2d(a)
+    t = recipes.transpose_2d(a)
     assert t.flags.c_contiguous and t.dtype == a.dtype and t.shape == shape[::-1]
     assert t.tobytes() == np.ascontiguousarray(a.T).tobytes()
 
@@ -649,7 +652,7 @@ def test_blockwise_transpose_of_a_stored_tensor(name, monkeypatch):
     monkeypatch.setattr(cv, "ROWS_BYTES", 100)
     ck = Checkpoint.open(paths.CASES_DIR / name)
     for n in [n for n in ck.tensors if _is_linear(n)]:
-        got, want = cv.transposed(ck, n), np.ascontiguousarray(ck.load(n).T)
+        got, want = recipes.transposed(ck, n), np.ascontiguousarray(ck.load(n).T)
         assert got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes(), n
 
 

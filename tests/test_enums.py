@@ -15,7 +15,6 @@ from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.io.formats import FORMATS, PDPARAMS, SAFETENSORS, format_of
 from tietool.surgery.model.enums import LAYOUTS, Container, HeadLayout, TieState
 from tietool.surgery.model.errors import Opt, api_wording
-from tietool.surgery.write import assemble
 
 SAMPLES = REPO / "sample_checkpoints"
 
@@ -37,12 +36,22 @@ def test_options_word_enums_by_value() -> None:
 
 @pytest.mark.parametrize("container", list(Container))
 def test_format_names_match_the_writer(container: Container) -> None:
-    """The Format's shard and index names are the ones write/assemble gives today, for 1 to 3 shards."""
+    """The Format's shard and index names are the ones save_pretrained gives (and the assemble writer gave
+    before it was folded into the one writer, which now takes them from the Format), for 1 to 3 shards."""
     fmt = format_of(container)
     assert fmt is FORMATS[container] and fmt.container is container
-    for n in (1, 2, 3):
-        assert fmt.shard_names(n) == assemble.shard_names(container, n)
-        assert fmt.index_name(n) == assemble.index_name(container, n)
+    stem, ext = (
+        ("model", ".safetensors") if container is Container.SAFETENSORS else ("model_state", ".pdparams")
+    )
+    expected = {
+        1: ([f"{stem}-00001-of-00001{ext}"], f"{stem}{ext}.index.json")
+        if container is Container.SAFETENSORS
+        else ([f"{stem}{ext}"], None),
+        2: ([f"{stem}-00001-of-00002{ext}", f"{stem}-00002-of-00002{ext}"], f"{stem}{ext}.index.json"),
+        3: ([f"{stem}-{k:05d}-of-00003{ext}" for k in (1, 2, 3)], f"{stem}{ext}.index.json"),
+    }
+    for n, (names, index) in expected.items():
+        assert (fmt.shard_names(n), fmt.index_name(n)) == (names, index)
     assert (SAFETENSORS.single, SAFETENSORS.index) == ("model.safetensors", "model.safetensors.index.json")
     assert (PDPARAMS.single, PDPARAMS.index) == ("model_state.pdparams", "model_state.pdparams.index.json")
 

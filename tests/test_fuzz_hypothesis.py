@@ -779,7 +779,7 @@ def _op(name: str):
     """An operation by name: ``tie``/``untie``/``resize`` of :mod:`tietool.surgery.ops`, ``convert``
     (to PaddleFormers), ``verify`` (the input against itself; ``out`` unused)."""
     from tietool.surgery import ops as operations
-    from tietool.surgery.plan.convert import convert
+    from tietool.surgery.ops import convert
 
     if name == "convert":
         return lambda ckpt, out, **kw: convert(ckpt, "paddleformers", out, **kw)

@@ -21,7 +21,9 @@ from typer.testing import CliRunner
 import tietool
 from tietool.cli.app import app
 from tietool.surgery.io import pdparams_io, safetensors_io
+from tietool.surgery.io.safetensors_io import Source
 from tietool.surgery.plan import merge as merge_mod
+from tietool.surgery.plan import recipes
 
 TP = paths.DATA / "tp_ranks"
 VARIANTS = ("llama_fp32", "llama_bf16", "llama_fused_fp32", "qwen2_fused_fp32", "qwen2_bf16", "phi3_fp32")
@@ -147,11 +149,11 @@ def test_axis0_joins_are_byte_ranges_not_arrays():
     by_tp, _ = merge_mod.read_ranks(src, container, groups)
     config = json.loads((src / "config.json").read_text())
     plan = {m.name: m for m in merge_mod.plan(src, config, by_tp)}
-    emb = merge_mod.source(plan["model.embed_tokens.weight"])()
-    assert emb.parts is not None and len(emb.parts) == 4
+    emb = recipes.make(plan["model.embed_tokens.weight"].recipe, None, {})
+    assert isinstance(emb, Source) and emb.parts is not None and len(emb.parts) == 4
     assert all(p.array is None and p.path is not None for p in emb.parts)
-    col = merge_mod.source(plan["model.layers.0.self_attn.q_proj.weight"])()
-    assert col.array is not None and col.array.shape == (16, 16)
+    col = recipes.make(plan["model.layers.0.self_attn.q_proj.weight"].recipe, None, {})
+    assert isinstance(col, np.ndarray) and col.shape == (16, 16)
 
 
 # ------------------------------------------------------------------------------------------ afterwards

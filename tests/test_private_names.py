@@ -82,12 +82,8 @@ def _all_uses() -> set[tuple[str, str, str]]:
     return {u for m, p in mods.items() for u in _uses(m, p.name == "__init__.py", p.read_text(), set(mods))}
 
 
-# Private names still used across modules, as (user, name, owner). The test fails when one is added and when
-# one listed here is gone, so the list only shrinks: the pipeline seam (issue 19, S1/S2) rewrites
-# plan/merge, plan/convert and ops onto one run and one writer.
-KNOWN: set[tuple[str, str, str]] = {
-    ("surgery.plan.merge", "_path", "surgery.ops"),  # merge's path coercion: ops.run will own it (S2)
-}
+# Private names used across modules, as (user, name, owner): none (issue 19 removed the last ones).
+KNOWN: set[tuple[str, str, str]] = set()
 
 
 def test_no_module_uses_another_modules_private_name():

@@ -3,17 +3,95 @@ it)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from ..io import surface
 from ..io.checkpoint import Checkpoint
 from ..io.tokenizer import token_strings
 from ..model.enums import TieState
-from ..model.errors import TietoolError
+from ..model.errors import Opt, TietoolError
 from ..model.tensor import dtype_refusal
-from ..report import loader_facts, savings_if_tied
 from .detect import DRIFT_EDGES, Detection, detect
 from .findings import describe
+
+
+class _SavingsRequired(TypedDict):
+    parameters: int
+    bytes: int
+    percent: float
+
+
+class Savings(_SavingsRequired, total=False):
+    """What ``tie`` would save (``inspect``'s ``savings``)."""
+
+    why_zero: str  # why nothing would be saved
+    assumes: str  # what the figures take for granted
+
+
+def percent(part: int, whole: int) -> float:
+    """``part`` as a percentage of ``whole``, to three decimals (0.0 of nothing)."""
+    return round(100.0 * part / whole, 3) if whole else 0.0
+
+
+def loader_facts(det: Detection) -> dict[str, Any]:
+    """The loader block of a report and of ``inspect --json``: the loader, how it was decided, its facts
+    for this model type and container (architecture table) and the test that proved them (``proof``,
+    None: unproven, so no write relied on them)."""
+    fam = det.family
+    return {
+        "name": det.loader.name,
+        "source": det.loader.source,
+        "reties_missing_head": fam.reties,
+        "always_tied": fam.always_tied,
+        "head_layout": fam.head_layout,
+        "proven": fam.proven,
+        "proof": fam.proof,
+        "proven_loaders": list(fam.proven_loaders()),
+    }
+
+
+_DROPPABLE = (TieState.EXACT, TieState.TRANSPOSED, TieState.SCALED, TieState.UNKNOWN)
+"""The tie states of a present head that ``tie`` may drop (equal as stored, transposed or scaled; not
+compared: tie compares before it drops)."""
+
+
+def savings_if_tied(det: Detection) -> Savings:
+    """What ``tie`` would save on this checkpoint: the head and embedding copies a re-tying loader drops."""
+    ckpt = det.ckpt
+    params = bytes_ = 0
+    why = None
+    assumed = None
+    if det.head.present and det.comparison.values in _DROPPABLE:
+        if det.family.may_drop_head:
+            if det.comparison.values is TieState.UNKNOWN:
+                assumed = "the values were not compared; tie checks that they agree before it drops the head"
+            names = [det.head.name] + det.head.aliases
+            params = sum(ckpt.tensors[n].numel for n in names)
+            bytes_ = sum(ckpt.tensors[n].nbytes for n in names)
+        elif not det.family.trusted:
+            why = (
+                f"whether the {det.loader.name} loader re-ties a missing head of {det.config.model_type} "
+                "from "
+                f"{ckpt.format} is unproven, so it stays"
+            )
+        else:
+            why = f"the {det.loader.name} loader does not re-tie a missing head, so it must stay"
+    elif not det.embedding.present:
+        emb, head = det.embedding.name, det.head.name
+        why = f"the input embedding {emb} is missing: the head {head} holds the only table"
+    elif det.head.present and det.comparison.values is TieState.DIFFERENT:
+        why = (
+            f"the head differs from the embedding (tie {Opt('keep', 'embedding')} or "
+            f"{Opt('keep', 'head')} would drop it)"
+        )
+    elif not det.head.present:
+        why = "no head in the files"
+    out: Savings = {"parameters": params, "bytes": bytes_, "percent": percent(bytes_, ckpt.total_bytes)}
+    if why:
+        out["why_zero"] = why
+    if assumed:
+        out["assumes"] = assumed
+    return out
 
 
 def _tensor(det: Detection, name: str) -> dict[str, Any]:

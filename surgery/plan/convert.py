@@ -16,22 +16,20 @@ Conventions (:mod:`surgery.inspect.convention`; fixtures ``pnlp_llama_untied``,
 
 The input's naming is read from its tensor names, its Linear layout proven from the shapes against the
 config (:mod:`surgery.inspect.layout`), never taken from the container. Which tensors are Linear weights,
-their
-axis sizes, the name prefixes and the fused projections are data
+their axis sizes, the name prefixes and the fused projections are data
 (:data:`surgery.arch.CONVERSIONS`). Planning here is pure: :func:`plan_convert` says which output
-tensor comes from which input tensor by which transform; :func:`convert` streams it through
-:func:`surgery.write.assemble.assemble` (one tensor in memory at a time, untransposed tensors copied by byte
+tensor comes from which input tensor by which recipe (:class:`~surgery.plan.recipes.CopyOf`, transposed or
+not, :class:`~surgery.plan.recipes.FusedPart`); :func:`surgery.ops.convert` has the writer stream it
+(:func:`surgery.write.writer.write_new`: one tensor in memory at a time, untransposed tensors copied by byte
 range, bf16 moved as raw ``uint16`` bits, never converted). No paddle import.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from os import PathLike
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,16 +48,12 @@ from ..inspect.convention import (
     suffix_in,
 )
 from ..inspect.layout import Layout, Proof, hint_container_only, prove
-from ..inspect.summary import check_index
 from ..io.checkpoint import Checkpoint
-from ..io.safetensors_io import Source
-from ..io.store import local_only
-from ..model.enums import Target
-from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
+from ..model.enums import Container, Target
+from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tensor import DTYPES, describe_dtype, dtype_refusal
-from ..results import Report
-from ..write.assemble import DEFAULT_MAX_SHARD_SIZE, Container, OutTensor, assemble, parse_size
-from ..write.publish import check_output_path
+from .plan import NewCheckpoint, OutTensor, Reshard
+from .recipes import ROWS_BYTES, CopyOf, FusedPart, transpose_2d
 
 # files an output never carries: PaddleFormers' loader writes this one into the folder it loads, and it
 # describes the input's files, not the output's
@@ -95,25 +89,33 @@ class Part:
     chunks: tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Step:
-    """One output tensor: ``out`` (its name, ``dtype`` label, ``shape``) made from input tensor ``src``.
+def _step(
+    out: str, src: str, dtype: str, shape: tuple[int, ...], transpose: bool = False, part: Part | None = None
+) -> OutTensor:
+    """One output tensor: ``out`` (its name, ``dtype`` label, ``shape``) made from input tensor ``src``:
+    :class:`~surgery.plan.recipes.CopyOf` it (transposed when ``transpose``: a Linear weight or head changing
+    layout), or take the chunks ``part`` of a fused projection first
+    (:class:`~surgery.plan.recipes.FusedPart`). Neither: the stored bytes are copied by byte range."""
+    if part is None:
+        return OutTensor(out, dtype, shape, CopyOf(src, transpose=transpose))
+    return OutTensor(out, dtype, shape, FusedPart(src, part.axis, part.count, part.chunks, transpose))
 
-    ``transpose``: swap the two axes (a Linear weight or head changing layout); ``part``: take these chunks
-    of a fused projection first. Neither: the stored bytes are copied by byte range.
-    """
 
-    out: str
-    src: str
-    dtype: str
-    shape: tuple[int, ...]
-    transpose: bool = False
-    part: Part | None = None
+def source_of(t: OutTensor) -> str:
+    """The input tensor an output tensor of a conversion is made from."""
+    assert isinstance(t.recipe, CopyOf | FusedPart), f"internal: {t.name} is no conversion recipe"
+    return t.recipe.name
+
+
+def reshaped(t: OutTensor) -> bool:
+    """Whether a conversion transposes or splits the tensor (False: its bytes are copied as stored)."""
+    return isinstance(t.recipe, FusedPart) or (isinstance(t.recipe, CopyOf) and t.recipe.transpose)
 
 
 @dataclass
 class ConvertPlan:
-    """What :func:`convert` writes: ``steps`` in order, into ``container``, with ``config``.
+    """What ``convert`` writes: ``tensors`` in order (recipes of the input's tensors), into ``container``,
+    with ``config``.
 
     ``source``/``target``: the conventions (equal for a container change); ``layout``: the input's Linear
     layout when proven from the shapes (None: not checked); ``notes``: said to the user.
@@ -123,10 +125,10 @@ class ConvertPlan:
     source: Convention
     target: Convention
     container: Container
-    steps: list[Step]
-    config: dict
+    tensors: list[OutTensor]
+    config: dict[str, Any]
     notes: list[str] = field(default_factory=list)
-    config_changes: list[dict] = field(default_factory=list)
+    config_changes: list[dict[str, Any]] = field(default_factory=list)
     layout: Layout | None = None
 
 
@@ -135,8 +137,8 @@ def _label(ckpt: Checkpoint, name: str) -> str:
     return _LABEL[ckpt.logical_dtype(ckpt.tensors[name])]
 
 
-def _copy_steps(ckpt: Checkpoint) -> list[Step]:
-    return [Step(n, n, _label(ckpt, n), tuple(t.shape)) for n, t in ckpt.tensors.items()]
+def _copy_steps(ckpt: Checkpoint) -> list[OutTensor]:
+    return [_step(n, n, _label(ckpt, n), tuple(t.shape)) for n, t in ckpt.tensors.items()]
 
 
 def _model_type(ckpt: Checkpoint) -> str:
@@ -325,7 +327,7 @@ def _unfuse(
     spec: arch.FusedSpec,
     src: Convention,
     dst: Convention,
-) -> list[Step]:
+) -> list[OutTensor]:
     """The unfused steps of fused projection ``name`` (``out_body`` its output name, matching the table's
     ``fused``): q, k, v (or gate, up), each transposed when the Linear layout changes."""
     shape = tuple(ckpt.tensors[name].shape)
@@ -337,13 +339,13 @@ def _unfuse(
         s = list(shape)
         s[axis] = shape[axis] // part.count * len(part.chunks)
         out_shape = _swap(tuple(s)) if turn else tuple(s)
-        steps.append(Step(rebase(out_body, fused, suffix), name, _label(ckpt, name), out_shape, turn, part))
+        steps.append(_step(rebase(out_body, fused, suffix), name, _label(ckpt, name), out_shape, turn, part))
     return steps
 
 
 def _body_step(
     ckpt: Checkpoint, name: str, row: arch.ConversionRow, src: Convention, dst: Convention
-) -> list[Step] | None:
+) -> list[OutTensor] | None:
     """The steps of one tensor under the model prefix (None: tietool cannot place it). Linear weights'
     layout was proven by :func:`source_convention`."""
     pre = _prefix(src, row) + "."
@@ -356,27 +358,29 @@ def _body_step(
     lin, fused = suffix_in(body, row.linear), suffix_in(body, fused_specs)
     if lin is not None and (fused is None or len(lin) >= len(fused)):
         turn = src.linear != dst.linear
-        return [Step(out, name, label, _swap(shape) if turn else shape, turn)]
+        return [_step(out, name, label, _swap(shape) if turn else shape, turn)]
     if fused is not None:
         return _unfuse(ckpt, name, out, fused, fused_specs[fused], src, dst)
     if suffix_in(body, row.plain):
-        return [Step(out, name, label, shape)]
+        return [_step(out, name, label, shape)]
     return None
 
 
-def model_steps(ckpt: Checkpoint, row: arch.ConversionRow, src: Convention, dst: Convention) -> list[Step]:
+def model_steps(
+    ckpt: Checkpoint, row: arch.ConversionRow, src: Convention, dst: Convention
+) -> list[OutTensor]:
     """Every output tensor of a conversion from ``src`` to ``dst``, in the input's tensor order.
 
     Raises:
         RefusedError: tensors the row cannot place (named, up to five), never guessed.
     """
-    steps: list[Step] = []
+    steps: list[OutTensor] = []
     unplaced: list[str] = []
     for name, t in ckpt.tensors.items():
         if name == row.head:
             turn = src.head != dst.head
             steps.append(
-                Step(name, name, _label(ckpt, name), _swap(tuple(t.shape)) if turn else tuple(t.shape), turn)
+                _step(name, name, _label(ckpt, name), _swap(tuple(t.shape)) if turn else tuple(t.shape), turn)
             )
             continue
         got = _body_step(ckpt, name, row, src, dst)
@@ -417,7 +421,7 @@ def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
         if emb not in ckpt.tensors:
             return
         t = ckpt.tensors[emb]
-        plan.steps.append(Step(head, emb, _label(ckpt, emb), _swap(tuple(t.shape)), True))
+        plan.tensors.append(_step(head, emb, _label(ckpt, emb), _swap(tuple(t.shape)), True))
         plan.notes.append(
             f"{head} is written as {emb} transposed to [hidden, vocab]: the input has no head (tied) and "
             "PaddleNLP 2.8 never ties this model's head, it would build a random one"
@@ -578,7 +582,7 @@ def _reshard_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
 def _container_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
     """A container change: every tensor copied as stored, config untouched. The report says which layout
     the tensors are in where the shapes prove it (the model type has a row), else that it was not checked;
-    the output's ``__metadata__`` follows from it (:func:`_st_metadata`)."""
+    the output's ``__metadata__`` follows from it (:func:`st_metadata`)."""
     plan = ConvertPlan(ckpt, KEPT, KEPT, container, _copy_steps(ckpt), dict(ckpt.config))
     if container is Container.SAFETENSORS and _paddlenlp_files(ckpt):
         _bf16_as_u16(plan)
@@ -600,9 +604,9 @@ def _bf16_as_u16(plan: ConvertPlan) -> None:
     """bf16 tensors of a PaddleNLP checkpoint labelled ``U16`` in safetensors, as PaddleNLP 2.8.1's
     ``save_pretrained(safe_serialization=True)`` writes them (it reads through numpy, which has no bf16: a
     ``BF16`` label fails its load with "Cannot interpret '2' as a data type"); the bytes are the same."""
-    n = sum(s.dtype == "BF16" for s in plan.steps)
+    n = sum(s.dtype == "BF16" for s in plan.tensors)
     if n:
-        plan.steps = [dataclasses.replace(s, dtype="U16") if s.dtype == "BF16" else s for s in plan.steps]
+        plan.tensors = [dataclasses.replace(s, dtype="U16") if s.dtype == "BF16" else s for s in plan.tensors]
         plan.notes.append(f"{n} bf16 tensor(s) labelled U16, as PaddleNLP 2.8.1 writes and reads them")
 
 
@@ -689,85 +693,15 @@ def plan_convert(ckpt: Checkpoint, to: Target) -> ConvertPlan:
     plan = ConvertPlan(ckpt, source, conv, container, [], dict(ckpt.config), layout=proof.layout)
     plan.notes.append(proof.note())
     if source == conv:
-        plan.steps = _copy_steps(ckpt)
+        plan.tensors = _copy_steps(ckpt)
         plan.notes.insert(
             0, f"the input is already in the {conv.title} layout: only the shards are rewritten"
         )
         return plan
-    plan.steps = model_steps(ckpt, row, source, conv)
+    plan.tensors = model_steps(ckpt, row, source, conv)
     _edit_config(plan, to.value, row)
     _head_steps(plan, row)
     return plan
-
-
-def _take(a: np.ndarray, part: Part) -> np.ndarray:
-    """The chunks ``part.chunks`` of ``a``'s axis ``part.axis`` (raw storage dtype: bits move, no cast)."""
-    axis = part.axis % a.ndim
-    size = a.shape[axis] // part.count
-    split = a.reshape(a.shape[:axis] + (part.count, size) + a.shape[axis + 1 :])
-    got = np.take(split, list(part.chunks), axis=axis)
-    return got.reshape(a.shape[:axis] + (len(part.chunks) * size,) + a.shape[axis + 1 :])
-
-
-TILE = 256
-
-
-def transpose_2d(a: np.ndarray, tile: int = TILE, out: np.ndarray | None = None) -> np.ndarray:
-    """``a.T`` as a C-ordered array (written into ``out`` when given, shape ``a.shape[::-1]``), copied tile
-    by tile (``tile`` × ``tile``): the same bits as ``np.ascontiguousarray(a.T)`` (any dtype; bf16 as
-    ``uint16``), 2-7x faster on large matrices, where numpy's strided copy misses the cache on every
-    element (measured in ``bench/convert_memory.py``)."""
-    rows, cols = a.shape
-    if out is None:
-        out = np.empty((cols, rows), dtype=a.dtype)
-    for i in range(0, rows, tile):
-        for j in range(0, cols, tile):
-            out[j : j + tile, i : i + tile] = a[i : i + tile, j : j + tile].T
-    return out
-
-
-# rows of the input read at a time when transposing a whole tensor (about this many bytes)
-ROWS_BYTES = 16 << 20
-
-
-def transposed(ckpt: Checkpoint, name: str) -> np.ndarray:
-    """Tensor ``name`` (2-D) transposed, in its stored dtype, reading the input in blocks of rows of about
-    :data:`ROWS_BYTES` (:meth:`Checkpoint.iter_rows`, one reused buffer): memory is the output tensor plus
-    one block, never the input tensor as well."""
-    t = ckpt.tensors[name]
-    rows, cols = t.shape
-    if rows == 0 or cols == 0:
-        return transpose_2d(ckpt.load(name))
-    out: np.ndarray | None = None
-    i = 0
-    for block in ckpt.iter_rows(name, max(1, ROWS_BYTES // max(1, t.nbytes // rows))):
-        if out is None:
-            out = np.empty((cols, rows), dtype=block.dtype)
-        n = block.shape[0]
-        transpose_2d(block, out=out[:, i : i + n])
-        i += n
-    assert out is not None and i == rows
-    return out
-
-
-def step_source(ckpt: Checkpoint, step: Step) -> Callable[[], Source]:
-    """The bytes of ``step`` in C order, produced when called: a byte range of the input for a plain copy
-    (C-ordered storage); a whole transposed tensor built by :func:`transposed` (peak memory: the output
-    tensor and one block of input rows); a chunk of a fused projection from the stored array (bf16 as
-    ``uint16`` bits), chunked then transposed (peak: the fused input and its chunk)."""
-    t = ckpt.tensors[step.src]
-
-    def build() -> Source:
-        if step.part is None and step.transpose:
-            return Source(array=transposed(ckpt, step.src))
-        a = ckpt.load(step.src)
-        if step.part is not None:
-            a = _take(a, step.part)
-        return Source(array=transpose_2d(a) if step.transpose else np.ascontiguousarray(a))
-
-    if step.part is None and not step.transpose and not t.fortran:
-        return lambda: ckpt.source(step.src)
-    return build
 
 
 def _paddlenlp_files(ck: Checkpoint) -> bool:
@@ -780,7 +714,7 @@ def _paddlenlp_files(ck: Checkpoint) -> bool:
     return "paddlenlp_version" in ck.config or any(n.startswith(pre) for n in ck.tensors)
 
 
-def _st_metadata(plan: ConvertPlan) -> dict[str, str]:
+def st_metadata(plan: ConvertPlan) -> dict[str, str]:
     """Each output safetensors file's ``__metadata__``: what the output's loader reads and its layout is.
 
     ``{"format": "pt"}`` for the PaddleFormers/HF layout (PaddleFormers' ``save_to_hf`` export and ERNIE's
@@ -808,12 +742,12 @@ def _st_metadata(plan: ConvertPlan) -> dict[str, str]:
     return {"format": "np"}
 
 
-def _pdparams_extras(plan: ConvertPlan) -> dict | None:
+def pdparams_extras(plan: ConvertPlan) -> dict[str, Any] | None:
     """The input's non-tensor ``.pdparams`` entries (``StructuredToParameterName@@`` of every file) when
     names are unchanged; a renamed checkpoint gets none (PaddleNLP's loader does not need it)."""
     if plan.ckpt.format != "pdparams" or plan.source != plan.target:
         return None
-    merged: dict = {}
+    merged: dict[str, Any] = {}
     for ex in plan.ckpt.extras.values():
         for k, v in ex.items():
             if isinstance(v, dict) and isinstance(merged.get(k), dict):
@@ -823,121 +757,12 @@ def _pdparams_extras(plan: ConvertPlan) -> dict | None:
     return merged or None
 
 
-def _carry(ckpt: Checkpoint) -> list[tuple[Path, str]]:
+def carry(ckpt: Checkpoint) -> list[tuple[Path, str]]:
     """Files carried unchanged: everything but weights, index, config, report and training state."""
     skip = {ckpt.config_file, *NOT_CARRIED}
     return [
         (ckpt.path / rel, rel) for rel in ckpt.other_files if rel not in skip and Path(rel).name not in skip
     ]
-
-
-def build_report(plan: ConvertPlan, to: Target, out: str, facts: dict | None) -> dict:
-    """The report (``tietool-report.json``): every renamed, transposed and split tensor, config changes,
-    notes, and the files written (``facts`` from :func:`~surgery.write.assemble.assemble`; None for a dry
-    run)."""
-    ck = plan.ckpt
-    renamed = [{"from": s.src, "to": s.out} for s in plan.steps if s.out != s.src and s.part is None]
-    transposed = [
-        {
-            "name": s.out,
-            "from": s.src,
-            "shape_before": list(ck.tensors[s.src].shape),
-            "shape_after": list(s.shape),
-        }
-        for s in plan.steps
-        if s.transpose
-    ]
-    split: dict[str, list[str]] = {}
-    for s in plan.steps:
-        if s.part is not None:
-            split.setdefault(s.src, []).append(s.out)
-    total_in = sum(t.nbytes for t in ck.tensors.values())
-    total_out = sum(DTYPES[s.dtype].nbytes(int(np.prod(s.shape, dtype=np.int64))) for s in plan.steps)
-    params_in = sum(t.numel for t in ck.tensors.values())
-    params_out = sum(int(np.prod(s.shape, dtype=np.int64)) for s in plan.steps)
-    return {
-        "operation": "convert",
-        "to": to.value,
-        "input": str(ck.path),
-        "output": out,
-        "dry_run": facts is None,
-        "changed": True,
-        "from_convention": plan.source.title,
-        "to_convention": plan.target.title,
-        "layout": plan.layout.value if plan.layout else None,
-        "container": {"before": ck.format, "after": plan.container.value},
-        "before": {"parameters": params_in, "bytes": total_in, "tensors": len(ck.tensors)},
-        "after": {"parameters": params_out, "bytes": total_out, "tensors": len(plan.steps)},
-        "renamed": renamed,
-        "transposed": transposed,
-        "split": [{"from": k, "to": v} for k, v in split.items()],
-        "config_changes": plan.config_changes,
-        "notes": plan.notes,
-        "warnings": list(ck.warnings),
-        "files": facts,
-    }
-
-
-ProgressFactory = Callable[[int], AbstractContextManager[Callable[[str, int], None] | None]]
-
-
-def convert(
-    path: str | PathLike[str],
-    to: Target | str,
-    out: str | PathLike[str],
-    *,
-    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
-    dry_run: bool = False,
-    progress: ProgressFactory | None = None,
-) -> Report:
-    """Convert checkpoint ``path`` to the convention or container ``to`` (see :func:`plan_convert`),
-    written to ``out`` atomically (a temporary folder renamed into place when complete, as
-    :func:`surgery.write.assemble.assemble`), sharded at ``max_shard_size`` bytes (default ``"10GB"`` =
-    10·10⁹ bytes, as PaddleFormers' ``save_pretrained``; ints, ``"500MB"``, ``"2GiB"`` accepted).
-
-    Tensors stream one at a time: a copied tensor by byte range, a transposed or split one loaded in its
-    stored dtype (bf16 as ``uint16`` bits, never converted), rearranged, written and dropped.
-
-    Returns:
-        the report (:func:`build_report`), also written as ``out/tietool-report.json`` (not for a dry run).
-
-    Raises:
-        UsageError: ``to`` not a target, a bad ``max_shard_size``, an ``out`` that is the input, inside it or
-            not empty.
-        CheckpointError: a missing or corrupt input, or one whose layout contradicts its names.
-        RefusedError: see :func:`plan_convert`.
-        OutputError: the output cannot be written; nothing is left behind.
-    """
-    target = _target(to)
-    limit = parse_size(max_shard_size)
-    for arg, what in ((path, "path"), (out, "out")):
-        if isinstance(arg, bytes) or not isinstance(arg, str | PathLike):
-            raise UsageError(f"{what} must be a folder path (str or os.PathLike), got {type(arg).__name__}")
-    local_only("convert", path, out)
-    ckpt = Checkpoint.open(Path(path))
-    check_index(ckpt)
-    if not dry_run:
-        check_output_path(ckpt.path, Path(out))
-    plan = check_dtypes(plan_convert(ckpt, target))
-    _note_left_out(plan)
-    if dry_run:
-        return Report(build_report(plan, target, str(out), None))
-    tensors = [OutTensor(s.out, s.dtype, s.shape, step_source(ckpt, s)) for s in plan.steps]
-    total = sum(t.nbytes for t in tensors)
-    with (progress or (lambda _total: nullcontext(None)))(total) as advance:
-        rep = assemble(
-            Path(out),
-            tensors,
-            plan.container,
-            plan.config,
-            carry=_carry(ckpt),
-            max_shard_size=limit,
-            st_metadata=_st_metadata(plan) if plan.container is Container.SAFETENSORS else None,
-            pdparams_extras=_pdparams_extras(plan),
-            report=lambda facts: build_report(plan, target, str(out), facts),
-            progress=advance,
-        )
-    return Report(rep)
 
 
 def check_dtypes(plan: ConvertPlan) -> ConvertPlan:
@@ -950,23 +775,23 @@ def check_dtypes(plan: ConvertPlan) -> ConvertPlan:
         ``plan``, unchanged. Raises RefusedError naming the tensor and its dtype.
     """
     ck = plan.ckpt
-    for s in plan.steps:
-        t = ck.tensors[s.src]
+    for s in plan.tensors:
+        t = ck.tensors[source_of(s)]
         if plan.container is Container.PDPARAMS and DTYPES[s.dtype].np_name is None:
             raise RefusedError(
-                f"convert refused: {s.src} is stored as {describe_dtype(s.dtype)}, which a .pdparams cannot "
+                f"convert refused: {t.name} is stored as {describe_dtype(s.dtype)}, which a .pdparams cannot "
                 "hold (numpy has no float8/float4/float6: paddle.save itself writes float8 as int8, which "
                 "paddle.load returns as int8; complex arrays are outside the .pdparams reader's allow-list)",
                 ck.path,
                 f"keep the safetensors container ({Opt('to', 'safetensors')} or "
                 f"{Opt('to', 'paddleformers')})",
             )
-        if (s.transpose or s.part is not None) and DTYPES[s.dtype].packed:
+        if reshaped(s) and DTYPES[s.dtype].packed:
             raise dtype_refusal(t, ck.path, "transpose or split it", op="convert")
     return plan
 
 
-def _note_left_out(plan: ConvertPlan) -> None:
+def note_left_out(plan: ConvertPlan) -> None:
     """Say which files of the input the output does not hold: training state (optimizer, master weights:
     their layout is the input's) and files the input's index does not list (:attr:`Checkpoint.left_out`)."""
     ck = plan.ckpt
@@ -981,12 +806,17 @@ def _note_left_out(plan: ConvertPlan) -> None:
         )
 
 
-def _target(to: Target | str) -> Target:
-    """``to`` as a :class:`Target`. Raises UsageError for anything else."""
-    try:
-        return Target(to.value if isinstance(to, Target) else to)
-    except ValueError:
-        allowed = ", ".join(repr(t.value) for t in Target)
-        raise UsageError(
-            f"{Opt('to')} must be one of {allowed}, got {to!r}", fix=f"e.g. {Opt('to', 'paddleformers')}"
-        ) from None
+def new_checkpoint(plan: ConvertPlan, max_shard_size: int) -> NewCheckpoint:
+    """What the conversion ``plan`` writes: its tensors in shards of ``plan.container`` of at most
+    ``max_shard_size`` bytes, its config, the carried files (:func:`carry`) and the container's non-tensor
+    entries (:func:`st_metadata`, :func:`pdparams_extras`)."""
+    safetensors = plan.container is Container.SAFETENSORS
+    return NewCheckpoint(
+        plan.tensors,
+        Reshard(plan.container, max_shard_size),
+        plan.config,
+        carry=carry(plan.ckpt),
+        source=plan.ckpt,
+        st_metadata=st_metadata(plan) if safetensors else None,
+        pdparams_extras=pdparams_extras(plan),
+    )

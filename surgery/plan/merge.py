@@ -13,10 +13,11 @@ in :data:`surgery.arch.TENSOR_PARALLEL`; this module only applies them:
 2. :func:`read_ranks`: their headers (never unpickled: :mod:`.formats.pdparams_io`).
 3. :func:`plan`: per tensor, its rule, axis and merged shape, checked against ``config.json``; replicated
    tensors (and a tensor in two pipeline ranks) compared byte for byte.
-4. :func:`merge`: the merged tensors written by :func:`surgery.write.assemble.assemble`, one at a time: an
-axis-0
-   concatenation is a list of byte ranges (no memory); another axis loads the slices of one tensor,
-   concatenates, writes and drops them. bf16 (``uint16`` in ``.pdparams``) moves as bits, never converted.
+4. :func:`plan_merge` does 1-3 for a folder; :func:`new_checkpoint` is what :func:`surgery.ops.merge` has
+   the writer write (:func:`surgery.write.writer.write_new`), one tensor at a time: each merged tensor is
+   a :class:`~surgery.plan.recipes.Joined` recipe; an axis-0 concatenation is a list of byte ranges (no
+   memory); another axis loads the slices of one tensor, concatenates, writes and drops them. bf16
+   (``uint16`` in ``.pdparams``) moves as bits, never converted.
 
 The rules, per tensor: the embedding ``[V/n, H]`` per rank → ``[V, H]`` by rows; the head ``[H, V/n]`` →
 ``[H, V]`` (or ``[V/n, H]`` → ``[V, H]``, told from the shapes and ``vocab_size``); column-parallel weights
@@ -30,10 +31,7 @@ Every refusal is one line naming the file and a fix that cannot do damage; nothi
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from os import PathLike
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +42,11 @@ from ..arch import TPRule, TPSplit
 from ..io import pdparams_io, safetensors_io, surface
 from ..io.checkpoint import REPORT_NAME, read_config, special_file, unreadable_folder
 from ..io.regular import require_regular
-from ..io.safetensors_io import Source
-from ..io.store import local_only
+from ..model.enums import Container
 from ..model.errors import CheckpointError, RefusedError, UsageError
 from ..model.tensor import TensorInfo
-from ..results import Report
-from ..write.assemble import DEFAULT_MAX_SHARD_SIZE, Container, OutTensor, assemble, layout, parse_size
+from .plan import NewCheckpoint, OutTensor, Reshard
+from .recipes import Joined, Slice, read_slice
 
 # model_state.tp00.pdparams, model_state.tp01_pp00.pdparams, model_state_pp01.pdparams,
 # model-00001-of-00002.tp00.safetensors (a rank's shards): the tags and the rest of the name
@@ -66,50 +63,6 @@ class RankFile:
     pp: int
 
 
-@dataclass(frozen=True)
-class Slice:
-    """One rank's piece of a tensor: its header and the file it is in."""
-
-    path: Path
-    info: TensorInfo
-
-
-@dataclass(frozen=True)
-class Merged:
-    """One tensor of the merged checkpoint.
-
-    Attributes:
-        name: state-dict name (as in the rank files).
-        rule: how its slices are joined (:class:`TPSplit`); ``REPLICATED`` also for a split rule whose every
-            rank holds the whole tensor (PaddleNLP keeps k/v whole when kv_heads % tp != 0, the embedding
-            and head when vocab_size % tp != 0).
-        axis: the axis the slices are concatenated on (None: replicated).
-        dtype: safetensors label of the logical dtype (``F32``, ``BF16``).
-        shape: the merged shape.
-        slices: one per tensor-parallel rank, in rank order.
-        parts: fused kinds: the shares of each part in a rank's slice (``(1, 1)`` gate/up, ``(g, 1, 1)``
-            q/k/v with g = kv groups); None otherwise.
-    """
-
-    name: str
-    rule: TPSplit
-    axis: int | None
-    dtype: str
-    shape: tuple[int, ...]
-    slices: tuple[Slice, ...]
-    parts: tuple[int, ...] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "rule": self.rule.value,
-            "axis": self.axis,
-            "dtype": self.dtype,
-            "shape": list(self.shape),
-            "from": sorted({s.info.file for s in self.slices}),
-        }
-
-
 # ------------------------------------------------------------------------------------------ rank files
 def _tags(name: str) -> dict[str, int]:
     return {m.group(1).lower(): int(m.group(2)) for m in _TAG_RE.finditer(name)}
@@ -118,9 +71,9 @@ def _tags(name: str) -> dict[str, int]:
 def _renumber(name: str, tp: int, pp: int) -> str:
     """``name`` with its rank tags set to ``tp`` / ``pp`` (the name a missing rank's file would have)."""
 
-    def sub(m: re.Match) -> str:
+    def sub(m: re.Match[str]) -> str:
         n = tp if m.group(1).lower() == "tp" else pp
-        return m.group(0)[: -len(m.group(2))] + f"{n:0{len(m.group(2))}d}"
+        return str(m.group(0)[: -len(m.group(2))]) + f"{n:0{len(m.group(2))}d}"
 
     return _TAG_RE.sub(sub, name)
 
@@ -227,28 +180,11 @@ def read_ranks(
     return by_tp, extras
 
 
-# ------------------------------------------------------------------------------------------ reading bytes
-def _read(s: Slice) -> np.ndarray:
-    """The slice's array in its storage dtype (bf16 as uint16 bits), C order."""
-    if s.path.suffix == ".safetensors":
-        return safetensors_io.read_array(s.path, s.info)
-    return np.ascontiguousarray(pdparams_io.read_array(s.path, s.info))
-
-
-def _raw(s: Slice) -> Source:
-    """The slice's bytes in C order, by byte range when stored so (no memory)."""
-    if s.path.suffix == ".safetensors":
-        return Source(s.path, s.info.offset, s.info.nbytes)
-    if s.info.fortran and len(s.info.shape) > 1:
-        return Source(array=_read(s))
-    return pdparams_io.raw_bytes_source(s.path, s.info)
-
-
 def _same_or_refuse(path: Path, name: str, a: Slice, b: Slice, what: str) -> None:
     """Refuse when ``b`` differs from ``a`` (dtype, shape or bytes), naming both files."""
     same = a.info.dtype == b.info.dtype and a.info.shape == b.info.shape
     if same:
-        x, y = _read(a).reshape(-1).view(np.uint8), _read(b).reshape(-1).view(np.uint8)
+        x, y = read_slice(a).reshape(-1).view(np.uint8), read_slice(b).reshape(-1).view(np.uint8)
         step = 64 << 20  # chunks: a replicated embedding may be GBs (memory-mapped), no full-size mask
         same = all(np.array_equal(x[i : i + step], y[i : i + step]) for i in range(0, x.size, step))
     if not same:
@@ -261,7 +197,7 @@ def _same_or_refuse(path: Path, name: str, a: Slice, b: Slice, what: str) -> Non
 
 
 # ------------------------------------------------------------------------------------------ planning
-def config_dims(config: dict) -> dict[str, int]:
+def config_dims(config: dict[str, Any]) -> dict[str, int]:
     """The config quantities :class:`TPRule` shapes name (``V``, ``H``, ``I``, ``Q``, ``KV``, ...); a
     quantity whose keys config.json lacks is left out (a rule that needs it refuses)."""
 
@@ -307,8 +243,16 @@ def _head_axis(shape: tuple[int, ...], n: int, dims: dict[str, int]) -> int | No
 _AXIS = {TPSplit.VOCAB: 0, TPSplit.ROW: 0, TPSplit.COLUMN: -1, TPSplit.FUSED_2: -1, TPSplit.FUSED_3: -1}
 
 
-def _plan_one(path: Path, name: str, rule: TPRule, slices: tuple[Slice, ...], dims: dict[str, int]) -> Merged:
-    """One tensor's merge: its axis, merged shape (checked against config.json) and dtype.
+def _plan_one(
+    path: Path, name: str, rule: TPRule, slices: tuple[Slice, ...], dims: dict[str, int]
+) -> OutTensor:
+    """One tensor's merge: its axis, merged shape (checked against config.json) and dtype; its data the
+    :class:`~surgery.plan.recipes.Joined` slices.
+
+    The rule used is ``REPLICATED`` also for a split rule whose every rank holds the whole tensor
+    (PaddleNLP keeps k/v whole when kv_heads % tp != 0, the embedding and head when vocab_size % tp != 0);
+    fused kinds join by ``parts``, the shares of each part in a rank's slice (``(1, 1)`` gate/up,
+    ``(g, 1, 1)`` q/k/v with g = kv groups). The dtype is the safetensors label of the logical dtype.
 
     Raises:
         RefusedError: ranks disagree on dtype or shape, a replicated tensor differs, or the merged shape
@@ -341,7 +285,7 @@ def _plan_one(path: Path, name: str, rule: TPRule, slices: tuple[Slice, ...], di
         rule_used = rule.split
     parts = {TPSplit.FUSED_2: (1, 1), TPSplit.FUSED_3: (dims.get("GROUPS", 1), 1, 1)}.get(rule_used)
     dtype = "BF16" if first.st_dtype.st == "U16" else first.st_dtype.st
-    return Merged(name, rule_used, axis, dtype, tuple(shape), slices, parts)
+    return OutTensor(name, dtype, tuple(shape), Joined(slices, rule_used, axis, parts))
 
 
 def _misfit(path: Path, name: str, first: TensorInfo, n: int, want: tuple[int, ...]) -> RefusedError:
@@ -381,7 +325,7 @@ def _rule(path: Path, model_type: str, name: str, file: str) -> TPRule:
     return rule
 
 
-def plan(path: Path, config: dict, by_tp: dict[int, dict[str, Slice]]) -> list[Merged]:
+def plan(path: Path, config: dict[str, Any], by_tp: dict[int, dict[str, Slice]]) -> list[OutTensor]:
     """The merged tensors, in the order of rank 0's files, each with its rule (as the family's
     ``_get_tensor_parallel_mappings`` in :data:`surgery.arch.TENSOR_PARALLEL`).
 
@@ -406,7 +350,7 @@ def plan(path: Path, config: dict, by_tp: dict[int, dict[str, Slice]]) -> list[M
         )
     dims = config_dims(config)
     ranks = sorted(by_tp)
-    out: list[Merged] = []
+    out: list[OutTensor] = []
     for name, s0 in by_tp[ranks[0]].items():
         rule = _rule(path, model_type, name, s0.info.file)
         missing = [tp for tp in ranks if name not in by_tp[tp]]
@@ -429,46 +373,8 @@ def plan(path: Path, config: dict, by_tp: dict[int, dict[str, Slice]]) -> list[M
     return out
 
 
-# ------------------------------------------------------------------------------------------ joining
-def join(arrays: list[np.ndarray], rule: TPSplit, axis: int, parts: tuple[int, ...] | None) -> np.ndarray:
-    """Join the slices of one tensor (one array per rank, in rank order), as PaddleFormers'
-    ``normal_fuse_merge_tp`` (plain concatenation on ``axis``) and ``naive_fuse_merge_tp`` (fused kinds:
-    each rank's slice is cut into ``parts`` shares along ``axis`` — ``[gate_r, up_r]`` or ``[q_r, k_r, v_r]``
-    — and the merged tensor is every rank's first part, then every rank's second, ...).
-
-    Args:
-        arrays: same shape and dtype (storage dtype: bf16 as uint16 bits; values are never touched).
-        parts: None for a plain concatenation.
-
-    Returns:
-        the merged array, C order.
-    """
-    if parts is None:
-        return np.concatenate(arrays, axis=axis)
-    cut = np.cumsum([0, *parts])
-    size = arrays[0].shape[axis]
-    total = cut[-1]
-    if size % total:
-        raise ValueError(f"a fused slice of {size} does not split into shares {parts}")
-    bounds = [(size * cut[k] // total, size * cut[k + 1] // total) for k in range(len(parts))]
-    pieces = [np.take(a, np.arange(lo, hi), axis=axis) for lo, hi in bounds for a in arrays]
-    return np.concatenate(pieces, axis=axis)
-
-
-def source(m: Merged) -> Callable[[], Source]:
-    """The merged tensor's bytes, made when written: replicated → rank 0's byte range; axis 0 → the ranks'
-    byte ranges one after another (no memory); another axis or a fused kind → the slices loaded,
-    joined (:func:`join`), released after the write."""
-    if m.axis is None:
-        return lambda: _raw(m.slices[0])
-    if m.axis == 0 and m.parts is None:
-        return lambda: Source(parts=[_raw(s) for s in m.slices])
-    axis = m.axis
-    return lambda: Source(array=join([_read(s) for s in m.slices], m.rule, axis, m.parts))
-
-
 # ------------------------------------------------------------------------------------------ the operation
-def _merged_config(config: dict) -> tuple[dict, dict[str, list]]:
+def merged_config(config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """config.json for the merged checkpoint: the parallel-run keys set to a single process's values
     (:data:`surgery.arch.PARALLEL_CONFIG_KEYS`). Returns it and ``{key: [before, after]}``."""
     out, changed = dict(config), {}
@@ -479,7 +385,7 @@ def _merged_config(config: dict) -> tuple[dict, dict[str, list]]:
     return out, changed
 
 
-def _check_degree(path: Path, config: dict, n_tp: int, n_pp: int) -> None:
+def check_degree(path: Path, config: dict[str, Any], n_tp: int, n_pp: int) -> None:
     """Refuse when config.json's parallel degree says more ranks than there are files."""
     for key, n in (("tensor_parallel_degree", n_tp), ("pipeline_parallel_degree", n_pp)):
         v = config.get(key)
@@ -492,7 +398,7 @@ def _check_degree(path: Path, config: dict, n_tp: int, n_pp: int) -> None:
             )
 
 
-def _carried(path: Path, names: set[str], skip: set[str]) -> tuple[list[tuple[Path, str]], list[str]]:
+def carried(path: Path, names: set[str], skip: set[str]) -> tuple[list[tuple[Path, str]], list[str]]:
     """Files copied unchanged (tokenizer, generation config) and files left out (training state, rank
     indexes, subfolders)."""
     carry, left = [], []
@@ -513,7 +419,7 @@ def _carried(path: Path, names: set[str], skip: set[str]) -> tuple[list[tuple[Pa
     return carry, left
 
 
-def _names(src: Path) -> set[str]:
+def folder_names(src: Path) -> set[str]:
     """The entries of the rank folder (files and subfolders).
 
     Raises:
@@ -531,39 +437,7 @@ def _names(src: Path) -> set[str]:
         raise unreadable_folder(src, e) from None
 
 
-def _reporter(
-    src: Path,
-    dst: Path,
-    config: dict,
-    groups: dict[tuple[int, int], list[RankFile]],
-    config_changes: dict[str, list],
-    left: list[str],
-    merged: list[Merged],
-) -> Callable[[dict], dict]:
-    """The report builder :func:`surgery.write.assemble.assemble` calls with the written-file facts."""
-    files = sorted(rf.rel for fs in groups.values() for rf in fs)
-
-    def report(facts: dict) -> dict:
-        return {
-            "operation": "merge",
-            "dry_run": facts.pop("dry_run", False),
-            "changed": True,
-            "input": str(src),
-            "output": str(dst),
-            "tensor_parallel": 1 + max(t for t, _ in groups),
-            "pipeline_parallel": 1 + max(p for _, p in groups),
-            "model_type": config.get("model_type"),
-            "rank_files": files,
-            "config_changes": config_changes,
-            "left_out": left,
-            **facts,
-            "tensors": [m.as_dict() for m in merged],
-        }
-
-    return report
-
-
-def _require_readable(src: Path, groups: dict) -> None:
+def require_readable(src: Path, groups: dict[tuple[int, int], list[RankFile]]) -> None:
     """Every rank file is a readable regular file, checked before the first header is read.
 
     Raises:
@@ -573,92 +447,74 @@ def _require_readable(src: Path, groups: dict) -> None:
         require_regular(src / rf.rel, rf.rel)
 
 
-def merge(
-    path: str | PathLike[str],
-    out: str | PathLike[str],
-    *,
-    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
-    dry_run: bool = False,
-    progress: Callable[[int], AbstractContextManager[Callable[[str, int], None] | None]] | None = None,
-) -> Report:
-    """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``.
+@dataclass
+class MergePlan:
+    """What :func:`tietool.merge` writes, planned from the rank files' headers (nothing written yet).
 
-    Each tensor is joined by its family's rule, as the module docstring says. Values keep their dtype and
-    bits (bf16 stays bf16).
+    Attributes:
+        path: the rank folder.
+        container: ``"pdparams"`` or ``"safetensors"`` (the rank files').
+        groups: the rank files by ``(tp, pp)`` (:func:`find_ranks`).
+        config: the rank folder's config.json; ``new_config`` the merged one, ``config_changes`` its
+            ``{key: [before, after]}`` (:func:`merged_config`).
+        by_tp: each tensor-parallel rank's tensors (:func:`read_ranks`); ``extras`` their non-tensor entries.
+        merged: the merged tensors in order (:func:`plan`).
+        carry: ``(source, name)`` copied unchanged; ``left``: the folder's names left out (:func:`carried`).
+    """
 
-    The output is in the rank files' container and names: ``model_state.pdparams`` (or shards of at most
-    ``max_shard_size`` with ``model_state.pdparams.index.json``, as PaddleNLP's ``save_pretrained``),
-    config.json with ``tensor_parallel_degree``-like keys set to 1, the other files copied, and
-    ``tietool-report.json`` listing each tensor's rule and axis.
+    path: Path
+    container: str
+    groups: dict[tuple[int, int], list[RankFile]]
+    config: dict[str, Any]
+    new_config: dict[str, Any]
+    config_changes: dict[str, list[Any]]
+    by_tp: dict[int, dict[str, Slice]]
+    extras: dict[str, Any]
+    merged: list[OutTensor]
+    carry: list[tuple[Path, str]]
+    left: list[str]
 
-    Args:
-        max_shard_size: bytes or a size (``"10GB"``, PaddleFormers' default).
-        dry_run: check and plan everything (rank files read, shapes checked), write nothing; the report
-            names the files a run would write.
-        progress: given the bytes the output will hold, a context manager yielding ``advance(file, bytes)``
-            or None (the operations' progress factory).
+    @property
+    def rank_files(self) -> list[str]:
+        """Every rank file, sorted by name."""
+        return sorted(rf.rel for fs in self.groups.values() for rf in fs)
 
-    Returns:
-        the report (also ``out/tietool-report.json``).
+
+def plan_merge(src: Path) -> MergePlan:
+    """The merge of the rank folder ``src`` (a local folder): rank files found and checked readable,
+    config.json read and its parallel degree checked, every header read, every tensor planned
+    (:func:`plan`), the merged config and the carried files.
 
     Raises:
-        UsageError: no rank files, whole weights beside them, a bad ``out`` or ``max_shard_size``.
-        CheckpointError: a rank file missing (named), damaged, or config.json lacking a size.
-        RefusedError: an unknown family or tensor, a replicated tensor that differs between ranks, a
-            shape that does not fit config.json. Nothing is written when any is raised.
-        OutputError: the output cannot be written.
+        UsageError, CheckpointError, RefusedError: as :func:`find_ranks`, :func:`read_ranks`, :func:`plan`,
+            :func:`check_degree`, :func:`require_readable` and :func:`carried` say; nothing is written.
     """
-    src, dst = _folders(path, out, dry_run)
-    limit = parse_size(max_shard_size)
-    names = _names(src)
+    names = folder_names(src)
     container, groups = find_ranks(src, names)
-    _require_readable(src, groups)
+    require_readable(src, groups)
     config, _, _ = read_config(src)
     n_tp, n_pp = 1 + max(t for t, _ in groups), 1 + max(p for _, p in groups)
-    _check_degree(src, config, n_tp, n_pp)
+    check_degree(src, config, n_tp, n_pp)
     by_tp, extras = read_ranks(src, container, groups)
     merged = plan(src, config, by_tp)
-    new_config, config_changes = _merged_config(config)
-    carry, left = _carried(src, names, {rf.rel for fs in groups.values() for rf in fs})
-    tensors = [OutTensor(m.name, m.dtype, m.shape, source(m)) for m in merged]
-
-    report = _reporter(src, dst, config, groups, config_changes, left, merged)
-    if dry_run:
-        return Report(report(_planned(tensors, Container(container), limit, carry)))
-    total = sum(t.nbytes for t in tensors)
-    with (progress or (lambda _n: nullcontext(None)))(total) as advance:
-        extras_of = {"st_metadata" if container == "safetensors" else "pdparams_extras": extras or None}
-        rep = assemble(
-            dst, tensors, Container(container), new_config, carry=carry, max_shard_size=limit,
-            report=report, progress=advance, **extras_of,
-        )  # fmt: skip
-    return Report(rep)
+    new_config, config_changes = merged_config(config)
+    carry, left = carried(src, names, {rf.rel for fs in groups.values() for rf in fs})
+    return MergePlan(
+        src, container, groups, config, new_config, config_changes, by_tp, extras, merged, carry, left
+    )
 
 
-def _planned(tensors: list[OutTensor], container: Container, limit: int, carry: list) -> dict:
-    """The report facts of a dry run: the weight files, index and total size the output would have, and
-    the files it would carry."""
-    lay = layout(tensors, container, limit)
-    planned = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
-    return {**planned, "carried": [n for _, n in carry], "dry_run": True}
-
-
-def _folders(path: str | PathLike[str], out: str | PathLike[str], dry_run: bool) -> tuple[Path, Path]:
-    """The rank folder and the output folder of :func:`merge`, checked (local, a folder, an output that
-    is new or empty and outside the input; the output is not checked for a dry run).
-
-    Raises:
-        UsageError: a URL, or a bad ``out``. CheckpointError: ``path`` is not a folder.
-    """
-    from ..ops import _path
-    from ..write.publish import check_output_path
-
-    local_only("merge", path, out)
-    src, dst = _path(path, "path"), _path(out, "out")
-    if not src.is_dir():
-        raise CheckpointError(
-            "not a folder", src, "give the folder that holds the rank files and config.json"
-        )
-    if not dry_run:
-        check_output_path(src, dst)
-    return src, dst
+def new_checkpoint(plan: MergePlan, max_shard_size: int) -> NewCheckpoint:
+    """What the merge ``plan`` writes: the merged tensors in the rank files' container, in shards of at most
+    ``max_shard_size`` bytes, the merged config, the carried files and the rank files' non-tensor entries
+    (a safetensors ``__metadata__`` or a ``.pdparams``' ``StructuredToParameterName@@``)."""
+    container = Container(plan.container)
+    st = container is Container.SAFETENSORS
+    return NewCheckpoint(
+        plan.merged,
+        Reshard(container, max_shard_size),
+        plan.new_config,
+        carry=plan.carry,
+        st_metadata=(plan.extras or None) if st else None,
+        pdparams_extras=None if st else (plan.extras or None),
+    )

@@ -6,7 +6,10 @@ A :class:`Plan` lists tensors dropped, replaced and added, config keys set, and 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,25 +22,63 @@ from ..inspect.detect import (
 from ..inspect.findings import FindingKind, Fix, describe
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file
-from ..model.enums import FoundBy, HeadLayout
+from ..model.enums import Container, FoundBy, HeadLayout
 from ..model.errors import Opt, RefusedError, UsageError
-from ..model.tensor import DTYPES, NP_TO_ST, TensorInfo, dtype_refusal
+from ..model.tensor import DTYPES, NP_TO_ST, DType, TensorInfo, dtype_refusal
 from .recipes import CopyOf, Recipe, uses
 
-NEW_SHARD = "<new shard>"  # NewTensor.file of a tensor that gets a shard file of its own
+NEW_SHARD = "<new shard>"  # OutTensor.file of a tensor that gets a shard file of its own
+
+# PaddleFormers' and PaddleNLP's ``save_pretrained(max_shard_size="10GB")``; "GB" is 10**9 bytes there
+# (``convert_file_size_to_int``), "GiB" 2**30.
+DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
 
 
-@dataclass
-class NewTensor:
-    """A tensor the output gets new data for.
+def parse_size(text: str | int) -> int:
+    """``"10GB"`` → 10_000_000_000, ``"500MiB"`` → 524_288_000, ``"1024"``/``1024`` → 1024 bytes, as
+    PaddleFormers' ``convert_file_size_to_int`` (decimal ``KB/MB/GB``, binary ``KiB/MiB/GiB``).
+
+    Raises:
+        UsageError: not a positive size.
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?I?B?)\s*", str(text).upper())
+    if m is None or m.group(2) not in _UNITS or float(m.group(1)) * _UNITS[m.group(2)] < 1:
+        raise UsageError(
+            f"{Opt('max_shard_size', text)} is not a size",
+            None,
+            f"give bytes or a size: {Opt('max_shard_size', '10GB')}, {Opt('max_shard_size', '500MiB')}",
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+@dataclass(frozen=True)
+class Reshard:
+    """The layout of a plan that writes a whole new checkpoint (``convert``, ``merge``): its tensors laid
+    out in shards of ``container`` of at most ``max_shard_size`` bytes each (:mod:`surgery.write.layout`)."""
+
+    container: Container
+    max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
+
+
+@dataclass(frozen=True, slots=True)  # slots: one per output tensor, millions in a hostile header
+class OutTensor:
+    """A tensor the output gets data for (every operation's one tensor type): by a recipe of the input's
+    tensors.
 
     Attributes:
         name: state-dict key.
-        dtype: label in the checkpoint's format (safetensors ``BF16``...; pdparams numpy name).
+        dtype: label in the output's format: safetensors ``BF16``...; a kept file of a ``.pdparams`` its
+            numpy name. A resharded output (``convert``, ``merge``) takes the safetensors label of the
+            logical dtype (a ``.pdparams`` stores bf16 as numpy ``uint16``, as PaddleNLP does, the bits
+            unchanged).
         shape: output shape.
         recipe: what its data is (:mod:`surgery.plan.recipes`); the writer makes it once per execution, shared
             by every tensor with an equal recipe.
-        file: the weight file it goes into (input file name), or ``NEW_SHARD``.
+        file: the weight file it goes into (input file name), or ``NEW_SHARD`` (and for a resharded output,
+            whose files the writer lays out).
         after: for an added tensor, the name it follows in that file (None: at the end).
         storage: tensors with the same storage key are one array (pdparams aliases).
     """
@@ -46,20 +87,20 @@ class NewTensor:
     dtype: str
     shape: tuple[int, ...]
     recipe: Recipe
-    file: str
+    file: str = NEW_SHARD
     after: str | None = None
     storage: object = None
 
     @property
     def nbytes(self) -> int:
-        return _dtype(self.dtype).nbytes(self.numel)
+        return int(_dtype(self.dtype).nbytes(self.numel))
 
     @property
     def numel(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64))
 
 
-def _dtype(label: str):
+def _dtype(label: str) -> DType:
     """The :class:`~surgery.model.tensor.DType` of a safetensors label or a pdparams numpy name."""
     return DTYPES[label] if label in DTYPES else DTYPES[NP_TO_ST[label]]
 
@@ -89,8 +130,8 @@ class Plan:
     ckpt: Checkpoint
     det: Detection
     drop: dict[str, str] = field(default_factory=dict)
-    replace: dict[str, NewTensor] = field(default_factory=dict)
-    add: list[NewTensor] = field(default_factory=list)
+    replace: dict[str, OutTensor] = field(default_factory=dict)
+    add: list[OutTensor] = field(default_factory=list)
     config_set: list[tuple[str, str, object]] = field(default_factory=list)
     stale_index: list[str] = field(default_factory=list)
     metadata: dict[str, str] = field(default_factory=dict)
@@ -98,7 +139,7 @@ class Plan:
     relabel_u16: bool = False
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    extra_report: dict = field(default_factory=dict)
+    extra_report: dict[str, Any] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
@@ -126,7 +167,40 @@ class Plan:
         return files
 
 
-def get_config(ckpt: Checkpoint, file: str, key: str):
+@dataclass(frozen=True)
+class NewCheckpoint:
+    """A whole new checkpoint to write (``convert``, ``merge``): what
+    :func:`surgery.write.writer.execute` writes of it, decided before anything is written.
+
+    Attributes:
+        tensors: the output tensors in the order they are laid out (recipes of ``source``'s tensors, or of
+            rank-file slices).
+        layout: the container and the shard limit (:func:`surgery.write.layout.reshard` lays them out).
+        config: written as ``config.json``.
+        carry: ``(source file, relative name in the output)`` copied unchanged (generation config,
+            tokenizer files).
+        source: the input checkpoint the recipes read (None: ``merge``'s, whose slices name their files).
+        st_metadata: each safetensors file's ``__metadata__`` (PaddleFormers 1.2 writes
+            ``{"format": "pt"}``; what the readers of the output expect), or None.
+        pdparams_extras: non-tensor entries of each ``.pdparams`` file; ``StructuredToParameterName@@`` is
+            restricted to the file's own tensors.
+    """
+
+    tensors: list[OutTensor]
+    layout: Reshard
+    config: dict[str, Any]
+    carry: list[tuple[Path, str]] = field(default_factory=list)
+    source: Checkpoint | None = None
+    st_metadata: dict[str, str] | None = None
+    pdparams_extras: dict[str, Any] | None = None
+
+    @property
+    def output_bytes(self) -> int:
+        """Bytes of tensor data the output will hold (the progress bar's total)."""
+        return sum(t.nbytes for t in self.tensors)
+
+
+def get_config(ckpt: Checkpoint, file: str, key: str) -> Any:
     data = ckpt.config if file == "config.json" else read_config_file(ckpt.path / file)
     try:
         return get_dotted(data, key)
@@ -248,7 +322,7 @@ def restore_embedding(det: Detection, plan: Plan) -> None:
     i = names.index(det.head.name)
     before = next((n for n in reversed(names[:i]) if ckpt.tensors[n].file == h.file), None)
     plan.add.append(
-        NewTensor(
+        OutTensor(
             det.embedding.name,
             out_dtype(ckpt, h, plan.relabel_u16),
             (det.vocab_rows, det.hidden),

@@ -8,20 +8,32 @@ share one computed array, one random draw. Nothing here reads data until :func:`
 
 Where a recipe is the input's bytes unchanged (or a prefix of them), :func:`make` returns a
 :class:`~surgery.io.safetensors_io.Source` of that byte range, streamed by the writer without decoding.
+
+Every operation's tensors are recipes: ``tie``/``untie``/``resize`` (:class:`CopyOf`, :class:`NewRows`,
+:class:`ResizedTable`, ...), ``convert`` (:class:`CopyOf` of a renamed or transposed tensor,
+:class:`FusedPart` of a fused projection) and ``merge`` (:class:`Joined` slices of the rank files).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
+from ..arch import TPSplit
 from ..inspect.detect import compare
+from ..io import pdparams_io, safetensors_io
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors_io import Source
 from ..model.enums import HeadLayout, Init, TieState
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, f32_to_bf16_bits
+
+Array = npt.NDArray[Any]
+"""An array in a stored dtype (bf16 as ``uint16`` bits)."""
 
 
 @dataclass(frozen=True)
@@ -30,11 +42,48 @@ class CopyOf:
     ``scale`` when given (in float32, rounded back to the stored dtype; bf16 bits stay bf16 bits).
 
     Untouched (no transpose, no scale, C order) it is the input's byte range, streamed, never decoded.
+    Transposed (no scale), it is read in blocks of rows (:func:`transposed`): memory is the output tensor
+    and one block. ``convert``'s renamed and transposed tensors are this recipe of their input name.
     """
 
     name: str
     transpose: bool = False
     scale: float | None = None
+
+
+@dataclass(frozen=True)
+class FusedPart:
+    """Chunks ``chunks`` of the ``count`` equal chunks of axis ``axis`` of fused projection ``name``
+    (``-1`` for ``[in, out]``, 0 for ``[out, in]``; ``heads + 2 * kv_heads`` chunks of q/k/v, or 2 of
+    ``[gate, up]``), transposed after when ``transpose`` (the Linear layout changes): one unfused tensor of
+    ``convert``. Made from the stored array (bf16 as ``uint16`` bits), never decoded."""
+
+    name: str
+    axis: int
+    count: int
+    chunks: tuple[int, ...]
+    transpose: bool = False
+
+
+@dataclass(frozen=True)
+class Slice:
+    """One rank's piece of a tensor (``merge``): its header and the file it is in."""
+
+    path: Path
+    info: TensorInfo
+
+
+@dataclass(frozen=True)
+class Joined:
+    """The slices of one tensor (one per tensor-parallel rank, in rank order) joined as the family's rule
+    ``rule`` says (``merge``): ``axis`` None (replicated): rank 0's bytes; axis 0 without ``parts``: the
+    ranks' byte ranges one after another (no memory); another axis, or a fused kind (``parts``: the shares
+    of each part in a rank's slice), through memory (:func:`join`)."""
+
+    slices: tuple[Slice, ...]
+    rule: TPSplit
+    axis: int | None
+    parts: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,8 +150,8 @@ class TokenRows:
     cycle: bool
 
 
-Recipe = CopyOf | NewRows | ResizedTable | ResizedBias | CopyIfEqual | TokenRows
-Data = np.ndarray | Source
+Recipe = CopyOf | NewRows | ResizedTable | ResizedBias | CopyIfEqual | TokenRows | FusedPart | Joined
+Data = Array | Source
 
 
 def parts(recipe: Recipe) -> tuple[Recipe, ...]:
@@ -139,6 +188,10 @@ def uses(recipe: Recipe) -> list[Use]:
         return [Use(recipe.name, "resize it", True)]
     if isinstance(recipe, TokenRows):  # whole rows kept or repeated: elements moved, never computed with
         return [Use(recipe.name, "resize it", False)]
+    if isinstance(recipe, FusedPart):
+        return [Use(recipe.name, "transpose or split it", False)]
+    if isinstance(recipe, Joined):  # slices of the rank files, not of a checkpoint: moved as bytes
+        return []
     return uses(recipe.copy) + uses(recipe.own)
 
 
@@ -159,12 +212,19 @@ def describe(recipe: Recipe) -> str:
     if isinstance(recipe, TokenRows):
         fill = "repeating existing rows" if recipe.cycle else "new ones zero"
         return f"{recipe.name} to {recipe.new} rows ({fill})"
+    if isinstance(recipe, FusedPart):
+        turned = ", transposed" if recipe.transpose else ""
+        return f"chunks {list(recipe.chunks)} of {recipe.count} of {recipe.name} (axis {recipe.axis}{turned})"
+    if isinstance(recipe, Joined):
+        rule = "replicated" if recipe.axis is None else f"{recipe.rule.value} on axis {recipe.axis}"
+        return f"{len(recipe.slices)} slices of {recipe.slices[0].info.name} joined: {rule}"
     return f"{describe(recipe.copy)} if {recipe.name} equals {recipe.main}, else {describe(recipe.own)}"
 
 
-def make(recipe: Recipe, ckpt: Checkpoint, memo: dict[Recipe, Data]) -> Data:
+def make(recipe: Recipe, ckpt: Checkpoint | None, memo: dict[Recipe, Data]) -> Data:
     """The data of ``recipe``: an array (stored dtype, bf16 as ``uint16`` bits) or a :class:`Source` of the
     input's bytes. Computed once per ``memo`` (the writer's, one per execution), sub-recipes included.
+    ``ckpt`` is the input checkpoint (None for a :class:`Joined`, whose slices name their files).
 
     Raises:
         OSError: reading the input fails.
@@ -174,7 +234,12 @@ def make(recipe: Recipe, ckpt: Checkpoint, memo: dict[Recipe, Data]) -> Data:
     return memo[recipe]
 
 
-def _build(recipe: Recipe, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -> Data:
+def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data]) -> Data:
+    if isinstance(recipe, Joined):
+        return _joined(recipe)
+    assert ckpt is not None, f"internal: {describe(recipe)} needs the input checkpoint"
+    if isinstance(recipe, FusedPart):
+        return _fused_part(recipe, ckpt)
     if isinstance(recipe, CopyOf):
         return _copy_of(recipe, ckpt)
     if isinstance(recipe, NewRows):
@@ -182,11 +247,7 @@ def _build(recipe: Recipe, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -> D
     if isinstance(recipe, ResizedTable):
         return _resized(recipe, ckpt, get)
     if isinstance(recipe, ResizedBias):
-        a = ckpt.load(recipe.name)
-        old, new = a.shape[-1], recipe.new
-        if new <= old:
-            return np.ascontiguousarray(a[..., :new])
-        return np.concatenate([a, np.zeros(a.shape[:-1] + (new - old,), dtype=a.dtype)], axis=-1)
+        return _resized_bias(recipe, ckpt)
     if isinstance(recipe, TokenRows):
         return _token_rows(recipe, ckpt)
     m, t = ckpt.tensors[recipe.main], ckpt.tensors[recipe.name]
@@ -196,7 +257,23 @@ def _build(recipe: Recipe, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -> D
     return get(recipe.own)
 
 
-def _token_rows(r: TokenRows, ckpt: Checkpoint) -> np.ndarray:
+def _resized_bias(r: ResizedBias, ckpt: Checkpoint) -> Array:
+    """:class:`ResizedBias`: old entries kept (trimmed from the end), new entries zero."""
+    a: Array = ckpt.load(r.name)
+    old, new = a.shape[-1], r.new
+    if new <= old:
+        return np.ascontiguousarray(a[..., :new])
+    return np.concatenate([a, np.zeros(a.shape[:-1] + (new - old,), dtype=a.dtype)], axis=-1)
+
+
+def _fused_part(r: FusedPart, ckpt: Checkpoint) -> Array:
+    """:class:`FusedPart`: the chunks from the stored array, chunked then transposed (peak memory: the fused
+    input and its chunk)."""
+    a = _take(ckpt.load(r.name), r.axis, r.count, r.chunks)
+    return transpose_2d(a) if r.transpose else np.ascontiguousarray(a)
+
+
+def _token_rows(r: TokenRows, ckpt: Checkpoint) -> Array:
     """:class:`TokenRows`: kept rows, then repeated rows or zeros, in the stored dtype."""
     a = np.asarray(ckpt.load(r.name))
     old = a.shape[0]
@@ -214,6 +291,8 @@ def _copy_of(r: CopyOf, ckpt: Checkpoint) -> Data:
     t = ckpt.tensors[r.name]
     if not r.transpose and r.scale is None:
         return ckpt.load(r.name) if t.fortran else ckpt.source(r.name)
+    if r.scale is None:
+        return transposed(ckpt, r.name)
     a = ckpt.load(r.name)
     if r.scale is not None:
         bf16 = ckpt.logical_dtype(t) == "bfloat16"
@@ -222,7 +301,7 @@ def _copy_of(r: CopyOf, ckpt: Checkpoint) -> Data:
     return np.ascontiguousarray(a.T) if r.transpose else a
 
 
-def _new_rows_of(r: NewRows, ckpt: Checkpoint) -> np.ndarray:
+def _new_rows_of(r: NewRows, ckpt: Checkpoint) -> Array:
     """:class:`NewRows`, encoded to the source's stored dtype."""
     t = ckpt.tensors[r.source]
     a = ckpt.load(r.source)
@@ -237,7 +316,7 @@ def _resized(r: ResizedTable, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -
     t = ckpt.tensors[r.name]
     old, new = t.shape[r.axis], r.new
 
-    def extra() -> np.ndarray:
+    def extra() -> Array:
         assert r.rows is not None, f"internal: {r.name} grows without new rows"
         made = get(r.rows)
         assert isinstance(made, np.ndarray)
@@ -253,16 +332,124 @@ def _resized(r: ResizedTable, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -
     return keep if new <= old else Source(parts=[keep, Source(array=extra())])
 
 
+# ------------------------------------------------------------------ transposes and fused parts (convert)
+
+
+def _take(a: Array, axis: int, count: int, chunks: tuple[int, ...]) -> Array:
+    """The chunks ``chunks`` of the ``count`` equal chunks of ``a``'s axis ``axis`` (raw storage dtype: bits
+    move, no cast)."""
+    axis %= a.ndim
+    size = a.shape[axis] // count
+    split = a.reshape(a.shape[:axis] + (count, size) + a.shape[axis + 1 :])
+    got: Array = np.take(split, list(chunks), axis=axis)
+    return got.reshape(a.shape[:axis] + (len(chunks) * size,) + a.shape[axis + 1 :])
+
+
+TILE = 256
+
+
+def transpose_2d(a: Array, tile: int = TILE, out: Array | None = None) -> Array:
+    """``a.T`` as a C-ordered array (written into ``out`` when given, shape ``a.shape[::-1]``), copied tile
+    by tile (``tile`` × ``tile``): the same bits as ``np.ascontiguousarray(a.T)`` (any dtype; bf16 as
+    ``uint16``), 2-7x faster on large matrices, where numpy's strided copy misses the cache on every
+    element (measured in ``bench/convert_memory.py``)."""
+    rows, cols = a.shape
+    if out is None:
+        out = np.empty((cols, rows), dtype=a.dtype)
+    for i in range(0, rows, tile):
+        for j in range(0, cols, tile):
+            out[j : j + tile, i : i + tile] = a[i : i + tile, j : j + tile].T
+    return out
+
+
+# rows of the input read at a time when transposing a whole tensor (about this many bytes)
+ROWS_BYTES = 16 << 20
+
+
+def transposed(ckpt: Checkpoint, name: str) -> Array:
+    """Tensor ``name`` (2-D) transposed, in its stored dtype, reading the input in blocks of rows of about
+    :data:`ROWS_BYTES` (:meth:`Checkpoint.iter_rows`, one reused buffer): memory is the output tensor plus
+    one block, never the input tensor as well."""
+    t = ckpt.tensors[name]
+    rows, cols = t.shape
+    if rows == 0 or cols == 0:
+        return transpose_2d(ckpt.load(name))
+    out: Array | None = None
+    i = 0
+    for block in ckpt.iter_rows(name, max(1, ROWS_BYTES // max(1, t.nbytes // rows))):
+        if out is None:
+            out = np.empty((cols, rows), dtype=block.dtype)
+        n = block.shape[0]
+        transpose_2d(block, out=out[:, i : i + n])
+        i += n
+    assert out is not None and i == rows
+    return out
+
+
+# ------------------------------------------------------------------ joined slices (merge)
+
+
+def read_slice(s: Slice) -> Array:
+    """The slice's array in its storage dtype (bf16 as uint16 bits), C order."""
+    if s.path.suffix == ".safetensors":
+        return safetensors_io.read_array(s.path, s.info)
+    return np.ascontiguousarray(pdparams_io.read_array(s.path, s.info))
+
+
+def raw_slice(s: Slice) -> Source:
+    """The slice's bytes in C order, by byte range when stored so (no memory)."""
+    if s.path.suffix == ".safetensors":
+        return Source(s.path, s.info.offset, s.info.nbytes)
+    if s.info.fortran and len(s.info.shape) > 1:
+        return Source(array=read_slice(s))
+    return pdparams_io.raw_bytes_source(s.path, s.info)
+
+
+def join(arrays: list[Array], rule: TPSplit, axis: int, parts: tuple[int, ...] | None) -> Array:
+    """Join the slices of one tensor (one array per rank, in rank order), as PaddleFormers'
+    ``normal_fuse_merge_tp`` (plain concatenation on ``axis``) and ``naive_fuse_merge_tp`` (fused kinds:
+    each rank's slice is cut into ``parts`` shares along ``axis`` — ``[gate_r, up_r]`` or ``[q_r, k_r, v_r]``
+    — and the merged tensor is every rank's first part, then every rank's second, ...).
+
+    Args:
+        arrays: same shape and dtype (storage dtype: bf16 as uint16 bits; values are never touched).
+        parts: None for a plain concatenation.
+
+    Returns:
+        the merged array, C order.
+    """
+    if parts is None:
+        return np.concatenate(arrays, axis=axis)
+    cut = np.cumsum([0, *parts])
+    size = arrays[0].shape[axis]
+    total = cut[-1]
+    if size % total:
+        raise ValueError(f"a fused slice of {size} does not split into shares {parts}")
+    bounds = [(size * cut[k] // total, size * cut[k + 1] // total) for k in range(len(parts))]
+    pieces = [np.take(a, np.arange(lo, hi), axis=axis) for lo, hi in bounds for a in arrays]
+    return np.concatenate(pieces, axis=axis)
+
+
+def _joined(r: Joined) -> Data:
+    """:class:`Joined`: replicated → rank 0's byte range; axis 0 → the ranks' byte ranges one after
+    another (no memory); another axis or a fused kind → the slices loaded and joined (:func:`join`)."""
+    if r.axis is None:
+        return raw_slice(r.slices[0])
+    if r.axis == 0 and r.parts is None:
+        return Source(parts=[raw_slice(s) for s in r.slices])
+    return join([read_slice(s) for s in r.slices], r.rule, r.axis, r.parts)
+
+
 # ------------------------------------------------------------------ new rows
 
 
-def _decode(ckpt: Checkpoint, t: TensorInfo, a: np.ndarray) -> np.ndarray:
+def _decode(ckpt: Checkpoint, t: TensorInfo, a: Array) -> Array:
     if not t.st_dtype.decodable:  # a plan refuses this first (surgery.plan.plan.check_dtypes)
         raise dtype_refusal(t, ckpt.path, "decode its values")
     return bf16_bits_to_f32(a) if ckpt.logical_dtype(t) == "bfloat16" else a.astype(np.float32)
 
 
-def _encode(ckpt: Checkpoint, t: TensorInfo, x: np.ndarray) -> np.ndarray:
+def _encode(ckpt: Checkpoint, t: TensorInfo, x: Array) -> Array:
     if not t.st_dtype.decodable:
         raise dtype_refusal(t, ckpt.path, "encode new values")
     if ckpt.logical_dtype(t) == "bfloat16":
@@ -271,14 +458,14 @@ def _encode(ckpt: Checkpoint, t: TensorInfo, x: np.ndarray) -> np.ndarray:
 
 
 def new_rows(
-    old: np.ndarray,
+    old: Array,
     n: int,
     init: Init | str,
     rng: np.random.Generator,
     std: float,
-    decode: Callable[[np.ndarray], np.ndarray] | None = None,
+    decode: Callable[[Array], Array] | None = None,
     chunk_rows: int = 8192,
-) -> np.ndarray:
+) -> Array:
     """``n`` new rows ``[n, hidden]`` (float32) for a table whose stored rows are ``old`` ``[rows, hidden]``.
 
     Args:
@@ -309,8 +496,8 @@ def new_rows(
 
 
 def _mean_and_covariance(
-    old: np.ndarray, decode: Callable[[np.ndarray], np.ndarray], chunk_rows: int
-) -> tuple[np.ndarray, np.ndarray]:
+    old: Array, decode: Callable[[Array], Array], chunk_rows: int
+) -> tuple[Array, Array]:
     """Mean ``[hidden]`` (float32, summed in float64) and population covariance ``[hidden, hidden]``
     (float64) of the rows of ``old``, ``chunk_rows`` rows at a time."""
     rows, h = old.shape
@@ -325,7 +512,7 @@ def _mean_and_covariance(
     return mu, cov / rows
 
 
-def _cholesky_if_definite(cov: np.ndarray) -> np.ndarray | None:
+def _cholesky_if_definite(cov: Array) -> Array | None:
     """The Cholesky factor of ``cov``, or None when it is not finite or not positive definite beyond
     float32 rounding (smallest eigenvalue ≤ largest · hidden · float32 eps)."""
     if not np.isfinite(cov).all():

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from ..io.vocabkeys import vocab_keys
 from ..model.enums import EQUAL_STATES, HeadLayout, Init
 from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, UsageError
 from .plan import (
-    NewTensor,
+    OutTensor,
     Plan,
     base_plan,
     drop_head,
@@ -206,7 +207,7 @@ def _resolve_seed(seed: int | None) -> int:
 
 def _resize_report(
     det: Detection, vocab: int, N: int, init: Init, seed: int, pad_to_multiple_of: int | None
-) -> dict:
+) -> dict[str, Any]:
     """The report's ``resize`` fields: rows before/after/requested/added/removed, init, seed, padding,
     tokenizer size, and the head's rows where they differ from the embedding's."""
     V = det.vocab_rows
@@ -374,7 +375,7 @@ def _put(plan: Plan, n: str, axis: int, new: int, recipe: Recipe, storage: objec
     """Replace ``n`` by ``recipe``: its shape with ``new`` entries along ``axis``, its (relabelled) dtype."""
     t = plan.ckpt.tensors[n]
     out = out_dtype(plan.ckpt, t, plan.relabel_u16)
-    plan.replace[n] = NewTensor(n, out, _new_shape(t.shape, axis, new), recipe, t.file, storage=storage)
+    plan.replace[n] = OutTensor(n, out, _new_shape(t.shape, axis, new), recipe, t.file, storage=storage)
 
 
 def _resize_tensors(det: Detection, plan: Plan, N: int, draws: _Draws) -> None:
@@ -497,7 +498,7 @@ def _bound(det: Detection, rule: arch.TokenTable) -> tuple[str | None, int | Non
     return None, None
 
 
-def _text_block(det: Detection) -> dict:
+def _text_block(det: Detection) -> dict[str, Any]:
     """The language model's config block (``det.config.text_key``, dotted), or the top level."""
     try:
         block = get_dotted(det.ckpt.config, det.config.text_key or "")
@@ -573,4 +574,4 @@ def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
     for n in det.bias_names:
         t = ckpt.tensors[n]
         out = out_dtype(ckpt, t, plan.relabel_u16)
-        plan.replace[n] = NewTensor(n, out, t.shape[:-1] + (new,), recipe, t.file, storage=t.storage)
+        plan.replace[n] = OutTensor(n, out, t.shape[:-1] + (new,), recipe, t.file, storage=t.storage)

@@ -8,7 +8,7 @@ from ..inspect.detect import Detection
 from ..model.enums import EQUAL_STATES, HeadLayout, Keep, TieState
 from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, ValuesDifferError
 from .plan import (
-    NewTensor,
+    OutTensor,
     Plan,
     base_plan,
     check_new_names,
@@ -202,7 +202,7 @@ def _keep_head_values(det: Detection, plan: Plan) -> None:
     for n in [det.embedding.name] + det.embedding.aliases:
         t = ckpt.tensors[n]
         out = out_dtype(ckpt, t, plan.relabel_u16)
-        plan.replace[n] = NewTensor(n, out, t.shape, recipe, t.file, storage=("embedding",))
+        plan.replace[n] = OutTensor(n, out, t.shape, recipe, t.file, storage=("embedding",))
     plan.notes.append(f"{Opt('keep', 'head')}: {det.embedding.name} takes the values of {det.head.name}")
 
 
@@ -249,7 +249,7 @@ def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> N
         _refuse_other_dtypes(det, Keep.EMBEDDING)
         recipe = CopyOf(det.embedding.name, transpose=det.head.layout == HeadLayout.HIDDEN_VOCAB)
         out = out_dtype(det.ckpt, h, plan.relabel_u16)
-        plan.replace[det.head.name] = NewTensor(det.head.name, out, h.shape, recipe, h.file)
+        plan.replace[det.head.name] = OutTensor(det.head.name, out, h.shape, recipe, h.file)
 
 
 def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) -> Plan:

@@ -12,7 +12,7 @@ from ..model.enums import LAYOUTS, HeadLayout
 from ..model.errors import Opt, RefusedError, UsageError
 from .plan import (
     NEW_SHARD,
-    NewTensor,
+    OutTensor,
     Plan,
     base_plan,
     check_new_names,
@@ -33,7 +33,7 @@ def _embedding_as_head(det: Detection, lay: str, scale: float | None) -> CopyOf:
     return CopyOf(det.embedding.name, transpose=lay == HeadLayout.HIDDEN_VOCAB, scale=scale)
 
 
-def _place_new_head(det: Detection, plan: Plan, head: NewTensor) -> None:
+def _place_new_head(det: Detection, plan: Plan, head: OutTensor) -> None:
     """Put the untied head into the plan: in place of a head that aliased the embedding's storage, in a
     shard of its own for a sharded checkpoint (as PaddleFormers lays the head out; every existing shard is
     then copied unchanged), or after the last tensor of the embedding's file."""
@@ -115,7 +115,7 @@ def _add_untied_head(det: Detection, plan: Plan, layout: str) -> None:
         )
     recipe = _embedding_as_head(det, lay, scale)
     dtype = out_dtype(det.ckpt, e, plan.relabel_u16)
-    _place_new_head(det, plan, NewTensor(det.head.name, dtype, shape, recipe, e.file))
+    _place_new_head(det, plan, OutTensor(det.head.name, dtype, shape, recipe, e.file))
     plan.notes.append(
         f"{det.head.name} written as {list(shape)} ({lay}), for the {det.loader.name} loader"
         + ("" if layout not in (None, "auto") else f" (auto: {det.loader.source})")

@@ -15,32 +15,36 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..io import pdparams_io, safetensors_io, store, surface, tree
-from ..io.checkpoint import SHARD_RE, Checkpoint
+from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file, set_dotted
-from ..io.readback import Planned, PlannedView, check_json_file, check_pdparams, check_safetensors
+from ..io.readback import (
+    Planned,
+    PlannedView,
+    check_index_data,
+    check_json_file,
+    check_pdparams,
+    check_safetensors,
+)
 from ..io.safetensors_io import Source
-from ..model.errors import UsageError
+from ..model.enums import Container
 from ..model.tensor import pdparams_name
 from ..plan import recipes
-from ..plan.plan import NEW_SHARD, NewTensor, Plan
+from ..plan.plan import NEW_SHARD, NewCheckpoint, OutTensor, Plan
 from ..plan.recipes import Recipe
-from .copy import Copier, Reporting, copy_file, try_link
+from .copy import Copier, Reporting, copy_file, try_link, write_reporting
+from .layout import Entry, KeepFilesLayout, ReshardLayout, entry_nbytes, keep_files, reshard
 from .publish import JSON_STYLE, check_output_path, publish, write_json
 from .remote import execute_remote
 
 
-def _shard_name(kind: str, k: int, n: int) -> str:
-    return f"{kind}-{k:05d}-of-{n:05d}.{'safetensors' if kind == 'model' else 'pdparams'}"
-
-
 def execute(
-    plan: Plan,
+    plan: Plan | NewCheckpoint,
     out: str | Path,
     link: bool = False,
     progress: Callable[[str, int], None] | None = None,
@@ -68,6 +72,9 @@ def execute(
             input's place, so the link leads where it did); otherwise (and always for ``--out``) the output
             holds a real folder of its files (:func:`_kept_links`).
 
+    A :class:`~surgery.plan.plan.NewCheckpoint` (``convert``, ``merge``) is written by :func:`write_new`
+    (``link``, ``keep_training_state`` and ``keep_folder_links`` do not apply: nothing is kept by file).
+
     Returns:
         the report (or the facts when ``report`` is None).
 
@@ -75,6 +82,8 @@ def execute(
         OutputError: the output cannot be written (disk full, permissions); nothing is left behind.
         UsageError: ``out`` is inside the input or already holds files.
     """
+    if isinstance(plan, NewCheckpoint):
+        return write_new(plan, out, report, progress)
     ckpt = plan.ckpt
     if not store.store_for(out).on_disk:  # object storage: staged here, then published in order
         return execute_remote(
@@ -93,11 +102,6 @@ def execute(
         ),
         report,
     )
-
-
-# One output tensor: (name, dtype label, shape, its NewTensor or None when its bytes come from the input,
-# storage key, fortran).
-_Entry = tuple[str, str, tuple, Any, object, bool]
 
 
 def _write_all(
@@ -128,14 +132,14 @@ def _write_all(
         ckpt.path, ckpt.left_out, ckpt.training_state, plan.changed, keep_training_state
     )
     carried = ckpt.other_files + [x.file for x in left_out if x.kept]
-    lay = _layout(plan)
-    total_size = sum(_entry_nbytes(ckpt, e) for f in lay.kept for e in lay.entries[f])
+    lay = keep_files(plan)
+    total_size = sum(entry_nbytes(ckpt, e) for f in lay.kept for e in lay.entries[f])
     kept_links = _kept_links(plan, carried) if keep_folder_links else []
     files_report = _write_weight_files(plan, tmp, lay, carried, link, progress, copier, kept_links)
     files_report["folder_links"] = _folder_link_facts(ckpt.folder_links, kept_links)
     if ckpt.sharded and ckpt.index is not None and ckpt.index_name is not None:
         # one entry per tensor: made only now, not held through the weight writes nor the read-back
-        weight_map = {e[0]: lay.rename[f] for f in lay.kept for e in lay.entries[f]}
+        weight_map = {e.name: lay.rename[f] for f in lay.kept for e in lay.entries[f]}
         _write_index(ckpt.index, tmp / ckpt.index_name, weight_map, total_size)
         del weight_map
     deferred = set() if copier is None else {lay.rename[f] for f in lay.kept if f not in lay.rewrite}
@@ -150,93 +154,6 @@ def _write_all(
     }
 
 
-@dataclass
-class _Layout:
-    """What goes where in the output.
-
-    Attributes:
-        entries: per input weight file (and ``NEW_SHARD``), its output tensors in order.
-        kept: the files left with tensors (input order, ``NEW_SHARD`` last); the others are removed.
-        rename: output name of each kept file.
-        rewrite: the kept files that are rewritten (touched by the plan, or ``NEW_SHARD``), in order; the
-            rest are copied or linked whole.
-    """
-
-    entries: dict[str, list[_Entry]]
-    kept: list[str]
-    rename: dict[str, str]
-    rewrite: list[str]
-
-
-def _layout(plan: Plan) -> _Layout:
-    """The :class:`_Layout` of ``plan``'s output.
-
-    Raises:
-        UsageError: the plan leaves no tensor in the checkpoint (a bug).
-    """
-    ckpt = plan.ckpt
-    touched = plan.touched_files()
-    entries = _plan_entries(plan)
-    kept = [f for f in ckpt.weight_files + [NEW_SHARD] if entries[f]]
-    if not kept:
-        raise UsageError(
-            "the plan leaves no tensor in the checkpoint", ckpt.path, "this is a bug; please report it"
-        )
-    rewrite = [f for f in kept if f in touched or f == NEW_SHARD]
-    return _Layout(entries, kept, _output_names(ckpt, kept), rewrite)
-
-
-def _plan_entries(plan: Plan) -> dict[str, list[_Entry]]:
-    """The output tensors of each input weight file (and of ``NEW_SHARD``), in the order they are written:
-    the input's tensors less the dropped ones, replaced tensors in their place, each added tensor right
-    after the one it follows (those following none, or a name not written, at the end of their file).
-
-    Returns:
-        input file (or ``NEW_SHARD``) → its entries; a file left with no tensor maps to ``[]``.
-    """
-    ckpt = plan.ckpt
-    entries: dict[str, list[_Entry]] = {f: [] for f in ckpt.weight_files}
-    entries[NEW_SHARD] = []
-    adds_after: dict[str | None, list[NewTensor]] = {}
-    for a in plan.add:
-        adds_after.setdefault(a.after, []).append(a)
-    for name, t in ckpt.tensors.items():
-        if name in plan.drop:
-            continue
-        if name in plan.replace:
-            nt = plan.replace[name]
-            # a replaced tensor has storage of its own unless the plan groups it (aliases of one new table)
-            entries[t.file].append((name, nt.dtype, nt.shape, nt, nt.storage, False))
-        else:
-            dtype = "BF16" if plan.relabel_u16 and t.dtype == "U16" else t.dtype
-            entries[t.file].append((name, dtype, t.shape, None, t.storage, t.fortran))
-        for a in adds_after.pop(name, []):
-            entries[a.file].append((a.name, a.dtype, a.shape, a, a.storage, False))
-    for lst in adds_after.values():
-        for a in lst:
-            entries[a.file].append((a.name, a.dtype, a.shape, a, a.storage, False))
-    return entries
-
-
-def _output_names(ckpt: Checkpoint, kept: list[str]) -> dict[str, str]:
-    """Output name of each kept file: in a sharded checkpoint, shards (and ``NEW_SHARD``) are renumbered
-    ``k-of-n`` over the kept files; any other name is unchanged."""
-    if not ckpt.sharded:
-        return {f: f for f in kept}
-    rename: dict[str, str] = {}
-    n = len(kept)
-    kind = "model" if ckpt.format == "safetensors" else "model_state"
-    for k, f in enumerate(kept, 1):
-        m = SHARD_RE.match(f)
-        rename[f] = _shard_name(m.group(1) if m else kind, k, n) if (m or f == NEW_SHARD) else f
-    return rename
-
-
-def _entry_nbytes(ckpt: Checkpoint, e: _Entry) -> int:
-    """Tensor bytes of output entry ``e``: its new tensor's, or the input tensor's."""
-    return e[3].nbytes if e[3] is not None else ckpt.tensors[e[0]].nbytes
-
-
 class _NewData:
     """The data of new tensors, made on first use by :func:`recipes.make` with one memo for the whole
     execution (tensors with equal recipes, and recipes made of the same parts, share the data) and held
@@ -246,7 +163,7 @@ class _NewData:
         self._ckpt = ckpt
         self._made: dict[Recipe, recipes.Data] = {}
 
-    def source(self, nt: NewTensor) -> Source:
+    def source(self, nt: OutTensor) -> Source:
         """A :class:`Source` of ``nt``'s bytes.
 
         Raises:
@@ -278,7 +195,7 @@ class _NewData:
 def _write_weight_files(
     plan: Plan,
     tmp: Path,
-    lay: _Layout,
+    lay: KeepFilesLayout,
     carried: list[str],
     link: bool,
     progress,
@@ -312,7 +229,7 @@ def _write_weight_files(
             files_report["written" if f == NEW_SHARD else "rewritten"].append(lay.rename[f])
             # free new arrays no longer needed by later files
             later = lay.kept[lay.kept.index(f) + 1 :]
-            new.keep_only([e[3].recipe for g in later for e in lay.entries[g] if e[3] is not None])
+            new.keep_only([e.new.recipe for g in later for e in lay.entries[g] if e.new is not None])
             copier.poll()
         copier.poll(block=True)
     finally:
@@ -323,7 +240,7 @@ def _write_weight_files(
 def _start_copies(
     plan: Plan,
     tmp: Path,
-    lay: _Layout,
+    lay: KeepFilesLayout,
     carried: list[str],
     link: bool,
     progress,
@@ -340,7 +257,7 @@ def _start_copies(
         if f in lay.rewrite:
             continue
         src, dst = ckpt.path / f, tmp / lay.rename[f]
-        tensor_bytes = sum(_entry_nbytes(ckpt, e) for e in lay.entries[f])
+        tensor_bytes = sum(entry_nbytes(ckpt, e) for e in lay.entries[f])
         if link and try_link(src, dst):
             files_report["linked"].append(lay.rename[f])
             if progress:
@@ -429,7 +346,7 @@ def _index_data(index: dict, weight_map: dict[str, str], total_size: int) -> dic
     return index
 
 
-def _rewrite_reporting(plan: Plan, f: str, entries: list[_Entry], dst: Path, source_of, progress) -> None:
+def _rewrite_reporting(plan: Plan, f: str, entries: list[Entry], dst: Path, source_of, progress) -> None:
     """:func:`_rewrite` of output file ``dst`` (input file ``f``), telling ``progress(name, bytes)`` the
     bytes of each tensor as they are written, and at the end what the file's tensors count beyond that
     (aliases of one storage in a ``.pdparams`` are written once but counted per name, as
@@ -445,14 +362,14 @@ def _rewrite_reporting(plan: Plan, f: str, entries: list[_Entry], dst: Path, sou
         progress(name, n)
 
     _rewrite(plan, f, entries, dst, source_of, advance)
-    rest = sum(_entry_nbytes(plan.ckpt, e) for e in entries) - sent
+    rest = sum(entry_nbytes(plan.ckpt, e) for e in entries) - sent
     if rest:
         progress(name, rest)
 
 
 def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) -> None:
     """Write output file ``dst`` with ``entries`` (input file ``f``, or ``NEW_SHARD``): unchanged tensors
-    by byte range from the input, new ones from ``source_of(NewTensor)``; ``advance(bytes)`` (if given) is
+    by byte range from the input, new ones from ``source_of(OutTensor)``; ``advance(bytes)`` (if given) is
     told the tensor bytes as they are written (:class:`Reporting`).
 
     Raises:
@@ -460,13 +377,13 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) ->
     """
     ckpt = plan.ckpt
 
-    def source(name: str, nt: NewTensor | None) -> Source:
+    def source(name: str, nt: OutTensor | None) -> Source:
         src = source_of(nt) if nt is not None else ckpt.source(name)
         return src if advance is None else Reporting(src, advance)
 
     if ckpt.format == "safetensors":
-        header = ((e[0], e[1], e[2], _entry_nbytes(ckpt, e)) for e in entries)
-        sources = ((_entry_nbytes(ckpt, e), source(e[0], e[3])) for e in entries)
+        header = ((e.name, e.dtype, e.shape, entry_nbytes(ckpt, e)) for e in entries)
+        sources = ((entry_nbytes(ckpt, e), source(e.name, e.new)) for e in entries)
         safetensors_io.write_rows(dst, header, sources, _st_metadata(plan, f, rewritten=True))
     else:
         rows = []
@@ -521,7 +438,9 @@ def _read_back(
     ckpt = plan.ckpt
     shards: dict[str, Sequence[Planned]] = {}
     for out_name, (f, entries) in out_files.items():
-        planned = PlannedView(entries, lambda e: Planned(e[0], e[1], tuple(e[2]), _entry_nbytes(ckpt, e)))
+        planned = PlannedView(
+            entries, lambda e: Planned(e.name, e.dtype, tuple(e.shape), entry_nbytes(ckpt, e))
+        )
         shards[out_name] = planned
         if out_name in deferred:
             continue
@@ -586,3 +505,168 @@ def _write_configs(plan: Plan, tmp: Path) -> None:
             write_json(tmp / file, data)
         else:
             copy_file(src, tmp / file)
+
+
+# ------------------------------------------------------------------ a new checkpoint (convert, merge)
+
+
+class _Made:
+    """The data of the output tensors, made by :func:`surgery.plan.recipes.make` with one memo for the
+    whole write: a tensor whose recipe equals a later one's shares its data, which is dropped once the last
+    of them is made (so one tensor is in memory at a time, unless equal recipes repeat)."""
+
+    def __init__(self, ckpt: Checkpoint | None, tensors: Sequence[OutTensor]) -> None:
+        self._ckpt = ckpt
+        self._memo: dict[Recipe, recipes.Data] = {}
+        self._left = Counter(t.recipe for t in tensors)
+
+    def source(self, t: OutTensor) -> Source:
+        data = recipes.make(t.recipe, self._ckpt, self._memo)
+        self._left[t.recipe] -= 1
+        if not self._left[t.recipe]:
+            del self._left[t.recipe]
+            self._memo.pop(t.recipe, None)
+        return data if isinstance(data, Source) else Source(array=data)
+
+
+class _Lazy(Source):
+    """A :class:`Source` of known size whose bytes are produced only when written (then released)."""
+
+    __slots__ = ("make", "tensor")
+
+    def __init__(self, t: OutTensor, made: _Made):
+        super().__init__(nbytes=t.nbytes)
+        self.nbytes = t.nbytes
+        self.tensor, self.make = t, made
+
+    def made(self) -> Source:
+        src = self.make.source(self.tensor)
+        if src.nbytes != self.nbytes:
+            raise ValueError(f"a source gave {src.nbytes} bytes, {self.nbytes} were planned")
+        return src
+
+    def write_to(self, f) -> None:
+        self.made().write_to(f)
+
+
+def write_new(
+    new: NewCheckpoint,
+    out: str | Path,
+    report: Callable[[dict], dict] | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> dict:
+    """Write the checkpoint ``new`` (``convert``, ``merge``) to ``out``, atomically: its tensors laid out
+    in shards (:func:`surgery.write.layout.reshard`), each made by its recipe
+    (:func:`surgery.plan.recipes.make`, one memo) when it is written, so that one tensor is in memory at a
+    time; the index, ``config.json`` and the carried files; every weight file and the index read back with
+    the reference readers (:mod:`surgery.io.readback`) before the folder is renamed into place.
+
+    Args:
+        out: the output folder (must not exist, or be empty). Checked by the caller against its inputs
+            (:func:`surgery.write.publish.check_output_path`).
+        report: given the written-file facts, returns the report written as ``tietool-report.json``.
+        progress: called with (output file name, bytes) as tensor bytes are written.
+
+    Returns:
+        the report (or the facts: ``weight_files``, ``index``, ``total_size``, ``carried``).
+
+    Raises:
+        UsageError: no tensors or duplicate names.
+        OutputError: the output cannot be written or does not read back; nothing is left behind.
+    """
+    lay = reshard(new.tensors, new.layout.container, new.layout.max_shard_size)
+    return publish(Path(out), lambda tmp: _write_new_files(tmp, new, lay, progress), report)
+
+
+def _write_new_files(
+    tmp: Path, new: NewCheckpoint, lay: ReshardLayout, progress: Callable[[str, int], None] | None
+) -> dict:
+    """Write the weight files, the index, config.json and the carried files into ``tmp``; read back."""
+    container, st_metadata, carry = new.layout.container, new.st_metadata, new.carry
+    made = _Made(new.source, [t for ts in lay.files.values() for t in ts])
+    for fname, ts in lay.files.items():
+        _write_new_file(tmp / fname, ts, made, container, st_metadata, new.pdparams_extras, progress)
+    index = {"metadata": {"total_size": lay.total_size}, "weight_map": lay.weight_map}
+    if lay.index is not None:
+        write_json(tmp / lay.index, index)
+    shards: dict[str, Sequence[Planned]] = {f: PlannedView(ts, _planned_new) for f, ts in lay.files.items()}
+    for fname, planned in shards.items():
+        if container is Container.SAFETENSORS:
+            check_safetensors(tmp / fname, planned, st_metadata)
+        else:
+            check_pdparams(tmp / fname, planned)
+    if lay.index is not None:
+        # the file holds the index written (compared as encoded, never parsed into a second dict), and
+        # that index names exactly the planned tensors
+        check_json_file(tmp / lay.index, index, JSON_STYLE)
+        check_index_data(tmp / lay.index, index, shards)
+    write_json(tmp / "config.json", new.config)
+    for src, rel in carry:
+        (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        copy_file(src, tmp / rel)
+    return {
+        "weight_files": list(lay.files),
+        "index": lay.index,
+        "total_size": lay.total_size,
+        "carried": [rel for _, rel in carry],
+    }
+
+
+def _planned_new(t: OutTensor) -> Planned:
+    return Planned(t.name, t.dtype, t.shape, t.nbytes)
+
+
+def _write_new_file(
+    path: Path,
+    ts: list[OutTensor],
+    made: _Made,
+    container: Container,
+    st_metadata: dict[str, str] | None,
+    extras: dict[str, Any] | None,
+    progress: Callable[[str, int], None] | None,
+) -> None:
+    """One weight file of ``ts``, each tensor's bytes produced only when it is written."""
+    if container is Container.SAFETENSORS:
+        safetensors_io.write_file(path, _rows(ts, made, path.name, progress), st_metadata)
+        return
+    rows: list[tuple[str, str, tuple[int, ...], Source, object, bool]] = [
+        (t.name, pdparams_name(t.dtype), t.shape, src, None, False)
+        for t, src in _sources(ts, made, path.name, progress)
+    ]
+    pdparams_io.write_file(path, rows, _file_extras(extras, {t.name for t in ts}))
+
+
+def _sources(ts: list[OutTensor], made: _Made, fname: str, progress) -> Iterator[tuple[OutTensor, Source]]:
+    for t in ts:
+        yield t, (_Lazy(t, made) if progress is None else _Progressing(t, made, fname, progress))
+
+
+def _rows(
+    ts: list[OutTensor], made: _Made, fname: str, progress
+) -> Iterator[tuple[str, str, tuple[int, ...], Source]]:
+    for t, src in _sources(ts, made, fname, progress):
+        yield t.name, t.dtype, t.shape, src
+
+
+class _Progressing(_Lazy):
+    """:class:`_Lazy` that tells ``progress(file, bytes)`` once its tensor is written."""
+
+    __slots__ = ("fname", "progress")
+
+    def __init__(self, t: OutTensor, made: _Made, fname: str, progress: Callable[[str, int], None]):
+        super().__init__(t, made)
+        self.fname, self.progress = fname, progress
+
+    def write_to(self, f) -> None:
+        write_reporting(self.made(), f, lambda n: self.progress(self.fname, n))
+
+
+def _file_extras(extras: dict[str, Any] | None, names: set[str]) -> dict[str, Any]:
+    """``extras`` for one ``.pdparams`` file: ``StructuredToParameterName@@`` keeps its own tensors."""
+    if not extras:
+        return {}
+    out = dict(extras)
+    s2p = out.get("StructuredToParameterName@@")
+    if isinstance(s2p, dict):
+        out["StructuredToParameterName@@"] = {k: v for k, v in s2p.items() if k in names}
+    return out
