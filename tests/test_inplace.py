@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import cli_runner
 
 import tietool
 from tietool.surgery.write import inplace
@@ -26,14 +27,16 @@ FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 REPORT = "tietool-report.json"
 
 
-def _cli(*args: object, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tietool", *map(str, args)],
-        capture_output=True,
-        text=True,
+def _cli(*args: object, cwd: Path | None = None, env: dict | None = None) -> cli_runner.CliRun:
+    """``python -m tietool *args`` in a subprocess: an in-place run names its temporary folders after its
+    process id, and a later run judges them by whether that process is alive (an in-process run would be
+    this long-lived one)."""
+    return cli_runner.run_cli(
+        args,
+        subprocess=True,
+        cwd=cwd or os.getcwd(),
+        env={**(env or {}), **({"PWD": str(cwd)} if cwd else {})},
         timeout=120,
-        cwd=cwd,
-        env={**os.environ, **(env or {}), **({"PWD": str(cwd)} if cwd else {})},
     )
 
 
