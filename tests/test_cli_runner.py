@@ -135,7 +135,9 @@ def test_a_run_puts_the_process_state_back(tmp_path):
     assert errors.set_wording(wording) is wording  # the library's wording is back
     import tietool.cli.app as cli_app
 
-    assert cli_app._signal_received is None and cli_app._announced is False
+    # the module state a child starts with is where the runner resets it (moved: update MODULE_STATE)
+    state = {n: getattr(cli_app, n, "<missing>") for n in cli_runner.MODULE_STATE}
+    assert state == cli_runner.MODULE_STATE, state
 
 
 def test_a_timeout_stops_an_in_process_run(tmp_path, monkeypatch):

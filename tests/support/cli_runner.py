@@ -4,16 +4,15 @@
 (``rc``, also ``returncode``; None: timed out), stdout, stderr, the seconds taken and (worker runs) the
 peak memory.
 
-* ``in_process`` (the default): :func:`invoke` calls the console-script entry point ``tietool.cli.app.main``
-  in this interpreter, with ``sys.argv``, stdin, stdout and stderr replaced as a ``python -m tietool``
-  child would see them: stdin empty, stdout/stderr byte buffers with the child's encoding and error
-  handlers (``probe_streams``: a lone surrogate in a name fails to print the same way), the environment of
-  the child, cwd = the repository (or ``cwd``), Click's program name ``python -m tietool``, Python's
-  default warning filters printing to stderr. Everything the run may change is put back afterwards: cwd,
-  umask, ``os.environ``, the signal handlers ``main`` installs, ``sys.argv`` / the streams / ``__main__``,
-  the CLI's module state (``_signal_received``, ``_announced``) and the errors' wording. An optional
-  ``timeout`` raises :class:`Timeout` inside the run (SIGALRM, main thread only), which unwinds like
-  Ctrl-C would, and the run reports ``rc=None``.
+* in process (the default): :func:`invoke` runs ``tietool/__main__.py`` (``runpy``, as ``python -m``
+  does: the CLI's ``main``) in this interpreter, with ``sys.argv``, stdin, stdout and stderr replaced as a
+  ``python -m tietool`` child would see them: stdin empty, stdout/stderr byte buffers with the child's
+  encoding and error handlers (``probe_streams``: a lone surrogate in a name fails to print the same way),
+  the environment of the child, cwd = the repository (or ``cwd``), Python's default warning filters
+  printing to stderr. Everything the run may change is put back afterwards: cwd, umask, ``os.environ``,
+  the signal handlers ``main`` installs, ``sys.argv`` / the streams / ``__main__``, the CLI's module state
+  (:data:`MODULE_STATE`) and the errors' wording. An optional ``timeout`` raises :class:`Timeout` inside
+  the run (SIGALRM, main thread only), which unwinds like Ctrl-C would, and the run reports ``rc=None``.
 * ``subprocess=True``: ``python -m tietool`` in a fresh interpreter (a user's run). The tests that need one
   say why: signals and kills, exit codes of the real entry point, a stdin pipe, ``RLIMIT_*`` limits.
   ``TIETOOL_TEST_SUBPROCESS=1`` sends every :func:`run_cli` call to a subprocess (to check that the
@@ -22,7 +21,7 @@ peak memory.
   ``RLIMIT_AS`` / ``RLIMIT_FSIZE``, measuring each run's peak memory (VmHWM reset before each run). The
   adversarial tests use it: a declared huge size must fail under the limit, not be allocated.
 
-Nothing here imports ``tietool`` at module level (``invoke`` imports ``tietool.cli.app`` when first run).
+Nothing here imports ``tietool`` at module level (a run imports it, once).
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ import io
 import json
 import os
 import resource
+import runpy
 import signal
 import subprocess as sp
 import sys
@@ -210,16 +210,12 @@ def _isolated(argv: list[str], cwd: Path | str | None, env: Mapping[str, str] | 
     saved_sys = (sys.argv, sys.stdin, sys.stdout, sys.stderr, sys.modules["__main__"])
     saved_wording = errors.set_wording(lambda o: "")  # read the caller's wording (put back just below)
     errors.set_wording(saved_wording)
-    fake_main = types.ModuleType("__main__")
-    fake_main.__package__ = "tietool"  # Click's program name: "python -m tietool"
     try:
         os.environ.clear()
         os.environ.update(tool_env(env))
         os.chdir(cwd or REPO)
-        cli_app._signal_received = None
-        cli_app._announced = False
-        sys.argv = [str(Path(cli_app.__file__).parents[1] / "__main__.py"), *argv]
-        sys.modules["__main__"] = fake_main
+        _reset_module_state(cli_app)
+        sys.argv = ["-m", *argv]  # runpy puts the path of tietool/__main__.py in sys.argv[0], as -m does
         sys.stdin = io.TextIOWrapper(io.BytesIO(b""), encoding=enc_out)
         sys.stdout, sys.stderr = out, err
         with warnings.catch_warnings():
@@ -236,12 +232,21 @@ def _isolated(argv: list[str], cwd: Path | str | None, env: Mapping[str, str] | 
         for s, h in saved_handlers.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
         errors.set_wording(saved_wording)
-        cli_app._signal_received = None
-        cli_app._announced = False
+        _reset_module_state(cli_app)
         os.chdir(saved_cwd)
         os.umask(saved_umask)
         os.environ.clear()
         os.environ.update(saved_env)
+
+
+# the CLI's module-level state a fresh child starts with (a signal received, the "interrupted" line said)
+MODULE_STATE = {"_signal_received": None, "_announced": False}
+
+
+def _reset_module_state(cli_app: types.ModuleType) -> None:
+    for name, value in MODULE_STATE.items():
+        if hasattr(cli_app, name):
+            setattr(cli_app, name, value)
 
 
 def _showwarning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
@@ -259,12 +264,10 @@ def invoke(
     env: Mapping[str, str] | None = None,
     timeout: float | None = None,
 ) -> CliRun:
-    """``tietool.cli.app.main()`` in this interpreter, as a ``python -m tietool *argv`` child would run it
-    (see the module docstring). An exception other than ``SystemExit`` escaping ``main`` is what a child
-    prints as a traceback: it is put on stderr with the traceback header and the run gets exit code 1."""
+    """``tietool/__main__.py`` (the CLI's ``main``) in this interpreter, as a ``python -m tietool *argv``
+    child would run it (see the module docstring). An exception other than ``SystemExit`` escaping ``main``
+    is what a child prints as a traceback: it goes to stderr with the traceback header, exit code 1."""
     import traceback
-
-    import tietool.cli.app as cli_app
 
     argv = [str(a) for a in argv]
     alarm = timeout is not None and timeout > 0 and _in_main_thread()
@@ -275,7 +278,10 @@ def invoke(
         if alarm:
             signal.setitimer(signal.ITIMER_REAL, float(timeout))  # type: ignore[arg-type]
         try:
-            cli_app.main()
+            # ``python -m tietool``: tietool/__main__.py runs as ``__main__`` (runpy sets sys.argv[0] and
+            # sys.modules["__main__"] as the interpreter does and puts them back), so Click names the
+            # program ``python -m tietool``
+            runpy.run_module("tietool", run_name="__main__", alter_sys=True)
         except SystemExit as e:
             rc = _exit_code(e.code, err)
         except Timeout:
