@@ -13,18 +13,30 @@ no paddle)::
     assert tietool.verify("ckpt/", "resized/").explained
     rep = tietool.merge("tp_ranks/", "merged/")  # model_state.tp00.pdparams, ... → one checkpoint
 
-Errors are :class:`tietool.TietoolError` subclasses; ``err.exit_code`` is the CLI's exit status.
+:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the seven operations, the
+options as enums, the result types, and the errors. Everything else (``tietool.surgery.*``,
+``tietool.cli.*``) is the implementation, free to move. The errors, drawn once::
+
+    TietoolError                 err.exit_code is the CLI's exit status (ExitCode), err.path, err.fix
+    ├── UsageError               2: an option value that makes no sense
+    ├── CheckpointError          3: the input is missing files, corrupt or inconsistent
+    │   └── UnsafePickleError    4: a .pdparams names a global outside the allow-list
+    ├── RefusedError             5: possible, but would lose or invent information
+    │   ├── ValuesDifferError        tie: the head's values differ from the embedding's
+    │   └── AmbiguousLayoutError     vocab_size == hidden_size: the head's layout is not told by its shape
+    └── OutputError              6: the output cannot be written
+    Interrupted (KeyboardInterrupt)  Ctrl-C or SIGTERM stopped an in-place run; .state: what the name holds
 """
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
+import typing as _typing
 
 from .surgery import __version__
 from .surgery.model.enums import Init, Keep, Layout, Loader, Target
 from .surgery.model.errors import (
+    AmbiguousLayoutError,
     CheckpointError,
     ExitCode,
+    Interrupted,
     OutputError,
     RefusedError,
     TietoolError,
@@ -34,19 +46,31 @@ from .surgery.model.errors import (
 )
 from .surgery.results import Inspection, Report
 
-if TYPE_CHECKING:
+if _typing.TYPE_CHECKING:
     from .surgery.ops import inspect, resize, tie, untie, verify
     from .surgery.plan.convert import convert
     from .surgery.plan.merge import merge
     from .surgery.verify import VerifyResult as Verification
 
-_OPERATIONS = ("inspect", "tie", "untie", "resize", "verify")
+# the names that need numpy, imported on first use: name → (module under tietool, attribute)
+_LAZY = {
+    "inspect": ("surgery.ops", "inspect"),
+    "tie": ("surgery.ops", "tie"),
+    "untie": ("surgery.ops", "untie"),
+    "resize": ("surgery.ops", "resize"),
+    "verify": ("surgery.ops", "verify"),
+    "convert": ("surgery.plan.convert", "convert"),
+    "merge": ("surgery.plan.merge", "merge"),
+    "Verification": ("surgery.verify", "VerifyResult"),
+}
 
 __all__ = [
+    "AmbiguousLayoutError",
     "CheckpointError",
     "ExitCode",
     "Init",
     "Inspection",
+    "Interrupted",
     "Keep",
     "Layout",
     "Loader",
@@ -70,22 +94,16 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """The operations (:mod:`tietool.surgery.ops`), imported on first use (they need numpy)."""
-    if name in _OPERATIONS:
-        from .surgery import ops as operations
+def __getattr__(name: str) -> _typing.Any:
+    """The operations and :class:`Verification` (:data:`_LAZY`), imported on first use (they need numpy)."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tietool' has no attribute {name!r}")
+    import importlib
 
-        return getattr(operations, name)
-    if name == "convert":
-        from .surgery.plan.convert import convert
+    module, attr = _LAZY[name]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), attr)
 
-        return convert
-    if name == "merge":
-        from .surgery.plan.merge import merge
 
-        return merge
-    if name == "Verification":
-        from .surgery.verify import VerifyResult
-
-        return VerifyResult
-    raise AttributeError(f"module 'tietool' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    """The module's names, the lazily imported ones included (``dir(tietool)`` lists the whole API)."""
+    return sorted(set(globals()) | set(_LAZY))

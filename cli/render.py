@@ -1,13 +1,28 @@
-"""All terminal output: rich tables for people, JSON for scripts. Nothing else in tietool prints."""
+"""All terminal output: rich tables for people, JSON for scripts. Nothing else in tietool prints, except the
+one line of an error or an interruption (:mod:`cli.errors`).
+
+One function per command's result: :func:`inspect` (and :func:`inspect_many`, a row per checkpoint),
+:func:`written` (tie, untie, resize: the report, then what an in-place run did), :func:`convert`,
+:func:`merge`, :func:`verify`; :func:`progress` is the progress bar the writer advances. With ``as_json``
+each prints the result as one JSON document, its non-finite floats as strings (:func:`cli.errors.finite`).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import shlex
 import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+
+from ..surgery.model.errors import ExitCode
+from .errors import finite
 
 
 class _Console(Console):
@@ -251,11 +266,16 @@ def _savings_line(info: dict) -> str:
     )
 
 
+def version(v: str) -> None:
+    """``tietool --version``."""
+    print(f"tietool {v}")
+
+
 def inspect(info: dict, as_json: bool = False) -> None:
     """``tietool inspect``: the summary dict as JSON, or as lines and a table (problems, notes and
     warnings in the words the library gave them)."""
     if as_json:
-        print(json.dumps(info, indent=2))
+        print(json.dumps(finite(dict(info)), indent=2))
         return
     con = _console()
     con.print(
@@ -402,12 +422,95 @@ def report(rep: dict, as_json: bool = False) -> None:
     left_out(con, rep.get("left_out", []), rep["index"], rep["format"], writing=True)
 
 
+def written(rep: dict, as_json: bool = False) -> None:
+    """The report of tie, untie or resize (:func:`report`), and for an in-place run where the old version
+    went and what earlier runs left."""
+    report(finite(dict(rep)) if as_json else rep, as_json=as_json)
+    if not as_json:
+        _stale_notes(rep)
+    ip = rep.get("in_place")
+    if ip and ip.get("left_to_delete"):  # on stderr, with --json too
+        _left_to_delete_warning(rep["input"], ip)
+    if as_json or not ip:
+        return
+    recovered(ip.get("recovered") or {})
+    if not ip.get("written"):
+        print("in place: nothing written" + (" (dry run)" if rep.get("dry_run") else " (nothing to change)"))
+    elif ip.get("backup"):
+        q_in, q_bak = shlex.quote(rep["input"]), shlex.quote(ip["backup"])
+        print(
+            f"in place: {rep['input']} rewritten; the previous version is {ip['backup']} "
+            f"(restore: rm -rf {q_in} && mv {q_bak} {q_in}; delete it when satisfied)"
+        )
+    else:
+        print(f"in place: {rep['input']} rewritten (no backup kept)")
+    if ip.get("written") and _inside(Path(rep["input"])):
+        print("note: your shell is still inside the previous version's folder: run `cd .` to see the new one")
+
+
+def _left_to_delete_warning(ckpt: str, ip: dict) -> None:
+    """The one warning line of an in-place run without a backup whose old version could not be deleted
+    completely: the name holds the new version (exit 0), what is left, and how to remove it."""
+    left = shlex.quote(ip["left_to_delete"])
+    print(
+        f"tietool: warning: {ckpt} holds the new version, but the previous version could not be "
+        f"deleted completely ({ip['delete_error']}); what is left is {ip['left_to_delete']} — "
+        f"remove it with: chmod -R u+w {left} && rm -rf {left} (the next tietool run on it tries again)",
+        file=sys.stderr,
+    )
+
+
+def _stale_notes(rep: dict) -> None:
+    """A note for each temporary folder of a killed run that the write removed (``removed_stale_temps``)."""
+    for p in rep.get("removed_stale_temps", ()):
+        print(f"note: removed {p}, the temporary folder of an interrupted run (its process is gone)")
+
+
+def _inside(folder: Path) -> bool:
+    """The current folder was ``folder`` (or inside it) before a swap: its path still names ``folder``."""
+    here = Path(os.environ.get("PWD") or os.getcwd())
+    return here == folder or folder in here.parents
+
+
+def merge(rep: dict, as_json: bool = False) -> None:
+    """The merge report: JSON, or one line per tensor (rule, axis, shape) and a summary; then the temporary
+    folders of killed runs it removed."""
+    if as_json:
+        print(json.dumps(finite(dict(rep)), indent=2))
+        return
+    for t in rep["tensors"]:
+        axis = "" if t["axis"] is None else f" on axis {t['axis']}"
+        print(f"  {t['name']}: {t['rule']}{axis} -> {t['dtype']} {t['shape']}")
+    for k, (before, after) in rep["config_changes"].items():
+        print(f"config.json: {k} {before} -> {after}")
+    for f in rep["left_out"]:
+        print(f"left out: {f}")
+    if rep["dry_run"]:
+        print(
+            f"dry run: would merge {len(rep['rank_files'])} rank files into {len(rep['tensors'])} tensors in "
+            f"{', '.join(rep['weight_files'])}; nothing was written"
+        )
+    else:
+        print(
+            f"merged {len(rep['rank_files'])} rank files ({rep['tensor_parallel']} tensor-parallel x "
+            f"{rep['pipeline_parallel']} pipeline) into {rep['output']}: {len(rep['tensors'])} tensors in "
+            f"{', '.join(rep['weight_files'])}"
+        )
+    _stale_notes(rep)
+
+
 def convert(rep: dict, as_json: bool = False) -> None:
     """A convert report: as JSON, or a table of every renamed, transposed and split tensor, the config
-    changes, the files written and the notes."""
+    changes, the files written and the notes; then the temporary folders of killed runs it removed."""
     if as_json:
-        print(json.dumps(rep, indent=2))
+        print(json.dumps(finite(rep), indent=2))
         return
+    _convert_text(rep)
+    _stale_notes(rep)
+
+
+def _convert_text(rep: dict) -> None:
+    """:func:`convert` for people."""
     con = _console()
     head = f"convert{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
     con.print(head + (f" → {rep['output']}" if not rep["dry_run"] else ""), style="bold")
@@ -448,10 +551,27 @@ def convert(rep: dict, as_json: bool = False) -> None:
     _messages(con, rep["notes"], rep["warnings"])
 
 
-def verify(res: dict, as_json: bool = False) -> None:
+def verify(res: Any, before: str, after: str, as_json: bool = False) -> None:
+    """``tietool verify BEFORE AFTER``: the :class:`~tietool.surgery.verify.VerifyResult` as JSON or as
+    lines and a verdict; then on stderr, why the exit code is 7 (unexplained differences) or 8 (logits
+    not compared)."""
+    d = res.as_dict()
     if as_json:
-        print(json.dumps(res, indent=2))
-        return
+        print(json.dumps(finite(d), indent=2))
+    else:
+        _verify_text(d)
+    if res.exit_code == ExitCode.UNEXPLAINED:
+        print(
+            f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize do not explain "
+            f"between {before} and {after} (listed above)",
+            file=sys.stderr,
+        )
+    if res.logits and res.logits.get("ok") is None:  # exit NOT_COMPARED (8) unless 7 already
+        print(f"tietool: verify: {res.logits.get('error')}", file=sys.stderr)
+
+
+def _verify_text(res: dict) -> None:
+    """:func:`verify` for people: the counts, each difference, the logits and the verdict."""
     con = _console()
     con.print(
         f"{res['identical_tensors']} tensors bit-identical; {len(res['dropped'])} dropped, "
@@ -499,6 +619,49 @@ def verify(res: dict, as_json: bool = False) -> None:
         for u in res["unexplained"]:
             con.print(f"unexplained: {u}", style="red")
         con.print("verdict: differences that tie/untie/resize do not explain")
+
+
+def _many_row(info: dict) -> list[str]:
+    """Table cells of one inspection: vocab rows, hidden size, head layout, tie state, tying's savings."""
+    tie, head = info["tie"], info["head"]
+    tied = (
+        "tied" if tie["config"] else "untied"
+    ) + f" by config; head {'in files' if tie['head_in_files'] else 'absent'}"
+    sav = info["savings"]
+    return [
+        str(info["path"]),
+        f"{info['architecture']['family']} ({info['model_type']})",
+        str(info["vocab"]["embedding_rows"]),
+        str(info["vocab"]["hidden_size"]),
+        str(head.get("layout") or "—") if head.get("present") else "—",
+        f"{tied}; values {tie['values']}",
+        size(sav["bytes"]) if sav["bytes"] else "0",
+    ]
+
+
+def inspect_many(results: list[dict], as_json: bool = False) -> None:
+    """``tietool inspect A B C``: a table with a row per checkpoint (or a JSON list). ``results`` holds an
+    inspection per folder, or for a folder that could not be read ``{"path", "error", "exit_code"}``
+    (its row says why)."""
+    if as_json:
+        print(json.dumps(finite(results), indent=2))
+        return
+    t = Table(title=f"{len(results)} checkpoints")
+    for col in ("checkpoint", "family", "vocab rows", "hidden", "head layout", "tie", "tying saves"):
+        t.add_column(col, overflow="fold")
+    for r in results:
+        if "error" in r:
+            t.add_row(r["path"], f"error (exit {r['exit_code']}): {r['error']['message']}", *[""] * 5)
+        else:
+            t.add_row(*_many_row(r))
+    _console().print(t)
+
+
+def progress_bar(quiet: bool) -> Callable[..., Any] | None:
+    """The progress-bar factory the operations take (``progress(total)``: :func:`progress`); None: no bar."""
+    from functools import partial
+
+    return None if quiet else partial(progress, False)
 
 
 @contextlib.contextmanager

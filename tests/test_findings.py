@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tietool.cli.app import _cli_wording
+from tietool.cli.errors import _cli_wording
 from tietool.surgery.inspect.findings import _WORDS, Finding, FindingKind, Fix, OneOf, Severity, describe
 from tietool.surgery.model import errors
 from tietool.surgery.model.errors import Opt, api_wording

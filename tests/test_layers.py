@@ -146,7 +146,6 @@ KNOWN_CYCLES: set[frozenset[str]] = {
     frozenset(
         {"surgery.write.copy", "surgery.write.publish", "surgery.write.remote", "surgery.write.writer"}
     ),
-    frozenset({"cli.app", "cli.many"}),
 }
 
 

@@ -317,7 +317,12 @@ def test_help_imports_neither_paddle_nor_numpy():
     # of the library, only the light modules (the option enums, the exit codes, the typed results:
     # standard library only), never the pipeline (checkpoint, detect, plan, write: numpy)
     library = sorted(m for m in mods if m.startswith("tietool.surgery."))
-    light = ["tietool.surgery.model.errors", "tietool.surgery.model.enums", "tietool.surgery.results"]
+    light = [
+        "tietool.surgery.model",
+        "tietool.surgery.model.enums",
+        "tietool.surgery.model.errors",
+        "tietool.surgery.results",
+    ]
     assert library == light, f"--help imported the library: {library}"
 
 
@@ -434,6 +439,8 @@ def test_close_joins_copy_threads_through_a_second_interrupt(monkeypatch):
 
 def test_temp_folder_removed_through_a_second_interrupt(tmp_path, monkeypatch):
     """Ctrl-C during the write, then again during the removal of the temporary folder: it is still removed."""
+    import shutil
+
     from tietool.surgery.write import writer as write
 
     src = FIX / "pf_llama_tied_sharded"
@@ -442,7 +449,7 @@ def test_temp_folder_removed_through_a_second_interrupt(tmp_path, monkeypatch):
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    real_rmtree, calls = write.shutil.rmtree, []
+    real_rmtree, calls = shutil.rmtree, []
 
     def rmtree(*a, **k):
         calls.append(1)
@@ -451,10 +458,10 @@ def test_temp_folder_removed_through_a_second_interrupt(tmp_path, monkeypatch):
         return real_rmtree(*a, **k)
 
     monkeypatch.setattr(write, "_write_configs", interrupted)
-    monkeypatch.setattr(write.shutil, "rmtree", rmtree)
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
     with pytest.raises(KeyboardInterrupt):
         execute(plan_tie(detect(Checkpoint.open(src))), tmp_path / "out")
-    monkeypatch.setattr(write.shutil, "rmtree", real_rmtree)
+    monkeypatch.setattr(shutil, "rmtree", real_rmtree)
     assert len(calls) == 2
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
     assert det.head == "lm_head.weight"
@@ -523,15 +530,16 @@ def test_interrupt_exit_codes(tmp_path, monkeypatch, signum, code):
     import signal
 
     from tietool.cli import app as app_mod
+    from tietool.cli import errors
     from tietool.surgery.write import writer as write
 
     def signalled(*a, **k):
         if signum == signal.SIGINT:
             raise KeyboardInterrupt
-        app_mod._on_signal(signum, None)
+        errors._on_signal(signum, None)
 
     monkeypatch.setattr(write, "_write_configs", signalled)
-    monkeypatch.setattr(app_mod, "_signal_received", None)
+    monkeypatch.setattr(errors, "_signal_received", None)
     out = tmp_path / "out"
     monkeypatch.setattr(
         sys, "argv", ["tietool", "tie", str(FIX / "pf_llama_tied_sharded"), "--out", str(out), "-q"]

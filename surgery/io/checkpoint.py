@@ -44,7 +44,7 @@ def _read_json(path: Path, what: str, limit: int = regular.JSON_LIMIT) -> Any:
     return load_json(path, what, limit)
 
 
-def _read_config(path: Path) -> tuple[dict, str, str]:
+def read_config(path: Path) -> tuple[dict, str, str]:
     """config.json; or, in a folder that has only the older ``model_config.json`` (PaddleNLP 2.x), the
     model arguments in it: ``(config, file, dotted prefix of the arguments in the file)``."""
     name = "config.json"
@@ -166,13 +166,13 @@ def _local_names(path: Path) -> set[str] | None:
             if stat.S_ISREG(mode):
                 names.add(p.name)
             elif not stat.S_ISDIR(mode):
-                raise _special_file(p, mode)
+                raise special_file(p, mode)
         return names
     except OSError as e:
-        raise _unreadable_folder(path, e) from None
+        raise unreadable_folder(path, e) from None
 
 
-def _unreadable_folder(folder: Path, e: OSError) -> CheckpointError:
+def unreadable_folder(folder: Path, e: OSError) -> CheckpointError:
     """The refusal of a checkpoint folder (or subfolder) that cannot be listed or whose entries cannot be
     looked at (no ``r`` or no ``x`` permission)."""
     where = f" ({Path(e.filename).name})" if e.filename and Path(e.filename) != folder else ""
@@ -181,7 +181,7 @@ def _unreadable_folder(folder: Path, e: OSError) -> CheckpointError:
     )
 
 
-def _special_file(p: Path, mode: int) -> CheckpointError:
+def special_file(p: Path, mode: int) -> CheckpointError:
     """The refusal of a FIFO / socket / device (or a link to one) in a checkpoint folder."""
     return CheckpointError(
         f"{p.name} is {kind_of(mode)}, expected a regular file: tietool reads or copies every file of a "
@@ -411,7 +411,7 @@ class Checkpoint:
         """:meth:`open` of a ``Path`` or a remote ``UPath``."""
         names = _file_names(path)
         _refuse_not_a_checkpoint(path, names)
-        config, config_file, prefix = _read_config(path)
+        config, config_file, prefix = read_config(path)
         surface.refuse_folder(path, names, config, has_whole=_has_whole(names))
         fmt, index_name, files = cls._find_weights(path, names)
         warnings: list[str] = []

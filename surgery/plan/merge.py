@@ -42,7 +42,7 @@ import numpy as np
 from ..arch import families as arch
 from ..arch.families import TPRule, TPSplit
 from ..io import pdparams_io, safetensors_io, surface
-from ..io.checkpoint import REPORT_NAME, _read_config, _special_file, _unreadable_folder
+from ..io.checkpoint import REPORT_NAME, read_config, special_file, unreadable_folder
 from ..io.regular import require_regular
 from ..io.safetensors_io import Source
 from ..io.store import local_only
@@ -533,10 +533,10 @@ def _names(src: Path) -> set[str]:
         for p in src.iterdir():
             names.add(p.name)
             if p.exists() and not (p.is_file() or p.is_dir()):
-                raise _special_file(p, p.stat().st_mode)
+                raise special_file(p, p.stat().st_mode)
         return names
     except OSError as e:
-        raise _unreadable_folder(src, e) from None
+        raise unreadable_folder(src, e) from None
 
 
 def _reporter(
@@ -621,7 +621,7 @@ def merge(
     names = _names(src)
     container, groups = find_ranks(src, names)
     _require_readable(src, groups)
-    config, _, _ = _read_config(src)
+    config, _, _ = read_config(src)
     n_tp, n_pp = 1 + max(t for t, _ in groups), 1 + max(p for _, p in groups)
     _check_degree(src, config, n_tp, n_pp)
     by_tp, extras = read_ranks(src, container, groups)

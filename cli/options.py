@@ -1,0 +1,205 @@
+"""The command line's arguments and options, as ``Annotated`` aliases: one per flag, its help text beside it.
+
+A flag shared by several commands (``--out``, ``--json``, ``--loader``, ...) is one alias here, so its
+spelling and help are the same everywhere; a command's own flags are here too, so that :mod:`cli.app` is only
+the commands. Folder arguments are strings, not Paths: a URL (``s3://bucket/prefix``, ``hf://org/model``)
+must keep its ``//``. Typer reads the help text; nothing here imports :mod:`surgery` beyond the option enums.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..surgery.model.enums import Init, Keep, Layout, Loader, Target
+
+# ---------------------------------------------------------------- arguments
+CkptArg = Annotated[
+    str,
+    typer.Argument(
+        help="checkpoint folder (config.json + weights) or URL (s3://bucket/prefix, hf://org/model); "
+        "default: the current folder",
+        show_default=False,
+        metavar="CKPT",
+    ),
+]
+LocalCkptArg = Annotated[
+    str,
+    typer.Argument(
+        help="checkpoint folder (local: convert and merge refuse URLs); default: the current folder",
+        show_default=False,
+        metavar="CKPT",
+    ),
+]
+CkptsArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="checkpoint folder(s) or URL(s); default: the current folder. Several: a table row each "
+        "(a JSON list)",
+        show_default=False,
+        metavar="CKPT",
+    ),
+]
+BeforeArg = Annotated[str, typer.Argument(help="the input checkpoint", show_default=False, metavar="BEFORE")]
+AfterArg = Annotated[str, typer.Argument(help="the output checkpoint", show_default=False, metavar="AFTER")]
+
+# ---------------------------------------------------------------- shared options
+OutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--out",
+        "-o",
+        help="output folder or URL (must not exist or be empty); without it, CKPT is rewritten in place "
+        "(crash-safe, the old version kept as CKPT.tietool-backup-<time>)",
+        show_default=False,
+        metavar="DIR",
+    ),
+]
+BackupOpt = Annotated[
+    bool,
+    typer.Option(
+        "--backup/--no-backup",
+        help="in place: keep the old version beside the checkpoint (it costs only the rewritten shards)",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON instead of tables")]
+DryOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and the report; write nothing")]
+LinkOpt = Annotated[
+    bool, typer.Option("--link", help="hard-link untouched weight files instead of copying them")
+]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
+EmbOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--embedding", help="name of the input embedding tensor (for architectures tietool does not know)"
+    ),
+]
+HeadOpt = Annotated[
+    str | None,
+    typer.Option("--head", help="name of the LM head tensor (for architectures tietool does not know)"),
+]
+LoaderOpt = Annotated[
+    Loader | None,
+    typer.Option(
+        "--loader", help="the library that will load the output (default: told from the checkpoint)"
+    ),
+]
+LayoutOpt = Annotated[Layout | None, typer.Option(help="head layout, when vocab_size == hidden_size")]
+
+# ---------------------------------------------------------------- the app's own
+DebugOpt = Annotated[bool, typer.Option("--debug", help="show Python tracebacks (also TIETOOL_DEBUG=1)")]
+
+# ---------------------------------------------------------------- inspect
+NoValuesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-values",
+        help="read headers only: do not read the embedding and head to compare their values "
+        "(fast on cold or remote storage; 'tied by value' is then not known)",
+    ),
+]
+
+# ---------------------------------------------------------------- tie
+KeepOpt = Annotated[Keep | None, typer.Option(help="when head and embedding differ: which values to keep")]
+DropAliasesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--drop-aliases",
+        help="also drop copies of the embedding under alias names (T5/BART encoder/decoder)",
+    ),
+]
+
+# ---------------------------------------------------------------- untie
+NewHeadLayoutOpt = Annotated[
+    Layout,
+    typer.Option(
+        help="layout of a new head: auto = what the checkpoint's loader expects (PaddleNLP "
+        "Llama/Qwen/ChatGLM: hidden-vocab; PaddleFormers and the rest: vocab-hidden)"
+    ),
+]
+
+# ---------------------------------------------------------------- resize
+VocabOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--vocab",
+        min=1,
+        help="new number of rows (vocab_size); without it, --pad-to-multiple-of rounds up the rows",
+        show_default=False,
+        metavar="ROWS",
+    ),
+]
+PadOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--pad-to-multiple-of",
+        min=1,
+        help="round the row count up to a multiple of this (as HF resize_token_embeddings)",
+        metavar="N",
+    ),
+]
+InitOpt = Annotated[
+    Init, typer.Option(help="new rows: mean (HF mean_resizing), zeros, or normal(initializer_range)")
+]
+SeedOpt = Annotated[int | None, typer.Option(help="random seed for new rows (same seed: same bytes)")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="allow trimming rows")]
+KeepTrainingStateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--keep-training-state",
+        help="copy optimizer state, master weights, scheduler, trainer_state.json and rng state to the "
+        "output (stale: they match the old vocabulary); by default they are left out",
+    ),
+]
+
+# ---------------------------------------------------------------- merge
+MergeOutOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--out",
+        "-o",
+        help="output folder (required; must not exist or be empty)",
+        show_default=False,
+        metavar="DIR",
+    ),
+]
+MergeShardOpt = Annotated[
+    str,
+    typer.Option(
+        "--max-shard-size",
+        help="largest weight file: bytes, or a size as save_pretrained takes it (10GB, 500MiB)",
+        metavar="SIZE",
+    ),
+]
+
+# ---------------------------------------------------------------- verify
+LogitsOpt = Annotated[
+    bool,
+    typer.Option(
+        "--logits",
+        help="also compare logits under PaddleFormers (exit 8 when they cannot be compared)",
+    ),
+]
+
+# ---------------------------------------------------------------- convert
+ToOpt = Annotated[
+    Target,
+    typer.Option(
+        "--to",
+        help="paddleformers: HF names, Linear [out, in], safetensors; paddlenlp: PaddleNLP 2.x names, "
+        "Linear [in, out], head [hidden, vocab], .pdparams; safetensors/pdparams: the container only",
+        show_default=False,
+    ),
+]
+ConvertOutOpt = Annotated[
+    str, typer.Option("--out", "-o", help="output folder (must not exist or be empty)", metavar="DIR")
+]
+ConvertShardOpt = Annotated[
+    str,
+    typer.Option(
+        "--max-shard-size",
+        help="bytes per shard at most: 10GB = 10*10**9, 500MB, 2GiB or a number",
+        metavar="SIZE",
+    ),
+]
