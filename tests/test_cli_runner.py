@@ -133,10 +133,10 @@ def test_a_run_puts_the_process_state_back(tmp_path):
     )
     assert after == before
     assert errors.set_wording(wording) is wording  # the library's wording is back
-    import tietool.cli.app as cli_app
-
     # the module state a child starts with is where the runner resets it (moved: update MODULE_STATE)
-    state = {n: getattr(cli_app, n, "<missing>") for n in cli_runner.MODULE_STATE}
+    import importlib
+
+    state = {(m, n): getattr(importlib.import_module(m), n, "<missing>") for m, n in cli_runner.MODULE_STATE}
     assert state == cli_runner.MODULE_STATE, state
 
 

@@ -37,7 +37,6 @@ import signal
 import subprocess as sp
 import sys
 import time
-import types
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
@@ -197,7 +196,6 @@ _HANDLED = tuple(s for s in (signal.SIGTERM, getattr(signal, "SIGHUP", None), si
 @contextlib.contextmanager
 def _isolated(argv: list[str], cwd: Path | str | None, env: Mapping[str, str] | None) -> Iterator[tuple]:
     """The process state of a fresh ``python -m tietool`` child for one run; put back afterwards."""
-    import tietool.cli.app as cli_app
     from tietool.surgery.model import errors
 
     enc_out, err_out, enc_err, err_err = probe_streams()
@@ -214,7 +212,7 @@ def _isolated(argv: list[str], cwd: Path | str | None, env: Mapping[str, str] | 
         os.environ.clear()
         os.environ.update(tool_env(env))
         os.chdir(cwd or REPO)
-        _reset_module_state(cli_app)
+        _reset_module_state()
         sys.argv = ["-m", *argv]  # runpy puts the path of tietool/__main__.py in sys.argv[0], as -m does
         sys.stdin = io.TextIOWrapper(io.BytesIO(b""), encoding=enc_out)
         sys.stdout, sys.stderr = out, err
@@ -232,21 +230,28 @@ def _isolated(argv: list[str], cwd: Path | str | None, env: Mapping[str, str] | 
         for s, h in saved_handlers.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
         errors.set_wording(saved_wording)
-        _reset_module_state(cli_app)
+        _reset_module_state()
         os.chdir(saved_cwd)
         os.umask(saved_umask)
         os.environ.clear()
         os.environ.update(saved_env)
 
 
-# the CLI's module-level state a fresh child starts with (a signal received, the "interrupted" line said)
-MODULE_STATE = {"_signal_received": None, "_announced": False}
+# the CLI's module-level state a fresh child starts with: (module, name) -> value (a signal received, the
+# "interrupted" line said); test_cli_runner checks that each is where this table says
+MODULE_STATE: dict[tuple[str, str], Any] = {
+    ("tietool.cli.errors", "_signal_received"): None,
+    ("tietool.cli.errors", "_announced"): False,
+}
 
 
-def _reset_module_state(cli_app: types.ModuleType) -> None:
-    for name, value in MODULE_STATE.items():
-        if hasattr(cli_app, name):
-            setattr(cli_app, name, value)
+def _reset_module_state() -> None:
+    import importlib
+
+    for (module, name), value in MODULE_STATE.items():
+        mod = importlib.import_module(module)
+        if hasattr(mod, name):
+            setattr(mod, name, value)
 
 
 def _showwarning(message, category, filename, lineno, file=None, line=None) -> None:  # noqa: ANN001
