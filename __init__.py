@@ -31,7 +31,17 @@ options as enums, the result types, and the errors. Everything else (``tietool.s
 import typing as _typing
 
 from .surgery import __version__
-from .surgery.model.enums import Init, Keep, Layout, Loader, Target
+from .surgery.model.enums import (
+    Container,
+    HeadLayout,
+    Init,
+    Keep,
+    Layout,
+    Loader,
+    Operation,
+    Target,
+    TieState,
+)
 from .surgery.model.errors import (
     AmbiguousLayoutError,
     CheckpointError,
@@ -67,17 +77,21 @@ _LAZY = {
 __all__ = [
     "AmbiguousLayoutError",
     "CheckpointError",
+    "Container",
     "ExitCode",
+    "HeadLayout",
     "Init",
     "Inspection",
     "Interrupted",
     "Keep",
     "Layout",
     "Loader",
+    "Operation",
     "OutputError",
     "RefusedError",
     "Report",
     "Target",
+    "TieState",
     "TietoolError",
     "UnsafePickleError",
     "UsageError",

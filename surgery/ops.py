@@ -112,7 +112,7 @@ def inspect(
         CheckpointError, UnsafePickleError, UsageError: as :meth:`Checkpoint.open` and :func:`detect`.
     """
     where = _path(path, "path")
-    remote, before = store.is_remote(where), store.TRANSFER.snapshot()
+    remote, before = not store.store_for(where).on_disk, store.TRANSFER.snapshot()
     try:
         # what a killed in-place run left (a missing folder is restored); object storage has no such runs
         rec = inplace.Recovery() if remote else inplace.recover(where)
@@ -169,14 +169,14 @@ def _run_plan(
     src = _path(path, "path")
     before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
     make_plan = _dtype_checked(make_plan)
-    if out is None and store.is_remote(src) and not dry_run:
+    if out is None and not store.store_for(src).on_disk and not dry_run:
         raise UsageError(
             "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "
             "(a reader could see a half-written checkpoint)",
             str(src),
             f"write to another prefix with {Opt('out')} (a URL or a local folder)",
         )
-    if out is None and not store.is_remote(src):
+    if out is None and store.store_for(src).on_disk:
         return Report(_in_place(src, make_plan, dry_run, progress, keep_training_state, backup))
     dst = src if out is None else _path(out, "out")  # out None here: a dry run on a URL, writes nothing
     ckpt = Checkpoint.open(src)
@@ -185,10 +185,10 @@ def _run_plan(
     plan = make_plan(ckpt)
     if dry_run:
         rep = report_mod.build(plan, None, str(dst), dry_run=True, keep_training_state=keep_training_state)
-        if store.is_remote(src) or store.is_remote(dst):
+        if not store.store_for(src).on_disk or not store.store_for(dst).on_disk:
             rep["transferred"] = store.TRANSFER.since(before).as_dict()
         return Report(rep)
-    real = None if store.is_remote(dst) else Path(os.path.abspath(output_folder(dst)))
+    real = Path(os.path.abspath(output_folder(dst))) if store.store_for(dst).on_disk else None
     stale = [] if real is None else remove_dead_temps(real.parent)
 
     def report(facts: dict) -> dict:
@@ -204,7 +204,7 @@ def _run_plan(
             report=report,
             keep_training_state=keep_training_state,
         )
-    if store.is_remote(src) or store.is_remote(dst):
+    if not store.store_for(src).on_disk or not store.store_for(dst).on_disk:
         rep["transferred"] = store.TRANSFER.since(before).as_dict()
     return Report(rep)
 

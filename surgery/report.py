@@ -14,6 +14,7 @@ from . import __version__
 from .inspect.detect import Detection
 from .inspect.findings import FindingKind
 from .io import surface
+from .model.enums import TieState
 from .model.errors import Opt
 from .plan.plan import Plan, get_config
 
@@ -77,8 +78,8 @@ def loader_facts(det: Detection) -> dict[str, Any]:
     None: unproven, so no write relied on them)."""
     fam = det.family
     return {
-        "name": det.loader,
-        "source": det.loader_source,
+        "name": det.loader.name,
+        "source": det.loader.source,
         "reties_missing_head": fam.reties,
         "always_tied": fam.always_tied,
         "head_layout": fam.head_layout,
@@ -88,34 +89,41 @@ def loader_facts(det: Detection) -> dict[str, Any]:
     }
 
 
+_DROPPABLE = (TieState.EXACT, TieState.TRANSPOSED, TieState.SCALED, TieState.UNKNOWN)
+"""The tie states of a present head that ``tie`` may drop (equal as stored, transposed or scaled; not
+compared: tie compares before it drops)."""
+
+
 def savings_if_tied(det: Detection) -> Savings:
     """What ``tie`` would save on this checkpoint: the head and embedding copies a re-tying loader drops."""
     ckpt = det.ckpt
     params = bytes_ = 0
     why = None
     assumed = None
-    if det.head_present and det.comparison.values in ("exact", "transposed", "scaled", "unknown"):
+    if det.head.present and det.comparison.values in _DROPPABLE:
         if det.family.may_drop_head:
-            if det.comparison.values == "unknown":
+            if det.comparison.values is TieState.UNKNOWN:
                 assumed = "the values were not compared; tie checks that they agree before it drops the head"
-            names = [det.head] + det.head_aliases
+            names = [det.head.name] + det.head.aliases
             params = sum(ckpt.tensors[n].numel for n in names)
             bytes_ = sum(ckpt.tensors[n].nbytes for n in names)
         elif not det.family.trusted:
             why = (
-                f"whether the {det.loader} loader re-ties a missing head of {det.model_type} from "
+                f"whether the {det.loader.name} loader re-ties a missing head of {det.config.model_type} "
+                "from "
                 f"{ckpt.format} is unproven, so it stays"
             )
         else:
-            why = f"the {det.loader} loader does not re-tie a missing head, so it must stay"
-    elif not det.embedding_present:
-        why = f"the input embedding {det.embedding} is missing: the head {det.head} holds the only table"
-    elif det.head_present and det.comparison.values == "different":
+            why = f"the {det.loader.name} loader does not re-tie a missing head, so it must stay"
+    elif not det.embedding.present:
+        emb, head = det.embedding.name, det.head.name
+        why = f"the input embedding {emb} is missing: the head {head} holds the only table"
+    elif det.head.present and det.comparison.values is TieState.DIFFERENT:
         why = (
             f"the head differs from the embedding (tie {Opt('keep', 'embedding')} or "
             f"{Opt('keep', 'head')} would drop it)"
         )
-    elif not det.head_present:
+    elif not det.head.present:
         why = "no head in the files"
     out: Savings = {"parameters": params, "bytes": bytes_, "percent": _pct(bytes_, ckpt.total_bytes)}
     if why:
@@ -247,8 +255,8 @@ def build(
         "sharded": len(ckpt.weight_files) > 1,
         "index": ckpt.index_name,
         "loader": loader_facts(det),
-        "embedding": det.embedding,
-        "head": det.head,
+        "embedding": det.embedding.name,
+        "head": det.head.name,
         "changed": plan.changed,
         "dropped": dropped,
         "added": added,

@@ -23,7 +23,6 @@ must agree too. The verdict (:attr:`VerifyResult.exit_code`) is decided here, no
 
 from __future__ import annotations
 
-import filecmp
 import json
 from dataclasses import dataclass, field
 from enum import Enum
@@ -159,7 +158,7 @@ def _left_at_old_size(res: VerifyResult, da: Detection, db: Detection) -> None:
     kept in the output must have moved by ``d`` entries along its vocabulary axis, and every vocabulary-size
     config key that counted the rows (or the head's rows) must have moved by ``d``; name each that did not."""
     d = db.vocab_rows - da.vocab_rows
-    if d == 0 or not da.embedding_present or not db.embedding_present:
+    if d == 0 or not da.embedding.present or not db.embedding.present:
         return
     B = db.ckpt
     for vt in (v for group in da.surface.values() for v in group):
@@ -179,7 +178,7 @@ def _left_at_old_size(res: VerifyResult, da: Detection, db: Detection) -> None:
                 f"{vt.name} ({vt.role.value}) {where}: {vt.entries} → expected {vt.entries + d}, as the "
                 f"embedding went {da.vocab_rows} → {db.vocab_rows} rows"
             )
-    counted = {da.vocab_rows, da.head_rows if da.head_vocab is None else da.vocab_rows}
+    counted = {da.vocab_rows, da.head.rows if da.head.vocab is None else da.vocab_rows}
     after = {(k.file, k.key): k.value for k in vocab_keys(B.path, B.config)}
     for k in vocab_keys(da.ckpt.path, da.ckpt.config):
         if k.value in counted and after.get((k.file, k.key), k.value + d) != k.value + d:
@@ -200,19 +199,19 @@ class _TensorComparison:
         self.da, self.db = detect(A, compare_values=False), detect(B, compare_values=False)
         self.res = VerifyResult()
         da = self.da
-        self.emb_b = self.db.embedding
+        self.emb_b = self.db.embedding.name
         self.vocab_names_a = {
-            da.embedding,
-            *([da.head] if da.head_vocab is None else []),
-            *da.embedding_aliases,
-            *da.vocab_aliases,
-            *da.head_aliases,
-            *([da.bias] if da.bias and da.head_vocab is None else []),
-            *da.bias_aliases,
-            *da.extra_tables,
-            *(n for n, r in da.token_tables.items() if r.indexed_by == "vocab"),
+            da.embedding.name,
+            *([da.head.name] if da.head.vocab is None else []),
+            *da.embedding.aliases,
+            *da.embedding.vocab_aliases,
+            *da.head.aliases,
+            *([da.bias.name] if da.bias and da.head.vocab is None else []),
+            *(da.bias.aliases if da.bias else []),
+            *da.beyond.extra_tables,
+            *(n for n, r in da.beyond.token_tables.items() if r.indexed_by == "vocab"),
         }
-        self.head_names = {da.head, self.db.head, *da.head_aliases}
+        self.head_names = {da.head.name, self.db.head.name, *da.head.aliases}
 
     def dropped(self, name: str, ta: TensorInfo) -> None:
         """``name`` is in ``A`` only: explained when it is a vocabulary tensor equal to the output's embedding
@@ -226,10 +225,10 @@ class _TensorComparison:
             and (
                 _equal_to_embedding(A, name, B, emb_b, scale=scale)
                 or (
-                    self.db.config_tied
-                    and da.embedding_present
-                    and name != da.embedding
-                    and _equal_to_embedding(A, name, A, da.embedding, scale=scale)
+                    self.db.tie.tied
+                    and da.embedding.present
+                    and name != da.embedding.name
+                    and _equal_to_embedding(A, name, A, da.embedding.name, scale=scale)
                 )
             )
         )
@@ -242,15 +241,15 @@ class _TensorComparison:
         A, B, da, emb_b = self.A, self.B, self.da, self.emb_b
         ok = (
             emb_b in B.tensors
-            and name in self.head_names | {self.db.head}
+            and name in self.head_names | {self.db.head.name}
             and _equal_to_embedding(B, name, B, emb_b, scale=_t5_scale(self.db))
         )
         # an embedding restored from the head that stored the table alone (untie, tie --keep head)
         restored = (
-            not da.embedding_present
+            not da.embedding.present
             and name == emb_b
-            and da.head in A.tensors
-            and _equal_to_embedding(B, name, A, da.head)
+            and da.head.name in A.tensors
+            and _equal_to_embedding(B, name, A, da.head.name)
         )
         self.res.added.append(
             {"name": name, "shape": list(tb.shape), "equals_embedding": ok, "restored_from_head": restored}
@@ -306,7 +305,11 @@ class _TensorComparison:
             and _equal_to_embedding(B, name, B, self.emb_b)
         ):
             entry["why"] = "head set equal to the embedding"
-        elif name == da.embedding and da.head in A.tensors and _equal_to_embedding(A, da.head, B, name):
+        elif (
+            name == da.embedding.name
+            and da.head.name in A.tensors
+            and _equal_to_embedding(A, da.head.name, B, name)
+        ):
             entry["why"] = f"embedding takes the head's values (tie {Opt('keep', 'head')})"
         else:
             self.res.unexplained.append(
@@ -323,7 +326,7 @@ def _compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detect
     value counts no vocabulary of the output (neither its embedding's nor its head's rows, nor the old value
     moved as the embedding moved)."""
     d = db.vocab_rows - da.vocab_rows
-    counts = {db.vocab_rows, db.head_rows}
+    counts = {db.vocab_rows, db.head.rows}
     for fname in _CONFIG_FILES:
         pa, pb = A.path / fname, B.path / fname
         if not pa.exists() and not pb.exists():
@@ -388,10 +391,8 @@ def _read_cfg(p: Path) -> object:
 def _same_bytes(pa: Path, pb: Path) -> bool:
     """Two carried files hold the same bytes (local: compared in blocks, :func:`filecmp.cmp`; both were
     checked to be regular, readable files when the checkpoints were opened)."""
-    if store.is_remote(pa) or store.is_remote(pb):
-        return bool(pa.read_bytes() == pb.read_bytes())
     try:
-        return filecmp.cmp(pa, pb, shallow=False)
+        return store.same_bytes(pa, pb)
     except OSError as e:
         raise CheckpointError(
             f"cannot be read ({e.strerror})", e.filename or pa, "make it readable"
@@ -497,7 +498,7 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
             f"{' and '.join(missing)} not installed",
             'pip install "tietool[paddle]" adds paddlepaddle and PaddleFormers 1.2.0',
         )
-    remote = [str(p) for p in (a_path, b_path) if store.is_remote(p) or store.is_url(p)]
+    remote = [str(p) for p in (a_path, b_path) if store.is_url(p) or not store.store_for(p).on_disk]
     if remote:
         return _not_compared(
             NotCompared.REMOTE,
@@ -506,10 +507,10 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
         )
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     da = detect(A, compare_values=False)
-    if da.loader.startswith("paddlenlp"):
+    if da.loader.name.startswith("paddlenlp"):
         return _not_compared(
             NotCompared.PADDLENLP,
-            f"{a_path} is a PaddleNLP checkpoint ({da.loader_source}); PaddleFormers cannot load its names",
+            f"{a_path} is a PaddleNLP checkpoint ({da.loader.source}); PaddleFormers cannot load its names",
             "compare logits under PaddleNLP itself, or convert both to PaddleFormers first",
         )
     v = min(da.vocab_rows, detect(B, compare_values=False).vocab_rows)

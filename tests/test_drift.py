@@ -170,7 +170,7 @@ def test_drift_hidden_vocab_head(tmp_path, monkeypatch):
     tensors = {"llama.embed_tokens.weight": emb, "lm_head.weight": np.ascontiguousarray(head.T)}
     folder = _folder(tmp_path, "pnlp_llama_untied", tensors, "pnlp")
     det = detect(Checkpoint.open(folder))
-    assert det.head_layout == "hidden-vocab"
+    assert det.head.layout == "hidden-vocab"
     want = _expected(emb, head)
     _check(folder, want)
     monkeypatch.setattr(det_mod, "CHUNK_BYTES", 1)

@@ -544,7 +544,7 @@ def test_loader_facts(matrix, family, fmt, request):
     ignored = _same(untied_res, ref)  # the independent head (saved or not) does not reach the logits
     layout = None if head is None else {(V, H): "vocab-hidden", (H, V): "hidden-vocab"}[tuple(head.shape)]
     det = detect(Checkpoint.open(built[untied].path))
-    assert (det.model_type, det.loader, det.family.known) == (family, "paddleformers", True)
+    assert (det.config.model_type, det.loader.name, det.family.known) == (family, "paddleformers", True)
     assert arch.PROOFS.get(arch.ProofKey(family, "paddleformers", fmt)) == request.node.nodeid
     fam = arch.lookup(family, "paddleformers", fmt)
     seen = {"reties": reties, "always_tied": ignored, "warns_missing_head": warns}

@@ -142,11 +142,7 @@ KNOWN_UPWARD: set[tuple[str, str]] = {
     ("surgery.plan.merge", "surgery.write.assemble"),
     ("surgery.plan.merge", "surgery.write.publish"),
 }
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset(
-        {"surgery.write.copy", "surgery.write.publish", "surgery.write.remote", "surgery.write.writer"}
-    ),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 
 def test_every_module_is_in_a_layer():

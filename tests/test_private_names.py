@@ -84,10 +84,9 @@ def _all_uses() -> set[tuple[str, str, str]]:
 
 # Private names still used across modules, as (user, name, owner). The test fails when one is added and when
 # one listed here is gone, so the list only shrinks: the pipeline seam (issue 19, S1/S2) rewrites
-# plan/merge, plan/convert and ops onto one run and one writer; the store seam (S4) dissolves write/remote.
+# plan/merge, plan/convert and ops onto one run and one writer.
 KNOWN: set[tuple[str, str, str]] = {
     ("surgery.plan.merge", "_path", "surgery.ops"),  # merge's path coercion: ops.run will own it (S2)
-    ("surgery.write.remote", "_write_all", "surgery.write.writer"),  # one writer (S1), RemoteStore (S4)
 }
 
 

@@ -116,7 +116,7 @@ def test_new_rows_are_reported_in_chunks(tmp_path, monkeypatch):
     rep = operations.resize(src, det.vocab_rows + 64, out, init="mean", progress=rec)
     shard = rep["files"]["rewritten"][0]
     assert len(read_header(out / shard, shard)[0]) == 1
-    new_bytes = 64 * ckpt.tensors[det.embedding].nbytes // det.vocab_rows
+    new_bytes = 64 * ckpt.tensors[det.embedding.name].nbytes // det.vocab_rows
     assert len(rec.advances(shard)) >= 1 + new_bytes // 256, rec.events
     assert max(rec.advances(shard)[1:]) <= 256
 

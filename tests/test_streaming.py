@@ -139,7 +139,7 @@ def test_inspect_reads_no_untouched_tensor_data(monkeypatch, case):
     ck = Checkpoint.open(FIX / case)
     det = detect(ck)
     assert det.comparison.values in ("exact", "different")  # the values were compared
-    touched = {det.embedding, det.head}
+    touched = {det.embedding.name, det.head.name}
     for name, t in ck.tensors.items():
         hits = _overlaps(tr.reads, t.file, t.offset, t.nbytes)
         if name in touched:
@@ -464,7 +464,7 @@ def test_temp_folder_removed_through_a_second_interrupt(tmp_path, monkeypatch):
     monkeypatch.setattr(shutil, "rmtree", real_rmtree)
     assert len(calls) == 2
     assert list(tmp_path.iterdir()) == [], list(tmp_path.iterdir())
-    assert det.head == "lm_head.weight"
+    assert det.head.name == "lm_head.weight"
 
 
 @pytest.mark.parametrize("op", ["tie", "untie", "resize"])

@@ -86,7 +86,9 @@ def _corrupt_head(src: Path, dst: Path) -> str:
     fs.copy_checkpoint(src, dst)
     det = detect(Checkpoint.open(dst), compare_values=False)
     name = (
-        det.head if det.head_present and not det.config_tied and not det.family.always_tied else det.embedding
+        det.head.name
+        if det.head.present and not det.tie.tied and not det.family.always_tied
+        else det.embedding.name
     )
     for f in sorted(dst.glob("*.safetensors")):
         raw = bytearray(f.read_bytes())

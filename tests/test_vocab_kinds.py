@@ -192,8 +192,8 @@ def test_nested_text_block_chooses_the_pair_and_keeps_the_other_vocabulary(tmp_p
     )
     ck = write(tmp_path / "in", cfg, t, "pdparams")
     det = detect(Checkpoint.open(ck))
-    assert (det.embedding, det.head) == ("llm.model.embed_tokens.weight", "llm.lm_head.weight")
-    assert det.other_vocab == dict.fromkeys(
+    assert (det.embedding.name, det.head.name) == ("llm.model.embed_tokens.weight", "llm.lm_head.weight")
+    assert det.beyond.other_vocab == dict.fromkeys(
         ["speaker.model.embed_tokens.weight", "speaker.lm_head.weight"], "speaker_config.vocab_size"
     )
     assert FindingKind.TEXT_VOCABULARY in {f.kind for f in det.findings}
@@ -225,8 +225,8 @@ def test_two_text_blocks_refuse_and_print_the_pairs_unless_the_tokenizer_tells(t
     # a tokenizer of 20 tokens fits only the 24-entry vocabulary: that block is the text model's
     (ck / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {f"t{i}": i for i in range(20)}}}))
     det = detect(Checkpoint.open(ck))
-    assert not det.unclear_text and det.text_cfg_key == "thinker_config.text_config"
-    assert det.embedding == "llm.model.embed_tokens.weight"
+    assert not det.config.unclear_text and det.config.text_key == "thinker_config.text_config"
+    assert det.embedding.name == "llm.model.embed_tokens.weight"
 
 
 def test_draft_head_and_map_are_kept_and_a_trim_past_the_map_refused(tmp_path):
@@ -243,7 +243,7 @@ def test_draft_head_and_map_are_kept_and_a_trim_past_the_map_refused(tmp_path):
     }
     ck = write(tmp_path / "in", cfg, t, "pdparams")
     det = detect(Checkpoint.open(ck))
-    assert det.head_vocab == "draft_vocab_size"
+    assert det.head.vocab == "draft_vocab_size"
     with pytest.raises(RefusedError, match="draft_vocab_size"):
         tietool.tie(ck, tmp_path / "tied")
     tietool.resize(ck, 40, tmp_path / "out", init="zeros")
@@ -286,8 +286,8 @@ def test_chatglm_type_with_v2_names_is_read_as_chatglm2(tmp_path, fmt):
     }
     ck = write(tmp_path / "in", cfg, t, fmt)
     det = detect(Checkpoint.open(ck))
-    assert det.family.name == "chatglm_v2" and det.head == "transformer.output_layer.weight"
-    assert det.vocab_key == "padded_vocab_size"
+    assert det.family.name == "chatglm_v2" and det.head.name == "transformer.output_layer.weight"
+    assert det.config.vocab_key == "padded_vocab_size"
     rep = tietool.untie(ck, tmp_path / "untied")
     assert "lm_head.weight" not in out_tensors(tmp_path / "untied") and rep
     tietool.resize(ck, 32, tmp_path / "out", init="zeros")
@@ -340,7 +340,7 @@ def test_token_table_under_another_module_and_a_coinciding_size_is_still_found(t
     }
     ck = write(tmp_path / "in", cfg, t)
     det = detect(Checkpoint.open(ck))
-    assert list(det.token_tables) == ["model.layers.0.mlp.router.tid2eid"] and not det.by_shape
+    assert list(det.beyond.token_tables) == ["model.layers.0.mlp.router.tid2eid"] and not det.beyond.by_shape
     tietool.resize(ck, 28, tmp_path / "out", init="zeros")
     out = out_tensors(tmp_path / "out")
     assert out["model.layers.0.mlp.router.tid2eid"].shape == (28, 2)

@@ -96,8 +96,8 @@ def mtp_tensors(prefix: str = "model", head_layout: str = "vocab-hidden") -> dic
 def test_mtp_copies_are_extra_tables_not_the_main_pair(tmp_path, fmt, shards):
     ck = write_ckpt(tmp_path / "in", DSV3_CFG, mtp_tensors(), fmt, shards)
     det = detect(Checkpoint.open(ck))
-    assert (det.embedding, det.head) == ("model.embed_tokens.weight", "lm_head.weight")
-    assert det.extra_tables == [
+    assert (det.embedding.name, det.head.name) == ("model.embed_tokens.weight", "lm_head.weight")
+    assert det.beyond.extra_tables == [
         "model.layers.1.embed_tokens.weight",
         "model.layers.1.shared_head.head.weight",
     ]
@@ -136,7 +136,7 @@ def test_paddlenlp_hidden_vocab_head_copy_grows_by_columns(tmp_path):
     src = mtp_tensors("deepseek_v3", head_layout="hidden-vocab")
     ck = write_ckpt(tmp_path / "in", cfg, src, "pdparams")
     det = detect(Checkpoint.open(ck))
-    assert (det.embedding, det.head, det.head_layout) == (
+    assert (det.embedding.name, det.head.name, det.head.layout) == (
         "deepseek_v3.embed_tokens.weight",
         "lm_head.weight",
         "hidden-vocab",
@@ -163,7 +163,7 @@ def test_vocab_shaped_tensor_of_no_role_is_listed_and_resize_refuses(tmp_path):
     t["model.mystery.proj"] = table(H, V)
     ck = write_ckpt(tmp_path / "in", LLAMA_CFG, t)
     det = detect(Checkpoint.open(ck))
-    assert det.by_shape == ["model.mystery.proj"]
+    assert det.beyond.by_shape == ["model.mystery.proj"]
     rc, msg = cli("resize", ck, "--vocab", 30, "--out", tmp_path / "out")
     assert rc == 5 and "model.mystery.proj [8, 24]" in msg
     assert not (tmp_path / "out").exists()
@@ -175,9 +175,9 @@ def test_encoder_decoder_without_shared_table_uses_its_other_names(tmp_path):
     t = {"encoder.embed_tokens.weight": emb, "decoder.embed_tokens.weight": emb.copy(), "x.w": table(H, H)}
     ck = write_ckpt(tmp_path / "in", cfg, t)
     det = detect(Checkpoint.open(ck))
-    assert det.embedding == "encoder.embed_tokens.weight"
-    assert det.embedding_found_by is FoundBy.OTHER_NAME
-    assert det.embedding_aliases == ["decoder.embed_tokens.weight"]
+    assert det.embedding.name == "encoder.embed_tokens.weight"
+    assert det.embedding.found_by is FoundBy.OTHER_NAME
+    assert det.embedding.aliases == ["decoder.embed_tokens.weight"]
 
 
 # ------------------------------------------------------------------------------------ special token ids
@@ -226,8 +226,8 @@ def dropped_embedding(tmp_path: Path, fmt: str) -> tuple[Path, np.ndarray]:
 def test_missing_embedding_is_said_and_untie_restores_both(tmp_path, fmt):
     ck, head = dropped_embedding(tmp_path, fmt)
     det = detect(Checkpoint.open(ck))
-    assert not det.embedding_present and det.embedding_stored_as == "lm_head.weight"
-    assert det.embedding == "transformer.word_embeddings.weight"  # from the metadata, or the prefix
+    assert not det.embedding.present and det.embedding.stored_as == "lm_head.weight"
+    assert det.embedding.name == "transformer.word_embeddings.weight"  # from the metadata, or the prefix
     rc, msg = cli("inspect", ck)
     assert rc == 0 and "transformer.word_embeddings.weight is missing" in msg
     rc, msg = cli("untie", ck, "--out", tmp_path / "out")
@@ -276,7 +276,7 @@ def test_missing_embedding_with_hidden_vocab_head_is_restored_transposed(tmp_pat
         "pdparams",
     )
     det = detect(Checkpoint.open(ck))
-    assert (det.embedding, det.head_layout, det.vocab_rows) == (
+    assert (det.embedding.name, det.head.layout, det.vocab_rows) == (
         "llama.embed_tokens.weight",
         "hidden-vocab",
         16,
@@ -333,7 +333,7 @@ def test_embedding_with_more_rows_than_head(tmp_path, fmt):
     emb, head = table(20, H), table(16, H, 50.0)
     ck = write_ckpt(tmp_path / "in", cfg, {"model.embed_tokens.weight": emb, "lm_head.weight": head}, fmt)
     det = detect(Checkpoint.open(ck))
-    assert (det.vocab_rows, det.head_rows, det.head_layout) == (20, 16, "vocab-hidden")
+    assert (det.vocab_rows, det.head.rows, det.head.layout) == (20, 16, "vocab-hidden")
     rc, msg = cli("inspect", ck)
     assert rc == 0 and "embedding rows 20, head rows 16" in msg
     rc, msg = cli("tie", ck, "--keep", "embedding", "--out", tmp_path / "t")

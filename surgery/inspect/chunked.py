@@ -14,7 +14,6 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..io import store
 from ..io.checkpoint import Checkpoint
 from ..model.tensor import bf16_bits_to_f32, require_array
 
@@ -72,7 +71,7 @@ def _byte_chunks(ck: Checkpoint, name: str) -> Iterator[bytes]:
     """The stored bytes of safetensors tensor ``name`` in pieces of :data:`CHUNK_BYTES`."""
     t = ck.tensors[name]
     for pos in range(0, t.nbytes, CHUNK_BYTES):
-        yield store.read_range(ck.path / t.file, t.offset + pos, min(CHUNK_BYTES, t.nbytes - pos))
+        yield ck.store.read_range(t.file, t.offset + pos, min(CHUNK_BYTES, t.nbytes - pos))
 
 
 def max_abs_diff(A: Checkpoint, B: Checkpoint, name: str) -> float:
@@ -117,9 +116,9 @@ def _column_block(ck: Checkpoint, name: str, start: int, stop: int) -> np.ndarra
     """Columns ``start:stop`` of 2-D tensor ``name`` (a copy), through a memory map closed on return."""
     t = ck.tensors[name]
     require_array(t, ck.path / t.file)
-    if t.fortran or t.inline is not None or t.pieces is not None or t.offset < 0 or store.is_remote(ck.path):
+    if t.fortran or t.inline is not None or t.pieces is not None or t.offset < 0 or not ck.store.on_disk:
         return np.array(ck.load(name)[:, start:stop])
-    dt = np.dtype(t.dtype).newbyteorder("<") if ck.format == "pdparams" else t.storage_dtype
+    dt = ck.fmt.row_dtype(t)
     mm = np.memmap(ck.path / t.file, dtype=dt, mode="r", offset=t.offset, shape=tuple(t.shape))
     block = np.array(mm[:, start:stop])
     del mm  # the last reference: unmapped now, so the pages it touched leave the resident set

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,8 +23,9 @@ from ..arch.families import VocabRole
 from ..io.checkpoint import Checkpoint
 from ..io.surface import quant_module
 from ..io.tokenizer import SpecialTokenId, TokenizerInfo, special_token_ids, tokenizer_info
+from ..model.enums import LAYOUTS, FoundBy, HeadLayout, TieState
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
-from ..model.tensor import TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
+from ..model.tensor import FLOAT_DTYPES, TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
 from . import chunked
 from .findings import Finding, FindingKind, Fix, OneOf, Severity
 from .vocabularies import (
@@ -38,31 +38,17 @@ from .vocabularies import (
     vocabularies,
 )
 
-VOCAB_HIDDEN = "vocab-hidden"  # [vocab_size, hidden_size]
-HIDDEN_VOCAB = "hidden-vocab"  # [hidden_size, vocab_size]
-LAYOUTS = (VOCAB_HIDDEN, HIDDEN_VOCAB)
-FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
-
-
-class FoundBy(str, Enum):
-    """How the input embedding was found."""
-
-    NAMED = "named by the caller"
-    TABLE = "the family's preferred name"
-    OTHER_NAME = "another known name"
-    SHAPE = "its shape"
-    MISSING = "missing"
-
 
 @dataclass
 class Comparison:
     """Head vs embedding values.
 
     Attributes:
-        values: ``exact`` (same bytes, as stored), ``transposed`` (head == embedding.T), ``scaled`` (head ==
-            embedding × d_model ** -0.5, T5's tied head materialised), ``different``,
-            ``absent`` (no head in the files), ``shared`` (the head *is* the embedding: T5, or one storage),
-            ``no_embedding`` (the embedding is missing; the head holds the only table).
+        values: a :class:`~surgery.model.enums.TieState`: ``exact`` (same bytes, as stored),
+            ``transposed`` (head == embedding.T), ``scaled`` (head == embedding × d_model ** -0.5, T5's tied
+            head materialised), ``different``, ``absent`` (no head in the files), ``shared`` (the head *is*
+            the embedding: T5, or one storage), ``no_embedding`` (the embedding is missing; the head holds
+            the only table), ``unknown`` (not compared).
         max_abs_diff: largest |head - embedding| in float32 (after transposing a ``hidden-vocab`` head).
         differing_rows: number of vocab rows with any difference.
         storage_shared: the head and embedding are one array in the file (pickle memo).
@@ -70,7 +56,7 @@ class Comparison:
             values were compared).
     """
 
-    values: str
+    values: TieState
     max_abs_diff: float | None = None
     differing_rows: int | None = None
     storage_shared: bool = False
@@ -141,84 +127,175 @@ class LayoutConflict:
 
     head: str
     shape: tuple[int, ...]
-    requested: str
-    fits: str
+    requested: HeadLayout
+    fits: HeadLayout
+
+
+@dataclass(frozen=True)
+class ConfigFacts:
+    """What the configuration says about the vocabulary.
+
+    Attributes:
+        model_type: the language model's ``model_type`` (None: absent or not a string).
+        vocab_size: the value of ``vocab_key``, the config key (dotted) that sizes the embedding's
+            vocabulary.
+        text_key: the dotted path of the language model's config block (``text_config``; None: the top
+            level).
+        vocabularies: every vocabulary the config names.
+        unclear_text: the config blocks that could each be the text model's, when the choice is not clear.
+    """
+
+    model_type: str | None
+    vocab_size: int | None
+    vocab_key: str | None
+    text_key: str | None
+    vocabularies: tuple[Vocabulary, ...] = ()
+    unclear_text: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoaderChoice:
+    """Which library will load the output (``name``: a :class:`~surgery.model.enums.Loader` value), and
+    ``source``: how that was decided (config.json's version key, the names, or the caller)."""
+
+    name: str
+    source: str
 
 
 @dataclass
-class Detection:
-    """Everything ``inspect`` shows and every plan needs. Shapes are stored shapes.
+class EmbeddingMatch:
+    """The input embedding as found.
 
     Attributes:
-        family: the architecture row (with the loader's facts).
-        loader: which library will load the output, and ``loader_source`` says how that was decided.
-        embedding: input embedding name, ``[vocab_size, hidden_size]``; when ``embedding_present`` is False,
-            the name it would have (the table is then stored only as the head: ``embedding_stored_as``).
-        embedding_aliases: other names for the same table (same storage, or an alias name with equal bytes).
+        name: its name, ``[rows, hidden]``; when ``present`` is False, the name it would have (the table is
+            then stored only as the head ``stored_as``).
+        found_by: how it was found.
+        aliases: other names for the same table (same storage, or an alias name with equal bytes).
         vocab_aliases: other tensors with the embedding's shape under an alias name (resized together).
-        head: the LM head name (present in the files or not), ``head_present``, ``head_layout``;
-            ``head_rows``: its vocabulary entries (may differ from the embedding's rows: reserved rows).
-        bias: LM head bias name (``[vocab]`` or ``[1, vocab]``) and ``bias_aliases``.
+    """
+
+    name: str
+    rows: int
+    hidden: int
+    present: bool = True
+    found_by: FoundBy = FoundBy.TABLE
+    stored_as: str | None = None
+    aliases: list[str] = field(default_factory=list)
+    vocab_aliases: list[str] = field(default_factory=list)
+
+    @property
+    def by_shape(self) -> bool:
+        """Found by its shape alone (a model type the table does not know)."""
+        return self.found_by is FoundBy.SHAPE
+
+
+@dataclass
+class HeadMatch:
+    """The LM head: in the files (``present``) or not (``name``: the name untie would write).
+
+    Attributes:
+        layout: how it lies (None: not in the files, or unusable; ``AMBIGUOUS``: square, no layout given).
+        rows: its vocabulary entries (may differ from the embedding's rows: reserved rows).
+        aliases: other names of the same storage under a head name.
+        tp_fraction: when its vocab dimension is an exact fraction 1/k of the embedding's, k.
+        vocab: the config key of another vocabulary that counts its rows (an EAGLE-3 draft head over
+            ``draft_vocab_size``); None: the embedding's vocabulary.
+        conflict: a requested layout that contradicts its shape.
+    """
+
+    name: str
+    present: bool
+    layout: HeadLayout | None = None
+    rows: int | None = None
+    aliases: list[str] = field(default_factory=list)
+    tp_fraction: int | None = None
+    vocab: str | None = None
+    conflict: LayoutConflict | None = None
+
+
+@dataclass
+class BiasMatch:
+    """The LM head bias (``[vocab]`` or ``[1, vocab]``) and its aliases (same storage or bytes)."""
+
+    name: str
+    aliases: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TieFlag:
+    """The effective ``tie_word_embeddings`` (``tied``), where it came from (``source``: a config key, or
+    the family's default under the loader), and every flag found."""
+
+    tied: bool
+    source: str
+    flags: dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class Beyond:
+    """The vocabulary surface beyond the main pair and its aliases.
+
+    Attributes:
         extra_tables: further vocabulary tables (MTP embed/head copies, per-layer token tables).
         by_shape: tensors of no known name or rule with an axis of the vocabulary's size.
         token_tables: integer/boolean tensors a :data:`~surgery.arch.families.TOKEN_TABLES` rule covers,
             with the rule (indexed by the embedding's vocabulary, or keyed to it by value).
         other_vocab: tensors sized by another vocabulary the config names → its key (kept by resize).
-        head_vocab: the config key of another vocabulary that counts the head's rows (an EAGLE-3 draft
-            head over ``draft_vocab_size``); None: the head is over the embedding's vocabulary.
-        vocab_key: the config key that sizes the embedding's vocabulary (dotted), ``config_vocab_size``
-            its value; ``vocabularies``: every vocabulary the config names; ``unclear_text``: the config
-            blocks that could each be the text model's when the choice is not clear.
-        config_tied: the effective ``tie_word_embeddings``; ``config_source`` names where it came from.
-        comparison: head vs embedding values.
-        special_ids: token ids the configuration files name.
-        layout_conflict: a requested layout that contradicts the head's shape.
+    """
+
+    extra_tables: list[str] = field(default_factory=list)
+    by_shape: list[str] = field(default_factory=list)
+    token_tables: dict[str, arch.TokenTable] = field(default_factory=dict)
+    other_vocab: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Detection:
+    """Everything ``inspect`` shows and every plan needs, grouped by role. Shapes are stored shapes.
+
+    Attributes:
+        ckpt: the checkpoint.
+        config: what the config says (:class:`ConfigFacts`).
+        family: the architecture row (with the loader's facts).
+        loader: which library will load the output and how that was decided (:class:`LoaderChoice`).
+        embedding, head, bias: the main tables (:class:`EmbeddingMatch`, :class:`HeadMatch`,
+            :class:`BiasMatch` or None without a bias).
+        tie: the effective ``tie_word_embeddings`` (:class:`TieFlag`).
+        comparison: head vs embedding values (``values``: a :class:`~surgery.model.enums.TieState`).
+        beyond: the surface beyond the main tables (:class:`Beyond`); :attr:`surface` lists it all by role.
+        tokenizer: the tokenizer files' facts; ``special_ids``: token ids the configuration files name.
         findings: what a user should know, as data (:mod:`surgery.inspect.findings`; ``problems`` and
-        ``notes``
-            select them by severity, :func:`~surgery.inspect.findings.describe` words them).
-        tp_fraction: when the head's vocab dimension is an exact fraction 1/k of the embedding's, k.
+            ``notes`` select them by severity, :func:`~surgery.inspect.findings.describe` words them).
     """
 
     ckpt: Checkpoint
+    config: ConfigFacts
     family: arch.Family
-    loader: str
-    loader_source: str
-    model_type: str | None
-    vocab_rows: int
-    hidden: int
-    embedding: str
-    embedding_aliases: list[str]
-    vocab_aliases: list[str]
-    head: str
-    head_present: bool
-    head_layout: str | None
-    head_aliases: list[str]
-    bias: str | None
-    bias_aliases: list[str]
-    config_tied: bool
-    config_source: str
-    config_flags: dict[str, bool]
+    loader: LoaderChoice
+    embedding: EmbeddingMatch
+    head: HeadMatch
+    bias: BiasMatch | None
+    tie: TieFlag
     comparison: Comparison
-    config_vocab_size: int | None
-    text_cfg_key: str | None
+    beyond: Beyond
     tokenizer: TokenizerInfo
-    fallback: bool = False
-    tp_fraction: int | None = None
-    findings: list[Finding] = field(default_factory=list)
-    embedding_present: bool = True
-    embedding_found_by: FoundBy = FoundBy.TABLE
-    embedding_stored_as: str | None = None
-    head_rows: int | None = None
-    extra_tables: list[str] = field(default_factory=list)
-    by_shape: list[str] = field(default_factory=list)
     special_ids: tuple[SpecialTokenId, ...] = ()
-    layout_conflict: LayoutConflict | None = None
-    token_tables: dict[str, arch.TokenTable] = field(default_factory=dict)
-    other_vocab: dict[str, str] = field(default_factory=dict)
-    head_vocab: str | None = None
-    vocab_key: str | None = None
-    vocabularies: tuple[Vocabulary, ...] = ()
-    unclear_text: tuple[str, ...] = ()
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def vocab_rows(self) -> int:
+        """The embedding's rows (the vocabulary the files hold)."""
+        return self.embedding.rows
+
+    @property
+    def hidden(self) -> int:
+        """The embedding's hidden size."""
+        return self.embedding.hidden
+
+    @property
+    def bias_names(self) -> list[str]:
+        """The head bias and its aliases ([] without a bias)."""
+        return [self.bias.name, *self.bias.aliases] if self.bias else []
 
     @property
     def problems(self) -> list[Finding]:
@@ -236,35 +313,36 @@ class Detection:
 
     @property
     def head_info(self) -> TensorInfo | None:
-        """The head's header; None exactly when ``head_present`` is False."""
-        return self.ckpt.tensors.get(self.head) if self.head_present else None
+        """The head's header; None exactly when the head is not in the files."""
+        return self.ckpt.tensors.get(self.head.name) if self.head.present else None
 
     @property
     def emb_info(self) -> TensorInfo:
         """The embedding's header (the head's when the embedding is missing and stored as the head)."""
-        return self.ckpt.tensors[self.embedding if self.embedding_present else self.head]
+        return self.ckpt.tensors[self.embedding.name if self.embedding.present else self.head.name]
 
     def vocab_axis(self, name: str) -> int | None:
         """The axis of ``name`` the vocabulary runs along (see :class:`VocabTensor`); None for a 0-D tensor
         (a damaged head has no axis at all)."""
-        t = self.ckpt.tensors[name]
+        t, head, beyond = self.ckpt.tensors[name], self.head, self.beyond
         if not t.shape:
             return None
-        if name in self.token_tables:
+        if name in beyond.token_tables:
             return 0
-        if name in self.other_vocab:
-            size = next((v.size for v in self.vocabularies if v.key == self.other_vocab[name]), None)
+        if name in beyond.other_vocab:
+            key = beyond.other_vocab[name]
+            size = next((v.size for v in self.config.vocabularies if v.key == key), None)
             return list(t.shape).index(size) if size in t.shape else None
-        if name == self.head or name in self.head_aliases:
-            return 1 if self.head_layout == HIDDEN_VOCAB else 0
-        if len(t.shape) == 1 or name == self.bias or name in self.bias_aliases:
+        if name == head.name or name in head.aliases:
+            return 1 if head.layout == HeadLayout.HIDDEN_VOCAB else 0
+        if len(t.shape) == 1 or name in self.bias_names:
             return -1
         rows = self.vocab_rows
-        if t.shape[0] in (rows, self.head_rows) and t.shape[-1] == self.hidden:
+        if t.shape[0] in (rows, head.rows) and t.shape[-1] == self.hidden:
             return 0
-        if len(t.shape) == 2 and t.shape[1] in (rows, self.head_rows) and t.shape[0] == self.hidden:
+        if len(t.shape) == 2 and t.shape[1] in (rows, head.rows) and t.shape[0] == self.hidden:
             return 1
-        if name in self.by_shape and rows in t.shape:  # an integer tensor of no rule: its vocabulary axis
+        if name in beyond.by_shape and rows in t.shape:  # an integer tensor of no rule: its vocabulary axis
             return list(t.shape).index(rows)
         return None
 
@@ -272,34 +350,35 @@ class Detection:
     def surface(self) -> dict[VocabRole, list[VocabTensor]]:
         """Every vocabulary tensor, grouped by role (roles with no tensor are left out)."""
         out: dict[VocabRole, list[VocabTensor]] = {}
+        emb, head, beyond = self.embedding, self.head, self.beyond
 
         def add(name: str, role: VocabRole, of: str | None = None, present: bool = True) -> None:
             axis = self.vocab_axis(name) if present else 0
             entries = self.ckpt.tensors[name].shape[axis] if present and axis is not None else None
-            vocab = self.other_vocab.get(name) or (self.head_vocab if name == self.head else None)
+            vocab = beyond.other_vocab.get(name) or (head.vocab if name == head.name else None)
             out.setdefault(role, []).append(
                 VocabTensor(name, role, axis, entries if present else self.vocab_rows, of, present, vocab)
             )
 
-        add(self.embedding, VocabRole.INPUT_EMBEDDING, present=self.embedding_present)
-        for n in self.embedding_aliases + self.vocab_aliases:
-            add(n, VocabRole.EMBEDDING_ALIAS, self.embedding)
-        if self.head_present:
-            add(self.head, VocabRole.LM_HEAD)
-            for n in self.head_aliases:
-                add(n, VocabRole.HEAD_ALIAS, self.head)
+        add(emb.name, VocabRole.INPUT_EMBEDDING, present=emb.present)
+        for n in emb.aliases + emb.vocab_aliases:
+            add(n, VocabRole.EMBEDDING_ALIAS, emb.name)
+        if head.present:
+            add(head.name, VocabRole.LM_HEAD)
+            for n in head.aliases:
+                add(n, VocabRole.HEAD_ALIAS, head.name)
         if self.bias:
-            add(self.bias, VocabRole.HEAD_BIAS)
-            for n in self.bias_aliases:
-                add(n, VocabRole.HEAD_BIAS, self.bias)
-        for n in self.extra_tables:
+            add(self.bias.name, VocabRole.HEAD_BIAS)
+            for n in self.bias.aliases:
+                add(n, VocabRole.HEAD_BIAS, self.bias.name)
+        for n in beyond.extra_tables:
             add(n, VocabRole.EXTRA_TABLE)
-        for n, rule in self.token_tables.items():
+        for n, rule in beyond.token_tables.items():
             add(n, VocabRole.TOKEN_TABLE if rule.indexed_by == "vocab" else VocabRole.TOKEN_ID_MAP)
-        for n in self.other_vocab:
-            if n not in self.token_tables:
+        for n in beyond.other_vocab:
+            if n not in beyond.token_tables:
                 add(n, VocabRole.OTHER_VOCABULARY)
-        for n in self.by_shape:
+        for n in beyond.by_shape:
             add(n, VocabRole.BY_SHAPE)
         return out
 
@@ -466,7 +545,9 @@ def _check_overrides(
         elif lg not in FLOAT_DTYPES:
             why = f"is {lg}, not a float table (a quantized or integer tensor cannot be tied or resized)"
         elif hidden is not None:
-            axes = [1] if what == "embedding" or layout == VOCAB_HIDDEN else [0] if layout else [0, 1]
+            axes = (
+                [1] if what == "embedding" or layout == HeadLayout.VOCAB_HIDDEN else [0] if layout else [0, 1]
+            )
             if not any(shape[a] == hidden for a in axes):
                 where = "its second axis" if axes == [1] else "its first axis" if axes == [0] else "one axis"
                 why = f"has shape {shape}, but {where} should be the config's hidden size {hidden}"
@@ -593,7 +674,9 @@ def _find_aliases(
         ]
     cands = [n for n in dict.fromkeys(same_storage + alias_named) if n != head and n not in head_aliases]
     equal = [
-        n for n in cands if n in same_storage or compare(ckpt, embedding, n, VOCAB_HIDDEN).values == "exact"
+        n
+        for n in cands
+        if n in same_storage or compare(ckpt, embedding, n, HeadLayout.VOCAB_HIDDEN).values is TieState.EXACT
     ]
     return equal, [n for n in cands if n not in equal], head_aliases
 
@@ -646,11 +729,19 @@ class _HeadShape:
     """What the head's shape says: its layout (None: unusable; ``ambiguous``), its vocab entries, a
     tensor-parallel fraction, a problem, a conflict with the requested layout."""
 
-    layout: str | None = None
+    layout: HeadLayout | None = None
     rows: int | None = None
     tp: int | None = None
     problem: Finding | None = None
     conflict: LayoutConflict | None = None
+
+
+def _conflict(head: str, hs: tuple[int, ...], layout: str | None, fits: HeadLayout) -> LayoutConflict | None:
+    """The conflict of a requested ``layout`` (one of :data:`~surgery.model.enums.LAYOUTS`) with the layout
+    that ``fits`` the head's shape; None when none was requested or it fits."""
+    return (
+        LayoutConflict(head, hs, HeadLayout(layout), fits) if layout in LAYOUTS and layout != fits else None
+    )
 
 
 def _head_shape(
@@ -665,19 +756,19 @@ def _head_shape(
     if len(hs) != 2:
         return _HeadShape(problem=Finding(FindingKind.HEAD_NOT_2D, (head,), {"shape": list(hs)}))
     if V == H and hs == (V, H):
-        return _HeadShape(layout if layout in LAYOUTS else "ambiguous", V)
+        return _HeadShape(HeadLayout(layout) if layout in LAYOUTS else HeadLayout.AMBIGUOUS, V)
     if hs in ((V, H), (H, V)):
-        fits = VOCAB_HIDDEN if hs == (V, H) else HIDDEN_VOCAB
-        conflict = LayoutConflict(head, hs, layout, fits) if layout in LAYOUTS and layout != fits else None
+        fits = HeadLayout.VOCAB_HIDDEN if hs == (V, H) else HeadLayout.HIDDEN_VOCAB
+        conflict = _conflict(head, hs, layout, fits)
         return _HeadShape(fits, V, conflict=conflict)
     a, b = hs
-    for rows, other, fits in ((a, b, VOCAB_HIDDEN), (b, a, HIDDEN_VOCAB)):
+    for rows, other, fits in ((a, b, HeadLayout.VOCAB_HIDDEN), (b, a, HeadLayout.HIDDEN_VOCAB)):
         if other != H or not rows or rows > V:  # a head with more rows than the embedding fits neither
             continue
         if rows < V and V % rows == 0 and rows not in named:
             facts = {"shape": list(hs), "head_rows": rows, "fraction": V // rows, "embedding_rows": V}
             return _HeadShape(tp=V // rows, problem=Finding(FindingKind.HEAD_TP_SLICE, (head,), facts))
-        conflict = LayoutConflict(head, hs, layout, fits) if layout in LAYOUTS and layout != fits else None
+        conflict = _conflict(head, hs, layout, fits)
         return _HeadShape(fits, rows, conflict=conflict)
     facts = {"shape": list(hs), "embedding_rows": V, "hidden_size": H}
     return _HeadShape(problem=Finding(FindingKind.HEAD_SHAPE_MISFIT, (head,), facts))
@@ -718,7 +809,9 @@ def shared_storage(ckpt: Checkpoint, emb: str, head: str) -> Comparison | None:
     """``exact`` with ``storage_shared`` when the file stores head and embedding as one array (a
     ``.pdparams`` memo alias), told from the file structure without reading values; else None."""
     e_st, h_st = ckpt.tensors[emb].storage, ckpt.tensors[head].storage
-    return Comparison("exact", 0.0, 0, storage_shared=True) if e_st is not None and e_st == h_st else None
+    return (
+        Comparison(TieState.EXACT, 0.0, 0, storage_shared=True) if e_st is not None and e_st == h_st else None
+    )
 
 
 def _bits_dtype(storage: np.dtype) -> np.dtype | None:
@@ -828,9 +921,9 @@ def compare(
         return shared
     e_info, h_info = ckpt.tensors[emb], ckpt.tensors[head]
     eshape = tuple(e_info.shape)
-    hshape = tuple(h_info.shape[::-1]) if layout == HIDDEN_VOCAB else tuple(h_info.shape)
+    hshape = tuple(h_info.shape[::-1]) if layout == HeadLayout.HIDDEN_VOCAB else tuple(h_info.shape)
     if len(eshape) != 2 or hshape != eshape:
-        return Comparison("different")
+        return Comparison(TieState.DIFFERENT)
     if not (e_info.st_dtype.decodable and h_info.st_dtype.decodable):
         return _compare_undecodable(ckpt, emb, head, layout)
     e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
@@ -838,7 +931,9 @@ def compare(
     bits = _bits_dtype(e_info.storage_dtype)
     bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf and scale is None
     bits = bits if bit_equal else None
-    hT = ckpt.load(head).T if layout == HIDDEN_VOCAB else None  # columns of the stored head: a mapped array
+    hT = (
+        ckpt.load(head).T if layout == HeadLayout.HIDDEN_VOCAB else None
+    )  # columns of the stored head: a mapped array
     row_bytes = max(1, e_info.nbytes // max(1, eshape[0]))
     # a transposed head is gathered column by column from a mapping: larger chunks amortize the strides
     chunk_rows = max(1, ((chunk_bytes or CHUNK_BYTES) * (8 if hT is not None else 1)) // row_bytes)
@@ -866,9 +961,15 @@ def _verdict(drift: Drift, scale: float | None, hT: np.ndarray | None) -> Compar
     ``[hidden, vocab]`` head, ``hT`` its transpose) / ``exact``; else ``different`` with its drift."""
     if drift.differing_rows == 0:
         return Comparison(
-            "scaled" if scale is not None else "transposed" if hT is not None else "exact", 0.0, 0
+            TieState.SCALED
+            if scale is not None
+            else TieState.TRANSPOSED
+            if hT is not None
+            else TieState.EXACT,
+            0.0,
+            0,
         )
-    return Comparison("different", drift.max_abs_diff, drift.differing_rows, drift=drift)
+    return Comparison(TieState.DIFFERENT, drift.max_abs_diff, drift.differing_rows, drift=drift)
 
 
 def _compare_undecodable(ckpt: Checkpoint, emb: str, head: str, layout: str) -> Comparison:
@@ -876,8 +977,10 @@ def _compare_undecodable(ckpt: Checkpoint, emb: str, head: str, layout: str) -> 
     and bytes (as stored) is ``exact``; anything else ``different``, with no magnitude (never computed from
     bits read as integers)."""
     e, h = ckpt.tensors[emb], ckpt.tensors[head]
-    same = layout == VOCAB_HIDDEN and e.dtype == h.dtype and chunked.same_bytes(ckpt, ckpt, emb, head)
-    return Comparison("exact", 0.0, 0) if same else Comparison("different")
+    same = (
+        layout == HeadLayout.VOCAB_HIDDEN and e.dtype == h.dtype and chunked.same_bytes(ckpt, ckpt, emb, head)
+    )
+    return Comparison(TieState.EXACT, 0.0, 0) if same else Comparison(TieState.DIFFERENT)
 
 
 def _ambiguous_layout(
@@ -898,17 +1001,18 @@ def _compare_pair(
     both tables in row chunks (:func:`compare`)."""
     notes: list[Finding] = []
     if shape.layout is None or (shape.rows is not None and shape.rows != ckpt.tensors[embedding].shape[0]):
-        return Comparison("different"), notes
-    if shape.layout == "ambiguous":
-        as_stored = compare(ckpt, embedding, head, VOCAB_HIDDEN)
-        transposed = compare(ckpt, embedding, head, HIDDEN_VOCAB)
-        comp = transposed if as_stored.values != "exact" and transposed.values == "transposed" else as_stored
-        notes.append(_ambiguous_layout(head, H, as_stored.values, transposed.values == "transposed"))
+        return Comparison(TieState.DIFFERENT), notes
+    if shape.layout is HeadLayout.AMBIGUOUS:
+        as_stored = compare(ckpt, embedding, head, HeadLayout.VOCAB_HIDDEN)
+        transposed = compare(ckpt, embedding, head, HeadLayout.HIDDEN_VOCAB)
+        as_transposed = transposed.values is TieState.TRANSPOSED
+        comp = transposed if as_stored.values is not TieState.EXACT and as_transposed else as_stored
+        notes.append(_ambiguous_layout(head, H, as_stored.values, as_transposed))
         return comp, notes
     comp = compare(ckpt, embedding, head, shape.layout)
-    if comp.values == "different" and fam.tied_logit_scale:
+    if comp.values is TieState.DIFFERENT and fam.tied_logit_scale:
         scaled = compare(ckpt, embedding, head, shape.layout, scale=tied_scale(ckpt.config, H, ckpt.path))
-        if scaled.values == "scaled":
+        if scaled.values is TieState.SCALED:
             comp = scaled
             notes.append(Finding(FindingKind.SCALED_TIED_HEAD, (head, embedding), {"family": fam.name}))
     return comp, notes
@@ -928,11 +1032,11 @@ def _comparison(
     (``unknown`` otherwise); else the values are read (:func:`_compare_pair`)."""
     if head is None:
         shared = fam.tied_logit_scale or (tied and fam.name == "t5")
-        return Comparison("shared" if shared else "absent"), []
+        return Comparison(TieState.SHARED if shared else TieState.ABSENT), []
     if not compare_values and shape.layout is not None:
-        comp = shared_storage(ckpt, embedding, head) or Comparison("unknown")
+        comp = shared_storage(ckpt, embedding, head) or Comparison(TieState.UNKNOWN)
         H = ckpt.tensors[embedding].shape[1]
-        return comp, [_ambiguous_layout(head, H)] if shape.layout == "ambiguous" else []
+        return comp, [_ambiguous_layout(head, H)] if shape.layout is HeadLayout.AMBIGUOUS else []
     return _compare_pair(ckpt, fam, embedding, head, shape, ckpt.tensors[embedding].shape[1])
 
 
@@ -940,22 +1044,22 @@ def _size_findings(det: Detection) -> list[Finding]:
     """Findings about sizes: config vocab_size vs the embedding's rows, the head's rows (reserved rows),
     the tokenizer (padding rows, or rows missing), unreadable tokenizer files, special ids past the rows."""
     out: list[Finding] = []
-    V, tok, emb = det.vocab_rows, det.tokenizer, (det.embedding,)
+    V, tok, emb = det.vocab_rows, det.tokenizer, (det.embedding.name,)
     facts: dict[str, Any]
-    if det.config_vocab_size is not None and det.config_vocab_size != V:
-        facts = {"config_vocab_size": det.config_vocab_size, "embedding_rows": V, "key": det.vocab_key}
+    if det.config.vocab_size is not None and det.config.vocab_size != V:
+        facts = {"config_vocab_size": det.config.vocab_size, "embedding_rows": V, "key": det.config.vocab_key}
         out.append(Finding(FindingKind.VOCAB_SIZE_MISMATCH, emb, facts, Fix(Opt("vocab_size", V), "resize")))
-    if det.head_vocab is not None and det.head_rows is not None:
+    if det.head.vocab is not None and det.head.rows is not None:
         facts = {
-            "head_rows": det.head_rows,
-            "head_key": det.head_vocab,
+            "head_rows": det.head.rows,
+            "head_key": det.head.vocab,
             "embedding_rows": V,
-            "embedding_key": det.vocab_key,
+            "embedding_key": det.config.vocab_key,
         }
-        out.append(Finding(FindingKind.HEAD_OTHER_VOCABULARY, (det.head, det.embedding), facts))
-    elif det.head_rows is not None and det.head_rows != V:
-        facts = {"embedding_rows": V, "head_rows": det.head_rows}
-        out.append(Finding(FindingKind.HEAD_ROWS_DIFFER, (det.embedding, det.head), facts))
+        out.append(Finding(FindingKind.HEAD_OTHER_VOCABULARY, (det.head.name, det.embedding.name), facts))
+    elif det.head.rows is not None and det.head.rows != V:
+        facts = {"embedding_rows": V, "head_rows": det.head.rows}
+        out.append(Finding(FindingKind.HEAD_ROWS_DIFFER, (det.embedding.name, det.head.name), facts))
     if tok.size is not None and tok.size != V:
         facts = {"embedding_rows": V, "tokenizer_size": tok.size, "tokenizer_files": list(tok.sources)}
         if tok.size < V:
@@ -974,34 +1078,44 @@ def _size_findings(det: Detection) -> list[Finding]:
 def _missing_embedding_finding(det: Detection) -> Finding:
     """The problem of an input embedding stored only as the head, and whether the safetensors metadata
     records it as a dropped copy of the head."""
-    recorded = any((m or {}).get(det.embedding) == det.head for m in det.ckpt.st_metadata.values())
+    recorded = any((m or {}).get(det.embedding.name) == det.head.name for m in det.ckpt.st_metadata.values())
     return Finding(
-        FindingKind.EMBEDDING_MISSING, (det.embedding, det.head), {"recorded_as_dropped": recorded}
+        FindingKind.EMBEDDING_MISSING, (det.embedding.name, det.head.name), {"recorded_as_dropped": recorded}
     )
 
 
 def _tie_findings(det: Detection) -> list[Finding]:
     """Problems about the tie state: a missing embedding; the flag vs the head's values; a missing head the
     loader will not re-tie; an untied flag with no head."""
-    if not det.embedding_present:
+    if not det.embedding.present:
         return [_missing_embedding_finding(det)]
     out: list[Finding] = []
-    comp, head, source = det.comparison, det.head, det.config_source
-    if det.head_present and comp.values == "different" and det.config_tied and comp.max_abs_diff is not None:
+    comp, head, source = det.comparison, det.head.name, det.tie.source
+    if (
+        det.head.present
+        and comp.values is TieState.DIFFERENT
+        and det.tie.tied
+        and comp.max_abs_diff is not None
+    ):
         facts = {
             "config_source": source,
             "max_abs_diff": comp.max_abs_diff,
             "differing_rows": comp.differing_rows,
             "embedding_rows": det.vocab_rows,
         }
-        out.append(Finding(FindingKind.TIED_BUT_DIFFERENT, (head, det.embedding), facts))
-    if not det.head_present and det.config_tied and not det.family.may_drop_head and comp.values != "shared":
+        out.append(Finding(FindingKind.TIED_BUT_DIFFERENT, (head, det.embedding.name), facts))
+    if (
+        not det.head.present
+        and det.tie.tied
+        and not det.family.may_drop_head
+        and comp.values is not TieState.SHARED
+    ):
         facts = {**_proof_facts(det), "proven": det.family.trusted and not det.family.reties}
         out.append(Finding(FindingKind.HEAD_MISSING_NOT_RETIED, (head,), facts))
     shaped = unnamed_heads(det)
-    if not det.head_present and shaped:
+    if not det.head.present and shaped:
         out.append(Finding(FindingKind.HEAD_UNNAMED, (head, *shaped)))
-    elif not det.head_present and not det.config_tied:
+    elif not det.head.present and not det.tie.tied:
         out.append(Finding(FindingKind.UNTIED_BUT_NO_HEAD, (head,), {"config_source": source}))
     return out
 
@@ -1009,10 +1123,10 @@ def _tie_findings(det: Detection) -> list[Finding]:
 def unnamed_heads(det: Detection) -> list[str]:
     """Tensors of no known name with the head's shape (``[V, H]`` or ``[H, V]``, outside the numbered
     blocks) when the files hold no head by name: each may be a trained head under a name the table lacks."""
-    if det.head_present:
+    if det.head.present:
         return []
     shapes = ((det.vocab_rows, det.hidden), (det.hidden, det.vocab_rows))
-    return [n for n in det.by_shape if tuple(det.ckpt.tensors[n].shape) in shapes]
+    return [n for n in det.beyond.by_shape if tuple(det.ckpt.tensors[n].shape) in shapes]
 
 
 def _beyond_findings(det: Detection) -> list[Finding]:
@@ -1021,31 +1135,33 @@ def _beyond_findings(det: Detection) -> list[Finding]:
     out: list[Finding] = []
     tables = [
         {"name": n, "what": r.what, "rule": r.rule.value}
-        for n, r in det.token_tables.items()
+        for n, r in det.beyond.token_tables.items()
         if r.indexed_by == "vocab"
     ]
     if tables:
         out.append(Finding(FindingKind.TOKEN_TABLES, tuple(t["name"] for t in tables), {"tables": tables}))
     by_key: dict[str, dict] = {}
-    sizes = {v.key: v.size for v in det.vocabularies}
-    for n, k in det.other_vocab.items():
+    sizes = {v.key: v.size for v in det.config.vocabularies}
+    for n, k in det.beyond.other_vocab.items():
         by_key.setdefault(k, {"size": sizes.get(k), "tensors": []})["tensors"].append(n)
     if by_key:
-        out.append(Finding(FindingKind.OTHER_VOCABULARY, tuple(det.other_vocab), {"by_key": by_key}))
-    if det.unclear_text:
-        facts = {"blocks": list(det.unclear_text), "candidates": _candidate_pairs(det)}
+        out.append(Finding(FindingKind.OTHER_VOCABULARY, tuple(det.beyond.other_vocab), {"by_key": by_key}))
+    if det.config.unclear_text:
+        facts = {"blocks": list(det.config.unclear_text), "candidates": _candidate_pairs(det)}
         out.append(Finding(FindingKind.TEXT_VOCABULARY_UNCLEAR, (), facts))
-    elif det.text_cfg_key and det.vocab_key and det.head_present:
-        block = det.vocab_key.rpartition(".")[0]
-        named = {v.key: v.size for v in det.vocabularies if v.block != block and v.size != det.vocab_rows}
+    elif det.config.text_key and det.config.vocab_key and det.head.present:
+        block = det.config.vocab_key.rpartition(".")[0]
+        named = {
+            v.key: v.size for v in det.config.vocabularies if v.block != block and v.size != det.vocab_rows
+        }
         if named:
             facts = {
-                "vocabularies": {det.vocab_key: det.config_vocab_size, **named},
-                "block": det.text_cfg_key,
-                "key": det.vocab_key,
-                "size": det.config_vocab_size,
+                "vocabularies": {det.config.vocab_key: det.config.vocab_size, **named},
+                "block": det.config.text_key,
+                "key": det.config.vocab_key,
+                "size": det.config.vocab_size,
             }
-            out.append(Finding(FindingKind.TEXT_VOCABULARY, (det.embedding, det.head), facts))
+            out.append(Finding(FindingKind.TEXT_VOCABULARY, (det.embedding.name, det.head.name), facts))
     return out
 
 
@@ -1054,7 +1170,7 @@ def _candidate_pairs(det: Detection) -> list[dict]:
     vocabulary's rows (the common names, else a 2-D table of those rows named like one), for the refusal to
     print; a block with no such pair lists its tables of those rows instead (``tables``)."""
     ckpt, out, names = det.ckpt, [], arch.FALLBACK
-    for block in det.unclear_text:
+    for block in det.config.unclear_text:
         size = get_dotted_int(ckpt.config, table_size_key(_block_at(ckpt.config, block), block))
         if size is None:
             continue
@@ -1080,8 +1196,8 @@ def _proof_facts(det: Detection) -> dict:
     them (architecture table ``PROOFS``)."""
     fam = det.family
     return {
-        "loader": det.loader,
-        "model_type": det.model_type,
+        "loader": det.loader.name,
+        "model_type": det.config.model_type,
         "container": det.ckpt.format,
         "proven_loaders": list(fam.proven_loaders()),
     }
@@ -1100,14 +1216,14 @@ def _later_findings(det: Detection) -> list[Finding]:
     beyond the main pair, unproven loader facts."""
     unproven = loader_facts_unproven(det)
     out = _tie_findings(det) + _size_findings(det) + ([unproven] if unproven else [])
-    c = det.layout_conflict
+    c = det.head.conflict
     if c is not None:
         facts = {"requested": c.requested, "shape": list(c.shape), "fits": c.fits}
         out.append(Finding(FindingKind.LAYOUT_CONFLICT, (c.head,), facts))
-    if det.extra_tables:
-        out.append(Finding(FindingKind.EXTRA_TABLES, tuple(det.extra_tables)))
-    if det.by_shape:
-        out.append(Finding(FindingKind.BY_SHAPE, tuple(det.by_shape)))
+    if det.beyond.extra_tables:
+        out.append(Finding(FindingKind.EXTRA_TABLES, tuple(det.beyond.extra_tables)))
+    if det.beyond.by_shape:
+        out.append(Finding(FindingKind.BY_SHAPE, tuple(det.beyond.by_shape)))
     return out + _beyond_findings(det)
 
 
@@ -1123,7 +1239,7 @@ def _missing_embedding_dims(ckpt: Checkpoint, head: str, fam: arch.Family, cf: _
     a, b = hs
     if a != b and cf.hidden in hs:
         return (b, a) if a == cf.hidden else (a, b)
-    return (b, a) if fam.head_layout == HIDDEN_VOCAB else (a, b)
+    return (b, a) if fam.head_layout == HeadLayout.HIDDEN_VOCAB else (a, b)
 
 
 @dataclass
@@ -1289,7 +1405,7 @@ def _missing_embedding_pair(
     shape = _head_shape(head, ckpt.tensors[head].shape, V, H, layout)
     embedding = _missing_embedding_name(ckpt, fam, head)
     findings = [shape.problem] if shape.problem else []
-    no_embedding = Comparison("no_embedding")
+    no_embedding = Comparison(TieState.NO_EMBEDDING)
     return _Pair(
         embedding, FoundBy.MISSING, V, H, head, shape, no_embedding, stored_as=head, findings=findings
     )
@@ -1410,46 +1526,38 @@ def _detection(
     """The :class:`Detection` of ``pair`` under ``fam`` and ``loader`` (name, how it was decided), without
     findings; reads the tokenizer files and the special token ids of the folder."""
     beyond = pair.beyond or _Beyond()
+    shape = pair.shape
     return Detection(
         ckpt=ckpt,
+        config=ConfigFacts(cf.model_type, cf.vocab_size, cf.vocab_key, cf.tkey, cf.vocabs, cf.unclear),
         family=fam,
-        loader=loader[0],
-        loader_source=loader[1],
-        model_type=cf.model_type,
-        vocab_rows=pair.V,
-        hidden=pair.H,
-        embedding=pair.embedding,
-        embedding_aliases=pair.emb_aliases,
-        vocab_aliases=pair.vocab_aliases,
-        head=pair.head or _default_head_name(fam, pair.embedding),
-        head_present=pair.head is not None,
-        head_layout=pair.shape.layout,
-        head_aliases=pair.head_aliases,
-        bias=bias[0],
-        bias_aliases=bias[1],
-        config_tied=flag.tied,
-        config_source=flag.source,
-        config_flags=flag.flags,
+        loader=LoaderChoice(*loader),
+        embedding=EmbeddingMatch(
+            pair.embedding,
+            pair.V,
+            pair.H,
+            present=pair.stored_as is None,
+            found_by=pair.found_by,
+            stored_as=pair.stored_as,
+            aliases=pair.emb_aliases,
+            vocab_aliases=pair.vocab_aliases,
+        ),
+        head=HeadMatch(
+            pair.head or _default_head_name(fam, pair.embedding),
+            pair.head is not None,
+            layout=shape.layout,
+            rows=shape.rows,
+            aliases=pair.head_aliases,
+            tp_fraction=shape.tp,
+            vocab=beyond.head_vocab,
+            conflict=shape.conflict,
+        ),
+        bias=BiasMatch(bias[0], bias[1]) if bias[0] else None,
+        tie=TieFlag(flag.tied, flag.source, flag.flags),
         comparison=pair.comparison,
-        config_vocab_size=cf.vocab_size,
-        text_cfg_key=cf.tkey,
+        beyond=Beyond(pair.extra, pair.by_shape, beyond.token_tables, beyond.other_vocab),
         tokenizer=tokenizer_info(ckpt.path),
-        fallback=pair.found_by is FoundBy.SHAPE,
-        tp_fraction=pair.shape.tp,
-        embedding_present=pair.stored_as is None,
-        embedding_found_by=pair.found_by,
-        embedding_stored_as=pair.stored_as,
-        head_rows=pair.shape.rows,
-        extra_tables=pair.extra,
-        by_shape=pair.by_shape,
         special_ids=special_token_ids(ckpt.path),
-        layout_conflict=pair.shape.conflict,
-        token_tables=beyond.token_tables,
-        other_vocab=beyond.other_vocab,
-        head_vocab=beyond.head_vocab,
-        vocab_key=cf.vocab_key,
-        vocabularies=cf.vocabs,
-        unclear_text=cf.unclear,
     )
 
 

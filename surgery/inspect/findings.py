@@ -90,7 +90,7 @@ class OneOf:
         return " or ".join(map(str, self.values))
 
     def __repr__(self) -> str:
-        return " or ".join(map(repr, self.values))
+        return " or ".join(repr(getattr(v, "value", v)) for v in self.values)
 
 
 @dataclass(frozen=True)

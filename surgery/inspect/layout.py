@@ -137,9 +137,7 @@ def evidence(ckpt: Checkpoint) -> list[tuple[str, Layout]]:
     ``torch_dtype`` (PaddleNLP, ERNIEKit)."""
     out: list[tuple[str, Layout]] = []
     formats = (
-        {str((m or {}).get("format")) for m in ckpt.st_metadata.values()}
-        if ckpt.format == "safetensors"
-        else set()
+        {str((m or {}).get("format")) for m in ckpt.st_metadata.values()} if ckpt.fmt.has_metadata else set()
     )
     if formats == {"np"}:
         out.append(("__metadata__ format np", Layout.IN_OUT))

@@ -8,6 +8,7 @@ from typing import Any
 from ..io import surface
 from ..io.checkpoint import Checkpoint
 from ..io.tokenizer import token_strings
+from ..model.enums import TieState
 from ..model.errors import TietoolError
 from ..model.tensor import dtype_refusal
 from ..report import loader_facts, savings_if_tied
@@ -48,7 +49,9 @@ def _surface(det: Detection) -> list[dict[str, Any]]:
                     "entries": v.entries,
                     "of": v.of,
                     "vocabulary": v.vocabulary,
-                    "rule": det.token_tables[v.name].rule.value if v.name in det.token_tables else None,
+                    "rule": det.beyond.token_tables[v.name].rule.value
+                    if v.name in det.beyond.token_tables
+                    else None,
                 }
             )
     return out
@@ -58,15 +61,15 @@ def _embedding(det: Detection) -> dict[str, Any]:
     """The input embedding: its header facts (or, stored only as the head, the name and shape it would
     have), how it was found and its aliases."""
     emb: dict[str, Any]
-    if det.embedding_present:
-        emb = _tensor(det, det.embedding)
+    if det.embedding.present:
+        emb = _tensor(det, det.embedding.name)
     else:  # stored only as the head: the name it would have, the shape it would have
-        emb = {"name": det.embedding, "shape": [det.vocab_rows, det.hidden], "dtype": None, "file": None}
-    emb["present"] = det.embedding_present
-    emb["found_by"] = det.embedding_found_by.value
-    emb["stored_as"] = det.embedding_stored_as
-    emb["aliases"] = det.embedding_aliases
-    emb["other_vocab_tensors"] = det.vocab_aliases
+        emb = {"name": det.embedding.name, "shape": [det.vocab_rows, det.hidden], "dtype": None, "file": None}
+    emb["present"] = det.embedding.present
+    emb["found_by"] = det.embedding.found_by.value
+    emb["stored_as"] = det.embedding.stored_as
+    emb["aliases"] = det.embedding.aliases
+    emb["other_vocab_tensors"] = det.embedding.vocab_aliases
     return emb
 
 
@@ -74,22 +77,22 @@ def _head(det: Detection) -> dict[str, Any]:
     """The LM head: its header facts (the shared table's for T5, the name alone when absent), the name
     untie writes, its layout, aliases and rows."""
     head: dict[str, Any]
-    if det.head_present:
-        head = _tensor(det, det.head)
-    elif det.comparison.values == "shared":  # T5: the head *is* the shared table
+    if det.head.present:
+        head = _tensor(det, det.head.name)
+    elif det.comparison.values is TieState.SHARED:  # T5: the head *is* the shared table
         head = {
-            "name": det.embedding,
+            "name": det.embedding.name,
             "shape": list(det.emb_info.shape),
             "dtype": det.emb_info.dtype,
             "file": None,
         }
     else:
-        head = {"name": det.head, "shape": None, "dtype": None, "file": None}
-    head["present"] = det.head_present
-    head["untie_writes"] = det.head
-    head["layout"] = det.head_layout
-    head["aliases"] = det.head_aliases
-    head["rows"] = det.head_rows
+        head = {"name": det.head.name, "shape": None, "dtype": None, "file": None}
+    head["present"] = det.head.present
+    head["untie_writes"] = det.head.name
+    head["layout"] = det.head.layout
+    head["aliases"] = det.head.aliases
+    head["rows"] = det.head.rows
     return head
 
 
@@ -97,8 +100,8 @@ def _bias(det: Detection) -> dict[str, Any] | None:
     """The head bias's header facts and aliases (None without a bias)."""
     if not det.bias:
         return None
-    bias = _tensor(det, det.bias)
-    bias["aliases"] = det.bias_aliases
+    bias = _tensor(det, det.bias.name)
+    bias["aliases"] = det.bias.aliases
     return bias
 
 
@@ -106,10 +109,10 @@ def _tie(det: Detection) -> dict[str, Any]:
     """The tie state: what the config says, whether the head is in the files, how the values compare."""
     c = det.comparison
     return {
-        "config": det.config_tied,
-        "config_source": det.config_source,
-        "config_flags": det.config_flags,
-        "head_in_files": det.head_present,
+        "config": det.tie.tied,
+        "config_source": det.tie.source,
+        "config_flags": det.tie.flags,
+        "head_in_files": det.head.present,
         "values": c.values,
         "max_abs_diff": c.max_abs_diff,
         "differing_rows": c.differing_rows,
@@ -124,7 +127,7 @@ def _drift(det: Detection) -> dict[str, Any] | None:
     tokens (from the tokenizer files, when they name them; else null), and the histogram of per-row max |Δ|
     (``{"above", "up_to", "rows"}``: the first bin is |Δ| = 0, the last is above 1)."""
     d = det.comparison.drift
-    if d is None or det.comparison.values != "different":
+    if d is None or det.comparison.values is not TieState.DIFFERENT:
         return None
     tokens = token_strings(det.ckpt.path, [r for r, _ in d.top_rows])
     lows: list[float | None] = [None, 0.0, *DRIFT_EDGES]
@@ -147,9 +150,9 @@ def _vocab(det: Detection) -> dict[str, Any]:
     """The vocabulary sizes (config, rows, tokenizer) and the special token ids with those beyond the
     rows."""
     return {
-        "config_vocab_size": det.config_vocab_size,
-        "config_vocab_key": det.vocab_key,
-        "vocabularies": {v.key: v.size for v in det.vocabularies},
+        "config_vocab_size": det.config.vocab_size,
+        "config_vocab_key": det.config.vocab_key,
+        "vocabularies": {v.key: v.size for v in det.config.vocabularies},
         "embedding_rows": det.vocab_rows,
         "hidden_size": det.hidden,
         "tokenizer_size": det.tokenizer.size,
@@ -175,12 +178,12 @@ def summarize(det: Detection) -> dict[str, Any]:
         "folder_links": [fl.as_dict() for fl in ckpt.folder_links],
         "left_out": [x.as_dict() for x in ckpt.left_out],
         "training_state": list(ckpt.training_state),
-        "library": det.loader.split("-")[0] if det.loader != "hf" else "unknown",
-        "model_type": det.model_type,
+        "library": det.loader.name.split("-")[0] if det.loader.name != "hf" else "unknown",
+        "model_type": det.config.model_type,
         "architecture": {
             "family": det.family.name,
             "in_table": det.family.known,
-            "found_by_shape": det.fallback,
+            "found_by_shape": det.embedding.by_shape,
         },
         "num_tensors": len(ckpt.tensors),
         "total_parameters": ckpt.total_parameters,
@@ -250,7 +253,7 @@ def check_index(ckpt: Checkpoint) -> None:
     except TietoolError:
         ckpt.check_index_complete(None)
         return
-    ckpt.check_index_complete(det.head if det.config_tied and not det.head_present else None)
+    ckpt.check_index_complete(det.head.name if det.tie.tied and not det.head.present else None)
 
 
 def check_found(det: Detection) -> None:
@@ -260,10 +263,10 @@ def check_found(det: Detection) -> None:
     with its label)."""
     ckpt = det.ckpt
     found = {
-        "embedding": det.embedding if det.embedding_present else None,
-        "head": det.head if det.head_present else None,
+        "embedding": det.embedding.name if det.embedding.present else None,
+        "head": det.head.name if det.head.present else None,
     }
-    ckpt.check_index_complete(det.head if det.config_tied and not det.head_present else None)
+    ckpt.check_index_complete(det.head.name if det.tie.tied and not det.head.present else None)
     for role, name in found.items():
         if name is not None and not ckpt.tensors[name].st_dtype.decodable:
             raise dtype_refusal(

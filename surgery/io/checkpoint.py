@@ -18,16 +18,19 @@ from typing import Any
 
 import numpy as np
 
-from ..model.errors import CheckpointError, TietoolError
+from ..model.enums import Container
+from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
-from . import pdparams_io, regular, safetensors_io, store, surface, tree
+from . import regular, safetensors_io, store, surface, tree
 from .configfile import check_config
+from .formats import FORMATS, PDPARAMS, SAFETENSORS, Format, other
 from .regular import kind_of, load_json, require_regular
+from .store import Store
 
-ST_SINGLE = "model.safetensors"
-ST_INDEX = "model.safetensors.index.json"
-PD_SINGLE = "model_state.pdparams"
-PD_INDEX = "model_state.pdparams.index.json"
+ST_SINGLE = SAFETENSORS.single
+ST_INDEX = SAFETENSORS.index
+PD_SINGLE = PDPARAMS.single
+PD_INDEX = PDPARAMS.index
 _WEIGHT_SUFFIXES = (".safetensors", ".pdparams", ".index.json")  # weight and index files of a folder
 SHARD_RE = re.compile(r"^(model|model_state)-(\d+)-of-(\d+)\.(safetensors|pdparams)$")
 CONFIG_FILES = ("config.json", "model_config.json")
@@ -92,12 +95,12 @@ def _has_whole(names: set[str]) -> bool:
     return bool({ST_SINGLE, ST_INDEX, PD_SINGLE, PD_INDEX} & names) or any(SHARD_RE.match(n) for n in names)
 
 
-def _left_out(path: Path, names: set[str], fmt: str, taken: set[str | None]) -> list[surface.LeftOut]:
+def _left_out(path: Path, names: set[str], fmt: Format, taken: set[str | None]) -> list[surface.LeftOut]:
     """Weight files beside the checkpoint that are not part of it: its own format's single file or shards
     the index does not list, weights of the other format or library, rank files beside whole weights."""
     out = []
-    other_ext = ".pdparams" if fmt == "safetensors" else ".safetensors"
-    own = {ST_SINGLE, ST_INDEX} if fmt == "safetensors" else {PD_SINGLE, PD_INDEX}
+    other_ext = other(fmt).ext
+    own = {fmt.single, fmt.index}
     for n in sorted(names - {x for x in taken if x}):
         if surface.TRAINING_STATE.match(n) or surface.ADAPTER_WEIGHTS_RE.match(n):
             continue
@@ -118,16 +121,17 @@ def _left_out(path: Path, names: set[str], fmt: str, taken: set[str | None]) -> 
     return out
 
 
-def _file_names(path: Any) -> set[str]:
-    """Names of the files directly in checkpoint folder ``path`` (remote: one listing request, whose
+def _file_names(st: Store) -> set[str]:
+    """Names of the files directly in checkpoint folder ``st.root`` (remote: one listing request, whose
     result fsspec caches for the ``is_file``/``stat`` calls that follow).
 
     Raises:
-        CheckpointError: no such folder, or ``path`` is a file.
+        CheckpointError: no such folder, or the root is a file.
     """
-    if store.is_remote(path):
+    path = st.root
+    if not st.on_disk:
         try:
-            files = store.list_files(path)  # None: path is a file
+            files = st.list()  # None: path is a file
         except FileNotFoundError:
             raise CheckpointError("no such folder", path, "check the checkpoint path") from None
         names = None if files is None else set(files)
@@ -212,10 +216,10 @@ def _check_ranks(path: Path, tensors: dict[str, TensorInfo]) -> None:
             )
 
 
-def _unlisted_weights(names: set[str], fmt: str, shards: list[str], listed: list[str]) -> list[str]:
+def _unlisted_weights(names: set[str], fmt: Format, shards: list[str], listed: list[str]) -> list[str]:
     """Weight files of the checkpoint's format that its index does not list: shards, and the single file
     (``model.safetensors`` / ``model_state.pdparams``) a renamed shard often becomes."""
-    single = ST_SINGLE if fmt == "safetensors" else PD_SINGLE
+    single = fmt.single
     return [f for f in shards + ([single] if single in names else []) if f not in listed]
 
 
@@ -304,9 +308,8 @@ def _check_listed(
 def _names_in(p: Path, rel: str) -> list[str]:
     """The tensor names in weight file ``p`` (headers only; [] for a file that cannot be read)."""
     try:
-        if rel.endswith(".safetensors"):
-            return [t.name for t in safetensors_io.read_header(p, rel)[0]]
-        return [t.name for t in pdparams_io.read_header(p, rel)[0]]
+        fmt = SAFETENSORS if rel.endswith(SAFETENSORS.ext) else PDPARAMS
+        return [t.name for t in fmt.read_header(p, rel).tensors]
     except CheckpointError:
         return []
 
@@ -337,7 +340,8 @@ class Checkpoint:
     Attributes:
         path: the folder.
         config: parsed config.json.
-        format: ``"safetensors"`` or ``"pdparams"``.
+        format: the container of the weights (:class:`~surgery.model.enums.Container`, a ``str`` enum:
+            ``"safetensors"`` or ``"pdparams"``); :attr:`fmt` is its :class:`~surgery.io.formats.Format`.
         sharded: an index file lists the shards.
         index_name: ``model.safetensors.index.json`` / ``model_state.pdparams.index.json`` or None.
         index: the parsed index (``{"metadata": {...}, "weight_map": {...}}``) or None.
@@ -356,13 +360,15 @@ class Checkpoint:
             paths); a write that changes the model drops them unless asked to keep them.
         folder_links: the symbolic links to folders below the folder (followed: their files are in
             ``other_files``); the in-place new version keeps them as links (:mod:`surgery.io.tree`).
+        store: the :class:`surgery.io.store.Store` the folder is in (``path`` is its root); what differs
+            between a local folder and object storage is asked of it, not of the path.
         config_file: ``config.json``, or ``model_config.json`` in a folder that has only that (PaddleNLP
             2.x); ``config_prefix`` is where its model arguments sit in it (``init_args.0``) or "".
     """
 
     path: Path
     config: dict
-    format: str
+    format: Container
     sharded: bool
     index_name: str | None
     index: dict | None
@@ -381,6 +387,12 @@ class Checkpoint:
     # one Path per weight file for source(): a header of millions of tensors made a Path per tensor
     _file_paths: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     folder_links: list[tree.FolderLink] = field(default_factory=list)
+    # where the files are (:mod:`surgery.io.store`): weight files and other files are names relative to it
+    store: Store = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.store is None:  # made by hand (tests): the store of its path
+            self.store = store.store_for(self.path)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -396,20 +408,18 @@ class Checkpoint:
                 remote store (naming the object).
             UnsafePickleError: a ``.pdparams`` with a global outside the allow-list.
         """
-        path = store.as_path(path) if isinstance(path, str) else path
-        if not store.is_remote(path):
-            return cls._open(Path(path))
-        try:
-            return cls._open(path)
-        except TietoolError:
-            raise
-        except Exception as e:  # botocore / aiohttp / huggingface_hub errors: one line naming the object
-            raise store.remote_error(e, getattr(e, "filename", None) or path) from None
+        st = store.store_for(path)
+        if st.on_disk:
+            return cls._open(st.root, st)
+        with (
+            st.map_errors()
+        ):  # botocore / aiohttp / fsspec / huggingface_hub errors: one line naming the object
+            return cls._open(st.root, st)
 
     @classmethod
-    def _open(cls, path: Any) -> Checkpoint:
-        """:meth:`open` of a ``Path`` or a remote ``UPath``."""
-        names = _file_names(path)
+    def _open(cls, path: Any, st: Store) -> Checkpoint:
+        """:meth:`open` of a ``Path`` or a remote ``UPath`` (the root of store ``st``)."""
+        names = _file_names(st)
         _refuse_not_a_checkpoint(path, names)
         config, config_file, prefix = read_config(path)
         surface.refuse_folder(path, names, config, has_whole=_has_whole(names))
@@ -420,34 +430,33 @@ class Checkpoint:
             index = _read_json(path / index_name, index_name, regular.INDEX_LIMIT)
             wm = check_index(index, path / index_name, index_name)
             listed = sorted(set(wm.values()), key=lambda n: (SHARD_RE.match(n) is None, n))
-            _check_listed(path, index_name, wm, listed, _unlisted_weights(names, fmt, files, listed))
+            _check_listed(path, index_name, wm, listed, _unlisted_weights(names, FORMATS[fmt], files, listed))
             unlisted = [f for f in files if f not in listed]
             files = listed
         else:
             unlisted = []
         ckpt = cls(path, config, fmt, index_name is not None, index_name, index, files, {}, warnings=warnings)
+        ckpt.store = st
         ckpt.config_file, ckpt.config_prefix = config_file, prefix
         ckpt._read_headers()
         _check_ranks(path, ckpt.tensors)
         surface.refuse_tensors(path, config, ckpt.tensors)
         ckpt._check_unlisted_shards(unlisted)
-        ckpt.left_out += _left_out(path, names, fmt, set(ckpt.weight_files) | {index_name} | set(unlisted))
+        taken = set(ckpt.weight_files) | {index_name} | set(unlisted)
+        ckpt.left_out += _left_out(path, names, ckpt.fmt, taken)
         ckpt.other_files = ckpt._list_other_files()
         return ckpt
 
     @staticmethod
-    def _find_weights(path: Path, names: set[str]) -> tuple[str, str | None, list[str]]:
+    def _find_weights(path: Path, names: set[str]) -> tuple[Container, str | None, list[str]]:
         names = {n for n in names if not surface.TRAINING_STATE.match(n)}
         st_shards = sorted(n for n in names if SHARD_RE.match(n) and n.endswith(".safetensors"))
         pd_shards = sorted(n for n in names if SHARD_RE.match(n) and n.endswith(".pdparams"))
-        if ST_INDEX in names:
-            return "safetensors", ST_INDEX, st_shards
-        if ST_SINGLE in names:
-            return "safetensors", None, [ST_SINGLE]
-        if PD_INDEX in names:
-            return "pdparams", PD_INDEX, pd_shards
-        if PD_SINGLE in names:
-            return "pdparams", None, [PD_SINGLE]
+        for fmt, shards in ((SAFETENSORS, st_shards), (PDPARAMS, pd_shards)):
+            if fmt.index in names:
+                return fmt.container, fmt.index, shards
+            if fmt.single in names:
+                return fmt.container, None, [fmt.single]
         if st_shards or pd_shards:
             idx = ST_INDEX if st_shards else PD_INDEX
             raise CheckpointError(
@@ -471,18 +480,17 @@ class Checkpoint:
     def _read_headers(self) -> None:
         where: dict[str, str] = {}
         blobs: dict[str, tuple[int, int, bytes]] = {}
-        if self.format == "safetensors" and store.is_remote(self.path):  # every header in two round trips
+        if self.fmt is SAFETENSORS and not self.store.on_disk:  # every header in two round trips
             blobs = safetensors_io.fetch_headers([self.path / f for f in self.weight_files])
         for f in self.weight_files:
             p = self.path / f
-            if self.format == "safetensors":
-                infos, meta = safetensors_io.read_header(p, f, blobs.get(str(p)))
-                self.st_metadata[f] = meta
+            header = self.fmt.read_header(p, f, blobs.get(str(p)))
+            if self.fmt.has_metadata:
+                self.st_metadata[f] = header.metadata
             else:
-                infos, extras, module = pdparams_io.read_header(p, f)
-                self.extras[f] = extras
-                self.np_module[f] = module
-            for t in infos:
+                self.extras[f] = header.extras or {}
+                self.np_module[f] = header.np_module or ""
+            for t in header.tensors:
                 if t.name in where:
                     raise CheckpointError(
                         f"tensor {t.name!r} is stored in both {where[t.name]} and {f}",
@@ -558,14 +566,7 @@ class Checkpoint:
         for f in unlisted:
             p = self.path / f
             try:
-                names = [
-                    t.name
-                    for t in (
-                        safetensors_io.read_header(p, f)[0]
-                        if self.format == "safetensors"
-                        else pdparams_io.read_header(p, f)[0]
-                    )
-                ]
+                names = [t.name for t in self.fmt.read_header(p, f).tensors]
             except CheckpointError:
                 names = []
             index_name, wm = self._index()
@@ -597,12 +598,12 @@ class Checkpoint:
                 (:func:`surgery.io.regular.require_regular`).
         """
         skip = set(self.weight_files) | {self.index_name, REPORT_NAME} | {x.file for x in self.left_out}
-        if store.is_remote(self.path):  # object storage has no links
+        local = self.store.on_disk
+        if not local:  # object storage has no links
             rels = [p.relative_to(self.path).as_posix() for p in sorted(self.path.rglob("*")) if p.is_file()]
         else:
             rels, self.folder_links = tree.walk(self.path)
         out = []
-        local = not store.is_remote(self.path)
         for rel in rels:
             if rel in skip:
                 continue
@@ -616,13 +617,18 @@ class Checkpoint:
 
     # ------------------------------------------------------------------ facts
     @property
+    def fmt(self) -> Format:
+        """The :class:`~surgery.io.formats.Format` of the container (file names, readers, writer)."""
+        return FORMATS[self.format]
+
+    @property
     def bf16_as_u16(self) -> bool:
         """U16 / uint16 tensors hold bfloat16 bits (Paddle stores bf16 that way).
 
         True for every ``.pdparams`` (numpy has no bf16; paddle pickles bf16 as uint16) and for safetensors
         whose config says ``bfloat16`` (``torch_dtype``/``dtype``, also in ``text_config``).
         """
-        if self.format == "pdparams":
+        if self.fmt.bf16_bits:
             return True
         cfgs = [self.config, self.config.get("text_config") or {}]
         return any(
@@ -643,10 +649,7 @@ class Checkpoint:
     def load(self, name: str) -> np.ndarray:
         """Raw stored array of tensor ``name`` (bf16 as ``uint16`` bits), reading only its bytes."""
         t = self.tensors[name]
-        p = self.path / t.file
-        if self.format == "safetensors":
-            return safetensors_io.read_array(p, t)
-        return pdparams_io.read_array(p, t)
+        return self.fmt.read_array(self.path / t.file, t)
 
     def load_f32(self, name: str) -> np.ndarray:
         """Tensor ``name`` decoded to float32 (bf16 bits by shift, never by value cast).
@@ -683,9 +686,9 @@ class Checkpoint:
         rows = t.shape[0]
         stop = rows if stop is None else stop
         row_bytes = t.nbytes // rows
-        dt = np.dtype(t.dtype).newbyteorder("<") if self.format == "pdparams" else t.storage_dtype
+        dt = self.fmt.row_dtype(t)
         buf = bytearray(row_bytes * max(1, min(chunk_rows, stop - start)))
-        with store.open_read(self.path / t.file, block_size=None) as f:  # remote: one request per chunk
+        with self.store.open_read(t.file, block_size=None) as f:  # remote: one request per chunk
             f.seek(t.offset + start * row_bytes)
             for s in range(start, stop, chunk_rows):
                 n = min(chunk_rows, stop - s) * row_bytes
@@ -701,12 +704,10 @@ class Checkpoint:
     def source(self, name: str) -> safetensors_io.Source:
         """Where the stored bytes of ``name`` are, for a byte-range copy."""
         t = self.tensors[name]
-        if self.format == "pdparams":
-            return pdparams_io.raw_bytes_source(self.path / t.file, t)
         p = self._file_paths.get(t.file)
         if p is None:
             p = self._file_paths[t.file] = self.path / t.file
-        return safetensors_io.Source(p, t.offset, t.nbytes)
+        return self.fmt.source(p, t)
 
     @property
     def total_bytes(self) -> int:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model.errors import RefusedError, UsageError
-from ..model.tensor import TensorInfo
+from ..model.tensor import FLOAT_DTYPES, TensorInfo
 
 
 class Cause(Enum):
@@ -225,7 +225,6 @@ VOCAB_MODULE_RE = re.compile(
     r"(^|\.)(embed_tokens|tok_embeddings|word_embeddings|wte|shared|word_embedding|embeddings|lm_head"
     r"|output|embed_out|decoder)$"
 )
-FLOAT_DTYPES = {"float64", "float32", "float16", "bfloat16"}
 
 
 def quant_module(name: str) -> str | None:

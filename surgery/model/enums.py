@@ -1,4 +1,10 @@
-"""The options of the operations as enums (one copy, shared by the library and the CLI).
+"""The vocabulary of tietool as enums: the options of the operations (one copy, shared by the library and
+the CLI), and the facts that travel between the layers (a head's layout, how its values compare with the
+embedding, the container of the weights, the operation, how the embedding was found).
+
+The fact enums are :class:`StrEnum` (Python 3.11's ``enum.StrEnum``, here for 3.10): each member *is* its
+string (``HeadLayout.VOCAB_HIDDEN == "vocab-hidden"``, ``f"{m}"`` and ``json.dumps`` give the value), so
+``inspect --json``, the report and every message keep today's strings exactly.
 
 This module imports nothing heavy (no numpy), so the CLI can build its ``--help`` from it.
 """
@@ -51,3 +57,85 @@ class Target(str, Enum):
     PADDLENLP = "paddlenlp"
     SAFETENSORS = "safetensors"
     PDPARAMS = "pdparams"
+
+
+class StrEnum(str, Enum):
+    """A ``str`` enum whose ``str()`` and ``format()`` are its value (as Python 3.11's ``enum.StrEnum``):
+    ``f"{HeadLayout.VOCAB_HIDDEN}"`` is ``vocab-hidden``, never ``HeadLayout.VOCAB_HIDDEN``. ``repr`` stays
+    the enum's (:func:`~surgery.model.errors.api_wording` words a member by its value)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class HeadLayout(StrEnum):
+    """How a stored LM head lies: ``[vocab_size, hidden_size]`` (PaddleFormers 1.x, BERT/ERNIE, HF) or
+    ``[hidden_size, vocab_size]`` (a Paddle ``nn.Linear`` weight ``[in, out]``: PaddleNLP Llama, Mixtral,
+    Qwen). ``AMBIGUOUS``: a square head (``vocab_size == hidden_size``) whose shape cannot tell, and no
+    layout was given (:func:`~surgery.inspect.detect.detect`)."""
+
+    VOCAB_HIDDEN = "vocab-hidden"
+    HIDDEN_VOCAB = "hidden-vocab"
+    AMBIGUOUS = "ambiguous"
+
+
+LAYOUTS: tuple[HeadLayout, HeadLayout] = (HeadLayout.VOCAB_HIDDEN, HeadLayout.HIDDEN_VOCAB)
+"""The two layouts a head can be written in (``AMBIGUOUS`` is no layout)."""
+
+
+class TieState(StrEnum):
+    """How the LM head's values compare with the input embedding's (``Comparison.values``; the third way
+    of the tie state, after the config flag and the head's presence in the files)."""
+
+    EXACT = "exact"
+    """The same bytes, as stored (or one storage: ``Comparison.storage_shared``)."""
+    TRANSPOSED = "transposed"
+    """A ``[hidden, vocab]`` head equal to the embedding's transpose."""
+    SCALED = "scaled"
+    """The head equals the embedding × ``d_model ** -0.5`` (T5's tied head, materialised)."""
+    DIFFERENT = "different"
+    """Other values, or a shape that cannot be compared."""
+    ABSENT = "absent"
+    """No head in the files."""
+    SHARED = "shared"
+    """No head in the files, and the head *is* the embedding (T5's shared table)."""
+    NO_EMBEDDING = "no_embedding"
+    """The embedding is missing; the head holds the only table."""
+    UNKNOWN = "unknown"
+    """Not compared (``compare_values=False``, ``inspect --no-values``)."""
+
+
+EQUAL_STATES: tuple[TieState, TieState] = (TieState.EXACT, TieState.TRANSPOSED)
+"""The states of a head that equals the embedding as a table (as stored, or transposed)."""
+
+
+class Container(StrEnum):
+    """The file format of the weights (a checkpoint's, or the one ``convert`` / ``merge`` writes)."""
+
+    SAFETENSORS = "safetensors"
+    PDPARAMS = "pdparams"
+
+
+class Operation(StrEnum):
+    """The operations of tietool (the commands of the CLI and the functions of :mod:`tietool`)."""
+
+    INSPECT = "inspect"
+    TIE = "tie"
+    UNTIE = "untie"
+    RESIZE = "resize"
+    VERIFY = "verify"
+    CONVERT = "convert"
+    MERGE = "merge"
+
+
+class FoundBy(StrEnum):
+    """How the input embedding was found (``inspect --json``'s ``embedding.found_by``)."""
+
+    NAMED = "named by the caller"
+    TABLE = "the family's preferred name"
+    OTHER_NAME = "another known name"
+    SHAPE = "its shape"
+    MISSING = "missing"

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import IntEnum
+from enum import Enum, IntEnum
 from pathlib import Path
 
 
@@ -53,7 +53,8 @@ class Opt:
 
 def api_wording(o: Opt) -> str:
     """``keep='head'``, ``force=True``, ``vocab_size``: how Python code passes the option."""
-    return o.name if o.value is None else f"{o.name}={o.value!r}"
+    value = o.value.value if isinstance(o.value, Enum) else o.value  # an enum as the string it stands for
+    return o.name if value is None else f"{o.name}={value!r}"
 
 
 _wording: Callable[[Opt], str] = api_wording

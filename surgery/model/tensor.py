@@ -90,6 +90,9 @@ DTYPES: dict[str, DType] = {
         DType("F4", None, "uint8", 4, "float4_e2m1fn", decodable=False),
     )
 }
+FLOAT_DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "float64")
+"""The logical dtypes of a float table tietool decodes (an embedding or head it can compare, tie, resize)."""
+
 # numpy dtype name (as found in a .pdparams) -> safetensors label
 NP_TO_ST = {
     "float64": "F64",
@@ -152,7 +155,7 @@ class TensorInfo:
         return DTYPES[self.dtype] if self.dtype in DTYPES else DTYPES[NP_TO_ST[self.dtype]]
 
     @property
-    def storage_dtype(self) -> np.dtype:
+    def storage_dtype(self) -> np.dtype[Any]:
         return np.dtype(self.st_dtype.storage).newbyteorder("<")
 
 
@@ -204,12 +207,12 @@ def require_array(t: TensorInfo, path: Any) -> None:
         raise dtype_refusal(t, path, "read it as an array")
 
 
-def bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
+def bf16_bits_to_f32(bits: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """bfloat16 bit patterns (``uint16``, any shape) → ``float32`` by a 16-bit shift; exact."""
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+def f32_to_bf16_bits(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """``float32`` → bfloat16 bit patterns (``uint16``), rounding to nearest even, NaN kept NaN.
 
     Same rounding as paddle's and PyTorch's ``float32 → bfloat16`` cast.
@@ -227,7 +230,9 @@ def f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
 MMAP_MIN_BYTES = 64 << 20
 
 
-def map_array(path, offset: int, nbytes: int, dtype: np.dtype, shape: tuple[int, ...], fortran: bool = False):
+def map_array(
+    path: Any, offset: int, nbytes: int, dtype: np.dtype[Any], shape: tuple[int, ...], fortran: bool = False
+) -> np.memmap[Any, Any] | None:
     """A read-only memory map of ``nbytes`` at ``offset`` as an array, for tensors of at least
     ``MMAP_MIN_BYTES`` (None below that: callers read small tensors into memory). Pages come from the page
     cache on demand, so comparing or copying a multi-GB embedding never holds a second copy in memory."""

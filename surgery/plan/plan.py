@@ -12,15 +12,14 @@ import numpy as np
 
 from ..arch import families as arch
 from ..inspect.detect import (
-    HIDDEN_VOCAB,
     Detection,
-    FoundBy,
     loader_facts_unproven,
     unnamed_heads,
 )
 from ..inspect.findings import FindingKind, Fix, describe
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file
+from ..model.enums import FoundBy, HeadLayout
 from ..model.errors import Opt, RefusedError, UsageError
 from ..model.tensor import DTYPES, NP_TO_ST, TensorInfo, dtype_refusal
 from .recipes import CopyOf, Recipe, uses
@@ -138,15 +137,15 @@ def get_config(ckpt: Checkpoint, file: str, key: str):
 def tie_flags(det: Detection, value: bool) -> list[tuple[str, str, object]]:
     """Set ``tie_word_embeddings`` at the top level and in the language model's nested config."""
     out: list[tuple[str, str, object]] = [("config.json", "tie_word_embeddings", value)]
-    if det.text_cfg_key:
-        out.append(("config.json", f"{det.text_cfg_key}.tie_word_embeddings", value))
+    if det.config.text_key:
+        out.append(("config.json", f"{det.config.text_key}.tie_word_embeddings", value))
     return out
 
 
 def refuse_unusable_head(det: Detection, op: str) -> None:
     """Refuse a head that cannot be used (wrong shape, a tensor-parallel slice) or a requested layout that
     contradicts its shape."""
-    c = det.layout_conflict
+    c = det.head.conflict
     if c is not None:
         raise UsageError(
             f"{op} refused: the layout {c.requested} contradicts the head {c.head} {list(c.shape)} "
@@ -154,9 +153,9 @@ def refuse_unusable_head(det: Detection, op: str) -> None:
             det.ckpt.path,
             fix=f"pass {Opt('layout', c.fits)}, or leave {Opt('layout')} out",
         )
-    if det.head_present and det.head_layout is None:
+    if det.head.present and det.head.layout is None:
         raise RefusedError(
-            f"{op} refused: " + "; ".join(map(str, det.problems_about(det.head))),
+            f"{op} refused: " + "; ".join(map(str, det.problems_about(det.head.name))),
             det.ckpt.path,
             "fix the head first (merge tensor-parallel slices / re-export)",
         )
@@ -171,7 +170,7 @@ def refuse_unsettled_pair(det: Detection, op: str) -> None:
     Raises:
         RefusedError: naming the candidates and the ``--embedding`` / ``--head`` to pass.
     """
-    if det.unclear_text and det.embedding_found_by is not FoundBy.NAMED:
+    if det.config.unclear_text and det.embedding.found_by is not FoundBy.NAMED:
         found = next(f for f in det.problems if f.kind is FindingKind.TEXT_VOCABULARY_UNCLEAR)
         raise RefusedError(
             f"{op} refused: {describe(found)}", det.ckpt.path, "name the pair of the text model"
@@ -179,7 +178,8 @@ def refuse_unsettled_pair(det: Detection, op: str) -> None:
     shaped = unnamed_heads(det)
     if shaped:
         raise RefusedError(
-            f"{op} refused: no tensor is named like the head ({det.head}), but {', '.join(shaped)} has the "
+            f"{op} refused: no tensor is named like the head ({det.head.name}), but {', '.join(shaped)} has "
+            "the "
             f"vocabulary's shape {list(det.ckpt.tensors[shaped[0]].shape)}: it may be a trained head under "
             "another name",
             det.ckpt.path,
@@ -196,14 +196,15 @@ def refuse_stale_vocab_size(det: Detection, op: str) -> None:
     Raises:
         RefusedError: one line naming the config file, the key, both numbers and the resize that fixes it.
     """
-    cvs, V = det.config_vocab_size, det.vocab_rows
-    if cvs is None or cvs == V or (cvs == det.head_rows and det.head_vocab is None):
+    cvs, V = det.config.vocab_size, det.vocab_rows
+    if cvs is None or cvs == V or (cvs == det.head.rows and det.head.vocab is None):
         return
-    key, ckpt = det.vocab_key or "vocab_size", det.ckpt
+    key, ckpt = det.config.vocab_key or "vocab_size", det.ckpt
     if ckpt.config_file != "config.json":
         key = f"{ckpt.config_prefix}.{key}".lstrip(".")
     raise RefusedError(
-        f"{op} refused: {ckpt.config_file} {key} is {cvs} but the embedding {det.embedding} has {V} rows "
+        f"{op} refused: {ckpt.config_file} {key} is {cvs} but the embedding {det.embedding.name} has {V} "
+        "rows "
         f"(the loader would build a {cvs}-row table)",
         ckpt.path / ckpt.config_file,
         f"tietool {Fix(Opt('vocab_size', V), 'resize')} sets {key} to the rows, then {op}",
@@ -218,7 +219,7 @@ def _wants_relabel(ckpt: Checkpoint, loader: str) -> bool:
     """Rewritten U16 tensors holding bfloat16 bits are labelled BF16, except for a loader that reads
     bfloat16 only as U16 (:data:`architectures.U16_BFLOAT16_ONLY`: PaddleNLP 2.8.1)."""
     return (
-        ckpt.format == "safetensors"
+        ckpt.fmt.bf16_label
         and ckpt.bf16_as_u16
         and loader not in arch.U16_BFLOAT16_ONLY
         and any(t.dtype == "U16" for t in ckpt.tensors.values())
@@ -227,7 +228,7 @@ def _wants_relabel(ckpt: Checkpoint, loader: str) -> bool:
 
 def base_plan(op: str, det: Detection) -> Plan:
     ckpt = det.ckpt
-    plan = Plan(op, ckpt, det, relabel_u16=_wants_relabel(ckpt, det.loader))
+    plan = Plan(op, ckpt, det, relabel_u16=_wants_relabel(ckpt, det.loader.name))
     if ckpt.index is not None:
         plan.stale_index = [n for n in ckpt.index["weight_map"] if n not in ckpt.tensors]
     if plan.relabel_u16:
@@ -242,13 +243,13 @@ def restore_embedding(det: Detection, plan: Plan) -> None:
     """Add the missing input embedding, written from the head's bytes (``[vocab, hidden]``), in the head's
     file right before the head; a ``{embedding: head}`` metadata entry is removed (the name is real again)."""
     ckpt, h = det.ckpt, det.emb_info  # the head's header (the embedding is stored as the head)
-    recipe = CopyOf(det.head, transpose=det.head_layout == HIDDEN_VOCAB)
+    recipe = CopyOf(det.head.name, transpose=det.head.layout == HeadLayout.HIDDEN_VOCAB)
     names = list(ckpt.tensors)
-    i = names.index(det.head)
+    i = names.index(det.head.name)
     before = next((n for n in reversed(names[:i]) if ckpt.tensors[n].file == h.file), None)
     plan.add.append(
         NewTensor(
-            det.embedding,
+            det.embedding.name,
             out_dtype(ckpt, h, plan.relabel_u16),
             (det.vocab_rows, det.hidden),
             recipe,
@@ -256,16 +257,17 @@ def restore_embedding(det: Detection, plan: Plan) -> None:
             after=before,
         )
     )
-    plan.metadata_drop.append(det.embedding)
+    plan.metadata_drop.append(det.embedding.name)
     plan.notes.append(
-        f"{det.embedding} restored from the bytes of {det.head} (the table was stored only there)"
+        f"{det.embedding.name} restored from the bytes of {det.head.name} (the table was stored only there)"
     )
 
 
 def missing_embedding_refusal(det: Detection, op: str, fix: str) -> RefusedError:
     return RefusedError(
-        f"{op} refused: the input embedding {det.embedding} is missing (the table is stored only as the head "
-        f"{det.head})",
+        f"{op} refused: the input embedding {det.embedding.name} is missing (the table is stored only as the "
+        "head "
+        f"{det.head.name})",
         det.ckpt.path,
         fix,
     )
@@ -294,15 +296,15 @@ def drop_head(det: Detection, plan: Plan, reason: str) -> bool:
     """
     if not det.family.may_drop_head:
         return False
-    plan.drop[det.head] = reason
-    for a in det.head_aliases:
-        plan.drop[a] = f"alias of {det.head}"
-    plan.metadata = {n: det.embedding for n in plan.drop}
+    plan.drop[det.head.name] = reason
+    for a in det.head.aliases:
+        plan.drop[a] = f"alias of {det.head.name}"
+    plan.metadata = {n: det.embedding.name for n in plan.drop}
     if det.family.warns_missing_head:
         source = f"checked by loading: {det.family.proof}" if det.family.proof else "architecture table"
         plan.notes.append(
-            f"the {det.loader} loader will log {det.head} as 'newly initialized': that warning is "
-            f"harmless, it ties {det.head} to {det.embedding} on load and the logits are identical "
+            f"the {det.loader.name} loader will log {det.head.name} as 'newly initialized': that warning is "
+            f"harmless, it ties {det.head.name} to {det.embedding.name} on load and the logits are identical "
             f"({source})"
         )
     return True

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..inspect.detect import VOCAB_HIDDEN, compare
+from ..inspect.detect import compare
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors_io import Source
-from ..model.enums import Init
+from ..model.enums import HeadLayout, Init, TieState
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, f32_to_bf16_bits
 
 
@@ -191,7 +191,7 @@ def _build(recipe: Recipe, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -> D
         return _token_rows(recipe, ckpt)
     m, t = ckpt.tensors[recipe.main], ckpt.tensors[recipe.name]
     same = m.shape == t.shape and m.dtype == t.dtype
-    if same and compare(ckpt, recipe.main, recipe.name, VOCAB_HIDDEN).values == "exact":
+    if same and compare(ckpt, recipe.main, recipe.name, HeadLayout.VOCAB_HIDDEN).values is TieState.EXACT:
         return get(recipe.copy)
     return get(recipe.own)
 

@@ -11,14 +11,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..arch import families as arch
-from ..inspect.detect import (
-    HIDDEN_VOCAB,
-    Detection,
-)
+from ..inspect.detect import Detection
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted
 from ..io.vocabkeys import vocab_keys
-from ..model.enums import Init
+from ..model.enums import EQUAL_STATES, HeadLayout, Init
 from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, UsageError
 from .plan import (
     NewTensor,
@@ -134,9 +131,9 @@ def _resize_init(vocab: int, pad_to_multiple_of: int | None, init: Init | str) -
 
 def _refuse_ambiguous_resize(det: Detection) -> None:
     """Refuse a square head (vocab_size == hidden_size) with no ``--layout`` (AmbiguousLayoutError)."""
-    if det.head_present and det.head_layout == "ambiguous":
+    if det.head.present and det.head.layout is HeadLayout.AMBIGUOUS:
         raise AmbiguousLayoutError(
-            f"vocab_size == hidden_size == {det.vocab_rows}: whether {det.head} is [vocab, hidden] or "
+            f"vocab_size == hidden_size == {det.vocab_rows}: whether {det.head.name} is [vocab, hidden] or "
             "[hidden, vocab] cannot be told from its square shape",
             det.ckpt.path,
             f"pass {Opt('layout', 'vocab-hidden')} or {Opt('layout', 'hidden-vocab')}",
@@ -224,9 +221,9 @@ def _resize_report(
         "pad_to_multiple_of": pad_to_multiple_of,
         "tokenizer_size": det.tokenizer.size,
     }
-    if det.head_rows is not None and det.head_rows != V and det.head_vocab is None:
-        rep["head_rows_before"] = det.head_rows
-        rep["head_rows_after"] = det.head_rows + N - V
+    if det.head.rows is not None and det.head.rows != V and det.head.vocab is None:
+        rep["head_rows_before"] = det.head.rows
+        rep["head_rows_after"] = det.head.rows + N - V
     return rep
 
 
@@ -254,13 +251,13 @@ def _resize_config(det: Detection, plan: Plan, N: int) -> None:
     Where only the keys handled before exist (top-level / nested ``vocab_size``, ``padded_vocab_size``,
     model_config.json ``vocab_size`` / ``init_args.N.vocab_size``) the keys set are the same as before.
     """
-    V, hrows, ckpt = det.vocab_rows, det.head_rows, det.ckpt
+    V, hrows, ckpt = det.vocab_rows, det.head.rows, det.ckpt
     primary = _primary_vocab_size(det, N)
     moves = {V: N}
-    if hrows is not None and hrows != V and det.head_vocab is None:
+    if hrows is not None and hrows != V and det.head.vocab is None:
         moves.setdefault(hrows, hrows + N - V)
-    if det.config_vocab_size is not None:
-        moves.setdefault(det.config_vocab_size, _config_rows(det, N))
+    if det.config.vocab_size is not None:
+        moves.setdefault(det.config.vocab_size, _config_rows(det, N))
     # the primary keys as the files spell them (a folder with only model_config.json keeps them in its args)
     spelled = {_spelled(ckpt, f, k) for f, k, _ in primary}
     config = ckpt.config if ckpt.config_file == "config.json" else None
@@ -281,17 +278,17 @@ def _spelled(ckpt: Checkpoint, file: str, key: str) -> tuple[str, str]:
 def _config_rows(det: Detection, N: int) -> int:
     """The config's vocab_size after a resize to ``N`` embedding rows: ``N``, or the head's new rows where
     the config counted the head's rows (an embedding with reserved rows)."""
-    V, hrows = det.vocab_rows, det.head_rows
-    offset_head = hrows is not None and hrows != V and det.config_vocab_size == hrows and not det.head_vocab
+    V, hrows = det.vocab_rows, det.head.rows
+    offset_head = hrows is not None and hrows != V and det.config.vocab_size == hrows and not det.head.vocab
     return N - V + hrows if offset_head and hrows is not None else N
 
 
 def _primary_vocab_size(det: Detection, N: int) -> list[tuple[str, str, object]]:
     """config.json ``vocab_size`` (when present, or created when the config names no key sizing the table)
-    and the key that sizes the language model's table (``det.vocab_key``: ``text_config.vocab_size``,
+    and the key that sizes the language model's table (``det.config.vocab_key``: ``text_config.vocab_size``,
     ``thinker_config.text_config.vocab_size``, ``padded_vocab_size``): ``N``, or the head's new rows where
     the config counted the head's rows (an embedding with reserved rows)."""
-    cfg, cvs, key = det.ckpt.config, _config_rows(det, N), det.vocab_key
+    cfg, cvs, key = det.ckpt.config, _config_rows(det, N), det.config.vocab_key
     out: list[tuple[str, str, object]] = []
     if "vocab_size" in cfg or key in (None, "vocab_size"):
         out.append(("config.json", "vocab_size", cvs))
@@ -305,11 +302,14 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
     vocabulary-shaped tensor of no known role, an extra table of another vocabulary size, a head with
     reserved rows the new size cannot keep."""
     ckpt, V = det.ckpt, det.vocab_rows
-    if not det.embedding_present:
+    if not det.embedding.present:
         raise missing_embedding_refusal(
             det, "resize", f"restore it first (untie, or tie {Opt('keep', 'head')}), then resize"
         )
-    odd = [f"{n} {list(ckpt.tensors[n].shape)} {ckpt.logical_dtype(ckpt.tensors[n])}" for n in det.by_shape]
+    odd = [
+        f"{n} {list(ckpt.tensors[n].shape)} {ckpt.logical_dtype(ckpt.tensors[n])}"
+        for n in det.beyond.by_shape
+    ]
     if odd:
         raise RefusedError(
             f"resize refused: {', '.join(odd)} has an axis of the vocabulary's {V} entries but no known role "
@@ -319,13 +319,13 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
             f"if it is the embedding or head, pass {Opt('embedding')}/{Opt('head', 'NAME')}; otherwise "
             "remove or rename it first",
         )
-    rows = (V, det.head_rows if det.head_vocab is None else V)
+    rows = (V, det.head.rows if det.head.vocab is None else V)
 
     def follows(n: str) -> bool:
         axis = det.vocab_axis(n)
         return axis is not None and ckpt.tensors[n].shape[axis] in rows
 
-    other = [n for n in det.extra_tables if not follows(n)]
+    other = [n for n in det.beyond.extra_tables if not follows(n)]
     if other:
         raise RefusedError(
             f"resize refused: the extra vocabulary table(s) {', '.join(other)} have no axis of the "
@@ -333,10 +333,11 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
             ckpt.path,
             "resize them with the tool of their model, or remove them first",
         )
-    if det.head_rows is not None and det.head_vocab is None and det.head_rows + N - V < 1:
+    if det.head.rows is not None and det.head.vocab is None and det.head.rows + N - V < 1:
         raise RefusedError(
-            f"resize to {N} rows would leave the head {det.head} with {det.head_rows + N - V} rows (it has "
-            f"{V - det.head_rows} rows fewer than the embedding)",
+            f"resize to {N} rows would leave the head {det.head.name} with {det.head.rows + N - V} rows (it "
+            "has "
+            f"{V - det.head.rows} rows fewer than the embedding)",
             ckpt.path,
             f"pass a larger {Opt('vocab_size')}",
         )
@@ -381,29 +382,30 @@ def _resize_tensors(det: Detection, plan: Plan, N: int, draws: _Draws) -> None:
     rows): the embedding and its aliases (one table), vocabulary aliases, the head, the bias, the extra
     tables. New rows are drawn in that order (:class:`_Draws`)."""
     ckpt, V = det.ckpt, det.vocab_rows
-    emb = ResizedTable(det.embedding, 0, N, draws.rows(det.embedding, max(0, N - V), 0))
-    for n in [det.embedding] + det.embedding_aliases:
+    emb = ResizedTable(det.embedding.name, 0, N, draws.rows(det.embedding.name, max(0, N - V), 0))
+    for n in [det.embedding.name] + det.embedding.aliases:
         _put(plan, n, 0, N, emb, ckpt.tensors[n].storage)
-    for n in det.vocab_aliases:
+    for n in det.embedding.vocab_aliases:
         _put(plan, n, 0, N, draws.table(n, 0, N, V), ckpt.tensors[n].storage)
-    hrows = det.head_rows if det.head_rows is not None else V
+    hrows = det.head.rows if det.head.rows is not None else V
     hnew = hrows + N - V
     head: Recipe | None = None
-    if det.head_vocab is None:
+    if det.head.vocab is None:
         head = _resize_head(det, plan, hrows, hnew, emb, draws)
         _resize_bias(det, plan, hrows, hnew)
     else:
         plan.notes.append(
-            f"{det.head} is over another vocabulary (config.json {det.head_vocab} = {hrows}): kept as it is"
+            f"{det.head.name} is over another vocabulary (config.json {det.head.vocab} = {hrows}): kept as "
+            "it is"
         )
     _resize_token_tables(det, plan, N)
-    for n in det.extra_tables:
+    for n in det.beyond.extra_tables:
         axis = det.vocab_axis(n) or 0
         old = ckpt.tensors[n].shape[axis]
         new = N if old == V else hnew
         own = draws.table(n, axis, new, old)
-        main = det.embedding if old == V and axis == 0 else det.head if head is not None else None
-        main_recipe = emb if main == det.embedding else head
+        main = det.embedding.name if old == V and axis == 0 else det.head.name if head is not None else None
+        main_recipe = emb if main == det.embedding.name else head
         if main is not None and main_recipe is not None:  # a copy of main stays a copy
             _put(plan, n, axis, new, CopyIfEqual(n, main, main_recipe, own))
         else:
@@ -415,7 +417,7 @@ def _resize_token_tables(det: Detection, plan: Plan, N: int) -> None:
     (:data:`~surgery.arch.families.TOKEN_TABLES`): old rows kept, new rows repeating existing rows (ids of
     something else stay valid) or zero/False (a membership mask); tables keyed to another vocabulary are
     kept (their values checked by :func:`_refuse_token_values`)."""
-    for n, rule in det.token_tables.items():
+    for n, rule in det.beyond.token_tables.items():
         if rule.indexed_by != "vocab":
             continue
         recipe = TokenRows(n, N, cycle=rule.rule is arch.TokenRule.CYCLE_ROWS)
@@ -432,14 +434,14 @@ def _refuse_token_values(det: Detection, N: int) -> None:
         RefusedError: naming the tensor.
     """
     ckpt = det.ckpt
-    for n, rule in det.token_tables.items():
+    for n, rule in det.beyond.token_tables.items():
         _refuse_bound(det, n, rule)
         if rule.rule is arch.TokenRule.KEEP_IDS and N < det.vocab_rows:
             _refuse_trimmed_ids(det, n, rule, N)
     unknown = [
         n
-        for n in det.other_vocab
-        if n not in det.token_tables and ckpt.logical_dtype(ckpt.tensors[n]) not in _FLOATS
+        for n in det.beyond.other_vocab
+        if n not in det.beyond.token_tables and ckpt.logical_dtype(ckpt.tensors[n]) not in _FLOATS
     ]
     if N < det.vocab_rows and unknown:
         raise RefusedError(
@@ -487,7 +489,7 @@ _FLOATS = ("float16", "bfloat16", "float32", "float64")
 def _bound(det: Detection, rule: arch.TokenTable) -> tuple[str | None, int | None]:
     """The config key and value bounding a token table's values (the first of its rule's ``bound`` keys
     present in the language model's block or at the top), or ``(None, None)``."""
-    for b in (det.ckpt.config if det.text_cfg_key is None else _text_block(det), det.ckpt.config):
+    for b in (det.ckpt.config if det.config.text_key is None else _text_block(det), det.ckpt.config):
         for key in rule.bound:
             v = b.get(key)
             if isinstance(v, int) and not isinstance(v, bool) and v > 0:
@@ -496,9 +498,9 @@ def _bound(det: Detection, rule: arch.TokenTable) -> tuple[str | None, int | Non
 
 
 def _text_block(det: Detection) -> dict:
-    """The language model's config block (``det.text_cfg_key``, dotted), or the top level."""
+    """The language model's config block (``det.config.text_key``, dotted), or the top level."""
     try:
-        block = get_dotted(det.ckpt.config, det.text_cfg_key or "")
+        block = get_dotted(det.ckpt.config, det.config.text_key or "")
     except (KeyError, IndexError, TypeError):
         return det.ckpt.config
     return block if isinstance(block, dict) else det.ckpt.config
@@ -516,18 +518,18 @@ def _resize_head(
     h = det.head_info
     if h is None:
         return None
-    axis = 1 if det.head_layout == HIDDEN_VOCAB else 0
-    tied_equal = det.comparison.values in ("exact", "transposed") and h.dtype == det.emb_info.dtype
+    axis = 1 if det.head.layout == HeadLayout.HIDDEN_VOCAB else 0
+    tied_equal = det.comparison.values in EQUAL_STATES and h.dtype == det.emb_info.dtype
     recipe: Recipe
     if tied_equal and axis == 0:
         recipe = emb
     else:
-        rows = emb.rows if tied_equal else draws.rows(det.head, max(0, hnew - hrows), axis)
-        recipe = ResizedTable(det.head, axis, hnew, rows)
-    if tied_equal and det.config_tied and hrows == det.vocab_rows and _drop_redundant_head(det, plan):
+        rows = emb.rows if tied_equal else draws.rows(det.head.name, max(0, hnew - hrows), axis)
+        recipe = ResizedTable(det.head.name, axis, hnew, rows)
+    if tied_equal and det.tie.tied and hrows == det.vocab_rows and _drop_redundant_head(det, plan):
         return recipe  # extra tables that copy the head still follow it
     storage = det.emb_info.storage if det.comparison.storage_shared else None
-    for n in [det.head] + det.head_aliases:
+    for n in [det.head.name] + det.head.aliases:
         _put(plan, n, axis, hnew, recipe, storage or det.ckpt.tensors[n].storage)
     return recipe
 
@@ -537,14 +539,14 @@ def _drop_redundant_head(det: Detection, plan: Plan) -> bool:
     the loader re-ties a missing head, as ``tie`` would (:func:`drop_head`), with a note: the loader
     rebuilds it from the resized embedding. PaddleFormers 1.2 writes such a head although the config says
     tied. Returns whether it was dropped (False: the loader needs the head, which is resized)."""
-    why = f"duplicate of {det.embedding} in a tied checkpoint (the {det.loader} loader re-ties it)"
+    why = f"duplicate of {det.embedding.name} in a tied checkpoint (the {det.loader.name} loader re-ties it)"
     if not drop_head(det, plan, why):
         if det.family.reties and not det.family.trusted:
-            unproven_note(det, plan, f"{det.head} is resized with the embedding, not dropped")
+            unproven_note(det, plan, f"{det.head.name} is resized with the embedding, not dropped")
         return False
     plan.notes.append(
-        f"{det.head} dropped instead of resized: {det.config_source} is true and it equalled "
-        f"{det.embedding}, so the {det.loader} loader rebuilds it from the resized embedding"
+        f"{det.head.name} dropped instead of resized: {det.tie.source} is true and it equalled "
+        f"{det.embedding.name}, so the {det.loader.name} loader rebuilds it from the resized embedding"
     )
     return True
 
@@ -555,9 +557,10 @@ def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
     Raises:
         RefusedError: the bias has another number of entries than the head's ``old`` rows.
     """
-    ckpt, bias = det.ckpt, det.bias
-    if not bias:
+    ckpt = det.ckpt
+    if det.bias is None:
         return
+    bias = det.bias.name
     b = ckpt.tensors[bias]
     if not b.shape or b.shape[-1] != old:
         got = f"{b.shape[-1]} entries" if b.shape else "no axis (shape [])"
@@ -567,7 +570,7 @@ def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
             "fix the bias first",
         )
     recipe = ResizedBias(bias, new)
-    for n in [bias] + det.bias_aliases:
+    for n in det.bias_names:
         t = ckpt.tensors[n]
         out = out_dtype(ckpt, t, plan.relabel_u16)
         plan.replace[n] = NewTensor(n, out, t.shape[:-1] + (new,), recipe, t.file, storage=t.storage)

@@ -4,11 +4,8 @@
 
 from __future__ import annotations
 
-from ..inspect.detect import (
-    HIDDEN_VOCAB,
-    Detection,
-)
-from ..model.enums import Keep
+from ..inspect.detect import Detection
+from ..model.enums import EQUAL_STATES, HeadLayout, Keep, TieState
 from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, ValuesDifferError
 from .plan import (
     NewTensor,
@@ -55,7 +52,7 @@ def plan_tie(det: Detection, keep: Keep | str | None = None, drop_aliases: bool 
     refuse_unusable_head(det, "tie")
     refuse_stale_vocab_size(det, "tie")
     plan.config_set = tie_flags(det, True)
-    if not det.embedding_present:
+    if not det.embedding.present:
         return _tie_missing_embedding(det, plan, keep)
     _refuse_unequal_rows(det, "tie")
     _tie_embedding_copies(det, plan, drop_aliases)
@@ -70,33 +67,34 @@ def plan_tie(det: Detection, keep: Keep | str | None = None, drop_aliases: bool 
 def _tie_embedding_copies(det: Detection, plan: Plan, drop_aliases: bool) -> None:
     """Drop the embedding's copies under alias names (``--drop-aliases``, where the loader re-ties), or
     note that they are kept."""
-    copies = [a for a in det.embedding_aliases if det.family.may_drop_head]
+    copies = [a for a in det.embedding.aliases if det.family.may_drop_head]
     if drop_aliases:
         for a in copies:
-            plan.drop[a] = f"copy of {det.embedding} ({Opt('drop_aliases', True)})"
+            plan.drop[a] = f"copy of {det.embedding.name} ({Opt('drop_aliases', True)})"
     elif copies:
         plan.notes.append(
-            f"{', '.join(copies)} duplicate {det.embedding} and are kept "
+            f"{', '.join(copies)} duplicate {det.embedding.name} and are kept "
             f"({Opt('drop_aliases', True)} drops them)"
         )
 
 
 def _tie_without_head(det: Detection, plan: Plan) -> Plan:
     """tie when the files hold no head: only the flag changes (and dropped aliases, if any)."""
-    plan.metadata = {n: det.embedding for n in plan.drop}
-    if det.config_tied:
-        plan.notes.append(f"already tied: no head in the files and {det.config_source} = true")
+    plan.metadata = {n: det.embedding.name for n in plan.drop}
+    if det.tie.tied:
+        plan.notes.append(f"already tied: no head in the files and {det.tie.source} = true")
     else:
-        plan.notes.append(f"no head in the files: only {det.config_source} changes to true (0 bytes saved)")
+        plan.notes.append(f"no head in the files: only {det.tie.source} changes to true (0 bytes saved)")
     return plan
 
 
 def _refuse_ambiguous_tie(det: Detection) -> None:
     """Refuse a square head (vocab_size == hidden_size) with no ``--layout`` (AmbiguousLayoutError)."""
-    if det.head_layout == "ambiguous":
+    if det.head.layout is HeadLayout.AMBIGUOUS:
         raise AmbiguousLayoutError(
-            f"vocab_size == hidden_size == {det.vocab_rows}: the layout of {det.head} cannot be told from "
-            f"its square shape; as stored it is {det.comparison.values} vs {det.embedding}",
+            f"vocab_size == hidden_size == {det.vocab_rows}: the layout of {det.head.name} cannot be told "
+            "from "
+            f"its square shape; as stored it is {det.comparison.values} vs {det.embedding.name}",
             det.ckpt.path,
             f"pass {Opt('layout', 'vocab-hidden')} or {Opt('layout', 'hidden-vocab')} (PaddleNLP Llama/Qwen "
             "heads are hidden-vocab)",
@@ -112,13 +110,13 @@ def _settle_values(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
         RefusedError: from :func:`_keep_head_values`.
     """
     comp = det.comparison
-    if comp.values in ("exact", "transposed") and det.family.tied_logit_scale:
+    if comp.values in EQUAL_STATES and det.family.tied_logit_scale:
         _unscaled_head(det, plan, keep)
-    if comp.values == "different":
+    if comp.values is TieState.DIFFERENT:
         _refuse_own_biased_head(det, keep)
         if keep is None:
             raise ValuesDifferError(
-                f"tie refused: {det.head} differs from {det.embedding} (max |difference| "
+                f"tie refused: {det.head.name} differs from {det.embedding.name} (max |difference| "
                 f"{comp.max_abs_diff:.3g}, {comp.differing_rows} of {det.vocab_rows} rows differ)",
                 det.ckpt.path,
                 f"pass {Opt('keep', 'embedding')} or {Opt('keep', 'head')} to choose the values to keep, or "
@@ -127,10 +125,11 @@ def _settle_values(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
         if keep == Keep.HEAD:
             _keep_head_values(det, plan)
         else:
-            plan.notes.append(f"{Opt('keep', 'embedding')}: the values of {det.head} are discarded")
-    if comp.values == "scaled":
+            plan.notes.append(f"{Opt('keep', 'embedding')}: the values of {det.head.name} are discarded")
+    if comp.values is TieState.SCALED:
         plan.notes.append(
-            f"{det.head} is {det.embedding} × d_model ** -0.5: exactly the tied head, so it is dropped"
+            f"{det.head.name} is {det.embedding.name} × d_model ** -0.5: exactly the tied head, so it is "
+            "dropped"
         )
 
 
@@ -145,14 +144,16 @@ def _refuse_own_biased_head(det: Detection, keep: Keep | str | None) -> None:
     fam = det.family
     if keep is None or not det.bias or fam.reties or fam.always_tied:
         return
-    other = det.embedding if keep == Keep.HEAD else det.head
+    other = det.embedding.name if keep == Keep.HEAD else det.head.name
     raise RefusedError(
-        f"tie {Opt('keep', Keep(keep).value)} on {fam.model_type or fam.name}: {det.head} is a Linear head "
-        f"of its own with a bias ({det.bias}) that the {det.loader} loader never builds from "
-        f"{det.embedding}, so tie cannot drop it (0 bytes saved) and would only overwrite the trained values "
+        f"tie {Opt('keep', Keep(keep).value)} on {fam.model_type or fam.name}: {det.head.name} is a Linear "
+        "head "
+        f"of its own with a bias ({det.bias.name}) that the {det.loader.name} loader never builds from "
+        f"{det.embedding.name}, so tie cannot drop it (0 bytes saved) and would only overwrite the trained "
+        "values "
         f"of {other}",
         det.ckpt.path,
-        f"keep the checkpoint untied: the loader uses {det.head} and {det.bias} whatever "
+        f"keep the checkpoint untied: the loader uses {det.head.name} and {det.bias.name} whatever "
         "tie_word_embeddings says",
     )
 
@@ -168,7 +169,8 @@ def _unscaled_head(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
     scale = det.family.tied_logit_scale
     if keep is None:
         raise ValuesDifferError(
-            f"tie refused: {det.head} equals {det.embedding}, but the tied {det.family.name} model scales "
+            f"tie refused: {det.head.name} equals {det.embedding.name}, but the tied {det.family.name} model "
+            "scales "
             f"the embedding by {scale} for the logits, so without the head every logit would be scaled",
             det.ckpt.path,
             f"keep the checkpoint untied, or pass {Opt('keep', 'embedding')} to accept the scaled logits",
@@ -196,12 +198,12 @@ def _keep_head_values(det: Detection, plan: Plan) -> None:
             f"use {Opt('keep', 'embedding')}, or keep the checkpoint untied",
         )
     _refuse_other_dtypes(det, Keep.HEAD)
-    recipe = CopyOf(det.head, transpose=det.head_layout == HIDDEN_VOCAB)
-    for n in [det.embedding] + det.embedding_aliases:
+    recipe = CopyOf(det.head.name, transpose=det.head.layout == HeadLayout.HIDDEN_VOCAB)
+    for n in [det.embedding.name] + det.embedding.aliases:
         t = ckpt.tensors[n]
         out = out_dtype(ckpt, t, plan.relabel_u16)
         plan.replace[n] = NewTensor(n, out, t.shape, recipe, t.file, storage=("embedding",))
-    plan.notes.append(f"{Opt('keep', 'head')}: {det.embedding} takes the values of {det.head}")
+    plan.notes.append(f"{Opt('keep', 'head')}: {det.embedding.name} takes the values of {det.head.name}")
 
 
 def _refuse_other_dtypes(det: Detection, keep: Keep) -> None:
@@ -216,7 +218,8 @@ def _refuse_other_dtypes(det: Detection, keep: Keep) -> None:
     assert h is not None
     if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
         raise RefusedError(
-            f"{Opt('keep', keep.value)}: {det.head} is {ckpt.logical_dtype(h)} but {det.embedding} is "
+            f"{Opt('keep', keep.value)}: {det.head.name} is {ckpt.logical_dtype(h)} but {det.embedding.name} "
+            "is "
             f"{ckpt.logical_dtype(e)}",
             ckpt.path,
             "convert the dtypes first",
@@ -229,22 +232,24 @@ def _drop_or_keep_head(det: Detection, plan: Plan, keep: Keep | str | None) -> N
     ``--keep embedding`` chose the embedding's differing values."""
     h = det.head_info
     assert h is not None
-    if drop_head(det, plan, f"duplicate of {det.embedding} (the {det.loader} loader re-ties it)"):
+    if drop_head(det, plan, f"duplicate of {det.embedding.name} (the {det.loader.name} loader re-ties it)"):
         return
     if not det.family.trusted:
-        kept = f"{det.head} is kept, equal to the embedding, and the flag set; 0 bytes saved"
+        kept = f"{det.head.name} is kept, equal to the embedding, and the flag set; 0 bytes saved"
         unproven_note(det, plan, kept)
     else:
         plan.notes.append(
-            f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head: it would load a "
-            f"random one, so {det.head} is kept, equal to the embedding in the loader's {det.head_layout} "
+            f"the {det.loader.name} loader ({det.family.name}) does not re-tie a missing head: it would load "
+            "a "
+            f"random one, so {det.head.name} is kept, equal to the embedding in the loader's "
+            f"{det.head.layout} "
             "layout; 0 bytes saved"
         )
-    if keep == Keep.EMBEDDING and det.comparison.values == "different":
+    if keep == Keep.EMBEDDING and det.comparison.values is TieState.DIFFERENT:
         _refuse_other_dtypes(det, Keep.EMBEDDING)
-        recipe = CopyOf(det.embedding, transpose=det.head_layout == HIDDEN_VOCAB)
+        recipe = CopyOf(det.embedding.name, transpose=det.head.layout == HeadLayout.HIDDEN_VOCAB)
         out = out_dtype(det.ckpt, h, plan.relabel_u16)
-        plan.replace[det.head] = NewTensor(det.head, out, h.shape, recipe, h.file)
+        plan.replace[det.head.name] = NewTensor(det.head.name, out, h.shape, recipe, h.file)
 
 
 def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) -> Plan:
@@ -254,18 +259,22 @@ def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) 
         raise missing_embedding_refusal(
             det,
             "tie",
-            f"pass {Opt('keep', 'head')} to restore {det.embedding} from {det.head} (and drop the head), or "
+            f"pass {Opt('keep', 'head')} to restore {det.embedding.name} from {det.head.name} (and drop the "
+            "head), or "
             "use untie to restore it beside the head",
         )
     restore_embedding(det, plan)
     if det.family.may_drop_head:
-        plan.drop[det.head] = f"its table is {det.embedding} now (the {det.loader} loader re-ties it)"
-        plan.metadata = {det.head: det.embedding}
+        plan.drop[det.head.name] = (
+            f"its table is {det.embedding.name} now (the {det.loader.name} loader re-ties it)"
+        )
+        plan.metadata = {det.head.name: det.embedding.name}
     elif not det.family.trusted:
-        unproven_note(det, plan, f"{det.head} is kept")
+        unproven_note(det, plan, f"{det.head.name} is kept")
     else:
         plan.notes.append(
-            f"the {det.loader} loader ({det.family.name}) does not re-tie a missing head, so {det.head} "
+            f"the {det.loader.name} loader ({det.family.name}) does not re-tie a missing head, so "
+            f"{det.head.name} "
             "is kept"
         )
     check_new_names(plan)
@@ -274,15 +283,16 @@ def _tie_missing_embedding(det: Detection, plan: Plan, keep: Keep | str | None) 
 
 def _refuse_unequal_rows(det: Detection, op: str) -> None:
     """tie needs a head with the embedding's vocabulary rows."""
-    if det.head_rows is not None and det.head_rows != det.vocab_rows:
+    if det.head.rows is not None and det.head.rows != det.vocab_rows:
         other = (
-            f" (the head is over another vocabulary, config.json {det.head_vocab} = {det.head_rows})"
-            if det.head_vocab
+            f" (the head is over another vocabulary, config.json {det.head.vocab} = {det.head.rows})"
+            if det.head.vocab
             else ""
         )
         raise RefusedError(
-            f"{op} refused: the head {det.head} {list(det.ckpt.tensors[det.head].shape)} has {det.head_rows} "
-            f"vocabulary rows and the embedding {det.embedding} {list(det.emb_info.shape)} has "
+            f"{op} refused: the head {det.head.name} {list(det.ckpt.tensors[det.head.name].shape)} has "
+            f"{det.head.rows} "
+            f"vocabulary rows and the embedding {det.embedding.name} {list(det.emb_info.shape)} has "
             f"{det.vocab_rows}{other}: one table cannot serve both shapes",
             det.ckpt.path,
             "keep the checkpoint untied, or resize/trim the tables to the same rows first",

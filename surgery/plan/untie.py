@@ -6,14 +6,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..inspect.detect import (
-    HIDDEN_VOCAB,
-    LAYOUTS,
-    VOCAB_HIDDEN,
-    Detection,
-    tied_scale,
-)
+from ..inspect.detect import Detection, tied_scale
 from ..io.checkpoint import Checkpoint
+from ..model.enums import LAYOUTS, HeadLayout
 from ..model.errors import Opt, RefusedError, UsageError
 from .plan import (
     NEW_SHARD,
@@ -35,7 +30,7 @@ from .recipes import CopyOf
 def _embedding_as_head(det: Detection, lay: str, scale: float | None) -> CopyOf:
     """The recipe of an untied head: the embedding ``[vocab, hidden]`` in layout ``lay`` (a byte-range copy
     when the layout is the stored one), times ``scale`` (T5) when given, rounded back to the stored dtype."""
-    return CopyOf(det.embedding, transpose=lay == HIDDEN_VOCAB, scale=scale)
+    return CopyOf(det.embedding.name, transpose=lay == HeadLayout.HIDDEN_VOCAB, scale=scale)
 
 
 def _place_new_head(det: Detection, plan: Plan, head: NewTensor) -> None:
@@ -75,21 +70,23 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
     refuse_stale_vocab_size(det, "untie")
     if det.family.refuses_untie:
         raise RefusedError(
-            f"untie refused: the {det.loader} loader of {det.model_type} always takes {det.head} from "
-            f"{det.embedding} on load, whatever tie_word_embeddings says, so an untied head would be ignored",
+            f"untie refused: the {det.loader.name} loader of {det.config.model_type} always takes "
+            f"{det.head.name} from "
+            f"{det.embedding.name} on load, whatever tie_word_embeddings says, so an untied head would be "
+            "ignored",
             ckpt.path,
             f"pass {Opt('loader', 'hf')} if another library will load the output",
         )
     if det.family.always_tied:
         unproven_note(det, plan, "the head is written although the table says the loader always ties it")
     plan.config_set = tie_flags(det, False)
-    if not det.embedding_present:
+    if not det.embedding.present:
         restore_embedding(det, plan)
         check_new_names(plan)
         return plan
-    if det.head_present and not det.comparison.storage_shared:
+    if det.head.present and not det.comparison.storage_shared:
         plan.notes.append(
-            f"{det.head} already exists as its own tensor: its bytes are kept (untie only sets the flag)"
+            f"{det.head.name} already exists as its own tensor: its bytes are kept (untie only sets the flag)"
         )
         return plan
     _add_untied_head(det, plan, layout)
@@ -108,9 +105,9 @@ def _add_untied_head(det: Detection, plan: Plan, layout: str) -> None:
     if lay not in LAYOUTS:
         raise UsageError(f"unknown layout {layout!r}", fix="use auto, vocab-hidden or hidden-vocab")
     e = det.emb_info
-    shape = (det.vocab_rows, det.hidden) if lay == VOCAB_HIDDEN else (det.hidden, det.vocab_rows)
+    shape = (det.vocab_rows, det.hidden) if lay == HeadLayout.VOCAB_HIDDEN else (det.hidden, det.vocab_rows)
     scale = None
-    if det.family.tied_logit_scale and not det.head_present:
+    if det.family.tied_logit_scale and not det.head.present:
         scale = tied_scale(det.ckpt.config, det.hidden, det.ckpt.path)
         plan.notes.append(
             f"{det.family.name}: tied logits are scaled by d_model ** -0.5 = {scale:.6g}; the new head "
@@ -118,10 +115,10 @@ def _add_untied_head(det: Detection, plan: Plan, layout: str) -> None:
         )
     recipe = _embedding_as_head(det, lay, scale)
     dtype = out_dtype(det.ckpt, e, plan.relabel_u16)
-    _place_new_head(det, plan, NewTensor(det.head, dtype, shape, recipe, e.file))
+    _place_new_head(det, plan, NewTensor(det.head.name, dtype, shape, recipe, e.file))
     plan.notes.append(
-        f"{det.head} written as {list(shape)} ({lay}), for the {det.loader} loader"
-        + ("" if layout not in (None, "auto") else f" (auto: {det.loader_source})")
+        f"{det.head.name} written as {list(shape)} ({lay}), for the {det.loader.name} loader"
+        + ("" if layout not in (None, "auto") else f" (auto: {det.loader.source})")
     )
 
 
@@ -133,14 +130,15 @@ def _auto_layout(det: Detection) -> str:
         RefusedError: no stored head and the loader's head layout is unproven for the model type and
             container (``Family.head_layout_proven``): a wrong layout would not load.
     """
-    if det.head_present and det.head_layout in LAYOUTS:
-        return det.head_layout
+    if det.head.present and det.head.layout in LAYOUTS:
+        return det.head.layout
     fam = det.family
     if fam.head_layout_proven:
         return fam.head_layout
     proven = fam.proven_loaders()
     raise RefusedError(
-        f"untie refused: the head layout the {det.loader} loader expects for {det.model_type} from "
+        f"untie refused: the head layout the {det.loader.name} loader expects for {det.config.model_type} "
+        "from "
         f"{det.ckpt.format} is unproven (the table says {fam.head_layout}; a head in the wrong layout does "
         "not load)",
         det.ckpt.path,

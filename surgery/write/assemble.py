@@ -25,7 +25,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +38,7 @@ from ..io.readback import (
     check_safetensors,
 )
 from ..io.safetensors_io import Source
+from ..model.enums import Container
 from ..model.errors import Opt, UsageError
 from ..model.tensor import DTYPES, pdparams_name
 from .copy import copy_file, write_reporting
@@ -50,13 +50,6 @@ DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
-
-
-class Container(str, Enum):
-    """The file format of the weights."""
-
-    SAFETENSORS = "safetensors"
-    PDPARAMS = "pdparams"
 
 
 def parse_size(text: str | int) -> int:

@@ -17,16 +17,14 @@ from typing import Any
 
 from ..io import store
 from ..io.checkpoint import REPORT_NAME
-from ..model.errors import Interrupted, Opt, OutputError, UsageError
+from ..model.errors import Interrupted, Opt, OutputError
 
 TMP_TAG = ".tietool-tmp-"
 
 
 def check_output_path(inp: Any, out: Any) -> None:
-    """Refuse an ``--out`` that is the input, inside it, contains it, or is a non-empty existing path.
-
-    Either may be a URL (:mod:`surgery.io.store`): :func:`surgery.write.remote.check_remote_output` checks a
-    URL output.
+    """Refuse an ``--out`` that is the input, inside it, contains it, or is a non-empty existing path: the
+    check of the store ``out`` is in (:meth:`surgery.io.store.Store.check_output`; either may be a URL).
 
     A symbolic link as ``--out`` (or above it) is followed: the output is written into the folder it leads
     to (:func:`output_folder`), which must be empty or new as any ``--out``; a link that leads nowhere is
@@ -36,60 +34,7 @@ def check_output_path(inp: Any, out: Any) -> None:
         UsageError: with the fix (another folder).
         OutputError: ``out`` or a folder above it is a dangling symbolic link or a link loop.
     """
-    if store.is_remote(out):
-        from .remote import check_remote_output
-
-        check_remote_output(inp, out)
-        return
-    _check_out_links(out)
-    ri, ro = (out.resolve(), out.resolve()) if store.is_remote(inp) else (inp.resolve(), out.resolve())
-    if store.is_remote(inp):
-        pass  # a local output cannot be the remote input or inside it
-    elif ro == ri or ri in ro.parents:
-        raise UsageError(
-            f"{Opt('out')} is the input folder or inside it; the input is never modified",
-            out,
-            f"choose an {Opt('out')} outside the checkpoint folder",
-        )
-    if ro in ri.parents:
-        raise UsageError(f"{Opt('out')} contains the input folder", out, f"choose another {Opt('out')}")
-    if out.exists() and not out.is_dir():
-        raise UsageError(
-            f"{Opt('out')} is an existing file, not a folder",
-            out,
-            f"remove it or choose another {Opt('out')}",
-        )
-    if out.exists() and any(out.iterdir()):
-        raise UsageError(
-            f"{Opt('out')} already exists and is not empty", out, f"remove it or choose another {Opt('out')}"
-        )
-
-
-def _check_out_links(out: Path) -> None:
-    """``out`` and every folder above it that is a symbolic link lead somewhere (a folder, or for ``out``
-    also a file, which :func:`check_output_path` refuses as a file).
-
-    Raises:
-        OutputError: naming the link, what it points to, and that nothing was written.
-    """
-    for p in (out, *out.parents):
-        if not os.path.islink(p):
-            continue
-        try:
-            os.stat(p)
-        except OSError as e:
-            target = os.readlink(p)
-            what = (
-                f"is a symbolic link loop ({target})"
-                if e.errno == errno.ELOOP
-                else f"is a symbolic link to {target}, which does not exist"
-            )
-            where = Opt("out") if p == out else f"a folder above {Opt('out')}"
-            raise OutputError(
-                f"{where} {what}; nothing was written",
-                p,
-                f"create the folder it points to, remove the link, or choose another {Opt('out')}",
-            ) from None
+    store.store_for(out).check_output(inp, out)
 
 
 def output_folder(out: Path) -> Path:

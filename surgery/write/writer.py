@@ -32,6 +32,7 @@ from ..plan.plan import NEW_SHARD, NewTensor, Plan
 from ..plan.recipes import Recipe
 from .copy import Copier, Reporting, copy_file, try_link
 from .publish import JSON_STYLE, check_output_path, publish, write_json
+from .remote import execute_remote
 
 
 def _shard_name(kind: str, k: int, n: int) -> str:
@@ -75,10 +76,14 @@ def execute(
         UsageError: ``out`` is inside the input or already holds files.
     """
     ckpt = plan.ckpt
-    if store.is_remote(out):
-        from .remote import execute_remote
-
-        return execute_remote(plan, out, progress, report, keep_training_state)
+    if not store.store_for(out).on_disk:  # object storage: staged here, then published in order
+        return execute_remote(
+            plan,
+            out,
+            lambda tmp, copier: _write_all(plan, tmp, False, progress, keep_training_state, copier),
+            progress,
+            report,
+        )
     out = Path(out)
     check_output_path(ckpt.path, out)
     return publish(
