@@ -1,7 +1,7 @@
 """Run every case of ``tests/data/cases`` (see its README) as one pytest test.
 
 Each ``<case>/case.json`` lists tietool commands; they run in order as
-``python -m tietool ARGV`` subprocesses (cwd = project root, 120 s timeout)
+``tietool ARGV`` runs (in process, :mod:`support.cli_runner`; cwd = project root, 120 s timeout)
 on a writable copy of the case's ``ckpt/`` in the test's temporary folder,
 with ``{ckpt}``, ``{out}`` and ``{prev_out}`` substituted. The exit status is
 judged against ``expect`` and every check is evaluated by the independent
@@ -15,12 +15,10 @@ output and the values each failing check saw.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from support import casecheck
+from support import casecheck, cli_runner
 from support.fixture_support import copy_checkpoint
 from support.paths import BUG_CASES_DIR, REPO
 
@@ -70,27 +68,12 @@ def _placeholders(message: str, values: dict[str, Path]) -> str:
 
 
 def run_tool(argv: list[str]) -> tuple[int | None, str, str]:
-    """Run ``python -m tietool ARGV``; return ``(returncode or None, stdout, stderr)``."""
-    try:
-        proc = subprocess.run(
-            [sys.executable, "-m", "tietool", *argv],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired as exc:
-
-        def text(data) -> str:
-            if isinstance(data, bytes):
-                return data.decode("utf-8", "replace")
-            return data or ""
-
-        return None, text(exc.stdout), text(exc.stderr) + f"\n[killed after {TIMEOUT_S} s timeout]"
-    except OSError as exc:
-        return None, "", f"[could not start the tool: {exc}]"
-    return proc.returncode, proc.stdout, proc.stderr
+    """Run ``tietool ARGV`` (:func:`support.cli_runner.run_cli`: in process, as a ``python -m tietool``
+    child with cwd = the project root would); return ``(returncode or None, stdout, stderr)``."""
+    run = cli_runner.run_cli(argv, cwd=REPO, timeout=TIMEOUT_S)
+    if run.rc is None:
+        return None, run.stdout, run.stderr + f"\n[stopped after {TIMEOUT_S} s timeout]"
+    return run.rc, run.stdout, run.stderr
 
 
 def _truncate(text: str, limit: int = OUTPUT_LIMIT) -> str:

@@ -4,11 +4,13 @@ with their range, and ``resize --pad-to-multiple-of`` without ``--vocab``."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support import cli_runner
 
 from tietool import __version__
 from tietool.surgery.io.checkpoint import Checkpoint
@@ -16,10 +18,8 @@ from tietool.surgery.io.checkpoint import Checkpoint
 FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 
 
-def _cli(*args: object) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tietool", *map(str, args)], capture_output=True, text=True, timeout=120
-    )
+def _cli(*args: object) -> cli_runner.CliRun:
+    return cli_runner.run_cli(args, cwd=os.getcwd(), timeout=120)
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ gemma3_text, gpt_oss, phi3 and a DeepSeek-V3 with a multi-token-prediction layer
 
 Nothing is pruned: PaddleFormers 1.2 writes and reads back every combination (96 checkpoints).
 
-Each command runs once per session on a fresh copy of its input (``python -m tietool``), then
+Each command runs once per session on a fresh copy of its input (in process: ``support.cli_runner``), then
 ``tietool verify INPUT OUTPUT`` must exit 0; the output is loaded in PaddleFormers (the oracle script
 ``tests/data/tools/pf_logits.py``, in batches: :func:`support.family_builder.logits_batches`) and its
 logits are compared with the input's, computed in the same run:
@@ -28,7 +28,6 @@ Whether ``tie`` may drop the head follows the architecture table's loader facts,
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import importlib.util
 import json
@@ -166,8 +165,8 @@ def _argv(op: str) -> tuple[str, list[str]]:
 
 
 class Matrix:
-    """Builds the selected checkpoints (one builder subprocess), runs the selected commands (threads, each a
-    ``python -m tietool`` subprocess on a fresh copy), then every PaddleFormers load (batches)."""
+    """Builds the selected checkpoints (one builder subprocess), runs the selected commands (in process, each
+    on a fresh copy: :func:`support.cli_runner.run_cli`), then every PaddleFormers load (batches)."""
 
     def __init__(self, root: Path, selected: set[tuple[str, str | None]]):
         self.root = root
@@ -178,9 +177,8 @@ class Matrix:
         self.resize_deltas: dict[tuple[str, str], float] = {}  # max |logit difference| on the kept vocabulary
         jobs = [(n, op) for n, op in sorted(selected, key=str) if op and self.built[BY_NAME[n]].ok]
         t1 = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=3) as pool:
-            for key, res in zip(jobs, pool.map(self._run_op, jobs), strict=True):
-                self.results[key] = res
+        for key in jobs:  # in process, one after the other (support.cli_runner: main thread only)
+            self.results[key] = self._run_op(key)
         self.tool_seconds = time.monotonic() - t1
         logits_jobs: dict[fb.LogitsJob, None] = {}
         for n, op in jobs:

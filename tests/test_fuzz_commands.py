@@ -12,7 +12,8 @@ single file beside the shards, generation / tokenizer configs, training state, a
 
 Anything but a ``TietoolError`` escaping is a bug (the CLI would say "internal error", exit 70).
 ``derandomize=True`` keeps CI deterministic and ``database=None`` keeps the tree clean; the fast variant
-runs 400 examples per fixture (~6 s here), the slow one 4,000.
+runs 400 examples per fixture (~6 s here), the slow one 1,000 (4,000 under ``TIETOOL_DEEP_FUZZ=1``:
+:mod:`support.fuzz_budget`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support import adversarial_support as av
 from support import fixture_support as fs
+from support.fuzz_budget import slow_examples
 
 import tietool
 from tietool.surgery.model.errors import OutputError, TietoolError
@@ -395,7 +397,7 @@ def test_every_command_on_folder_mutants(case: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", [ST_CASE, PD_CASE])
 def test_every_command_on_folder_mutants_slow(case: str) -> None:
-    @settings(max_examples=4000, **SETTINGS)
+    @settings(max_examples=slow_examples(4000), **SETTINGS)
     @given(mutations(case), COMMANDS)
     def prop(muts, command):
         one_example(case, muts, command)

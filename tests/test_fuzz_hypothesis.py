@@ -16,7 +16,8 @@ byte, truncate. ``derandomize=True`` keeps CI deterministic; ``database=None`` k
 written or refused, never crash the writer. Besides byte mutations, pickle mutants are made at the opcode
 level (:func:`pickle_mutations`): another opcode, a changed length or memo index, a global renamed, an opcode
 deleted or repeated, nesting or a memo bomb inserted at an opcode boundary. The default run has a few hundred
-examples per property; the ``slow`` variants run thousands.
+examples per property; the ``slow`` variants run a quarter of their full counts (750 of 3,000, 375 of
+1,500), the full counts under ``TIETOOL_DEEP_FUZZ=1`` (:mod:`support.fuzz_budget`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import adversarial_support as av
+from support.fuzz_budget import slow_examples
 
 import tietool
 from tietool.surgery.inspect.detect import detect
@@ -49,7 +51,7 @@ SETTINGS = settings(
         HealthCheck.function_scoped_fixture,
     ],
 )
-SLOW = settings(SETTINGS, max_examples=3000)
+SLOW = settings(SETTINGS, max_examples=slow_examples(3000))
 
 ST_RAW = (av.CASES / av.ST_ONE / av.ST_ONE_FILE).read_bytes()
 PD_RAW = (av.CASES / av.PD_ONE / av.PD_FILE).read_bytes()
@@ -568,7 +570,7 @@ def test_safetensors_byte_mutations_through_every_write(st_ckpt: Path, tmp_path_
 
 
 @pytest.mark.slow
-@settings(SETTINGS, max_examples=3000)
+@settings(SETTINGS, max_examples=slow_examples(3000))
 @given(muts=st.lists(HEADER_MUTATION, min_size=1, max_size=6))
 def test_safetensors_header_mutations_through_every_write_slow(st_ckpt: Path, tmp_path_factory, muts) -> None:
     """The slow set: thousands of structural mutants through every write."""
@@ -576,7 +578,7 @@ def test_safetensors_header_mutations_through_every_write_slow(st_ckpt: Path, tm
 
 
 @pytest.mark.slow
-@settings(SETTINGS, max_examples=3000)
+@settings(SETTINGS, max_examples=slow_examples(3000))
 @given(muts=mutations(len(ST_RAW), ST_HEADER_END))
 def test_safetensors_byte_mutations_through_every_write_slow(st_ckpt: Path, tmp_path_factory, muts) -> None:
     """The slow set: thousands of byte mutants through every write."""
@@ -868,7 +870,7 @@ def test_pdparams_config_mutants_read_write_or_refuse(pd_config_ckpt: Path, tmp_
     _config_property(pd_config_ckpt, tmp_path_factory, raw)
 
 
-SLOW_SETTINGS = settings(SETTINGS, max_examples=1500)  # x3 tests: ~4 min of CI
+SLOW_SETTINGS = settings(SETTINGS, max_examples=slow_examples(1500))  # x3 tests: ~4 min of CI in full
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from support import cli_runner
 
 import tietool
 from tietool.surgery.write import inplace
@@ -26,14 +27,18 @@ FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 REPORT = "tietool-report.json"
 
 
-def _cli(*args: object, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tietool", *map(str, args)],
-        capture_output=True,
-        text=True,
+def _cli(
+    *args: object, cwd: Path | None = None, env: dict | None = None, subprocess: bool = False
+) -> cli_runner.CliRun:
+    """``tietool *args`` (in process unless ``subprocess``). A test that judges the temporary folders a
+    run leaves passes ``subprocess=True``: an in-place run names them after its process id, and a later run
+    judges them by whether that process is alive (in process, it would be this long-lived one)."""
+    return cli_runner.run_cli(
+        args,
+        subprocess=subprocess,
+        cwd=cwd or os.getcwd(),
+        env={**(env or {}), **({"PWD": str(cwd)} if cwd else {})},
         timeout=120,
-        cwd=cwd,
-        env={**os.environ, **(env or {}), **({"PWD": str(cwd)} if cwd else {})},
     )
 
 
@@ -443,7 +448,7 @@ def test_no_backup_with_an_undeletable_subfolder_says_the_name_holds_the_new_ver
     with _undeletable(ck / "sub"):
         ref = tmp_path / "ref"
         shutil.copytree(ck, ref)
-        r = _cli("tie", ck, "--no-backup", "-q")
+        r = _cli("tie", ck, "--no-backup", "-q", subprocess=True)
         assert r.returncode == 0, r.stderr
         assert "unchanged" not in r.stdout + r.stderr
         (left,) = [p for p in tmp_path.iterdir() if DELETING in p.name]
@@ -455,14 +460,17 @@ def test_no_backup_with_an_undeletable_subfolder_says_the_name_holds_the_new_ver
         assert not list(tmp_path.glob("ckpt.tietool-backup-*"))
         if os.geteuid() == 0:  # the new version's copy of the file pinned too (non-root: its folder's mode)
             subprocess.run(["chattr", "+i", str(ck / "sub" / "pinned.bin")], check=True)
-        r = _cli("untie", ck, "--no-backup", "--json")  # again, with --json: the warning still on stderr
+        # again, with --json: the warning still on stderr
+        r = _cli("untie", ck, "--no-backup", "--json", subprocess=True)
         assert r.returncode == 0 and r.stderr.startswith("tietool: warning:"), r.stderr
         (left2,) = [p for p in tmp_path.iterdir() if DELETING in p.name and p != left]
         assert json.loads(r.stdout)["in_place"]["left_to_delete"] == str(left2)
-        r = _cli("inspect", ck, "--no-values")  # still undeletable: said, not adopted as a backup
+        # still undeletable: said, not adopted as a backup
+        r = _cli("inspect", ck, "--no-values", subprocess=True)
         assert r.returncode == 0 and f"warning: left by an interrupted run: {left}" in r.stdout, r.stdout
         assert left.exists() and not list(tmp_path.glob("ckpt.tietool-backup-*"))
-    r = _cli("inspect", ck, "--json", "--no-values")  # deletable now: the next run finishes it
+    # deletable now: the next run finishes it
+    r = _cli("inspect", ck, "--json", "--no-values", subprocess=True)
     assert r.returncode == 0, r.stderr
     assert sorted(json.loads(r.stdout)["recovered"]["finished_deletions"]) == sorted([str(left), str(left2)])
     assert not left.exists() and not left2.exists() and _leftovers(tmp_path, "ckpt") == []

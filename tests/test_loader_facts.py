@@ -5,6 +5,7 @@ initialized" warning for a head that ``tie`` dropped, tie's output says so."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
-from support import loader_table
+from support import cli_runner, loader_table
 
 from tietool.surgery import arch
 from tietool.surgery.arch import lookup
@@ -22,10 +23,8 @@ FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tietool", *args], capture_output=True, text=True, timeout=120
-    )
+def _cli(*args: str) -> cli_runner.CliRun:
+    return cli_runner.run_cli(args, cwd=os.getcwd(), timeout=120)
 
 
 def _tree(p: Path) -> dict[str, bytes]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
+from support import cli_runner
 
 SAMPLE = Path(__file__).resolve().parents[1] / "sample_checkpoints" / "pf_llama_tied_fp32"
 
@@ -20,7 +20,7 @@ def test_requested_multiple_and_padded_size(tmp_path, vocab, multiple, rows):
     args = ["resize", str(SAMPLE), "--vocab", str(vocab), "--out", str(out), "--seed", "1", "-q"]
     args += ["--force"] if vocab < 100 else []
     args += ["--pad-to-multiple-of", str(multiple)] if multiple else []
-    r = subprocess.run([sys.executable, "-m", "tietool", *args], capture_output=True, text=True, timeout=120)
+    r = cli_runner.run_cli(args, cwd=os.getcwd(), timeout=120)
     assert r.returncode == 0, r.stderr
     rep = json.loads((out / "tietool-report.json").read_text())["resize"]
     assert (rep["rows_requested"], rep["pad_to_multiple_of"], rep["rows_after"]) == (vocab, multiple, rows)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from support import cli_runner
 from support.paths import BUG_CASES_DIR, REPO
 from support.paths import CASES_DIR as FIX
 
@@ -28,13 +29,7 @@ def sha(p: Path) -> str:
 
 
 def run_cli(*args, cwd=REPO):
-    return subprocess.run(
-        [sys.executable, "-m", "tietool", *map(str, args)],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return cli_runner.run_cli(args, cwd=cwd, timeout=120)
 
 
 @pytest.mark.parametrize("link", [False, True])

@@ -4,22 +4,20 @@ the head that stored it alone. Each positive case has a tampered twin that verif
 
 from __future__ import annotations
 
+import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import cli_runner
 
 from tietool.surgery.io.checkpoint import Checkpoint
 
 CASES = Path(__file__).resolve().parent / "data" / "cases"
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tietool", *args], capture_output=True, text=True, timeout=120
-    )
+def _cli(*args: str) -> cli_runner.CliRun:
+    return cli_runner.run_cli(args, cwd=os.getcwd(), timeout=120)
 
 
 def _flip_first_byte(ckpt: Path, name: str) -> None:

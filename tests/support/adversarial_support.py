@@ -3,8 +3,9 @@
 Nothing here imports ``tietool``: the inputs are built with our own small writers, and the tool is
 judged from the outside (exit code, stderr, the files left behind).
 
-* :func:`run_cli` runs ``python -m tietool ...`` in a subprocess with a timeout and an address-space limit
-  (``RLIMIT_AS``), so a hang or an attempt to allocate a declared huge size fails loudly instead of passing.
+* :func:`run_cli` runs ``tietool ...`` with a timeout and an address-space limit (``RLIMIT_AS``), in a
+  worker child (:class:`support.cli_runner.CliWorker`), so a hang or an attempt to allocate a declared huge
+  size fails loudly instead of passing.
 * :func:`tree_state` fingerprints a folder (sha256 of every file, and every sub-folder) so a test can prove
   the input was not touched.
 * :func:`assert_refused` is the contract every bad input must satisfy: a non-zero exit with the expected
@@ -15,23 +16,20 @@ judged from the outside (exit code, stderr, the files left behind).
 from __future__ import annotations
 
 import copyreg
-import dataclasses
 import hashlib
 import json
 import os
 import pickle
-import resource
 import shutil
 import struct
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from support import cli_runner
 from support import fixture_support as fs
 
 REPO = fs.REPO
@@ -56,208 +54,30 @@ PD_INDEX = "model_state.pdparams.index.json"
 
 
 # ----------------------------------------------------------------------------------------------- running
-@dataclasses.dataclass
-class Run:
-    argv: list[str]
-    rc: int | None  # None: timed out (killed)
-    stdout: str
-    stderr: str
-    seconds: float
-    maxrss: int = 0  # peak resident memory of the run, bytes (a CliWorker's VmHWM, reset before each run)
-
-    @property
-    def cmdline(self) -> str:
-        return "python -m tietool " + " ".join(self.argv)
-
-    def describe(self) -> str:
-        return (
-            f"$ {self.cmdline}\nexit {self.rc} after {self.seconds:.1f}s\n"
-            f"--- stderr ---\n{self.stderr[-3000:]}\n--- stdout ---\n{self.stdout[-1500:]}"
-        )
-
-
-def _limits() -> None:  # runs in the child (preexec_fn)
-    resource.setrlimit(resource.RLIMIT_AS, (MEM_LIMIT, MEM_LIMIT))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (FSIZE_LIMIT, FSIZE_LIMIT))
+Run = cli_runner.CliRun  # argv, rc (None: timed out), stdout, stderr, seconds, maxrss
+CliWorker = cli_runner.CliWorker
 
 
 def cli_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("TIETOOL_DEBUG",) and not k.startswith("PYTEST")}
-    env["COLUMNS"] = "200"
-    env["OPENBLAS_NUM_THREADS"] = env["OMP_NUM_THREADS"] = "1"  # small address space under RLIMIT_AS
-    return env
+    """The environment of a tool run (:func:`support.cli_runner.tool_env`)."""
+    return cli_runner.tool_env()
 
 
-def run_cli(argv: Iterable[Any], timeout: float = TIMEOUT, cwd: Path | None = None) -> Run:
-    """``python -m tietool *argv`` with cwd = the repository (or ``cwd``), RLIMIT_AS 2 GB and a timeout.
+def run_cli(
+    argv: Iterable[Any], timeout: float = TIMEOUT, cwd: Path | None = None, subprocess: bool = False
+) -> Run:
+    """``tietool *argv`` with cwd = the repository (or ``cwd``), RLIMIT_AS 2 GB, RLIMIT_FSIZE 1 GB and a
+    timeout: a hang or an attempt to allocate a declared huge size fails loudly instead of passing.
 
-    With ``TIETOOL_TEST_INPROCESS=1`` the run goes to a shared :class:`CliWorker` instead (same limits,
-    ~20x faster, ``cwd`` ignored): for quick iterations; the default, a fresh interpreter per run, is what
-    a user gets.
+    The run goes to the session's :class:`support.cli_runner.CliWorker` started under those limits (the
+    CLI's ``main`` in process there, the state a run changes put back after it): a fraction of the cost of
+    a fresh interpreter. ``subprocess=True`` (or ``TIETOOL_TEST_SUBPROCESS=1``) runs ``python -m tietool``
+    in a child under the same limits, what a user gets.
     """
     argv = [str(a) for a in argv]
-    if os.environ.get("TIETOOL_TEST_INPROCESS") == "1":
-        return _shared_worker().run(argv, timeout)
-    t0 = time.monotonic()
-    try:
-        p = subprocess.run(
-            [PYTHON, "-m", "tietool", *argv],
-            cwd=cwd or REPO,
-            env=cli_env(),
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-            preexec_fn=_limits,
-            stdin=subprocess.DEVNULL,
-            check=False,
-        )
-        return Run(argv, p.returncode, p.stdout, p.stderr, time.monotonic() - t0)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")
-        return Run(argv, None, out, err, time.monotonic() - t0)
-
-
-# A long-lived child that runs many CLI invocations in-process (``typer.testing.CliRunner`` on
-# ``tietool.cli.app.app``): the same limits as :func:`run_cli` (it is started with them), a fraction of the
-# cost (no interpreter start and no imports per run). Used by the corpus test, where hundreds of runs must fit
-# in a few minutes. The traceback check there is: ``result.exception`` is None or a ``SystemExit``.
-_WORKER = r"""
-import resource, sys
-# the limits first, before anything is imported (set here rather than in a preexec_fn: the workers are
-# started from a thread pool, where preexec_fn is not safe)
-mem, fsize = int(sys.argv[1]), int(sys.argv[2])
-resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-import json, signal, time, traceback
-from typer.testing import CliRunner
-from tietool.cli.app import app
-
-class _Timeout(BaseException):
-    pass
-
-def _alarm(signum, frame):
-    raise _Timeout()
-
-def _peak():
-    # this run's peak RSS: VmHWM of this process's memory, reset before each run (clear_refs 5, Linux 4.0+).
-    # Not ru_maxrss: Linux carries a forked parent's RSS across fork + exec into it, so a worker started by
-    # a pytest process of 1.1 GB (paddle imported by earlier tests) would report 1.1 GB for every run.
-    try:
-        with open("/proc/self/status") as f:
-            for ln in f:
-                if ln.startswith("VmHWM:"):
-                    return int(ln.split()[1]) * 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-def _reset_peak():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pass
-
-signal.signal(signal.SIGALRM, _alarm)
-runner = CliRunner()
-for line in sys.stdin:
-    job = json.loads(line)
-    _reset_peak()
-    t0 = time.monotonic()
-    res = {"rc": None, "stdout": "", "stderr": "", "exception": None, "traceback": ""}
-    signal.alarm(max(1, int(job["timeout"])))
-    try:
-        r = runner.invoke(app, job["argv"], catch_exceptions=True)
-        res.update(rc=r.exit_code, stdout=r.stdout, stderr=r.stderr)
-        if r.exception is not None and not isinstance(r.exception, SystemExit):
-            res["exception"] = type(r.exception).__name__
-            res["traceback"] = "".join(traceback.format_exception(*r.exc_info))
-    except _Timeout:
-        res["exception"] = "timeout"
-    except BaseException as e:
-        res["exception"] = type(e).__name__
-        res["traceback"] = traceback.format_exc()
-    finally:
-        signal.alarm(0)
-    res["seconds"] = time.monotonic() - t0
-    res["maxrss"] = _peak()
-    sys.__stdout__.write(json.dumps(res) + "\n")
-    sys.__stdout__.flush()
-"""
-
-
-class CliWorker:
-    """One worker child; :meth:`run` sends a job and waits (with a hard deadline) for its result."""
-
-    def __init__(self) -> None:
-        self.proc: subprocess.Popen | None = None
-
-    def _start(self) -> subprocess.Popen:
-        self.proc = subprocess.Popen(
-            [PYTHON, "-c", _WORKER, str(MEM_LIMIT), str(FSIZE_LIMIT)],
-            cwd=REPO,
-            env=cli_env(),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            bufsize=1,
-        )
-        return self.proc
-
-    def run(self, argv: Iterable[Any], timeout: float = TIMEOUT) -> Run:
-        import selectors
-
-        argv = [str(a) for a in argv]
-        p = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
-        t0 = time.monotonic()
-        p.stdin.write(json.dumps({"argv": argv, "timeout": timeout}) + "\n")
-        p.stdin.flush()
-        sel = selectors.DefaultSelector()
-        sel.register(p.stdout, selectors.EVENT_READ)
-        ready = sel.select(timeout + 15)  # the child's own alarm fires at ``timeout``; this is the backstop
-        sel.close()
-        line = p.stdout.readline() if ready else ""
-        if not line:  # hung past the alarm, or died (killed by a signal, out of memory in C code)
-            self.close()
-            rc = None if not ready else (p.returncode if p.returncode is not None else -9)
-            return Run(argv, rc, "", f"worker {'hung' if rc is None else 'died'}", time.monotonic() - t0)
-        res = json.loads(line)
-        err = res["stderr"]
-        if res["exception"] == "timeout":
-            return Run(argv, None, res["stdout"], err, res["seconds"])
-        if res["exception"]:
-            err += (
-                f"\n{TRACEBACK}\n(in-process: result.exception is {res['exception']}, not SystemExit)\n"
-                + res["traceback"]
-            )
-        return Run(argv, res["rc"], res["stdout"], err, res["seconds"], res.get("maxrss", 0))
-
-    def close(self) -> None:
-        if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            self.proc.wait()
-            for f in (self.proc.stdin, self.proc.stdout):
-                try:
-                    f.close()
-                except OSError:
-                    pass
-            self.proc = None
-
-
-_SHARED: list[CliWorker] = []
-
-
-def _shared_worker() -> CliWorker:
-    if not _SHARED:
-        import atexit
-
-        _SHARED.append(CliWorker())
-        atexit.register(_SHARED[0].close)
-    return _SHARED[0]
+    if subprocess or os.environ.get("TIETOOL_TEST_SUBPROCESS") == "1":
+        return cli_runner.spawn(argv, cwd=cwd, timeout=timeout, limits=(MEM_LIMIT, FSIZE_LIMIT))
+    return cli_runner.shared_worker(MEM_LIMIT, FSIZE_LIMIT).run(argv, timeout, cwd=cwd)
 
 
 COMMANDS = ("inspect", "tie", "untie", "resize")

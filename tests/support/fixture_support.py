@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from support import cli_runner
 from support.paths import (  # noqa: F401  (re-exported: the tests use fs.CASES_DIR etc.)
     CASES_DIR,
     EXPECTED_DIR,
@@ -259,22 +260,10 @@ class ToolRun:
         return self.out is None or not self.out.exists() or not any(self.out.iterdir())
 
 
-def run_tool(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m tietool ARGV`` (the installed package) in a subprocess, cwd = the repository."""
-    env = dict(os.environ)
-    env.setdefault("CUDA_VISIBLE_DEVICES", "")
-    env.pop("TIETOOL_DEBUG", None)  # the one-line messages are what is judged
-    env["NO_COLOR"] = "1"
-    env["COLUMNS"] = "200"
-    return subprocess.run(
-        [sys.executable, "-m", "tietool", *map(str, argv)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+def run_tool(argv: list, timeout: float = 300) -> cli_runner.CliRun:
+    """``tietool ARGV`` (:func:`support.cli_runner.run_cli`: in process, as a ``python -m tietool`` child
+    with cwd = the repository would run it); ``returncode`` / ``stdout`` / ``stderr`` as a subprocess's."""
+    return cli_runner.run_cli(argv, timeout=timeout)
 
 
 def run_on_copy(src: Path, work: Path, command: str, extra: list[str], with_out: bool = True) -> ToolRun:

@@ -6,7 +6,8 @@ safetensors header parser and allow-list pdparams unpickler); fixture facts come
 
 * :class:`Fixture` -- one ``fixtures/cases/<name>``: which stored tensors carry the vocabulary, on which
   axis, whether the head is tied, the oracles of ``resize_token_embeddings``.
-* :func:`run_cli` / :func:`run_resize` -- ``python -m tietool ...`` in a subprocess on a writable copy.
+* :func:`run_cli` / :func:`run_resize` -- ``tietool ...`` on a writable copy (in process:
+  :mod:`support.cli_runner`).
 * :func:`vocab_major` / :func:`decoded_rows` -- a tensor with its vocabulary axis first (raw bytes or
   float values), so ``[vocab, hidden]`` rows, ``[hidden, vocab]`` columns and ``[V]`` / ``[1, V]``
   biases compare the same way.
@@ -25,7 +26,6 @@ import hashlib
 import json
 import pickle
 import struct
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from support import casecheck  # independent reader; no tietool imports
+from support.cli_runner import CliRun
 from support.fixture_support import copy_checkpoint, read_pdparams_raw, run_tool
 from support.paths import BUG_CASES_DIR, CASES_DIR, EXPECTED_DIR, ORACLES_DIR, REPO  # noqa: F401
 
@@ -258,8 +259,8 @@ class Run:
         return json.loads(p.read_text())
 
 
-def run_cli(argv: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m tietool ARGV`` in a subprocess (:func:`support.fixture_support.run_tool`)."""
+def run_cli(argv: list[str], timeout: float = 300) -> CliRun:
+    """``tietool ARGV`` (:func:`support.fixture_support.run_tool`: :func:`support.cli_runner.run_cli`)."""
     return run_tool(argv, timeout)
 
 
