@@ -105,7 +105,7 @@ class TieState(StrEnum):
     NO_EMBEDDING = "no_embedding"
     """The embedding is missing; the head holds the only table."""
     UNKNOWN = "unknown"
-    """Not compared (``compare_values=False``, ``inspect --no-values``)."""
+    """Not compared (``compare_values=False``: inspect without the value comparison)."""
 
 
 EQUAL_STATES: tuple[TieState, TieState] = (TieState.EXACT, TieState.TRANSPOSED)
