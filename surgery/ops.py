@@ -15,10 +15,10 @@ before the output is renamed into place. ``convert`` and ``merge`` write a whole
 from __future__ import annotations
 
 import numbers
-import os
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from enum import Enum
 from functools import partial
 from os import PathLike
@@ -44,7 +44,7 @@ from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import inplace
 from .write.layout import reshard
-from .write.publish import check_output_path, fsync_dir, fsync_tree, output_folder, remove_dead_temps
+from .write.publish import check_output_path, fsync_dir, fsync_tree
 from .write.writer import execute
 
 PathArg = str | PathLike[str]
@@ -55,16 +55,6 @@ Advance = Callable[[str, int], None]
 
 ProgressFactory = Callable[[int], AbstractContextManager[Advance | None]]
 """Given the bytes the output will hold, a context manager that yields an :data:`Advance` (or None)."""
-
-
-def _option(kind: type[Enum], x: Enum | str | None, name: str) -> str | None:
-    """The value of option ``name`` as the library's string, checked against the enum ``kind``.
-
-    Raises:
-        UsageError: ``x`` is not one of ``kind``'s values (as the CLI's choices refuse it).
-    """
-    member = _enum(kind, x, name)
-    return None if member is None else str(member.value)
 
 
 def _enum(kind: type[E], x: Enum | str | None, name: str) -> E | None:
@@ -85,9 +75,10 @@ def _enum(kind: type[E], x: Enum | str | None, name: str) -> E | None:
         ) from None
 
 
-def _layout(layout: Layout | str | None) -> str | None:
-    v = _option(Layout, layout, "layout")
-    return None if v in (None, Layout.AUTO.value) else v
+def _layout(layout: Layout | str | None) -> Layout | None:
+    """Option ``layout`` as a :class:`Layout`; ``AUTO`` (and None) as None: detection decides."""
+    v = _enum(Layout, layout, "layout")
+    return None if v in (None, Layout.AUTO) else v
 
 
 def _path(p: object, name: str) -> Any:
@@ -139,7 +130,7 @@ def inspect(
     info = inspect_path(
         where,
         layout=_layout(layout),
-        loader=_option(Loader, loader, "loader"),
+        loader=_enum(Loader, loader, "loader"),
         embedding_name=embedding,
         head_name=head,
         compare_values=compare_values,
@@ -163,7 +154,7 @@ def _detection(
     det = detect(
         ckpt,
         layout=_layout(layout),
-        loader=_option(Loader, loader, "loader"),
+        loader=_enum(Loader, loader, "loader"),
         embedding_name=embedding,
         head_name=head,
         compare_values=True,
@@ -172,21 +163,47 @@ def _detection(
     return det
 
 
-def _run_plan(
+@dataclass(frozen=True)
+class Planner:
+    """One writing operation as :func:`run` drives it: how to open its input, plan, and word the report.
+
+    Attributes:
+        plan: the opened input → the plan (refusals raised here, before anything is written).
+        report: ``(plan, output, facts)`` → the report JSON; ``facts`` are the writer's (None: a dry run).
+        open: the input path → what ``plan`` takes (default :meth:`Checkpoint.open`).
+        write: the plan → what :func:`surgery.write.writer.execute` takes (default: the plan itself).
+        totals: the plan → :class:`Report`'s ``before``/``after`` where the JSON has none (``merge``).
+    """
+
+    plan: Callable[[Any], Any]
+    report: Callable[[Any, str, dict | None], dict]
+    open: Callable[[Any], Any] = Checkpoint.open
+    write: Callable[[Any], Any] = lambda p: p
+    totals: Callable[[Any], dict] = lambda p: {}
+
+
+def run(
+    planner: Planner,
     path: PathArg,
     out: PathArg | None,
-    make_plan: Callable[[Checkpoint], Plan],
-    dry_run: bool,
-    link: bool,
-    progress: ProgressFactory | None,
+    *,
+    dry_run: bool = False,
+    link: bool = False,
+    progress: ProgressFactory | None = None,
     keep_training_state: bool = False,
     backup: bool = True,
 ) -> Report:
-    """Open ``path``, plan, and either report the plan (``dry_run``) or write it to ``out`` atomically
-    with the report inside (``out`` None: in place, :func:`_in_place`); returns the report."""
+    """The one run of a writing operation: coerce the paths, open the input and plan; on a dry run return
+    the report of the plan; else check the output once, execute the plan (the writer stores the report in
+    the staging folder before it is published) and return the report. ``out`` None rewrites ``path`` in
+    place (:func:`_in_place`; a local folder only).
+
+    Raises:
+        UsageError: a bad path, an output that cannot be used, in place on object storage.
+        and what ``planner`` and :func:`surgery.write.writer.execute` raise; nothing is written then.
+    """
     src = _path(path, "path")
     before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
-    make_plan = _dtype_checked(make_plan)
     if out is None and not store.store_for(src).on_disk and not dry_run:
         raise UsageError(
             "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "
@@ -195,47 +212,47 @@ def _run_plan(
             f"write to another prefix with {Opt('out')} (a URL or a local folder)",
         )
     if out is None and store.store_for(src).on_disk:
-        return Report(_in_place(src, make_plan, dry_run, progress, keep_training_state, backup))
+        return Report(_in_place(src, planner, dry_run, progress, keep_training_state, backup))
     dst = src if out is None else _path(out, "out")  # out None here: a dry run on a URL, writes nothing
-    ckpt = Checkpoint.open(src)
+    opened = planner.open(src)
     if not dry_run:
-        check_output_path(ckpt.path, dst)
-    plan = make_plan(ckpt)
+        check_output_path(opened.path if isinstance(opened, Checkpoint) else src, dst)
+    plan = planner.plan(opened)
     if dry_run:
-        rep = report_mod.build(plan, None, str(dst), dry_run=True, keep_training_state=keep_training_state)
-        if not store.store_for(src).on_disk or not store.store_for(dst).on_disk:
-            rep["transferred"] = store.TRANSFER.since(before).as_dict()
-        return Report(rep)
-    real = Path(os.path.abspath(output_folder(dst))) if store.store_for(dst).on_disk else None
-    stale = [] if real is None else remove_dead_temps(real.parent)
-
-    def report(facts: dict) -> dict:
-        rep = report_mod.build(plan, facts, str(dst))
-        return {**rep, "removed_stale_temps": stale} if stale else rep
-
-    with (progress or (lambda _total: nullcontext(None)))(plan.output_bytes) as advance:
-        rep = execute(
-            plan,
-            dst,
-            link=link,
-            progress=advance,
-            report=report,
-            keep_training_state=keep_training_state,
-        )
+        rep = planner.report(plan, str(dst), None)
+    else:
+        new = planner.write(plan)
+        with _progress(progress, new.output_bytes) as advance:
+            rep = execute(
+                new,
+                dst,
+                link=link,
+                progress=advance,
+                report=partial(planner.report, plan, str(dst)),
+                keep_training_state=keep_training_state,
+            )
     if not store.store_for(src).on_disk or not store.store_for(dst).on_disk:
         rep["transferred"] = store.TRANSFER.since(before).as_dict()
-    return Report(rep)
+    return Report(rep, **planner.totals(plan))
 
 
-def _dtype_checked(make_plan: Callable[[Checkpoint], Plan]) -> Callable[[Checkpoint], Plan]:
-    """``make_plan`` followed by :func:`surgery.plan.plan.check_dtypes` (a tensor in a dtype tietool cannot
-    compute in, such as a float8 vocabulary table, is refused by name before anything is written)."""
-    return lambda c: check_dtypes(make_plan(c))
+def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = False) -> Planner:
+    """The :class:`Planner` of tie / untie / resize: ``make_plan`` followed by
+    :func:`surgery.plan.plan.check_dtypes` (a tensor in a dtype tietool cannot compute in, such as a float8
+    vocabulary table, is refused by name before anything is written); the report of
+    :func:`surgery.report.build`."""
+
+    def report(plan: Plan, out: str, facts: dict | None) -> dict:
+        if facts is None:
+            return report_mod.build(plan, None, out, dry_run=True, keep_training_state=keep_training_state)
+        return report_mod.build(plan, facts, out)
+
+    return Planner(plan=lambda c: check_dtypes(make_plan(c)), report=report)
 
 
 def _in_place(
     path: Path,
-    make_plan: Callable[[Checkpoint], Plan],
+    planner: Planner,
     dry_run: bool,
     progress: ProgressFactory | None,
     keep_training_state: bool,
@@ -248,13 +265,13 @@ def _in_place(
     Raises:
         RefusedError: no backup asked for while the write would leave files out (they would be deleted).
         OutputError: a mount point (it cannot be swapped), or what :func:`_write_in_place` raises.
-        and what :func:`_run_plan` raises; the checkpoint is then unchanged.
+        and what :func:`run` raises; the checkpoint is then unchanged.
     """
     ckpt_path = inplace.target(path)
     rec = inplace.recover(ckpt_path)
     read = inplace.folder_id(ckpt_path)
     files = inplace.input_files(ckpt_path)  # before anything is read: compared before the swap
-    plan = make_plan(Checkpoint.open(ckpt_path))
+    plan = planner.plan(planner.open(ckpt_path))
     if dry_run or not plan.changed:
         rep = report_mod.build(
             plan, None, str(ckpt_path), dry_run=dry_run, keep_training_state=keep_training_state
@@ -266,10 +283,13 @@ def _in_place(
     inplace.check_swappable(ckpt_path)
     with inplace.locked(ckpt_path):  # one writing run per checkpoint at a time
         inplace.check_same_folder(ckpt_path, read, None)  # not swapped by another run since it was read
-        return _write_in_place(plan, (read, files), rec.as_dict(), progress, keep_training_state, backup)
+        return _write_in_place(
+            planner, plan, (read, files), rec.as_dict(), progress, keep_training_state, backup
+        )
 
 
 def _write_in_place(
+    planner: Planner,
     plan: Plan,
     read: tuple[tuple[int, int] | None, dict[str, inplace.FileId]],
     recovered: dict,
@@ -293,7 +313,7 @@ def _write_in_place(
     info = {"written": True, "token": token, "backup": str(bak) if bak else None, "recovered": recovered}
 
     def report(facts: dict) -> dict:
-        return {**report_mod.build(plan, facts, str(ckpt_path)), "in_place": info}
+        return {**planner.report(plan, str(ckpt_path), facts), "in_place": info}
 
     try:
         with (progress or (lambda _total: nullcontext(None)))(plan.output_bytes) as advance:
@@ -400,19 +420,14 @@ def tie(
         ValuesDifferError, AmbiguousLayoutError, RefusedError: see :func:`surgery.plan.tie.plan_tie`.
         CheckpointError, UsageError, OutputError: bad input or an output that cannot be written.
     """
-    return _run_plan(
-        path,
-        out,
+    tied = _edit(
         lambda c: plan_tie(
             _detection(c, layout, loader, embedding, head),
-            keep=_option(Keep, keep, "keep"),
+            keep=_enum(Keep, keep, "keep"),
             drop_aliases=drop_aliases,
-        ),
-        dry_run,
-        link,
-        progress,
-        backup=backup,
+        )
     )
+    return run(tied, path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
 
 
 def untie(
@@ -434,18 +449,13 @@ def untie(
     Returns:
         the report. Raises as :func:`tie` (and ``RefusedError`` for a loader that always ties).
     """
-    return _run_plan(
-        path,
-        out,
+    untied = _edit(
         lambda c: plan_untie(
             _detection(c, layout, loader, embedding, head),
-            layout=_option(Layout, layout, "layout") or Layout.AUTO.value,
-        ),
-        dry_run,
-        link,
-        progress,
-        backup=backup,
+            layout=_enum(Layout, layout, "layout") or Layout.AUTO,
+        )
     )
+    return run(untied, path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
 
 
 def resize(
@@ -483,22 +493,26 @@ def resize(
     """
     vocab_size = _count(vocab_size, "vocab_size")
     pad_to_multiple_of = _count(pad_to_multiple_of, "pad_to_multiple_of")
-    return _run_plan(
-        path,
-        out,
+    resized = _edit(
         lambda c: _plan_resize(
             _detection(c, layout, loader, embedding, head),
             vocab_size,
             pad_to_multiple_of,
-            _option(Init, init, "init") or Init.MEAN.value,
+            _enum(Init, init, "init") or Init.MEAN,
             seed,
             force,
         ),
-        dry_run,
-        link,
-        progress,
         keep_training_state,
-        backup,
+    )
+    return run(
+        resized,
+        path,
+        out,
+        dry_run=dry_run,
+        link=link,
+        progress=progress,
+        keep_training_state=keep_training_state,
+        backup=backup,
     )
 
 
@@ -557,19 +571,25 @@ def convert(
         if isinstance(arg, bytes) or not isinstance(arg, str | PathLike):
             raise UsageError(f"{what} must be a folder path (str or os.PathLike), got {type(arg).__name__}")
     store.local_only("convert", path, out)
-    ckpt = Checkpoint.open(Path(path))
+
+    def plan(ckpt: Checkpoint) -> convert_plan.ConvertPlan:
+        p = convert_plan.check_dtypes(convert_plan.plan_convert(ckpt, target))
+        convert_plan.note_left_out(p)
+        return p
+
+    converted = Planner(
+        open=lambda p: _indexed(Checkpoint.open(Path(p))),
+        plan=plan,
+        report=lambda p, where, facts: report_mod.convert_report(p, target, where, facts),
+        write=lambda p: convert_plan.new_checkpoint(p, limit),
+    )
+    return run(converted, path, out, dry_run=dry_run, progress=progress)
+
+
+def _indexed(ckpt: Checkpoint) -> Checkpoint:
+    """``ckpt``, its index checked (:func:`surgery.inspect.summary.check_index`)."""
     check_index(ckpt)
-    if not dry_run:
-        check_output_path(ckpt.path, Path(out))
-    plan = convert_plan.check_dtypes(convert_plan.plan_convert(ckpt, target))
-    convert_plan.note_left_out(plan)
-    if dry_run:
-        return Report(report_mod.convert_report(plan, target, str(out), None))
-    new = convert_plan.new_checkpoint(plan, limit)
-    with _progress(progress, new.output_bytes) as advance:
-        report = partial(report_mod.convert_report, plan, target, str(out))
-        rep = execute(new, Path(out), progress=advance, report=report)
-    return Report(rep)
+    return ckpt
 
 
 def merge(
@@ -608,37 +628,42 @@ def merge(
             shape that does not fit config.json. Nothing is written when any is raised.
         OutputError: the output cannot be written.
     """
-    src, dst = _merge_folders(path, out, dry_run)
-    limit = parse_size(max_shard_size)
-    plan = plan_merge(src)
-    new = merge_plan.new_checkpoint(plan, limit)
-    before, after = report_mod.merge_totals(plan)
-    if dry_run:
-        lay = reshard(new.tensors, new.layout.container, limit)
-        facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
-        facts.update(carried=[n for _, n in plan.carry], dry_run=True)
-        return Report(report_mod.merge_report(plan, str(dst), facts), before=before, after=after)
-    with _progress(progress, new.output_bytes) as advance:
-        rep = execute(new, dst, progress=advance, report=partial(report_mod.merge_report, plan, str(dst)))
-    return Report(rep, before=before, after=after)
+    store.local_only("merge", path, out)
+    limit = partial(parse_size, max_shard_size)  # checked once the folders are (as the plan starts)
+
+    def report(plan: merge_plan.MergePlan, where: str, facts: dict | None) -> dict:
+        if facts is None:  # a dry run: the files a run would write
+            new = merge_plan.new_checkpoint(plan, limit())
+            lay = reshard(new.tensors, new.layout.container, limit())
+            facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
+            facts.update(carried=[n for _, n in plan.carry], dry_run=True)
+        return report_mod.merge_report(plan, where, facts)
+
+    def totals(plan: merge_plan.MergePlan) -> dict:
+        before, after = report_mod.merge_totals(plan)
+        return {"before": before, "after": after}
+
+    merged = Planner(
+        open=_rank_folder,
+        plan=lambda src: (limit(), plan_merge(src))[1],
+        report=report,
+        write=lambda p: merge_plan.new_checkpoint(p, limit()),
+        totals=totals,
+    )
+    return run(merged, path, out, dry_run=dry_run, progress=progress)
 
 
-def _merge_folders(path: PathArg, out: PathArg, dry_run: bool) -> tuple[Path, Path]:
-    """The rank folder and the output folder of :func:`merge`, checked (local, a folder, an output that
-    is new or empty and outside the input; the output is not checked for a dry run).
+def _rank_folder(src: Path) -> Path:
+    """The rank folder of :func:`merge`, checked to be a folder.
 
     Raises:
-        UsageError: a URL, or a bad ``out``. CheckpointError: ``path`` is not a folder.
+        CheckpointError: ``src`` is not a folder.
     """
-    store.local_only("merge", path, out)
-    src, dst = _path(path, "path"), _path(out, "out")
     if not src.is_dir():
         raise CheckpointError(
             "not a folder", src, "give the folder that holds the rank files and config.json"
         )
-    if not dry_run:
-        check_output_path(src, dst)
-    return src, dst
+    return src
 
 
 def _progress(progress: ProgressFactory | None, total: int) -> AbstractContextManager[Advance | None]:

@@ -67,12 +67,10 @@ def execute_remote(
         the report (:func:`surgery.ops` adds the bytes moved, ``store.TRANSFER``).
 
     Raises:
-        UsageError: ``out`` is the input, inside it, or holds objects.
         OutputError: a request failed (one line naming the object); no index was written and the objects
             written were deleted where the store could be reached.
     """
-    st = store.RemoteStore(out)
-    st.check_output(plan.ckpt.path, out)
+    st = store.RemoteStore(out)  # ``out`` checked by the caller (surgery.ops.run), once
     tmp = Path(tempfile.mkdtemp(prefix="tietool-out-"))
     written: list[Any] = []
     try:

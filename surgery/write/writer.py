@@ -39,7 +39,7 @@ from ..plan.plan import NEW_SHARD, NewCheckpoint, OutTensor, Plan
 from ..plan.recipes import Recipe
 from .copy import Copier, Reporting, copy_file, try_link, write_reporting
 from .layout import Entry, KeepFilesLayout, ReshardLayout, entry_nbytes, keep_files, reshard
-from .publish import JSON_STYLE, check_output_path, publish, write_json
+from .publish import JSON_STYLE, publish, write_json
 from .remote import execute_remote
 
 
@@ -78,13 +78,14 @@ def execute(
     Returns:
         the report (or the facts when ``report`` is None).
 
+    ``out`` is checked by the caller (:func:`surgery.ops.run`, once:
+    :func:`surgery.write.publish.check_output_path`), not here again.
+
     Raises:
         OutputError: the output cannot be written (disk full, permissions); nothing is left behind.
-        UsageError: ``out`` is inside the input or already holds files.
     """
     if isinstance(plan, NewCheckpoint):
         return write_new(plan, out, report, progress)
-    ckpt = plan.ckpt
     if not store.store_for(out).on_disk:  # object storage: staged here, then published in order
         return execute_remote(
             plan,
@@ -94,7 +95,6 @@ def execute(
             report,
         )
     out = Path(out)
-    check_output_path(ckpt.path, out)
     return publish(
         out,
         lambda tmp: _write_all(
