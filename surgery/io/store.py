@@ -344,6 +344,12 @@ class Store(Protocol):
     links, atomic renames), :class:`RemoteStore` (an fsspec file system: range requests, server-side copies,
     published in order), :class:`MemoryStore` (a dict of name → bytes, for tests: no files, no server).
 
+    Publishing is not part of the protocol: a local output is renamed into place atomically by
+    :func:`surgery.write.publish.publish` (and swapped in by :mod:`surgery.write.inplace`), which need the
+    signal deferral, the fsyncs and the crash recovery of ``write/``, a layer above this one (``io`` may
+    not import it); an output in object storage has no rename, and :meth:`RemoteStore.publish` uploads it
+    in order (index last). The caller knows which it holds (:attr:`on_disk`).
+
     Attributes:
         root: the folder, a path object (``Path`` or ``UPath``) the readers of :mod:`surgery.io` take.
         on_disk: the files are in this machine's file system: a library can open them, numpy can map them,
@@ -381,13 +387,6 @@ class Store(Protocol):
             UsageError: with the fix (another output).
             OutputError: a local ``out`` (or a folder above it) is a dangling link or a loop of links.
         """
-        ...
-
-    def publish(
-        self, staging: Path, out: Any, copies: Sequence[Copy], progress: Any, written: Written
-    ) -> None:
-        """Put the output into place: the files of local folder ``staging`` and the whole-file ``copies``
-        at ``out`` (in this store), the index last; ``written`` collects what was written."""
         ...
 
     def map_errors(self, where: Any = None, *, output: bool = False) -> AbstractContextManager[None]:
@@ -538,16 +537,6 @@ class LocalStore:
 
     def check_output(self, inp: Any, out: Any) -> None:
         check_local_output(inp, Path(out))
-
-    def publish(
-        self, staging: Path, out: Any, copies: Sequence[Copy], progress: Any, written: Written
-    ) -> None:
-        """Not used: a local output is renamed into place by :func:`surgery.write.publish.publish`.
-
-        Raises:
-            NotImplementedError: always.
-        """
-        raise NotImplementedError("a local output is published by surgery.write.publish.publish")
 
     def map_errors(self, where: Any = None, *, output: bool = False) -> AbstractContextManager[None]:
         return map_errors(self.root if where is None else where, output=output)
