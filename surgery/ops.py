@@ -169,14 +169,15 @@ class Planner:
 
     Attributes:
         plan: the opened input → the plan (refusals raised here, before anything is written).
-        report: ``(plan, output, facts)`` → the report JSON; ``facts`` are the writer's (None: a dry run).
+        report: ``(plan, output, facts, dry_run=True)`` → the report JSON; ``facts`` are the writer's (None:
+            nothing written, a dry run or, ``dry_run`` False, an in-place plan that changes nothing).
         open: the input path → what ``plan`` takes (default :meth:`Checkpoint.open`).
         write: the plan → what :func:`surgery.write.writer.execute` takes (default: the plan itself).
         totals: the plan → :class:`Report`'s ``before``/``after`` where the JSON has none (``merge``).
     """
 
     plan: Callable[[Any], Any]
-    report: Callable[[Any, str, dict | None], dict]
+    report: Callable[..., dict]
     open: Callable[[Any], Any] = Checkpoint.open
     write: Callable[[Any], Any] = lambda p: p
     totals: Callable[[Any], dict] = lambda p: {}
@@ -193,14 +194,16 @@ def run(
     keep_training_state: bool = False,
     backup: bool = True,
 ) -> Report:
-    """The one run of a writing operation: coerce the paths, open the input and plan; on a dry run return
-    the report of the plan; else check the output once, execute the plan (the writer stores the report in
-    the staging folder before it is published) and return the report. ``out`` None rewrites ``path`` in
-    place (:func:`_in_place`; a local folder only).
+    """The one run of a writing operation: coerce the paths, open the input and plan; on a dry run (or an
+    in-place plan that changes nothing) return the report of the plan; else check the output once, execute
+    the plan (the writer stores the report in the staging folder before it is published or swapped in) and
+    return the report. ``out`` None rewrites ``path`` in place, a local folder only (the policy
+    :class:`_InPlace`; ``backup`` applies to it alone).
 
     Raises:
         UsageError: a bad path, an output that cannot be used, in place on object storage.
-        and what ``planner`` and :func:`surgery.write.writer.execute` raise; nothing is written then.
+        and what ``planner``, :func:`surgery.write.writer.execute` and :class:`_InPlace` raise; the input is
+        then unchanged.
     """
     src = _path(path, "path")
     before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
@@ -211,29 +214,139 @@ def run(
             str(src),
             f"write to another prefix with {Opt('out')} (a URL or a local folder)",
         )
+    dest: _NewFolder | _InPlace
     if out is None and store.store_for(src).on_disk:
-        return Report(_in_place(src, planner, dry_run, progress, keep_training_state, backup))
-    dst = src if out is None else _path(out, "out")  # out None here: a dry run on a URL, writes nothing
-    opened = planner.open(src)
+        dest = _InPlace(src, backup, keep_training_state)
+    else:  # out None here: a dry run on a URL, writes nothing
+        dest = _NewFolder(src, src if out is None else _path(out, "out"))
+    opened = planner.open(dest.source)
     if not dry_run:
-        check_output_path(opened.path if isinstance(opened, Checkpoint) else src, dst)
+        dest.check(opened.path if isinstance(opened, Checkpoint) else dest.source)
     plan = planner.plan(opened)
-    if dry_run:
-        rep = planner.report(plan, str(dst), None)
+    if not dest.writes(plan, dry_run):
+        rep = dest.unwritten(planner.report(plan, str(dest.path), None, dry_run))
     else:
         new = planner.write(plan)
-        with _progress(progress, new.output_bytes) as advance:
-            rep = execute(
-                new,
-                dst,
-                link=link,
-                progress=advance,
-                report=partial(planner.report, plan, str(dst)),
-                keep_training_state=keep_training_state,
-            )
-    if not store.store_for(src).on_disk or not store.store_for(dst).on_disk:
+
+        def write(where: Path, extra: Callable[[dict], dict], own: bool) -> dict:
+            with _progress(progress, new.output_bytes) as advance:
+                return execute(
+                    new,
+                    where,
+                    link=link or own,
+                    progress=advance,
+                    report=lambda facts: extra(planner.report(plan, str(dest.path), facts)),
+                    keep_training_state=keep_training_state,
+                    keep_folder_links=own,
+                )
+
+        rep = dest.write(plan, write)
+    if not store.store_for(src).on_disk or not store.store_for(dest.path).on_disk:
         rep["transferred"] = store.TRANSFER.since(before).as_dict()
     return Report(rep, **planner.totals(plan))
+
+
+Write = Callable[[Path, Callable[[dict], dict], bool], dict]
+"""The write of :func:`run`, handed to its output policy: ``(folder, extra, own)`` executes the plan into
+``folder`` with the report passed through ``extra`` (what the policy adds to it); ``own``: the folder is the
+in-place new version (untouched files hard-linked, links to folders kept as links)."""
+
+
+class _NewFolder:
+    """The output policy of :func:`run` for ``out``: a new folder, checked once (it must be new or empty,
+    outside the input) and published by the writer (:func:`surgery.write.publish.publish`, or in order to
+    object storage)."""
+
+    def __init__(self, source: Any, out: Any) -> None:
+        self.source, self.path = source, out
+
+    def check(self, inp: Any) -> None:
+        """Refuse an output that cannot be used (:func:`check_output_path`); not for a dry run."""
+        check_output_path(inp, self.path)
+
+    def writes(self, plan: Any, dry_run: bool) -> bool:
+        return not dry_run
+
+    def unwritten(self, rep: dict) -> dict:
+        return rep
+
+    def write(self, plan: Any, write: Write) -> dict:
+        return write(self.path, lambda rep: rep, False)
+
+
+class _InPlace:
+    """The output policy of :func:`run` for no ``out``: rewrite checkpoint ``path`` in place
+    (:mod:`surgery.write.inplace`). What killed runs left is put right first (here, before the input is
+    read); the new version is built beside it with untouched files hard-linked, read back, and swapped in;
+    the old one is kept as a backup unless ``backup`` is False. A plan that changes nothing writes nothing.
+    """
+
+    def __init__(self, path: Path, backup: bool, keep_training_state: bool) -> None:
+        self.path = self.source = inplace.target(path)
+        self.rec = inplace.recover(self.path)
+        self.read = inplace.folder_id(self.path)
+        self.files = inplace.input_files(self.path)  # before anything is read: compared before the swap
+        self.backup, self.keep_training_state = backup, keep_training_state
+
+    def check(self, inp: Any) -> None:
+        """Nothing before planning: the checks of an in-place write are made by :meth:`write`."""
+
+    def writes(self, plan: Plan, dry_run: bool) -> bool:
+        return not dry_run and plan.changed
+
+    def unwritten(self, rep: dict) -> dict:
+        rep["in_place"] = {"written": False, "backup": None, "recovered": self.rec.as_dict()}
+        return rep
+
+    def write(self, plan: Plan, write: Write) -> dict:
+        """Write ``plan`` and swap it in, under the checkpoint's lock (one writing run at a time), once the
+        folder is checked to be the one read.
+
+        Raises:
+            RefusedError: no backup asked for while the write would leave files out (they would be
+                deleted), or the folder was replaced since it was read.
+            OutputError: a mount point (it cannot be swapped), or what :meth:`_swap_in` raises.
+        """
+        if not self.backup:
+            _refuse_deleting_left_out(plan, self.keep_training_state)
+        inplace.check_swappable(self.path)
+        with inplace.locked(self.path):
+            inplace.check_same_folder(self.path, self.read, None)  # not swapped by another run since read
+            return self._swap_in(plan, write)
+
+    def _swap_in(self, plan: Plan, write: Write) -> dict:
+        """Build the new version at a staging name, check that the folder under the name and every file in
+        it are still the ones read (:func:`inplace.folder_id` and :func:`inplace.input_files` at the
+        start), swap it in.
+
+        Raises:
+            RefusedError: the folder was replaced meanwhile; CheckpointError: a file in it changed (the new
+                version is removed in both cases).
+            OutputError: the write or the swap failed; the checkpoint is then unchanged.
+            Interrupted: a Ctrl-C or SIGTERM; its ``state`` says what the name holds.
+        """
+        ckpt_path, recovered = self.path, self.rec.as_dict()
+        token, bak = inplace.new_token(), (inplace.backup_name(ckpt_path) if self.backup else None)
+        staging = inplace.staging_path(ckpt_path, token)
+        info = {"written": True, "token": token, "backup": str(bak) if bak else None, "recovered": recovered}
+        try:
+            rep = write(staging, lambda r: {**r, "in_place": info}, True)
+            inplace.keep_modes(ckpt_path, staging, plan.ckpt.weight_files)
+            fsync_tree(staging)
+            inplace.pause("check")
+            inplace.check_same_folder(ckpt_path, self.read, staging)
+            inplace.check_inputs(ckpt_path, self.files, staging)
+            swapped = _swap(ckpt_path, staging, bak, token)
+        except KeyboardInterrupt:
+            raise Interrupted(inplace.interrupted_state(ckpt_path, token, staging, bak)) from None
+        except BaseException:
+            if inplace.token_of(staging) == token:  # the new version, never swapped in
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
+        info["atomic_exchange"] = swapped.exchanged
+        if swapped.left_to_delete is not None:
+            info["left_to_delete"], info["delete_error"] = swapped.left_to_delete, swapped.error
+        return {**rep, "in_place": info}
 
 
 def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = False) -> Planner:
@@ -242,106 +355,12 @@ def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = F
     vocabulary table, is refused by name before anything is written); the report of
     :func:`surgery.report.build`."""
 
-    def report(plan: Plan, out: str, facts: dict | None) -> dict:
+    def report(plan: Plan, out: str, facts: dict | None, dry_run: bool = True) -> dict:
         if facts is None:
-            return report_mod.build(plan, None, out, dry_run=True, keep_training_state=keep_training_state)
+            return report_mod.build(plan, None, out, dry_run=dry_run, keep_training_state=keep_training_state)
         return report_mod.build(plan, facts, out)
 
     return Planner(plan=lambda c: check_dtypes(make_plan(c)), report=report)
-
-
-def _in_place(
-    path: Path,
-    planner: Planner,
-    dry_run: bool,
-    progress: ProgressFactory | None,
-    keep_training_state: bool,
-    backup: bool,
-) -> dict:
-    """Rewrite checkpoint ``path`` in place (:mod:`surgery.write.inplace`): what killed runs left is put right
-    first; the new version is built beside it with untouched files hard-linked, read back, and swapped in;
-    the old one is kept as a backup unless ``backup`` is False. A plan that changes nothing writes nothing.
-
-    Raises:
-        RefusedError: no backup asked for while the write would leave files out (they would be deleted).
-        OutputError: a mount point (it cannot be swapped), or what :func:`_write_in_place` raises.
-        and what :func:`run` raises; the checkpoint is then unchanged.
-    """
-    ckpt_path = inplace.target(path)
-    rec = inplace.recover(ckpt_path)
-    read = inplace.folder_id(ckpt_path)
-    files = inplace.input_files(ckpt_path)  # before anything is read: compared before the swap
-    plan = planner.plan(planner.open(ckpt_path))
-    if dry_run or not plan.changed:
-        rep = report_mod.build(
-            plan, None, str(ckpt_path), dry_run=dry_run, keep_training_state=keep_training_state
-        )
-        rep["in_place"] = {"written": False, "backup": None, "recovered": rec.as_dict()}
-        return rep
-    if not backup:
-        _refuse_deleting_left_out(plan, keep_training_state)
-    inplace.check_swappable(ckpt_path)
-    with inplace.locked(ckpt_path):  # one writing run per checkpoint at a time
-        inplace.check_same_folder(ckpt_path, read, None)  # not swapped by another run since it was read
-        return _write_in_place(
-            planner, plan, (read, files), rec.as_dict(), progress, keep_training_state, backup
-        )
-
-
-def _write_in_place(
-    planner: Planner,
-    plan: Plan,
-    read: tuple[tuple[int, int] | None, dict[str, inplace.FileId]],
-    recovered: dict,
-    progress: ProgressFactory | None,
-    keep_training_state: bool,
-    backup: bool,
-) -> dict:
-    """The write of :func:`_in_place`, under its lock: build the new version at a staging name, check that
-    the folder under the name and every file in it are still the ones read (``read``:
-    :func:`inplace.folder_id` and :func:`inplace.input_files` at the start), swap it in.
-
-    Raises:
-        RefusedError: the folder was replaced meanwhile; CheckpointError: a file in it changed (the new
-            version is removed in both cases).
-        OutputError: the write or the swap failed; the checkpoint is then unchanged.
-        Interrupted: a Ctrl-C or SIGTERM; its ``state`` says what the name holds.
-    """
-    ckpt_path = plan.ckpt.path
-    token, bak = inplace.new_token(), (inplace.backup_name(ckpt_path) if backup else None)
-    staging = inplace.staging_path(ckpt_path, token)
-    info = {"written": True, "token": token, "backup": str(bak) if bak else None, "recovered": recovered}
-
-    def report(facts: dict) -> dict:
-        return {**planner.report(plan, str(ckpt_path), facts), "in_place": info}
-
-    try:
-        with (progress or (lambda _total: nullcontext(None)))(plan.output_bytes) as advance:
-            rep = execute(
-                plan,
-                staging,
-                link=True,
-                progress=advance,
-                report=report,
-                keep_training_state=keep_training_state,
-                keep_folder_links=True,
-            )
-        inplace.keep_modes(ckpt_path, staging, plan.ckpt.weight_files)
-        fsync_tree(staging)
-        inplace.pause("check")
-        inplace.check_same_folder(ckpt_path, read[0], staging)
-        inplace.check_inputs(ckpt_path, read[1], staging)
-        swapped = _swap(ckpt_path, staging, bak, token)
-    except KeyboardInterrupt:
-        raise Interrupted(inplace.interrupted_state(ckpt_path, token, staging, bak)) from None
-    except BaseException:
-        if inplace.token_of(staging) == token:  # the new version, never swapped in
-            shutil.rmtree(staging, ignore_errors=True)
-        raise
-    info["atomic_exchange"] = swapped.exchanged
-    if swapped.left_to_delete is not None:
-        info["left_to_delete"], info["delete_error"] = swapped.left_to_delete, swapped.error
-    return {**rep, "in_place": info}
 
 
 def _swap(ckpt_path: Path, staging: Path, bak: Path | None, token: str) -> inplace.Swapped:
@@ -580,7 +599,7 @@ def convert(
     converted = Planner(
         open=lambda p: _indexed(Checkpoint.open(Path(p))),
         plan=plan,
-        report=lambda p, where, facts: report_mod.convert_report(p, target, where, facts),
+        report=lambda p, where, facts, dry_run=True: report_mod.convert_report(p, target, where, facts),
         write=lambda p: convert_plan.new_checkpoint(p, limit),
     )
     return run(converted, path, out, dry_run=dry_run, progress=progress)
@@ -631,7 +650,7 @@ def merge(
     store.local_only("merge", path, out)
     limit = partial(parse_size, max_shard_size)  # checked once the folders are (as the plan starts)
 
-    def report(plan: merge_plan.MergePlan, where: str, facts: dict | None) -> dict:
+    def report(plan: merge_plan.MergePlan, where: str, facts: dict | None, dry_run: bool = True) -> dict:
         if facts is None:  # a dry run: the files a run would write
             new = merge_plan.new_checkpoint(plan, limit())
             lay = reshard(new.tensors, new.layout.container, limit())
