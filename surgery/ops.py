@@ -6,9 +6,12 @@ Errors are the classes of :mod:`surgery.model.errors` (each with its
 :class:`~surgery.model.errors.ExitCode`); nothing
 is written when one is raised, and the input is never modified.
 
-The report (a :class:`~surgery.results.Report`: :func:`surgery.report.build`, ``convert_report``,
-``merge_report``) is returned and, for a real run, also stored in the output as ``tietool-report.json``
-before the output is renamed into place. ``convert`` and ``merge`` write a whole new checkpoint
+Every writing operation is one :func:`run` of its :class:`Planner` (how to open the input, plan, and word
+the report): the paths are coerced once, the options stay enums, the output is checked once, and in place
+is an output policy of the run (:class:`_InPlace`, beside :class:`_NewFolder`). The report (a
+:class:`~surgery.results.Report`: :func:`surgery.report.build`, ``convert_report``, ``merge_report``) is
+returned and, for a real run, also stored in the output as ``tietool-report.json`` before the output is
+renamed (or swapped) into place. ``convert`` and ``merge`` write a whole new checkpoint
 (:class:`~surgery.plan.plan.NewCheckpoint`); every write goes through :func:`surgery.write.writer.execute`.
 """
 
