@@ -734,10 +734,10 @@ def st_metadata(plan: ConvertPlan) -> dict[str, str]:
     if plan.layout is not None:
         return {"format": "np" if plan.layout is Layout.IN_OUT else "pt"}
     metas = {str(m) for m in ck.st_metadata.values()}
-    first = next(iter(ck.st_metadata.values()), None) if ck.format == "safetensors" else None
+    first = next(iter(ck.st_metadata.values()), None) if ck.fmt.has_metadata else None
     if len(metas) == 1 and first:
         return dict(first)
-    if ck.format == "safetensors" and not any(ck.st_metadata.values()):
+    if ck.fmt.has_metadata and not any(ck.st_metadata.values()):
         return {}  # none in the input (PaddleFormers' own HF-layout save): a copy as stored has none either
     return {"format": "np"}
 
@@ -745,7 +745,7 @@ def st_metadata(plan: ConvertPlan) -> dict[str, str]:
 def pdparams_extras(plan: ConvertPlan) -> dict[str, Any] | None:
     """The input's non-tensor ``.pdparams`` entries (``StructuredToParameterName@@`` of every file) when
     names are unchanged; a renamed checkpoint gets none (PaddleNLP's loader does not need it)."""
-    if plan.ckpt.format != "pdparams" or plan.source != plan.target:
+    if plan.ckpt.format is not Container.PDPARAMS or plan.source != plan.target:
         return None
     merged: dict[str, Any] = {}
     for ex in plan.ckpt.extras.values():

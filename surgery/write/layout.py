@@ -132,7 +132,7 @@ def output_names(ckpt: Checkpoint, kept: list[str]) -> dict[str, str]:
         return {f: f for f in kept}
     rename: dict[str, str] = {}
     n = len(kept)
-    kind = "model" if ckpt.format == "safetensors" else "model_state"
+    kind = ckpt.fmt.stem
     for k, f in enumerate(kept, 1):
         m = SHARD_RE.match(f)
         rename[f] = shard_name(m.group(1) if m else kind, k, n) if (m or f == NEW_SHARD) else f

@@ -381,7 +381,7 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) ->
         src = source_of(nt) if nt is not None else ckpt.source(name)
         return src if advance is None else Reporting(src, advance)
 
-    if ckpt.format == "safetensors":
+    if ckpt.format is Container.SAFETENSORS:
         header = ((e.name, e.dtype, e.shape, entry_nbytes(ckpt, e)) for e in entries)
         sources = ((entry_nbytes(ckpt, e), source(e.name, e.new)) for e in entries)
         safetensors_io.write_rows(dst, header, sources, _st_metadata(plan, f, rewritten=True))
@@ -444,7 +444,7 @@ def _read_back(
         shards[out_name] = planned
         if out_name in deferred:
             continue
-        if ckpt.format == "safetensors":
+        if ckpt.format is Container.SAFETENSORS:
             check_safetensors(tmp / out_name, planned, _st_metadata(plan, f, rewritten=f in rewritten))
         else:
             check_pdparams(tmp / out_name, planned)
