@@ -318,3 +318,17 @@ def test_verify_checks_safetensors_metadata(tmp_path, meta):
     save_file(load_file(st), st, metadata=meta)
     res = tietool.verify(FIX / "pf_llama_tied_fp32", out)
     assert not res.explained and any("__metadata__" in u for u in res.unexplained), res.unexplained
+
+
+def test_output_error_docstring_names_only_its_own_causes(tmp_path):
+    """``help(tietool.OutputError)`` must not send a user to catch it for an ``out`` that exists or is inside
+    the input: those raise :class:`tietool.UsageError` (exit 2, README's table), as the calls below show."""
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "x").write_text("x")
+    for out in (tmp_path / "o", FIX / "pf_llama_tied_fp32" / "sub"):
+        with pytest.raises(tietool.UsageError) as e:
+            tietool.tie(FIX / "pf_llama_tied_fp32", out)
+        assert not isinstance(e.value, tietool.OutputError)
+    doc = tietool.OutputError.__doc__ or ""
+    causes = doc.split("(An")[0]  # what it lists before naming the UsageError ones
+    assert "exists" not in causes and "inside the input" not in causes, doc

@@ -488,7 +488,13 @@ def test_verify_logits_on_a_url_says_why_not(s3):
 
 @pytest.mark.parametrize(
     "url, words",
-    [("s3://", "names no bucket"), ("s3:///", "names no bucket"), ("gs://b/x", "gs://")],
+    [
+        ("s3://", "names no bucket"),
+        ("s3:///", "names no bucket"),
+        ("gs://b/x", "gs://"),
+        ("hf://", "e.g. hf://org/model"),
+        ("s3://", "e.g. s3://bucket/prefix"),
+    ],
 )
 def test_bad_urls_one_line(url, words):
     r = subprocess.run(

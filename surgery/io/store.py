@@ -137,7 +137,8 @@ def as_path(p: str | os.PathLike) -> Any:
         return Path(p)
     scheme, rest = str(p).split("://", 1)
     if not rest.strip("/"):
-        raise UsageError("the URL names no bucket or repository", str(p), f"e.g. {scheme}://bucket/prefix")
+        example = "org/model" if scheme == "hf" else "bucket/prefix"  # the Hub has repositories
+        raise UsageError("the URL names no bucket or repository", str(p), f"e.g. {scheme}://{example}")
     try:
         from upath import UPath
 

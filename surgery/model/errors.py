@@ -138,7 +138,9 @@ class AmbiguousLayoutError(RefusedError):
 
 
 class OutputError(TietoolError):
-    """The output folder cannot be written (exists, inside the input, disk full)."""
+    """The output cannot be written: disk full, permissions, a dangling link or a link loop at the output,
+    in place on a mount point, or a file that does not read back as planned. Nothing is left behind. (An
+    output that exists and is not empty, or lies inside the input, is a :class:`UsageError`.)"""
 
     exit_code = ExitCode.OUTPUT
 
