@@ -166,6 +166,11 @@ def _detection(
     return det
 
 
+def _open(path: Any) -> Checkpoint:
+    """:meth:`Checkpoint.open`, looked up at each call (so a patched ``Checkpoint.open`` is the one used)."""
+    return Checkpoint.open(path)
+
+
 @dataclass(frozen=True)
 class Planner:
     """One writing operation as :func:`run` drives it: how to open its input, plan, and word the report.
@@ -181,7 +186,7 @@ class Planner:
 
     plan: Callable[[Any], Any]
     report: Callable[..., dict]
-    open: Callable[[Any], Any] = Checkpoint.open
+    open: Callable[[Any], Any] = _open
     write: Callable[[Any], Any] = lambda p: p
     totals: Callable[[Any], dict] = lambda p: {}
 

@@ -260,9 +260,9 @@ def test_verify_logits_without_a_paddleformers_class_exits_8(runs):
 
 _RESOLVE = """
 import json, sys
-from tietool.surgery import fidelity
-fleetless = fidelity._stub_fleet()
-print(json.dumps([fidelity.resolve_class(c, fleetless)[1:] for c in json.load(sys.stdin)]))
+from tietool.surgery import logits_worker
+fleetless = logits_worker._stub_fleet()
+print(json.dumps([logits_worker.resolve_class(c, fleetless)[1:] for c in json.load(sys.stdin)]))
 """
 
 
