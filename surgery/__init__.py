@@ -16,7 +16,7 @@ The map, one line per layer, in pipeline order:
 * :mod:`surgery.verify` — compares two checkpoints; :mod:`surgery.ops` — the operations end to end
 * :mod:`surgery.logits_worker` — the PaddleFormers subprocess of ``verify --logits`` (the only paddle import)
 
-**The layer rule**: a module imports only from its own layer and the layers above it in this list
+**The layer rule**: a module imports only from its own layer and the layers before it in this list
 (``model`` first, then ``arch``, ``io``, ``inspect``, ``plan``, ``write``, ``report``/``results``,
 ``verify``, ``ops``); then the package face :mod:`tietool` and :mod:`tietool.cli`. ``tests/test_layers.py``
 walks every import (lazy ones included) and fails on an import against this order or a cycle. A name that
