@@ -215,18 +215,7 @@ def run(
     """
     src = _path(path, "path")
     before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
-    if out is None and not store.store_for(src).on_disk and not dry_run:
-        raise UsageError(
-            "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "
-            "(a reader could see a half-written checkpoint)",
-            str(src),
-            f"write to another prefix with {Opt('out')} (a URL or a local folder)",
-        )
-    dest: _NewFolder | _InPlace
-    if out is None and store.store_for(src).on_disk:
-        dest = _InPlace(src, backup, keep_training_state)
-    else:  # out None here: a dry run on a URL, writes nothing
-        dest = _NewFolder(src, src if out is None else _path(out, "out"))
+    dest = _destination(src, out, dry_run, backup, keep_training_state)
     opened = planner.open(dest.source)
     if not dry_run:
         dest.check(opened.path if isinstance(opened, Checkpoint) else dest.source)
@@ -252,6 +241,28 @@ def run(
     if not store.store_for(src).on_disk or not store.store_for(dest.path).on_disk:
         rep["transferred"] = store.TRANSFER.since(before).as_dict()
     return Report(rep, **planner.totals(plan))
+
+
+def _destination(
+    src: Any, out: PathArg | None, dry_run: bool, backup: bool, keep_training_state: bool
+) -> _NewFolder | _InPlace:
+    """The output policy of :func:`run`: in place for no ``out`` on a local folder, else a new folder
+    (``out`` None there: a dry run on a URL, which writes nothing).
+
+    Raises:
+        UsageError: in place on object storage (no atomic swap), or a bad ``out``.
+    """
+    on_disk = store.store_for(src).on_disk
+    if out is None and not on_disk and not dry_run:
+        raise UsageError(
+            "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "
+            "(a reader could see a half-written checkpoint)",
+            str(src),
+            f"write to another prefix with {Opt('out')} (a URL or a local folder)",
+        )
+    if out is None and on_disk:
+        return _InPlace(src, backup, keep_training_state)
+    return _NewFolder(src, src if out is None else _path(out, "out"))
 
 
 Write = Callable[[Path, Callable[[dict], dict], bool], dict]
