@@ -25,6 +25,7 @@ from ..io.configfile import get_dotted, read_config_file
 from ..model.enums import Container, FoundBy, HeadLayout
 from ..model.errors import Opt, RefusedError, UsageError
 from ..model.tensor import DTYPES, NP_TO_ST, DType, TensorInfo, dtype_refusal
+from ..model.tokens import TokenEdit
 from .recipes import CopyOf, Recipe, uses
 
 NEW_SHARD = "<new shard>"  # OutTensor.file of a tensor that gets a shard file of its own
@@ -124,6 +125,9 @@ class Plan:
         notes: what the user should know (why nothing was saved, which loader was assumed, ...).
         warnings: what may break the model (trimming rows the tokenizer uses).
         extra_report: operation-specific report fields (resize rows, init, seed).
+        tokenizer: the edit of the folder's tokenizer files that goes with the rows (``add-tokens``, a
+            ``resize`` trim below added tokens): the writer writes ``tokenizer.files`` in place of those
+            files of the input; None leaves every tokenizer file as it is.
     """
 
     op: str
@@ -140,6 +144,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     extra_report: dict[str, Any] = field(default_factory=dict)
+    tokenizer: TokenEdit | None = None
 
     @property
     def changed(self) -> bool:
