@@ -181,6 +181,15 @@ def cases(py: str, dirs: dict[str, Path], extra: list[str]) -> dict[str, tuple[l
         )
     for v in VARIANTS:
         c[f"add-tokens in place ({v})"] = ([*tool, add[0], str(WORK / f"ip_{v}"), *TOKENS, *add[1:]], v)
+    # same-run references for in place: resize in place, and the floor of an edit that rewrites the
+    # embedding's shard and the tokenizer files (a durable copy of those)
+    resize_ip = [*tool, "resize", str(WORK / "ip_slack"), "--vocab", str(RESIZE_TO), "--seed", "0", "-q"]
+    c["resize in place (+8 rows)"] = (resize_ip, "slack")
+    index = json.loads((dirs["slack"] / "model.safetensors.index.json").read_text())["weight_map"]
+    files = [dirs["slack"] / index["model.embed_tokens.weight"]]
+    files += [dirs["slack"] / n for n in ("tokenizer.json", "tokenizer_config.json")]
+    copy = f'mkdir -p "{OUT}" && cp {" ".join(map(str, files))} "{OUT}/" && sync "{OUT}"/*'
+    c["cp embedding shard + tokenizer + fsync"] = (["sh", "-c", copy], None)
     return c
 
 
@@ -198,7 +207,7 @@ def vocab_bytes(folder: Path) -> tuple[int, int]:
 def check(label: str, folder: Path, n_before: int | None) -> str | None:
     """None when ``folder`` is what ``label`` should make, else what is wrong (untimed)."""
     try:
-        if label == "cp -r":
+        if label.startswith("cp"):
             return None
         cfg = json.loads((folder / "config.json").read_text())
         rows, _ = vocab_bytes(folder)
@@ -217,6 +226,9 @@ def check(label: str, folder: Path, n_before: int | None) -> str | None:
                 return f"new ids {got}"
             if tok.get_vocab_size(with_added_tokens=True) > rows:
                 return f"tokenizer {tok.get_vocab_size(with_added_tokens=True)} > rows {rows}"
+            dec = json.loads((folder / "tokenizer_config.json").read_text())["added_tokens_decoder"]
+            if [dec.get(str(i), {}).get("content") for i in got] != TOKENS:
+                return "tokenizer_config.json added_tokens_decoder lacks the new tokens"
         return None
     except Exception as e:  # noqa: BLE001
         return f"{type(e).__name__}: {e}"
@@ -237,7 +249,7 @@ def one(label: str, argv: list[str], variant: str | None, dirs: dict[str, Path],
     res = work or OUT
     v = variant or next((x for x in VARIANTS if f"({x})" in label), "slack")
     r["problem"] = f"exit {r['rc']}: {r['log_tail'][-400:]}" if r["rc"] else check(label, res, VARIANTS[v])
-    if not r["problem"] and label != "cp -r":
+    if not r["problem"] and not label.startswith("cp"):
         r["rows"], r["touched"] = vocab_bytes(res)
     if before is not None and work is not None and not r["problem"]:
         after, old = inodes(work), set(before.values())  # a renamed hard link keeps its inode: not rewritten
@@ -288,6 +300,11 @@ def table(runs: dict[str, list[dict]], input_touched: int) -> list[str]:
         lines.append(f"| add-tokens --out ({v}) / cp -r | {_r(a, cp)} | |")
         lines.append(f"| add-tokens in place ({v}) / cp -r | {_r(ip, cp)} | only the touched shards |")
     lines.append(f"| resize --out / cp -r | {_r(m.get('resize --out (+8 rows)'), m.get('cp -r'))} | |")
+    floor, rz_ip = m.get("cp embedding shard + tokenizer + fsync"), m.get("resize in place (+8 rows)")
+    for v in VARIANTS:
+        ip = m.get(f"add-tokens in place ({v})")
+        lines.append(f"| add-tokens in place ({v}) / resize in place | {_r(ip, rz_ip)} | |")
+        lines.append(f"| add-tokens in place ({v}) / cp of the rewritten files + fsync | {_r(ip, floor)} | |")
     lines.append(f"\nInput embedding + head (run.py's touched bytes): {input_touched / MB:,.0f} MB.")
     return lines
 
@@ -366,6 +383,8 @@ def main() -> int:
     (WORK / f"{name}.json").write_text(json.dumps(info, indent=1, default=str))
     (WORK / f"{name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    for p in WORK.glob("ip_*"):
+        clean(p)
     problems = [r for rs in runs.values() for r in rs if r.get("problem")]
     return 1 if problems or (info.get("pf") or {}).get("problem") else 0
 
