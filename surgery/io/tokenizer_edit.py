@@ -1,0 +1,448 @@
+"""Edits of every tokenizer file of a folder, computed before anything is written: add tokens, remove added
+ones.
+
+:func:`add_tokens_edit` and :func:`remove_tokens_edit` return a :class:`~surgery.model.tokens.TokenEdit`
+whose ``files`` are the new bytes of each file they change; the caller writes them (beside the model's rows).
+The files and the libraries that edit them:
+
+* ``tokenizer.json``: the ``tokenizers`` library (``Tokenizer.from_str``, ``add_tokens`` /
+  ``add_special_tokens`` set the ``AddedToken`` flags, as transformers' fast ``add_tokens`` calls them);
+  written with ``to_str(pretty=True)``, which reproduces a file ``tokenizers`` wrote byte for byte (checked on
+  the test tokenizers); any other file keeps its JSON and only ``added_tokens`` is replaced.
+* SentencePiece ``*.model``: ``sentencepiece_model_pb2.ModelProto`` (sentencepiece_model.proto): new pieces
+  appended as ``USER_DEFINED`` (``CONTROL`` for special tokens), score 0.
+* ``vocab.txt`` (WordPiece): appended lines. ``vocab.json`` + ``merges.txt`` are never changed: GPT-2 style
+  tokenizers read added tokens from ``added_tokens.json`` / ``tokenizer_config.json``.
+* ``tokenizer_config.json`` (``added_tokens_decoder``, ``additional_special_tokens`` /
+  ``extra_special_tokens``), ``added_tokens.json``, ``special_tokens_map.json``: JSON, key order and indent
+  kept.
+
+Libraries are imported lazily (the ``tokenizer`` extra); a folder that needs one that is missing gets a
+:class:`TietoolError` saying ``pip install "tietool[tokenizer]"``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..model.errors import CheckpointError, RefusedError, TietoolError
+from ..model.tokens import AddedToken, NewToken, TokenEdit
+from . import store
+
+EXTRA = 'pip install "tietool[tokenizer]"'
+CONFIG, ADDED_JSON, SPECIAL_MAP = "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json"
+SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
+
+
+def _lib(name: str) -> Any:
+    """Import ``name`` (``tokenizers``, ``sentencepiece``, ``sentencepiece.sentencepiece_model_pb2``)."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise TietoolError(f"editing the tokenizer needs {name.split('.')[0]}: {EXTRA}", None, EXTRA) from e
+
+
+@dataclass
+class _Folder:
+    """The tokenizer files of a folder as read (texts, parsed JSON, the model file's protobuf)."""
+
+    root: Path
+    tokenizer_json: str | None = None
+    sp_name: str | None = None
+    sp_model: Any = None  # sentencepiece ModelProto
+    vocab_txt: list[str] | None = None
+    vocab_json: dict | None = None  # with merges.txt beside it
+    json_files: dict[str, Any] = field(default_factory=dict)  # CONFIG / ADDED_JSON / SPECIAL_MAP
+    base: dict[str, int] = field(default_factory=dict)  # the model file's own tokens
+    base_size: int = 0
+    added: dict[int, AddedToken] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return max([self.base_size, *(i + 1 for i in self.added)])
+
+    def ids(self) -> dict[str, int]:
+        """Every token as one string -> its id (added tokens win, as loaders match them first)."""
+        return {**self.base, **{t.content: i for i, t in self.added.items()}}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path.name} is not valid JSON ({e})", path, "save the tokenizer again") from e
+
+
+def _refuse_unsupported(root: Path, config: Any) -> None:
+    """Refuse a tiktoken file or a custom tokenizer class (``auto_map``): tietool cannot edit them."""
+    tik = sorted(p.name for p in root.glob("*.tiktoken"))
+    if tik:
+        raise RefusedError(
+            f"{tik[0]} is a tiktoken rank file, which tietool cannot edit; nothing was written",
+            root / tik[0],
+            "add the tokens with the tokenizer's own code, then resize the model with tietool resize",
+        )
+    if isinstance(config, dict) and isinstance(config.get("auto_map"), dict):
+        cls = config.get("tokenizer_class") or "a custom class"
+        raise RefusedError(
+            f"tokenizer_config.json names a custom tokenizer class ({cls}, auto_map) that tietool cannot "
+            "edit; nothing was written",
+            root / CONFIG,
+            "add the tokens with that class's own code, then resize the model with tietool resize",
+        )
+
+
+def _scan(folder: Any) -> _Folder:
+    """Read every tokenizer file of ``folder``; refuse what cannot be edited or a folder with no vocabulary.
+
+    Raises:
+        RefusedError: a tiktoken file, a custom class, or no tokenizer.json / *.model / vocab.txt /
+            vocab.json+merges.txt ("nothing to add the token to").
+        CheckpointError: a file that is not valid JSON / protobuf.
+    """
+    root = Path(store.path_of(folder))
+    f = _Folder(root)
+    for name in (CONFIG, ADDED_JSON, SPECIAL_MAP):
+        if (root / name).is_file():
+            f.json_files[name] = _read_json(root / name)
+    _refuse_unsupported(root, f.json_files.get(CONFIG))
+    if (root / "tokenizer.json").is_file():
+        f.tokenizer_json = (root / "tokenizer.json").read_text(encoding="utf-8")
+    f.sp_name = next((n for n in SP_NAMES if (root / n).is_file()), None)
+    if f.sp_name:
+        f.sp_model = _lib("sentencepiece.sentencepiece_model_pb2").ModelProto()
+        try:
+            f.sp_model.ParseFromString((root / f.sp_name).read_bytes())
+        except Exception as e:  # protobuf's DecodeError
+            raise CheckpointError(f"{f.sp_name} is not a SentencePiece model", root / f.sp_name) from e
+    if (root / "vocab.txt").is_file():
+        f.vocab_txt = (root / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    if (root / "vocab.json").is_file() and (root / "merges.txt").is_file():
+        f.vocab_json = _read_json(root / "vocab.json")
+    if f.tokenizer_json is None and f.sp_model is None and f.vocab_txt is None and f.vocab_json is None:
+        raise RefusedError(
+            "the folder has no tokenizer vocabulary (tokenizer.json, *.model, vocab.txt or vocab.json + "
+            "merges.txt): nothing to add the token to",
+            root,
+            "copy the tokenizer files of the model into the folder",
+        )
+    _read_vocab(f)
+    return f
+
+
+def _base_of(f: _Folder) -> dict[str, int]:
+    """The model file's own tokens (the first of tokenizer.json, *.model, vocab.txt, vocab.json)."""
+    if f.tokenizer_json is not None:
+        vocab = json.loads(f.tokenizer_json).get("model", {}).get("vocab")
+        if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+            return {p[0]: i for i, p in reversed(list(enumerate(vocab)))}
+        return dict(vocab or {})
+    if f.sp_model is not None:
+        return {p.piece: i for i, p in reversed(list(enumerate(f.sp_model.pieces)))}
+    if f.vocab_txt is not None:
+        return {t: i for i, t in reversed(list(enumerate(f.vocab_txt)))}
+    return dict(f.vocab_json or {})
+
+
+def _read_vocab(f: _Folder) -> None:
+    """Fill ``f.base`` / ``f.base_size`` / ``f.added`` from every file (the union, as loaders merge them).
+
+    An added token of ``tokenizer.json`` whose id is in the model's vocabulary (Llama's ``<unk>``, a special
+    mark on a base token) stays a base token with that flag."""
+    f.base = _base_of(f)
+    f.base_size = max(f.base.values(), default=-1) + 1
+    tj = json.loads(f.tokenizer_json) if f.tokenizer_json is not None else {}
+    for t in tj.get("added_tokens") or ():
+        f.added[int(t["id"])] = AddedToken(
+            t["content"], int(t["id"]), bool(t.get("special")), bool(t.get("normalized", True)),
+            bool(t.get("lstrip")), bool(t.get("rstrip")), bool(t.get("single_word")),
+        )  # fmt: skip
+    dec = (f.json_files.get(CONFIG) or {}).get("added_tokens_decoder") or {}
+    for i, t in dec.items():
+        if int(i) not in f.added and isinstance(t, dict):
+            f.added[int(i)] = AddedToken(
+                t["content"], int(i), bool(t.get("special")), bool(t.get("normalized", True)),
+                bool(t.get("lstrip")), bool(t.get("rstrip")), bool(t.get("single_word")),
+            )  # fmt: skip
+    for content, i in (f.json_files.get(ADDED_JSON) or {}).items():
+        if int(i) not in f.added:
+            f.added[int(i)] = AddedToken(content, int(i))
+    missing = [i for i in range(f.base_size, f.length) if i not in f.added]
+    if missing:
+        raise RefusedError(
+            f"tokenizer ids {missing[0]}..{missing[-1]} are named by no tokenizer file (a gap that loaders "
+            "renumber)",
+            f.root,
+            "save the tokenizer again with save_pretrained so its ids are contiguous",
+        )
+
+
+# ------------------------------------------------------------------ the current tokenizer's splits
+
+
+def _json_tokenizer(f: _Folder) -> Any:
+    """A ``tokenizers.Tokenizer`` that splits as the folder's tokenizer does (with its added tokens)."""
+    tk = _lib("tokenizers")
+    if f.tokenizer_json is not None:
+        tok = tk.Tokenizer.from_str(f.tokenizer_json)
+    elif f.vocab_txt is not None:
+        unk = (f.json_files.get(CONFIG) or {}).get("unk_token") or "[UNK]"
+        tok = tk.Tokenizer(tk.models.WordPiece(_base_of(f), unk_token=unk))
+        lower = (f.json_files.get(CONFIG) or {}).get("do_lower_case", True)
+        tok.normalizer = tk.normalizers.BertNormalizer(lowercase=bool(lower))
+        tok.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+    else:
+        merges = (f.root / "merges.txt").read_text(encoding="utf-8").splitlines()
+        pairs = [tuple(m.split(" ")) for m in merges if m and not m.startswith("#version")]
+        tok = tk.Tokenizer(tk.models.BPE(dict(f.vocab_json or {}), pairs))
+        prefix = bool((f.json_files.get(CONFIG) or {}).get("add_prefix_space", False))
+        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=prefix)
+    known = tok.get_vocab(with_added_tokens=True)
+    for t in sorted(f.added.values(), key=lambda t: t.id):
+        if t.content not in known:
+            add = tok.add_special_tokens if t.special else tok.add_tokens
+            add([tk.AddedToken(t.content, special=t.special, normalized=t.normalized)])
+    return tok
+
+
+def _splitter(f: _Folder):
+    """``encode(text) -> ids`` of the tokenizer before the edit, without special tokens: tokenizers for
+    tokenizer.json / vocab.txt / vocab.json, else the SentencePiece processor."""
+    if f.tokenizer_json is None and f.sp_model is not None:
+        sp = _lib("sentencepiece").SentencePieceProcessor(model_proto=f.sp_model.SerializeToString())
+        return lambda s: list(sp.encode(s))
+    tok = _json_tokenizer(f)
+    return lambda s: list(tok.encode(s, add_special_tokens=False).ids)
+
+
+# ------------------------------------------------------------------ add
+
+
+def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], list[AddedToken]]:
+    """The NewToken of each string (in order) and the existing tokens to mark special."""
+    ids, split = f.ids(), _splitter(f)
+    out: list[NewToken] = []
+    marks: list[AddedToken] = []
+    next_id = f.length
+    for s in strings:
+        if not isinstance(s, str) or s == "":
+            raise TietoolError(f"a token to add must be a non-empty string, not {s!r}", f.root)
+        if s in ids:
+            i = ids[s]
+            had = f.added.get(i)
+            if special and (had is None or not had.special) and i not in {m.id for m in marks}:
+                marks.append(replace(had, special=True) if had else AddedToken(s, i, True, False))
+            out.append(NewToken(s, i, special or bool(had and had.special), True))
+            continue
+        out.append(NewToken(s, next_id, special, False, tuple(split(s))))
+        ids[s] = next_id
+        next_id += 1
+    return out, marks
+
+
+def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
+    """Add ``strings`` to every tokenizer file of ``folder`` (ids contiguous from ``len(tokenizer)``).
+
+    A string that is already one token (base vocabulary or added) is not added again (``existed``, its id);
+    ``special=True`` marks it special in tokenizer.json and the config files (a base piece of a
+    SentencePiece model stays NORMAL: CONTROL would stop ordinary text from producing it). ``subtoken_ids``
+    are the ids the tokenizer before the edit splits the string into (no special tokens added). The ids and
+    flags are those of transformers' ``add_tokens`` / ``add_special_tokens`` (fast tokenizers call
+    ``tokenizers``' functions of those names; non-special tokens ``normalized=True``, special ones False).
+
+    Raises:
+        RefusedError: tiktoken files, a custom tokenizer class, no vocabulary file, an id gap.
+        TietoolError: a missing library (``pip install "tietool[tokenizer]"``), an empty string.
+    """
+    f = _scan(folder)
+    tokens, marks = _plan_tokens(f, list(strings), special)
+    new = [AddedToken(t.content, t.id, t.special, not t.special) for t in tokens if not t.existed]
+    files = _edit_files(f, new + marks, ())
+    return TokenEdit(f.length, f.length + len(new), tuple(tokens), (), files)
+
+
+# ------------------------------------------------------------------ remove
+
+
+def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
+    """Drop every added token with id >= ``length`` from every tokenizer file of ``folder``.
+
+    Raises:
+        RefusedError: a base-vocabulary token (the model file's own) has an id >= ``length``, or the folder
+            cannot be edited (see :func:`add_tokens_edit`).
+    """
+    f = _scan(folder)
+    base_cut = sorted(i for t, i in f.base.items() if i >= length and i not in f.added)
+    if base_cut:
+        names = ", ".join(f"{i} {t!r}" for t, i in sorted(f.base.items(), key=lambda x: x[1]) if i >= length)
+        raise RefusedError(
+            f"ids {names[:200]} belong to the tokenizer's base vocabulary ({f.base_size} tokens), which "
+            f"tietool cannot remove; a model of {length} rows cannot serve this tokenizer",
+            f.root,
+            f"keep at least {f.base_size} rows, or retrain the tokenizer",
+        )
+    gone = tuple(t for i, t in sorted(f.added.items()) if i >= length)
+    files = _edit_files(f, [], tuple(t.id for t in gone)) if gone else {}
+    return TokenEdit(f.length, min(f.length, length), (), gone, files)
+
+
+# ------------------------------------------------------------------ the files
+
+
+def _edit_files(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> dict[str, bytes]:
+    """New bytes of every file that changes: ``add`` (new tokens and special marks) or ``drop`` (ids)."""
+    out: dict[str, bytes] = {}
+    if f.tokenizer_json is not None:
+        out["tokenizer.json"] = _edit_tokenizer_json(f.tokenizer_json, add, drop).encode("utf-8")
+    if f.sp_model is not None and f.sp_name:
+        out[f.sp_name] = _edit_sp_model(f, add, drop)
+    if f.vocab_txt is not None:
+        out["vocab.txt"] = _edit_vocab_txt(f, add, drop)
+    for name, data in f.json_files.items():
+        edited = _EDITORS[name](data, add, drop, f)
+        if edited is not None:
+            out[name] = _dump_like((f.root / name).read_text(encoding="utf-8"), edited)
+    old = {n: (f.root / n).read_bytes() for n in out}
+    return {n: b for n, b in out.items() if b != old[n]}
+
+
+def _edit_tokenizer_json(text: str, add: list[AddedToken], drop: tuple[int, ...]) -> str:
+    """tokenizer.json with ``add`` added through ``tokenizers`` (new tokens get the next ids, marks keep
+    theirs) and the added tokens of ``drop`` removed (JSON: ``tokenizers`` has no remove)."""
+    tk = _lib("tokenizers")
+    tok = tk.Tokenizer.from_str(text)
+    for t in add:
+        fn = tok.add_special_tokens if t.special else tok.add_tokens
+        fn([t.content])  # the flags these functions set (transformers' fast add_tokens calls them so)
+        got = tok.token_to_id(t.content)
+        if got != t.id:
+            raise TietoolError(f"tokenizers gave {t.content!r} id {got}, expected {t.id}", "tokenizer.json")
+    data = json.loads(text)
+    data["added_tokens"] = [e for e in json.loads(tok.to_str())["added_tokens"] if e["id"] not in drop]
+    if tk.Tokenizer.from_str(text).to_str(pretty=True) == text.rstrip("\n"):  # a file tokenizers wrote
+        return tk.Tokenizer.from_str(json.dumps(data)).to_str(pretty=True) + text[len(text.rstrip("\n")) :]
+    return _dump_like(text, data).decode("utf-8")  # any other writer: only added_tokens changes
+
+
+def _edit_sp_model(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> bytes:
+    """The SentencePiece model with new pieces appended (``USER_DEFINED``, ``CONTROL`` when special, score
+    0) up to the tokenizer's length (added tokens it lacks are appended first, so ids agree), or cut."""
+    pb = _lib("sentencepiece.sentencepiece_model_pb2")
+    m = pb.ModelProto()
+    m.CopyFrom(f.sp_model)
+    kind = pb.ModelProto.SentencePiece
+    if drop:
+        keep = min(drop)
+        if len(m.pieces) > keep:
+            del m.pieces[keep:]
+        return m.SerializeToString()
+    if len(m.pieces) > f.length:
+        raise RefusedError(
+            f"{f.sp_name} has {len(m.pieces)} pieces but the tokenizer {f.length} tokens (a stale file)",
+            f.root / (f.sp_name or "tokenizer.model"),
+            "save the tokenizer again with save_pretrained so its files agree",
+        )
+    fill = [f.added[i] for i in range(len(m.pieces), f.length)]
+    for t in fill + [t for t in add if t.id >= f.length]:
+        p = m.pieces.add()
+        p.piece, p.score = t.content, 0.0
+        p.type = kind.CONTROL if t.special else kind.USER_DEFINED
+    return m.SerializeToString()
+
+
+def _edit_vocab_txt(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> bytes:
+    """vocab.txt with new tokens appended (one a line; added tokens it lacks first, so ids agree), or cut."""
+    lines = list(f.vocab_txt or [])
+    if drop:
+        lines = lines[: min(drop)]
+    elif len(lines) > f.length:
+        raise RefusedError(
+            f"vocab.txt has {len(lines)} lines but the tokenizer {f.length} tokens (a stale file)",
+            f.root / "vocab.txt",
+            "save the tokenizer again with save_pretrained so its files agree",
+        )
+    else:
+        lines += [f.added[i].content for i in range(len(lines), f.length)]
+        lines += [t.content for t in add if t.id >= f.length]
+    return "".join(line + "\n" for line in lines).encode("utf-8")
+
+
+def _decoder_entry(t: AddedToken) -> dict:
+    """An ``added_tokens_decoder`` value as transformers 4.x writes it (keys sorted)."""
+    return {
+        "content": t.content,
+        "lstrip": t.lstrip,
+        "normalized": t.normalized,
+        "rstrip": t.rstrip,
+        "single_word": t.single_word,
+        "special": t.special,
+    }
+
+
+def _edit_config(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
+    """tokenizer_config.json: ``added_tokens_decoder`` entries (created when the folder has no
+    tokenizer.json to hold them), special ones appended to ``additional_special_tokens`` /
+    ``extra_special_tokens`` lists when present; dropped ids removed from both."""
+    if not isinstance(data, dict):
+        return None
+    data = json.loads(json.dumps(data))
+    dec = data.get("added_tokens_decoder")
+    if dec is None and f.tokenizer_json is None and add:
+        dec = data.setdefault("added_tokens_decoder", {})
+    gone = {f.added[i].content for i in drop if i in f.added}
+    if isinstance(dec, dict):
+        for t in add:
+            dec[str(t.id)] = _decoder_entry(t)
+        for i in drop:
+            dec.pop(str(i), None)
+        data["added_tokens_decoder"] = dict(sorted(dec.items(), key=lambda kv: int(kv[0])))
+    _edit_special_lists(data, [t.content for t in add if t.special], gone)
+    return data
+
+
+def _edit_special_lists(data: dict, specials: list[str], gone: set[str]) -> None:
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        cur = data.get(key)
+        if isinstance(cur, list):
+            names = [x.get("content") if isinstance(x, dict) else x for x in cur]
+            kept = [x for x, n in zip(cur, names, strict=True) if n not in gone]
+            data[key] = kept + [s for s in specials if s not in names]
+
+
+def _edit_added_json(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
+    """added_tokens.json ``{content: id}``: new tokens added (the ids beyond the base vocabulary)."""
+    if not isinstance(data, dict):
+        return None
+    data = {k: v for k, v in data.items() if v not in set(drop)}
+    data.update({t.content: t.id for t in add if t.id >= f.length})
+    return data
+
+
+def _edit_special_map(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
+    """special_tokens_map.json: special tokens appended to ``additional_special_tokens`` (created)."""
+    if not isinstance(data, dict):
+        return None
+    data = json.loads(json.dumps(data))
+    specials = [t.content for t in add if t.special]
+    if specials and not isinstance(data.get("additional_special_tokens"), list):
+        data["additional_special_tokens"] = []
+    _edit_special_lists(data, specials, {f.added[i].content for i in drop if i in f.added})
+    return data
+
+
+_EDITORS = {CONFIG: _edit_config, ADDED_JSON: _edit_added_json, SPECIAL_MAP: _edit_special_map}
+
+
+def _dump_like(original: str, data: Any) -> bytes:
+    """``data`` as JSON in the style of ``original``: its indent, ASCII escapes or not, final newline."""
+    m = re.search(r"\n( +|\t)\S", original)
+    indent = m.group(1) if m else None
+    ascii_only = "\\u" in original and original.isascii()
+    text = json.dumps(data, indent=indent, ensure_ascii=ascii_only)
+    return (text + ("\n" if original.endswith("\n") else "")).encode("utf-8")
