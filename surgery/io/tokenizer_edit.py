@@ -319,7 +319,10 @@ def _edit_tokenizer_json(text: str, add: list[AddedToken], drop: tuple[int, ...]
     tok = tk.Tokenizer.from_str(text)
     for t in add:
         fn = tok.add_special_tokens if t.special else tok.add_tokens
-        fn([t.content])  # the flags these functions set (transformers' fast add_tokens calls them so)
+        # a new token has the flags these functions give a string (normalized = not special); a token
+        # marked special keeps its normalized flag, as transformers' add_special_tokens keeps it (flipping it
+        # would move the token to tokenizers' first, raw-text pass, ahead of longer normalized tokens)
+        fn([tk.AddedToken(t.content, special=t.special, normalized=t.normalized)])
         got = tok.token_to_id(t.content)
         if got != t.id:
             raise TietoolError(f"tokenizers gave {t.content!r} id {got}, expected {t.id}", "tokenizer.json")
@@ -413,6 +416,10 @@ def _edit_special_lists(data: dict, specials: list[str], gone: set[str]) -> None
             names = [x.get("content") if isinstance(x, dict) else x for x in cur]
             kept = [x for x, n in zip(cur, names, strict=True) if n not in gone]
             data[key] = kept + [s for s in specials if s not in names]
+            if not data[key] and len(kept) < len(
+                cur
+            ):  # a removal that empties the list: no list (the same to loaders)
+                del data[key]
 
 
 def _edit_added_json(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
