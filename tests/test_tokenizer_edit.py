@@ -19,7 +19,7 @@ import pytest
 
 from tietool.surgery.io import tokenizer_edit
 from tietool.surgery.io.tokenizer_edit import add_tokens_edit, remove_tokens_edit
-from tietool.surgery.model.errors import RefusedError, TietoolError
+from tietool.surgery.model.errors import CheckpointError, RefusedError, TietoolError
 
 tokenizers = pytest.importorskip("tokenizers")
 spm = pytest.importorskip("sentencepiece")
@@ -200,6 +200,22 @@ def test_base_token_cannot_be_removed(tmp_path):
     edit = remove_tokens_edit(DATA / "bytelevel_bpe", 301)  # drops <|im_start|>, <|im_end|>, <think>
     assert [t.id for t in edit.removed] == [301, 302, 303] and edit.length_after == 301
     assert remove_tokens_edit(DATA / "bytelevel_bpe", 400).files == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "file", "text"),
+    [
+        ("bytelevel_bpe", "tokenizer.json", '{"model": {"type": "BPE", "vocab": {"a": 0}}}'),
+        ("bytelevel_bpe", "tokenizer_config.json", "{not json"),
+        ("gpt2_bpe", "added_tokens.json", '{"<pad>": "x"}'),
+        ("sp_bpe", "tokenizer.model", "not a protobuf"),
+    ],
+)
+def test_bad_file_is_a_checkpoint_error(name, file, text, tmp_path):
+    folder = _copy(name, tmp_path)
+    (folder / file).write_text(text)
+    with pytest.raises(CheckpointError):
+        add_tokens_edit(folder, PLAIN)
 
 
 def test_gap_refused(tmp_path):

@@ -114,6 +114,7 @@ def _scan(folder: Any) -> _Folder:
     _refuse_unsupported(root, f.json_files.get(CONFIG))
     if (root / "tokenizer.json").is_file():
         f.tokenizer_json = (root / "tokenizer.json").read_text(encoding="utf-8")
+        _from_str(f.tokenizer_json)  # the library must read it before anything is computed from it
     f.sp_name = next((n for n in SP_NAMES if (root / n).is_file()), None)
     if f.sp_name:
         f.sp_model = _lib("sentencepiece.sentencepiece_model_pb2").ModelProto()
@@ -132,8 +133,24 @@ def _scan(folder: Any) -> _Folder:
             root,
             "copy the tokenizer files of the model into the folder",
         )
-    _read_vocab(f)
+    try:
+        _read_vocab(f)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(
+            f"the tokenizer files have an unexpected structure ({type(e).__name__}: {e})",
+            root,
+            "save the tokenizer again with save_pretrained",
+        ) from e
     return f
+
+
+def _from_str(text: str) -> Any:
+    """``tokenizers.Tokenizer.from_str(text)``; a file the library rejects is a CheckpointError."""
+    tk = _lib("tokenizers")
+    try:
+        return tk.Tokenizer.from_str(text)
+    except Exception as e:  # tokenizers raises Exception itself
+        raise CheckpointError(f"tokenizer.json cannot be read by tokenizers ({e})", "tokenizer.json") from e
 
 
 def _base_of(f: _Folder) -> dict[str, int]:
@@ -190,7 +207,7 @@ def _json_tokenizer(f: _Folder) -> Any:
     """A ``tokenizers.Tokenizer`` that splits as the folder's tokenizer does (with its added tokens)."""
     tk = _lib("tokenizers")
     if f.tokenizer_json is not None:
-        tok = tk.Tokenizer.from_str(f.tokenizer_json)
+        tok = _from_str(f.tokenizer_json)
     elif f.vocab_txt is not None:
         unk = (f.json_files.get(CONFIG) or {}).get("unk_token") or "[UNK]"
         tok = tk.Tokenizer(tk.models.WordPiece(_base_of(f), unk_token=unk))
@@ -316,7 +333,7 @@ def _edit_tokenizer_json(text: str, add: list[AddedToken], drop: tuple[int, ...]
     """tokenizer.json with ``add`` added through ``tokenizers`` (new tokens get the next ids, marks keep
     theirs) and the added tokens of ``drop`` removed (JSON: ``tokenizers`` has no remove)."""
     tk = _lib("tokenizers")
-    tok = tk.Tokenizer.from_str(text)
+    tok = _from_str(text)
     for t in add:
         fn = tok.add_special_tokens if t.special else tok.add_tokens
         # a new token has the flags these functions give a string (normalized = not special); a token
