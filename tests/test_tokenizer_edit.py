@@ -34,8 +34,12 @@ SPECIAL = ["<|tool_sep|>", "<tool"]  # a new special token, and an added one mar
 
 
 def _copy(name: str, tmp_path: Path) -> Path:
+    """A copy of a folder of tests/data/tokenizers; ``bytelevel_bpe_full`` is bytelevel_bpe with the
+    vocab.json + merges.txt a Qwen2 folder also carries (written by tokenizers' ``model.save``)."""
     out = tmp_path / name
-    shutil.copytree(DATA / name, out)
+    shutil.copytree(DATA / name.removesuffix("_full"), out)
+    if name.endswith("_full"):
+        tokenizers.Tokenizer.from_file(str(out / "tokenizer.json")).model.save(str(out))
     return out
 
 
@@ -218,6 +222,33 @@ def test_bad_file_is_a_checkpoint_error(name, file, text, tmp_path):
         add_tokens_edit(folder, PLAIN)
 
 
+def test_stale_model_file_refused(tmp_path):
+    folder = _copy("sp_bpe_with_json", tmp_path)
+    shutil.copy(DATA / "sp_unigram" / "tokenizer.model", folder)  # another model's pieces
+    with pytest.raises(CheckpointError, match=r"tokenizer.model and tokenizer.json disagree \(id \d+ is"):
+        add_tokens_edit(folder, PLAIN)
+    full = _copy("bytelevel_bpe_full", tmp_path)
+    vocab = json.loads((full / "vocab.json").read_text())
+    (full / "vocab.json").write_text(json.dumps(dict(list(vocab.items())[:200])))
+    with pytest.raises(CheckpointError, match=r"vocab.json and tokenizer.json disagree \(200 tokens there"):
+        add_tokens_edit(full, PLAIN)
+
+
+def test_files_giving_an_id_two_strings_refused(tmp_path):
+    folder = _copy("bytelevel_bpe", tmp_path)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["added_tokens_decoder"]["303"]["content"] = "<thinking>"
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="gives id 303 the string '<thinking>', tokenizer.json gives"):
+        add_tokens_edit(folder, PLAIN)
+
+
+def test_qwen2_folder_with_vocab_json_keeps_it(tmp_path):
+    folder = _copy("bytelevel_bpe_full", tmp_path)
+    edit = add_tokens_edit(folder, PLAIN)
+    assert sorted(edit.files) == ["tokenizer.json", "tokenizer_config.json"]  # vocab.json, merges.txt kept
+
+
 def test_gap_refused(tmp_path):
     folder = _copy("gpt2_bpe", tmp_path)
     (folder / "added_tokens.json").write_text(json.dumps({"<pad>": 300, "<far>": 310}))
@@ -271,10 +302,10 @@ def edited(tmp_path_factory):
     """Every editable folder with PLAIN added, then SPECIAL added special; {name: (before, after, ids)}."""
     root = tmp_path_factory.mktemp("edited")
     out = {}
-    for name in EDITABLE:
+    for name in (*EDITABLE, "bytelevel_bpe_full"):
         before, after = root / f"{name}.before", root / f"{name}.after"
-        shutil.copytree(DATA / name, before)
-        shutil.copytree(DATA / name, after)
+        shutil.copytree(_copy(name, root / "src"), before)
+        shutil.copytree(before, after)
         e1 = add_tokens_edit(after, PLAIN)
         _write(after, e1)
         e2 = add_tokens_edit(after, SPECIAL, special=True)
@@ -304,8 +335,9 @@ def test_loaders_encode_new_tokens_and_keep_the_corpus(lib, edited):
     problems = []
     for name, (_, _, ids, length) in edited.items():
         g = got[name]
-        if (g["len_before"], g["len"]) != (LENGTH[name], length):  # length_before as the loader counts
-            problems.append(f"{name}: len {g['len_before']} -> {g['len']}, want {LENGTH[name]} -> {length}")
+        want = (LENGTH[name.removesuffix("_full")], length)  # length_before as the loaders count it
+        if (g["len_before"], g["len"]) != want:
+            problems.append(f"{name}: len {g['len_before']} -> {g['len']}, want {want[0]} -> {want[1]}")
         for s, i in ids.items():
             if g["alone"][s] != [i]:
                 problems.append(f"{name}: {s!r} alone -> {g['alone'][s]}, want [{i}]")

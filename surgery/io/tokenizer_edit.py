@@ -167,29 +167,54 @@ def _base_of(f: _Folder) -> dict[str, int]:
     return dict(f.vocab_json or {})
 
 
+def _token(t: dict, i: int) -> AddedToken:
+    """An AddedToken from a tokenizer.json ``added_tokens`` / ``added_tokens_decoder`` entry."""
+    flags = (bool(t.get(k)) for k in ("special", "normalized", "lstrip", "rstrip", "single_word"))
+    special, normalized, lstrip, rstrip, single = flags
+    normalized = normalized if "normalized" in t else True
+    return AddedToken(t["content"], i, special, normalized, lstrip, rstrip, single)
+
+
+def _added_sources(f: _Folder) -> list[tuple[str, dict[int, AddedToken]]]:
+    """The added tokens each file names, most specific first (tokenizer.json, the config's
+    ``added_tokens_decoder``, added_tokens.json)."""
+    tj = json.loads(f.tokenizer_json) if f.tokenizer_json is not None else {}
+    dec = (f.json_files.get(CONFIG) or {}).get("added_tokens_decoder") or {}
+    return [
+        ("tokenizer.json", {int(t["id"]): _token(t, int(t["id"])) for t in tj.get("added_tokens") or ()}),
+        (CONFIG, {int(i): _token(t, int(i)) for i, t in dec.items() if isinstance(t, dict)}),
+        (
+            ADDED_JSON,
+            {int(i): AddedToken(c, int(i)) for c, i in (f.json_files.get(ADDED_JSON) or {}).items()},
+        ),
+    ]
+
+
 def _read_vocab(f: _Folder) -> None:
     """Fill ``f.base`` / ``f.base_size`` / ``f.added`` from every file (the union, as loaders merge them).
 
     An added token of ``tokenizer.json`` whose id is in the model's vocabulary (Llama's ``<unk>``, a special
-    mark on a base token) stays a base token with that flag."""
+    mark on a base token) stays a base token with that flag.
+
+    Raises:
+        CheckpointError: two files give one id different strings, or the model files disagree.
+        RefusedError: ids between the base vocabulary and the last added token that no file names.
+    """
     f.base = _base_of(f)
     f.base_size = max(f.base.values(), default=-1) + 1
-    tj = json.loads(f.tokenizer_json) if f.tokenizer_json is not None else {}
-    for t in tj.get("added_tokens") or ():
-        f.added[int(t["id"])] = AddedToken(
-            t["content"], int(t["id"]), bool(t.get("special")), bool(t.get("normalized", True)),
-            bool(t.get("lstrip")), bool(t.get("rstrip")), bool(t.get("single_word")),
-        )  # fmt: skip
-    dec = (f.json_files.get(CONFIG) or {}).get("added_tokens_decoder") or {}
-    for i, t in dec.items():
-        if int(i) not in f.added and isinstance(t, dict):
-            f.added[int(i)] = AddedToken(
-                t["content"], int(i), bool(t.get("special")), bool(t.get("normalized", True)),
-                bool(t.get("lstrip")), bool(t.get("rstrip")), bool(t.get("single_word")),
-            )  # fmt: skip
-    for content, i in (f.json_files.get(ADDED_JSON) or {}).items():
-        if int(i) not in f.added:
-            f.added[int(i)] = AddedToken(content, int(i))
+    _check_bases(f)
+    seen: dict[int, str] = {}
+    for name, tokens in _added_sources(f):
+        for i, t in tokens.items():
+            if i in f.added and f.added[i].content != t.content:
+                raise CheckpointError(
+                    f"{name} gives id {i} the string {t.content!r}, {seen[i]} gives it "
+                    f"{f.added[i].content!r}: the tokenizer files disagree",
+                    f.root / name,
+                    "save the tokenizer again with save_pretrained, or delete the stale file",
+                )
+            f.added.setdefault(i, t)
+            seen.setdefault(i, name)
     missing = [i for i in range(f.base_size, f.length) if i not in f.added]
     if missing:
         raise RefusedError(
@@ -197,6 +222,35 @@ def _read_vocab(f: _Folder) -> None:
             "renumber)",
             f.root,
             "save the tokenizer again with save_pretrained so its ids are contiguous",
+        )
+
+
+def _check_bases(f: _Folder) -> None:
+    """Every model file beside tokenizer.json (*.model pieces, vocab.txt lines, vocab.json) names its ids as
+    tokenizer.json's vocabulary does (the ones beyond may be added tokens): a stale file is refused."""
+    if f.tokenizer_json is None:
+        return
+    by_id = {i: t for t, i in f.base.items()}
+    others: list[tuple[str, dict[int, str]]] = []
+    if f.sp_model is not None:
+        others.append((f.sp_name or "tokenizer.model", {i: p.piece for i, p in enumerate(f.sp_model.pieces)}))
+    if f.vocab_txt is not None:
+        others.append(("vocab.txt", dict(enumerate(f.vocab_txt))))
+    if f.vocab_json is not None:
+        others.append(("vocab.json", {int(i): t for t, i in f.vocab_json.items()}))
+    for name, theirs in others:
+        bad = next((i for i in sorted(theirs) if i < f.base_size and theirs[i] != by_id.get(i)), None)
+        if bad is None and len(theirs) >= f.base_size:
+            continue
+        where = (
+            f"id {bad} is {theirs[bad]!r} there, {by_id.get(bad)!r} in tokenizer.json"
+            if bad is not None
+            else (f"{len(theirs)} tokens there, {f.base_size} in tokenizer.json")
+        )
+        raise CheckpointError(
+            f"{name} and tokenizer.json disagree ({where}): one of them is stale",
+            f.root / name,
+            "save the tokenizer again with save_pretrained, or delete the stale file",
         )
 
 
