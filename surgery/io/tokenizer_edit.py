@@ -52,7 +52,7 @@ def _lib(name: str) -> Any:
 class _Folder:
     """The tokenizer files of a folder as read (texts, parsed JSON, the model file's protobuf)."""
 
-    root: Path
+    root: Any
     tokenizer_json: str | None = None
     sp_name: str | None = None
     sp_model: Any = None  # sentencepiece ModelProto
@@ -106,7 +106,7 @@ def _scan(folder: Any) -> _Folder:
             vocab.json+merges.txt ("nothing to add the token to").
         CheckpointError: a file that is not valid JSON / protobuf.
     """
-    root = Path(store.path_of(folder))
+    root = store.path_of(folder)  # a Path, or a UPath of a URL (the methods both share)
     f = _Folder(root)
     for name in (CONFIG, ADDED_JSON, SPECIAL_MAP):
         if (root / name).is_file():
