@@ -157,6 +157,40 @@ def test_tokenizer_json_rewritten_as_tokenizers_writes_it(tmp_path):
     ]  # tokenizers' add_tokens flags: normalized = not special
 
 
+@pytest.mark.parametrize("style", ["older", "compact"])
+def test_tokenizer_json_from_another_writer_keeps_its_json(style, tmp_path):
+    """A tokenizer.json that to_str would not reproduce (an older tokenizers without ``ignore_merges``; a
+    compact file) keeps every other byte of its JSON: only added_tokens is replaced."""
+    folder = _copy("bytelevel_bpe", tmp_path)
+    data = json.loads((folder / "tokenizer.json").read_text())
+    if style == "older":
+        del data["model"]["ignore_merges"]  # tokenizers < 0.19 did not write it; to_str would add it
+    text = json.dumps(
+        data, indent=2 if style == "older" else None, separators=(",", ":") if style == "compact" else None
+    )
+    (folder / "tokenizer.json").write_text(text)
+    edit = add_tokens_edit(folder, PLAIN)
+    got = edit.files["tokenizer.json"].decode()
+    data["added_tokens"] += [
+        dict(
+            id=304 + i,
+            content=s,
+            single_word=False,
+            lstrip=False,
+            rstrip=False,
+            normalized=True,
+            special=False,
+        )
+        for i, s in enumerate(PLAIN)
+    ]
+    want = json.dumps(
+        data, indent=2 if style == "older" else None, separators=(",", ":") if style == "compact" else None
+    )
+    assert got == want
+    tok = tokenizers.Tokenizer.from_str(got)
+    assert [tok.token_to_id(s) for s in PLAIN] == [304, 305, 306]
+
+
 def test_gpt2_added_tokens_json_not_merges(tmp_path):
     folder = _copy("gpt2_bpe", tmp_path)
     edit = add_tokens_edit(folder, PLAIN)

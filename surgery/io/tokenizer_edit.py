@@ -518,9 +518,12 @@ _EDITORS = {CONFIG: _edit_config, ADDED_JSON: _edit_added_json, SPECIAL_MAP: _ed
 
 
 def _dump_like(original: str, data: Any) -> bytes:
-    """``data`` as JSON in the style of ``original``: its indent, ASCII escapes or not, final newline."""
+    """``data`` as JSON in the style of ``original``: its indent (or compact separators), ASCII escapes or
+    not, final newline."""
     m = re.search(r"\n( +|\t)\S", original)
     indent = m.group(1) if m else None
     ascii_only = "\\u" in original and original.isascii()
-    text = json.dumps(data, indent=indent, ensure_ascii=ascii_only)
+    compact = indent is None and '": ' not in original and '", ' not in original
+    seps = (",", ":") if compact else None
+    text = json.dumps(data, indent=indent, ensure_ascii=ascii_only, separators=seps)
     return (text + ("\n" if original.endswith("\n") else "")).encode("utf-8")
