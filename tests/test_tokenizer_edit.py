@@ -232,6 +232,14 @@ def test_no_vocabulary_refused(tmp_path):
         add_tokens_edit(folder, PLAIN)
 
 
+def test_named_special_token_cannot_be_removed():
+    """eos_token / pad_token <|endoftext|> (300): the loaders would add it back as id 300 (measured)."""
+    with pytest.raises(RefusedError, match=r"token 300 '<\|endoftext\|>' is tokenizer_config.json eos_token"):
+        remove_tokens_edit(DATA / "bytelevel_bpe", 300)
+    with pytest.raises(RefusedError, match=r"token 300 '<pad>' is tokenizer_config.json pad_token"):
+        remove_tokens_edit(DATA / "gpt2_bpe", 300)
+
+
 def test_base_token_cannot_be_removed(tmp_path):
     with pytest.raises(RefusedError, match=r"ids 298 .* base vocabulary \(300 tokens\)"):
         remove_tokens_edit(DATA / "bytelevel_bpe", 298)

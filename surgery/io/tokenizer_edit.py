@@ -345,8 +345,9 @@ def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
     """Drop every added token with id >= ``length`` from every tokenizer file of ``folder``.
 
     Raises:
-        RefusedError: a base-vocabulary token (the model file's own) has an id >= ``length``, or the folder
-            cannot be edited (see :func:`add_tokens_edit`).
+        RefusedError: a base-vocabulary token (the model file's own) has an id >= ``length``; a token to
+            drop is named by a special-token attribute (``eos_token``...: loaders add it back); or the
+            folder cannot be edited (see :func:`add_tokens_edit`).
     """
     f = _scan(folder)
     base_cut = sorted(i for t, i in f.base.items() if i >= length and i not in f.added)
@@ -359,8 +360,41 @@ def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
             f"keep at least {f.base_size} rows, or retrain the tokenizer",
         )
     gone = tuple(t for i, t in sorted(f.added.items()) if i >= length)
+    _refuse_named(f, gone)
     files = _edit_files(f, [], tuple(t.id for t in gone)) if gone else {}
     return TokenEdit(f.length, min(f.length, length), (), gone, files)
+
+
+def _named_specials(f: _Folder) -> dict[str, str]:
+    """``{token string: "file key"}`` of the special-token attributes the config files set (``eos_token``,
+    ``pad_token``, ... and a dict ``extra_special_tokens``), whose strings loaders add back if missing."""
+    out: dict[str, str] = {}
+    for name in (CONFIG, SPECIAL_MAP):
+        data = f.json_files.get(name)
+        if not isinstance(data, dict):
+            continue
+        extra = data.get("extra_special_tokens")
+        items = list(data.items()) + (list(extra.items()) if isinstance(extra, dict) else [])
+        for k, v in items:
+            content = v.get("content") if isinstance(v, dict) else v
+            if isinstance(k, str) and k.endswith("_token") and isinstance(content, str):
+                out.setdefault(content, f"{name} {k}")
+    return out
+
+
+def _refuse_named(f: _Folder, gone: tuple[AddedToken, ...]) -> None:
+    """Refuse removing a token a special-token attribute names: transformers 5.3 and PaddleFormers 1.2 add
+    such a string back at load, at the next id (measured: eos ``<|endoftext|>`` cut from a 304-token
+    tokenizer came back as id 300 of a 301-token tokenizer), beyond the rows."""
+    named = _named_specials(f)
+    hit = next((t for t in gone if t.content in named), None)
+    if hit is not None:
+        raise RefusedError(
+            f"token {hit.id} {hit.content!r} is {named[hit.content]}: loaders would add it back beyond "
+            "the rows",
+            f.root,
+            f"keep at least {hit.id + 1} rows, or set {named[hit.content]} to another token first",
+        )
 
 
 # ------------------------------------------------------------------ the files
