@@ -240,6 +240,19 @@ def test_named_special_token_cannot_be_removed():
         remove_tokens_edit(DATA / "gpt2_bpe", 300)
 
 
+def test_special_attribute_without_a_token_refused(tmp_path):
+    folder = _copy("sp_bpe", tmp_path)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["pad_token"] = "<pad>"  # no file has it: loaders add it at load, at id 250
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(
+        RefusedError, match="tokenizer_config.json pad_token is '<pad>', which no tokenizer file"
+    ):
+        add_tokens_edit(folder, PLAIN)
+    edit = add_tokens_edit(folder, ["<pad>", *PLAIN], special=True)  # adding it first is the fix
+    assert [t.id for t in edit.tokens] == [250, 251, 252, 253]
+
+
 def test_base_token_cannot_be_removed(tmp_path):
     with pytest.raises(RefusedError, match=r"ids 298 .* base vocabulary \(300 tokens\)"):
         remove_tokens_edit(DATA / "bytelevel_bpe", 298)

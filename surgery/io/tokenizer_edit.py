@@ -328,11 +328,23 @@ def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
     ``tokenizers``' functions of those names; non-special tokens ``normalized=True``, special ones False).
 
     Raises:
-        RefusedError: tiktoken files, a custom tokenizer class, no vocabulary file, an id gap.
+        RefusedError: tiktoken files, a custom tokenizer class, no vocabulary file, an id gap, a
+            special-token attribute (``pad_token``...) naming a string no file has (loaders add it at load).
         TietoolError: a missing library (``pip install "tietool[tokenizer]"``), an empty string.
     """
     f = _scan(folder)
-    tokens, marks = _plan_tokens(f, list(strings), special)
+    strings = list(strings)
+    known = f.ids()
+    unknown = [(s, k) for s, k in _named_specials(f).items() if s not in known and s not in strings]
+    if unknown:
+        s, k = unknown[0]
+        raise RefusedError(
+            f"{k} is {s!r}, which no tokenizer file has: loaders add it at load, at an id the new tokens "
+            "would also take",
+            f.root,
+            f"add {s!r} too (first, with special=True), or set {k} to a token the tokenizer has",
+        )
+    tokens, marks = _plan_tokens(f, strings, special)
     new = [AddedToken(t.content, t.id, t.special, not t.special) for t in tokens if not t.existed]
     files = _edit_files(f, new + marks, ())
     return TokenEdit(f.length, f.length + len(new), tuple(tokens), (), files)
