@@ -54,6 +54,9 @@ class _Folder:
 
     root: Any
     tokenizer_json: str | None = None
+    tj: dict = field(default_factory=dict)  # tokenizer.json parsed
+    tj_native: bool = False  # tokenizers' to_str(pretty=True) reproduces the file (tokenizers wrote it)
+    json_tok: Any = None  # tokenizer.json as a tokenizers.Tokenizer
     sp_name: str | None = None
     sp_model: Any = None  # sentencepiece ModelProto
     vocab_txt: list[str] | None = None
@@ -113,8 +116,10 @@ def _scan(folder: Any) -> _Folder:
             f.json_files[name] = _read_json(root / name)
     _refuse_unsupported(root, f.json_files.get(CONFIG))
     if (root / "tokenizer.json").is_file():
-        f.tokenizer_json = (root / "tokenizer.json").read_text(encoding="utf-8")
-        _from_str(f.tokenizer_json)  # the library must read it before anything is computed from it
+        text = (root / "tokenizer.json").read_text(encoding="utf-8")
+        f.tokenizer_json, f.json_tok = text, _from_str(text)  # the library must read it first
+        f.tj = json.loads(text)
+        f.tj_native = f.json_tok.to_str(pretty=True) == text.rstrip("\n")
     f.sp_name = next((n for n in SP_NAMES if (root / n).is_file()), None)
     if f.sp_name:
         f.sp_model = _lib("sentencepiece.sentencepiece_model_pb2").ModelProto()
@@ -156,7 +161,7 @@ def _from_str(text: str) -> Any:
 def _base_of(f: _Folder) -> dict[str, int]:
     """The model file's own tokens (the first of tokenizer.json, *.model, vocab.txt, vocab.json)."""
     if f.tokenizer_json is not None:
-        vocab = json.loads(f.tokenizer_json).get("model", {}).get("vocab")
+        vocab = f.tj.get("model", {}).get("vocab")
         if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
             return {p[0]: i for i, p in reversed(list(enumerate(vocab)))}
         return dict(vocab or {})
@@ -178,7 +183,7 @@ def _token(t: dict, i: int) -> AddedToken:
 def _added_sources(f: _Folder) -> list[tuple[str, dict[int, AddedToken]]]:
     """The added tokens each file names, most specific first (tokenizer.json, the config's
     ``added_tokens_decoder``, added_tokens.json)."""
-    tj = json.loads(f.tokenizer_json) if f.tokenizer_json is not None else {}
+    tj = f.tj
     dec = (f.json_files.get(CONFIG) or {}).get("added_tokens_decoder") or {}
     return [
         ("tokenizer.json", {int(t["id"]): _token(t, int(t["id"])) for t in tj.get("added_tokens") or ()}),
@@ -260,8 +265,8 @@ def _check_bases(f: _Folder) -> None:
 def _json_tokenizer(f: _Folder) -> Any:
     """A ``tokenizers.Tokenizer`` that splits as the folder's tokenizer does (with its added tokens)."""
     tk = _lib("tokenizers")
-    if f.tokenizer_json is not None:
-        tok = _from_str(f.tokenizer_json)
+    if f.json_tok is not None:
+        tok = f.json_tok
     elif f.vocab_txt is not None:
         unk = (f.json_files.get(CONFIG) or {}).get("unk_token") or "[UNK]"
         tok = tk.Tokenizer(tk.models.WordPiece(_base_of(f), unk_token=unk))
@@ -416,7 +421,7 @@ def _edit_files(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> dic
     """New bytes of every file that changes: ``add`` (new tokens and special marks) or ``drop`` (ids)."""
     out: dict[str, bytes] = {}
     if f.tokenizer_json is not None:
-        out["tokenizer.json"] = _edit_tokenizer_json(f.tokenizer_json, add, drop).encode("utf-8")
+        out["tokenizer.json"] = _edit_tokenizer_json(f, add, drop).encode("utf-8")
     if f.sp_model is not None and f.sp_name:
         out[f.sp_name] = _edit_sp_model(f, add, drop)
     if f.vocab_txt is not None:
@@ -429,11 +434,12 @@ def _edit_files(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> dic
     return {n: b for n, b in out.items() if b != old[n]}
 
 
-def _edit_tokenizer_json(text: str, add: list[AddedToken], drop: tuple[int, ...]) -> str:
+def _edit_tokenizer_json(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> str:
     """tokenizer.json with ``add`` added through ``tokenizers`` (new tokens get the next ids, marks keep
     theirs) and the added tokens of ``drop`` removed (JSON: ``tokenizers`` has no remove)."""
     tk = _lib("tokenizers")
-    tok = _from_str(text)
+    text = f.tokenizer_json or ""
+    tok = _from_str(text)  # a fresh one: f.json_tok also holds the config's added tokens
     for t in add:
         fn = tok.add_special_tokens if t.special else tok.add_tokens
         # a new token has the flags these functions give a string (normalized = not special); a token
@@ -443,10 +449,13 @@ def _edit_tokenizer_json(text: str, add: list[AddedToken], drop: tuple[int, ...]
         got = tok.token_to_id(t.content)
         if got != t.id:
             raise TietoolError(f"tokenizers gave {t.content!r} id {got}, expected {t.id}", "tokenizer.json")
-    data = json.loads(text)
+    tail = text[len(text.rstrip("\n")) :]
+    if f.tj_native and not drop:  # a file tokenizers wrote: it writes the edit
+        return tok.to_str(pretty=True) + tail
+    data = dict(f.tj)  # only the top-level added_tokens is replaced
     data["added_tokens"] = [e for e in json.loads(tok.to_str())["added_tokens"] if e["id"] not in drop]
-    if tk.Tokenizer.from_str(text).to_str(pretty=True) == text.rstrip("\n"):  # a file tokenizers wrote
-        return tk.Tokenizer.from_str(json.dumps(data)).to_str(pretty=True) + text[len(text.rstrip("\n")) :]
+    if f.tj_native:
+        return tk.Tokenizer.from_str(json.dumps(data)).to_str(pretty=True) + tail
     return _dump_like(text, data).decode("utf-8")  # any other writer: only added_tokens changes
 
 
