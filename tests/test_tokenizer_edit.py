@@ -143,6 +143,17 @@ def test_json_and_model_both_edited_and_agree(tmp_path):
     assert all(tok.id_to_token(i) == sp.id_to_piece(i) for i in range(250, 253))
 
 
+def test_string_given_twice_with_special_gets_one_id(tmp_path):
+    edit = add_tokens_edit(_copy("bytelevel_bpe", tmp_path), ["<a>", "<a>", "<b>"], special=True)
+    assert [(t.id, t.existed, t.special) for t in edit.tokens] == [
+        (304, False, True),
+        (304, True, True),
+        (305, False, True),
+    ]
+    tj = json.loads(edit.files["tokenizer.json"])
+    assert [t["content"] for t in tj["added_tokens"][4:]] == ["<a>", "<b>"] and edit.length_after == 306
+
+
 def test_tokenizer_json_rewritten_as_tokenizers_writes_it(tmp_path):
     """A file tokenizers wrote is written by to_str(pretty=True); only added_tokens differs from before."""
     folder = _copy("bytelevel_bpe", tmp_path)

@@ -269,6 +269,7 @@ def _json_tokenizer(f: _Folder) -> Any:
         tok = f.json_tok
     elif f.vocab_txt is not None:
         unk = (f.json_files.get(CONFIG) or {}).get("unk_token") or "[UNK]"
+        unk = unk.get("content", "[UNK]") if isinstance(unk, dict) else str(unk)
         tok = tk.Tokenizer(tk.models.WordPiece(_base_of(f), unk_token=unk))
         lower = (f.json_files.get(CONFIG) or {}).get("do_lower_case", True)
         tok.normalizer = tk.normalizers.BertNormalizer(lowercase=bool(lower))
@@ -312,9 +313,11 @@ def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], li
         if s in ids:
             i = ids[s]
             had = f.added.get(i)
-            if special and (had is None or not had.special) and i not in {m.id for m in marks}:
+            marked = {m.id for m in marks}
+            if special and i < f.length and (had is None or not had.special) and i not in marked:
                 marks.append(replace(had, special=True) if had else AddedToken(s, i, True, False))
-            out.append(NewToken(s, i, special or bool(had and had.special), True))
+            first = next((t for t in out if t.id == i), None)  # given twice: as the first time
+            out.append(NewToken(s, i, first.special if first else special or bool(had and had.special), True))
             continue
         out.append(NewToken(s, next_id, special, False, tuple(split(s))))
         ids[s] = next_id
