@@ -17,7 +17,8 @@ from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted
 from ..io.vocabkeys import vocab_keys
 from ..model.enums import EQUAL_STATES, HeadLayout, Init
-from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, UsageError
+from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, TietoolError, UsageError
+from ..model.tokens import TokenEdit
 from .plan import (
     OutTensor,
     Plan,
@@ -100,6 +101,11 @@ def plan_resize(
         raise _trim_refusal(det, N, past)
     seed = _resolve_seed(seed)
     plan.extra_report = _resize_report(det, vocab, N, how, seed, pad_to_multiple_of)
+    plan.tokenizer = _trim_tokenizer(det, N)
+    if plan.tokenizer is not None:
+        plan.extra_report["tokens_removed"] = [
+            {"id": t.id, "content": t.content} for t in plan.tokenizer.removed
+        ]
     _resize_notes(det, plan, N, past)
     if N != V:
         std = float(det.ckpt.config.get("initializer_range") or 0.02)
@@ -228,12 +234,53 @@ def _resize_report(
     return rep
 
 
+def _trim_tokenizer(det: Detection, N: int) -> TokenEdit | None:
+    """The edit that keeps the tokenizer in step with a trim to ``N`` rows (``--force``): the added tokens at
+    ids ≥ N removed from every tokenizer file (:func:`surgery.io.tokenizer_edit.remove_tokens_edit`), so the
+    tokenizer never emits an id beyond the rows; None when the trim cuts no token the tokenizer has (no
+    tokenizer files, or ``N`` at or above its length, or no trim).
+
+    Raises:
+        RefusedError: base-vocabulary tokens at ids ≥ N (a model file's own pieces cannot be removed), a
+            token the tokenizer names as a special token (a loader would add it back past the rows), a
+            tokenizer whose files cannot be edited here (the ``tokenizer`` extra missing, a format tietool
+            cannot edit), or an edit that would still leave ids ≥ N: even with ``--force``.
+    """
+    size = det.tokenizer.size
+    if size is None or N >= size or N >= det.vocab_rows:
+        return None
+    head = f"resize to {N} rows refused even with {Opt('force', True)}"
+    from ..io.tokenizer_edit import remove_tokens_edit  # tokenizer libraries, lazily
+
+    try:
+        edit = remove_tokens_edit(det.ckpt.path, N)
+    except RefusedError as e:
+        raise RefusedError(f"{head}: {e.message}", det.ckpt.path, e.fix) from e
+    except TietoolError as e:
+        raise RefusedError(
+            f"{head}: the tokenizer defines {size} tokens (ids ≥ {N} would have no row) and its files cannot "
+            f"be edited here: {e.message}",
+            det.ckpt.path,
+            e.fix or f"a {Opt('vocab_size')} of at least {size}",
+        ) from e
+    if edit.length_after > N:
+        raise RefusedError(
+            f"{head}: the tokenizer would still define {edit.length_after} tokens (ids ≥ {N} without a row)",
+            det.ckpt.path,
+            f"a {Opt('vocab_size')} of at least {edit.length_after}",
+        )
+    return edit
+
+
 def _resize_notes(det: Detection, plan: Plan, N: int, past: list[str]) -> None:
     """Notes and warnings of a resize: rows removed (``--force``), token ids left without a row."""
     V, tok = det.vocab_rows, det.tokenizer
     if N < V:
         plan.notes.append(f"{Opt('force', True)}: rows {N}..{V - 1} removed from every vocabulary tensor")
-    if tok.size is not None and N < tok.size:
+    if plan.tokenizer is not None:
+        gone = ", ".join(f"{t.id} {t.content!r}" for t in plan.tokenizer.removed)
+        plan.notes.append(f"added tokens removed from the tokenizer files (ids ≥ {N}): {gone}")
+    elif tok.size is not None and N < tok.size:
         plan.warnings.append(f"the tokenizer defines {tok.size} tokens; ids ≥ {N} will have no row")
     if past:
         plan.warnings.append(
