@@ -398,7 +398,8 @@ def tokenizer_results(results, tmp_path_factory) -> dict[str, dict]:
 @pytest.mark.parametrize("key", [c.key for c in CASES])
 def test_tokenizers_encode_new_ids(results, tokenizer_results, key, lib):
     """``AutoTokenizer.from_pretrained(out)`` of HF transformers 5.x and PaddleFormers 1.2: each new string
-    is exactly its id, ``len`` = old length + new tokens, the corpus tokenizes as the input's did."""
+    is exactly its id, alone and inside a sentence (never split), ``len`` = old length + new tokens, the
+    corpus tokenizes as the input's did."""
     r = results[key]
     r.run.ok()
     res = tokenizer_results[key]
@@ -406,8 +407,9 @@ def test_tokenizers_encode_new_ids(results, tokenizer_results, key, lib):
     assert inp["ok"], f"{lib} cannot load the input's tokenizer: {inp['error']}"
     assert out["ok"], f"{lib} cannot load the output's tokenizer: {out['error']}"
     ids = expected_ids(r)
-    for s, enc in zip(r.case.tokens, out["strings"], strict=True):
+    for s, enc, inside in zip(r.case.tokens, out["strings"], out["inside"], strict=True):
         assert enc == [ids[s]], f"{lib}: {s!r} encodes to {enc}, expected [{ids[s]}]"
+        assert ids[s] in inside, f"{lib}: {s!r} is split inside a sentence: {inside}"
     assert out["len"] == inp["len"] + len(_new_ids(r))
     changed = [s for s in r.case.tokens if ids[s] >= r.entry["tokens"] or "--special" in r.case.extra]
     assert not [s for s in changed for ln in ts.corpus_lines() if s in ln], "the corpus holds a test token"

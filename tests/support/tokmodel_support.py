@@ -112,7 +112,8 @@ def build(variants: list[TokVariant], root: Path, timeout: float = 900) -> dict[
 def tokenizer_loads(jobs: list[dict], root: Path, timeout: float = 600) -> list[dict]:
     """Load every job's ``folder`` in HF transformers and in PaddleFormers ``AutoTokenizer`` (one subprocess
     for all) and encode ``strings`` and ``corpus`` (``add_special_tokens=False``); per job ``{"hf": {...},
-    "pf": {...}}``, each ``{"ok", "error", "len", "strings": [ids...], "corpus": [ids...]}``."""
+    "pf": {...}}``, each ``{"ok", "error", "len", "strings", "inside", "corpus"}`` (lists of ids;
+    ``inside``: each string within ``"and S then"``)."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "jobs.json").write_text(json.dumps(jobs, indent=1))
     cp = _python([__file__, "--tokenizers", str(root / "jobs.json"), str(root / "out.json")], timeout)
@@ -220,8 +221,16 @@ def _encode_all(load, job: dict) -> dict:
     try:
         tok = load(job["folder"])
         enc = [list(tok.encode(s, add_special_tokens=False)) for s in job["strings"]]
+        inside = [list(tok.encode(f"and {s} then", add_special_tokens=False)) for s in job["strings"]]
         corpus = [list(tok.encode(s, add_special_tokens=False)) for s in job["corpus"]]
-        return {"ok": True, "error": None, "len": len(tok), "strings": enc, "corpus": corpus}
+        return {
+            "ok": True,
+            "error": None,
+            "len": len(tok),
+            "strings": enc,
+            "inside": inside,
+            "corpus": corpus,
+        }
     except Exception as e:  # noqa: BLE001  (reported per job)
         return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:800]}"}
 
