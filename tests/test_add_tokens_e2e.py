@@ -449,3 +449,28 @@ def test_loads_and_old_logits_unchanged(results, logits, key):
     ref = inp["logits"][..., :L]
     diff = fs.logits_mismatch(out["logits"][..., :L], ref, atol=1e-5 * max(1.0, float(np.abs(ref).max())))
     assert diff is None, f"logits on the old ids differ from the input's: {diff}"
+
+
+@pytest.mark.parametrize("key", ["bf16-both-files", "bf16-words"])
+def test_both_files_agree(results, key):
+    """A folder with tokenizer.json and tokenizer.model: both edited, and they agree: the SentencePiece
+    model's piece of each new string is its id (``CONTROL`` for special, ``USER_DEFINED`` otherwise),
+    the model has as many pieces as the loader counts tokens, tokenizer.json gives the same id."""
+    import sentencepiece
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    from tokenizers import Tokenizer
+
+    r = results[key]
+    out = r.run.ok().out
+    sp = sentencepiece.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
+    proto = pb.ModelProto()
+    proto.ParseFromString((out / "tokenizer.model").read_bytes())
+    tj = Tokenizer.from_file(str(out / "tokenizer.json"))
+    ids, special = expected_ids(r), "--special" in r.case.extra
+    assert sp.get_piece_size() == len(ts.hf_tokenizer(out))
+    for s in r.case.tokens:
+        i = ids[s]
+        assert sp.piece_to_id(s) == i and tj.token_to_id(s) == i, f"{s!r}: model {sp.piece_to_id(s)}, json"
+        kind = proto.pieces[i].type
+        want = pb.ModelProto.SentencePiece.CONTROL if special else pb.ModelProto.SentencePiece.USER_DEFINED
+        assert kind == want, f"{s!r}: piece type {kind}, expected {want}"
