@@ -371,8 +371,9 @@ def _transfer_line(con, info: dict) -> None:
         )
 
 
-def _added_tokens(con: Console, a: dict) -> None:
-    """The ``add_tokens`` fields of a report: one line per token, then the rows and the files."""
+def _added_tokens(con: Console, a: dict, dry_run: bool) -> None:
+    """The ``add_tokens`` fields of a report: one line per token, then the rows (and, for a dry run, the
+    tokenizer files; a run lists them with the files it wrote)."""
     table = Table(title="tokens", title_justify="left", box=None, padding=(0, 2, 0, 0))
     for col in ("token", "id", "special", "init", "from ids"):
         table.add_column(col)
@@ -388,8 +389,8 @@ def _added_tokens(con: Console, a: dict) -> None:
     if a["padding_rows"]:
         line += f", {a['padding_rows']} padding row(s): init {a['padding_init']}"
     con.print(line + f"); seed {a['seed']} (--seed {a['seed']} reproduces the rows)")
-    if a["files_edited"]:
-        con.print(f"tokenizer files: {', '.join(a['files_edited'])}")
+    if a["files_edited"] and dry_run:
+        con.print(f"tokenizer files it would edit: {', '.join(a['files_edited'])}")
 
 
 def report(rep: dict, as_json: bool = False) -> None:
@@ -426,7 +427,7 @@ def report(rep: dict, as_json: bool = False) -> None:
             )
         )
     if "add_tokens" in rep:
-        _added_tokens(con, rep["add_tokens"])
+        _added_tokens(con, rep["add_tokens"], rep["dry_run"])
     for c in rep["config_changes"]:
         con.print(f"config: {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
     if "files" in rep:

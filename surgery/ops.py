@@ -657,7 +657,7 @@ def _token_strings(tokens: object) -> list[str]:
     if bad:
         raise UsageError(f"a token must be a non-empty string, got {bad[0]!r}", fix="remove it")
     if not tokens:
-        raise UsageError("add-tokens needs at least one token", fix="give the strings (or --file TOKENS.txt)")
+        raise UsageError("add-tokens needs at least one token", fix="give the strings to add")
     return list(dict.fromkeys(tokens))
 
 

@@ -29,10 +29,10 @@ from .resize import (
     target_rows,
 )
 
-TOKEN_INITS = tuple(i.value for i in TokenInit if i is not TokenInit.COPY) + ("copy:TOKEN",)  # --init words
+TOKEN_INITS = tuple(i.value for i in TokenInit if i is not TokenInit.COPY) + ("copy:TOKEN",)  # choices
 PAD_INIT = Init.MEAN
 """The init of padding rows (beyond the last new token) that growth to a multiple creates: ``resize``'s
-default, HF ``mean_resizing`` over the table's old rows (what ``resize --init mean`` gives them)."""
+default, HF ``mean_resizing`` over the table's old rows (what resize's ``mean`` init gives them)."""
 
 TP_DEGREE_KEYS = ("tensor_parallel_degree", "tensor_model_parallel_size")
 """config keys recording the tensor-parallel degree the vocabulary is split by (its rows a multiple)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -306,6 +307,9 @@ def _write_tokenizer_files(plan: Plan, tmp: Path, files_report: dict[str, Any]) 
         dst = tmp / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_bytes(data)
+        local = store.store_for(plan.ckpt.path).on_disk
+        if local and (plan.ckpt.path / rel).is_file():  # the mode of the file it replaces
+            shutil.copymode(plan.ckpt.path / rel, dst)
 
 
 def _kept_links(plan: Plan, carried: list[str]) -> list[tree.FolderLink]:
