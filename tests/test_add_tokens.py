@@ -396,3 +396,36 @@ def test_write_into_memory_equals_local(tmp_path):
         assert mem.files() == _tree(ck)
     finally:
         mem.clear()
+
+
+def test_trained_index_rule():
+    """unsloth's rule (largest value ≤ 1e-16: untrained) plus rows bit-identical to another, among the
+    tokenizer's old ids only."""
+    from tietool.surgery.plan.recipes import trained_index
+
+    a = rows(12, 4, 9)
+    a[2] = 0.0
+    a[3] = -1.0  # negative everywhere: amax ≤ eps, untrained by unsloth's rule
+    a[5] = a[7] = 0.5
+    got = trained_index(a, 10, lambda x: np.asarray(x, np.float32))
+    assert got.tolist() == [0, 1, 4, 6, 8, 9]
+    assert trained_index(np.zeros((3, 4), np.float32), 3, lambda x: x).tolist() == [0, 1, 2]  # none: all
+
+
+def test_in_place_rewrites_only_the_touched_shards(tmp_path, monkeypatch):
+    import shutil
+
+    ck = tmp_path / "ckpt"
+    shutil.copytree(CASES_DIR / "pf_llama_untied_sharded", ck)
+    det = detect(Checkpoint.open(ck), compare_values=True)
+    V = det.vocab_rows
+    monkeypatch.setattr(ops, "_tokenizer_edit", lambda: _fake_edit(V - 1))
+    touched = {det.ckpt.tensors[n].file for n in (det.embedding.name, det.head.name)}
+    rep = ops.add_tokens(ck, ["<a>", "<b>"], seed=0)
+    bak = Path(rep["in_place"]["backup"])
+    for f in det.ckpt.weight_files:
+        same = (ck / f).stat().st_ino == (bak / f).stat().st_ino
+        assert same == (f not in touched), f
+    assert sorted(rep["files"]["rewritten"]) == sorted(touched)
+    assert (ck / "tokenizer.json").read_bytes() == TOK_JSON and not (bak / "tokenizer.json").exists()
+    assert read(ck)[det.embedding.name].shape[0] == V + 1
