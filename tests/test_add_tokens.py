@@ -190,6 +190,10 @@ def test_refusals(tmp_path):
             plan_add_tokens(det, edit(20, [(1,)]), init=bad)
     with pytest.raises(UsageError):
         plan_add_tokens(det, edit(20, [(1,)]), init="copy:<s>")  # no copy_id resolved
+    with pytest.raises(UsageError, match="int32"):
+        plan_add_tokens(det, edit(24, [(1,)]), pad_to_multiple_of=2**31)
+    with pytest.raises(UsageError):
+        plan_add_tokens(det, edit(20, [(1,)]), seed=-1)
 
 
 # ------------------------------------------------------------------------------------------------ inits

@@ -20,6 +20,7 @@ from ..model.tokens import NewToken, TokenEdit
 from .plan import Plan, base_plan, refuse_unsettled_pair, refuse_unusable_head
 from .recipes import EditedBias, EditedTable, NewRows, TokenInitRows, TokenSpec
 from .resize import (
+    MAX_VOCAB,
     move_vocabulary,
     refuse_ambiguous_head,
     refuse_token_values,
@@ -111,7 +112,7 @@ def plan_add_tokens(
     _refuse_rows(det, edit)
     R, added = det.vocab_rows, edit.added
     multiple = math.lcm(pad_to_multiple_of or 1, tp_degree(det))
-    N = max(R, target_rows(edit.length_after, multiple)) if edit.length_after > R else R
+    N = _target(det, edit.length_after, multiple)
     refuse_vocab_surface(det, N, "add-tokens")
     refuse_token_values(det, N)
     seed = resolve_seed(seed)
@@ -142,6 +143,23 @@ def tp_degree(det: Detection) -> int:
     values = [b.get(k) for b in blocks for k in TP_DEGREE_KEYS]
     degrees = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
     return max([1, *(d for d in degrees if d > 0)])
+
+
+def _target(det: Detection, length: int, multiple: int) -> int:
+    """The rows after the edit: the current rows while the tokenizer's new ``length`` fits in them, else
+    ``length`` rounded up to ``multiple``.
+
+    Raises:
+        UsageError: more rows than int32 token ids can name.
+    """
+    R = det.vocab_rows
+    N = max(R, target_rows(length, multiple)) if length > R else R
+    if N > MAX_VOCAB:
+        raise UsageError(
+            f"{N} rows are beyond any tokenizer (token ids are int32 in Paddle; at most {MAX_VOCAB})",
+            fix=f"a smaller {Opt('pad_to_multiple_of')}",
+        )
+    return N
 
 
 def _refuse_rows(det: Detection, edit: TokenEdit) -> None:
