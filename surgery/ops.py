@@ -638,9 +638,9 @@ def add_tokens(
 def _tokenizer_edit() -> Any:
     """:mod:`surgery.io.tokenizer_edit`, imported on first use (it imports the ``tokenizer`` extra's
     libraries lazily itself)."""
-    import importlib
+    from .io import tokenizer_edit
 
-    return importlib.import_module(".io.tokenizer_edit", __package__)
+    return tokenizer_edit
 
 
 def _token_strings(tokens: object) -> list[str]:

@@ -433,3 +433,35 @@ def test_in_place_rewrites_only_the_touched_shards(tmp_path, monkeypatch):
     assert sorted(rep["files"]["rewritten"]) == sorted(touched)
     assert (ck / "tokenizer.json").read_bytes() == TOK_JSON and not (bak / "tokenizer.json").exists()
     assert read(ck)[det.embedding.name].shape[0] == V + 1
+
+
+SAMPLE = Path(__file__).resolve().parents[1] / "sample_checkpoints" / "pf_llama_with_tokenizer"
+
+
+def test_real_tokenizer_dry_run_then_in_place(tmp_path):
+    """With the real tokenizer half (tokenizer_edit) on the README's sample: a dry run writes nothing; in
+    place, the new ids take slack rows, each the mean of its subtokens' rows, the old rows unchanged."""
+    pytest.importorskip("tokenizers")
+    import shutil
+
+    ck = tmp_path / "ckpt"
+    shutil.copytree(SAMPLE, ck)
+    before, src = _tree(ck), read(ck)
+    strings = ["<think>", "</think>", "<tool_call>"]
+    rep = ops.add_tokens(ck, strings, special=True, seed=0, dry_run=True)
+    assert _tree(ck) == before and not rep["in_place"]["written"]
+    rep = ops.add_tokens(ck, strings, special=True, seed=0)
+    toks = {t["content"]: t for t in rep["add_tokens"]["tokens"]}
+    assert toks["<think>"]["existed"] and (toks["</think>"]["id"], toks["<tool_call>"]["id"]) == (304, 305)
+    out = read(ck)
+    for n in (EMB, HEAD):
+        assert out[n].shape == src[n].shape == (320, 16)
+        assert (
+            out[n][:304].tobytes() == src[n][:304].tobytes()
+            and out[n][306:].tobytes() == src[n][306:].tobytes()
+        )
+        for s in ("</think>", "<tool_call>"):
+            ids = toks[s]["source_ids"]
+            np.testing.assert_allclose(out[n][toks[s]["id"]], mean_of(src[n], ids), rtol=1e-6)
+    assert "tokenizer.json" in rep["files"]["edited"]
+    assert (ck / "tokenizer.json").read_bytes() != before["tokenizer.json"]
