@@ -134,3 +134,12 @@ def test_grow_leaves_tokenizer_files_alone(tmp_path):
     run = _resize(tmp_path, "--vocab", 320).ok()
     for f in TOK.iterdir() if TOK else ():
         assert (run.out / f.name).read_bytes() == f.read_bytes(), f"{f.name} changed"
+
+
+def test_trim_in_place_edits_tokenizer(tmp_path):
+    """In place (no --out, --no-backup): the folder's own tokenizer files are edited with the rows."""
+    inp = _ckpt(tmp_path / "in")
+    run = rs.run_on(inp, None, "resize", ["--vocab", "302", "--force", "--no-backup"])
+    assert run.rc == 0, run.describe()
+    assert len(ts.hf_tokenizer(inp)) == 302
+    assert rs.read(inp).tensors["model.embed_tokens.weight"].shape == (302, H)
