@@ -162,7 +162,9 @@ def _pkg(arg: Path | None) -> Path:
 # ---------------------------------------------------------------- cases and checks
 
 
-def cases(py: str, dirs: dict[str, Path], extra: list[str]) -> dict[str, tuple[list[str], str | None]]:
+def cases(
+    py: str, dirs: dict[str, Path], extra: list[str], resize_init: list[str]
+) -> dict[str, tuple[list[str], str | None]]:
     """label → (argv, the variant whose fresh working copy the case edits in place, or None)."""
     tool = [py, "-m", "tietool"]
     add = ["add-tokens", *extra]
@@ -170,7 +172,7 @@ def cases(py: str, dirs: dict[str, Path], extra: list[str]) -> dict[str, tuple[l
         "cp -r": (["cp", "-r", str(dirs["slack"]), str(OUT)], None),
         "resize --out (+8 rows)": (
             [*tool, "resize", str(dirs["slack"]), "--vocab", str(RESIZE_TO), "--seed", "0", "--out", str(OUT)]
-            + ["-q"],
+            + [*resize_init, "-q"],
             None,
         ),
     }
@@ -184,6 +186,7 @@ def cases(py: str, dirs: dict[str, Path], extra: list[str]) -> dict[str, tuple[l
     # same-run references for in place: resize in place, and the floor of an edit that rewrites the
     # embedding's shard and the tokenizer files (a durable copy of those)
     resize_ip = [*tool, "resize", str(WORK / "ip_slack"), "--vocab", str(RESIZE_TO), "--seed", "0", "-q"]
+    resize_ip += resize_init
     c["resize in place (+8 rows)"] = (resize_ip, "slack")
     index = json.loads((dirs["slack"] / "model.safetensors.index.json").read_text())["weight_map"]
     files = [dirs["slack"] / index["model.embed_tokens.weight"]]
@@ -340,6 +343,9 @@ def main() -> int:
     ap.add_argument("--pkg", type=Path, help="PYTHONPATH folder whose tietool entry is the tree to run")
     ap.add_argument("--init", help="add-tokens --init (default: add-tokens' own default)")
     ap.add_argument("--no-special", action="store_true", help="add the 8 tokens without --special")
+    ap.add_argument("--resize-init", help="resize --init of the reference cases (default: resize's own)")
+    ap.add_argument("--only", action="append", help="run only cases whose label contains this (repeatable)")
+    ap.add_argument("--results", default="add_tokens", help="name of the results files in bench/_work/")
     ap.add_argument("--pf", choices=["no", "also", "only"], default="no", help="the PaddleFormers route once")
     ap.add_argument("--pf-min-free-gb", type=float, default=20.0)
     a = ap.parse_args()
@@ -351,11 +357,13 @@ def main() -> int:
     env = {"PYTHONPATH": str(_pkg(a.pkg)), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
     extra = ([] if a.no_special else ["--special"]) + (["--init", a.init] if a.init else []) + ["--seed", "0"]
     info: dict = {"load_start": os.getloadavg(), "tokens": TOKENS, "extra": extra, "runs": {}}
+    info["resize_init"] = a.resize_init or "resize's default"
     info["git_head"] = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     print(f"tietool {info['git_head']}, load average {info['load_start']}", flush=True)
-    cs = cases(a.python, dirs, extra + ["-q"])
+    cs = cases(a.python, dirs, extra + ["-q"], ["--init", a.resize_init] if a.resize_init else [])
+    cs = {k: v for k, v in cs.items() if not a.only or any(o in k for o in a.only)}
     runs: dict[str, list[dict]] = {k: [] for k in cs}
     for rep in range(a.repeat if a.pf != "only" else 0):
         order = list(cs)[rep % len(cs) :] + list(cs)[: rep % len(cs)]
@@ -370,7 +378,7 @@ def main() -> int:
                 + (f"  PROBLEM: {r['problem']}" if r["problem"] else ""),
                 flush=True,
             )
-    name = "add_tokens"
+    name = a.results
     if a.pf != "no":
         info["pf"] = pf_route(a.python, dirs, env, a.pf_min_free_gb)
         print("PaddleFormers route:", json.dumps({k: v for k, v in info["pf"].items() if k != "log_tail"}))
