@@ -254,6 +254,24 @@ def _vocab_line(info: dict) -> str:
     )
 
 
+def _tokenizer_line(info: dict) -> str | None:
+    """``tokenizer files: tokenizer.json 301, tokenizer.model 300 (not parsed: ...): they agree`` (None
+    without tokenizer files); each disagreement is a problem line of its own."""
+    t = info["vocab"].get("tokenizer")
+    if not t or not t["files"]:
+        return None
+    files = ", ".join(
+        f["name"]
+        + (f" {f['length']}" if f["length"] is not None else "")
+        + (f" ({f['note']})" if f["note"] else "")
+        for f in t["files"]
+    )
+    n = len(t["disagreements"])
+    verdict = "they agree" if t["agree"] else f"{n} disagreement{'s' if n > 1 else ''} (problems below)"
+    added = f", {len(t['added'])} added" if t["added"] else ""
+    return f"tokenizer files: {files}; len(tokenizer) {t['length']}{added}: {verdict}"
+
+
 def _savings_line(info: dict) -> str:
     """``tying would save N parameters, B bytes (P% of the checkpoint)``, with why nothing or on what
     condition."""
@@ -294,6 +312,9 @@ def inspect(info: dict, as_json: bool = False) -> None:
     con.print(_tie_line(info))
     _drift(con, info)
     con.print(_vocab_line(info))
+    tok = _tokenizer_line(info)
+    if tok:
+        con.print(tok)
     con.print(_savings_line(info))
     _messages(con, info["notes"], info["warnings"], info["problems"])
     left_out(con, info.get("left_out", []), info["index"], info["format"], writing=False)

@@ -97,16 +97,28 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.where(same, 0.0, np.where(np.isnan(d), np.inf, d))))
 
 
-def common_part_equal(A: Checkpoint, B: Checkpoint, name: str, axis: int) -> bool:
+def common_part_equal(
+    A: Checkpoint, B: Checkpoint, name: str, axis: int, skip: frozenset[int] = frozenset()
+) -> bool:
     """The entries ``name`` has in both checkpoints along ``axis`` (0: rows; 1: columns; the other axes
-    equal) are bit-identical, read in row chunks."""
+    equal) are bit-identical, read in row chunks; the indices in ``skip`` along ``axis`` (the rows of tokens
+    ``add-tokens`` added into slack rows) are not compared."""
     ta, tb = A.tensors[name], B.tensors[name]
     common = min(ta.shape[axis], tb.shape[axis])
     n = _rows_per_chunk(_row_bytes(A, name), _row_bytes(B, name))
     stop = common if axis == 0 else None
+    cols = np.array([c for c in range(common) if c not in skip], dtype=np.intp) if axis == 1 else None
+    start = 0
     for x, y in zip(_rows(A, name, n, stop), _rows(B, name, n, stop), strict=True):
-        if axis == 1:
+        m = len(x) if x.ndim else 0
+        if cols is not None:
             x, y = x[:, :common], y[:, :common]
+            if skip:
+                x, y = x[:, cols], y[:, cols]
+        elif skip and x.ndim:
+            keep = [j for j in range(m) if start + j not in skip]
+            x, y = x[keep], y[keep]
+        start += m
         if not np.array_equal(_bits(x), _bits(y)):
             return False
     return True
@@ -158,3 +170,66 @@ def scaled_equal(X: Checkpoint, name: str, E: Checkpoint, emb: str, scale: float
         np.allclose(_decode(X, name, x), _decode(E, emb, e) * np.float32(scale), rtol=rtol, atol=0)
         for x, e in zip(_rows(X, name, n), _rows(E, emb, n), strict=True)
     )
+
+
+LOW_NORM = (
+    1e-3  # a row whose L2 norm is below LOW_NORM × the median norm of the non-zero rows looks untrained
+)
+FIRST_IDS = 10  # ids listed per kind of untrained row
+
+
+def untrained_rows(ck: Checkpoint, name: str) -> dict:
+    """Rows of the 2-D table ``name`` (``[vocab, hidden]``) that look untrained, read in chunks of about
+    :data:`CHUNK_BYTES` (memory: one chunk, a norm and an 8-byte digest per row).
+
+    Returns ``{"tensor", "rows", "zero", "duplicate", "low_norm", "rule"}``: ``zero`` (every element 0) and
+    ``low_norm`` (L2 norm below ``LOW_NORM`` × the median norm of the non-zero rows, zero rows excluded)
+    are ``{"count", "first"}`` (the first :data:`FIRST_IDS` ids); ``duplicate`` (a non-zero row whose stored
+    bytes equal an earlier row's) is ``{"count", "first": [{"id", "same_as"}]}``. Norms are computed in
+    float32 (bf16 decoded by bit shift); a NaN norm counts as neither.
+    """
+    import hashlib
+
+    t = ck.tensors[name]
+    rows = t.shape[0] if len(t.shape) == 2 else 0
+    norms = np.empty(rows, dtype=np.float32)
+    zero: list[int] = []
+    dup: list[tuple[int, int]] = []
+    seen: dict[bytes, int] = {}
+    start = 0
+    for chunk in _rows(ck, name, _rows_per_chunk(_row_bytes(ck, name))) if rows else ():
+        x = _decode(ck, name, chunk)
+        n = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64)).astype(np.float32)
+        norms[start : start + len(n)] = n
+        raw, live = np.ascontiguousarray(chunk), x.any(axis=1)
+        for j in range(len(n)):
+            i = start + j
+            if not live[j]:
+                zero.append(i)
+                continue
+            key = hashlib.blake2b(raw[j].tobytes(), digest_size=8).digest()
+            if key in seen:
+                dup.append((i, seen[key]))
+            else:
+                seen[key] = i
+        start += len(n)
+    return _untrained_summary(name, rows, norms, zero, dup)
+
+
+def _untrained_summary(name: str, rows: int, norms: np.ndarray, zero: list[int], dup: list) -> dict:
+    """The dict of :func:`untrained_rows` from the per-row norms, the zero rows and the duplicate pairs."""
+    nonzero = np.ones(rows, dtype=bool)
+    nonzero[zero] = False
+    live = norms[nonzero & np.isfinite(norms)]
+    median = float(np.median(live)) if live.size else 0.0
+    low = np.flatnonzero(nonzero & (norms < LOW_NORM * median)) if median > 0 else np.array([], dtype=int)
+    return {
+        "tensor": name,
+        "rows": rows,
+        "zero": {"count": len(zero), "first": zero[:FIRST_IDS]},
+        "duplicate": {"count": len(dup), "first": [{"id": i, "same_as": j} for i, j in dup[:FIRST_IDS]]},
+        "low_norm": {"count": int(low.size), "first": [int(i) for i in low[:FIRST_IDS]]},
+        "median_norm": median,
+        "low_norm_factor": LOW_NORM,
+        "rule": f"L2 norm < {LOW_NORM:g} × the median norm of the non-zero rows",
+    }

@@ -25,6 +25,7 @@ from ..io.tokenizer import SpecialTokenId, TokenizerInfo, special_token_ids, tok
 from ..model.enums import LAYOUTS, FoundBy, HeadLayout, TensorRole, TieState
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import FLOAT_DTYPES, TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
+from ..model.tokens import TokenizerSet
 from . import chunked
 from .findings import Finding, FindingKind, Fix, OneOf, Severity
 from .vocabularies import (
@@ -1065,10 +1066,22 @@ def _size_findings(det: Detection) -> list[Finding]:
             fix = Fix(Opt("vocab_size", tok.size), "resize")
             out.append(Finding(FindingKind.TOKENIZER_BEYOND_ROWS, emb, facts, fix))
     out += [Finding(FindingKind.TOKENIZER_UNREADABLE, (), {"file": n}) for n in tok.unreadable]
+    out += _tokenizer_set_findings(tok.files)
     beyond = [{"file": s.file, "key": s.key, "id": s.id} for s in det.special_ids if s.id >= V]
     if beyond:
         facts = {"embedding_rows": V, "ids": beyond}
         out.append(Finding(FindingKind.SPECIAL_IDS_BEYOND_ROWS, emb, facts))
+    return out
+
+
+def _tokenizer_set_findings(ts: TokenizerSet) -> list[Finding]:
+    """One problem per disagreement of the tokenizer files; notes for files that need the tokenizer extra
+    and for formats tietool cannot edit."""
+    out = [Finding(FindingKind.TOKENIZER_FILES_DISAGREE, (), {"disagreement": d}) for d in ts.disagreements]
+    if ts.needs_extra:
+        out.append(Finding(FindingKind.TOKENIZER_NEEDS_EXTRA, (), {"files": list(ts.needs_extra)}))
+    if ts.unsupported:
+        out.append(Finding(FindingKind.TOKENIZER_READ_ONLY, (), {"files": list(ts.unsupported)}))
     return out
 
 
