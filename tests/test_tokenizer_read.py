@@ -113,7 +113,7 @@ def test_every_file_and_added_token_of_bytelevel_bpe():
 
 def test_tiktoken_is_read_but_unsupported():
     ts = tk.tokenizer_set(TOK / "tiktoken")
-    assert ts.unsupported == ("qwen.tiktoken",)
+    assert ts.unsupported == ("qwen.tiktoken", "tokenizer_config.json")  # and its auto_map class
     assert ts.length == sum(
         1 for line in (TOK / "tiktoken" / "qwen.tiktoken").read_text().splitlines() if line
     )
@@ -278,3 +278,16 @@ def test_untrained_rows_in_small_chunks_match(tmp_path, monkeypatch):
     small = chunked.untrained_rows(Checkpoint.open(ck), "model.embed_tokens.weight")
     assert whole == small
     assert whole["zero"]["first"] == [3, 4, 41] and whole["duplicate"]["first"] == [{"id": 45, "same_as": 2}]
+
+
+def test_untrained_rows_beyond_the_tokenizer_are_all_counted(tmp_path):
+    """More untrained rows than ids listed: the count beyond the tokenizer covers them all."""
+    rows = trained_rows(330)
+    rows[304:] = 0
+    rows[100] = 0
+    from tietool.surgery.io.checkpoint import Checkpoint
+
+    ck = write_checkpoint(tmp_path / "ck", rows)
+    u = chunked.untrained_rows(Checkpoint.open(ck), "model.embed_tokens.weight", 304)
+    assert u["zero"]["count"] == 27 and len(u["zero"]["first"]) == chunked.FIRST_IDS
+    assert u["beyond_tokenizer"] == 26

@@ -178,7 +178,7 @@ LOW_NORM = (
 FIRST_IDS = 10  # ids listed per kind of untrained row
 
 
-def untrained_rows(ck: Checkpoint, name: str) -> dict:
+def untrained_rows(ck: Checkpoint, name: str, split: int | None = None) -> dict:
     """Rows of the 2-D table ``name`` (``[vocab, hidden]``) that look untrained, read in chunks of about
     :data:`CHUNK_BYTES` (memory: one chunk, a norm and an 8-byte digest per row).
 
@@ -186,7 +186,8 @@ def untrained_rows(ck: Checkpoint, name: str) -> dict:
     ``low_norm`` (L2 norm below ``LOW_NORM`` × the median norm of the non-zero rows, zero rows excluded)
     are ``{"count", "first"}`` (the first :data:`FIRST_IDS` ids); ``duplicate`` (a non-zero row whose stored
     bytes equal an earlier row's) is ``{"count", "first": [{"id", "same_as"}]}``. Norms are computed in
-    float32 (bf16 decoded by bit shift); a NaN norm counts as neither.
+    float32 (bf16 decoded by bit shift); a NaN norm counts as neither. With ``split`` (the tokenizer's
+    length), ``beyond_tokenizer`` counts the rows of any kind at ids ``>= split`` (slack rows).
     """
     import hashlib
 
@@ -213,17 +214,19 @@ def untrained_rows(ck: Checkpoint, name: str) -> dict:
             else:
                 seen[key] = i
         start += len(n)
-    return _untrained_summary(name, rows, norms, zero, dup)
+    return _untrained_summary(name, rows, norms, zero, dup, split)
 
 
-def _untrained_summary(name: str, rows: int, norms: np.ndarray, zero: list[int], dup: list) -> dict:
+def _untrained_summary(
+    name: str, rows: int, norms: np.ndarray, zero: list[int], dup: list, split: int | None
+) -> dict:
     """The dict of :func:`untrained_rows` from the per-row norms, the zero rows and the duplicate pairs."""
     nonzero = np.ones(rows, dtype=bool)
     nonzero[zero] = False
     live = norms[nonzero & np.isfinite(norms)]
     median = float(np.median(live)) if live.size else 0.0
     low = np.flatnonzero(nonzero & (norms < LOW_NORM * median)) if median > 0 else np.array([], dtype=int)
-    return {
+    out = {
         "tensor": name,
         "rows": rows,
         "zero": {"count": len(zero), "first": zero[:FIRST_IDS]},
@@ -233,3 +236,8 @@ def _untrained_summary(name: str, rows: int, norms: np.ndarray, zero: list[int],
         "low_norm_factor": LOW_NORM,
         "rule": f"L2 norm < {LOW_NORM:g} × the median norm of the non-zero rows",
     }
+    if split is not None:
+        ids = {*zero, *(i for i, _ in dup), *(int(i) for i in low)}
+        out["tokenizer_size"] = split
+        out["beyond_tokenizer"] = sum(1 for i in ids if i >= split)
+    return out

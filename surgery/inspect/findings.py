@@ -414,8 +414,8 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
         'extra (pip install "tietool[tokenizer]")'
     ),
     FindingKind.TOKENIZER_READ_ONLY: lambda f: (
-        f"tokenizer file(s) {', '.join(f.facts['files'])} are in a format tietool reads but cannot edit "
-        "(add-tokens refuses them)"
+        f"tokenizer file(s) {', '.join(f.facts['files'])}: a tiktoken rank file or a custom tokenizer class "
+        "(auto_map AutoTokenizer), which tietool reads but cannot edit (add-tokens refuses them)"
     ),
     FindingKind.UNTRAINED_ROWS: _untrained_rows,
     FindingKind.EMBEDDING_MISSING: _missing_embedding,

@@ -279,12 +279,7 @@ def untrained_finding(det: Detection) -> tuple[dict | None, Finding | None]:
     name = det.embedding.name
     if not det.embedding.present or len(det.ckpt.tensors[name].shape) != 2:
         return None, None
-    u = chunked.untrained_rows(det.ckpt, name)
-    n = det.tokenizer.size
-    ids = set(u["zero"]["first"]) | {d["id"] for d in u["duplicate"]["first"]} | set(u["low_norm"]["first"])
-    if n is not None:
-        u["tokenizer_size"] = n
-        u["beyond_tokenizer"] = sum(1 for i in ids if i >= n)
+    u = chunked.untrained_rows(det.ckpt, name, det.tokenizer.size)
     if not (u["zero"]["count"] or u["duplicate"]["count"] or u["low_norm"]["count"]):
         return u, None
     return u, Finding(FindingKind.UNTRAINED_ROWS, (name,), u)

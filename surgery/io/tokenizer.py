@@ -385,8 +385,19 @@ def tokenizer_set(folder: Path) -> TokenizerSet:
             clashes + _map_disagreements(reads) + _length_disagreements(reads) + _decoder_disagreements(reads)
         ),
         needs_extra=tuple(f.name for f in files if f.note == EXTRA_HINT),
-        unsupported=tuple(f.name for f in files if f.format is TokenizerFormat.TIKTOKEN),
+        unsupported=tuple(f.name for f in files if f.format is TokenizerFormat.TIKTOKEN)
+        + _custom_class(store.path_of(folder)),
     )
+
+
+def _custom_class(folder: Path) -> tuple[str, ...]:
+    """``("tokenizer_config.json",)`` when it names a custom tokenizer class (``auto_map`` with an
+    ``AutoTokenizer`` entry: code shipped with the checkpoint, which tietool neither runs nor edits)."""
+    if not (folder / "tokenizer_config.json").is_file():
+        return ()
+    tc = _load(folder, "tokenizer_config.json")
+    am = tc.get("auto_map") if isinstance(tc, dict) else None
+    return ("tokenizer_config.json",) if isinstance(am, dict) and am.get("AutoTokenizer") else ()
 
 
 def vocabulary(folder: Path) -> dict[int, str]:
