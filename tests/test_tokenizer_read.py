@@ -32,9 +32,11 @@ def _copy(name: str, dst: Path) -> Path:
     return dst
 
 
-def write_checkpoint(folder: Path, rows: np.ndarray, tokenizer: str | None = None) -> Path:
-    """A tiny tied Qwen2 safetensors checkpoint (embedding ``rows``, a norm) with the tokenizer files of
-    tests/data/tokenizers/``tokenizer`` beside it."""
+def write_checkpoint(
+    folder: Path, rows: np.ndarray, tokenizer: str | None = None, head: np.ndarray | None = None
+) -> Path:
+    """A tiny Qwen2 safetensors checkpoint (embedding ``rows``, a norm; tied, or untied with ``head``
+    as ``lm_head.weight``) with the tokenizer files of tests/data/tokenizers/``tokenizer`` beside it."""
     from safetensors.numpy import save_file
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -52,7 +54,7 @@ def write_checkpoint(folder: Path, rows: np.ndarray, tokenizer: str | None = Non
         "num_attention_heads": 2,
         "num_key_value_heads": 2,
         "rms_norm_eps": 1e-06,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": head is None,
         "torch_dtype": "float32",
     }
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))
@@ -60,6 +62,8 @@ def write_checkpoint(folder: Path, rows: np.ndarray, tokenizer: str | None = Non
         "model.embed_tokens.weight": np.ascontiguousarray(rows, np.float32),
         "model.norm.weight": np.ones(H, np.float32),
     }
+    if head is not None:
+        tensors["lm_head.weight"] = np.ascontiguousarray(head, np.float32)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "np"})
     return folder
 

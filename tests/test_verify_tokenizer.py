@@ -268,3 +268,37 @@ def test_cli_exit_7_names_the_token_and_json_lists_it(before):
     after = _after(before)
     _add(after, ["<tool_call>"])
     assert cli_runner.run_cli(["verify", before, after]).rc == 0
+
+
+def _set_head(folder: Path, head: np.ndarray) -> None:
+    from safetensors.numpy import load_file, save_file
+
+    t = load_file(str(folder / "model.safetensors"))
+    t["lm_head.weight"] = np.ascontiguousarray(head, np.float32)
+    save_file(t, str(folder / "model.safetensors"), metadata={"format": "np"})
+
+
+def test_an_untied_hidden_vocab_head_column_of_a_new_token(tmp_path):
+    """An untied [hidden, vocab] head: the new token's column may change (the mean of its subtokens'
+    columns), every other column must keep its bits."""
+    head = trained_rows(312, seed=1).T  # [8, 312]
+    before = write_checkpoint(tmp_path / "before", trained_rows(312), "bytelevel_bpe", head=head)
+    after = _after(before)
+    (i,) = _add(after, ["<tool_call>"])
+    from tokenizers import Tokenizer
+
+    subs = (
+        Tokenizer.from_file(str(before / "tokenizer.json"))
+        .encode("<tool_call>", add_special_tokens=False)
+        .ids
+    )
+    new = head.copy()
+    new[:, i] = head[:, subs].mean(axis=1)
+    _set_head(after, new)
+    res = verify(before, after)
+    assert res.unexplained == [], res.unexplained
+    assert sorted(c["name"] for c in res.changed) == ["lm_head.weight", EMB]
+    new[:, 3] += 1  # a column of an old token
+    _set_head(after, new)
+    res = verify(before, after)
+    assert any(u.startswith("lm_head.weight changed") for u in res.unexplained), res.unexplained
