@@ -450,8 +450,8 @@ def _report_tokens(path: Path) -> tuple[dict[int, str], dict[int, str]]:
     """The tokens the output's ``tietool-report.json`` says were added and removed, ``({id: content},
     {id: content})``. Read from ``add_tokens.tokens`` (and ``tokenizer.tokens``: the spelling of the
     ``TokenEdit``), entries ``{"content", "id", ...}`` (``"existed": true`` ones are not new), and
-    ``removed`` lists under ``add_tokens``, ``tokenizer`` or ``resize``. A missing or unreadable report
-    explains nothing."""
+    ``tokens_removed`` (resize's spelling) or ``removed`` lists under ``add_tokens``, ``tokenizer`` or
+    ``resize``. A missing or unreadable report explains nothing."""
     try:
         rep = load_json(path / REPORT_NAME, REPORT_NAME) if (path / REPORT_NAME).is_file() else None
     except (CheckpointError, OSError):
@@ -464,7 +464,7 @@ def _report_tokens(path: Path) -> tuple[dict[int, str], dict[int, str]]:
         sec = rep.get(key)
         if not isinstance(sec, dict):
             continue
-        for into, name in ((added, "tokens"), (removed, "removed")):
+        for into, name in ((added, "tokens"), (removed, "tokens_removed"), (removed, "removed")):
             for t in sec.get(name) or []:
                 ok = (
                     isinstance(t, dict) and isinstance(t.get("content"), str) and isinstance(t.get("id"), int)
