@@ -583,8 +583,8 @@ def verify(res: Any, before: str, after: str, as_json: bool = False) -> None:
         _verify_text(d)
     if res.exit_code == ExitCode.UNEXPLAINED:
         print(
-            f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize do not explain "
-            f"between {before} and {after} (listed above)",
+            f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize/add-tokens do not "
+            f"explain between {before} and {after} (listed above)",
             file=sys.stderr,
         )
     if res.logits and res.logits.get("ok") is None:  # exit NOT_COMPARED (8) unless 7 already
@@ -632,14 +632,15 @@ def _verify_text(res: dict) -> None:
             )
     if res["explained"] and lg and lg.get("ok") is None:
         con.print(
-            "verdict: every tensor difference is explained by tie/untie/resize; the logits were not compared"
+            "verdict: every tensor difference is explained by tie/untie/resize/add-tokens; the logits were "
+            "not compared"
         )
     elif res["explained"]:
-        con.print("verdict: every difference is explained by tie/untie/resize")
+        con.print("verdict: every difference is explained by tie/untie/resize/add-tokens")
     else:
         for u in res["unexplained"]:
             con.print(f"unexplained: {u}", style="red")
-        con.print("verdict: differences that tie/untie/resize do not explain")
+        con.print("verdict: differences that tie/untie/resize/add-tokens do not explain")
 
 
 def _many_row(info: dict) -> list[str]:

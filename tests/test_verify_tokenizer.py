@@ -302,3 +302,33 @@ def test_an_untied_hidden_vocab_head_column_of_a_new_token(tmp_path):
     _set_head(after, new)
     res = verify(before, after)
     assert any(u.startswith("lm_head.weight changed") for u in res.unexplained), res.unexplained
+
+
+ADD_CASES = [
+    ("bytelevel_bpe", 312, {}),
+    ("bytelevel_bpe", 304, {"pad_to_multiple_of": 16}),  # no slack: the rows grow
+    ("sp_bpe_with_json", 256, {"special": True}),
+    ("sp_unigram", 252, {}),
+    ("sp_bpe", 250, {}),
+    ("wordpiece", 240, {}),
+    ("gpt2_bpe", 301, {"init": "mean"}),
+]
+
+
+@pytest.mark.parametrize(("tok", "rows", "kw"), ADD_CASES)
+def test_verify_explains_what_add_tokens_writes(tmp_path, tok, rows, kw):
+    """tietool's own add-tokens output (every tokenizer format, slack and growth, special, mean init) is
+    explained token by token and row by row; the output's files agree (inspect)."""
+    import tietool
+
+    if not hasattr(tietool, "add_tokens"):
+        pytest.skip("add-tokens is not on this branch yet (i20-addplan)")
+    from tietool.surgery.inspect.summary import inspect_path
+
+    src = write_checkpoint(tmp_path / "in", trained_rows(rows), tok)
+    out = tmp_path / "out"
+    tietool.add_tokens(src, ["<tool_call>", "hello_world_x", "<think>"], out, seed=1, **kw)
+    res = verify(src, out)
+    assert res.unexplained == [] and res.exit_code == ExitCode.OK
+    assert [t["content"] for t in res.tokenizer["added"]][:2] == ["<tool_call>", "hello_world_x"]
+    assert inspect_path(out)["vocab"]["tokenizer"]["agree"]
