@@ -229,7 +229,7 @@ def test_inspect_lists_the_file_set_and_slack(tmp_path):
     ]
     assert info["vocab"]["slack_rows"] == 8
     assert any("8 padding rows beyond the tokenizer" in n for n in info["notes"])
-    assert info["vocab"]["untrained_rows"]["zero"]["count"] == 0
+    assert info["untrained_rows"]["zero"]["count"] == 0
 
 
 def test_inspect_disagreement_is_a_problem(tmp_path):
@@ -253,7 +253,7 @@ def test_untrained_rows_zero_duplicate_low_norm(tmp_path):
     rows[30] = rows[31] * 1e-5  # a row whose norm is far below the rest
     ck = write_checkpoint(tmp_path / "ck", rows, "bytelevel_bpe")
     info = inspect_path(ck)
-    u = info["vocab"]["untrained_rows"]
+    u = info["untrained_rows"]
     norms = np.linalg.norm(rows, axis=1)
     median = float(np.median(norms[norms > 0]))
     assert u["zero"] == {"count": 9, "first": [7, 304, 305, 306, 307, 308, 309, 310, 311]}
@@ -266,7 +266,7 @@ def test_untrained_rows_zero_duplicate_low_norm(tmp_path):
         n for n in info["notes"] if n.startswith("rows of model.embed_tokens.weight that look untrained")
     ]
     assert "9 all-zero (ids 7, 304, 305" in note and "20 = 10" in note and "(ids 30)" in note, note
-    assert inspect_path(ck, compare_values=False)["vocab"]["untrained_rows"] is None
+    assert inspect_path(ck, compare_values=False)["untrained_rows"] is None
 
 
 def test_untrained_rows_in_small_chunks_match(tmp_path, monkeypatch):
@@ -295,3 +295,35 @@ def test_untrained_rows_beyond_the_tokenizer_are_all_counted(tmp_path):
     u = chunked.untrained_rows(Checkpoint.open(ck), "model.embed_tokens.weight", 304)
     assert u["zero"]["count"] == 27 and len(u["zero"]["first"]) == chunked.FIRST_IDS
     assert u["beyond_tokenizer"] == 26
+
+
+@pytest.mark.parametrize("layout", ["vocab-hidden", "hidden-vocab"])
+@pytest.mark.parametrize("halves", [False, True])
+def test_untrained_rows_come_from_the_head_comparison(tmp_path, monkeypatch, layout, halves):
+    """With a head to compare, inspect's scan is fed from the embedding chunks the comparison reads (in one
+    thread or two halves): the embedding is not read a second time, and the answer equals a scan of its
+    own."""
+    from tietool.surgery.inspect import detect as detect_mod
+    from tietool.surgery.io.checkpoint import Checkpoint
+
+    rows = trained_rows(312)
+    rows[[5, 306]] = 0
+    rows[200] = rows[100]
+    head = trained_rows(312, seed=3)
+    ck = write_checkpoint(
+        tmp_path / "ck", rows, "bytelevel_bpe", head=head if layout == "vocab-hidden" else head.T
+    )
+    want = chunked.untrained_rows(Checkpoint.open(ck), "model.embed_tokens.weight", 304)
+    if halves:
+        monkeypatch.setattr(detect_mod, "HALVES_BYTES", 1)
+    real = chunked._rows
+
+    def no_second_read(c, name, *a, **k):
+        assert name != "model.embed_tokens.weight", "the embedding was read again for the untrained rows"
+        return real(c, name, *a, **k)
+
+    monkeypatch.setattr(chunked, "_rows", no_second_read)
+    info = inspect_path(ck)
+    assert info["tie"]["values"] == "different"
+    assert info["untrained_rows"] == want
+    assert want["zero"]["first"] == [5, 306] and want["duplicate"]["first"] == [{"id": 200, "same_as": 100}]

@@ -938,6 +938,8 @@ def compare(
     # a transposed head is gathered column by column from a mapping: larger chunks amortize the strides
     chunk_rows = max(1, ((chunk_bytes or CHUNK_BYTES) * (8 if hT is not None else 1)) // row_bytes)
     row_max = np.zeros(eshape[0], np.float32)  # per-row max |diff|; each half writes its own rows
+    scan = chunked.ROW_SCAN.get()  # inspect's untrained-row scan, fed from the chunks read here
+    scan = scan if scan is not None and scan.bind(emb, eshape[0]) else None
 
     def part(start: int, stop: int) -> float:
         """Fill ``row_max[start:stop]``; the sum of |diff| over those rows (0.0 when bit-identical)."""
@@ -946,6 +948,8 @@ def compare(
         # the same rows of two tables of one shape, in the same chunks
         for a, b in zip(ckpt.iter_rows(emb, chunk_rows, start, stop), h_chunks, strict=True):
             n, at = len(a), at + len(a)
+            if scan is not None:
+                scan.add(at - n, a, bf16_bits_to_f32(a) if e_bf else a.astype(np.float32))
             if bits_ is not None and np.array_equal(a.view(bits_), b.view(bits_)):  # bits (-0.0, NaN)
                 continue
             bits_ = None

@@ -244,7 +244,6 @@ def _vocab(det: Detection) -> dict[str, Any]:
             if det.tokenizer.size is not None
             else None
         ),
-        "untrained_rows": None,
         "special_token_ids": [
             {"file": i.file, "key": i.key, "id": i.id, "beyond_rows": i.id >= det.vocab_rows}
             for i in det.special_ids
@@ -271,15 +270,17 @@ def _tokenizer(det: Detection) -> dict[str, Any]:
     }
 
 
-def untrained_finding(det: Detection) -> tuple[dict | None, Finding | None]:
+def untrained_finding(
+    det: Detection, scan: chunked.RowScan | None = None
+) -> tuple[dict | None, Finding | None]:
     """Rows of the embedding that look untrained (:func:`surgery.inspect.chunked.untrained_rows`: all-zero,
     identical to an earlier row, L2 norm far below the rest), with how many lie beyond the tokenizer; the
-    finding is None when there are none. Reads the embedding's data in chunks; (None, None) without a
-    stored 2-D embedding."""
+    finding is None when there are none. Taken from ``scan`` when the head comparison read every row into
+    it, else the embedding is read here in chunks; (None, None) without a stored 2-D embedding."""
     name = det.embedding.name
     if not det.embedding.present or len(det.ckpt.tensors[name].shape) != 2:
         return None, None
-    u = chunked.untrained_rows(det.ckpt, name, det.tokenizer.size)
+    u = chunked.untrained_rows(det.ckpt, name, det.tokenizer.size, scan)
     if not (u["zero"]["count"] or u["duplicate"]["count"] or u["low_norm"]["count"]):
         return u, None
     return u, Finding(FindingKind.UNTRAINED_ROWS, (name,), u)
@@ -341,20 +342,25 @@ def inspect_path(
     """
     ckpt = Checkpoint.open(path)
     check_names(ckpt, embedding_name, head_name)
-    det = detect(
-        ckpt,
-        layout=layout,
-        loader=loader,
-        embedding_name=embedding_name,
-        head_name=head_name,
-        compare_values=compare_values,
-    )
+    scan = chunked.RowScan()  # bound to the embedding by compare, which fills it from the rows it reads
+    token = chunked.ROW_SCAN.set(scan)
+    try:
+        det = detect(
+            ckpt,
+            layout=layout,
+            loader=loader,
+            embedding_name=embedding_name,
+            head_name=head_name,
+            compare_values=compare_values,
+        )
+    finally:
+        chunked.ROW_SCAN.reset(token)
     check_found(det)
-    untrained, finding = untrained_finding(det) if compare_values else (None, None)
+    untrained, finding = untrained_finding(det, scan) if compare_values else (None, None)
     if finding is not None:
         det.findings.append(finding)
     info = summarize(det)
-    info["vocab"]["untrained_rows"] = untrained
+    info["untrained_rows"] = untrained
     return info
 
 
