@@ -141,8 +141,9 @@ def verify(a_path, b_path, logits: bool = False, timeout: float = 600) -> Verify
 def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     """:func:`verify` without logits."""
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
+    cmp = _TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
     tok = _Tokenizers.read(A, B)
-    cmp = _TensorComparison(A, B, tok.new_rows())
+    cmp.added_ids = tok.new_rows()
     for name, ta in A.tensors.items():
         tb = B.tensors.get(name)
         if tb is None:

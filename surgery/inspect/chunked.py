@@ -1,5 +1,5 @@
-"""Comparisons of stored tensors in bounded memory (``verify``): at most a few chunks of about
-:data:`CHUNK_BYTES` are held at once, whatever the tensor's size.
+"""Reads of stored tensors in bounded memory (``verify``'s comparisons, ``inspect``'s untrained-row scan):
+at most a few chunks of about :data:`CHUNK_BYTES` are held at once, whatever the tensor's size.
 
 Rows are read with :meth:`Checkpoint.iter_rows` (one reused buffer per tensor). A ``[hidden, vocab]`` head
 compared with a ``[vocab, hidden]`` embedding is read in column blocks through a memory map that is closed

@@ -119,6 +119,12 @@ def _added_token(t: dict, i: int) -> AddedToken | None:
     )
 
 
+def _id_key(k: object) -> bool:
+    """An ``added_tokens_decoder`` key that is a token id: ASCII digits, at most 18 (as
+    :func:`check_tokenizer_config` requires; ``"²"`` is a digit to ``str.isdigit`` but not to ``int``)."""
+    return isinstance(k, str) and k.isdigit() and k.isascii() and len(k) <= 18
+
+
 def _read_tokenizer_json(data: dict, r: _Read) -> None:
     """tokenizer.json's ``model.vocab`` (a ``{token: id}`` dict, or Unigram's ``[[piece, score], ...]``)
     and its ``added_tokens``."""
@@ -183,7 +189,7 @@ def _read_lines_file(folder: Path, name: str, fmt: TokenizerFormat) -> _Read:
         r = _Read(TokenizerFile(name, fmt, len(lines)))
         r.maps[name] = {i: line.rstrip("\r\n") for i, line in enumerate(lines)}
         return r
-    ranks = [int(p[1]) for line in lines if len(p := line.split()) == 2 and p[1].isdigit()]
+    ranks = [int(p[1]) for line in lines if len(p := line.split()) == 2 and _id_key(p[1])]
     return _Read(TokenizerFile(name, fmt, max(ranks) + 1 if ranks else None))
 
 
@@ -204,7 +210,7 @@ def _read_json_file(folder: Path, name: str, fmt: TokenizerFormat) -> _Read | No
         dec = data.get("added_tokens_decoder")
         if not isinstance(dec, dict):
             return None
-        ok = {int(i): t for i, t in dec.items() if str(i).isdigit() and isinstance(t, dict)}
+        ok = {int(i): t for i, t in dec.items() if _id_key(i) and isinstance(t, dict)}
         r.added = [a for i, t in sorted(ok.items()) if (a := _added_token(t, i)) is not None]
         r.maps[name] = _id_map(((a.content, a.id) for a in r.added), name, r.clashes)
     r.file = TokenizerFile(name, fmt, _length(r))
