@@ -10,10 +10,11 @@ no paddle)::
     info = tietool.inspect("ckpt/")          # Inspection: what `tietool inspect --json` prints, typed
     rep = tietool.tie("ckpt/", "tied/")      # Report (also tied/tietool-report.json); out=None: in place
     rep = tietool.resize("ckpt/", 32000, "resized/", pad_to_multiple_of=64)
+    rep = tietool.add_tokens("ckpt/", ["<think>", "</think>"], "added/", special=True)
     assert tietool.verify("ckpt/", "resized/").explained
     rep = tietool.merge("tp_ranks/", "merged/")  # model_state.tp00.pdparams, ... → one checkpoint
 
-:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the seven operations, the
+:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the eight operations, the
 options as enums, the result types, and the errors. Everything else (``tietool.surgery.*``,
 ``tietool.cli.*``) is the implementation, free to move. The errors, drawn once::
 
@@ -42,6 +43,7 @@ from .surgery.model.enums import (
     Target,
     TensorRole,
     TieState,
+    TokenInit,
 )
 from .surgery.model.errors import (
     AmbiguousLayoutError,
@@ -58,7 +60,7 @@ from .surgery.model.errors import (
 from .surgery.results import Inspection, Report
 
 if _typing.TYPE_CHECKING:
-    from .surgery.ops import convert, inspect, merge, resize, tie, untie, verify
+    from .surgery.ops import add_tokens, convert, inspect, merge, resize, tie, untie, verify
     from .surgery.verify import VerifyResult as Verification
 
 # the names that need numpy, imported on first use: name → (module under tietool, attribute)
@@ -67,6 +69,7 @@ _LAZY = {
     "tie": ("surgery.ops", "tie"),
     "untie": ("surgery.ops", "untie"),
     "resize": ("surgery.ops", "resize"),
+    "add_tokens": ("surgery.ops", "add_tokens"),
     "verify": ("surgery.ops", "verify"),
     "convert": ("surgery.ops", "convert"),
     "merge": ("surgery.ops", "merge"),
@@ -93,11 +96,13 @@ __all__ = [
     "TensorRole",
     "TieState",
     "TietoolError",
+    "TokenInit",
     "UnsafePickleError",
     "UsageError",
     "ValuesDifferError",
     "Verification",
     "__version__",
+    "add_tokens",
     "convert",
     "inspect",
     "merge",

@@ -42,7 +42,7 @@ and tietool-report.json keys and values are compared exactly):
    it occurs, and any 12-hex-digit tail of a staging name.
 4. The backup's time stamp ``NAME.tietool-backup-YYYYmmdd-HHMMSS`` is written ``NAME.tietool-backup-<TIME>``.
 5. Not a text normalisation but a fixed source: ``resize`` without ``--seed`` draws its seed from
-   ``secrets.randbits(31)`` (surgery/plan/resize.py ``_resolve_seed``) and the new rows (``--init mean``
+   ``secrets.randbits(31)`` (surgery/plan/resize.py ``resolve_seed``) and the new rows (``--init mean``
    samples N(mu, 1e-9 C)) depend on it. During every run ``secrets.randbits`` returns values of
    ``random.Random(RUN_ID)``, so the seed, printed and stored in the report, and the rows are compared
    exactly. (A refactor that binds ``randbits`` by ``from secrets import randbits`` escapes this: every

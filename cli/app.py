@@ -1,4 +1,4 @@
-"""The ``tietool`` Typer app: seven commands, each flags → one :mod:`surgery` call → :mod:`cli.render`.
+"""The ``tietool`` Typer app: eight commands, each flags → one :mod:`surgery` call → :mod:`cli.render`.
 
 The flags are :mod:`cli.options`; :func:`cli.errors.command` turns a command's errors into one line and an
 exit code; every line printed is :mod:`cli.render`'s. ``surgery.ops`` (and numpy) are imported inside the
@@ -48,6 +48,12 @@ from .options import (
     PadOpt,
     QuietOpt,
     SeedOpt,
+    SpecialOpt,
+    TokenCkptArg,
+    TokenFileOpt,
+    TokenInitOpt,
+    TokenPadOpt,
+    TokensArg,
     ToOpt,
     VocabOpt,
 )
@@ -250,6 +256,78 @@ def resize(
         backup=backup,
     )
     render.written(rep, json_out)
+
+
+@app.command("add-tokens")
+@command
+def add_tokens(
+    ckpt: TokenCkptArg,
+    tokens: TokensArg = None,
+    special: SpecialOpt = False,
+    file: TokenFileOpt = None,
+    init: TokenInitOpt = "subtokens",
+    pad_to_multiple_of: TokenPadOpt = None,
+    seed: SeedOpt = None,
+    out: OutOpt = None,
+    keep_training_state: KeepTrainingStateOpt = False,
+    layout: LayoutOpt = None,
+    loader: LoaderOpt = None,
+    embedding: EmbOpt = None,
+    head: HeadOpt = None,
+    dry_run: DryOpt = False,
+    json_out: JsonOpt = False,
+    link: LinkOpt = False,
+    quiet: QuietOpt = False,
+    backup: BackupOpt = True,
+) -> None:
+    """Add tokens to the tokenizer files and give them rows (slack rows first, then every vocabulary tensor
+    grown together)."""
+    from ..surgery import ops
+    from . import render
+
+    strings = list(tokens or []) + _token_file(file)
+    if not strings:
+        raise UsageError("add-tokens needs at least one token", fix="give TOKEN... or --file TOKENS.txt")
+    rep = ops.add_tokens(
+        ckpt,
+        strings,
+        out,
+        special=special,
+        init=init,
+        pad_to_multiple_of=pad_to_multiple_of,
+        seed=seed,
+        keep_training_state=keep_training_state,
+        layout=layout,
+        loader=loader,
+        embedding=embedding,
+        head=head,
+        dry_run=dry_run,
+        link=link,
+        progress=render.progress_bar(quiet or json_out),
+        backup=backup,
+    )
+    render.written(rep, json_out)
+
+
+def _token_file(file: str | None) -> list[str]:
+    """The tokens of ``--file``: one a line (``\\n`` or ``\\r\\n``; other characters, spaces included, are
+    part of the token), UTF-8 (a byte-order mark skipped), empty lines skipped.
+
+    Raises:
+        UsageError: the file cannot be read or is not UTF-8.
+    """
+    if file is None:
+        return []
+    try:
+        with open(file, encoding="utf-8-sig", newline="") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) else "not UTF-8"
+        raise UsageError(
+            f"--file cannot be read ({why})", file, "give a UTF-8 text file, one token a line"
+        ) from None
+    lines = (line[:-1] if line.endswith("\r") else line for line in text.split("\n"))
+    return [line for line in lines if line]
 
 
 @app.command()

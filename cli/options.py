@@ -153,6 +153,48 @@ KeepTrainingStateOpt = Annotated[
     ),
 ]
 
+# ---------------------------------------------------------------- add-tokens
+TokenCkptArg = Annotated[
+    str,
+    typer.Argument(
+        help="checkpoint folder with its tokenizer files (required: '.' for the current folder)",
+        show_default=False,
+        metavar="CKPT",
+    ),
+]
+TokensArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="the strings to add, in id order", show_default=False, metavar="TOKEN..."),
+]
+SpecialOpt = Annotated[
+    bool, typer.Option("--special", help="add them as special tokens (never split; CONTROL pieces)")
+]
+TokenFileOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--file", help="more tokens, one a line (UTF-8; empty lines skipped)", show_default=False, metavar="F"
+    ),
+]
+TokenInitOpt = Annotated[
+    str,
+    typer.Option(
+        "--init",
+        help="rows of new tokens: subtokens (mean of the rows the string splits into now), mean (HF "
+        "mean_resizing), trained-mean (mean over trained rows: unsloth), zeros, or copy:TOKEN",
+        metavar="INIT",
+    ),
+]
+TokenPadOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--pad-to-multiple-of",
+        min=1,
+        help="when the rows run out, grow them to a multiple of this (and of the config's tensor-parallel "
+        "degree)",
+        metavar="M",
+    ),
+]
+
 # ---------------------------------------------------------------- merge
 MergeOutOpt = Annotated[
     str | None,

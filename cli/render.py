@@ -392,6 +392,28 @@ def _transfer_line(con, info: dict) -> None:
         )
 
 
+def _added_tokens(con: Console, a: dict, dry_run: bool) -> None:
+    """The ``add_tokens`` fields of a report: one line per token, then the rows (and, for a dry run, the
+    tokenizer files; a run lists them with the files it wrote)."""
+    table = Table(title="tokens", title_justify="left", box=None, padding=(0, 2, 0, 0))
+    for col in ("token", "id", "special", "init", "from ids"):
+        table.add_column(col)
+    for t in a["tokens"]:
+        if t["existed"]:
+            table.add_row(repr(t["content"]), str(t["id"]), str(t["special"]), "(already a token)", "")
+        else:
+            ids = ", ".join(map(str, t["source_ids"] or []))
+            table.add_row(repr(t["content"]), str(t["id"]), str(t["special"]), t["init"], ids)
+    con.print(table)
+    line = f"tokenizer {a['tokenizer_length_before']} → {a['tokenizer_length_after']} tokens; rows "
+    line += f"{a['rows_before']} → {a['rows_after']} ({a['slack_used']} slack row(s) used"
+    if a["padding_rows"]:
+        line += f", {a['padding_rows']} padding row(s): init {a['padding_init']}"
+    con.print(line + f"); seed {a['seed']} (--seed {a['seed']} reproduces the rows)")
+    if a["files_edited"] and dry_run:
+        con.print(f"tokenizer files it would edit: {', '.join(a['files_edited'])}")
+
+
 def report(rep: dict, as_json: bool = False) -> None:
     """A tie/untie/resize report: as JSON, or the change table, savings, rows, config changes, files,
     notes and what was left out."""
@@ -425,6 +447,8 @@ def report(rep: dict, as_json: bool = False) -> None:
                 else ""
             )
         )
+    if "add_tokens" in rep:
+        _added_tokens(con, rep["add_tokens"], rep["dry_run"])
     for c in rep["config_changes"]:
         con.print(f"config: {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
     if "files" in rep:
@@ -434,6 +458,7 @@ def report(rep: dict, as_json: bool = False) -> None:
             f"{len(f['copied'])} copied, {len(f['linked'])} hard-linked"
             f", {len(f['removed'])} removed"
             + (f", {len(f['symlinked'])} symlinks kept" if f.get("symlinked") else "")
+            + (f", tokenizer files edited: {', '.join(f['edited'])}" if f.get("edited") else "")
             + (" (linked files share data with the input: edit neither in place)" if f["linked"] else "")
         )
         for fl in f.get("folder_links", []):

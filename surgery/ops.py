@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numbers
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from enum import Enum
@@ -33,10 +33,11 @@ from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
 from .io import store, surface
 from .io.checkpoint import Checkpoint
-from .model.enums import Init, Keep, Layout, Loader, Target
+from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
 from .plan import convert as convert_plan
 from .plan import merge as merge_plan
+from .plan.add_tokens import InitChoice, parse_init, plan_add_tokens
 from .plan.merge import plan_merge
 from .plan.plan import DEFAULT_MAX_SHARD_SIZE, Plan, check_dtypes, parse_size
 from .plan.resize import plan_resize
@@ -564,6 +565,119 @@ def _plan_resize(det: Detection, vocab_size: int | None, pad_to_multiple_of: int
             )
         vocab_size = det.vocab_rows
     return plan_resize(det, vocab_size, pad_to_multiple_of, *args)
+
+
+def add_tokens(
+    path: PathArg,
+    tokens: Sequence[str],
+    out: PathArg | None = None,
+    *,
+    special: bool = False,
+    init: TokenInit | str = TokenInit.SUBTOKENS,
+    pad_to_multiple_of: int | None = None,
+    seed: int | None = None,
+    keep_training_state: bool = False,
+    layout: Layout | str | None = None,
+    loader: Loader | str | None = None,
+    embedding: str | None = None,
+    head: str | None = None,
+    dry_run: bool = False,
+    link: bool = False,
+    progress: ProgressFactory | None = None,
+    backup: bool = True,
+) -> Report:
+    """Add ``tokens`` to the checkpoint's tokenizer and give them rows: every tokenizer file of the folder
+    edited consistently (:func:`surgery.io.tokenizer_edit.add_tokens_edit`: contiguous ids from the
+    tokenizer's length, a string it already has as one token reported, not added), the rows planned by
+    :func:`surgery.plan.add_tokens.plan_add_tokens` (slack rows first, then every vocabulary tensor grown as
+    ``resize`` grows it, to a multiple of ``pad_to_multiple_of`` and of the config's tensor-parallel degree).
+
+    Args:
+        tokens: the strings, in the order their ids are given (repeats counted once).
+        special: add them as special tokens (never split; ``CONTROL`` pieces in SentencePiece).
+        init: ``subtokens`` (default), ``mean``, ``trained-mean``, ``zeros`` or ``copy:TOKEN`` (a token the
+            tokenizer has as one token).
+        seed: makes the random draws of ``mean`` / ``trained-mean`` and padding rows reproducible (None:
+            drawn, and recorded in the report).
+        out: the output folder; None rewrites ``path`` in place (as :func:`tie`).
+
+    Returns:
+        the report; its ``add_tokens`` fields list each token's id, init and source ids.
+
+    Raises:
+        UsageError: no token, an empty or non-string token, a bad ``init`` (``copy:`` of a string that is not
+            one token), a URL (local folders only: the tokenizer files are edited here).
+        RefusedError: a tokenizer format that cannot be edited, and what ``plan_add_tokens`` refuses.
+        TietoolError: the ``tokenizer`` extra is missing (``pip install "tietool[tokenizer]"``).
+        and as :func:`tie`.
+    """
+    strings = _token_strings(tokens)
+    choice = parse_init(init)
+    pad_to_multiple_of = _count(pad_to_multiple_of, "pad_to_multiple_of")
+    store.local_only("add-tokens", path, out)
+
+    def plan(c: Checkpoint) -> Plan:
+        det = _detection(c, layout, loader, embedding, head)
+        edit = _tokenizer_edit().add_tokens_edit(c.path, strings, special=special)
+        copy_id = _copy_id(c.path, choice)
+        return plan_add_tokens(det, edit, choice, pad_to_multiple_of, seed, copy_id)
+
+    added = _edit(plan, keep_training_state)
+    return run(
+        added,
+        path,
+        out,
+        dry_run=dry_run,
+        link=link,
+        progress=progress,
+        keep_training_state=keep_training_state,
+        backup=backup,
+    )
+
+
+def _tokenizer_edit() -> Any:
+    """:mod:`surgery.io.tokenizer_edit`, imported on first use (it imports the ``tokenizer`` extra's
+    libraries lazily itself)."""
+    from .io import tokenizer_edit
+
+    return tokenizer_edit
+
+
+def _token_strings(tokens: object) -> list[str]:
+    """``tokens`` as a list of distinct non-empty strings, in order.
+
+    Raises:
+        UsageError: a single string (not a list), no token, an empty or non-string one.
+    """
+    if isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence):
+        raise UsageError(
+            f"tokens must be a list of strings, got {type(tokens).__name__}", fix='e.g. ["<think>"]'
+        )
+    bad = [t for t in tokens if not isinstance(t, str) or not t]
+    if bad:
+        raise UsageError(f"a token must be a non-empty string, got {bad[0]!r}", fix="remove it")
+    if not tokens:
+        raise UsageError("add-tokens needs at least one token", fix="give the strings to add")
+    return list(dict.fromkeys(tokens))
+
+
+def _copy_id(folder: Path, choice: InitChoice) -> int | None:
+    """The id of the ``copy:TOKEN`` token (None for another init).
+
+    Raises:
+        UsageError: the tokenizer does not have the string as one token.
+    """
+    if choice.kind is not TokenInit.COPY or choice.token is None:
+        return None
+    (t,) = _tokenizer_edit().add_tokens_edit(folder, [choice.token]).tokens
+    if not t.existed:
+        raise UsageError(
+            f"{Opt('init', 'copy:' + choice.token)}: {choice.token!r} is not one token of the tokenizer "
+            f"(it splits into ids {list(t.subtoken_ids)})",
+            folder,
+            "name a token the tokenizer has, or use the subtokens init",
+        )
+    return t.id
 
 
 def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyResult:

@@ -201,7 +201,7 @@ def build(
     if plan.stale_index:
         rep["warnings"] += _stale_index_warnings(plan)
     if plan.extra_report:
-        rep["resize"] = plan.extra_report
+        rep["add_tokens" if plan.op == "add-tokens" else "resize"] = plan.extra_report
     if not plan.changed:
         rep["notes"].append(
             f"nothing to change: the output tensors and config equal the input's ({plan.op} is a no-op)"

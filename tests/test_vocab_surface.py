@@ -195,9 +195,16 @@ def test_special_token_ids_beyond_rows(tmp_path):
     assert problem.startswith("token ids beyond the last row of the embedding (16 rows, ids 0..15): ")
     assert "config.json eos_token_id = 16" in problem and "tokenizer_config.json eos_token = 17" in problem
     assert "image_token_index" not in problem  # 15 < 16 rows
-    # a trim that leaves ids past the last row: refused naming them; with --force done, and still named
+    # a trim that leaves ids past the last row: refused naming them
     rc, msg = cli("resize", ck, "--vocab", 12, "--out", tmp_path / "o1")
     assert rc == 5 and "image_token_index = 15" in msg and "generation_config.json pad_token_id = 14" in msg
+    # with --force, a trim that cuts the token tokenizer_config.json adds (<end>, 17, its eos_token) is still
+    # refused (issue 20: never a tokenizer emitting ids beyond the rows; this one has no vocabulary file to
+    # edit, and a loader would add <end> back past the rows); nothing written
+    rc, msg = cli("resize", ck, "--vocab", 12, "--force", "--out", tmp_path / "o2")
+    assert rc == 5 and "even with --force" in msg and not (tmp_path / "o2").exists()
+    # without that tokenizer file: done, and the ids of the configs still named
+    (ck / "tokenizer_config.json").unlink()
     rc, msg = cli("resize", ck, "--vocab", 12, "--force", "--out", tmp_path / "o2")
     assert rc == 0 and "image_token_index = 15" in msg
     report = json.loads((tmp_path / "o2" / "tietool-report.json").read_text())

@@ -51,6 +51,22 @@ class Init(StrEnum):
     NORMAL = "normal"
 
 
+class TokenInit(StrEnum):
+    """Values of the row of a token ``add-tokens`` adds (:func:`surgery.plan.add_tokens.plan_add_tokens`).
+
+    ``SUBTOKENS``: the mean of the rows of the ids the tokenizer before the edit splits the string into
+    (the recipe of most fine-tuning guides). ``MEAN``: HF ``mean_resizing`` over every row (as ``resize
+    --init mean``). ``TRAINED_MEAN``: the same over the rows of trained tokens only (unsloth's
+    ``mean_of_trained_tokens`` rule). ``ZEROS``. ``COPY``: the row of one token (``copy:TOKEN``).
+    """
+
+    SUBTOKENS = "subtokens"
+    MEAN = "mean"
+    TRAINED_MEAN = "trained-mean"
+    ZEROS = "zeros"
+    COPY = "copy"
+
+
 class Loader(StrEnum):
     """The library that will load the output (its facts are in :mod:`surgery.arch`)."""
 
@@ -126,6 +142,7 @@ class Operation(StrEnum):
     TIE = "tie"
     UNTIE = "untie"
     RESIZE = "resize"
+    ADD_TOKENS = "add-tokens"
     VERIFY = "verify"
     CONVERT = "convert"
     MERGE = "merge"

@@ -149,7 +149,8 @@ class Plan:
     @property
     def changed(self) -> bool:
         cfg_changes = [c for c in self.config_set if get_config(self.ckpt, c[0], c[1]) != c[2]]
-        return bool(self.drop or self.replace or self.add or cfg_changes)
+        tok = self.tokenizer is not None and bool(self.tokenizer.files)
+        return bool(self.drop or self.replace or self.add or cfg_changes or tok)
 
     @property
     def output_bytes(self) -> int:

@@ -29,7 +29,7 @@ from ..inspect.detect import compare
 from ..io import pdparams_io, safetensors_io
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors_io import Source
-from ..model.enums import HeadLayout, Init, TieState
+from ..model.enums import HeadLayout, Init, TieState, TokenInit
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, f32_to_bf16_bits
 
 Array = npt.NDArray[Any]
@@ -150,7 +150,77 @@ class TokenRows:
     cycle: bool
 
 
-Recipe = CopyOf | NewRows | ResizedTable | ResizedBias | CopyIfEqual | TokenRows | FusedPart | Joined
+@dataclass(frozen=True)
+class TokenSpec:
+    """How the row of one new token is made (``add-tokens``): ``kind``, and the ids it reads (the subtoken
+    ids for ``SUBTOKENS``, the one id for ``COPY``; empty for the others)."""
+
+    kind: TokenInit
+    ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class TokenInitRows:
+    """One row per spec, ``[len(specs), hidden]`` in the stored dtype of ``source`` (its columns when
+    ``axis`` is 1, a ``[hidden, vocab]`` head), made from its stored entries by :func:`token_rows`.
+
+    ``trained``: entries ``0..trained-1`` are the tokens the tokenizer had (the candidates of
+    ``TRAINED_MEAN``). The random draws of ``MEAN`` / ``TRAINED_MEAN`` use ``default_rng`` of child
+    ``stream`` of ``SeedSequence(seed)``, one row per such token in spec order.
+    """
+
+    source: str
+    axis: int
+    specs: tuple[TokenSpec, ...]
+    trained: int
+    seed: int
+    stream: int
+
+
+@dataclass(frozen=True)
+class EditedTable:
+    """Tensor ``name`` with ``new`` entries along ``axis`` (``add-tokens``; never fewer than it has): entries
+    ``0..start-1`` kept bit-exact, then the ``tokens`` rows (over slack entries where it has them), then its
+    old entries after those kept, then ``tail`` (padding rows up to ``new``; None when there are none).
+
+    Kept rows of a C-ordered tensor are byte ranges of the input (streamed); columns and Fortran-ordered
+    pdparams arrays go through memory.
+    """
+
+    name: str
+    axis: int
+    new: int
+    start: int
+    tokens: TokenInitRows
+    tail: NewRows | None
+
+
+@dataclass(frozen=True)
+class EditedBias:
+    """The head bias ``name`` (``[V]`` / ``[1, V]``) with ``new`` entries (``add-tokens``): entries from
+    ``start`` on, one per spec, are the mean of the bias entries of the spec's ids (``SUBTOKENS``, ``COPY``)
+    or zero (the other kinds, as ``resize`` gives new entries); the other old entries kept, the padding
+    entries up to ``new`` zero."""
+
+    name: str
+    new: int
+    start: int
+    specs: tuple[TokenSpec, ...]
+
+
+Recipe = (
+    CopyOf
+    | NewRows
+    | ResizedTable
+    | ResizedBias
+    | CopyIfEqual
+    | TokenRows
+    | FusedPart
+    | Joined
+    | TokenInitRows
+    | EditedTable
+    | EditedBias
+)
 Data = Array | Source
 
 
@@ -158,6 +228,8 @@ def parts(recipe: Recipe) -> tuple[Recipe, ...]:
     """The recipes ``recipe`` is made from (whose data :func:`make` memoizes too)."""
     if isinstance(recipe, ResizedTable):
         return (recipe.rows,) if recipe.rows is not None else ()
+    if isinstance(recipe, EditedTable):
+        return (recipe.tokens,) + ((recipe.tail,) if recipe.tail is not None else ())
     if isinstance(recipe, CopyIfEqual):
         return (recipe.copy, recipe.own)
     return ()
@@ -184,8 +256,13 @@ def uses(recipe: Recipe) -> list[Use]:
         return [Use(recipe.source, f"compute new rows from it ({recipe.init.value})", True)]
     if isinstance(recipe, ResizedTable):
         return [Use(recipe.name, "resize it", True)] + (uses(recipe.rows) if recipe.rows else [])
-    if isinstance(recipe, ResizedBias):
+    if isinstance(recipe, ResizedBias | EditedBias):
         return [Use(recipe.name, "resize it", True)]
+    if isinstance(recipe, TokenInitRows):
+        return [Use(recipe.source, "compute the rows of new tokens from it", True)]
+    if isinstance(recipe, EditedTable):
+        tail = uses(recipe.tail) if recipe.tail else []
+        return [Use(recipe.name, "add token rows to it", True), *uses(recipe.tokens), *tail]
     if isinstance(recipe, TokenRows):  # whole rows kept or repeated: elements moved, never computed with
         return [Use(recipe.name, "resize it", False)]
     if isinstance(recipe, FusedPart):
@@ -209,6 +286,18 @@ def describe(recipe: Recipe) -> str:
         return f"{recipe.name} to {recipe.new} {what}{extra}"
     if isinstance(recipe, ResizedBias):
         return f"{recipe.name} to {recipe.new} entries (new ones zero)"
+    if isinstance(recipe, TokenInitRows):
+        kinds = ", ".join(sorted({s.kind.value for s in recipe.specs}))
+        return f"{len(recipe.specs)} token rows from {recipe.source} ({kinds}, seed {recipe.seed})"
+    if isinstance(recipe, EditedTable):
+        what = "rows" if recipe.axis == 0 else "columns"
+        tail = f" + {describe(recipe.tail)}" if recipe.tail is not None else ""
+        ids = f"{recipe.start}..{recipe.start + len(recipe.tokens.specs) - 1}"
+        return f"{recipe.name} to {recipe.new} {what}: ids {ids} = {describe(recipe.tokens)}{tail}"
+    if isinstance(recipe, EditedBias):
+        return (
+            f"{recipe.name} to {recipe.new} entries ({len(recipe.specs)} token entries from {recipe.start})"
+        )
     if isinstance(recipe, TokenRows):
         fill = "repeating existing rows" if recipe.cycle else "new ones zero"
         return f"{recipe.name} to {recipe.new} rows ({fill})"
@@ -250,6 +339,8 @@ def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data
         return _resized_bias(recipe, ckpt)
     if isinstance(recipe, TokenRows):
         return _token_rows(recipe, ckpt)
+    if isinstance(recipe, TokenInitRows | EditedTable | EditedBias):
+        return _token_edit(recipe, ckpt, get)
     m, t = ckpt.tensors[recipe.main], ckpt.tensors[recipe.name]
     same = m.shape == t.shape and m.dtype == t.dtype
     if same and compare(ckpt, recipe.main, recipe.name, HeadLayout.VOCAB_HIDDEN).values is TieState.EXACT:
@@ -330,6 +421,127 @@ def _resized(r: ResizedTable, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -
         return np.ascontiguousarray(a[:new]) if new <= old else np.concatenate([a, extra()], axis=0)
     keep = ckpt.source(r.name).prefix(t.nbytes // old * min(new, old))
     return keep if new <= old else Source(parts=[keep, Source(array=extra())])
+
+
+# ------------------------------------------------------------------ token rows (add-tokens)
+
+
+def _token_edit(
+    r: TokenInitRows | EditedTable | EditedBias, ckpt: Checkpoint, get: Callable[[Recipe], Data]
+) -> Data:
+    """:class:`TokenInitRows`, :class:`EditedTable` or :class:`EditedBias`."""
+    if isinstance(r, TokenInitRows):
+        t = ckpt.tensors[r.source]
+        a = ckpt.load(r.source)
+        a = a.T if r.axis == 1 else a
+        rng = np.random.default_rng(np.random.SeedSequence(r.seed, spawn_key=(r.stream,)))
+        rows = token_rows(a, r.specs, r.trained, rng, decode=lambda c: _decode(ckpt, t, c))
+        return _encode(ckpt, t, rows)
+    if isinstance(r, EditedBias):
+        return _edited_bias(r, ckpt)
+    return _edited(r, ckpt, get)
+
+
+def _array(d: Data) -> Array:
+    assert isinstance(d, np.ndarray), "internal: new rows are an array"
+    return d
+
+
+def _edited(r: EditedTable, ckpt: Checkpoint, get: Callable[[Recipe], Data]) -> Data:
+    """:class:`EditedTable`: kept rows by byte range where the tensor is stored as one C-ordered range,
+    else (columns, Fortran order, pieces) through memory."""
+    t = ckpt.tensors[r.name]
+    old = t.shape[r.axis]
+    tok = _array(get(r.tokens))
+    end = r.start + tok.shape[0]
+    tail = [_array(get(r.tail))] if r.tail is not None else []
+    src = ckpt.source(r.name)
+    if r.axis == 0 and not t.fortran and src.path is not None and src.parts is None and src.array is None:
+        row = t.nbytes // old if old else 0
+        parts = [src.prefix(row * r.start), Source(array=tok)]
+        if end < old:
+            parts.append(Source(src.path, src.offset + row * end, row * (old - end)))
+        return Source(parts=parts + [Source(array=a) for a in tail])
+    a = ckpt.load(r.name)
+    a = a.T if r.axis == 1 else a
+    out = np.concatenate([a[: r.start], tok, a[end:old], *tail], axis=0)
+    return np.ascontiguousarray(out.T if r.axis == 1 else out)
+
+
+def _edited_bias(r: EditedBias, ckpt: Checkpoint) -> Array:
+    """:class:`EditedBias`: token entries the mean of their ids' entries (float32, rounded to the stored
+    dtype), or zero; the other old entries kept; padding entries zero."""
+    t = ckpt.tensors[r.name]
+    a: Array = ckpt.load(r.name)
+    old = a.shape[-1]
+    x = _decode(ckpt, t, a)
+    vals = np.zeros(a.shape[:-1] + (len(r.specs),), np.float32)
+    for j, spec in enumerate(r.specs):
+        if spec.kind in (TokenInit.SUBTOKENS, TokenInit.COPY) and spec.ids:
+            vals[..., j] = x[..., list(spec.ids)].mean(axis=-1, dtype=np.float64)
+    end = r.start + len(r.specs)
+    pad = np.zeros(a.shape[:-1] + (r.new - max(old, end),), a.dtype)
+    tail = [a[..., end:old]] if end < old else []
+    return np.ascontiguousarray(
+        np.concatenate([a[..., : r.start], _encode(ckpt, t, vals), *tail, pad], axis=-1)
+    )
+
+
+def token_rows(
+    old: Array,
+    specs: tuple[TokenSpec, ...],
+    trained: int,
+    rng: np.random.Generator,
+    decode: Callable[[Array], Array] | None = None,
+    chunk_rows: int = 8192,
+) -> Array:
+    """The rows ``[len(specs), hidden]`` (float32) of new tokens for a table of stored rows ``old``
+    ``[rows, hidden]``, one per spec:
+
+    - ``SUBTOKENS``: the mean (float64 sum, float32 result) of the decoded rows of ``spec.ids``;
+    - ``COPY``: the decoded row of its id;
+    - ``MEAN``: as :func:`new_rows` ``mean`` (HF ``mean_resizing``: N(mu, 1e-9 · C) over every row, or
+      exactly mu), the tokens of this kind drawn together, in spec order;
+    - ``TRAINED_MEAN``: the same over the trained rows only (:func:`trained_index`);
+    - ``ZEROS``.
+
+    Raises:
+        ValueError: a spec of ``SUBTOKENS`` / ``COPY`` without ids.
+    """
+    dec = decode or (lambda a: np.asarray(a, dtype=np.float32))
+    out = np.zeros((len(specs), old.shape[1]), np.float32)
+    for kind in (TokenInit.MEAN, TokenInit.TRAINED_MEAN):
+        at = [j for j, s in enumerate(specs) if s.kind is kind]
+        if at:
+            index = trained_index(old, trained, dec) if kind is TokenInit.TRAINED_MEAN else None
+            out[at] = _mean_rows(old, len(at), rng, dec, chunk_rows, index)
+    for j, spec in enumerate(specs):
+        if spec.kind in (TokenInit.SUBTOKENS, TokenInit.COPY):
+            if not spec.ids:
+                raise ValueError(f"a {spec.kind.value} token row needs ids")
+            out[j] = dec(np.asarray(old[list(spec.ids)])).mean(axis=0, dtype=np.float64)
+    return out
+
+
+def trained_index(
+    old: Array, trained: int, decode: Callable[[Array], Array], chunk_rows: int = 8192
+) -> Array:
+    """The indexes of the trained rows among ``old[:trained]`` (int64): every row but those whose largest
+    value is ≤ 1e-16 (unsloth's ``mean_of_trained_tokens``: ``amax(row) <= eps``, all-zero rows among them)
+    and those bit-identical to another of these rows (never-trained rows left at one init value). All rows
+    of ``old[:trained]`` when that leaves none."""
+    n = min(trained, old.shape[0])
+    keep = np.ones(n, bool)
+    seen: dict[int, int] = {}
+    for s in range(0, n, chunk_rows):
+        blk = np.ascontiguousarray(old[s : min(n, s + chunk_rows)])
+        keep[s : s + len(blk)] &= decode(blk).max(axis=1, initial=-np.inf) > 1e-16
+        for i, row in enumerate(blk):
+            first = seen.setdefault(hash(row.tobytes()), s + i)
+            if first != s + i and np.array_equal(np.asarray(old[first]), row):
+                keep[first] = keep[s + i] = False
+    idx = np.flatnonzero(keep)
+    return idx if idx.size else np.arange(n)
 
 
 # ------------------------------------------------------------------ transposes and fused parts (convert)
@@ -487,7 +699,21 @@ def new_rows(
         return np.zeros((n, h), np.float32)
     if init == Init.NORMAL:
         return rng.normal(0.0, std, size=(n, h)).astype(np.float32)
-    mu, cov = _mean_and_covariance(old, decode or (lambda a: np.asarray(a, dtype=np.float32)), chunk_rows)
+    return _mean_rows(old, n, rng, decode or (lambda a: np.asarray(a, dtype=np.float32)), chunk_rows)
+
+
+def _mean_rows(
+    old: Array,
+    n: int,
+    rng: np.random.Generator,
+    decode: Callable[[Array], Array],
+    chunk_rows: int,
+    index: Array | None = None,
+) -> Array:
+    """``n`` rows of HF ``mean_resizing`` over the rows of ``old`` (those of ``index`` when given): drawn
+    from N(mu, 1e-9 · C), or exactly mu when that is not positive definite (:func:`new_rows`)."""
+    h = old.shape[1]
+    mu, cov = _mean_and_covariance(old, decode, chunk_rows, index)
     chol = _cholesky_if_definite(cov * 1e-9)
     if chol is None:
         return np.broadcast_to(mu, (n, h)).astype(np.float32)
@@ -496,18 +722,23 @@ def new_rows(
 
 
 def _mean_and_covariance(
-    old: Array, decode: Callable[[Array], Array], chunk_rows: int
+    old: Array, decode: Callable[[Array], Array], chunk_rows: int, index: Array | None = None
 ) -> tuple[Array, Array]:
     """Mean ``[hidden]`` (float32, summed in float64) and population covariance ``[hidden, hidden]``
-    (float64) of the rows of ``old``, ``chunk_rows`` rows at a time."""
-    rows, h = old.shape
+    (float64) of the rows of ``old`` (those of ``index`` when given), ``chunk_rows`` rows at a time."""
+    rows, h = (old.shape[0] if index is None else len(index)), old.shape[1]
+
+    def chunk(s: int) -> Array:
+        got = old[s : s + chunk_rows] if index is None else old[index[s : s + chunk_rows]]
+        return decode(np.asarray(got))
+
     total = np.zeros(h, np.float64)
     for s in range(0, rows, chunk_rows):
-        total += decode(np.asarray(old[s : s + chunk_rows])).sum(axis=0, dtype=np.float64)
+        total += chunk(s).sum(axis=0, dtype=np.float64)
     mu = (total / rows).astype(np.float32)
     cov = np.zeros((h, h), np.float64)
     for s in range(0, rows, chunk_rows):
-        x = decode(np.asarray(old[s : s + chunk_rows])) - mu
+        x = chunk(s) - mu
         cov += (x.T @ x).astype(np.float64)
     return mu, cov / rows
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -17,7 +17,8 @@ from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted
 from ..io.vocabkeys import vocab_keys
 from ..model.enums import EQUAL_STATES, HeadLayout, Init
-from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, UsageError
+from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, TietoolError, UsageError
+from ..model.tokens import TokenEdit
 from .plan import (
     OutTensor,
     Plan,
@@ -29,7 +30,16 @@ from .plan import (
     refuse_unusable_head,
     unproven_note,
 )
-from .recipes import CopyIfEqual, NewRows, Recipe, ResizedBias, ResizedTable, TokenRows
+from .recipes import (
+    CopyIfEqual,
+    EditedBias,
+    EditedTable,
+    NewRows,
+    Recipe,
+    ResizedBias,
+    ResizedTable,
+    TokenRows,
+)
 
 INITS = tuple(i.value for i in Init)  # --init choices
 
@@ -72,7 +82,7 @@ def plan_resize(
     the embedding is dropped where the config says tied and the loader re-ties a missing head (as ``tie``
     drops it: :func:`_drop_redundant_head`), else written equal to the new embedding; an untied head gets
     rows of its own by the same ``init``. Every vocabulary-size config key that counted the rows
-    (:func:`_resize_config`: ``vocab_size`` at any nesting, ``padded_vocab_size``, ``decoder_vocab_size``,
+    (:func:`resize_config`: ``vocab_size`` at any nesting, ``padded_vocab_size``, ``decoder_vocab_size``,
     ``model_config.json``) becomes the new row count. Unlike PaddleFormers' ``resize_token_embeddings``
     (which builds new rows by a Xavier-uniform draw and never resizes an untied head), an untied head is
     always resized; ``init="mean"`` is HF transformers' ``resize_token_embeddings(mean_resizing=True)``
@@ -84,27 +94,32 @@ def plan_resize(
         AmbiguousLayoutError: a square head and no ``--layout``.
         RefusedError: the result has fewer rows than the checkpoint and ``force`` is False (message says how
             many rows would go and whether they are padding rows or real tokens), the head is unusable, or
-            part of the vocabulary surface cannot follow (:func:`_refuse_resize_surface`).
+            part of the vocabulary surface cannot follow (:func:`refuse_vocab_surface`).
     """
     how = _resize_init(vocab, pad_to_multiple_of, init)
     refuse_unsettled_pair(det, "resize")
     refuse_unusable_head(det, "resize")
-    _refuse_ambiguous_resize(det)
+    refuse_ambiguous_head(det)
     V, N = det.vocab_rows, target_rows(vocab, pad_to_multiple_of)
     _refuse_target(det, N, how)
-    _refuse_resize_surface(det, N)
-    _refuse_token_values(det, N)
+    refuse_vocab_surface(det, N)
+    refuse_token_values(det, N)
     plan = base_plan("resize", det)
     past = [str(i) for i in det.special_ids if i.id >= N]
     if N < V and not force:
         raise _trim_refusal(det, N, past)
-    seed = _resolve_seed(seed)
+    seed = resolve_seed(seed)
     plan.extra_report = _resize_report(det, vocab, N, how, seed, pad_to_multiple_of)
+    plan.tokenizer = _trim_tokenizer(det, N)
+    if plan.tokenizer is not None:
+        plan.extra_report["tokens_removed"] = [
+            {"id": t.id, "content": t.content} for t in plan.tokenizer.removed
+        ]
     _resize_notes(det, plan, N, past)
     if N != V:
         std = float(det.ckpt.config.get("initializer_range") or 0.02)
-        _resize_tensors(det, plan, N, _Draws(how, seed, std))
-    _resize_config(det, plan, N)
+        move_vocabulary(det, plan, N, _Draws(how, seed, std))
+    resize_config(det, plan, N)
     if N == V:
         plan.notes.append(f"the embedding already has {N} rows: no tensor changes")
     return plan
@@ -130,7 +145,7 @@ def _resize_init(vocab: int, pad_to_multiple_of: int | None, init: Init | str) -
     return Init(init)
 
 
-def _refuse_ambiguous_resize(det: Detection) -> None:
+def refuse_ambiguous_head(det: Detection) -> None:
     """Refuse a square head (vocab_size == hidden_size) with no ``--layout`` (AmbiguousLayoutError)."""
     if det.head.present and det.head.layout is HeadLayout.AMBIGUOUS:
         raise AmbiguousLayoutError(
@@ -189,7 +204,7 @@ def _trim_refusal(det: Detection, N: int, past: list[str]) -> RefusedError:
     )
 
 
-def _resolve_seed(seed: int | None) -> int:
+def resolve_seed(seed: int | None) -> int:
     """``seed``, or a random one in [0, 2**31) when None (as uniform as ``SeedSequence().entropy % 2**31``,
     which it was).
 
@@ -228,12 +243,53 @@ def _resize_report(
     return rep
 
 
+def _trim_tokenizer(det: Detection, N: int) -> TokenEdit | None:
+    """The edit that keeps the tokenizer in step with a trim to ``N`` rows (``--force``): the added tokens at
+    ids ≥ N removed from every tokenizer file (:func:`surgery.io.tokenizer_edit.remove_tokens_edit`), so the
+    tokenizer never emits an id beyond the rows; None when the trim cuts no token the tokenizer has (no
+    tokenizer files, or ``N`` at or above its length, or no trim).
+
+    Raises:
+        RefusedError: base-vocabulary tokens at ids ≥ N (a model file's own pieces cannot be removed), a
+            token the tokenizer names as a special token (a loader would add it back past the rows), a
+            tokenizer whose files cannot be edited here (the ``tokenizer`` extra missing, a format tietool
+            cannot edit), or an edit that would still leave ids ≥ N: even with ``--force``.
+    """
+    size = det.tokenizer.size
+    if size is None or N >= size or N >= det.vocab_rows:
+        return None
+    head = f"resize to {N} rows refused even with {Opt('force', True)}"
+    from ..io.tokenizer_edit import remove_tokens_edit  # tokenizer libraries, lazily
+
+    try:
+        edit = remove_tokens_edit(det.ckpt.path, N)
+    except RefusedError as e:
+        raise RefusedError(f"{head}: {e.message}", det.ckpt.path, e.fix) from e
+    except TietoolError as e:
+        raise RefusedError(
+            f"{head}: the tokenizer defines {size} tokens (ids ≥ {N} would have no row) and its files cannot "
+            f"be edited here: {e.message}",
+            det.ckpt.path,
+            e.fix or f"a {Opt('vocab_size')} of at least {size}",
+        ) from e
+    if edit.length_after > N:
+        raise RefusedError(
+            f"{head}: the tokenizer would still define {edit.length_after} tokens (ids ≥ {N} without a row)",
+            det.ckpt.path,
+            f"a {Opt('vocab_size')} of at least {edit.length_after}",
+        )
+    return edit
+
+
 def _resize_notes(det: Detection, plan: Plan, N: int, past: list[str]) -> None:
     """Notes and warnings of a resize: rows removed (``--force``), token ids left without a row."""
     V, tok = det.vocab_rows, det.tokenizer
     if N < V:
         plan.notes.append(f"{Opt('force', True)}: rows {N}..{V - 1} removed from every vocabulary tensor")
-    if tok.size is not None and N < tok.size:
+    if plan.tokenizer is not None:
+        gone = ", ".join(f"{t.id} {t.content!r}" for t in plan.tokenizer.removed)
+        plan.notes.append(f"added tokens removed from the tokenizer files (ids ≥ {N}): {gone}")
+    elif tok.size is not None and N < tok.size:
         plan.warnings.append(f"the tokenizer defines {tok.size} tokens; ids ≥ {N} will have no row")
     if past:
         plan.warnings.append(
@@ -241,7 +297,7 @@ def _resize_notes(det: Detection, plan: Plan, N: int, past: list[str]) -> None:
         )
 
 
-def _resize_config(det: Detection, plan: Plan, N: int) -> None:
+def resize_config(det: Detection, plan: Plan, N: int) -> None:
     """Every vocabulary-size key (:func:`surgery.io.vocabkeys.vocab_keys`: any nesting, config.json and
     model_config.json) that counts the embedding's rows becomes ``N``; one that counts the head's rows (an
     embedding with reserved rows, ``head_rows != vocab_rows``) moves with the head. The language model's own
@@ -298,14 +354,14 @@ def _primary_vocab_size(det: Detection, N: int) -> list[tuple[str, str, object]]
     return out
 
 
-def _refuse_resize_surface(det: Detection, N: int) -> None:
-    """Refuse a resize that would leave part of the vocabulary surface behind: a missing embedding, a
-    vocabulary-shaped tensor of no known role, an extra table of another vocabulary size, a head with
-    reserved rows the new size cannot keep."""
+def refuse_vocab_surface(det: Detection, N: int, op: str = "resize") -> None:
+    """Refuse a resize (or ``op``, which moves the rows as resize does) that would leave part of the
+    vocabulary surface behind: a missing embedding, a vocabulary-shaped tensor of no known role, an extra
+    table of another vocabulary size, a head with reserved rows the new size cannot keep."""
     ckpt, V = det.ckpt, det.vocab_rows
     if not det.embedding.present:
         raise missing_embedding_refusal(
-            det, "resize", f"restore it first (untie, or tie {Opt('keep', 'head')}), then resize"
+            det, op, f"restore it first (untie, or tie {Opt('keep', 'head')}), then {op}"
         )
     odd = [
         f"{n} {list(ckpt.tensors[n].shape)} {ckpt.logical_dtype(ckpt.tensors[n])}"
@@ -313,7 +369,7 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
     ]
     if odd:
         raise RefusedError(
-            f"resize refused: {', '.join(odd)} has an axis of the vocabulary's {V} entries but no known role "
+            f"{op} refused: {', '.join(odd)} has an axis of the vocabulary's {V} entries but no known role "
             "or rule (not the embedding, head, bias, a known copy or a token-indexed table of the "
             "architecture table): resizing the rest would leave it at the old size",
             ckpt.path,
@@ -329,7 +385,7 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
     other = [n for n in det.beyond.extra_tables if not follows(n)]
     if other:
         raise RefusedError(
-            f"resize refused: the extra vocabulary table(s) {', '.join(other)} have no axis of the "
+            f"{op} refused: the extra vocabulary table(s) {', '.join(other)} have no axis of the "
             f"embedding's {V} rows (a vocabulary of their own), so it is unknown how they follow a resize",
             ckpt.path,
             "resize them with the tool of their model, or remove them first",
@@ -342,6 +398,19 @@ def _refuse_resize_surface(det: Detection, N: int) -> None:
             ckpt.path,
             f"pass a larger {Opt('vocab_size')}",
         )
+
+
+class VocabRows(Protocol):
+    """What :func:`move_vocabulary` asks for each vocabulary tensor: ``resize``'s :class:`_Draws`, or
+    ``add-tokens``' rows of new tokens (:mod:`surgery.plan.add_tokens`)."""
+
+    def table(self, name: str, axis: int, new: int, old: int) -> Recipe:
+        """``name`` to ``new`` entries along ``axis`` (``old`` now), new entries from its own."""
+        ...
+
+    def bias(self, name: str, new: int) -> Recipe:
+        """The head bias ``name`` to ``new`` entries."""
+        ...
 
 
 @dataclass
@@ -364,6 +433,10 @@ class _Draws:
         """``name`` to ``new`` entries along ``axis`` (``old`` now), new entries from its own."""
         return ResizedTable(name, axis, new, self.rows(name, max(0, new - old), axis))
 
+    def bias(self, name: str, new: int) -> ResizedBias:
+        """The head bias to ``new`` entries, new entries zero."""
+        return ResizedBias(name, new)
+
 
 def _new_shape(shape: tuple[int, ...], axis: int, new: int) -> tuple[int, ...]:
     s = list(shape)
@@ -378,12 +451,13 @@ def _put(plan: Plan, n: str, axis: int, new: int, recipe: Recipe, storage: objec
     plan.replace[n] = OutTensor(n, out, _new_shape(t.shape, axis, new), recipe, t.file, storage=storage)
 
 
-def _resize_tensors(det: Detection, plan: Plan, N: int, draws: _Draws) -> None:
+def move_vocabulary(det: Detection, plan: Plan, N: int, draws: VocabRows) -> None:
     """Every vocabulary tensor to ``N`` embedding rows (the head and its bias move by the same number of
-    rows): the embedding and its aliases (one table), vocabulary aliases, the head, the bias, the extra
-    tables. New rows are drawn in that order (:class:`_Draws`)."""
+    rows): the embedding and its aliases (one table), vocabulary aliases, the head, the bias, the
+    token-indexed tables (when ``N`` differs from the rows), the extra tables. ``draws`` gives each its
+    recipe, in that order (:class:`_Draws` for ``resize``; ``add-tokens`` gives the rows of new tokens)."""
     ckpt, V = det.ckpt, det.vocab_rows
-    emb = ResizedTable(det.embedding.name, 0, N, draws.rows(det.embedding.name, max(0, N - V), 0))
+    emb = draws.table(det.embedding.name, 0, N, V)
     for n in [det.embedding.name] + det.embedding.aliases:
         _put(plan, n, 0, N, emb, ckpt.tensors[n].storage)
     for n in det.embedding.vocab_aliases:
@@ -393,7 +467,7 @@ def _resize_tensors(det: Detection, plan: Plan, N: int, draws: _Draws) -> None:
     head: Recipe | None = None
     if det.head.vocab is None:
         head = _resize_head(det, plan, hrows, hnew, emb, draws)
-        _resize_bias(det, plan, hrows, hnew)
+        _resize_bias(det, plan, hrows, draws.bias(det.bias.name, hnew) if det.bias else None)
     else:
         plan.notes.append(
             f"{det.head.name} is over another vocabulary (config.json {det.head.vocab} = {hrows}): kept as "
@@ -417,16 +491,16 @@ def _resize_token_tables(det: Detection, plan: Plan, N: int) -> None:
     """Every token-indexed table of the embedding's vocabulary to ``N`` rows by its rule
     (:data:`~surgery.arch.TOKEN_TABLES`): old rows kept, new rows repeating existing rows (ids of
     something else stay valid) or zero/False (a membership mask); tables keyed to another vocabulary are
-    kept (their values checked by :func:`_refuse_token_values`)."""
+    kept (their values checked by :func:`refuse_token_values`)."""
     for n, rule in det.beyond.token_tables.items():
-        if rule.indexed_by != "vocab":
+        if rule.indexed_by != "vocab" or N == det.vocab_rows:
             continue
         recipe = TokenRows(n, N, cycle=rule.rule is arch.TokenRule.CYCLE_ROWS)
         _put(plan, n, 0, N, recipe, det.ckpt.tensors[n].storage)
         plan.notes.append(f"{n} ({rule.what}) to {N} rows: {rule.rule.value}")
 
 
-def _refuse_token_values(det: Detection, N: int) -> None:
+def refuse_token_values(det: Detection, N: int) -> None:
     """Refuse a resize to ``N`` rows that the values of a token table contradict
     (:func:`_refuse_bound`, :func:`_refuse_trimmed_ids`), or a trim while an integer tensor of another
     vocabulary, whose values no rule explains, may hold token ids the trim removes.
@@ -508,7 +582,7 @@ def _text_block(det: Detection) -> dict[str, Any]:
 
 
 def _resize_head(
-    det: Detection, plan: Plan, hrows: int, hnew: int, emb: ResizedTable, draws: _Draws
+    det: Detection, plan: Plan, hrows: int, hnew: int, emb: Recipe, draws: VocabRows
 ) -> Recipe | None:
     """The head and its aliases from ``hrows`` to ``hnew`` vocabulary entries (rows of ``[vocab, hidden]``,
     columns of ``[hidden, vocab]``); returns its recipe (None: no head in the files).
@@ -524,9 +598,11 @@ def _resize_head(
     recipe: Recipe
     if tied_equal and axis == 0:
         recipe = emb
+    elif tied_equal:  # the embedding's new rows, as columns
+        assert isinstance(emb, ResizedTable | EditedTable), "internal: the embedding is a table"
+        recipe = replace(emb, name=det.head.name, axis=axis, new=hnew)
     else:
-        rows = emb.rows if tied_equal else draws.rows(det.head.name, max(0, hnew - hrows), axis)
-        recipe = ResizedTable(det.head.name, axis, hnew, rows)
+        recipe = draws.table(det.head.name, axis, hnew, hrows)
     if tied_equal and det.tie.tied and hrows == det.vocab_rows and _drop_redundant_head(det, plan):
         return recipe  # extra tables that copy the head still follow it
     storage = det.emb_info.storage if det.comparison.storage_shared else None
@@ -552,14 +628,15 @@ def _drop_redundant_head(det: Detection, plan: Plan) -> bool:
     return True
 
 
-def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
-    """The head bias ``[V]`` / ``[1, V]`` (and its aliases, one array) to ``new`` entries; new entries zero.
+def _resize_bias(det: Detection, plan: Plan, old: int, recipe: Recipe | None) -> None:
+    """The head bias ``[V]`` / ``[1, V]`` (and its aliases, one array) by ``recipe`` (``resize``: to the
+    head's new entries, new entries zero; None: no bias).
 
     Raises:
         RefusedError: the bias has another number of entries than the head's ``old`` rows.
     """
     ckpt = det.ckpt
-    if det.bias is None:
+    if det.bias is None or recipe is None:
         return
     bias = det.bias.name
     b = ckpt.tensors[bias]
@@ -570,8 +647,8 @@ def _resize_bias(det: Detection, plan: Plan, old: int, new: int) -> None:
             ckpt.path,
             "fix the bias first",
         )
-    recipe = ResizedBias(bias, new)
+    assert isinstance(recipe, ResizedBias | EditedBias), "internal: a bias recipe"
     for n in det.bias_names:
         t = ckpt.tensors[n]
         out = out_dtype(ckpt, t, plan.relabel_u16)
-        plan.replace[n] = OutTensor(n, out, t.shape[:-1] + (new,), recipe, t.file, storage=t.storage)
+        plan.replace[n] = OutTensor(n, out, t.shape[:-1] + (recipe.new,), recipe, t.file, storage=t.storage)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -145,6 +146,7 @@ def _write_all(
     deferred = set() if copier is None else {lay.rename[f] for f in lay.kept if f not in lay.rewrite}
     _read_back(plan, tmp, {lay.rename[f]: (f, lay.entries[f]) for f in lay.kept}, lay.rewrite, deferred)
     _write_configs(plan, tmp)
+    _write_tokenizer_files(plan, tmp, files_report)
     return {
         "files": files_report,
         "total_size": total_size,
@@ -265,7 +267,7 @@ def _start_copies(
         else:
             copier.submit(src, dst, lay.rename[f], tensor_bytes)
             files_report["copied"].append(lay.rename[f])
-    config_files = _config_files(plan)
+    config_files = _config_files(plan) | _tokenizer_files(plan)
     for fl in kept_links:
         (tmp / fl.rel).parent.mkdir(parents=True, exist_ok=True)
         os.symlink(fl.target, tmp / fl.rel)
@@ -290,11 +292,31 @@ def _config_files(plan: Plan) -> set[str]:
     return {"config.json", plan.ckpt.config_file} | {c[0] for c in plan.config_set}
 
 
+def _tokenizer_files(plan: Plan) -> set[str]:
+    """The tokenizer files the plan's edit writes (never copied, linked or kept as a folder link)."""
+    return set(plan.tokenizer.files) if plan.tokenizer is not None else set()
+
+
+def _write_tokenizer_files(plan: Plan, tmp: Path, files_report: dict[str, Any]) -> None:
+    """Write the new bytes of every tokenizer file the plan's edit changes (``files_report["edited"]``,
+    present only for a plan with an edit); the other tokenizer files were carried as they are."""
+    if plan.tokenizer is None:
+        return
+    files_report["edited"] = sorted(plan.tokenizer.files)
+    for rel, data in sorted(plan.tokenizer.files.items()):
+        dst = tmp / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(data)
+        local = store.store_for(plan.ckpt.path).on_disk
+        if local and (plan.ckpt.path / rel).is_file():  # the mode of the file it replaces
+            shutil.copymode(plan.ckpt.path / rel, dst)
+
+
 def _kept_links(plan: Plan, carried: list[str]) -> list[tree.FolderLink]:
     """The input's folder links an in-place new version keeps as links: those whose every file is carried
     unchanged (none is a config file the run writes, none is training state the run drops), outermost
     first (a link below a kept one is part of it)."""
-    unchanged = set(carried) - _config_files(plan)
+    unchanged = set(carried) - _config_files(plan) - _tokenizer_files(plan)
     kept: list[tree.FolderLink] = []
     for fl in plan.ckpt.folder_links:
         if any(fl.rel.startswith(k.rel + "/") for k in kept):

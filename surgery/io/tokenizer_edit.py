@@ -1,0 +1,587 @@
+"""Edits of every tokenizer file of a folder, computed before anything is written: add tokens, remove added
+ones.
+
+:func:`add_tokens_edit` and :func:`remove_tokens_edit` return a :class:`~surgery.model.tokens.TokenEdit`
+whose ``files`` are the new bytes of each file they change; the caller writes them (beside the model's rows).
+The files and the libraries that edit them:
+
+* ``tokenizer.json``: the ``tokenizers`` library (``Tokenizer.from_str``, ``add_tokens`` /
+  ``add_special_tokens`` set the ``AddedToken`` flags, as transformers' fast ``add_tokens`` calls them);
+  written with ``to_str(pretty=True)``, which reproduces a file ``tokenizers`` wrote byte for byte (checked on
+  the test tokenizers); any other file keeps its JSON and only ``added_tokens`` is replaced.
+* SentencePiece ``*.model``: ``sentencepiece_model_pb2.ModelProto`` (sentencepiece_model.proto): new pieces
+  appended as ``USER_DEFINED`` (``CONTROL`` for special tokens), score 0.
+* ``vocab.txt`` (WordPiece): appended lines. ``vocab.json`` + ``merges.txt`` are never changed: GPT-2 style
+  tokenizers read added tokens from ``added_tokens.json`` / ``tokenizer_config.json``.
+* ``tokenizer_config.json`` (``added_tokens_decoder``, ``additional_special_tokens`` /
+  ``extra_special_tokens``), ``added_tokens.json``, ``special_tokens_map.json``: JSON, key order and indent
+  kept.
+
+Libraries are imported lazily (the ``tokenizer`` extra); a folder that needs one that is missing gets a
+:class:`TietoolError` saying ``pip install "tietool[tokenizer]"``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from ..model.errors import CheckpointError, RefusedError, TietoolError
+from ..model.tokens import AddedToken, NewToken, TokenEdit
+from . import store
+
+EXTRA = 'pip install "tietool[tokenizer]"'
+CONFIG, ADDED_JSON, SPECIAL_MAP = "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json"
+SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
+
+
+def _lib(name: str) -> Any:
+    """Import ``name`` (``tokenizers``, ``sentencepiece``, ``sentencepiece.sentencepiece_model_pb2``)."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise TietoolError(f"editing the tokenizer needs {name.split('.')[0]}: {EXTRA}", None, EXTRA) from e
+
+
+@dataclass
+class _Folder:
+    """The tokenizer files of a folder as read (texts, parsed JSON, the model file's protobuf)."""
+
+    root: Any
+    tokenizer_json: str | None = None
+    tj: dict = field(default_factory=dict)  # tokenizer.json parsed
+    tj_native: bool = False  # tokenizers' to_str(pretty=True) reproduces the file (tokenizers wrote it)
+    json_tok: Any = None  # tokenizer.json as a tokenizers.Tokenizer
+    sp_name: str | None = None
+    sp_model: Any = None  # sentencepiece ModelProto
+    vocab_txt: list[str] | None = None
+    vocab_json: dict | None = None  # with merges.txt beside it
+    json_files: dict[str, Any] = field(default_factory=dict)  # CONFIG / ADDED_JSON / SPECIAL_MAP
+    base: dict[str, int] = field(default_factory=dict)  # the model file's own tokens
+    base_size: int = 0
+    added: dict[int, AddedToken] = field(default_factory=dict)
+
+    @property
+    def length(self) -> int:
+        return max([self.base_size, *(i + 1 for i in self.added)])
+
+    def ids(self) -> dict[str, int]:
+        """Every token as one string -> its id (added tokens win, as loaders match them first)."""
+        return {**self.base, **{t.content: i for i, t in self.added.items()}}
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path.name} is not valid JSON ({e})", path, "save the tokenizer again") from e
+
+
+def _refuse_unsupported(root: Path, config: Any) -> None:
+    """Refuse a tiktoken file or a custom tokenizer class (``auto_map``): tietool cannot edit them."""
+    tik = sorted(p.name for p in root.glob("*.tiktoken"))
+    if tik:
+        raise RefusedError(
+            f"{tik[0]} is a tiktoken rank file, which tietool cannot edit; nothing was written",
+            root / tik[0],
+            "add the tokens with the tokenizer's own code, then resize the model with tietool resize",
+        )
+    if isinstance(config, dict) and isinstance(config.get("auto_map"), dict):
+        cls = config.get("tokenizer_class") or "a custom class"
+        raise RefusedError(
+            f"tokenizer_config.json names a custom tokenizer class ({cls}, auto_map) that tietool cannot "
+            "edit; nothing was written",
+            root / CONFIG,
+            "add the tokens with that class's own code, then resize the model with tietool resize",
+        )
+
+
+def _scan(folder: Any) -> _Folder:
+    """Read every tokenizer file of ``folder``; refuse what cannot be edited or a folder with no vocabulary.
+
+    Raises:
+        RefusedError: a tiktoken file, a custom class, or no tokenizer.json / *.model / vocab.txt /
+            vocab.json+merges.txt ("nothing to add the token to").
+        CheckpointError: a file that is not valid JSON / protobuf.
+    """
+    root = store.path_of(folder)  # a Path, or a UPath of a URL (the methods both share)
+    f = _Folder(root)
+    for name in (CONFIG, ADDED_JSON, SPECIAL_MAP):
+        if (root / name).is_file():
+            f.json_files[name] = _read_json(root / name)
+    _refuse_unsupported(root, f.json_files.get(CONFIG))
+    if (root / "tokenizer.json").is_file():
+        text = (root / "tokenizer.json").read_text(encoding="utf-8")
+        f.tokenizer_json, f.json_tok = text, _from_str(text)  # the library must read it first
+        f.tj = json.loads(text)
+        f.tj_native = f.json_tok.to_str(pretty=True) == text.rstrip("\n")
+    f.sp_name = next((n for n in SP_NAMES if (root / n).is_file()), None)
+    if f.sp_name:
+        f.sp_model = _lib("sentencepiece.sentencepiece_model_pb2").ModelProto()
+        try:
+            f.sp_model.ParseFromString((root / f.sp_name).read_bytes())
+        except Exception as e:  # protobuf's DecodeError
+            raise CheckpointError(f"{f.sp_name} is not a SentencePiece model", root / f.sp_name) from e
+    if (root / "vocab.txt").is_file():
+        f.vocab_txt = (root / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    if (root / "vocab.json").is_file() and (root / "merges.txt").is_file():
+        f.vocab_json = _read_json(root / "vocab.json")
+    if f.tokenizer_json is None and f.sp_model is None and f.vocab_txt is None and f.vocab_json is None:
+        raise RefusedError(
+            "the folder has no tokenizer vocabulary (tokenizer.json, *.model, vocab.txt or vocab.json + "
+            "merges.txt): nothing to add the token to",
+            root,
+            "copy the tokenizer files of the model into the folder",
+        )
+    try:
+        _read_vocab(f)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(
+            f"the tokenizer files have an unexpected structure ({type(e).__name__}: {e})",
+            root,
+            "save the tokenizer again with save_pretrained",
+        ) from e
+    return f
+
+
+def _from_str(text: str) -> Any:
+    """``tokenizers.Tokenizer.from_str(text)``; a file the library rejects is a CheckpointError."""
+    tk = _lib("tokenizers")
+    try:
+        return tk.Tokenizer.from_str(text)
+    except Exception as e:  # tokenizers raises Exception itself
+        raise CheckpointError(f"tokenizer.json cannot be read by tokenizers ({e})", "tokenizer.json") from e
+
+
+def _base_of(f: _Folder) -> dict[str, int]:
+    """The model file's own tokens (the first of tokenizer.json, *.model, vocab.txt, vocab.json)."""
+    if f.tokenizer_json is not None:
+        vocab = f.tj.get("model", {}).get("vocab")
+        if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
+            return {p[0]: i for i, p in reversed(list(enumerate(vocab)))}
+        return dict(vocab or {})
+    if f.sp_model is not None:
+        return {p.piece: i for i, p in reversed(list(enumerate(f.sp_model.pieces)))}
+    if f.vocab_txt is not None:
+        return {t: i for i, t in reversed(list(enumerate(f.vocab_txt)))}
+    return dict(f.vocab_json or {})
+
+
+def _token(t: dict, i: int) -> AddedToken:
+    """An AddedToken from a tokenizer.json ``added_tokens`` / ``added_tokens_decoder`` entry."""
+    flags = (bool(t.get(k)) for k in ("special", "normalized", "lstrip", "rstrip", "single_word"))
+    special, normalized, lstrip, rstrip, single = flags
+    normalized = normalized if "normalized" in t else True
+    return AddedToken(t["content"], i, special, normalized, lstrip, rstrip, single)
+
+
+def _added_sources(f: _Folder) -> list[tuple[str, dict[int, AddedToken]]]:
+    """The added tokens each file names, most specific first (tokenizer.json, the config's
+    ``added_tokens_decoder``, added_tokens.json)."""
+    tj = f.tj
+    dec = (f.json_files.get(CONFIG) or {}).get("added_tokens_decoder") or {}
+    return [
+        ("tokenizer.json", {int(t["id"]): _token(t, int(t["id"])) for t in tj.get("added_tokens") or ()}),
+        (CONFIG, {int(i): _token(t, int(i)) for i, t in dec.items() if isinstance(t, dict)}),
+        (
+            ADDED_JSON,
+            {int(i): AddedToken(c, int(i)) for c, i in (f.json_files.get(ADDED_JSON) or {}).items()},
+        ),
+    ]
+
+
+def _read_vocab(f: _Folder) -> None:
+    """Fill ``f.base`` / ``f.base_size`` / ``f.added`` from every file (the union, as loaders merge them).
+
+    An added token of ``tokenizer.json`` whose id is in the model's vocabulary (Llama's ``<unk>``, a special
+    mark on a base token) stays a base token with that flag.
+
+    Raises:
+        CheckpointError: two files give one id different strings, or the model files disagree.
+        RefusedError: ids between the base vocabulary and the last added token that no file names.
+    """
+    f.base = _base_of(f)
+    f.base_size = max(f.base.values(), default=-1) + 1
+    _check_bases(f)
+    seen: dict[int, str] = {}
+    for name, tokens in _added_sources(f):
+        for i, t in tokens.items():
+            if i in f.added and f.added[i].content != t.content:
+                raise CheckpointError(
+                    f"{name} gives id {i} the string {t.content!r}, {seen[i]} gives it "
+                    f"{f.added[i].content!r}: the tokenizer files disagree",
+                    f.root / name,
+                    "save the tokenizer again with save_pretrained, or delete the stale file",
+                )
+            f.added.setdefault(i, t)
+            seen.setdefault(i, name)
+    missing = [i for i in range(f.base_size, f.length) if i not in f.added]
+    if missing:
+        raise RefusedError(
+            f"tokenizer ids {missing[0]}..{missing[-1]} are named by no tokenizer file (a gap that loaders "
+            "renumber)",
+            f.root,
+            "save the tokenizer again with save_pretrained so its ids are contiguous",
+        )
+
+
+def _check_bases(f: _Folder) -> None:
+    """Every model file beside tokenizer.json (*.model pieces, vocab.txt lines, vocab.json) names its ids as
+    tokenizer.json's vocabulary does (the ones beyond may be added tokens): a stale file is refused."""
+    if f.tokenizer_json is None:
+        return
+    by_id = {i: t for t, i in f.base.items()}
+    others: list[tuple[str, dict[int, str]]] = []
+    if f.sp_model is not None:
+        others.append((f.sp_name or "tokenizer.model", {i: p.piece for i, p in enumerate(f.sp_model.pieces)}))
+    if f.vocab_txt is not None:
+        others.append(("vocab.txt", dict(enumerate(f.vocab_txt))))
+    if f.vocab_json is not None:
+        others.append(("vocab.json", {int(i): t for t, i in f.vocab_json.items()}))
+    for name, theirs in others:
+        bad = next((i for i in sorted(theirs) if i < f.base_size and theirs[i] != by_id.get(i)), None)
+        if bad is None and len(theirs) >= f.base_size:
+            continue
+        where = (
+            f"id {bad} is {theirs[bad]!r} there, {by_id.get(bad)!r} in tokenizer.json"
+            if bad is not None
+            else (f"{len(theirs)} tokens there, {f.base_size} in tokenizer.json")
+        )
+        raise CheckpointError(
+            f"{name} and tokenizer.json disagree ({where}): one of them is stale",
+            f.root / name,
+            "save the tokenizer again with save_pretrained, or delete the stale file",
+        )
+
+
+# ------------------------------------------------------------------ the current tokenizer's splits
+
+
+def _json_tokenizer(f: _Folder) -> Any:
+    """A ``tokenizers.Tokenizer`` that splits as the folder's tokenizer does (with its added tokens)."""
+    tk = _lib("tokenizers")
+    if f.json_tok is not None:
+        tok = f.json_tok
+    elif f.vocab_txt is not None:
+        unk = (f.json_files.get(CONFIG) or {}).get("unk_token") or "[UNK]"
+        unk = unk.get("content", "[UNK]") if isinstance(unk, dict) else str(unk)
+        tok = tk.Tokenizer(tk.models.WordPiece(_base_of(f), unk_token=unk))
+        lower = (f.json_files.get(CONFIG) or {}).get("do_lower_case", True)
+        tok.normalizer = tk.normalizers.BertNormalizer(lowercase=bool(lower))
+        tok.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
+    else:
+        merges = (f.root / "merges.txt").read_text(encoding="utf-8").splitlines()
+        pairs = [tuple(m.split(" ")) for m in merges if m and not m.startswith("#version")]
+        tok = tk.Tokenizer(tk.models.BPE(dict(f.vocab_json or {}), pairs))
+        prefix = bool((f.json_files.get(CONFIG) or {}).get("add_prefix_space", False))
+        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=prefix)
+    known = tok.get_vocab(with_added_tokens=True)
+    for t in sorted(f.added.values(), key=lambda t: t.id):
+        if t.content not in known:
+            add = tok.add_special_tokens if t.special else tok.add_tokens
+            add([tk.AddedToken(t.content, special=t.special, normalized=t.normalized)])
+    return tok
+
+
+def _splitter(f: _Folder):
+    """``encode(text) -> ids`` of the tokenizer before the edit, without special tokens: tokenizers for
+    tokenizer.json / vocab.txt / vocab.json, else the SentencePiece processor."""
+    if f.tokenizer_json is None and f.sp_model is not None:
+        sp = _lib("sentencepiece").SentencePieceProcessor(model_proto=f.sp_model.SerializeToString())
+        return lambda s: list(sp.encode(s))
+    tok = _json_tokenizer(f)
+    return lambda s: list(tok.encode(s, add_special_tokens=False).ids)
+
+
+# ------------------------------------------------------------------ add
+
+
+def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], list[AddedToken]]:
+    """The NewToken of each string (in order) and the existing tokens to mark special."""
+    ids, split = f.ids(), _splitter(f)
+    out: list[NewToken] = []
+    marks: list[AddedToken] = []
+    next_id = f.length
+    for s in strings:
+        if not isinstance(s, str) or s == "":
+            raise TietoolError(f"a token to add must be a non-empty string, not {s!r}", f.root)
+        if s in ids:
+            i = ids[s]
+            had = f.added.get(i)
+            marked = {m.id for m in marks}
+            if special and i < f.length and (had is None or not had.special) and i not in marked:
+                marks.append(replace(had, special=True) if had else AddedToken(s, i, True, False))
+            first = next((t for t in out if t.id == i), None)  # given twice: as the first time
+            out.append(NewToken(s, i, first.special if first else special or bool(had and had.special), True))
+            continue
+        out.append(NewToken(s, next_id, special, False, tuple(split(s))))
+        ids[s] = next_id
+        next_id += 1
+    return out, marks
+
+
+def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
+    """Add ``strings`` to every tokenizer file of ``folder`` (ids contiguous from ``len(tokenizer)``).
+
+    A string that is already one token (base vocabulary or added) is not added again (``existed``, its id);
+    ``special=True`` marks it special in tokenizer.json and the config files (a base piece of a
+    SentencePiece model stays NORMAL: CONTROL would stop ordinary text from producing it). ``subtoken_ids``
+    are the ids the tokenizer before the edit splits the string into (no special tokens added). The ids and
+    flags are those of transformers' ``add_tokens`` / ``add_special_tokens`` (fast tokenizers call
+    ``tokenizers``' functions of those names; non-special tokens ``normalized=True``, special ones False).
+
+    Raises:
+        RefusedError: tiktoken files, a custom tokenizer class, no vocabulary file, an id gap, a
+            special-token attribute (``pad_token``...) naming a string no file has (loaders add it at load).
+        TietoolError: a missing library (``pip install "tietool[tokenizer]"``), an empty string.
+    """
+    f = _scan(folder)
+    strings = list(strings)
+    known = f.ids()
+    unknown = [(s, k) for s, k in _named_specials(f).items() if s not in known and s not in strings]
+    if unknown:
+        s, k = unknown[0]
+        raise RefusedError(
+            f"{k} is {s!r}, which no tokenizer file has: loaders add it at load, at an id the new tokens "
+            "would also take",
+            f.root,
+            f"add {s!r} too (first, with special=True), or set {k} to a token the tokenizer has",
+        )
+    tokens, marks = _plan_tokens(f, strings, special)
+    new = [AddedToken(t.content, t.id, t.special, not t.special) for t in tokens if not t.existed]
+    files = _edit_files(f, new + marks, ())
+    return TokenEdit(f.length, f.length + len(new), tuple(tokens), (), files)
+
+
+# ------------------------------------------------------------------ remove
+
+
+def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
+    """Drop every added token with id >= ``length`` from every tokenizer file of ``folder``.
+
+    Raises:
+        RefusedError: a base-vocabulary token (the model file's own) has an id >= ``length``; a token to
+            drop is named by a special-token attribute (``eos_token``...: loaders add it back); or the
+            folder cannot be edited (see :func:`add_tokens_edit`).
+    """
+    f = _scan(folder)
+    base_cut = sorted(i for t, i in f.base.items() if i >= length and i not in f.added)
+    if base_cut:
+        names = ", ".join(f"{i} {t!r}" for t, i in sorted(f.base.items(), key=lambda x: x[1]) if i >= length)
+        raise RefusedError(
+            f"ids {names[:200]} belong to the tokenizer's base vocabulary ({f.base_size} tokens), which "
+            f"tietool cannot remove; a model of {length} rows cannot serve this tokenizer",
+            f.root,
+            f"keep at least {f.base_size} rows, or retrain the tokenizer",
+        )
+    gone = tuple(t for i, t in sorted(f.added.items()) if i >= length)
+    _refuse_named(f, gone)
+    files = _edit_files(f, [], tuple(t.id for t in gone)) if gone else {}
+    return TokenEdit(f.length, min(f.length, length), (), gone, files)
+
+
+def _named_specials(f: _Folder) -> dict[str, str]:
+    """``{token string: "file key"}`` of the special-token attributes the config files set (``eos_token``,
+    ``pad_token``, ... and a dict ``extra_special_tokens``), whose strings loaders add back if missing."""
+    out: dict[str, str] = {}
+    for name in (CONFIG, SPECIAL_MAP):
+        data = f.json_files.get(name)
+        if not isinstance(data, dict):
+            continue
+        extra = data.get("extra_special_tokens")
+        items = list(data.items()) + (list(extra.items()) if isinstance(extra, dict) else [])
+        for k, v in items:
+            content = v.get("content") if isinstance(v, dict) else v
+            if isinstance(k, str) and k.endswith("_token") and isinstance(content, str):
+                out.setdefault(content, f"{name} {k}")
+    return out
+
+
+def _refuse_named(f: _Folder, gone: tuple[AddedToken, ...]) -> None:
+    """Refuse removing a token a special-token attribute names: transformers 5.3 and PaddleFormers 1.2 add
+    such a string back at load, at the next id (measured: eos ``<|endoftext|>`` cut from a 304-token
+    tokenizer came back as id 300 of a 301-token tokenizer), beyond the rows."""
+    named = _named_specials(f)
+    hit = next((t for t in gone if t.content in named), None)
+    if hit is not None:
+        raise RefusedError(
+            f"token {hit.id} {hit.content!r} is {named[hit.content]}: loaders would add it back beyond "
+            "the rows",
+            f.root,
+            f"keep at least {hit.id + 1} rows, or set {named[hit.content]} to another token first",
+        )
+
+
+# ------------------------------------------------------------------ the files
+
+
+def _edit_files(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> dict[str, bytes]:
+    """New bytes of every file that changes: ``add`` (new tokens and special marks) or ``drop`` (ids)."""
+    out: dict[str, bytes] = {}
+    if f.tokenizer_json is not None:
+        out["tokenizer.json"] = _edit_tokenizer_json(f, add, drop).encode("utf-8")
+    if f.sp_model is not None and f.sp_name:
+        out[f.sp_name] = _edit_sp_model(f, add, drop)
+    if f.vocab_txt is not None:
+        out["vocab.txt"] = _edit_vocab_txt(f, add, drop)
+    for name, data in f.json_files.items():
+        edited = _EDITORS[name](data, add, drop, f)
+        if edited is not None:
+            out[name] = _dump_like((f.root / name).read_text(encoding="utf-8"), edited)
+    old = {n: (f.root / n).read_bytes() for n in out}
+    return {n: b for n, b in out.items() if b != old[n]}
+
+
+def _edit_tokenizer_json(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> str:
+    """tokenizer.json with ``add`` added through ``tokenizers`` (new tokens get the next ids, marks keep
+    theirs) and the added tokens of ``drop`` removed (JSON: ``tokenizers`` has no remove)."""
+    tk = _lib("tokenizers")
+    text = f.tokenizer_json or ""
+    tok = _from_str(text)  # a fresh one: f.json_tok also holds the config's added tokens
+    for t in add:
+        fn = tok.add_special_tokens if t.special else tok.add_tokens
+        # a new token has the flags these functions give a string (normalized = not special); a token
+        # marked special keeps its normalized flag, as transformers' add_special_tokens keeps it (flipping it
+        # would move the token to tokenizers' first, raw-text pass, ahead of longer normalized tokens)
+        fn([tk.AddedToken(t.content, special=t.special, normalized=t.normalized)])
+        got = tok.token_to_id(t.content)
+        if got != t.id:
+            raise TietoolError(f"tokenizers gave {t.content!r} id {got}, expected {t.id}", "tokenizer.json")
+    tail = text[len(text.rstrip("\n")) :]
+    if f.tj_native and not drop:  # a file tokenizers wrote: it writes the edit
+        return tok.to_str(pretty=True) + tail
+    data = dict(f.tj)  # only the top-level added_tokens is replaced
+    data["added_tokens"] = [e for e in json.loads(tok.to_str())["added_tokens"] if e["id"] not in drop]
+    if f.tj_native:
+        return tk.Tokenizer.from_str(json.dumps(data)).to_str(pretty=True) + tail
+    return _dump_like(text, data).decode("utf-8")  # any other writer: only added_tokens changes
+
+
+def _edit_sp_model(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> bytes:
+    """The SentencePiece model with new pieces appended (``USER_DEFINED``, ``CONTROL`` when special, score
+    0) up to the tokenizer's length (added tokens it lacks are appended first, so ids agree), or cut."""
+    pb = _lib("sentencepiece.sentencepiece_model_pb2")
+    m = pb.ModelProto()
+    m.CopyFrom(f.sp_model)
+    kind = pb.ModelProto.SentencePiece
+    if drop:
+        keep = min(drop)
+        if len(m.pieces) > keep:
+            del m.pieces[keep:]
+        return m.SerializeToString()
+    if len(m.pieces) > f.length:
+        raise RefusedError(
+            f"{f.sp_name} has {len(m.pieces)} pieces but the tokenizer {f.length} tokens (a stale file)",
+            f.root / (f.sp_name or "tokenizer.model"),
+            "save the tokenizer again with save_pretrained so its files agree",
+        )
+    fill = [f.added[i] for i in range(len(m.pieces), f.length)]
+    for t in fill + [t for t in add if t.id >= f.length]:
+        p = m.pieces.add()
+        p.piece, p.score = t.content, 0.0
+        p.type = kind.CONTROL if t.special else kind.USER_DEFINED
+    return m.SerializeToString()
+
+
+def _edit_vocab_txt(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> bytes:
+    """vocab.txt with new tokens appended (one a line; added tokens it lacks first, so ids agree), or cut."""
+    lines = list(f.vocab_txt or [])
+    if drop:
+        lines = lines[: min(drop)]
+    elif len(lines) > f.length:
+        raise RefusedError(
+            f"vocab.txt has {len(lines)} lines but the tokenizer {f.length} tokens (a stale file)",
+            f.root / "vocab.txt",
+            "save the tokenizer again with save_pretrained so its files agree",
+        )
+    else:
+        lines += [f.added[i].content for i in range(len(lines), f.length)]
+        lines += [t.content for t in add if t.id >= f.length]
+    return "".join(line + "\n" for line in lines).encode("utf-8")
+
+
+def _decoder_entry(t: AddedToken) -> dict:
+    """An ``added_tokens_decoder`` value as transformers 4.x writes it (keys sorted)."""
+    return {
+        "content": t.content,
+        "lstrip": t.lstrip,
+        "normalized": t.normalized,
+        "rstrip": t.rstrip,
+        "single_word": t.single_word,
+        "special": t.special,
+    }
+
+
+def _edit_config(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
+    """tokenizer_config.json: ``added_tokens_decoder`` entries (created when the folder has no
+    tokenizer.json to hold them), special ones appended to ``additional_special_tokens`` /
+    ``extra_special_tokens`` lists when present; dropped ids removed from both."""
+    if not isinstance(data, dict):
+        return None
+    data = json.loads(json.dumps(data))
+    dec = data.get("added_tokens_decoder")
+    if dec is None and f.tokenizer_json is None and add:
+        dec = data.setdefault("added_tokens_decoder", {})
+    gone = {f.added[i].content for i in drop if i in f.added}
+    if isinstance(dec, dict):
+        for t in add:
+            dec[str(t.id)] = _decoder_entry(t)
+        for i in drop:
+            dec.pop(str(i), None)
+        data["added_tokens_decoder"] = dict(sorted(dec.items(), key=lambda kv: int(kv[0])))
+    _edit_special_lists(data, [t.content for t in add if t.special], gone)
+    return data
+
+
+def _edit_special_lists(data: dict, specials: list[str], gone: set[str]) -> None:
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        cur = data.get(key)
+        if isinstance(cur, list):
+            names = [x.get("content") if isinstance(x, dict) else x for x in cur]
+            kept = [x for x, n in zip(cur, names, strict=True) if n not in gone]
+            data[key] = kept + [s for s in specials if s not in names]
+            if not data[key] and len(kept) < len(
+                cur
+            ):  # a removal that empties the list: no list (the same to loaders)
+                del data[key]
+
+
+def _edit_added_json(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
+    """added_tokens.json ``{content: id}``: new tokens added (the ids beyond the base vocabulary)."""
+    if not isinstance(data, dict):
+        return None
+    data = {k: v for k, v in data.items() if v not in set(drop)}
+    data.update({t.content: t.id for t in add if t.id >= f.length})
+    return data
+
+
+def _edit_special_map(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
+    """special_tokens_map.json: special tokens appended to ``additional_special_tokens`` (created)."""
+    if not isinstance(data, dict):
+        return None
+    data = json.loads(json.dumps(data))
+    specials = [t.content for t in add if t.special]
+    if specials and not isinstance(data.get("additional_special_tokens"), list):
+        data["additional_special_tokens"] = []
+    _edit_special_lists(data, specials, {f.added[i].content for i in drop if i in f.added})
+    return data
+
+
+_EDITORS = {CONFIG: _edit_config, ADDED_JSON: _edit_added_json, SPECIAL_MAP: _edit_special_map}
+
+
+def _dump_like(original: str, data: Any) -> bytes:
+    """``data`` as JSON in the style of ``original``: its indent (or compact separators), ASCII escapes or
+    not, final newline."""
+    m = re.search(r"\n( +|\t)\S", original)
+    indent = m.group(1) if m else None
+    ascii_only = "\\u" in original and original.isascii()
+    compact = indent is None and '": ' not in original and '", ' not in original
+    seps = (",", ":") if compact else None
+    text = json.dumps(data, indent=indent, ensure_ascii=ascii_only, separators=seps)
+    return (text + ("\n" if original.endswith("\n") else "")).encode("utf-8")
