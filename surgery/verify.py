@@ -319,7 +319,8 @@ class _TensorComparison:
             and axis is not None
             and chunked.common_part_equal(A, B, name, axis, self.added_ids)
         ):
-            entry["why"] = f"rows of the added tokens (ids {_id_span(self.added_ids)}) set by add-tokens"
+            what = "entries" if len(ta.shape) == 1 else "columns" if axis == 1 else "rows"
+            entry["why"] = f"{what} of the added tokens (ids {_id_span(self.added_ids)}) set by add-tokens"
         elif (
             name in self.head_names
             and self.emb_b in B.tensors
