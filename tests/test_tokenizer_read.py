@@ -137,6 +137,12 @@ def test_stale_model_beside_edited_json(tmp_path):
     text = "\n".join(ts.disagreements)
     assert "tokenizer.json 251" in text and "tokenizer.model 250" in text, text
     assert "'<tool_call>' (id 250), which tokenizer_config.json does not list" in text, text
+    # why it matters: the loaders part ways on such a folder. transformers 5.3 does not see the token
+    # (len 250, the string split), while PaddleFormers 1.2 loads it as id 250 (len 251; measured by hand)
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(str(d))
+    assert len(hf) == 250 and hf.encode("<tool_call>", add_special_tokens=False) != [250]
 
 
 def test_model_of_another_training_beside_json(tmp_path):
