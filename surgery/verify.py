@@ -37,7 +37,7 @@ from .io import store
 from .io.checkpoint import REPORT_NAME, Checkpoint
 from .io.configfile import read_config_file
 from .io.regular import load_json
-from .io.tokenizer import tokenizer_set, vocabulary
+from .io.tokenizer import vocabulary
 from .io.vocabkeys import vocab_keys, walk
 from .model.errors import CheckpointError, ExitCode, Opt
 from .model.tensor import TensorInfo
@@ -142,7 +142,7 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     """:func:`verify` without logits."""
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = _TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
-    tok = _Tokenizers.read(A, B)
+    tok = _Tokenizers.read(cmp.da, cmp.db)
     cmp.added_ids = tok.new_rows()
     for name, ta in A.tensors.items():
         tb = B.tensors.get(name)
@@ -487,9 +487,11 @@ class _Tokenizers:
     removed: dict[int, str]
 
     @classmethod
-    def read(cls, A: Checkpoint, B: Checkpoint) -> _Tokenizers:
+    def read(cls, da: Detection, db: Detection) -> _Tokenizers:
+        """From the detections' tokenizer sets (:func:`surgery.io.tokenizer.tokenizer_set`, read once)."""
+        A, B = da.ckpt, db.ckpt
         added, removed = _report_tokens(B.path)
-        sets = (tokenizer_set(A.path), tokenizer_set(B.path))
+        sets = (da.tokenizer.files, db.tokenizer.files)
         return cls(sets, (vocabulary(A.path), vocabulary(B.path)), added, removed)
 
     def new_rows(self) -> frozenset[int]:
