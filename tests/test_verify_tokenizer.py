@@ -332,3 +332,22 @@ def test_verify_explains_what_add_tokens_writes(tmp_path, tok, rows, kw):
     assert res.unexplained == [] and res.exit_code == ExitCode.OK
     assert [t["content"] for t in res.tokenizer["added"]][:2] == ["<tool_call>", "hello_world_x"]
     assert inspect_path(out)["vocab"]["tokenizer"]["agree"]
+
+
+def test_verify_explains_a_resize_trim_that_removes_tokens(tmp_path):
+    """tietool's own resize --force below added tokens (they leave every tokenizer file; the report lists
+    them as resize.tokens_removed) is explained; the same trim with the report's list emptied is not."""
+    import tietool
+
+    src = write_checkpoint(tmp_path / "in", trained_rows(304), "bytelevel_bpe")
+    out = tmp_path / "out"
+    tietool.resize(src, 302, out, force=True)
+    res = verify(src, out)
+    assert res.unexplained == [] and res.exit_code == ExitCode.OK
+    gone = [{"content": "<|im_end|>", "id": 302}, {"content": "<think>", "id": 303}]
+    assert res.tokenizer["removed"] == gone
+    rep = json.loads((out / "tietool-report.json").read_text())
+    rep["resize"]["tokens_removed"] = []
+    (out / "tietool-report.json").write_text(json.dumps(rep))
+    res = verify(src, out)
+    assert "token '<think>' (id 303) is not in the output's tokenizer" in res.unexplained
