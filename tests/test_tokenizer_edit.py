@@ -31,6 +31,10 @@ LENGTH = {"bytelevel_bpe": 304, "gpt2_bpe": 301, "sp_unigram": 250, "sp_bpe": 25
           "wordpiece": 234}  # fmt: skip
 PLAIN = ["<tool_call>", "<tool", "</tool_call>"]  # a prefix of another, and a third sharing it
 SPECIAL = ["<|tool_sep|>", "<tool"]  # a new special token, and an added one marked special
+# a base token of each (in sp_bpe_with_json's tokenizer.json the text "he" encodes as ["▁", "he"], not as the
+# piece "he": see test_vocabulary_spelling_of_another_text_is_refused)
+KNOWN = {"bytelevel_bpe": "he", "gpt2_bpe": "he", "sp_unigram": "he", "sp_bpe": "he",
+         "sp_bpe_with_json": "▁the", "wordpiece": "the"}  # fmt: skip
 
 
 def _copy(name: str, tmp_path: Path) -> Path:
@@ -73,7 +77,7 @@ def _encode_before(folder: Path, text: str) -> list[int]:
 @pytest.mark.parametrize("name", EDITABLE)
 def test_ids_contiguous_existing_and_subtokens(name, tmp_path):
     folder = _copy(name, tmp_path)
-    edit = add_tokens_edit(folder, [*PLAIN, "he" if name != "wordpiece" else "the", PLAIN[0]])
+    edit = add_tokens_edit(folder, [*PLAIN, KNOWN[name], PLAIN[0]])
     n = LENGTH[name]
     assert (edit.length_before, edit.length_after) == (n, n + 3)
     assert [(t.content, t.id, t.existed) for t in edit.added] == [
@@ -413,3 +417,27 @@ def test_loaders_encode_new_tokens_and_keep_the_corpus(lib, edited):
         if bad:
             problems.append(f"{name}: corpus lines tokenized differently: {bad[:2]}")
     assert problems == [], "\n".join(problems)
+
+
+# (string, the id it spells in the base vocabulary, what the text encodes as), each a vocabulary string that
+# is not one token of its own text: byte-level BPE's byte alphabet ('é' is byte 0xE9's piece; the text é is
+# the two UTF-8 bytes), its space mark 'Ġ', a SentencePiece piece (in tokenizer.json) without the '▁' its
+# text gets
+SPELLINGS = [("bytelevel_bpe", "é"), ("bytelevel_bpe", "Ġ"), ("gpt2_bpe", "é"), ("sp_bpe_with_json", "he")]
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["plain", "special"])
+@pytest.mark.parametrize(("name", "text"), SPELLINGS)
+def test_vocabulary_spelling_of_another_text_is_refused(name, text, special, tmp_path):
+    """Found by breaking issue 20: ``add-tokens ck é`` reported 'é' as "already a token (id 165)" of a
+    byte-level BPE tokenizer, whose text é encodes as [127, 102]; with ``--special`` it marked id 165 (byte
+    0xE9) special, and transformers 5.3 then encoded "café" as [66, 64, 69, 165] and decoded it
+    'caf\ufffd'. A new id is no way out either: tokenizers' add_tokens maps the string to the model's id.
+    Refused, nothing written."""
+    folder = _copy(name, tmp_path)
+    before = _encode_before(folder, text)
+    vocab = tokenizer_edit._base_of(tokenizer_edit._scan(folder))
+    assert text in vocab and before != [vocab[text]]  # the premise, from the files themselves
+    with pytest.raises(RefusedError, match=f"{text!r} is the vocabulary's spelling of token {vocab[text]}"):
+        add_tokens_edit(folder, ["<ok>", text], special=special)
+    assert _snapshot(folder) == _snapshot(DATA / name)

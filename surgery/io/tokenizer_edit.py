@@ -313,6 +313,7 @@ def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], li
         if s in ids:
             i = ids[s]
             had = f.added.get(i)
+            _refuse_spelling(f, s, i, had, split)
             marked = {m.id for m in marks}
             if special and i < f.length and (had is None or not had.special) and i not in marked:
                 marks.append(replace(had, special=True) if had else AddedToken(s, i, True, False))
@@ -323,6 +324,35 @@ def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], li
         ids[s] = next_id
         next_id += 1
     return out, marks
+
+
+def _refuse_spelling(f: _Folder, s: str, i: int, had: AddedToken | None, split) -> None:
+    """Refuse ``s`` when it is the vocabulary's spelling of base token ``i`` but the tokenizer does not encode
+    the text ``s`` as ``[i]``: a byte-level BPE piece (``'é'`` is byte 0xE9's piece, the text encodes as its
+    two UTF-8 bytes; ``'Ġ'``), a WordPiece ``##`` continuation, a piece without its ``▁`` in the
+    tokenizer.json of a SentencePiece model.
+    It is no token of that text, and it cannot get a new id either: ``tokenizers`` gives an added token the
+    model's id of the same string (``token_to_id``), so the text would encode as piece ``i`` (marked special,
+    every ``é`` of ordinary text would: it decodes as a lone byte, '\ufffd'). Added tokens, the special tokens
+    the configs name are tokens as they are; so is every piece of a SentencePiece model without
+    tokenizer.json, whose own encoder never gives a piece for its spelling.
+
+    Raises:
+        RefusedError: naming the string, its id and the ids the tokenizer splits the text into.
+    """
+    if i >= f.length or had is not None or s in _named_specials(f):  # new in this batch, or an added token
+        return
+    if f.tokenizer_json is None and f.sp_model is not None:
+        return  # sentencepiece encodes no piece's spelling as that piece ('▁' is escaped): left as before
+    got = list(split(s))
+    if got != [i]:
+        raise RefusedError(
+            f"{s!r} is the vocabulary's spelling of token {i}, but the tokenizer encodes the text {s!r} as "
+            f"{got}: it is not one token of that text, and tokenizers would map a new token {s!r} to id {i}",
+            f.root,
+            f"leave {s!r} out (add the text as part of a longer token), or edit the tokenizer with its own "
+            "library",
+        )
 
 
 def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
