@@ -441,3 +441,34 @@ def test_vocabulary_spelling_of_another_text_is_refused(name, text, special, tmp
     with pytest.raises(RefusedError, match=f"{text!r} is the vocabulary's spelling of token {vocab[text]}"):
         add_tokens_edit(folder, ["<ok>", text], special=special)
     assert _snapshot(folder) == _snapshot(DATA / name)
+
+
+@pytest.mark.parametrize(
+    "text", ["a\nb", "a\rb", "   ", "\t", "trail "], ids=["lf", "cr", "spaces", "tab", "trail"]
+)
+def test_vocab_txt_refuses_a_token_its_readers_would_move(text, tmp_path):
+    """Found by breaking issue 20: appended to vocab.txt, 'a\\nb' became two lines and '   ' / '\\t' /
+    'trail ' lost their trailing whitespace in transformers 5.3 and PaddleFormers 1.2 (``AutoTokenizer``:
+    '<z>' added after 'a\\nb' loaded as id 237 of a 237-row model, one past tietool's 236). Refused, nothing
+    written; a leading space and an inner one are kept by both and stay allowed."""
+    folder = _copy("wordpiece", tmp_path)
+    with pytest.raises(RefusedError, match="cannot be a line of vocab.txt"):
+        add_tokens_edit(folder, ["<ok>", text])
+    assert _snapshot(folder) == _snapshot(DATA / "wordpiece")
+    edit = add_tokens_edit(folder, [" lead", "a b"])
+    assert [t.id for t in edit.added] == [LENGTH["wordpiece"], LENGTH["wordpiece"] + 1]
+
+
+def test_vocab_txt_lines_as_transformers_reads_them(tmp_path):
+    """A token of vocab.txt holding U+2028 (or \\x85, \\x0c: characters ``str.splitlines`` breaks at) is one
+    line for transformers' ``load_vocab`` (``readlines``); tietool read it as two, so every later id and the
+    new tokens' ids were one too high."""
+    bert = pytest.importorskip("transformers.models.bert.tokenization_bert")
+    folder = _copy("wordpiece", tmp_path)
+    lines = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    lines[200], lines[201] = "x\u2028y", "p\x85q\x0cr"
+    (folder / "vocab.txt").write_text("\n".join(lines), encoding="utf-8")
+    oracle = bert.load_vocab(str(folder / "vocab.txt"))
+    edit = add_tokens_edit(folder, ["<new>"])
+    assert edit.length_before == len(oracle) == LENGTH["wordpiece"]
+    assert [t.id for t in edit.added] == [len(oracle)]

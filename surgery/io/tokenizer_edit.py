@@ -128,7 +128,7 @@ def _scan(folder: Any) -> _Folder:
         except Exception as e:  # protobuf's DecodeError
             raise CheckpointError(f"{f.sp_name} is not a SentencePiece model", root / f.sp_name) from e
     if (root / "vocab.txt").is_file():
-        f.vocab_txt = (root / "vocab.txt").read_text(encoding="utf-8").splitlines()
+        f.vocab_txt = _lines((root / "vocab.txt").read_text(encoding="utf-8"))
     if (root / "vocab.json").is_file() and (root / "merges.txt").is_file():
         f.vocab_json = _read_json(root / "vocab.json")
     if f.tokenizer_json is None and f.sp_model is None and f.vocab_txt is None and f.vocab_json is None:
@@ -147,6 +147,14 @@ def _scan(folder: Any) -> _Folder:
             "save the tokenizer again with save_pretrained",
         ) from e
     return f
+
+
+def _lines(text: str) -> list[str]:
+    """The lines of a text read with universal newlines (``\n``, ``\r\n``, ``\r``), as ``open().readlines()``
+    gives them to transformers' ``load_vocab``; not ``str.splitlines``, which also breaks at ``\x0b``,
+    ``\x0c``, ``\x1c``-``\x1e``, ``\x85``, ``\u2028``, ``\u2029`` inside a token and shifts every later id."""
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def _from_str(text: str) -> Any:
@@ -531,7 +539,17 @@ def _edit_vocab_txt(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) ->
         )
     else:
         lines += [f.added[i].content for i in range(len(lines), f.length)]
-        lines += [t.content for t in add if t.id >= f.length]
+        new = [t.content for t in add if t.id >= f.length]
+        bad = next((t for t in new if _lines(t) != [t] or t != t.rstrip() or "\r" in t), None)
+        if bad is not None:
+            raise RefusedError(
+                f"{bad!r} cannot be a line of vocab.txt: transformers and PaddleFormers read vocab.txt a "
+                "line a token and drop trailing whitespace, so a line break or trailing space would move it "
+                "and every later id",
+                f.root / "vocab.txt",
+                "leave it out, or add it without line breaks or trailing whitespace",
+            )
+        lines += new
     return "".join(line + "\n" for line in lines).encode("utf-8")
 
 
