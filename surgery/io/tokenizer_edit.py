@@ -410,12 +410,16 @@ def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
     f = _scan(folder)
     base_cut = sorted(i for t, i in f.base.items() if i >= length and i not in f.added)
     if base_cut:
-        names = ", ".join(f"{i} {t!r}" for t, i in sorted(f.base.items(), key=lambda x: x[1]) if i >= length)
+        # an added token a file also holds as a piece or line (tietool's own *.model / vocab.txt edits) is
+        # removable: neither named as base nor counted in the rows to keep (found by breaking issue 20)
+        by_id = {i: t for t, i in f.base.items()}
+        names = ", ".join(f"{i} {by_id[i]!r}" for i in base_cut)
+        need = max(i for i in by_id if i not in f.added) + 1
         raise RefusedError(
-            f"ids {names[:200]} belong to the tokenizer's base vocabulary ({f.base_size} tokens), which "
+            f"ids {names[:200]} belong to the tokenizer's base vocabulary ({need} tokens), which "
             f"tietool cannot remove; a model of {length} rows cannot serve this tokenizer",
             f.root,
-            f"keep at least {f.base_size} rows, or retrain the tokenizer",
+            f"keep at least {need} rows, or retrain the tokenizer",
         )
     gone = tuple(t for i, t in sorted(f.added.items()) if i >= length)
     _refuse_named(f, gone)
