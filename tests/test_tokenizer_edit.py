@@ -472,3 +472,18 @@ def test_vocab_txt_lines_as_transformers_reads_them(tmp_path):
     edit = add_tokens_edit(folder, ["<new>"])
     assert edit.length_before == len(oracle) == LENGTH["wordpiece"]
     assert [t.id for t in edit.added] == [len(oracle)]
+
+
+def test_sentencepiece_model_under_another_name_is_refused_by_name(tmp_path):
+    """Found by breaking issue 20: a folder whose only model is ``spm.model`` (DeBERTa-v2's name; inspect
+    reads it, as tokenizer_config.json's ``vocab_file`` too) was refused as having "no tokenizer vocabulary
+    (tokenizer.json, *.model, ...)", which is false. Which class reads that name cannot be told (transformers
+    5.3 and PaddleFormers 1.2 load this Llama folder as 3 tokens), so it is refused naming the file."""
+    folder = _copy("sp_unigram", tmp_path)
+    (folder / "tokenizer.model").rename(folder / "spm.model")
+    before = _snapshot(folder)
+    with pytest.raises(RefusedError) as e:
+        add_tokens_edit(folder, ["<a>"])
+    msg = str(e.value)
+    assert "spm.model is a SentencePiece model" in msg and "no tokenizer vocabulary" not in msg
+    assert _snapshot(folder) == before

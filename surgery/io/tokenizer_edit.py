@@ -32,10 +32,12 @@ from typing import Any
 from ..model.errors import CheckpointError, RefusedError, TietoolError
 from ..model.tokens import AddedToken, NewToken, TokenEdit
 from . import store
+from .tokenizer import sp_names
+
+SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
 EXTRA = 'pip install "tietool[tokenizer]"'
 CONFIG, ADDED_JSON, SPECIAL_MAP = "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json"
-SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
 
 def _lib(name: str) -> Any:
@@ -132,6 +134,15 @@ def _scan(folder: Any) -> _Folder:
     if (root / "vocab.json").is_file() and (root / "merges.txt").is_file():
         f.vocab_json = _read_json(root / "vocab.json")
     if f.tokenizer_json is None and f.sp_model is None and f.vocab_txt is None and f.vocab_json is None:
+        other = sp_names(root)  # a model inspect reads (vocab_file, spm.model) that is not edited here
+        if other:
+            raise RefusedError(
+                f"{other[0]} is a SentencePiece model under a name add-tokens does not edit "
+                f"({', '.join(SP_NAMES)}): which tokenizer class reads {other[0]} cannot be told "
+                "(transformers 5.3 and PaddleFormers 1.2 skip it for a Llama tokenizer: 3 tokens)",
+                root / other[0],
+                "add the tokens with the tokenizer's own library, then resize the model with tietool resize",
+            )
         raise RefusedError(
             "the folder has no tokenizer vocabulary (tokenizer.json, *.model, vocab.txt or vocab.json + "
             "merges.txt): nothing to add the token to",
