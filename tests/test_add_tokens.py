@@ -507,3 +507,26 @@ def test_tokenizer_files_that_disagree_are_refused(tmp_path):
     (ck / "tokenizer_config.json").write_text(json.dumps(dec))  # the state save_pretrained leaves: agrees
     rep = ops.add_tokens(ck, ["<a>"], out=tmp_path / "out2", seed=0)
     assert [(t["content"], t["id"]) for t in rep["add_tokens"]["tokens"]] == [("<a>", 251)]
+
+
+def test_missing_tokenizer_extra_is_one_line_naming_it_once(tmp_path, monkeypatch):
+    """Found by breaking issue 20 in a core-only venv: ``add-tokens`` on a folder whose files need the extra
+    said ``... needs tokenizers: pip install "tietool[tokenizer]" — pip install "tietool[tokenizer]"``. One
+    line, the command once, exit 1, nothing written."""
+    import os
+    import shutil
+    import sys
+
+    if os.environ.get("TIETOOL_TEST_SUBPROCESS") == "1":
+        pytest.skip("the libraries are hidden in this process only")
+    ck = tmp_path / "ckpt"
+    shutil.copytree(SAMPLE, ck)
+    before = _tree(ck)
+    for lib in ("tokenizers", "sentencepiece"):
+        monkeypatch.setitem(sys.modules, lib, None)  # import -> ImportError
+    cp = run_cli(["add-tokens", str(ck), "<x>", "--out", str(tmp_path / "out")])
+    monkeypatch.undo()
+    lines = cp.stderr.strip().splitlines()
+    assert cp.returncode == 1 and len(lines) == 1, cp.stderr
+    assert lines[0].count('pip install "tietool[tokenizer]"') == 1, lines[0]
+    assert not (tmp_path / "out").exists() and _tree(ck) == before

@@ -47,7 +47,9 @@ def _lib(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        raise TietoolError(f"editing the tokenizer needs {name.split('.')[0]}: {EXTRA}", None, EXTRA) from e
+        raise TietoolError(
+            f"editing the tokenizer needs {name.split('.')[0]} (the tokenizer extra)", None, EXTRA
+        ) from e
 
 
 @dataclass
