@@ -487,3 +487,18 @@ def test_sentencepiece_model_under_another_name_is_refused_by_name(tmp_path):
     msg = str(e.value)
     assert "spm.model is a SentencePiece model" in msg and "no tokenizer vocabulary" not in msg
     assert _snapshot(folder) == before
+
+
+def test_a_token_the_edited_tokenizer_never_produces_is_refused(tmp_path):
+    """Found by breaking issue 20: a plain ``<|im_start|>user`` added beside the special ``<|im_start|>``
+    (id 301; special tokens are matched first, on the raw text) took a row, and transformers 5.3 and
+    PaddleFormers 1.2 encoded it as [301, 84, 82, 263]: never produced. Refused, nothing written; as a special
+    token it is produced (the longest special match) and added."""
+    folder = _copy("bytelevel_bpe", tmp_path)
+    with pytest.raises(RefusedError, match="would never be produced"):
+        add_tokens_edit(folder, ["<ok>", "<|im_start|>user"])
+    assert _snapshot(folder) == _snapshot(DATA / "bytelevel_bpe")
+    edit = add_tokens_edit(folder, ["<|im_start|>user"], special=True)
+    _write(folder, edit)
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert tok.encode("<|im_start|>user", add_special_tokens=False).ids == [LENGTH["bytelevel_bpe"]]

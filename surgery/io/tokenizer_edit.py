@@ -507,6 +507,7 @@ def _edit_tokenizer_json(f: _Folder, add: list[AddedToken], drop: tuple[int, ...
         got = tok.token_to_id(t.content)
         if got != t.id:
             raise TietoolError(f"tokenizers gave {t.content!r} id {got}, expected {t.id}", "tokenizer.json")
+    _refuse_unreachable(f, tok, [t for t in add if t.id >= f.length])
     tail = text[len(text.rstrip("\n")) :]
     if f.tj_native and not drop:  # a file tokenizers wrote: it writes the edit
         return tok.to_str(pretty=True) + tail
@@ -515,6 +516,26 @@ def _edit_tokenizer_json(f: _Folder, add: list[AddedToken], drop: tuple[int, ...
     if f.tj_native:
         return tk.Tokenizer.from_str(json.dumps(data)).to_str(pretty=True) + tail
     return _dump_like(text, data).decode("utf-8")  # any other writer: only added_tokens changes
+
+
+def _refuse_unreachable(f: _Folder, tok: Any, new: list[AddedToken]) -> None:
+    """Refuse a new token that the edited tokenizer.json (``tok``, through ``tokenizers``, what transformers'
+    fast tokenizers run) does not encode as its own id: it would take a row and never be produced. Found by
+    breaking issue 20: a plain ``<|im_start|>user`` beside the special ``<|im_start|>`` (matched first, on
+    the raw text) encoded as [301, 84, 82, 263] in transformers 5.3 and PaddleFormers 1.2.
+
+    Raises:
+        RefusedError: naming the token and what its text encodes as.
+    """
+    for t in new:
+        got = list(tok.encode(t.content, add_special_tokens=False).ids)
+        if got != [t.id]:
+            raise RefusedError(
+                f"{t.content!r} would never be produced: with it added, the tokenizer still encodes the text "
+                f"{t.content!r} as {got}, not as its id {t.id}",
+                f.root / "tokenizer.json",
+                "add it with --special (special tokens are matched first, on the raw text), or leave it out",
+            )
 
 
 def _edit_sp_model(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> bytes:
