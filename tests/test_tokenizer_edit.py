@@ -502,3 +502,20 @@ def test_a_token_the_edited_tokenizer_never_produces_is_refused(tmp_path):
     _write(folder, edit)
     tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     assert tok.encode("<|im_start|>user", add_special_tokens=False).ids == [LENGTH["bytelevel_bpe"]]
+
+
+# a special token of each folder (matched first, on the raw text) inside a new plain token
+SHADOWED = [("gpt2_bpe", "<|endoftext|>x"), ("sp_unigram", "<s>x"), ("sp_bpe", "<s>x"),
+            ("wordpiece", "[CLS]x")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "text"), SHADOWED)
+def test_a_plain_token_holding_a_special_one_is_refused_in_every_format(name, text, tmp_path):
+    """Found by breaking issue 20: in the formats without tokenizer.json, transformers 5.3 and PaddleFormers
+    1.2 encoded the new plain tokens ``<|endoftext|>x`` / ``<s>x`` / ``[CLS]x`` as [0, 88] / [1, 117] /
+    [2, 138]: never produced. Refused, nothing written; as special tokens they are added."""
+    folder = _copy(name, tmp_path)
+    with pytest.raises(RefusedError, match="would never be produced: it holds the token"):
+        add_tokens_edit(folder, [text])
+    assert _snapshot(folder) == _snapshot(DATA / name)
+    assert [t.id for t in add_tokens_edit(folder, [text], special=True).added] == [LENGTH[name]]

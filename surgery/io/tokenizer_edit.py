@@ -405,6 +405,7 @@ def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
         )
     tokens, marks = _plan_tokens(f, strings, special)
     new = [AddedToken(t.content, t.id, t.special, not t.special) for t in tokens if not t.existed]
+    _refuse_shadowed(f, new + marks)
     files = _edit_files(f, new + marks, ())
     return TokenEdit(f.length, f.length + len(new), tuple(tokens), (), files)
 
@@ -516,6 +517,30 @@ def _edit_tokenizer_json(f: _Folder, add: list[AddedToken], drop: tuple[int, ...
     if f.tj_native:
         return tk.Tokenizer.from_str(json.dumps(data)).to_str(pretty=True) + tail
     return _dump_like(text, data).decode("utf-8")  # any other writer: only added_tokens changes
+
+
+def _refuse_shadowed(f: _Folder, tokens: list[AddedToken]) -> None:
+    """Refuse a new normalized (plain) token that holds a raw-matched added token (``normalized: false``,
+    special ones as a rule) inside it: loaders match those first, on the raw text, so it is never produced
+    (any format: vocab.json + merges.txt, SentencePiece, vocab.txt; tokenizer.json is also checked by
+    encoding, :func:`_refuse_unreachable`). Found by breaking issue 20: ``<|endoftext|>x`` (GPT-2 files),
+    ``<s>x`` (a SentencePiece model), ``[CLS]x`` (vocab.txt) encoded as [0, 88], [1, 117], [2, 138] in
+    transformers 5.3 and PaddleFormers 1.2.
+
+    Raises:
+        RefusedError: naming the token and the token inside it.
+    """
+    raw = [t.content for t in [*f.added.values(), *tokens] if not t.normalized]
+    for t in tokens:
+        inner = next((r for r in raw if t.normalized and r != t.content and r in t.content), None)
+        if inner is not None:
+            raise RefusedError(
+                f"{t.content!r} would never be produced: it holds the token {inner!r}, which loaders match "
+                "first (on the raw text)",
+                f.root,
+                "add it with --special (special tokens are matched first, the longest one winning), or leave "
+                "it out",
+            )
 
 
 def _refuse_unreachable(f: _Folder, tok: Any, new: list[AddedToken]) -> None:
