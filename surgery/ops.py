@@ -701,15 +701,19 @@ def _copy_id(folder: Path, choice: InitChoice) -> int | None:
     """
     if choice.kind is not TokenInit.COPY or choice.token is None:
         return None
-    (t,) = _tokenizer_edit().add_tokens_edit(folder, [choice.token]).tokens
-    if not t.existed:
-        raise UsageError(
-            f"{Opt('init', 'copy:' + choice.token)}: {choice.token!r} is not one token of the tokenizer "
-            f"(it splits into ids {list(t.subtoken_ids)})",
-            folder,
-            "name a token the tokenizer has, or use the subtokens init",
-        )
-    return t.id
+    flag = Opt("init", "copy:" + choice.token)
+    fix = "name a token the tokenizer has, or use the subtokens init"
+    try:
+        (t,) = _tokenizer_edit().add_tokens_edit(folder, [choice.token]).tokens
+    except RefusedError as e:  # a string add-tokens refuses (the folder itself was read by the plan already)
+        why = f"{choice.token!r} is not one token of the tokenizer ({e.message})"
+        raise UsageError(f"{flag}: {why}", folder, fix) from None
+    if t.existed:
+        return t.id
+    if len(t.subtoken_ids) == 1:  # the text is one token though not its spelling (SentencePiece's '▁the')
+        return t.subtoken_ids[0]
+    why = f"{choice.token!r} is not one token of the tokenizer (it splits into ids {list(t.subtoken_ids)})"
+    raise UsageError(f"{flag}: {why}", folder, fix)
 
 
 def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyResult:

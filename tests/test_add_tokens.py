@@ -530,3 +530,30 @@ def test_missing_tokenizer_extra_is_one_line_naming_it_once(tmp_path, monkeypatc
     assert cp.returncode == 1 and len(lines) == 1, cp.stderr
     assert lines[0].count('pip install "tietool[tokenizer]"') == 1, lines[0]
     assert not (tmp_path / "out").exists() and _tree(ck) == before
+
+
+def test_copy_of_a_text_that_is_one_token_under_another_spelling(tmp_path):
+    """Found by breaking issue 20: ``--init copy:the`` on a SentencePiece tokenizer was refused with "'the'
+    is not one token of the tokenizer (it splits into ids [12])": one id, the piece '▁the'. It copies row
+    12; a string add-tokens would refuse (byte-level 'é') stays a usage error (exit 2), named."""
+    pytest.importorskip("tokenizers")
+    import shutil
+
+    tok = Path(__file__).parent / "data" / "tokenizers"
+    t = {EMB: rows(256, H, 1), "model.norm.weight": np.ones(H, np.float32), HEAD: rows(256, H, 2)}
+    ck = write_ckpt(tmp_path / "sp", {**LLAMA, "vocab_size": 256}, t)
+    for p in (tok / "sp_bpe_with_json").iterdir():
+        shutil.copy(p, ck / p.name)
+    rep = ops.add_tokens(ck, ["<q>"], tmp_path / "out", init="copy:the", seed=0)
+    (q,) = rep["add_tokens"]["tokens"]
+    assert q["source_ids"] == [12] and q["id"] == 250
+    out = read(tmp_path / "out")
+    for n in (EMB, HEAD):
+        assert out[n][250].tobytes() == t[n][12].tobytes()
+    t2 = {**t, EMB: rows(310, H, 1), HEAD: rows(310, H, 2)}
+    bl = write_ckpt(tmp_path / "bl", {**LLAMA, "vocab_size": 310}, t2)
+    for p in (tok / "bytelevel_bpe").iterdir():
+        shutil.copy(p, bl / p.name)
+    with pytest.raises(UsageError, match="'é' is not one token of the tokenizer"):
+        ops.add_tokens(bl, ["<q>"], tmp_path / "out2", init="copy:é")
+    assert not (tmp_path / "out2").exists()
