@@ -10,6 +10,7 @@ each prints the result as one JSON document, its non-finite floats as strings (:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -21,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..surgery.model.errors import ExitCode
+from ..surgery.model.errors import ExitCode, Interrupted
 from .errors import finite
 
 
@@ -254,6 +255,24 @@ def _vocab_line(info: dict) -> str:
     )
 
 
+def _tokenizer_line(info: dict) -> str | None:
+    """``tokenizer files: tokenizer.json 301, tokenizer.model 300 (not parsed: ...): they agree`` (None
+    without tokenizer files); each disagreement is a problem line of its own."""
+    t = info["vocab"].get("tokenizer")
+    if not t or not t["files"]:
+        return None
+    files = ", ".join(
+        f["name"]
+        + (f" {f['length']}" if f["length"] is not None else "")
+        + (f" ({f['note']})" if f["note"] else "")
+        for f in t["files"]
+    )
+    n = len(t["disagreements"])
+    verdict = "they agree" if t["agree"] else f"{n} disagreement{'s' if n > 1 else ''} (problems below)"
+    added = f", {len(t['added'])} added" if t["added"] else ""
+    return f"tokenizer files: {files}; len(tokenizer) {t['length']}{added}: {verdict}"
+
+
 def _savings_line(info: dict) -> str:
     """``tying would save N parameters, B bytes (P% of the checkpoint)``, with why nothing or on what
     condition."""
@@ -294,6 +313,9 @@ def inspect(info: dict, as_json: bool = False) -> None:
     con.print(_tie_line(info))
     _drift(con, info)
     con.print(_vocab_line(info))
+    tok = _tokenizer_line(info)
+    if tok:
+        con.print(tok)
     con.print(_savings_line(info))
     _messages(con, info["notes"], info["warnings"], info["problems"])
     left_out(con, info.get("left_out", []), info["index"], info["format"], writing=False)
@@ -447,6 +469,37 @@ def report(rep: dict, as_json: bool = False) -> None:
     left_out(con, rep.get("left_out", []), rep["index"], rep["format"], writing=True)
 
 
+def done_state(rep: dict) -> str:
+    """What a Ctrl-C while the report of a finished write is printed leaves: the write is complete (an
+    in-place run's name holds the new version, the output folder is in place), so the "interrupted" line
+    must not say "nothing was written"."""
+    ip = rep.get("in_place")
+    if rep.get("dry_run") or (ip is not None and not ip.get("written")):
+        return "nothing was written" + (" (dry run)" if rep.get("dry_run") else "")
+    if ip is not None:
+        where = f"the previous version is {ip['backup']}" if ip.get("backup") else "no backup kept"
+        return f"{rep['input']} holds the new version (complete); {where}; stopped while printing the report"
+    return f"the output {rep.get('output')} is complete; stopped while printing the report"
+
+
+def _after_write(fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn`` (a finished write's report printer) with a Ctrl-C while it prints raised as
+    :class:`Interrupted` whose state is :func:`done_state` (found by breaking issue 20: an in-place
+    ``add-tokens`` interrupted after the swap said "interrupted; nothing was written", exit 130)."""
+
+    @functools.wraps(fn)
+    def wrapped(rep: dict, as_json: bool = False) -> None:
+        try:
+            fn(rep, as_json)
+        except Interrupted:
+            raise
+        except KeyboardInterrupt:
+            raise Interrupted(done_state(rep)) from None
+
+    return wrapped
+
+
+@_after_write
 def written(rep: dict, as_json: bool = False) -> None:
     """The report of tie, untie or resize (:func:`report`), and for an in-place run where the old version
     went and what earlier runs left."""
@@ -497,6 +550,7 @@ def _inside(folder: Path) -> bool:
     return here == folder or folder in here.parents
 
 
+@_after_write
 def merge(rep: dict, as_json: bool = False) -> None:
     """The merge report: JSON, or one line per tensor (rule, axis, shape) and a summary; then the temporary
     folders of killed runs it removed."""
@@ -524,6 +578,7 @@ def merge(rep: dict, as_json: bool = False) -> None:
     _stale_notes(rep)
 
 
+@_after_write
 def convert(rep: dict, as_json: bool = False) -> None:
     """A convert report: as JSON, or a table of every renamed, transposed and split tensor, the config
     changes, the files written and the notes; then the temporary folders of killed runs it removed."""
@@ -587,8 +642,8 @@ def verify(res: Any, before: str, after: str, as_json: bool = False) -> None:
         _verify_text(d)
     if res.exit_code == ExitCode.UNEXPLAINED:
         print(
-            f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize do not explain "
-            f"between {before} and {after} (listed above)",
+            f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize/add-tokens do not "
+            f"explain between {before} and {after} (listed above)",
             file=sys.stderr,
         )
     if res.logits and res.logits.get("ok") is None:  # exit NOT_COMPARED (8) unless 7 already
@@ -634,16 +689,19 @@ def _verify_text(res: dict) -> None:
                 f"{lg.get('token_ids_below')}: max |difference| {lg.get('max_abs_diff'):.3g} "
                 f"({'same' if lg['ok'] else 'DIFFERENT'})"
             )
+    for n in res.get("notes", ()):
+        con.print(f"note: {n}")
     if res["explained"] and lg and lg.get("ok") is None:
         con.print(
-            "verdict: every tensor difference is explained by tie/untie/resize; the logits were not compared"
+            "verdict: every tensor difference is explained by tie/untie/resize/add-tokens; the logits were "
+            "not compared"
         )
     elif res["explained"]:
-        con.print("verdict: every difference is explained by tie/untie/resize")
+        con.print("verdict: every difference is explained by tie/untie/resize/add-tokens")
     else:
         for u in res["unexplained"]:
             con.print(f"unexplained: {u}", style="red")
-        con.print("verdict: differences that tie/untie/resize do not explain")
+        con.print("verdict: differences that tie/untie/resize/add-tokens do not explain")
 
 
 def _many_row(info: dict) -> list[str]:

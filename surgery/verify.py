@@ -34,12 +34,14 @@ from . import arch
 from .inspect import chunked
 from .inspect.detect import Detection, detect, tied_scale
 from .io import store
-from .io.checkpoint import Checkpoint
+from .io.checkpoint import REPORT_NAME, Checkpoint
 from .io.configfile import read_config_file
 from .io.regular import load_json
+from .io.tokenizer import vocabulary
 from .io.vocabkeys import vocab_keys, walk
 from .model.errors import CheckpointError, ExitCode, Opt
 from .model.tensor import TensorInfo
+from .model.tokens import TokenizerSet
 
 ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *arch.VOCAB_SIZE_KEYS)
 
@@ -61,6 +63,8 @@ class VerifyResult:
     config: list[dict] = field(default_factory=list)
     unexplained: list[str] = field(default_factory=list)
     logits: dict | None = None
+    tokenizer: dict | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def explained(self) -> bool:
@@ -95,6 +99,8 @@ class VerifyResult:
             "changed": self.changed,
             "config_differences": self.config,
             "unexplained": self.unexplained,
+            "notes": self.notes,
+            "tokenizer": self.tokenizer,
             "logits": self.logits,
             "logits_compared": self.logits_compared if self.logits is not None else None,
         }
@@ -137,7 +143,9 @@ def verify(a_path, b_path, logits: bool = False, timeout: float = 600) -> Verify
 def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     """:func:`verify` without logits."""
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
-    cmp = _TensorComparison(A, B)
+    cmp = _TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
+    tok = _Tokenizers.read(cmp.da, cmp.db)
+    cmp.added_ids = tok.new_rows()
     for name, ta in A.tensors.items():
         tb = B.tensors.get(name)
         if tb is None:
@@ -149,7 +157,8 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
             cmp.added(name, tb)
     _compare_configs(cmp.res, A, B, cmp.da, cmp.db)
     _compare_metadata(cmp.res, A, B)
-    _compare_other_files(cmp.res, A, B)
+    _compare_other_files(cmp.res, A, B, _tokenizer_names(A, B, tok.sets))
+    _compare_tokenizers(cmp.res, A, B, tok, (cmp.da.vocab_rows, cmp.db.vocab_rows))
     _left_at_old_size(cmp.res, cmp.da, cmp.db)
     return cmp.res
 
@@ -195,7 +204,7 @@ class _TensorComparison:
     """Classifies the tensors of ``A`` (before) and ``B`` (after) into ``res``, one name at a time, and
     records each difference tie / untie / resize does not explain in ``res.unexplained``."""
 
-    def __init__(self, A: Checkpoint, B: Checkpoint):
+    def __init__(self, A: Checkpoint, B: Checkpoint, added_ids: frozenset[int] = frozenset()):
         self.A, self.B = A, B
         self.da, self.db = detect(A, compare_values=False), detect(B, compare_values=False)
         self.res = VerifyResult()
@@ -213,6 +222,8 @@ class _TensorComparison:
             *(n for n, r in da.beyond.token_tables.items() if r.indexed_by == "vocab"),
         }
         self.head_names = {da.head.name, self.db.head.name, *da.head.aliases}
+        # ids of tokens new in the output that its report lists as added: their rows may hold new values
+        self.added_ids = added_ids
 
     def dropped(self, name: str, ta: TensorInfo) -> None:
         """``name`` is in ``A`` only: explained when it is a vocabulary tensor equal to the output's embedding
@@ -276,8 +287,10 @@ class _TensorComparison:
             self._changed(name, ta)
 
     def _resized(self, name: str, ta: TensorInfo, tb: TensorInfo) -> None:
-        """Explained when ``name`` carries the vocabulary and the common part is bit-identical."""
-        ok, why = _common_part_equal(self.A, self.B, name)
+        """Explained when ``name`` carries the vocabulary and the common part is bit-identical (but for the
+        rows of tokens the report says were added: slack rows taken by add-tokens)."""
+        skip = self.added_ids if name in self.vocab_names_a else frozenset()
+        ok, why = _common_part_equal(self.A, self.B, name, skip)
         self.res.resized.append(
             {
                 "name": name,
@@ -294,13 +307,23 @@ class _TensorComparison:
             self.res.unexplained.append(f"{name} was resized but its common {why} differ")
 
     def _changed(self, name: str, ta: TensorInfo) -> None:
-        """Same shape, other values: explained when the head now equals the embedding, or the embedding took
-        the head's values (``tie --keep head``)."""
+        """Same shape, other values: explained when the head now equals the embedding, the embedding took
+        the head's values (``tie --keep head``), or a vocabulary tensor differs only in the rows of tokens
+        the report says were added (slack rows taken by ``add-tokens``)."""
         A, B, da = self.A, self.B, self.da
         diff = chunked.max_abs_diff(A, B, name)
         entry = {"name": name, "shape": list(ta.shape), "max_abs_diff": diff}
         self.res.changed.append(entry)
+        axis = _vocab_axis(ta.shape, self.da.vocab_rows)
         if (
+            self.added_ids
+            and name in self.vocab_names_a
+            and axis is not None
+            and chunked.common_part_equal(A, B, name, axis, self.added_ids)
+        ):
+            what = "entries" if len(ta.shape) == 1 else "columns" if axis == 1 else "rows"
+            entry["why"] = f"{what} of the added tokens (ids {_id_span(self.added_ids)}) set by add-tokens"
+        elif (
             name in self.head_names
             and self.emb_b in B.tensors
             and _equal_to_embedding(B, name, B, self.emb_b)
@@ -400,16 +423,207 @@ def _same_bytes(pa: Path, pb: Path) -> bool:
         ) from None
 
 
-def _compare_other_files(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
-    """Files other than weights and configs must be in both and byte-identical; any other is unexplained."""
+def _compare_other_files(res: VerifyResult, A: Checkpoint, B: Checkpoint, skip: set[str]) -> None:
+    """Files other than weights, configs and ``skip`` (the tokenizer files, compared token by token) must
+    be in both and byte-identical; any other is unexplained."""
     for rel in sorted(set(A.other_files) | set(B.other_files)):
-        if rel in _CONFIG_FILES:
+        if rel in _CONFIG_FILES or rel in skip:
             continue
         pa, pb = A.path / rel, B.path / rel
         if not pa.exists() or not pb.exists():
             res.unexplained.append(f"{rel} is only in {'the input' if pa.exists() else 'the output'}")
         elif not _same_bytes(pa, pb):
             res.unexplained.append(f"{rel} differs")
+
+
+# ------------------------------------------------------------------ tokenizer files
+
+# keys of a tokenizer file that list tokens (add-tokens and a resize trim change them); every other key
+# must keep its value
+_TOKEN_KEYS = {
+    "tokenizer.json": ("added_tokens",),
+    "tokenizer_config.json": ("added_tokens_decoder", "additional_special_tokens", "extra_special_tokens"),
+    "special_tokens_map.json": ("additional_special_tokens",),
+}
+_TRIM_KEYS = {"tokenizer.json": ("model.vocab", "model.merges")}  # a trim below the base vocabulary
+_ADDED_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+_LINES = 20  # tokens named one line each; the rest counted
+
+
+def _report_tokens(path: Path) -> tuple[dict[int, str], dict[int, str]]:
+    """The tokens the output's ``tietool-report.json`` says were added and removed, ``({id: content},
+    {id: content})``. Read from ``add_tokens.tokens`` (and ``tokenizer.tokens``: the spelling of the
+    ``TokenEdit``), entries ``{"content", "id", ...}`` (``"existed": true`` ones are not new), and
+    ``tokens_removed`` (resize's spelling) or ``removed`` lists under ``add_tokens``, ``tokenizer`` or
+    ``resize``. A missing or unreadable report explains nothing."""
+    try:
+        rep = load_json(path / REPORT_NAME, REPORT_NAME) if (path / REPORT_NAME).is_file() else None
+    except (CheckpointError, OSError):
+        rep = None
+    added: dict[int, str] = {}
+    removed: dict[int, str] = {}
+    if not isinstance(rep, dict):
+        return added, removed
+    for key in ("add_tokens", "tokenizer", "resize"):
+        sec = rep.get(key)
+        if not isinstance(sec, dict):
+            continue
+        for into, name in ((added, "tokens"), (removed, "tokens_removed"), (removed, "removed")):
+            for t in sec.get(name) or []:
+                ok = (
+                    isinstance(t, dict) and isinstance(t.get("content"), str) and isinstance(t.get("id"), int)
+                )
+                if ok and not (into is added and t.get("existed")):
+                    into[t["id"]] = t["content"]
+    return added, removed
+
+
+@dataclass(frozen=True)
+class _Tokenizers:
+    """What verify reads of both folders' tokenizers: the file sets, the vocabularies (``{id: token}``)
+    and the tokens the output's report says were added and removed (``{id: content}``)."""
+
+    sets: tuple[TokenizerSet, TokenizerSet]
+    vocab: tuple[dict[int, str], dict[int, str]]
+    added: dict[int, str]
+    removed: dict[int, str]
+
+    @classmethod
+    def read(cls, da: Detection, db: Detection) -> _Tokenizers:
+        """From the detections' tokenizer sets (:func:`surgery.io.tokenizer.tokenizer_set`, read once)."""
+        A, B = da.ckpt, db.ckpt
+        added, removed = _report_tokens(B.path)
+        sets = (da.tokenizer.files, db.tokenizer.files)
+        return cls(sets, (vocabulary(A.path), vocabulary(B.path)), added, removed)
+
+    def new_rows(self) -> frozenset[int]:
+        """Ids the report added that the input's tokenizer does not have and the output's has with that
+        content: the rows add-tokens may set."""
+        va, vb = self.vocab
+        return frozenset(i for i, c in self.added.items() if i not in va and vb.get(i) == c)
+
+
+def _tokenizer_names(A: Checkpoint, B: Checkpoint, sets: tuple[TokenizerSet, TokenizerSet]) -> set[str]:
+    """The files compared token by token instead of byte by byte: every file of either tokenizer set, and
+    the added-token files present in either folder."""
+    names = {f.name for s in sets for f in s.files}
+    return names | {n for n in _ADDED_FILES if n in A.other_files or n in B.other_files}
+
+
+def _token_changes(
+    va: dict[int, str], vb: dict[int, str], added: dict[int, str], removed: dict[int, str]
+) -> list[str]:
+    """Every token of the input keeps its id in the output unless the report removed it; every id only the
+    output has is a token the report added, with that content. One line per broken token (a few named)."""
+    where_b = {s: i for i, s in vb.items()}
+    out: list[str] = []
+    for i, s in va.items():
+        t = vb.get(i)
+        if t == s:
+            continue
+        if t is None and removed.get(i) == s:
+            continue
+        j = where_b.get(s)
+        now = f"is id {j} in the output" if j is not None else "is not in the output's tokenizer"
+        got = f" (id {i} is {t!r} there)" if t is not None else ""
+        out.append(
+            f"token {s!r} (id {i}) {now}{got}" + ("" if i not in removed else ", not as reported removed")
+        )
+    for i in sorted(set(vb) - set(va)):
+        if added.get(i) != vb[i]:
+            why = (
+                f"the report adds {added[i]!r} at id {i}"
+                if i in added
+                else "tietool-report.json does not list it"
+            )
+            out.append(f"token {vb[i]!r} (id {i}) is only in the output: {why}")
+    if len(out) > _LINES:
+        out[_LINES:] = [f"and {len(out) - _LINES} more token(s) changed"]
+    return out
+
+
+def _json_rest(path: Path, drop: tuple[str, ...]) -> object:
+    """A JSON tokenizer file without the (dotted) keys ``drop``; None when it cannot be read."""
+    try:
+        data = load_json(path, path.name)
+    except (CheckpointError, OSError):
+        return None
+    if isinstance(data, dict):
+        data = dict(data)
+        for k in drop:
+            head, _, tail = k.partition(".")
+            if tail and isinstance(data.get(head), dict):
+                data[head] = {x: v for x, v in data[head].items() if x != tail}
+            elif not tail:
+                data.pop(k, None)
+    return data
+
+
+def _file_changes(A: Checkpoint, B: Checkpoint, names: set[str], explained: bool, trim: bool) -> list[str]:
+    """Tokenizer files only in one folder, and files that differ: without a reported token change any
+    difference; with one, a difference outside the keys that list tokens (:data:`_TOKEN_KEYS`)."""
+    out: list[str] = []
+    for rel in sorted(names):
+        pa, pb = A.path / rel, B.path / rel
+        if not pa.exists() or not pb.exists():
+            out.append(f"{rel} is only in {'the input' if pa.exists() else 'the output'}")
+            continue
+        if _same_bytes(pa, pb):
+            continue
+        if not explained:
+            out.append(f"{rel} differs and tietool-report.json lists no token added or removed")
+        elif rel in _TOKEN_KEYS:
+            drop = _TOKEN_KEYS[rel] + (_TRIM_KEYS.get(rel, ()) if trim else ())
+            if _json_rest(pa, drop) != _json_rest(pb, drop):
+                out.append(f"{rel} differs beyond the tokens it lists ({', '.join(drop)})")
+    return out
+
+
+def _compare_tokenizers(
+    res: VerifyResult, A: Checkpoint, B: Checkpoint, tok: _Tokenizers, rows: tuple[int, int]
+) -> None:
+    """The tokenizer files of each folder agree with each other; every token of the input keeps its id
+    in the output; the output's new tokens are the ones its ``tietool-report.json`` lists; len(tokenizer)
+    of the output is at most its embedding's rows; tokenizer files differ only in the tokens they list.
+    Each broken rule is unexplained (exit 7), naming the token or file. A problem the input already has
+    (the same disagreement, a tokenizer longer than the rows by as much or more) is not a difference the
+    operation made: it is a note."""
+    (sa, sb), (va, vb), added, removed = tok.sets, tok.vocab, tok.added, tok.removed
+    changes = _token_changes(va, vb, added, removed)
+    res.tokenizer = {
+        "before": {"length": sa.length, "files": [f.name for f in sa.files], "agree": not sa.disagreements},
+        "after": {"length": sb.length, "files": [f.name for f in sb.files], "agree": not sb.disagreements},
+        "added": [{"content": c, "id": i} for i, c in sorted(added.items()) if vb.get(i) == c],
+        "removed": [{"content": c, "id": i} for i, c in sorted(removed.items()) if i not in vb],
+        "changes": changes,
+    }
+    res.notes += [f"the input's tokenizer files disagree: {d}" for d in sa.disagreements]
+    for d in sb.disagreements:
+        (res.notes if d in sa.disagreements else res.unexplained).append(
+            f"the output's tokenizer files disagree: {d}"
+            + (" (as the input's do)" if d in sa.disagreements else "")
+        )
+    res.unexplained += changes
+    _rows_for_tokens(res, (sa.length, sb.length), rows)
+    names = _tokenizer_names(A, B, tok.sets)
+    explained = bool(added or removed) and not changes
+    res.unexplained += _file_changes(A, B, names, explained, bool(removed))
+
+
+def _rows_for_tokens(
+    res: VerifyResult, lengths: tuple[int | None, int | None], rows: tuple[int, int]
+) -> None:
+    """len(tokenizer) <= rows in the output: unexplained when the output lacks rows for its tokens, a note
+    when the input lacked as many or more (the operation did not make it worse)."""
+    (la, lb), (ra, rb) = lengths, rows
+    if lb is None or lb <= rb:
+        return
+    line = f"the output's tokenizer has {lb} tokens but its embedding only {rb} rows: ids {rb}..{lb - 1} "
+    line += "have no row"
+    if la is not None and la - ra >= lb - rb:
+        res.notes.append(f"{line} (the input's has {la} tokens for {ra} rows)")
+    else:
+        res.unexplained.append(line)
 
 
 def _t5_scale(det) -> float | None:
@@ -429,7 +643,21 @@ def _equal_to_embedding(
     return chunked.scaled_equal(X, name, E, emb, scale) or chunked.transposed_equal(X, name, E, emb, scale)
 
 
-def _common_part_equal(A: Checkpoint, B: Checkpoint, name: str) -> tuple[bool, str]:
+def _vocab_axis(shape, rows: int) -> int | None:
+    """The axis of a same-shape vocabulary tensor that counts the ``rows`` tokens (0 first; a 1-D bias:
+    0; a ``[1, V]`` bias: 1); None when no axis has that size."""
+    axes = [a for a, n in enumerate(shape[:2]) if n == rows and not (len(shape) == 2 and n == 1)]
+    return axes[0] if axes else None
+
+
+def _id_span(ids: frozenset[int]) -> str:
+    lo, hi = min(ids), max(ids)
+    return f"{lo}..{hi}" if hi - lo + 1 == len(ids) else ", ".join(map(str, sorted(ids)))
+
+
+def _common_part_equal(
+    A: Checkpoint, B: Checkpoint, name: str, skip: frozenset[int] = frozenset()
+) -> tuple[bool, str]:
     """The part ``name`` has in both checkpoints along its vocabulary axis is bit-identical.
 
     The axis is the one whose size changed (resize moves exactly one axis of a vocabulary tensor), so a
@@ -442,11 +670,11 @@ def _common_part_equal(A: Checkpoint, B: Checkpoint, name: str) -> tuple[bool, s
     if len(xs) != len(ys):
         return False, "shapes (the number of axes changed)"
     if len(xs) == 1 or (len(xs) == 2 and xs[0] == 1 and ys[0] == 1):
-        return chunked.common_part_equal(A, B, name, len(xs) - 1), "entries"
+        return chunked.common_part_equal(A, B, name, len(xs) - 1, skip), "entries"
     moved = [a for a in range(len(xs)) if xs[a] != ys[a]]
     if len(moved) != 1 or moved[0] > 1:
         return False, "shapes (more than one axis changed)"
-    return chunked.common_part_equal(A, B, name, moved[0]), "columns" if moved[0] == 1 else "rows"
+    return chunked.common_part_equal(A, B, name, moved[0], skip), "columns" if moved[0] == 1 else "rows"
 
 
 class NotCompared(str, Enum):

@@ -1,5 +1,5 @@
-"""Comparisons of stored tensors in bounded memory (``verify``): at most a few chunks of about
-:data:`CHUNK_BYTES` are held at once, whatever the tensor's size.
+"""Reads of stored tensors in bounded memory (``verify``'s comparisons, ``inspect``'s untrained-row scan):
+at most a few chunks of about :data:`CHUNK_BYTES` are held at once, whatever the tensor's size.
 
 Rows are read with :meth:`Checkpoint.iter_rows` (one reused buffer per tensor). A ``[hidden, vocab]`` head
 compared with a ``[vocab, hidden]`` embedding is read in column blocks through a memory map that is closed
@@ -11,6 +11,7 @@ and are loaded whole.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextvars import ContextVar
 
 import numpy as np
 
@@ -97,16 +98,28 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.where(same, 0.0, np.where(np.isnan(d), np.inf, d))))
 
 
-def common_part_equal(A: Checkpoint, B: Checkpoint, name: str, axis: int) -> bool:
+def common_part_equal(
+    A: Checkpoint, B: Checkpoint, name: str, axis: int, skip: frozenset[int] = frozenset()
+) -> bool:
     """The entries ``name`` has in both checkpoints along ``axis`` (0: rows; 1: columns; the other axes
-    equal) are bit-identical, read in row chunks."""
+    equal) are bit-identical, read in row chunks; the indices in ``skip`` along ``axis`` (the rows of tokens
+    ``add-tokens`` added into slack rows) are not compared."""
     ta, tb = A.tensors[name], B.tensors[name]
     common = min(ta.shape[axis], tb.shape[axis])
     n = _rows_per_chunk(_row_bytes(A, name), _row_bytes(B, name))
     stop = common if axis == 0 else None
+    cols = np.array([c for c in range(common) if c not in skip], dtype=np.intp) if axis == 1 else None
+    start = 0
     for x, y in zip(_rows(A, name, n, stop), _rows(B, name, n, stop), strict=True):
-        if axis == 1:
+        m = len(x) if x.ndim else 0
+        if cols is not None:
             x, y = x[:, :common], y[:, :common]
+            if skip:
+                x, y = x[:, cols], y[:, cols]
+        elif skip and x.ndim:
+            keep = [j for j in range(m) if start + j not in skip]
+            x, y = x[keep], y[keep]
+        start += m
         if not np.array_equal(_bits(x), _bits(y)):
             return False
     return True
@@ -158,3 +171,129 @@ def scaled_equal(X: Checkpoint, name: str, E: Checkpoint, emb: str, scale: float
         np.allclose(_decode(X, name, x), _decode(E, emb, e) * np.float32(scale), rtol=rtol, atol=0)
         for x, e in zip(_rows(X, name, n), _rows(E, emb, n), strict=True)
     )
+
+
+# a row whose L2 norm is below LOW_NORM × the median norm of the non-zero rows looks untrained
+LOW_NORM = 1e-3
+FIRST_IDS = 10  # ids listed per kind of untrained row
+_SEED = 20  # of the digest's multipliers (fixed: digests are only compared within one run)
+
+
+def _weights(k: int) -> np.ndarray:
+    """Two rows of ``k`` odd 64-bit multipliers (fixed): the digest of a row is two wrapping dot products."""
+    rng = np.random.default_rng(_SEED)
+    return rng.integers(1, 2**63, size=(2, k), dtype=np.uint64) | np.uint64(1)
+
+
+ROW_SCAN: ContextVar[RowScan | None] = ContextVar("ROW_SCAN", default=None)
+"""The :class:`RowScan` that :func:`surgery.inspect.detect.compare` fills from the embedding chunks it reads
+(set by inspect around its detection, so that the untrained-row scan reads no byte twice)."""
+
+
+class RowScan:
+    """Per-row facts of a ``[vocab, hidden]`` table, gathered from the chunks some reader already holds
+    (:func:`untrained_rows`, or inspect's head comparison, so the rows are read once): the float32 L2 norm,
+    whether every element is 0, and a 128-bit digest of the stored bytes (two wrapping dot products with
+    fixed odd multipliers; rows with equal digests count as identical). Memory: 25 bytes a row. Chunks of
+    disjoint rows may be added from two threads; a row added twice gets the same values."""
+
+    def __init__(self, rows: int = 0, name: str | None = None):
+        self._w: np.ndarray | None = None
+        self._alloc(rows, name)
+
+    def _alloc(self, rows: int, name: str | None) -> None:
+        self.name, self.rows = name, rows
+        self.norms = np.zeros(rows, np.float32)
+        self.zero = np.zeros(rows, bool)
+        self.digest = np.zeros((rows, 2), np.uint64)
+        self.seen = np.zeros(rows, bool)
+
+    def bind(self, name: str, rows: int) -> bool:
+        """Make an unbound scan (no ``name``) the scan of table ``name`` of ``rows`` rows; True when it is
+        (now or already) that table's."""
+        if self.name is None:
+            self._alloc(rows, name)
+        return self.name == name and self.rows == rows
+
+    def add(self, start: int, raw: np.ndarray, values: np.ndarray) -> None:
+        """Rows ``start:start + len(raw)``: ``raw`` as stored, ``values`` the same rows as float32."""
+        n = len(raw)
+        if not n:
+            return
+        x = values.reshape(n, -1)
+        self.norms[start : start + n] = np.sqrt(np.einsum("ij,ij->i", x, x, dtype=np.float64))
+        self.zero[start : start + n] = ~x.any(axis=1)
+        b = np.ascontiguousarray(raw).reshape(n, -1).view(np.uint8)
+        if b.shape[1] % 8:
+            b = np.pad(b, ((0, 0), (0, 8 - b.shape[1] % 8)))
+        u = b.view(np.uint64)
+        if self._w is None or self._w.shape[1] != u.shape[1]:
+            self._w = _weights(u.shape[1])
+        w = self._w
+        with np.errstate(over="ignore"):
+            self.digest[start : start + n, 0] = (u * w[0]).sum(axis=1, dtype=np.uint64)
+            self.digest[start : start + n, 1] = (u * w[1]).sum(axis=1, dtype=np.uint64)
+        self.seen[start : start + n] = True
+
+    @property
+    def complete(self) -> bool:
+        """Every row was added."""
+        return bool(self.seen.all())
+
+    def _duplicates(self) -> list[tuple[int, int]]:
+        """``(row, earlier row with the same digest)`` for every non-zero row that repeats one."""
+        ids = np.flatnonzero(~self.zero)
+        if not ids.size:
+            return []
+        _, first, inverse = np.unique(self.digest[ids], axis=0, return_index=True, return_inverse=True)
+        owner = ids[first][inverse.reshape(-1)]
+        return [(int(i), int(j)) for i, j in zip(ids, owner, strict=True) if i != j]
+
+    def summary(self, name: str, split: int | None = None) -> dict:
+        """The dict of :func:`untrained_rows` (every row must have been added)."""
+        zero = np.flatnonzero(self.zero)
+        live = ~self.zero
+        ok = self.norms[live & np.isfinite(self.norms)]
+        median = float(np.median(ok)) if ok.size else 0.0
+        low = np.flatnonzero(live & (self.norms < LOW_NORM * median)) if median > 0 else np.zeros(0, int)
+        dup = self._duplicates()
+        out: dict = {
+            "tensor": name,
+            "rows": self.rows,
+            "zero": {"count": int(zero.size), "first": [int(i) for i in zero[:FIRST_IDS]]},
+            "duplicate": {"count": len(dup), "first": [{"id": i, "same_as": j} for i, j in dup[:FIRST_IDS]]},
+            "low_norm": {"count": int(low.size), "first": [int(i) for i in low[:FIRST_IDS]]},
+            "median_norm": median,
+            "low_norm_factor": LOW_NORM,
+            "rule": f"L2 norm < {LOW_NORM:g} × the median norm of the non-zero rows",
+        }
+        if split is not None:
+            beyond = {int(i) for i in zero if i >= split} | {i for i, _ in dup if i >= split}
+            beyond |= {int(i) for i in low if i >= split}
+            out["tokenizer_size"] = split
+            out["beyond_tokenizer"] = len(beyond)
+        return out
+
+
+def untrained_rows(ck: Checkpoint, name: str, split: int | None = None, scan: RowScan | None = None) -> dict:
+    """Rows of the 2-D table ``name`` (``[vocab, hidden]``) that look untrained, from ``scan`` when it holds
+    every row already (inspect's head comparison read them), else read here in chunks of about
+    :data:`CHUNK_BYTES` (memory: one chunk and 25 bytes a row).
+
+    Returns ``{"tensor", "rows", "zero", "duplicate", "low_norm", "median_norm", "low_norm_factor",
+    "rule"}``: ``zero`` (every element 0) and ``low_norm`` (L2 norm below ``LOW_NORM`` × the median norm of
+    the non-zero rows, zero rows excluded) are ``{"count", "first"}`` (the first :data:`FIRST_IDS` ids);
+    ``duplicate`` (a non-zero row whose stored bytes equal an earlier row's, by :class:`RowScan`'s digest)
+    is ``{"count", "first": [{"id", "same_as"}]}``. Norms are computed in float32 (bf16 decoded by bit
+    shift); a NaN norm counts as neither. With ``split`` (the tokenizer's length), ``beyond_tokenizer``
+    counts the rows of any kind at ids ``>= split`` (slack rows).
+    """
+    t = ck.tensors[name]
+    rows = t.shape[0] if len(t.shape) == 2 else 0
+    if scan is None or scan.name != name or scan.rows != rows or not scan.complete:
+        scan = RowScan(rows, name)
+        start = 0
+        for chunk in _rows(ck, name, _rows_per_chunk(_row_bytes(ck, name))) if rows else ():
+            scan.add(start, chunk, _decode(ck, name, chunk))
+            start += len(chunk)
+    return scan.summary(name, split)

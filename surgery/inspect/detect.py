@@ -25,6 +25,7 @@ from ..io.tokenizer import SpecialTokenId, TokenizerInfo, special_token_ids, tok
 from ..model.enums import LAYOUTS, FoundBy, HeadLayout, TensorRole, TieState
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import FLOAT_DTYPES, TensorInfo, bf16_bits_to_f32, f32_to_bf16_bits
+from ..model.tokens import TokenizerSet
 from . import chunked
 from .findings import Finding, FindingKind, Fix, OneOf, Severity
 from .vocabularies import (
@@ -937,6 +938,8 @@ def compare(
     # a transposed head is gathered column by column from a mapping: larger chunks amortize the strides
     chunk_rows = max(1, ((chunk_bytes or CHUNK_BYTES) * (8 if hT is not None else 1)) // row_bytes)
     row_max = np.zeros(eshape[0], np.float32)  # per-row max |diff|; each half writes its own rows
+    scan = chunked.ROW_SCAN.get()  # inspect's untrained-row scan, fed from the chunks read here
+    scan = scan if scan is not None and scan.bind(emb, eshape[0]) else None
 
     def part(start: int, stop: int) -> float:
         """Fill ``row_max[start:stop]``; the sum of |diff| over those rows (0.0 when bit-identical)."""
@@ -945,6 +948,8 @@ def compare(
         # the same rows of two tables of one shape, in the same chunks
         for a, b in zip(ckpt.iter_rows(emb, chunk_rows, start, stop), h_chunks, strict=True):
             n, at = len(a), at + len(a)
+            if scan is not None:
+                scan.add(at - n, a, bf16_bits_to_f32(a) if e_bf else a.astype(np.float32))
             if bits_ is not None and np.array_equal(a.view(bits_), b.view(bits_)):  # bits (-0.0, NaN)
                 continue
             bits_ = None
@@ -1065,10 +1070,22 @@ def _size_findings(det: Detection) -> list[Finding]:
             fix = Fix(Opt("vocab_size", tok.size), "resize")
             out.append(Finding(FindingKind.TOKENIZER_BEYOND_ROWS, emb, facts, fix))
     out += [Finding(FindingKind.TOKENIZER_UNREADABLE, (), {"file": n}) for n in tok.unreadable]
+    out += _tokenizer_set_findings(tok.files)
     beyond = [{"file": s.file, "key": s.key, "id": s.id} for s in det.special_ids if s.id >= V]
     if beyond:
         facts = {"embedding_rows": V, "ids": beyond}
         out.append(Finding(FindingKind.SPECIAL_IDS_BEYOND_ROWS, emb, facts))
+    return out
+
+
+def _tokenizer_set_findings(ts: TokenizerSet) -> list[Finding]:
+    """One problem per disagreement of the tokenizer files; notes for files that need the tokenizer extra
+    and for formats tietool cannot edit."""
+    out = [Finding(FindingKind.TOKENIZER_FILES_DISAGREE, (), {"disagreement": d}) for d in ts.disagreements]
+    if ts.needs_extra:
+        out.append(Finding(FindingKind.TOKENIZER_NEEDS_EXTRA, (), {"files": list(ts.needs_extra)}))
+    if ts.unsupported:
+        out.append(Finding(FindingKind.TOKENIZER_READ_ONLY, (), {"files": list(ts.unsupported)}))
     return out
 
 

@@ -42,6 +42,10 @@ class FindingKind(str, Enum):
     PADDING_ROWS = "padding-rows-beyond-tokenizer"
     TOKENIZER_BEYOND_ROWS = "tokenizer-beyond-rows"
     TOKENIZER_UNREADABLE = "tokenizer-file-unreadable"
+    TOKENIZER_FILES_DISAGREE = "tokenizer-files-disagree"
+    TOKENIZER_NEEDS_EXTRA = "tokenizer-needs-extra"
+    TOKENIZER_READ_ONLY = "tokenizer-format-read-only"
+    UNTRAINED_ROWS = "untrained-rows"
     SPECIAL_IDS_BEYOND_ROWS = "special-token-ids-beyond-rows"
     EMBEDDING_MISSING = "embedding-missing"
     TIED_BUT_DIFFERENT = "tied-but-different"
@@ -67,6 +71,9 @@ _NOTES = {
     FindingKind.SCALED_TIED_HEAD,
     FindingKind.HEAD_ROWS_DIFFER,
     FindingKind.PADDING_ROWS,
+    FindingKind.TOKENIZER_NEEDS_EXTRA,
+    FindingKind.TOKENIZER_READ_ONLY,
+    FindingKind.UNTRAINED_ROWS,
     FindingKind.EXTRA_TABLES,
     FindingKind.BY_SHAPE,
     FindingKind.TOKEN_TABLES,
@@ -205,6 +212,30 @@ def _tokenizer_beyond_rows(f: Finding) -> str:
         f"{', '.join(sources)}) but the embedding has only {V} rows: the model is "
         f"{n - V} row(s) short ({f.fix})"
     )
+
+
+def _ids_shown(part: dict) -> str:
+    first = [str(i) if isinstance(i, int) else f"{i['id']} = {i['same_as']}" for i in part["first"]]
+    return ", ".join(first) + (", …" if part["count"] > len(first) else "")
+
+
+def _untrained_rows(f: Finding) -> str:
+    x = f.facts
+    parts = []
+    if x["zero"]["count"]:
+        parts.append(f"{x['zero']['count']} all-zero (ids {_ids_shown(x['zero'])})")
+    if x["duplicate"]["count"]:
+        parts.append(
+            f"{x['duplicate']['count']} identical to an earlier row (ids {_ids_shown(x['duplicate'])})"
+        )
+    if x["low_norm"]["count"]:
+        parts.append(
+            f"{x['low_norm']['count']} with an L2 norm below {x['low_norm_factor']:g} × "
+            f"the median row norm {x['median_norm']:.3g} (ids {_ids_shown(x['low_norm'])})"
+        )
+    beyond = x.get("beyond_tokenizer")
+    tail = f"; {beyond} of them beyond the tokenizer's {x['tokenizer_size']} tokens" if beyond else ""
+    return f"rows of {f.tensors[0]} that look untrained ({x['rows']} rows): " + "; ".join(parts) + tail
 
 
 def _special_ids_beyond_rows(f: Finding) -> str:
@@ -375,6 +406,18 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
     FindingKind.TOKENIZER_BEYOND_ROWS: _tokenizer_beyond_rows,
     FindingKind.TOKENIZER_UNREADABLE: lambda f: f"tokenizer file {f.facts['file']} could not be read",
     FindingKind.SPECIAL_IDS_BEYOND_ROWS: _special_ids_beyond_rows,
+    FindingKind.TOKENIZER_FILES_DISAGREE: lambda f: (
+        f"the tokenizer files disagree: {f.facts['disagreement']}"
+    ),
+    FindingKind.TOKENIZER_NEEDS_EXTRA: lambda f: (
+        f"tokenizer file(s) {', '.join(f.facts['files'])} not parsed: reading them needs the tokenizer "
+        'extra (pip install "tietool[tokenizer]")'
+    ),
+    FindingKind.TOKENIZER_READ_ONLY: lambda f: (
+        f"tokenizer file(s) {', '.join(f.facts['files'])}: a tiktoken rank file or a custom tokenizer class "
+        "(auto_map AutoTokenizer), which tietool reads but cannot edit (add-tokens refuses them)"
+    ),
+    FindingKind.UNTRAINED_ROWS: _untrained_rows,
     FindingKind.EMBEDDING_MISSING: _missing_embedding,
     FindingKind.TIED_BUT_DIFFERENT: _tied_but_different,
     FindingKind.HEAD_MISSING_NOT_RETIED: _head_missing_not_retied,

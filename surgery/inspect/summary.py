@@ -11,8 +11,9 @@ from ..io.tokenizer import token_strings
 from ..model.enums import TieState
 from ..model.errors import Opt, TietoolError
 from ..model.tensor import dtype_refusal
+from . import chunked
 from .detect import DRIFT_EDGES, Detection, detect
-from .findings import describe
+from .findings import Finding, FindingKind, describe
 
 
 class _SavingsRequired(TypedDict):
@@ -235,11 +236,54 @@ def _vocab(det: Detection) -> dict[str, Any]:
         "hidden_size": det.hidden,
         "tokenizer_size": det.tokenizer.size,
         "tokenizer_files": list(det.tokenizer.sources),
+        "tokenizer": _tokenizer(det),
+        "slack_rows": (
+            det.vocab_rows - det.tokenizer.size
+            if det.tokenizer.size is not None and det.tokenizer.size < det.vocab_rows
+            else 0
+            if det.tokenizer.size is not None
+            else None
+        ),
         "special_token_ids": [
             {"file": i.file, "key": i.key, "id": i.id, "beyond_rows": i.id >= det.vocab_rows}
             for i in det.special_ids
         ],
     }
+
+
+def _tokenizer(det: Detection) -> dict[str, Any]:
+    """The tokenizer file set (:func:`surgery.io.tokenizer.tokenizer_set`): each file with its format and
+    length (and why it was not parsed), ``len(tokenizer)``, the base vocabulary, the added tokens, and
+    whether the files agree (each disagreement one line)."""
+    ts = det.tokenizer.files
+    return {
+        "files": [
+            {"name": f.name, "format": f.format.value, "length": f.length, "note": f.note} for f in ts.files
+        ],
+        "length": ts.length,
+        "base": ts.base,
+        "added": [{"content": a.content, "id": a.id, "special": a.special} for a in ts.added],
+        "agree": not ts.disagreements,
+        "disagreements": list(ts.disagreements),
+        "needs_extra": list(ts.needs_extra),
+        "unsupported": list(ts.unsupported),
+    }
+
+
+def untrained_finding(
+    det: Detection, scan: chunked.RowScan | None = None
+) -> tuple[dict | None, Finding | None]:
+    """Rows of the embedding that look untrained (:func:`surgery.inspect.chunked.untrained_rows`: all-zero,
+    identical to an earlier row, L2 norm far below the rest), with how many lie beyond the tokenizer; the
+    finding is None when there are none. Taken from ``scan`` when the head comparison read every row into
+    it, else the embedding is read here in chunks; (None, None) without a stored 2-D embedding."""
+    name = det.embedding.name
+    if not det.embedding.present or len(det.ckpt.tensors[name].shape) != 2:
+        return None, None
+    u = chunked.untrained_rows(det.ckpt, name, det.tokenizer.size, scan)
+    if not (u["zero"]["count"] or u["duplicate"]["count"] or u["low_norm"]["count"]):
+        return u, None
+    return u, Finding(FindingKind.UNTRAINED_ROWS, (name,), u)
 
 
 def summarize(det: Detection) -> dict[str, Any]:
@@ -298,16 +342,26 @@ def inspect_path(
     """
     ckpt = Checkpoint.open(path)
     check_names(ckpt, embedding_name, head_name)
-    det = detect(
-        ckpt,
-        layout=layout,
-        loader=loader,
-        embedding_name=embedding_name,
-        head_name=head_name,
-        compare_values=compare_values,
-    )
+    scan = chunked.RowScan()  # bound to the embedding by compare, which fills it from the rows it reads
+    token = chunked.ROW_SCAN.set(scan)
+    try:
+        det = detect(
+            ckpt,
+            layout=layout,
+            loader=loader,
+            embedding_name=embedding_name,
+            head_name=head_name,
+            compare_values=compare_values,
+        )
+    finally:
+        chunked.ROW_SCAN.reset(token)
     check_found(det)
-    return summarize(det)
+    untrained, finding = untrained_finding(det, scan) if compare_values else (None, None)
+    if finding is not None:
+        det.findings.append(finding)
+    info = summarize(det)
+    info["untrained_rows"] = untrained
+    return info
 
 
 def check_names(ckpt: Checkpoint, embedding_name: str | None, head_name: str | None) -> None:

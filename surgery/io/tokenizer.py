@@ -1,9 +1,12 @@
-"""How many rows the tokenizer in a checkpoint folder needs (highest token id + 1), and the strings of given
-token ids.
+"""The tokenizer files of a checkpoint folder: each with its own length, what they say together
+(:func:`tokenizer_set`: ``len(tokenizer)``, the added tokens, where the files contradict each other), how
+many rows the tokenizer needs (:func:`tokenizer_info`), the strings of given token ids and the special ids
+the configs name.
 
-Reads (without any tokenizer library) ``tokenizer.json`` (``model.vocab`` and ``added_tokens``),
-``vocab.txt`` (one token a line), ``vocab.json``, ``added_tokens.json`` and ``tokenizer_config.json``
-(``added_tokens_decoder``). SentencePiece ``*.model`` files are not parsed; ``sources`` says what was read.
+JSON and text files (``tokenizer.json``'s ``model.vocab`` and ``added_tokens``, ``vocab.txt``,
+``vocab.json``, ``added_tokens.json``, ``tokenizer_config.json``'s ``added_tokens_decoder``,
+``special_tokens_map.json``, ``*.tiktoken``) are read with json alone; SentencePiece ``*.model`` files with
+``sentencepiece`` (the ``tokenizer`` extra, imported lazily: without it the file is listed, not parsed).
 """
 
 from __future__ import annotations
@@ -15,17 +18,21 @@ from pathlib import Path
 from typing import Any
 
 from ..model.errors import CheckpointError
+from ..model.tokens import AddedToken, TokenizerFile, TokenizerFormat, TokenizerSet
 from . import store
 from .regular import JSON_LIMIT, load_json, read_bounded
 
 
 @dataclass(frozen=True)
 class TokenizerInfo:
-    """``size`` = highest token id + 1 over every file read (None when no tokenizer file was found)."""
+    """``size`` = highest token id + 1 over every file read (None when no tokenizer file was found);
+    ``sources``: the files that named ids; ``unreadable``: those that could not be parsed; ``files``: the
+    whole :class:`TokenizerSet` (:func:`tokenizer_set`)."""
 
     size: int | None
     sources: tuple[str, ...] = field(default=())
     unreadable: tuple[str, ...] = field(default=())
+    files: TokenizerSet = field(default_factory=TokenizerSet)
 
 
 def _load(folder: Path, name: str) -> Any:
@@ -47,65 +54,387 @@ def _vocab_lines(folder: Path) -> list[str] | None:
         return None
 
 
-def _ids(obj) -> list[int]:
-    return [int(v) for v in obj if isinstance(v, int) or (isinstance(v, str) and v.isdigit())]
+# ------------------------------------------------------------------ the tokenizer file set
+
+SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model", "spm.model")
+EXTRA_HINT = 'needs the tokenizer extra: pip install "tietool[tokenizer]"'
+_VOCAB_FORMATS = (
+    TokenizerFormat.TOKENIZER_JSON,
+    TokenizerFormat.SENTENCEPIECE,
+    TokenizerFormat.WORDPIECE,
+    TokenizerFormat.GPT2_BPE,
+    TokenizerFormat.TIKTOKEN,
+)
+
+
+@dataclass
+class _Read:
+    """One file as read: its :class:`TokenizerFile` and, where it names strings, ``{id: string}`` maps
+    (``tokenizer.json`` gives two: ``model.vocab`` and ``added_tokens``), and the added tokens it lists."""
+
+    file: TokenizerFile
+    maps: dict[str, dict[int, str]] = field(default_factory=dict)
+    added: list[AddedToken] = field(default_factory=list)
+    clashes: list[str] = field(default_factory=list)
+    extent: int = 0  # ids the file declares beyond those it names (a Unigram vocabulary's length)
+
+
+def _id_map(pairs, where: str, clashes: list[str]) -> dict[int, str]:
+    """``{id: string}`` of ``(string, id)`` pairs; an id given two strings is named in ``clashes``."""
+    out: dict[int, str] = {}
+    for s, i in pairs:
+        if isinstance(i, bool) or not isinstance(i, int) or not isinstance(s, str) or i < 0:
+            continue
+        if i in out and out[i] != s:
+            clashes.append(f"{where}: id {i} is both {out[i]!r} and {s!r}")
+        out.setdefault(i, s)
+    return out
+
+
+def _length(r: _Read) -> int | None:
+    """Highest id the file names + 1 (or the length it declares, when larger); None when it names none."""
+    ids = [max(m) + 1 for m in r.maps.values() if m] + ([r.extent] if r.extent else [])
+    return max(ids) if ids else None
+
+
+def _flag(t: dict, key: str, default: bool) -> bool:
+    v = t.get(key, default)
+    return v if isinstance(v, bool) else default
+
+
+def _added_token(t: dict, i: int) -> AddedToken | None:
+    """An ``added_tokens`` / ``added_tokens_decoder`` entry as :class:`AddedToken` (None when malformed)."""
+    c = t.get("content")
+    if not isinstance(c, str):
+        return None
+    special = _flag(t, "special", False)
+    return AddedToken(
+        c,
+        i,
+        special,
+        _flag(t, "normalized", not special),
+        _flag(t, "lstrip", False),
+        _flag(t, "rstrip", False),
+        _flag(t, "single_word", False),
+    )
+
+
+def _id_key(k: object) -> bool:
+    """An ``added_tokens_decoder`` key that is a token id: ASCII digits, at most 18 (as
+    :func:`check_tokenizer_config` requires; ``"²"`` is a digit to ``str.isdigit`` but not to ``int``)."""
+    return isinstance(k, str) and k.isdigit() and k.isascii() and len(k) <= 18
+
+
+def _read_tokenizer_json(data: dict, r: _Read) -> None:
+    """tokenizer.json's ``model.vocab`` (a ``{token: id}`` dict, or Unigram's ``[[piece, score], ...]``)
+    and its ``added_tokens``."""
+    model = data.get("model")
+    vocab = model.get("vocab") if isinstance(model, dict) else None
+    if isinstance(vocab, dict):
+        r.maps["tokenizer.json model.vocab"] = _id_map(vocab.items(), "tokenizer.json", r.clashes)
+    elif isinstance(vocab, list):
+        pairs = ((p[0], i) for i, p in enumerate(vocab) if isinstance(p, list) and p)
+        r.maps["tokenizer.json model.vocab"] = _id_map(pairs, "tokenizer.json", r.clashes)
+        r.extent = len(vocab)
+    added = data.get("added_tokens")
+    if isinstance(added, list):
+        ok = [t for t in added if isinstance(t, dict) and isinstance(t.get("id"), int)]
+        r.added = [a for t in ok if (a := _added_token(t, t["id"])) is not None]
+        pairs = ((t.get("content"), t["id"]) for t in ok)
+        r.maps["tokenizer.json added_tokens"] = _id_map(pairs, "tokenizer.json added_tokens", r.clashes)
+
+
+def _sp_pieces(blob: bytes) -> list[str]:
+    """The pieces of a SentencePiece model protobuf, by id, read by ``sentencepiece`` itself (its
+    processor: the size it reports is ``get_piece_size()``, what every loader counts).
+
+    Raises:
+        ImportError: ``sentencepiece`` is not installed.
+        ValueError / RuntimeError: the bytes are not a SentencePiece model.
+    """
+    import sentencepiece as spm  # the tokenizer extra, imported only here
+
+    sp = spm.SentencePieceProcessor(model_proto=blob)
+    n = sp.get_piece_size()
+    return list(sp.id_to_piece(list(range(n)))) if n else []
+
+
+def _read_sentencepiece(folder: Path, name: str) -> _Read:
+    """A SentencePiece ``*.model`` file: its pieces (:func:`_sp_pieces`), or a note why not."""
+    fmt = TokenizerFormat.SENTENCEPIECE
+    try:
+        blob = read_bounded(folder / name, JSON_LIMIT, name)
+    except (CheckpointError, OSError):
+        return _Read(TokenizerFile(name, fmt, None, "could not be read"))
+    try:
+        pieces = _sp_pieces(blob)
+    except ImportError:
+        return _Read(TokenizerFile(name, fmt, None, EXTRA_HINT))
+    except (RuntimeError, ValueError, TypeError, OSError):
+        return _Read(TokenizerFile(name, fmt, None, "not a SentencePiece model"))
+    r = _Read(TokenizerFile(name, fmt, len(pieces)))
+    r.maps[name] = _id_map(((p, i) for i, p in enumerate(pieces)), name, r.clashes)
+    return r
+
+
+def _read_lines_file(folder: Path, name: str, fmt: TokenizerFormat) -> _Read:
+    """``vocab.txt`` (line i is token i, as ``load_vocab`` reads it) or a ``*.tiktoken`` rank file
+    (``base64 rank`` a line: its length is the highest rank + 1; its byte strings name no token here)."""
+    try:
+        blob = read_bounded(folder / name, JSON_LIMIT, name)
+        lines = list(io.TextIOWrapper(io.BytesIO(blob), encoding="utf-8"))  # lines as open() reads them
+    except (CheckpointError, OSError, UnicodeDecodeError):
+        return _Read(TokenizerFile(name, fmt, None, "could not be read"))
+    if fmt is TokenizerFormat.WORDPIECE:
+        r = _Read(TokenizerFile(name, fmt, len(lines)))
+        r.maps[name] = {i: line.rstrip("\r\n") for i, line in enumerate(lines)}
+        return r
+    ranks = [int(p[1]) for line in lines if len(p := line.split()) == 2 and _id_key(p[1])]
+    return _Read(TokenizerFile(name, fmt, max(ranks) + 1 if ranks else None))
+
+
+def _read_json_file(folder: Path, name: str, fmt: TokenizerFormat) -> _Read | None:
+    """A JSON tokenizer file: tokenizer.json, vocab.json, added_tokens.json, tokenizer_config.json
+    (``added_tokens_decoder``; None when it has none), special_tokens_map.json (names strings, no ids)."""
+    data = _load(folder, name)
+    if data is None:
+        return _Read(TokenizerFile(name, fmt, None, "not valid JSON"))
+    if not isinstance(data, dict):
+        return _Read(TokenizerFile(name, fmt, None, "not a JSON object"))
+    r = _Read(TokenizerFile(name, fmt, None))
+    if name == "tokenizer.json":
+        _read_tokenizer_json(data, r)
+    elif name in ("vocab.json", "added_tokens.json"):
+        r.maps[name] = _id_map(data.items(), name, r.clashes)
+    elif name == "tokenizer_config.json":
+        dec = data.get("added_tokens_decoder")
+        if not isinstance(dec, dict):
+            return None
+        ok = {int(i): t for i, t in dec.items() if _id_key(i) and isinstance(t, dict)}
+        r.added = [a for i, t in sorted(ok.items()) if (a := _added_token(t, i)) is not None]
+        r.maps[name] = _id_map(((a.content, a.id) for a in r.added), name, r.clashes)
+    r.file = TokenizerFile(name, fmt, _length(r))
+    return r
+
+
+_JSON_FILES = (
+    ("vocab.json", TokenizerFormat.GPT2_BPE),
+    ("vocab.txt", TokenizerFormat.WORDPIECE),
+    ("added_tokens.json", TokenizerFormat.ADDED),
+    ("tokenizer_config.json", TokenizerFormat.ADDED),
+    ("special_tokens_map.json", TokenizerFormat.ADDED),
+)
+
+
+def _safe_name(v: object) -> bool:
+    return isinstance(v, str) and bool(v) and "/" not in v and "\\" not in v and v not in (".", "..")
+
+
+def sp_names(folder: Path) -> list[str]:
+    """SentencePiece files of ``folder``: the one tokenizer_config.json names (``vocab_file``, a plain file
+    name ending in ``.model``), then the usual names (:data:`SP_NAMES`)."""
+    tc = _load(folder, "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else None
+    vf = tc.get("vocab_file") if isinstance(tc, dict) else None
+    named = [vf] if isinstance(vf, str) and _safe_name(vf) and vf.endswith(".model") else []
+    return [n for n in dict.fromkeys([*named, *SP_NAMES]) if (folder / n).is_file()]
+
+
+def _tiktoken_names(folder: Path) -> list[str]:
+    """``*.tiktoken`` files of ``folder`` (none when the folder cannot be listed, as a remote one)."""
+    try:
+        return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tiktoken") and p.is_file())
+    except (AttributeError, OSError, NotImplementedError, TypeError):
+        return []
+
+
+def _read_all(folder: Path) -> list[_Read]:
+    """Every tokenizer file of ``folder`` read, in a fixed order: tokenizer.json, SentencePiece models,
+    vocab.json, vocab.txt, added_tokens.json, tokenizer_config.json (with ``added_tokens_decoder``),
+    special_tokens_map.json, ``*.tiktoken``."""
+    out: list[_Read] = []
+    if (folder / "tokenizer.json").is_file():
+        out += [r for r in [_read_json_file(folder, "tokenizer.json", TokenizerFormat.TOKENIZER_JSON)] if r]
+    out += [_read_sentencepiece(folder, n) for n in sp_names(folder)]
+    for name, fmt in _JSON_FILES:
+        if not (folder / name).is_file():
+            continue
+        r = (
+            _read_lines_file(folder, name, fmt)
+            if fmt is TokenizerFormat.WORDPIECE
+            else _read_json_file(folder, name, fmt)
+        )
+        out += [r] if r is not None else []
+    out += [_read_lines_file(folder, n, TokenizerFormat.TIKTOKEN) for n in _tiktoken_names(folder)]
+    return out
+
+
+_SHOWN = 3  # disagreeing ids named in one line
+
+
+def _map_disagreements(reads: list[_Read]) -> list[str]:
+    """One line per pair of ``{id: string}`` maps (of two files, or two parts of tokenizer.json) that give
+    one id two strings: how many ids, and the first few."""
+    maps = [(k, m) for r in reads for k, m in r.maps.items() if m]
+    out: list[str] = []
+    for i, (ka, ma) in enumerate(maps):
+        for kb, mb in maps[i + 1 :]:
+            small, big = (ma, mb) if len(ma) <= len(mb) else (mb, ma)
+            bad = sorted(t for t in small if t in big and ma[t] != mb[t])
+            if bad:
+                shown = "; ".join(f"id {t} is {ma[t]!r} in {ka}, {mb[t]!r} in {kb}" for t in bad[:_SHOWN])
+                more = f" and {len(bad) - _SHOWN} more" if len(bad) > _SHOWN else ""
+                out.append(f"{ka} and {kb} disagree on {len(bad)} id(s): {shown}{more}")
+    return out
+
+
+def _length_disagreements(reads: list[_Read]) -> list[str]:
+    """The vocabulary files (tokenizer.json, SentencePiece, vocab.txt, vocab.json, tiktoken) must define
+    the same number of tokens once the added-token files' ids (added_tokens.json, tokenizer_config.json's
+    ``added_tokens_decoder``, which every loader adds on top) are counted: one line naming them when not."""
+    extra = [r.file.length for r in reads if r.file.format is TokenizerFormat.ADDED and r.file.length]
+    floor = max(extra, default=0)
+    eff = {
+        r.file.name: max(r.file.length, floor)
+        for r in reads
+        if r.file.format in _VOCAB_FORMATS and r.file.length is not None
+    }
+    if len(set(eff.values())) <= 1:
+        return []
+    with_added = " (counting the added-token files' ids)" if floor else ""
+    return [
+        "the tokenizer files define different numbers of tokens"
+        + with_added
+        + ": "
+        + ", ".join(f"{n} {v}" for n, v in eff.items())
+    ]
+
+
+def _decoder_disagreements(reads: list[_Read]) -> list[str]:
+    """tokenizer.json's ``added_tokens`` and tokenizer_config.json's ``added_tokens_decoder`` list the same
+    tokens at the same ids (transformers and PaddleFormers write both; a slow tokenizer reads only the
+    decoder), when both files have them."""
+    by = {r.file.name: {(a.id, a.content) for a in r.added} for r in reads}
+    tj, tc = by.get("tokenizer.json"), by.get("tokenizer_config.json")
+    if tj is None or tc is None:
+        return []
+    out = []
+    for have, lack, what in ((tj, tc, "added_tokens"), (tc, tj, "added_tokens_decoder")):
+        miss = sorted(have - lack)
+        if miss:
+            names = ", ".join(f"{c!r} (id {i})" for i, c in miss[:_SHOWN])
+            more = f" and {len(miss) - _SHOWN} more" if len(miss) > _SHOWN else ""
+            src, dst = (
+                ("tokenizer.json", "tokenizer_config.json")
+                if what == "added_tokens"
+                else (
+                    "tokenizer_config.json",
+                    "tokenizer.json",
+                )
+            )
+            out.append(f"{src} {what} has {names}{more}, which {dst} does not list")
+    return out
+
+
+def _base(reads: list[_Read]) -> int | None:
+    """The base vocabulary's size: tokenizer.json's ``model.vocab``, else the first other vocabulary
+    file's."""
+    for r in reads:
+        m = r.maps.get("tokenizer.json model.vocab")
+        if m is not None:
+            return max(max(m) + 1 if m else 0, r.extent) or None
+    for r in reads:
+        if r.file.format in _VOCAB_FORMATS and r.file.format is not TokenizerFormat.TOKENIZER_JSON:
+            if r.file.length is not None:
+                return r.file.length
+    return None
+
+
+def _added(reads: list[_Read]) -> tuple[AddedToken, ...]:
+    """Added tokens by id: tokenizer.json's (with their flags), then tokenizer_config.json's decoder, then
+    added_tokens.json's (which records no flags); the first file naming an id wins."""
+    out: dict[int, AddedToken] = {}
+    for r in reads:
+        for a in r.added:
+            out.setdefault(a.id, a)
+        if r.file.name == "added_tokens.json":
+            for i, c in r.maps.get("added_tokens.json", {}).items():
+                out.setdefault(i, AddedToken(c, i))
+    return tuple(out[i] for i in sorted(out))
+
+
+def tokenizer_set(folder: Path) -> TokenizerSet:
+    """Every tokenizer file of ``folder`` with its own length, and what they say together.
+
+    Reads tokenizer.json, SentencePiece ``*.model`` files (with ``sentencepiece``, the ``tokenizer``
+    extra; without it the file's ``note`` says so and it is listed in ``needs_extra``), vocab.json,
+    vocab.txt, added_tokens.json, tokenizer_config.json (``added_tokens_decoder``), special_tokens_map.json
+    and ``*.tiktoken`` files (listed in ``unsupported``). ``length`` is the highest id any parsed file names
+    + 1, which is ``len(tokenizer)`` of transformers and PaddleFormers for a consistent folder (tested on
+    real trained tokenizers: tests/test_tokenizer_read.py). A file that is not valid JSON or not a
+    SentencePiece model gets a ``note`` and no length; this never raises on a bad file.
+
+    ``disagreements``: an id given two strings (within a file or by two files: a stale ``tokenizer.model``
+    beside an edited ``tokenizer.json``), vocabulary files of different lengths once the added-token files
+    are counted, tokenizer.json's added tokens and tokenizer_config.json's ``added_tokens_decoder`` not
+    listing the same tokens.
+    """
+    reads = _read_all(store.path_of(folder))
+    files = tuple(r.file for r in reads)
+    lengths = [f.length for f in files if f.length is not None]
+    clashes = [c for r in reads for c in r.clashes]
+    return TokenizerSet(
+        files=files,
+        length=max(lengths) if lengths else None,
+        base=_base(reads),
+        added=_added(reads),
+        disagreements=tuple(
+            clashes + _map_disagreements(reads) + _length_disagreements(reads) + _decoder_disagreements(reads)
+        ),
+        needs_extra=tuple(f.name for f in files if f.note == EXTRA_HINT),
+        unsupported=tuple(f.name for f in files if f.format is TokenizerFormat.TIKTOKEN)
+        + _custom_class(store.path_of(folder)),
+    )
+
+
+def _custom_class(folder: Path) -> tuple[str, ...]:
+    """``("tokenizer_config.json",)`` when it names a custom tokenizer class (``auto_map`` with an
+    ``AutoTokenizer`` entry: code shipped with the checkpoint, which tietool neither runs nor edits)."""
+    if not (folder / "tokenizer_config.json").is_file():
+        return ()
+    tc = _load(folder, "tokenizer_config.json")
+    am = tc.get("auto_map") if isinstance(tc, dict) else None
+    return ("tokenizer_config.json",) if isinstance(am, dict) and am.get("AutoTokenizer") else ()
+
+
+def vocabulary(folder: Path) -> dict[int, str]:
+    """``{id: token}`` for every id the tokenizer files of ``folder`` name (tokenizer.json's added tokens
+    and vocabulary first, then SentencePiece pieces, vocab.json, vocab.txt, added_tokens.json,
+    tokenizer_config.json's decoder: the first file naming an id wins). ``{}`` when there are none."""
+    out: dict[int, str] = {}
+    for r in _read_all(store.path_of(folder)):
+        for m in r.maps.values():
+            for i, s in m.items():
+                out.setdefault(i, s)
+    return out
 
 
 def tokenizer_info(folder: Path) -> TokenizerInfo:
-    """Highest token id + 1 found in the tokenizer files of ``folder``; never raises on a bad file (an
-    unexpected structure makes that file count as unreadable)."""
+    """Highest token id + 1 found in the tokenizer files of ``folder`` (:func:`tokenizer_set`'s
+    ``length``), the files that named ids (``sources``) and those that could not be read; never raises on a
+    bad file (an unexpected structure makes the files count as unreadable)."""
     try:
-        return _tokenizer_info(folder)
+        ts = tokenizer_set(folder)
     except (AttributeError, TypeError, ValueError, KeyError, RecursionError, OSError):
         return TokenizerInfo(None, (), ("tokenizer files (unexpected structure)",))
-
-
-def _tokenizer_info(folder: Path) -> TokenizerInfo:
-    ids: list[int] = []
-    sources: list[str] = []
-    bad: list[str] = []
-
-    def load(name: str):
-        if not (folder / name).is_file():
-            return None
-        data = _load(folder, name)
-        if data is None:
-            bad.append(name)
-        return data
-
-    tj = load("tokenizer.json")
-    if isinstance(tj, dict):
-        sources.append("tokenizer.json")
-        model = tj.get("model")
-        vocab = model.get("vocab") if isinstance(model, dict) else None
-        if isinstance(vocab, dict):
-            ids += _ids(vocab.values())
-        elif isinstance(vocab, list):  # Unigram: [[piece, score], ...]
-            ids.append(len(vocab) - 1)
-        added = tj.get("added_tokens")
-        if isinstance(added, list):
-            ids += _ids(t.get("id") for t in added if isinstance(t, dict))
-    vj = load("vocab.json")
-    if isinstance(vj, dict):
-        sources.append("vocab.json")
-        ids += _ids(vj.values())
-    if (folder / "vocab.txt").is_file():
-        lines = _vocab_lines(folder)
-        if lines is None:
-            bad.append("vocab.txt")
-        else:
-            sources.append("vocab.txt")
-            ids.append(len(lines) - 1)
-    at = load("added_tokens.json")
-    if isinstance(at, dict):
-        sources.append("added_tokens.json")
-        ids += _ids(at.values())
-    tc = load("tokenizer_config.json")
-    if isinstance(tc, dict) and isinstance(tc.get("added_tokens_decoder"), dict):
-        sources.append("tokenizer_config.json")
-        ids += _ids(tc["added_tokens_decoder"].keys())
-    size = max(ids) + 1 if ids else None
-    return TokenizerInfo(size, tuple(sources), tuple(bad))
+    sources = tuple(
+        f.name
+        for f in ts.files
+        if not f.note
+        and f.name != "special_tokens_map.json"
+        and (f.length is not None or f.name == "tokenizer.json")
+    )
+    unreadable = tuple(f.name for f in ts.files if f.note and f.note != EXTRA_HINT)
+    return TokenizerInfo(ts.length, sources, unreadable, ts)
 
 
 # ------------------------------------------------------------------ token strings
