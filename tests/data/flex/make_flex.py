@@ -181,8 +181,8 @@ def metadata_shapes(folder: Path) -> dict[str, tuple[list[int], str]]:
     return found
 
 
-def write_oracle(folder: Path) -> None:
-    """``oracle.npz`` + ``oracle.json``: ``paddle.distributed.load_state_dict`` into full-size zeros."""
+def write_oracle(folder: Path, dest: Path | None = None) -> None:
+    """``<dest>.npz`` + ``.json`` (default ``folder/oracle``): ``load_state_dict`` into full-size zeros."""
     import numpy as np
     import paddle
 
@@ -192,7 +192,8 @@ def write_oracle(folder: Path) -> None:
     arrays = {}
     for n, t in sd.items():
         arrays[n] = t.view("uint16").numpy() if t.dtype == paddle.bfloat16 else t.numpy()
-    with (folder / "oracle.npz").open("wb") as fh:
+    dest = dest or folder / "oracle"
+    with dest.with_suffix(".npz").open("wb") as fh:
         np.savez(fh, **arrays)
     info = {
         "made_by": "paddle.distributed.load_state_dict into paddle.zeros(global_shape, dtype), one process",
@@ -200,7 +201,7 @@ def write_oracle(folder: Path) -> None:
         "bf16_stored_as": "uint16 bits",
         "tensors": {n: {"shape": s, "dtype": d} for n, (s, d) in sorted(shapes.items())},
     }
-    (folder / "oracle.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+    dest.with_suffix(".json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
 
 
 def build(name: str, out: Path) -> None:
