@@ -137,7 +137,12 @@ def _flat_state_dict(rank: int) -> dict:
 
 
 def run_ranks(kind: str, n: int, out: Path) -> None:
-    """Start ``n`` plain processes with the PADDLE_* env of a gloo CPU job; wait for all."""
+    """``n`` ranks of :func:`rank_worker` (``kind``, ``out``)."""
+    run_ranks_cmd([sys.executable, __file__, "--worker", kind, str(out)], n)
+
+
+def run_ranks_cmd(cmd: list[str], n: int) -> None:
+    """Start ``cmd`` in ``n`` plain processes with the PADDLE_* env of a gloo CPU job; wait for all."""
     ports = _free_ports(n)
     eps = ",".join(f"127.0.0.1:{p}" for p in ports)
     procs = []
@@ -153,12 +158,11 @@ def run_ranks(kind: str, n: int, out: Path) -> None:
             PADDLE_DISTRI_BACKEND="gloo",
             CUDA_VISIBLE_DEVICES="",
         )
-        cmd = [sys.executable, __file__, "--worker", kind, str(out)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for r, p in enumerate(procs):
         log = p.communicate(timeout=300)[0].decode(errors="replace")
         if p.returncode != 0:
-            raise SystemExit(f"rank {r} of {kind} failed ({p.returncode}):\n{log[-3000:]}")
+            raise SystemExit(f"rank {r} of {cmd[1:]} failed ({p.returncode}):\n{log[-3000:]}")
 
 
 def write_single(out: Path) -> None:
@@ -216,8 +220,9 @@ def build(name: str, out: Path) -> None:
         run_ranks("flat2", 2, target)
     elif name == "mesh2x2":
         run_ranks("mesh2x2", 4, target)
-    elif name == "trainer_1rank":
-        subprocess.run([sys.executable, str(HERE / "make_trainer.py"), str(target)], check=True)
+    elif name.startswith("trainer_"):
+        ranks = name.removeprefix("trainer_").removesuffix("rank")
+        subprocess.run([sys.executable, str(HERE / "make_trainer.py"), str(target), ranks], check=True)
         return  # make_trainer.py writes its own oracles
     else:
         raise SystemExit(f"unknown fixture {name}")
@@ -229,7 +234,7 @@ def _in_subprocess(flag: str, target: Path) -> None:
     subprocess.run([sys.executable, __file__, flag, str(target)], check=True, env=env, capture_output=True)
 
 
-ALL = ["single", "ranks2", "flat2", "mesh2x2", "trainer_1rank"]
+ALL = ["single", "ranks2", "flat2", "mesh2x2", "trainer_1rank", "trainer_2rank"]
 
 
 def main() -> None:

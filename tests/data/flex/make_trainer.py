@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -61,8 +62,13 @@ def _stub_datasets() -> None:
     sys.modules.setdefault("datasets", mod)
 
 
-def train(out: Path) -> object:
-    """Two optimizer steps of the real Trainer; returns the trained model."""
+def train(out: Path, ranks: int) -> object:
+    """Two optimizer steps of the real Trainer on this rank; returns the trained model.
+
+    With 2 ranks the Trainer's default is data parallel + sharding stage 1 over both. Two settings differ
+    from the defaults there, for CPU: ``split_param=False`` (sharding v2 asserts ``amp_master_grad``, which
+    needs bf16/fp16 AMP: no bf16 matmul on CPU) and ``max_grad_norm=0`` (with a clip, 1.2.0's
+    ``_wrap_distributed_optimizer`` fails: ``'AdamW' object has no attribute '_inner_opt'``)."""
     _stub_datasets()
     import paddle
     from paddleformers.trainer import Trainer, TrainingArguments
@@ -72,9 +78,11 @@ def train(out: Path) -> object:
     paddle.seed(5)
     model = LlamaForCausalLM(LlamaConfig(**CFG))
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
-    # The folder a real run starts from (model_name_or_path): the flex checkpoint itself has no config.json.
-    model.save_pretrained(str(out / "base"))
-    tok.save_pretrained(str(out / "base"))
+    if ranks == 1:
+        # The folder a run starts from (model_name_or_path): the flex checkpoint has no config.json.
+        model.save_pretrained(str(out / "base"))
+        tok.save_pretrained(str(out / "base"))
+    extra = {"split_param": False, "max_grad_norm": 0.0} if ranks > 1 else {}
     args = TrainingArguments(
         output_dir=str(out),
         max_steps=2,
@@ -89,6 +97,7 @@ def train(out: Path) -> object:
         device="cpu",
         dataloader_num_workers=0,
         amp_master_grad=False,
+        **extra,
     )
 
     def collate(rows: list[dict]) -> dict:
@@ -101,16 +110,12 @@ def train(out: Path) -> object:
     return model
 
 
-def write_oracles(out: Path, model: object) -> None:
-    """The load_state_dict oracles of the three flex folders, the names and the logits."""
-    import numpy as np
-    import paddle
-
-    ck = out / "checkpoint-2"
-    here = Path(__file__).resolve().parent
-    sys.path.insert(0, str(here))
+def write_oracles(out: Path) -> None:
+    """The load_state_dict oracles of the three flex folders (one process)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import make_flex
 
+    ck = out / "checkpoint-2"
     for sub, stem in (
         ("model_state", "oracle"),
         ("optimizer_state", "oracle_optimizer"),
@@ -119,6 +124,13 @@ def write_oracles(out: Path, model: object) -> None:
         folder = ck / sub
         if folder.is_dir() and any(folder.glob("*.metadata")):
             make_flex.write_oracle(folder, dest=out / stem)
+
+
+def write_logits(out: Path, model: object) -> None:
+    """The trained model's state-dict names and its logits on the fixed batch."""
+    import numpy as np
+    import paddle
+
     names = {k: list(v.shape) for k, v in model.state_dict().items()}
     (out / "state_dict_names.json").write_text(json.dumps(names, indent=1) + "\n")
     ids = np.array(IDS, dtype=np.int64)
@@ -131,10 +143,29 @@ def write_oracles(out: Path, model: object) -> None:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
+    """``OUT [RANKS]``: train (in RANKS processes), then the oracles in a fresh process."""
+    if sys.argv[1] == "--worker":
+        import paddle
+
+        out, ranks = Path(sys.argv[2]), int(sys.argv[3])
+        model = train(out, ranks)
+        if paddle.distributed.get_rank() == 0:
+            write_logits(out, model)
+        return
+    if sys.argv[1] == "--oracle":
+        write_oracles(Path(sys.argv[2]))
+        return
+    out, ranks = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 1
     shutil.rmtree(out, ignore_errors=True)
-    model = train(out)
-    write_oracles(out, model)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import make_flex
+
+    worker = [sys.executable, __file__, "--worker", str(out), str(ranks)]
+    if ranks == 1:
+        subprocess.run(worker, check=True, capture_output=True)
+    else:
+        make_flex.run_ranks_cmd(worker, ranks)
+    subprocess.run([sys.executable, __file__, "--oracle", str(out)], check=True, capture_output=True)
 
 
 if __name__ == "__main__":
