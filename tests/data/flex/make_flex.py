@@ -101,7 +101,7 @@ def rank_worker(kind: str, out: str) -> None:
         return
     table, mesh = (
         (RANKS2, dist.ProcessMesh([0, 1], dim_names=["x"]))
-        if kind == "ranks2"
+        if kind in ("ranks2", "ranks2_replicas")
         else (MESH2X2, dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["x", "y"]))
     )
     sd = {}
@@ -110,7 +110,7 @@ def rank_worker(kind: str, out: str) -> None:
         # distributed tensor (an elementwise op, placements kept).
         t = dist.shard_tensor(_values(name, shape, "float32"), mesh, _placements(codes))
         sd[name] = t.astype("bfloat16") if dtype == "bfloat16" else t
-    dist.save_state_dict(sd, out)
+    dist.save_state_dict(sd, out, save_replicas=kind == "ranks2_replicas")
 
 
 def _flat_state_dict(rank: int) -> dict:
@@ -216,6 +216,8 @@ def build(name: str, out: Path) -> None:
         _in_subprocess("--single", target)
     elif name == "ranks2":
         run_ranks("ranks2", 2, target)
+    elif name == "ranks2_replicas":
+        run_ranks("ranks2_replicas", 2, target)
     elif name == "flat2":
         run_ranks("flat2", 2, target)
     elif name == "mesh2x2":
@@ -234,7 +236,7 @@ def _in_subprocess(flag: str, target: Path) -> None:
     subprocess.run([sys.executable, __file__, flag, str(target)], check=True, env=env, capture_output=True)
 
 
-ALL = ["single", "ranks2", "flat2", "mesh2x2", "trainer_1rank", "trainer_2rank"]
+ALL = ["single", "ranks2", "ranks2_replicas", "flat2", "mesh2x2", "trainer_1rank", "trainer_2rank"]
 
 
 def main() -> None:
