@@ -15,6 +15,7 @@ import pytest
 DATA = Path(__file__).parent / "data" / "flex"
 FOLDERS = ("single", "ranks2", "ranks2_replicas", "flat2", "mesh2x2")
 TRAINERS = ("trainer_1rank", "trainer_2rank")
+LAYOUTS = ("trainer_bf16_layout",)
 RECORDS = "paddle.distributed.flex_checkpoint.dcp.metadata"
 NUMPY = {
     ("numpy.core.multiarray", "_reconstruct"),
@@ -62,14 +63,17 @@ def test_distcp_pickles_name_only_numpy():
     files = [p for p in DATA.rglob("*.distcp") if "hostile" not in p.parts]
     assert files
     for p in files:  # fp32 training: master_weight/ holds empty dicts, which name nothing
-        assert _globals(p) == (set() if p.parent.name == "master_weight" else NUMPY), p
+        empty = p.parent.name == "master_weight" and p.parts[-4] in TRAINERS
+        assert _globals(p) == (set() if empty else NUMPY), p
 
 
-@pytest.mark.parametrize("folder", FOLDERS + TRAINERS)
+@pytest.mark.parametrize(
+    "folder", FOLDERS + TRAINERS + LAYOUTS + tuple(f"{t}/oracle_optimizer" for t in TRAINERS)
+)
 def test_oracle_json_describes_oracle_npz(folder):
-    base = DATA / folder
-    info = json.loads((base / "oracle.json").read_text())["tensors"]
-    arrays = np.load(base / "oracle.npz")
+    stem = DATA / folder if folder.endswith("oracle_optimizer") else DATA / folder / "oracle"
+    info = json.loads(stem.with_suffix(".json").read_text())["tensors"]
+    arrays = np.load(stem.with_suffix(".npz"))
     assert sorted(arrays.files) == sorted(info)
     for name, want in info.items():
         a = arrays[name]
@@ -85,6 +89,16 @@ def test_trainer_oracle_names_are_the_state_dict_names():
         assert {k: v["shape"] for k, v in info.items()} == names
 
 
+def test_bf16_layout_master_weights_are_fp32_near_the_bf16_weights():
+    base = DATA / "trainer_bf16_layout"
+    weights, masters = np.load(base / "oracle.npz"), np.load(base / "oracle_master_weight.npz")
+    assert sorted(masters.files) == sorted(f"{k}.w_0" for k in weights.files)
+    for k in weights.files:
+        as_fp32 = (weights[k].astype(np.uint32) << 16).view(np.float32)
+        assert masters[f"{k}.w_0"].dtype == np.float32
+        assert 0 < np.abs(masters[f"{k}.w_0"] - as_fp32).max() <= 1 / 1024, k
+
+
 def _files(root: Path, names: tuple[str, ...]) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes()
@@ -97,7 +111,7 @@ def _files(root: Path, names: tuple[str, ...]) -> dict[str, bytes]:
 @pytest.mark.slow
 def test_generators_reproduce_every_byte(tmp_path):
     pytest.importorskip("paddle")
-    names = FOLDERS + TRAINERS
+    names = FOLDERS + TRAINERS + LAYOUTS
     subprocess.run(
         [sys.executable, str(DATA / "make_flex.py"), "--out", str(tmp_path), "--only", *names],
         check=True,

@@ -8,7 +8,9 @@ Run: ``/work/main/.venv/bin/python tests/data/flex/make_flex.py [--out DIR] [--o
                    Shard(0) / Shard(1) / Replicate(), fp32 and bf16, even and uneven splits.
 - ``mesh2x2/``     four CPU processes, ProcessMesh([[0, 1], [2, 3]]) with [Shard(0), Shard(1)],
                    [Shard(1), Replicate()], [Replicate(), Replicate()].
-- ``trainer_1rank/`` the PaddleFormers 1.2 Trainer (see ``make_trainer.py``).
+- ``trainer_1rank/``, ``trainer_2rank/`` the PaddleFormers 1.2 Trainer (see ``make_trainer.py``).
+- ``trainer_bf16_layout/`` a bf16 model with master weights, saved by the Trainer's save methods
+                   (see ``make_bf16_layout.py``).
 
 Each folder gets ``oracle.npz`` (what ``paddle.distributed.load_state_dict`` fills into full-size
 tensors in ONE process; bf16 kept as its uint16 bits) and ``oracle.json`` (names, global shapes, dtypes).
@@ -222,6 +224,9 @@ def build(name: str, out: Path) -> None:
         run_ranks("flat2", 2, target)
     elif name == "mesh2x2":
         run_ranks("mesh2x2", 4, target)
+    elif name == "trainer_bf16_layout":
+        subprocess.run([sys.executable, str(HERE / "make_bf16_layout.py"), str(target)], check=True)
+        return
     elif name.startswith("trainer_"):
         ranks = name.removeprefix("trainer_").removesuffix("rank")
         subprocess.run([sys.executable, str(HERE / "make_trainer.py"), str(target), ranks], check=True)
@@ -236,7 +241,16 @@ def _in_subprocess(flag: str, target: Path) -> None:
     subprocess.run([sys.executable, __file__, flag, str(target)], check=True, env=env, capture_output=True)
 
 
-ALL = ["single", "ranks2", "ranks2_replicas", "flat2", "mesh2x2", "trainer_1rank", "trainer_2rank"]
+ALL = [
+    "single",
+    "ranks2",
+    "ranks2_replicas",
+    "flat2",
+    "mesh2x2",
+    "trainer_1rank",
+    "trainer_2rank",
+    "trainer_bf16_layout",
+]
 
 
 def main() -> None:
