@@ -109,6 +109,7 @@ def plan_add_tokens(
     for op_check in (refuse_unsettled_pair, refuse_unusable_head):
         op_check(det, "add-tokens")
     refuse_ambiguous_head(det)
+    _refuse_disagreeing(det)
     _refuse_rows(det, edit)
     R, added = det.vocab_rows, edit.added
     multiple = math.lcm(pad_to_multiple_of or 1, tp_degree(det))
@@ -160,6 +161,25 @@ def _target(det: Detection, length: int, multiple: int) -> int:
             fix=f"a smaller {Opt('pad_to_multiple_of')}",
         )
     return N
+
+
+def _refuse_disagreeing(det: Detection) -> None:
+    """Refuse a folder whose tokenizer files disagree (:func:`surgery.io.tokenizer.tokenizer_set`, what
+    ``inspect`` reports as problems): loaders then read different tokenizers, so no id is the new token's
+    under all of them. ``tokenizer.json`` with ``<tool_call>`` (id 250) that tokenizer_config.json and
+    tokenizer.model lack, plus ``<a>``: transformers 5.3 loaded ``<a>`` as id 250, PaddleFormers 1.2 as 251.
+
+    Raises:
+        RefusedError: naming the first disagreement.
+    """
+    found = det.tokenizer.files.disagreements
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise RefusedError(
+            f"the tokenizer files disagree: {found[0]}{more}; loaders would give new tokens different ids",
+            det.ckpt.path,
+            "save the tokenizer again with save_pretrained (or delete the stale file), then add the tokens",
+        )
 
 
 def _refuse_rows(det: Detection, edit: TokenEdit) -> None:
