@@ -537,10 +537,14 @@ def merge(rep: dict, as_json: bool = False) -> None:
             f"{', '.join(rep['weight_files'])}; nothing was written"
         )
     else:
+        ranks = (
+            f"{rep['expert_parallel']} expert-parallel, numbered {' / '.join(rep['expert_numbering'] or [])}"
+            if rep.get("expert_parallel", 1) > 1
+            else f"{rep['tensor_parallel']} tensor-parallel x {rep['pipeline_parallel']} pipeline"
+        )
         print(
-            f"merged {len(rep['rank_files'])} rank files ({rep['tensor_parallel']} tensor-parallel x "
-            f"{rep['pipeline_parallel']} pipeline) into {rep['output']}: {len(rep['tensors'])} tensors in "
-            f"{', '.join(rep['weight_files'])}"
+            f"merged {len(rep['rank_files'])} rank files ({ranks}) into {rep['output']}: "
+            f"{len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
         )
     _stale_notes(rep)
 

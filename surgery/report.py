@@ -274,6 +274,8 @@ def merge_report(plan: MergePlan, out: str, facts: dict) -> dict:
         "output": out,
         "tensor_parallel": 1 + max(t for t, _ in groups),
         "pipeline_parallel": 1 + max(p for _, p in groups),
+        "expert_parallel": plan.expert_parallel,
+        "expert_numbering": plan.expert_numbering,
         "model_type": plan.config.get("model_type"),
         "rank_files": plan.rank_files,
         "config_changes": plan.config_changes,
