@@ -465,7 +465,19 @@ def report(rep: dict, as_json: bool = False) -> None:
             how = "kept as the same link" if fl["kept"] else "written as a real folder of its files"
             con.print(f"symlinked folder {fl['link']} → {fl['target']} ({fl['files']} files): {how}")
     _messages(con, rep["notes"], rep["warnings"])
-    left_out(con, rep.get("left_out", []), rep["index"], rep["format"], writing=True)
+    resized = (rep.get("files") or {}).get("training_state_resized") or {}
+    left_out(
+        con,
+        [x for x in rep.get("left_out", []) if x["file"] not in resized],
+        rep["index"],
+        rep["format"],
+        writing=True,
+    )
+    for f, names in resized.items():
+        con.print(
+            f"training state resized: {f}: {len(names)} optimizer accumulators of the resized parameters "
+            "(new entries 0, kept entries bit for bit), everything else copied"
+        )
 
 
 def written(rep: dict, as_json: bool = False) -> None:

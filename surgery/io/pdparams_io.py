@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -1132,7 +1132,7 @@ class _Emitter:
 
 def write_file(
     path: Path,
-    tensors: list[tuple[str, str, tuple[int, ...], Source, object, bool]],
+    tensors: Iterable[tuple[str, str, tuple[int, ...], Source, object, bool]],
     extras: dict[str, Any],
     np_module: str = "numpy.core.multiarray",
 ) -> int:

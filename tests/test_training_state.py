@@ -1,0 +1,255 @@
+"""``resize`` / ``add-tokens --keep-training-state``: ``optimizer.pdopt`` resized with the vocabulary.
+
+The oracle (slow): an ``optimizer.pdopt`` written by Paddle itself (``support/optim_worker.py``: AdamW on a
+tiny PaddleFormers Llama, one step, ``paddle.save(opt.state_dict())``) resized with the model; Paddle then
+loads it into AdamW of the resized model (``set_state_dict``) and trains one more step. The same folder with
+the optimizer copied unchanged (what ``--keep-training-state`` did before) fails there: the test can fail.
+
+Fast tests write optimizer files as ``paddle.save`` writes a state dict (tietool's pickle writer: arrays
+at the top, ``LR_Scheduler``, ``StructuredToParameterName@@``) beside a PaddleFormers-written checkpoint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pickle
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import paths
+from support.adversarial_support import assert_refused, run_cli
+
+import tietool
+from tietool.surgery.io import pdparams_io
+
+LEGACY = paths.CASES_DIR / "pf_llama_untied_legacy_pdparams"
+
+
+def arrays(path: Path) -> tuple[dict[str, np.ndarray], dict]:
+    infos, extras, _ = pdparams_io.read_header(path, path.name)
+    return {t.name: np.array(pdparams_io.read_array(path, t)) for t in infos}, extras
+
+
+def write_state_dict(path: Path, tensors: dict[str, np.ndarray], extras: dict) -> None:
+    rows = [
+        (n, a.dtype.name, a.shape, pdparams_io.Source(array=np.ascontiguousarray(a)), None, False)
+        for n, a in tensors.items()
+    ]
+    pdparams_io.write_file(path, rows, extras)
+
+
+def with_optimizer(tmp_path: Path, src: Path = LEGACY) -> tuple[Path, dict[str, np.ndarray]]:
+    """A copy of ``src`` with an AdamW ``optimizer.pdopt`` for its parameters (random moments)."""
+    ck = tmp_path / "ck"
+    shutil.copytree(src, ck)
+    weights, extras = arrays(ck / "model_state.pdparams")
+    rng = np.random.default_rng(0)
+    state: dict[str, np.ndarray] = {}
+    for name, pname in extras["StructuredToParameterName@@"].items():
+        for acc in ("moment1", "moment2"):
+            state[f"{pname}_{acc}_0"] = rng.standard_normal(weights[name].shape).astype(np.float32)
+        for acc in ("beta1_pow_acc", "beta2_pow_acc"):
+            state[f"{pname}_{acc}_0"] = np.array([0.9], dtype=np.float32)
+    lr = {"last_epoch": 1, "last_lr": 0.000975}
+    write_state_dict(
+        ck / "optimizer.pdopt",
+        state,
+        {"LR_Scheduler": lr, "StructuredToParameterName@@": {k: k for k in state}},
+    )
+    return ck, state
+
+
+def digest(folder: Path) -> dict[str, str]:
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def check_resized(
+    before: dict[str, np.ndarray], after: dict[str, np.ndarray], resized: set[str], old: int, new: int
+) -> None:
+    """Resized accumulators: the first rows bit for bit, new rows 0; every other one bit for bit."""
+    assert set(before) == set(after)
+    for k, a in before.items():
+        b = after[k]
+        if k in resized:
+            assert b.shape == (new,) + a.shape[1:] and b.dtype == a.dtype, k
+            keep = min(old, new)
+            assert b[:keep].tobytes() == a[:keep].tobytes(), k
+            assert not b[keep:].any(), k
+        else:
+            assert (b.dtype, b.shape, b.tobytes()) == (a.dtype, a.shape, a.tobytes()), k
+
+
+# ------------------------------------------------------------------------------------------ resized
+@pytest.mark.parametrize("vocab", [128, 90])
+def test_resize_resizes_the_vocabulary_moments(tmp_path, vocab):
+    ck, state = with_optimizer(tmp_path)
+    rep = tietool.resize(ck, vocab, tmp_path / "out", keep_training_state=True, force=vocab < 100)
+    after, extras = arrays(tmp_path / "out" / "optimizer.pdopt")
+    vocab_params = {"embedding_0.w_0", "lm_head_0.w_0"}
+    resized = {k for k in state if k.rsplit("_", 2)[0] in vocab_params and "moment" in k}
+    assert len(resized) == 4
+    check_resized(state, after, resized, 100, vocab)
+    assert extras["LR_Scheduler"] == {"last_epoch": 1, "last_lr": 0.000975}
+    assert sorted(rep["files"]["training_state_resized"]["optimizer.pdopt"]) == sorted(resized)
+    assert {"file": "optimizer.pdopt", "kept": True}.items() <= next(
+        x for x in rep["left_out"] if x["file"] == "optimizer.pdopt"
+    ).items()
+
+
+def test_other_training_state_is_carried_and_unchanged_resize_keeps_it(tmp_path):
+    ck, _ = with_optimizer(tmp_path)
+    (ck / "trainer_state.json").write_text('{"global_step": 5}')
+    (ck / "scheduler.pdparams").write_bytes(pickle.dumps({"last_epoch": 1}, protocol=4))
+    tietool.resize(ck, 128, tmp_path / "out", keep_training_state=True)
+    for f in ("trainer_state.json", "scheduler.pdparams"):
+        assert (tmp_path / "out" / f).read_bytes() == (ck / f).read_bytes()
+    tietool.resize(ck, 100, tmp_path / "same", keep_training_state=True)  # no shape changes: copied
+    assert (tmp_path / "same" / "optimizer.pdopt").read_bytes() == (ck / "optimizer.pdopt").read_bytes()
+
+
+def test_without_the_flag_the_optimizer_is_left_out(tmp_path):
+    ck, _ = with_optimizer(tmp_path)
+    rep = tietool.resize(ck, 128, tmp_path / "out")
+    assert not (tmp_path / "out" / "optimizer.pdopt").exists()
+    assert "training_state_resized" not in rep["files"]
+
+
+def test_dry_run_plans_the_resize_and_writes_nothing(tmp_path):
+    ck, _ = with_optimizer(tmp_path)
+    (ck / "optimizer.tp00.pdopt").write_bytes(b"")
+    before = digest(ck)
+    run = run_cli(
+        ["resize", ck, "--vocab", "128", "--out", tmp_path / "out", "--keep-training-state", "--dry-run"]
+    )
+    assert_refused(run, 5, ["optimizer.tp00.pdopt"], out=tmp_path / "out")
+    assert digest(ck) == before
+
+
+# ------------------------------------------------------------------------------------------ refusals
+def refused(ck: Path, tmp_path: Path, *words: str) -> None:
+    before = digest(ck)
+    run = run_cli(["resize", ck, "--vocab", "128", "--out", tmp_path / "out", "--keep-training-state"])
+    assert_refused(run, 5, list(words), out=tmp_path / "out")
+    assert digest(ck) == before
+
+
+@pytest.mark.parametrize(
+    "name, words",
+    [
+        (
+            "optimizer-00001-of-00001.safetensors",
+            ["optimizer-00001-of-00001.safetensors", "unified-checkpoint"],
+        ),
+        ("master_weights-00001-of-00001.safetensors", ["master_weights-00001-of-00001.safetensors"]),
+        ("optimizer.tp00.pdopt", ["optimizer.tp00.pdopt", "rank"]),
+        ("optimizer.pt", ["optimizer.pt", "does not read"]),
+    ],
+)
+def test_refuses_an_optimizer_file_it_cannot_resize(tmp_path, name, words):
+    ck, _ = with_optimizer(tmp_path)
+    (ck / name).write_bytes(b"\0" * 16)
+    refused(ck, tmp_path, *words)
+
+
+def test_refuses_flex_optimizer_folders(tmp_path):
+    ck, _ = with_optimizer(tmp_path)
+    (ck / "optimizer_state").mkdir()
+    (ck / "optimizer_state" / "0_0.distcp").write_bytes(b"\0" * 16)
+    refused(ck, tmp_path, "optimizer_state/", "flex-checkpoint")
+
+
+class _Named:
+    """A tensor as ``paddle.save`` pickles a Tensor outside a plain state dict: ``tuple((name, array))``."""
+
+    def __init__(self, name: str, a: np.ndarray):
+        self.name, self.a = name, a
+
+    def __reduce__(self):
+        return (tuple, ((self.name, self.a),))
+
+
+def test_refuses_the_master_weights_form(tmp_path):
+    ck, state = with_optimizer(tmp_path)
+    obj = {k: _Named(k, v) for k, v in state.items()}
+    obj["master_weights"] = {
+        "embedding_0.w_0": _Named("embedding_0.w_0_fp32_master_0", state["embedding_0.w_0_moment1_0"])
+    }
+    (ck / "optimizer.pdopt").write_bytes(pickle.dumps(obj, protocol=4))
+    refused(ck, tmp_path, "optimizer.pdopt", "master_weights")
+
+
+def test_refuses_an_accumulator_of_another_shape(tmp_path):
+    ck, state = with_optimizer(tmp_path)
+    state["embedding_0.w_0_moment1_0"] = state["embedding_0.w_0_moment1_0"][:50]
+    write_state_dict(ck / "optimizer.pdopt", state, {})
+    refused(ck, tmp_path, "embedding_0.w_0_moment1_0", "not shaped as model.embed_tokens.weight")
+
+
+def test_refuses_a_safetensors_checkpoint_with_no_parameter_names(tmp_path):
+    ck, _ = with_optimizer(tmp_path)
+    st = tmp_path / "st"
+    tietool.convert(ck, "safetensors", st)
+    shutil.copy(ck / "optimizer.pdopt", st)
+    refused(st, tmp_path, "StructuredToParameterName@@", "model.embed_tokens.weight")
+
+
+# ------------------------------------------------------------------------------------------ the oracle
+@pytest.mark.slow
+def test_paddle_resumes_from_the_resized_optimizer(tmp_path):
+    """Paddle's own AdamW state (one step) resized with the model: Paddle loads it into AdamW of the resized
+    model and trains on; the unchanged copy fails (Paddle: shape not match); the bf16 / master-weights form
+    Paddle writes is refused by name."""
+    from support import optim_worker
+
+    optim_worker.run("build", str(tmp_path))
+    src = tmp_path / "fp32"
+    state, _ = arrays(src / "optimizer.pdopt")
+    tietool.resize(src, 64, tmp_path / "r64", keep_training_state=True)
+    tietool.resize(src, 56, tmp_path / "r56", keep_training_state=True, force=True)
+    stale = tmp_path / "stale"
+    shutil.copytree(tmp_path / "r64", stale)
+    shutil.copy(src / "optimizer.pdopt", stale)
+    for out, new in (("r64", 64), ("r56", 56)):
+        after, _ = arrays(tmp_path / out / "optimizer.pdopt")
+        resized = {k for k in state if k.startswith(("embedding_0.w_0_moment", "lm_head_0.w_0_moment"))}
+        check_resized(state, after, resized, optim_worker.VOCAB, new)
+    jobs = [str(tmp_path / n) for n in ("r64", "r56", "stale")]
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    optim_worker.run("resume", str(tmp_path / "jobs.json"), str(tmp_path / "res.json"))
+    res = json.loads((tmp_path / "res.json").read_text())
+    for j in jobs[:2]:
+        assert res[j]["ok"], res[j]["error"]
+        assert res[j]["shapes"]["embedding_0.w_0:moment1"] == res[j]["params"]["embedding_0.w_0"]
+        assert np.isfinite(res[j]["loss"])
+    assert not res[jobs[2]]["ok"] and "shape" in res[jobs[2]]["error"].lower()
+    refused(tmp_path / "bf16", tmp_path, "optimizer.pdopt", "master_weights")
+
+
+def test_add_tokens_resizes_the_moments_too(tmp_path, monkeypatch):
+    """add-tokens grows the tables past the checkpoint's rows: the moments grow with them (a tokenizer
+    edit stands in for the tokenizer half, as in test_add_tokens.py)."""
+    import types
+
+    from tietool.surgery import ops
+    from tietool.surgery.model.tokens import NewToken, TokenEdit
+
+    def edit(folder, strings, special=False):
+        toks = tuple(NewToken(s, 100 + i, special, False, (1, 2)) for i, s in enumerate(strings))
+        return TokenEdit(100, 100 + len(toks), toks, files={"tokenizer.json": b"{}"})
+
+    monkeypatch.setattr(ops, "_tokenizer_edit", lambda: types.SimpleNamespace(add_tokens_edit=edit))
+    ck, state = with_optimizer(tmp_path)
+    ops.add_tokens(ck, ["<a>", "<b>", "<c>"], tmp_path / "out", seed=0, keep_training_state=True)
+    weights, _ = arrays(tmp_path / "out" / "model_state.pdparams")
+    rows = weights["model.embed_tokens.weight"].shape[0]
+    assert rows >= 103
+    after, _ = arrays(tmp_path / "out" / "optimizer.pdopt")
+    resized = {k for k in state if k.startswith(("embedding_0.w_0_moment", "lm_head_0.w_0_moment"))}
+    check_resized(state, after, resized, 100, rows)
