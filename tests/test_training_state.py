@@ -175,14 +175,50 @@ class _Named:
         return (tuple, ((self.name, self.a),))
 
 
-def test_refuses_the_master_weights_form(tmp_path):
+def test_the_master_weights_form_is_resized_and_written_back_in_it(tmp_path):
+    """Tensors pickled as ``tuple((name, array))`` and a ``master_weights`` dict (what ``paddle.save``
+    writes for mixed precision): moments resized (new rows 0), the master weight's new rows the new weight
+    rows in float32, old ones bit for bit; the output pickles them the same way (names kept)."""
     ck, state = with_optimizer(tmp_path)
-    obj = {k: _Named(k, v) for k, v in state.items()}
-    obj["master_weights"] = {
-        "embedding_0.w_0": _Named("embedding_0.w_0_fp32_master_0", state["embedding_0.w_0_moment1_0"])
+    weights, _ = arrays(ck / "model_state.pdparams")
+    master = {
+        "embedding_0.w_0": weights["model.embed_tokens.weight"] + 1,
+        "linear_0.w_0": weights["model.layers.0.self_attn.q_proj.weight"],
     }
+    mp = {k.replace("w_0_", "w_0_fp32_master_0_"): v for k, v in state.items()}
+    obj: dict = {k: _Named(k, v) for k, v in mp.items()}
+    obj["master_weights"] = {k: _Named(k + "_fp32_master_0", v) for k, v in master.items()}
+    obj["LR_Scheduler"] = {"last_epoch": 3}
     (ck / "optimizer.pdopt").write_bytes(pickle.dumps(obj, protocol=4))
-    refused(ck, tmp_path, "optimizer.pdopt", "master_weights")
+    rep = tietool.resize(ck, 128, tmp_path / "out", keep_training_state=True)
+    assert "master_weights/embedding_0.w_0" in rep["files"]["training_state_resized"]["optimizer.pdopt"]
+    f = tmp_path / "out" / "optimizer.pdopt"
+    head = pdparams_io.read_optimizer_header(f, f.name)
+    after = {t.name: np.asarray(pdparams_io.read_array(f, t)) for t in head.tensors}
+    vocab = ("embedding_0.w_0_fp32_master_0_moment", "lm_head_0.w_0_fp32_master_0_moment")
+    check_resized(mp, after, {k for k in mp if k.startswith(vocab)}, 100, 128)
+    assert head.names == {
+        **{k: k for k in mp},
+        **{"master_weights/" + k: k + "_fp32_master_0" for k in master},
+    }
+    assert head.extras == {"master_weights": None, "LR_Scheduler": {"last_epoch": 3}}
+    got = {t.name: np.asarray(pdparams_io.read_array(f, t)) for t in head.master}
+    new_w, _ = arrays(tmp_path / "out" / "model_state.pdparams")
+    emb = got["embedding_0.w_0"]
+    assert emb.shape == (128, 16) and emb[:100].tobytes() == master["embedding_0.w_0"].tobytes()
+    assert emb[100:].tobytes() == new_w["model.embed_tokens.weight"][100:].tobytes()
+    assert got["linear_0.w_0"].tobytes() == master["linear_0.w_0"].tobytes()
+
+
+def test_refuses_arrays_outside_master_weights(tmp_path):
+    ck, state = with_optimizer(tmp_path)
+    obj: dict = dict(state)
+    obj["LR_Scheduler"] = {"hidden": state["embedding_0.w_0_moment1_0"]}
+    (ck / "optimizer.pdopt").write_bytes(pickle.dumps(obj, protocol=4))
+    before = digest(ck)
+    run = run_cli(["resize", ck, "--vocab", "128", "--out", tmp_path / "out", "--keep-training-state"])
+    assert_refused(run, 3, ["optimizer.pdopt", "LR_Scheduler"], out=tmp_path / "out")
+    assert digest(ck) == before
 
 
 def test_refuses_an_accumulator_of_another_shape(tmp_path):
@@ -204,8 +240,10 @@ def test_refuses_a_safetensors_checkpoint_with_no_parameter_names(tmp_path):
 @pytest.mark.slow
 def test_paddle_resumes_from_the_resized_optimizer(tmp_path):
     """Paddle's own AdamW state (one step) resized with the model: Paddle loads it into AdamW of the resized
-    model and trains on; the unchanged copy fails (Paddle: shape not match); the bf16 / master-weights form
-    Paddle writes is refused by name."""
+    model and trains on; the unchanged copy fails (Paddle: shape not match). The bf16 model's
+    multi-precision state (master weights, the tuple form): Paddle loads it into multi_precision AdamW of the
+    resized bf16 model with every accumulator and master weight shaped as its parameter (no step: CPU has
+    no bf16 matmul)."""
     from support import optim_worker
 
     optim_worker.run("build", str(tmp_path))
@@ -220,8 +258,9 @@ def test_paddle_resumes_from_the_resized_optimizer(tmp_path):
         after, _ = arrays(tmp_path / out / "optimizer.pdopt")
         resized = {k for k in state if k.startswith(("embedding_0.w_0_moment", "lm_head_0.w_0_moment"))}
         check_resized(state, after, resized, optim_worker.VOCAB, new)
-    jobs = [str(tmp_path / n) for n in ("r64", "r56", "stale")]
-    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    tietool.resize(tmp_path / "bf16", 64, tmp_path / "b64", keep_training_state=True)
+    jobs = [str(tmp_path / n) for n in ("r64", "r56", "stale", "b64")]
+    (tmp_path / "jobs.json").write_text(json.dumps([[j, j.endswith("b64")] for j in jobs]))
     optim_worker.run("resume", str(tmp_path / "jobs.json"), str(tmp_path / "res.json"))
     res = json.loads((tmp_path / "res.json").read_text())
     for j in jobs[:2]:
@@ -229,7 +268,9 @@ def test_paddle_resumes_from_the_resized_optimizer(tmp_path):
         assert res[j]["shapes"]["embedding_0.w_0:moment1"] == res[j]["params"]["embedding_0.w_0"]
         assert np.isfinite(res[j]["loss"])
     assert not res[jobs[2]]["ok"] and "shape" in res[jobs[2]]["error"].lower()
-    refused(tmp_path / "bf16", tmp_path, "optimizer.pdopt", "master_weights")
+    b64 = res[jobs[3]]
+    assert b64["ok"], b64["error"]
+    assert b64["master"]["embedding_0.w_0"] == b64["params"]["embedding_0.w_0"] == [64, 32]
 
 
 def test_add_tokens_resizes_the_moments_too(tmp_path, monkeypatch):

@@ -34,8 +34,8 @@ import numpy as np
 
 from ..io import pdparams_io
 from ..io.pdparams_io import Source
-from ..model.errors import RefusedError, UnsafePickleError
-from ..model.tensor import TensorInfo
+from ..model.errors import RefusedError
+from ..model.tensor import TensorInfo, bf16_bits_to_f32
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -70,17 +70,23 @@ class Resized:
 
 @dataclass(frozen=True)
 class OptimizerEdit:
-    """The rewrite of one ``optimizer.pdopt``: each tensor with the resize it gets (None: copied bytes)."""
+    """The rewrite of one ``optimizer.pdopt``: each accumulator and each master weight with the resize it
+    gets (None: copied bytes), and what else the file holds (:class:`~surgery.io.pdparams_io
+    .OptimizerHeader`)."""
 
     rel: str
     entries: tuple[tuple[TensorInfo, Resized | None], ...]
+    master: tuple[tuple[TensorInfo, Resized | None], ...]
+    names: dict[str, str]
     extras: dict[str, Any]
     np_module: str
 
     @property
     def resized(self) -> list[str]:
-        """The accumulators that are resized."""
-        return [t.name for t, r in self.entries if r is not None]
+        """The accumulators and master weights (``master_weights/<parameter>``) that are resized."""
+        return [t.name for t, r in self.entries if r is not None] + [
+            "master_weights/" + t.name for t, r in self.master if r is not None
+        ]
 
 
 def _refuse(ck_path: Any, rel: str, why: str) -> RefusedError:
@@ -173,43 +179,47 @@ def _format_of(base: str) -> str:
 
 def plan_pdopt(ck_path: Path, rel: str, resized: list[Resized]) -> OptimizerEdit:
     """The rewrite of ``optimizer.pdopt``: every accumulator of a resized parameter (:data:`RESIZED`, shape
-    equal to the parameter's) resized, the rest copied (headers only are read here; nothing unpickled).
+    equal to the parameter's) and its master weight resized, the rest copied (headers only are read here,
+    by the opcode walker: nothing is unpickled).
 
     Raises:
-        RefusedError: the file is not a plain state dict of arrays (master weights and tensors pickled as
-            ``(name, array)`` tuples: what ``paddle.save`` writes for a state dict with ``master_weights``),
-            or an accumulator of a resized parameter has another shape or an unknown kind (named).
+        UnsafePickleError, CheckpointError: the file is not a Paddle optimizer pickle (named).
+        RefusedError: an accumulator or master weight of a resized parameter of another shape or dtype, or
+            of a kind tietool does not know (named).
     """
-    try:
-        infos, extras, module = pdparams_io.read_header(ck_path / rel, rel)
-    except UnsafePickleError as e:
-        raise _refuse(
-            ck_path,
-            rel,
-            f"is not a plain state dict of arrays ({str(e).split(': ', 2)[-1].split(' — ')[0]}): paddle.save "
-            "writes an optimizer with master_weights (mixed precision) so; tietool does not resize it yet",
-        ) from None
+    head = pdparams_io.read_optimizer_header(ck_path / rel, rel)
     by_param = {r.param: r for r in resized}
     entries: list[tuple[TensorInfo, Resized | None]] = []
-    for t in infos:
+    for t in head.tensors:
         m = _ACC_RE.match(t.name)
         r = by_param.get(m["param"]) if m else None
         owner = next((p for p in by_param if t.name.startswith(p + "_")), None)
         if r is None and owner is not None:
             raise _refuse(
-                ck_path,
-                rel,
-                f"holds {t.name}, an accumulator of {by_param[owner].name} of a kind tietool does not know",
+                ck_path, rel, f"holds {t.name}, an accumulator of {by_param[owner].name} of an unknown kind"
             )
         if r is None or (m is not None and m["acc"] in KEPT):
             entries.append((t, None))
             continue
-        want = list(t.shape)
+        entries.append((t, _checked(ck_path, rel, t, r)))
+    master = tuple(
+        (t, _checked(ck_path, rel, t, by_param[t.name]) if t.name in by_param else None) for t in head.master
+    )
+    return OptimizerEdit(rel, tuple(entries), master, head.names, head.extras, head.np_module)
+
+
+def _checked(ck_path: Path, rel: str, t: TensorInfo, r: Resized) -> Resized:
+    """``r``, once ``t`` is shaped as its parameter (before the resize) and a float.
+
+    Raises:
+        RefusedError: naming ``t``, its dtype and shape.
+    """
+    want = list(t.shape)
+    if len(want) > r.axis:
         want[r.axis] = r.old
-        if len(t.shape) <= r.axis or list(t.shape) != want or t.dtype not in ("float32", "float16", "uint16"):
-            raise _refuse(ck_path, rel, f"holds {t.name} {t.dtype} {list(t.shape)}, not shaped as {r.name}")
-        entries.append((t, r))
-    return OptimizerEdit(rel, tuple(entries), extras, module)
+    if len(t.shape) <= r.axis or list(t.shape) != want or t.dtype not in ("float32", "float16", "uint16"):
+        raise _refuse(ck_path, rel, f"holds {t.name} {t.dtype} {list(t.shape)}, not shaped as {r.name}")
+    return r
 
 
 def resized_array(a: np.ndarray[Any, Any], r: Resized) -> np.ndarray[Any, Any]:
@@ -224,20 +234,44 @@ def resized_array(a: np.ndarray[Any, Any], r: Resized) -> np.ndarray[Any, Any]:
     return np.pad(a, pad)
 
 
-def write_pdopt(ck_path: Path, edit: OptimizerEdit, dst: Path) -> list[str]:
-    """Write ``edit`` to ``dst`` as ``paddle.save`` writes a state dict (untouched tensors streamed as byte
-    ranges, one resized accumulator in memory at a time). Returns the resized accumulators' names."""
+def write_pdopt(ck_path: Path, edit: OptimizerEdit, dst: Path, out: Path) -> list[str]:
+    """Write ``edit`` to ``dst`` as ``paddle.save`` wrote the input (untouched tensors streamed as byte
+    ranges, one resized tensor in memory at a time). A resized master weight keeps its old entries bit for
+    bit and takes the new ones from the resized weight in ``out`` (the output folder, its weights
+    written), decoded to float32 (bf16 bits shifted, never rounded). Returns the resized names."""
     src = ck_path / edit.rel
 
-    def rows() -> Iterator[
-        tuple[str, str, tuple[int, ...], Source, object, bool]
-    ]:  # one at a time as the writer streams them
-        for t, r in edit.entries:
+    def rows(
+        entries: tuple[tuple[TensorInfo, Resized | None], ...], master: bool
+    ) -> Iterator[pdparams_io.Row]:
+        for t, r in entries:
             if r is None:
-                yield t.name, t.dtype, t.shape, pdparams_io.raw_bytes_source(src, t), t.storage, t.fortran
-            else:
-                a = resized_array(np.asarray(pdparams_io.read_array(src, t)), r)
-                yield t.name, t.dtype, a.shape, Source(array=a), None, False
+                yield t.name, t.dtype, t.shape, pdparams_io.raw_bytes_source(src, t), None, t.fortran
+                continue
+            a = resized_array(np.asarray(pdparams_io.read_array(src, t)), r)
+            if master and r.new > r.old:
+                new = np.take(_output_weight(out, r.name), np.arange(r.old, r.new), axis=r.axis)
+                a = np.concatenate(
+                    [np.take(a, np.arange(r.old), axis=r.axis), new.astype(a.dtype)], axis=r.axis
+                )
+            yield t.name, t.dtype, a.shape, Source(array=np.ascontiguousarray(a)), None, False
 
-    pdparams_io.write_file(dst, rows(), edit.extras, edit.np_module)
+    pdparams_io.write_optimizer_file(
+        dst, rows(edit.entries, False), rows(edit.master, True), edit.names, edit.extras, edit.np_module
+    )
     return edit.resized
+
+
+def _output_weight(out: Path, name: str) -> np.ndarray[Any, Any]:
+    """Tensor ``name`` of the written output's ``.pdparams`` files, as float32 (bf16 bits shifted).
+
+    Raises:
+        AssertionError: the output holds no such tensor (the plan resized it: a bug).
+    """
+    for f in sorted(out.glob("*.pdparams")):
+        infos, _, _ = pdparams_io.read_header(f, f.name)
+        for t in infos:
+            if t.name == name:
+                a = np.asarray(pdparams_io.read_array(f, t))
+                return bf16_bits_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+    raise AssertionError(f"internal: {name} is not in the output")

@@ -324,7 +324,7 @@ def _write_training_state(plan: Plan, tmp: Path, files_report: dict[str, Any]) -
     for rel, edit in sorted(plan.training_edit.items()):
         dst = tmp / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        done[rel] = training_state.write_pdopt(plan.ckpt.path, edit, dst)
+        done[rel] = training_state.write_pdopt(plan.ckpt.path, edit, dst, tmp)
         shutil.copymode(plan.ckpt.path / rel, dst)
 
 

@@ -7,7 +7,7 @@ save (``model_state.pdparams`` with ``StructuredToParameterName@@``) and the opt
 Also ``bf16/``: the same model in bfloat16 with ``multi_precision`` AdamW, its accumulators and fp32 master
 weights created (``_create_accumulators``: CPU has no bf16 matmul to train a step), saved the same way.
 
-``python optim_worker.py resume JOBS.json RESULTS.json``: for each folder, the model loaded with
+``python optim_worker.py resume JOBS.json RESULTS.json``: for each ``[folder, bf16]``, the model loaded with
 ``from_pretrained`` (legacy), AdamW of the same schedule, ``set_state_dict(paddle.load(optimizer.pdopt))``
 and one more step on ids that include the new rows; the result (ok, error, accumulator shapes, loss).
 """
@@ -98,15 +98,18 @@ def _build_bf16(root: Path, kw: dict) -> None:
     paddle.save(opt.state_dict(), str(root / "bf16" / "optimizer.pdopt"))
 
 
-def _resume(folder: Path) -> dict:
+def _resume(folder: Path, bf16: bool) -> dict:
+    """Paddle's resume from ``folder``; ``bf16``: the model in bfloat16 with multi_precision AdamW, whose
+    state is loaded and checked (master weights too) but no step is run (CPU has no bf16 matmul)."""
     import paddle
     from paddleformers.transformers import LlamaForCausalLM
 
+    kw = {"dtype": "bfloat16"} if bf16 else {}
     model = LlamaForCausalLM.from_pretrained(
-        str(folder), load_checkpoint_format="legacy", convert_from_hf=False
+        str(folder), load_checkpoint_format="legacy", convert_from_hf=False, **kw
     )
     model.train()
-    opt, sched = _optimizer(model)
+    opt, sched = _optimizer(model, multi_precision=bf16)
     opt._create_accumulators(paddle.static.default_main_program().global_block(), model.parameters())
     opt.set_state_dict(paddle.load(str(folder / "optimizer.pdopt")))
     shapes = {}
@@ -114,7 +117,16 @@ def _resume(folder: Path) -> dict:
         for pname, var in per.items():
             shapes[f"{pname}:{acc}"] = list(var.shape)
     params = {p.name: list(p.shape) for p in model.parameters()}
-    bad = [k for k, s in shapes.items() if "moment" in k and s != params[k.split(":")[0]]]
+    master = {k: list(v.shape) for k, v in getattr(opt, "_master_weights", {}).items()}
+    bad = [
+        k
+        for k, s in shapes.items()
+        if "moment" in k and s != params[k.split(":")[0].split("_fp32_master")[0]]
+    ]
+    bad += [k for k, s in master.items() if s != params[k]]
+    if bf16:
+        error = f"not shaped as their parameters: {bad}" if bad else None if master else "no master weights"
+        return {"ok": error is None, "error": error, "shapes": shapes, "params": params, "master": master}
     loss = _step(model, opt, sched, [IDS[0][:-1] + [model.config.vocab_size - 1]])  # the last row too
     return {"ok": not bad, "error": f"accumulators not shaped as their parameters: {bad}" if bad else None,
             "loss": loss, "shapes": shapes, "params": params}  # fmt: skip
@@ -130,11 +142,11 @@ def _main(argv: list[str]) -> int:
             _build(Path(argv[1]))
         return 0
     jobs, results = json.loads(Path(argv[1]).read_text()), {}
-    for folder in jobs:
+    for folder, bf16 in jobs:
         try:
             # a fresh name space: each model's parameters named as in a new process (embedding_0.w_0, ...)
             with contextlib.redirect_stdout(io.StringIO()), paddle.utils.unique_name.guard():
-                results[folder] = _resume(Path(folder))
+                results[folder] = _resume(Path(folder), bf16)
         except Exception as e:  # noqa: BLE001  (reported per folder; the test says what failed)
             results[folder] = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:400]}"}
     Path(argv[2]).write_text(json.dumps(results))
