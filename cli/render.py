@@ -465,7 +465,7 @@ def report(rep: dict, as_json: bool = False) -> None:
             how = "kept as the same link" if fl["kept"] else "written as a real folder of its files"
             con.print(f"symlinked folder {fl['link']} → {fl['target']} ({fl['files']} files): {how}")
     _messages(con, rep["notes"], rep["warnings"])
-    resized = (rep.get("files") or {}).get("training_state_resized") or {}
+    resized = rep.get("training_state_resized") or {}
     left_out(
         con,
         [x for x in rep.get("left_out", []) if x["file"] not in resized],
@@ -475,8 +475,9 @@ def report(rep: dict, as_json: bool = False) -> None:
     )
     for f, names in resized.items():
         con.print(
-            f"training state resized: {f}: {len(names)} optimizer accumulators of the resized parameters "
-            "(new entries 0, kept entries bit for bit), everything else copied"
+            f"training state {'to be ' if rep.get('dry_run') else ''}resized: {f}: {len(names)} optimizer "
+            "accumulators / master weights of the resized parameters (new entries 0 / the new weight rows, "
+            "old entries bit for bit), everything else copied"
         )
 
 

@@ -98,6 +98,7 @@ def test_resize_resizes_the_vocabulary_moments(tmp_path, vocab):
     check_resized(state, after, resized, 100, vocab)
     assert extras["LR_Scheduler"] == {"last_epoch": 1, "last_lr": 0.000975}
     assert sorted(rep["files"]["training_state_resized"]["optimizer.pdopt"]) == sorted(resized)
+    assert rep["training_state_resized"] == rep["files"]["training_state_resized"]
     assert {"file": "optimizer.pdopt", "kept": True}.items() <= next(
         x for x in rep["left_out"] if x["file"] == "optimizer.pdopt"
     ).items()
@@ -149,7 +150,7 @@ def refused(ck: Path, tmp_path: Path, *words: str) -> None:
         ),
         ("master_weights-00001-of-00001.safetensors", ["master_weights-00001-of-00001.safetensors"]),
         ("optimizer.tp00.pdopt", ["optimizer.tp00.pdopt", "rank"]),
-        ("optimizer.pt", ["optimizer.pt", "does not read"]),
+        ("optimizer.pt", ["optimizer.pt", "does not know"]),
     ],
 )
 def test_refuses_an_optimizer_file_it_cannot_resize(tmp_path, name, words):

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..io import pdparams_io
 from ..io.pdparams_io import Source
-from ..model.errors import RefusedError
+from ..model.errors import Opt, RefusedError
 from ..model.tensor import TensorInfo, bf16_bits_to_f32
 
 if TYPE_CHECKING:
@@ -51,10 +51,13 @@ KEPT = ("beta1_pow_acc", "beta2_pow_acc")
 _ACC_RE = re.compile(
     rf"^(?P<param>.+?)(?P<master>_fp32_master_0)?_(?P<acc>{'|'.join(RESIZED + KEPT)})_(?P<n>\d+)$"
 )
-_FIX = (
-    "resize without --keep-training-state (the optimizer state is left out; training restarts its "
-    "statistics), or resize the checkpoint the training library saves whole and let it rebuild the state"
-)
+
+
+def _fix() -> str:
+    return (
+        f"run without {Opt('keep_training_state', True)} (the optimizer state is left out; training restarts "
+        "its statistics), or edit the checkpoint the training library saves whole and let it rebuild it"
+    )
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class OptimizerEdit:
 
 
 def _refuse(ck_path: Any, rel: str, why: str) -> RefusedError:
-    return RefusedError(f"--keep-training-state: {rel} {why}", ck_path / rel, _FIX)
+    return RefusedError(f"{Opt('keep_training_state', True)}: {rel} {why}", ck_path / rel, _fix())
 
 
 def resized_params(plan: Plan) -> list[Resized]:
@@ -159,7 +162,7 @@ def plan_training_state(plan: Plan) -> dict[str, OptimizerEdit]:
         if SHAPE_FREE.match(base):
             continue
         if rel != PDOPT:
-            raise _refuse(ck.path, rel, f"is {_format_of(base)}, which tietool does not resize")
+            raise _refuse(ck.path, rel, f"is {_format_of(base)}: tietool does not resize it")
         if not ck.store.on_disk:
             raise _refuse(ck.path, rel, "is in object storage; tietool rewrites optimizer state locally only")
         edits[rel] = plan_pdopt(ck.path, rel, resized)
@@ -174,7 +177,7 @@ def _format_of(base: str) -> str:
         return "a master-weights file"
     if base.endswith(".pdopt"):
         return "a rank's or shard's optimizer file (not the whole model's optimizer.pdopt)"
-    return "an optimizer file of a format tietool does not read"
+    return "an optimizer file of a format tietool does not know"
 
 
 def plan_pdopt(ck_path: Path, rel: str, resized: list[Resized]) -> OptimizerEdit:
