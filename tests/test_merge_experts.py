@@ -218,6 +218,18 @@ def test_refuses_a_missing_last_rank(tmp_path, local):
     refused(ranks, tmp_path, 5, *words)
 
 
+def test_config_expert_parallel_degree_checked_and_set_to_1(tmp_path):
+    full, config = d06_full(tmp_path)
+    ranks = cut(full, 4, True, tmp_path / "ranks", {**config, "expert_model_parallel_size": 4})
+    rep = tietool.merge(ranks, tmp_path / "m")
+    assert rep["config_changes"] == {"expert_model_parallel_size": [4, 1]}
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["expert_model_parallel_size"] == 1
+    (ranks / "config.json").write_text(json.dumps({**config, "expert_model_parallel_size": 8}))
+    refused(ranks, tmp_path, 3, "expert_model_parallel_size = 8", "missing")
+    (ranks / "config.json").write_text(json.dumps({**config, "expert_model_parallel_size": 2}))
+    refused(ranks, tmp_path, 5, "expert_model_parallel_size = 2", "4 expert rank files")
+
+
 def test_refuses_local_numbering_without_an_expert_count(tmp_path):
     full, config = d06_full(tmp_path)
     del config["num_experts"]

@@ -75,6 +75,7 @@ PARALLEL_CONFIG_KEYS: Mapping[str, int] = {
     "tensor_model_parallel_size": 1,
     "pipeline_parallel_degree": 1,
     "pipeline_model_parallel_size": 1,
+    "expert_model_parallel_size": 1,
 }
 
 

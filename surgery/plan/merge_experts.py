@@ -141,6 +141,33 @@ def _by_rank(path: Path, ranks: list[str], rank_of: dict[str, int]) -> list[str]
     return [by[r] for r in range(len(by))]
 
 
+def check_ep_degree(path: Path, config: dict[str, Any], files: list[str]) -> None:
+    """config.json's ``expert_model_parallel_size`` (PaddleFormers' config records it when it is not 1)
+    agrees with the number of ``moe_sharding`` rank files.
+
+    Raises:
+        CheckpointError: it says more ranks than there are files (the last ones missing).
+        RefusedError: it says fewer (the files are not of that run).
+    """
+    v = config.get("expert_model_parallel_size")
+    if not (isinstance(v, int) and not isinstance(v, bool) and v > 1) or "moe_sharding" not in files[0]:
+        return
+    if v > len(files):
+        raise CheckpointError(
+            f"config.json expert_model_parallel_size = {v} but only expert ranks 0..{len(files) - 1} have "
+            "files: the last ranks' files are missing",
+            path,
+            _FIX_COPY,
+        )
+    if v < len(files):
+        raise RefusedError(
+            f"config.json expert_model_parallel_size = {v} but there are {len(files)} expert rank files: "
+            "the files are not all of the run this config is from",
+            path,
+            _FIX_RESAVE,
+        )
+
+
 def expert_count(path: Path, config: dict[str, Any]) -> tuple[int | None, str]:
     """The number of routed experts config.json gives (:data:`surgery.arch.EXPERT_COUNT_KEYS` of its
     model_type), and the keys it is read from (for messages).
@@ -397,6 +424,7 @@ def plan_expert_merge(src: Path, names: set[str]) -> MergePlan:
     groups = {(r, 0): [RankFile(f, 0, 0)] for r, f in enumerate(files)}
     require_readable(src, groups)
     config, _, _ = read_config(src)
+    check_ep_degree(src, config, files)
     by_tp, extras = read_ranks(src, container, groups)
     by_rank = [by_tp[r] for r in range(len(files))]
     merged, kinds = plan_experts(src, config, by_rank)
