@@ -104,6 +104,19 @@ def test_resize_resizes_the_vocabulary_moments(tmp_path, vocab):
     ).items()
 
 
+def test_a_hidden_by_vocab_head_gets_new_columns(tmp_path):
+    """PaddleNLP Llama's head is a Linear ``[hidden, vocab]``: its moments grow by columns."""
+    ck, state = with_optimizer(tmp_path, paths.CASES_DIR / "pnlp_llama_untied")
+    tietool.resize(ck, 128, tmp_path / "out", keep_training_state=True)
+    after, _ = arrays(tmp_path / "out" / "optimizer.pdopt")
+    for acc in ("moment1", "moment2"):
+        a, b = state[f"llama_lm_head_0.w_0_{acc}_0"], after[f"llama_lm_head_0.w_0_{acc}_0"]
+        assert a.shape == (16, 100) and b.shape == (16, 128)
+        assert b[:, :100].tobytes() == a.tobytes() and not b[:, 100:].any()
+        e = after[f"embedding_0.w_0_{acc}_0"]
+        assert e.shape == (128, 16) and e[:100].tobytes() == state[f"embedding_0.w_0_{acc}_0"].tobytes()
+
+
 def test_other_training_state_is_carried_and_unchanged_resize_keeps_it(tmp_path):
     ck, _ = with_optimizer(tmp_path)
     (ck / "trainer_state.json").write_text('{"global_step": 5}')
@@ -260,11 +273,13 @@ def test_paddle_resumes_from_the_resized_optimizer(tmp_path):
         resized = {k for k in state if k.startswith(("embedding_0.w_0_moment", "lm_head_0.w_0_moment"))}
         check_resized(state, after, resized, optim_worker.VOCAB, new)
     tietool.resize(tmp_path / "bf16", 64, tmp_path / "b64", keep_training_state=True)
-    jobs = [str(tmp_path / n) for n in ("r64", "r56", "stale", "b64")]
+    rep = tietool.resize(tmp_path / "tied", 64, tmp_path / "t64", keep_training_state=True)
+    assert [d["name"] for d in rep["dropped"]] == ["lm_head.weight"]  # the duplicate head (same parameter)
+    jobs = [str(tmp_path / n) for n in ("r64", "r56", "stale", "b64", "t64")]
     (tmp_path / "jobs.json").write_text(json.dumps([[j, j.endswith("b64")] for j in jobs]))
     optim_worker.run("resume", str(tmp_path / "jobs.json"), str(tmp_path / "res.json"))
     res = json.loads((tmp_path / "res.json").read_text())
-    for j in jobs[:2]:
+    for j in jobs[:2] + jobs[4:]:
         assert res[j]["ok"], res[j]["error"]
         assert res[j]["shapes"]["embedding_0.w_0:moment1"] == res[j]["params"]["embedding_0.w_0"]
         assert np.isfinite(res[j]["loss"])

@@ -110,10 +110,12 @@ def resized_params(plan: Plan) -> list[Resized]:
         m = ex.get("StructuredToParameterName@@")
         if isinstance(m, dict):
             s2p.update({k: v for k, v in m.items() if isinstance(k, str) and isinstance(v, str)})
-    if plan.add or plan.drop:
-        names = [t.name for t in plan.add] + list(plan.drop)
+    kept = {s2p.get(n) for n in ck.tensors if n not in plan.drop}
+    # a dropped tensor whose parameter another tensor keeps (a tied checkpoint's duplicate head) is no loss
+    lost = [t.name for t in plan.add] + [n for n in plan.drop if s2p.get(n) is None or s2p[n] not in kept]
+    if lost:
         raise _refuse(
-            ck.path, "", f"cannot follow a plan that adds or drops tensors ({', '.join(names[:3])})"
+            ck.path, "", f"cannot follow a plan that adds or drops parameters ({', '.join(lost[:3])})"
         )
     out = []
     for name, nt in plan.replace.items():

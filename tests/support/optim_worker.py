@@ -4,7 +4,8 @@
 hidden]``), AdamW with a cosine learning-rate schedule, one training step; the model saved with the legacy
 save (``model_state.pdparams`` with ``StructuredToParameterName@@``) and the optimizer with
 ``paddle.save(optimizer.state_dict(), "optimizer.pdopt")``, as the Trainer saves a checkpoint (``fp32/``).
-Also ``bf16/``: the same model in bfloat16 with ``multi_precision`` AdamW, its accumulators and fp32 master
+Also ``tied/`` (``tie_word_embeddings=True``; the saved duplicate head maps to the embedding's parameter)
+and ``bf16/``: the same model in bfloat16 with ``multi_precision`` AdamW, its accumulators and fp32 master
 weights created (``_create_accumulators``: CPU has no bf16 matmul to train a step), saved the same way.
 
 ``python optim_worker.py resume JOBS.json RESULTS.json``: for each ``[folder, bf16]``, the model loaded with
@@ -38,12 +39,12 @@ def run(*args: str, timeout: float = 600) -> None:
         raise RuntimeError(f"optim_worker {args[0]} failed (exit {cp.returncode}):\n{cp.stderr[-3000:]}")
 
 
-def _model(dtype: str = "float32"):
+def _model(dtype: str = "float32", tied: bool = False):
     from paddleformers.transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
         vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
-        num_key_value_heads=2, tie_word_embeddings=False, fuse_rms_norm=False,
+        num_key_value_heads=2, tie_word_embeddings=tied, fuse_rms_norm=False,
     )  # fmt: skip
     m = LlamaForCausalLM(cfg)
     if dtype != "float32":
@@ -86,6 +87,13 @@ def _build(root: Path) -> None:
     paddle.seed(21)
     with paddle.utils.unique_name.guard():
         _build_bf16(root, kw)
+    paddle.seed(21)
+    with paddle.utils.unique_name.guard():  # tied: the saved duplicate head maps to the embedding's parameter
+        model = _model(tied=True)
+        opt, sched = _optimizer(model)
+        _step(model, opt, sched, [IDS[0][:5]])
+        model.save_pretrained(str(root / "tied"), **kw)
+        paddle.save(opt.state_dict(), str(root / "tied" / "optimizer.pdopt"))
 
 
 def _build_bf16(root: Path, kw: dict) -> None:
