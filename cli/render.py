@@ -94,7 +94,7 @@ def left_out(con: Console, items: list[dict], index: str | None, fmt: str, writi
         elif not writing:
             con.print(
                 f"training state: {name}: {why}; tie/untie/resize leave it out of their output "
-                "(resize --keep-training-state copies it)"
+                "(resize / add-tokens --keep-training-state keep it, resized with the vocabulary)"
             )
         elif x["kept"]:
             con.print(
@@ -103,7 +103,8 @@ def left_out(con: Console, items: list[dict], index: str | None, fmt: str, writi
         else:
             con.print(
                 f"training state left out of the output (not copied): {name}: {why}, and the parameters "
-                "changed, so it no longer matches them (resize --keep-training-state copies it)",
+                "changed, so it no longer matches them (resize / add-tokens --keep-training-state keep it, "
+                "resized)",
                 style="yellow",
             )
 
