@@ -54,6 +54,8 @@ class Limits:
         name: bytes of a global's module or name (GLOBAL/INST lines, STACK_GLOBAL strings).
         line: bytes of an INT/PUT/GET text line.
         dims: dimensions of an array (numpy's own limit: 64).
+        nested_arrays: arrays may also sit in a dict one level below the top (an optimizer's
+            ``master_weights``); elsewhere an array inside a non-tensor value is refused.
     """
 
     depth: int = 32
@@ -62,6 +64,7 @@ class Limits:
     name: int = 1024
     line: int = 64
     dims: int = 64
+    nested_arrays: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,14 +78,12 @@ class AllowList:
         calls: ``(module, name)`` → simulation; a global not in it is refused (``UnsafePickleError``).
         classes: globals that may appear only as an argument (``numpy.ndarray`` given to ``_reconstruct``).
         limits: the bounds of a walk.
-        nested_arrays: arrays may sit in a dict below the top level (an optimizer's ``master_weights``).
     """
 
     what: str
     calls: Mapping[tuple[str, str], Callable[[tuple[Any, ...]], Any]]
     classes: frozenset[tuple[str, str]] = frozenset()
     limits: Limits = Limits()
-    nested_arrays: bool = False
 
     @cached_property
     def globals(self) -> frozenset[tuple[str, str]]:
@@ -287,7 +288,7 @@ def _walk(f: BinaryIO, path: Path, size: int, rules: AllowList) -> dict[str, Any
     stack = w.stack
     if len(stack) != 1 or not isinstance(stack[0], dict):
         raise _refuse(path, "the pickle does not hold a {name: array} dict")
-    _check_values(path, stack[0], rules.limits, size, rules.nested_arrays)
+    _check_values(path, stack[0], rules.limits, size)
     return stack[0]
 
 
@@ -295,9 +296,7 @@ def _children(x: Any) -> Any:
     return (y for kv in x.items() for y in kv) if type(x) is dict else x
 
 
-def _check_values(
-    path: Path, top: dict[Any, Any], lim: Limits, size: int, nested_arrays: bool = False
-) -> None:
+def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> None:
     """Refuse a result no weights file has, before any code walks it: a value that contains itself, one
     nested deeper than ``lim.depth``, more than ``size + lim.nodes_beyond_size`` values counted at every
     reference (a memo bomb), or a walker stand-in (an array, a dtype, a global) inside a non-tensor value.
@@ -337,7 +336,7 @@ def _check_values(
                     todo.append((c, iter(_children(c))))
                     counts.append(1)
                     break
-                nested = nested_arrays and t is _Array and type(x) is dict and len(todo) == 1
+                nested = lim.nested_arrays and t is _Array and type(x) is dict and len(todo) == 1
                 if isinstance(c, _STAND_INS) and not nested:  # nested: an array in a top-level dict
                     raise _refuse(path, f"entry {_show(name)} holds {_stand_in(c)} inside a non-tensor value")
                 counts[-1] += 1
@@ -847,7 +846,7 @@ OPTIMIZER = AllowList(
     "a Paddle optimizer state file",
     {**WEIGHTS.calls, ("builtins", "tuple"): _named_tensor},
     classes=WEIGHTS.classes,
-    nested_arrays=True,
+    limits=Limits(nested_arrays=True),
 )
 """``optimizer.pdopt``: a weights pickle, plus Tensors pickled as ``tuple((name, array))`` and arrays in the
 ``master_weights`` dict (``paddle.save`` of an optimizer state dict with master weights goes through
