@@ -95,7 +95,7 @@ def left_out(con: Console, items: list[dict], index: str | None, fmt: str, writi
         elif not writing:
             con.print(
                 f"training state: {name}: {why}; tie/untie/resize leave it out of their output "
-                "(resize --keep-training-state copies it)"
+                "(resize / add-tokens --keep-training-state keep it, resized with the vocabulary)"
             )
         elif x["kept"]:
             con.print(
@@ -104,7 +104,8 @@ def left_out(con: Console, items: list[dict], index: str | None, fmt: str, writi
         else:
             con.print(
                 f"training state left out of the output (not copied): {name}: {why}, and the parameters "
-                "changed, so it no longer matches them (resize --keep-training-state copies it)",
+                "changed, so it no longer matches them (resize / add-tokens --keep-training-state keep it, "
+                "resized)",
                 style="yellow",
             )
 
@@ -466,7 +467,20 @@ def report(rep: dict, as_json: bool = False) -> None:
             how = "kept as the same link" if fl["kept"] else "written as a real folder of its files"
             con.print(f"symlinked folder {fl['link']} → {fl['target']} ({fl['files']} files): {how}")
     _messages(con, rep["notes"], rep["warnings"])
-    left_out(con, rep.get("left_out", []), rep["index"], rep["format"], writing=True)
+    resized = rep.get("training_state_resized") or {}
+    left_out(
+        con,
+        [x for x in rep.get("left_out", []) if x["file"] not in resized],
+        rep["index"],
+        rep["format"],
+        writing=True,
+    )
+    for f, names in resized.items():
+        con.print(
+            f"training state {'to be ' if rep.get('dry_run') else ''}resized: {f}: {len(names)} optimizer "
+            "accumulators / master weights of the resized parameters (new entries 0 / the new weight rows, "
+            "old entries bit for bit), everything else copied"
+        )
 
 
 def done_state(rep: dict) -> str:
@@ -570,10 +584,14 @@ def merge(rep: dict, as_json: bool = False) -> None:
             f"{', '.join(rep['weight_files'])}; nothing was written"
         )
     else:
+        ranks = (
+            f"{rep['expert_parallel']} expert-parallel, numbered {' / '.join(rep['expert_numbering'] or [])}"
+            if rep.get("expert_parallel", 1) > 1
+            else f"{rep['tensor_parallel']} tensor-parallel x {rep['pipeline_parallel']} pipeline"
+        )
         print(
-            f"merged {len(rep['rank_files'])} rank files ({rep['tensor_parallel']} tensor-parallel x "
-            f"{rep['pipeline_parallel']} pipeline) into {rep['output']}: {len(rep['tensors'])} tensors in "
-            f"{', '.join(rep['weight_files'])}"
+            f"merged {len(rep['rank_files'])} rank files ({ranks}) into {rep['output']}: "
+            f"{len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
         )
     _stale_notes(rep)
 

@@ -42,6 +42,7 @@ from .plan.merge import plan_merge
 from .plan.plan import DEFAULT_MAX_SHARD_SIZE, Plan, check_dtypes, parse_size
 from .plan.resize import plan_resize
 from .plan.tie import plan_tie
+from .plan.training_state import plan_training_state
 from .plan.untie import plan_untie
 from .results import Inspection, Report
 from .verify import VerifyResult
@@ -404,15 +405,22 @@ class _InPlace:
 def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = False) -> Planner:
     """The :class:`Planner` of tie / untie / resize: ``make_plan`` followed by
     :func:`surgery.plan.plan.check_dtypes` (a tensor in a dtype tietool cannot compute in, such as a float8
-    vocabulary table, is refused by name before anything is written); the report of
-    :func:`surgery.report.build`."""
+    vocabulary table, is refused by name before anything is written) and, with ``keep_training_state``,
+    the optimizer files resized with it (:func:`surgery.plan.training_state.plan_training_state`, which
+    refuses a format it cannot resize); the report of :func:`surgery.report.build`."""
 
     def report(plan: Plan, out: str, facts: dict | None, dry_run: bool = True) -> dict:
         if facts is None:
             return report_mod.build(plan, None, out, dry_run=dry_run, keep_training_state=keep_training_state)
         return report_mod.build(plan, facts, out)
 
-    return Planner(plan=lambda c: check_dtypes(make_plan(c)), report=report)
+    def plan(c: Checkpoint) -> Plan:
+        p = check_dtypes(make_plan(c))
+        if keep_training_state:
+            p.training_edit = plan_training_state(p)
+        return p
+
+    return Planner(plan=plan, report=report)
 
 
 def _swap(ckpt_path: Path, staging: Path, bak: Path | None, token: str) -> inplace.Swapped:
