@@ -31,19 +31,20 @@ from typing import Any, TypeVar
 from . import report as report_mod
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
-from .io import store, surface
+from .io import flex, store, surface
 from .io.checkpoint import Checkpoint
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
 from .plan import convert as convert_plan
 from .plan import merge as merge_plan
+from .plan import merge_flex
 from .plan.add_tokens import InitChoice, parse_init, plan_add_tokens
 from .plan.merge import plan_merge
 from .plan.plan import DEFAULT_MAX_SHARD_SIZE, Plan, check_dtypes, parse_size
 from .plan.resize import plan_resize
 from .plan.tie import plan_tie
 from .plan.untie import plan_untie
-from .results import Inspection, Report
+from .results import Inspection, Report, Totals
 from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import inplace
@@ -126,6 +127,9 @@ def inspect(
     """
     where = _path(path, "path")
     remote, before = not store.store_for(where).on_disk, store.TRANSFER.snapshot()
+    folder = None if remote else _flex_only(where)
+    if folder is not None:  # a flex checkpoint: its structure, and how to merge it (issue 21)
+        return Inspection(flex.summary(flex.open_flex(folder)))
     try:
         # what a killed in-place run left (a missing folder is restored); object storage has no such runs
         rec = inplace.Recovery() if remote else inplace.recover(where)
@@ -144,6 +148,15 @@ def inspect(
     if remote:
         info["transferred"] = store.TRANSFER.since(before).as_dict()
     return Inspection(info)
+
+
+def _flex_only(where: Any) -> flex.FlexFolder | None:
+    """The flex checkpoint at local ``where`` when it holds no whole-model weights beside (a
+    ``checkpoint-N/`` with HF weights from ``save_hf_steps`` is inspected as those weights)."""
+    folder = flex.find(Path(where))
+    if folder is None or any(Path(where).glob("*.safetensors")) or any(Path(where).glob("*.pdparams")):
+        return None
+    return folder
 
 
 def _detection(
@@ -795,6 +808,8 @@ def merge(
         before, after = report_mod.merge_totals(plan)
         return {"before": before, "after": after}
 
+    if flex.find(Path(str(path))) is not None:
+        return run(_flex_planner(limit), path, out, dry_run=dry_run, progress=progress)
     merged = Planner(
         open=_rank_folder,
         plan=lambda src: (limit(), plan_merge(src))[1],
@@ -803,6 +818,30 @@ def merge(
         totals=totals,
     )
     return run(merged, path, out, dry_run=dry_run, progress=progress)
+
+
+def _flex_planner(limit: Callable[[], int]) -> Planner:
+    """:func:`merge` of a flex checkpoint (:mod:`surgery.plan.merge_flex`)."""
+
+    def report(plan: merge_flex.FlexPlan, where: str, facts: dict | None, dry_run: bool = True) -> dict:
+        if facts is None:  # a dry run: the files a run would write
+            new = merge_flex.new_checkpoint(plan, limit())
+            lay = reshard(new.tensors, new.layout.container, limit())
+            facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
+            facts.update(carried=[n for _, n in plan.carry], dry_run=True)
+        return merge_flex.report(plan, where, facts)
+
+    def totals(plan: merge_flex.FlexPlan) -> dict:
+        (bp, bb), (ap, ab) = merge_flex.totals(plan)
+        return {"before": Totals(bp, bb), "after": Totals(ap, ab)}
+
+    return Planner(
+        open=_rank_folder,
+        plan=lambda src: (limit(), merge_flex.plan_flex(src))[1],
+        report=report,
+        write=lambda p: merge_flex.new_checkpoint(p, limit()),
+        totals=totals,
+    )
 
 
 def _rank_folder(src: Path) -> Path:

@@ -75,17 +75,37 @@ class AllowList:
         calls: ``(module, name)`` → simulation; a global not in it is refused (``UnsafePickleError``).
         classes: globals that may appear only as an argument (``numpy.ndarray`` given to ``_reconstruct``).
         limits: the bounds of a walk.
+        records: classes whose instances are simulated as plain :class:`Record` s (created by NEWOBJ or
+            REDUCE with no arguments, their fields set by BUILD of a dict of field name → value, as pickle
+            restores a dataclass): never imported, never called. A record may be a dict key (identity).
+        top_record: the pickle's top level is one such record (a flex ``.metadata``), not a dict.
     """
 
     what: str
     calls: Mapping[tuple[str, str], Callable[[tuple[Any, ...]], Any]]
     classes: frozenset[tuple[str, str]] = frozenset()
     limits: Limits = Limits()
+    records: frozenset[tuple[str, str]] = frozenset()
+    top_record: bool = False
 
     @cached_property
     def globals(self) -> frozenset[tuple[str, str]]:
         """Every global the pickle may name."""
-        return frozenset(self.calls) | self.classes
+        return frozenset(self.calls) | self.classes | self.records
+
+
+class Record:
+    """A simulated instance of an allowed record class (:attr:`AllowList.records`): the class's
+    ``(module, name)`` and the fields BUILD gave it (names are strings, values plain values or records).
+    Hashed by identity: a record used as a dict key (the flex ``storage_metadata``) is never looked up by
+    value, so no field is hashed."""
+
+    __slots__ = ("cls", "fields", "built")
+
+    def __init__(self, cls: tuple[str, str]):
+        self.cls = cls
+        self.fields: dict[str, Any] = {}
+        self.built = False
 
 
 class _Global:
@@ -282,6 +302,11 @@ def _walk(f: BinaryIO, path: Path, size: int, rules: AllowList) -> dict[str, Any
     else:
         raise _too_big(path, f"more opcodes than the file's {size} bytes")
     stack = w.stack
+    if rules.top_record:
+        if len(stack) != 1 or type(stack[0]) is not Record:
+            raise _refuse(path, f"the pickle does not hold one record, as {rules.what} does")
+        _check_values(path, {"": stack[0]}, rules.limits, size)
+        return {"": stack[0]}
     if len(stack) != 1 or not isinstance(stack[0], dict):
         raise _refuse(path, "the pickle does not hold a {name: array} dict")
     _check_values(path, stack[0], rules.limits, size)
@@ -289,7 +314,9 @@ def _walk(f: BinaryIO, path: Path, size: int, rules: AllowList) -> dict[str, Any
 
 
 def _children(x: Any) -> Any:
-    return (y for kv in x.items() for y in kv) if type(x) is dict else x
+    if type(x) is dict:
+        return (y for kv in x.items() for y in kv)
+    return x.fields.values() if type(x) is Record else x
 
 
 def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> None:
@@ -306,7 +333,7 @@ def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> No
     budget = size + lim.nodes_beyond_size
     sizes: dict[int, int] = {}
     for name, v in top.items():
-        if type(v) not in (dict, list, tuple):
+        if type(v) not in (dict, list, tuple, Record):
             if isinstance(v, _STAND_INS) and not isinstance(v, _Array):
                 raise _refuse(path, f"entry {_show(name)} is a bare {_stand_in(v)}, not a value")
             continue
@@ -317,7 +344,7 @@ def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> No
             x, it = todo[-1]
             for c in it:
                 t = type(c)
-                if t is dict or t is list or t is tuple:
+                if t is dict or t is list or t is tuple or t is Record:
                     i = id(c)
                     if i in sizes:
                         counts[-1] += sizes[i]
@@ -422,7 +449,7 @@ class _Walker:
         """
         if type(k) is str:
             return k
-        if isinstance(k, _KEY_LEAVES):
+        if isinstance(k, _KEY_LEAVES) or type(k) is Record:  # a record: hashed by identity
             return k
         if type(k) is not tuple:
             raise _refuse(self.path, f"a dict key is {_show(k)} (a weights pickle's keys are names)")
@@ -499,8 +526,8 @@ class _Walker:
                 raise _too_big(self.path, f"a global's module or name is longer than {lim:,} bytes")
         if (module, name) not in self.rules.globals:
             raise UnsafePickleError(
-                f"refused to unpickle: the pickle calls {module}.{name}, which a weights file never needs "
-                "(nothing was executed)",
+                f"refused to unpickle: the pickle calls {module}.{name}, which {self.rules.what} never "
+                "needs (nothing was executed)",
                 self.path,
                 "do not load this file with paddle.load/pickle; get the weights from a trusted source",
             )
@@ -524,6 +551,10 @@ class _Walker:
         """
         if not isinstance(fn, _Global):
             raise ValueError("REDUCE on a non-global")
+        if (fn.module, fn.name) in self.rules.records:
+            if args != ():
+                raise ValueError(f"{fn.module}.{fn.name} made with arguments (a record takes none)")
+            return Record((fn.module, fn.name))
         call = self.rules.calls.get((fn.module, fn.name))
         if call is None:
             raise ValueError(f"cannot call {fn.module}.{fn.name}")
@@ -721,6 +752,10 @@ class _Walker:
                 obj.order = state[1]
         elif type(obj) is dict and type(state) is dict:
             self.setitems(obj, [x for kv in state.items() for x in kv], "BUILD")
+        elif type(obj) is Record and type(state) is dict and not obj.built:
+            if not all(type(k) is str for k in state):
+                raise ValueError(f"BUILD of {obj.cls[1]} with a field name that is not a string")
+            obj.fields, obj.built = state, True
         else:
             raise ValueError("BUILD on an unsupported object")
 
