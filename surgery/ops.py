@@ -18,6 +18,7 @@ renamed (or swapped) into place. ``convert`` and ``merge`` write a whole new che
 from __future__ import annotations
 
 import numbers
+import os
 import shutil
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -32,7 +33,7 @@ from . import report as report_mod
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
 from .io import flex, store, surface
-from .io.checkpoint import Checkpoint
+from .io.checkpoint import REPORT_NAME, Checkpoint
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
 from .plan import convert as convert_plan
@@ -49,7 +50,7 @@ from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import inplace
 from .write.layout import reshard
-from .write.publish import check_output_path, fsync_dir, fsync_tree
+from .write.publish import check_output_path, fsync_dir, fsync_tree, write_json
 from .write.writer import execute
 
 PathArg = str | PathLike[str]
@@ -809,7 +810,7 @@ def merge(
         return {"before": before, "after": after}
 
     if flex.find(Path(str(path))) is not None:
-        return run(_flex_planner(limit), path, out, dry_run=dry_run, progress=progress)
+        return _merge_flex(path, out, limit, dry_run, progress)
     merged = Planner(
         open=_rank_folder,
         plan=lambda src: (limit(), plan_merge(src))[1],
@@ -818,6 +819,33 @@ def merge(
         totals=totals,
     )
     return run(merged, path, out, dry_run=dry_run, progress=progress)
+
+
+def _merge_flex(
+    path: PathArg, out: PathArg, limit: Callable[[], int], dry_run: bool, progress: ProgressFactory | None
+) -> Report:
+    """:func:`merge` of a flex checkpoint. The tensors are the model's in-memory state dict (Paddle layout:
+    Linear weights ``[in, out]``), which a plain PaddleFormers ``from_pretrained`` of safetensors loads
+    wrongly without a warning (measured: ``save_pretrained`` writes them ``[out, in]``); so for a model type
+    :data:`surgery.arch.CONVERSIONS` knows, the merged checkpoint is written to a staging folder beside
+    ``out`` and converted by :func:`convert` to the PaddleFormers layout (names, transposes and the head
+    proven there, from the shapes), the staging folder then removed; the report is merge's, with the
+    conversion's facts under ``converted``. Another model type is written as saved, said in a warning."""
+    planner = _flex_planner(limit)
+    if dry_run or not merge_flex.convertible(Path(str(path))):
+        return run(planner, path, out, dry_run=dry_run, progress=progress)
+    dest = _path(out, "out")
+    check_output_path(_path(path, "path"), dest)
+    staging = Path(dest).parent / f".tietool-flex-{Path(dest).name}-{os.getpid()}"
+    try:
+        rep = run(planner, path, staging, progress=progress)
+        conv = convert(staging, Target.PADDLEFORMERS, dest, max_shard_size=limit(), progress=progress)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    merged = merge_flex.with_conversion(dict(rep), dict(conv), str(dest))
+    write_json(Path(dest) / REPORT_NAME, merged)
+    before = Totals(rep.parameters_before, rep.bytes_before)
+    return Report(merged, before=before, after=Totals(conv.parameters_after, conv.bytes_after))
 
 
 def _flex_planner(limit: Callable[[], int]) -> Planner:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import arch
 from ..io import flex, pdparams_io, surface
 from ..io.checkpoint import REPORT_NAME, read_config
 from ..io.flex import FlexCheckpoint, FlexSlice, FlexTensor
@@ -345,7 +346,7 @@ def new_checkpoint(plan: FlexPlan, max_shard_size: int) -> NewCheckpoint:
         Reshard(Container.SAFETENSORS, max_shard_size),
         plan.new_config,
         carry=plan.carry,
-        st_metadata={"format": "pt"},
+        st_metadata={"format": "np"},  # the Paddle layout ([in, out]), as convert labels it
     )
 
 
@@ -366,9 +367,19 @@ def report(plan: FlexPlan, out: str, facts: dict[str, Any]) -> dict[str, Any]:
         "config_from": str(plan.config_file),
         "config_changes": plan.config_changes,
         "left_out": plan.left,
+        "to_paddleformers_layout": convertible(ck.folder.root),
+        "warnings": [] if convertible(ck.folder.root) else [_AS_SAVED],
         **facts,
         "tensors": [_facts(t) for t in plan.merged],
     }
+
+
+_AS_SAVED = (
+    "the tensors are written as the training run held them (names and Paddle layout, Linear weights "
+    "[in, out]): tietool has no conversion data for this model_type (or no config.json names one), so they "
+    "are not converted to the PaddleFormers layout; a plain PaddleFormers from_pretrained may load them "
+    "wrongly"
+)
 
 
 def _facts(t: OutTensor) -> dict[str, Any]:
@@ -394,3 +405,32 @@ def totals(plan: FlexPlan) -> tuple[tuple[int, int], tuple[int, int]]:
     ]
     before = (sum(n for n, _ in stored), sum(b for _, b in stored))
     return before, (sum(t.numel for t in plan.merged), sum(t.nbytes for t in plan.merged))
+
+
+def convertible(src: Path) -> bool:
+    """The flex checkpoint at ``src`` has a config.json whose ``model_type`` :data:`surgery.arch.CONVERSIONS`
+    knows, so its Paddle-layout tensors can be converted to the PaddleFormers layout (False otherwise, and
+    when there is no flex checkpoint or config: :func:`plan_flex` then refuses or writes as saved)."""
+    folder = flex.find(src)
+    if folder is None:
+        return False
+    for d in (folder.root, folder.root.parent):
+        if (d / "config.json").is_file():
+            mt = read_config(d)[0].get("model_type")
+            return isinstance(mt, str) and arch.conversion_row(mt) is not None
+    return False
+
+
+def with_conversion(rep: dict[str, Any], conv: dict[str, Any], out: str) -> dict[str, Any]:
+    """The report of a flex merge converted to the PaddleFormers layout: merge's report for ``out``, its
+    written-file facts the conversion's, the conversion's renames, transposes, notes and config changes
+    under ``converted``."""
+    keep = ("to", "renamed", "transposed", "split", "config_changes", "notes", "warnings")
+    rep.update(
+        output=out,
+        weight_files=conv.get("weight_files", rep.get("weight_files")),
+        index=conv.get("index", rep.get("index")),
+        total_size=conv.get("total_size", rep.get("total_size")),
+        converted={k: conv[k] for k in keep if k in conv},
+    )
+    return rep
