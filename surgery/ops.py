@@ -50,7 +50,7 @@ from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import inplace
 from .write.layout import reshard
-from .write.publish import check_output_path, fsync_dir, fsync_tree, write_json
+from .write.publish import TMP_TAG, check_output_path, fsync_dir, fsync_tree, write_json
 from .write.writer import execute
 
 PathArg = str | PathLike[str]
@@ -836,7 +836,8 @@ def _merge_flex(
         return run(planner, path, out, dry_run=dry_run, progress=progress)
     dest = _path(out, "out")
     check_output_path(_path(path, "path"), dest)
-    staging = Path(dest).parent / f".tietool-flex-{Path(dest).name}-{os.getpid()}"
+    # a temporary folder by publish's pattern (.NAME.tietool-tmp-PID...): a killed run's is removed later
+    staging = Path(dest).parent / f".{Path(dest).name}{TMP_TAG}{os.getpid()}-flex"
     try:
         rep = run(planner, path, staging, progress=progress)
         conv = convert(staging, Target.PADDLEFORMERS, dest, max_shard_size=limit(), progress=progress)

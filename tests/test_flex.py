@@ -1,0 +1,353 @@
+"""Flex checkpoints (issue 21): recognised, inspected, refused by every other command, merged.
+
+The inputs are real checkpoints written by paddle 3.3.1 ``save_state_dict`` (``tests/data/flex``, see its
+README); the oracle is ``paddle.distributed.load_state_dict`` of each into full-size tensors in one process
+(``oracle.npz``, bf16 as uint16 bits). Damaged inputs (gaps, overlaps, replicas) are copies whose
+``.metadata`` is rewritten by :func:`support.flex_support.write_metadata` (not by paddle); hostile ones are
+hand-made pickles.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import adversarial_support as av
+from support import flex_support as fx
+
+from tietool.surgery.io import flex
+from tietool.surgery.plan.merge_flex import flat_boxes, gap
+
+PY = sys.executable
+needs_data = pytest.mark.skipif(not (fx.DATA / "ranks2").is_dir(), reason="tests/data/flex not present")
+
+
+def _merged(out: Path) -> dict[str, tuple[str, list[int], bytes]]:
+    got: dict[str, tuple[str, list[int], bytes]] = {}
+    for f in sorted(out.glob("*.safetensors")):
+        got.update(av.st_tensors(f))
+    return got
+
+
+# ------------------------------------------------------------------------------------------ pure parts
+@pytest.mark.parametrize("shape", [(7,), (3, 5), (2, 3, 4), (4, 1, 3)])
+def test_flat_boxes_cover_each_range_once_in_order(shape: tuple[int, ...]) -> None:
+    n = int(np.prod(shape))
+    ref = np.arange(n).reshape(shape)
+    for a in range(n + 1):
+        for b in range(a, n + 1):
+            boxes = flat_boxes(shape, a, b)
+            flat = []
+            for (lo, hi), pos in boxes:
+                block = ref[tuple(slice(x, y) for x, y in zip(lo, hi, strict=True))].reshape(-1)
+                assert block[0] == pos if block.size else True
+                flat += block.tolist()
+            assert flat == list(range(a, b)), (shape, a, b, boxes)
+
+
+def test_gap_on_the_grid_of_boundaries() -> None:
+    assert gap((6, 4), [((0, 0), (3, 4)), ((3, 0), (6, 4))]) is None
+    assert gap((6, 4), [((0, 0), (3, 4)), ((4, 0), (6, 4))]) == (3, 0)
+    assert gap((3, 8), [((0, 0), (3, 4)), ((0, 4), (3, 7))]) == (0, 7)
+    assert gap((), [((), ())]) is None
+
+
+# ------------------------------------------------------------------------------------------ recognition
+@needs_data
+def test_recognises_the_three_places(tmp_path: Path) -> None:
+    bare = fx.copy_folder("ranks2", tmp_path / "bare")
+    assert flex.find(bare) == flex.FlexFolder(bare, bare, ())
+    ck = tmp_path / "out" / "checkpoint-4"
+    fx.copy_folder("ranks2", ck / "model_state")
+    (ck / "optimizer_state").mkdir()
+    (ck / "master_weight").mkdir()
+    assert flex.find(ck) == flex.FlexFolder(ck, ck / "model_state", ("optimizer_state", "master_weight"))
+    assert flex.find(tmp_path / "out") is None
+    assert flex.find(av.CASES / av.ST_ONE) is None
+
+
+@needs_data
+@pytest.mark.parametrize("name", fx.FOLDERS)
+def test_metadata_read_as_the_oracle_says(name: str) -> None:
+    oracle = json.loads((fx.DATA / name / "oracle.json").read_text())["tensors"]
+    got = fx.read(fx.DATA / name)
+    assert {k: {"dtype": t.dtype, "shape": list(t.shape)} for k, t in got.items()} == oracle
+
+
+# ---------------------------------------------------------------------------------------- inspect, refusals
+@needs_data
+def test_inspect_lists_a_trainer_checkpoint(tmp_path: Path) -> None:
+    ck = tmp_path / "checkpoint-2"
+    fx.copy_folder("ranks2", ck / "model_state")
+    (ck / "optimizer_state").mkdir()
+    (ck / "config.json").write_text('{"model_type": "llama"}')
+    run = av.run_cli(["inspect", ck, "--json"])
+    assert run.rc == 0, run.describe()
+    info = json.loads(run.stdout)
+    oracle = json.loads((fx.DATA / "ranks2" / "oracle.json").read_text())["tensors"]
+    assert info["kind"] == "flex" and info["ranks"] == [0, 1] and info["model_type"] == "llama"
+    assert [f["file"] for f in info["files"]] == ["model_state/0_0.distcp", "model_state/1_0.distcp"]
+    assert info["metadata"] == "model_state/0.metadata" and info["state_folders"] == ["optimizer_state"]
+    assert {t["name"]: {"dtype": t["dtype"], "shape": t["shape"]} for t in info["tensors"]} == oracle
+    assert {t["name"]: t["slices"] for t in info["tensors"]}["rep.fp32"] == 1
+    text = av.run_cli(["inspect", ck])
+    assert text.rc == 0 and "flex checkpoint" in text.stdout and "tietool merge" in text.stdout
+
+
+@needs_data
+@pytest.mark.parametrize("command", ["tie", "untie", "resize", "add-tokens", "convert", "verify"])
+def test_other_commands_say_merge_first(command: str, tmp_path: Path) -> None:
+    ck = tmp_path / "checkpoint-2"
+    fx.copy_folder("ranks2", ck / "model_state", {"model_type": "llama"})
+    (ck / "config.json").write_text('{"model_type": "llama"}')
+    out = tmp_path / "out"
+    argv = {
+        "add-tokens": ["add-tokens", ck, "<x>", "--out", out],
+        "convert": ["convert", ck, "--to", "safetensors", "--out", out],
+        "verify": ["verify", ck, av.CASES / av.ST_ONE],
+    }.get(command) or av.command_argv(command, ck, out)
+    before = av.tree_state(ck)
+    run = av.run_cli(argv)
+    av.assert_refused(run, 5, ["flex checkpoint", "tietool merge"], out=out)
+    assert av.tree_state(ck) == before
+
+
+# ------------------------------------------------------------------------------------------ merge
+@needs_data
+@pytest.mark.parametrize("name", fx.FOLDERS)
+def test_merge_equals_load_state_dict_bit_for_bit(name: str, tmp_path: Path) -> None:
+    src = fx.copy_folder(name, tmp_path / name)
+    out = tmp_path / "merged"
+    run = av.run_cli(["merge", src, "--out", out, "--json"])
+    assert run.rc == 0, run.describe()
+    rep = json.loads(run.stdout)
+    assert rep["kind"] == "flex" and rep["warnings"] and not rep["to_paddleformers_layout"]
+    oracle = np.load(fx.DATA / name / "oracle.npz")
+    dtypes = json.loads((fx.DATA / name / "oracle.json").read_text())["tensors"]
+    got = _merged(out)
+    assert set(got) == set(oracle.files)
+    for k in oracle.files:
+        dt, shape, raw = got[k]
+        assert dt == {"float32": "F32", "bfloat16": "BF16"}[dtypes[k]["dtype"]], k
+        assert shape == list(oracle[k].shape) and raw == oracle[k].tobytes(), k
+    assert not av.leftovers(out)
+
+
+@needs_data
+def test_merge_dry_run_writes_nothing(tmp_path: Path) -> None:
+    src = fx.copy_folder("flat2", tmp_path / "flat2")
+    out = tmp_path / "merged"
+    run = av.run_cli(["merge", src, "--out", out, "--dry-run", "--json"])
+    assert run.rc == 0, run.describe()
+    rep = json.loads(run.stdout)
+    assert rep["dry_run"] and [t["name"] for t in rep["tensors"]] == list(fx.read(src))
+    assert not out.exists()
+
+
+def _edited(tmp_path: Path, edit) -> Path:
+    src = fx.copy_folder("ranks2", tmp_path / "ranks2")
+    tensors = fx.read(src)
+    tensors = edit(tensors)
+    fx.write_metadata(src / "0.metadata", tensors)
+    return src
+
+
+@needs_data
+def test_our_metadata_writer_matches_paddle(tmp_path: Path) -> None:
+    """The rewritten .metadata (unchanged tensors) reads back the same and merges to the same bytes."""
+    src = _edited(tmp_path, lambda ts: ts)
+    assert fx.read(src) == fx.read(fx.DATA / "ranks2")
+    run = av.run_cli(["merge", src, "--out", tmp_path / "m"])
+    assert run.rc == 0, run.describe()
+
+
+@needs_data
+def test_gap_refused_naming_the_tensor(tmp_path: Path) -> None:
+    def drop(ts):
+        t = ts["rows.fp32"]
+        return {**ts, "rows.fp32": replace(t, slices=t.slices[:1])}
+
+    src = _edited(tmp_path, drop)
+    before = av.tree_state(src)
+    out = tmp_path / "m"
+    run = av.run_cli(["merge", src, "--out", out])
+    av.assert_refused(run, 3, ["rows.fp32", "element [3, 0]"], out=out)
+    assert av.tree_state(src) == before
+
+
+@needs_data
+def test_overlap_that_disagrees_refused_naming_both_files(tmp_path: Path) -> None:
+    def shift(ts):  # rank 1's rows 3:6 claimed to be rows 2:5: row 2 twice (different values), row 5 never
+        t = ts["rows.fp32"]
+        s1 = replace(t.slices[1], offset=(2, 0))
+        return {**ts, "rows.fp32": replace(t, slices=(t.slices[0], s1))}
+
+    out = tmp_path / "m"
+    run = av.run_cli(["merge", _edited(tmp_path, shift), "--out", out])
+    av.assert_refused(run, 5, ["rows.fp32", "0_0.distcp", "1_0.distcp"], out=out)
+
+
+@needs_data
+def test_replica_equal_accepted_different_refused(tmp_path: Path) -> None:
+    def same(ts):  # a second copy of rep.fp32's slice, in the same file: equal
+        t = ts["rep.fp32"]
+        return {**ts, "rep.fp32": replace(t, slices=(*t.slices, replace(t.slices[0], replica=1)))}
+
+    run = av.run_cli(["merge", _edited(tmp_path / "a", same), "--out", tmp_path / "a" / "m"])
+    assert run.rc == 0, run.describe()
+
+    def other(ts):  # rows.fp32's rank-0 slice also "held" by 1_0.distcp (whose rows are 3:6): differs
+        t = ts["rows.fp32"]
+        twin = replace(t.slices[0], file="1_0.distcp", replica=1)
+        return {**ts, "rows.fp32": replace(t, slices=(*t.slices, twin))}
+
+    out = tmp_path / "b" / "m"
+    run = av.run_cli(["merge", _edited(tmp_path / "b", other), "--out", out])
+    av.assert_refused(run, 5, ["rows.fp32", "1_0.distcp"], out=out)
+
+
+@needs_data
+def test_truncated_distcp_one_line_naming_it(tmp_path: Path) -> None:
+    src = fx.copy_folder("ranks2", tmp_path / "ranks2")
+    data = (src / "1_0.distcp").read_bytes()
+    (src / "1_0.distcp").write_bytes(data[: len(data) // 2])
+    out = tmp_path / "m"
+    run = av.run_cli(["merge", src, "--out", out])
+    av.assert_refused(run, 3, ["1_0.distcp"], out=out)
+
+
+@needs_data
+def test_missing_distcp_named(tmp_path: Path) -> None:
+    src = fx.copy_folder("ranks2", tmp_path / "ranks2")
+    (src / "1_0.distcp").unlink()
+    out = tmp_path / "m"
+    run = av.run_cli(["merge", src, "--out", out])
+    av.assert_refused(run, 3, ["1_0.distcp"], out=out)
+
+
+# ------------------------------------------------------------------------------------------ hostile metadata
+def _hostile(tmp_path: Path, payload: bytes) -> Path:
+    src = fx.copy_folder("single", tmp_path / "single")
+    (src / "0.metadata").write_bytes(payload)
+    return src
+
+
+MARK = "FLEX_PWNED"
+
+
+def _payloads(marker: Path) -> dict[str, tuple[bytes, int]]:
+    cmd = f"touch {marker}".encode()
+    meta = flex.MODULE.encode()
+    return {
+        "os.system": (b"\x80\x02cos\nsystem\nq\x00X" + len(cmd).to_bytes(4, "little") + cmd + b"\x85R.", 4),
+        "builtins.eval": (
+            b"\x80\x04\x8c\x08builtins\x8c\x04eval\x93\x8c" + bytes([len(cmd)]) + cmd + b"\x85R.",
+            4,
+        ),
+        "another class of the module": (b"\x80\x04\x8c" + bytes([len(meta)]) + meta + b"\x8c\x02os\x93).", 4),
+        "a record called with arguments": (
+            b"\x80\x04\x8c" + bytes([len(meta)]) + meta + b"\x8c\x08Metadata\x93\x8c\x01x\x85R.",
+            3,
+        ),
+        "a huge length": (b"\x80\x04\x8d" + (2**62).to_bytes(8, "little") + b"x.", 3),
+        "not a record": (b"\x80\x04}.", 3),
+    }
+
+
+@pytest.mark.parametrize("what", list(_payloads(Path("x"))))
+def test_hostile_metadata_refused_nothing_run(what: str, tmp_path: Path) -> None:
+    if not (fx.DATA / "single").is_dir():
+        pytest.skip("tests/data/flex not present")
+    marker = tmp_path / MARK
+    payload, code = _payloads(marker)[what]
+    src = _hostile(tmp_path, payload)
+    for argv in (["inspect", src], ["merge", src, "--out", tmp_path / "m"]):
+        run = av.run_cli(argv)
+        av.assert_refused(run, code, ["0.metadata"], out=tmp_path / "m")
+        assert not marker.exists()
+
+
+def test_hostile_payload_is_live(tmp_path: Path) -> None:
+    """The os.system payload really runs under pickle.loads (in a throw-away subprocess)."""
+    marker = tmp_path / MARK
+    payload, _ = _payloads(marker)["os.system"]
+    (tmp_path / "p").write_bytes(payload)
+    code = f"import pickle; pickle.loads(open({str(tmp_path / 'p')!r}, 'rb').read())"
+    subprocess.run([PY, "-c", code], check=False, timeout=60)
+    assert marker.exists()
+
+
+# ------------------------------------------------------------------------------------------ PaddleFormers
+_MAKE = textwrap.dedent(
+    """
+    import os, sys, numpy as np, paddle, paddle.distributed as dist
+    from paddleformers.transformers import LlamaConfig, LlamaForCausalLM
+    root = sys.argv[1]
+    ids = paddle.to_tensor([[1, 5, 7, 9, 3, 11, 2, 17], [4, 4, 8, 30, 31, 12, 6, 39]])
+    for dtype in ("float32", "bfloat16"):
+        paddle.seed(3)
+        cfg = LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=False,
+                          fuse_rms_norm=False)
+        m = LlamaForCausalLM(cfg)
+        if dtype == "bfloat16":
+            m = m.to(dtype="bfloat16")
+        ck = os.path.join(root, dtype, "checkpoint-2")
+        sd = m.sharded_state_dict()
+        for v in sd.values():  # as the Trainer's _save_flex_model_state does
+            v.local_tensor = paddle.Tensor(v.local_tensor)
+        dist.save_state_dict(sd, os.path.join(ck, "model_state"))
+        m.config.save_pretrained(ck)
+        ref = LlamaForCausalLM(cfg)  # a fresh fp32 model with the saved weights (buffers such as the
+        ref.set_state_dict({k: v.astype("float32") for k, v in m.state_dict().items()})  # rope's in fp32)
+        ref.eval()
+        out = ref(ids)
+        logits = out.logits if hasattr(out, "logits") else out[0]
+        np.save(os.path.join(root, dtype, "logits.npy"), logits.numpy())
+    """
+)
+_LOAD = textwrap.dedent(
+    """
+    import sys, numpy as np, paddle
+    from paddleformers.transformers import LlamaForCausalLM
+    ids = paddle.to_tensor([[1, 5, 7, 9, 3, 11, 2, 17], [4, 4, 8, 30, 31, 12, 6, 39]])
+    for folder, ref in zip(sys.argv[1::2], sys.argv[2::2]):
+        m = LlamaForCausalLM.from_pretrained(folder, dtype="float32")
+        m.eval()
+        out = m(ids)
+        got = (out.logits if hasattr(out, "logits") else out[0]).numpy()
+        want = np.load(ref)
+        print(folder, np.array_equal(got, want), float(np.abs(got - want).max()))
+    """
+)
+
+
+@pytest.mark.slow
+def test_merged_trainer_checkpoint_loads_with_the_same_logits(tmp_path: Path) -> None:
+    """A PaddleFormers Llama's ``sharded_state_dict`` saved as the Trainer saves it (``checkpoint-N/
+    model_state/``, fp32 and bf16), merged by tietool, loads with ``from_pretrained`` and gives the saved
+    model's logits bit for bit (Linear weights converted to the PaddleFormers layout)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    subprocess.run([PY, "-c", _MAKE, str(tmp_path)], check=True, timeout=600, env=env, capture_output=True)
+    args = []
+    for dtype in ("float32", "bfloat16"):
+        out = tmp_path / f"merged-{dtype}"
+        run = av.run_cli(["merge", tmp_path / dtype / "checkpoint-2", "--out", out, "--json"])
+        assert run.rc == 0, run.describe()
+        rep = json.loads(run.stdout)
+        assert rep["to_paddleformers_layout"] and rep["converted"]["transposed"]
+        assert not av.leftovers(out)
+        labels = {v[0] for v in _merged(out).values()}
+        assert labels == ({"F32"} if dtype == "float32" else {"BF16"})
+        args += [str(out), str(tmp_path / dtype / "logits.npy")]
+    res = subprocess.run([PY, "-c", _LOAD, *args], timeout=600, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith(str(tmp_path))]
+    assert len(lines) == 2 and all(" True " in ln for ln in lines), res.stdout
