@@ -700,6 +700,9 @@ def _verify_text(res: dict) -> None:
 
 def _many_row(info: dict) -> list[str]:
     """Table cells of one inspection: vocab rows, hidden size, head layout, tie state, tying's savings."""
+    if info.get("kind") == "flex":  # a flex checkpoint: no vocabulary surface until it is merged
+        what = f"flex checkpoint, {len(info['ranks'])} rank(s), {info['num_tensors']} tensors: merge it first"
+        return [str(info["path"]), f"{what} ({info.get('model_type')})", *[""] * 5]
     tie, head = info["tie"], info["head"]
     tied = (
         "tied" if tie["config"] else "untied"

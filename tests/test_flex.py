@@ -351,3 +351,13 @@ def test_merged_trainer_checkpoint_loads_with_the_same_logits(tmp_path: Path) ->
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(str(tmp_path))]
     assert len(lines) == 2 and all(" True " in ln for ln in lines), res.stdout
+
+
+@needs_data
+def test_inspect_of_several_folders_names_the_flex_one(tmp_path: Path) -> None:
+    src = fx.copy_folder("ranks2", tmp_path / "ranks2")
+    run = av.run_cli(["inspect", src, av.CASES / av.ST_ONE])
+    assert run.rc == 0, run.describe()
+    assert "flex checkpoint" in run.stdout and "8 tensors" in run.stdout
+    both = json.loads(av.run_cli(["inspect", src, av.CASES / av.ST_ONE, "--json"]).stdout)
+    assert [r.get("kind") for r in both] == ["flex", None]
