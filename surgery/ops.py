@@ -18,11 +18,10 @@ renamed (or swapped) into place. ``convert`` and ``merge`` write a whole new che
 from __future__ import annotations
 
 import numbers
-import os
 import shutil
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
 from os import PathLike
@@ -33,7 +32,7 @@ from . import report as report_mod
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
 from .io import flex, store, surface
-from .io.checkpoint import REPORT_NAME, Checkpoint
+from .io.checkpoint import Checkpoint
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
 from .plan import convert as convert_plan
@@ -50,7 +49,7 @@ from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import inplace
 from .write.layout import reshard
-from .write.publish import TMP_TAG, check_output_path, fsync_dir, fsync_tree, write_json
+from .write.publish import check_output_path, fsync_dir, fsync_tree
 from .write.writer import execute
 
 PathArg = str | PathLike[str]
@@ -827,26 +826,45 @@ def _merge_flex(
     """:func:`merge` of a flex checkpoint. The tensors are the model's in-memory state dict (Paddle layout:
     Linear weights ``[in, out]``), which a plain PaddleFormers ``from_pretrained`` of safetensors loads
     wrongly without a warning (measured: ``save_pretrained`` writes them ``[out, in]``); so for a model type
-    :data:`surgery.arch.CONVERSIONS` knows, the merged checkpoint is written to a staging folder beside
-    ``out`` and converted by :func:`convert` to the PaddleFormers layout (names, transposes and the head
-    proven there, from the shapes), the staging folder then removed; the report is merge's, with the
-    conversion's facts under ``converted``. Another model type is written as saved, said in a warning."""
-    planner = _flex_planner(limit)
-    if dry_run or not merge_flex.convertible(Path(str(path))):
-        return run(planner, path, out, dry_run=dry_run, progress=progress)
-    dest = _path(out, "out")
-    check_output_path(_path(path, "path"), dest)
-    # a temporary folder by publish's pattern (.NAME.tietool-tmp-PID...): a killed run's is removed later
-    staging = Path(dest).parent / f".{Path(dest).name}{TMP_TAG}{os.getpid()}-flex"
-    try:
-        rep = run(planner, path, staging, progress=progress)
-        conv = convert(staging, Target.PADDLEFORMERS, dest, max_shard_size=limit(), progress=progress)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    merged = merge_flex.with_conversion(dict(rep), dict(conv), str(dest))
-    write_json(Path(dest) / REPORT_NAME, merged)
-    before = Totals(rep.parameters_before, rep.bytes_before)
-    return Report(merged, before=before, after=Totals(conv.parameters_after, conv.bytes_after))
+    :data:`surgery.arch.CONVERSIONS` knows, the merged checkpoint (a
+    :class:`~surgery.plan.merge_flex.FlexView`, never written) is converted to the PaddleFormers layout as
+    :func:`convert` converts (names, transposes and the head proven there, from the shapes), in the same
+    pass; the report is merge's, with the conversion's facts under ``converted``. Another model type is
+    written as saved, said in a warning."""
+    if not merge_flex.convertible(Path(str(path))):
+        return run(_flex_planner(limit), path, out, dry_run=dry_run, progress=progress)
+
+    def plan(src: Path) -> tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]:
+        limit()
+        fp = merge_flex.plan_flex(src)
+        cp = convert_plan.check_dtypes(
+            convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS)
+        )
+        return fp, cp
+
+    def write(p: tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]) -> Any:
+        new = convert_plan.new_checkpoint(p[1], limit())
+        return replace(new, carry=p[0].carry)
+
+    def report(p: tuple, where: str, facts: dict | None, dry_run: bool = True) -> dict:
+        if facts is None:  # a dry run: the files a run would write
+            new = write(p)
+            lay = reshard(new.tensors, new.layout.container, limit())
+            facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
+            facts.update(carried=[n for _, n in p[0].carry], dry_run=True)
+        conv = report_mod.convert_report(p[1], Target.PADDLEFORMERS, where, dict(facts))
+        return merge_flex.with_conversion(merge_flex.report(p[0], where, facts), conv, where)
+
+    def totals(p: tuple) -> dict:
+        (bp, bb), (ap, ab) = merge_flex.totals(p[0])
+        after = p[1].tensors
+        return {
+            "before": Totals(bp, bb),
+            "after": Totals(sum(t.numel for t in after), sum(t.nbytes for t in after)),
+        }
+
+    planner = Planner(open=_rank_folder, plan=plan, report=report, write=write, totals=totals)
+    return run(planner, path, out, dry_run=dry_run, progress=progress)
 
 
 def _flex_planner(limit: Callable[[], int]) -> Planner:

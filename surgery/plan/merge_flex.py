@@ -17,7 +17,8 @@ twice); the writer drops it once written.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +26,10 @@ import numpy as np
 
 from .. import arch
 from ..io import flex, pdparams_io, surface
-from ..io.checkpoint import REPORT_NAME, read_config
+from ..io.checkpoint import REPORT_NAME, Checkpoint, read_config
 from ..io.flex import FlexCheckpoint, FlexSlice, FlexTensor
 from ..io.regular import require_regular
+from ..io.safetensors_io import Source
 from ..model.enums import Container
 from ..model.errors import CheckpointError, RefusedError
 from ..model.tensor import TensorInfo
@@ -434,3 +436,52 @@ def with_conversion(rep: dict[str, Any], conv: dict[str, Any], out: str) -> dict
         converted={k: conv[k] for k in keep if k in conv},
     )
     return rep
+
+
+@dataclass
+class FlexView(Checkpoint):
+    """The merged flex checkpoint as a :class:`~surgery.io.checkpoint.Checkpoint` that is never written:
+    its tensors' headers are the merged ones (safetensors labels, no file), their data assembled on demand
+    (:func:`assemble`, the last one kept, so a tensor read again, as a fused projection split in parts is,
+    is assembled once). :func:`surgery.plan.convert.plan_convert` plans on it and the writer reads from it,
+    so the conversion to the PaddleFormers layout is the same single pass as the merge."""
+
+    recipes: dict[str, Assembled] = field(default_factory=dict)
+    _last: tuple[str, Array] | None = field(default=None, repr=False, compare=False)
+
+    def load(self, name: str) -> Array:
+        if self._last is None or self._last[0] != name:
+            self._last = None  # dropped before the next is made: one assembled tensor at a time
+            self._last = (name, assemble(self.recipes[name]))
+        return self._last[1]
+
+    def source(self, name: str) -> Source:
+        return Source(array=self.load(name))
+
+    def iter_rows(
+        self, name: str, chunk_rows: int, start: int = 0, stop: int | None = None
+    ) -> Iterator[Array]:
+        a = self.load(name)
+        if a.ndim == 0:
+            yield a
+            return
+        stop = a.shape[0] if stop is None else stop
+        for s in range(start, stop, chunk_rows):
+            yield a[s : min(s + chunk_rows, stop)]
+
+
+def flex_view(plan: FlexPlan) -> FlexView:
+    """The :class:`FlexView` of a planned flex merge (its merged config, its tensors)."""
+    tensors = {t.name: TensorInfo(t.name, t.dtype, t.shape, "", -1, t.nbytes) for t in plan.merged}
+    recipes = {t.name: t.recipe for t in plan.merged if isinstance(t.recipe, Assembled)}
+    return FlexView(
+        plan.ck.folder.root,
+        dict(plan.new_config),
+        Container.SAFETENSORS,
+        False,
+        None,
+        None,
+        [],
+        tensors,
+        recipes=recipes,
+    )
