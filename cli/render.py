@@ -685,6 +685,8 @@ def _verify_text(res: dict) -> None:
                 f"{lg.get('token_ids_below')}: max |difference| {lg.get('max_abs_diff'):.3g} "
                 f"({'same' if lg['ok'] else 'DIFFERENT'})"
             )
+    for n in res.get("notes", ()):
+        con.print(f"note: {n}")
     if res["explained"] and lg and lg.get("ok") is None:
         con.print(
             "verdict: every tensor difference is explained by tie/untie/resize/add-tokens; the logits were "

@@ -64,6 +64,7 @@ class VerifyResult:
     unexplained: list[str] = field(default_factory=list)
     logits: dict | None = None
     tokenizer: dict | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def explained(self) -> bool:
@@ -98,6 +99,7 @@ class VerifyResult:
             "changed": self.changed,
             "config_differences": self.config,
             "unexplained": self.unexplained,
+            "notes": self.notes,
             "tokenizer": self.tokenizer,
             "logits": self.logits,
             "logits_compared": self.logits_compared if self.logits is not None else None,
@@ -156,7 +158,7 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     _compare_configs(cmp.res, A, B, cmp.da, cmp.db)
     _compare_metadata(cmp.res, A, B)
     _compare_other_files(cmp.res, A, B, _tokenizer_names(A, B, tok.sets))
-    _compare_tokenizers(cmp.res, A, B, tok, cmp.db.vocab_rows)
+    _compare_tokenizers(cmp.res, A, B, tok, (cmp.da.vocab_rows, cmp.db.vocab_rows))
     _left_at_old_size(cmp.res, cmp.da, cmp.db)
     return cmp.res
 
@@ -578,12 +580,14 @@ def _file_changes(A: Checkpoint, B: Checkpoint, names: set[str], explained: bool
 
 
 def _compare_tokenizers(
-    res: VerifyResult, A: Checkpoint, B: Checkpoint, tok: _Tokenizers, rows_b: int
+    res: VerifyResult, A: Checkpoint, B: Checkpoint, tok: _Tokenizers, rows: tuple[int, int]
 ) -> None:
     """The tokenizer files of each folder agree with each other; every token of the input keeps its id
     in the output; the output's new tokens are the ones its ``tietool-report.json`` lists; len(tokenizer)
     of the output is at most its embedding's rows; tokenizer files differ only in the tokens they list.
-    Each broken rule is unexplained (exit 7), naming the token or file."""
+    Each broken rule is unexplained (exit 7), naming the token or file. A problem the input already has
+    (the same disagreement, a tokenizer longer than the rows by as much or more) is not a difference the
+    operation made: it is a note."""
     (sa, sb), (va, vb), added, removed = tok.sets, tok.vocab, tok.added, tok.removed
     changes = _token_changes(va, vb, added, removed)
     res.tokenizer = {
@@ -593,17 +597,33 @@ def _compare_tokenizers(
         "removed": [{"content": c, "id": i} for i, c in sorted(removed.items()) if i not in vb],
         "changes": changes,
     }
-    for label, ts in (("input", sa), ("output", sb)):
-        res.unexplained += [f"the {label}'s tokenizer files disagree: {d}" for d in ts.disagreements]
-    res.unexplained += changes
-    if sb.length is not None and sb.length > rows_b:
-        res.unexplained.append(
-            f"the output's tokenizer has {sb.length} tokens but its embedding only {rows_b} rows: ids "
-            f"{rows_b}..{sb.length - 1} have no row"
+    res.notes += [f"the input's tokenizer files disagree: {d}" for d in sa.disagreements]
+    for d in sb.disagreements:
+        (res.notes if d in sa.disagreements else res.unexplained).append(
+            f"the output's tokenizer files disagree: {d}"
+            + (" (as the input's do)" if d in sa.disagreements else "")
         )
+    res.unexplained += changes
+    _rows_for_tokens(res, (sa.length, sb.length), rows)
     names = _tokenizer_names(A, B, tok.sets)
     explained = bool(added or removed) and not changes
     res.unexplained += _file_changes(A, B, names, explained, bool(removed))
+
+
+def _rows_for_tokens(
+    res: VerifyResult, lengths: tuple[int | None, int | None], rows: tuple[int, int]
+) -> None:
+    """len(tokenizer) <= rows in the output: unexplained when the output lacks rows for its tokens, a note
+    when the input lacked as many or more (the operation did not make it worse)."""
+    (la, lb), (ra, rb) = lengths, rows
+    if lb is None or lb <= rb:
+        return
+    line = f"the output's tokenizer has {lb} tokens but its embedding only {rb} rows: ids {rb}..{lb - 1} "
+    line += "have no row"
+    if la is not None and la - ra >= lb - rb:
+        res.notes.append(f"{line} (the input's has {la} tokens for {ra} rows)")
+    else:
+        res.unexplained.append(line)
 
 
 def _t5_scale(det) -> float | None:

@@ -351,3 +351,37 @@ def test_verify_explains_a_resize_trim_that_removes_tokens(tmp_path):
     (out / "tietool-report.json").write_text(json.dumps(rep))
     res = verify(src, out)
     assert "token '<think>' (id 303) is not in the output's tokenizer" in res.unexplained
+
+
+def test_a_shortfall_the_input_already_has_is_a_note_not_a_difference(tmp_path):
+    """The input's tokenizer already has more tokens than rows (case b20's `<pad>` of added_tokens.json):
+    an operation that leaves it so (tie, untie, convert, a resize to the same rows) did not make the
+    difference, so verify notes it and exits 0; one that makes it worse (fewer rows) is still exit 7."""
+    before = write_checkpoint(tmp_path / "before", trained_rows(312), "bytelevel_bpe")
+    _add(before, [f"<extra_{k}>" for k in range(10)], report=False)  # 314 tokens for 312 rows
+    same = _after(before)
+    res = verify(before, same)
+    assert res.exit_code == ExitCode.OK, res.unexplained
+    assert res.notes == [
+        "the output's tokenizer has 314 tokens but its embedding only 312 rows: ids 312..313 have no row "
+        "(the input's has 314 tokens for 312 rows)"
+    ]
+    worse = tmp_path / "worse"
+    shutil.copytree(before, worse)
+    _save_rows(worse, _rows(before)[:311])
+    res = verify(before, worse)
+    assert (
+        "the output's tokenizer has 314 tokens but its embedding only 311 rows: ids 311..313 have no row"
+        in res.unexplained
+    )
+
+
+def test_a_disagreement_the_input_already_has_is_a_note(before):
+    """Tokenizer files that disagree in the input and, the same way, in the output: a note (the input's
+    problem), not a difference of the operation; a new disagreement in the output is exit 7 (above)."""
+    _add(before, ["<tool_call>"], decoder=False, report=False)
+    after = _after(before)
+    res = verify(before, after)
+    assert res.exit_code == ExitCode.OK, res.unexplained
+    assert any(n.startswith("the input's tokenizer files disagree: ") for n in res.notes), res.notes
+    assert any(n.endswith("(as the input's do)") for n in res.notes), res.notes
