@@ -361,3 +361,42 @@ def test_inspect_of_several_folders_names_the_flex_one(tmp_path: Path) -> None:
     assert "flex checkpoint" in run.stdout and "8 tensors" in run.stdout
     both = json.loads(av.run_cli(["inspect", src, av.CASES / av.ST_ONE, "--json"]).stdout)
     assert [r.get("kind") for r in both] == ["flex", None]
+
+
+def test_trainer_layout_merged_and_converted_to_the_paddleformers_layout(tmp_path: Path) -> None:
+    """A Trainer-like ``output/checkpoint-7/`` (config.json and tokenizer files in ``output/``, the Trainer's
+    resume files beside ``model_state/``): merged, every Linear weight transposed to ``[out, in]`` and every
+    other tensor kept, bits unchanged; tokenizer files carried from above, the resume files left out."""
+    state = fx.llama_state()
+    run_dir = tmp_path / "output"
+    ck = run_dir / "checkpoint-7"
+    fx.write_flex(ck / "model_state", state)
+    for d in ("optimizer_state", "master_weight"):
+        (ck / d).mkdir()
+    for f in ("training_args.bin", "saved_signal_0", "rng_state_0.pth", "scheduler.pdparams"):
+        (ck / f).write_bytes(b"x")
+    (run_dir / "config.json").write_text(json.dumps(fx.LLAMA))
+    (run_dir / "tokenizer_config.json").write_text("{}")
+    out = tmp_path / "merged"
+    run = av.run_cli(["merge", ck, "--out", out, "--json"])
+    assert run.rc == 0, run.describe()
+    rep = json.loads(run.stdout)
+    assert rep["to_paddleformers_layout"] and rep["config_from"] == str(run_dir / "config.json")
+    assert set(rep["left_out"]) >= {"optimizer_state", "master_weight", "training_args.bin", "saved_signal_0"}
+    got = _merged(out)
+    assert set(got) == set(state)
+    linear = {n for n in state if n.endswith("proj.weight")}
+    assert {t["name"] for t in rep["converted"]["transposed"]} == linear
+    for name, a in state.items():
+        want = a.T if name in linear else a
+        assert got[name][1] == list(want.shape) and got[name][2] == np.ascontiguousarray(want).tobytes(), name
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [
+            "config.json",
+            "tokenizer_config.json",
+            "tietool-report.json",
+            *[f for f in rep["weight_files"]],
+            rep["index"],
+        ]
+    )
+    assert not av.leftovers(out)

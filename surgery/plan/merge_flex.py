@@ -17,6 +17,7 @@ twice); the writer drops it once written.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,10 @@ Headers = dict[str, dict[str, TensorInfo]]  # .distcp file -> its arrays by key
 _FIX = (
     "re-copy the flex checkpoint from the training run (its .metadata and .distcp files are written together)"
 )
+TRAINER_FILES = re.compile(r"^(training_args\.bin|trainer_state\.(json|bin)|saved_signal_\d+|rng_state.*)$")
+"""Files of the Trainer's resume point in a ``checkpoint-N/`` (PaddleFormers 1.2 ``utils/env.py``
+``TRAINING_ARGS_NAME``, ``TRAINER_STATE_NAME``; ``trainer.py``'s ``saved_signal_<rank>``,
+``rng_state_<rank>``): left out of the merged model, as the optimizer and master-weight folders are."""
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -298,7 +303,7 @@ def _carried(ck: FlexCheckpoint, config_file: Path) -> tuple[list[tuple[Path, st
             continue
         if flex.DATA_RE.match(n) or flex.META_RE.match(n) or n.endswith(".metadata.lock"):
             continue  # the input itself (a flex folder named directly)
-        if p.is_dir() or surface.TRAINING_STATE.match(n):
+        if p.is_dir() or surface.TRAINING_STATE.match(n) or TRAINER_FILES.match(n):
             left.append(n)
         elif n.endswith((".lock",) + surface.WEIGHT_EXT):
             left.append(n)
