@@ -23,7 +23,7 @@ from support import adversarial_support as av
 from support import flex_support as fx
 
 from tietool.surgery.io import flex
-from tietool.surgery.plan.merge_flex import flat_boxes, gap
+from tietool.surgery.plan.merge_flex import Piece, flat_boxes, gap, overlaps
 
 PY = sys.executable
 needs_data = pytest.mark.skipif(not (fx.DATA / "ranks2").is_dir(), reason="tests/data/flex not present")
@@ -57,6 +57,21 @@ def test_gap_on_the_grid_of_boundaries() -> None:
     assert gap((6, 4), [((0, 0), (3, 4)), ((4, 0), (6, 4))]) == (3, 0)
     assert gap((3, 8), [((0, 0), (3, 4)), ((0, 4), (3, 7))]) == (0, 7)
     assert gap((), [((), ())]) is None
+
+
+def test_overlaps_found_by_the_sweep_on_rows_and_columns() -> None:
+    s = flex.FlexSlice("0_0.distcp", "w", (0, 0), (1, 1))
+
+    def pieces(boxes):
+        return [Piece(s, b, 0) for b in boxes]
+
+    cols = [((0, 4 * k), (64, 4 * k + 4)) for k in range(16)]  # 16 column shards: disjoint
+    assert list(overlaps(pieces(cols))) == []
+    cols.append(((10, 6), (20, 9)))  # across shards 1 and 2
+    got = {(p.box, q.box, sub) for p, q, sub in overlaps(pieces(cols))}
+    assert {sub for _, _, sub in got} == {((10, 6), (20, 8)), ((10, 8), (20, 9))}
+    rows = [((8 * k, 0), (8 * k + 8, 3)) for k in range(8)] + [((7, 0), (9, 3))]
+    assert {sub for _, _, sub in overlaps(pieces(rows))} == {((7, 0), (8, 3)), ((8, 0), (9, 3))}
 
 
 # ------------------------------------------------------------------------------------------ recognition

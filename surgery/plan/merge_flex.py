@@ -135,20 +135,55 @@ def _intersect(x: Box, y: Box) -> Box | None:
     return (lo, hi) if all(a < b for a, b in zip(lo, hi, strict=True)) else None
 
 
+MAX_PIECES = 1 << 16
+"""The most boxes one tensor's slices may make (a slice is one box, a flattened one at most 2 × axes - 1):
+far above any real save (a slice per rank), low enough that a crafted .metadata cannot make checking slow."""
+GRID_CELLS = 1 << 24
+"""The most cells the coverage grid of one tensor may have (16 M bools): only needed where slices overlap
+(and agree) or leave a gap; a metadata whose slices would need more is refused (no real save comes near)."""
+
+
 def gap(shape: tuple[int, ...], boxes: list[Box]) -> tuple[int, ...] | None:
     """The first element of ``shape`` no box covers (None: every one is), on the grid of the boxes' own
-    boundaries (cells: the distinct blocks; the tensor's size never matters)."""
+    boundaries (cells: the distinct blocks; the tensor's size never matters).
+
+    Raises:
+        ValueError: the grid would have more than :data:`GRID_CELLS` cells.
+    """
     if math.prod(shape) == 0:
         return None
     cuts = [sorted({0, n, *(b[0][k] for b in boxes), *(b[1][k] for b in boxes)}) for k, n in enumerate(shape)]
+    if math.prod(len(c) - 1 for c in cuts) > GRID_CELLS:
+        raise ValueError("too many distinct slice boundaries")
+    where = [{x: i for i, x in enumerate(c)} for c in cuts]
     grid = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
     for lo, hi in boxes:
-        idx = tuple(slice(c.index(a), c.index(b)) for c, a, b in zip(cuts, lo, hi, strict=True))
-        grid[idx] = True
+        grid[tuple(slice(w[a], w[b]) for w, a, b in zip(where, lo, hi, strict=True))] = True
     if grid.all():
         return None
     cell = np.argwhere(~grid)[0] if grid.ndim else ()
     return tuple(cuts[k][int(i)] for k, i in enumerate(cell))
+
+
+def overlaps(out: list[Piece]) -> Iterator[tuple[Piece, Piece, Box]]:
+    """Every pair of pieces that share elements, with the shared box: a sweep along the axis with the most
+    distinct starts (rows for row shards and flattened slices, columns for column shards), so that
+    disjoint slices cost about ``n log n``, not ``n²``."""
+    if not out or not out[0].box[0]:
+        for i, p in enumerate(out):  # 0-d: every piece is the one element
+            for q in out[i + 1 :]:
+                yield p, q, p.box
+        return
+    nd = len(out[0].box[0])
+    ax = max(range(nd), key=lambda k: len({p.box[0][k] for p in out}))
+    active: list[Piece] = []
+    for p in sorted(out, key=lambda x: x.box[0][ax]):
+        active = [q for q in active if q.box[1][ax] > p.box[0][ax]]
+        for q in active:
+            sub = _intersect(q.box, p.box)
+            if sub is not None:
+                yield q, p, sub
+        active.append(p)
 
 
 def piece_array(path: Path, p: Piece, info: TensorInfo) -> Array:
@@ -229,14 +264,28 @@ def check_tensor(ck: FlexCheckpoint, t: FlexTensor, headers: dict[str, dict[str,
             continue
         seen[k] = s
         out += pieces(s)
-    for i, p in enumerate(out):
-        for q in out[i + 1 :]:
-            sub = _intersect(p.box, q.box)
-            if sub is not None:
-                _compare(ck, t, p, q, sub, headers)
-    hole = gap(t.shape, [p.box for p in out])
+    if len(out) > MAX_PIECES:
+        raise CheckpointError(
+            f"{t.name!r} has {len(out):,} slices, more than tietool checks ({MAX_PIECES:,})",
+            ck.path_of(ck.metadata),
+            "the .metadata is damaged or crafted; " + _FIX,
+        )
+    shared = False
+    for p, q, sub in overlaps(out):
+        _compare(ck, t, p, q, sub, headers)
+        shared = True
+    held = sum(_volume(p.box) for p in out)
+    if not shared and held == t.numel:  # disjoint boxes inside the tensor holding all its elements
+        return out
+    try:
+        hole = gap(t.shape, [p.box for p in out])
+    except ValueError:
+        raise CheckpointError(
+            f"the {len(out):,} slices of {t.name!r} overlap in too many places to check their coverage",
+            ck.path_of(ck.metadata),
+            "the .metadata is damaged or crafted; " + _FIX,
+        ) from None
     if hole is not None:
-        held = sum(_volume(p.box) for p in out)
         raise CheckpointError(
             f"no slice of {t.name!r} {list(t.shape)} holds element {list(hole)} (the slices hold {held:,} "
             f"elements of its {t.numel:,}, some maybe twice): a rank's file or slice is missing",
