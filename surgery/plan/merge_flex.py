@@ -321,13 +321,36 @@ def _disagree(ck: FlexCheckpoint, t: FlexTensor, a: FlexSlice, b: FlexSlice) -> 
 def assemble(r: Assembled) -> Array:
     """The global tensor of :class:`Assembled` ``r``: an array of its global shape in the stored dtype,
     every piece copied into its box (bits unchanged)."""
-    out = np.empty(r.shape, dtype=np.dtype(r.dtype))
     infos = dict(r.infos)
+    if len(r.pieces) == 1 and r.pieces[0].slice.flat is None:  # one whole block: its stored array
+        p = r.pieces[0]
+        return np.ascontiguousarray(piece_array(r.folder / p.slice.file, p, infos[p.slice.file]))
+    out = np.empty(r.shape, dtype=np.dtype(r.dtype))
     for p in r.pieces:
         path = r.folder / p.slice.file
         info = infos[p.slice.file]
         out[tuple(slice(a, b) for a, b in zip(*p.box, strict=True))] = piece_array(path, p, info)
     return out
+
+
+def assembled_data(r: Assembled) -> Array | Source:
+    """The data of :class:`Assembled` ``r`` for the writer: where its pieces are whole blocks that span
+    every axis but the first (a single slice, row shards, a 1-D tensor's shards) their stored bytes one
+    after another by byte range (:class:`Source`: nothing loaded, as ``merge`` joins rank files on axis 0);
+    else the array :func:`assemble` fills."""
+    infos = dict(r.infos)
+    full = all(
+        p.slice.flat is None
+        and not infos[p.slice.file].fortran
+        and p.box[0][1:] == (0,) * (len(r.shape) - 1)
+        and p.box[1][1:] == r.shape[1:]
+        for p in r.pieces
+    )
+    if not full or not r.shape:
+        return assemble(r)
+    ordered = sorted(r.pieces, key=lambda p: p.box[0][0])
+    parts = [pdparams_io.raw_bytes_source(r.folder / p.slice.file, infos[p.slice.file]) for p in ordered]
+    return parts[0] if len(parts) == 1 else Source(parts=parts)
 
 
 def _config(ck: FlexCheckpoint) -> tuple[dict[str, Any], Path]:

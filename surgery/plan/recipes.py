@@ -344,9 +344,9 @@ def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data
     if isinstance(recipe, Joined):
         return _joined(recipe)
     if isinstance(recipe, Assembled):
-        from .merge_flex import assemble  # the planner's module (it imports this one)
+        from .merge_flex import assembled_data  # the planner's module (it imports this one)
 
-        return assemble(recipe)
+        return assembled_data(recipe)
     assert ckpt is not None, f"internal: {describe(recipe)} needs the input checkpoint"
     if isinstance(recipe, FusedPart):
         return _fused_part(recipe, ckpt)
