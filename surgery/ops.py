@@ -765,7 +765,10 @@ def merge(
     dry_run: bool = False,
     progress: ProgressFactory | None = None,
 ) -> Report:
-    """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``.
+    """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``; or a
+    flex checkpoint (``paddle.distributed.save_state_dict``, the PaddleFormers Trainer's ``checkpoint-N/``),
+    every global tensor assembled from its slices into PaddleFormers safetensors (:func:`_merge_flex`,
+    :mod:`surgery.plan.merge_flex`).
 
     Each tensor is joined by its family's rule (:mod:`surgery.plan.merge`). Values keep their dtype and
     bits (bf16 stays bf16).
