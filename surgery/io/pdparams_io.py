@@ -526,8 +526,9 @@ class _Walker:
                 raise _too_big(self.path, f"a global's module or name is longer than {lim:,} bytes")
         if (module, name) not in self.rules.globals:
             raise UnsafePickleError(
-                f"refused to unpickle: the pickle calls {module}.{name}, which {self.rules.what} never "
-                "needs (nothing was executed)",
+                f"refused to unpickle: the pickle calls {module}.{name}, which "
+                f"{'a weights file' if self.rules is WEIGHTS else self.rules.what} never needs (nothing was "
+                "executed)",
                 self.path,
                 "do not load this file with paddle.load/pickle; get the weights from a trusted source",
             )
