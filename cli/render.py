@@ -353,6 +353,11 @@ def flex_inspect(info: dict) -> None:
     con.print(t)
     for d in info["state_folders"]:
         print(f"training state: {d}/ (a flex folder of its own; not merged into the model)")
+    if info.get("config") is None:
+        print(
+            "note: no config.json here or in the folder above (the Trainer's flex saves write none); merge "
+            "needs the config.json of the model the run started from, copied into the folder"
+        )
     print(f"note: every other command refuses a flex checkpoint; merge it first: {info['next']}")
 
 

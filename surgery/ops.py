@@ -32,7 +32,7 @@ from . import report as report_mod
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
 from .io import flex, store, surface
-from .io.checkpoint import Checkpoint
+from .io.checkpoint import Checkpoint, has_whole
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
 from .plan import convert as convert_plan
@@ -154,9 +154,10 @@ def _flex_only(where: Any) -> flex.FlexFolder | None:
     """The flex checkpoint at local ``where`` when it holds no whole-model weights beside (a
     ``checkpoint-N/`` with HF weights from ``save_hf_steps`` is inspected as those weights)."""
     folder = flex.find(Path(where))
-    if folder is None or any(Path(where).glob("*.safetensors")) or any(Path(where).glob("*.pdparams")):
+    if folder is None:
         return None
-    return folder
+    names = {p.name for p in Path(where).iterdir() if p.is_file()}
+    return None if has_whole(names) else folder
 
 
 def _detection(

@@ -415,3 +415,104 @@ def test_trainer_layout_merged_and_converted_to_the_paddleformers_layout(tmp_pat
         ]
     )
     assert not av.leftovers(out)
+
+
+# ------------------------------------------------------------------------------------------ the real Trainer
+TRAINERS = ("trainer_1rank", "trainer_2rank")
+needs_trainer = pytest.mark.skipif(
+    not (fx.DATA / "trainer_1rank" / "base").is_dir(), reason="tests/data/flex/trainer_* not present"
+)
+
+
+def _trainer_copy(name: str, tmp_path: Path, config: bool = True) -> Path:
+    import shutil
+
+    ck = tmp_path / name / "checkpoint-2"
+    shutil.copytree(fx.DATA / name / "checkpoint-2", ck)
+    if config:  # the Trainer's flex saves write no config.json: the model the run started from has it
+        shutil.copy2(fx.DATA / "trainer_1rank" / "base" / "config.json", ck / "config.json")
+    return ck
+
+
+@needs_trainer
+@pytest.mark.parametrize("name", TRAINERS)
+def test_real_trainer_checkpoint_needs_a_config(name: str, tmp_path: Path) -> None:
+    ck = _trainer_copy(name, tmp_path, config=False)
+    info = json.loads(av.run_cli(["inspect", ck, "--json"]).stdout)
+    assert info["kind"] == "flex" and info["config"] is None
+    assert info["state_folders"] == ["optimizer_state", "master_weight"]
+    out = tmp_path / "m"
+    av.assert_refused(
+        av.run_cli(["merge", ck, "--out", out]), 3, ["config.json", "model_name_or_path"], out=out
+    )
+
+
+@needs_trainer
+@pytest.mark.parametrize("name", TRAINERS)
+def test_real_trainer_checkpoint_merges_to_the_oracle(name: str, tmp_path: Path) -> None:
+    """The real Trainer's checkpoint-2/ (1 rank; 2 ranks with sharding stage 1) merges to
+    ``load_state_dict``'s tensors bit for bit, Linear weights transposed to the PaddleFormers layout (as
+    ``save_pretrained`` writes them: the names and shapes of ``base/``), tokenizer files carried, the
+    Trainer's resume files and the optimizer / master-weight folders left out."""
+    ck = _trainer_copy(name, tmp_path)
+    out = tmp_path / "m"
+    run = av.run_cli(["merge", ck, "--out", out, "--json"])
+    assert run.rc == 0, run.describe()
+    rep = json.loads(run.stdout)
+    turned = {t["name"] for t in rep["converted"]["transposed"]}
+    oracle = np.load(fx.DATA / name / "oracle.npz")
+    got = _merged(out)
+    base = _merged(fx.DATA / "trainer_1rank" / "base")
+    assert {k: v[:2] for k, v in got.items()} == {k: v[:2] for k, v in base.items()}
+    assert set(got) == set(oracle.files) and turned
+    for k in oracle.files:
+        want = np.ascontiguousarray(oracle[k].T) if k in turned else oracle[k]
+        assert got[k][1] == list(want.shape) and got[k][2] == want.tobytes(), k
+    assert {"tokenizer.json", "tokenizer.model", "tokenizer_config.json"} <= set(rep["carried"])
+    assert {"optimizer_state", "master_weight", "training_args.bin", "trainer_state.bin"} <= set(
+        rep["left_out"]
+    )
+
+
+_TRAINER_LOGITS = textwrap.dedent(
+    """
+    import sys, numpy as np, paddle
+    from paddleformers.transformers import LlamaForCausalLM
+    base, ids = sys.argv[1], paddle.to_tensor(np.load(sys.argv[2]))
+    def logits(m):
+        m.eval()
+        out = m(ids)
+        return (out.logits if hasattr(out, "logits") else out[0]).numpy()
+    for merged, oracle in zip(sys.argv[3::2], sys.argv[4::2]):
+        ref = LlamaForCausalLM.from_pretrained(base, dtype="float32")
+        ref.set_state_dict({k: paddle.to_tensor(v) for k, v in np.load(oracle).items()})
+        got = logits(LlamaForCausalLM.from_pretrained(merged, dtype="float32"))
+        want = logits(ref)
+        print("RESULT", merged, np.array_equal(got, want), float(np.abs(got - want).max()))
+    """
+)
+
+
+@pytest.mark.slow
+@needs_trainer
+def test_real_trainer_checkpoint_merged_loads_with_the_trained_logits(tmp_path: Path) -> None:
+    """The merged real-Trainer checkpoints load with PaddleFormers' ``from_pretrained`` and give the logits of
+    the trained model (``load_state_dict``'s tensors set into the model the run started from), bit for bit,
+    computed live in one subprocess."""
+    import shutil
+
+    args = []
+    base = tmp_path / "base"
+    shutil.copytree(fx.DATA / "trainer_1rank" / "base", base)  # from_pretrained writes into the folder
+    for name in TRAINERS:
+        out = tmp_path / f"merged-{name}"
+        run = av.run_cli(["merge", _trainer_copy(name, tmp_path), "--out", out])
+        assert run.rc == 0, run.describe()
+        args += [str(out), str(fx.DATA / name / "oracle.npz")]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    ids = fx.DATA / "trainer_1rank" / "input_ids.npy"
+    cmd = [PY, "-c", _TRAINER_LOGITS, str(base), str(ids), *args]
+    res = subprocess.run(cmd, timeout=600, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
+    assert len(lines) == 2 and all(ln.split()[2] == "True" for ln in lines), res.stdout

@@ -108,9 +108,12 @@ def _refuse_flex(path: Path) -> None:
         raise surface.refuse(surface.Cause.FLEX, path, detail)
 
 
-def _has_whole(names: set[str]) -> bool:
+def has_whole(names: set[str]) -> bool:
     """Whole-model weights under a name save_pretrained writes (single file, index, or shards)."""
     return bool({ST_SINGLE, ST_INDEX, PD_SINGLE, PD_INDEX} & names) or any(SHARD_RE.match(n) for n in names)
+
+
+_has_whole = has_whole
 
 
 def _left_out(path: Path, names: set[str], fmt: Format, taken: set[str | None]) -> list[surface.LeftOut]:

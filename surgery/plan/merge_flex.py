@@ -360,9 +360,11 @@ def _config(ck: FlexCheckpoint) -> tuple[dict[str, Any], Path]:
         if (d / "config.json").is_file():
             return read_config(d)[0], d / "config.json"
     raise CheckpointError(
-        "no config.json beside the flex checkpoint or in the folder above it",
+        "no config.json beside the flex checkpoint or in the folder above it (the Trainer's flex saves, "
+        "checkpoint-N/ and save_model's, write none)",
         root,
-        "copy the model's config.json (saved with the run) into the folder, then merge again",
+        "copy the config.json of the model the run started from (its model_name_or_path) into the folder, "
+        "then merge again",
     )
 
 
