@@ -516,3 +516,60 @@ def test_real_trainer_checkpoint_merged_loads_with_the_trained_logits(tmp_path: 
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
     assert len(lines) == 2 and all(ln.split()[2] == "True" for ln in lines), res.stdout
+
+
+# ------------------------------------------------------------------------------ flexdata's hostile set
+HOSTILE = fx.DATA / "hostile"
+# case -> (exit of merge, the file its one line names); inspect reads the .metadata only, so a problem of the
+# .distcp data (or of coverage) is found by merge alone
+HOSTILE_MERGE = {
+    "distcp_os_system": (4, "1_0.distcp"),
+    "dtype_vs_array": (3, "0.metadata"),
+    "gap_missing_slice": (3, "0.metadata"),
+    "global_builtins_eval": (4, "0.metadata"),
+    "global_os_system": (4, "0.metadata"),
+    "global_os_system_only": (4, "0.metadata"),
+    "global_same_module_other_name": (4, "0.metadata"),
+    "huge_bytes_length": (3, "0.metadata"),
+    "huge_global_shape": (3, "0.metadata"),
+    "huge_string_length": (3, "0.metadata"),
+    "key_missing_in_file": (3, "0_0.distcp"),
+    "local_shape_vs_array": (3, "1_0.distcp"),
+    "memo_get_missing": (3, "0.metadata"),
+    "missing_distcp": (3, "1_0.distcp"),
+    "negative_offset": (3, "0.metadata"),
+    "newobj_with_args": (3, "0.metadata"),
+    "offset_out_of_range": (3, "0.metadata"),
+    "overlap_disagreeing_replica": (5, "0_0.distcp"),
+    "overlap_offsets": (5, "1_0.distcp"),
+    "path_escape_absolute": (3, "0.metadata"),
+    "path_escape_parent": (3, "0.metadata"),
+    "reduce_allowed_class": (3, "0.metadata"),
+    "truncated_distcp": (3, "1_0.distcp"),
+    "truncated_metadata": (3, "0.metadata"),
+    "unknown_record_field": (3, "0.metadata"),
+    "wrong_type_offset": (3, "0.metadata"),
+}
+HOSTILE_OK = ("overlap_equal_replica", "huge_frame")  # an equal replica; a FRAME length is only a hint
+
+
+@pytest.mark.skipif(not HOSTILE.is_dir(), reason="tests/data/flex/hostile not present")
+@pytest.mark.parametrize("case", sorted(HOSTILE_MERGE) + list(HOSTILE_OK))
+def test_flexdata_hostile_folders(case: str, tmp_path: Path) -> None:
+    import shutil
+
+    src = tmp_path / case
+    shutil.copytree(HOSTILE / case, src)
+    (src / "config.json").write_text("{}")
+    before = av.tree_state(src)
+    out = tmp_path / "m"
+    run = av.run_cli(["merge", src, "--out", out], cwd=tmp_path)
+    if case in HOSTILE_OK:
+        assert run.rc == 0, run.describe()
+    else:
+        code, file = HOSTILE_MERGE[case]
+        av.assert_refused(run, code, [file], out=out)
+    insp = av.run_cli(["inspect", src], cwd=tmp_path)
+    assert insp.rc in (0, 3, 4) and (insp.rc == 0 or len(av.error_lines(insp.stderr)) == 1), insp.describe()
+    assert av.tree_state(src) == before
+    assert not list(tmp_path.rglob("pwned*")), "a payload ran"
