@@ -204,8 +204,15 @@ def _show(v: Any, n: int = 40) -> str:
     return f"a {type(v).__name__}"
 
 
+_REFUSE_FIX = "the file is damaged or is not a Paddle weights file; re-export it"
+
+
+def _fix_for(rules: AllowList) -> str:
+    return f"the file is damaged or is not {rules.what}; copy it again from where it was written"
+
+
 def _refuse(path: Path, what: str) -> CheckpointError:
-    return CheckpointError(what, path, "the file is damaged or is not a Paddle weights file; re-export it")
+    return CheckpointError(what, path, _REFUSE_FIX)
 
 
 def _too_big(path: Path, what: str) -> CheckpointError:
@@ -251,7 +258,11 @@ def walk(path: Path, rules: AllowList | None = None) -> tuple[dict[str, Any], in
     with f:
         try:
             return _walk(f, path, size, rules), size
-        except (UnsafePickleError, CheckpointError):
+        except UnsafePickleError:
+            raise
+        except CheckpointError as e:
+            if rules is not WEIGHTS and e.fix == _REFUSE_FIX:  # the words of the kind of pickle it is
+                raise CheckpointError(e.message, path, _fix_for(rules)) from None
             raise
         except (
             struct.error,
@@ -265,7 +276,10 @@ def walk(path: Path, rules: AllowList | None = None) -> tuple[dict[str, Any], in
             MemoryError,
             OverflowError,
         ) as e:
-            raise _refuse(path, f"malformed pickle ({e.__class__.__name__}: {str(e)[:80]})") from None
+            bad = _refuse(path, f"malformed pickle ({e.__class__.__name__}: {str(e)[:80]})")
+            if rules is not WEIGHTS:
+                bad = CheckpointError(bad.message, path, _fix_for(rules))
+            raise bad from None
 
 
 def _walk(f: BinaryIO, path: Path, size: int, rules: AllowList) -> dict[str, Any]:
