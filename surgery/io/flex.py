@@ -387,5 +387,6 @@ def summary(ck: FlexCheckpoint) -> dict[str, Any]:
         "total_parameters": sum(t.numel for t in ck.tensors.values()),
         "total_bytes": sum(t.nbytes for t in ck.tensors.values()),
         "tensors": tensors,
-        "next": f"tietool merge {root} --out MERGED (PaddleFormers safetensors the other commands take)",
+        "next": "tietool merge (tietool.merge in Python) into a new folder: PaddleFormers safetensors the "
+        "other commands take",
     }

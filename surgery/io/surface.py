@@ -94,8 +94,8 @@ RULES: dict[Cause, Rule] = {
         "a flex checkpoint (paddle.distributed.save_state_dict; the PaddleFormers Trainer's checkpoint-N/ "
         "model_state/): each <rank>_<id>.distcp holds a rank's slices of the weights and the .metadata says "
         "where each slice goes, not a whole checkpoint",
-        "merge it first, into a new folder: tietool merge CKPT --out merged/ (PaddleFormers safetensors), "
-        "then run tietool on merged/; tietool inspect CKPT lists what it holds",
+        "merge it first, into a new folder: tietool merge (tietool.merge in Python) writes PaddleFormers "
+        "safetensors the other commands take; tietool inspect lists what it holds",
     ),
     Cause.QUANTIZED: Rule(
         "the embedding/head is quantized (packed integers with scales): tietool edits float tables only, "
