@@ -5,7 +5,8 @@ tensor + 150 MB).
 The input is a flex checkpoint folder (``checkpoint-N/`` with ``model_state/``, or a folder of
 ``*.distcp`` + ``*.metadata``), e.g. the 4-rank one the bench's flex generator writes of the 6.5 GB
 benchmark model. Each run is one child process (:func:`convert_memory.run_child`: ``ru_maxrss`` and a
-10 ms sampler of RssAnon / RssFile); outputs are deleted after each run. The largest tensor is read from the ``.metadata``.
+10 ms sampler of RssAnon / RssFile); outputs are deleted after each run. The largest tensor is read
+from the ``.metadata``.
 
 usage: PYTHONPATH=. python bench/flex_merge.py CKPT [-n ROUNDS]
 """
