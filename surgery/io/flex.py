@@ -177,6 +177,7 @@ class FlexCheckpoint:
     ranks: tuple[int, ...]
 
     def path_of(self, file: str) -> Path:
+        """The path of ``file`` (a ``.distcp`` or the ``.metadata``) in the flex folder."""
         return self.folder.state / file
 
 

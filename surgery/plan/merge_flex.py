@@ -529,17 +529,20 @@ class FlexView(Checkpoint):
     _last: tuple[str, Array] | None = field(default=None, repr=False, compare=False)
 
     def load(self, name: str) -> Array:
+        """The assembled tensor ``name`` (stored dtype; one slice: its memory-mapped array)."""
         if self._last is None or self._last[0] != name:
             self._last = None  # dropped before the next is made: one assembled tensor at a time
             self._last = (name, assemble(self.recipes[name]))
         return self._last[1]
 
     def source(self, name: str) -> Source:
+        """The assembled tensor ``name`` as a :class:`Source` for the writer."""
         return Source(array=self.load(name))
 
     def iter_rows(
         self, name: str, chunk_rows: int, start: int = 0, stop: int | None = None
     ) -> Iterator[Array]:
+        """Rows ``start:stop`` of the assembled tensor in chunks of ``chunk_rows`` (views, no copy)."""
         a = self.load(name)
         if a.ndim == 0:
             yield a
