@@ -556,7 +556,8 @@ def merge(rep: dict, as_json: bool = False) -> None:
         return
     for t in rep["tensors"]:
         axis = "" if t["axis"] is None else f" on axis {t['axis']}"
-        print(f"  {t['name']}: {t['rule']}{axis} -> {t['dtype']} {t['shape']}")
+        turned = ", transposed" if t.get("transposed") else ""
+        print(f"  {t['name']}: {t['rule']}{axis}{turned} -> {t['dtype']} {t['shape']}")
     for k, (before, after) in rep["config_changes"].items():
         print(f"config.json: {k} {before} -> {after}")
     for f in rep["left_out"]:

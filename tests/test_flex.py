@@ -402,6 +402,8 @@ def test_trainer_layout_merged_and_converted_to_the_paddleformers_layout(tmp_pat
     assert set(got) == set(state)
     linear = {n for n in state if n.endswith("proj.weight")}
     assert {t["name"] for t in rep["converted"]["transposed"]} == linear
+    assert {t["name"] for t in rep["tensors"] if t["transposed"]} == linear
+    assert {t["name"]: t["shape"] for t in rep["tensors"]} == {n: got[n][1] for n in got}
     for name, a in state.items():
         want = a.T if name in linear else a
         assert got[name][1] == list(want.shape) and got[name][2] == np.ascontiguousarray(want).tobytes(), name

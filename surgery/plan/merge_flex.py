@@ -507,6 +507,12 @@ def with_conversion(rep: dict[str, Any], conv: dict[str, Any], out: str) -> dict
     written-file facts the conversion's, the conversion's renames, transposes, notes and config changes
     under ``converted``."""
     keep = ("to", "renamed", "transposed", "split", "config_changes", "notes", "warnings")
+    turned = {t["from"]: t["shape_after"] for t in conv.get("transposed", [])}
+    names = {r["from"]: r["to"] for r in conv.get("renamed", [])}
+    for t in rep.get("tensors", []):  # each tensor as written: its output name and shape
+        t["transposed"] = t["name"] in turned
+        t["shape"] = turned.get(t["name"], t["shape"])
+        t["name"] = names.get(t["name"], t["name"])
     rep.update(
         output=out,
         weight_files=conv.get("weight_files", rep.get("weight_files")),
