@@ -142,6 +142,17 @@ def _on_signal(signum, _frame):
     raise KeyboardInterrupt
 
 
+def _ignore_signals() -> None:
+    """Ignore Ctrl-C, SIGTERM and SIGHUP from here to the exit. Found by breaking issue 20: a Ctrl-C that
+    came after an in-place run had printed its whole report ended the process by the signal (exit -2, no
+    "interrupted" line) while the name held the new version, complete."""
+    import signal
+
+    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, signal.SIG_IGN)
+
+
 def run_app(app: typer.Typer) -> None:
     """Run ``app`` as the console script (:func:`cli.app.main`): usage errors become one line, like
     tietool's own errors; SIGTERM and SIGHUP unwind like Ctrl-C (the temporary output folder is removed).
@@ -163,6 +174,7 @@ def run_app(app: typer.Typer) -> None:
         if not (hasattr(e, "format_message") and hasattr(e, "exit_code")) or _debug():
             raise
         code = _usage_error(e)
+    _ignore_signals()  # the work is done and said: a signal now would only kill the exit (rc -2, no line)
     if code == ExitCode.INTERRUPTED + 2 and not _announced:
         # Typer turns a KeyboardInterrupt while it parses the arguments (before any work) into a silent
         # Exit(130), even for SIGTERM: say so, with the signal's code

@@ -10,6 +10,7 @@ each prints the result as one JSON document, its non-finite floats as strings (:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -21,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..surgery.model.errors import ExitCode
+from ..surgery.model.errors import ExitCode, Interrupted
 from .errors import finite
 
 
@@ -94,7 +95,7 @@ def left_out(con: Console, items: list[dict], index: str | None, fmt: str, writi
         elif not writing:
             con.print(
                 f"training state: {name}: {why}; tie/untie/resize leave it out of their output "
-                "(resize --keep-training-state copies it)"
+                "(resize / add-tokens --keep-training-state keep it, resized with the vocabulary)"
             )
         elif x["kept"]:
             con.print(
@@ -103,7 +104,8 @@ def left_out(con: Console, items: list[dict], index: str | None, fmt: str, writi
         else:
             con.print(
                 f"training state left out of the output (not copied): {name}: {why}, and the parameters "
-                "changed, so it no longer matches them (resize --keep-training-state copies it)",
+                "changed, so it no longer matches them (resize / add-tokens --keep-training-state keep it, "
+                "resized)",
                 style="yellow",
             )
 
@@ -495,9 +497,53 @@ def report(rep: dict, as_json: bool = False) -> None:
             how = "kept as the same link" if fl["kept"] else "written as a real folder of its files"
             con.print(f"symlinked folder {fl['link']} → {fl['target']} ({fl['files']} files): {how}")
     _messages(con, rep["notes"], rep["warnings"])
-    left_out(con, rep.get("left_out", []), rep["index"], rep["format"], writing=True)
+    resized = rep.get("training_state_resized") or {}
+    left_out(
+        con,
+        [x for x in rep.get("left_out", []) if x["file"] not in resized],
+        rep["index"],
+        rep["format"],
+        writing=True,
+    )
+    for f, names in resized.items():
+        con.print(
+            f"training state {'to be ' if rep.get('dry_run') else ''}resized: {f}: {len(names)} optimizer "
+            "accumulators / master weights of the resized parameters (new entries 0 / the new weight rows, "
+            "old entries bit for bit), everything else copied"
+        )
 
 
+def done_state(rep: dict) -> str:
+    """What a Ctrl-C while the report of a finished write is printed leaves: the write is complete (an
+    in-place run's name holds the new version, the output folder is in place), so the "interrupted" line
+    must not say "nothing was written"."""
+    ip = rep.get("in_place")
+    if rep.get("dry_run") or (ip is not None and not ip.get("written")):
+        return "nothing was written" + (" (dry run)" if rep.get("dry_run") else "")
+    if ip is not None:
+        where = f"the previous version is {ip['backup']}" if ip.get("backup") else "no backup kept"
+        return f"{rep['input']} holds the new version (complete); {where}; stopped while printing the report"
+    return f"the output {rep.get('output')} is complete; stopped while printing the report"
+
+
+def _after_write(fn: Callable[..., None]) -> Callable[..., None]:
+    """``fn`` (a finished write's report printer) with a Ctrl-C while it prints raised as
+    :class:`Interrupted` whose state is :func:`done_state` (found by breaking issue 20: an in-place
+    ``add-tokens`` interrupted after the swap said "interrupted; nothing was written", exit 130)."""
+
+    @functools.wraps(fn)
+    def wrapped(rep: dict, as_json: bool = False) -> None:
+        try:
+            fn(rep, as_json)
+        except Interrupted:
+            raise
+        except KeyboardInterrupt:
+            raise Interrupted(done_state(rep)) from None
+
+    return wrapped
+
+
+@_after_write
 def written(rep: dict, as_json: bool = False) -> None:
     """The report of tie, untie or resize (:func:`report`), and for an in-place run where the old version
     went and what earlier runs left."""
@@ -548,6 +594,7 @@ def _inside(folder: Path) -> bool:
     return here == folder or folder in here.parents
 
 
+@_after_write
 def merge(rep: dict, as_json: bool = False) -> None:
     """The merge report: JSON, or one line per tensor (rule, axis, shape) and a summary; then the temporary
     folders of killed runs it removed."""
@@ -573,14 +620,19 @@ def merge(rep: dict, as_json: bool = False) -> None:
             f"into {rep['output']}: {len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
         )
     else:
+        ranks = (
+            f"{rep['expert_parallel']} expert-parallel, numbered {' / '.join(rep['expert_numbering'] or [])}"
+            if rep.get("expert_parallel", 1) > 1
+            else f"{rep['tensor_parallel']} tensor-parallel x {rep['pipeline_parallel']} pipeline"
+        )
         print(
-            f"merged {len(rep['rank_files'])} rank files ({rep['tensor_parallel']} tensor-parallel x "
-            f"{rep['pipeline_parallel']} pipeline) into {rep['output']}: {len(rep['tensors'])} tensors in "
-            f"{', '.join(rep['weight_files'])}"
+            f"merged {len(rep['rank_files'])} rank files ({ranks}) into {rep['output']}: "
+            f"{len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
         )
     _stale_notes(rep)
 
 
+@_after_write
 def convert(rep: dict, as_json: bool = False) -> None:
     """A convert report: as JSON, or a table of every renamed, transposed and split tensor, the config
     changes, the files written and the notes; then the temporary folders of killed runs it removed."""

@@ -43,6 +43,7 @@ from .plan.merge import plan_merge
 from .plan.plan import DEFAULT_MAX_SHARD_SIZE, Plan, check_dtypes, parse_size
 from .plan.resize import plan_resize
 from .plan.tie import plan_tie
+from .plan.training_state import plan_training_state
 from .plan.untie import plan_untie
 from .results import Inspection, Report, Totals
 from .verify import VerifyResult
@@ -252,10 +253,28 @@ def run(
                     keep_folder_links=own,
                 )
 
-        rep = dest.write(plan, write)
+        rep = _finished(dest, lambda: dest.write(plan, write))
+    return _finished(dest, lambda: _result(rep, src, dest, before, planner.totals(plan)))
+
+
+def _result(rep: dict, src: Any, dest: Any, before: Any, totals: dict) -> Report:
     if not store.store_for(src).on_disk or not store.store_for(dest.path).on_disk:
         rep["transferred"] = store.TRANSFER.since(before).as_dict()
-    return Report(rep, **planner.totals(plan))
+    return Report(rep, **totals)
+
+
+def _finished(dest: _NewFolder | _InPlace, step: Callable[[], Any]) -> Any:
+    """``step()``, with a Ctrl-C or SIGTERM that lands once the write is complete (the output published,
+    the new version swapped in: the lock's release, the report's assembly) raised as :class:`Interrupted`
+    saying so, not as a plain KeyboardInterrupt ("nothing was written"). Found by breaking issue 20: an
+    in-place ``add-tokens`` interrupted 1.2 s in said "interrupted; nothing was written" beside its backup."""
+    try:
+        return step()
+    except KeyboardInterrupt as e:
+        state = None if isinstance(e, Interrupted) else dest.done_state()
+        if state is None:
+            raise
+        raise Interrupted(state) from None
 
 
 def _destination(
@@ -293,6 +312,7 @@ class _NewFolder:
 
     def __init__(self, source: Any, out: Any) -> None:
         self.source, self.path = source, out
+        self.done = False
 
     def check(self, inp: Any) -> None:
         """Refuse an output that cannot be used (:func:`check_output_path`); not for a dry run."""
@@ -305,7 +325,13 @@ class _NewFolder:
         return rep
 
     def write(self, plan: Any, write: Write) -> dict:
-        return write(self.path, lambda rep: rep, False)
+        rep = write(self.path, lambda rep: rep, False)
+        self.done = True
+        return rep
+
+    def done_state(self) -> str | None:
+        """What an interruption after the write says (None before it is complete)."""
+        return f"the output {self.path} was written completely just before" if self.done else None
 
 
 class _InPlace:
@@ -321,6 +347,12 @@ class _InPlace:
         self.read = inplace.folder_id(self.path)
         self.files = inplace.input_files(self.path)  # before anything is read: compared before the swap
         self.backup, self.keep_training_state = backup, keep_training_state
+        self.swapped: tuple[Path, str, Path, Path | None] | None = None  # interrupted_state's arguments
+
+    def done_state(self) -> str | None:
+        """What the name holds, by looking (:func:`inplace.interrupted_state`), once the new version was
+        swapped in; None before."""
+        return inplace.interrupted_state(*self.swapped) if self.swapped else None
 
     def check(self, inp: Any) -> None:
         """Nothing before planning: the checks of an in-place write are made by :meth:`write`."""
@@ -371,6 +403,7 @@ class _InPlace:
             inplace.check_same_folder(ckpt_path, self.read, staging)
             inplace.check_inputs(ckpt_path, self.files, staging)
             swapped = _swap(ckpt_path, staging, bak, token)
+            self.swapped = (ckpt_path, token, staging, bak)
         except KeyboardInterrupt:
             raise Interrupted(inplace.interrupted_state(ckpt_path, token, staging, bak)) from None
         except BaseException:
@@ -386,15 +419,22 @@ class _InPlace:
 def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = False) -> Planner:
     """The :class:`Planner` of tie / untie / resize: ``make_plan`` followed by
     :func:`surgery.plan.plan.check_dtypes` (a tensor in a dtype tietool cannot compute in, such as a float8
-    vocabulary table, is refused by name before anything is written); the report of
-    :func:`surgery.report.build`."""
+    vocabulary table, is refused by name before anything is written) and, with ``keep_training_state``,
+    the optimizer files resized with it (:func:`surgery.plan.training_state.plan_training_state`, which
+    refuses a format it cannot resize); the report of :func:`surgery.report.build`."""
 
     def report(plan: Plan, out: str, facts: dict | None, dry_run: bool = True) -> dict:
         if facts is None:
             return report_mod.build(plan, None, out, dry_run=dry_run, keep_training_state=keep_training_state)
         return report_mod.build(plan, facts, out)
 
-    return Planner(plan=lambda c: check_dtypes(make_plan(c)), report=report)
+    def plan(c: Checkpoint) -> Plan:
+        p = check_dtypes(make_plan(c))
+        if keep_training_state:
+            p.training_edit = plan_training_state(p)
+        return p
+
+    return Planner(plan=plan, report=report)
 
 
 def _swap(ckpt_path: Path, staging: Path, bak: Path | None, token: str) -> inplace.Swapped:
@@ -683,15 +723,19 @@ def _copy_id(folder: Path, choice: InitChoice) -> int | None:
     """
     if choice.kind is not TokenInit.COPY or choice.token is None:
         return None
-    (t,) = _tokenizer_edit().add_tokens_edit(folder, [choice.token]).tokens
-    if not t.existed:
-        raise UsageError(
-            f"{Opt('init', 'copy:' + choice.token)}: {choice.token!r} is not one token of the tokenizer "
-            f"(it splits into ids {list(t.subtoken_ids)})",
-            folder,
-            "name a token the tokenizer has, or use the subtokens init",
-        )
-    return t.id
+    flag = Opt("init", "copy:" + choice.token)
+    fix = "name a token the tokenizer has, or use the subtokens init"
+    try:
+        (t,) = _tokenizer_edit().add_tokens_edit(folder, [choice.token]).tokens
+    except RefusedError as e:  # a string add-tokens refuses (the folder itself was read by the plan already)
+        why = f"{choice.token!r} is not one token of the tokenizer ({e.message})"
+        raise UsageError(f"{flag}: {why}", folder, fix) from None
+    if t.existed:
+        return t.id
+    if len(t.subtoken_ids) == 1:  # the text is one token though not its spelling (SentencePiece's '▁the')
+        return t.subtoken_ids[0]
+    why = f"{choice.token!r} is not one token of the tokenizer (it splits into ids {list(t.subtoken_ids)})"
+    raise UsageError(f"{flag}: {why}", folder, fix)
 
 
 def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyResult:

@@ -465,3 +465,113 @@ def test_real_tokenizer_dry_run_then_in_place(tmp_path):
             np.testing.assert_allclose(out[n][toks[s]["id"]], mean_of(src[n], ids), rtol=1e-6)
     assert "tokenizer.json" in rep["files"]["edited"]
     assert (ck / "tokenizer.json").read_bytes() != before["tokenizer.json"]
+
+
+def test_a_base_token_marked_special_is_warned(tmp_path):
+    """--special on a word of the base vocabulary marks it special (as HF add_special_tokens does), and the
+    report warns that text containing it tokenizes differently from then on; an added token of the input
+    marked special, or a base token left as it is, gives no warning."""
+    pytest.importorskip("tokenizers")
+    import shutil
+
+    ck = tmp_path / "ckpt"
+    shutil.copytree(SAMPLE, ck)
+    rep = ops.add_tokens(ck, ["vocab", "<think>"], special=True, dry_run=True)
+    assert rep["warnings"] == [
+        "marked special, though part of the base vocabulary: 'vocab' (id 293); text that contains them is "
+        "split around them from now on (ordinary words may tokenize differently)"
+    ]
+    assert not ops.add_tokens(ck, ["vocab"], dry_run=True)["warnings"]
+    assert not ops.add_tokens(ck, ["<think>"], special=True, dry_run=True)["warnings"]
+
+
+def test_tokenizer_files_that_disagree_are_refused(tmp_path):
+    """Found by breaking issue 20: the README's classic stale folder (``<tool_call>`` id 250 added to
+    tokenizer.json alone, beside its tokenizer.model and tokenizer_config.json) took ``add-tokens ck <a>``
+    (exit 0, '<a>' id 251); transformers 5.3 then loaded '<a>' as id 250 and PaddleFormers 1.2 as 251, and
+    ``verify`` called the output's files disagreeing. Refused (exit 5), one line naming the disagreement and
+    the fix, nothing written, input untouched; the folder once saved consistently is accepted."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("sentencepiece")
+    import shutil
+
+    tok = Path(__file__).parent / "data" / "tokenizers" / "sp_bpe_with_json"
+    t = {EMB: rows(256, H, 1), "model.norm.weight": np.ones(H, np.float32), HEAD: rows(256, H, 2)}
+    ck = write_ckpt(tmp_path / "ck", {**LLAMA, "vocab_size": 256}, t)  # rows beyond the 251 tokens
+    for p in tok.iterdir():
+        shutil.copy(p, ck / p.name)
+    tj = json.loads((ck / "tokenizer.json").read_text())
+    tj["added_tokens"].append(
+        {
+            "id": 250,
+            "content": "<tool_call>",
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }  # fmt: skip
+    )
+    (ck / "tokenizer.json").write_text(json.dumps(tj))
+    before = _tree(ck)
+    cp = run_cli(["add-tokens", str(ck), "<a>", "--out", str(tmp_path / "out")])
+    assert cp.returncode == 5, cp.stderr
+    err = cp.stderr.strip().splitlines()
+    assert len(err) == 1 and "tokenizer files disagree" in err[0] and "save_pretrained" in err[0], err
+    assert "Traceback" not in cp.stderr and not (tmp_path / "out").exists() and _tree(ck) == before
+    dec = json.loads((ck / "tokenizer_config.json").read_text())
+    dec["added_tokens_decoder"]["250"] = {"content": "<tool_call>", "lstrip": False, "normalized": False,
+                                          "rstrip": False, "single_word": False, "special": True}  # fmt: skip
+    (ck / "tokenizer_config.json").write_text(json.dumps(dec))  # the state save_pretrained leaves: agrees
+    rep = ops.add_tokens(ck, ["<a>"], out=tmp_path / "out2", seed=0)
+    assert [(t["content"], t["id"]) for t in rep["add_tokens"]["tokens"]] == [("<a>", 251)]
+
+
+def test_missing_tokenizer_extra_is_one_line_naming_it_once(tmp_path, monkeypatch):
+    """Found by breaking issue 20 in a core-only venv: ``add-tokens`` on a folder whose files need the extra
+    said ``... needs tokenizers: pip install "tietool[tokenizer]" — pip install "tietool[tokenizer]"``. One
+    line, the command once, exit 1, nothing written."""
+    import os
+    import shutil
+    import sys
+
+    if os.environ.get("TIETOOL_TEST_SUBPROCESS") == "1":
+        pytest.skip("the libraries are hidden in this process only")
+    ck = tmp_path / "ckpt"
+    shutil.copytree(SAMPLE, ck)
+    before = _tree(ck)
+    for lib in ("tokenizers", "sentencepiece"):
+        monkeypatch.setitem(sys.modules, lib, None)  # import -> ImportError
+    cp = run_cli(["add-tokens", str(ck), "<x>", "--out", str(tmp_path / "out")])
+    monkeypatch.undo()
+    lines = cp.stderr.strip().splitlines()
+    assert cp.returncode == 1 and len(lines) == 1, cp.stderr
+    assert lines[0].count('pip install "tietool[tokenizer]"') == 1, lines[0]
+    assert not (tmp_path / "out").exists() and _tree(ck) == before
+
+
+def test_copy_of_a_text_that_is_one_token_under_another_spelling(tmp_path):
+    """Found by breaking issue 20: ``--init copy:the`` on a SentencePiece tokenizer was refused with "'the'
+    is not one token of the tokenizer (it splits into ids [12])": one id, the piece '▁the'. It copies row
+    12; a string add-tokens would refuse (byte-level 'é') stays a usage error (exit 2), named."""
+    pytest.importorskip("tokenizers")
+    import shutil
+
+    tok = Path(__file__).parent / "data" / "tokenizers"
+    t = {EMB: rows(256, H, 1), "model.norm.weight": np.ones(H, np.float32), HEAD: rows(256, H, 2)}
+    ck = write_ckpt(tmp_path / "sp", {**LLAMA, "vocab_size": 256}, t)
+    for p in (tok / "sp_bpe_with_json").iterdir():
+        shutil.copy(p, ck / p.name)
+    rep = ops.add_tokens(ck, ["<q>"], tmp_path / "out", init="copy:the", seed=0)
+    (q,) = rep["add_tokens"]["tokens"]
+    assert q["source_ids"] == [12] and q["id"] == 250
+    out = read(tmp_path / "out")
+    for n in (EMB, HEAD):
+        assert out[n][250].tobytes() == t[n][12].tobytes()
+    t2 = {**t, EMB: rows(310, H, 1), HEAD: rows(310, H, 2)}
+    bl = write_ckpt(tmp_path / "bl", {**LLAMA, "vocab_size": 310}, t2)
+    for p in (tok / "bytelevel_bpe").iterdir():
+        shutil.copy(p, bl / p.name)
+    with pytest.raises(UsageError, match="'é' is not one token of the tokenizer"):
+        ops.add_tokens(bl, ["<q>"], tmp_path / "out2", init="copy:é")
+    assert not (tmp_path / "out2").exists()

@@ -879,3 +879,38 @@ def test_a_half_deleted_old_version_at_a_staging_name_is_never_kept_as_a_backup(
     (bak,) = tmp_path.glob("ckpt.tietool-backup-*")
     assert rec.kept_backups == [str(bak)] and _digest(bak) == _digest(FIX / "pf_llama_untied_sharded")
     assert not half.exists() and not whole.exists() and _leftovers(tmp_path, "ckpt") == []
+
+
+@pytest.mark.parametrize("where", ["printing", "lock-release"])
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "out"])
+def test_ctrl_c_after_the_write_says_the_write_is_complete(tmp_path, monkeypatch, in_place, where):
+    """Found by breaking issue 20 (Ctrl-C 0.7 s and 1.2 s into an in-place ``add-tokens``): the signal landed
+    after the swap (while the lock was released, or while the report printed) and the line said
+    "interrupted; nothing was written" (exit 130) though the name held the new version and its backup was
+    beside it. Now it says so."""
+    from tietool.cli import render
+    from tietool.surgery import ops
+
+    ck = _copy("pf_llama_untied_sharded", tmp_path / "ckpt")
+    old = _digest(ck)
+
+    def stop(*_a, **_k):
+        raise KeyboardInterrupt
+
+    if where == "printing":
+        monkeypatch.setattr(render, "_stale_notes", stop)  # the report's last part, after the write
+    else:
+        monkeypatch.setattr(ops, "Report", stop)  # after the write (in place: the lock released)
+    out = [] if in_place else ["--out", tmp_path / "out"]
+    r = _cli(*ARGS[:-1], ck, *out)
+    assert r.returncode == 130, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "nothing was written" not in lines[0], r.stderr
+    if in_place:
+        (backup,) = tmp_path.glob("ckpt.tietool-backup-*")
+        assert f"{ck} holds the new version (complete)" in lines[0] and str(backup) in lines[0]
+        assert _digest(backup) == old and _digest(ck) != old
+    else:
+        said = "is complete" if where == "printing" else "was written completely"
+        assert f"the output {tmp_path / 'out'} {said}" in lines[0] and _digest(ck) == old
+        assert (tmp_path / "out" / REPORT).is_file()

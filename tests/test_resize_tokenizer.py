@@ -143,3 +143,30 @@ def test_trim_in_place_edits_tokenizer(tmp_path):
     assert run.rc == 0, run.describe()
     assert len(ts.hf_tokenizer(inp)) == 302
     assert rs.read(inp).tensors["model.embed_tokens.weight"].shape == (302, H)
+
+
+@pytest.mark.parametrize("name", ["sp_unigram", "wordpiece"])
+def test_refusal_names_only_base_tokens_after_add_tokens(tmp_path, name):
+    """Found by breaking issue 20: after ``add-tokens`` appended its tokens to tokenizer.model / vocab.txt
+    (pieces / lines, listed in added_tokens_decoder), a trim one row into the base vocabulary named the added
+    tokens as base ones and advised "keep at least <len with the added tokens> rows", though ``--force`` at
+    the base size removes them. The refusal names only the base ids and the rows that do work."""
+    from tietool.surgery import ops
+
+    tok = ts.tokenizer_dir(name)
+    assert tok is not None
+    base = len(ts.hf_tokenizer(tok))
+    folder = tmp_path / "in"
+    _ckpt(folder)
+    for f in folder.iterdir():
+        if f.name in {p.name for p in TOK.iterdir()}:
+            f.unlink()
+    for f in tok.iterdir():
+        shutil.copy2(f, folder / f.name)
+    ops.add_tokens(folder, ["<a1>", "<a2>"], out=tmp_path / "added", seed=0)
+    run = rs.run_on(tmp_path / "added", tmp_path / "out", "resize", ["--vocab", str(base - 1), "--force"])
+    assert run.rc == 5, run.describe()
+    assert f"keep at least {base} rows" in run.stderr and "<a1>" not in run.stderr, run.stderr
+    _nothing_written(run)
+    ok = rs.run_on(tmp_path / "added", tmp_path / "out2", "resize", ["--vocab", str(base), "--force"]).ok()
+    assert [t["content"] for t in ok.report()["resize"]["tokens_removed"]] == ["<a1>", "<a2>"]

@@ -31,6 +31,10 @@ LENGTH = {"bytelevel_bpe": 304, "gpt2_bpe": 301, "sp_unigram": 250, "sp_bpe": 25
           "wordpiece": 234}  # fmt: skip
 PLAIN = ["<tool_call>", "<tool", "</tool_call>"]  # a prefix of another, and a third sharing it
 SPECIAL = ["<|tool_sep|>", "<tool"]  # a new special token, and an added one marked special
+# a base token of each (in sp_bpe_with_json's tokenizer.json the text "he" encodes as ["▁", "he"], not as the
+# piece "he": see test_vocabulary_spelling_of_another_text_is_refused)
+KNOWN = {"bytelevel_bpe": "he", "gpt2_bpe": "he", "sp_unigram": "he", "sp_bpe": "he",
+         "sp_bpe_with_json": "▁the", "wordpiece": "the"}  # fmt: skip
 
 
 def _copy(name: str, tmp_path: Path) -> Path:
@@ -73,7 +77,7 @@ def _encode_before(folder: Path, text: str) -> list[int]:
 @pytest.mark.parametrize("name", EDITABLE)
 def test_ids_contiguous_existing_and_subtokens(name, tmp_path):
     folder = _copy(name, tmp_path)
-    edit = add_tokens_edit(folder, [*PLAIN, "he" if name != "wordpiece" else "the", PLAIN[0]])
+    edit = add_tokens_edit(folder, [*PLAIN, KNOWN[name], PLAIN[0]])
     n = LENGTH[name]
     assert (edit.length_before, edit.length_after) == (n, n + 3)
     assert [(t.content, t.id, t.existed) for t in edit.added] == [
@@ -413,3 +417,105 @@ def test_loaders_encode_new_tokens_and_keep_the_corpus(lib, edited):
         if bad:
             problems.append(f"{name}: corpus lines tokenized differently: {bad[:2]}")
     assert problems == [], "\n".join(problems)
+
+
+# (string, the id it spells in the base vocabulary, what the text encodes as), each a vocabulary string that
+# is not one token of its own text: byte-level BPE's byte alphabet ('é' is byte 0xE9's piece; the text é is
+# the two UTF-8 bytes), its space mark 'Ġ', a SentencePiece piece (in tokenizer.json) without the '▁' its
+# text gets
+SPELLINGS = [("bytelevel_bpe", "é"), ("bytelevel_bpe", "Ġ"), ("gpt2_bpe", "é"), ("sp_bpe_with_json", "he")]
+
+
+@pytest.mark.parametrize("special", [False, True], ids=["plain", "special"])
+@pytest.mark.parametrize(("name", "text"), SPELLINGS)
+def test_vocabulary_spelling_of_another_text_is_refused(name, text, special, tmp_path):
+    """Found by breaking issue 20: ``add-tokens ck é`` reported 'é' as "already a token (id 165)" of a
+    byte-level BPE tokenizer, whose text é encodes as [127, 102]; with ``--special`` it marked id 165 (byte
+    0xE9) special, and transformers 5.3 then encoded "café" as [66, 64, 69, 165] and decoded it
+    'caf\ufffd'. A new id is no way out either: tokenizers' add_tokens maps the string to the model's id.
+    Refused, nothing written."""
+    folder = _copy(name, tmp_path)
+    before = _encode_before(folder, text)
+    vocab = tokenizer_edit._base_of(tokenizer_edit._scan(folder))
+    assert text in vocab and before != [vocab[text]]  # the premise, from the files themselves
+    with pytest.raises(RefusedError, match=f"{text!r} is the vocabulary's spelling of token {vocab[text]}"):
+        add_tokens_edit(folder, ["<ok>", text], special=special)
+    assert _snapshot(folder) == _snapshot(DATA / name)
+
+
+@pytest.mark.parametrize(
+    "text", ["a\nb", "a\rb", "   ", "\t", "trail "], ids=["lf", "cr", "spaces", "tab", "trail"]
+)
+def test_vocab_txt_refuses_a_token_its_readers_would_move(text, tmp_path):
+    """Found by breaking issue 20: appended to vocab.txt, 'a\\nb' became two lines and '   ' / '\\t' /
+    'trail ' lost their trailing whitespace in transformers 5.3 and PaddleFormers 1.2 (``AutoTokenizer``:
+    '<z>' added after 'a\\nb' loaded as id 237 of a 237-row model, one past tietool's 236). Refused, nothing
+    written; a leading space and an inner one are kept by both and stay allowed."""
+    folder = _copy("wordpiece", tmp_path)
+    with pytest.raises(RefusedError, match="cannot be a line of vocab.txt"):
+        add_tokens_edit(folder, ["<ok>", text])
+    assert _snapshot(folder) == _snapshot(DATA / "wordpiece")
+    edit = add_tokens_edit(folder, [" lead", "a b"])
+    assert [t.id for t in edit.added] == [LENGTH["wordpiece"], LENGTH["wordpiece"] + 1]
+
+
+def test_vocab_txt_lines_as_transformers_reads_them(tmp_path):
+    """A token of vocab.txt holding U+2028 (or \\x85, \\x0c: characters ``str.splitlines`` breaks at) is one
+    line for transformers' ``load_vocab`` (``readlines``); tietool read it as two, so every later id and the
+    new tokens' ids were one too high."""
+    bert = pytest.importorskip("transformers.models.bert.tokenization_bert")
+    folder = _copy("wordpiece", tmp_path)
+    lines = (folder / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    lines[200], lines[201] = "x\u2028y", "p\x85q\x0cr"
+    (folder / "vocab.txt").write_text("\n".join(lines), encoding="utf-8")
+    oracle = bert.load_vocab(str(folder / "vocab.txt"))
+    edit = add_tokens_edit(folder, ["<new>"])
+    assert edit.length_before == len(oracle) == LENGTH["wordpiece"]
+    assert [t.id for t in edit.added] == [len(oracle)]
+
+
+def test_sentencepiece_model_under_another_name_is_refused_by_name(tmp_path):
+    """Found by breaking issue 20: a folder whose only model is ``spm.model`` (DeBERTa-v2's name; inspect
+    reads it, as tokenizer_config.json's ``vocab_file`` too) was refused as having "no tokenizer vocabulary
+    (tokenizer.json, *.model, ...)", which is false. Which class reads that name cannot be told (transformers
+    5.3 and PaddleFormers 1.2 load this Llama folder as 3 tokens), so it is refused naming the file."""
+    folder = _copy("sp_unigram", tmp_path)
+    (folder / "tokenizer.model").rename(folder / "spm.model")
+    before = _snapshot(folder)
+    with pytest.raises(RefusedError) as e:
+        add_tokens_edit(folder, ["<a>"])
+    msg = str(e.value)
+    assert "spm.model is a SentencePiece model" in msg and "no tokenizer vocabulary" not in msg
+    assert _snapshot(folder) == before
+
+
+def test_a_token_the_edited_tokenizer_never_produces_is_refused(tmp_path):
+    """Found by breaking issue 20: a plain ``<|im_start|>user`` added beside the special ``<|im_start|>``
+    (id 301; special tokens are matched first, on the raw text) took a row, and transformers 5.3 and
+    PaddleFormers 1.2 encoded it as [301, 84, 82, 263]: never produced. Refused, nothing written; as a special
+    token it is produced (the longest special match) and added."""
+    folder = _copy("bytelevel_bpe", tmp_path)
+    with pytest.raises(RefusedError, match="would never be produced"):
+        add_tokens_edit(folder, ["<ok>", "<|im_start|>user"])
+    assert _snapshot(folder) == _snapshot(DATA / "bytelevel_bpe")
+    edit = add_tokens_edit(folder, ["<|im_start|>user"], special=True)
+    _write(folder, edit)
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    assert tok.encode("<|im_start|>user", add_special_tokens=False).ids == [LENGTH["bytelevel_bpe"]]
+
+
+# a special token of each folder (matched first, on the raw text) inside a new plain token
+SHADOWED = [("gpt2_bpe", "<|endoftext|>x"), ("sp_unigram", "<s>x"), ("sp_bpe", "<s>x"),
+            ("wordpiece", "[CLS]x")]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "text"), SHADOWED)
+def test_a_plain_token_holding_a_special_one_is_refused_in_every_format(name, text, tmp_path):
+    """Found by breaking issue 20: in the formats without tokenizer.json, transformers 5.3 and PaddleFormers
+    1.2 encoded the new plain tokens ``<|endoftext|>x`` / ``<s>x`` / ``[CLS]x`` as [0, 88] / [1, 117] /
+    [2, 138]: never produced. Refused, nothing written; as special tokens they are added."""
+    folder = _copy(name, tmp_path)
+    with pytest.raises(RefusedError, match="would never be produced: it holds the token"):
+        add_tokens_edit(folder, [text])
+    assert _snapshot(folder) == _snapshot(DATA / name)
+    assert [t.id for t in add_tokens_edit(folder, [text], special=True).added] == [LENGTH[name]]

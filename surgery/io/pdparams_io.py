@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -54,6 +54,8 @@ class Limits:
         name: bytes of a global's module or name (GLOBAL/INST lines, STACK_GLOBAL strings).
         line: bytes of an INT/PUT/GET text line.
         dims: dimensions of an array (numpy's own limit: 64).
+        nested_arrays: arrays may also sit in a dict one level below the top (an optimizer's
+            ``master_weights``); elsewhere an array inside a non-tensor value is refused.
     """
 
     depth: int = 32
@@ -62,6 +64,7 @@ class Limits:
     name: int = 1024
     line: int = 64
     dims: int = 64
+    nested_arrays: bool = False
 
 
 @dataclass(frozen=True)
@@ -174,9 +177,10 @@ class _Array:
     """An ndarray seen in the pickle; its data stays in the file. ``error``: why its BUILD state is not a
     weights array (raised, naming the tensor, by :func:`read_header`)."""
 
-    __slots__ = ("shape", "dtype", "fortran", "data", "module", "error")
+    __slots__ = ("shape", "dtype", "fortran", "data", "module", "error", "name")
 
     def __init__(self, module: str):
+        self.name: str | None = None  # the Tensor's name, when pickled as tuple((name, array))
         self.shape: tuple[int, ...] | None = None
         self.dtype: np.dtype | None = None
         self.fortran = False
@@ -373,7 +377,8 @@ def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> No
                     todo.append((c, iter(_children(c))))
                     counts.append(1)
                     break
-                if isinstance(c, _STAND_INS):
+                nested = lim.nested_arrays and t is _Array and type(x) is dict and len(todo) == 1
+                if isinstance(c, _STAND_INS) and not nested:  # nested: an array in a top-level dict
                     raise _refuse(path, f"entry {_show(name)} holds {_stand_in(c)} inside a non-tensor value")
                 counts[-1] += 1
             else:
@@ -874,6 +879,30 @@ WEIGHTS = AllowList(
 ALLOWED_GLOBALS = WEIGHTS.globals  # every global a weights pickle may name
 
 
+def _named_tensor(args: tuple[Any, ...]) -> _Array:
+    """``builtins.tuple(((name, array),))``: how ``paddle.save`` pickles a Tensor outside a plain state dict
+    (``reduce_varbase``: ``(tuple, ((tensor.name, ndarray),))``; ``paddle.load`` makes it a Tensor of that
+    name again). The array stub, its name recorded."""
+    if len(args) != 1 or type(args[0]) is not tuple or len(args[0]) != 2:
+        raise ValueError("builtins.tuple of something other than one (name, array) pair")
+    name, arr = args[0]
+    if type(name) is not str or not isinstance(arr, _Array) or arr.name is not None:
+        raise ValueError("builtins.tuple of something other than (a tensor name, an array)")
+    arr.name = name
+    return arr
+
+
+OPTIMIZER = AllowList(
+    "a Paddle optimizer state file",
+    {**WEIGHTS.calls, ("builtins", "tuple"): _named_tensor},
+    classes=WEIGHTS.classes,
+    limits=Limits(nested_arrays=True),
+)
+"""``optimizer.pdopt``: a weights pickle, plus Tensors pickled as ``tuple((name, array))`` and arrays in the
+``master_weights`` dict (``paddle.save`` of an optimizer state dict with master weights goes through
+``_pickle_save``, not the state-dict path: ``paddle/framework/io.py``)."""
+
+
 # opcode -> its :class:`_Walker` method (STOP ends the loop in :func:`_walk`); any other opcode is refused
 _OPCODES: dict[int, Callable[[_Walker], None]] = {
     0x80: _Walker.op_proto,  # PROTO
@@ -948,33 +977,86 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, Any],
         if not isinstance(name, str):
             raise _refuse(path, f"a top-level key is {_show(name)}, not a tensor name")
         if isinstance(v, _Array):
-            if v.error:
-                raise _refuse(path, f"tensor {_show(name, 200)}: {v.error}")
-            if v.data is None or v.dtype is None or v.shape is None:  # never BUILT with its state
-                raise _refuse(path, f"tensor {_show(name, 200)} has no data")
             module = v.module
-            if isinstance(v.data, bytes):  # small payload, read during the walk
-                off, n, inline = -1, len(v.data), v.data
-            else:
-                off, n, inline = v.data.offset, v.data.length, None
-            tensors.append(
-                TensorInfo(
-                    name,
-                    v.dtype.name,
-                    v.shape,
-                    rel,
-                    off,
-                    n,
-                    storage=(rel, id(v)),
-                    fortran=v.fortran,
-                    inline=inline,
-                )
-            )
+            tensors.append(_tensor_info(path, rel, name, v))
         else:  # plain values, checked by the walk (depth, no cycle, size at every reference)
             extras[name] = v
     if SPLIT_TABLE in extras:
         tensors = _join_split(path, tensors, extras.pop(SPLIT_TABLE))
     return tensors, extras, module
+
+
+def _tensor_info(path: Path, rel: str, name: str, v: _Array) -> TensorInfo:
+    """The header of array stub ``v`` stored under ``name`` in file ``rel``.
+
+    Raises:
+        CheckpointError: the stub is not a weights array (its BUILD state), or has no data.
+    """
+    if v.error:
+        raise _refuse(path, f"tensor {_show(name, 200)}: {v.error}")
+    if v.data is None or v.dtype is None or v.shape is None:  # never BUILT with its state
+        raise _refuse(path, f"tensor {_show(name, 200)} has no data")
+    if isinstance(v.data, bytes):  # small payload, read during the walk
+        off, n, inline = -1, len(v.data), v.data
+    else:
+        off, n, inline = v.data.offset, v.data.length, None
+    return TensorInfo(
+        name, v.dtype.name, v.shape, rel, off, n, storage=(rel, id(v)), fortran=v.fortran, inline=inline
+    )
+
+
+@dataclass
+class OptimizerHeader:
+    """The headers of an ``optimizer.pdopt`` (:func:`read_optimizer_header`).
+
+    Attributes:
+        tensors: the top-level accumulators, in file order.
+        master: the ``master_weights`` arrays, keyed by parameter name (``TensorInfo.name`` is the key).
+        names: key → Tensor name, for tensors pickled as ``tuple((name, array))`` (master weights are named
+            ``<param>_fp32_master_0``); empty for a plain state dict.
+        extras: the other entries (``LR_Scheduler``, ``StructuredToParameterName@@``), in file order; the
+            position of ``master_weights`` among them is kept as ``{"master_weights": None}``.
+        np_module: the numpy module the arrays were pickled with.
+    """
+
+    tensors: list[TensorInfo]
+    master: list[TensorInfo]
+    names: dict[str, str]
+    extras: dict[str, Any]
+    np_module: str
+
+
+def read_optimizer_header(path: Path, rel: str) -> OptimizerHeader:
+    """Headers of a Paddle ``optimizer.pdopt`` (``paddle.save(optimizer.state_dict())``) without loading
+    or executing anything: the walker with :data:`OPTIMIZER`.
+
+    Raises:
+        UnsafePickleError, CheckpointError: as :func:`walk`; a ``master_weights`` that is not a dict of
+            arrays.
+    """
+    top, _ = walk(path, OPTIMIZER)
+    out = OptimizerHeader([], [], {}, {}, "numpy.core.multiarray")
+    for key, v in top.items():
+        if not isinstance(key, str):
+            raise _refuse(path, f"a top-level key is {_show(key)}, not a tensor name")
+        if isinstance(v, _Array):
+            out.tensors.append(_tensor_info(path, rel, key, v))
+            out.np_module = v.module
+            if v.name is not None:
+                out.names[key] = v.name
+        elif key == "master_weights" and isinstance(v, dict):
+            for pname, m in v.items():
+                if not isinstance(pname, str) or not isinstance(m, _Array):
+                    raise _refuse(path, f"master_weights entry {_show(pname)} is not a named array")
+                out.master.append(_tensor_info(path, rel, pname, m))
+                if m.name is not None:
+                    out.names["master_weights/" + pname] = m.name
+            out.extras[key] = None
+        elif isinstance(v, dict) and any(isinstance(x, _Array) for x in v.values()):
+            raise _refuse(path, f"entry {_show(key)} holds arrays, and only master_weights may")
+        else:
+            out.extras[key] = v
+    return out
 
 
 def _join_split(path: Path, tensors: list[TensorInfo], table: Any) -> list[TensorInfo]:
@@ -1182,7 +1264,7 @@ class _Emitter:
 
 def write_file(
     path: Path,
-    tensors: list[tuple[str, str, tuple[int, ...], Source, object, bool]],
+    tensors: Iterable[tuple[str, str, tuple[int, ...], Source, object, bool]],
     extras: dict[str, Any],
     np_module: str = "numpy.core.multiarray",
 ) -> int:
@@ -1224,3 +1306,61 @@ def write_file(
         f.flush()
         os.fsync(f.fileno())
     return total
+
+
+Row = tuple[str, str, tuple[int, ...], Source, object, bool]
+"""One tensor to write: ``(key, numpy dtype name, shape, source, storage key, fortran)``."""
+
+
+def write_optimizer_file(
+    path: Path,
+    tensors: Iterable[Row],
+    master: Iterable[Row],
+    names: dict[str, str],
+    extras: dict[str, Any],
+    np_module: str = "numpy.core.multiarray",
+) -> None:
+    """Write an ``optimizer.pdopt`` as ``paddle.save`` writes it, streaming every payload: the accumulators,
+    then ``extras`` in order, ``master_weights`` (its value None in ``extras``) made of ``master``.
+
+    A key in ``names`` is written as ``paddle.save``'s ``_pickle_save`` writes a Tensor,
+    ``tuple((name, array))`` (master weights under ``"master_weights/" + parameter name``); the others as
+    plain arrays (its state-dict path).
+    """
+    with open(path, "wb") as f:
+        e = _Emitter(f, np_module)
+        e.w(b"\x80\x04}")
+        e.memoize()
+
+        def put(prefix: str, row: Row) -> None:
+            key, dtype, shape, src, _storage, fortran = row
+            e.w(b"(")
+            e.string(key)
+            name = names.get(prefix + key)
+            if name is not None:
+                e.glob("builtins", "tuple")
+                e.string(name)
+            e.array(np.dtype(dtype), shape, fortran, src)
+            if name is not None:
+                e.w(b"\x86\x85R")  # TUPLE2 TUPLE1 REDUCE: tuple(((name, array),))
+            e.w(b"u")
+
+        for row in tensors:
+            put("", row)
+        for k, v in extras.items():
+            if k == "master_weights" and v is None:
+                e.w(b"(")
+                e.string(k)
+                e.w(b"}")
+                e.memoize()
+                for row in master:
+                    put("master_weights/", row)
+                e.w(b"u")
+                continue
+            e.w(b"(")
+            e.string(k)
+            e.obj(v)
+            e.w(b"u")
+        e.w(b".")
+        f.flush()
+        os.fsync(f.fileno())

@@ -70,10 +70,10 @@ RULES: dict[Cause, Rule] = {
     Cause.EXPERT_PARALLEL: Rule(
         "expert-parallel rank files: each holds some of the experts (and its own copy of the other "
         "weights: embedding, attention, router, head), not a whole checkpoint",
-        "tietool merge does not join expert-parallel rank files yet; load the training checkpoint with "
-        "PaddleFormers/PaddleNLP on the same expert-parallel layout and save it whole (save_pretrained, or a "
-        "unified checkpoint), then run tietool on that folder; never use one rank's file alone: it lacks the "
-        "other ranks' experts",
+        "join them into a new folder first: tietool merge (tietool.merge in Python; local folders only), or "
+        "load the training checkpoint with PaddleFormers/PaddleNLP on the same expert-parallel layout and "
+        "save it whole (save_pretrained, or a unified checkpoint); never use one rank's file alone: it lacks "
+        "the other ranks' experts",
     ),
     Cause.SHARDING: Rule(
         "sharding (ZeRO) rank files: each holds some of the parameters, not a whole checkpoint",

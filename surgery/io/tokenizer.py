@@ -230,7 +230,7 @@ def _safe_name(v: object) -> bool:
     return isinstance(v, str) and bool(v) and "/" not in v and "\\" not in v and v not in (".", "..")
 
 
-def _sp_names(folder: Path) -> list[str]:
+def sp_names(folder: Path) -> list[str]:
     """SentencePiece files of ``folder``: the one tokenizer_config.json names (``vocab_file``, a plain file
     name ending in ``.model``), then the usual names (:data:`SP_NAMES`)."""
     tc = _load(folder, "tokenizer_config.json") if (folder / "tokenizer_config.json").is_file() else None
@@ -254,7 +254,7 @@ def _read_all(folder: Path) -> list[_Read]:
     out: list[_Read] = []
     if (folder / "tokenizer.json").is_file():
         out += [r for r in [_read_json_file(folder, "tokenizer.json", TokenizerFormat.TOKENIZER_JSON)] if r]
-    out += [_read_sentencepiece(folder, n) for n in _sp_names(folder)]
+    out += [_read_sentencepiece(folder, n) for n in sp_names(folder)]
     for name, fmt in _JSON_FILES:
         if not (folder / name).is_file():
             continue

@@ -32,10 +32,12 @@ from typing import Any
 from ..model.errors import CheckpointError, RefusedError, TietoolError
 from ..model.tokens import AddedToken, NewToken, TokenEdit
 from . import store
+from .tokenizer import sp_names
+
+SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
 EXTRA = 'pip install "tietool[tokenizer]"'
 CONFIG, ADDED_JSON, SPECIAL_MAP = "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json"
-SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
 
 def _lib(name: str) -> Any:
@@ -45,7 +47,9 @@ def _lib(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ImportError as e:
-        raise TietoolError(f"editing the tokenizer needs {name.split('.')[0]}: {EXTRA}", None, EXTRA) from e
+        raise TietoolError(
+            f"editing the tokenizer needs {name.split('.')[0]} (the tokenizer extra)", None, EXTRA
+        ) from e
 
 
 @dataclass
@@ -128,10 +132,19 @@ def _scan(folder: Any) -> _Folder:
         except Exception as e:  # protobuf's DecodeError
             raise CheckpointError(f"{f.sp_name} is not a SentencePiece model", root / f.sp_name) from e
     if (root / "vocab.txt").is_file():
-        f.vocab_txt = (root / "vocab.txt").read_text(encoding="utf-8").splitlines()
+        f.vocab_txt = _lines((root / "vocab.txt").read_text(encoding="utf-8"))
     if (root / "vocab.json").is_file() and (root / "merges.txt").is_file():
         f.vocab_json = _read_json(root / "vocab.json")
     if f.tokenizer_json is None and f.sp_model is None and f.vocab_txt is None and f.vocab_json is None:
+        other = sp_names(root)  # a model inspect reads (vocab_file, spm.model) that is not edited here
+        if other:
+            raise RefusedError(
+                f"{other[0]} is a SentencePiece model under a name add-tokens does not edit "
+                f"({', '.join(SP_NAMES)}): which tokenizer class reads {other[0]} cannot be told "
+                "(transformers 5.3 and PaddleFormers 1.2 skip it for a Llama tokenizer: 3 tokens)",
+                root / other[0],
+                "add the tokens with the tokenizer's own library, then resize the model with tietool resize",
+            )
         raise RefusedError(
             "the folder has no tokenizer vocabulary (tokenizer.json, *.model, vocab.txt or vocab.json + "
             "merges.txt): nothing to add the token to",
@@ -147,6 +160,14 @@ def _scan(folder: Any) -> _Folder:
             "save the tokenizer again with save_pretrained",
         ) from e
     return f
+
+
+def _lines(text: str) -> list[str]:
+    """The lines of a text read with universal newlines (``\n``, ``\r\n``, ``\r``), as ``open().readlines()``
+    gives them to transformers' ``load_vocab``; not ``str.splitlines``, which also breaks at ``\x0b``,
+    ``\x0c``, ``\x1c``-``\x1e``, ``\x85``, ``\u2028``, ``\u2029`` inside a token and shifts every later id."""
+    lines = text.split("\n")
+    return lines[:-1] if lines and lines[-1] == "" else lines
 
 
 def _from_str(text: str) -> Any:
@@ -313,6 +334,7 @@ def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], li
         if s in ids:
             i = ids[s]
             had = f.added.get(i)
+            _refuse_spelling(f, s, i, had, split)
             marked = {m.id for m in marks}
             if special and i < f.length and (had is None or not had.special) and i not in marked:
                 marks.append(replace(had, special=True) if had else AddedToken(s, i, True, False))
@@ -323,6 +345,35 @@ def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], li
         ids[s] = next_id
         next_id += 1
     return out, marks
+
+
+def _refuse_spelling(f: _Folder, s: str, i: int, had: AddedToken | None, split) -> None:
+    """Refuse ``s`` when it is the vocabulary's spelling of base token ``i`` but the tokenizer does not encode
+    the text ``s`` as ``[i]``: a byte-level BPE piece (``'é'`` is byte 0xE9's piece, the text encodes as its
+    two UTF-8 bytes; ``'Ġ'``), a WordPiece ``##`` continuation, a piece without its ``▁`` in the
+    tokenizer.json of a SentencePiece model.
+    It is no token of that text, and it cannot get a new id either: ``tokenizers`` gives an added token the
+    model's id of the same string (``token_to_id``), so the text would encode as piece ``i`` (marked special,
+    every ``é`` of ordinary text would: it decodes as a lone byte, '\ufffd'). Added tokens, the special tokens
+    the configs name are tokens as they are; so is every piece of a SentencePiece model without
+    tokenizer.json, whose own encoder never gives a piece for its spelling.
+
+    Raises:
+        RefusedError: naming the string, its id and the ids the tokenizer splits the text into.
+    """
+    if i >= f.length or had is not None or s in _named_specials(f):  # new in this batch, or an added token
+        return
+    if f.tokenizer_json is None and f.sp_model is not None:
+        return  # sentencepiece encodes no piece's spelling as that piece ('▁' is escaped): left as before
+    got = list(split(s))
+    if got != [i]:
+        raise RefusedError(
+            f"{s!r} is the vocabulary's spelling of token {i}, but the tokenizer encodes the text {s!r} as "
+            f"{got}: it is not one token of that text, and tokenizers would map a new token {s!r} to id {i}",
+            f.root,
+            f"leave {s!r} out (add the text as part of a longer token), or edit the tokenizer with its own "
+            "library",
+        )
 
 
 def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
@@ -354,6 +405,7 @@ def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
         )
     tokens, marks = _plan_tokens(f, strings, special)
     new = [AddedToken(t.content, t.id, t.special, not t.special) for t in tokens if not t.existed]
+    _refuse_shadowed(f, new + marks)
     files = _edit_files(f, new + marks, ())
     return TokenEdit(f.length, f.length + len(new), tuple(tokens), (), files)
 
@@ -372,12 +424,16 @@ def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
     f = _scan(folder)
     base_cut = sorted(i for t, i in f.base.items() if i >= length and i not in f.added)
     if base_cut:
-        names = ", ".join(f"{i} {t!r}" for t, i in sorted(f.base.items(), key=lambda x: x[1]) if i >= length)
+        # an added token a file also holds as a piece or line (tietool's own *.model / vocab.txt edits) is
+        # removable: neither named as base nor counted in the rows to keep (found by breaking issue 20)
+        by_id = {i: t for t, i in f.base.items()}
+        names = ", ".join(f"{i} {by_id[i]!r}" for i in base_cut)
+        need = max(i for i in by_id if i not in f.added) + 1
         raise RefusedError(
-            f"ids {names[:200]} belong to the tokenizer's base vocabulary ({f.base_size} tokens), which "
+            f"ids {names[:200]} belong to the tokenizer's base vocabulary ({need} tokens), which "
             f"tietool cannot remove; a model of {length} rows cannot serve this tokenizer",
             f.root,
-            f"keep at least {f.base_size} rows, or retrain the tokenizer",
+            f"keep at least {need} rows, or retrain the tokenizer",
         )
     gone = tuple(t for i, t in sorted(f.added.items()) if i >= length)
     _refuse_named(f, gone)
@@ -452,6 +508,7 @@ def _edit_tokenizer_json(f: _Folder, add: list[AddedToken], drop: tuple[int, ...
         got = tok.token_to_id(t.content)
         if got != t.id:
             raise TietoolError(f"tokenizers gave {t.content!r} id {got}, expected {t.id}", "tokenizer.json")
+    _refuse_unreachable(f, tok, [t for t in add if t.id >= f.length])
     tail = text[len(text.rstrip("\n")) :]
     if f.tj_native and not drop:  # a file tokenizers wrote: it writes the edit
         return tok.to_str(pretty=True) + tail
@@ -460,6 +517,50 @@ def _edit_tokenizer_json(f: _Folder, add: list[AddedToken], drop: tuple[int, ...
     if f.tj_native:
         return tk.Tokenizer.from_str(json.dumps(data)).to_str(pretty=True) + tail
     return _dump_like(text, data).decode("utf-8")  # any other writer: only added_tokens changes
+
+
+def _refuse_shadowed(f: _Folder, tokens: list[AddedToken]) -> None:
+    """Refuse a new normalized (plain) token that holds a raw-matched added token (``normalized: false``,
+    special ones as a rule) inside it: loaders match those first, on the raw text, so it is never produced
+    (any format: vocab.json + merges.txt, SentencePiece, vocab.txt; tokenizer.json is also checked by
+    encoding, :func:`_refuse_unreachable`). Found by breaking issue 20: ``<|endoftext|>x`` (GPT-2 files),
+    ``<s>x`` (a SentencePiece model), ``[CLS]x`` (vocab.txt) encoded as [0, 88], [1, 117], [2, 138] in
+    transformers 5.3 and PaddleFormers 1.2.
+
+    Raises:
+        RefusedError: naming the token and the token inside it.
+    """
+    raw = [t.content for t in [*f.added.values(), *tokens] if not t.normalized]
+    for t in tokens:
+        inner = next((r for r in raw if t.normalized and r != t.content and r in t.content), None)
+        if inner is not None:
+            raise RefusedError(
+                f"{t.content!r} would never be produced: it holds the token {inner!r}, which loaders match "
+                "first (on the raw text)",
+                f.root,
+                "add it with --special (special tokens are matched first, the longest one winning), or leave "
+                "it out",
+            )
+
+
+def _refuse_unreachable(f: _Folder, tok: Any, new: list[AddedToken]) -> None:
+    """Refuse a new token that the edited tokenizer.json (``tok``, through ``tokenizers``, what transformers'
+    fast tokenizers run) does not encode as its own id: it would take a row and never be produced. Found by
+    breaking issue 20: a plain ``<|im_start|>user`` beside the special ``<|im_start|>`` (matched first, on
+    the raw text) encoded as [301, 84, 82, 263] in transformers 5.3 and PaddleFormers 1.2.
+
+    Raises:
+        RefusedError: naming the token and what its text encodes as.
+    """
+    for t in new:
+        got = list(tok.encode(t.content, add_special_tokens=False).ids)
+        if got != [t.id]:
+            raise RefusedError(
+                f"{t.content!r} would never be produced: with it added, the tokenizer still encodes the text "
+                f"{t.content!r} as {got}, not as its id {t.id}",
+                f.root / "tokenizer.json",
+                "add it with --special (special tokens are matched first, on the raw text), or leave it out",
+            )
 
 
 def _edit_sp_model(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> bytes:
@@ -501,7 +602,17 @@ def _edit_vocab_txt(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) ->
         )
     else:
         lines += [f.added[i].content for i in range(len(lines), f.length)]
-        lines += [t.content for t in add if t.id >= f.length]
+        new = [t.content for t in add if t.id >= f.length]
+        bad = next((t for t in new if _lines(t) != [t] or t != t.rstrip() or "\r" in t), None)
+        if bad is not None:
+            raise RefusedError(
+                f"{bad!r} cannot be a line of vocab.txt: transformers and PaddleFormers read vocab.txt a "
+                "line a token and drop trailing whitespace, so a line break or trailing space would move it "
+                "and every later id",
+                f.root / "vocab.txt",
+                "leave it out, or add it without line breaks or trailing whitespace",
+            )
+        lines += new
     return "".join(line + "\n" for line in lines).encode("utf-8")
 
 

@@ -109,6 +109,7 @@ def plan_add_tokens(
     for op_check in (refuse_unsettled_pair, refuse_unusable_head):
         op_check(det, "add-tokens")
     refuse_ambiguous_head(det)
+    _refuse_disagreeing(det)
     _refuse_rows(det, edit)
     R, added = det.vocab_rows, edit.added
     multiple = math.lcm(pad_to_multiple_of or 1, tp_degree(det))
@@ -160,6 +161,25 @@ def _target(det: Detection, length: int, multiple: int) -> int:
             fix=f"a smaller {Opt('pad_to_multiple_of')}",
         )
     return N
+
+
+def _refuse_disagreeing(det: Detection) -> None:
+    """Refuse a folder whose tokenizer files disagree (:func:`surgery.io.tokenizer.tokenizer_set`, what
+    ``inspect`` reports as problems): loaders then read different tokenizers, so no id is the new token's
+    under all of them. ``tokenizer.json`` with ``<tool_call>`` (id 250) that tokenizer_config.json and
+    tokenizer.model lack, plus ``<a>``: transformers 5.3 loaded ``<a>`` as id 250, PaddleFormers 1.2 as 251.
+
+    Raises:
+        RefusedError: naming the first disagreement.
+    """
+    found = det.tokenizer.files.disagreements
+    if found:
+        more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+        raise RefusedError(
+            f"the tokenizer files disagree: {found[0]}{more}; loaders would give new tokens different ids",
+            det.ckpt.path,
+            "save the tokenizer again with save_pretrained (or delete the stale file), then add the tokens",
+        )
 
 
 def _refuse_rows(det: Detection, edit: TokenEdit) -> None:
@@ -277,6 +297,7 @@ def _notes(plan: Plan, edit: TokenEdit, N: int) -> None:
     had = [f"{t.content!r} (id {t.id})" for t in edit.tokens if t.existed]
     if had:
         plan.notes.append(f"already in the tokenizer, not added: {', '.join(had)}")
+    _base_marked_special(plan, edit)
     if not edit.added:
         plan.notes.append("no new token: no row changes")
         return
@@ -285,3 +306,20 @@ def _notes(plan: Plan, edit: TokenEdit, N: int) -> None:
         plan.notes.append(f"{used} slack row(s) {edit.length_before}..{edit.length_before + used - 1} taken")
     if N > R:
         plan.notes.append(f"every vocabulary tensor grows {R} → {N} rows")
+
+
+def _base_marked_special(plan: Plan, edit: TokenEdit) -> None:
+    """A warning for each token of the base vocabulary (not an added token of the input's tokenizer) that
+    the edit marks special: a special token is matched in text before the model splits it, so words that
+    contain it tokenize differently from then on (``the`` special in WordPiece: ``there`` becomes ``the``
+    ``r`` ``##e``), as with HF ``add_special_tokens`` of an existing word."""
+    ts = plan.det.tokenizer.files
+    special_before = {a.id for a in ts.added if a.special}
+    added_before = {a.id for a in ts.added}
+    base = [t for t in edit.tokens if t.existed and t.special and t.id not in added_before]
+    marked = [f"{t.content!r} (id {t.id})" for t in base if t.id not in special_before]
+    if marked:
+        plan.warnings.append(
+            f"marked special, though part of the base vocabulary: {', '.join(marked)}; text that contains "
+            "them is split around them from now on (ordinary words may tokenize differently)"
+        )

@@ -27,6 +27,7 @@ from ..model.errors import Opt, RefusedError, UsageError
 from ..model.tensor import DTYPES, NP_TO_ST, DType, TensorInfo, dtype_refusal
 from ..model.tokens import TokenEdit
 from .recipes import CopyOf, Recipe, uses
+from .training_state import OptimizerEdit
 
 NEW_SHARD = "<new shard>"  # OutTensor.file of a tensor that gets a shard file of its own
 
@@ -128,6 +129,9 @@ class Plan:
         tokenizer: the edit of the folder's tokenizer files that goes with the rows (``add-tokens``, a
             ``resize`` trim below added tokens): the writer writes ``tokenizer.files`` in place of those
             files of the input; None leaves every tokenizer file as it is.
+        training_edit: with ``--keep-training-state``, the optimizer files rewritten to the new shapes
+            (:func:`surgery.plan.training_state.plan_training_state`), by path; the writer writes them in
+            place of the copies.
     """
 
     op: str
@@ -145,6 +149,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     extra_report: dict[str, Any] = field(default_factory=dict)
     tokenizer: TokenEdit | None = None
+    training_edit: dict[str, OptimizerEdit] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:
