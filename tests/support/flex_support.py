@@ -18,7 +18,7 @@ from pathlib import Path
 from tietool.surgery.io import flex
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "flex"
-FOLDERS = ("single", "ranks2", "flat2", "mesh2x2")
+FOLDERS = ("single", "ranks2", "ranks2_replicas", "flat2", "mesh2x2")
 
 
 @dataclass(frozen=True)
