@@ -572,8 +572,13 @@ class _Walker:
         if not isinstance(fn, _Global):
             raise ValueError("REDUCE on a non-global")
         if (fn.module, fn.name) in self.rules.records:
-            if args != ():
-                raise ValueError(f"{fn.module}.{fn.name} made with arguments (a record takes none)")
+            if args != ():  # a call of the class: never simulated (its instances are only built by BUILD)
+                raise UnsafePickleError(
+                    f"refused to unpickle: the pickle calls {fn.module}.{fn.name} with arguments, which "
+                    f"{self.rules.what} never does (nothing was executed)",
+                    self.path,
+                    "do not load this file with paddle.load/pickle; get it from a trusted source",
+                )
             return Record((fn.module, fn.name))
         call = self.rules.calls.get((fn.module, fn.name))
         if call is None:
@@ -602,7 +607,11 @@ class _Walker:
         self.read(1)
 
     def op_frame(self) -> None:
-        self.read(8)
+        n = struct.unpack("<Q", self.read(8))[0]
+        # a frame is a length hint: a .pdparams walk ignores it (as it always has: edited weights files keep
+        # stale hints); another kind of pickle with a frame past its end is damaged
+        if self.rules is not WEIGHTS and n > self.size - self.f.tell():
+            raise _refuse(self.path, f"truncated pickle (a {n}-byte frame at offset {self.f.tell() - 9})")
 
     def op_empty_dict(self) -> None:
         self.stack.append({})
