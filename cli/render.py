@@ -297,6 +297,9 @@ def inspect(info: dict, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(finite(dict(info)), indent=2))
         return
+    if info.get("kind") == "flex":
+        flex_inspect(info)
+        return
     con = _console()
     con.print(
         f"{info['path']}: {info['format']}{' (sharded)' if info['sharded'] else ''}, "
@@ -331,6 +334,33 @@ def inspect(info: dict, as_json: bool = False) -> None:
         writing=False,
     )
     recovered(info.get("recovered") or {})
+
+
+def flex_inspect(info: dict) -> None:
+    """``tietool inspect`` of a flex checkpoint: its files and ranks, a table of its global tensors, the
+    Trainer's other state folders, and the merge that makes it a checkpoint."""
+    con = _console()
+    con.print(
+        f"{info['path']}: flex checkpoint ({info['metadata']}), {len(info['ranks'])} rank(s), "
+        f"{len(info['files'])} .distcp file(s), {info['num_tensors']} tensors, {info['total_parameters']} "
+        f"parameters, {size(info['total_bytes'])}"
+        + (f"; model_type {info['model_type']}" if info.get("model_type") else "")
+    )
+    t = Table()
+    for col in ("tensor", "global shape", "dtype", "slices", "files"):
+        t.add_column(col, overflow="fold")
+    for x in info["tensors"]:
+        flat = " (flattened)" if x["flattened"] else ""
+        t.add_row(x["name"], str(x["shape"]), x["dtype"], f"{x['slices']}{flat}", ", ".join(x["files"]))
+    con.print(t)
+    for d in info["state_folders"]:
+        print(f"training state: {d}/ (a flex folder of its own; not merged into the model)")
+    if info.get("config") is None:
+        print(
+            "note: no config.json here or in the folder above (the Trainer's flex saves write none); merge "
+            "needs the config.json of the model the run started from, copied into the folder"
+        )
+    print(f"note: every other command refuses a flex checkpoint; merge it first: {info['next']}")
 
 
 def recovered(rec: dict) -> None:
@@ -573,7 +603,8 @@ def merge(rep: dict, as_json: bool = False) -> None:
         return
     for t in rep["tensors"]:
         axis = "" if t["axis"] is None else f" on axis {t['axis']}"
-        print(f"  {t['name']}: {t['rule']}{axis} -> {t['dtype']} {t['shape']}")
+        turned = ", transposed" if t.get("transposed") else ""
+        print(f"  {t['name']}: {t['rule']}{axis}{turned} -> {t['dtype']} {t['shape']}")
     for k, (before, after) in rep["config_changes"].items():
         print(f"config.json: {k} {before} -> {after}")
     for f in rep["left_out"]:
@@ -582,6 +613,11 @@ def merge(rep: dict, as_json: bool = False) -> None:
         print(
             f"dry run: would merge {len(rep['rank_files'])} rank files into {len(rep['tensors'])} tensors in "
             f"{', '.join(rep['weight_files'])}; nothing was written"
+        )
+    elif rep.get("kind") == "flex":
+        print(
+            f"merged the flex checkpoint ({len(rep['ranks'])} ranks, {len(rep['rank_files'])} .distcp files) "
+            f"into {rep['output']}: {len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
         )
     else:
         ranks = (
@@ -724,6 +760,9 @@ def _verify_text(res: dict) -> None:
 
 def _many_row(info: dict) -> list[str]:
     """Table cells of one inspection: vocab rows, hidden size, head layout, tie state, tying's savings."""
+    if info.get("kind") == "flex":  # a flex checkpoint: no vocabulary surface until it is merged
+        what = f"flex checkpoint, {len(info['ranks'])} rank(s), {info['num_tensors']} tensors: merge it first"
+        return [str(info["path"]), f"{what} ({info.get('model_type')})", *[""] * 5]
     tie, head = info["tie"], info["head"]
     tied = (
         "tied" if tie["config"] else "untied"

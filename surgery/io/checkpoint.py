@@ -90,9 +90,30 @@ def _refuse_not_a_checkpoint(path: Path, names: set[str]) -> None:
         )
 
 
-def _has_whole(names: set[str]) -> bool:
+def _refuse_flex(path: Path) -> None:
+    """Refuse a flex checkpoint (``checkpoint-N/`` with ``model_state/``, or ``*.distcp`` + ``*.metadata``):
+    every command but ``inspect`` and ``merge`` says to merge it first (exit 5, as for rank files).
+
+    Raises:
+        RefusedError: naming the folder that holds the ``.distcp`` files.
+    """
+    from .flex import find  # only local folders are looked at
+
+    folder = find(path)
+    if folder is not None:
+        where = folder.state.relative_to(folder.root).as_posix()
+        detail = (
+            f"{where}/ holds the .distcp and .metadata files" if where != "." else ".distcp and .metadata"
+        )
+        raise surface.refuse(surface.Cause.FLEX, path, detail)
+
+
+def has_whole(names: set[str]) -> bool:
     """Whole-model weights under a name save_pretrained writes (single file, index, or shards)."""
     return bool({ST_SINGLE, ST_INDEX, PD_SINGLE, PD_INDEX} & names) or any(SHARD_RE.match(n) for n in names)
+
+
+_has_whole = has_whole
 
 
 def _left_out(path: Path, names: set[str], fmt: Format, taken: set[str | None]) -> list[surface.LeftOut]:
@@ -420,6 +441,8 @@ class Checkpoint:
     def _open(cls, path: Any, st: Store) -> Checkpoint:
         """:meth:`open` of a ``Path`` or a remote ``UPath`` (the root of store ``st``)."""
         names = _file_names(st)
+        if st.on_disk and not _has_whole(names):
+            _refuse_flex(path)
         _refuse_not_a_checkpoint(path, names)
         config, config_file, prefix = read_config(path)
         surface.refuse_folder(path, names, config, has_whole=_has_whole(names))

@@ -78,17 +78,37 @@ class AllowList:
         calls: ``(module, name)`` → simulation; a global not in it is refused (``UnsafePickleError``).
         classes: globals that may appear only as an argument (``numpy.ndarray`` given to ``_reconstruct``).
         limits: the bounds of a walk.
+        records: classes whose instances are simulated as plain :class:`Record` s (created by NEWOBJ or
+            REDUCE with no arguments, their fields set by BUILD of a dict of field name → value, as pickle
+            restores a dataclass): never imported, never called. A record may be a dict key (identity).
+        top_record: the pickle's top level is one such record (a flex ``.metadata``), not a dict.
     """
 
     what: str
     calls: Mapping[tuple[str, str], Callable[[tuple[Any, ...]], Any]]
     classes: frozenset[tuple[str, str]] = frozenset()
     limits: Limits = Limits()
+    records: frozenset[tuple[str, str]] = frozenset()
+    top_record: bool = False
 
     @cached_property
     def globals(self) -> frozenset[tuple[str, str]]:
         """Every global the pickle may name."""
-        return frozenset(self.calls) | self.classes
+        return frozenset(self.calls) | self.classes | self.records
+
+
+class Record:
+    """A simulated instance of an allowed record class (:attr:`AllowList.records`): the class's
+    ``(module, name)`` and the fields BUILD gave it (names are strings, values plain values or records).
+    Hashed by identity: a record used as a dict key (the flex ``storage_metadata``) is never looked up by
+    value, so no field is hashed."""
+
+    __slots__ = ("cls", "fields", "built")
+
+    def __init__(self, cls: tuple[str, str]):
+        self.cls = cls
+        self.fields: dict[str, Any] = {}
+        self.built = False
 
 
 class _Global:
@@ -188,8 +208,15 @@ def _show(v: Any, n: int = 40) -> str:
     return f"a {type(v).__name__}"
 
 
+_REFUSE_FIX = "the file is damaged or is not a Paddle weights file; re-export it"
+
+
+def _fix_for(rules: AllowList) -> str:
+    return f"the file is damaged or is not {rules.what}; copy it again from where it was written"
+
+
 def _refuse(path: Path, what: str) -> CheckpointError:
-    return CheckpointError(what, path, "the file is damaged or is not a Paddle weights file; re-export it")
+    return CheckpointError(what, path, _REFUSE_FIX)
 
 
 def _too_big(path: Path, what: str) -> CheckpointError:
@@ -235,7 +262,11 @@ def walk(path: Path, rules: AllowList | None = None) -> tuple[dict[str, Any], in
     with f:
         try:
             return _walk(f, path, size, rules), size
-        except (UnsafePickleError, CheckpointError):
+        except UnsafePickleError:
+            raise
+        except CheckpointError as e:
+            if rules is not WEIGHTS and e.fix == _REFUSE_FIX:  # the words of the kind of pickle it is
+                raise CheckpointError(e.message, path, _fix_for(rules)) from None
             raise
         except (
             struct.error,
@@ -249,7 +280,10 @@ def walk(path: Path, rules: AllowList | None = None) -> tuple[dict[str, Any], in
             MemoryError,
             OverflowError,
         ) as e:
-            raise _refuse(path, f"malformed pickle ({e.__class__.__name__}: {str(e)[:80]})") from None
+            bad = _refuse(path, f"malformed pickle ({e.__class__.__name__}: {str(e)[:80]})")
+            if rules is not WEIGHTS:
+                bad = CheckpointError(bad.message, path, _fix_for(rules))
+            raise bad from None
 
 
 def _walk(f: BinaryIO, path: Path, size: int, rules: AllowList) -> dict[str, Any]:
@@ -286,6 +320,11 @@ def _walk(f: BinaryIO, path: Path, size: int, rules: AllowList) -> dict[str, Any
     else:
         raise _too_big(path, f"more opcodes than the file's {size} bytes")
     stack = w.stack
+    if rules.top_record:
+        if len(stack) != 1 or type(stack[0]) is not Record:
+            raise _refuse(path, f"the pickle does not hold one record, as {rules.what} does")
+        _check_values(path, {"": stack[0]}, rules.limits, size)
+        return {"": stack[0]}
     if len(stack) != 1 or not isinstance(stack[0], dict):
         raise _refuse(path, "the pickle does not hold a {name: array} dict")
     _check_values(path, stack[0], rules.limits, size)
@@ -293,7 +332,9 @@ def _walk(f: BinaryIO, path: Path, size: int, rules: AllowList) -> dict[str, Any
 
 
 def _children(x: Any) -> Any:
-    return (y for kv in x.items() for y in kv) if type(x) is dict else x
+    if type(x) is dict:
+        return (y for kv in x.items() for y in kv)
+    return x.fields.values() if type(x) is Record else x
 
 
 def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> None:
@@ -310,7 +351,7 @@ def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> No
     budget = size + lim.nodes_beyond_size
     sizes: dict[int, int] = {}
     for name, v in top.items():
-        if type(v) not in (dict, list, tuple):
+        if type(v) not in (dict, list, tuple, Record):
             if isinstance(v, _STAND_INS) and not isinstance(v, _Array):
                 raise _refuse(path, f"entry {_show(name)} is a bare {_stand_in(v)}, not a value")
             continue
@@ -321,7 +362,7 @@ def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> No
             x, it = todo[-1]
             for c in it:
                 t = type(c)
-                if t is dict or t is list or t is tuple:
+                if t is dict or t is list or t is tuple or t is Record:
                     i = id(c)
                     if i in sizes:
                         counts[-1] += sizes[i]
@@ -427,7 +468,7 @@ class _Walker:
         """
         if type(k) is str:
             return k
-        if isinstance(k, _KEY_LEAVES):
+        if isinstance(k, _KEY_LEAVES) or type(k) is Record:  # a record: hashed by identity
             return k
         if type(k) is not tuple:
             raise _refuse(self.path, f"a dict key is {_show(k)} (a weights pickle's keys are names)")
@@ -504,8 +545,9 @@ class _Walker:
                 raise _too_big(self.path, f"a global's module or name is longer than {lim:,} bytes")
         if (module, name) not in self.rules.globals:
             raise UnsafePickleError(
-                f"refused to unpickle: the pickle calls {module}.{name}, which a weights file never needs "
-                "(nothing was executed)",
+                f"refused to unpickle: the pickle calls {module}.{name}, which "
+                f"{'a weights file' if self.rules is WEIGHTS else self.rules.what} never needs (nothing was "
+                "executed)",
                 self.path,
                 "do not load this file with paddle.load/pickle; get the weights from a trusted source",
             )
@@ -529,6 +571,15 @@ class _Walker:
         """
         if not isinstance(fn, _Global):
             raise ValueError("REDUCE on a non-global")
+        if (fn.module, fn.name) in self.rules.records:
+            if args != ():  # a call of the class: never simulated (its instances are only built by BUILD)
+                raise UnsafePickleError(
+                    f"refused to unpickle: the pickle calls {fn.module}.{fn.name} with arguments, which "
+                    f"{self.rules.what} never does (nothing was executed)",
+                    self.path,
+                    "do not load this file with paddle.load/pickle; get it from a trusted source",
+                )
+            return Record((fn.module, fn.name))
         call = self.rules.calls.get((fn.module, fn.name))
         if call is None:
             raise ValueError(f"cannot call {fn.module}.{fn.name}")
@@ -556,7 +607,11 @@ class _Walker:
         self.read(1)
 
     def op_frame(self) -> None:
-        self.read(8)
+        n = struct.unpack("<Q", self.read(8))[0]
+        # a frame is a length hint: a .pdparams walk ignores it (as it always has: edited weights files keep
+        # stale hints); another kind of pickle with a frame past its end is damaged
+        if self.rules is not WEIGHTS and n > self.size - self.f.tell():
+            raise _refuse(self.path, f"truncated pickle (a {n}-byte frame at offset {self.f.tell() - 9})")
 
     def op_empty_dict(self) -> None:
         self.stack.append({})
@@ -726,6 +781,10 @@ class _Walker:
                 obj.order = state[1]
         elif type(obj) is dict and type(state) is dict:
             self.setitems(obj, [x for kv in state.items() for x in kv], "BUILD")
+        elif type(obj) is Record and type(state) is dict and not obj.built:
+            if not all(type(k) is str for k in state):
+                raise ValueError(f"BUILD of {obj.cls[1]} with a field name that is not a string")
+            obj.fields, obj.built = state, True
         else:
             raise ValueError("BUILD on an unsupported object")
 

@@ -36,6 +36,7 @@ class Cause(Enum):
     ADAPTER = "adapter"
     ADAPTER_WRAPPED = "adapter-wrapped"
     QUANTIZED = "quantized"
+    FLEX = "flex-checkpoint"
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,13 @@ RULES: dict[Cause, Rule] = {
         "wrapper and the vocabulary tables may appear twice (original_module untrained, modules_to_save "
         "trained)",
         _MERGE_ADAPTER,
+    ),
+    Cause.FLEX: Rule(
+        "a flex checkpoint (paddle.distributed.save_state_dict; the PaddleFormers Trainer's checkpoint-N/ "
+        "model_state/): each <rank>_<id>.distcp holds a rank's slices of the weights and the .metadata says "
+        "where each slice goes, not a whole checkpoint",
+        "merge it first, into a new folder: tietool merge (tietool.merge in Python) writes PaddleFormers "
+        "safetensors the other commands take; tietool inspect lists what it holds",
     ),
     Cause.QUANTIZED: Rule(
         "the embedding/head is quantized (packed integers with scales): tietool edits float tables only, "

@@ -87,6 +87,20 @@ class Joined:
 
 
 @dataclass(frozen=True)
+class Assembled:
+    """A global tensor of a flex checkpoint (``merge``): an array of ``shape`` in the stored numpy
+    ``dtype`` (bf16 as ``uint16``) filled from ``pieces`` (:class:`surgery.plan.merge_flex.Piece`, each a
+    box of a slice in a ``.distcp`` file of ``folder``; ``infos``: each file's header of the tensor's key),
+    by :func:`surgery.plan.merge_flex.assemble`."""
+
+    folder: Path
+    shape: tuple[int, ...]
+    dtype: str
+    pieces: tuple[Any, ...]
+    infos: tuple[tuple[str, TensorInfo], ...]
+
+
+@dataclass(frozen=True)
 class NewRows:
     """``count`` new rows ``[count, hidden]`` in the stored dtype of ``source``, computed from its stored
     rows (its columns when ``axis`` is 1, a ``[hidden, vocab]`` head) by ``init`` (:func:`new_rows`).
@@ -217,6 +231,7 @@ Recipe = (
     | TokenRows
     | FusedPart
     | Joined
+    | Assembled
     | TokenInitRows
     | EditedTable
     | EditedBias
@@ -267,7 +282,7 @@ def uses(recipe: Recipe) -> list[Use]:
         return [Use(recipe.name, "resize it", False)]
     if isinstance(recipe, FusedPart):
         return [Use(recipe.name, "transpose or split it", False)]
-    if isinstance(recipe, Joined):  # slices of the rank files, not of a checkpoint: moved as bytes
+    if isinstance(recipe, Joined | Assembled):  # slices of rank files, not of a checkpoint: moved as bits
         return []
     return uses(recipe.copy) + uses(recipe.own)
 
@@ -304,6 +319,8 @@ def describe(recipe: Recipe) -> str:
     if isinstance(recipe, FusedPart):
         turned = ", transposed" if recipe.transpose else ""
         return f"chunks {list(recipe.chunks)} of {recipe.count} of {recipe.name} (axis {recipe.axis}{turned})"
+    if isinstance(recipe, Assembled):
+        return f"assembled from {len({p.slice for p in recipe.pieces})} flex slices"
     if isinstance(recipe, Joined):
         rule = "replicated" if recipe.axis is None else f"{recipe.rule.value} on axis {recipe.axis}"
         return f"{len(recipe.slices)} slices of {recipe.slices[0].info.name} joined: {rule}"
@@ -326,6 +343,10 @@ def make(recipe: Recipe, ckpt: Checkpoint | None, memo: dict[Recipe, Data]) -> D
 def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data]) -> Data:
     if isinstance(recipe, Joined):
         return _joined(recipe)
+    if isinstance(recipe, Assembled):
+        from .merge_flex import assembled_data  # the planner's module (it imports this one)
+
+        return assembled_data(recipe)
     assert ckpt is not None, f"internal: {describe(recipe)} needs the input checkpoint"
     if isinstance(recipe, FusedPart):
         return _fused_part(recipe, ckpt)
