@@ -39,7 +39,7 @@ from .plan import convert as convert_plan
 from .plan import merge as merge_plan
 from .plan import merge_flex
 from .plan.add_tokens import InitChoice, parse_init, plan_add_tokens
-from .plan.merge import plan_merge
+from .plan.merge_experts import plan_rank_merge
 from .plan.plan import DEFAULT_MAX_SHARD_SIZE, Plan, check_dtypes, parse_size
 from .plan.resize import plan_resize
 from .plan.tie import plan_tie
@@ -860,7 +860,7 @@ def merge(
         return _merge_flex(path, out, limit, dry_run, progress)
     merged = Planner(
         open=_rank_folder,
-        plan=lambda src: (limit(), plan_merge(src))[1],
+        plan=lambda src: (limit(), plan_rank_merge(src))[1],
         report=report,
         write=lambda p: merge_plan.new_checkpoint(p, limit()),
         totals=totals,

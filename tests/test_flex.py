@@ -23,7 +23,8 @@ from support import adversarial_support as av
 from support import flex_support as fx
 
 from tietool.surgery.io import flex
-from tietool.surgery.plan.merge_flex import Piece, flat_boxes, gap, overlaps
+from tietool.surgery.plan.flex_pieces import Piece, flat_boxes
+from tietool.surgery.plan.merge_flex import gap, overlaps
 
 PY = sys.executable
 needs_data = pytest.mark.skipif(not (fx.DATA / "ranks2").is_dir(), reason="tests/data/flex not present")

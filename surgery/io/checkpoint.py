@@ -22,7 +22,7 @@ from ..model.enums import Container
 from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
 from . import regular, safetensors_io, store, surface, tree
-from .configfile import check_config
+from .configfile import read_config
 from .formats import FORMATS, PDPARAMS, SAFETENSORS, Format, other
 from .regular import kind_of, load_json, require_regular
 from .store import Store
@@ -45,32 +45,6 @@ def _read_json(path: Path, what: str, limit: int = regular.JSON_LIMIT) -> Any:
         CheckpointError: missing, not a regular file, unreadable or not valid JSON, naming ``what``.
     """
     return load_json(path, what, limit)
-
-
-def read_config(path: Path) -> tuple[dict, str, str]:
-    """config.json; or, in a folder that has only the older ``model_config.json`` (PaddleNLP 2.x), the
-    model arguments in it: ``(config, file, dotted prefix of the arguments in the file)``."""
-    name = "config.json"
-    if not (path / name).exists() and (path / "model_config.json").is_file():
-        name = "model_config.json"
-    config = _read_json(path / name, name)
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{name} is not a JSON object", path / name, "fix or restore it")
-    check_config(config, path / name, name)
-    prefix = ""
-    if name == "model_config.json":
-        # {"init_args": [{"init_args": [{...}], "init_class": "GPTModel"}], "init_class": "GPTForCausalLM"}
-        init_class = config.get("init_class")
-        while isinstance(config.get("init_args"), list) and config["init_args"]:
-            first = config["init_args"][0]
-            if not isinstance(first, dict):
-                break
-            prefix = f"{prefix}.init_args.0".lstrip(".")
-            config = first
-        config = dict(config)
-        if "model_type" not in config and isinstance(init_class, str):
-            config["model_type"] = re.sub(r"(For[A-Z].*|Model|PretrainedModel)$", "", init_class).lower()
-    return config, name, prefix
 
 
 def _refuse_not_a_checkpoint(path: Path, names: set[str]) -> None:

@@ -30,6 +30,7 @@ import numpy as np
 from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo
 from . import pdparams_io
+from .configfile import read_config
 from .pdparams_io import AllowList, Record
 
 MODULE = "paddle.distributed.flex_checkpoint.dcp.metadata"
@@ -350,9 +351,7 @@ def summary(ck: FlexCheckpoint) -> dict[str, Any]:
     root, state = ck.folder.root, ck.folder.state
     config = next((d / "config.json" for d in (root, root.parent) if (d / "config.json").is_file()), None)
     model_type = None
-    if config is not None:
-        from .checkpoint import read_config  # a bad config.json is refused here as everywhere
-
+    if config is not None:  # a bad config.json is refused here as everywhere
         model_type = read_config(config.parent)[0].get("model_type")
     files = [
         {

@@ -491,18 +491,16 @@ def plan_merge(src: Path) -> MergePlan:
     config.json read and its parallel degree checked, every header read, every tensor planned
     (:func:`plan`), the merged config and the carried files.
 
-    Expert-parallel rank files (``moe_sharding00``, ``moe00``) are planned by
-    :func:`surgery.plan.merge_experts.plan_expert_merge`.
+    Expert-parallel rank files (``moe_sharding00``, ``moe00``) are not this function's:
+    :func:`surgery.plan.merge_experts.plan_rank_merge` hands them to
+    :func:`~surgery.plan.merge_experts.plan_expert_merge` (it builds on this module's helpers, so this
+    module does not import it).
 
     Raises:
         UsageError, CheckpointError, RefusedError: as :func:`find_ranks`, :func:`read_ranks`, :func:`plan`,
             :func:`check_degree`, :func:`require_readable` and :func:`carried` say; nothing is written.
     """
     names = folder_names(src)
-    from . import merge_experts  # it builds on this module's helpers
-
-    if merge_experts.is_expert_parallel(names):
-        return merge_experts.plan_expert_merge(src, names)
     container, groups = find_ranks(src, names)
     require_readable(src, groups)
     config, _, _ = read_config(src)

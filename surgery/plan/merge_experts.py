@@ -42,7 +42,9 @@ from .merge import (
     MergePlan,
     RankFile,
     carried,
+    folder_names,
     merged_config,
+    plan_merge,
     read_ranks,
     require_readable,
     same_or_refuse,
@@ -445,3 +447,16 @@ def plan_expert_merge(src: Path, names: set[str]) -> MergePlan:
         expert_parallel=len(files),
         expert_numbering=sorted({k.value for k in kinds.values()}),
     )
+
+
+def plan_rank_merge(src: Path) -> MergePlan:
+    """The merge of the rank folder ``src``: expert-parallel rank files (``moe_sharding00``, ``moe00``) by
+    :func:`plan_expert_merge`, tensor- and pipeline-parallel ones by :func:`surgery.plan.merge.plan_merge`.
+
+    Raises:
+        UsageError, CheckpointError, RefusedError: as those two say; nothing is written.
+    """
+    names = folder_names(src)
+    if is_expert_parallel(names):
+        return plan_expert_merge(src, names)
+    return plan_merge(src)

@@ -8,7 +8,7 @@ element); two slices that share elements must hold the same values there (compar
 is refused naming both files). Coverage is decided on a grid of the slices' own boundaries (one cell per
 distinct block of elements), so it costs nothing like the tensor's size.
 
-Writing assembles one global tensor at a time (:class:`~surgery.plan.recipes.Assembled`, made by
+Writing assembles one global tensor at a time (:class:`~surgery.plan.flex_pieces.Assembled`, made by
 :func:`assemble`): an array of the global shape in the stored dtype (bf16 as ``uint16`` bits, never
 converted) filled from the slices, which are memory-mapped from the ``.distcp`` files (never loaded whole
 twice); the writer drops it once written.
@@ -34,11 +34,11 @@ from ..io.safetensors_io import Source
 from ..model.enums import Container
 from ..model.errors import CheckpointError, RefusedError
 from ..model.tensor import TensorInfo
+from .flex_pieces import Assembled, Box, Piece, assemble, piece_array, pieces
 from .merge import merged_config
 from .plan import NewCheckpoint, OutTensor, Reshard
-from .recipes import Array, Assembled
+from .recipes import Array
 
-Box = tuple[tuple[int, ...], tuple[int, ...]]  # (start, stop) per axis, in global coordinates
 Headers = dict[str, dict[str, TensorInfo]]  # .distcp file -> its arrays by key
 _FIX = (
     "re-copy the flex checkpoint from the training run (its .metadata and .distcp files are written together)"
@@ -64,65 +64,6 @@ TOKENIZER_FILES = (
 )
 """Files carried from the folder above ``checkpoint-N/`` when config.json is taken from there (the tokenizer
 and generation config the run saved with the model); the root's own non-training files are all carried."""
-
-
-def flat_boxes(shape: tuple[int, ...], start: int, stop: int) -> list[tuple[Box, int]]:
-    """The blocks of elements ``[start, stop)`` of a C-ordered array of ``shape`` covers, as boxes of
-    local coordinates, each with the flat index of its first element (each box is a contiguous run of the
-    flat range: the stored 1-D slice ``[pos - start : pos - start + volume]`` reshaped to the box).
-
-    As paddle's ``minimal_nd_slice`` finds them (``load_state_dict``'s unflattening): a partial first row,
-    the whole rows, a partial last row, recursively on the remaining axes.
-    """
-    if start >= stop:
-        return []
-    if len(shape) <= 1:
-        return [(((start,), (stop,)), start)] if shape else [(((), ()), 0)]
-    stride = math.prod(shape[1:])
-    out: list[tuple[Box, int]] = []
-    row, s = divmod(start, stride)
-    if s:
-        end = min(stop - row * stride, stride)
-        out += [
-            ((((row, *a)), (row + 1, *b)), row * stride + p) for (a, b), p in flat_boxes(shape[1:], s, end)
-        ]
-        row += 1
-    first = row * stride
-    if first >= stop:
-        return out
-    full = (stop - first) // stride
-    if full:
-        out.append((((row, *[0] * (len(shape) - 1)), (row + full, *shape[1:])), first))
-    tail = stop - (row + full) * stride
-    if tail > 0:
-        r = row + full
-        out += [(((r, *a), (r + 1, *b)), r * stride + p) for (a, b), p in flat_boxes(shape[1:], 0, tail)]
-    return out
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One contiguous box of a slice: global ``box``, and where its elements are in the slice's stored
-    array (``pos``: flat index into it)."""
-
-    slice: FlexSlice
-    box: Box
-    pos: int
-
-
-def pieces(s: FlexSlice) -> list[Piece]:
-    """The boxes of slice ``s`` in global coordinates (one for a whole block, a few for a flattened one)."""
-    if s.flat is None:
-        stop = tuple(o + n for o, n in zip(s.offset, s.shape, strict=True))
-        return [Piece(s, (s.offset, stop), 0)]
-    out = []
-    for (a, b), p in flat_boxes(s.shape, s.flat[0], s.flat[1]):
-        g = (
-            tuple(o + x for o, x in zip(s.offset, a, strict=True)),
-            tuple(o + x for o, x in zip(s.offset, b, strict=True)),
-        )
-        out.append(Piece(s, g, p - s.flat[0]))
-    return out
 
 
 def _volume(box: Box) -> int:
@@ -184,15 +125,6 @@ def overlaps(out: list[Piece]) -> Iterator[tuple[Piece, Piece, Box]]:
             if sub is not None:
                 yield q, p, sub
         active.append(p)
-
-
-def piece_array(path: Path, p: Piece, info: TensorInfo) -> Array:
-    """The stored values of piece ``p`` shaped as its box (stored dtype; memory-mapped where possible)."""
-    a = pdparams_io.read_array(path, info)
-    shape = tuple(b - c for c, b in zip(*p.box, strict=True))
-    if p.slice.flat is None:
-        return a
-    return a.reshape(-1)[p.pos : p.pos + math.prod(shape)].reshape(shape)
 
 
 def _region(a: Array, box: Box, sub: Box) -> Array:
@@ -316,41 +248,6 @@ def _disagree(ck: FlexCheckpoint, t: FlexTensor, a: FlexSlice, b: FlexSlice) -> 
         ck.path_of(b.file),
         _FIX,
     )
-
-
-def assemble(r: Assembled) -> Array:
-    """The global tensor of :class:`Assembled` ``r``: an array of its global shape in the stored dtype,
-    every piece copied into its box (bits unchanged)."""
-    infos = dict(r.infos)
-    if len(r.pieces) == 1 and r.pieces[0].slice.flat is None:  # one whole block: its stored array
-        p = r.pieces[0]
-        return np.ascontiguousarray(piece_array(r.folder / p.slice.file, p, infos[p.slice.file]))
-    out = np.empty(r.shape, dtype=np.dtype(r.dtype))
-    for p in r.pieces:
-        path = r.folder / p.slice.file
-        info = infos[p.slice.file]
-        out[tuple(slice(a, b) for a, b in zip(*p.box, strict=True))] = piece_array(path, p, info)
-    return out
-
-
-def assembled_data(r: Assembled) -> Array | Source:
-    """The data of :class:`Assembled` ``r`` for the writer: where its pieces are whole blocks that span
-    every axis but the first (a single slice, row shards, a 1-D tensor's shards) their stored bytes one
-    after another by byte range (:class:`Source`: nothing loaded, as ``merge`` joins rank files on axis 0);
-    else the array :func:`assemble` fills."""
-    infos = dict(r.infos)
-    full = all(
-        p.slice.flat is None
-        and not infos[p.slice.file].fortran
-        and p.box[0][1:] == (0,) * (len(r.shape) - 1)
-        and p.box[1][1:] == r.shape[1:]
-        for p in r.pieces
-    )
-    if not full or not r.shape:
-        return assemble(r)
-    ordered = sorted(r.pieces, key=lambda p: p.box[0][0])
-    parts = [pdparams_io.raw_bytes_source(r.folder / p.slice.file, infos[p.slice.file]) for p in ordered]
-    return parts[0] if len(parts) == 1 else Source(parts=parts)
 
 
 def _config(ck: FlexCheckpoint) -> tuple[dict[str, Any], Path]:

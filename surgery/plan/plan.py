@@ -27,7 +27,6 @@ from ..model.errors import Opt, RefusedError, UsageError
 from ..model.tensor import DTYPES, NP_TO_ST, DType, TensorInfo, dtype_refusal
 from ..model.tokens import TokenEdit
 from .recipes import CopyOf, Recipe, uses
-from .training_state import OptimizerEdit
 
 NEW_SHARD = "<new shard>"  # OutTensor.file of a tensor that gets a shard file of its own
 
@@ -105,6 +104,38 @@ class OutTensor:
 def _dtype(label: str) -> DType:
     """The :class:`~surgery.model.tensor.DType` of a safetensors label or a pdparams numpy name."""
     return DTYPES[label] if label in DTYPES else DTYPES[NP_TO_ST[label]]
+
+
+@dataclass(frozen=True)
+class Resized:
+    """One parameter whose shape the plan changes: ``axis`` goes from ``old`` to ``new`` entries."""
+
+    name: str  # the model's (structured) name
+    param: str  # its parameter name (StructuredToParameterName@@), the optimizer's key
+    axis: int
+    old: int
+    new: int
+
+
+@dataclass(frozen=True)
+class OptimizerEdit:
+    """The rewrite of one ``optimizer.pdopt``: each accumulator and each master weight with the resize it
+    gets (None: copied bytes), and what else the file holds (:class:`~surgery.io.pdparams_io
+    .OptimizerHeader`)."""
+
+    rel: str
+    entries: tuple[tuple[TensorInfo, Resized | None], ...]
+    master: tuple[tuple[TensorInfo, Resized | None], ...]
+    names: dict[str, str]
+    extras: dict[str, Any]
+    np_module: str
+
+    @property
+    def resized(self) -> list[str]:
+        """The accumulators and master weights (``master_weights/<parameter>``) that are resized."""
+        return [t.name for t, r in self.entries if r is not None] + [
+            "master_weights/" + t.name for t, r in self.master if r is not None
+        ]
 
 
 @dataclass

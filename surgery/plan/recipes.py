@@ -31,6 +31,7 @@ from ..io.checkpoint import Checkpoint
 from ..io.safetensors_io import Source
 from ..model.enums import HeadLayout, Init, TieState, TokenInit
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, f32_to_bf16_bits
+from .flex_pieces import Assembled, assembled_data
 
 Array = npt.NDArray[Any]
 """An array in a stored dtype (bf16 as ``uint16`` bits)."""
@@ -84,20 +85,6 @@ class Joined:
     rule: TPSplit
     axis: int | None
     parts: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Assembled:
-    """A global tensor of a flex checkpoint (``merge``): an array of ``shape`` in the stored numpy
-    ``dtype`` (bf16 as ``uint16``) filled from ``pieces`` (:class:`surgery.plan.merge_flex.Piece`, each a
-    box of a slice in a ``.distcp`` file of ``folder``; ``infos``: each file's header of the tensor's key),
-    by :func:`surgery.plan.merge_flex.assemble`."""
-
-    folder: Path
-    shape: tuple[int, ...]
-    dtype: str
-    pieces: tuple[Any, ...]
-    infos: tuple[tuple[str, TensorInfo], ...]
 
 
 @dataclass(frozen=True)
@@ -344,8 +331,6 @@ def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data
     if isinstance(recipe, Joined):
         return _joined(recipe)
     if isinstance(recipe, Assembled):
-        from .merge_flex import assembled_data  # the planner's module (it imports this one)
-
         return assembled_data(recipe)
     assert ckpt is not None, f"internal: {describe(recipe)} needs the input checkpoint"
     if isinstance(recipe, FusedPart):

@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -36,9 +35,7 @@ from ..io import pdparams_io
 from ..io.pdparams_io import Source
 from ..model.errors import Opt, RefusedError
 from ..model.tensor import TensorInfo, bf16_bits_to_f32
-
-if TYPE_CHECKING:
-    from .plan import Plan
+from .plan import OptimizerEdit, Plan, Resized
 
 PDOPT = "optimizer.pdopt"
 # training-state files that hold no per-parameter tensor: valid for the resized model as they are
@@ -58,38 +55,6 @@ def _fix() -> str:
         f"run without {Opt('keep_training_state', True)} (the optimizer state is left out; training restarts "
         "its statistics), or edit the checkpoint the training library saves whole and let it rebuild it"
     )
-
-
-@dataclass(frozen=True)
-class Resized:
-    """One parameter whose shape the plan changes: ``axis`` goes from ``old`` to ``new`` entries."""
-
-    name: str  # the model's (structured) name
-    param: str  # its parameter name (StructuredToParameterName@@), the optimizer's key
-    axis: int
-    old: int
-    new: int
-
-
-@dataclass(frozen=True)
-class OptimizerEdit:
-    """The rewrite of one ``optimizer.pdopt``: each accumulator and each master weight with the resize it
-    gets (None: copied bytes), and what else the file holds (:class:`~surgery.io.pdparams_io
-    .OptimizerHeader`)."""
-
-    rel: str
-    entries: tuple[tuple[TensorInfo, Resized | None], ...]
-    master: tuple[tuple[TensorInfo, Resized | None], ...]
-    names: dict[str, str]
-    extras: dict[str, Any]
-    np_module: str
-
-    @property
-    def resized(self) -> list[str]:
-        """The accumulators and master weights (``master_weights/<parameter>``) that are resized."""
-        return [t.name for t, r in self.entries if r is not None] + [
-            "master_weights/" + t.name for t, r in self.master if r is not None
-        ]
 
 
 def _refuse(ck_path: Any, rel: str, why: str) -> RefusedError:
