@@ -164,6 +164,9 @@ def refused(ck: Path, tmp_path: Path, *words: str) -> None:
         ("master_weights-00001-of-00001.safetensors", ["master_weights-00001-of-00001.safetensors"]),
         ("optimizer.tp00.pdopt", ["optimizer.tp00.pdopt", "rank"]),
         ("optimizer.pt", ["optimizer.pt", "does not know"]),
+        # torch's other suffixes (accelerate's save_state writes optimizer.bin): copied stale before
+        ("optimizer.bin", ["optimizer.bin", "does not know"]),
+        ("optimizer.pth", ["optimizer.pth", "does not know"]),
     ],
 )
 def test_refuses_an_optimizer_file_it_cannot_resize(tmp_path, name, words):

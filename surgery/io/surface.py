@@ -126,7 +126,7 @@ ADAPTER_WEIGHTS_RE = re.compile(
 )
 # files a training run writes beside the weights; per-parameter ones go stale when the vocabulary changes
 TRAINING_STATE = re.compile(
-    r"^(optimizer.*\.(pdopt|pt|safetensors|json)|.*\.pdopt|master_weights.*|scheduler\.(pdparams|pt)"
+    r"^(optimizer.*\.(pdopt|pt|pth|bin|safetensors|json)|.*\.pdopt|master_weights.*|scheduler\.(pdparams|pt)"
     r"|trainer_state\.json|rng_state.*|scaler\.(pdparams|pt))$"
 )
 # weights of another library, beside the checkpoint (transformers may read them)
