@@ -524,6 +524,25 @@ def test_real_trainer_checkpoint_merged_loads_with_the_trained_logits(tmp_path: 
     assert len(lines) == 2 and all(ln.split()[2] == "True" for ln in lines), res.stdout
 
 
+@needs_data
+@pytest.mark.parametrize("kind", ["dangling", "folder"])
+def test_a_distcp_that_is_no_file_named_as_what_it_is(kind: str, tmp_path: Path) -> None:
+    """A ``.distcp`` that is a dangling symbolic link or a folder is said to be that (as for any file of a
+    checkpoint: README's exit 3 row), not "missing" with the advice to copy a file that is there."""
+    src = fx.copy_folder("ranks2", tmp_path / "ranks2")
+    (src / "1_0.distcp").unlink()
+    if kind == "dangling":
+        (src / "1_0.distcp").symlink_to(tmp_path / "gone.distcp")
+    else:
+        (src / "1_0.distcp").mkdir()
+    (src / "config.json").write_text("{}")
+    words = ["1_0.distcp", "symbolic link" if kind == "dangling" else "folder"]
+    for argv in (["merge", src, "--out", tmp_path / "m"], ["inspect", src]):
+        run = av.run_cli(argv)
+        av.assert_refused(run, 3, words, out=tmp_path / "m")
+        assert "missing" not in run.stderr, run.describe()
+
+
 # ------------------------------------------------------------------------------ flexdata's hostile set
 HOSTILE = fx.DATA / "hostile"
 # case -> (exit of merge, the file its one line names); inspect reads the .metadata only, so a problem of the

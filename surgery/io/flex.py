@@ -29,7 +29,7 @@ import numpy as np
 
 from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo
-from . import pdparams_io
+from . import pdparams_io, regular, tree
 from .configfile import read_config
 from .pdparams_io import AllowList, Record
 
@@ -318,14 +318,27 @@ def open_flex(folder: FlexFolder) -> FlexCheckpoint:
     tensors = read_metadata(folder.state / metas[0])
     files = sorted({s.file for t in tensors.values() for s in t.slices}, key=_rank_of)
     for fname in files:
-        if not (folder.state / fname).is_file():
-            raise CheckpointError(
-                f"{fname}, which {metas[0]} names for some slices, is missing",
-                folder.state / fname,
-                "copy every <rank>_<id>.distcp file the training run saved into the folder",
-            )
+        _require_data_file(folder.state / fname, metas[0])
     ranks = tuple(sorted({_rank_of(f) for f in files}))
     return FlexCheckpoint(folder, metas[0], tuple(files), tensors, ranks)
+
+
+def _require_data_file(path: Path, meta: str) -> None:
+    """``path`` (a ``.distcp`` the ``meta`` file names) is a regular file tietool can read.
+
+    Raises:
+        CheckpointError: it is missing; a dangling link or a link loop (:func:`tree.stat_link`); a folder,
+            FIFO, socket or device, or unreadable (:func:`regular.require_regular`): each said as what it is.
+    """
+    if path.is_symlink():
+        tree.stat_link(str(path))
+    elif not path.exists():
+        raise CheckpointError(
+            f"{path.name}, which {meta} names for some slices, is missing",
+            path,
+            "copy every <rank>_<id>.distcp file the training run saved into the folder",
+        )
+    regular.require_regular(path, path.name)
 
 
 def _rank_of(file: str) -> int:
