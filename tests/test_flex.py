@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -500,6 +501,26 @@ _TRAINER_LOGITS = textwrap.dedent(
 
 
 @pytest.mark.slow
+@needs_trainer
+@pytest.mark.parametrize("sub", ["optimizer_state", "master_weight"])
+@pytest.mark.parametrize("model_type", ["llama", "mystery"])
+def test_optimizer_folders_are_not_merged_as_a_model(sub: str, model_type: str, tmp_path: Path) -> None:
+    """``merge checkpoint-N/optimizer_state`` (or ``master_weight``) wrote the moments as a model, with the
+    checkpoint's config.json and tokenizer files, for a model type of no conversion ("mystery"; and refused
+    with convert's ``--to safetensors`` hint, an option merge has not, for llama): refused, naming the
+    checkpoint folder to merge."""
+    ck = tmp_path / "checkpoint-2"
+    shutil.copytree(fx.DATA / "trainer_bf16_layout" / "checkpoint-1", ck)
+    config = json.loads((fx.DATA / "trainer_1rank" / "base" / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**config, "model_type": model_type}))
+    before = av.tree_state(ck)
+    out = tmp_path / "m"
+    run = av.run_cli(["merge", ck / sub, "--out", out])
+    av.assert_refused(run, 5, [sub, "tietool merge", "checkpoint-2 --out"], out=out)
+    assert "--to" not in run.stderr, run.describe()
+    assert av.tree_state(ck) == before
+
+
 @needs_trainer
 def test_real_trainer_checkpoint_merged_loads_with_the_trained_logits(tmp_path: Path) -> None:
     """The merged real-Trainer checkpoints load with PaddleFormers' ``from_pretrained`` and give the logits of

@@ -291,6 +291,27 @@ def _carried(ck: FlexCheckpoint, config_file: Path) -> tuple[list[tuple[Path, st
     return carry, left
 
 
+def _refuse_training_state(folder: flex.FlexFolder) -> None:
+    """``folder`` is not a Trainer checkpoint's ``optimizer_state/`` or ``master_weight/`` named directly
+    (beside a ``model_state/`` flex folder, as ``trainer.py`` ``_save_flex_optimizer_state`` writes them):
+    those hold the optimizer's moments / fp32 master weights by parameter, and merged they would be written
+    as a model with the checkpoint's config.json and tokenizer files.
+
+    Raises:
+        RefusedError: it is one of them (exit 5), naming the checkpoint folder to merge instead.
+    """
+    root = folder.root
+    up = flex.find(root.parent) if root.name in flex.STATE_DIRS[1:] else None
+    if up is not None and up.state.name == flex.STATE_DIRS[0]:
+        raise RefusedError(
+            f"{root.name}/ is the training state of the Trainer checkpoint {root.parent.name}/ (the "
+            "optimizer's moments or master weights, by parameter), not the model's weights",
+            root,
+            f"merge the checkpoint folder instead: tietool merge {root.parent} --out DIR (its "
+            f"{flex.STATE_DIRS[0]}/ holds the weights)",
+        )
+
+
 def plan_flex(src: Path) -> FlexPlan:
     """The merge of the flex checkpoint at ``src``: metadata and headers read and checked, every tensor's
     coverage and shared elements checked (:func:`check_tensor`), config.json and the carried files.
@@ -302,6 +323,7 @@ def plan_flex(src: Path) -> FlexPlan:
     folder = flex.find(src)
     if folder is None:
         raise CheckpointError("not a flex checkpoint", src, "give the checkpoint-N/ or model_state/ folder")
+    _refuse_training_state(folder)
     ck = flex.open_flex(folder)
     headers = {f: flex.data_headers(ck, f) for f in ck.files}
     config, config_file = _config(ck)
