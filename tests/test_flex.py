@@ -522,6 +522,28 @@ def test_optimizer_folders_are_not_merged_as_a_model(sub: str, model_type: str, 
 
 
 @needs_trainer
+@pytest.mark.parametrize("command", [["resize", "--vocab", "256", "--seed", "1"], ["tie", "--keep", "head"]])
+def test_hf_weights_beside_flex_saves_leave_them_out(command: list[str], tmp_path: Path) -> None:
+    """A ``checkpoint-N/`` that also holds whole-model weights (``save_hf_steps``) is taken as those weights;
+    a command that changes the model left its flex saves (``model_state/`` at the old vocabulary,
+    ``optimizer_state/``, ``master_weight/``: per parameter) in the output unchanged, though README says
+    training state is left out when the model changes: a resume from the output would read them."""
+    ck = tmp_path / "checkpoint-2"
+    shutil.copytree(fx.DATA / "trainer_1rank" / "checkpoint-2", ck)
+    base = fx.DATA / "trainer_1rank" / "base"
+    for n in ("config.json", "model-00001-of-00001.safetensors", "model.safetensors.index.json"):
+        shutil.copy2(base / n, ck / n)
+    out = tmp_path / "out"
+    run = av.run_cli([command[0], ck, *command[1:], "--out", out])
+    assert run.rc == 0, run.describe()
+    stale = [d for d in flex.STATE_DIRS if (out / d).exists()]
+    assert not stale, f"{stale} carried into the changed checkpoint"
+    report = json.loads((out / "tietool-report.json").read_text())
+    left = {x["file"].split("/")[0] for x in report["left_out"]}
+    assert set(flex.STATE_DIRS) <= left, left
+
+
+@needs_trainer
 def test_real_trainer_checkpoint_merged_loads_with_the_trained_logits(tmp_path: Path) -> None:
     """The merged real-Trainer checkpoints load with PaddleFormers' ``from_pretrained`` and give the logits of
     the trained model (``load_state_dict``'s tensors set into the model the run started from), bit for bit,

@@ -182,6 +182,15 @@ def test_refuses_flex_optimizer_folders(tmp_path):
     refused(ck, tmp_path, "optimizer_state/", "flex-checkpoint")
 
 
+def test_refuses_a_flex_model_state_beside_the_weights(tmp_path):
+    """A Trainer checkpoint-N/ with whole weights (save_hf_steps) and its flex ``model_state/`` (the weights
+    at the old vocabulary, .distcp slices): --keep-training-state refuses it by name, as optimizer_state/."""
+    ck, _ = with_optimizer(tmp_path)
+    no_oracle = shutil.ignore_patterns("oracle*")
+    shutil.copytree(paths.DATA / "flex" / "ranks2", ck / "model_state", ignore=no_oracle)
+    refused(ck, tmp_path, "model_state/", "flex-checkpoint")
+
+
 class _Named:
     """A tensor as ``paddle.save`` pickles a Tensor outside a plain state dict: ``tuple((name, array))``."""
 

@@ -606,7 +606,7 @@ class Checkpoint:
                 continue
             if local:
                 require_regular(self.path / rel, rel)
-            if surface.TRAINING_STATE.match(rel.rsplit("/", 1)[-1]):
+            if surface.TRAINING_STATE.match(rel.rsplit("/", 1)[-1]) or surface.TRAINER_FLEX_STATE.match(rel):
                 self.training_state.append(rel)
             else:
                 out.append(rel)

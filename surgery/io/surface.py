@@ -129,6 +129,12 @@ TRAINING_STATE = re.compile(
     r"^(optimizer.*\.(pdopt|pt|pth|bin|safetensors|json)|.*\.pdopt|master_weights.*|scheduler\.(pdparams|pt)"
     r"|trainer_state\.json|rng_state.*|scaler\.(pdparams|pt))$"
 )
+# a Trainer checkpoint-N/'s flex saves (PaddleFormers 1.2 trainer.py _save_flex_model_state /
+# _save_flex_optimizer_state; surgery.io.flex): the weights, moments and master weights at that step's shapes,
+# per parameter, beside whole-model weights (save_hf_steps); stale when the model changes, as TRAINING_STATE
+TRAINER_FLEX_STATE = re.compile(
+    r"^(model_state|optimizer_state|master_weight)/(\d+_\d+\.distcp|\d+\.metadata(\.lock)?)$"
+)
 # weights of another library, beside the checkpoint (transformers may read them)
 OTHER_WEIGHTS_RE = re.compile(r"^pytorch_model.*\.bin(\.index\.json)?$")
 
