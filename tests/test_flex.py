@@ -544,6 +544,27 @@ def test_hf_weights_beside_flex_saves_leave_them_out(command: list[str], tmp_pat
 
 
 @needs_trainer
+@pytest.mark.parametrize("inside", [False, True])
+def test_merge_of_dot_finds_the_config_above(inside: bool, tmp_path: Path) -> None:
+    """``cd checkpoint-N && tietool merge . --out ../m`` with config.json in the Trainer's output_dir (the
+    folder above), or ``cd checkpoint-N/model_state`` with it in ``checkpoint-N/``: ``Path(".").parent`` is
+    ``.``, so the folder above was never looked at (exit 3 "no config.json ... in the folder above it")."""
+    run_dir = tmp_path / "run"
+    ck = run_dir / "checkpoint-2"
+    shutil.copytree(fx.DATA / "trainer_1rank" / "checkpoint-2", ck)
+    above = ck if inside else run_dir
+    shutil.copy2(fx.DATA / "trainer_1rank" / "base" / "config.json", above / "config.json")
+    for n in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(fx.DATA / "trainer_1rank" / n, above / n)
+    cwd = ck / "model_state" if inside else ck
+    insp = av.run_cli(["inspect", ".", "--json"], cwd=cwd)
+    assert insp.rc == 0 and json.loads(insp.stdout)["model_type"] == "llama", insp.describe()
+    run = av.run_cli(["merge", ".", "--out", tmp_path / "m"], cwd=cwd)
+    assert run.rc == 0, run.describe()
+    assert (tmp_path / "m" / "tokenizer.json").is_file()
+
+
+@needs_trainer
 def test_real_trainer_checkpoint_merged_loads_with_the_trained_logits(tmp_path: Path) -> None:
     """The merged real-Trainer checkpoints load with PaddleFormers' ``from_pretrained`` and give the logits of
     the trained model (``load_state_dict``'s tensors set into the model the run started from), bit for bit,

@@ -20,6 +20,7 @@ tokenizer files). :func:`find` recognises the three places a flex folder may be;
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -134,6 +135,13 @@ class FlexFolder:
     root: Path
     state: Path
     others: tuple[str, ...]
+
+
+def above(root: Path) -> Path:
+    """The folder above ``root`` (where a Trainer's config.json and tokenizer files are), as the user means
+    it: ``root`` made absolute first, since ``Path(".").parent`` is ``.`` (``os.path.abspath``: lexical, a
+    symbolic link to the folder is not resolved)."""
+    return Path(os.path.abspath(root)).parent
 
 
 def _is_flex_dir(p: Path) -> bool:
@@ -362,7 +370,7 @@ def summary(ck: FlexCheckpoint) -> dict[str, Any]:
     number of slices, flattened or not), the totals, the model_type of a config.json beside it or above it,
     and how to merge it. Headers only: no tensor data is read."""
     root, state = ck.folder.root, ck.folder.state
-    config = next((d / "config.json" for d in (root, root.parent) if (d / "config.json").is_file()), None)
+    config = next((d / "config.json" for d in (root, above(root)) if (d / "config.json").is_file()), None)
     model_type = None
     if config is not None:  # a bad config.json is refused here as everywhere
         model_type = read_config(config.parent)[0].get("model_type")

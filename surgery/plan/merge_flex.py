@@ -17,6 +17,7 @@ twice); the writer drops it once written.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -253,7 +254,7 @@ def _disagree(ck: FlexCheckpoint, t: FlexTensor, a: FlexSlice, b: FlexSlice) -> 
 def _config(ck: FlexCheckpoint) -> tuple[dict[str, Any], Path]:
     """config.json of the flex checkpoint's root, or of the folder above (the Trainer's output_dir)."""
     root = ck.folder.root
-    for d in (root, root.parent):
+    for d in (root, flex.above(root)):
         if (d / "config.json").is_file():
             return read_config(d)[0], d / "config.json"
     raise CheckpointError(
@@ -300,14 +301,14 @@ def _refuse_training_state(folder: flex.FlexFolder) -> None:
     Raises:
         RefusedError: it is one of them (exit 5), naming the checkpoint folder to merge instead.
     """
-    root = folder.root
-    up = flex.find(root.parent) if root.name in flex.STATE_DIRS[1:] else None
+    root, parent = Path(os.path.abspath(folder.root)), flex.above(folder.root)
+    up = flex.find(parent) if root.name in flex.STATE_DIRS[1:] else None
     if up is not None and up.state.name == flex.STATE_DIRS[0]:
         raise RefusedError(
-            f"{root.name}/ is the training state of the Trainer checkpoint {root.parent.name}/ (the "
+            f"{root.name}/ is the training state of the Trainer checkpoint {parent.name}/ (the "
             "optimizer's moments or master weights, by parameter), not the model's weights",
-            root,
-            f"merge the checkpoint folder instead: tietool merge {root.parent} --out DIR (its "
+            folder.root,
+            f"merge the checkpoint folder instead: tietool merge {parent} --out DIR (its "
             f"{flex.STATE_DIRS[0]}/ holds the weights)",
         )
 
@@ -414,7 +415,7 @@ def convertible(src: Path) -> bool:
     folder = flex.find(src)
     if folder is None:
         return False
-    for d in (folder.root, folder.root.parent):
+    for d in (folder.root, flex.above(folder.root)):
         if (d / "config.json").is_file():
             mt = read_config(d)[0].get("model_type")
             return isinstance(mt, str) and arch.conversion_row(mt) is not None
