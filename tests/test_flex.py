@@ -565,6 +565,27 @@ def test_merge_of_dot_finds_the_config_above(inside: bool, tmp_path: Path) -> No
 
 
 @needs_trainer
+def test_the_loaders_auto_generated_metadata_is_not_carried_or_compared(tmp_path: Path) -> None:
+    """PaddleFormers' ``from_pretrained`` of a merged (safetensors) folder writes
+    ``flex-ckpt.auto_generated.metadata`` into it (paddle ``create_hf_ckpt_metadata``: the tensors' names,
+    shapes and files; measured on the merged trainer_1rank), and paddle's ``load_state_dict`` reuses one that
+    exists. resize carried the input's copy (the old shapes) into its output, and verify called the file an
+    unexplained difference (exit 7) when only one side had been loaded."""
+    ck = tmp_path / "checkpoint-2"
+    shutil.copytree(fx.DATA / "trainer_1rank" / "checkpoint-2", ck)
+    shutil.copy2(fx.DATA / "trainer_1rank" / "base" / "config.json", ck / "config.json")
+    m = tmp_path / "m"
+    assert av.run_cli(["merge", ck, "--out", m]).rc == 0
+    (m / "flex-ckpt.auto_generated.metadata").write_bytes(b"\x80\x04N.")  # tietool never reads it
+    r = tmp_path / "r"
+    run = av.run_cli(["resize", m, "--vocab", "256", "--seed", "1", "--out", r])
+    assert run.rc == 0, run.describe()
+    assert not (r / "flex-ckpt.auto_generated.metadata").exists()
+    ver = av.run_cli(["verify", m, r])
+    assert ver.rc == 0, ver.describe()
+
+
+@needs_trainer
 def test_real_trainer_checkpoint_merged_loads_with_the_trained_logits(tmp_path: Path) -> None:
     """The merged real-Trainer checkpoints load with PaddleFormers' ``from_pretrained`` and give the logits of
     the trained model (``load_state_dict``'s tensors set into the model the run started from), bit for bit,

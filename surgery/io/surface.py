@@ -135,6 +135,11 @@ TRAINING_STATE = re.compile(
 TRAINER_FLEX_STATE = re.compile(
     r"^(model_state|optimizer_state|master_weight)/(\d+_\d+\.distcp|\d+\.metadata(\.lock)?)$"
 )
+# a loader's index of safetensors weights: paddle's flex_checkpoint load_state_dict (dcp/load_state_dict.py,
+# create_hf_ckpt_metadata) writes flex-ckpt.auto_generated.metadata into the folder at the first load (so does
+# PaddleFormers 1.2's from_pretrained, measured) and reuses one that exists: it describes the input's
+# tensors, never an output's, and the loader writes it anew
+LOADER_CACHE = re.compile(r"^[^/]+\.auto_generated\.metadata$")
 # weights of another library, beside the checkpoint (transformers may read them)
 OTHER_WEIGHTS_RE = re.compile(r"^pytorch_model.*\.bin(\.index\.json)?$")
 
@@ -146,6 +151,7 @@ class LeftOutReason(Enum):
     OTHER_FORMAT = "other-format"  # weights in the other format (or another library's) beside the checkpoint
     RANK_FILE = "rank-file"  # a tensor/pipeline-parallel slice beside whole weights
     TRAINING_STATE = "training-state"  # optimizer / master weights / scheduler / trainer state / rng
+    LOADER_CACHE = "loader-cache"  # a loader's own index of the weights (LOADER_CACHE), rewritten by it
 
 
 @dataclass(frozen=True)
