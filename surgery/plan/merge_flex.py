@@ -308,8 +308,7 @@ def _refuse_training_state(folder: flex.FlexFolder) -> None:
             f"{root.name}/ is the training state of the Trainer checkpoint {parent.name}/ (the "
             "optimizer's moments or master weights, by parameter), not the model's weights",
             folder.root,
-            f"merge the checkpoint folder instead: tietool merge {parent} --out DIR (its "
-            f"{flex.STATE_DIRS[0]}/ holds the weights)",
+            f"merge the checkpoint folder {parent} instead (its {flex.STATE_DIRS[0]}/ holds the weights)",
         )
 
 
