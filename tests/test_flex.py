@@ -516,7 +516,7 @@ def test_optimizer_folders_are_not_merged_as_a_model(sub: str, model_type: str, 
     before = av.tree_state(ck)
     out = tmp_path / "m"
     run = av.run_cli(["merge", ck / sub, "--out", out])
-    av.assert_refused(run, 5, [sub, "tietool merge", "checkpoint-2 --out"], out=out)
+    av.assert_refused(run, 5, [sub, "merge the checkpoint folder", "checkpoint-2 instead"], out=out)
     assert "--to" not in run.stderr, run.describe()
     assert av.tree_state(ck) == before
 
