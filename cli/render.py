@@ -80,6 +80,8 @@ _LEFT_OUT_WHY = {  # LeftOutReason values (surgery/io/surface.py) in words
     "checkpoint",
     "training-state": "training state (optimizer moments, master weights, scheduler, trainer or rng state), "
     "stored per parameter",
+    "loader-cache": "paddle's flex-checkpoint loader's index of the weights (written at a load, reused if "
+    "present): it describes these tensors, and the loader writes it anew for an output",
 }
 
 

@@ -164,6 +164,9 @@ def refused(ck: Path, tmp_path: Path, *words: str) -> None:
         ("master_weights-00001-of-00001.safetensors", ["master_weights-00001-of-00001.safetensors"]),
         ("optimizer.tp00.pdopt", ["optimizer.tp00.pdopt", "rank"]),
         ("optimizer.pt", ["optimizer.pt", "does not know"]),
+        # torch's other suffixes (accelerate's save_state writes optimizer.bin): copied stale before
+        ("optimizer.bin", ["optimizer.bin", "does not know"]),
+        ("optimizer.pth", ["optimizer.pth", "does not know"]),
     ],
 )
 def test_refuses_an_optimizer_file_it_cannot_resize(tmp_path, name, words):
@@ -177,6 +180,15 @@ def test_refuses_flex_optimizer_folders(tmp_path):
     (ck / "optimizer_state").mkdir()
     (ck / "optimizer_state" / "0_0.distcp").write_bytes(b"\0" * 16)
     refused(ck, tmp_path, "optimizer_state/", "flex-checkpoint")
+
+
+def test_refuses_a_flex_model_state_beside_the_weights(tmp_path):
+    """A Trainer checkpoint-N/ with whole weights (save_hf_steps) and its flex ``model_state/`` (the weights
+    at the old vocabulary, .distcp slices): --keep-training-state refuses it by name, as optimizer_state/."""
+    ck, _ = with_optimizer(tmp_path)
+    no_oracle = shutil.ignore_patterns("oracle*")
+    shutil.copytree(paths.DATA / "flex" / "ranks2", ck / "model_state", ignore=no_oracle)
+    refused(ck, tmp_path, "model_state/", "flex-checkpoint")
 
 
 class _Named:

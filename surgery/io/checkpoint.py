@@ -99,7 +99,9 @@ def _left_out(path: Path, names: set[str], fmt: Format, taken: set[str | None]) 
     for n in sorted(names - {x for x in taken if x}):
         if surface.TRAINING_STATE.match(n) or surface.ADAPTER_WEIGHTS_RE.match(n):
             continue
-        if surface.RANK_RE.search(n) and n.endswith(surface.WEIGHT_EXT + (".json",)):
+        if surface.LOADER_CACHE.match(n):
+            reason = surface.LeftOutReason.LOADER_CACHE
+        elif surface.RANK_RE.search(n) and n.endswith(surface.WEIGHT_EXT + (".json",)):
             reason = surface.LeftOutReason.RANK_FILE
         elif n in own or (SHARD_RE.match(n) and not n.endswith(other_ext)):
             reason = surface.LeftOutReason.NOT_IN_INDEX
@@ -606,7 +608,7 @@ class Checkpoint:
                 continue
             if local:
                 require_regular(self.path / rel, rel)
-            if surface.TRAINING_STATE.match(rel.rsplit("/", 1)[-1]):
+            if surface.TRAINING_STATE.match(rel.rsplit("/", 1)[-1]) or surface.TRAINER_FLEX_STATE.match(rel):
                 self.training_state.append(rel)
             else:
                 out.append(rel)

@@ -20,6 +20,7 @@ tokenizer files). :func:`find` recognises the three places a flex folder may be;
 from __future__ import annotations
 
 import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +30,7 @@ import numpy as np
 
 from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo
-from . import pdparams_io
+from . import pdparams_io, regular, tree
 from .configfile import read_config
 from .pdparams_io import AllowList, Record
 
@@ -134,6 +135,13 @@ class FlexFolder:
     root: Path
     state: Path
     others: tuple[str, ...]
+
+
+def above(root: Path) -> Path:
+    """The folder above ``root`` (where a Trainer's config.json and tokenizer files are), as the user means
+    it: ``root`` made absolute first, since ``Path(".").parent`` is ``.`` (``os.path.abspath``: lexical, a
+    symbolic link to the folder is not resolved)."""
+    return Path(os.path.abspath(root)).parent
 
 
 def _is_flex_dir(p: Path) -> bool:
@@ -318,14 +326,27 @@ def open_flex(folder: FlexFolder) -> FlexCheckpoint:
     tensors = read_metadata(folder.state / metas[0])
     files = sorted({s.file for t in tensors.values() for s in t.slices}, key=_rank_of)
     for fname in files:
-        if not (folder.state / fname).is_file():
-            raise CheckpointError(
-                f"{fname}, which {metas[0]} names for some slices, is missing",
-                folder.state / fname,
-                "copy every <rank>_<id>.distcp file the training run saved into the folder",
-            )
+        _require_data_file(folder.state / fname, metas[0])
     ranks = tuple(sorted({_rank_of(f) for f in files}))
     return FlexCheckpoint(folder, metas[0], tuple(files), tensors, ranks)
+
+
+def _require_data_file(path: Path, meta: str) -> None:
+    """``path`` (a ``.distcp`` the ``meta`` file names) is a regular file tietool can read.
+
+    Raises:
+        CheckpointError: it is missing; a dangling link or a link loop (:func:`tree.stat_link`); a folder,
+            FIFO, socket or device, or unreadable (:func:`regular.require_regular`): each said as what it is.
+    """
+    if path.is_symlink():
+        tree.stat_link(str(path))
+    elif not path.exists():
+        raise CheckpointError(
+            f"{path.name}, which {meta} names for some slices, is missing",
+            path,
+            "copy every <rank>_<id>.distcp file the training run saved into the folder",
+        )
+    regular.require_regular(path, path.name)
 
 
 def _rank_of(file: str) -> int:
@@ -349,7 +370,7 @@ def summary(ck: FlexCheckpoint) -> dict[str, Any]:
     number of slices, flattened or not), the totals, the model_type of a config.json beside it or above it,
     and how to merge it. Headers only: no tensor data is read."""
     root, state = ck.folder.root, ck.folder.state
-    config = next((d / "config.json" for d in (root, root.parent) if (d / "config.json").is_file()), None)
+    config = next((d / "config.json" for d in (root, above(root)) if (d / "config.json").is_file()), None)
     model_type = None
     if config is not None:  # a bad config.json is refused here as everywhere
         model_type = read_config(config.parent)[0].get("model_type")

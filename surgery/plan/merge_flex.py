@@ -17,6 +17,7 @@ twice); the writer drops it once written.
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -253,7 +254,7 @@ def _disagree(ck: FlexCheckpoint, t: FlexTensor, a: FlexSlice, b: FlexSlice) -> 
 def _config(ck: FlexCheckpoint) -> tuple[dict[str, Any], Path]:
     """config.json of the flex checkpoint's root, or of the folder above (the Trainer's output_dir)."""
     root = ck.folder.root
-    for d in (root, root.parent):
+    for d in (root, flex.above(root)):
         if (d / "config.json").is_file():
             return read_config(d)[0], d / "config.json"
     raise CheckpointError(
@@ -291,6 +292,26 @@ def _carried(ck: FlexCheckpoint, config_file: Path) -> tuple[list[tuple[Path, st
     return carry, left
 
 
+def _refuse_training_state(folder: flex.FlexFolder) -> None:
+    """``folder`` is not a Trainer checkpoint's ``optimizer_state/`` or ``master_weight/`` named directly
+    (beside a ``model_state/`` flex folder, as ``trainer.py`` ``_save_flex_optimizer_state`` writes them):
+    those hold the optimizer's moments / fp32 master weights by parameter, and merged they would be written
+    as a model with the checkpoint's config.json and tokenizer files.
+
+    Raises:
+        RefusedError: it is one of them (exit 5), naming the checkpoint folder to merge instead.
+    """
+    root, parent = Path(os.path.abspath(folder.root)), flex.above(folder.root)
+    up = flex.find(parent) if root.name in flex.STATE_DIRS[1:] else None
+    if up is not None and up.state.name == flex.STATE_DIRS[0]:
+        raise RefusedError(
+            f"{root.name}/ is the training state of the Trainer checkpoint {parent.name}/ (the "
+            "optimizer's moments or master weights, by parameter), not the model's weights",
+            folder.root,
+            f"merge the checkpoint folder {parent} instead (its {flex.STATE_DIRS[0]}/ holds the weights)",
+        )
+
+
 def plan_flex(src: Path) -> FlexPlan:
     """The merge of the flex checkpoint at ``src``: metadata and headers read and checked, every tensor's
     coverage and shared elements checked (:func:`check_tensor`), config.json and the carried files.
@@ -302,6 +323,7 @@ def plan_flex(src: Path) -> FlexPlan:
     folder = flex.find(src)
     if folder is None:
         raise CheckpointError("not a flex checkpoint", src, "give the checkpoint-N/ or model_state/ folder")
+    _refuse_training_state(folder)
     ck = flex.open_flex(folder)
     headers = {f: flex.data_headers(ck, f) for f in ck.files}
     config, config_file = _config(ck)
@@ -392,7 +414,7 @@ def convertible(src: Path) -> bool:
     folder = flex.find(src)
     if folder is None:
         return False
-    for d in (folder.root, folder.root.parent):
+    for d in (folder.root, flex.above(folder.root)):
         if (d / "config.json").is_file():
             mt = read_config(d)[0].get("model_type")
             return isinstance(mt, str) and arch.conversion_row(mt) is not None

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io import pdparams_io
+from ..io import pdparams_io, surface
 from ..io.pdparams_io import Source
 from ..model.errors import Opt, RefusedError
 from ..model.tensor import TensorInfo, bf16_bits_to_f32
@@ -116,12 +116,16 @@ def plan_training_state(plan: Plan) -> dict[str, OptimizerEdit]:
     resized = resized_params(plan)
     if not resized:
         return {}
-    flex = sorted({f.split("/", 1)[0] for f in ck.other_files if f.split("/", 1)[0] in FLEX_FOLDERS})
+    flex = sorted(
+        {f.split("/", 1)[0] for f in ck.other_files if f.split("/", 1)[0] in FLEX_FOLDERS}
+        | {f.split("/", 1)[0] for f in ck.training_state if surface.TRAINER_FLEX_STATE.match(f)}
+    )
     if flex:
+        what = "the weights" if flex[0] == "model_state" else "optimizer state"
         raise _refuse(
             ck.path,
             flex[0] + "/",
-            "is PaddleFormers flex-checkpoint optimizer state (.distcp slices): tietool does not resize it",
+            f"is PaddleFormers flex-checkpoint {what} (.distcp slices): tietool does not resize it",
         )
     edits = {}
     for rel in ck.training_state:
