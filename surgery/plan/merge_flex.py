@@ -35,7 +35,7 @@ from ..io.safetensors_io import Source
 from ..model.enums import Container
 from ..model.errors import CheckpointError, RefusedError
 from ..model.tensor import TensorInfo
-from .flex_pieces import Assembled, Box, Piece, assemble, piece_array, pieces
+from .flex_pieces import Assembled, Box, Piece, assemble, assembled_data, piece_array, pieces
 from .merge import merged_config
 from .plan import NewCheckpoint, OutTensor, Reshard
 from .recipes import Array
@@ -461,8 +461,14 @@ class FlexView(Checkpoint):
         return self._last[1]
 
     def source(self, name: str) -> Source:
-        """The assembled tensor ``name`` as a :class:`Source` for the writer."""
-        return Source(array=self.load(name))
+        """The assembled tensor ``name`` as a :class:`Source` for the writer: where its slices are whole
+        row blocks (one slice, row shards, a 1-D tensor's shards) their stored bytes by byte range
+        (:func:`~surgery.plan.flex_pieces.assembled_data`: a kernel copy, nothing assembled in memory), as
+        the unconverted merge writes them; else the array :meth:`load` assembles."""
+        if self._last is not None and self._last[0] == name:
+            return Source(array=self._last[1])
+        data = assembled_data(self.recipes[name])
+        return data if isinstance(data, Source) else Source(array=data)
 
     def iter_rows(
         self, name: str, chunk_rows: int, start: int = 0, stop: int | None = None
