@@ -341,7 +341,8 @@ def merge(
     quiet: QuietOpt = False,
 ) -> None:
     """Merge tensor-parallel rank files (model_state.tp00.pdparams, ...; also _pp00 pipeline ranks) into one
-    checkpoint."""
+    checkpoint, or a flex checkpoint (a Trainer checkpoint-N/ with model_state/*.distcp) into PaddleFormers
+    safetensors."""
     from ..surgery import ops
     from . import render
 

@@ -148,8 +148,9 @@ KeepTrainingStateOpt = Annotated[
     bool,
     typer.Option(
         "--keep-training-state",
-        help="copy optimizer state, master weights, scheduler, trainer_state.json and rng state to the "
-        "output (stale: they match the old vocabulary); by default they are left out",
+        help="keep the training state in the output: optimizer.pdopt resized with the vocabulary (moments "
+        "and master weights: new rows 0 / the new weight rows), scheduler, trainer_state.json and rng state "
+        "copied; optimizer files of other formats are refused by name. By default they are left out",
     ),
 ]
 

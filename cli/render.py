@@ -80,6 +80,8 @@ _LEFT_OUT_WHY = {  # LeftOutReason values (surgery/io/surface.py) in words
     "checkpoint",
     "training-state": "training state (optimizer moments, master weights, scheduler, trainer or rng state), "
     "stored per parameter",
+    "loader-cache": "paddle's flex-checkpoint loader's index of the weights (written at a load, reused if "
+    "present): it describes these tensors, and the loader writes it anew for an output",
 }
 
 
@@ -95,7 +97,7 @@ def left_out(con: Console, items: list[dict], index: str | None, fmt: str, writi
         elif not writing:
             con.print(
                 f"training state: {name}: {why}; tie/untie/resize leave it out of their output "
-                "(resize --keep-training-state copies it)"
+                "(resize / add-tokens --keep-training-state keep it, resized with the vocabulary)"
             )
         elif x["kept"]:
             con.print(
@@ -104,7 +106,8 @@ def left_out(con: Console, items: list[dict], index: str | None, fmt: str, writi
         else:
             con.print(
                 f"training state left out of the output (not copied): {name}: {why}, and the parameters "
-                "changed, so it no longer matches them (resize --keep-training-state copies it)",
+                "changed, so it no longer matches them (resize / add-tokens --keep-training-state keep it, "
+                "resized)",
                 style="yellow",
             )
 
@@ -296,6 +299,9 @@ def inspect(info: dict, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps(finite(dict(info)), indent=2))
         return
+    if info.get("kind") == "flex":
+        flex_inspect(info)
+        return
     con = _console()
     con.print(
         f"{info['path']}: {info['format']}{' (sharded)' if info['sharded'] else ''}, "
@@ -330,6 +336,33 @@ def inspect(info: dict, as_json: bool = False) -> None:
         writing=False,
     )
     recovered(info.get("recovered") or {})
+
+
+def flex_inspect(info: dict) -> None:
+    """``tietool inspect`` of a flex checkpoint: its files and ranks, a table of its global tensors, the
+    Trainer's other state folders, and the merge that makes it a checkpoint."""
+    con = _console()
+    con.print(
+        f"{info['path']}: flex checkpoint ({info['metadata']}), {len(info['ranks'])} rank(s), "
+        f"{len(info['files'])} .distcp file(s), {info['num_tensors']} tensors, {info['total_parameters']} "
+        f"parameters, {size(info['total_bytes'])}"
+        + (f"; model_type {info['model_type']}" if info.get("model_type") else "")
+    )
+    t = Table()
+    for col in ("tensor", "global shape", "dtype", "slices", "files"):
+        t.add_column(col, overflow="fold")
+    for x in info["tensors"]:
+        flat = " (flattened)" if x["flattened"] else ""
+        t.add_row(x["name"], str(x["shape"]), x["dtype"], f"{x['slices']}{flat}", ", ".join(x["files"]))
+    con.print(t)
+    for d in info["state_folders"]:
+        print(f"training state: {d}/ (a flex folder of its own; not merged into the model)")
+    if info.get("config") is None:
+        print(
+            "note: no config.json here or in the folder above (the Trainer's flex saves write none); merge "
+            "needs the config.json of the model the run started from, copied into the folder"
+        )
+    print(f"note: every other command refuses a flex checkpoint; merge it first: {info['next']}")
 
 
 def recovered(rec: dict) -> None:
@@ -466,7 +499,20 @@ def report(rep: dict, as_json: bool = False) -> None:
             how = "kept as the same link" if fl["kept"] else "written as a real folder of its files"
             con.print(f"symlinked folder {fl['link']} → {fl['target']} ({fl['files']} files): {how}")
     _messages(con, rep["notes"], rep["warnings"])
-    left_out(con, rep.get("left_out", []), rep["index"], rep["format"], writing=True)
+    resized = rep.get("training_state_resized") or {}
+    left_out(
+        con,
+        [x for x in rep.get("left_out", []) if x["file"] not in resized],
+        rep["index"],
+        rep["format"],
+        writing=True,
+    )
+    for f, names in resized.items():
+        con.print(
+            f"training state {'to be ' if rep.get('dry_run') else ''}resized: {f}: {len(names)} optimizer "
+            "accumulators / master weights of the resized parameters (new entries 0 / the new weight rows, "
+            "old entries bit for bit), everything else copied"
+        )
 
 
 def done_state(rep: dict) -> str:
@@ -559,7 +605,8 @@ def merge(rep: dict, as_json: bool = False) -> None:
         return
     for t in rep["tensors"]:
         axis = "" if t["axis"] is None else f" on axis {t['axis']}"
-        print(f"  {t['name']}: {t['rule']}{axis} -> {t['dtype']} {t['shape']}")
+        turned = ", transposed" if t.get("transposed") else ""
+        print(f"  {t['name']}: {t['rule']}{axis}{turned} -> {t['dtype']} {t['shape']}")
     for k, (before, after) in rep["config_changes"].items():
         print(f"config.json: {k} {before} -> {after}")
     for f in rep["left_out"]:
@@ -569,11 +616,20 @@ def merge(rep: dict, as_json: bool = False) -> None:
             f"dry run: would merge {len(rep['rank_files'])} rank files into {len(rep['tensors'])} tensors in "
             f"{', '.join(rep['weight_files'])}; nothing was written"
         )
-    else:
+    elif rep.get("kind") == "flex":
         print(
-            f"merged {len(rep['rank_files'])} rank files ({rep['tensor_parallel']} tensor-parallel x "
-            f"{rep['pipeline_parallel']} pipeline) into {rep['output']}: {len(rep['tensors'])} tensors in "
-            f"{', '.join(rep['weight_files'])}"
+            f"merged the flex checkpoint ({len(rep['ranks'])} ranks, {len(rep['rank_files'])} .distcp files) "
+            f"into {rep['output']}: {len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
+        )
+    else:
+        ranks = (
+            f"{rep['expert_parallel']} expert-parallel, numbered {' / '.join(rep['expert_numbering'] or [])}"
+            if rep.get("expert_parallel", 1) > 1
+            else f"{rep['tensor_parallel']} tensor-parallel x {rep['pipeline_parallel']} pipeline"
+        )
+        print(
+            f"merged {len(rep['rank_files'])} rank files ({ranks}) into {rep['output']}: "
+            f"{len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
         )
     _stale_notes(rep)
 
@@ -706,6 +762,9 @@ def _verify_text(res: dict) -> None:
 
 def _many_row(info: dict) -> list[str]:
     """Table cells of one inspection: vocab rows, hidden size, head layout, tie state, tying's savings."""
+    if info.get("kind") == "flex":  # a flex checkpoint: no vocabulary surface until it is merged
+        what = f"flex checkpoint, {len(info['ranks'])} rank(s), {info['num_tensors']} tensors: merge it first"
+        return [str(info["path"]), f"{what} ({info.get('model_type')})", *[""] * 5]
     tie, head = info["tie"], info["head"]
     tied = (
         "tied" if tie["config"] else "untied"

@@ -21,7 +21,7 @@ import numbers
 import shutil
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from functools import partial
 from os import PathLike
@@ -31,19 +31,21 @@ from typing import Any, TypeVar
 from . import report as report_mod
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
-from .io import store, surface
-from .io.checkpoint import Checkpoint
+from .io import flex, store, surface
+from .io.checkpoint import Checkpoint, has_whole
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
 from .plan import convert as convert_plan
 from .plan import merge as merge_plan
+from .plan import merge_flex
 from .plan.add_tokens import InitChoice, parse_init, plan_add_tokens
-from .plan.merge import plan_merge
+from .plan.merge_experts import plan_rank_merge
 from .plan.plan import DEFAULT_MAX_SHARD_SIZE, Plan, check_dtypes, parse_size
 from .plan.resize import plan_resize
 from .plan.tie import plan_tie
+from .plan.training_state import plan_training_state
 from .plan.untie import plan_untie
-from .results import Inspection, Report
+from .results import Inspection, Report, Totals
 from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import inplace
@@ -126,6 +128,9 @@ def inspect(
     """
     where = _path(path, "path")
     remote, before = not store.store_for(where).on_disk, store.TRANSFER.snapshot()
+    folder = None if remote else _flex_only(where)
+    if folder is not None:  # a flex checkpoint: its structure, and how to merge it (issue 21)
+        return Inspection(flex.summary(flex.open_flex(folder)))
     try:
         # what a killed in-place run left (a missing folder is restored); object storage has no such runs
         rec = inplace.Recovery() if remote else inplace.recover(where)
@@ -144,6 +149,16 @@ def inspect(
     if remote:
         info["transferred"] = store.TRANSFER.since(before).as_dict()
     return Inspection(info)
+
+
+def _flex_only(where: Any) -> flex.FlexFolder | None:
+    """The flex checkpoint at local ``where`` when it holds no whole-model weights beside (a
+    ``checkpoint-N/`` with HF weights from ``save_hf_steps`` is inspected as those weights)."""
+    folder = flex.find(Path(where))
+    if folder is None:
+        return None
+    names = {p.name for p in Path(where).iterdir() if p.is_file()}
+    return None if has_whole(names) else folder
 
 
 def _detection(
@@ -404,15 +419,22 @@ class _InPlace:
 def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = False) -> Planner:
     """The :class:`Planner` of tie / untie / resize: ``make_plan`` followed by
     :func:`surgery.plan.plan.check_dtypes` (a tensor in a dtype tietool cannot compute in, such as a float8
-    vocabulary table, is refused by name before anything is written); the report of
-    :func:`surgery.report.build`."""
+    vocabulary table, is refused by name before anything is written) and, with ``keep_training_state``,
+    the optimizer files resized with it (:func:`surgery.plan.training_state.plan_training_state`, which
+    refuses a format it cannot resize); the report of :func:`surgery.report.build`."""
 
     def report(plan: Plan, out: str, facts: dict | None, dry_run: bool = True) -> dict:
         if facts is None:
             return report_mod.build(plan, None, out, dry_run=dry_run, keep_training_state=keep_training_state)
         return report_mod.build(plan, facts, out)
 
-    return Planner(plan=lambda c: check_dtypes(make_plan(c)), report=report)
+    def plan(c: Checkpoint) -> Plan:
+        p = check_dtypes(make_plan(c))
+        if keep_training_state:
+            p.training_edit = plan_training_state(p)
+        return p
+
+    return Planner(plan=plan, report=report)
 
 
 def _swap(ckpt_path: Path, staging: Path, bak: Path | None, token: str) -> inplace.Swapped:
@@ -788,7 +810,10 @@ def merge(
     dry_run: bool = False,
     progress: ProgressFactory | None = None,
 ) -> Report:
-    """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``.
+    """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``; or a
+    flex checkpoint (``paddle.distributed.save_state_dict``, the PaddleFormers Trainer's ``checkpoint-N/``),
+    every global tensor assembled from its slices into PaddleFormers safetensors (:func:`_merge_flex`,
+    :mod:`surgery.plan.merge_flex`).
 
     Each tensor is joined by its family's rule (:mod:`surgery.plan.merge`). Values keep their dtype and
     bits (bf16 stays bf16).
@@ -831,14 +856,87 @@ def merge(
         before, after = report_mod.merge_totals(plan)
         return {"before": before, "after": after}
 
+    if flex.find(Path(str(path))) is not None:
+        return _merge_flex(path, out, limit, dry_run, progress)
     merged = Planner(
         open=_rank_folder,
-        plan=lambda src: (limit(), plan_merge(src))[1],
+        plan=lambda src: (limit(), plan_rank_merge(src))[1],
         report=report,
         write=lambda p: merge_plan.new_checkpoint(p, limit()),
         totals=totals,
     )
     return run(merged, path, out, dry_run=dry_run, progress=progress)
+
+
+def _merge_flex(
+    path: PathArg, out: PathArg, limit: Callable[[], int], dry_run: bool, progress: ProgressFactory | None
+) -> Report:
+    """:func:`merge` of a flex checkpoint. The tensors are the model's in-memory state dict (Paddle layout:
+    Linear weights ``[in, out]``), which a plain PaddleFormers ``from_pretrained`` of safetensors loads
+    wrongly without a warning (measured: ``save_pretrained`` writes them ``[out, in]``); so for a model type
+    :data:`surgery.arch.CONVERSIONS` knows, the merged checkpoint (a
+    :class:`~surgery.plan.merge_flex.FlexView`, never written) is converted to the PaddleFormers layout as
+    :func:`convert` converts (names, transposes and the head proven there, from the shapes), in the same
+    pass; the report is merge's, with the conversion's facts under ``converted``. Another model type is
+    written as saved, said in a warning."""
+    if not merge_flex.convertible(Path(str(path))):
+        return run(_flex_planner(limit), path, out, dry_run=dry_run, progress=progress)
+
+    def plan(src: Path) -> tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]:
+        limit()
+        fp = merge_flex.plan_flex(src)
+        cp = convert_plan.check_dtypes(
+            convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS)
+        )
+        return fp, cp
+
+    def write(p: tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]) -> Any:
+        new = convert_plan.new_checkpoint(p[1], limit())
+        return replace(new, carry=p[0].carry)
+
+    def report(p: tuple, where: str, facts: dict | None, dry_run: bool = True) -> dict:
+        if facts is None:  # a dry run: the files a run would write
+            new = write(p)
+            lay = reshard(new.tensors, new.layout.container, limit())
+            facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
+            facts.update(carried=[n for _, n in p[0].carry], dry_run=True)
+        conv = report_mod.convert_report(p[1], Target.PADDLEFORMERS, where, dict(facts))
+        return merge_flex.with_conversion(merge_flex.report(p[0], where, facts), conv, where)
+
+    def totals(p: tuple) -> dict:
+        (bp, bb), (ap, ab) = merge_flex.totals(p[0])
+        after = p[1].tensors
+        return {
+            "before": Totals(bp, bb),
+            "after": Totals(sum(t.numel for t in after), sum(t.nbytes for t in after)),
+        }
+
+    planner = Planner(open=_rank_folder, plan=plan, report=report, write=write, totals=totals)
+    return run(planner, path, out, dry_run=dry_run, progress=progress)
+
+
+def _flex_planner(limit: Callable[[], int]) -> Planner:
+    """:func:`merge` of a flex checkpoint (:mod:`surgery.plan.merge_flex`)."""
+
+    def report(plan: merge_flex.FlexPlan, where: str, facts: dict | None, dry_run: bool = True) -> dict:
+        if facts is None:  # a dry run: the files a run would write
+            new = merge_flex.new_checkpoint(plan, limit())
+            lay = reshard(new.tensors, new.layout.container, limit())
+            facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
+            facts.update(carried=[n for _, n in plan.carry], dry_run=True)
+        return merge_flex.report(plan, where, facts)
+
+    def totals(plan: merge_flex.FlexPlan) -> dict:
+        (bp, bb), (ap, ab) = merge_flex.totals(plan)
+        return {"before": Totals(bp, bb), "after": Totals(ap, ab)}
+
+    return Planner(
+        open=_rank_folder,
+        plan=lambda src: (limit(), merge_flex.plan_flex(src))[1],
+        report=report,
+        write=lambda p: merge_flex.new_checkpoint(p, limit()),
+        totals=totals,
+    )
 
 
 def _rank_folder(src: Path) -> Path:

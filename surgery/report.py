@@ -202,6 +202,8 @@ def build(
         rep["warnings"] += _stale_index_warnings(plan)
     if plan.extra_report:
         rep["add_tokens" if plan.op == "add-tokens" else "resize"] = plan.extra_report
+    if plan.training_edit:  # --keep-training-state: the optimizer accumulators / master weights resized
+        rep["training_state_resized"] = {rel: e.resized for rel, e in sorted(plan.training_edit.items())}
     if not plan.changed:
         rep["notes"].append(
             f"nothing to change: the output tensors and config equal the input's ({plan.op} is a no-op)"
@@ -274,6 +276,8 @@ def merge_report(plan: MergePlan, out: str, facts: dict) -> dict:
         "output": out,
         "tensor_parallel": 1 + max(t for t, _ in groups),
         "pipeline_parallel": 1 + max(p for _, p in groups),
+        "expert_parallel": plan.expert_parallel,
+        "expert_numbering": plan.expert_numbering,
         "model_type": plan.config.get("model_type"),
         "rank_files": plan.rank_files,
         "config_changes": plan.config_changes,

@@ -467,6 +467,24 @@ def test_real_tokenizer_dry_run_then_in_place(tmp_path):
     assert (ck / "tokenizer.json").read_bytes() != before["tokenizer.json"]
 
 
+def test_a_base_token_marked_special_is_warned(tmp_path):
+    """--special on a word of the base vocabulary marks it special (as HF add_special_tokens does), and the
+    report warns that text containing it tokenizes differently from then on; an added token of the input
+    marked special, or a base token left as it is, gives no warning."""
+    pytest.importorskip("tokenizers")
+    import shutil
+
+    ck = tmp_path / "ckpt"
+    shutil.copytree(SAMPLE, ck)
+    rep = ops.add_tokens(ck, ["vocab", "<think>"], special=True, dry_run=True)
+    assert rep["warnings"] == [
+        "marked special, though part of the base vocabulary: 'vocab' (id 293); text that contains them is "
+        "split around them from now on (ordinary words may tokenize differently)"
+    ]
+    assert not ops.add_tokens(ck, ["vocab"], dry_run=True)["warnings"]
+    assert not ops.add_tokens(ck, ["<think>"], special=True, dry_run=True)["warnings"]
+
+
 def test_tokenizer_files_that_disagree_are_refused(tmp_path):
     """Found by breaking issue 20: the README's classic stale folder (``<tool_call>`` id 250 added to
     tokenizer.json alone, beside its tokenizer.model and tokenizer_config.json) took ``add-tokens ck <a>``

@@ -810,3 +810,30 @@ def test_evaluate_command_expectations(tmp_path: Path):
     # all failing checks are reported, not only the first
     many = {"expect": "ok", "checks": [{"out_has_tensor": "a"}, {"message_mentions_any": ["zzz"]}]}
     assert len(cc.evaluate_command(many, 3, quiet)) == 3
+
+
+def test_tensor_equals_input_file(tmp_path):
+    """The copy of a tensor in one named rank file: equal passes, the other rank's differing copy fails, a
+    file or name the input lacks fails naming it."""
+    inp, out = tmp_path / "in", tmp_path / "out"
+    inp.mkdir()
+    out.mkdir()
+    a, b = embedding(), embedding() + 1
+    write_pdparams(inp / "model_state.moe_sharding00.pdparams", {"w": a})
+    write_pdparams(inp / "model_state.moe_sharding01.pdparams", {"w": b})
+    write_pdparams(out / "model_state.pdparams", {"w": a})
+    ctx = ctx_for(out, inp)
+    assert passes(
+        {"tensor_equals_input_file": ["w", "model_state.moe_sharding00.pdparams", "w", "same"]}, ctx
+    )
+    fails_with(
+        {"tensor_equals_input_file": ["w", "model_state.moe_sharding01.pdparams", "w", "same"]}, ctx, "w"
+    )
+    fails_with(
+        {"tensor_equals_input_file": ["w", "model_state.moe_sharding02.pdparams", "w", "same"]},
+        ctx,
+        "sharding02",
+    )
+    fails_with(
+        {"tensor_equals_input_file": ["w", "model_state.moe_sharding00.pdparams", "x", "same"]}, ctx, "x"
+    )

@@ -159,28 +159,45 @@ def _rank_folder(tmp_path: Path, names: list[str]) -> Path:
     return ckpt
 
 
+_ONLY = "tensor-, pipeline- and expert-parallel rank files only"
+_EP_ONLY = "merge joins expert-parallel files of a run with no tensor, pipeline or sharding parallelism"
+
+
 @pytest.mark.parametrize(
-    "names, words",
+    "names, words, merge_refusal",
     [
-        (["model_state.moe00.pdparams", "model_state.moe01.pdparams"], "expert-parallel"),  # PaddleNLP 2.8
-        (["model_state.tp00_moe00.pdparams", "model_state.tp00_moe01.pdparams"], "expert-parallel"),
+        (
+            ["model_state.moe00.pdparams", "model_state.moe01.pdparams"],
+            "expert-parallel",
+            None,
+        ),  # PaddleNLP 2.8
+        (["model_state.tp00_moe00.pdparams", "model_state.tp00_moe01.pdparams"], "expert-parallel", _EP_ONLY),
         (
             [
                 "model_state.tp00_pp00_moe_sharding00.pdparams",
                 "model_state.tp00_pp00_moe_sharding01.pdparams",
             ],
             "expert-parallel",
+            _EP_ONLY,
         ),  # fmt: skip
-        (["model_state.shard00.pdparams", "model_state.shard01.pdparams"], "sharding"),
-        (["model_state.tp00_shard00.pdparams", "model_state.tp00_shard01.pdparams"], "sharding"),
+        (["model_state.shard00.pdparams", "model_state.shard01.pdparams"], "sharding", _ONLY),
+        (["model_state.tp00_shard00.pdparams", "model_state.tp00_shard01.pdparams"], "sharding", _ONLY),
     ],
 )
-def test_expert_parallel_and_sharding_rank_files_named_by_every_command(tmp_path, names, words):
+def test_expert_parallel_and_sharding_rank_files_named_by_every_command(
+    tmp_path, names, words, merge_refusal
+):
+    """Every command but merge refuses them by cause; merge joins expert-parallel files of one tag (issue 21:
+    tests/test_merge_experts.py) and refuses the rest, naming why."""
     ckpt = _rank_folder(tmp_path, names)
     _refused(ckpt, tmp_path, RefusedError, words, names[0])
+    if merge_refusal is None:
+        rep = tietool.merge(ckpt, tmp_path / "merged")
+        assert rep["expert_parallel"] == 2 and rep["expert_numbering"] == ["global"]
+        return
     with pytest.raises(RefusedError) as ei:
         tietool.merge(ckpt, tmp_path / "merged")
-    assert words in str(ei.value) and "tensor- and pipeline-parallel rank files only" in str(ei.value)
+    assert words in str(ei.value) and merge_refusal in str(ei.value)
     assert ei.value.exit_code == ExitCode.REFUSED and not (tmp_path / "merged").exists()
 
 
@@ -199,6 +216,6 @@ def test_expert_parallel_rank_file_beside_whole_weights_left_out(tmp_path):
 
 
 def test_expert_parallel_cli_refusal_one_line(tmp_path):
-    ckpt = _rank_folder(tmp_path, ["model_state.moe00.pdparams", "model_state.moe01.pdparams"])
+    ckpt = _rank_folder(tmp_path, ["model_state.tp00_moe00.pdparams", "model_state.tp00_moe01.pdparams"])
     run = av.run_cli(["merge", ckpt, "--out", tmp_path / "out"])
-    av.assert_refused(run, 5, ["expert-parallel", "model_state.moe00.pdparams"], out=tmp_path / "out")
+    av.assert_refused(run, 5, ["expert-parallel", "model_state.tp00_moe00.pdparams"], out=tmp_path / "out")

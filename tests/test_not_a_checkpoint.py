@@ -452,15 +452,31 @@ def test_resize_drops_training_state_by_default(tmp_path: Path, family: str, sha
 
 
 def test_resize_keep_training_state(tmp_path: Path) -> None:
+    """With --keep-training-state the files of no parameter are copied (issue 21: optimizer files are
+    resized where tietool reads them, tests/test_training_state.py, and refused by name where it cannot)."""
     ckpt = _with_training_state(tmp_path, "llama_pd", False)
+    for f in ("optimizer.pdopt", "master_weights.pdparams"):
+        (ckpt / f).unlink()
     out = tmp_path / "out"
     run = av.run_cli(["resize", ckpt, "--vocab", 20, "--out", out, "--keep-training-state"])
     assert run.rc == 0, run.describe()
-    for f in TRAINING:
+    for f in TRAINING[2:]:
         assert (out / f).read_bytes() == (ckpt / f).read_bytes()
         assert f"training state copied: {f}" in run.stdout
     rep = json.loads((out / "tietool-report.json").read_text())
     assert all(x["kept"] for x in rep["left_out"] if x["reason"] == "training-state")
+
+
+def test_resize_keep_training_state_refuses_what_it_cannot_resize(tmp_path: Path) -> None:
+    """Optimizer state tietool cannot resize is refused by name, nothing written (it copied it, stale,
+    before issue 21)."""
+    ckpt = _with_training_state(tmp_path, "llama_pd", False)
+    out = tmp_path / "out"
+    run = av.run_cli(["resize", ckpt, "--vocab", 20, "--out", out, "--keep-training-state"])
+    av.assert_refused(run, 5, ["master_weights.pdparams", "--keep-training-state"], out=out)
+    (ckpt / "master_weights.pdparams").unlink()
+    run = av.run_cli(["resize", ckpt, "--vocab", 20, "--out", out, "--keep-training-state"])
+    av.assert_refused(run, 3, ["optimizer.pdopt"], out=out)  # not a pickle: damaged
 
 
 @pytest.mark.parametrize("command", ["tie", "untie"])

@@ -45,7 +45,14 @@ from .families import (
     model_type_by_names,
     token_table,
 )
-from .parallel import PARALLEL_CONFIG_KEYS, TENSOR_PARALLEL, TP_DIM_KEYS, tp_rule
+from .parallel import (
+    EXPERT_COUNT_KEYS,
+    EXPERT_NAME_RE,
+    PARALLEL_CONFIG_KEYS,
+    TENSOR_PARALLEL,
+    TP_DIM_KEYS,
+    tp_rule,
+)
 from .rows import (
     CONTAINERS,
     LOADERS,
@@ -73,6 +80,8 @@ __all__ = [
     "CONFIG_KEYS",
     "CONTAINERS",
     "CONVERSIONS",
+    "EXPERT_COUNT_KEYS",
+    "EXPERT_NAME_RE",
     "EXTRA_TABLES",
     "FALLBACK",
     "FAMILIES",

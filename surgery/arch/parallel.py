@@ -10,6 +10,7 @@ layout (a Linear weight is ``[in, out]``): rank files are written by PaddleNLP /
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from ..model.enums import TensorRole
@@ -74,8 +75,26 @@ PARALLEL_CONFIG_KEYS: Mapping[str, int] = {
     "tensor_model_parallel_size": 1,
     "pipeline_parallel_degree": 1,
     "pipeline_model_parallel_size": 1,
+    "expert_model_parallel_size": 1,
 }
 
+
+# Expert parallelism (``tietool merge`` of ``moe_sharding00`` / ``moe00`` rank files: plan/merge_experts.py):
+# model_type -> the config.json keys of its number of routed experts (the count the ranks' expert ids add up
+# to; several keys: any of them, equal when several are present). Proven by
+# tests/test_merge_experts.py::test_real_moe_rank_files_merge_back_bit_for_bit: each family built by
+# PaddleFormers 1.2 with 4 experts saves model.layers.L.mlp.experts.0..3 and the key below in config.json
+# (Qwen3-MoE's save_pretrained writes num_local_experts, its attribute_map alias of num_experts; the
+# trainer's config of tests/data/cases/d06 has num_experts).
+EXPERT_COUNT_KEYS: Mapping[str, tuple[str, ...]] = {
+    "qwen3_moe": ("num_experts", "num_local_experts"),
+    "qwen2_moe": ("num_experts",),
+    "deepseek_v3": ("n_routed_experts",),
+}
+# the tensor of one expert: <module>.experts.<id>.<rest> (PaddleFormers 1.2 Qwen2/Qwen3-MoE and DeepSeek-V3
+# MoE layers, ``self.experts = nn.LayerList(...)``); shared experts (``shared_experts.``, ``shared_expert.``)
+# do not match: they are replicated on every rank
+EXPERT_NAME_RE = re.compile(r"^(?P<module>(?:.*\.)?experts)\.(?P<id>\d+)\.(?P<rest>.+)$")
 
 # the config.json keys each size a TPRule shape names is computed from (merge names the missing ones)
 TP_DIM_KEYS: Mapping[str, tuple[str, ...]] = {

@@ -331,6 +331,7 @@ class TPSplit(str, Enum):
     REPLICATED = "replicated"  # norms, RowParallelLinear biases: the same on every rank
     FUSED_2 = "fused-2"  # is_naive_2fuse: rank r holds [gate_r, up_r]; merged [gate_0..gate_n, up_0..up_n]
     FUSED_3 = "fused-3"  # is_naive_3fuse: rank r holds [q_r, k_r, v_r] (q is kv_groups/(kv_groups+2))
+    EXPERT = "expert"  # expert parallel: one expert's tensor, whole in the one rank file that holds it
 
 
 # the split a tensor of a vocabulary role has (and only it): the embedding's rows, the head's vocab axis

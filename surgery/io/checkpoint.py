@@ -22,7 +22,7 @@ from ..model.enums import Container
 from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
 from . import regular, safetensors_io, store, surface, tree
-from .configfile import check_config
+from .configfile import read_config
 from .formats import FORMATS, PDPARAMS, SAFETENSORS, Format, other
 from .regular import kind_of, load_json, require_regular
 from .store import Store
@@ -47,32 +47,6 @@ def _read_json(path: Path, what: str, limit: int = regular.JSON_LIMIT) -> Any:
     return load_json(path, what, limit)
 
 
-def read_config(path: Path) -> tuple[dict, str, str]:
-    """config.json; or, in a folder that has only the older ``model_config.json`` (PaddleNLP 2.x), the
-    model arguments in it: ``(config, file, dotted prefix of the arguments in the file)``."""
-    name = "config.json"
-    if not (path / name).exists() and (path / "model_config.json").is_file():
-        name = "model_config.json"
-    config = _read_json(path / name, name)
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{name} is not a JSON object", path / name, "fix or restore it")
-    check_config(config, path / name, name)
-    prefix = ""
-    if name == "model_config.json":
-        # {"init_args": [{"init_args": [{...}], "init_class": "GPTModel"}], "init_class": "GPTForCausalLM"}
-        init_class = config.get("init_class")
-        while isinstance(config.get("init_args"), list) and config["init_args"]:
-            first = config["init_args"][0]
-            if not isinstance(first, dict):
-                break
-            prefix = f"{prefix}.init_args.0".lstrip(".")
-            config = first
-        config = dict(config)
-        if "model_type" not in config and isinstance(init_class, str):
-            config["model_type"] = re.sub(r"(For[A-Z].*|Model|PretrainedModel)$", "", init_class).lower()
-    return config, name, prefix
-
-
 def _refuse_not_a_checkpoint(path: Path, names: set[str]) -> None:
     """A folder with neither a config file nor a weight file is not a checkpoint (``tietool inspect`` run
     in the wrong folder): say so, rather than that config.json is missing.
@@ -90,9 +64,30 @@ def _refuse_not_a_checkpoint(path: Path, names: set[str]) -> None:
         )
 
 
-def _has_whole(names: set[str]) -> bool:
+def _refuse_flex(path: Path) -> None:
+    """Refuse a flex checkpoint (``checkpoint-N/`` with ``model_state/``, or ``*.distcp`` + ``*.metadata``):
+    every command but ``inspect`` and ``merge`` says to merge it first (exit 5, as for rank files).
+
+    Raises:
+        RefusedError: naming the folder that holds the ``.distcp`` files.
+    """
+    from .flex import find  # only local folders are looked at
+
+    folder = find(path)
+    if folder is not None:
+        where = folder.state.relative_to(folder.root).as_posix()
+        detail = (
+            f"{where}/ holds the .distcp and .metadata files" if where != "." else ".distcp and .metadata"
+        )
+        raise surface.refuse(surface.Cause.FLEX, path, detail)
+
+
+def has_whole(names: set[str]) -> bool:
     """Whole-model weights under a name save_pretrained writes (single file, index, or shards)."""
     return bool({ST_SINGLE, ST_INDEX, PD_SINGLE, PD_INDEX} & names) or any(SHARD_RE.match(n) for n in names)
+
+
+_has_whole = has_whole
 
 
 def _left_out(path: Path, names: set[str], fmt: Format, taken: set[str | None]) -> list[surface.LeftOut]:
@@ -104,7 +99,9 @@ def _left_out(path: Path, names: set[str], fmt: Format, taken: set[str | None]) 
     for n in sorted(names - {x for x in taken if x}):
         if surface.TRAINING_STATE.match(n) or surface.ADAPTER_WEIGHTS_RE.match(n):
             continue
-        if surface.RANK_RE.search(n) and n.endswith(surface.WEIGHT_EXT + (".json",)):
+        if surface.LOADER_CACHE.match(n):
+            reason = surface.LeftOutReason.LOADER_CACHE
+        elif surface.RANK_RE.search(n) and n.endswith(surface.WEIGHT_EXT + (".json",)):
             reason = surface.LeftOutReason.RANK_FILE
         elif n in own or (SHARD_RE.match(n) and not n.endswith(other_ext)):
             reason = surface.LeftOutReason.NOT_IN_INDEX
@@ -420,6 +417,8 @@ class Checkpoint:
     def _open(cls, path: Any, st: Store) -> Checkpoint:
         """:meth:`open` of a ``Path`` or a remote ``UPath`` (the root of store ``st``)."""
         names = _file_names(st)
+        if st.on_disk and not _has_whole(names):
+            _refuse_flex(path)
         _refuse_not_a_checkpoint(path, names)
         config, config_file, prefix = read_config(path)
         surface.refuse_folder(path, names, config, has_whole=_has_whole(names))
@@ -609,7 +608,7 @@ class Checkpoint:
                 continue
             if local:
                 require_regular(self.path / rel, rel)
-            if surface.TRAINING_STATE.match(rel.rsplit("/", 1)[-1]):
+            if surface.TRAINING_STATE.match(rel.rsplit("/", 1)[-1]) or surface.TRAINER_FLEX_STATE.match(rel):
                 self.training_state.append(rel)
             else:
                 out.append(rel)

@@ -5,6 +5,7 @@ keys tietool reads (:func:`check_config`), and get or set a dotted key (``text_c
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -156,3 +157,29 @@ def set_dotted(data: Any, key: str, value: Any) -> None:
         data[int(last)] = value
     else:
         data[last] = value
+
+
+def read_config(path: Path) -> tuple[dict, str, str]:
+    """config.json; or, in a folder that has only the older ``model_config.json`` (PaddleNLP 2.x), the
+    model arguments in it: ``(config, file, dotted prefix of the arguments in the file)``."""
+    name = "config.json"
+    if not (path / name).exists() and (path / "model_config.json").is_file():
+        name = "model_config.json"
+    config = load_json(path / name, name)
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{name} is not a JSON object", path / name, "fix or restore it")
+    check_config(config, path / name, name)
+    prefix = ""
+    if name == "model_config.json":
+        # {"init_args": [{"init_args": [{...}], "init_class": "GPTModel"}], "init_class": "GPTForCausalLM"}
+        init_class = config.get("init_class")
+        while isinstance(config.get("init_args"), list) and config["init_args"]:
+            first = config["init_args"][0]
+            if not isinstance(first, dict):
+                break
+            prefix = f"{prefix}.init_args.0".lstrip(".")
+            config = first
+        config = dict(config)
+        if "model_type" not in config and isinstance(init_class, str):
+            config["model_type"] = re.sub(r"(For[A-Z].*|Model|PretrainedModel)$", "", init_class).lower()
+    return config, name, prefix

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -54,6 +54,8 @@ class Limits:
         name: bytes of a global's module or name (GLOBAL/INST lines, STACK_GLOBAL strings).
         line: bytes of an INT/PUT/GET text line.
         dims: dimensions of an array (numpy's own limit: 64).
+        nested_arrays: arrays may also sit in a dict one level below the top (an optimizer's
+            ``master_weights``); elsewhere an array inside a non-tensor value is refused.
     """
 
     depth: int = 32
@@ -62,6 +64,7 @@ class Limits:
     name: int = 1024
     line: int = 64
     dims: int = 64
+    nested_arrays: bool = False
 
 
 @dataclass(frozen=True)
@@ -75,17 +78,37 @@ class AllowList:
         calls: ``(module, name)`` → simulation; a global not in it is refused (``UnsafePickleError``).
         classes: globals that may appear only as an argument (``numpy.ndarray`` given to ``_reconstruct``).
         limits: the bounds of a walk.
+        records: classes whose instances are simulated as plain :class:`Record` s (created by NEWOBJ or
+            REDUCE with no arguments, their fields set by BUILD of a dict of field name → value, as pickle
+            restores a dataclass): never imported, never called. A record may be a dict key (identity).
+        top_record: the pickle's top level is one such record (a flex ``.metadata``), not a dict.
     """
 
     what: str
     calls: Mapping[tuple[str, str], Callable[[tuple[Any, ...]], Any]]
     classes: frozenset[tuple[str, str]] = frozenset()
     limits: Limits = Limits()
+    records: frozenset[tuple[str, str]] = frozenset()
+    top_record: bool = False
 
     @cached_property
     def globals(self) -> frozenset[tuple[str, str]]:
         """Every global the pickle may name."""
-        return frozenset(self.calls) | self.classes
+        return frozenset(self.calls) | self.classes | self.records
+
+
+class Record:
+    """A simulated instance of an allowed record class (:attr:`AllowList.records`): the class's
+    ``(module, name)`` and the fields BUILD gave it (names are strings, values plain values or records).
+    Hashed by identity: a record used as a dict key (the flex ``storage_metadata``) is never looked up by
+    value, so no field is hashed."""
+
+    __slots__ = ("cls", "fields", "built")
+
+    def __init__(self, cls: tuple[str, str]):
+        self.cls = cls
+        self.fields: dict[str, Any] = {}
+        self.built = False
 
 
 class _Global:
@@ -154,9 +177,10 @@ class _Array:
     """An ndarray seen in the pickle; its data stays in the file. ``error``: why its BUILD state is not a
     weights array (raised, naming the tensor, by :func:`read_header`)."""
 
-    __slots__ = ("shape", "dtype", "fortran", "data", "module", "error")
+    __slots__ = ("shape", "dtype", "fortran", "data", "module", "error", "name")
 
     def __init__(self, module: str):
+        self.name: str | None = None  # the Tensor's name, when pickled as tuple((name, array))
         self.shape: tuple[int, ...] | None = None
         self.dtype: np.dtype | None = None
         self.fortran = False
@@ -184,8 +208,15 @@ def _show(v: Any, n: int = 40) -> str:
     return f"a {type(v).__name__}"
 
 
+_REFUSE_FIX = "the file is damaged or is not a Paddle weights file; re-export it"
+
+
+def _fix_for(rules: AllowList) -> str:
+    return f"the file is damaged or is not {rules.what}; copy it again from where it was written"
+
+
 def _refuse(path: Path, what: str) -> CheckpointError:
-    return CheckpointError(what, path, "the file is damaged or is not a Paddle weights file; re-export it")
+    return CheckpointError(what, path, _REFUSE_FIX)
 
 
 def _too_big(path: Path, what: str) -> CheckpointError:
@@ -231,7 +262,11 @@ def walk(path: Path, rules: AllowList | None = None) -> tuple[dict[str, Any], in
     with f:
         try:
             return _walk(f, path, size, rules), size
-        except (UnsafePickleError, CheckpointError):
+        except UnsafePickleError:
+            raise
+        except CheckpointError as e:
+            if rules is not WEIGHTS and e.fix == _REFUSE_FIX:  # the words of the kind of pickle it is
+                raise CheckpointError(e.message, path, _fix_for(rules)) from None
             raise
         except (
             struct.error,
@@ -245,7 +280,10 @@ def walk(path: Path, rules: AllowList | None = None) -> tuple[dict[str, Any], in
             MemoryError,
             OverflowError,
         ) as e:
-            raise _refuse(path, f"malformed pickle ({e.__class__.__name__}: {str(e)[:80]})") from None
+            bad = _refuse(path, f"malformed pickle ({e.__class__.__name__}: {str(e)[:80]})")
+            if rules is not WEIGHTS:
+                bad = CheckpointError(bad.message, path, _fix_for(rules))
+            raise bad from None
 
 
 def _walk(f: BinaryIO, path: Path, size: int, rules: AllowList) -> dict[str, Any]:
@@ -282,6 +320,11 @@ def _walk(f: BinaryIO, path: Path, size: int, rules: AllowList) -> dict[str, Any
     else:
         raise _too_big(path, f"more opcodes than the file's {size} bytes")
     stack = w.stack
+    if rules.top_record:
+        if len(stack) != 1 or type(stack[0]) is not Record:
+            raise _refuse(path, f"the pickle does not hold one record, as {rules.what} does")
+        _check_values(path, {"": stack[0]}, rules.limits, size)
+        return {"": stack[0]}
     if len(stack) != 1 or not isinstance(stack[0], dict):
         raise _refuse(path, "the pickle does not hold a {name: array} dict")
     _check_values(path, stack[0], rules.limits, size)
@@ -289,7 +332,9 @@ def _walk(f: BinaryIO, path: Path, size: int, rules: AllowList) -> dict[str, Any
 
 
 def _children(x: Any) -> Any:
-    return (y for kv in x.items() for y in kv) if type(x) is dict else x
+    if type(x) is dict:
+        return (y for kv in x.items() for y in kv)
+    return x.fields.values() if type(x) is Record else x
 
 
 def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> None:
@@ -306,7 +351,7 @@ def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> No
     budget = size + lim.nodes_beyond_size
     sizes: dict[int, int] = {}
     for name, v in top.items():
-        if type(v) not in (dict, list, tuple):
+        if type(v) not in (dict, list, tuple, Record):
             if isinstance(v, _STAND_INS) and not isinstance(v, _Array):
                 raise _refuse(path, f"entry {_show(name)} is a bare {_stand_in(v)}, not a value")
             continue
@@ -317,7 +362,7 @@ def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> No
             x, it = todo[-1]
             for c in it:
                 t = type(c)
-                if t is dict or t is list or t is tuple:
+                if t is dict or t is list or t is tuple or t is Record:
                     i = id(c)
                     if i in sizes:
                         counts[-1] += sizes[i]
@@ -332,7 +377,8 @@ def _check_values(path: Path, top: dict[Any, Any], lim: Limits, size: int) -> No
                     todo.append((c, iter(_children(c))))
                     counts.append(1)
                     break
-                if isinstance(c, _STAND_INS):
+                nested = lim.nested_arrays and t is _Array and type(x) is dict and len(todo) == 1
+                if isinstance(c, _STAND_INS) and not nested:  # nested: an array in a top-level dict
                     raise _refuse(path, f"entry {_show(name)} holds {_stand_in(c)} inside a non-tensor value")
                 counts[-1] += 1
             else:
@@ -422,7 +468,7 @@ class _Walker:
         """
         if type(k) is str:
             return k
-        if isinstance(k, _KEY_LEAVES):
+        if isinstance(k, _KEY_LEAVES) or type(k) is Record:  # a record: hashed by identity
             return k
         if type(k) is not tuple:
             raise _refuse(self.path, f"a dict key is {_show(k)} (a weights pickle's keys are names)")
@@ -499,8 +545,9 @@ class _Walker:
                 raise _too_big(self.path, f"a global's module or name is longer than {lim:,} bytes")
         if (module, name) not in self.rules.globals:
             raise UnsafePickleError(
-                f"refused to unpickle: the pickle calls {module}.{name}, which a weights file never needs "
-                "(nothing was executed)",
+                f"refused to unpickle: the pickle calls {module}.{name}, which "
+                f"{'a weights file' if self.rules is WEIGHTS else self.rules.what} never needs (nothing was "
+                "executed)",
                 self.path,
                 "do not load this file with paddle.load/pickle; get the weights from a trusted source",
             )
@@ -524,6 +571,15 @@ class _Walker:
         """
         if not isinstance(fn, _Global):
             raise ValueError("REDUCE on a non-global")
+        if (fn.module, fn.name) in self.rules.records:
+            if args != ():  # a call of the class: never simulated (its instances are only built by BUILD)
+                raise UnsafePickleError(
+                    f"refused to unpickle: the pickle calls {fn.module}.{fn.name} with arguments, which "
+                    f"{self.rules.what} never does (nothing was executed)",
+                    self.path,
+                    "do not load this file with paddle.load/pickle; get it from a trusted source",
+                )
+            return Record((fn.module, fn.name))
         call = self.rules.calls.get((fn.module, fn.name))
         if call is None:
             raise ValueError(f"cannot call {fn.module}.{fn.name}")
@@ -551,7 +607,11 @@ class _Walker:
         self.read(1)
 
     def op_frame(self) -> None:
-        self.read(8)
+        n = struct.unpack("<Q", self.read(8))[0]
+        # a frame is a length hint: a .pdparams walk ignores it (as it always has: edited weights files keep
+        # stale hints); another kind of pickle with a frame past its end is damaged
+        if self.rules is not WEIGHTS and n > self.size - self.f.tell():
+            raise _refuse(self.path, f"truncated pickle (a {n}-byte frame at offset {self.f.tell() - 9})")
 
     def op_empty_dict(self) -> None:
         self.stack.append({})
@@ -721,6 +781,10 @@ class _Walker:
                 obj.order = state[1]
         elif type(obj) is dict and type(state) is dict:
             self.setitems(obj, [x for kv in state.items() for x in kv], "BUILD")
+        elif type(obj) is Record and type(state) is dict and not obj.built:
+            if not all(type(k) is str for k in state):
+                raise ValueError(f"BUILD of {obj.cls[1]} with a field name that is not a string")
+            obj.fields, obj.built = state, True
         else:
             raise ValueError("BUILD on an unsupported object")
 
@@ -824,6 +888,30 @@ WEIGHTS = AllowList(
 ALLOWED_GLOBALS = WEIGHTS.globals  # every global a weights pickle may name
 
 
+def _named_tensor(args: tuple[Any, ...]) -> _Array:
+    """``builtins.tuple(((name, array),))``: how ``paddle.save`` pickles a Tensor outside a plain state dict
+    (``reduce_varbase``: ``(tuple, ((tensor.name, ndarray),))``; ``paddle.load`` makes it a Tensor of that
+    name again). The array stub, its name recorded."""
+    if len(args) != 1 or type(args[0]) is not tuple or len(args[0]) != 2:
+        raise ValueError("builtins.tuple of something other than one (name, array) pair")
+    name, arr = args[0]
+    if type(name) is not str or not isinstance(arr, _Array) or arr.name is not None:
+        raise ValueError("builtins.tuple of something other than (a tensor name, an array)")
+    arr.name = name
+    return arr
+
+
+OPTIMIZER = AllowList(
+    "a Paddle optimizer state file",
+    {**WEIGHTS.calls, ("builtins", "tuple"): _named_tensor},
+    classes=WEIGHTS.classes,
+    limits=Limits(nested_arrays=True),
+)
+"""``optimizer.pdopt``: a weights pickle, plus Tensors pickled as ``tuple((name, array))`` and arrays in the
+``master_weights`` dict (``paddle.save`` of an optimizer state dict with master weights goes through
+``_pickle_save``, not the state-dict path: ``paddle/framework/io.py``)."""
+
+
 # opcode -> its :class:`_Walker` method (STOP ends the loop in :func:`_walk`); any other opcode is refused
 _OPCODES: dict[int, Callable[[_Walker], None]] = {
     0x80: _Walker.op_proto,  # PROTO
@@ -898,33 +986,86 @@ def read_header(path: Path, rel: str) -> tuple[list[TensorInfo], dict[str, Any],
         if not isinstance(name, str):
             raise _refuse(path, f"a top-level key is {_show(name)}, not a tensor name")
         if isinstance(v, _Array):
-            if v.error:
-                raise _refuse(path, f"tensor {_show(name, 200)}: {v.error}")
-            if v.data is None or v.dtype is None or v.shape is None:  # never BUILT with its state
-                raise _refuse(path, f"tensor {_show(name, 200)} has no data")
             module = v.module
-            if isinstance(v.data, bytes):  # small payload, read during the walk
-                off, n, inline = -1, len(v.data), v.data
-            else:
-                off, n, inline = v.data.offset, v.data.length, None
-            tensors.append(
-                TensorInfo(
-                    name,
-                    v.dtype.name,
-                    v.shape,
-                    rel,
-                    off,
-                    n,
-                    storage=(rel, id(v)),
-                    fortran=v.fortran,
-                    inline=inline,
-                )
-            )
+            tensors.append(_tensor_info(path, rel, name, v))
         else:  # plain values, checked by the walk (depth, no cycle, size at every reference)
             extras[name] = v
     if SPLIT_TABLE in extras:
         tensors = _join_split(path, tensors, extras.pop(SPLIT_TABLE))
     return tensors, extras, module
+
+
+def _tensor_info(path: Path, rel: str, name: str, v: _Array) -> TensorInfo:
+    """The header of array stub ``v`` stored under ``name`` in file ``rel``.
+
+    Raises:
+        CheckpointError: the stub is not a weights array (its BUILD state), or has no data.
+    """
+    if v.error:
+        raise _refuse(path, f"tensor {_show(name, 200)}: {v.error}")
+    if v.data is None or v.dtype is None or v.shape is None:  # never BUILT with its state
+        raise _refuse(path, f"tensor {_show(name, 200)} has no data")
+    if isinstance(v.data, bytes):  # small payload, read during the walk
+        off, n, inline = -1, len(v.data), v.data
+    else:
+        off, n, inline = v.data.offset, v.data.length, None
+    return TensorInfo(
+        name, v.dtype.name, v.shape, rel, off, n, storage=(rel, id(v)), fortran=v.fortran, inline=inline
+    )
+
+
+@dataclass
+class OptimizerHeader:
+    """The headers of an ``optimizer.pdopt`` (:func:`read_optimizer_header`).
+
+    Attributes:
+        tensors: the top-level accumulators, in file order.
+        master: the ``master_weights`` arrays, keyed by parameter name (``TensorInfo.name`` is the key).
+        names: key → Tensor name, for tensors pickled as ``tuple((name, array))`` (master weights are named
+            ``<param>_fp32_master_0``); empty for a plain state dict.
+        extras: the other entries (``LR_Scheduler``, ``StructuredToParameterName@@``), in file order; the
+            position of ``master_weights`` among them is kept as ``{"master_weights": None}``.
+        np_module: the numpy module the arrays were pickled with.
+    """
+
+    tensors: list[TensorInfo]
+    master: list[TensorInfo]
+    names: dict[str, str]
+    extras: dict[str, Any]
+    np_module: str
+
+
+def read_optimizer_header(path: Path, rel: str) -> OptimizerHeader:
+    """Headers of a Paddle ``optimizer.pdopt`` (``paddle.save(optimizer.state_dict())``) without loading
+    or executing anything: the walker with :data:`OPTIMIZER`.
+
+    Raises:
+        UnsafePickleError, CheckpointError: as :func:`walk`; a ``master_weights`` that is not a dict of
+            arrays.
+    """
+    top, _ = walk(path, OPTIMIZER)
+    out = OptimizerHeader([], [], {}, {}, "numpy.core.multiarray")
+    for key, v in top.items():
+        if not isinstance(key, str):
+            raise _refuse(path, f"a top-level key is {_show(key)}, not a tensor name")
+        if isinstance(v, _Array):
+            out.tensors.append(_tensor_info(path, rel, key, v))
+            out.np_module = v.module
+            if v.name is not None:
+                out.names[key] = v.name
+        elif key == "master_weights" and isinstance(v, dict):
+            for pname, m in v.items():
+                if not isinstance(pname, str) or not isinstance(m, _Array):
+                    raise _refuse(path, f"master_weights entry {_show(pname)} is not a named array")
+                out.master.append(_tensor_info(path, rel, pname, m))
+                if m.name is not None:
+                    out.names["master_weights/" + pname] = m.name
+            out.extras[key] = None
+        elif isinstance(v, dict) and any(isinstance(x, _Array) for x in v.values()):
+            raise _refuse(path, f"entry {_show(key)} holds arrays, and only master_weights may")
+        else:
+            out.extras[key] = v
+    return out
 
 
 def _join_split(path: Path, tensors: list[TensorInfo], table: Any) -> list[TensorInfo]:
@@ -1132,7 +1273,7 @@ class _Emitter:
 
 def write_file(
     path: Path,
-    tensors: list[tuple[str, str, tuple[int, ...], Source, object, bool]],
+    tensors: Iterable[tuple[str, str, tuple[int, ...], Source, object, bool]],
     extras: dict[str, Any],
     np_module: str = "numpy.core.multiarray",
 ) -> int:
@@ -1174,3 +1315,61 @@ def write_file(
         f.flush()
         os.fsync(f.fileno())
     return total
+
+
+Row = tuple[str, str, tuple[int, ...], Source, object, bool]
+"""One tensor to write: ``(key, numpy dtype name, shape, source, storage key, fortran)``."""
+
+
+def write_optimizer_file(
+    path: Path,
+    tensors: Iterable[Row],
+    master: Iterable[Row],
+    names: dict[str, str],
+    extras: dict[str, Any],
+    np_module: str = "numpy.core.multiarray",
+) -> None:
+    """Write an ``optimizer.pdopt`` as ``paddle.save`` writes it, streaming every payload: the accumulators,
+    then ``extras`` in order, ``master_weights`` (its value None in ``extras``) made of ``master``.
+
+    A key in ``names`` is written as ``paddle.save``'s ``_pickle_save`` writes a Tensor,
+    ``tuple((name, array))`` (master weights under ``"master_weights/" + parameter name``); the others as
+    plain arrays (its state-dict path).
+    """
+    with open(path, "wb") as f:
+        e = _Emitter(f, np_module)
+        e.w(b"\x80\x04}")
+        e.memoize()
+
+        def put(prefix: str, row: Row) -> None:
+            key, dtype, shape, src, _storage, fortran = row
+            e.w(b"(")
+            e.string(key)
+            name = names.get(prefix + key)
+            if name is not None:
+                e.glob("builtins", "tuple")
+                e.string(name)
+            e.array(np.dtype(dtype), shape, fortran, src)
+            if name is not None:
+                e.w(b"\x86\x85R")  # TUPLE2 TUPLE1 REDUCE: tuple(((name, array),))
+            e.w(b"u")
+
+        for row in tensors:
+            put("", row)
+        for k, v in extras.items():
+            if k == "master_weights" and v is None:
+                e.w(b"(")
+                e.string(k)
+                e.w(b"}")
+                e.memoize()
+                for row in master:
+                    put("master_weights/", row)
+                e.w(b"u")
+                continue
+            e.w(b"(")
+            e.string(k)
+            e.obj(v)
+            e.w(b"u")
+        e.w(b".")
+        f.flush()
+        os.fsync(f.fileno())

@@ -36,6 +36,7 @@ class Cause(Enum):
     ADAPTER = "adapter"
     ADAPTER_WRAPPED = "adapter-wrapped"
     QUANTIZED = "quantized"
+    FLEX = "flex-checkpoint"
 
 
 @dataclass(frozen=True)
@@ -69,10 +70,10 @@ RULES: dict[Cause, Rule] = {
     Cause.EXPERT_PARALLEL: Rule(
         "expert-parallel rank files: each holds some of the experts (and its own copy of the other "
         "weights: embedding, attention, router, head), not a whole checkpoint",
-        "tietool merge does not join expert-parallel rank files yet; load the training checkpoint with "
-        "PaddleFormers/PaddleNLP on the same expert-parallel layout and save it whole (save_pretrained, or a "
-        "unified checkpoint), then run tietool on that folder; never use one rank's file alone: it lacks the "
-        "other ranks' experts",
+        "join them into a new folder first: tietool merge (tietool.merge in Python; local folders only), or "
+        "load the training checkpoint with PaddleFormers/PaddleNLP on the same expert-parallel layout and "
+        "save it whole (save_pretrained, or a unified checkpoint); never use one rank's file alone: it lacks "
+        "the other ranks' experts",
     ),
     Cause.SHARDING: Rule(
         "sharding (ZeRO) rank files: each holds some of the parameters, not a whole checkpoint",
@@ -88,6 +89,13 @@ RULES: dict[Cause, Rule] = {
         "wrapper and the vocabulary tables may appear twice (original_module untrained, modules_to_save "
         "trained)",
         _MERGE_ADAPTER,
+    ),
+    Cause.FLEX: Rule(
+        "a flex checkpoint (paddle.distributed.save_state_dict; the PaddleFormers Trainer's checkpoint-N/ "
+        "model_state/): each <rank>_<id>.distcp holds a rank's slices of the weights and the .metadata says "
+        "where each slice goes, not a whole checkpoint",
+        "merge it first, into a new folder: tietool merge (tietool.merge in Python) writes PaddleFormers "
+        "safetensors the other commands take; tietool inspect lists what it holds",
     ),
     Cause.QUANTIZED: Rule(
         "the embedding/head is quantized (packed integers with scales): tietool edits float tables only, "
@@ -118,9 +126,20 @@ ADAPTER_WEIGHTS_RE = re.compile(
 )
 # files a training run writes beside the weights; per-parameter ones go stale when the vocabulary changes
 TRAINING_STATE = re.compile(
-    r"^(optimizer.*\.(pdopt|pt|safetensors|json)|.*\.pdopt|master_weights.*|scheduler\.(pdparams|pt)"
+    r"^(optimizer.*\.(pdopt|pt|pth|bin|safetensors|json)|.*\.pdopt|master_weights.*|scheduler\.(pdparams|pt)"
     r"|trainer_state\.json|rng_state.*|scaler\.(pdparams|pt))$"
 )
+# a Trainer checkpoint-N/'s flex saves (PaddleFormers 1.2 trainer.py _save_flex_model_state /
+# _save_flex_optimizer_state; surgery.io.flex): the weights, moments and master weights at that step's shapes,
+# per parameter, beside whole-model weights (save_hf_steps); stale when the model changes, as TRAINING_STATE
+TRAINER_FLEX_STATE = re.compile(
+    r"^(model_state|optimizer_state|master_weight)/(\d+_\d+\.distcp|\d+\.metadata(\.lock)?)$"
+)
+# a loader's index of safetensors weights: paddle's flex_checkpoint load_state_dict (dcp/load_state_dict.py,
+# create_hf_ckpt_metadata) writes flex-ckpt.auto_generated.metadata into the folder at the first load (so does
+# PaddleFormers 1.2's from_pretrained, measured) and reuses one that exists: it describes the input's
+# tensors, never an output's, and the loader writes it anew
+LOADER_CACHE = re.compile(r"^[^/]+\.auto_generated\.metadata$")
 # weights of another library, beside the checkpoint (transformers may read them)
 OTHER_WEIGHTS_RE = re.compile(r"^pytorch_model.*\.bin(\.index\.json)?$")
 
@@ -132,6 +151,7 @@ class LeftOutReason(Enum):
     OTHER_FORMAT = "other-format"  # weights in the other format (or another library's) beside the checkpoint
     RANK_FILE = "rank-file"  # a tensor/pipeline-parallel slice beside whole weights
     TRAINING_STATE = "training-state"  # optimizer / master weights / scheduler / trainer state / rng
+    LOADER_CACHE = "loader-cache"  # a loader's own index of the weights (LOADER_CACHE), rewritten by it
 
 
 @dataclass(frozen=True)

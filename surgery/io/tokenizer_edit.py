@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..model.errors import CheckpointError, RefusedError, TietoolError
+from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError
 from ..model.tokens import AddedToken, NewToken, TokenEdit
 from . import store
 from .tokenizer import sp_names
@@ -538,8 +538,8 @@ def _refuse_shadowed(f: _Folder, tokens: list[AddedToken]) -> None:
                 f"{t.content!r} would never be produced: it holds the token {inner!r}, which loaders match "
                 "first (on the raw text)",
                 f.root,
-                "add it with --special (special tokens are matched first, the longest one winning), or leave "
-                "it out",
+                f"add it with {Opt('special', True)} (special tokens are matched first, the longest one "
+                "winning), or leave it out",
             )
 
 
@@ -559,7 +559,8 @@ def _refuse_unreachable(f: _Folder, tok: Any, new: list[AddedToken]) -> None:
                 f"{t.content!r} would never be produced: with it added, the tokenizer still encodes the text "
                 f"{t.content!r} as {got}, not as its id {t.id}",
                 f.root / "tokenizer.json",
-                "add it with --special (special tokens are matched first, on the raw text), or leave it out",
+                f"add it with {Opt('special', True)} (special tokens are matched first, on the raw text), or "
+                "leave it out",
             )
 
 

@@ -50,8 +50,9 @@ class FolderLink:
         return {"link": self.rel, "target": self.target, "files": len(self.files)}
 
 
-def _stat_link(path: str) -> os.stat_result:
-    """``os.stat`` of the symbolic link ``path`` (followed).
+def stat_link(path: str) -> os.stat_result:
+    """``os.stat`` of the symbolic link ``path`` (followed); also for a reader that opens one named file
+    (a flex checkpoint's ``.distcp``) to say what a link that cannot be followed is.
 
     Raises:
         CheckpointError: a dangling link, a loop of links, or one that cannot be followed.
@@ -138,7 +139,7 @@ def _entries(folder: str):
     devices are returned too (the caller refuses them) but never opened.
 
     Raises:
-        CheckpointError: the folder cannot be listed; a link that cannot be followed (:func:`_stat_link`).
+        CheckpointError: the folder cannot be listed; a link that cannot be followed (:func:`stat_link`).
     """
     try:
         with os.scandir(folder) as it:
@@ -151,6 +152,6 @@ def _entries(folder: str):
         ) from None
     for entry in entries:
         if entry.is_symlink():
-            yield entry.name, entry.path, _stat_link(entry.path), True
+            yield entry.name, entry.path, stat_link(entry.path), True
         else:
             yield entry.name, entry.path, entry.stat(follow_symlinks=False), False

@@ -297,6 +297,7 @@ def _notes(plan: Plan, edit: TokenEdit, N: int) -> None:
     had = [f"{t.content!r} (id {t.id})" for t in edit.tokens if t.existed]
     if had:
         plan.notes.append(f"already in the tokenizer, not added: {', '.join(had)}")
+    _base_marked_special(plan, edit)
     if not edit.added:
         plan.notes.append("no new token: no row changes")
         return
@@ -305,3 +306,20 @@ def _notes(plan: Plan, edit: TokenEdit, N: int) -> None:
         plan.notes.append(f"{used} slack row(s) {edit.length_before}..{edit.length_before + used - 1} taken")
     if N > R:
         plan.notes.append(f"every vocabulary tensor grows {R} → {N} rows")
+
+
+def _base_marked_special(plan: Plan, edit: TokenEdit) -> None:
+    """A warning for each token of the base vocabulary (not an added token of the input's tokenizer) that
+    the edit marks special: a special token is matched in text before the model splits it, so words that
+    contain it tokenize differently from then on (``the`` special in WordPiece: ``there`` becomes ``the``
+    ``r`` ``##e``), as with HF ``add_special_tokens`` of an existing word."""
+    ts = plan.det.tokenizer.files
+    special_before = {a.id for a in ts.added if a.special}
+    added_before = {a.id for a in ts.added}
+    base = [t for t in edit.tokens if t.existed and t.special and t.id not in added_before]
+    marked = [f"{t.content!r} (id {t.id})" for t in base if t.id not in special_before]
+    if marked:
+        plan.warnings.append(
+            f"marked special, though part of the base vocabulary: {', '.join(marked)}; text that contains "
+            "them is split around them from now on (ordinary words may tokenize differently)"
+        )

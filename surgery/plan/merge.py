@@ -86,8 +86,8 @@ def find_ranks(path: Path, names: set[str]) -> tuple[str, dict[tuple[int, int], 
 
     Raises:
         UsageError: no rank files (nothing to merge), or whole-model weights beside them.
-        RefusedError: expert-parallel or sharding rank files (``moe00``, ``moe_sharding00``, ``shard00``):
-            not joined yet (issue 21), named as such.
+        RefusedError: sharding rank files (``shard00``): not joined, named as such (expert-parallel ones
+            are :mod:`.merge_experts`').
         CheckpointError: rank files of both containers, or a rank missing (named by its file name).
     """
     ranks = [n for n in surface.rank_files(names) if n.endswith(surface.WEIGHT_EXT)]
@@ -101,7 +101,9 @@ def find_ranks(path: Path, names: set[str]) -> tuple[str, dict[tuple[int, int], 
     cause = surface.rank_cause(ranks)
     if cause not in (surface.Cause.TENSOR_PARALLEL, surface.Cause.PIPELINE_PARALLEL):
         raise surface.refuse(
-            cause, path, f"{', '.join(ranks[:6])}; merge joins tensor- and pipeline-parallel rank files only"
+            cause,
+            path,
+            f"{', '.join(ranks[:6])}; merge joins tensor-, pipeline- and expert-parallel rank files only",
         )
     whole = sorted(n for n in names if n.endswith(surface.WEIGHT_EXT) and n not in ranks)
     if whole:
@@ -174,13 +176,13 @@ def read_ranks(
                 extras.update(meta or {})
             for t in infos:
                 if t.name in own:
-                    _same_or_refuse(path, t.name, own[t.name], Slice(p, t), "pipeline ranks")
+                    same_or_refuse(path, t.name, own[t.name], Slice(p, t), "pipeline ranks")
                     continue
                 own[t.name] = Slice(p, t)
     return by_tp, extras
 
 
-def _same_or_refuse(path: Path, name: str, a: Slice, b: Slice, what: str) -> None:
+def same_or_refuse(path: Path, name: str, a: Slice, b: Slice, what: str) -> None:
     """Refuse when ``b`` differs from ``a`` (dtype, shape or bytes), naming both files."""
     same = a.info.dtype == b.info.dtype and a.info.shape == b.info.shape
     if same:
@@ -272,7 +274,7 @@ def _plan_one(
     whole = first.shape == want or (rule.split is TPSplit.HEAD and first.shape == want[::-1])
     if rule.split is TPSplit.REPLICATED or n == 1 or whole:
         for s in slices[1:]:
-            _same_or_refuse(path, name, slices[0], s, "tensor-parallel ranks (it is not split)")
+            same_or_refuse(path, name, slices[0], s, "tensor-parallel ranks (it is not split)")
         rule_used, axis, shape = TPSplit.REPLICATED, None, first.shape
     else:
         axis = _head_axis(first.shape, n, dims) if rule.split is TPSplit.HEAD else _AXIS[rule.split]
@@ -460,6 +462,8 @@ class MergePlan:
         by_tp: each tensor-parallel rank's tensors (:func:`read_ranks`); ``extras`` their non-tensor entries.
         merged: the merged tensors in order (:func:`plan`).
         carry: ``(source, name)`` copied unchanged; ``left``: the folder's names left out (:func:`carried`).
+        expert_parallel: the number of expert-parallel ranks joined (1: a tensor/pipeline merge);
+            ``expert_numbering`` how they numbered their experts (:mod:`.merge_experts`), else None.
     """
 
     path: Path
@@ -473,6 +477,8 @@ class MergePlan:
     merged: list[OutTensor]
     carry: list[tuple[Path, str]]
     left: list[str]
+    expert_parallel: int = 1
+    expert_numbering: list[str] | None = None
 
     @property
     def rank_files(self) -> list[str]:
@@ -484,6 +490,11 @@ def plan_merge(src: Path) -> MergePlan:
     """The merge of the rank folder ``src`` (a local folder): rank files found and checked readable,
     config.json read and its parallel degree checked, every header read, every tensor planned
     (:func:`plan`), the merged config and the carried files.
+
+    Expert-parallel rank files (``moe_sharding00``, ``moe00``) are not this function's:
+    :func:`surgery.plan.merge_experts.plan_rank_merge` hands them to
+    :func:`~surgery.plan.merge_experts.plan_expert_merge` (it builds on this module's helpers, so this
+    module does not import it).
 
     Raises:
         UsageError, CheckpointError, RefusedError: as :func:`find_ranks`, :func:`read_ranks`, :func:`plan`,

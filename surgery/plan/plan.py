@@ -106,6 +106,38 @@ def _dtype(label: str) -> DType:
     return DTYPES[label] if label in DTYPES else DTYPES[NP_TO_ST[label]]
 
 
+@dataclass(frozen=True)
+class Resized:
+    """One parameter whose shape the plan changes: ``axis`` goes from ``old`` to ``new`` entries."""
+
+    name: str  # the model's (structured) name
+    param: str  # its parameter name (StructuredToParameterName@@), the optimizer's key
+    axis: int
+    old: int
+    new: int
+
+
+@dataclass(frozen=True)
+class OptimizerEdit:
+    """The rewrite of one ``optimizer.pdopt``: each accumulator and each master weight with the resize it
+    gets (None: copied bytes), and what else the file holds (:class:`~surgery.io.pdparams_io
+    .OptimizerHeader`)."""
+
+    rel: str
+    entries: tuple[tuple[TensorInfo, Resized | None], ...]
+    master: tuple[tuple[TensorInfo, Resized | None], ...]
+    names: dict[str, str]
+    extras: dict[str, Any]
+    np_module: str
+
+    @property
+    def resized(self) -> list[str]:
+        """The accumulators and master weights (``master_weights/<parameter>``) that are resized."""
+        return [t.name for t, r in self.entries if r is not None] + [
+            "master_weights/" + t.name for t, r in self.master if r is not None
+        ]
+
+
 @dataclass
 class Plan:
     """What an operation changes. Nothing is written until it is executed.
@@ -128,6 +160,9 @@ class Plan:
         tokenizer: the edit of the folder's tokenizer files that goes with the rows (``add-tokens``, a
             ``resize`` trim below added tokens): the writer writes ``tokenizer.files`` in place of those
             files of the input; None leaves every tokenizer file as it is.
+        training_edit: with ``--keep-training-state``, the optimizer files rewritten to the new shapes
+            (:func:`surgery.plan.training_state.plan_training_state`), by path; the writer writes them in
+            place of the copies.
     """
 
     op: str
@@ -145,6 +180,7 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     extra_report: dict[str, Any] = field(default_factory=dict)
     tokenizer: TokenEdit | None = None
+    training_edit: dict[str, OptimizerEdit] = field(default_factory=dict)
 
     @property
     def changed(self) -> bool:

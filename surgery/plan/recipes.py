@@ -31,6 +31,7 @@ from ..io.checkpoint import Checkpoint
 from ..io.safetensors_io import Source
 from ..model.enums import HeadLayout, Init, TieState, TokenInit
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, f32_to_bf16_bits
+from .flex_pieces import Assembled, assembled_data
 
 Array = npt.NDArray[Any]
 """An array in a stored dtype (bf16 as ``uint16`` bits)."""
@@ -217,6 +218,7 @@ Recipe = (
     | TokenRows
     | FusedPart
     | Joined
+    | Assembled
     | TokenInitRows
     | EditedTable
     | EditedBias
@@ -267,7 +269,7 @@ def uses(recipe: Recipe) -> list[Use]:
         return [Use(recipe.name, "resize it", False)]
     if isinstance(recipe, FusedPart):
         return [Use(recipe.name, "transpose or split it", False)]
-    if isinstance(recipe, Joined):  # slices of the rank files, not of a checkpoint: moved as bytes
+    if isinstance(recipe, Joined | Assembled):  # slices of rank files, not of a checkpoint: moved as bits
         return []
     return uses(recipe.copy) + uses(recipe.own)
 
@@ -304,6 +306,8 @@ def describe(recipe: Recipe) -> str:
     if isinstance(recipe, FusedPart):
         turned = ", transposed" if recipe.transpose else ""
         return f"chunks {list(recipe.chunks)} of {recipe.count} of {recipe.name} (axis {recipe.axis}{turned})"
+    if isinstance(recipe, Assembled):
+        return f"assembled from {len({p.slice for p in recipe.pieces})} flex slices"
     if isinstance(recipe, Joined):
         rule = "replicated" if recipe.axis is None else f"{recipe.rule.value} on axis {recipe.axis}"
         return f"{len(recipe.slices)} slices of {recipe.slices[0].info.name} joined: {rule}"
@@ -326,6 +330,8 @@ def make(recipe: Recipe, ckpt: Checkpoint | None, memo: dict[Recipe, Data]) -> D
 def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data]) -> Data:
     if isinstance(recipe, Joined):
         return _joined(recipe)
+    if isinstance(recipe, Assembled):
+        return assembled_data(recipe)
     assert ckpt is not None, f"internal: {describe(recipe)} needs the input checkpoint"
     if isinstance(recipe, FusedPart):
         return _fused_part(recipe, ckpt)

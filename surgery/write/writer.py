@@ -35,7 +35,7 @@ from ..io.readback import (
 from ..io.safetensors_io import Source
 from ..model.enums import Container
 from ..model.tensor import pdparams_name
-from ..plan import recipes
+from ..plan import recipes, training_state
 from ..plan.plan import NEW_SHARD, NewCheckpoint, OutTensor, Plan
 from ..plan.recipes import Recipe
 from .copy import Copier, Reporting, copy_file, try_link, write_reporting
@@ -132,7 +132,9 @@ def _write_all(
     left_out = surface.output_left_out(
         ckpt.path, ckpt.left_out, ckpt.training_state, plan.changed, keep_training_state
     )
-    carried = ckpt.other_files + [x.file for x in left_out if x.kept]
+    carried = [
+        f for f in ckpt.other_files + [x.file for x in left_out if x.kept] if f not in plan.training_edit
+    ]
     lay = keep_files(plan)
     total_size = sum(entry_nbytes(ckpt, e) for f in lay.kept for e in lay.entries[f])
     kept_links = _kept_links(plan, carried) if keep_folder_links else []
@@ -147,6 +149,7 @@ def _write_all(
     _read_back(plan, tmp, {lay.rename[f]: (f, lay.entries[f]) for f in lay.kept}, lay.rewrite, deferred)
     _write_configs(plan, tmp)
     _write_tokenizer_files(plan, tmp, files_report)
+    _write_training_state(plan, tmp, files_report)
     return {
         "files": files_report,
         "total_size": total_size,
@@ -310,6 +313,19 @@ def _write_tokenizer_files(plan: Plan, tmp: Path, files_report: dict[str, Any]) 
         local = store.store_for(plan.ckpt.path).on_disk
         if local and (plan.ckpt.path / rel).is_file():  # the mode of the file it replaces
             shutil.copymode(plan.ckpt.path / rel, dst)
+
+
+def _write_training_state(plan: Plan, tmp: Path, files_report: dict[str, Any]) -> None:
+    """Write each optimizer file the plan resizes (``--keep-training-state``), in place of the copy it would
+    otherwise be; ``files_report["training_state_resized"]`` lists, per file, the accumulators resized."""
+    if not plan.training_edit:
+        return
+    done = files_report["training_state_resized"] = {}
+    for rel, edit in sorted(plan.training_edit.items()):
+        dst = tmp / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        done[rel] = training_state.write_pdopt(plan.ckpt.path, edit, dst, tmp)
+        shutil.copymode(plan.ckpt.path / rel, dst)
 
 
 def _kept_links(plan: Plan, carried: list[str]) -> list[tree.FolderLink]:

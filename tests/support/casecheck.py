@@ -905,6 +905,28 @@ def check_tensor_equals_input_slice(ctx: CheckContext, args: list) -> None:
         )
 
 
+def check_tensor_equals_input_file(ctx: CheckContext, args: list) -> None:
+    """Output OUT is bitwise equal to tensor IN as stored in the input's weight file FILE (same or
+    transposed): for rank files, which repeat names (each holds its own copy of a replicated tensor)."""
+    out_name, filename, in_name, mode = args
+    out_t = _get(ctx.out_ckpt(), out_name, "output")
+    in_ckpt = ctx.in_ckpt()
+    tensors = in_ckpt.files.get(filename)
+    if tensors is None:  # a rank file: not a weight file of a whole checkpoint, read on its own
+        path = in_ckpt.folder / filename
+        reader = read_safetensors if filename.endswith(".safetensors") else read_pdparams
+        if not path.is_file() or not filename.endswith((".safetensors", ".pdparams")):
+            raise CheckFailure(f"input file {filename} is not a weight file in {in_ckpt.folder}")
+        try:
+            tensors = in_ckpt.files[filename] = reader(path)
+        except (ReadError, OSError) as exc:
+            raise CheckFailure(f"input file {filename} cannot be read: {exc}") from None
+    in_t = tensors.get(in_name)
+    if in_t is None:
+        raise CheckFailure(f"input file {filename} holds no tensor {in_name}")
+    _compare_bitwise(ctx.out_ckpt(), out_t, in_ckpt, in_t, mode, f"input {filename}")
+
+
 def check_tensor_equals_original(ctx: CheckContext, args: list) -> None:
     """Output OUT is bitwise equal to tensor IN of the case's original ckpt/."""
     out_name, in_name, mode = args
@@ -1194,6 +1216,7 @@ CHECKS: dict[str, Callable[[CheckContext, Any], None]] = {
     "tensor_dtype": check_tensor_dtype,
     "tensor_equals_input": check_tensor_equals_input,
     "tensor_equals_input_slice": check_tensor_equals_input_slice,
+    "tensor_equals_input_file": check_tensor_equals_input_file,
     "tensor_equals_original": check_tensor_equals_original,
     "tensor_scaled_input": check_tensor_scaled_input,
     "rows_equal_input": check_rows_equal_input,

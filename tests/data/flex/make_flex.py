@@ -8,7 +8,9 @@ Run: ``/work/main/.venv/bin/python tests/data/flex/make_flex.py [--out DIR] [--o
                    Shard(0) / Shard(1) / Replicate(), fp32 and bf16, even and uneven splits.
 - ``mesh2x2/``     four CPU processes, ProcessMesh([[0, 1], [2, 3]]) with [Shard(0), Shard(1)],
                    [Shard(1), Replicate()], [Replicate(), Replicate()].
-- ``trainer_1rank/`` the PaddleFormers 1.2 Trainer (see ``make_trainer.py``).
+- ``trainer_1rank/``, ``trainer_2rank/`` the PaddleFormers 1.2 Trainer (see ``make_trainer.py``).
+- ``trainer_bf16_layout/`` a bf16 model with master weights, saved by the Trainer's save methods
+                   (see ``make_bf16_layout.py``).
 
 Each folder gets ``oracle.npz`` (what ``paddle.distributed.load_state_dict`` fills into full-size
 tensors in ONE process; bf16 kept as its uint16 bits) and ``oracle.json`` (names, global shapes, dtypes).
@@ -101,7 +103,7 @@ def rank_worker(kind: str, out: str) -> None:
         return
     table, mesh = (
         (RANKS2, dist.ProcessMesh([0, 1], dim_names=["x"]))
-        if kind == "ranks2"
+        if kind in ("ranks2", "ranks2_replicas")
         else (MESH2X2, dist.ProcessMesh([[0, 1], [2, 3]], dim_names=["x", "y"]))
     )
     sd = {}
@@ -110,7 +112,7 @@ def rank_worker(kind: str, out: str) -> None:
         # distributed tensor (an elementwise op, placements kept).
         t = dist.shard_tensor(_values(name, shape, "float32"), mesh, _placements(codes))
         sd[name] = t.astype("bfloat16") if dtype == "bfloat16" else t
-    dist.save_state_dict(sd, out)
+    dist.save_state_dict(sd, out, save_replicas=kind == "ranks2_replicas")
 
 
 def _flat_state_dict(rank: int) -> dict:
@@ -137,7 +139,12 @@ def _flat_state_dict(rank: int) -> dict:
 
 
 def run_ranks(kind: str, n: int, out: Path) -> None:
-    """Start ``n`` plain processes with the PADDLE_* env of a gloo CPU job; wait for all."""
+    """``n`` ranks of :func:`rank_worker` (``kind``, ``out``)."""
+    run_ranks_cmd([sys.executable, __file__, "--worker", kind, str(out)], n)
+
+
+def run_ranks_cmd(cmd: list[str], n: int) -> None:
+    """Start ``cmd`` in ``n`` plain processes with the PADDLE_* env of a gloo CPU job; wait for all."""
     ports = _free_ports(n)
     eps = ",".join(f"127.0.0.1:{p}" for p in ports)
     procs = []
@@ -153,12 +160,11 @@ def run_ranks(kind: str, n: int, out: Path) -> None:
             PADDLE_DISTRI_BACKEND="gloo",
             CUDA_VISIBLE_DEVICES="",
         )
-        cmd = [sys.executable, __file__, "--worker", kind, str(out)]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     for r, p in enumerate(procs):
         log = p.communicate(timeout=300)[0].decode(errors="replace")
         if p.returncode != 0:
-            raise SystemExit(f"rank {r} of {kind} failed ({p.returncode}):\n{log[-3000:]}")
+            raise SystemExit(f"rank {r} of {cmd[1:]} failed ({p.returncode}):\n{log[-3000:]}")
 
 
 def write_single(out: Path) -> None:
@@ -181,8 +187,8 @@ def metadata_shapes(folder: Path) -> dict[str, tuple[list[int], str]]:
     return found
 
 
-def write_oracle(folder: Path) -> None:
-    """``oracle.npz`` + ``oracle.json``: ``paddle.distributed.load_state_dict`` into full-size zeros."""
+def write_oracle(folder: Path, dest: Path | None = None) -> None:
+    """``<dest>.npz`` + ``.json`` (default ``folder/oracle``): ``load_state_dict`` into full-size zeros."""
     import numpy as np
     import paddle
 
@@ -192,7 +198,8 @@ def write_oracle(folder: Path) -> None:
     arrays = {}
     for n, t in sd.items():
         arrays[n] = t.view("uint16").numpy() if t.dtype == paddle.bfloat16 else t.numpy()
-    with (folder / "oracle.npz").open("wb") as fh:
+    dest = dest or folder / "oracle"
+    with dest.with_suffix(".npz").open("wb") as fh:
         np.savez(fh, **arrays)
     info = {
         "made_by": "paddle.distributed.load_state_dict into paddle.zeros(global_shape, dtype), one process",
@@ -200,7 +207,7 @@ def write_oracle(folder: Path) -> None:
         "bf16_stored_as": "uint16 bits",
         "tensors": {n: {"shape": s, "dtype": d} for n, (s, d) in sorted(shapes.items())},
     }
-    (folder / "oracle.json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
+    dest.with_suffix(".json").write_text(json.dumps(info, indent=1, sort_keys=True) + "\n")
 
 
 def build(name: str, out: Path) -> None:
@@ -211,12 +218,18 @@ def build(name: str, out: Path) -> None:
         _in_subprocess("--single", target)
     elif name == "ranks2":
         run_ranks("ranks2", 2, target)
+    elif name == "ranks2_replicas":
+        run_ranks("ranks2_replicas", 2, target)
     elif name == "flat2":
         run_ranks("flat2", 2, target)
     elif name == "mesh2x2":
         run_ranks("mesh2x2", 4, target)
-    elif name == "trainer_1rank":
-        subprocess.run([sys.executable, str(HERE / "make_trainer.py"), str(target)], check=True)
+    elif name == "trainer_bf16_layout":
+        subprocess.run([sys.executable, str(HERE / "make_bf16_layout.py"), str(target)], check=True)
+        return
+    elif name.startswith("trainer_"):
+        ranks = name.removeprefix("trainer_").removesuffix("rank")
+        subprocess.run([sys.executable, str(HERE / "make_trainer.py"), str(target), ranks], check=True)
         return  # make_trainer.py writes its own oracles
     else:
         raise SystemExit(f"unknown fixture {name}")
@@ -228,7 +241,16 @@ def _in_subprocess(flag: str, target: Path) -> None:
     subprocess.run([sys.executable, __file__, flag, str(target)], check=True, env=env, capture_output=True)
 
 
-ALL = ["single", "ranks2", "flat2", "mesh2x2", "trainer_1rank"]
+ALL = [
+    "single",
+    "ranks2",
+    "ranks2_replicas",
+    "flat2",
+    "mesh2x2",
+    "trainer_1rank",
+    "trainer_2rank",
+    "trainer_bf16_layout",
+]
 
 
 def main() -> None:

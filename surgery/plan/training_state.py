@@ -1,0 +1,251 @@
+"""``--keep-training-state`` of ``resize`` / ``add-tokens``: the optimizer state resized with the vocabulary.
+
+A training run saves the optimizer beside the weights so that it can resume. PaddleNLP 2.8 / PaddleFormers
+1.2's Trainer writes ``optimizer.pdopt`` with ``paddle.save(optimizer.state_dict())``: a pickle of
+``{accumulator name: ndarray, "LR_Scheduler": {...}, "StructuredToParameterName@@": {...}}`` whose
+accumulator names are ``<parameter name>_<accumulator>_<n>`` (``embedding_0.w_0_moment1_0``; with master
+weights ``embedding_0.w_0_fp32_master_0_moment1_0``); the parameter name of each tensor is in the model's
+own ``StructuredToParameterName@@`` (``model.embed_tokens.weight`` → ``embedding_0.w_0``). Paddle's
+``Optimizer.set_state_dict`` assigns every accumulator by that name, so a moment left at the old shape
+fails (or pairs rows wrongly) when training resumes from the resized model.
+
+For every parameter the plan changes the shape of (the vocabulary tables), each element-wise accumulator
+(:data:`RESIZED`: AdamW's ``moment1``, ``moment2``, ``moment2_max``) gets the same new rows (or columns)
+as the weight, all zero (a new token's statistics start from nothing, as a new parameter's do), or loses
+the trimmed ones; ``beta1_pow_acc`` / ``beta2_pow_acc`` (one value per parameter) and every other tensor are
+kept bit for bit. Proven by ``tests/test_training_state.py``: Paddle loads the rewritten file into AdamW
+of the resized model (``set_state_dict``) and trains one more step.
+
+Files of no parameter (``scheduler.pdparams``, ``trainer_state.json``, ``rng_state*``, ``scaler.pdparams``)
+are carried unchanged. Any other optimizer file (sharded or unified-checkpoint ``optimizer-*.safetensors``,
+``master_weights*``, rank-tagged ``optimizer.tp00.pdopt``, PaddleFormers flex ``optimizer_state/`` +
+``master_weight/``, a ``.pdopt`` of master weights) is refused by name (exit 5) before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..io import pdparams_io, surface
+from ..io.pdparams_io import Source
+from ..model.errors import Opt, RefusedError
+from ..model.tensor import TensorInfo, bf16_bits_to_f32
+from .plan import OptimizerEdit, Plan, Resized
+
+PDOPT = "optimizer.pdopt"
+# training-state files that hold no per-parameter tensor: valid for the resized model as they are
+SHAPE_FREE = re.compile(r"^(scheduler\.(pdparams|pt)|trainer_state\.json|rng_state.*|scaler\.(pdparams|pt))$")
+# PaddleFormers 1.2 flex checkpoint folders of the optimizer (trainer.py _save_flex_optimizer_state)
+FLEX_FOLDERS = ("optimizer_state", "master_weight")
+# Paddle AdamW / Adam accumulators (paddle/optimizer/adamw.py: _moment1_acc_str, ...): resized element-wise
+RESIZED = ("moment1", "moment2", "moment2_max")
+KEPT = ("beta1_pow_acc", "beta2_pow_acc")
+_ACC_RE = re.compile(
+    rf"^(?P<param>.+?)(?P<master>_fp32_master_0)?_(?P<acc>{'|'.join(RESIZED + KEPT)})_(?P<n>\d+)$"
+)
+
+
+def _fix() -> str:
+    return (
+        f"run without {Opt('keep_training_state', True)} (the optimizer state is left out; training restarts "
+        "its statistics), or edit the checkpoint the training library saves whole and let it rebuild it"
+    )
+
+
+def _refuse(ck_path: Any, rel: str, why: str) -> RefusedError:
+    return RefusedError(f"{Opt('keep_training_state', True)}: {rel} {why}", ck_path / rel, _fix())
+
+
+def resized_params(plan: Plan) -> list[Resized]:
+    """The parameters whose shape ``plan`` changes, with their parameter names.
+
+    Raises:
+        RefusedError: a changed tensor changes more than one axis, or has no parameter name (no
+            ``StructuredToParameterName@@`` entry: a safetensors checkpoint, whose optimizer keys cannot
+            be tied to its tensors); the plan adds or drops a tensor (its optimizer state cannot be made).
+    """
+    ck = plan.ckpt
+    s2p: dict[str, str] = {}
+    for ex in ck.extras.values():
+        m = ex.get("StructuredToParameterName@@")
+        if isinstance(m, dict):
+            s2p.update({k: v for k, v in m.items() if isinstance(k, str) and isinstance(v, str)})
+    kept = {s2p.get(n) for n in ck.tensors if n not in plan.drop}
+    # a dropped tensor whose parameter another tensor keeps (a tied checkpoint's duplicate head) is no loss
+    lost = [t.name for t in plan.add] + [n for n in plan.drop if s2p.get(n) is None or s2p[n] not in kept]
+    if lost:
+        raise _refuse(
+            ck.path, "", f"cannot follow a plan that adds or drops parameters ({', '.join(lost[:3])})"
+        )
+    out = []
+    for name, nt in plan.replace.items():
+        old = tuple(ck.tensors[name].shape)
+        if tuple(nt.shape) == old:
+            continue
+        axes = [i for i, (a, b) in enumerate(zip(old, nt.shape, strict=False)) if a != b]
+        if len(old) != len(nt.shape) or len(axes) != 1:
+            raise _refuse(ck.path, ck.tensors[name].file, f"{name} changes {list(old)} → {list(nt.shape)}")
+        if name not in s2p:
+            raise _refuse(
+                ck.path,
+                ck.tensors[name].file,
+                f"names no parameter for {name} (no StructuredToParameterName@@ entry), so the optimizer's "
+                "accumulators of it cannot be found",
+            )
+        out.append(Resized(name, s2p[name], axes[0], old[axes[0]], nt.shape[axes[0]]))
+    return out
+
+
+def plan_training_state(plan: Plan) -> dict[str, OptimizerEdit]:
+    """The rewrites ``--keep-training-state`` makes to the training state of ``plan``'s checkpoint: one
+    :class:`OptimizerEdit` per optimizer file, by its path in the folder ({} when no shape changes: the
+    state still fits and is copied as it is).
+
+    Raises:
+        RefusedError: a training-state file tietool cannot resize (named, with the format), a remote
+            checkpoint, or as :func:`resized_params` and :func:`plan_pdopt`. Nothing is written.
+    """
+    ck = plan.ckpt
+    if not plan.changed:
+        return {}
+    resized = resized_params(plan)
+    if not resized:
+        return {}
+    flex = sorted(
+        {f.split("/", 1)[0] for f in ck.other_files if f.split("/", 1)[0] in FLEX_FOLDERS}
+        | {f.split("/", 1)[0] for f in ck.training_state if surface.TRAINER_FLEX_STATE.match(f)}
+    )
+    if flex:
+        what = "the weights" if flex[0] == "model_state" else "optimizer state"
+        raise _refuse(
+            ck.path,
+            flex[0] + "/",
+            f"is PaddleFormers flex-checkpoint {what} (.distcp slices): tietool does not resize it",
+        )
+    edits = {}
+    for rel in ck.training_state:
+        base = rel.rsplit("/", 1)[-1]
+        if SHAPE_FREE.match(base):
+            continue
+        if rel != PDOPT:
+            raise _refuse(ck.path, rel, f"is {_format_of(base)}: tietool does not resize it")
+        if not ck.store.on_disk:
+            raise _refuse(ck.path, rel, "is in object storage; tietool rewrites optimizer state locally only")
+        edits[rel] = plan_pdopt(ck.path, rel, resized)
+    return edits
+
+
+def _format_of(base: str) -> str:
+    """What an optimizer file is, by its name (for the refusal)."""
+    if base.endswith(".safetensors") or base.endswith(".index.json"):
+        return "a unified-checkpoint optimizer / master-weights file"
+    if base.startswith("master_weights"):
+        return "a master-weights file"
+    if base.endswith(".pdopt"):
+        return "a rank's or shard's optimizer file (not the whole model's optimizer.pdopt)"
+    return "an optimizer file of a format tietool does not know"
+
+
+def plan_pdopt(ck_path: Path, rel: str, resized: list[Resized]) -> OptimizerEdit:
+    """The rewrite of ``optimizer.pdopt``: every accumulator of a resized parameter (:data:`RESIZED`, shape
+    equal to the parameter's) and its master weight resized, the rest copied (headers only are read here,
+    by the opcode walker: nothing is unpickled).
+
+    Raises:
+        UnsafePickleError, CheckpointError: the file is not a Paddle optimizer pickle (named).
+        RefusedError: an accumulator or master weight of a resized parameter of another shape or dtype, or
+            of a kind tietool does not know (named).
+    """
+    head = pdparams_io.read_optimizer_header(ck_path / rel, rel)
+    by_param = {r.param: r for r in resized}
+    entries: list[tuple[TensorInfo, Resized | None]] = []
+    for t in head.tensors:
+        m = _ACC_RE.match(t.name)
+        r = by_param.get(m["param"]) if m else None
+        owner = next((p for p in by_param if t.name.startswith(p + "_")), None)
+        if r is None and owner is not None:
+            raise _refuse(
+                ck_path, rel, f"holds {t.name}, an accumulator of {by_param[owner].name} of an unknown kind"
+            )
+        if r is None or (m is not None and m["acc"] in KEPT):
+            entries.append((t, None))
+            continue
+        entries.append((t, _checked(ck_path, rel, t, r)))
+    master = tuple(
+        (t, _checked(ck_path, rel, t, by_param[t.name]) if t.name in by_param else None) for t in head.master
+    )
+    return OptimizerEdit(rel, tuple(entries), master, head.names, head.extras, head.np_module)
+
+
+def _checked(ck_path: Path, rel: str, t: TensorInfo, r: Resized) -> Resized:
+    """``r``, once ``t`` is shaped as its parameter (before the resize) and a float.
+
+    Raises:
+        RefusedError: naming ``t``, its dtype and shape.
+    """
+    want = list(t.shape)
+    if len(want) > r.axis:
+        want[r.axis] = r.old
+    if len(t.shape) <= r.axis or list(t.shape) != want or t.dtype not in ("float32", "float16", "uint16"):
+        raise _refuse(ck_path, rel, f"holds {t.name} {t.dtype} {list(t.shape)}, not shaped as {r.name}")
+    return r
+
+
+def resized_array(a: np.ndarray[Any, Any], r: Resized) -> np.ndarray[Any, Any]:
+    """Accumulator ``a`` with ``r.new`` entries on ``r.axis``: the first ``min(old, new)`` kept bit for bit,
+    new ones zero (bits 0 also for bf16 stored as uint16)."""
+    keep = min(r.old, r.new)
+    a = np.take(a, np.arange(keep), axis=r.axis)
+    if r.new <= keep:
+        return np.ascontiguousarray(a)
+    pad = [(0, 0)] * a.ndim
+    pad[r.axis] = (0, r.new - keep)
+    return np.pad(a, pad)
+
+
+def write_pdopt(ck_path: Path, edit: OptimizerEdit, dst: Path, out: Path) -> list[str]:
+    """Write ``edit`` to ``dst`` as ``paddle.save`` wrote the input (untouched tensors streamed as byte
+    ranges, one resized tensor in memory at a time). A resized master weight keeps its old entries bit for
+    bit and takes the new ones from the resized weight in ``out`` (the output folder, its weights
+    written), decoded to float32 (bf16 bits shifted, never rounded). Returns the resized names."""
+    src = ck_path / edit.rel
+
+    def rows(
+        entries: tuple[tuple[TensorInfo, Resized | None], ...], master: bool
+    ) -> Iterator[pdparams_io.Row]:
+        for t, r in entries:
+            if r is None:
+                yield t.name, t.dtype, t.shape, pdparams_io.raw_bytes_source(src, t), None, t.fortran
+                continue
+            a = resized_array(np.asarray(pdparams_io.read_array(src, t)), r)
+            if master and r.new > r.old:
+                new = np.take(_output_weight(out, r.name), np.arange(r.old, r.new), axis=r.axis)
+                a = np.concatenate(
+                    [np.take(a, np.arange(r.old), axis=r.axis), new.astype(a.dtype)], axis=r.axis
+                )
+            yield t.name, t.dtype, a.shape, Source(array=np.ascontiguousarray(a)), None, False
+
+    pdparams_io.write_optimizer_file(
+        dst, rows(edit.entries, False), rows(edit.master, True), edit.names, edit.extras, edit.np_module
+    )
+    return edit.resized
+
+
+def _output_weight(out: Path, name: str) -> np.ndarray[Any, Any]:
+    """Tensor ``name`` of the written output's ``.pdparams`` files, as float32 (bf16 bits shifted).
+
+    Raises:
+        AssertionError: the output holds no such tensor (the plan resized it: a bug).
+    """
+    for f in sorted(out.glob("*.pdparams")):
+        infos, _, _ = pdparams_io.read_header(f, f.name)
+        for t in infos:
+            if t.name == name:
+                a = np.asarray(pdparams_io.read_array(f, t))
+                return bf16_bits_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
+    raise AssertionError(f"internal: {name} is not in the output")
