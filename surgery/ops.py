@@ -640,30 +640,23 @@ def add_tokens(
     progress: ProgressFactory | None = None,
     backup: bool = True,
 ) -> Report:
-    """Add ``tokens`` to the checkpoint's tokenizer and give them rows: every tokenizer file of the folder
-    edited consistently (:func:`surgery.io.tokenizer_edit.add_tokens_edit`: contiguous ids from the
-    tokenizer's length, a string it already has as one token reported, not added), the rows planned by
+    """Add ``tokens`` to the checkpoint's tokenizer and give them rows: every tokenizer file edited
+    (:func:`surgery.io.tokenizer_edit.add_tokens_edit`: contiguous ids from the tokenizer's length, a string
+    it already has as one token reported, not added), the rows planned by
     :func:`surgery.plan.add_tokens.plan_add_tokens` (slack rows first, then every vocabulary tensor grown as
     ``resize`` grows it, to a multiple of ``pad_to_multiple_of`` and of the config's tensor-parallel degree).
 
     Args:
         tokens: the strings, in the order their ids are given (repeats counted once).
         special: add them as special tokens (never split; ``CONTROL`` pieces in SentencePiece).
-        init: ``subtokens`` (default), ``mean``, ``trained-mean``, ``zeros`` or ``copy:TOKEN`` (a token the
-            tokenizer has as one token).
-        seed: makes the random draws of ``mean`` / ``trained-mean`` and padding rows reproducible (None:
-            drawn, and recorded in the report).
+        init: ``subtokens`` (default), ``mean``, ``trained-mean``, ``zeros``, ``copy:TOKEN`` (one token).
+        seed: makes the random draws (``mean``, ``trained-mean``, padding rows) reproducible; None: drawn.
         out: the output folder; None rewrites ``path`` in place (as :func:`tie`).
 
-    Returns:
-        the report; its ``add_tokens`` fields list each token's id, init and source ids.
-
-    Raises:
-        UsageError: no token, an empty or non-string token, a bad ``init`` (``copy:`` of a string that is not
-            one token), a URL (local folders only: the tokenizer files are edited here).
-        RefusedError: a tokenizer format that cannot be edited, and what ``plan_add_tokens`` refuses.
-        TietoolError: the ``tokenizer`` extra is missing (``pip install "tietool[tokenizer]"``).
-        and as :func:`tie`.
+    Returns the report (its ``add_tokens`` fields: each token's id, init and source ids). Raises
+        UsageError: no token, an empty or non-string token, a bad ``init`` (``copy:`` of a string that is
+            not one token), a URL. RefusedError: a tokenizer it cannot edit; what ``plan_add_tokens`` refuses.
+        TietoolError: no ``tokenizer`` extra (``pip install "tietool[tokenizer]"``); and as :func:`tie`.
     """
     strings = _token_strings(tokens)
     choice = parse_init(init)
@@ -810,15 +803,12 @@ def merge(
     dry_run: bool = False,
     progress: ProgressFactory | None = None,
 ) -> Report:
-    """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``; or a
-    flex checkpoint (``paddle.distributed.save_state_dict``, the PaddleFormers Trainer's ``checkpoint-N/``),
-    every global tensor assembled from its slices into PaddleFormers safetensors (:func:`_merge_flex`,
-    :mod:`surgery.plan.merge_flex`).
-
-    Each tensor is joined by its family's rule (:mod:`surgery.plan.merge`). Values keep their dtype and
-    bits (bf16 stays bf16).
-
-    The output is in the rank files' container and names: ``model_state.pdparams`` (or shards of at most
+    """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``, each
+    tensor joined by its family's rule (:mod:`surgery.plan.merge`); expert-parallel rank files as the union
+    of their experts (:mod:`surgery.plan.merge_experts`); or a flex checkpoint (the PaddleFormers Trainer's
+    ``checkpoint-N/``), every global tensor assembled from its slices (:mod:`surgery.plan.merge_flex`).
+    Values keep their dtype and bits (bf16 stays bf16). The output of rank files is in their container and
+    names: ``model_state.pdparams`` (or shards of at most
     ``max_shard_size`` with ``model_state.pdparams.index.json``, as PaddleNLP's ``save_pretrained``),
     config.json with ``tensor_parallel_degree``-like keys set to 1, the other files copied, and
     ``tietool-report.json`` listing each tensor's rule and axis.
@@ -852,10 +842,6 @@ def merge(
             facts.update(carried=[n for _, n in plan.carry], dry_run=True)
         return report_mod.merge_report(plan, where, facts)
 
-    def totals(plan: merge_plan.MergePlan) -> dict:
-        before, after = report_mod.merge_totals(plan)
-        return {"before": before, "after": after}
-
     if flex.find(Path(str(path))) is not None:
         return _merge_flex(path, out, limit, dry_run, progress)
     merged = Planner(
@@ -863,9 +849,15 @@ def merge(
         plan=lambda src: (limit(), plan_rank_merge(src))[1],
         report=report,
         write=lambda p: merge_plan.new_checkpoint(p, limit()),
-        totals=totals,
+        totals=_merge_totals,
     )
     return run(merged, path, out, dry_run=dry_run, progress=progress)
+
+
+def _merge_totals(plan: merge_plan.MergePlan) -> dict:
+    """Parameters and bytes before (every rank's tensors) and after a merge of rank files."""
+    before, after = report_mod.merge_totals(plan)
+    return {"before": before, "after": after}
 
 
 def _merge_flex(

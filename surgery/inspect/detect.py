@@ -904,12 +904,10 @@ def compare(
     chunk_bytes: int | None = None,
     scale: float | None = None,
 ) -> Comparison:
-    """Compare head and embedding values in row chunks (memory bounded by one chunk of each, plus 4 bytes a
-    vocab row for the per-row max |difference|).
+    """Compare head and embedding values in row chunks (memory: a chunk of each, 4 bytes a row for its max).
 
-    Chunks of about ``chunk_bytes`` (default :data:`CHUNK_BYTES`, 1 MiB; at least one row): small enough
-    that a chunk read from the page cache is still in the CPU cache when it is compared (2-3x faster than 32
-    MiB chunks on a 525 MB table), large enough that the per-chunk Python cost is negligible.
+    Chunks of about ``chunk_bytes`` (default :data:`CHUNK_BYTES`, 1 MiB; at least one row): still in the CPU
+    cache when compared (2-3x faster than 32 MiB chunks on a 525 MB table), large enough for Python.
 
     A ``hidden-vocab`` head ``[hidden, vocab]`` is compared as its transpose. Identical bits → ``exact``
     (``transposed`` for a transposed head); equal values in another dtype or ``-0.0`` vs ``0.0`` count as

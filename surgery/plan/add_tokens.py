@@ -106,11 +106,7 @@ def plan_add_tokens(
         raise UsageError(f"{Opt('pad_to_multiple_of')} must be ≥ 1, got {pad_to_multiple_of}", fix="e.g. 64")
     if choice.kind is TokenInit.COPY and copy_id is None:
         raise UsageError(f"{Opt('init', 'copy:' + str(choice.token))}: the token's id is unknown")
-    for op_check in (refuse_unsettled_pair, refuse_unusable_head):
-        op_check(det, "add-tokens")
-    refuse_ambiguous_head(det)
-    _refuse_disagreeing(det)
-    _refuse_rows(det, edit)
+    _refuse(det, edit)
     R, added = det.vocab_rows, edit.added
     multiple = math.lcm(pad_to_multiple_of or 1, tp_degree(det))
     N = _target(det, edit.length_after, multiple)
@@ -289,6 +285,16 @@ def _report(
         "padding_init": PAD_INIT.value,
         "files_edited": sorted(edit.files),
     }
+
+
+def _refuse(det: Detection, edit: TokenEdit) -> None:
+    """What add-tokens refuses before planning rows: an unsettled embedding/head pair, an unusable or
+    ambiguous head, a head whose rows differ from the embedding's, a tokenizer longer than the rows."""
+    refuse_unsettled_pair(det, "add-tokens")
+    refuse_unusable_head(det, "add-tokens")
+    refuse_ambiguous_head(det)
+    _refuse_disagreeing(det)
+    _refuse_rows(det, edit)
 
 
 def _notes(plan: Plan, edit: TokenEdit, N: int) -> None:
