@@ -105,14 +105,7 @@ def find_ranks(path: Path, names: set[str]) -> tuple[str, dict[tuple[int, int], 
             path,
             f"{', '.join(ranks[:6])}; merge joins tensor-, pipeline- and expert-parallel rank files only",
         )
-    whole = sorted(n for n in names if n.endswith(surface.WEIGHT_EXT) and n not in ranks)
-    if whole:
-        raise UsageError(
-            f"whole-model weights ({', '.join(whole[:3])}) beside the rank files: which one is the model "
-            "is unclear",
-            path,
-            "copy config.json and the rank files alone into a new folder and merge that",
-        )
+    refuse_whole_beside(path, names, ranks)
     exts = {n.rsplit(".", 1)[1] for n in ranks}
     if len(exts) > 1:
         raise CheckpointError(
@@ -419,6 +412,23 @@ def carried(path: Path, names: set[str], skip: set[str]) -> tuple[list[tuple[Pat
             require_regular(p, n)  # unreadable: refused now (exit 3), not met as a failed write
             carry.append((p, n))
     return carry, left
+
+
+def refuse_whole_beside(path: Path, names: set[str], ranks: list[str]) -> None:
+    """Refuse whole-model weight files beside the rank files ``ranks`` of the folder ``path`` (its file
+    ``names``): which one is the model is unclear.
+
+    Raises:
+        UsageError: naming the first few.
+    """
+    whole = sorted(n for n in names if n.endswith(surface.WEIGHT_EXT) and n not in ranks)
+    if whole:
+        raise UsageError(
+            f"whole-model weights ({', '.join(whole[:3])}) beside the rank files: which one is the model "
+            "is unclear",
+            path,
+            "copy config.json and the rank files alone into a new folder and merge that",
+        )
 
 
 def folder_names(src: Path) -> set[str]:

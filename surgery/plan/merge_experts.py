@@ -37,7 +37,7 @@ from .. import arch
 from ..arch import TPSplit
 from ..io import surface
 from ..io.checkpoint import read_config
-from ..model.errors import CheckpointError, RefusedError, UsageError
+from ..model.errors import CheckpointError, RefusedError
 from .merge import (
     MergePlan,
     RankFile,
@@ -46,6 +46,7 @@ from .merge import (
     merged_config,
     plan_merge,
     read_ranks,
+    refuse_whole_beside,
     require_readable,
     same_or_refuse,
 )
@@ -95,14 +96,7 @@ def find_expert_ranks(path: Path, names: set[str]) -> tuple[str, list[str]]:
             f"{', '.join(ranks[:4])}: tagged {', '.join(mixed + kinds)}; merge joins expert-parallel files "
             "of a run with no tensor, pipeline or sharding parallelism (one moe_sharding / moe tag) only",
         )
-    whole = sorted(n for n in names if n.endswith(surface.WEIGHT_EXT) and n not in ranks)
-    if whole:
-        raise UsageError(
-            f"whole-model weights ({', '.join(whole[:3])}) beside the rank files: which one is the model "
-            "is unclear",
-            path,
-            "copy config.json and the rank files alone into a new folder and merge that",
-        )
+    refuse_whole_beside(path, names, ranks)
     if len({n.rsplit(".", 1)[1] for n in ranks}) > 1:
         raise CheckpointError(
             "rank files of both .pdparams and .safetensors", path, "merge a folder of one kind at a time"
