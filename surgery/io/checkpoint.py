@@ -12,6 +12,7 @@ import errno
 import os
 import re
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -328,6 +329,17 @@ def _renamed_shard(
         path / index_name,
         fix,
     )
+
+
+def array_rows(a: Any, chunk_rows: int, start: int = 0, stop: int | None = None) -> Iterator[Any]:
+    """Rows ``start:stop`` of the loaded array ``a`` in chunks of ``chunk_rows`` (views, no copy); a 0-d
+    array is yielded whole."""
+    if a.ndim == 0:
+        yield a
+        return
+    stop = a.shape[0] if stop is None else stop
+    for s in range(start, stop, chunk_rows):
+        yield a[s : min(s + chunk_rows, stop)]
 
 
 @dataclass
@@ -674,13 +686,7 @@ class Checkpoint:
         t = self.tensors[name]
         require_array(t, self.path / t.file)
         if t.fortran or t.inline is not None or t.pieces is not None or t.nbytes == 0 or len(t.shape) < 1:
-            a = self.load(name)
-            if a.ndim == 0:
-                yield a
-                return
-            stop = a.shape[0] if stop is None else stop
-            for s in range(start, stop, chunk_rows):
-                yield a[s : min(s + chunk_rows, stop)]
+            yield from array_rows(self.load(name), chunk_rows, start, stop)
             return
         rows = t.shape[0]
         stop = rows if stop is None else stop

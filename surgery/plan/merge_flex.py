@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import arch
 from ..io import flex, pdparams_io, surface
-from ..io.checkpoint import REPORT_NAME, Checkpoint, read_config
+from ..io.checkpoint import REPORT_NAME, Checkpoint, array_rows, read_config
 from ..io.flex import FlexCheckpoint, FlexSlice, FlexTensor
 from ..io.regular import require_regular
 from ..io.safetensors_io import Source
@@ -474,13 +474,7 @@ class FlexView(Checkpoint):
         self, name: str, chunk_rows: int, start: int = 0, stop: int | None = None
     ) -> Iterator[Array]:
         """Rows ``start:stop`` of the assembled tensor in chunks of ``chunk_rows`` (views, no copy)."""
-        a = self.load(name)
-        if a.ndim == 0:
-            yield a
-            return
-        stop = a.shape[0] if stop is None else stop
-        for s in range(start, stop, chunk_rows):
-            yield a[s : min(s + chunk_rows, stop)]
+        yield from array_rows(self.load(name), chunk_rows, start, stop)
 
 
 def flex_view(plan: FlexPlan) -> FlexView:
