@@ -132,7 +132,8 @@ def test_paddle_loads_what_we_wrote_bit_for_bit(tmp_path: Path) -> None:
         _written_whole(tmp_path / "whole_fp32", fp32, dict.fromkeys(fp32, "float32")),
         _written_whole(tmp_path / "whole_bf16", bf16, dict.fromkeys(bf16, "bfloat16")),
     ]
-    got = _paddle_loads([*rewritten.values(), *whole])
+    grown = {name: _grown(name, tmp_path / f"grown_{k}") for k, name in enumerate(GROW)}
+    got = _paddle_loads([*rewritten.values(), *whole, *(f for f, _ in grown.values())])
     for name, folder in rewritten.items():
         want = np.load(fx.DATA / ORACLE[name])
         assert sorted(got[folder]) == sorted(want.files), name
@@ -144,3 +145,69 @@ def test_paddle_loads_what_we_wrote_bit_for_bit(tmp_path: Path) -> None:
         assert sorted(got[folder]) == sorted(want.files)
         for k in want.files:
             assert got[folder][k].tobytes() == want[k].tobytes(), (folder.name, k)
+    for name, (folder, changed) in grown.items():
+        want = dict(np.load(fx.DATA / ORACLE[name]))
+        want.update(changed)
+        assert sorted(got[folder]) == sorted(want), name
+        for k, w in want.items():
+            assert got[folder][k].dtype == w.dtype and got[folder][k].tobytes() == w.tobytes(), (name, k)
+
+
+GROW = {  # folder -> the tensors rewrite_folder replaces (grown by 3 rows) in the tests below
+    "trainer_2rank/checkpoint-2/optimizer_state": (
+        "lm_head.weight.moment1_0",
+        "model.embed_tokens.weight.moment2_0",
+    ),
+    "trainer_bf16_layout/checkpoint-1/model_state": ("model.embed_tokens.weight",),
+    "ranks2": ("rows.fp32", "cols.bf16"),  # sliced over both files: written whole into the first one
+}
+
+
+def _grown(name: str, dst: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    """Fixture folder ``name`` rewritten by ``flex_write.rewrite_folder`` with the :data:`GROW` tensors
+    grown by 3 rows (the old rows from the oracle, bits kept; the new rows a pattern)."""
+    src = fx.DATA / name
+    tensors = flex.read_metadata(_metadata(src))
+    oracle = np.load(fx.DATA / ORACLE[name])
+    new = {}
+    for key in GROW[name]:
+        old = oracle[key]
+        extra = (np.arange(3 * old.shape[1]).reshape(3, -1) + 0x3F00).astype(old.dtype)
+        new[key] = (tensors[key].dtype, np.concatenate([old, extra]))
+    dst.mkdir(parents=True)
+    flex_write.rewrite_folder(src, dst, _metadata(src).name, tensors, new)
+    return dst, {k: a for k, (_, a) in new.items()}
+
+
+@needs_data
+@pytest.mark.parametrize("name", GROW)
+def test_rewrite_folder_links_untouched_files_and_keeps_other_entries(name: str, tmp_path: Path) -> None:
+    """Files without a replaced tensor are hard links; in a rewritten file every other entry has the same
+    bytes; the .metadata changes only the replaced tensors' records (one whole slice each)."""
+    src = fx.DATA / name
+    dst, changed = _grown(name, tmp_path / "out")
+    before, after = flex.read_metadata(_metadata(src)), flex.read_metadata(_metadata(dst))
+    assert list(after) == list(before)
+    for k, t in after.items():
+        if k in changed:
+            assert t.shape == changed[k].shape and len(t.slices) == 1 and t.slices[0].offset == (0, 0)
+        else:
+            assert t == before[k], k
+    touched = {s.file for k in changed for s in before[k].slices}
+    for p in src.glob("*.distcp"):
+        q = dst / p.name
+        if p.name not in touched:
+            assert q.stat().st_ino == p.stat().st_ino, p.name
+            continue
+        old = {t.name: t for t in pdparams_io.read_header(p, p.name)[0]}
+        new = {t.name: t for t in pdparams_io.read_header(q, q.name)[0]}
+        for k, t in old.items():
+            if k not in changed:
+                assert (
+                    pdparams_io.read_array(q, new[k]).tobytes() == pdparams_io.read_array(p, t).tobytes()
+                ), k
+        for k in changed:
+            if after[k].slices[0].file == p.name:
+                assert pdparams_io.read_array(q, new[k]).tobytes() == changed[k].tobytes(), k
+            else:
+                assert k not in new, k

@@ -16,12 +16,17 @@ row slices, flattened slices).
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .flex import MODULE, FlexTensor
+import numpy as np
+
+from . import pdparams_io
+from .flex import MODULE, FlexSlice, FlexTensor
 from .pdparams_io import Emitter
+from .safetensors_io import Source
 
 
 @dataclass(frozen=True)
@@ -103,3 +108,81 @@ def write_metadata(path: Path, tensors: dict[str, FlexTensor]) -> None:
         e.w(b".")
         f.flush()
         os.fsync(f.fileno())
+
+
+def whole(name: str, dtype: str, shape: tuple[int, ...], file: str) -> FlexTensor:
+    """A :class:`FlexTensor` stored whole: one slice, offset 0, not flattened, key ``name``, in ``file``.
+
+    Paddle's ``load_state_dict`` reshards any saved layout to the layout asked for (``get_rank_to_files``
+    lets every rank read every file; only its local fast path, ``check_resumable_locally``, wants each
+    rank's slices in ``<rank>_0.distcp``, and it falls back to resharding otherwise), so a whole slice
+    loads into any target layout.
+    """
+    return FlexTensor(name, shape, dtype, (FlexSlice(file, name, (0,) * len(shape), shape),))
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem, or links not allowed
+        shutil.copy2(src, dst)
+
+
+def _rewrite_file(src: Path, dst: Path, drop: set[str], add: list[tuple[str, np.ndarray]]) -> None:
+    """``src`` (a ``.distcp``) as ``dst`` without the keys ``drop``, with ``add`` (key, array in storage
+    dtype) in the place of the first dropped key (or at the end); the other entries' payload bytes are
+    copied from ``src`` unchanged, the non-tensor entries kept; ``StructuredToParameterName@@`` loses the
+    dropped keys and names each added key (its old name, else itself): ``paddle.load`` makes a Tensor of
+    every key that table names and fails on a named key the file lacks (measured)."""
+    infos, extras, module = pdparams_io.read_header(src, src.name)
+    new = [(k, a.dtype.name, a.shape, Source(array=np.ascontiguousarray(a)), None, False) for k, a in add]
+    rows: list[pdparams_io.Row] = []
+    for t in infos:
+        if t.name in drop:
+            rows.extend(new)
+            new = []
+            continue
+        rows.append((t.name, t.dtype, t.shape, pdparams_io.raw_bytes_source(src, t), t.storage, t.fortran))
+    rows.extend(new)
+    table = extras.get(pdparams_io.NON_TENSOR_KEYS[0])
+    if isinstance(table, dict):  # paddle.load looks up every key it names: dropped keys leave it
+        kept = {k: v for k, v in table.items() if k not in drop}
+        extras[pdparams_io.NON_TENSOR_KEYS[0]] = {**kept, **{k: table.get(k, k) for k, _ in add}}
+    pdparams_io.write_file(dst, rows, extras, module)
+
+
+def rewrite_folder(
+    src: Path,
+    dst: Path,
+    metadata: str,
+    tensors: dict[str, FlexTensor],
+    new: dict[str, tuple[str, np.ndarray]],
+) -> dict[str, FlexTensor]:
+    """Write flex folder ``src`` (read as ``tensors``, its index file ``metadata``) into the empty folder
+    ``dst`` with the tensors of ``new`` (key -> (paddle dtype name, full array in storage dtype: bf16 as
+    uint16)) replaced, each written whole (:func:`whole`) into the file of its first old slice.
+
+    A ``.distcp`` that holds no slice of a replaced tensor is hard-linked (copied across filesystems); one
+    that does is rewritten by :func:`_rewrite_file`; every other file of ``src`` is linked too. The
+    ``.metadata`` is rewritten with the replaced tensors' records only changed. Returns the new tensors.
+    Raises ``KeyError`` for a key of ``new`` that ``tensors`` lacks (callers check first).
+    """
+    out = dict(tensors)
+    drop: dict[str, set[str]] = {}
+    add: dict[str, list[tuple[str, np.ndarray]]] = {}
+    for key, (dtype, a) in new.items():
+        old = tensors[key]
+        for s in old.slices:
+            drop.setdefault(s.file, set()).add(s.key)
+        file = old.slices[0].file
+        add.setdefault(file, []).append((key, a))
+        out[key] = whole(key, dtype, tuple(a.shape), file)
+    for p in sorted(src.iterdir()):
+        if p.name == metadata or not p.is_file():
+            continue
+        if p.name in drop:
+            _rewrite_file(p, dst / p.name, drop[p.name], add.get(p.name, []))
+        else:
+            _link_or_copy(p, dst / p.name)
+    write_metadata(dst / metadata, out)
+    return out
