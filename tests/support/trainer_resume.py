@@ -71,6 +71,24 @@ def resume(runs: list[ResumeRun], timeout: float = 900) -> list[ResumeResult]:
         return [_read_result(Path(tmp) / f"r{i}") for i in range(len(runs))]
 
 
+def grow_checkpoint(checkpoint: Path, base: Path, out: Path, vocab: int) -> tuple[Path, Path]:
+    """A checkpoint and a model grown to ``vocab`` rows BY PADDLE ITSELF (a subprocess of this file).
+
+    ``out/<checkpoint.name>/``: each of model_state/, optimizer_state/, master_weight/ filled by
+    ``paddle.distributed.load_state_dict`` into full-size zeros, every tensor whose dim 0 is the old vocab
+    (the model's ``[vocab, hidden]`` embedding and head, their ``.moment1_0``/``.moment2_0``, their
+    ``.w_0``) grown to ``vocab`` rows (new weight rows = the mean row, new moment rows zero), and written
+    back with ``paddle.distributed.save_state_dict`` (one process: one whole slice per tensor); the side
+    files copied. ``out/model/``: ``base`` with those grown weights at ``vocab_size=vocab``
+    (``save_pretrained``). Returns ``(checkpoint, model_dir)``."""
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    cmd = [sys.executable, __file__, "--grow", str(checkpoint), str(base), str(out), str(vocab)]
+    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
+    if cp.returncode != 0:
+        raise RuntimeError(f"trainer_resume --grow failed (exit {cp.returncode}):\n{cp.stderr[-3000:]}")
+    return out / checkpoint.name, out / "model"
+
+
 def _read_result(stem: Path) -> ResumeResult:
     meta = json.loads(stem.with_suffix(".json").read_text())
     arrays: dict[str, dict[str, np.ndarray]] = {"model": {}, "optimizer": {}}
@@ -149,6 +167,47 @@ def _one(job: dict, out_dir: Path, store: dict) -> None:
     trainer.train(resume_from_checkpoint=str(work / ck.name))
 
 
+def _grow_folder(src: Path, dst: Path, old: int, vocab: int) -> dict:
+    """load_state_dict ``src`` into zeros, grow the ``old``-row tensors, save_state_dict into ``dst``."""
+    import paddle
+
+    sys.path.insert(0, str(FLEX))
+    import make_flex
+
+    sd = {n: paddle.zeros(s, dtype=d) for n, (s, d) in make_flex.metadata_shapes(src).items()}
+    if sd:
+        paddle.distributed.load_state_dict(sd, str(src))
+    for n, t in list(sd.items()):
+        if t.ndim == 2 and t.shape[0] == old:
+            a = t.numpy()
+            new = np.zeros((vocab - old, a.shape[1]), a.dtype)
+            if "moment" not in n:
+                new[:] = a.mean(0)
+            sd[n] = paddle.to_tensor(np.concatenate([a, new]))
+    dst.mkdir(parents=True)
+    paddle.distributed.save_state_dict(sd, str(dst))
+    return sd
+
+
+def _grow(checkpoint: Path, base: Path, out: Path, vocab: int) -> None:
+    """The ``--grow`` worker (see :func:`grow_checkpoint`)."""
+    from paddleformers.transformers import LlamaConfig, LlamaForCausalLM
+
+    old = json.loads((base / "config.json").read_text())["vocab_size"]
+    ck = out / checkpoint.name
+    folders = ("model_state", "optimizer_state", "master_weight")
+    shutil.copytree(checkpoint, ck, ignore=shutil.ignore_patterns(*folders))
+    model_sd = {}
+    for sub in folders:
+        grown = _grow_folder(checkpoint / sub, ck / sub, old, vocab)
+        model_sd = grown if sub == "model_state" else model_sd
+    config = LlamaConfig.from_pretrained(str(base))
+    config.vocab_size = vocab
+    model = LlamaForCausalLM(config)
+    model.set_state_dict(model_sd)
+    model.save_pretrained(str(out / "model"))
+
+
 def _init_fleet() -> None:
     """``Trainer._load_flex_checkpoint`` calls ``dist.fleet.get_hybrid_communicate_group()`` unconditionally
     (trainer.py:1146); on 1 rank the Trainer never initialises fleet, so a 1-rank flex resume fails with
@@ -184,3 +243,5 @@ def _worker(jobs_file: Path, out_dir: Path) -> None:
 if __name__ == "__main__":
     if sys.argv[1] == "--worker":
         _worker(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif sys.argv[1] == "--grow":
+        _grow(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4]), int(sys.argv[5]))
