@@ -186,3 +186,29 @@ def test_unknown_accumulator_refused_by_name(tmp_path: Path) -> None:
     ck = _broken(tmp_path, edit)
     with pytest.raises(RefusedError, match=r"lm_head\.weight\.velocity_0"):
         flex_state.state_rewrites(ck, _new_weights("trainer_1rank", 3))
+
+
+@needs_data
+@pytest.mark.slow
+def test_the_trainer_resumes_from_what_tietool_wrote(tmp_path: Path) -> None:
+    """The end-to-end oracle: the real PaddleFormers Trainer (``support/trainer_resume.py``) resumes from
+    trainer_1rank's checkpoint with the vocabulary grown to 256 by tietool, into a vocab-256 model; what it
+    loaded equals what tietool wrote (weights, moments with zero new rows, beta pows), and one more step
+    runs with a finite loss. The stale checkpoint (today's copy, old shapes) loads without the new rows."""
+    from tests.support.trainer_resume import ResumeRun, grow_checkpoint, resume
+
+    src = fx.DATA / "trainer_1rank" / "checkpoint-2"
+    _, model_dir = grow_checkpoint(src, fx.DATA / "trainer_1rank" / "base", tmp_path / "g", 256)
+    ck = tmp_path / "t" / "checkpoint-2"
+    shutil.copytree(src, ck, ignore=shutil.ignore_patterns(*SUBS))
+    _, want = _edit("trainer_1rank", 6, ck)
+    ours, stale = resume([ResumeRun(ck, model_dir), ResumeRun(src, model_dir)])
+    assert ours.ok, ours.error
+    assert ours.losses and all(np.isfinite(ours.losses))
+    assert sorted(ours.model) == sorted(want["model_state"])
+    for k, w in want["model_state"].items():
+        assert ours.model[k].tobytes() == w.tobytes(), k
+    for k, w in want["optimizer_state"].items():
+        assert ours.optimizer[k].tobytes() == w.tobytes(), k
+    new_rows = want["model_state"][VOCAB[0]][250:]
+    assert not stale.ok or stale.model[VOCAB[0]][250:].tobytes() != new_rows.tobytes()
