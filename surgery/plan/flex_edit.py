@@ -125,8 +125,6 @@ def _array(data: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray[Any, Any
     """``data`` (an array, or a :class:`Source` of byte ranges and arrays) as one array of ``shape``."""
     if not isinstance(data, Source):
         return np.ascontiguousarray(data)
-    if data.array is not None and data.parts is None:
-        return np.ascontiguousarray(data.array).reshape(shape)
     return np.frombuffer(b"".join(_bytes(data)), dtype=dtype).reshape(shape).copy()
 
 
