@@ -62,10 +62,13 @@ def resume(runs: list[ResumeRun], ranks: int = 1, timeout: float = 900) -> list[
     result with ``ok=False``, not an exception."""
     with tempfile.TemporaryDirectory(prefix="tt_resume_") as tmp:
         jobs = []
-        for i, r in enumerate(runs):  # the Trainer writes beside the checkpoint: resume a copy
-            ck = Path(tmp) / f"run{i}" / r.checkpoint.name
+        for i, r in enumerate(runs):
+            # copies: the Trainer writes beside the checkpoint, and from_pretrained under fleet writes
+            # flex-ckpt.auto_generated.metadata into the model folder
+            ck, model_dir = Path(tmp) / f"run{i}" / r.checkpoint.name, Path(tmp) / f"model{i}"
             shutil.copytree(r.checkpoint, ck)
-            jobs.append({**dataclasses.asdict(r), "checkpoint": str(ck), "model_dir": str(r.model_dir)})
+            shutil.copytree(r.model_dir, model_dir)
+            jobs.append({**dataclasses.asdict(r), "checkpoint": str(ck), "model_dir": str(model_dir)})
         (Path(tmp) / "jobs.json").write_text(json.dumps(jobs))
         cmd = [sys.executable, __file__, "--worker", str(Path(tmp) / "jobs.json"), tmp]
         if ranks == 1:
