@@ -17,8 +17,18 @@ Then ``dist.save_state_dict`` writes the Trainer's layout:
     bench/_work/flex_<L>l/config.json                       (the source's; the flex output has none)
     bench/_work/flex_<L>l/checkpoint-1/model_state/{0..3}_0.distcp + 0.metadata
 
+``--paddle-layout``: the tensors as the PaddleFormers 1.2 Trainer really saves them, the model's in-memory
+layout (``model.state_dict()``; tests/data/flex/trainer_1rank/state_dict_names.json): every nn.Linear weight
+``[in, out]``, the transpose of the safetensors ``[out, in]``; the embedding and ``lm_head``
+``[vocab, hidden]`` as in the safetensors; norms 1-D. Rank r then holds rows ``[r*n/4, (r+1)*n/4)`` of the
+transposed tensor
+(columns of the source, copied to a contiguous array: ~1/4 of the model of anonymous memory per rank, beside
+paddle.save's copy). Output ``flex_<L>l_paddle``. ``tietool merge`` converts it back (merge_flex's conversion:
+``surgery.arch.CONVERSIONS``), so its output must equal the source bit for bit (``flex_merge.py --source``).
+
 ``--check`` (for the 2-layer one; needs ~2.5 GB): ``paddle.distributed.load_state_dict`` in one process
-into full-size bf16 zeros, compared bit for bit with the source safetensors. Nothing here imports tietool.
+into full-size bf16 zeros, compared bit for bit with the source safetensors (transposed back for
+``--paddle-layout``). Nothing here imports tietool.
 """
 
 from __future__ import annotations
@@ -40,6 +50,12 @@ import numpy as np
 BENCH = Path(__file__).resolve().parent
 WORK = BENCH / "_work"
 RANKS = 4
+UNTURNED = ("model.embed_tokens.weight", "lm_head.weight")  # [vocab, hidden] in the Trainer's state dict too
+
+
+def turned(name: str, shape: tuple[int, ...], paddle_layout: bool) -> bool:
+    """True when the Trainer's state dict holds this tensor transposed: a 2-D nn.Linear weight."""
+    return paddle_layout and len(shape) == 2 and name not in UNTURNED
 
 
 def st_tensors(folder: Path) -> dict[str, tuple[Path, int, tuple[int, ...]]]:
@@ -90,8 +106,9 @@ class AnonPeak:
         return self.peak // 1024
 
 
-def rank_main(src: Path, out: Path) -> None:
-    """One rank: its quarter of every 2-D tensor, the 1-D ones whole, then save_state_dict."""
+def rank_main(src: Path, out: Path, paddle_layout: bool = False) -> None:
+    """One rank: its quarter of every 2-D tensor (of its transpose for nn.Linear weights under
+    ``paddle_layout``), the 1-D ones whole, then save_state_dict."""
     import paddle
     import paddle.distributed as dist
     from paddle.distributed.flex_checkpoint.dcp.sharded_weight import ShardedWeight
@@ -103,7 +120,15 @@ def rank_main(src: Path, out: Path) -> None:
     t0 = time.perf_counter()
     sd, maps = {}, []
     for name, (path, off, shape) in st_tensors(src).items():
-        if len(shape) == 2:
+        if turned(name, shape, paddle_layout):
+            q = shape[1] // n
+            if shape[1] % n:
+                raise SystemExit(f"{name}: {shape[1]} columns do not divide by {n}")
+            full = rows(path, off, shape, 0, shape[0])
+            local, goff = np.ascontiguousarray(full[:, r * q : (r + 1) * q].T), (r * q, 0)
+            shape = (shape[1], shape[0])
+            del full
+        elif len(shape) == 2:
             if shape[0] % n:
                 raise SystemExit(f"{name}: {shape[0]} rows do not divide by {n}")
             q = shape[0] // n
@@ -137,7 +162,7 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def launch(src: Path, out: Path, n: int = RANKS) -> list[str]:
+def launch(src: Path, out: Path, n: int = RANKS, paddle_layout: bool = False) -> list[str]:
     """Run ``n`` ranks of :func:`rank_main`; returns their RANK lines."""
     ports = free_ports(n)
     eps = ",".join(f"127.0.0.1:{p}" for p in ports)
@@ -155,6 +180,7 @@ def launch(src: Path, out: Path, n: int = RANKS) -> list[str]:
             CUDA_VISIBLE_DEVICES="",
         )
         cmd = [sys.executable, __file__, "--rank", str(src), str(out)]
+        cmd += ["--paddle-layout"] if paddle_layout else []
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     lines = []
     for r, p in enumerate(procs):
@@ -165,18 +191,24 @@ def launch(src: Path, out: Path, n: int = RANKS) -> list[str]:
     return lines
 
 
-def check(src: Path, model_state: Path) -> int:
-    """load_state_dict (one process) of the flex folder == the source safetensors, bit for bit."""
+def check(src: Path, model_state: Path, paddle_layout: bool = False) -> int:
+    """load_state_dict (one process) of the flex folder == the source safetensors (transposed where
+    :func:`turned`), bit for bit."""
     import paddle
 
     paddle.set_device("cpu")
     tensors = st_tensors(src)
-    sd = {name: paddle.zeros(shape, dtype="bfloat16") for name, (_, _, shape) in tensors.items()}
+    sd = {
+        name: paddle.zeros(shape[::-1] if turned(name, shape, paddle_layout) else shape, dtype="bfloat16")
+        for name, (_, _, shape) in tensors.items()
+    }
     paddle.distributed.load_state_dict(sd, str(model_state))
     bad = []
     for name, (path, off, shape) in tensors.items():
+        want = np.asarray(rows(path, off, shape, 0, shape[0]))
         if not np.array_equal(
-            sd[name].view(paddle.uint16).numpy(), np.asarray(rows(path, off, shape, 0, shape[0]))
+            sd[name].view(paddle.uint16).numpy(),
+            want.T if want.ndim == 2 and turned(name, shape, paddle_layout) else want,
         ):
             bad.append(name)
     print(f"check: {len(tensors) - len(bad)}/{len(tensors)} tensors equal the source bit for bit", flush=True)
@@ -188,29 +220,32 @@ def main() -> int:
     ap.add_argument("--ckpt", default="60l", help="2l or 60l: bench/_work/ckpt_<L> (make_checkpoints.py)")
     ap.add_argument("--out-dir", type=Path, default=WORK)
     ap.add_argument("--check", action="store_true", help="compare load_state_dict with the source")
+    ap.add_argument(
+        "--paddle-layout", action="store_true", help="nn.Linear weights [in, out], as the Trainer"
+    )
     ap.add_argument("--rank", nargs=2, type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.rank:
-        rank_main(*a.rank)
+        rank_main(*a.rank, paddle_layout=a.paddle_layout)
         return 0
     src = a.out_dir / f"ckpt_{a.ckpt}"
     if not (src / "config.json").is_file():
         print(f"missing {src}: run python bench/make_checkpoints.py --layers {a.ckpt[:-1]}", file=sys.stderr)
         return 2
-    out = a.out_dir / f"flex_{a.ckpt}"
+    out = a.out_dir / (f"flex_{a.ckpt}" + ("_paddle" if a.paddle_layout else ""))
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     model_state = tmp / "checkpoint-1" / "model_state"
     model_state.mkdir(parents=True)
     t0 = time.perf_counter()
-    for line in launch(src, model_state):
+    for line in launch(src, model_state, paddle_layout=a.paddle_layout):
         print(line, flush=True)
     shutil.copy2(src / "config.json", tmp / "config.json")
     shutil.rmtree(out, ignore_errors=True)
     os.rename(tmp, out)
     size = sum(p.stat().st_size for p in (out / "checkpoint-1" / "model_state").iterdir())
     print(f"wrote {out}: {size / 1e9:.3f} GB in {time.perf_counter() - t0:.1f} s", flush=True)
-    return check(src, out / "checkpoint-1" / "model_state") if a.check else 0
+    return check(src, out / "checkpoint-1" / "model_state", a.paddle_layout) if a.check else 0
 
 
 if __name__ == "__main__":

@@ -1168,7 +1168,7 @@ def _read_range(path: Path, rng: tuple[int, int], name: str) -> bytes:
 # ---------------------------------------------------------------- writer
 
 
-class _Emitter:
+class Emitter:
     """Writes protocol-4 pickle opcodes for a ``{name: array}`` dict (the layout ``paddle.save`` uses)."""
 
     def __init__(self, f: BinaryIO, np_module: str):
@@ -1291,7 +1291,7 @@ def write_file(
     """
     total = 0
     with open(path, "wb") as f:
-        e = _Emitter(f, np_module)
+        e = Emitter(f, np_module)
         e.w(b"\x80\x04}")
         e.memoize()
         written: dict[object, int] = {}
@@ -1337,7 +1337,7 @@ def write_optimizer_file(
     plain arrays (its state-dict path).
     """
     with open(path, "wb") as f:
-        e = _Emitter(f, np_module)
+        e = Emitter(f, np_module)
         e.w(b"\x80\x04}")
         e.memoize()
 
