@@ -14,7 +14,8 @@ the order rotated every round) and the median of the rounds is reported.
 Each timed command is a child process run under ``/usr/bin/time -v`` (peak RSS = its "Maximum resident set
 size"; without /usr/bin/time, ``os.wait4``'s rusage); wall time is measured here around the child.
 
-Nothing here imports tietool: it is run as a CLI (``python -m cli``, cwd and PYTHONPATH = the project root).
+Nothing here imports tietool: it is run as a CLI (``python -m tietool``, cwd and PYTHONPATH a folder whose
+``tietool`` entry is the project root; the children ran ``python -m cli`` before the single-package move).
 """
 
 from __future__ import annotations
@@ -223,13 +224,27 @@ def check_output(op: str, out: Path) -> str | None:
         return f"{type(e).__name__}: {e}"
 
 
+def package_folder(root: Path) -> Path:
+    """A folder whose ``tietool`` entry is ``root`` (the tree to run), for PYTHONPATH and the children's cwd:
+    the import package is ``tietool`` = the project root, so the root itself cannot be on the path."""
+    if root.name == "tietool" and (root / "__main__.py").is_file():
+        return root.parent
+    pkg = WORK / "pkg"
+    pkg.mkdir(parents=True, exist_ok=True)
+    link = pkg / "tietool"
+    if not link.is_symlink() or link.resolve() != root:
+        link.unlink(missing_ok=True)
+        link.symlink_to(root)
+    return pkg
+
+
 # ---------------------------------------------------------------- the cases
 
 
 def cases(
     py: str, ck: Path, tied: Path, out: Path, with_pf: bool, with_help: bool, with_link: bool = False
 ) -> list[tuple[str, list[str]]]:
-    cli = [py, "-m", "cli"]
+    cli = [py, "-m", "tietool"]
     pf = [py, str(BENCH / "pf_route.py")]
     c = [
         ("cp -r", ["cp", "-r", str(ck), str(out)]),
@@ -371,8 +386,8 @@ def main() -> int:
     ap.add_argument(
         "--snapshot",
         action="store_true",
-        help="copy ROOT/surgery and ROOT/cli to bench/_work/snapshot first and run that copy, so edits "
-        "made to the tree while the benchmark runs do not mix versions",
+        help="copy the package of ROOT (surgery, cli, __init__.py, __main__.py) to bench/_work/snapshot "
+        "first and run that copy, so edits made to the tree while the benchmark runs do not mix versions",
     )
     a = ap.parse_args()
     if not os.path.exists(a.python):
@@ -394,9 +409,12 @@ def main() -> int:
         shutil.rmtree(snap, ignore_errors=True)
         snap.mkdir()
         for d in ("surgery", "cli"):
-            shutil.copytree(root / d, snap / d, ignore=shutil.ignore_patterns("__pycache__"))
-        root = snap
-    env = dict(os.environ, PYTHONPATH=str(root), CUDA_VISIBLE_DEVICES="")
+            shutil.copytree(root / d, snap / "tietool" / d, ignore=shutil.ignore_patterns("__pycache__"))
+        for f in ("__init__.py", "__main__.py"):
+            shutil.copy2(root / f, snap / "tietool" / f)
+        root = snap / "tietool"
+    pkg = package_folder(root)
+    env = dict(os.environ, PYTHONPATH=str(pkg), CUDA_VISIBLE_DEVICES="")
     info = {
         "machine": machine(),
         "repeat": a.repeat,
@@ -418,7 +436,7 @@ def main() -> int:
         if not (tied / "config.json").is_file():
             clean(tied)
             r = run_child(
-                [a.python, "-m", "cli", "tie", str(ck), "--out", str(tied), "-q"], env=env, cwd=root
+                [a.python, "-m", "tietool", "tie", str(ck), "--out", str(tied), "-q"], env=env, cwd=pkg
             )
             if r["rc"] != 0:
                 print(f"could not make {tied}: {r['log_tail']}", file=sys.stderr)
@@ -474,7 +492,7 @@ def main() -> int:
                 # inputs again (untimed) so every run starts warm, then let writeback settle
                 warm([ck, tied])
                 settle()
-                r = run_child(argv, env=env, cwd=root)
+                r = run_child(argv, env=env, cwd=pkg)
                 problem = None if r["rc"] == 0 else f"exit {r['rc']}: {r['log_tail'][-400:]}"
                 if problem is None and label not in ("tietool inspect", "tietool --help"):
                     problem = check_output(label, out)

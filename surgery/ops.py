@@ -824,6 +824,15 @@ def _indexed(ckpt: Checkpoint) -> Checkpoint:
     return ckpt
 
 
+MERGE_LAYOUT_FIX = (
+    "export the model from the training run instead (PaddleFormers' save_pretrained, or the Trainer's "
+    "save_hf_steps, writes the HF-format safetensors), or read the checkpoint with Paddle's "
+    "paddle.distributed.load_state_dict"
+)
+"""merge's fix where a flex checkpoint's layout is not proven: merge has no option that skips the conversion
+(convert's ``--to safetensors`` is not one of merge's), so the fix is outside tietool."""
+
+
 def merge(
     path: PathArg,
     out: PathArg,
@@ -907,7 +916,7 @@ def _merge_flex(
         limit()
         fp = merge_flex.plan_flex(src)
         cp = convert_plan.check_dtypes(
-            convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS)
+            convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS, MERGE_LAYOUT_FIX)
         )
         return fp, cp
 

@@ -628,11 +628,10 @@ def test_a_distcp_that_is_no_file_named_as_what_it_is(kind: str, tmp_path: Path)
         assert "missing" not in run.stderr, run.describe()
 
 
-@pytest.mark.xfail(strict=True, reason="merge prints convert's '--to safetensors' fix, an option it has not")
 def test_an_unprovable_layout_is_refused_with_a_fix_merge_has(tmp_path: Path) -> None:
     """A Llama flex checkpoint whose Linear weights are all square (intermediate_size == hidden_size ==
-    the k/v width): the layout cannot be proven from the shapes, so merge refuses (exit 5, right), but its
-    fix says "use --to safetensors", an option of convert that merge does not take."""
+    the k/v width): the layout cannot be proven from the shapes, so merge refuses (exit 5), and its fix is
+    one merge has (ops.MERGE_LAYOUT_FIX: export from the run), not convert's "--to safetensors"."""
     rng = np.random.default_rng(0)
     state = {n: a for n, a in fx.llama_state().items() if a.ndim == 1 or "proj" not in n}
     for p in ("q_proj", "k_proj", "v_proj", "o_proj"):
@@ -647,6 +646,7 @@ def test_an_unprovable_layout_is_refused_with_a_fix_merge_has(tmp_path: Path) ->
     run = av.run_cli(["merge", ck, "--out", out])
     av.assert_refused(run, 5, ["square"], out=out)
     assert "--to" not in run.stderr, run.describe()
+    assert "save_pretrained" in run.stderr, run.describe()
 
 
 # ------------------------------------------------------------------------------ flexdata's hostile set

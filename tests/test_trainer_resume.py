@@ -21,6 +21,7 @@ from tests.support.trainer_resume import ResumeRun, grow_checkpoint, resume
 pytestmark = pytest.mark.slow
 
 T1 = DATA / "flex" / "trainer_1rank"
+T2 = DATA / "flex" / "trainer_2rank"
 VOCAB_NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 
 
@@ -31,13 +32,9 @@ def _npz(path: Path) -> dict[str, np.ndarray]:
 
 def test_resume_unchanged_grown_and_stale(tmp_path: Path) -> None:
     ck, model_dir = grow_checkpoint(T1 / "checkpoint-2", T1 / "base", tmp_path / "g", 256)
-    same, grown, stale = resume(
-        [
-            ResumeRun(T1 / "checkpoint-2", T1 / "base"),
-            ResumeRun(ck, model_dir),
-            ResumeRun(T1 / "checkpoint-2", model_dir),
-        ]
-    )
+    old = T1 / "checkpoint-2"
+    runs = [ResumeRun(old, T1 / "base"), ResumeRun(ck, model_dir), ResumeRun(old, model_dir)]
+    same, grown, stale, two = resume([*runs, ResumeRun(T2 / "checkpoint-2", T1 / "base")])
     model, optim = _npz(T1 / "oracle.npz"), _npz(T1 / "oracle_optimizer.npz")
     # the harness: the unchanged checkpoint loads exactly its oracles and runs step 3
     assert same.ok, same.error
@@ -47,6 +44,15 @@ def test_resume_unchanged_grown_and_stale(tmp_path: Path) -> None:
         np.testing.assert_array_equal(same.model[k], model[k], err_msg=k)
     for k in optim:
         np.testing.assert_array_equal(same.optimizer[k], optim[k], err_msg=k)
+    # the 2-rank save (files 0_0 + 1_0, sharding stage 1 v1) resumes on 1 rank: its oracles exactly
+    assert two.ok, two.error
+    for part, oracle in (
+        (two.model, _npz(T2 / "oracle.npz")),
+        (two.optimizer, _npz(T2 / "oracle_optimizer.npz")),
+    ):
+        assert part.keys() == oracle.keys()
+        for k in oracle:
+            np.testing.assert_array_equal(part[k], oracle[k], err_msg=k)
     # grown by paddle: the grown rows load (mean weight rows, zero moment rows), the rest bit for bit
     assert grown.ok, grown.error
     for k in model:
@@ -79,3 +85,10 @@ def test_resize_token_embeddings_leaves_the_untied_head() -> None:
     assert not r.ok and "vocab_size should not be splited: 250, 256" in r.error
     assert r.model["model.embed_tokens.weight"].shape == (256, 16)
     assert r.model["lm_head.weight"].shape == (250, 16)
+
+
+def test_two_rank_resume_fails_on_cpu() -> None:
+    """paddle 3.3.1: a 2-rank (gloo) flex resume cannot run on CPU: ``Trainer._load_flex_checkpoint``
+    (trainer.py:1354) -> ``dist.load_state_dict`` -> ``reshard_comm.py:229`` calls ``Tensor.cuda()``."""
+    [r] = resume([ResumeRun(T2 / "checkpoint-2", T1 / "base")], ranks=2)
+    assert not r.ok and r.error == "ValueError: No available device found."

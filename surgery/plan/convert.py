@@ -194,14 +194,19 @@ def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
     return row
 
 
-def source_convention(ckpt: Checkpoint, row: arch.ConversionRow) -> tuple[Convention, Proof]:
+def source_convention(
+    ckpt: Checkpoint, row: arch.ConversionRow, fix: str | None = None
+) -> tuple[Convention, Proof]:
     """The input's convention: its naming from the tensor names, its Linear layout proven from the shapes
     (:func:`surgery.inspect.layout.prove`), its head layout from the head's shape (:func:`head_layout`).
+    ``fix`` is the refusals' fix, one the calling command has (default: convert's
+    :func:`~surgery.inspect.layout.hint_container_only`).
 
     Raises:
         RefusedError: no tensor carries a prefix of the row, or a layout is not proven (named).
         CheckpointError: shapes that contradict the config or each other.
     """
+    fix = fix or hint_container_only()
     naming = naming_of(ckpt, row)
     if naming is None:
         pres = ", ".join(f"{p}." for p in row.prefixes.values())
@@ -209,16 +214,14 @@ def source_convention(ckpt: Checkpoint, row: arch.ConversionRow) -> tuple[Conven
             f"no tensor of this {ckpt.config.get('model_type')} checkpoint carries a name prefix tietool "
             f"knows for it ({pres})",
             ckpt.path,
-            hint_container_only(),
+            fix,
         )
-    proof = prove(ckpt, linear_weights(ckpt, row, naming), hint_container_only())
+    proof = prove(ckpt, linear_weights(ckpt, row, naming), fix)
     if proof.layout is None:
-        raise RefusedError(
-            "the files hold no Linear weight whose shape tells the layout", ckpt.path, hint_container_only()
-        )
+        raise RefusedError("the files hold no Linear weight whose shape tells the layout", ckpt.path, fix)
     emb = f"{row.prefixes[naming]}.{row.embedding}"
     _check_embedding(ckpt, emb)
-    head = head_layout(ckpt, row.head, emb) if row.head in ckpt.tensors else DEFAULT_HEAD[naming]
+    head = head_layout(ckpt, row.head, emb, fix) if row.head in ckpt.tensors else DEFAULT_HEAD[naming]
     return convention(naming, proof.layout, head), proof
 
 
@@ -238,7 +241,7 @@ def _check_embedding(ckpt: Checkpoint, emb: str) -> None:
         )
 
 
-def head_layout(ckpt: Checkpoint, head: str, emb: str) -> str:
+def head_layout(ckpt: Checkpoint, head: str, emb: str, fix: str | None = None) -> str:
     """``"hidden-vocab"`` or ``"vocab-hidden"``: the head's shape against vocab_size / hidden_size; a square
     head (vocab == hidden) by its bytes: the embedding's as stored, or transposed.
 
@@ -264,7 +267,7 @@ def head_layout(ckpt: Checkpoint, head: str, emb: str) -> str:
             f"tietool cannot tell the layout of {head}: it is {list(shape)} with vocab_size == hidden_size, "
             "and it is not the embedding as stored or transposed",
             ckpt.path,
-            hint_container_only(),
+            fix or hint_container_only(),
         )
     raise CheckpointError(
         f"tensor {head} is {list(shape)}, but this config's head is [{v}, {h}] or [{h}, {v}]",
@@ -545,7 +548,7 @@ def _generic_proof(ckpt: Checkpoint, what: str) -> Proof:
     return prove(ckpt, weights, what, strict=False)
 
 
-def _reshard_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
+def _reshard_plan(ckpt: Checkpoint, container: Container, fix: str | None = None) -> ConvertPlan:
     """``--to paddleformers`` of a model type without a row: only when its Linear weights are proven
     ``[out, in]`` by their shapes, and no name carries a PaddleNLP-era prefix, are the shards rewritten as
     they are (the input is then already in the PaddleFormers layout, Gemma3, Phi3, ...).
@@ -556,7 +559,8 @@ def _reshard_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
     mt = ckpt.config.get("model_type")
     pre = tuple(p + "." for p in arch.PADDLENLP_PREFIXES)
     named = next((n for n in ckpt.tensors if n.startswith(pre)), None)
-    proof = _generic_proof(ckpt, hint_container_only()) if named is None else None
+    fix = fix or hint_container_only()
+    proof = _generic_proof(ckpt, fix) if named is None else None
     if proof is None or proof.layout is not Layout.OUT_IN:
         why = (
             f"its names ({named}) are not PaddleFormers names"
@@ -569,7 +573,7 @@ def _reshard_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
             f"tietool has no conversion data for model_type {mt!r} and {why}, so it cannot write the "
             "PaddleFormers layout",
             ckpt.path,
-            hint_container_only(),
+            fix,
         )
     plan = ConvertPlan(ckpt, HF, HF, container, _copy_steps(ckpt), dict(ckpt.config), layout=proof.layout)
     plan.notes += [
@@ -664,7 +668,7 @@ def _pf_legacy(ckpt: Checkpoint, layout: Layout | None) -> bool:
     return "paddleformers_version" in cfg and (cfg.get("source") == "paddle" or layout is Layout.IN_OUT)
 
 
-def plan_convert(ckpt: Checkpoint, to: Target) -> ConvertPlan:
+def plan_convert(ckpt: Checkpoint, to: Target, fix: str | None = None) -> ConvertPlan:
     """Which output tensor comes from which input tensor, by which transform (pure: reads headers only).
 
     ``to`` ``paddleformers``/``paddlenlp``: the input's convention found (:func:`source_convention`: names,
@@ -674,7 +678,8 @@ def plan_convert(ckpt: Checkpoint, to: Target) -> ConvertPlan:
     PaddleFormers grouped per kv head, ERNIEKit ``q | k | v``), embeddings/norms/biases copied; config keys
     as :data:`~surgery.arch.CONFIG_KEYS` (the target's version key). ``safetensors``/``pdparams``:
     the container only (:func:`_container_plan`). An input already in the target's convention is a
-    container change.
+    container change. ``fix`` is the fix a refused layout names, one the calling command has (default:
+    convert's ``--to safetensors``; merge passes its own).
 
     Raises:
         RefusedError: an unknown model type, unplaceable tensors (:func:`model_steps`), a layout not proven
@@ -686,10 +691,10 @@ def plan_convert(ckpt: Checkpoint, to: Target) -> ConvertPlan:
         return _container_plan(ckpt, container)
     mt = _model_type(ckpt)
     if to is Target.PADDLEFORMERS and mt not in arch.CONVERSIONS and not _lacks(mt):
-        return _reshard_plan(ckpt, container)
+        return _reshard_plan(ckpt, container, fix)
     row = conversion_row(ckpt, to)
     _require_sizes(ckpt)
-    source, proof = source_convention(ckpt, row)
+    source, proof = source_convention(ckpt, row, fix)
     plan = ConvertPlan(ckpt, source, conv, container, [], dict(ckpt.config), layout=proof.layout)
     plan.notes.append(proof.note())
     if source == conv:

@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -52,23 +53,41 @@ class ResumeResult:
     losses: list[float]
 
 
-def resume(runs: list[ResumeRun], timeout: float = 900) -> list[ResumeResult]:
-    """Run ``runs`` in one subprocess of this file; one :class:`ResumeResult` per run, in order.
+def resume(runs: list[ResumeRun], ranks: int = 1, timeout: float = 900) -> list[ResumeResult]:
+    """Run ``runs`` in one subprocess of this file (``ranks`` = 2: two plain gloo processes, as
+    ``make_trainer.py``; data parallel + sharding stage 1 v1); one :class:`ResumeResult` per run, in order.
+    With 2 ranks the optimizer state is the union of both ranks' (each holds its own parameters').
 
     Raises RuntimeError (with the worker's stderr tail) when the worker itself dies; a failing resume is a
     result with ``ok=False``, not an exception."""
     with tempfile.TemporaryDirectory(prefix="tt_resume_") as tmp:
-        jobs = Path(tmp) / "jobs.json"
-        jobs.write_text(json.dumps([{**dataclasses.asdict(r), "checkpoint": str(r.checkpoint),
-                                     "model_dir": str(r.model_dir)} for r in runs]))  # fmt: skip
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-        cp = subprocess.run(
-            [sys.executable, __file__, "--worker", str(jobs), tmp], capture_output=True, text=True,
-            timeout=timeout, env=env, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        if cp.returncode != 0:
-            raise RuntimeError(f"trainer_resume worker failed (exit {cp.returncode}):\n{cp.stderr[-3000:]}")
-        return [_read_result(Path(tmp) / f"r{i}") for i in range(len(runs))]
+        jobs = []
+        for i, r in enumerate(runs):
+            # copies: the Trainer writes beside the checkpoint, and from_pretrained under fleet writes
+            # flex-ckpt.auto_generated.metadata into the model folder
+            ck, model_dir = Path(tmp) / f"run{i}" / r.checkpoint.name, Path(tmp) / f"model{i}"
+            shutil.copytree(r.checkpoint, ck)
+            shutil.copytree(r.model_dir, model_dir)
+            jobs.append({**dataclasses.asdict(r), "checkpoint": str(ck), "model_dir": str(model_dir)})
+        (Path(tmp) / "jobs.json").write_text(json.dumps(jobs))
+        cmd = [sys.executable, __file__, "--worker", str(Path(tmp) / "jobs.json"), tmp]
+        if ranks == 1:
+            env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+            cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                                stdin=subprocess.DEVNULL)  # fmt: skip
+            if cp.returncode != 0:
+                raise RuntimeError(
+                    f"trainer_resume worker failed (exit {cp.returncode}):\n{cp.stderr[-3000:]}"
+                )
+        else:
+            sys.path.insert(0, str(FLEX))
+            import make_flex
+
+            try:
+                make_flex.run_ranks_cmd(cmd, ranks)
+            except SystemExit as e:
+                raise RuntimeError(str(e)) from None
+        return [_read_result(Path(tmp) / f"r{i}", ranks) for i in range(len(runs))]
 
 
 def grow_checkpoint(checkpoint: Path, base: Path, out: Path, vocab: int) -> tuple[Path, Path]:
@@ -89,14 +108,20 @@ def grow_checkpoint(checkpoint: Path, base: Path, out: Path, vocab: int) -> tupl
     return out / checkpoint.name, out / "model"
 
 
-def _read_result(stem: Path) -> ResumeResult:
-    meta = json.loads(stem.with_suffix(".json").read_text())
+def _read_result(stem: Path, ranks: int) -> ResumeResult:
+    """Rank 0's result; the optimizer state is the union over the ranks (checked equal where shared)."""
+    meta = json.loads(Path(f"{stem}_rank0.json").read_text())
     arrays: dict[str, dict[str, np.ndarray]] = {"model": {}, "optimizer": {}}
-    for part in arrays:
-        f = Path(f"{stem}_{part}.npz")
-        if f.exists():
+    for rank in range(ranks):
+        for part in arrays:
+            f = Path(f"{stem}_rank{rank}_{part}.npz")
+            if not f.exists():
+                continue
             with np.load(f) as z:
-                arrays[part] = {k: z[k] for k in z.files}
+                for k in z.files:
+                    if k in arrays[part] and not np.array_equal(arrays[part][k], z[k]):
+                        raise RuntimeError(f"{k} differs between ranks")
+                    arrays[part][k] = z[k]
     return ResumeResult(meta["ok"], meta["error"], arrays["model"], arrays["optimizer"], meta["losses"])
 
 
@@ -135,28 +160,45 @@ def _global_step(ck: Path) -> int:
     return int(ck.name.rsplit("-", 1)[1])
 
 
+def _load_model(model_dir: Path, ranks: int) -> object:
+    """``from_pretrained(model_dir)``; on 2 ranks the config's model with the safetensors set by
+    ``set_state_dict``: 1.2's ``from_pretrained`` in a gloo job loads through flex ``load_state_dict``, whose
+    ``reshard_comm.py:229`` calls ``Tensor.cuda()`` ("ValueError: No available device found." on CPU)."""
+    import paddle
+    from paddleformers.transformers import LlamaConfig, LlamaForCausalLM
+    from safetensors.numpy import load_file
+
+    if ranks == 1:
+        return LlamaForCausalLM.from_pretrained(str(model_dir))
+    model = LlamaForCausalLM(LlamaConfig.from_pretrained(str(model_dir)))
+    weights: dict = {}
+    for f in sorted(model_dir.glob("*.safetensors")):
+        weights.update({k: paddle.to_tensor(v) for k, v in load_file(str(f)).items()})
+    model.set_state_dict(weights)
+    return model
+
+
 def _one(job: dict, out_dir: Path, store: dict) -> None:
     """Resume one job in this process (see the module docstring)."""
     sys.path.insert(0, str(FLEX))
     import make_trainer
     import paddle
     from paddleformers.trainer import Trainer, TrainingArguments
-    from paddleformers.transformers import AutoTokenizer, LlamaForCausalLM
+    from paddleformers.transformers import AutoTokenizer
 
     ck = Path(job["checkpoint"])
-    work = out_dir / "run"
-    shutil.rmtree(work, ignore_errors=True)
-    shutil.copytree(ck, work / ck.name)
+    ranks = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
+    extra = {"split_param": False, "max_grad_norm": 0.0} if ranks > 1 else {}  # as make_trainer.py
     paddle.seed(5)
-    model = LlamaForCausalLM.from_pretrained(job["model_dir"])
+    model = _load_model(Path(job["model_dir"]), ranks)
     if job["vocab_size"] is not None:
         model.resize_token_embeddings(job["vocab_size"])
     tok = AutoTokenizer.from_pretrained(str(make_trainer.TOKENIZER))
     args = TrainingArguments(
-        output_dir=str(work), max_steps=_global_step(ck) + job["steps"], save_steps=10_000,
+        output_dir=str(ck.parent), max_steps=_global_step(ck) + job["steps"], save_steps=10_000,
         save_strategy="no", logging_steps=1, per_device_train_batch_size=4, learning_rate=1e-2, seed=5,
         save_checkpoint_format="flex_checkpoint", load_checkpoint_format="flex_checkpoint",
-        report_to="none", device="cpu", dataloader_num_workers=0, amp_master_grad=False,
+        report_to="none", device="cpu", dataloader_num_workers=0, amp_master_grad=False, **extra,
     )  # fmt: skip
 
     def collate(rows: list[dict]) -> dict:
@@ -164,7 +206,7 @@ def _one(job: dict, out_dir: Path, store: dict) -> None:
 
     trainer = Trainer(model=model, args=args, train_dataset=make_trainer._Data(), tokenizer=tok,
                       data_collator=collate, callbacks=[_capture_callback(store)])  # fmt: skip
-    trainer.train(resume_from_checkpoint=str(work / ck.name))
+    trainer.train(resume_from_checkpoint=str(ck))
 
 
 def _grow_folder(src: Path, dst: Path, old: int, vocab: int) -> dict:
@@ -225,19 +267,25 @@ def _worker(jobs_file: Path, out_dir: Path) -> None:
     import make_trainer
 
     make_trainer._stub_datasets()
-    _init_fleet()
+    import paddle
+
+    paddle.set_device("cpu")
+    rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
+    if "PADDLE_TRAINERS_NUM" not in os.environ:
+        _init_fleet()
     for i, job in enumerate(json.loads(jobs_file.read_text())):
         store: dict = {"model": {}, "optimizer": {}, "losses": []}
         ok, error = True, ""
         try:
             _one(job, out_dir, store)
         except Exception as e:  # noqa: BLE001 - the result records any failure of the Trainer
+            traceback.print_exc()  # to the worker's stderr, for a human reading a failure
             ok, error = False, (f"{type(e).__name__}: {e}".strip().splitlines() or [""])[-1]
-        stem = out_dir / f"r{i}"
+        stem = out_dir / f"r{i}_rank{rank}"
         for part in ("model", "optimizer"):
             np.savez(f"{stem}_{part}.npz", **store[part])
         meta = {"ok": ok, "error": error, "losses": store["losses"]}
-        stem.with_suffix(".json").write_text(json.dumps(meta))
+        Path(f"{stem}.json").write_text(json.dumps(meta))
 
 
 if __name__ == "__main__":
