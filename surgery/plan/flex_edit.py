@@ -175,4 +175,6 @@ def plan_flex_edit(fp: FlexPlan, plan: Plan) -> FlexEdit:
     """
     weights = new_weights(plan) if plan.changed else {}
     rewrites = state_rewrites(fp.ck.folder.root, weights) if weights else {}
+    if isinstance(plan.ckpt, FlexView):
+        plan.ckpt.forget()  # what detection assembled: the writer makes each tensor when it writes it
     return FlexEdit(plan, fp, rewrites)
