@@ -118,3 +118,25 @@ def test_one_replacement_in_memory_at_a_time(name: str, sub: str, tmp_path: Path
         for p in sorted((tmp_path / "a" / sub_).iterdir()):
             assert p.read_bytes() == (tmp_path / "b" / sub_ / p.name).read_bytes(), (sub_, p.name)
     assert made == len(lazies)
+
+
+def test_prefix_of_a_concatenated_source(tmp_path: Path) -> None:
+    """``Source.prefix`` of parts (a row-sharded flex tensor's rank files one after another: what resize
+    keeps of the old rows) is the first bytes of their concatenation; it had no path before (an internal
+    error on a 4-rank checkpoint)."""
+    from tietool.surgery.io.safetensors_io import Source
+
+    f = tmp_path / "f.bin"
+    f.write_bytes(bytes(range(256)) * 4)
+    parts = [Source(f, 10, 100), Source(array=np.arange(50, dtype=np.uint8)), Source(f, 500, 300)]
+
+    def written(s: Source) -> bytes:
+        with open(tmp_path / "out.bin", "wb") as out:
+            s.write_to(out)
+        return (tmp_path / "out.bin").read_bytes()
+
+    whole = written(Source(parts=parts))
+    assert whole == f.read_bytes()[10:110] + bytes(range(50)) + f.read_bytes()[500:800]
+    for n in (0, 1, 99, 100, 101, 150, 151, 449, 450):
+        cut = Source(parts=parts).prefix(n)
+        assert cut.nbytes == n and written(cut) == whole[:n], n
