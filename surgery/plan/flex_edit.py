@@ -123,16 +123,27 @@ def new_weights(plan: Plan) -> dict[str, Lazy]:
                 "used); the optimizer state of those rows cannot be reset in a flex checkpoint",
             )
         dtype = np.dtype(view.recipes[name].dtype)
-        out[name] = Lazy(tuple(nt.shape), dtype, partial(_made, view, nt.recipe, dtype, tuple(nt.shape)))
+        made = partial(_made, view, nt.recipe, dtype, tuple(nt.shape), {})
+        out[name] = Lazy(tuple(nt.shape), dtype, made)
     return out
 
 
-def _made(view: FlexView, recipe: Any, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-    """The array of ``recipe`` made on ``view`` (its sub-recipes once), the view's assembled tensor
-    dropped after, so that only the result stays in memory."""
+SMALL = 64 << 20
+"""Sub-results of a weight's recipe up to this size (its new rows) are kept between the two times it is
+made (for the master weight's new rows, then for ``model_state``): the mean init is computed once."""
+
+
+def _made(
+    view: FlexView, recipe: Any, dtype: np.dtype[Any], shape: tuple[int, ...], kept: dict[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """The array of ``recipe`` made on ``view`` (its sub-recipes once; the small ones kept in ``kept`` for
+    the next call), the view's assembled tensor dropped after, so that only the result stays in memory."""
+    memo = dict(kept)
     try:
-        return _array(recipes.make(recipe, view, {}), dtype, shape)
+        return _array(recipes.make(recipe, view, memo), dtype, shape)
     finally:
+        kept.update({k: v for k, v in memo.items() if isinstance(v, np.ndarray) and v.nbytes <= SMALL})
+        memo.clear()
         view.forget()
 
 

@@ -33,7 +33,7 @@ from ..io import flex
 from ..io.flex_write import Lazy, Replacement
 from ..model.errors import Opt, RefusedError
 from ..model.tensor import bf16_bits_to_f32
-from .flex_pieces import Assembled, assemble
+from .flex_pieces import Assembled, assemble, piece_array
 from .merge_flex import check_tensor
 from .plan import Resized
 from .training_state import RESIZED, resized_array
@@ -83,8 +83,17 @@ def _resized_shape(r: Resized, old: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _moment(ck: flex.FlexCheckpoint, key: str, r: Resized) -> np.ndarray[Any, Any]:
-    """The resized moment ``key``: assembled whole, then :func:`resized_array` (peak: the two)."""
-    return resized_array(full_tensor(ck, key), r)
+    """The resized entry ``key``, as :func:`resized_array` of it assembled whole; grown: its slices copied
+    straight into the zeroed result (peak: the result and one slice), trimmed: assembled, then cut."""
+    t = ck.tensors[key]
+    if r.new <= r.old:
+        return resized_array(full_tensor(ck, key), r)
+    headers = {s.file: flex.data_headers(ck, s.file) for s in t.slices}
+    out = np.zeros(_resized_shape(r, t.shape), dtype=np.dtype(t.storage_dtype))
+    for p in check_tensor(ck, t, headers):
+        box = tuple(slice(a, b) for a, b in zip(*p.box, strict=True))
+        out[box] = piece_array(ck.folder.state / p.slice.file, p, headers[p.slice.file][p.slice.key])
+    return out
 
 
 def _optimizer(ck: flex.FlexCheckpoint, r: Resized, old: tuple[int, ...]) -> New:
@@ -118,7 +127,7 @@ def _master_array(ck: flex.FlexCheckpoint, key: str, r: Resized, weight: Replace
     """The resized master weight ``key``: old entries bit for bit, new ones the fp32 of the new weight rows
     (peak: the new rows, the old master assembled and the result)."""
     rows = _new_rows(weight, r) if r.new > r.old else None
-    a = resized_array(full_tensor(ck, key), r)
+    a = _moment(ck, key, r)
     if rows is not None:
         a[tuple(slice(r.old, r.new) if i == r.axis else slice(None) for i in range(a.ndim))] = rows
     return a
