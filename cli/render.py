@@ -653,8 +653,9 @@ def merge(rep: dict, as_json: bool = False) -> None:
             f"{', '.join(rep['weight_files'])}; nothing was written"
         )
     elif rep.get("kind") == "flex":
+        nr, nf = len(rep["ranks"]), len(rep["rank_files"])
         print(
-            f"merged the flex checkpoint ({len(rep['ranks'])} ranks, {len(rep['rank_files'])} .distcp files) "
+            f"merged the flex checkpoint ({nr} rank{'s' * (nr != 1)}, {nf} .distcp file{'s' * (nf != 1)}) "
             f"into {rep['output']}: {len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
         )
     else:
