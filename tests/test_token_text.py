@@ -1,7 +1,8 @@
 """``add-tokens`` with unusual token text (issue 21, a loose end of issue 20): a lone surrogate (what Python
-makes of a non-UTF-8 byte in an argument) is refused in one line naming the token (exit 2, nothing
-written; it crashed with a TypeError before); a NUL character and a 10,000-character token are written and
-load back in ``tokenizers`` as one token each (measured: tokenizers accepts both)."""
+makes of a non-UTF-8 byte in an argument; it crashed with a TypeError before) and a token over 10,000
+characters are refused in one line naming the token (exit 2, nothing written); a NUL character and a
+10,000-character token are written and load back in ``tokenizers`` as one token each (measured: it accepts
+both)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,16 @@ def test_a_lone_surrogate_is_refused_by_name(tmp_path):
     )
     assert cp.returncode == 2, cp.stderr
     assert "lone surrogate" in cp.stderr and len(cp.stderr.strip().splitlines()) == 1, cp.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_token_longer_than_the_limit_is_refused(tmp_path):
+    """10,001 characters: exit 2, one line naming the token (truncated) and the limit (10000); nothing
+    written. The limit's measurement: surgery.io.tokenizer_edit.MAX_TOKEN_CHARS."""
+    (tmp_path / "f.txt").write_text("<" + "w" * 10_000 + "\n", encoding="utf-8")
+    run = run_cli(["add-tokens", str(SRC), "--file", str(tmp_path / "f.txt"), "--out", str(tmp_path / "o")])
+    assert run.rc == 2, run.stderr
+    assert "'<" + "w" * 39 + "...' has 10001 characters" in run.stderr and "(10000)" in run.stderr
     assert not (tmp_path / "o").exists()
 
 
