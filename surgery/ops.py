@@ -31,13 +31,13 @@ from typing import Any, TypeVar
 from . import report as report_mod
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
-from .io import flex, store, surface
+from .io import flex, flex_cover, store, surface
 from .io.checkpoint import Checkpoint, has_whole
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
 from .plan import convert as convert_plan
+from .plan import flex_edit, merge_flex
 from .plan import merge as merge_plan
-from .plan import merge_flex
 from .plan.add_tokens import InitChoice, parse_init, plan_add_tokens
 from .plan.merge_experts import plan_rank_merge
 from .plan.plan import DEFAULT_MAX_SHARD_SIZE, Plan, check_dtypes, parse_size
@@ -129,8 +129,8 @@ def inspect(
     where = _path(path, "path")
     remote, before = not store.store_for(where).on_disk, store.TRANSFER.snapshot()
     folder = None if remote else _flex_only(where)
-    if folder is not None:  # a flex checkpoint: its structure, and how to merge it (issue 21)
-        return Inspection(flex.summary(flex.open_flex(folder)))
+    if folder is not None:  # a flex checkpoint: its structure and coverage, and how to merge it (issue 21)
+        return Inspection(flex_cover.inspection(flex.open_flex(folder)))
     try:
         # what a killed in-place run left (a missing folder is restored); object storage has no such runs
         rec = inplace.Recovery() if remote else inplace.recover(where)
@@ -437,6 +437,30 @@ def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = F
     return Planner(plan=plan, report=report)
 
 
+def _flex_edit(make_plan: Callable[[Checkpoint], Plan]) -> Planner:
+    """The :class:`Planner` of resize / add-tokens ``--keep-training-state`` of a PaddleFormers Trainer flex
+    checkpoint (:mod:`surgery.plan.flex_edit`): ``make_plan`` on the merged view (config.json as ``merge``
+    finds it), the flex folders rewritten to the new shapes; the report of :func:`surgery.report.build`
+    with the flex facts."""
+
+    def plan(src: Path) -> flex_edit.FlexEdit:
+        fp, view = flex_edit.open_view(src)
+        return flex_edit.plan_flex_edit(fp, check_dtypes(make_plan(view)))
+
+    def report(e: flex_edit.FlexEdit, out: str, facts: dict | None, dry_run: bool = True) -> dict:
+        if facts is None:
+            rep = report_mod.build(e.plan, None, out, dry_run=dry_run, keep_training_state=True)
+            resized = {k: sorted(v) for k, v in e.rewrites.items() if v}
+        else:
+            resized = facts.pop("training_state_resized", {})
+            rep = report_mod.build(e.plan, facts, out)
+        resized = {k: v for k, v in resized.items() if k != "model_state"}  # the weights: "resized"
+        rep.update(kind="flex", config_from=str(e.flex.config_file), training_state_resized=resized)
+        return rep
+
+    return Planner(open=_rank_folder, plan=plan, report=report)
+
+
 def _swap(ckpt_path: Path, staging: Path, bak: Path | None, token: str) -> inplace.Swapped:
     """:func:`inplace.swap_in`, with the error saying what the name holds when it fails.
 
@@ -586,17 +610,14 @@ def resize(
     """
     vocab_size = _count(vocab_size, "vocab_size")
     pad_to_multiple_of = _count(pad_to_multiple_of, "pad_to_multiple_of")
-    resized = _edit(
-        lambda c: _plan_resize(
-            _detection(c, layout, loader, embedding, head),
-            vocab_size,
-            pad_to_multiple_of,
-            _enum(Init, init, "init") or Init.MEAN,
-            seed,
-            force,
-        ),
-        keep_training_state,
-    )
+
+    def make(c: Checkpoint) -> Plan:
+        det = _detection(c, layout, loader, embedding, head)
+        return _plan_resize(
+            det, vocab_size, pad_to_multiple_of, _enum(Init, init, "init") or Init.MEAN, seed, force
+        )
+
+    resized = _edit_planner(make, keep_training_state, path)
     return run(
         resized,
         path,
@@ -607,6 +628,14 @@ def resize(
         keep_training_state=keep_training_state,
         backup=backup,
     )
+
+
+def _edit_planner(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool, path: Any) -> Planner:
+    """:func:`_flex_edit` for ``--keep-training-state`` of a local Trainer flex checkpoint, else
+    :func:`_edit` (which refuses a flex checkpoint, naming ``merge`` and ``--keep-training-state``)."""
+    if keep_training_state and isinstance(path, str | PathLike) and flex_edit.is_trainer_checkpoint(path):
+        return _flex_edit(make_plan)
+    return _edit(make_plan, keep_training_state)
 
 
 def _plan_resize(det: Detection, vocab_size: int | None, pad_to_multiple_of: int | None, *args) -> Plan:
@@ -669,7 +698,7 @@ def add_tokens(
         copy_id = _copy_id(c.path, choice)
         return plan_add_tokens(det, edit, choice, pad_to_multiple_of, seed, copy_id)
 
-    added = _edit(plan, keep_training_state)
+    added = _edit_planner(plan, keep_training_state, path)
     return run(
         added,
         path,

@@ -95,7 +95,9 @@ RULES: dict[Cause, Rule] = {
         "model_state/): each <rank>_<id>.distcp holds a rank's slices of the weights and the .metadata says "
         "where each slice goes, not a whole checkpoint",
         "merge it first, into a new folder: tietool merge (tietool.merge in Python) writes PaddleFormers "
-        "safetensors the other commands take; tietool inspect lists what it holds",
+        "safetensors the other commands take; or, to keep a Trainer checkpoint-N/ resumable, resize / "
+        "add-tokens it with --keep-training-state (its optimizer state resized too); tietool inspect lists "
+        "what it holds",
     ),
     Cause.QUANTIZED: Rule(
         "the embedding/head is quantized (packed integers with scales): tietool edits float tables only, "

@@ -16,8 +16,8 @@ Given the new full weights of the tensors a plan resizes (their rows computed by
 
 Names are the Trainer's ``model.state_dict()`` names (measured in ``tests/data/flex``). Slices of any layout
 (rows, columns, flattened sharding-v2 ranges) are assembled as ``merge`` assembles them
-(:func:`surgery.plan.merge_flex.check_tensor`, coverage checked). Not yet wired to the ``resize`` /
-``add-tokens`` commands (see the module's tests, ``tests/test_flex_write.py``).
+(:func:`surgery.plan.merge_flex.check_tensor`, coverage checked). Used by ``resize`` / ``add-tokens
+--keep-training-state`` of a Trainer checkpoint (:mod:`surgery.plan.flex_edit`).
 """
 
 from __future__ import annotations

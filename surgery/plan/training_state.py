@@ -19,7 +19,10 @@ of the resized model (``set_state_dict``) and trains one more step.
 Files of no parameter (``scheduler.pdparams``, ``trainer_state.json``, ``rng_state*``, ``scaler.pdparams``)
 are carried unchanged. Any other optimizer file (sharded or unified-checkpoint ``optimizer-*.safetensors``,
 ``master_weights*``, rank-tagged ``optimizer.tp00.pdopt``, PaddleFormers flex ``optimizer_state/`` +
-``master_weight/``, a ``.pdopt`` of master weights) is refused by name (exit 5) before anything is written.
+``master_weight/`` beside whole-model weights, a ``.pdopt`` of master weights) is refused by name (exit 5)
+before anything is written. A PaddleFormers Trainer flex ``checkpoint-N/`` itself (no whole weights) is
+not planned here: :mod:`surgery.plan.flex_edit` resizes its three flex folders
+(:mod:`surgery.plan.flex_state`).
 """
 
 from __future__ import annotations
@@ -125,7 +128,8 @@ def plan_training_state(plan: Plan) -> dict[str, OptimizerEdit]:
         raise _refuse(
             ck.path,
             flex[0] + "/",
-            f"is PaddleFormers flex-checkpoint {what} (.distcp slices): tietool does not resize it",
+            f"is PaddleFormers flex-checkpoint {what} (.distcp slices) beside whole-model weights: tietool "
+            "resizes a flex checkpoint-N/ as a whole only (one without the whole weights)",
         )
     edits = {}
     for rel in ck.training_state:

@@ -36,16 +36,18 @@ from ..io.safetensors_io import Source
 from ..model.enums import Container
 from ..model.tensor import pdparams_name
 from ..plan import recipes, training_state
+from ..plan.flex_edit import FlexEdit
 from ..plan.plan import NEW_SHARD, NewCheckpoint, OutTensor, Plan
 from ..plan.recipes import Recipe
 from .copy import Copier, Reporting, copy_file, try_link, write_reporting
+from .flex_edit import write_flex_edit
 from .layout import Entry, KeepFilesLayout, ReshardLayout, entry_nbytes, keep_files, reshard
 from .publish import JSON_STYLE, publish, write_json
 from .remote import execute_remote
 
 
 def execute(
-    plan: Plan | NewCheckpoint,
+    plan: Plan | NewCheckpoint | FlexEdit,
     out: str | Path,
     link: bool = False,
     progress: Callable[[str, int], None] | None = None,
@@ -87,6 +89,8 @@ def execute(
     """
     if isinstance(plan, NewCheckpoint):
         return write_new(plan, out, report, progress)
+    if isinstance(plan, FlexEdit):  # a Trainer flex checkpoint kept one (--keep-training-state)
+        return publish(Path(out), lambda tmp: write_flex_edit(plan, tmp), report)
     if not store.store_for(out).on_disk:  # object storage: staged here, then published in order
         return execute_remote(
             plan,
