@@ -830,7 +830,7 @@ MERGE_LAYOUT_FIX = (
     "paddle.distributed.load_state_dict"
 )
 """merge's fix where a flex checkpoint's layout is not proven: merge has no option that skips the conversion
-(convert's ``--to safetensors`` is not one of merge's), so the fix is outside tietool."""
+(convert's target option is not one of merge's), so the fix is outside tietool."""
 
 
 def merge(
