@@ -382,7 +382,7 @@ def _refuse_unencodable(f: _Folder, s: str) -> None:
             f"the token {shown!r} is not valid Unicode text: character {e.start} is a lone surrogate "
             f"({s[e.start]!r}), which no UTF-8 tokenizer file can hold",
             f.root,
-            "give the token as UTF-8 text (an argument or a token file in UTF-8, not bytes of another encoding)",
+            "give the token as UTF-8 text (an argument or a UTF-8 token file, not another encoding)",
         ) from None
 
 
