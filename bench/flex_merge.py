@@ -14,8 +14,12 @@ The largest tensor is read from the ``.metadata``.
 ``--source CKPT`` (the safetensors folder the flex checkpoint was written from): the first merge's output
 is compared with it tensor by tensor (names, dtype labels, shapes, raw bytes) before it is deleted.
 ``--work DIR`` (default ``bench/_work``): where the outputs go (same file system as the input).
+``--before DIR``: a fourth case, ``merge_before``, the same merge with ``PYTHONPATH=DIR`` (a folder holding
+another ``tietool``, e.g. ``git archive`` of the commit before a change), alternating with the others in the
+same run; with ``--source`` its first output is compared too.
 
 usage: PYTHONPATH=. python bench/flex_merge.py CKPT [-n ROUNDS] [--source CKPT] [--work DIR] [--json OUT]
+       [--before DIR]
 """
 
 from __future__ import annotations
@@ -86,8 +90,9 @@ def main() -> None:
     ap.add_argument("--source", type=Path, help="the safetensors folder the flex checkpoint came from")
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--json", type=Path, help="also write the result here")
+    ap.add_argument("--before", type=Path, help="a folder holding another tietool: case merge_before")
     a = ap.parse_args()
-    a.ckpt = a.ckpt.resolve()
+    a.ckpt, a.work = a.ckpt.resolve(), a.work.resolve()
     folder = flex.find(a.ckpt)
     if folder is None:
         raise SystemExit(f"{a.ckpt} is not a flex checkpoint")
@@ -101,9 +106,12 @@ def main() -> None:
         "cp_sync": ["sh", "-c", f"cp -r '{a.ckpt}' '{copy}' && sync"],
         "merge": [sys.executable, "-m", "tietool", "merge", str(a.ckpt), "--out", str(out), "--quiet"],
     }
-    names, runs, check = list(cases), {k: [] for k in cases}, None
+    if a.before:
+        cases["merge_before"] = ["env", f"PYTHONPATH={a.before.resolve()}", *cases["merge"]]
+    names, runs, checks = list(cases), {k: [] for k in cases}, {}
     for r in range(a.n):
-        for k in names[r % 3 :] + names[: r % 3]:
+        rot = r % len(names)
+        for k in names[rot:] + names[:rot]:
             for p in (out, copy):
                 shutil.rmtree(p, ignore_errors=True)
             warm([a.ckpt])
@@ -113,8 +121,8 @@ def main() -> None:
             runs[k][-1]["maxrss"] = int(peak.read_text().split()[-1]) * 1024
             for x in ("RssAnon", "RssFile"):  # sampled of /usr/bin/time, not of the command
                 runs[k][-1].pop(x, None)
-            if k == "merge" and a.source and check is None:
-                check = compare(a.source, out)
+            if k.startswith("merge") and a.source and k not in checks:
+                checks[k] = compare(a.source, out)
             print(k, f"{runs[k][-1]['seconds']:.2f} s", f"{runs[k][-1]['maxrss'] / MB:.0f} MB", flush=True)
     for p in (out, copy):
         shutil.rmtree(p, ignore_errors=True)
@@ -136,8 +144,12 @@ def main() -> None:
         "rss_budget": budget,
         "rss_ratio": med["merge"]["maxrss"] / budget,
         "rss_goal_met": med["merge"]["maxrss"] <= budget,
-        "bit_for_bit": check,
+        "bit_for_bit": checks.get("merge"),
     }
+    if a.before:
+        res["bit_for_bit_before"] = checks.get("merge_before")
+        res["time_ratio_cp_before"] = med["merge_before"]["seconds"] / med["cp"]["seconds"]
+        res["after_over_before"] = med["merge"]["seconds"] / med["merge_before"]["seconds"]
     text = json.dumps(res, indent=1)
     if a.json:
         a.json.write_text(text)

@@ -113,7 +113,11 @@ def inspect(
 
     paths = ckpts or ["."]
     if len(paths) == 1:
-        render.inspect(one(paths[0]), as_json=json_out)
+        info = one(paths[0])
+        render.inspect(info, as_json=json_out)
+        if info.exit_code:  # a flex checkpoint with a gap: the report, then one line and exit 3
+            render.inspect_failed(info)
+            raise typer.Exit(info.exit_code)
         return
     results, code = _each(paths, one)
     render.inspect_many(results, as_json=json_out)
@@ -128,7 +132,9 @@ def _each(paths: list[str], inspect_one) -> tuple[list[dict], int]:
     code = 0
     for p in paths:
         try:
-            results.append(dict(inspect_one(p)))
+            info = inspect_one(p)
+            code = code or int(info.get("exit_code", 0))
+            results.append(dict(info))
         except TietoolError as e:
             code = code or int(e.exit_code)
             results.append({"path": str(p), "error": error_fields(e), "exit_code": int(e.exit_code)})

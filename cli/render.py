@@ -349,12 +349,20 @@ def flex_inspect(info: dict) -> None:
         + (f"; model_type {info['model_type']}" if info.get("model_type") else "")
     )
     t = Table()
-    for col in ("tensor", "global shape", "dtype", "slices", "files"):
+    for col in ("tensor", "global shape", "dtype", "slices", "files", "coverage"):
         t.add_column(col, overflow="fold")
     for x in info["tensors"]:
         flat = " (flattened)" if x["flattened"] else ""
-        t.add_row(x["name"], str(x["shape"]), x["dtype"], f"{x['slices']}{flat}", ", ".join(x["files"]))
+        t.add_row(
+            x["name"],
+            str(x["shape"]),
+            x["dtype"],
+            f"{x['slices']}{flat}",
+            ", ".join(x["files"]),
+            _coverage_cell(x.get("coverage")),
+        )
     con.print(t)
+    _messages(con, info.get("notes", []), info.get("warnings", []), info.get("problems", []))
     for d in info["state_folders"]:
         print(f"training state: {d}/ (a flex folder of its own; not merged into the model)")
     if info.get("config") is None:
@@ -363,6 +371,34 @@ def flex_inspect(info: dict) -> None:
             "needs the config.json of the model the run started from, copied into the folder"
         )
     print(f"note: every other command refuses a flex checkpoint; merge it first: {info['next']}")
+
+
+def _coverage_cell(cov: dict | None) -> str:
+    """A flex tensor's coverage in words: ``covered``, ``gap of K elements (first [i, j])``, with the
+    overlapping slices and stored copies."""
+    if cov is None:
+        return ""
+    if cov["state"] == "gap":
+        n = cov["missing"]
+        what = f"gap of {n:,} element{'s' if n != 1 else ''} (first {cov['first_missing']})"
+    else:
+        what = "covered"
+    if cov["overlaps"]:
+        what += (
+            f"; overlapping slices ({cov['overlaps']} pair(s), {cov['shared_elements']:,} elements shared)"
+        )
+    if cov["copies"] > 1:
+        what += f"; {cov['copies']} copies"
+    return what
+
+
+def inspect_failed(info: dict) -> None:
+    """The one ``tietool: error:`` line on stderr that ends an inspection with problems (a flex
+    checkpoint's gap: ``exit_code`` 3), after its report: the first problem, how many more, and the fix."""
+    probs = info["problems"]
+    more = f" (and {len(probs) - 1} more problem(s), listed above)" if len(probs) > 1 else ""
+    where = Path(info["path"]) / info["metadata"] if info.get("metadata") else info["path"]
+    print(f"tietool: error: {where}: {probs[0]}{more} — {info.get('fix', '')}", file=sys.stderr)
 
 
 def recovered(rec: dict) -> None:
@@ -617,8 +653,9 @@ def merge(rep: dict, as_json: bool = False) -> None:
             f"{', '.join(rep['weight_files'])}; nothing was written"
         )
     elif rep.get("kind") == "flex":
+        nr, nf = len(rep["ranks"]), len(rep["rank_files"])
         print(
-            f"merged the flex checkpoint ({len(rep['ranks'])} ranks, {len(rep['rank_files'])} .distcp files) "
+            f"merged the flex checkpoint ({nr} rank{'s' * (nr != 1)}, {nf} .distcp file{'s' * (nf != 1)}) "
             f"into {rep['output']}: {len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
         )
     else:
@@ -764,6 +801,10 @@ def _many_row(info: dict) -> list[str]:
     """Table cells of one inspection: vocab rows, hidden size, head layout, tie state, tying's savings."""
     if info.get("kind") == "flex":  # a flex checkpoint: no vocabulary surface until it is merged
         what = f"flex checkpoint, {len(info['ranks'])} rank(s), {info['num_tensors']} tensors: merge it first"
+        if info.get("problems"):
+            what = (
+                f"flex checkpoint, {len(info['ranks'])} rank(s): {len(info['problems'])} tensor(s) with a gap"
+            )
         return [str(info["path"]), f"{what} ({info.get('model_type')})", *[""] * 5]
     tie, head = info["tie"], info["head"]
     tied = (

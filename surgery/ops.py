@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from . import report as report_mod
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
-from .io import flex, store, surface
+from .io import flex, flex_cover, store, surface
 from .io.checkpoint import Checkpoint, has_whole
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
@@ -129,8 +129,8 @@ def inspect(
     where = _path(path, "path")
     remote, before = not store.store_for(where).on_disk, store.TRANSFER.snapshot()
     folder = None if remote else _flex_only(where)
-    if folder is not None:  # a flex checkpoint: its structure, and how to merge it (issue 21)
-        return Inspection(flex.summary(flex.open_flex(folder)))
+    if folder is not None:  # a flex checkpoint: its structure and coverage, and how to merge it (issue 21)
+        return Inspection(flex_cover.inspection(flex.open_flex(folder)))
     try:
         # what a killed in-place run left (a missing folder is restored); object storage has no such runs
         rec = inplace.Recovery() if remote else inplace.recover(where)
@@ -830,7 +830,7 @@ MERGE_LAYOUT_FIX = (
     "paddle.distributed.load_state_dict"
 )
 """merge's fix where a flex checkpoint's layout is not proven: merge has no option that skips the conversion
-(convert's ``--to safetensors`` is not one of merge's), so the fix is outside tietool."""
+(convert's target option is not one of merge's), so the fix is outside tietool."""
 
 
 def merge(

@@ -17,7 +17,10 @@ from . import __version__
 from .inspect.findings import FindingKind
 from .inspect.summary import loader_facts, percent
 from .io import surface
+from .io.checkpoint import REPORT_NAME
+from .io.regular import load_json
 from .model.enums import Target
+from .model.errors import CheckpointError
 from .plan.convert import ConvertPlan, source_of
 from .plan.merge import MergePlan
 from .plan.plan import OutTensor, Plan, get_config
@@ -160,6 +163,28 @@ def _add_written_files(rep: dict[str, Any], facts: dict) -> None:
         rep["files"]["renamed"] = facts["rename"]
 
 
+# the sections of a report a later run carries forward in its ``history`` (what verify reads of a report)
+HISTORY_KEYS = ("tool", "operation", "input", "output", "add_tokens", "tokenizer", "resize")
+
+
+def history(folder: Any) -> list[dict[str, Any]]:
+    """The edits already made to the checkpoint in ``folder``, oldest first, as its ``tietool-report.json``
+    records them: that report's own ``history`` followed by the report itself, each entry cut to
+    :data:`HISTORY_KEYS`. A write stores it in the new report, so that ``verify ORIGINAL FINAL`` across a
+    chain of runs (``add-tokens`` in place twice, ``resize`` after ``add-tokens``) knows every token added or
+    removed since ORIGINAL, not only the last run's. No report, or one that cannot be read: ``[]`` (verify
+    then explains only the last run's tokens: it refuses rather than trusts)."""
+    try:
+        rep = load_json(folder / REPORT_NAME, REPORT_NAME)
+    except (CheckpointError, OSError, ValueError):  # missing or unreadable: no history
+        return []
+    if not isinstance(rep, dict):
+        return []
+    past = rep.get("history")
+    entries = [e for e in past if isinstance(e, dict)] if isinstance(past, list) else []
+    return [{k: e[k] for k in HISTORY_KEYS if k in e} for e in [*entries, rep]]
+
+
 def build(
     plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False, keep_training_state: bool = False
 ) -> dict:
@@ -210,6 +235,9 @@ def build(
         )
     if facts:
         _add_written_files(rep, facts)
+        past = history(ckpt.path)
+        if past:
+            rep["history"] = past
     return rep
 
 

@@ -74,6 +74,12 @@ class Inspection(dict[str, Any]):
     def problems(self) -> list[str]:
         return list(self["problems"])
 
+    @property
+    def exit_code(self) -> int:
+        """The exit status ``tietool inspect`` ends with: 0, or 3 for a flex checkpoint whose ``.metadata``
+        leaves elements of a tensor in no slice (``problems`` says which; ``merge`` refuses it so too)."""
+        return int(self.get("exit_code", 0))
+
 
 class Report(dict[str, Any]):
     """The report of every writing operation (:func:`tietool.tie`, ``untie``, ``resize``, ``convert``,

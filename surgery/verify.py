@@ -452,10 +452,12 @@ _LINES = 20  # tokens named one line each; the rest counted
 
 def _report_tokens(path: Path) -> tuple[dict[int, str], dict[int, str]]:
     """The tokens the output's ``tietool-report.json`` says were added and removed, ``({id: content},
-    {id: content})``. Read from ``add_tokens.tokens`` (and ``tokenizer.tokens``: the spelling of the
-    ``TokenEdit``), entries ``{"content", "id", ...}`` (``"existed": true`` ones are not new), and
-    ``tokens_removed`` (resize's spelling) or ``removed`` lists under ``add_tokens``, ``tokenizer`` or
-    ``resize``. A missing or unreadable report explains nothing."""
+    {id: content})``, across the chain of runs it records: its ``history`` entries (oldest first,
+    :func:`surgery.report.history`) and then the report itself, each applied in turn (a token a later run
+    removes that an earlier one added is neither). Read from ``add_tokens.tokens`` (and ``tokenizer.tokens``:
+    the spelling of the ``TokenEdit``), entries ``{"content", "id", ...}`` (``"existed": true`` ones are not
+    new), and ``tokens_removed`` (resize's spelling) or ``removed`` lists under ``add_tokens``, ``tokenizer``
+    or ``resize``. A missing or unreadable report explains nothing."""
     try:
         rep = load_json(path / REPORT_NAME, REPORT_NAME) if (path / REPORT_NAME).is_file() else None
     except (CheckpointError, OSError):
@@ -464,6 +466,24 @@ def _report_tokens(path: Path) -> tuple[dict[int, str], dict[int, str]]:
     removed: dict[int, str] = {}
     if not isinstance(rep, dict):
         return added, removed
+    past = rep.get("history")
+    for entry in [*(past if isinstance(past, list) else []), rep]:
+        if isinstance(entry, dict):
+            one_added, one_removed = _entry_tokens(entry)
+            for i, c in one_removed.items():
+                if added.get(i) == c:
+                    del added[i]
+                else:
+                    removed[i] = c
+            added.update(one_added)
+    return added, removed
+
+
+def _entry_tokens(rep: dict) -> tuple[dict[int, str], dict[int, str]]:
+    """The tokens one report (or one ``history`` entry) lists as added and removed, as
+    :func:`_report_tokens` reads them."""
+    added: dict[int, str] = {}
+    removed: dict[int, str] = {}
     for key in ("add_tokens", "tokenizer", "resize"):
         sec = rep.get(key)
         if not isinstance(sec, dict):

@@ -577,10 +577,10 @@ def test_copy_of_a_text_that_is_one_token_under_another_spelling(tmp_path):
     assert not (tmp_path / "out2").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 21 item 3: an in-place report lists only the last run's edits")
 def test_verify_across_a_chain_of_in_place_add_tokens_runs(tmp_path):
     """add-tokens in place twice (a, then b), then verify ORIGINAL FINAL: the second run's report lists only
-    '<bb_tok>', so verify calls '<aa_tok>' unexplained (exit 7). Reproduced 2026-12-01; not fixed yet."""
+    '<bb_tok>', so verify called '<aa_tok>' unexplained (exit 7); it now carries the first run's edits in its
+    ``history`` (surgery.report.history), and verify reads the chain. More: tests/test_verify_chain.py."""
     import shutil
 
     src = Path(__file__).resolve().parents[1] / "sample_checkpoints" / "pf_llama_with_tokenizer"
@@ -590,5 +590,5 @@ def test_verify_across_a_chain_of_in_place_add_tokens_runs(tmp_path):
     for tok in ("<aa_tok>", "<bb_tok>"):
         assert run_cli(["add-tokens", str(ck), tok, "--no-backup", "-q"]).rc == 0
     run = run_cli(["verify", str(orig), str(ck)])
-    assert run.rc != 7 or "'<aa_tok>'" not in run.stdout, run.stdout  # today: exit 7 naming '<aa_tok>'
+    assert run.rc != 7 or "'<aa_tok>'" not in run.stdout, run.stdout  # was: exit 7 naming '<aa_tok>'
     assert run.rc == 0, run.stdout

@@ -24,8 +24,7 @@ from support import adversarial_support as av
 from support import flex_support as fx
 
 from tietool.surgery.io import flex
-from tietool.surgery.plan.flex_pieces import Piece, flat_boxes
-from tietool.surgery.plan.merge_flex import gap, overlaps
+from tietool.surgery.io.flex_cover import Piece, flat_boxes, gap, overlaps, uncovered
 
 PY = sys.executable
 needs_data = pytest.mark.skipif(not (fx.DATA / "ranks2").is_dir(), reason="tests/data/flex not present")
@@ -59,6 +58,17 @@ def test_gap_on_the_grid_of_boundaries() -> None:
     assert gap((6, 4), [((0, 0), (3, 4)), ((4, 0), (6, 4))]) == (3, 0)
     assert gap((3, 8), [((0, 0), (3, 4)), ((0, 4), (3, 7))]) == (0, 7)
     assert gap((), [((), ())]) is None
+
+
+def test_uncovered_counts_the_gap_exactly_with_overlaps() -> None:
+    """Elements no box covers, counted on the grid (overlapping boxes counted once), against a numpy mask."""
+    boxes = [((0, 0), (3, 5)), ((2, 3), (6, 7)), ((5, 0), (7, 2)), ((1, 1), (2, 2))]
+    mask = np.zeros((7, 9), dtype=bool)
+    for (a, b), (c, d) in boxes:
+        mask[a:c, b:d] = True
+    assert uncovered((7, 9), boxes) == (int((~mask).sum()), (0, 5))
+    assert uncovered((2**40, 4), [((0, 0), (3, 4))]) == (2**42 - 12, (3, 0))  # exact, nothing allocated
+    assert uncovered((4, 4), [((0, 0), (4, 4)), ((1, 1), (2, 2))]) == (0, None)
 
 
 def test_overlaps_found_by_the_sweep_on_rows_and_columns() -> None:
@@ -116,6 +126,58 @@ def test_inspect_lists_a_trainer_checkpoint(tmp_path: Path) -> None:
     assert {t["name"]: t["slices"] for t in info["tensors"]}["rep.fp32"] == 1
     text = av.run_cli(["inspect", ck])
     assert text.rc == 0 and "flex checkpoint" in text.stdout and "tietool merge" in text.stdout
+
+
+@needs_data
+@pytest.mark.parametrize("name", fx.FOLDERS)
+def test_inspect_says_every_fixture_is_covered(name: str) -> None:
+    """Every real save (rows, columns, replicated, 2x2 mesh, flattened, save_replicas) covers each tensor
+    exactly: inspect says so from the .metadata alone; the stored copies of save_replicas=True counted."""
+    run = av.run_cli(["inspect", fx.DATA / name, "--json"])
+    assert run.rc == 0, run.describe()
+    info = json.loads(run.stdout)
+    assert info["problems"] == [] and info["warnings"] == [] and info["exit_code"] == 0
+    cov = {t["name"]: t["coverage"] for t in info["tensors"]}
+    assert {c["state"] for c in cov.values()} == {"covered"} and {c["missing"] for c in cov.values()} == {0}
+    assert {c["overlaps"] for c in cov.values()} == {0}
+    copies = {k: c["copies"] for k, c in cov.items() if c["copies"] > 1}
+    assert copies == ({"rep.fp32": 2, "rep.bf16": 2} if name == "ranks2_replicas" else {}), copies
+    text = av.run_cli(["inspect", fx.DATA / name])
+    assert text.rc == 0 and "covered" in text.stdout and "gap of" not in text.stdout, text.describe()
+
+
+@needs_data
+def test_inspect_reports_gap_overlap_and_copies_from_the_metadata(tmp_path: Path) -> None:
+    """A gap (exit 3, the line merge refuses with), partial overlaps (a warning, exit 0: merge compares the
+    values) and copies, each counted from the records; no .distcp is read (they are emptied)."""
+
+    def holes(ts):  # cols.fp32 [3, 8]: rank 1's columns 4:8 gone
+        t = ts["cols.fp32"]
+        return {**ts, "cols.fp32": replace(t, slices=t.slices[:1])}
+
+    src = _edited(tmp_path / "gap", holes)
+    for f in src.glob("*.distcp"):
+        f.write_bytes(b"")
+    run = av.run_cli(["inspect", src, "--json"])
+    info = json.loads(run.stdout)
+    cov = {t["name"]: t["coverage"] for t in info["tensors"]}["cols.fp32"]
+    assert run.rc == 3 and len(av.error_lines(run.stderr)) == 1 and "cols.fp32" in run.stderr, run.describe()
+    assert (cov["state"], cov["missing"], cov["first_missing"]) == ("gap", 12, [0, 4])
+    merge = av.run_cli(["merge", _edited(tmp_path / "m", holes), "--out", tmp_path / "m" / "out"])
+    av.assert_refused(merge, 3, ["cols.fp32", "element [0, 4]", "12 of its 24", info["problems"][0]])
+
+    def grow(ts):  # uneven.fp32 [5, 2]: rank 1's rows 3:5 also claim row 2 (a partial overlap, no gap)
+        t = ts["uneven.fp32"]
+        s1 = replace(t.slices[1], offset=(2, 0), shape=(3, 2))
+        return {**ts, "uneven.fp32": replace(t, slices=(t.slices[0], s1, replace(t.slices[0], replica=1)))}
+
+    run = av.run_cli(["inspect", _edited(tmp_path / "ov", grow), "--json"])
+    assert run.rc == 0, run.describe()
+    info = json.loads(run.stdout)
+    cov = {t["name"]: t["coverage"] for t in info["tensors"]}["uneven.fp32"]
+    assert (cov["state"], cov["overlaps"], cov["shared_elements"], cov["copies"]) == ("covered", 1, 2, 2)
+    assert cov["overlapping"][0]["shared"] == [[2, 0], [3, 2]], cov
+    assert len(info["warnings"]) == 1 and "uneven.fp32" in info["warnings"][0]
 
 
 @needs_data
@@ -652,7 +714,8 @@ def test_an_unprovable_layout_is_refused_with_a_fix_merge_has(tmp_path: Path) ->
 # ------------------------------------------------------------------------------ flexdata's hostile set
 HOSTILE = fx.DATA / "hostile"
 # case -> (exit of merge, the file its one line names); inspect reads the .metadata only, so a problem of the
-# .distcp data (or of coverage) is found by merge alone
+# .distcp data (a payload, a truncated or missing file, an array unlike its record, values that disagree) is
+# found by merge alone, while a gap the records leave is found by both (INSPECT_GAP)
 HOSTILE_MERGE = {
     "distcp_os_system": (4, "1_0.distcp"),
     "dtype_vs_array": (3, "0.metadata"),
@@ -683,6 +746,12 @@ HOSTILE_MERGE = {
     "wrong_type_offset": (3, "0.metadata"),
 }
 HOSTILE_OK = ("overlap_equal_replica",)  # an equal replica
+# case -> (tensor, elements no slice holds, the first): the gaps inspect finds in the .metadata alone (exit 3)
+INSPECT_GAP = {
+    "gap_missing_slice": ("rows.fp32", 12, [3, 0]),
+    "huge_global_shape": ("rows.fp32", 2**80 - 24, [0, 4]),
+    "overlap_offsets": ("rows.fp32", 4, [5, 0]),  # row 2 held twice, row 5 never
+}
 
 
 @pytest.mark.skipif(not HOSTILE.is_dir(), reason="tests/data/flex/hostile not present")
@@ -703,5 +772,14 @@ def test_flexdata_hostile_folders(case: str, tmp_path: Path) -> None:
         av.assert_refused(run, code, [file], out=out)
     insp = av.run_cli(["inspect", src], cwd=tmp_path)
     assert insp.rc in (0, 3, 4) and (insp.rc == 0 or len(av.error_lines(insp.stderr)) == 1), insp.describe()
+    if case in INSPECT_GAP:
+        name, missing, first = INSPECT_GAP[case]
+        assert insp.rc == 3 and name in insp.stderr and f"element {first}" in insp.stderr, insp.describe()
+        assert f"problem: no slice of {name!r}" in insp.stdout, insp.describe()
+        info = json.loads(av.run_cli(["inspect", src, "--json"], cwd=tmp_path).stdout)
+        cov = {t["name"]: t["coverage"] for t in info["tensors"]}
+        assert cov[name]["state"] == "gap" and cov[name]["missing"] == missing, cov[name]
+        assert cov[name]["first_missing"] == first and info["exit_code"] == 3 and len(info["problems"]) == 1
+        assert all(c["state"] == "covered" for k, c in cov.items() if k != name), cov
     assert av.tree_state(src) == before
     assert not list(tmp_path.rglob("pwned*")), "a payload ran"

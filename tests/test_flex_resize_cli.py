@@ -211,6 +211,54 @@ def test_refusals_write_nothing(tmp_path: Path) -> None:
     assert len([x for x in text.strip().splitlines() if x.startswith("tietool")]) == 1
 
 
+@needs_data
+def test_incomplete_checkpoints_named(tmp_path: Path) -> None:
+    """A Trainer checkpoint-N/ with a part missing is named as such (exit 3, one line, input untouched):
+    no model_state/ (resize, inspect and merge name it, not "no whole-model weights" / "no rank files"),
+    and an empty optimizer_state/ (no .metadata: not "several saves share the folder")."""
+    out = tmp_path / "o"
+    src = _ck("trainer_1rank", tmp_path)
+    shutil.rmtree(src / "model_state")
+    before = _hashes(src)
+    for args in (("resize", str(src), "--vocab", "256", "--keep-training-state", "--out", str(out)),
+                 ("inspect", str(src)), ("merge", str(src), "--out", str(out))):  # fmt: skip
+        code, text = _cli(*args)
+        assert code == 3 and "no model_state/" in text and "optimizer_state/" in text, (args, text)
+        assert len([x for x in text.strip().splitlines() if x.startswith("tietool")]) == 1, text
+    assert not out.exists() and _hashes(src) == before
+    src = tmp_path / "b"
+    src.mkdir()
+    src = _ck("trainer_1rank", src)
+    for f in (src / "optimizer_state").iterdir():
+        f.unlink()
+    before = _hashes(src)
+    code, text = _cli("resize", str(src), "--vocab", "256", "--keep-training-state", "--out", str(out))
+    assert code == 3 and "optimizer_state" in text and "no <id>.metadata" in text, text
+    assert "several saves" not in text and "Traceback" not in text, text
+    assert not out.exists() and _hashes(src) == before
+
+
+@needs_data
+def test_misshapen_moment_refused(tmp_path: Path) -> None:
+    """A moment stored (metadata and data agreeing) with another shape than its weight: exit 5, one line
+    naming the moment and both shapes, nothing written, input untouched."""
+    src = _ck("trainer_1rank", tmp_path)
+    d, key = src / "optimizer_state", "lm_head.weight.moment1_0"
+    ts = flex.read_metadata(d / "0.metadata")
+    t, s = ts[key], ts[key].slices[0]
+    bad = np.zeros((t.shape[0], t.shape[1] + 1), dtype=t.storage_dtype)
+    flex_write._rewrite_file(d / s.file, tmp_path / "x.distcp", {s.key}, [(s.key, bad)])
+    (tmp_path / "x.distcp").replace(d / s.file)
+    ts[key] = flex_write.whole(key, t.dtype, bad.shape, s.file)
+    flex_write.write_metadata(d / "0.metadata", ts)
+    before, out = _hashes(src), tmp_path / "o"
+    for cmd in (("resize", str(src), "--vocab", "256"), ("add-tokens", str(src), "<new>")):
+        code, text = _cli(*cmd, "--keep-training-state", "--out", str(out))
+        assert code == 5 and key in text and "[250, 17]" in text and "[250, 16]" in text, text
+        assert len([x for x in text.strip().splitlines() if x.startswith("tietool")]) == 1, text
+    assert not out.exists() and _hashes(src) == before
+
+
 _LOAD = textwrap.dedent(
     """
     import json, sys, numpy as np, paddle

@@ -481,6 +481,7 @@ class Checkpoint:
             if others
             else ""
         )
+        refuse_state_only(path)
         raise CheckpointError(
             f"no whole-model weights found{hint}",
             path,
@@ -721,3 +722,18 @@ class Checkpoint:
     @property
     def total_parameters(self) -> int:
         return sum(t.numel for t in self.tensors.values())
+
+
+def refuse_state_only(path: Path) -> None:
+    """Raise CheckpointError when ``path`` holds a Trainer checkpoint's training-state folders
+    (``optimizer_state/``, ``master_weight/``) but no weights: a flex ``checkpoint-N/`` whose
+    ``model_state/`` is missing (named, with the fix), not a folder of unknown weights."""
+    state = [n for n in ("master_weight", "optimizer_state") if (path / n).is_dir()]
+    if state and not (path / "model_state").exists():
+        raise CheckpointError(
+            f"a Trainer checkpoint-N/ with {' and '.join(n + '/' for n in state)} but no model_state/ "
+            "(the weights of the flex checkpoint)",
+            path,
+            "copy the model_state/ folder the training run saved beside it (its <id>.metadata and every "
+            "<rank>_<id>.distcp)",
+        )

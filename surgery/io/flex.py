@@ -310,12 +310,20 @@ def open_flex(folder: FlexFolder) -> FlexCheckpoint:
     ``.distcp`` files it names checked present.
 
     Raises:
-        CheckpointError: several ``.metadata`` files (several saves in one folder: which one is meant is
-            unclear), a file the metadata names missing, or what :func:`read_metadata` raises.
+        CheckpointError: no ``.metadata`` file (an incomplete folder), several (several saves in one
+            folder: which one is meant is unclear), a file the metadata names missing, or what
+            :func:`read_metadata` raises.
         UnsafePickleError: as :func:`read_metadata`.
     """
     names = sorted(p.name for p in folder.state.iterdir())
     metas = [n for n in names if META_RE.match(n)]
+    if not metas:
+        raise CheckpointError(
+            "no <id>.metadata file: the flex folder is incomplete (the save was cut short or files are "
+            "missing)",
+            folder.state,
+            "copy the whole folder the training run saved (its <id>.metadata and every <rank>_<id>.distcp)",
+        )
     if len(metas) != 1:
         raise CheckpointError(
             f"{len(metas)} .metadata files ({', '.join(metas[:4])}): several saves share the folder",

@@ -22,7 +22,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from ..model.errors import RefusedError, UsageError
+from ..model.errors import Opt, RefusedError, UsageError
 from ..model.tensor import FLOAT_DTYPES, TensorInfo
 
 
@@ -45,6 +45,7 @@ class Rule:
 
     what: str
     fix: str
+    opts: tuple[Opt, ...] = ()  # formatted into ``fix`` ({0}, ...) when the refusal is made, in its wording
 
 
 _MERGE_TP = (
@@ -96,8 +97,9 @@ RULES: dict[Cause, Rule] = {
         "where each slice goes, not a whole checkpoint",
         "merge it first, into a new folder: tietool merge (tietool.merge in Python) writes PaddleFormers "
         "safetensors the other commands take; or, to keep a Trainer checkpoint-N/ resumable, resize / "
-        "add-tokens it with --keep-training-state (its optimizer state resized too); tietool inspect lists "
+        "add-tokens it with {0} (its optimizer state resized too); tietool inspect lists "
         "what it holds",
+        (Opt("keep_training_state", True),),
     ),
     Cause.QUANTIZED: Rule(
         "the embedding/head is quantized (packed integers with scales): tietool edits float tables only, "
@@ -180,7 +182,8 @@ def _size(path: Path) -> int:
 def refuse(cause: Cause, path: Path, detail: str) -> RefusedError:
     """The refusal for ``cause``: the rule's words, the detail (files, names), the rule's fix."""
     rule = RULES[cause]
-    return RefusedError(f"{rule.what} ({detail})", path, rule.fix)
+    fix = rule.fix.format(*rule.opts) if rule.opts else rule.fix
+    return RefusedError(f"{rule.what} ({detail})", path, fix)
 
 
 def _parallel_degree(config: dict) -> tuple[Cause, int] | None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError
+from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError, UsageError
 from ..model.tokens import AddedToken, NewToken, TokenEdit
 from . import store
 from .tokenizer import sp_names
@@ -331,6 +331,7 @@ def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], li
     for s in strings:
         if not isinstance(s, str) or s == "":
             raise TietoolError(f"a token to add must be a non-empty string, not {s!r}", f.root)
+        _refuse_unencodable(f, s)
         if s in ids:
             i = ids[s]
             had = f.added.get(i)
@@ -345,6 +346,44 @@ def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], li
         ids[s] = next_id
         next_id += 1
     return out, marks
+
+
+# the longest token add-tokens writes, in characters: tokenizers' AddedVocabulary is quadratic in a token's
+# length (tokenizers 0.22.2, the sample's tokenizer.json, one token of 'y' * n: n = 10,000 takes 0.39 s to add
+# and 0.29 s more on every Tokenizer.from_file; n = 100,000 takes 32.6 s to add and 28.7 s on every load)
+MAX_TOKEN_CHARS = 10_000
+
+
+def _refuse_unencodable(f: _Folder, s: str) -> None:
+    """Refuse a token that is not valid Unicode text: a lone surrogate (``'\\udcff'``: what Python makes of
+    a byte that is not UTF-8 in a command-line argument) cannot be written as UTF-8, so no tokenizer file can
+    hold it; ``tokenizers`` refuses it in ``add_tokens`` (``UnicodeEncodeError: surrogates not allowed``,
+    measured with tokenizers 0.22 on the sample's tokenizer.json), and encoding it crashed tietool with a
+    ``TypeError``.
+
+    A token longer than :data:`MAX_TOKEN_CHARS` is refused too (it would make every load of the tokenizer
+    slow).
+
+    Raises:
+        UsageError: naming the token (truncated to 40 characters) and the surrogate's position or the limit.
+    """
+    shown = s if len(s) <= 40 else s[:40] + "..."
+    if len(s) > MAX_TOKEN_CHARS:
+        raise UsageError(
+            f"the token {shown!r} has {len(s)} characters, more than add-tokens writes ({MAX_TOKEN_CHARS}): "
+            "tokenizers takes time quadratic in a token's length to add it, and again on every load",
+            f.root,
+            f"give tokens of at most {MAX_TOKEN_CHARS} characters",
+        )
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise UsageError(
+            f"the token {shown!r} is not valid Unicode text: character {e.start} is a lone surrogate "
+            f"({s[e.start]!r}), which no UTF-8 tokenizer file can hold",
+            f.root,
+            "give the token as UTF-8 text (an argument or a UTF-8 token file, not another encoding)",
+        ) from None
 
 
 def _refuse_spelling(f: _Folder, s: str, i: int, had: AddedToken | None, split) -> None:

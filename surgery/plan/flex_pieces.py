@@ -2,8 +2,9 @@
 flex checkpoint): boxes of slices in global coordinates, the :class:`Assembled` recipe and its data.
 
 Apart from :mod:`surgery.plan.merge_flex` (the planner, which checks coverage and agreement and builds
-these) so that :mod:`surgery.plan.recipes` can make an :class:`Assembled` recipe's data without importing
-the planner (the import-layer test forbids the cycle).
+these; the boxes themselves, :func:`flat_boxes` and :class:`Piece`, are :mod:`surgery.io.flex_cover`'s,
+shared with ``inspect``) so that :mod:`surgery.plan.recipes` can make an :class:`Assembled` recipe's data
+without importing the planner (the import-layer test forbids the cycle).
 """
 
 from __future__ import annotations
@@ -16,72 +17,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..io import pdparams_io
-from ..io.flex import FlexSlice
+from ..io import pdparams_io, store
+from ..io.flex_cover import Piece
 from ..io.safetensors_io import Source
+from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo
 
 Array = npt.NDArray[Any]
-Box = tuple[tuple[int, ...], tuple[int, ...]]  # (start, stop) per axis, in global coordinates
-
-
-def flat_boxes(shape: tuple[int, ...], start: int, stop: int) -> list[tuple[Box, int]]:
-    """The blocks of elements ``[start, stop)`` of a C-ordered array of ``shape`` covers, as boxes of
-    local coordinates, each with the flat index of its first element (each box is a contiguous run of the
-    flat range: the stored 1-D slice ``[pos - start : pos - start + volume]`` reshaped to the box).
-
-    As paddle's ``minimal_nd_slice`` finds them (``load_state_dict``'s unflattening): a partial first row,
-    the whole rows, a partial last row, recursively on the remaining axes.
-    """
-    if start >= stop:
-        return []
-    if len(shape) <= 1:
-        return [(((start,), (stop,)), start)] if shape else [(((), ()), 0)]
-    stride = math.prod(shape[1:])
-    out: list[tuple[Box, int]] = []
-    row, s = divmod(start, stride)
-    if s:
-        end = min(stop - row * stride, stride)
-        out += [
-            ((((row, *a)), (row + 1, *b)), row * stride + p) for (a, b), p in flat_boxes(shape[1:], s, end)
-        ]
-        row += 1
-    first = row * stride
-    if first >= stop:
-        return out
-    full = (stop - first) // stride
-    if full:
-        out.append((((row, *[0] * (len(shape) - 1)), (row + full, *shape[1:])), first))
-    tail = stop - (row + full) * stride
-    if tail > 0:
-        r = row + full
-        out += [(((r, *a), (r + 1, *b)), r * stride + p) for (a, b), p in flat_boxes(shape[1:], 0, tail)]
-    return out
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One contiguous box of a slice: global ``box``, and where its elements are in the slice's stored
-    array (``pos``: flat index into it)."""
-
-    slice: FlexSlice
-    box: Box
-    pos: int
-
-
-def pieces(s: FlexSlice) -> list[Piece]:
-    """The boxes of slice ``s`` in global coordinates (one for a whole block, a few for a flattened one)."""
-    if s.flat is None:
-        stop = tuple(o + n for o, n in zip(s.offset, s.shape, strict=True))
-        return [Piece(s, (s.offset, stop), 0)]
-    out = []
-    for (a, b), p in flat_boxes(s.shape, s.flat[0], s.flat[1]):
-        g = (
-            tuple(o + x for o, x in zip(s.offset, a, strict=True)),
-            tuple(o + x for o, x in zip(s.offset, b, strict=True)),
-        )
-        out.append(Piece(s, g, p - s.flat[0]))
-    return out
 
 
 def piece_array(path: Path, p: Piece, info: TensorInfo) -> Array:
@@ -118,8 +60,44 @@ def assemble(r: Assembled) -> Array:
     for p in r.pieces:
         path = r.folder / p.slice.file
         info = infos[p.slice.file]
-        out[tuple(slice(a, b) for a, b in zip(*p.box, strict=True))] = piece_array(path, p, info)
+        if not _read_rows_into(out, p, path, info):
+            out[tuple(slice(a, b) for a, b in zip(*p.box, strict=True))] = piece_array(path, p, info)
     return out
+
+
+def _read_rows_into(out: Array, p: Piece, path: Path, info: TensorInfo) -> bool:
+    """Read piece ``p`` straight into its rows of ``out`` (one ``readinto`` from the file, no array of its
+    own: 2x faster than reading it then copying it, measured in bench/RESULTS.md, issue 21) where it is a
+    whole block of rows (every axis but the first whole) stored as one C-ordered byte range of a local
+    file in ``out``'s dtype; False, nothing read, for any other piece (:func:`assemble` copies it).
+
+    Raises:
+        CheckpointError: the file ends before the piece (as :func:`pdparams_io.read_array` says it).
+        OSError: the read fails (as :func:`store.read_range` raises it).
+    """
+    if (
+        out.ndim < 1
+        or p.slice.flat is not None
+        or info.fortran
+        or info.pieces is not None
+        or info.inline is not None
+        or store.is_remote(path)
+        or np.dtype(info.dtype).newbyteorder("<") != out.dtype
+        or p.box[0][1:] != (0,) * (out.ndim - 1)
+        or p.box[1][1:] != out.shape[1:]
+    ):
+        return False
+    row = out.nbytes // out.shape[0] if out.shape[0] else 0
+    start, n = p.box[0][0] * row, (p.box[1][0] - p.box[0][0]) * row
+    if n != info.nbytes:
+        return False
+    view = out.reshape(-1).view(np.uint8).data[start : start + n]
+    with open(path, "rb") as f:
+        f.seek(info.offset)
+        if f.readinto(view) != n:
+            fix = "re-download or re-export the file"
+            raise CheckpointError(f"array {info.name!r} is truncated", path, fix)
+    return True
 
 
 def assembled_data(r: Assembled) -> Array | Source:

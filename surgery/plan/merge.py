@@ -40,7 +40,7 @@ import numpy as np
 from .. import arch
 from ..arch import TPRule, TPSplit
 from ..io import pdparams_io, safetensors_io, surface
-from ..io.checkpoint import REPORT_NAME, read_config, special_file, unreadable_folder
+from ..io.checkpoint import REPORT_NAME, read_config, refuse_state_only, special_file, unreadable_folder
 from ..io.regular import require_regular
 from ..model.enums import Container
 from ..model.errors import CheckpointError, RefusedError, UsageError
@@ -86,12 +86,15 @@ def find_ranks(path: Path, names: set[str]) -> tuple[str, dict[tuple[int, int], 
 
     Raises:
         UsageError: no rank files (nothing to merge), or whole-model weights beside them.
+        CheckpointError: a Trainer checkpoint-N/ with optimizer_state/ or master_weight/ but no
+            model_state/ (:func:`~tietool.surgery.io.checkpoint.refuse_state_only`).
         RefusedError: sharding rank files (``shard00``): not joined, named as such (expert-parallel ones
             are :mod:`.merge_experts`').
         CheckpointError: rank files of both containers, or a rank missing (named by its file name).
     """
     ranks = [n for n in surface.rank_files(names) if n.endswith(surface.WEIGHT_EXT)]
     if not ranks:
+        refuse_state_only(path)
         raise UsageError(
             "no tensor- or pipeline-parallel rank files (model_state.tp00.pdparams, ...) in the folder; "
             "nothing to merge",

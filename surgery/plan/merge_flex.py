@@ -5,8 +5,8 @@ Planning reads the ``.metadata`` and every ``.distcp`` header (nothing of the da
 overlapping slices, compared here): each slice's array must be the dtype and shape the metadata says; the
 slices of a tensor must cover every element (a gap is refused naming the tensor and the first uncovered
 element); two slices that share elements must hold the same values there (compared as bits: a disagreement
-is refused naming both files). Coverage is decided on a grid of the slices' own boundaries (one cell per
-distinct block of elements), so it costs nothing like the tensor's size.
+is refused naming both files). Coverage is :func:`surgery.io.flex_cover.coverage` (shared with ``inspect``),
+decided on a grid of the slices' own boundaries, so it costs nothing like the tensor's size.
 
 Writing assembles one global tensor at a time (:class:`~surgery.plan.flex_pieces.Assembled`, made by
 :func:`assemble`): an array of the global shape in the stored dtype (bf16 as ``uint16`` bits, never
@@ -16,7 +16,6 @@ twice); the writer drops it once written.
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Iterator
@@ -27,15 +26,16 @@ from typing import Any
 import numpy as np
 
 from .. import arch
-from ..io import flex, pdparams_io, surface
+from ..io import flex, flex_cover, pdparams_io, surface
 from ..io.checkpoint import REPORT_NAME, Checkpoint, array_rows, read_config
 from ..io.flex import FlexCheckpoint, FlexSlice, FlexTensor
+from ..io.flex_cover import Box, Piece
 from ..io.regular import require_regular
 from ..io.safetensors_io import Source
 from ..model.enums import Container
 from ..model.errors import CheckpointError, RefusedError
 from ..model.tensor import TensorInfo
-from .flex_pieces import Assembled, Box, Piece, assemble, assembled_data, piece_array, pieces
+from .flex_pieces import Assembled, assemble, assembled_data, piece_array
 from .merge import merged_config
 from .plan import NewCheckpoint, OutTensor, Reshard
 from .recipes import Array
@@ -65,67 +65,6 @@ TOKENIZER_FILES = (
 )
 """Files carried from the folder above ``checkpoint-N/`` when config.json is taken from there (the tokenizer
 and generation config the run saved with the model); the root's own non-training files are all carried."""
-
-
-def _volume(box: Box) -> int:
-    return math.prod(b - a for a, b in zip(*box, strict=True))
-
-
-def _intersect(x: Box, y: Box) -> Box | None:
-    lo = tuple(max(a, c) for a, c in zip(x[0], y[0], strict=True))
-    hi = tuple(min(b, d) for b, d in zip(x[1], y[1], strict=True))
-    return (lo, hi) if all(a < b for a, b in zip(lo, hi, strict=True)) else None
-
-
-MAX_PIECES = 1 << 16
-"""The most boxes one tensor's slices may make (a slice is one box, a flattened one at most 2 × axes - 1):
-far above any real save (a slice per rank), low enough that a crafted .metadata cannot make checking slow."""
-GRID_CELLS = 1 << 24
-"""The most cells the coverage grid of one tensor may have (16 M bools): only needed where slices overlap
-(and agree) or leave a gap; a metadata whose slices would need more is refused (no real save comes near)."""
-
-
-def gap(shape: tuple[int, ...], boxes: list[Box]) -> tuple[int, ...] | None:
-    """The first element of ``shape`` no box covers (None: every one is), on the grid of the boxes' own
-    boundaries (cells: the distinct blocks; the tensor's size never matters).
-
-    Raises:
-        ValueError: the grid would have more than :data:`GRID_CELLS` cells.
-    """
-    if math.prod(shape) == 0:
-        return None
-    cuts = [sorted({0, n, *(b[0][k] for b in boxes), *(b[1][k] for b in boxes)}) for k, n in enumerate(shape)]
-    if math.prod(len(c) - 1 for c in cuts) > GRID_CELLS:
-        raise ValueError("too many distinct slice boundaries")
-    where = [{x: i for i, x in enumerate(c)} for c in cuts]
-    grid = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
-    for lo, hi in boxes:
-        grid[tuple(slice(w[a], w[b]) for w, a, b in zip(where, lo, hi, strict=True))] = True
-    if grid.all():
-        return None
-    cell = np.argwhere(~grid)[0] if grid.ndim else ()
-    return tuple(cuts[k][int(i)] for k, i in enumerate(cell))
-
-
-def overlaps(out: list[Piece]) -> Iterator[tuple[Piece, Piece, Box]]:
-    """Every pair of pieces that share elements, with the shared box: a sweep along the axis with the most
-    distinct starts (rows for row shards and flattened slices, columns for column shards), so that
-    disjoint slices cost about ``n log n``, not ``n²``."""
-    if not out or not out[0].box[0]:
-        for i, p in enumerate(out):  # 0-d: every piece is the one element
-            for q in out[i + 1 :]:
-                yield p, q, p.box
-        return
-    nd = len(out[0].box[0])
-    ax = max(range(nd), key=lambda k: len({p.box[0][k] for p in out}))
-    active: list[Piece] = []
-    for p in sorted(out, key=lambda x: x.box[0][ax]):
-        active = [q for q in active if q.box[1][ax] > p.box[0][ax]]
-        for q in active:
-            sub = _intersect(q.box, p.box)
-            if sub is not None:
-                yield q, p, sub
-        active.append(p)
 
 
 def _region(a: Array, box: Box, sub: Box) -> Array:
@@ -188,44 +127,14 @@ def check_tensor(ck: FlexCheckpoint, t: FlexTensor, headers: dict[str, dict[str,
         RefusedError: two slices that share elements disagree there (both files named).
     """
     _check_headers(ck, t, headers)
-    seen: dict[tuple[Any, ...], FlexSlice] = {}
-    out: list[Piece] = []
-    for s in t.slices:
-        k = (s.offset, s.shape, s.flat)
-        if k in seen:  # a replica of an earlier slice: compared whole below, not written twice
-            _same(ck, t, seen[k], s, headers)
-            continue
-        seen[k] = s
-        out += pieces(s)
-    if len(out) > MAX_PIECES:
-        raise CheckpointError(
-            f"{t.name!r} has {len(out):,} slices, more than tietool checks ({MAX_PIECES:,})",
-            ck.path_of(ck.metadata),
-            "the .metadata is damaged or crafted; " + _FIX,
-        )
-    shared = False
-    for p, q, sub in overlaps(out):
+    cov = flex_cover.coverage(t, ck.path_of(ck.metadata))
+    for first, copy in cov.replicas:  # a replica of an earlier slice: compared whole, not written twice
+        _same(ck, t, first, copy, headers)
+    for p, q, sub in cov.shared:
         _compare(ck, t, p, q, sub, headers)
-        shared = True
-    held = sum(_volume(p.box) for p in out)
-    if not shared and held == t.numel:  # disjoint boxes inside the tensor holding all its elements
-        return out
-    try:
-        hole = gap(t.shape, [p.box for p in out])
-    except ValueError:
-        raise CheckpointError(
-            f"the {len(out):,} slices of {t.name!r} overlap in too many places to check their coverage",
-            ck.path_of(ck.metadata),
-            "the .metadata is damaged or crafted; " + _FIX,
-        ) from None
-    if hole is not None:
-        raise CheckpointError(
-            f"no slice of {t.name!r} {list(t.shape)} holds element {list(hole)} (the slices hold {held:,} "
-            f"elements of its {t.numel:,}, some maybe twice): a rank's file or slice is missing",
-            ck.path_of(ck.metadata),
-            _FIX,
-        )
-    return out
+    if cov.first_missing is not None:
+        raise CheckpointError(flex_cover.gap_message(t, cov), ck.path_of(ck.metadata), _FIX)
+    return list(cov.pieces)
 
 
 def _same(ck: FlexCheckpoint, t: FlexTensor, a: FlexSlice, b: FlexSlice, headers: Headers) -> None:
