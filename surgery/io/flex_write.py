@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,59 @@ def whole(name: str, dtype: str, shape: tuple[int, ...], file: str) -> FlexTenso
     return FlexTensor(name, shape, dtype, (FlexSlice(file, name, (0,) * len(shape), shape),))
 
 
+@dataclass(frozen=True)
+class Lazy:
+    """A replacement tensor computed only when it is written (:func:`rewrite_folder`), so that a rewrite
+    holds one new tensor in memory at a time (issue 21: a 128k-row fp32 moment is 2.1 GB).
+
+    Attributes:
+        shape: the global shape of the array ``make`` returns.
+        dtype: its storage dtype (bf16 as ``uint16``).
+        make: computes the array (C-ordered); called once per write, the result dropped after it.
+    """
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    make: Callable[[], np.ndarray[Any, Any]]
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def array(self) -> np.ndarray[Any, Any]:
+        """The computed array, checked to be of :attr:`shape` and :attr:`dtype` (AssertionError if not:
+        an internal error, nothing of it written)."""
+        a = np.ascontiguousarray(self.make())
+        assert a.shape == self.shape and a.dtype == self.dtype, f"internal: {a.shape} {a.dtype} not {self}"
+        return a
+
+
+Replacement = np.ndarray | Lazy
+"""A replaced tensor's new value: its full array (storage dtype), or a :class:`Lazy` that computes it."""
+
+
+class _LazySource(Source):
+    """A :class:`Source` whose array a :class:`Lazy` computes when the writer streams it (then dropped)."""
+
+    __slots__ = ("lazy",)
+
+    def __init__(self, lazy: Lazy):
+        super().__init__()
+        self.lazy = lazy
+        self.nbytes = lazy.nbytes
+
+    def write_to(self, f: Any) -> None:
+        Source(array=self.lazy.array()).write_to(f)
+
+
+def _source(a: Replacement) -> Source:
+    return _LazySource(a) if isinstance(a, Lazy) else Source(array=np.ascontiguousarray(a))
+
+
 def _link_or_copy(src: Path, dst: Path) -> None:
     try:
         os.link(src, dst)
@@ -128,14 +182,15 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
-def _rewrite_file(src: Path, dst: Path, drop: set[str], add: list[tuple[str, np.ndarray]]) -> None:
+def _rewrite_file(src: Path, dst: Path, drop: set[str], add: list[tuple[str, Replacement]]) -> None:
     """``src`` (a ``.distcp``) as ``dst`` without the keys ``drop``, with ``add`` (key, array in storage
-    dtype) in the place of the first dropped key (or at the end); the other entries' payload bytes are
-    copied from ``src`` unchanged, the non-tensor entries kept; ``StructuredToParameterName@@`` loses the
-    dropped keys and names each added key (its old name, else itself): ``paddle.load`` makes a Tensor of
-    every key that table names and fails on a named key the file lacks (measured)."""
+    dtype or a :class:`Lazy`, computed as it is streamed) in the place of the first dropped key (or at the
+    end); the other entries' payload bytes are copied from ``src`` unchanged, the non-tensor entries kept;
+    ``StructuredToParameterName@@`` loses the dropped keys and names each added key (its old name, else
+    itself): ``paddle.load`` makes a Tensor of every key that table names and fails on a named key the file
+    lacks (measured)."""
     infos, extras, module = pdparams_io.read_header(src, src.name)
-    new = [(k, a.dtype.name, a.shape, Source(array=np.ascontiguousarray(a)), None, False) for k, a in add]
+    new = [(k, a.dtype.name, tuple(a.shape), _source(a), None, False) for k, a in add]
     rows: list[pdparams_io.Row] = []
     for t in infos:
         if t.name in drop:
@@ -156,11 +211,13 @@ def rewrite_folder(
     dst: Path,
     metadata: str,
     tensors: dict[str, FlexTensor],
-    new: dict[str, tuple[str, np.ndarray]],
+    new: dict[str, tuple[str, Replacement]],
 ) -> dict[str, FlexTensor]:
     """Write flex folder ``src`` (read as ``tensors``, its index file ``metadata``) into the empty folder
     ``dst`` with the tensors of ``new`` (key -> (paddle dtype name, full array in storage dtype: bf16 as
-    uint16)) replaced, each written whole (:func:`whole`) into the file of its first old slice.
+    uint16, or a :class:`Lazy` computing it)) replaced, each written whole (:func:`whole`) into the file of
+    its first old slice. A :class:`Lazy` is computed while its bytes are streamed and dropped after: peak
+    memory is what the largest one needs, not the sum.
 
     A ``.distcp`` that holds no slice of a replaced tensor is hard-linked (copied across filesystems); one
     that does is rewritten by :func:`_rewrite_file`; every other file of ``src`` is linked too. The
@@ -169,7 +226,7 @@ def rewrite_folder(
     """
     out = dict(tensors)
     drop: dict[str, set[str]] = {}
-    add: dict[str, list[tuple[str, np.ndarray]]] = {}
+    add: dict[str, list[tuple[str, Replacement]]] = {}
     for key, (dtype, a) in new.items():
         old = tensors[key]
         for s in old.slices:

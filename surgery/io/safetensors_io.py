@@ -496,7 +496,16 @@ class Source:
             self.nbytes = sum(p.nbytes for p in parts)
 
     def prefix(self, nbytes: int) -> Source:
-        """The first ``nbytes`` of a range or flat array source."""
+        """The first ``nbytes`` of a range, flat array or concatenated source (parts: the leading ones
+        whole, the last one cut)."""
+        if self.parts is not None:
+            head: list[Source] = []
+            for p in self.parts:
+                if nbytes <= 0:
+                    break
+                head.append(p if p.nbytes <= nbytes else p.prefix(nbytes))
+                nbytes -= head[-1].nbytes
+            return Source(parts=head)
         if self.array is not None:
             return Source(array=np.ascontiguousarray(self.array).reshape(-1).view(np.uint8)[:nbytes])
         return Source(self.path, self.offset, nbytes)

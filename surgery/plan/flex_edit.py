@@ -6,21 +6,25 @@ The edit is planned by the ordinary planners (:func:`surgery.plan.resize.plan_re
 :func:`surgery.plan.add_tokens.plan_add_tokens`) on the merged view of the checkpoint
 (:class:`surgery.plan.merge_flex.FlexView`, config.json found as ``merge`` finds it; the layout decided by
 detection from shapes and config, an ambiguous one refused as for any checkpoint). The new vocabulary
-weights of that plan are made whole, and :func:`surgery.plan.flex_state.state_rewrites` gives what the
-three flex folders become (moments: new rows zero; master weights: the new rows' fp32 values); every
+weights of that plan (as :class:`~surgery.io.flex_write.Lazy` recipes: computed when written, one tensor in
+memory at a time), and :func:`surgery.plan.flex_state.state_rewrites` gives what the three flex folders
+become (moments: new rows zero; master weights: the new rows' fp32 values); every
 refusal (a missing moment, an unknown accumulator, a plan that adds or drops tensors) is raised while
-planning, before anything is written. :func:`surgery.write.flex_edit.write_flex_edit` writes it.
+planning from the ``.metadata`` records alone (a ``--dry-run`` reads no tensor data), before anything is
+written. :func:`surgery.write.flex_edit.write_flex_edit` writes it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..io import flex
+from ..io.flex_write import Lazy
 from ..io.safetensors_io import Source
 from ..model.errors import Opt, RefusedError
 from . import recipes
@@ -37,7 +41,8 @@ class FlexEdit:
         plan: the plan on the merged view (its ``ckpt`` the :class:`FlexView`, ``config_set`` and
             ``tokenizer`` as for any checkpoint).
         flex: the merge plan of the checkpoint (its original config, where config.json was found).
-        rewrites: per flex folder (``model_state`` ...), key -> (paddle dtype name, new full array).
+        rewrites: per flex folder (``model_state`` ...), key -> (paddle dtype name, the new full array as a
+            :class:`~surgery.io.flex_write.Lazy`: computed when written, one at a time).
     """
 
     plan: Plan
@@ -90,8 +95,10 @@ def _refuse(root: Path, why: str) -> RefusedError:
     )
 
 
-def new_weights(plan: Plan) -> dict[str, np.ndarray[Any, Any]]:
-    """The new full weight (stored dtype, bf16 as uint16) of every tensor ``plan`` changes the shape of.
+def new_weights(plan: Plan) -> dict[str, Lazy]:
+    """The new full weight of every tensor ``plan`` changes the shape of, as a :class:`Lazy` (shape and
+    stored dtype, bf16 as uint16, known now; the array computed by the plan's recipe when it is written,
+    nothing read here).
 
     Raises:
         RefusedError: the plan adds or drops tensors, or changes a tensor's values without changing its
@@ -105,7 +112,8 @@ def new_weights(plan: Plan) -> dict[str, np.ndarray[Any, Any]]:
             f"the plan adds or drops tensors ({', '.join(names[:3])}), which a flex "
             "checkpoint's optimizer state cannot follow",
         )
-    memo: dict[Any, Any] = {}
+    view = plan.ckpt
+    assert isinstance(view, FlexView), "internal: a flex edit is planned on a FlexView"
     out = {}
     for name, nt in plan.replace.items():
         if tuple(nt.shape) == tuple(plan.ckpt.tensors[name].shape):
@@ -114,30 +122,60 @@ def new_weights(plan: Plan) -> dict[str, np.ndarray[Any, Any]]:
                 f"{name} keeps its shape {list(nt.shape)} but gets new values (rows of slack "
                 "used); the optimizer state of those rows cannot be reset in a flex checkpoint",
             )
-        view = plan.ckpt
-        assert isinstance(view, FlexView), "internal: a flex edit is planned on a FlexView"
-        out[name] = _array(recipes.make(nt.recipe, view, memo), view.recipes[name].dtype, nt.shape)
-        memo.clear()  # one new table at a time in the memo (the result is kept)
+        dtype = np.dtype(view.recipes[name].dtype)
+        made = partial(_made, view, nt.recipe, dtype, tuple(nt.shape), {})
+        out[name] = Lazy(tuple(nt.shape), dtype, made)
     return out
 
 
-def _array(data: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
-    """``data`` (an array, or a :class:`Source` of byte ranges and arrays) as one array of ``shape``."""
+SMALL = 64 << 20
+"""Sub-results of a weight's recipe up to this size (its new rows) are kept between the two times it is
+made (for the master weight's new rows, then for ``model_state``): the mean init is computed once."""
+
+
+def _made(
+    view: FlexView, recipe: Any, dtype: np.dtype[Any], shape: tuple[int, ...], kept: dict[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """The array of ``recipe`` made on ``view`` (its sub-recipes once; the small ones kept in ``kept`` for
+    the next call), the view's assembled tensor dropped after, so that only the result stays in memory."""
+    memo = dict(kept)
+    try:
+        return _array(recipes.make(recipe, view, memo), dtype, shape)
+    finally:
+        kept.update({k: v for k, v in memo.items() if isinstance(v, np.ndarray) and v.nbytes <= SMALL})
+        memo.clear()
+        view.forget()
+
+
+def _array(data: Any, dtype: np.dtype[Any], shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+    """``data`` (an array, or a :class:`Source` of byte ranges and arrays) as one array of ``shape``, the
+    bytes of a :class:`Source` copied straight into it (no intermediate copies)."""
     if not isinstance(data, Source):
         return np.ascontiguousarray(data)
-    return np.frombuffer(b"".join(_bytes(data)), dtype=dtype).reshape(shape).copy()
+    out = np.empty(shape, dtype=dtype)
+    buf = out.reshape(-1).view(np.uint8).data
+    end = _fill(data, buf, 0)
+    assert end == len(buf), f"internal: {end} bytes for a {list(shape)} {dtype} tensor"
+    return out
 
 
-def _bytes(s: Source) -> list[bytes]:
-    """The bytes of ``s``: its parts in order, a byte range read from its file, or its array's bytes."""
+def _fill(s: Source, buf: memoryview, pos: int) -> int:
+    """Copy the bytes of ``s`` (its parts in order, a byte range of its file, or its array) into ``buf``
+    from ``pos``; returns the position after them."""
     if s.parts is not None:
-        return [b for p in s.parts for b in _bytes(p)]
+        for p in s.parts:
+            pos = _fill(p, buf, pos)
+        return pos
     if s.array is not None:
-        return [np.ascontiguousarray(s.array).tobytes()]
+        b = np.ascontiguousarray(s.array).reshape(-1).view(np.uint8)
+        buf[pos : pos + b.size] = b.data
+        return pos + b.size
     assert s.path is not None, "internal: a Source with no data"
     with open(s.path, "rb") as f:
         f.seek(s.offset)
-        return [f.read(s.nbytes)]
+        got = f.readinto(buf[pos : pos + s.nbytes])
+    assert got == s.nbytes, f"internal: {s.path} ended at {got} of {s.nbytes} bytes"
+    return pos + s.nbytes
 
 
 def plan_flex_edit(fp: FlexPlan, plan: Plan) -> FlexEdit:
@@ -148,4 +186,6 @@ def plan_flex_edit(fp: FlexPlan, plan: Plan) -> FlexEdit:
     """
     weights = new_weights(plan) if plan.changed else {}
     rewrites = state_rewrites(fp.ck.folder.root, weights) if weights else {}
+    if isinstance(plan.ckpt, FlexView):
+        plan.ckpt.forget()  # what detection assembled: the writer makes each tensor when it writes it
     return FlexEdit(plan, fp, rewrites)

@@ -22,15 +22,18 @@ Names are the Trainer's ``model.state_dict()`` names (measured in ``tests/data/f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..io import flex
+from ..io.flex_write import Lazy, Replacement
 from ..model.errors import Opt, RefusedError
 from ..model.tensor import bf16_bits_to_f32
-from .flex_pieces import Assembled, assemble
+from .flex_pieces import Assembled, assemble, piece_array
 from .merge_flex import check_tensor
 from .plan import Resized
 from .training_state import RESIZED, resized_array
@@ -39,7 +42,8 @@ MOMENTS = tuple(f"{a}_0" for a in RESIZED)  # moment1_0, moment2_0, moment2_max_
 REQUIRED = MOMENTS[:2]
 KEPT = ("beta1_pow_acc_0", "beta2_pow_acc_0")
 MASTER = "w_0"
-New = dict[str, tuple[str, np.ndarray[Any, Any]]]  # key -> (paddle dtype name, full array, storage dtype)
+New = dict[str, tuple[str, Replacement]]  # key -> (paddle dtype name, full array or Lazy, storage dtype)
+F32 = np.dtype(np.float32)
 
 
 def _refuse(where: Path, why: str) -> RefusedError:
@@ -74,7 +78,27 @@ def _entry(ck: flex.FlexCheckpoint, key: str, r: Resized, old: tuple[int, ...]) 
     return t
 
 
+def _resized_shape(r: Resized, old: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(r.new if i == r.axis else n for i, n in enumerate(old))
+
+
+def _moment(ck: flex.FlexCheckpoint, key: str, r: Resized) -> np.ndarray[Any, Any]:
+    """The resized entry ``key``, as :func:`resized_array` of it assembled whole; grown: its slices copied
+    straight into the zeroed result (peak: the result and one slice), trimmed: assembled, then cut."""
+    t = ck.tensors[key]
+    if r.new <= r.old:
+        return resized_array(full_tensor(ck, key), r)
+    headers = {s.file: flex.data_headers(ck, s.file) for s in t.slices}
+    out = np.zeros(_resized_shape(r, t.shape), dtype=np.dtype(t.storage_dtype))
+    for p in check_tensor(ck, t, headers):
+        box = tuple(slice(a, b) for a, b in zip(*p.box, strict=True))
+        out[box] = piece_array(ck.folder.state / p.slice.file, p, headers[p.slice.file][p.slice.key])
+    return out
+
+
 def _optimizer(ck: flex.FlexCheckpoint, r: Resized, old: tuple[int, ...]) -> New:
+    """The moments of ``r`` as :class:`Lazy` replacements, checked from the metadata alone (refused: a
+    missing required moment, one of another shape or dtype, an accumulator of an unknown kind)."""
     known = {f"{r.name}.{s}" for s in (*MOMENTS, *KEPT)}
     stray = [k for k in ck.tensors if k.startswith(r.name + ".") and k not in known]
     if stray:
@@ -87,27 +111,45 @@ def _optimizer(ck: flex.FlexCheckpoint, r: Resized, old: tuple[int, ...]) -> New
                 raise _refuse(ck.folder.state, f"has no {key} (the optimizer state of {r.name})")
             continue
         t = _entry(ck, key, r, old)
-        out[key] = (t.dtype, resized_array(full_tensor(ck, key), r))
+        out[key] = (t.dtype, Lazy(_resized_shape(r, old), F32, partial(_moment, ck, key, r)))
     return out
 
 
-def _master(ck: flex.FlexCheckpoint, r: Resized, old: tuple[int, ...], weight: np.ndarray[Any, Any]) -> New:
+def _new_rows(weight: Replacement, r: Resized) -> np.ndarray[Any, Any]:
+    """Rows ``r.old:r.new`` (on ``r.axis``) of the new weight as float32 (bf16 bits shifted, exact); the
+    whole weight, if computed here, dropped on return."""
+    w = weight.array() if isinstance(weight, Lazy) else weight
+    rows = np.take(w, np.arange(r.old, r.new), axis=r.axis)
+    return bf16_bits_to_f32(rows) if rows.dtype == np.uint16 else rows.astype(np.float32)
+
+
+def _master_array(ck: flex.FlexCheckpoint, key: str, r: Resized, weight: Replacement) -> np.ndarray[Any, Any]:
+    """The resized master weight ``key``: old entries bit for bit, new ones the fp32 of the new weight rows
+    (peak: the new rows, the old master assembled and the result)."""
+    rows = _new_rows(weight, r) if r.new > r.old else None
+    a = _moment(ck, key, r)
+    if rows is not None:
+        a[tuple(slice(r.old, r.new) if i == r.axis else slice(None) for i in range(a.ndim))] = rows
+    return a
+
+
+def _master(ck: flex.FlexCheckpoint, r: Resized, old: tuple[int, ...], weight: Replacement) -> New:
     key = f"{r.name}.{MASTER}"
     if key not in ck.tensors:
         return {}
     _entry(ck, key, r, old)
-    a = resized_array(full_tensor(ck, key), r)
-    if r.new > r.old:
-        rows = np.take(weight, np.arange(r.old, r.new), axis=r.axis)
-        rows = bf16_bits_to_f32(rows) if rows.dtype == np.uint16 else rows.astype(np.float32)
-        a = np.concatenate([np.take(a, np.arange(r.old), axis=r.axis), rows], axis=r.axis)
-    return {key: ("float32", np.ascontiguousarray(a))}
+    return {key: ("float32", Lazy(_resized_shape(r, old), F32, partial(_master_array, ck, key, r, weight)))}
 
 
-def state_rewrites(root: Path, weights: dict[str, np.ndarray[Any, Any]]) -> dict[str, New]:
+def state_rewrites(root: Path, weights: Mapping[str, Replacement]) -> dict[str, New]:
     """Per flex folder of Trainer checkpoint ``root`` (``model_state``, ``optimizer_state``,
     ``master_weight``), the tensors to replace so the checkpoint holds ``weights`` (name -> the new full
-    weight in its stored dtype, bf16 as uint16; each differing from the saved one on one axis only).
+    weight in its stored dtype, bf16 as uint16, or a :class:`Lazy` computing it; each differing from the
+    saved one on one axis only).
+
+    Decided from the ``.metadata`` records alone (names, global shapes, dtypes): no tensor data is read
+    here. Every moment and master weight is a :class:`Lazy` (assembled and resized when
+    :func:`surgery.io.flex_write.rewrite_folder` writes it, one at a time); a weight is passed on as given.
 
     Raises:
         RefusedError: a weight not in ``model_state`` or of another dtype or rank, one changing more than one
@@ -129,7 +171,7 @@ def state_rewrites(root: Path, weights: dict[str, np.ndarray[Any, Any]]) -> dict
         if len(axes) != 1:
             raise _refuse(root / "model_state", f"{name} changes {list(t.shape)} → {list(w.shape)}")
         r = Resized(name, name, axes[0], t.shape[axes[0]], w.shape[axes[0]])
-        out["model_state"][name] = (t.dtype, np.ascontiguousarray(w))
+        out["model_state"][name] = (t.dtype, w if isinstance(w, Lazy) else np.ascontiguousarray(w))
         out["optimizer_state"].update(_optimizer(opt, r, t.shape))
         got = _master(master, r, t.shape, w) if master is not None else {}
         if not got and t.dtype != "float32":

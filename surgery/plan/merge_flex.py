@@ -369,6 +369,10 @@ class FlexView(Checkpoint):
             self._last = (name, assemble(self.recipes[name]))
         return self._last[1]
 
+    def forget(self) -> None:
+        """Drop the assembled tensor :meth:`load` keeps (its memory freed once no one else holds it)."""
+        self._last = None
+
     def source(self, name: str) -> Source:
         """The assembled tensor ``name`` as a :class:`Source` for the writer: where its slices are whole
         row blocks (one slice, row shards, a 1-D tensor's shards) their stored bytes by byte range

@@ -202,14 +202,14 @@ def _checked(ck_path: Path, rel: str, t: TensorInfo, r: Resized) -> Resized:
 
 def resized_array(a: np.ndarray[Any, Any], r: Resized) -> np.ndarray[Any, Any]:
     """Accumulator ``a`` with ``r.new`` entries on ``r.axis``: the first ``min(old, new)`` kept bit for bit,
-    new ones zero (bits 0 also for bf16 stored as uint16)."""
-    keep = min(r.old, r.new)
-    a = np.take(a, np.arange(keep), axis=r.axis)
-    if r.new <= keep:
-        return np.ascontiguousarray(a)
-    pad = [(0, 0)] * a.ndim
-    pad[r.axis] = (0, r.new - keep)
-    return np.pad(a, pad)
+    new ones zero (bits 0 also for bf16 stored as uint16). One new array (C-ordered), filled in place: peak
+    memory ``a`` and the result."""
+    shape = list(a.shape)
+    shape[r.axis] = r.new
+    out = np.zeros(shape, dtype=a.dtype)
+    kept = tuple(slice(0, min(r.old, r.new)) if i == r.axis else slice(None) for i in range(a.ndim))
+    out[kept] = a[kept]
+    return out
 
 
 def write_pdopt(ck_path: Path, edit: OptimizerEdit, dst: Path, out: Path) -> list[str]:
