@@ -175,7 +175,13 @@ def _source(a: Replacement) -> Source:
     return _LazySource(a) if isinstance(a, Lazy) else Source(array=np.ascontiguousarray(a))
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def link_or_copy(src: Path, dst: Path) -> None:
+    """``dst`` as a hard link to file ``src`` (same bytes, no copy), or a copy (``shutil.copy2``) where the
+    file system refuses the link (another file system, links not allowed).
+
+    Raises:
+        OSError: the copy fails (no space, permissions).
+    """
     try:
         os.link(src, dst)
     except OSError:  # another filesystem, or links not allowed
@@ -240,6 +246,6 @@ def rewrite_folder(
         if p.name in drop:
             _rewrite_file(p, dst / p.name, drop[p.name], add.get(p.name, []))
         else:
-            _link_or_copy(p, dst / p.name)
+            link_or_copy(p, dst / p.name)
     write_metadata(dst / metadata, out)
     return out

@@ -35,7 +35,7 @@ def _link_tree(src: Path, dst: Path, done: list[str], rel: str) -> None:
             if not surface.LOADER_CACHE.match(p.name):
                 _link_tree(p, dst / p.name, done, f"{rel}/{p.name}")
         return
-    flex_write._link_or_copy(src, dst)
+    flex_write.link_or_copy(src, dst)
     done.append(rel)
 
 
