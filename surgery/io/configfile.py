@@ -183,3 +183,18 @@ def read_config(path: Path) -> tuple[dict, str, str]:
         if "model_type" not in config and isinstance(init_class, str):
             config["model_type"] = re.sub(r"(For[A-Z].*|Model|PretrainedModel)$", "", init_class).lower()
     return config, name, prefix
+
+
+def apply_config_sets(data: dict, sets: list[tuple[str, Any]]) -> bool:
+    """Set each dotted ``key`` of ``sets`` to its value in ``data`` (a parsed config, changed in place);
+    True when any value changed (a key already holding its value is left as it is)."""
+    changed = False
+    for key, value in sets:
+        try:
+            if get_dotted(data, key) == value:
+                continue
+        except (KeyError, IndexError, TypeError):
+            pass
+        set_dotted(data, key, value)
+        changed = True
+    return changed

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..io import flex, flex_write, surface
 from ..io.checkpoint import REPORT_NAME
-from ..io.configfile import get_dotted, set_dotted
+from ..io.configfile import apply_config_sets
 from ..plan.flex_edit import FlexEdit
 from .publish import write_json
 
@@ -42,15 +42,9 @@ def _link_tree(src: Path, dst: Path, done: list[str], rel: str) -> None:
 def _config(edit: FlexEdit) -> dict[str, Any]:
     """The checkpoint's config (as found by ``merge``) with the plan's config.json changes."""
     data = json.loads(json.dumps(edit.flex.config))
-    for file, key, value in edit.plan.config_set:
-        if file != "config.json":
-            continue
-        try:
-            if get_dotted(data, key) == value:
-                continue
-        except (KeyError, IndexError, TypeError):
-            pass
-        set_dotted(data, key, value)
+    apply_config_sets(
+        data, [(key, value) for file, key, value in edit.plan.config_set if file == "config.json"]
+    )
     return data
 
 

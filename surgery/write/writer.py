@@ -23,7 +23,7 @@ from typing import Any
 
 from ..io import pdparams_io, safetensors_io, store, surface, tree
 from ..io.checkpoint import Checkpoint
-from ..io.configfile import get_dotted, read_config_file, set_dotted
+from ..io.configfile import apply_config_sets, read_config_file
 from ..io.readback import (
     Planned,
     PlannedView,
@@ -58,7 +58,8 @@ def execute(
     """Write the output checkpoint of ``plan`` to ``out`` atomically; returns the written-file facts.
 
     Args:
-        out: the output folder (must not exist, or be empty).
+        out: the output folder (must not exist, or be empty; checked once by the caller,
+            :func:`surgery.ops.run` through :func:`surgery.write.publish.check_output_path`).
         link: hard-link untouched weight files instead of copying them. A later in-place edit of a
             linked file changes both checkpoints; tools that rewrite files (as tietool does) are safe.
         progress: called with (output file name, bytes) as tensor bytes are written: by the copy threads
@@ -80,9 +81,6 @@ def execute(
 
     Returns:
         the report (or the facts when ``report`` is None).
-
-    ``out`` is checked by the caller (:func:`surgery.ops.run`, once:
-    :func:`surgery.write.publish.check_output_path`), not here again.
 
     Raises:
         OutputError: the output cannot be written (disk full, permissions); nothing is left behind.
@@ -532,18 +530,9 @@ def _write_configs(plan: Plan, tmp: Path) -> None:
         by_file.setdefault(file, []).append((key, value))
     for file, sets in by_file.items():
         src = plan.ckpt.path / file
-        changed = False
         data = plan.ckpt.config if file == "config.json" else read_config_file(src)
         data = json.loads(json.dumps(data))
-        for key, value in sets:
-            try:
-                if get_dotted(data, key) == value:
-                    continue
-            except (KeyError, IndexError, TypeError):
-                pass
-            set_dotted(data, key, value)
-            changed = True
-        if changed:
+        if apply_config_sets(data, sets):
             write_json(tmp / file, data)
         else:
             copy_file(src, tmp / file)
