@@ -322,16 +322,24 @@ def _splitter(f: _Folder):
 # ------------------------------------------------------------------ add
 
 
-def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], list[AddedToken]]:
-    """The NewToken of each string (in order) and the existing tokens to mark special."""
+def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], list[AddedToken], list[str]]:
+    """The NewToken of each string (in order), the existing tokens to mark special, and the warnings (a
+    string stored lower-cased, an added plain token marked special)."""
     ids, split = f.ids(), _splitter(f)
     out: list[NewToken] = []
     marks: list[AddedToken] = []
+    warnings: list[str] = []
     next_id = f.length
-    for s in strings:
-        if not isinstance(s, str) or s == "":
-            raise TietoolError(f"a token to add must be a non-empty string, not {s!r}", f.root)
-        _refuse_unencodable(f, s)
+    for asked in strings:
+        if not isinstance(asked, str) or asked == "":
+            raise TietoolError(f"a token to add must be a non-empty string, not {asked!r}", f.root)
+        _refuse_unencodable(f, asked)
+        s = _matched_form(f, asked, special)
+        if s != asked:
+            warnings.append(
+                f"{asked!r} is added as {s!r}: the tokenizer lower-cases text before matching "
+                f"(do_lower_case), so {asked!r} and {s!r} both encode as the token"
+            )
         if s in ids:
             i = ids[s]
             had = f.added.get(i)
@@ -339,13 +347,56 @@ def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], li
             marked = {m.id for m in marks}
             if special and i < f.length and (had is None or not had.special) and i not in marked:
                 marks.append(replace(had, special=True) if had else AddedToken(s, i, True, False))
+                if had is not None:
+                    warnings.append(_flag_changed(had))
             first = next((t for t in out if t.id == i), None)  # given twice: as the first time
             out.append(NewToken(s, i, first.special if first else special or bool(had and had.special), True))
             continue
-        out.append(NewToken(s, next_id, special, False, tuple(split(s))))
+        out.append(NewToken(s, next_id, special, False, tuple(split(asked))))
         ids[s] = next_id
         next_id += 1
-    return out, marks
+    return out, marks, warnings
+
+
+def _flag_changed(had: AddedToken) -> str:
+    """The warning for an existing plain added token that ``special`` marks special."""
+    return (
+        f"{had.content!r} (id {had.id}) was not special and is now marked special (its special flag "
+        "changed): decode(skip_special_tokens=True) drops it from now on, so parsers that read it from "
+        "decoded text (tool-call parsers of serving engines) no longer see it; leave it out of a special "
+        "batch to keep it plain"
+    )
+
+
+def _matched_form(f: _Folder, s: str, special: bool) -> str:
+    """The form of a plain token ``s`` that loaders can match: its lower-cased form when the tokenizer
+    lower-cases text before matching added tokens (WordPiece with ``do_lower_case``, a lower-casing
+    normalizer), else ``s``. PaddleNLP 2.8.1's ``add_tokens`` stores such a token lower-cased and lower-cases
+    the text before its trie (tokenizer_utils ``_add_tokens`` / ``tokenize``); transformers and PaddleFormers
+    match normalized added tokens in the normalized text, so only the lower-cased content ever matches.
+    Special tokens are matched on the raw text: kept as given.
+
+    Raises:
+        RefusedError: the normalizer changes the lower-cased form further (accents stripped), so the
+            loaders would match different strings.
+    """
+    if special or s == s.lower() or (f.tokenizer_json is None and f.sp_model is not None):
+        return s
+    if any(not t.normalized and t.content in s for t in f.added.values()):
+        return s  # holds a raw-matched token: refused as never produced (_refuse_shadowed)
+    norm = getattr(_json_tokenizer(f), "normalizer", None)
+    if norm is None or norm.normalize_str(s) != norm.normalize_str(s.lower()):
+        return s  # the tokenizer keeps case
+    low = s.lower()
+    if norm.normalize_str(low) != low:
+        raise RefusedError(
+            f"{s!r} cannot be added so that every loader matches it: the tokenizer lower-cases text and "
+            f"normalizes it further before matching ({s!r} becomes {norm.normalize_str(s)!r} in "
+            f"transformers, {low!r} in PaddleNLP 2.8.1, which only lower-cases)",
+            f.root,
+            f"add the normalized form {norm.normalize_str(s)!r} if PaddleNLP is not used, or leave it out",
+        )
+    return low
 
 
 # the longest token add-tokens writes, in characters: tokenizers' AddedVocabulary is quadratic in a token's
@@ -442,11 +493,17 @@ def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
             f.root,
             f"add {s!r} too (first, with special=True), or set {k} to a token the tokenizer has",
         )
-    tokens, marks = _plan_tokens(f, strings, special)
+    tokens, marks, warnings = _plan_tokens(f, strings, special)
     new = [AddedToken(t.content, t.id, t.special, not t.special) for t in tokens if not t.existed]
     _refuse_shadowed(f, new + marks)
     files = _edit_files(f, new + marks, ())
-    return TokenEdit(f.length, f.length + len(new), tuple(tokens), (), files)
+    if new and _outside(f) and f.sp_model is not None:
+        warnings.append(
+            f"{f.sp_name} is unchanged: the new tokens are in added_tokens.json (read by PaddleNLP 2.8.1 and "
+            "transformers), so code that reads the model file alone with the sentencepiece library does not "
+            "know them"
+        )
+    return TokenEdit(f.length, f.length + len(new), tuple(tokens), (), files, tuple(warnings))
 
 
 # ------------------------------------------------------------------ remove
@@ -518,17 +575,24 @@ def _refuse_named(f: _Folder, gone: tuple[AddedToken, ...]) -> None:
 def _edit_files(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> dict[str, bytes]:
     """New bytes of every file that changes: ``add`` (new tokens and special marks) or ``drop`` (ids)."""
     out: dict[str, bytes] = {}
+    outside = _outside(f)
     if f.tokenizer_json is not None:
         out["tokenizer.json"] = _edit_tokenizer_json(f, add, drop).encode("utf-8")
-    if f.sp_model is not None and f.sp_name:
+    if f.sp_model is not None and f.sp_name and (drop or not outside):
         out[f.sp_name] = _edit_sp_model(f, add, drop)
     if f.vocab_txt is not None:
-        out["vocab.txt"] = _edit_vocab_txt(f, add, drop)
-    for name, data in f.json_files.items():
+        edited_vocab = _edit_vocab_txt(f, add, drop)
+        if drop or not outside:
+            out["vocab.txt"] = edited_vocab
+    files = dict(f.json_files)
+    if outside and add and ADDED_JSON not in files:
+        files[ADDED_JSON] = {}
+    for name, data in files.items():
         edited = _EDITORS[name](data, add, drop, f)
         if edited is not None:
-            out[name] = _dump_like((f.root / name).read_text(encoding="utf-8"), edited)
-    old = {n: (f.root / n).read_bytes() for n in out}
+            path = f.root / name
+            out[name] = _dump_like(path.read_text(encoding="utf-8") if path.is_file() else "{}\n", edited)
+    old = {n: (f.root / n).read_bytes() if (f.root / n).is_file() else None for n in out}
     return {n: b for n, b in out.items() if b != old[n]}
 
 
@@ -685,7 +749,11 @@ def _edit_config(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Fo
         for i in drop:
             dec.pop(str(i), None)
         data["added_tokens_decoder"] = dict(sorted(dec.items(), key=lambda kv: int(kv[0])))
-    _edit_special_lists(data, [t.content for t in add if t.special], gone)
+    specials = [t.content for t in add if t.special]
+    if specials and _outside(f) and SPECIAL_MAP not in f.json_files:
+        # PaddleNLP 2.8.1 adds an added_tokens.json token as special only when a special-token list names it
+        data.setdefault("additional_special_tokens", [])
+    _edit_special_lists(data, specials, gone)
     return data
 
 
@@ -703,12 +771,37 @@ def _edit_special_lists(data: dict, specials: list[str], gone: set[str]) -> None
 
 
 def _edit_added_json(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
-    """added_tokens.json ``{content: id}``: new tokens added (the ids beyond the base vocabulary)."""
+    """added_tokens.json ``{content: id}``: new tokens added (the ids beyond the base vocabulary). In a
+    folder whose added tokens live outside the model file (:func:`_outside`), every added token beyond the
+    model file's own tokens is listed, in id order: PaddleNLP 2.8.1 reads added tokens only from this file,
+    in id order, each id having to be the tokenizer's length so far (tokenizer_utils_base
+    ``from_pretrained``: "Non-consecutive added token")."""
     if not isinstance(data, dict):
         return None
     data = {k: v for k, v in data.items() if v not in set(drop)}
+    if _outside(f) and not drop:
+        data.update({t.content: i for i, t in f.added.items() if i >= f.base_size})
     data.update({t.content: t.id for t in add if t.id >= f.length})
-    return data
+    return dict(sorted(data.items(), key=lambda kv: (kv[1], kv[0]))) if _outside(f) else data
+
+
+def _outside(f: _Folder) -> bool:
+    """Whether the folder keeps its added tokens outside its model file, in ``added_tokens.json`` (and
+    ``added_tokens_decoder``), as the slow tokenizers' ``save_pretrained`` of PaddleNLP 2.8.1 (and
+    transformers 4.x) writes them: ``vocab.txt`` and ``vocab.json`` + ``merges.txt`` always (a line of
+    vocab.txt is split like text by a punctuation-splitting WordPiece, so ``<think>`` never matches it in
+    PaddleNLP 2.8.1; PaddleNLP refuses an added_tokens.json id that the model file already counts); a
+    SentencePiece model without tokenizer.json when the config has no ``added_tokens_decoder`` (PaddleNLP's
+    own folders) or the model already lacks the added tokens. Never with tokenizer.json (it holds them)."""
+    if f.tokenizer_json is not None:
+        return False
+    if f.vocab_txt is not None or f.vocab_json is not None:
+        return True
+    if f.sp_model is None:
+        return False
+    config = f.json_files.get(CONFIG)
+    decoder = isinstance(config, dict) and isinstance(config.get("added_tokens_decoder"), dict)
+    return not decoder or len(f.sp_model.pieces) < f.length
 
 
 def _edit_special_map(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:

@@ -134,6 +134,8 @@ class TokenEdit:
         removed: added tokens the edit removes (a trim below them), by id.
         files: the new bytes of every tokenizer file the edit changes, by name relative to the folder;
             files not named keep their bytes.
+        warnings: what the edit did that the user did not spell out (a token stored lower-cased, an
+            existing token's special flag changed, a loader that does not see the new tokens), one line each.
     """
 
     length_before: int
@@ -141,6 +143,7 @@ class TokenEdit:
     tokens: tuple[NewToken, ...] = ()
     removed: tuple[AddedToken, ...] = ()
     files: Mapping[str, bytes] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", _frozen(self.files))

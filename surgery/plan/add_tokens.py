@@ -298,11 +298,13 @@ def _refuse(det: Detection, edit: TokenEdit) -> None:
 
 
 def _notes(plan: Plan, edit: TokenEdit, N: int) -> None:
-    """Notes of an add-tokens plan: tokens already present, rows taken, rows grown."""
+    """Notes of an add-tokens plan: tokens already present, rows taken, rows grown; the tokenizer edit's
+    warnings (printed on the terminal)."""
     R = plan.det.vocab_rows
     had = [f"{t.content!r} (id {t.id})" for t in edit.tokens if t.existed]
     if had:
         plan.notes.append(f"already in the tokenizer, not added: {', '.join(had)}")
+    plan.warnings.extend(edit.warnings)
     _base_marked_special(plan, edit)
     if not edit.added:
         plan.notes.append("no new token: no row changes")
