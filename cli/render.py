@@ -272,6 +272,8 @@ def _tokenizer_line(info: dict) -> str | None:
     )
     n = len(t["disagreements"])
     verdict = "they agree" if t["agree"] else f"{n} disagreement{'s' if n > 1 else ''} (problems below)"
+    if t.get("gaps") and not n:
+        verdict = f"a gap of {len(t['gaps'])} id(s) no file names, which loaders renumber (problems below)"
     added = f", {len(t['added'])} added" if t["added"] else ""
     return f"tokenizer files: {files}; len(tokenizer) {t['length']}{added}: {verdict}"
 

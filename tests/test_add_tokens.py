@@ -469,20 +469,28 @@ def test_real_tokenizer_dry_run_then_in_place(tmp_path):
 
 def test_a_base_token_marked_special_is_warned(tmp_path):
     """--special on a word of the base vocabulary marks it special (as HF add_special_tokens does), and the
-    report warns that text containing it tokenizes differently from then on; an added token of the input
-    marked special, or a base token left as it is, gives no warning."""
+    report warns that text containing it tokenizes differently from then on; a plain added token of the
+    input marked special is warned as a changed special flag (decoders with skip_special_tokens drop it
+    from then on: vllm-project/vllm#25281); a base token left as it is gives no warning."""
     pytest.importorskip("tokenizers")
     import shutil
 
     ck = tmp_path / "ckpt"
     shutil.copytree(SAMPLE, ck)
     rep = ops.add_tokens(ck, ["vocab", "<think>"], special=True, dry_run=True)
+    flag = (
+        "'<think>' (id 303) was not special and is now marked special (its special flag changed): "
+        "decode(skip_special_tokens=True) drops it from now on, so parsers that read it from decoded text "
+        "(tool-call parsers of serving engines) no longer see it; leave it out of a special batch to keep it "
+        "plain"
+    )
     assert rep["warnings"] == [
+        flag,
         "marked special, though part of the base vocabulary: 'vocab' (id 293); text that contains them is "
-        "split around them from now on (ordinary words may tokenize differently)"
+        "split around them from now on (ordinary words may tokenize differently)",
     ]
     assert not ops.add_tokens(ck, ["vocab"], dry_run=True)["warnings"]
-    assert not ops.add_tokens(ck, ["<think>"], special=True, dry_run=True)["warnings"]
+    assert ops.add_tokens(ck, ["<think>"], special=True, dry_run=True)["warnings"] == [flag]
 
 
 def test_tokenizer_files_that_disagree_are_refused(tmp_path):

@@ -263,8 +263,9 @@ def _tokenizer(det: Detection) -> dict[str, Any]:
         "length": ts.length,
         "base": ts.base,
         "added": [{"content": a.content, "id": a.id, "special": a.special} for a in ts.added],
-        "agree": not ts.disagreements,
+        "agree": not ts.disagreements and not ts.gaps,
         "disagreements": list(ts.disagreements),
+        "gaps": list(ts.gaps),
         "needs_extra": list(ts.needs_extra),
         "unsupported": list(ts.unsupported),
     }

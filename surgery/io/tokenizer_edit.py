@@ -32,7 +32,7 @@ from typing import Any
 from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError, UsageError
 from ..model.tokens import AddedToken, NewToken, TokenEdit
 from . import store
-from .tokenizer import sp_names
+from .tokenizer import TIKTOKEN_NAMES, is_tiktoken, sp_names
 
 SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
@@ -86,9 +86,19 @@ def _read_json(path: Path) -> Any:
         raise CheckpointError(f"{path.name} is not valid JSON ({e})", path, "save the tokenizer again") from e
 
 
+def _tiktoken_file(path: Path) -> bool:
+    """Whether the file at ``path`` is a tiktoken rank file (:func:`surgery.io.tokenizer.is_tiktoken`)."""
+    try:
+        return is_tiktoken(path.read_bytes())
+    except OSError:
+        return False
+
+
 def _refuse_unsupported(root: Path, config: Any) -> None:
     """Refuse a tiktoken file or a custom tokenizer class (``auto_map``): tietool cannot edit them."""
-    tik = sorted(p.name for p in root.glob("*.tiktoken"))
+    tik = sorted(p.name for p in root.glob("*.tiktoken")) + [
+        n for n in (*TIKTOKEN_NAMES, *sp_names(root)) if (root / n).is_file() and _tiktoken_file(root / n)
+    ]
     if tik:
         raise RefusedError(
             f"{tik[0]} is a tiktoken rank file, which tietool cannot edit; nothing was written",

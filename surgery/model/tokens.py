@@ -87,6 +87,8 @@ class TokenizerSet:
             with two strings): a stale ``tokenizer.model`` beside an edited ``tokenizer.json``.
         needs_extra: files that could only be read (or edited) with the ``tokenizer`` extra installed.
         unsupported: files of a format tietool cannot edit (tiktoken, a custom tokenizer class), by name.
+        gaps: ids between the base vocabulary and the last added token that no file names: tokenizers,
+            transformers and PaddleFormers renumber the added tokens after a gap on load.
     """
 
     files: tuple[TokenizerFile, ...] = ()
@@ -96,6 +98,7 @@ class TokenizerSet:
     disagreements: tuple[str, ...] = ()
     needs_extra: tuple[str, ...] = ()
     unsupported: tuple[str, ...] = ()
+    gaps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..inspect import chunked
 from ..inspect.detect import Detection
 from ..io.configfile import get_dotted
 from ..model.enums import Init, TokenInit
@@ -305,6 +306,7 @@ def _notes(plan: Plan, edit: TokenEdit, N: int) -> None:
     if had:
         plan.notes.append(f"already in the tokenizer, not added: {', '.join(had)}")
     plan.warnings.extend(edit.warnings)
+    _zero_rows_of_existing(plan, edit)
     _base_marked_special(plan, edit)
     if not edit.added:
         plan.notes.append("no new token: no row changes")
@@ -330,4 +332,23 @@ def _base_marked_special(plan: Plan, edit: TokenEdit) -> None:
         plan.warnings.append(
             f"marked special, though part of the base vocabulary: {', '.join(marked)}; text that contains "
             "them is split around them from now on (ordinary words may tokenize differently)"
+        )
+
+
+def _zero_rows_of_existing(plan: Plan, edit: TokenEdit) -> None:
+    """A warning naming the tokens asked for that already exist and whose embedding rows are all zero
+    (:func:`surgery.inspect.chunked.zero_rows`): Llama-3 base ships its chat tokens so, and add-tokens keeps
+    existing rows, so they stay untrained (the reported cause of NaN losses and of chat templates never
+    learned)."""
+    det = plan.det
+    name = det.embedding.name
+    existing = {t.id: t.content for t in edit.tokens if t.existed}
+    zero = chunked.zero_rows(det.ckpt, name, sorted(existing))
+    if zero:
+        shown = ", ".join(f"{existing[i]!r} (id {i})" for i in zero)
+        plan.warnings.append(
+            f"existing token(s) whose rows of {name} are all zero (untrained, as a base model ships them): "
+            f"{shown}; add-tokens keeps existing rows, so they stay all-zero: a fine-tune that uses them "
+            "must train the embedding and head rows (all-zero rows are the reported cause of NaN losses and "
+            "of chat templates that are never learned)"
         )
