@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError, UsageError
-from ..model.tokens import AddedToken, NewToken, TokenEdit
+from ..model.tokens import AddedToken, NewToken, TokenEdit, TokenizerFormat
 from . import store
 from .tokenizer import TIKTOKEN_NAMES, is_tiktoken, sp_names
+from .tokenizer_loaders import AddedTokensIn, unseen_by
 
 SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
@@ -368,6 +369,33 @@ def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], li
     return out, marks, warnings
 
 
+def _format_of(f: _Folder) -> tuple[TokenizerFormat, AddedTokensIn]:
+    """The folder's vocabulary format (its first model file) and where its added tokens go."""
+    fmt = (
+        TokenizerFormat.TOKENIZER_JSON
+        if f.tokenizer_json is not None
+        else TokenizerFormat.SENTENCEPIECE
+        if f.sp_model is not None
+        else TokenizerFormat.WORDPIECE
+        if f.vocab_txt is not None
+        else TokenizerFormat.GPT2_BPE
+    )
+    return fmt, AddedTokensIn.ADDED_JSON if _outside(f) else AddedTokensIn.MODEL_FILE
+
+
+def _unseen_warnings(f: _Folder) -> list[str]:
+    """One warning per library that reads such a folder but not its new tokens
+    (:func:`surgery.io.tokenizer_loaders.unseen_by`, each fact with its proving test)."""
+    fmt, where = _format_of(f)
+    model = f.sp_name if fmt is TokenizerFormat.SENTENCEPIECE else fmt.value
+    return [
+        f"the {fact.loader.value} library does not see the new tokens: {model} is kept unchanged and the "
+        f"tokens are in {where.value} ({fact.why}); load the folder with its tokenizer class (PaddleNLP "
+        "2.8.1 / transformers AutoTokenizer), not the model file alone"
+        for fact in unseen_by(fmt, where)
+    ]
+
+
 def _flag_changed(had: AddedToken) -> str:
     """The warning for an existing plain added token that ``special`` marks special."""
     return (
@@ -507,12 +535,8 @@ def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
     new = [AddedToken(t.content, t.id, t.special, not t.special) for t in tokens if not t.existed]
     _refuse_shadowed(f, new + marks)
     files = _edit_files(f, new + marks, ())
-    if new and _outside(f) and f.sp_model is not None:
-        warnings.append(
-            f"{f.sp_name} is unchanged: the new tokens are in added_tokens.json (read by PaddleNLP 2.8.1 and "
-            "transformers), so code that reads the model file alone with the sentencepiece library does not "
-            "know them"
-        )
+    if new:
+        warnings += _unseen_warnings(f)
     return TokenEdit(f.length, f.length + len(new), tuple(tokens), (), files, tuple(warnings))
 
 
