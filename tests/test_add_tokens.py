@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 from support import casecheck
-from support.paths import CASES_DIR
+from support.paths import BUG_CASES_DIR, CASES_DIR
 from support.resize_support import run_cli
 
 from tietool.surgery import ops
@@ -600,3 +600,20 @@ def test_verify_across_a_chain_of_in_place_add_tokens_runs(tmp_path):
     run = run_cli(["verify", str(orig), str(ck)])
     assert run.rc != 7 or "'<aa_tok>'" not in run.stdout, run.stdout  # was: exit 7 naming '<aa_tok>'
     assert run.rc == 0, run.stdout
+
+
+def test_existing_tokens_with_all_zero_rows_are_named(tmp_path):
+    """e04 (axolotl#1666): Llama-3 base's chat tokens exist with all-zero rows. add-tokens of them warns on
+    the terminal naming exactly the asked tokens whose embedding rows are all zero (the oracle: the rows read
+    with numpy by the case checker), not the asked token with a trained row."""
+    import shutil
+
+    ck = shutil.copytree(BUG_CASES_DIR / "e04_llama3_base_untrained_chat_tokens" / "ckpt", tmp_path / "ck")
+    emb = casecheck.read_checkpoint(ck)
+    table = emb.decode(emb.tensors["model.embed_tokens.weight"])
+    asked = {"<|begin_of_text|>": 262, "<|start_header_id|>": 266, "<|eot_id|>": 269}
+    zero = [s for s, i in asked.items() if not table[i].any()]
+    assert zero == ["<|start_header_id|>", "<|eot_id|>"]
+    rep = ops.add_tokens(ck, list(asked), special=True, dry_run=True)
+    (warning,) = [w for w in rep["warnings"] if "all zero" in w]
+    assert all(f"{s!r} (id {asked[s]})" in warning for s in zero) and "<|begin_of_text|>" not in warning

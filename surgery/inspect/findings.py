@@ -236,6 +236,13 @@ def _untrained_rows(f: Finding) -> str:
         )
     beyond = x.get("beyond_tokenizer")
     tail = f"; {beyond} of them beyond the tokenizer's {x['tokenizer_size']} tokens" if beyond else ""
+    tokens = x.get("zero_tokens") or []
+    if tokens:
+        shown = ", ".join(f"{t['content']!r} ({t['id']})" for t in tokens)
+        tail += (
+            f"; tokens with all-zero rows (untrained; a fine-tune that uses them must train their embedding "
+            f"and head rows, and add-tokens of them warns): {shown}"
+        )
     return f"rows of {f.tensors[0]} that look untrained ({x['rows']} rows): " + "; ".join(parts) + tail
 
 
