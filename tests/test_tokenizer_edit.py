@@ -337,7 +337,12 @@ def test_files_giving_an_id_two_strings_refused(tmp_path):
 def test_qwen2_folder_with_vocab_json_keeps_it(tmp_path):
     folder = _copy("bytelevel_bpe_full", tmp_path)
     edit = add_tokens_edit(folder, PLAIN)
-    assert sorted(edit.files) == ["tokenizer.json", "tokenizer_config.json"]  # vocab.json, merges.txt kept
+    # vocab.json, merges.txt kept; added_tokens.json (created) lists the added tokens for slow tokenizers
+    assert sorted(edit.files) == ["added_tokens.json", "tokenizer.json", "tokenizer_config.json"]
+    listed = json.loads(edit.files["added_tokens.json"])
+    tok = tokenizers.Tokenizer.from_str(edit.files["tokenizer.json"].decode())
+    assert listed == {t["content"]: t["id"] for t in json.loads(tok.to_str())["added_tokens"]}
+    assert list(listed.values()) == sorted(listed.values()) and min(listed.values()) == 300
 
 
 def test_gap_refused(tmp_path):

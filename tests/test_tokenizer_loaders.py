@@ -57,7 +57,11 @@ TOKENIZER_FILES = (
 )
 # (format, where) -> the input folders of that kind
 SOURCES: dict[tuple[F, AddedTokensIn], tuple[Path, ...]] = {
-    (F.TOKENIZER_JSON, AddedTokensIn.MODEL_FILE): (TOK / "bytelevel_bpe", TOK / "sp_bpe_with_json"),
+    (F.TOKENIZER_JSON, AddedTokensIn.MODEL_FILE): (
+        TOK / "bytelevel_bpe",
+        TOK / "bytelevel_bpe+vocab.json",  # built by _with_vocab_json: a Qwen2 folder holds both
+        TOK / "sp_bpe_with_json",
+    ),
     (F.SENTENCEPIECE, AddedTokensIn.MODEL_FILE): (
         TOK / "sp_bpe",
         TOK / "sp_unigram",
@@ -66,6 +70,7 @@ SOURCES: dict[tuple[F, AddedTokensIn], tuple[Path, ...]] = {
     (F.SENTENCEPIECE, AddedTokensIn.ADDED_JSON): (PNLP_TOK / "llama_sp",),
     (F.WORDPIECE, AddedTokensIn.ADDED_JSON): (
         TOK / "wordpiece",
+        TOK / "wordpiece+tokenizer.json",  # built by _with_tokenizer_json: transformers 4.x saves both files
         PNLP_TOK / "ernie_wordpiece",
         BUG_CASES_DIR / "e01_ernie3_wordpiece_lowercase_add_tokens" / "ckpt",
     ),
@@ -99,7 +104,41 @@ class Output:
     length_before: int
 
 
+def _with_tokenizer_json(dst: Path) -> Path:
+    """The WordPiece folder plus the tokenizer.json of the same vocabulary (``tokenizers``' WordPiece with
+    BERT's lower-casing normalizer and pre-tokenizer, the specials as special added tokens at their ids), as
+    a transformers 4.x BERT folder holds both; transformers then reads tokenizer.json, PaddleNLP vocab.txt."""
+    import tokenizers
+
+    dst.mkdir(parents=True)
+    for f in (TOK / "wordpiece").iterdir():
+        shutil.copy2(f, dst / f.name)
+    tok = tokenizers.Tokenizer(
+        tokenizers.models.WordPiece.from_file(str(dst / "vocab.txt"), unk_token="[UNK]")
+    )
+    tok.normalizer = tokenizers.normalizers.BertNormalizer(lowercase=True)
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    tok.decoder = tokenizers.decoders.WordPiece()
+    tok.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tok.save(str(dst / "tokenizer.json"))
+    return dst
+
+
+def _with_vocab_json(dst: Path) -> Path:
+    """The byte-level BPE folder plus the vocab.json + merges.txt of its model (``tokenizers``'
+    ``model.save``), as a Qwen2 folder carries them."""
+    import tokenizers
+
+    shutil.copytree(TOK / "bytelevel_bpe", dst)
+    tokenizers.Tokenizer.from_file(str(dst / "tokenizer.json")).model.save(str(dst))
+    return dst
+
+
 def _copy_tokenizer(src: Path, dst: Path) -> Path:
+    if src.name == "wordpiece+tokenizer.json":
+        return _with_tokenizer_json(dst)
+    if src.name == "bytelevel_bpe+vocab.json":
+        return _with_vocab_json(dst)
     dst.mkdir(parents=True)
     for name in TOKENIZER_FILES:
         if (src / name).is_file():

@@ -10,12 +10,17 @@ The files and the libraries that edit them:
   written with ``to_str(pretty=True)``, which reproduces a file ``tokenizers`` wrote byte for byte (checked on
   the test tokenizers); any other file keeps its JSON and only ``added_tokens`` is replaced.
 * SentencePiece ``*.model``: ``sentencepiece_model_pb2.ModelProto`` (sentencepiece_model.proto): new pieces
-  appended as ``USER_DEFINED`` (``CONTROL`` for special tokens), score 0.
-* ``vocab.txt`` (WordPiece): appended lines. ``vocab.json`` + ``merges.txt`` are never changed: GPT-2 style
-  tokenizers read added tokens from ``added_tokens.json`` / ``tokenizer_config.json``.
+  appended as ``USER_DEFINED`` (``CONTROL`` for special tokens), score 0, in HF-style folders; a folder that
+  keeps its added tokens outside the model (PaddleNLP's, :func:`_outside`) keeps it unchanged.
+* ``vocab.txt`` (WordPiece) and ``vocab.json`` + ``merges.txt`` are never extended (only cut by a trim): the
+  slow tokenizers that read them (PaddleNLP 2.8.1's above all) take added tokens from ``added_tokens.json``,
+  created and listed in id order (:func:`_lists_added_json`).
 * ``tokenizer_config.json`` (``added_tokens_decoder``, ``additional_special_tokens`` /
   ``extra_special_tokens``), ``added_tokens.json``, ``special_tokens_map.json``: JSON, key order and indent
   kept.
+
+What each library then does with the new tokens is data with its proving tests:
+:mod:`surgery.io.tokenizer_loaders`.
 
 Libraries are imported lazily (the ``tokenizer`` extra); a folder that needs one that is missing gets a
 :class:`TietoolError` saying ``pip install "tietool[tokenizer]"``.
@@ -615,11 +620,11 @@ def _edit_files(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> dic
     if f.sp_model is not None and f.sp_name and (drop or not outside):
         out[f.sp_name] = _edit_sp_model(f, add, drop)
     if f.vocab_txt is not None:
-        edited_vocab = _edit_vocab_txt(f, add, drop)
-        if drop or not outside:
+        edited_vocab = _edit_vocab_txt(f, add, drop)  # its refusals apply; lines are only ever cut
+        if drop:
             out["vocab.txt"] = edited_vocab
     files = dict(f.json_files)
-    if outside and add and ADDED_JSON not in files:
+    if _lists_added_json(f) and add and ADDED_JSON not in files:
         files[ADDED_JSON] = {}
     for name, data in files.items():
         edited = _EDITORS[name](data, add, drop, f)
@@ -784,7 +789,7 @@ def _edit_config(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Fo
             dec.pop(str(i), None)
         data["added_tokens_decoder"] = dict(sorted(dec.items(), key=lambda kv: int(kv[0])))
     specials = [t.content for t in add if t.special]
-    if specials and _outside(f) and SPECIAL_MAP not in f.json_files:
+    if specials and _lists_added_json(f) and SPECIAL_MAP not in f.json_files:
         # PaddleNLP 2.8.1 adds an added_tokens.json token as special only when a special-token list names it
         data.setdefault("additional_special_tokens", [])
     _edit_special_lists(data, specials, gone)
@@ -813,10 +818,11 @@ def _edit_added_json(data: Any, add: list[AddedToken], drop: tuple[int, ...], f:
     if not isinstance(data, dict):
         return None
     data = {k: v for k, v in data.items() if v not in set(drop)}
-    if _outside(f) and not drop:
+    listed = _lists_added_json(f)
+    if listed and not drop:
         data.update({t.content: i for i, t in f.added.items() if i >= f.base_size})
     data.update({t.content: t.id for t in add if t.id >= f.length})
-    return dict(sorted(data.items(), key=lambda kv: (kv[1], kv[0]))) if _outside(f) else data
+    return dict(sorted(data.items(), key=lambda kv: (kv[1], kv[0]))) if listed else data
 
 
 def _outside(f: _Folder) -> bool:
@@ -836,6 +842,14 @@ def _outside(f: _Folder) -> bool:
     config = f.json_files.get(CONFIG)
     decoder = isinstance(config, dict) and isinstance(config.get("added_tokens_decoder"), dict)
     return not decoder or len(f.sp_model.pieces) < f.length
+
+
+def _lists_added_json(f: _Folder) -> bool:
+    """Whether ``added_tokens.json`` must list every added token (created when missing): a folder that keeps
+    them outside its model file (:func:`_outside`), or one with ``vocab.txt`` / ``vocab.json`` beside a
+    tokenizer.json (transformers 4.x saves both): PaddleNLP 2.8.1's slow tokenizers read those files and take
+    added tokens only from added_tokens.json (a BERT folder's ``<think>`` split into 9 pieces otherwise)."""
+    return _outside(f) or f.vocab_txt is not None or f.vocab_json is not None
 
 
 def _edit_special_map(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
