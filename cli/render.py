@@ -471,7 +471,10 @@ def _added_tokens(con: Console, a: dict, dry_run: bool) -> None:
     for col in ("token", "id", "special", "init", "from ids"):
         table.add_column(col)
     for t in a["tokens"]:
-        if t["existed"]:
+        if t["existed"] and t.get("rows_reset"):
+            init = f"{t['init']} (its rows were all zero)"
+            table.add_row(repr(t["content"]), str(t["id"]), str(t["special"]), init, "")
+        elif t["existed"]:
             table.add_row(repr(t["content"]), str(t["id"]), str(t["special"]), "(already a token)", "")
         else:
             ids = ", ".join(map(str, t["source_ids"] or []))

@@ -617,3 +617,31 @@ def test_existing_tokens_with_all_zero_rows_are_named(tmp_path):
     rep = ops.add_tokens(ck, list(asked), special=True, dry_run=True)
     (warning,) = [w for w in rep["warnings"] if "all zero" in w]
     assert all(f"{s!r} (id {asked[s]})" in warning for s in zero) and "<|begin_of_text|>" not in warning
+
+
+def test_existing_tokens_with_all_zero_rows_get_rows(tmp_path):
+    """e04: the existing chat tokens with all-zero rows in the embedding and the head get rows by the init,
+    as new tokens do (``copy:<|begin_of_text|>``: exactly row 262, the oracle); every other row, the
+    all-zero reserved row 268 between them included, stays bit-identical; the report marks them
+    ``rows_reset``; verify explains the output (exit 0)."""
+    import shutil
+
+    from tietool.surgery.verify import verify
+
+    ck = shutil.copytree(BUG_CASES_DIR / "e04_llama3_base_untrained_chat_tokens" / "ckpt", tmp_path / "ck")
+    out = tmp_path / "out"
+    asked = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    rep = ops.add_tokens(ck, asked, out=out, special=True, init="copy:<|begin_of_text|>")
+    assert [(t["id"], t["rows_reset"], t["init"]) for t in rep["add_tokens"]["tokens"]] == [
+        (266, True, "copy"),
+        (267, True, "copy"),
+        (269, True, "copy"),
+    ]
+    a, b = casecheck.read_checkpoint(ck), casecheck.read_checkpoint(out)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        x, y = a.tensors[name].byte_view(), b.tensors[name].byte_view()
+        assert all((y[i] == x[262]).all() for i in (266, 267, 269))
+        kept = [i for i in range(x.shape[0]) if i not in (266, 267, 269)]
+        assert y[kept].tobytes() == x[kept].tobytes() and not y[268].any()
+    res = verify(ck, out)
+    assert res.unexplained == [], res.unexplained

@@ -240,8 +240,9 @@ def _untrained_rows(f: Finding) -> str:
     if tokens:
         shown = ", ".join(f"{t['content']!r} ({t['id']})" for t in tokens)
         tail += (
-            f"; tokens with all-zero rows (untrained; a fine-tune that uses them must train their embedding "
-            f"and head rows, and add-tokens of them warns): {shown}"
+            "; tokens with all-zero rows (untrained: the reported cause of NaN losses and of chat templates "
+            "never learned; add-tokens of these tokens gives them rows by its init, as new tokens get): "
+            + shown
         )
     return f"rows of {f.tensors[0]} that look untrained ({x['rows']} rows): " + "; ".join(parts) + tail
 
