@@ -34,6 +34,7 @@ from .options import (
     InitOpt,
     JsonOpt,
     KeepOpt,
+    KeepPaddleLayoutOpt,
     KeepTrainingStateOpt,
     LayoutOpt,
     LinkOpt,
@@ -342,6 +343,7 @@ def merge(
     ckpt: LocalCkptArg = ".",
     out: MergeOutOpt = None,
     max_shard_size: MergeShardOpt = "10GB",
+    keep_paddle_layout: KeepPaddleLayoutOpt = False,
     dry_run: DryOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -359,6 +361,7 @@ def merge(
         out,
         max_shard_size=max_shard_size,
         dry_run=dry_run,
+        keep_paddle_layout=keep_paddle_layout,
         progress=render.progress_bar(quiet or json_out),
     )
     render.merge(rep, json_out)

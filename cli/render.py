@@ -668,7 +668,15 @@ def merge(rep: dict, as_json: bool = False) -> None:
             f"merged {len(rep['rank_files'])} rank files ({ranks}) into {rep['output']}: "
             f"{len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
         )
+    _merge_messages(rep)
     _stale_notes(rep)
+
+
+def _merge_messages(rep: dict) -> None:
+    """Every note and warning of a merge report, its conversion's too (``converted``): a warning that
+    matters is said on the terminal, not only in tietool-report.json."""
+    conv = rep.get("converted") or {}
+    _messages(_console(), conv.get("notes", []), [*rep.get("warnings", []), *conv.get("warnings", [])])
 
 
 @_after_write

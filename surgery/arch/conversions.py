@@ -140,6 +140,49 @@ def _ernie(moe: bool) -> ConversionRow:
     )
 
 
+# Gemma 3 (text) in PaddleFormers 1.2 (gemma3_text/modeling.py): Llama's names plus four norms per layer and
+# q/k norms; its in-memory model (what the Trainer's flex checkpoint holds) fuses qkv_proj (grouped per kv
+# head) and up_gate_proj (gate | up) by the same AOA macros as Qwen2 (_gen_aoa_config: fused_qkv,
+# fused_ffn), every Linear [in, out]; the head is [vocab, hidden] (tied: the embedding itself). Proven by
+# tests/test_flex_families.py (a real Trainer checkpoint merged, loaded by a plain from_pretrained with the
+# trained model's logits) and the case e06 (unfused names, transposed).
+_GEMMA3_PLAIN = (
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "pre_feedforward_layernorm.weight",
+    "post_feedforward_layernorm.weight",
+)
+
+# Qwen2-MoE in PaddleFormers 1.2 (qwen2_moe/modeling.py, the non-fleet classes): Qwen2's attention (qkv_proj
+# grouped per kv head, with bias), per expert and for the shared expert an up_gate_proj (gate | up, fused_ffn)
+# and a down_proj; the router mlp.gate [hidden, num_experts] and the shared expert's gate [hidden, 1] are
+# Linear weights too (transpose_weight_keys "gate", "shared_expert_gate"; _gen_aoa_config transposes them).
+# Proven by tests/test_flex_families.py (a real Trainer checkpoint merged, a plain from_pretrained of the
+# output gives the trained model's logits).
+_QWEN2_MOE_LINEAR: dict[str, tuple[Size, Size]] = {
+    "mlp.gate.weight": (S.HIDDEN, S.NUM_EXPERTS),
+    "mlp.experts.N.gate_proj.weight": (S.HIDDEN, S.MOE_INTER),
+    "mlp.experts.N.up_proj.weight": (S.HIDDEN, S.MOE_INTER),
+    "mlp.experts.N.down_proj.weight": (S.MOE_INTER, S.HIDDEN),
+    "mlp.shared_expert.gate_proj.weight": (S.HIDDEN, S.SHARED_EXPERT_INTER),
+    "mlp.shared_expert.up_proj.weight": (S.HIDDEN, S.SHARED_EXPERT_INTER),
+    "mlp.shared_expert.down_proj.weight": (S.SHARED_EXPERT_INTER, S.HIDDEN),
+    "mlp.shared_expert_gate.weight": (S.HIDDEN, S.ONE),
+}
+_QWEN2_MOE_FUSED = {
+    **_PF_FUSED,
+    **_gate_up("mlp.experts.N.up_gate_proj", "mlp.experts.N.", (S.HIDDEN, S.MOE_INTER2)),
+    **_gate_up("mlp.shared_expert.up_gate_proj", "mlp.shared_expert.", (S.HIDDEN, S.SHARED_EXPERT_INTER2)),
+}
+
+
+def _qwen2_moe() -> ConversionRow:
+    row = _llama_like(None, pf_fused=True)
+    return replace(
+        row, linear={**row.linear, **_QWEN2_MOE_LINEAR}, fused={Naming.HF: _QWEN2_MOE_FUSED}
+    )
+
+
 # model_type -> row
 CONVERSIONS: Mapping[str, ConversionRow] = {
     "llama": _llama_like("llama", own_head=True),
@@ -148,6 +191,8 @@ CONVERSIONS: Mapping[str, ConversionRow] = {
     # PaddleNLP 2.x has no ERNIE 4.5: ERNIEKit (ernie.*) and PaddleFormers (model.*) namings only
     "ernie4_5": _ernie(moe=False),
     "ernie4_5_moe": _ernie(moe=True),
+    "gemma3_text": _llama_like(None, _GEMMA3_PLAIN, pf_fused=True),
+    "qwen2_moe": _qwen2_moe(),
 }
 
 # the Linear weights of every row, for a model type without a row of its own: only their shapes are read (to

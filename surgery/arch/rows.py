@@ -382,6 +382,10 @@ class Size(str, Enum):
     SHARED_INTER = "moe_intermediate_size x moe_num_shared_experts"
     SHARED_INTER2 = "2 x moe_intermediate_size x moe_num_shared_experts"
     EXPERTS = "moe_num_experts"
+    NUM_EXPERTS = "num_experts"
+    SHARED_EXPERT_INTER = "shared_expert_intermediate_size"
+    SHARED_EXPERT_INTER2 = "2 x shared_expert_intermediate_size"
+    ONE = "1"
     VOCAB = "vocab_size"
 
 

@@ -48,6 +48,7 @@ def sizes(cfg: dict) -> dict[Size, int]:
     hd = _int(cfg.get("head_dim")) or (h // nh if h and nh and h % nh == 0 else None)
     inter, moe = _int(cfg.get("intermediate_size")), _int(cfg.get("moe_intermediate_size"))
     shared = _int(cfg.get("moe_num_shared_experts"))
+    shared_expert = _int(cfg.get("shared_expert_intermediate_size"))
     got: dict[Size, int | None] = {
         Size.HIDDEN: h,
         Size.HIDDEN2: 2 * h if h else None,
@@ -61,6 +62,10 @@ def sizes(cfg: dict) -> dict[Size, int]:
         Size.SHARED_INTER: moe * shared if moe and shared else None,
         Size.SHARED_INTER2: 2 * moe * shared if moe and shared else None,
         Size.EXPERTS: _int(cfg.get("moe_num_experts")),
+        Size.NUM_EXPERTS: _int(cfg.get("num_experts")),
+        Size.SHARED_EXPERT_INTER: shared_expert,
+        Size.SHARED_EXPERT_INTER2: 2 * shared_expert if shared_expert else None,
+        Size.ONE: 1,
         Size.VOCAB: _int(cfg.get("vocab_size")),
     }
     return {k: v for k, v in got.items() if v is not None}

@@ -38,6 +38,7 @@ from ..inspect.convention import (
     DEFAULT_HEAD,
     HF,
     KEPT,
+    LEGACY_LOAD,
     PADDLENLP,
     Convention,
     Naming,
@@ -71,7 +72,6 @@ TARGETS: dict[Target, tuple[Convention | None, Container]] = {
     Target.PDPARAMS: (None, Container.PDPARAMS),
 }
 
-LEGACY_LOAD = 'from_pretrained(path, load_checkpoint_format="legacy", convert_from_hf=False)'
 
 
 @dataclass(frozen=True)
@@ -633,13 +633,19 @@ def _pf_container(plan: ConvertPlan) -> None:
             + ("" if plan.container is Container.PDPARAMS else ": a plain from_pretrained gives wrong logits")
         )
     elif plan.container is Container.PDPARAMS:
-        how = "its Linear weights are [out, in]" if plan.layout else "its layout is not proven [in, out]"
+        hf = plan.layout is Layout.OUT_IN
+        how = "its Linear weights are [out, in]" if hf else "its layout is not proven [in, out]"
+        keep = (
+            "keep it as safetensors (PaddleFormers loads its HF layout with a plain from_pretrained)"
+            if hf
+            else "keep it as safetensors (its layout is not proven: load it as the library that wrote it "
+            "says)"
+        )
         raise RefusedError(
             f"PaddleFormers 1.2 reads a .pdparams only in its legacy Paddle layout ({LEGACY_LOAD}, Linear "
             f"weights [in, out]), and {how}: no from_pretrained would load the output",
             ck.path,
-            "keep it as safetensors (PaddleFormers loads those with a plain from_pretrained), or use "
-            f"{Opt('to', 'paddlenlp')} for PaddleNLP's .pdparams",
+            f"{keep}, or use {Opt('to', 'paddlenlp')} for PaddleNLP's .pdparams",
         )
 
 
