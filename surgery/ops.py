@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import report as report_mod
+from .inspect.convention import LEGACY_LOAD
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
 from .io import flex, flex_cover, store, surface
@@ -829,7 +830,7 @@ def merge_layout_fix() -> str:
     option that asks for it, with the load it then needs), or export the HF layout from the training run."""
     return (
         f"merge with {Opt('keep_paddle_layout', True)} to write the Paddle layout as the run held it (then "
-        f"load it with {convert_plan.LEGACY_LOAD}), or export the model from the training run "
+        f"load it with {LEGACY_LOAD}), or export the model from the training run "
         "(PaddleFormers' save_pretrained, or the Trainer's save_hf_steps, writes the HF-format safetensors)"
     )
 
@@ -874,8 +875,9 @@ def merge(
             ``keep_paddle_layout`` for rank files (not a flex checkpoint).
         CheckpointError: a rank file missing (named), damaged, or config.json lacking a size.
         RefusedError: a flex checkpoint of a model type tietool cannot convert (without
-            ``keep_paddle_layout``; named with its layout), an unknown family or tensor, a replicated tensor that differs between ranks, a
-            shape that does not fit config.json. Nothing is written when any is raised.
+            ``keep_paddle_layout``; named with its layout), an unknown family or tensor, a replicated
+            tensor that differs between ranks, a shape that does not fit config.json. Nothing is written
+            when any is raised.
         OutputError: the output cannot be written.
     """
     store.local_only("merge", path, out)

@@ -178,9 +178,7 @@ _QWEN2_MOE_FUSED = {
 
 def _qwen2_moe() -> ConversionRow:
     row = _llama_like(None, pf_fused=True)
-    return replace(
-        row, linear={**row.linear, **_QWEN2_MOE_LINEAR}, fused={Naming.HF: _QWEN2_MOE_FUSED}
-    )
+    return replace(row, linear={**row.linear, **_QWEN2_MOE_LINEAR}, fused={Naming.HF: _QWEN2_MOE_FUSED})
 
 
 # model_type -> row

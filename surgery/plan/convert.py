@@ -73,7 +73,6 @@ TARGETS: dict[Target, tuple[Convention | None, Container]] = {
 }
 
 
-
 @dataclass(frozen=True)
 class Part:
     """The chunks of a fused projection's output axis that make one unfused tensor.

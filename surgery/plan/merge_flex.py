@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import arch
+from ..inspect.convention import LEGACY_LOAD
 from ..io import flex, flex_cover, pdparams_io, surface
 from ..io.checkpoint import REPORT_NAME, Checkpoint, array_rows, read_config
 from ..io.flex import FlexCheckpoint, FlexSlice, FlexTensor
@@ -37,7 +38,6 @@ from ..model.enums import Container
 from ..model.errors import CheckpointError, RefusedError
 from ..model.tensor import TensorInfo
 from .flex_pieces import Assembled, assemble, assembled_data, piece_array
-from .convert import LEGACY_LOAD
 from .merge import merged_config
 from .plan import NewCheckpoint, OutTensor, Reshard
 from .recipes import Array
@@ -289,7 +289,9 @@ def report(plan: FlexPlan, out: str, facts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-PADDLE_LAYOUT = "the Paddle layout (Linear weights [in, out], fused qkv_proj / up_gate_proj as the model held them)"
+PADDLE_LAYOUT = (
+    "the Paddle layout (Linear weights [in, out], fused qkv_proj / up_gate_proj as the model held them)"
+)
 """How messages name the layout a Trainer flex checkpoint holds (the model's in-memory state dict)."""
 
 
