@@ -468,6 +468,29 @@ def _weight_files(folder: Path, indexes: dict[str, IndexInfo]) -> list[tuple[str
     return sorted(chosen.items())
 
 
+def _read_flex(ckpt: Checkpoint, folder: Path) -> bool:
+    """The tensors of a flex checkpoint (``model_state/*.distcp``, or ``*.distcp`` in the folder) whose every
+    tensor is whole in one ``.distcp`` (a one-rank Trainer save: the local slice is the global tensor), read
+    with :func:`read_pdparams` (a ``.distcp`` is a ``paddle.save`` pickle; bf16 as uint16). A tensor in
+    several files (sliced across ranks) is a problem: this reader does not assemble slices. False when the
+    folder holds no ``.distcp``."""
+    state = folder / "model_state" if (folder / "model_state").is_dir() else folder
+    files = sorted(p for p in state.glob("*.distcp") if p.is_file())
+    for path in files:
+        try:
+            tensors = read_pdparams(path)
+        except ReadError as exc:
+            ckpt.problems.append(str(exc))
+            continue
+        for name, tensor in tensors.items():
+            if name in ckpt.tensors:
+                ckpt.problems.append(
+                    f"flex tensor {name} is sliced across .distcp files (not assembled here)"
+                )
+            ckpt.tensors.setdefault(name, tensor)
+    return bool(files)
+
+
 def read_checkpoint(folder: Path | str) -> Checkpoint:
     """Read every tensor, index and config.json of a checkpoint folder.
 
@@ -490,6 +513,8 @@ def read_checkpoint(folder: Path | str) -> Checkpoint:
             if info.error:
                 ckpt.problems.append(info.error)
     files = _weight_files(folder, ckpt.indexes)
+    if not files and _read_flex(ckpt, folder):
+        return ckpt
     if not files:
         ckpt.problems.append("no weight file (model.safetensors, shards or model_state.pdparams)")
     listed = {f for info in ckpt.indexes.values() for f in info.weight_map.values()}
