@@ -28,9 +28,14 @@ from support import fixture_support as fs
 from support import flex_support as fx
 
 FAMILIES = fx.DATA / "families"
-# model_type -> the PaddleFormers class a user loads it with (pf_logits.py takes the Deprecated Qwen2
-# classes when paddlefleet is missing, as the Trainer ran them)
-MODEL_CLASS = {"gemma3_text": "Gemma3ForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
+# model_type -> the PaddleFormers class a user loads it with (pf_logits.py takes the Deprecated Qwen2 /
+# Qwen3 / GLM-4-MoE classes when paddlefleet is missing, as the Trainer ran them)
+MODEL_CLASS = {
+    "gemma3_text": "Gemma3ForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
+}
 LEGACY = {"load_checkpoint_format": "legacy", "convert_from_hf": False}
 TOOLS = Path(__file__).resolve().parent
 PF_LOGITS = TOOLS / "data" / "tools" / "pf_logits.py"
@@ -45,12 +50,9 @@ def _copy(model_type: str, tmp_path: Path) -> Path:
     return run / "checkpoint-2"
 
 
-def _logits(folder: Path, model_type: str, ids: Path, out: Path, kwargs: dict | None = None) -> np.ndarray:
-    """PaddleFormers 1.2 logits of ``folder`` (``from_pretrained(folder, **kwargs)``) on ``ids``.
-
-    Raises:
-        AssertionError: the load failed (its error and warnings shown).
-    """
+def _load(folder: Path, model_type: str, ids: Path, out: Path, kwargs: dict | None = None) -> dict:
+    """pf_logits.py's result for ``folder`` (``from_pretrained(folder, **kwargs)``) on ``ids``: ``ok``,
+    ``error``, ``warnings``; the logits in ``out`` when ``ok``."""
     cmd = (
         [sys.executable, str(PF_LOGITS_KW), json.dumps(kwargs)]
         if kwargs
@@ -60,7 +62,16 @@ def _logits(folder: Path, model_type: str, ids: Path, out: Path, kwargs: dict | 
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}
     cp = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
     lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
-    res = json.loads(lines[-1]) if lines else {"ok": False, "error": cp.stderr[-2000:]}
+    return json.loads(lines[-1]) if lines else {"ok": False, "error": cp.stderr[-2000:]}
+
+
+def _logits(folder: Path, model_type: str, ids: Path, out: Path, kwargs: dict | None = None) -> np.ndarray:
+    """PaddleFormers 1.2 logits of ``folder`` (``from_pretrained(folder, **kwargs)``) on ``ids``.
+
+    Raises:
+        AssertionError: the load failed (its error and warnings shown).
+    """
+    res = _load(folder, model_type, ids, out, kwargs)
     assert res["ok"], res
     return np.load(out)
 
@@ -107,8 +118,8 @@ def test_merged_in_the_hf_layout(model_type: str, tmp_path: Path) -> None:
 def test_plain_from_pretrained_gives_the_trained_logits(model_type: str, tmp_path: Path) -> None:
     """The proof of the family's conversion row: merged by the CLI, loaded with a plain ``from_pretrained``
     (the README's recipe), the trained model's logits; the Paddle layout written on request loads with the
-    load the terminal names (the same logits bit for bit) and a plain load of it does not (the call is
-    needed, not decoration)."""
+    load the terminal names (the same logits bit for bit) and a plain load of it does not (other logits, or
+    GLM-4-MoE's "should be assigned before!": the call is needed, not decoration)."""
     src = FAMILIES / model_type
     ids, want = src / "input_ids.npy", np.load(src / "logits.npy")
     conv, kept = tmp_path / "converted", tmp_path / "kept"
@@ -119,12 +130,15 @@ def test_plain_from_pretrained_gives_the_trained_logits(model_type: str, tmp_pat
     assert np.abs(got - want).max() < 1e-5, np.abs(got - want).max()
     legacy = _logits(kept, model_type, ids, tmp_path / "legacy.npy", LEGACY)
     assert np.array_equal(legacy, got)
-    plain = _logits(kept, model_type, ids, tmp_path / "plain.npy")
-    assert np.abs(plain - want).max() > 1e-2
+    plain = _load(kept, model_type, ids, tmp_path / "plain.npy")  # fails (GLM-4-MoE) or computes others
+    if plain["ok"]:
+        assert np.abs(np.load(tmp_path / "plain.npy") - want).max() > 1e-2
+    else:
+        assert "should be assigned before" in plain["error"], plain
 
 
 # ------------------------------------------------------------------------------------ refused / kept
-def _unknown(tmp_path: Path, model_type: str = "glm4_moe") -> Path:
+def _unknown(tmp_path: Path, model_type: str = "qwen3_next") -> Path:
     """The Gemma 3 Trainer checkpoint under a config.json naming a model type tietool has no row for."""
     ck = _copy("gemma3_text", tmp_path)
     cfg = json.loads((ck.parent / "config.json").read_text())
@@ -140,7 +154,7 @@ def test_a_model_type_without_conversion_data_is_refused_by_name(tmp_path: Path)
     before = av.tree_state(ck.parent)
     run = av.run_cli(["merge", ck, "--out", out])
     av.assert_refused(
-        run, 5, ["glm4_moe", "[in, out]", "--keep-paddle-layout", "convert_from_hf=False"], out=out
+        run, 5, ["qwen3_next", "[in, out]", "--keep-paddle-layout", "convert_from_hf=False"], out=out
     )
     assert av.tree_state(ck.parent) == before
 

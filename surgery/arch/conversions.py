@@ -181,6 +181,50 @@ def _qwen2_moe() -> ConversionRow:
     return replace(row, linear={**row.linear, **_QWEN2_MOE_LINEAR}, fused={Naming.HF: _QWEN2_MOE_FUSED})
 
 
+# Qwen3-MoE in PaddleFormers 1.2 (qwen3_moe/modeling.py, the non-fleet classes): Qwen3's attention (q/k norms,
+# qkv_proj grouped per kv head), routed experts as Qwen2-MoE's, no shared expert; the router mlp.gate is a
+# Linear (transpose_weight_keys "gate"). Proven by tests/test_flex_families.py as Qwen2-MoE.
+_QWEN3_MOE_LINEAR = {k: v for k, v in _QWEN2_MOE_LINEAR.items() if "shared_expert" not in k}
+_QWEN3_MOE_FUSED = {k: v for k, v in _QWEN2_MOE_FUSED.items() if "shared_expert" not in k}
+
+
+def _qwen3_moe() -> ConversionRow:
+    row = _llama_like(None, ("self_attn.q_norm.weight", "self_attn.k_norm.weight"), pf_fused=True)
+    return replace(row, linear={**row.linear, **_QWEN3_MOE_LINEAR}, fused={Naming.HF: _QWEN3_MOE_FUSED})
+
+
+# GLM-4-MoE in PaddleFormers 1.2 (glm4_moe/modeling.py, the non-fleet classes): Llama's attention (qkv_proj
+# grouped per kv head, optional q/k norms), the first_k_dense_replace layers dense (up_gate_proj gate | up),
+# the others routed experts and shared_experts (plural) fused alike; the router mlp.gate.weight is NOT a
+# Linear here: [n_routed_experts, hidden] in memory and in the HF files alike (_gen_aoa_config maps it
+# without ^T), copied as stored with its e_score_correction_bias. MTP layers (num_nextn_predict_layers)
+# are not listed: a checkpoint with them is refused by name. Proven by tests/test_flex_families.py.
+_GLM4_MOE_LINEAR: dict[str, tuple[Size, Size]] = {
+    "mlp.experts.N.gate_proj.weight": (S.HIDDEN, S.MOE_INTER),
+    "mlp.experts.N.up_proj.weight": (S.HIDDEN, S.MOE_INTER),
+    "mlp.experts.N.down_proj.weight": (S.MOE_INTER, S.HIDDEN),
+    "mlp.shared_experts.gate_proj.weight": (S.HIDDEN, S.N_SHARED_INTER),
+    "mlp.shared_experts.up_proj.weight": (S.HIDDEN, S.N_SHARED_INTER),
+    "mlp.shared_experts.down_proj.weight": (S.N_SHARED_INTER, S.HIDDEN),
+}
+_GLM4_MOE_FUSED = {
+    **_PF_FUSED,
+    **_gate_up("mlp.experts.N.up_gate_proj", "mlp.experts.N.", (S.HIDDEN, S.MOE_INTER2)),
+    **_gate_up("mlp.shared_experts.up_gate_proj", "mlp.shared_experts.", (S.HIDDEN, S.N_SHARED_INTER2)),
+}
+_GLM4_MOE_PLAIN = (
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "mlp.gate.weight",
+    "mlp.gate.e_score_correction_bias",
+)
+
+
+def _glm4_moe() -> ConversionRow:
+    row = _llama_like(None, _GLM4_MOE_PLAIN, pf_fused=True)
+    return replace(row, linear={**row.linear, **_GLM4_MOE_LINEAR}, fused={Naming.HF: _GLM4_MOE_FUSED})
+
+
 # model_type -> row
 CONVERSIONS: Mapping[str, ConversionRow] = {
     "llama": _llama_like("llama", own_head=True),
@@ -191,6 +235,8 @@ CONVERSIONS: Mapping[str, ConversionRow] = {
     "ernie4_5_moe": _ernie(moe=True),
     "gemma3_text": _llama_like(None, _GEMMA3_PLAIN, pf_fused=True),
     "qwen2_moe": _qwen2_moe(),
+    "qwen3_moe": _qwen3_moe(),
+    "glm4_moe": _glm4_moe(),
 }
 
 # the Linear weights of every row, for a model type without a row of its own: only their shapes are read (to

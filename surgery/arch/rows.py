@@ -385,6 +385,8 @@ class Size(str, Enum):
     NUM_EXPERTS = "num_experts"
     SHARED_EXPERT_INTER = "shared_expert_intermediate_size"
     SHARED_EXPERT_INTER2 = "2 x shared_expert_intermediate_size"
+    N_SHARED_INTER = "moe_intermediate_size x n_shared_experts"
+    N_SHARED_INTER2 = "2 x moe_intermediate_size x n_shared_experts"
     ONE = "1"
     VOCAB = "vocab_size"
 

@@ -49,6 +49,7 @@ def sizes(cfg: dict) -> dict[Size, int]:
     inter, moe = _int(cfg.get("intermediate_size")), _int(cfg.get("moe_intermediate_size"))
     shared = _int(cfg.get("moe_num_shared_experts"))
     shared_expert = _int(cfg.get("shared_expert_intermediate_size"))
+    n_shared = _int(cfg.get("n_shared_experts"))
     got: dict[Size, int | None] = {
         Size.HIDDEN: h,
         Size.HIDDEN2: 2 * h if h else None,
@@ -65,6 +66,8 @@ def sizes(cfg: dict) -> dict[Size, int]:
         Size.NUM_EXPERTS: _int(cfg.get("num_experts")),
         Size.SHARED_EXPERT_INTER: shared_expert,
         Size.SHARED_EXPERT_INTER2: 2 * shared_expert if shared_expert else None,
+        Size.N_SHARED_INTER: moe * n_shared if moe and n_shared else None,
+        Size.N_SHARED_INTER2: 2 * moe * n_shared if moe and n_shared else None,
         Size.ONE: 1,
         Size.VOCAB: _int(cfg.get("vocab_size")),
     }

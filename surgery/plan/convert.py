@@ -369,9 +369,10 @@ def _body_step(
 
 
 def model_steps(
-    ckpt: Checkpoint, row: arch.ConversionRow, src: Convention, dst: Convention
+    ckpt: Checkpoint, row: arch.ConversionRow, src: Convention, dst: Convention, fix: str | None = None
 ) -> list[OutTensor]:
-    """Every output tensor of a conversion from ``src`` to ``dst``, in the input's tensor order.
+    """Every output tensor of a conversion from ``src`` to ``dst``, in the input's tensor order. ``fix``: the
+    refusal's fix, one the calling command has (default: convert's container-only conversion).
 
     Raises:
         RefusedError: tensors the row cannot place (named, up to five), never guessed.
@@ -397,8 +398,8 @@ def model_steps(
             f"checkpoint in the {dst.title} layout: {', '.join(unplaced[:5])}{more}; it will not guess "
             "whether they are Linear weights",
             ckpt.path,
-            f"convert with {Opt('to', 'safetensors')} (names and layouts unchanged), or add their suffixes "
-            "to CONVERSIONS in surgery/arch/families.py",
+            (fix or f"convert with {Opt('to', 'safetensors')} (names and layouts unchanged)")
+            + ", or add their suffixes to CONVERSIONS in surgery/arch/conversions.py",
         )
     return steps
 
@@ -708,7 +709,7 @@ def plan_convert(ckpt: Checkpoint, to: Target, fix: str | None = None) -> Conver
             0, f"the input is already in the {conv.title} layout: only the shards are rewritten"
         )
         return plan
-    plan.tensors = model_steps(ckpt, row, source, conv)
+    plan.tensors = model_steps(ckpt, row, source, conv, fix)
     _edit_config(plan, to.value, row)
     _head_steps(plan, row)
     return plan

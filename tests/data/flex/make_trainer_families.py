@@ -19,12 +19,14 @@ The same data and arguments as ``make_trainer.py`` (fp32, AdamW, lr 1e-2, batch 
 from __future__ import annotations
 
 import dataclasses
+import importlib.machinery
 import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 import types
+import typing
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -68,14 +70,49 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
             "fuse_rms_norm": False,  # CPU has no fused_rms_norm_ext kernel
         },
     ),
+    # untied, 4 routed experts (no shared expert), q/k norms, no qkv bias
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLMDeprecated",
+        {
+            **_BASE,
+            "intermediate_size": 32,
+            "moe_intermediate_size": 8,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "head_dim": 8,
+            "tie_word_embeddings": False,
+            "fuse_rms_norm": False,
+        },
+    ),
+    # untied, layer 0 dense (first_k_dense_replace), layer 1 MoE: 4 routed experts, a shared expert, a
+    # router [experts, hidden] with its e_score_correction_bias; the Deprecated class (the fleet one needs
+    # paddlefleet)
+    "glm4_moe": (
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLMDeprecated",
+        {
+            **_BASE,
+            "intermediate_size": 32,
+            "moe_intermediate_size": 8,
+            "n_routed_experts": 4,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "first_k_dense_replace": 1,
+            "head_dim": 8,
+            "tie_word_embeddings": False,
+            "fuse_rms_norm": False,
+        },
+    ),
 }
 
 
 def _stubs() -> None:
     """Stand-ins that let PaddleFormers 1.2 import on this CPU venv (nothing they stand for runs):
-    ``datasets`` (``make_trainer._stub_datasets``) and, without ``paddlefleet``,
+    ``datasets`` (``make_trainer._stub_datasets``), without ``paddlefleet``
     ``paddleformers.transformers.gpt_provider`` (the Qwen2 family's modeling imports its dataclass
-    ``GPTModelProvider``; tests/data/tools/pf_logits.py does the same)."""
+    ``GPTModelProvider``), without ``paddlefleet_ops`` that module (the MoE families import
+    ``is_deep_ep_available`` for GPU expert dispatch); tests/data/tools/pf_logits.py does the same."""
     sys.path.insert(0, str(HERE))
     import make_trainer
 
@@ -85,10 +122,15 @@ def _stubs() -> None:
 
         @dataclasses.dataclass
         class GPTModelProvider:
-            pass
+            transform_rules: typing.ClassVar[dict] = {}  # GLM-4-MoE's provider extends it
 
         mod.GPTModelProvider = GPTModelProvider  # type: ignore[attr-defined]
         sys.modules["paddleformers.transformers.gpt_provider"] = mod
+    if importlib.util.find_spec("paddlefleet_ops") is None:  # GPU expert dispatch, never run on CPU
+        ops = types.ModuleType("paddlefleet_ops")
+        ops.__spec__ = importlib.machinery.ModuleSpec("paddlefleet_ops", None)
+        ops.is_deep_ep_available = lambda: False  # type: ignore[attr-defined]
+        sys.modules["paddlefleet_ops"] = ops
 
 
 def train(family: str, out: Path) -> None:
