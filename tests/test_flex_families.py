@@ -99,6 +99,9 @@ def test_merged_in_the_hf_layout(model_type: str, tmp_path: Path) -> None:
     assert run.rc == 0, run.describe()
     rep = json.loads(run.stdout)
     assert rep["to_paddleformers_layout"] and not rep["warnings"] and rep["converted"]["transposed"]
+    assert rep["conversion_proof"].endswith(
+        f"test_plain_from_pretrained_gives_the_trained_logits[{model_type}]"
+    )
     names = _names(out)
     assert not [n for n in names if "qkv_proj" in n or "up_gate_proj" in n], sorted(names)
     cfg = json.loads((ck.parent / "config.json").read_text())
@@ -205,3 +208,20 @@ def test_keep_paddle_layout_of_rank_files_is_a_usage_error(tmp_path: Path) -> No
     (src / "config.json").write_text("{}")
     run = av.run_cli(["merge", src, "--out", tmp_path / "m", "--keep-paddle-layout"])
     av.assert_refused(run, 2, ["--keep-paddle-layout", "flex checkpoint"], out=tmp_path / "m")
+
+
+def test_every_flex_merge_proof_names_a_row_and_a_test_that_exists() -> None:
+    """``FLEX_MERGE_PROOFS`` (model type -> the test that loaded its merged Trainer checkpoint): every key a
+    CONVERSIONS row, every value a test function of this repository (the family parameter one of
+    MODEL_CLASS here)."""
+    import ast
+
+    from tietool.surgery import arch
+
+    assert set(MODEL_CLASS) <= set(arch.FLEX_MERGE_PROOFS) <= set(arch.CONVERSIONS)
+    for mt, node in arch.FLEX_MERGE_PROOFS.items():
+        path, _, test = node.partition("::")
+        tree = ast.parse((TOOLS.parent / path).read_text())
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        assert test.split("[")[0] in names, node
+        assert "[" not in test or test.endswith(f"[{mt}]"), node

@@ -239,6 +239,16 @@ CONVERSIONS: Mapping[str, ConversionRow] = {
     "glm4_moe": _glm4_moe(),
 }
 
+_FAMILIES_TEST = "tests/test_flex_families.py::test_plain_from_pretrained_gives_the_trained_logits"
+FLEX_MERGE_PROOFS: Mapping[str, str] = {
+    "llama": "tests/test_flex.py::test_real_trainer_checkpoint_merged_loads_with_the_trained_logits",
+    **{mt: f"{_FAMILIES_TEST}[{mt}]" for mt in ("gemma3_text", "glm4_moe", "qwen2_moe", "qwen3_moe")},
+}
+"""model_type → the test that merged a real PaddleFormers 1.2 Trainer flex checkpoint of it with the CLI and
+loaded the output with a plain ``from_pretrained``, getting the trained model's logits. The other rows
+(qwen2, qwen3, ernie4_5, ernie4_5_moe) are proven by ``convert`` from PaddleFormers' own legacy Paddle-layout
+save (the same in-memory layout the Trainer holds) to its HF export (``tests/test_convert.py``)."""
+
 # the Linear weights of every row, for a model type without a row of its own: only their shapes are read (to
 # tell whether a checkpoint tietool does not convert is in the HF layout), never converted
 ANY_LINEAR: Mapping[str, tuple[Size, Size]] = {

@@ -282,6 +282,9 @@ def report(plan: FlexPlan, out: str, facts: dict[str, Any]) -> dict[str, Any]:
         "config_changes": plan.config_changes,
         "left_out": plan.left,
         "to_paddleformers_layout": not plan.kept_layout,
+        "conversion_proof": None
+        if plan.kept_layout
+        else arch.FLEX_MERGE_PROOFS.get(str(plan.config.get("model_type"))),
         "paddle_layout_load": legacy_load(out) if plan.kept_layout else None,
         "warnings": [kept_warning(plan, out)] if plan.kept_layout else [],
         **facts,
