@@ -29,6 +29,7 @@ tensor-parallel files (same container, report, carried files).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from .merge import (
     require_readable,
     same_or_refuse,
 )
+from .merge_tie import changed, check_tie, joined_view
 from .plan import OutTensor
 from .recipes import Joined, Slice
 
@@ -445,12 +447,16 @@ def plan_expert_merge(src: Path, names: set[str]) -> MergePlan:
 
 def plan_rank_merge(src: Path) -> MergePlan:
     """The merge of the rank folder ``src``: expert-parallel rank files (``moe_sharding00``, ``moe00``) by
-    :func:`plan_expert_merge`, tensor- and pipeline-parallel ones by :func:`surgery.plan.merge.plan_merge`.
+    :func:`plan_expert_merge`, tensor- and pipeline-parallel ones by :func:`surgery.plan.merge.plan_merge`;
+    then the tie check on the merged tensors (:func:`surgery.plan.merge_tie.check_tie`: a head trained apart
+    under a tied flag is kept and the flags set false, ``plan.tie``).
 
     Raises:
-        UsageError, CheckpointError, RefusedError: as those two say; nothing is written.
+        UsageError, CheckpointError, RefusedError: as those two and :func:`~surgery.plan.merge_tie.check_tie`
+            say (an untied flag with no head in the files is refused); nothing is written.
     """
     names = folder_names(src)
-    if is_expert_parallel(names):
-        return plan_expert_merge(src, names)
-    return plan_merge(src)
+    plan = plan_expert_merge(src, names) if is_expert_parallel(names) else plan_merge(src)
+    fix = check_tie(joined_view(plan.path, plan.new_config, plan.merged))
+    new_config, changes = changed(plan.new_config, plan.config_changes, fix)
+    return replace(plan, new_config=new_config, config_changes=changes, tie=fix)
