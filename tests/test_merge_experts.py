@@ -238,9 +238,69 @@ def test_refuses_local_numbering_without_an_expert_count(tmp_path):
 
 
 def test_refuses_an_unknown_family(tmp_path):
+    """A model type with no proven expert count is refused by name, naming the count keys its config has
+    and every key tietool reads (never "add the number of experts" to a config that has it)."""
     full, config = d06_full(tmp_path)
     ranks = cut(full, 2, True, tmp_path / "ranks", {**config, "model_type": "mystery_moe"})
-    refused(ranks, tmp_path, 5, "no expert count", "mystery_moe")
+    refused(ranks, tmp_path, 5, "mystery_moe", "num_experts = 4", "n_routed_experts", "moe_num_experts")
+    cut(full, 2, False, tmp_path / "ranks2", {"model_type": "kimi_k2", "text_config": {"n_routed_experts": 4}})
+    refused(tmp_path / "ranks2", tmp_path, 5, "kimi_k2", "text_config.n_routed_experts = 4", "unproven")
+
+
+E10 = paths.BUG_CASES_DIR / "e10_ernie45_moe_expert_parallel_rank_files" / "ckpt"
+
+
+def e10_full() -> tuple[dict[str, np.ndarray], dict]:
+    """e10's whole state dict (PaddleFormers-written ERNIE-4.5-MoE, experts 0-1 and 2-3) and config."""
+    full: dict[str, np.ndarray] = {}
+    for r in range(2):
+        for k, v in arrays(E10 / f"model_state.moe_sharding0{r}.pdparams").items():
+            assert k not in full or full[k].tobytes() == v.tobytes(), k
+            full[k] = v
+    return full, json.loads((E10 / "config.json").read_text())
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("local", [False, True])
+def test_ernie45_moe_num_experts_counts_the_experts(tmp_path, n, local):
+    """ERNIE-4.5-MoE's moe_num_experts (e10's PaddleFormers-written files) proves the numbering: cut into
+    n ranks, globally or locally numbered, the merge gives every tensor back bit for bit."""
+    full, config = e10_full()
+    assert config["moe_num_experts"] == 4 and arch.EXPERT_COUNT_KEYS["ernie4_5_moe"] == ("moe_num_experts",)
+    ranks = cut(full, n, local, tmp_path / "ranks", {**config, "expert_model_parallel_size": n})
+    rep = tietool.merge(ranks, tmp_path / "out")
+    assert_same(tmp_path / "out", full)
+    got = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (got["moe_num_experts"], got["expert_model_parallel_size"]) == (4, 1)
+    assert rep["expert_numbering"] == ["local" if local and n > 1 else "global"]
+
+
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        (2**64, "ids run 0..18446744073709551615"),
+        (2**63 + 1, "no rank file holds expert(s) 9223372036854775805 of ids"),
+        ([4, 4], "is not a positive integer"),
+        (0, "is not a positive integer"),
+    ],
+)
+def test_huge_or_odd_expert_counts_are_one_line_refusals(tmp_path, value, said):
+    """A count beyond 2**63 (or a list, or 0) in config.json is refused in one line naming the key, never an
+    OverflowError or a range of its size built."""
+    full, config = e10_full()
+    ranks = cut(full, 2, False, tmp_path / "ranks", {**config, "moe_num_experts": value})
+    if value == 2**64:  # an id beyond the count too: rename expert 3 as 2**64
+        a = arrays(ranks / "model_state.moe_sharding01.pdparams")
+        write_rank(
+            ranks / "model_state.moe_sharding01.pdparams",
+            {k.replace("experts.3.", f"experts.{2**64}."): v for k, v in a.items()},
+        )
+        said = f"expert id {2**64} is beyond the count"
+    run = run_cli(["merge", ranks, "--out", tmp_path / "out"])
+    assert run.rc in (3, 5) and "Traceback" not in run.stderr, run.describe()
+    assert len(run.stderr.strip().splitlines()) == 1 and "moe_num_experts" in run.stderr, run.describe()
+    assert said in run.stderr, run.describe()
+    assert not (tmp_path / "out").exists()
 
 
 def test_refuses_overlapping_ids(tmp_path):

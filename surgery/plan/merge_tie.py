@@ -63,9 +63,9 @@ class TieFix:
         keys = ", ".join(self.flags)
         return (
             f"{self.head} differs from {self.embedding} in {self.differing_rows} row(s) (max |Δ| "
-            f"{self.max_abs_diff:.3g}) although config.json says tied ({self.source} = true): the run trained "
-            f"the head apart, so {self.head} is kept as trained and {keys} set false (left true, PaddleFormers "
-            "would use the embedding as the head)"
+            f"{self.max_abs_diff:.3g}) although config.json says tied ({self.source} = true): the run "
+            f"trained the head apart, so {self.head} is kept as trained and {keys} set false (left true, "
+            "PaddleFormers would use the embedding as the head)"
         )
 
     def facts(self) -> dict[str, Any]:
@@ -135,7 +135,8 @@ def joined_view(path: Path, config: dict[str, Any], merged: list[OutTensor]) -> 
     """The :class:`JoinedView` of merged tensors ``merged`` of the rank folder ``path`` under ``config``."""
     tensors = {t.name: TensorInfo(t.name, t.dtype, t.shape, "", -1, t.nbytes) for t in merged}
     recipes = {t.name: t.recipe for t in merged if isinstance(t.recipe, Joined)}
-    return JoinedView(path, dict(config), Container.SAFETENSORS, False, None, None, [], tensors, recipes=recipes)
+    cfg = dict(config)
+    return JoinedView(path, cfg, Container.SAFETENSORS, False, None, None, [], tensors, recipes=recipes)
 
 
 def check_tie(view: Checkpoint) -> TieFix | None:
