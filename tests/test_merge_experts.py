@@ -243,7 +243,9 @@ def test_refuses_an_unknown_family(tmp_path):
     full, config = d06_full(tmp_path)
     ranks = cut(full, 2, True, tmp_path / "ranks", {**config, "model_type": "mystery_moe"})
     refused(ranks, tmp_path, 5, "mystery_moe", "num_experts = 4", "n_routed_experts", "moe_num_experts")
-    cut(full, 2, False, tmp_path / "ranks2", {"model_type": "kimi_k2", "text_config": {"n_routed_experts": 4}})
+    cut(
+        full, 2, False, tmp_path / "ranks2", {"model_type": "kimi_k2", "text_config": {"n_routed_experts": 4}}
+    )
     refused(tmp_path / "ranks2", tmp_path, 5, "kimi_k2", "text_config.n_routed_experts = 4", "unproven")
 
 
@@ -325,25 +327,58 @@ def test_refuses_expert_tags_with_tensor_parallel_ones(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ real checkpoints
-@pytest.mark.slow
-def test_real_moe_rank_files_merge_back_bit_for_bit(tmp_path):
-    """Qwen3-MoE, Qwen2-MoE and DeepSeek-V3 of 4 experts, written by PaddleFormers 1.2 (one subprocess),
-    cut into 2 and 4 ranks, numbered globally and locally: each merge gives back the library's
-    model_state.pdparams bit for bit. Proves :data:`surgery.arch.EXPERT_COUNT_KEYS` (the saved config's key
-    counts the experts the library saves) and the expert names."""
+@pytest.fixture(scope="module")
+def built_moe(tmp_path_factory):
+    """Every MoE family of ``moe_builder.EXPERT_KEYS`` with 4 experts, written by PaddleFormers 1.2 (one
+    subprocess for all)."""
     from support import moe_builder
 
-    built = moe_builder.build(tmp_path / "built")
-    for family, folder in built.items():
-        config = json.loads((folder / "config.json").read_text())
-        keys = arch.EXPERT_COUNT_KEYS[family]
-        assert [config[k] for k in keys if k in config] == [moe_builder.EXPERTS], family
-        full = arrays(folder / "model_state.pdparams")
-        ids = {int(m["id"]) for k in full if (m := arch.EXPERT_NAME_RE.match(k))}
-        assert ids == set(range(moe_builder.EXPERTS)), family
-        for n in (2, 4):
-            for local in (False, True):
-                where = tmp_path / f"{family}-{n}-{local}"
-                cut(full, n, local, where / "ranks", config)
-                tietool.merge(where / "ranks", where / "out")
-                assert_same(where / "out", full)
+    return moe_builder.build(tmp_path_factory.mktemp("moe") / "built")
+
+
+def _at(config: dict, dotted: str):
+    for part in dotted.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(arch.EXPERT_COUNTS))
+def test_real_moe_rank_files_merge_back_bit_for_bit(tmp_path, built_moe, family):
+    """Each model type of :data:`surgery.arch.EXPERT_COUNTS` (the node id its row names), built with 4
+    experts and written by PaddleFormers 1.2's own save, cut into 2 and 4 ranks as its expert-parallel save
+    cuts them (rank r the r-th block of E/ep experts), numbered globally and locally: each merge gives back
+    the library's model_state.pdparams bit for bit. Proves the row's keys (the saved config's key counts the
+    experts the library saves) and the expert names."""
+    from support import moe_builder
+
+    row = arch.EXPERT_COUNTS[family]
+    assert row.proof.endswith(f"test_real_moe_rank_files_merge_back_bit_for_bit[{family}]")
+    folder = built_moe[family]
+    config = json.loads((folder / "config.json").read_text())
+    assert [_at(config, k) for k in row.keys if _at(config, k) is not None] == [moe_builder.EXPERTS]
+    assert moe_builder.EXPERT_KEYS[family] in row.keys
+    full = arrays(folder / "model_state.pdparams")
+    ids = {int(m["id"]) for k in full if (m := arch.EXPERT_NAME_RE.match(k))}
+    assert ids == set(range(moe_builder.EXPERTS)), family
+    for n in (2, 4):
+        for local in (False, True):
+            where = tmp_path / f"{family}-{n}-{local}"
+            cut(full, n, local, where / "ranks", {**config, "expert_model_parallel_size": n})
+            rep = tietool.merge(where / "ranks", where / "out")
+            assert_same(where / "out", full)
+            assert rep["expert_numbering"] == ["local" if local else "global"]
+            assert json.loads((where / "out" / "config.json").read_text())["expert_model_parallel_size"] == 1
+
+
+def test_every_expert_count_row_names_its_proof():
+    """Every row of the table names the parametrized slow test that proves it (a node id that exists)."""
+    for family, row in arch.EXPERT_COUNTS.items():
+        assert (
+            row.proof
+            == f"tests/test_merge_experts.py::test_real_moe_rank_files_merge_back_bit_for_bit[{family}]"
+        )
+        assert row.keys and set(row.keys) <= {
+            *arch.SHIPPED_EXPERT_COUNT_KEYS,
+            *(f"text_config.{k}" for k in arch.SHIPPED_EXPERT_COUNT_KEYS),
+        }
