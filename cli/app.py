@@ -62,8 +62,10 @@ from .options import (
 app = typer.Typer(
     name="tietool",
     help="Inspect, tie, untie and resize the input embedding and LM head of PaddlePaddle LLM checkpoints "
-    "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors); convert them between "
-    "the PaddleNLP and PaddleFormers conventions; merge tensor-parallel rank files.",
+    "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors), add tokens to model and "
+    "tokenizer together, verify what a write changed; convert between the PaddleNLP and PaddleFormers "
+    "conventions; merge tensor- or expert-parallel rank files and PaddleFormers Trainer (flex) checkpoints.",
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -645,6 +645,8 @@ def merge(rep: dict, as_json: bool = False) -> None:
         print(f"  {t['name']}: {t['rule']}{axis}{turned} -> {t['dtype']} {t['shape']}")
     for k, (before, after) in rep["config_changes"].items():
         print(f"config.json: {k} {before} -> {after}")
+    if rep.get("tie"):  # the tie check: a head trained apart kept, the tie flag set false
+        print(f"warning: {rep['tie']['message']}")
     for f in rep["left_out"]:
         print(f"left out: {f}")
     if rep["dry_run"]:

@@ -48,10 +48,13 @@ from .families import (
 )
 from .parallel import (
     EXPERT_COUNT_KEYS,
+    EXPERT_COUNTS,
     EXPERT_NAME_RE,
     PARALLEL_CONFIG_KEYS,
+    SHIPPED_EXPERT_COUNT_KEYS,
     TENSOR_PARALLEL,
     TP_DIM_KEYS,
+    ExpertCount,
     tp_rule,
 )
 from .rows import (
@@ -82,6 +85,9 @@ __all__ = [
     "CONTAINERS",
     "CONVERSIONS",
     "EXPERT_COUNT_KEYS",
+    "EXPERT_COUNTS",
+    "SHIPPED_EXPERT_COUNT_KEYS",
+    "ExpertCount",
     "FLEX_MERGE_PROOFS",
     "EXPERT_NAME_RE",
     "EXTRA_TABLES",

@@ -39,6 +39,7 @@ from ..model.errors import CheckpointError, RefusedError
 from ..model.tensor import TensorInfo
 from .flex_pieces import Assembled, assemble, assembled_data, piece_array
 from .merge import merged_config
+from .merge_tie import TieFix, changed, check_tie
 from .plan import NewCheckpoint, OutTensor, Reshard
 from .recipes import Array
 
@@ -84,6 +85,8 @@ class FlexPlan:
             ``config_changes`` its changes.
         merged: the output tensors (an :class:`Assembled` recipe each).
         carry: ``(source, name)`` copied unchanged; ``left``: the root's names left out.
+        tie: the :class:`~surgery.plan.merge_tie.TieFix` of the tie check (a head trained apart under a tied
+            flag: kept, the flags set false in ``new_config``), else None.
         kept_layout: written in the Paddle layout the training run held, as the user asked
             (:func:`keep_layout`); False: converted, or refused (:func:`refuse_unconverted`).
     """
@@ -97,6 +100,7 @@ class FlexPlan:
     merged: list[OutTensor]
     carry: list[tuple[Path, str]]
     left: list[str]
+    tie: TieFix | None = None
     kept_layout: bool = False
 
 
@@ -228,11 +232,12 @@ def _refuse_training_state(folder: flex.FlexFolder) -> None:
 
 def plan_flex(src: Path) -> FlexPlan:
     """The merge of the flex checkpoint at ``src``: metadata and headers read and checked, every tensor's
-    coverage and shared elements checked (:func:`check_tensor`), config.json and the carried files.
+    coverage and shared elements checked (:func:`check_tensor`), config.json and the carried files, and the
+    tie check on the merged tensors (:func:`surgery.plan.merge_tie.check_tie`).
 
     Raises:
-        CheckpointError, UnsafePickleError, RefusedError: as :func:`surgery.io.flex.open_flex` and
-            :func:`check_tensor` say; nothing is written.
+        CheckpointError, UnsafePickleError, RefusedError: as :func:`surgery.io.flex.open_flex`,
+            :func:`check_tensor` and :func:`~surgery.plan.merge_tie.check_tie` say; nothing is written.
     """
     folder = flex.find(src)
     if folder is None:
@@ -249,7 +254,10 @@ def plan_flex(src: Path) -> FlexPlan:
         merged.append(OutTensor(t.name, t.label, t.shape, recipe))
     new_config, changes = merged_config(config)
     carry, left = _carried(ck, config_file)
-    return FlexPlan(ck, headers, config, config_file, new_config, changes, merged, carry, left)
+    fp = FlexPlan(ck, headers, config, config_file, new_config, changes, merged, carry, left)
+    fix = check_tie(flex_view(fp))  # the tie check of every merge (surgery/plan/merge_tie.py)
+    new_config, changes = changed(new_config, changes, fix)
+    return replace(fp, new_config=new_config, config_changes=changes, tie=fix)
 
 
 def new_checkpoint(plan: FlexPlan, max_shard_size: int) -> NewCheckpoint:
@@ -280,6 +288,7 @@ def report(plan: FlexPlan, out: str, facts: dict[str, Any]) -> dict[str, Any]:
         "rank_files": [str(ck.path_of(f).relative_to(ck.folder.root)) for f in ck.files],
         "config_from": str(plan.config_file),
         "config_changes": plan.config_changes,
+        "tie": plan.tie.facts() if plan.tie else None,
         "left_out": plan.left,
         "to_paddleformers_layout": not plan.kept_layout,
         "conversion_proof": None
