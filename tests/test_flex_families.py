@@ -35,6 +35,7 @@ MODEL_CLASS = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
 LEGACY = {"load_checkpoint_format": "legacy", "convert_from_hf": False}
 TOOLS = Path(__file__).resolve().parent
@@ -105,10 +106,15 @@ def test_merged_in_the_hf_layout(model_type: str, tmp_path: Path) -> None:
     names = _names(out)
     assert not [n for n in names if "qkv_proj" in n or "up_gate_proj" in n], sorted(names)
     cfg = json.loads((ck.parent / "config.json").read_text())
-    h, q = cfg["hidden_size"], cfg["num_attention_heads"] * cfg.get("head_dim", 8)
-    kv = cfg["num_key_value_heads"] * cfg.get("head_dim", 8)
+    h, nh = cfg["hidden_size"], cfg["num_attention_heads"]
     layer = "model.layers.1.self_attn"
-    assert names[f"{layer}.q_proj.weight"] == [q, h] and names[f"{layer}.k_proj.weight"] == [kv, h]
+    if model_type == "deepseek_v3":  # multi-head latent attention
+        q = nh * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"])
+        assert names[f"{layer}.q_b_proj.weight"] == [q, cfg["q_lora_rank"]]
+        assert names[f"{layer}.o_proj.weight"] == [h, nh * cfg["v_head_dim"]]
+    else:
+        q, kv = nh * cfg.get("head_dim", 8), cfg["num_key_value_heads"] * cfg.get("head_dim", 8)
+        assert names[f"{layer}.q_proj.weight"] == [q, h] and names[f"{layer}.k_proj.weight"] == [kv, h]
     assert names["lm_head.weight"] == [cfg["vocab_size"], h]
     assert _formats(out) == {"pt"}
     written = json.loads((out / "config.json").read_text())

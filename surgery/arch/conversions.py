@@ -225,6 +225,41 @@ def _glm4_moe() -> ConversionRow:
     return replace(row, linear={**row.linear, **_GLM4_MOE_LINEAR}, fused={Naming.HF: _GLM4_MOE_FUSED})
 
 
+# DeepSeek-V3 in PaddleFormers 1.2 (deepseek_v3/modeling.py): multi-head latent attention (q_a_proj /
+# q_b_proj, or q_proj without q_lora_rank; kv_a_proj_with_mqa / kv_b_proj; o_proj from heads x v_head_dim),
+# the first_k_dense_replace layers dense, the others routed experts and shared_experts, all unfused (its
+# _gen_aoa_config transposes each: transpose_weight_keys), the router mlp.gate [hidden, n_routed_experts]
+# a Linear; q_a_layernorm, kv_a_layernorm and the correction bias copied. MTP layers (eh_proj, ...) are not
+# listed: refused by name. Proven by tests/test_flex_families.py.
+_DEEPSEEK_V3_LINEAR: dict[str, tuple[Size, Size]] = {
+    "self_attn.q_proj.weight": (S.HIDDEN, S.MLA_Q),
+    "self_attn.q_a_proj.weight": (S.HIDDEN, S.Q_LORA),
+    "self_attn.q_b_proj.weight": (S.Q_LORA, S.MLA_Q),
+    "self_attn.kv_a_proj_with_mqa.weight": (S.HIDDEN, S.KV_LORA_ROPE),
+    "self_attn.kv_b_proj.weight": (S.KV_LORA, S.MLA_KV),
+    "self_attn.o_proj.weight": (S.MLA_O, S.HIDDEN),
+    "mlp.gate_proj.weight": (S.HIDDEN, S.INTER),
+    "mlp.up_proj.weight": (S.HIDDEN, S.INTER),
+    "mlp.down_proj.weight": (S.INTER, S.HIDDEN),
+    "mlp.gate.weight": (S.HIDDEN, S.N_ROUTED),
+    **_GLM4_MOE_LINEAR,
+}
+_DEEPSEEK_V3_PLAIN = (
+    "embed_tokens.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "norm.weight",
+    "self_attn.q_a_layernorm.weight",
+    "self_attn.kv_a_layernorm.weight",
+    "mlp.gate.e_score_correction_bias",
+)
+
+
+def _deepseek_v3() -> ConversionRow:
+    row = _llama_like(None)
+    return replace(row, linear=_DEEPSEEK_V3_LINEAR, plain=_DEEPSEEK_V3_PLAIN, fused={})
+
+
 # model_type -> row
 CONVERSIONS: Mapping[str, ConversionRow] = {
     "llama": _llama_like("llama", own_head=True),
@@ -237,12 +272,16 @@ CONVERSIONS: Mapping[str, ConversionRow] = {
     "qwen2_moe": _qwen2_moe(),
     "qwen3_moe": _qwen3_moe(),
     "glm4_moe": _glm4_moe(),
+    "deepseek_v3": _deepseek_v3(),
 }
 
 _FAMILIES_TEST = "tests/test_flex_families.py::test_plain_from_pretrained_gives_the_trained_logits"
 FLEX_MERGE_PROOFS: Mapping[str, str] = {
     "llama": "tests/test_flex.py::test_real_trainer_checkpoint_merged_loads_with_the_trained_logits",
-    **{mt: f"{_FAMILIES_TEST}[{mt}]" for mt in ("gemma3_text", "glm4_moe", "qwen2_moe", "qwen3_moe")},
+    **{
+        mt: f"{_FAMILIES_TEST}[{mt}]"
+        for mt in ("deepseek_v3", "gemma3_text", "glm4_moe", "qwen2_moe", "qwen3_moe")
+    },
 }
 """model_type → the test that merged a real PaddleFormers 1.2 Trainer flex checkpoint of it with the CLI and
 loaded the output with a plain ``from_pretrained``, getting the trained model's logits. The other rows

@@ -387,6 +387,13 @@ class Size(str, Enum):
     SHARED_EXPERT_INTER2 = "2 x shared_expert_intermediate_size"
     N_SHARED_INTER = "moe_intermediate_size x n_shared_experts"
     N_SHARED_INTER2 = "2 x moe_intermediate_size x n_shared_experts"
+    N_ROUTED = "n_routed_experts"
+    Q_LORA = "q_lora_rank"
+    KV_LORA = "kv_lora_rank"
+    KV_LORA_ROPE = "kv_lora_rank + qk_rope_head_dim"
+    MLA_Q = "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)"
+    MLA_KV = "num_attention_heads x (qk_nope_head_dim + v_head_dim)"
+    MLA_O = "num_attention_heads x v_head_dim"
     ONE = "1"
     VOCAB = "vocab_size"
 

@@ -71,7 +71,24 @@ def sizes(cfg: dict) -> dict[Size, int]:
         Size.ONE: 1,
         Size.VOCAB: _int(cfg.get("vocab_size")),
     }
+    got.update(_mla_sizes(cfg, nh))
     return {k: v for k, v in got.items() if v is not None}
+
+
+def _mla_sizes(cfg: dict, nh: int | None) -> dict[Size, int | None]:
+    """The sizes of multi-head latent attention (DeepSeek-V3's ``q_lora_rank``, ``kv_lora_rank``,
+    ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``) and its routed-expert count."""
+    ql, kl = _int(cfg.get("q_lora_rank")), _int(cfg.get("kv_lora_rank"))
+    nope, rope, v = (_int(cfg.get(k)) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    return {
+        Size.N_ROUTED: _int(cfg.get("n_routed_experts")),
+        Size.Q_LORA: ql,
+        Size.KV_LORA: kl,
+        Size.KV_LORA_ROPE: kl + rope if kl and rope else None,
+        Size.MLA_Q: nh * (nope + rope) if nh and nope and rope else None,
+        Size.MLA_KV: nh * (nope + v) if nh and nope and v else None,
+        Size.MLA_O: nh * v if nh and v else None,
+    }
 
 
 @dataclass(frozen=True)

@@ -104,6 +104,33 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
             "fuse_rms_norm": False,
         },
     ),
+    # untied, multi-head latent attention (q_a/q_b, kv_a_proj_with_mqa/kv_b, their norms), layer 0 dense,
+    # layer 1 MoE (4 routed + 1 shared expert, unfused gate/up, router [hidden, experts] + correction
+    # bias); its attention reads rope_parameters["factor"] (1.0: no scaling)
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        "DeepseekV3ForCausalLM",
+        {
+            **_BASE,
+            "num_key_value_heads": 2,
+            "intermediate_size": 32,
+            "moe_intermediate_size": 8,
+            "n_routed_experts": 4,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 2,
+            "first_k_dense_replace": 1,
+            "n_group": 1,  # the router's group-limited top-k divides by it (None fails)
+            "topk_group": 1,
+            "q_lora_rank": 8,
+            "kv_lora_rank": 8,
+            "qk_nope_head_dim": 4,
+            "qk_rope_head_dim": 4,
+            "v_head_dim": 6,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "factor": 1.0},
+            "tie_word_embeddings": False,
+            "fuse_rms_norm": False,
+        },
+    ),
 }
 
 
