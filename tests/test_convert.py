@@ -729,9 +729,9 @@ def test_paddleformers_hf_layout_to_pdparams_is_refused(tmp_path):
         ("pnlp_llama_untied", "paddleformers", "pt"),
         # no metadata in the input, its layout proven [out, in] by gemma3_text's row: pt
         ("pf_gemma3_text", "safetensors", "pt"),
-        # the same files under a model type without conversion data: layout not proven, so none, as
+        # the same files under a model type without conversion data (qwen3_vl): layout not proven, so none, as
         # stored (it was labelled np, the Paddle layout, which HF transformers refuses to load)
-        ("pf_gemma3_text:qwen3_next", "safetensors", None),
+        ("pf_gemma3_text:qwen3_vl", "safetensors", None),
     ],
 )
 def test_safetensors_metadata_is_the_targets(name, to, fmt, tmp_path):

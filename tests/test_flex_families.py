@@ -36,6 +36,7 @@ MODEL_CLASS = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "glm4_moe": "Glm4MoeForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
 }
 LEGACY = {"load_checkpoint_format": "legacy", "convert_from_hf": False}
 TOOLS = Path(__file__).resolve().parent
@@ -112,8 +113,9 @@ def test_merged_in_the_hf_layout(model_type: str, tmp_path: Path) -> None:
         q = nh * (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"])
         assert names[f"{layer}.q_b_proj.weight"] == [q, cfg["q_lora_rank"]]
         assert names[f"{layer}.o_proj.weight"] == [h, nh * cfg["v_head_dim"]]
-    else:
+    else:  # Qwen3-Next's query heads carry their gate: twice as wide
         q, kv = nh * cfg.get("head_dim", 8), cfg["num_key_value_heads"] * cfg.get("head_dim", 8)
+        q *= 2 if model_type == "qwen3_next" else 1
         assert names[f"{layer}.q_proj.weight"] == [q, h] and names[f"{layer}.k_proj.weight"] == [kv, h]
     assert names["lm_head.weight"] == [cfg["vocab_size"], h]
     assert _formats(out) == {"pt"}
@@ -147,7 +149,7 @@ def test_plain_from_pretrained_gives_the_trained_logits(model_type: str, tmp_pat
 
 
 # ------------------------------------------------------------------------------------ refused / kept
-def _unknown(tmp_path: Path, model_type: str = "qwen3_next") -> Path:
+def _unknown(tmp_path: Path, model_type: str = "qwen3_vl") -> Path:
     """The Gemma 3 Trainer checkpoint under a config.json naming a model type tietool has no row for."""
     ck = _copy("gemma3_text", tmp_path)
     cfg = json.loads((ck.parent / "config.json").read_text())
@@ -163,7 +165,7 @@ def test_a_model_type_without_conversion_data_is_refused_by_name(tmp_path: Path)
     before = av.tree_state(ck.parent)
     run = av.run_cli(["merge", ck, "--out", out])
     av.assert_refused(
-        run, 5, ["qwen3_next", "[in, out]", "--keep-paddle-layout", "convert_from_hf=False"], out=out
+        run, 5, ["qwen3_vl", "[in, out]", "--keep-paddle-layout", "convert_from_hf=False"], out=out
     )
     assert av.tree_state(ck.parent) == before
 

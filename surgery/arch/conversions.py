@@ -260,6 +260,46 @@ def _deepseek_v3() -> ConversionRow:
     return replace(row, linear=_DEEPSEEK_V3_LINEAR, plain=_DEEPSEEK_V3_PLAIN, fused={})
 
 
+# Qwen3-Next in PaddleFormers 1.2 (qwen3_next/modeling.py): full-attention layers with a gated query
+# (q_proj [2 x heads x head_dim, hidden] in HF: query | gate per head), fused qkv_proj by paddle's fused_qkv
+# macro (q cut into heads, k and v into kv heads, grouped per kv head); linear-attention layers whose
+# in_proj_qkvz, in_proj_ba and out_proj are Linear weights (transpose_weight_keys) and whose conv1d, A_log,
+# dt_bias and norm are copied; Qwen2-MoE's experts, shared expert and gates. Proven by
+# tests/test_flex_families.py.
+_QWEN3_NEXT_LINEAR: dict[str, tuple[Size, Size]] = {
+    "self_attn.q_proj.weight": (S.HIDDEN, S.Q_GATED),
+    "self_attn.k_proj.weight": (S.HIDDEN, S.KV),
+    "self_attn.v_proj.weight": (S.HIDDEN, S.KV),
+    "self_attn.o_proj.weight": (S.Q, S.HIDDEN),
+    "linear_attn.in_proj_qkvz.weight": (S.HIDDEN, S.LINEAR_QKVZ),
+    "linear_attn.in_proj_ba.weight": (S.HIDDEN, S.LINEAR_BA),
+    "linear_attn.out_proj.weight": (S.LINEAR_V, S.HIDDEN),
+    **_QWEN2_MOE_LINEAR,
+}
+_QWEN3_NEXT_FUSED = {
+    **{k: v for k, v in _QWEN2_MOE_FUSED.items() if "qkv_proj" not in k},
+    "self_attn.qkv_proj.weight": FusedSpec(
+        tuple(f"self_attn.{p}_proj.weight" for p in "qkv"), Split.QKV_GROUPED_GATED, (S.HIDDEN, S.QKV_GATED)
+    ),
+    "self_attn.qkv_proj.bias": FusedSpec(
+        tuple(f"self_attn.{p}_proj.bias" for p in "qkv"), Split.QKV_GROUPED_GATED, (S.HIDDEN, S.QKV_GATED)
+    ),
+}
+_QWEN3_NEXT_PLAIN = (
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "linear_attn.conv1d.weight",
+    "linear_attn.A_log",
+    "linear_attn.dt_bias",
+    "linear_attn.norm.weight",
+)
+
+
+def _qwen3_next() -> ConversionRow:
+    row = _llama_like(None, _QWEN3_NEXT_PLAIN)
+    return replace(row, linear=_QWEN3_NEXT_LINEAR, fused={Naming.HF: _QWEN3_NEXT_FUSED})
+
+
 # model_type -> row
 CONVERSIONS: Mapping[str, ConversionRow] = {
     "llama": _llama_like("llama", own_head=True),
@@ -273,6 +313,7 @@ CONVERSIONS: Mapping[str, ConversionRow] = {
     "qwen3_moe": _qwen3_moe(),
     "glm4_moe": _glm4_moe(),
     "deepseek_v3": _deepseek_v3(),
+    "qwen3_next": _qwen3_next(),
 }
 
 _FAMILIES_TEST = "tests/test_flex_families.py::test_plain_from_pretrained_gives_the_trained_logits"
@@ -280,7 +321,7 @@ FLEX_MERGE_PROOFS: Mapping[str, str] = {
     "llama": "tests/test_flex.py::test_real_trainer_checkpoint_merged_loads_with_the_trained_logits",
     **{
         mt: f"{_FAMILIES_TEST}[{mt}]"
-        for mt in ("deepseek_v3", "gemma3_text", "glm4_moe", "qwen2_moe", "qwen3_moe")
+        for mt in ("deepseek_v3", "gemma3_text", "glm4_moe", "qwen2_moe", "qwen3_moe", "qwen3_next")
     },
 }
 """model_type → the test that merged a real PaddleFormers 1.2 Trainer flex checkpoint of it with the CLI and

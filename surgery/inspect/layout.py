@@ -72,6 +72,7 @@ def sizes(cfg: dict) -> dict[Size, int]:
         Size.VOCAB: _int(cfg.get("vocab_size")),
     }
     got.update(_mla_sizes(cfg, nh))
+    got.update(_gated_sizes(cfg, nh, kv, hd))
     return {k: v for k, v in got.items() if v is not None}
 
 
@@ -88,6 +89,21 @@ def _mla_sizes(cfg: dict, nh: int | None) -> dict[Size, int | None]:
         Size.MLA_Q: nh * (nope + rope) if nh and nope and rope else None,
         Size.MLA_KV: nh * (nope + v) if nh and nope and v else None,
         Size.MLA_O: nh * v if nh and v else None,
+    }
+
+
+def _gated_sizes(cfg: dict, nh: int | None, kv: int | None, hd: int | None) -> dict[Size, int | None]:
+    """The sizes of Qwen3-Next's gated attention (a query head and its gate) and of its linear attention
+    (``linear_num_key_heads``, ``linear_key_head_dim``, ``linear_num_value_heads``,
+    ``linear_value_head_dim``)."""
+    keys = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim")
+    nk, dk, nv, dv = (_int(cfg.get(k)) for k in keys)
+    return {
+        Size.Q_GATED: 2 * nh * hd if nh and hd else None,
+        Size.QKV_GATED: (2 * nh + 2 * kv) * hd if nh and kv and hd else None,
+        Size.LINEAR_QKVZ: 2 * nk * dk + 2 * nv * dv if nk and dk and nv and dv else None,
+        Size.LINEAR_BA: 2 * nv if nv else None,
+        Size.LINEAR_V: nv * dv if nv and dv else None,
     }
 
 

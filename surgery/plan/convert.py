@@ -305,6 +305,13 @@ def _fused_parts(ckpt: Checkpoint, name: str, spec: arch.FusedSpec, axis: int) -
         g, count = nh // kv, nh + 2 * kv
         if spec.split is arch.Split.QKV_CONCAT:
             groups = [tuple(range(nh)), tuple(range(nh, nh + kv)), tuple(range(nh + kv, count))]
+        elif spec.split is arch.Split.QKV_GROUPED_GATED:  # chunks of head_dim: 2 per query head
+            q, count = 2 * g, 2 * nh + 2 * kv
+            groups = [
+                tuple(i * (q + 2) + j for i in range(kv) for j in range(q)),
+                tuple(i * (q + 2) + q for i in range(kv)),
+                tuple(i * (q + 2) + q + 1 for i in range(kv)),
+            ]
         else:
             groups = [
                 tuple(i * (g + 2) + j for i in range(kv) for j in range(g)),

@@ -104,6 +104,31 @@ FAMILIES: dict[str, tuple[str, str, dict]] = {
             "fuse_rms_norm": False,
         },
     ),
+    # untied, layer 0 linear attention (gated delta net: in_proj_qkvz, in_proj_ba, conv1d, out_proj), layer
+    # 1 gated full attention (q twice as wide: query | gate), both MoE with a shared expert and its gate
+    "qwen3_next": (
+        "Qwen3NextConfig",
+        "Qwen3NextForCausalLM",
+        {
+            **_BASE,
+            "num_attention_heads": 4,  # 2 kv heads: the fused qkv_proj has two groups to tell apart
+            "num_key_value_heads": 2,
+            "intermediate_size": 32,
+            "moe_intermediate_size": 8,
+            "shared_expert_intermediate_size": 16,
+            "num_experts": 4,
+            "num_experts_per_tok": 2,
+            "head_dim": 8,
+            "linear_num_value_heads": 2,
+            "linear_num_key_heads": 1,
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8,
+            "linear_conv_kernel_dim": 2,
+            "layer_types": ["linear_attention", "full_attention"],
+            "tie_word_embeddings": False,
+            "fuse_rms_norm": False,
+        },
+    ),
     # untied, multi-head latent attention (q_a/q_b, kv_a_proj_with_mqa/kv_b, their norms), layer 0 dense,
     # layer 1 MoE (4 routed + 1 shared expert, unfused gate/up, router [hidden, experts] + correction
     # bias); its attention reads rope_parameters["factor"] (1.0: no scaling)
