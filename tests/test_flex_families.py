@@ -233,3 +233,29 @@ def test_every_flex_merge_proof_names_a_row_and_a_test_that_exists() -> None:
         names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         assert test.split("[")[0] in names, node
         assert "[" not in test or test.endswith(f"[{mt}]"), node
+
+
+@needs_families
+def test_a_tensor_the_row_does_not_place_is_refused_with_merges_fix(tmp_path: Path) -> None:
+    """A Qwen3-MoE Trainer checkpoint with one more tensor (as an MTP block or a new module would add): the
+    row does not place it, so merge refuses (exit 5) naming it, and the fix is one merge has (the option
+    that keeps the layout), not convert's container-only conversion; nothing written."""
+    kept = tmp_path / "kept"
+    run = av.run_cli(["merge", _copy("qwen3_moe", tmp_path / "a"), "--out", kept, "--keep-paddle-layout"])
+    assert run.rc == 0, run.describe()
+    state = {k: np.frombuffer(raw, np.float32).reshape(shape) for k, (_, shape, raw) in _raw(kept).items()}
+    state["model.layers.0.mlp.mystery.weight"] = np.ones((16, 3), np.float32)
+    ck = tmp_path / "b" / "checkpoint-2"
+    fx.write_flex(ck / "model_state", state, ranks=2)
+    shutil.copy(FAMILIES / "qwen3_moe" / "config.json", ck.parent / "config.json")
+    out = tmp_path / "m"
+    run = av.run_cli(["merge", ck, "--out", out])
+    av.assert_refused(run, 5, ["model.layers.0.mlp.mystery.weight", "--keep-paddle-layout"], out=out)
+    assert "--to" not in run.stderr, run.describe()
+
+
+def _raw(out: Path) -> dict[str, tuple[str, list[int], bytes]]:
+    got: dict[str, tuple[str, list[int], bytes]] = {}
+    for f in sorted(out.glob("*.safetensors")):
+        got.update(av.st_tensors(f))
+    return got
