@@ -178,7 +178,8 @@ def _stubs() -> None:
 
         mod.GPTModelProvider = GPTModelProvider  # type: ignore[attr-defined]
         sys.modules["paddleformers.transformers.gpt_provider"] = mod
-    if importlib.util.find_spec("paddlefleet_ops") is None:  # GPU expert dispatch, never run on CPU
+    if "paddlefleet_ops" not in sys.modules and importlib.util.find_spec("paddlefleet_ops") is None:
+        # GPU expert dispatch, never run on CPU
         ops = types.ModuleType("paddlefleet_ops")
         ops.__spec__ = importlib.machinery.ModuleSpec("paddlefleet_ops", None)
         ops.is_deep_ep_available = lambda: False  # type: ignore[attr-defined]
