@@ -331,8 +331,10 @@ save (the same in-memory layout the Trainer holds) to its HF export (``tests/tes
 
 # the Linear weights of every row, for a model type without a row of its own: only their shapes are read (to
 # tell whether a checkpoint tietool does not convert is in the HF layout), never converted
+# a suffix several rows list with other sizes (q_proj: Llama's heads x head_dim, DeepSeek-V3's latent
+# attention, Qwen3-Next's gated query) takes the first row's (Llama's), as before those rows were added
 ANY_LINEAR: Mapping[str, tuple[Size, Size]] = {
-    k: v for r in CONVERSIONS.values() for k, v in r.linear.items()
+    k: v for r in reversed(list(CONVERSIONS.values())) for k, v in r.linear.items()
 }
 
 # model families (FAMILIES "family") and model types PaddleFormers 1.2 has no model class for (no folder in
