@@ -8,11 +8,15 @@ Given the new full weights of the tensors a plan resizes (their rows computed by
 
 - ``model_state/<name>``: the new weight;
 - ``optimizer_state/<name>.moment1_0`` / ``.moment2_0`` (and ``.moment2_max_0`` if saved): old entries bit
-  for bit, new ones (and slack entries new tokens take) zero, trimmed ones dropped (:func:`surgery.plan.training_state.resized_array`, as for
-  ``optimizer.pdopt``); ``.beta1_pow_acc_0`` / ``.beta2_pow_acc_0`` kept (one value per parameter);
+  for bit, new ones (and slack entries new tokens take) zero, trimmed ones dropped
+  (:func:`surgery.plan.training_state.resized_array`, as for ``optimizer.pdopt``); ``.beta1_pow_acc_0`` /
+  ``.beta2_pow_acc_0`` kept (one value per parameter);
 - ``master_weight/<name>.w_0`` (the Trainer splits ``optimizer.sharded_state_dict()`` on that suffix;
-  ``tests/data/flex/README.md``): old entries bit for bit, new ones the fp32 value of the new weight rows
-  (bf16 bits shifted, exact).
+  ``tests/data/flex/README.md``): old entries bit for bit, new ones (and reset slack entries) the fp32 value
+  of the new weight rows (bf16 bits shifted, exact).
+
+A tied model's embedding and the duplicate head the Trainer stores beside it are one parameter: both weights
+are rewritten, its moments and master weight where the Trainer stored them (under the head's name).
 
 Names are the Trainer's ``model.state_dict()`` names (measured in ``tests/data/flex``). Slices of any layout
 (rows, columns, flattened sharding-v2 ranges) are assembled as ``merge`` assembles them

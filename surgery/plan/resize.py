@@ -621,10 +621,9 @@ def _drop_redundant_head(det: Detection, plan: Plan) -> bool:
     loader needs the head, which is resized)."""
     if isinstance(det.ckpt, FlexView):
         plan.notes.append(
-            f"{det.head.name} resized with {det.embedding.name}, not dropped: the PaddleFormers Trainer stores "
-            "a tied model's head beside the embedding and the tied parameter's optimizer state under the "
-            "head's name, and resumes them by name (tests/test_flex_resize_cli.py, the tied Trainer "
-            "checkpoint)"
+            f"{det.head.name} resized with {det.embedding.name}, not dropped: the PaddleFormers Trainer "
+            "stores a tied model's head beside the embedding and the tied parameter's optimizer state under "
+            "the head's name, and resumes them by name (tests/test_flex_tied_state.py)"
         )
         return False
     why = f"duplicate of {det.embedding.name} in a tied checkpoint (the {det.loader.name} loader re-ties it)"

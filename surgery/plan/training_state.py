@@ -14,8 +14,9 @@ For every parameter the plan changes the shape of (the vocabulary tables), each 
 as the weight, all zero (a new token's statistics start from nothing, as a new parameter's do), or loses
 the trimmed ones; slack rows that ``add-tokens`` gives to new tokens without growing (:func:`slack_rows`)
 get their accumulator entries reset to zero and their master weights set to the new values in the same
-way (the statistics of whatever trained those rows before are not the new token's); ``beta1_pow_acc`` / ``beta2_pow_acc`` (one value per parameter) and every other tensor are
-kept bit for bit. Proven by ``tests/test_training_state.py``: Paddle loads the rewritten file into AdamW
+way (the statistics of whatever trained those rows before are not the new token's); ``beta1_pow_acc`` /
+``beta2_pow_acc`` (one value per parameter) and every other tensor are kept bit for bit. Proven by
+``tests/test_training_state.py``: Paddle loads the rewritten file into AdamW
 of the resized model (``set_state_dict``) and trains one more step.
 
 Files of no parameter (``scheduler.pdparams``, ``trainer_state.json``, ``rng_state*``, ``scaler.pdparams``)
@@ -109,9 +110,10 @@ def resized_params(plan: Plan) -> list[Resized]:
     for name, nt in plan.replace.items():
         old = tuple(ck.tensors[name].shape)
         slack = slack_rows(nt, old)
-        if tuple(nt.shape) == old and slack is None:
+        axes = [i for i, (a, b) in enumerate(zip(old, nt.shape, strict=False)) if a != b]
+        if not axes and slack is None:
             continue
-        axes = [i for i, (a, b) in enumerate(zip(old, nt.shape, strict=False)) if a != b] or [slack[0]]
+        axes = axes or ([slack[0]] if slack is not None else [])
         if len(old) != len(nt.shape) or len(axes) != 1 or (slack is not None and slack[0] != axes[0]):
             raise _refuse(ck.path, ck.tensors[name].file, f"{name} changes {list(old)} → {list(nt.shape)}")
         if name not in s2p:
@@ -264,8 +266,9 @@ def zero_reset(a: np.ndarray[Any, Any], r: Resized) -> None:
 def write_pdopt(ck_path: Path, edit: OptimizerEdit, dst: Path, out: Path) -> list[str]:
     """Write ``edit`` to ``dst`` as ``paddle.save`` wrote the input (untouched tensors streamed as byte
     ranges, one resized tensor in memory at a time). A resized master weight keeps its old entries bit for
-    bit and takes the new ones (grown and reset slack entries) from the resized weight in ``out`` (the output folder, its weights
-    written), decoded to float32 (bf16 bits shifted, never rounded). Returns the resized names."""
+    bit and takes the new ones (grown and reset slack entries) from the resized weight in ``out`` (the
+    output folder, its weights written), decoded to float32 (bf16 bits shifted, never rounded). Returns the
+    resized names."""
     src = ck_path / edit.rel
 
     def rows(
