@@ -9,9 +9,10 @@ moments of that parameter once, under ``lm_head.weight.*`` (read from the fixtur
 Checked through the CLI: resize grows both stored tensors (equal), the head's moments (old rows bit for bit,
 new rows zero), drops nothing, keeps ``tie_word_embeddings``; add-tokens into the slack rows resets the
 moments of the rows it takes (said on the terminal) and the tokenizer encodes each new token to its id
-(``tokenizers``); the case ``e03`` (a tied Qwen3, byte-level tokenizer.json) likewise. The oracle (slow):
-the real Trainer resumes both outputs, loads exactly what tietool wrote and trains a step; the moments
-tietool wrote equal those of the same checkpoint grown by Paddle itself
+(``tokenizers``), also when the tokens fill the slack and grow past it; the case ``e03`` (a tied Qwen3,
+byte-level tokenizer.json) likewise; slack rows of the bf16 checkpoint (master weights) through
+``state_rewrites``. The oracle (slow): the real Trainer resumes the outputs, loads exactly what tietool wrote
+and trains a step; the moments tietool wrote equal those of the same checkpoint grown by Paddle itself
 (:func:`support.trainer_resume.grow_checkpoint`).
 """
 
@@ -179,26 +180,36 @@ def test_case_e03_tied_qwen3(cmd: str, tmp_path: Path) -> None:
 @needs_data
 @pytest.mark.slow
 def test_the_trainer_resumes_both_outputs(tmp_path: Path) -> None:
-    """The real Trainer resumes the resized checkpoint (model folder: ``tietool resize base --vocab 264``)
-    and the slack add-tokens one (model folder: base, the same shapes): it loads exactly what tietool wrote
-    (model and optimizer state, bit for bit) and trains a step. The head's moments tietool wrote equal
-    those of the checkpoint grown by Paddle itself."""
+    """The real Trainer resumes the resized checkpoint (model folder: ``tietool resize base --vocab 264``),
+    the slack add-tokens one (model folder: base, the same shapes) and the one whose tokens fill the slack
+    and grow past it (model folder: base resized to 258): it loads exactly what tietool wrote (model and
+    optimizer state, bit for bit) and trains a step. The head's moments tietool wrote equal those of the
+    checkpoint grown by Paddle itself."""
     from support.trainer_resume import ResumeRun, grow_checkpoint, resume
 
     src = _ck(tmp_path)
     base = tmp_path / "base"
     shutil.copytree(TIED / "base", base)
-    assert _cli("resize", str(base), "--vocab", "264", "--out", str(tmp_path / "base-264"))[0] == 0
-    grown = tmp_path / "run_r" / "checkpoint-2"
-    slack = tmp_path / "run_a" / "checkpoint-2"
+    for rows in (264, 258):
+        assert (
+            _cli("resize", str(base), "--vocab", str(rows), "--out", str(tmp_path / f"base-{rows}"))[0] == 0
+        )
+    grown, slack, past = (tmp_path / f"run_{n}" / "checkpoint-2" for n in ("r", "a", "p"))
     code, text = _cli("resize", str(src), "--vocab", "264", "--keep-training-state", "--out", str(grown))
     assert code == 0, text
     code, text = _cli(
         "add-tokens", str(src), "<think>", "</think>", "--keep-training-state", "--out", str(slack)
     )
     assert code == 0, text
-    results = resume([ResumeRun(grown, tmp_path / "base-264"), ResumeRun(slack, base)])
-    for out, got in zip((grown, slack), results, strict=True):
+    toks = [f"<t{i}>" for i in range(8)]
+    code, text = _cli("add-tokens", str(src), *toks, "--keep-training-state", "--out", str(past))
+    assert code == 0, text
+    runs = [
+        ResumeRun(grown, tmp_path / "base-264"),
+        ResumeRun(slack, base),
+        ResumeRun(past, tmp_path / "base-258"),
+    ]
+    for out, got in zip((grown, slack, past), resume(runs), strict=True):
         assert got.ok, got.error
         assert got.losses and all(np.isfinite(got.losses))
         model, opt = _full(out / "model_state"), _full(out / "optimizer_state")
@@ -212,3 +223,60 @@ def test_the_trainer_resumes_both_outputs(tmp_path: Path) -> None:
     assert sorted(ours) == sorted(theirs)
     for k, w in theirs.items():
         assert ours[k].tobytes() == w.tobytes(), k
+
+
+@pytest.mark.skipif(not (fx.DATA / "trainer_bf16_layout").is_dir(), reason="tests/data/flex not present")
+def test_slack_rows_of_a_bf16_checkpoint_reset_moments_and_masters(tmp_path: Path) -> None:
+    """:func:`flex_state.state_rewrites` with slack rows 240, 241 given new values (bf16 weights, fp32
+    masters): the moments of those rows zero, the master rows the exact fp32 of the new bf16 rows, every
+    other entry bit for bit; shapes unchanged. Read back after :func:`flex_write.rewrite_folder`."""
+    from tietool.surgery.io import flex, flex_write
+    from tietool.surgery.model.tensor import bf16_bits_to_f32
+
+    src = fx.DATA / "trainer_bf16_layout" / "checkpoint-1"
+    old = {sub: _full(src / sub) for sub in SUBS}
+    new_rows = ((np.arange(32).reshape(2, 16) % 7 - 3).astype(np.float32) / 8).view(np.uint32) >> 16
+    weights = {}
+    for k in (EMB, HEAD):
+        w = old["model_state"][k].copy()
+        w[240:242] = new_rows.astype(np.uint16)
+        weights[k] = w
+    edits = flex_state.state_rewrites(src, weights, {k: (0, (240, 242)) for k in weights})
+    for sub, new in edits.items():
+        meta = next((src / sub).glob("*.metadata"))
+        (tmp_path / sub).mkdir()
+        flex_write.rewrite_folder(src / sub, tmp_path / sub, meta.name, flex.read_metadata(meta), new)
+    for sub in SUBS:
+        got = _full(tmp_path / sub)
+        assert sorted(got) == sorted(old[sub])
+        for k, a in old[sub].items():
+            b = got[k]
+            assert b.shape == a.shape and b.dtype == a.dtype, k
+            param = k.removesuffix(".w_0").split(".moment")[0]
+            if param not in weights or "pow_acc" in k:
+                assert b.tobytes() == a.tobytes(), k
+                continue
+            rest = np.r_[0:240, 242 : a.shape[0]]
+            assert b[rest].tobytes() == a[rest].tobytes(), k
+            if sub == "model_state":
+                assert b[240:242].tobytes() == weights[k][240:242].tobytes(), k
+            elif sub == "optimizer_state":
+                assert not b[240:242].any() and a[240:242].any(), k
+            else:
+                assert b[240:242].tobytes() == bf16_bits_to_f32(weights[param][240:242]).tobytes(), k
+                assert a[240:242].tobytes() != b[240:242].tobytes(), k
+
+
+@needs_data
+def test_add_tokens_past_the_slack_rows_resets_them_and_grows(tmp_path: Path) -> None:
+    """Eight tokens: six take slack rows 250..255, two grow the tables to 258; the moments of rows
+    250..257 are zero, rows 0..249 bit for bit."""
+    src = _ck(tmp_path)
+    out = tmp_path / "a"
+    toks = [f"<t{i}>" for i in range(8)]
+    code, text = _cli(
+        "add-tokens", str(src), *toks, "--seed", "1", "--keep-training-state", "--out", str(out)
+    )
+    assert code == 0, text
+    assert "rows 250..255" in text, text
+    _check(src, out, 258, (250, 258))
