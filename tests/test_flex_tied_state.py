@@ -280,3 +280,15 @@ def test_add_tokens_past_the_slack_rows_resets_them_and_grows(tmp_path: Path) ->
     assert code == 0, text
     assert "rows 250..255" in text, text
     _check(src, out, 258, (250, 258))
+
+
+@needs_data
+def test_new_values_in_unnamed_rows_refused() -> None:
+    """A weight that keeps its shape with no slack rows named: which moments to reset cannot be told, so
+    the edit is refused by name (nothing is planned)."""
+    from tietool.surgery.model.errors import RefusedError
+
+    src = TIED / "checkpoint-2"
+    w = _full(src / "model_state")[HEAD] + 1
+    with pytest.raises(RefusedError, match="lm_head.weight keeps its shape"):
+        flex_state.state_rewrites(src, {HEAD: w})

@@ -166,7 +166,10 @@ def _resize_of(
     if len(axes) != 1 or (axis is not None and axis != axes[0]):
         change = f"changes {list(t.shape)} → {list(w.shape)}"
         if not axes:
-            change = f"keeps its shape {list(t.shape)} but gets new values in rows no token took"
+            change = (
+                f"keeps its shape {list(t.shape)} but gets new values outside new or slack rows "
+                "(which optimizer state to reset cannot be told)"
+            )
         raise _refuse(root / "model_state", f"{name} {change}")
     return Resized(name, name, axes[0], t.shape[axes[0]], w.shape[axes[0]], reset)
 
