@@ -227,3 +227,63 @@ def test_tiefix_config_sets_every_flag_false_nested_too():
     out = fix.config(cfg)
     assert out == {"tie_word_embeddings": False, "text_config": {"tie_word_embeddings": False, "x": 1}}
     assert cfg["text_config"]["tie_word_embeddings"] is True
+
+
+# ------------------------------------------------------------------------------------------ PaddleFormers 1.2
+def _logits(cmd: list, out: Path, clean: bool = True) -> np.ndarray:
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    cp = subprocess.run(
+        [sys.executable, *map(str, cmd)], capture_output=True, text=True, timeout=600, env=env
+    )
+    line = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
+    res = json.loads(line[-1]) if line else {"ok": False, "error": cp.stderr[-1500:]}
+    assert res["ok"], res
+    assert not clean or not (res.get("warnings") or res.get("missing")), res
+    return np.load(out)
+
+
+@pytest.mark.slow
+def test_e02_merged_output_loads_with_the_trained_head_in_paddleformers(tmp_path):
+    """The merged e02 output, loaded by PaddleFormers 1.2's plain ``from_pretrained``
+    (``tests/data/tools/pf_logits.py``), gives the logits of the model the run trained: the flex checkpoint
+    loaded by ``paddle.distributed.load_state_dict`` into Qwen3 with its own head
+    (``support/flex_trained_logits.py``), bit for bit. With the copied config's flag left true (the output
+    before the tie check), PaddleFormers ties the head to the embedding and the logits differ: the check is
+    what makes the output the trained model."""
+    ids = tmp_path / "ids.npy"
+    np.save(ids, np.random.default_rng(28).integers(0, 16, size=(2, 9)).astype(np.int64))
+    merged_ok(E02, tmp_path / "out")
+    untied = tmp_path / "cfg" / "config.json"
+    untied.parent.mkdir()
+    untied.write_text(
+        json.dumps({**json.loads((E02 / "config.json").read_text()), "tie_word_embeddings": False})
+    )
+    trained = _logits(
+        [
+            paths.TESTS / "support" / "flex_trained_logits.py",
+            E02 / "model_state",
+            untied,
+            "Qwen3ForCausalLMDeprecated",
+            ids,
+            tmp_path / "trained.npy",
+        ],
+        tmp_path / "trained.npy",
+    )
+    tool = paths.PF_LOGITS
+    got = _logits(
+        [tool, tmp_path / "out", "Qwen3ForCausalLM", ids, tmp_path / "got.npy"], tmp_path / "got.npy"
+    )
+    assert got.shape == trained.shape == (2, 9, 16)
+    assert np.array_equal(got, trained), float(np.abs(got - trained).max())
+    stale = tmp_path / "stale"
+    shutil.copytree(tmp_path / "out", stale)
+    cfg = json.loads((stale / "config.json").read_text())
+    (stale / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    tied = _logits(
+        [tool, stale, "Qwen3ForCausalLM", ids, tmp_path / "tied.npy"], tmp_path / "tied.npy", False
+    )
+    assert float(np.abs(tied - trained).max()) > 0.1
