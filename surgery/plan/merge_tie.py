@@ -187,7 +187,9 @@ def _untied_no_head(det: Detection, path: Path) -> RefusedError:
     )
 
 
-def changed(config: dict[str, Any], changes: dict[str, list[Any]], fix: TieFix | None) -> tuple:
+def changed(
+    config: dict[str, Any], changes: dict[str, list[Any]], fix: TieFix | None
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """``(new_config, config_changes)`` with ``fix``'s flags set false (unchanged without one)."""
     if fix is None:
         return config, changes
