@@ -287,3 +287,45 @@ def test_e02_merged_output_loads_with_the_trained_head_in_paddleformers(tmp_path
         [tool, stale, "Qwen3ForCausalLM", ids, tmp_path / "tied.npy"], tmp_path / "tied.npy", False
     )
     assert float(np.abs(tied - trained).max()) > 0.1
+
+
+def _write_st(path: Path, arrays: dict[str, tuple[str, np.ndarray]]) -> None:
+    """A safetensors file of ``{name: (label, array)}`` (the array's bytes stored under the label)."""
+    header, blobs, at = {}, [], 0
+    for name, (label, a) in arrays.items():
+        raw = np.ascontiguousarray(a).tobytes()
+        header[name] = {"dtype": label, "shape": list(a.shape), "data_offsets": [at, at + len(raw)]}
+        blobs.append(raw)
+        at += len(raw)
+    head = json.dumps(header).encode()
+    head += b" " * (-len(head) % 8)
+    path.write_bytes(len(head).to_bytes(8, "little") + head + b"".join(blobs))
+
+
+def test_undecodable_head_compared_as_bytes_is_kept_and_untied(tmp_path):
+    """Rank files whose embedding and head are float8 (a dtype tietool compares as bytes, never as values)
+    under a tied flag, the head's bytes different: kept and the flag set false as well; equal bytes: the
+    flag stays."""
+    for same in (False, True):
+        src = tmp_path / f"ranks-{same}"
+        src.mkdir()
+        cfg = json.loads((TP / "llama_fp32" / "tp2" / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+        for r in range(2):
+            f = TP / "llama_fp32" / "tp2" / f"model_state.tp0{r}.pdparams"
+            a = {
+                t.name: np.array(pdparams_io.read_array(f, t)) for t in pdparams_io.read_header(f, f.name)[0]
+            }
+            emb = a.pop("model.embed_tokens.weight").view(np.uint8)[:, ::4].copy()  # 1 byte an element
+            head = emb.copy() if same else emb[::-1].copy()
+            st = {k: ("F32", v) for k, v in a.items() if k != "lm_head.weight"}
+            st.update({"model.embed_tokens.weight": ("F8_E4M3", emb), "lm_head.weight": ("F8_E4M3", head)})
+            _write_st(src / f"model.tp0{r}.safetensors", st)
+        rep, text = merged_ok(src, tmp_path / f"out-{same}")
+        assert (
+            json.loads((tmp_path / f"out-{same}" / "config.json").read_text())["tie_word_embeddings"] is same
+        )
+        assert (rep["tie"] is None) is same
+        if not same:
+            assert rep["tie"]["max_abs_diff"] is None
+            said_untied(text)
