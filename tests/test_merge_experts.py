@@ -414,3 +414,25 @@ def test_every_expert_count_row_names_its_proof():
             *arch.SHIPPED_EXPERT_COUNT_KEYS,
             *(f"text_config.{k}" for k in arch.SHIPPED_EXPERT_COUNT_KEYS),
         }
+
+
+@pytest.mark.parametrize("tag", ["moe_sharding", "tp"])
+def test_a_rank_tag_of_any_size_is_a_missing_rank_not_a_range(tmp_path, tag):
+    """A rank file tagged 99999999999999999999 beside rank 0 (expert-parallel or tensor-parallel): the
+    ranks between are missing, refused in one line naming the first one, at once (no range of the tag)."""
+    full, config = d06_full(tmp_path)
+    ranks = cut(full, 2, False, tmp_path / "ranks", config)
+    if tag == "tp":
+        for r in range(2):
+            (ranks / f"model_state.moe_sharding0{r}.pdparams").rename(ranks / f"model_state.tp0{r}.pdparams")
+        (ranks / "model_state.tp01.pdparams").rename(ranks / f"model_state.tp{'9' * 20}.pdparams")
+    else:
+        (ranks / "model_state.moe_sharding01.pdparams").rename(
+            ranks / f"model_state.moe_sharding{'9' * 20}.pdparams"
+        )
+    run = run_cli(["merge", ranks, "--out", tmp_path / "out"], timeout=60)
+    assert run.rc == 3 and len(run.stderr.strip().splitlines()) == 1, run.describe()
+    assert f"model_state.{tag}01.pdparams is missing" in run.stderr or (
+        tag == "tp" and "model_state.tp01.pdparams" in run.stderr
+    ), run.describe()
+    assert not (tmp_path / "out").exists()
