@@ -201,6 +201,29 @@ def test_flex_untied_flag_without_a_head_refused_and_tied_equal_kept(tmp_path):
     assert json.loads((tmp_path / "o2" / "config.json").read_text())["tie_word_embeddings"] is True
 
 
+FLEX_TRAINER = paths.DATA / "flex" / "trainer_2rank"
+
+
+@pytest.mark.skipif(not FLEX_TRAINER.is_dir(), reason="tests/data/flex/trainer_2rank not present")
+def test_real_trainer_checkpoint_under_a_tied_flag(tmp_path):
+    """The real PaddleFormers Trainer's 2-rank checkpoint-2/ of an untied Llama (tests/data/flex) with the
+    base model's config.json edited to say tied: the head is Paddle's load_state_dict oracle's bit for bit,
+    tie_word_embeddings false, said; the flag as saved (false) is left alone."""
+    ck = tmp_path / "checkpoint-2"
+    shutil.copytree(FLEX_TRAINER / "checkpoint-2", ck)
+    cfg = json.loads((FLEX_TRAINER.parent / "trainer_1rank" / "base" / "config.json").read_text())
+    (ck / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
+    rep, text = merged_ok(ck, tmp_path / "out")
+    with np.load(FLEX_TRAINER / "oracle.npz") as z:
+        head = z["lm_head.weight"]
+    assert tensors(tmp_path / "out")["lm_head.weight"].tobytes() == np.ascontiguousarray(head).tobytes()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["tie_word_embeddings"] is False
+    said_untied(text)
+    (ck / "config.json").write_text(json.dumps(cfg))
+    rep, _ = merged_ok(ck, tmp_path / "out-as-saved")
+    assert rep["tie"] is None and "tie_word_embeddings" not in rep["config_changes"]
+
+
 def test_e02_case_head_kept_flag_false(tmp_path):
     """The e02 Trainer checkpoint (Qwen3, tied config, head trained apart in rows 3 and 7): the merged head is
     the trained one bit for bit, the flag false, the Linear weights transposed."""
