@@ -914,7 +914,7 @@ def _merge_flex(
 
     def plan(src: Path) -> tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]:
         limit()
-        fp = merge_flex.plan_flex(src)
+        fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
         cp = convert_plan.check_dtypes(
             convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS, MERGE_LAYOUT_FIX)
         )
@@ -962,7 +962,7 @@ def _flex_planner(limit: Callable[[], int]) -> Planner:
 
     return Planner(
         open=_rank_folder,
-        plan=lambda src: (limit(), merge_flex.plan_flex(src))[1],
+        plan=lambda src: (limit(), merge_flex.tie_checked(merge_flex.plan_flex(src)))[1],
         report=report,
         write=lambda p: merge_flex.new_checkpoint(p, limit()),
         totals=totals,
