@@ -937,7 +937,7 @@ def _merge_flex(
 
     def plan(src: Path) -> tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]:
         limit()
-        fp = merge_flex.plan_flex(src)
+        fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
         cp = convert_plan.check_dtypes(
             convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS, merge_layout_fix())
         )
@@ -974,7 +974,7 @@ def _flex_planner(limit: Callable[[], int], keep: bool) -> Planner:
 
     def plan(src: Path) -> merge_flex.FlexPlan:
         limit()
-        fp = merge_flex.plan_flex(src)
+        fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
         if not keep:
             merge_flex.refuse_unconverted(fp, merge_layout_fix())
         return merge_flex.keep_layout(fp)

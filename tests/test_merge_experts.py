@@ -342,33 +342,65 @@ def _at(config: dict, dotted: str):
     return config
 
 
+PNLP_MOE = {"mixtral": "num_local_experts"}
+"""PaddleNLP 2.8.1 MoE families (built by ``support/pnlp_worker.py``) → their expert-count key."""
+
+
+def _built(request, family: str, tmp_path: Path) -> Path:
+    """The 4-expert checkpoint of ``family``: PaddleFormers 1.2's (``built_moe``) or PaddleNLP 2.8.1's."""
+    if family not in PNLP_MOE:
+        return request.getfixturevalue("built_moe")[family]
+    from support import moe_builder, pnlp_support
+
+    pnlp_support.require()
+    out = tmp_path / "built" / family
+    job = {"op": "build", "family": family, "tie": "untied", "container": "pdparams", "out": str(out)}
+    res = pnlp_support.run_jobs([{**job, "cfg": {PNLP_MOE[family]: moe_builder.EXPERTS}}], tmp_path / "w")
+    assert res[0]["ok"], res
+    return out
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", sorted(arch.EXPERT_COUNTS))
-def test_real_moe_rank_files_merge_back_bit_for_bit(tmp_path, built_moe, family):
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(f, marks=[pytest.mark.pnlp] if f in PNLP_MOE else []) for f in sorted(arch.EXPERT_COUNTS)],
+)
+def test_real_moe_rank_files_merge_back_bit_for_bit(request, tmp_path, family):
     """Each model type of :data:`surgery.arch.EXPERT_COUNTS` (the node id its row names), built with 4
-    experts and written by PaddleFormers 1.2's own save, cut into 2 and 4 ranks as its expert-parallel save
-    cuts them (rank r the r-th block of E/ep experts), numbered globally and locally: each merge gives back
-    the library's model_state.pdparams bit for bit. Proves the row's keys (the saved config's key counts the
-    experts the library saves) and the expert names."""
+    experts and written by its library's own save (PaddleFormers 1.2; PaddleNLP 2.8.1 for mixtral), cut
+    into 2 and 4 ranks as an expert-parallel save cuts them (rank r the r-th block of E/ep experts),
+    numbered globally and locally, and into 2 ranks each holding every expert (PaddleNLP's moe00 files of a
+    model whose experts are not split): each merge gives back the library's model_state.pdparams bit for
+    bit. Proves the row's keys (the saved config's key counts the experts the library saves) and the
+    expert names."""
     from support import moe_builder
 
     row = arch.EXPERT_COUNTS[family]
     assert row.proof.endswith(f"test_real_moe_rank_files_merge_back_bit_for_bit[{family}]")
-    folder = built_moe[family]
+    folder = _built(request, family, tmp_path)
     config = json.loads((folder / "config.json").read_text())
     assert [_at(config, k) for k in row.keys if _at(config, k) is not None] == [moe_builder.EXPERTS]
-    assert moe_builder.EXPERT_KEYS[family] in row.keys
+    assert {**moe_builder.EXPERT_KEYS, **PNLP_MOE}[family] in row.keys
     full = arrays(folder / "model_state.pdparams")
     ids = {int(m["id"]) for k in full if (m := arch.EXPERT_NAME_RE.match(k))}
     assert ids == set(range(moe_builder.EXPERTS)), family
+    tag = "moe" if family in PNLP_MOE else "moe_sharding"
     for n in (2, 4):
         for local in (False, True):
             where = tmp_path / f"{family}-{n}-{local}"
-            cut(full, n, local, where / "ranks", {**config, "expert_model_parallel_size": n})
+            cut(full, n, local, where / "ranks", {**config, "expert_model_parallel_size": n}, tag)
             rep = tietool.merge(where / "ranks", where / "out")
             assert_same(where / "out", full)
             assert rep["expert_numbering"] == ["local" if local else "global"]
             assert json.loads((where / "out" / "config.json").read_text())["expert_model_parallel_size"] == 1
+    where = tmp_path / f"{family}-replicated"
+    (where / "ranks").mkdir(parents=True)
+    (where / "ranks" / "config.json").write_text(json.dumps(config))
+    for r in range(2):
+        write_rank(where / "ranks" / f"model_state.{tag}{r:02d}.pdparams", full)
+    rep = tietool.merge(where / "ranks", where / "out")
+    assert_same(where / "out", full)
+    assert rep["expert_numbering"] == ["replicated"]
 
 
 def test_every_expert_count_row_names_its_proof():
@@ -382,3 +414,25 @@ def test_every_expert_count_row_names_its_proof():
             *arch.SHIPPED_EXPERT_COUNT_KEYS,
             *(f"text_config.{k}" for k in arch.SHIPPED_EXPERT_COUNT_KEYS),
         }
+
+
+@pytest.mark.parametrize("tag", ["moe_sharding", "tp"])
+def test_a_rank_tag_of_any_size_is_a_missing_rank_not_a_range(tmp_path, tag):
+    """A rank file tagged 99999999999999999999 beside rank 0 (expert-parallel or tensor-parallel): the
+    ranks between are missing, refused in one line naming the first one, at once (no range of the tag)."""
+    full, config = d06_full(tmp_path)
+    ranks = cut(full, 2, False, tmp_path / "ranks", config)
+    if tag == "tp":
+        for r in range(2):
+            (ranks / f"model_state.moe_sharding0{r}.pdparams").rename(ranks / f"model_state.tp0{r}.pdparams")
+        (ranks / "model_state.tp01.pdparams").rename(ranks / f"model_state.tp{'9' * 20}.pdparams")
+    else:
+        (ranks / "model_state.moe_sharding01.pdparams").rename(
+            ranks / f"model_state.moe_sharding{'9' * 20}.pdparams"
+        )
+    run = run_cli(["merge", ranks, "--out", tmp_path / "out"], timeout=60)
+    assert run.rc == 3 and len(run.stderr.strip().splitlines()) == 1, run.describe()
+    assert f"model_state.{tag}01.pdparams is missing" in run.stderr or (
+        tag == "tp" and "model_state.tp01.pdparams" in run.stderr
+    ), run.describe()
+    assert not (tmp_path / "out").exists()

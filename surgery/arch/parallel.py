@@ -115,13 +115,16 @@ EXPERT_COUNTS: Mapping[str, ExpertCount] = {
     # ERNIE-4.5's own key (an int; a list is the multimodal model's text/vision experts); also the
     # PaddleFormers-written rank files of tests/data/cases/e10
     "ernie4_5_moe": ExpertCount(("moe_num_experts",), _EP_TEST.format("ernie4_5_moe")),
+    # PaddleNLP 2.8.1's Mixtral (mixtral. names, block_sparse_moe.experts.<id>.w1/w2/w3): its modeling keeps
+    # every expert on every rank (no moe_group), so its moe00.. files are the replicated case
+    "mixtral": ExpertCount(("num_local_experts",), _EP_TEST.format("mixtral"), "PaddleNLP 2.8.1"),
 }
 """model_type → :class:`ExpertCount`: the config.json keys of its number of routed experts (the count the
 ranks' expert ids add up to), each row with the test that merged real rank files of that model type. Read
 from PaddleFormers 1.2's ``transformers/*/configuration.py`` and PaddleNLP 2.8.1's; model types that ship a
 count but are not here (their experts stacked in one tensor, ``gpt_oss`` / ``qwen3_vl_moe``, or never built
 and cut by a test: ``deepseek_v32``, ``deepseek_v4``, ``glm_moe_dsa``, ``kimi_k2``, ``minimax_m2``,
-``qwen3_5_moe``, ``ernie4_5_moe_vl``, PaddleNLP's ``mixtral``) are refused naming the keys below."""
+``qwen3_5_moe``, ``ernie4_5_moe_vl``) are refused naming the keys below."""
 EXPERT_COUNT_KEYS: Mapping[str, tuple[str, ...]] = {mt: row.keys for mt, row in EXPERT_COUNTS.items()}
 """model_type → the keys of :data:`EXPERT_COUNTS` (the lookup merge makes)."""
 SHIPPED_EXPERT_COUNT_KEYS: tuple[str, ...] = (

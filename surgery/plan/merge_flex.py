@@ -232,12 +232,12 @@ def _refuse_training_state(folder: flex.FlexFolder) -> None:
 
 def plan_flex(src: Path) -> FlexPlan:
     """The merge of the flex checkpoint at ``src``: metadata and headers read and checked, every tensor's
-    coverage and shared elements checked (:func:`check_tensor`), config.json and the carried files, and the
-    tie check on the merged tensors (:func:`surgery.plan.merge_tie.check_tie`).
+    coverage and shared elements checked (:func:`check_tensor`), config.json and the carried files (merge
+    then applies :func:`tie_checked`).
 
     Raises:
-        CheckpointError, UnsafePickleError, RefusedError: as :func:`surgery.io.flex.open_flex`,
-            :func:`check_tensor` and :func:`~surgery.plan.merge_tie.check_tie` say; nothing is written.
+        CheckpointError, UnsafePickleError, RefusedError: as :func:`surgery.io.flex.open_flex` and
+            :func:`check_tensor` say; nothing is written.
     """
     folder = flex.find(src)
     if folder is None:
@@ -254,9 +254,20 @@ def plan_flex(src: Path) -> FlexPlan:
         merged.append(OutTensor(t.name, t.label, t.shape, recipe))
     new_config, changes = merged_config(config)
     carry, left = _carried(ck, config_file)
-    fp = FlexPlan(ck, headers, config, config_file, new_config, changes, merged, carry, left)
-    fix = check_tie(flex_view(fp))  # the tie check of every merge (surgery/plan/merge_tie.py)
-    new_config, changes = changed(new_config, changes, fix)
+    return FlexPlan(ck, headers, config, config_file, new_config, changes, merged, carry, left)
+
+
+def tie_checked(fp: FlexPlan) -> FlexPlan:
+    """The flex merge ``fp`` with merge's tie check applied (:func:`surgery.plan.merge_tie.check_tie` on its
+    merged view): a head trained apart under a tied flag is kept and the flags set false in ``new_config``
+    (``tie`` the :class:`~surgery.plan.merge_tie.TieFix`).
+
+    Raises:
+        RefusedError: an untied flag with no head in the checkpoint (and as
+            :func:`~surgery.plan.merge_tie.check_tie` says).
+    """
+    fix = check_tie(flex_view(fp))
+    new_config, changes = changed(fp.new_config, fp.config_changes, fix)
     return replace(fp, new_config=new_config, config_changes=changes, tie=fix)
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from ..inspect.detect import Detection, detect, names_a_pair
 from ..inspect.findings import FindingKind
 from ..io.checkpoint import Checkpoint, array_rows
-from ..model.enums import Container
+from ..model.enums import Container, TieState
 from ..model.errors import RefusedError
 from ..model.tensor import TensorInfo
 from .plan import OutTensor
@@ -47,23 +47,30 @@ class TieFix:
         flags: ``{config key: [before, after]}`` for every tie flag set false (a dotted key inside a nested
             text config; ``tie_word_embeddings`` added false where the flag was the family's default).
         source: where the tied value came from (a config key, or the family default under the loader).
-        differing_rows, max_abs_diff: how the head differs from the embedding (float32 |difference|).
+        differing_rows, max_abs_diff: how the head differs from the embedding (float32 |difference|); None
+            when the values were not compared one by one (a dtype tietool does not decode, compared as
+            bytes; a head of other rows than the embedding).
     """
 
     head: str
     embedding: str
     flags: dict[str, list[Any]]
     source: str
-    differing_rows: int
-    max_abs_diff: float
+    differing_rows: int | None
+    max_abs_diff: float | None
 
     @property
     def message(self) -> str:
         """The line the terminal prints (and the report keeps)."""
         keys = ", ".join(self.flags)
+        how = (
+            f"in {self.differing_rows} row(s) (max |Δ| {self.max_abs_diff:.3g})"
+            if self.differing_rows is not None and self.max_abs_diff is not None
+            else "(its bytes or rows)"
+        )
         return (
-            f"{self.head} differs from {self.embedding} in {self.differing_rows} row(s) (max |Δ| "
-            f"{self.max_abs_diff:.3g}) although config.json says tied ({self.source} = true): the run "
+            f"{self.head} differs from {self.embedding} {how} although config.json says tied "
+            f"({self.source} = true): the run "
             f"trained the head apart, so {self.head} is kept as trained and {keys} set false (left true, "
             "PaddleFormers would use the embedding as the head)"
         )
@@ -156,22 +163,17 @@ def check_tie(view: Checkpoint) -> TieFix | None:
     det = detect(view, compare_values=False)
     if det.tie.tied and det.head.present:
         det = detect(view, compare_values=True)
-    kinds = {f.kind: f for f in det.findings}
-    if FindingKind.UNTIED_BUT_NO_HEAD in kinds:
+    if any(f.kind is FindingKind.UNTIED_BUT_NO_HEAD for f in det.findings):
         raise _untied_no_head(det, view.path)
-    if FindingKind.TIED_BUT_DIFFERENT not in kinds:
-        return None
     comp = det.comparison
+    usable = det.head.present and det.embedding.present and det.head.layout is not None
+    if not (det.tie.tied and usable and comp.values is TieState.DIFFERENT):
+        return None  # different with no magnitude too: a dtype tietool does not decode, other rows
     flags: dict[str, list[Any]] = {k: [v, False] for k, v in det.tie.flags.items() if v}
     if not flags:  # the family's default said tied: the key is written, false
         flags = {"tie_word_embeddings": [None, False]}
     return TieFix(
-        det.head.name,
-        det.embedding.name,
-        flags,
-        det.tie.source,
-        int(comp.differing_rows or 0),
-        float(comp.max_abs_diff or 0.0),
+        det.head.name, det.embedding.name, flags, det.tie.source, comp.differing_rows, comp.max_abs_diff
     )
 
 
@@ -187,7 +189,9 @@ def _untied_no_head(det: Detection, path: Path) -> RefusedError:
     )
 
 
-def changed(config: dict[str, Any], changes: dict[str, list[Any]], fix: TieFix | None) -> tuple:
+def changed(
+    config: dict[str, Any], changes: dict[str, list[Any]], fix: TieFix | None
+) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """``(new_config, config_changes)`` with ``fix``'s flags set false (unchanged without one)."""
     if fix is None:
         return config, changes
