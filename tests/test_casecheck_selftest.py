@@ -944,3 +944,46 @@ def test_encodes_paddlenlp_without_pnlp_python_fails(tmp_path: Path, monkeypatch
     """Without PNLP_PYTHON the check fails naming it (it never passes unjudged)."""
     monkeypatch.delenv("PNLP_PYTHON", raising=False)
     fails_with({"encodes": ["paddlenlp-2.8", "covid", [24]]}, ctx_for(E01_CKPT), "PNLP_PYTHON")
+
+
+# Flex checkpoints (support/casecheck_flex.py) against Paddle's own load_state_dict
+
+FLEX_DATA = Path(__file__).resolve().parent / "data" / "flex"
+
+
+@pytest.mark.parametrize(
+    "folder, oracles",
+    [
+        ("ranks2", {"": "oracle"}),
+        ("ranks2_replicas", {"": "oracle"}),
+        ("flat2", {"": "oracle"}),
+        ("mesh2x2", {"": "oracle"}),
+        (
+            "trainer_2rank/checkpoint-2",
+            {"": "oracle", "optimizer_state/": "oracle_optimizer", "master_weight/": "oracle_master_weight"},
+        ),
+    ],
+)
+def test_flex_reader_equals_paddle_load_state_dict(folder, oracles):
+    """The checker reads a flex checkpoint (split, replicated, flattened, 2-D mesh slices; a Trainer
+    checkpoint's three state folders) as ``paddle.distributed.load_state_dict`` fills it: every tensor of
+    the folder's oracles (tests/data/flex/README.md) bit for bit, under its name (``optimizer_state/`` and
+    ``master_weight/`` prefixed), and nothing else."""
+    ck = cc.read_checkpoint(FLEX_DATA / folder)
+    assert not ck.problems, ck.problems
+    base = FLEX_DATA / folder.split("/")[0]
+    want: dict[str, np.ndarray] = {}
+    for prefix, oracle in oracles.items():
+        with np.load(base / f"{oracle}.npz") as z:
+            want.update({prefix + k: z[k] for k in z.files})
+    assert set(ck.tensors) == set(want)
+    for name, a in want.items():
+        t = ck.tensors[name]
+        assert (t.shape, t.raw) == (a.shape, np.ascontiguousarray(a).tobytes()), name
+
+
+def test_flex_reader_refuses_a_foreign_global(tmp_path):
+    """A ``.metadata`` naming a global other than paddle's three records is a read problem, never run."""
+    (tmp_path / "0.metadata").write_bytes(pickle.dumps({"state_dict_metadata": Path("x")}, protocol=4))
+    ck = cc.read_checkpoint(tmp_path)
+    assert ck.problems and not ck.tensors

@@ -476,6 +476,33 @@ def _weight_files(folder: Path, indexes: dict[str, IndexInfo]) -> list[tuple[str
     return sorted(chosen.items())
 
 
+def _read_flex(folder: Path, ckpt: Checkpoint) -> bool:
+    """A flex checkpoint's tensors into ``ckpt`` (:mod:`support.casecheck_flex`: ``model_state/`` names
+    kept, ``optimizer_state/NAME``, ``master_weight/NAME``); False when ``folder`` is not one."""
+    try:
+        from . import casecheck_flex as flex
+    except ImportError:  # loaded as a top-level module beside it
+        import casecheck_flex as flex  # type: ignore[no-redef]
+    if not flex.is_flex(folder):
+        return False
+    dirs = [(folder / d, "" if i == 0 else f"{d}/") for i, d in enumerate(flex.STATE_DIRS)]
+    if not (folder / "model_state").is_dir():
+        dirs = [(folder, "")]
+    allowed = {k: f() for k, f in _ArrayOnlyUnpickler._ALLOWED.items()}
+    for sub, prefix in dirs:
+        if not any(sub.glob("*.metadata")):
+            continue
+        try:
+            got = flex.read_state_folder(sub, allowed)
+        except (flex.FlexReadError, OSError) as exc:
+            ckpt.problems.append(str(exc))
+            continue
+        for key, (label, arr) in got.items():
+            name = prefix + key
+            ckpt.tensors[name] = Tensor(name, label, tuple(arr.shape), arr.tobytes(), arr.dtype, sub.name)
+    return True
+
+
 def read_checkpoint(folder: Path | str) -> Checkpoint:
     """Read every tensor, index and config.json of a checkpoint folder.
 
@@ -498,6 +525,8 @@ def read_checkpoint(folder: Path | str) -> Checkpoint:
             if info.error:
                 ckpt.problems.append(info.error)
     files = _weight_files(folder, ckpt.indexes)
+    if not files and _read_flex(folder, ckpt):
+        return ckpt
     if not files:
         ckpt.problems.append("no weight file (model.safetensors, shards or model_state.pdparams)")
     listed = {f for info in ckpt.indexes.values() for f in info.weight_map.values()}
