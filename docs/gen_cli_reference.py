@@ -49,6 +49,17 @@ def _params_table(cmd: Any, ctx: Any) -> list[str]:
     return ["| argument / option | required | help |", "|---|---|---|", *rows] if rows else []
 
 
+def _epilog(text: str) -> str:
+    """An epilog as ``--help`` shows it: click's no-rewrap marker lines (``\\b``) dropped, one blank line
+    at most between paragraphs."""
+    kept = [line.rstrip() for line in text.splitlines() if line.strip() != "\b"]
+    out: list[str] = []
+    for line in kept:
+        if line or (out and out[-1]):
+            out.append(line)
+    return "\n".join(out).strip()
+
+
 def _section(cmd: Any, ctx: Any, title: str) -> list[str]:
     """A command's (or the app's) section: heading, usage, help, parameters, epilog."""
     lines = [f"## {title}", "", "```text", cmd.get_usage(ctx).strip(), "```", ""]
@@ -56,7 +67,7 @@ def _section(cmd: Any, ctx: Any, title: str) -> list[str]:
     if help_text:
         lines += [" ".join(help_text.split()), ""]
     lines += _params_table(cmd, ctx)
-    epilog = (cmd.epilog or "").strip()
+    epilog = _epilog(cmd.epilog or "")
     if epilog:
         lines += ["", "```text", epilog, "```"]
     return [*lines, ""]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from tests.support import loader_table
+from support import loader_table
 
 ROOT = Path(__file__).resolve().parent.parent
 
