@@ -185,6 +185,14 @@ FAMILIES: dict[str, dict] = {
         "head": "cls.predictions.decoder.weight",
         "bias": "cls.predictions.decoder.bias",
     },
+    "unified_transformer": {  # PLATO: the head is the word embedding plus lm_head.decoder_bias [vocab]
+        "model_type": "unified_transformer",
+        "cls": ("UnifiedTransformerConfig", "UnifiedTransformerLMHeadModel"),
+        "cfg": {**_MLM, "mask_token_id": 45},
+        "head": "lm_head.decoder_weight",
+        "bias": "lm_head.decoder_bias",
+        "position_ids": True,  # its own (relu of int64 positions) has no CPU kernel in paddle 2.6.2
+    },
     "t5": {
         "model_type": "t5",
         "cls": ("T5Config", "T5ForConditionalGeneration"),
@@ -319,6 +327,8 @@ def _forward(model, family: str):
     kw = {"input_ids": ids}
     if FAMILIES[family].get("seq2seq"):
         kw["decoder_input_ids"] = ids
+    if FAMILIES[family].get("position_ids"):
+        kw["position_ids"] = paddle.arange(ids.shape[1], dtype="int64").expand(ids.shape)
     if FAMILIES[family].get("glm_inputs"):
         b, t = ids.shape
         kw["attention_mask"] = paddle.tril(paddle.ones([b, 1, t, t], dtype="int64"))
