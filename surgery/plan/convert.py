@@ -716,10 +716,41 @@ def plan_convert(ckpt: Checkpoint, to: Target, fix: str | None = None) -> Conver
             0, f"the input is already in the {conv.title} layout: only the shards are rewritten"
         )
         return plan
+    if to is Target.PADDLENLP:
+        _refuse_lacking(ckpt, row, source)
     plan.tensors = model_steps(ckpt, row, source, conv, fix)
     _edit_config(plan, to.value, row)
     _head_steps(plan, row)
     return plan
+
+
+def _refuse_lacking(ckpt: Checkpoint, row: arch.ConversionRow, src: Convention) -> None:
+    """Refuse a conversion to PaddleNLP of tensors its class has no parameter for
+    (:attr:`~surgery.arch.ConversionRow.paddlenlp_lacks`: PaddleNLP 2.8.1's Llama has no Linear biases)
+    holding values other than zero: PaddleNLP would load the output without them ("were not used", a log
+    line) and give other logits. All-zero ones add nothing to the logits and are written as they are.
+    Reads those tensors' values (biases: small).
+
+    Raises:
+        RefusedError: such tensors with a value other than zero (named, up to four).
+    """
+    pre = _prefix(src, row) + "."
+    lacking = [
+        n
+        for n in ckpt.tensors
+        if n.startswith(pre) and suffix_in(n[len(pre) :], row.paddlenlp_lacks) is not None
+    ]
+    nonzero = [n for n in lacking if np.any(ckpt.load(n))]
+    if nonzero:
+        more = f" and {len(nonzero) - 4} more" if len(nonzero) > 4 else ""
+        raise RefusedError(
+            f"PaddleNLP's {ckpt.config.get('model_type')} class has no parameter for {', '.join(nonzero[:4])}"
+            f"{more} (Linear biases; PaddleNLP 2.8.1 builds them with bias_attr=False): it would load the "
+            "output without them, with a log line only, and give other logits",
+            ckpt.path,
+            f"keep the checkpoint for PaddleFormers ({Opt('to', 'paddleformers')} or "
+            f"{Opt('to', 'safetensors')}), which reads the biases",
+        )
 
 
 def _paddlenlp_files(ck: Checkpoint) -> bool:
