@@ -130,12 +130,11 @@ def derived_sizes(config: dict, hidden: int | None) -> set[int]:
     a size inside a numbered block cannot tell a vocabulary axis."""
     base = sorted(v for v in ambiguous_sizes(config, hidden) if v > 0)
     out = set(base) | {k * v for v in base for k in (2, 3)} | {a * b for a in base for b in base}
-    heads, kv = (
-        config.get("num_attention_heads"),
-        config.get("num_key_value_heads", config.get("num_attention_heads")),
-    )
-    dim = config.get("head_dim") or (hidden // heads if hidden and _int(heads) and heads else None)
-    if _int(heads) and _int(kv) and _int(dim):
+    heads, kv, dim = (config.get(k) for k in ("num_attention_heads", "num_key_value_heads", "head_dim"))
+    kv = kv if _int(kv) else heads
+    if isinstance(heads, int) and heads > 0 and not _int(dim) and hidden:
+        dim = hidden // heads
+    if isinstance(heads, int) and isinstance(kv, int) and isinstance(dim, int):
         out.add((heads + 2 * kv) * dim)
     return out
 
