@@ -7,8 +7,9 @@ real checkpoints with the library's own ``save_pretrained`` and loads checkpoint
 ``JOBS.json`` is a list of jobs, run in one process (importing paddle costs seconds):
 
 * ``{"op": "build", "family": F, "tie": T, "container": C, "out": DIR}``: ``paddle.seed(seed);
-  Model(Config(**cfg))`` of :data:`FAMILIES` [F] (or :data:`OTHER_MODELS` [F]), then ``save_pretrained(DIR, safe_serialization=C ==
-  "safetensors")`` (optional ``"max_shard_size"``: sharded with an index; ``"dtype"``: e.g. ``"bfloat16"``,
+  Model(Config(**cfg))`` of :data:`FAMILIES` [F] (or :data:`OTHER_MODELS` [F]), then
+  ``save_pretrained(DIR, safe_serialization=C == "safetensors")`` (optional ``"max_shard_size"``: sharded
+  with an index; ``"dtype"``: e.g. ``"bfloat16"``,
   the model cast before saving; ``"cfg"``: config arguments over the family's). ``T``: ``"tied"``
   (``tie_word_embeddings=True``), ``"untied"`` (the model's own random head), ``"untied-equal"``
   (``tie_word_embeddings=False``, the head set to the embedding in the head's own layout before saving, so
