@@ -476,12 +476,12 @@ class ConversionRow:
 
     def __post_init__(self) -> None:
         _need(Naming.HF in self.prefixes, "conversion row: no HF prefix")
-        _names(self.paddlenlp_lacks, "conversion row paddlenlp_lacks", empty=True)
-        _need(set(self.paddlenlp_lacks) <= set(self.plain), "conversion row: paddlenlp_lacks not among plain")
         _need(bool(self.linear), "conversion row: no Linear weights")
         _names(self.plain, "conversion row plain")
         _need(self.embedding in self.plain, f"conversion row: embedding {self.embedding!r} not among plain")
         _need(self.head not in self.linear, f"conversion row: head {self.head!r} listed as a body Linear")
+        _names(self.paddlenlp_lacks, "conversion row paddlenlp_lacks", empty=True)
+        _need(set(self.paddlenlp_lacks) <= set(self.plain), "conversion row: paddlenlp_lacks not among plain")
         for naming, specs in self.fused.items():
             _need(naming in self.prefixes, f"conversion row: fused tensors of {naming} without its prefix")
             _need(all(isinstance(s, FusedSpec) for s in specs.values()), "conversion row: a fused spec")
