@@ -1,12 +1,13 @@
 """Every fixture × every ``tietool convert --to`` target, each output loaded by the library meant to read it.
 
 The inputs are the library-written fixtures (``tests/data/fixtures/cases``: PaddleFormers 1.2 and PaddleNLP
-2.8.1 ``save_pretrained``) and one case-like edit of them: ``pf_llama_tied_fp32`` with trained (non-zero)
-attention biases (``attention_bias: true``, as a PaddleFormers Llama of that config holds them). Each cell
-is one of:
+2.8.1 ``save_pretrained``) and two case-like edits of ``pf_llama_tied_fp32``: with trained (non-zero)
+attention biases (``attention_bias: true``, as a PaddleFormers Llama of that config holds them), and with
+its stored head trained apart from the embedding under the tied flag. Each cell is one of:
 
 * **refused**: exit 5 and one line naming the file and a fix (a family the target library lacks, a layout
-  no loader of the container reads, tensors the target class has no parameter for);
+  no loader of the container reads, tensors the target class has no parameter for, a stored head the two
+  libraries would treat differently);
 * **written for a loader these tests do not have** (``--to paddlenlp`` of Qwen2: PaddleNLP 3): the terminal
   names that loader;
 * **written and loaded**: by the library meant to read it (``paddleformers``: PaddleFormers 1.2;
@@ -50,6 +51,7 @@ CLASSES = {
     "t5": (None, "T5ForConditionalGeneration"),
 }
 BIASED = "pf_llama_tied_biased"
+APART = "pf_llama_tied_head_apart"
 
 
 def _biased(root: Path) -> Path:
@@ -69,6 +71,19 @@ def _biased(root: Path) -> Path:
     for p in "qkvo":
         index["weight_map"][f"model.layers.0.self_attn.{p}_proj.bias"] = f.name
     (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    return out
+
+
+def _apart(root: Path) -> Path:
+    """pf_llama_tied_fp32 whose stored head differs from the embedding (trained apart) under the tied flag."""
+    out = root / APART
+    shutil.copytree(paths.CASES_DIR / "pf_llama_tied_fp32", out)
+    f = out / "model-00001-of-00001.safetensors"
+    t = load_file(str(f))
+    t["lm_head.weight"] = t["lm_head.weight"] + np.random.default_rng(6).normal(0, 0.3, (100, 16)).astype(
+        np.float32
+    )
+    save_file(t, str(f), metadata={"format": "pt"})
     return out
 
 
@@ -93,7 +108,7 @@ def _convert(src: Path, to: str, out: Path) -> tuple[int, str]:
 def _cells(tmp_path: Path) -> tuple[list[dict], dict[str, dict]]:
     """The loads (inputs first) and every cell's conversion: ``{fixture|target: {rc, msg, job}}``."""
     inputs = sorted(p for p in paths.CASES_DIR.iterdir() if (p / "config.json").is_file())
-    inputs.append(_biased(tmp_path))
+    inputs += [_biased(tmp_path), _apart(tmp_path)]
     jobs, cells = [], {}
     for src in inputs:
         fx, lib = src.name, _library(src.name)
@@ -160,6 +175,13 @@ def test_every_fixture_converted_to_every_target_loads_right_or_is_refused(tmp_p
     assert verdicts[f"{BIASED}|paddlenlp"] == "refused"
     assert "q_proj.bias" in cells[f"{BIASED}|paddlenlp"]["msg"]
     assert verdicts[f"{BIASED}|paddleformers"].startswith("loads")
+    # PaddleFormers ties: the head trained apart under the tied flag is not the one it loads (its logits are
+    # the tied fixture's), PaddleNLP would use it: refused, naming both tensors
+    tied_ref = loaded["pf_llama_tied_fp32|input"]["arrays"]["logits"]
+    assert loaded[f"{APART}|input"]["arrays"]["logits"].tobytes() == tied_ref.tobytes()
+    assert verdicts[f"{APART}|paddlenlp"] == "refused"
+    assert "lm_head.weight differs from model.embed_tokens.weight" in cells[f"{APART}|paddlenlp"]["msg"]
+    assert verdicts[f"{APART}|paddleformers"].startswith("loads")
     assert verdicts["pf_llama_tied_fp32|paddlenlp"].startswith("loads")
     assert verdicts["pf_llama_tied_sharded|paddlenlp"].startswith("loads")
     assert verdicts["pf_llama_untied_legacy_pdparams|safetensors"].startswith("loads")  # the call said
