@@ -26,10 +26,14 @@ LOADERS: tuple[str, ...] = tuple(ld.value for ld in Loader)
 # The containers a loader may read differently (``Checkpoint.format``).
 CONTAINERS: tuple[str, ...] = ("safetensors", "pdparams")
 # The loaders whose facts the tests can prove by loading (PaddleFormers 1.2 is in the test environment,
-# PaddleNLP 2.8.1 in its own venv): under these a write relies on a fact only where PROOFS holds it. "hf"
-# (HF transformers' reading, which needs torch) and "paddlenlp-3" have no library here; their rows are the
-# facts read from those libraries' source, and writes use them as the table states them.
-PROVABLE_LOADERS: tuple[str, ...] = (Loader.PADDLEFORMERS.value, Loader.PADDLENLP_28.value)
+# PaddleNLP 2.8.1 and HF transformers 5.3 with CPU torch in venvs of their own): under these a write relies
+# on a fact only where PROOFS holds it. "paddlenlp-3" has no library here; its rows are the facts read
+# from that library's source, and writes use them as the table states them.
+PROVABLE_LOADERS: tuple[str, ...] = (
+    Loader.PADDLEFORMERS.value,
+    Loader.PADDLENLP_28.value,
+    Loader.HF.value,
+)
 
 
 _K = TypeVar("_K")

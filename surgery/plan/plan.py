@@ -426,6 +426,32 @@ def drop_head(det: Detection, plan: Plan, reason: str) -> bool:
     return True
 
 
+def random_head_problem(det: Detection) -> str | None:
+    """The problem an output keeps when the input has no head in its files under an untied flag (an untied
+    Gemma 3 export: PaddleFormers writes no head, HF transformers then loads a random ``lm_head``) and
+    the write neither adds the head nor sets the flag true, in words; None when the input has no such
+    problem or the loader always ties the head, and that is proven (``Family.refuses_untie``: the
+    missing head is what it expects)."""
+    finding = next((f for f in det.findings if f.kind is FindingKind.UNTIED_BUT_NO_HEAD), None)
+    if finding is None or det.family.refuses_untie:
+        return None
+    return (
+        f"{describe(finding)}; the output keeps it: the {det.loader.name} loader would load it with a "
+        f"random head (run untie to write {det.head.name}, or tie to set the flag true)"
+    )
+
+
+def warn_random_head(plan: Plan) -> Plan:
+    """Add :func:`random_head_problem` to ``plan.warnings`` (printed on the terminal) unless the plan
+    writes the head or sets ``tie_word_embeddings`` true. Returns ``plan``."""
+    problem = random_head_problem(plan.det)
+    writes_head = any(a.name == plan.det.head.name for a in plan.add) or plan.det.head.name in plan.replace
+    ties = any(k.endswith("tie_word_embeddings") and v is True for _, k, v in plan.config_set)
+    if problem and not (writes_head or ties):
+        plan.warnings.append(problem)
+    return plan
+
+
 def unproven_note(det: Detection, plan: Plan, done: str) -> None:
     """Note what a write did instead of relying on an unproven loader fact (``done``), with the finding
     that words the missing proof and the ``loader`` option that names a proven loader."""
