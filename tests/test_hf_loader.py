@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import cli_runner, hf_logits
+from support import cli_runner, hf_logits, paths
 from support import family_builder as fb
 
 from tietool.surgery import arch
@@ -80,6 +80,22 @@ OPS: dict[str, list[str]] = {
     "convert-st": ["convert", "--to", "safetensors", "--max-shard-size", fb.SHARD_SIZE],
 }
 INPUTS = ("tied", "untied", "untied-equal")
+# the PaddleFormers-written safetensors fixtures (tests/data/fixtures/README.md) and the --loader hf writes
+# run on each (tie only where the config says tied: an untied head that differs is refused)
+FIXTURES = tuple(
+    sorted(
+        p.name for p in paths.CASES_DIR.iterdir() if p.name.startswith("pf_") and any(p.glob("*.safetensors"))
+    )
+)
+FIXTURE_OPS = ("tie-hf", "untie-hf", "resize-hf")
+FIXTURE_GROWTH = 8  # resize of a fixture: its rows + this
+
+
+def _fixture_argv(name: str, op: str) -> list[str]:
+    if op == "resize-hf":
+        rows = _config(paths.CASES_DIR / name)["vocab_size"] + FIXTURE_GROWTH
+        return ["resize", "--vocab", str(rows), "--seed", "0", "--loader", "hf"]
+    return OPS[op]
 
 
 # PaddleFormers 1.2 and transformers 5.3 compute these families' bodies differently from the same export
@@ -158,10 +174,27 @@ class World:
                     self.runs[(family, tie, op)] = r
                     if r.rc == 0:
                         self.outs[(family, tie, op)] = out
+        self.fixture_runs: dict[tuple[str, str], cli_runner.CliRun] = {}
+        for name in FIXTURES:
+            for op in FIXTURE_OPS:
+                if op.startswith("tie") and not _config(paths.CASES_DIR / name).get("tie_word_embeddings"):
+                    continue
+                out = root / "fixture-out" / f"{name}-{op}"
+                argv = [*_fixture_argv(name, op), paths.CASES_DIR / name, "--out", out, "-q"]
+                r = cli_runner.run_cli(argv, timeout=300)
+                self.fixture_runs[(name, op)] = r
+                if r.rc == 0:
+                    self.outs[(name, "fixture", op)] = out
         jobs = [fb.LogitsJob(b.path, v.model_class) for v, b in self.built.items()]
-        pf = fb.logits_batches(jobs, root / "pf-logits")
+        fixture_jobs = {
+            n: fb.LogitsJob(paths.CASES_DIR / n, _config(paths.CASES_DIR / n)["architectures"][0])
+            for n in FIXTURES
+        }
+        pf = fb.logits_batches(jobs + list(fixture_jobs.values()), root / "pf-logits")
         self.pf = {v: pf[fb.LogitsJob(b.path, v.model_class)] for v, b in self.built.items()}
+        self.pf_fixtures = {n: pf[j] for n, j in fixture_jobs.items()}
         folders = [b.path for b in self.built.values()] + list(self.outs.values())
+        folders += [paths.CASES_DIR / n for n in FIXTURES]
         self.hf = hf_logits.run(folders, root / "hf-logits", python)
 
     def pf_of(self, family: str, tie: str) -> np.ndarray:
@@ -171,6 +204,10 @@ class World:
 
     def hf_of(self, folder: Path) -> dict:
         return self.hf[folder]
+
+
+def _config(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())
 
 
 def _hf_expert_key(folder: Path) -> None:
@@ -313,3 +350,29 @@ def test_random_head_named_by_every_write(world, tie):
         assert "lm_head.weight" in said and "random head" in said, f"{op}: not named\n{r.describe()}"
         res = world.hf_of(world.outs[("gemma3_text", tie, op)])
         assert res["ok"] and res["missing"] == ["lm_head.weight"], res
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_hf_loads_fixtures(world, name):
+    """The PaddleFormers-written fixtures (``tests/data/fixtures/cases/pf_*``: sharded, bf16, tied, untied)
+    load in transformers with PaddleFormers' logits (Gemma 3: :data:`BODY_DIFFERS`), and their ``tie`` (tied
+    ones), ``untie`` and ``resize`` outputs under ``--loader hf`` with the input's logits (resize: on the
+    kept vocabulary)."""
+    folder = paths.CASES_DIR / name
+    want = _hf_ok(world.hf_of(folder), name)
+    pf = world.pf_fixtures[name]
+    assert pf.get("ok"), f"PaddleFormers could not load {name}: {pf.get('error')}"
+    delta = _close(want, pf["logits"])
+    family = _config(folder)["model_type"]
+    assert (delta > 1e-3) if family in BODY_DIFFERS else (delta < ATOL), f"{name}: |delta| {delta:.3g}"
+    ops = [op for (n, op) in world.fixture_runs if n == name]
+    assert set(ops) >= {"untie-hf", "resize-hf"}, ops
+    for op in ops:
+        r = world.fixture_runs[(name, op)]
+        assert r.rc == 0, r.describe()
+        got = _hf_ok(world.hf_of(world.outs[(name, "fixture", op)]), f"{op} of {name}")
+        if op.startswith("resize"):
+            assert got.shape[-1] == want.shape[-1] + FIXTURE_GROWTH, f"{op} of {name}: logits {got.shape}"
+            got = got[..., : want.shape[-1]]
+        delta = _close(got, want)
+        assert delta < ATOL, f"{op} of {name}: transformers logits off by {delta:.3g}"
