@@ -44,8 +44,8 @@ from .plan.plan import (
     DEFAULT_MAX_SHARD_SIZE,
     Plan,
     check_dtypes,
+    hf_random_head_problems,
     parse_size,
-    random_head_problem,
     warn_random_head,
 )
 from .plan.resize import plan_resize
@@ -815,7 +815,7 @@ def convert(
         p = convert_plan.check_dtypes(convert_plan.plan_convert(ckpt, target))
         convert_plan.note_left_out(p)
         if target in (Target.PADDLEFORMERS, Target.SAFETENSORS):
-            p.warnings += _random_head_problems(ckpt)
+            p.warnings += hf_random_head_problems(ckpt)
         return p
 
     converted = Planner(
@@ -825,18 +825,6 @@ def convert(
         write=lambda p: convert_plan.new_checkpoint(p, limit),
     )
     return run(converted, path, out, dry_run=dry_run, progress=progress)
-
-
-def _random_head_problems(ckpt: Checkpoint) -> list[str]:
-    """:func:`surgery.plan.plan.random_head_problem` of ``ckpt`` under HF transformers, which reads the
-    safetensors convert writes in the PaddleFormers/HF layout (a conversion keeps the head and the flag as
-    they are); nothing when tietool finds no embedding in it (convert needs none)."""
-    try:
-        det = detect(ckpt, loader=Loader.HF, compare_values=False)
-    except (CheckpointError, RefusedError, UsageError):
-        return []
-    problem = random_head_problem(det)
-    return [problem] if problem else []
 
 
 def _indexed(ckpt: Checkpoint) -> Checkpoint:

@@ -16,14 +16,15 @@ import numpy as np
 from .. import arch
 from ..inspect.detect import (
     Detection,
+    detect,
     loader_facts_unproven,
     unnamed_heads,
 )
 from ..inspect.findings import FindingKind, Fix, describe
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file
-from ..model.enums import Container, FoundBy, HeadLayout
-from ..model.errors import Opt, RefusedError, UsageError
+from ..model.enums import Container, FoundBy, HeadLayout, Loader
+from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import DTYPES, NP_TO_ST, DType, TensorInfo, dtype_refusal
 from ..model.tokens import TokenEdit
 from .recipes import CopyOf, Recipe, uses
@@ -439,6 +440,18 @@ def random_head_problem(det: Detection) -> str | None:
         f"{describe(finding)}; the output keeps it: the {det.loader.name} loader would load it with a "
         f"random head (run untie to write {det.head.name}, or tie to set the flag true)"
     )
+
+
+def hf_random_head_problems(ckpt: Checkpoint) -> list[str]:
+    """:func:`random_head_problem` of ``ckpt`` under HF transformers, which reads what ``convert`` writes in
+    the PaddleFormers/HF layout (a conversion keeps the head and the flag as they are); empty when tietool
+    finds no embedding in it (convert needs none)."""
+    try:
+        det = detect(ckpt, loader=Loader.HF, compare_values=False)
+    except (CheckpointError, RefusedError, UsageError):
+        return []
+    problem = random_head_problem(det)
+    return [problem] if problem else []
 
 
 def warn_random_head(plan: Plan) -> Plan:
