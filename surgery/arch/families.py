@@ -618,9 +618,9 @@ _PNLP_PROOFS: dict[ProofKey, str] = {
 }
 # HF transformers 5.3 (torch 2.13 CPU, its own venv: tests/tools/hf_venv.sh):
 # tests/test_hf_loader.py::test_hf_loader_facts loads PaddleFormers 1.2's HF-layout exports of each model
-# type (tied, untied, head dropped) in AutoModelForCausalLM and asserts the hf row's facts against
-# PaddleFormers' logits; its other tests load tietool's outputs of them. Not proven: Qwen3-Next
-# (transformers does not read the export's expert names) and the vision-language wrappers (no
+# type (tied, untied, head dropped) in AutoModelForCausalLM and asserts the hf row's facts (the exports'
+# logits checked against PaddleFormers'); its other tests load tietool's outputs of them. Not proven:
+# Qwen3-Next (transformers does not read the export's expert names) and the vision-language wrappers (no
 # AutoModelForCausalLM class); transformers reads no .pdparams.
 _HF_FACTS_TEST = "tests/test_hf_loader.py::test_hf_loader_facts[{model_type}]"
 _HF_PROVEN: tuple[str, ...] = (
