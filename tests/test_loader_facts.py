@@ -185,14 +185,13 @@ def test_unproven_tie_keeps_the_head_and_says_so(tmp_path):
 
 def test_model_type_the_table_lacks_keeps_the_head_under_every_loader(tmp_path):
     """A model type with no row (the fallback row's facts say "re-ties") is unproven under every loader, the
-    one no test can load with (paddlenlp-3) included: tie keeps the head, sets the flag and names --loader;
-    a known model type under hf whose re-tie is proven (tests/test_hf_loader.py) drops it, one whose hf row
-    is unproven (internlm2) keeps it."""
+    ones whose other rows are used as stated (hf, paddlenlp-3) included: tie keeps the head, sets the flag
+    and names --loader; a known model type under hf (HF transformers' re-tie, proven for llama by
+    tests/test_hf_loader.py) drops it."""
     for loader in ("hf", "paddlenlp-3", "paddleformers"):
         assert not lookup("my_new_lm", loader, "safetensors").trusted
-    assert lookup("llama", "hf", "safetensors").trusted
-    assert not lookup("internlm2", "hf", "safetensors").trusted
-    for mt, dropped in (("my_new_lm", False), ("llama", True), ("internlm2", False)):
+    assert lookup("llama", "hf", "safetensors").proven
+    for mt, dropped in (("my_new_lm", False), ("llama", True)):
         ckpt = _tied_llama(tmp_path, mt, head=True)
         cfg = json.loads((ckpt / "config.json").read_text())
         del cfg["paddleformers_version"]  # no library's version key: the loader is told from the names (hf)

@@ -442,10 +442,18 @@ def random_head_problem(det: Detection) -> str | None:
     )
 
 
+def _says_untied(config: dict[str, Any]) -> bool:
+    """config.json (or a nested block of it) sets ``tie_word_embeddings`` false."""
+    blocks = [config, *(v for v in config.values() if isinstance(v, dict))]
+    return any(b.get("tie_word_embeddings") is False for b in blocks)
+
+
 def hf_random_head_problems(ckpt: Checkpoint) -> list[str]:
     """:func:`random_head_problem` of ``ckpt`` under HF transformers, which reads what ``convert`` writes in
     the PaddleFormers/HF layout (a conversion keeps the head and the flag as they are); empty when tietool
     finds no embedding in it (convert needs none)."""
+    if not _says_untied(ckpt.config):  # detection reads every name: only where the flag is false
+        return []
     try:
         det = detect(ckpt, loader=Loader.HF, compare_values=False)
     except (CheckpointError, RefusedError, UsageError):
