@@ -9,9 +9,10 @@ real checkpoints with the library's own ``save_pretrained`` and loads checkpoint
 * ``{"op": "build", "family": F, "tie": T, "container": C, "out": DIR}``: ``paddle.seed(seed);
   Model(Config(**cfg))`` of :data:`FAMILIES` [F], then ``save_pretrained(DIR, safe_serialization=C ==
   "safetensors")`` (optional ``"max_shard_size"``: sharded with an index; ``"dtype"``: e.g. ``"bfloat16"``,
-  the model cast before saving). ``T``: ``"tied"`` (``tie_word_embeddings=True``), ``"untied"`` (the
-  model's own random head), ``"untied-equal"`` (``tie_word_embeddings=False``, the head set to the
-  embedding in the head's own layout before saving, so that ``tie`` must succeed on it).
+  the model cast before saving; ``"cfg"``: config arguments over the family's). ``T``: ``"tied"``
+  (``tie_word_embeddings=True``), ``"untied"`` (the model's own random head), ``"untied-equal"``
+  (``tie_word_embeddings=False``, the head set to the embedding in the head's own layout before saving, so
+  that ``tie`` must succeed on it).
 * ``{"op": "edit", "dir": DIR, "drop_suffixes": [...], "put": {NAME: NPY}}``: rewrites the folder's weight
   file in its own container (``paddle.load``/``paddle.save``, or safetensors with its metadata) without the
   tensors whose names end with one of the suffixes, and with the given arrays added: a checkpoint whose
@@ -21,6 +22,8 @@ real checkpoints with the library's own ``save_pretrained`` and loads checkpoint
   ``embedding`` (the input embedding's weight), ``head`` (the tensor the head multiplies with) and
   ``bias`` (the head bias, when the model has one). The result row also says whether ``head`` *is* the
   embedding parameter (``head_is_embedding``) and names the state-dict keys of the loaded model.
+* ``{"op": "encode", "dir": DIR, "texts": [...]}``: PaddleNLP's ``AutoTokenizer.from_pretrained(DIR)``
+  encodes each text (``add_special_tokens=False``); the result has ``len`` and ``ids``.
 
 Each result is ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}`` (one job's failure never stops the
 others). Nothing here imports tietool.
@@ -255,7 +258,7 @@ def _build(job: dict) -> dict:
         hidden_size=HIDDEN,
         tie_word_embeddings=tie == "tied",
         **_TOKENS,
-        **FAMILIES[family]["cfg"],
+        **{**FAMILIES[family]["cfg"], **job.get("cfg", {})},
     )
     model = model_cls(config)
     model.eval()
@@ -352,7 +355,17 @@ def _load(job: dict) -> dict:
     }
 
 
-_OPS = {"build": _build, "edit": _edit, "load": _load}
+def _encode(job: dict) -> dict:
+    """``AutoTokenizer.from_pretrained(DIR)`` (PaddleNLP's own tokenizer classes) encodes each text with
+    ``add_special_tokens=False``: ``{"len": len(tokenizer), "ids": [[...], ...]}``."""
+    from paddlenlp.transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(job["dir"])
+    ids = [[int(i) for i in tok(t, add_special_tokens=False)["input_ids"]] for t in job["texts"]]
+    return {"len": len(tok), "ids": ids}
+
+
+_OPS = {"build": _build, "edit": _edit, "load": _load, "encode": _encode}
 
 
 def main(jobs_path: str, results_path: str) -> int:
