@@ -117,7 +117,8 @@ class ConvertPlan:
     with ``config``.
 
     ``source``/``target``: the conventions (equal for a container change); ``layout``: the input's Linear
-    layout when proven from the shapes (None: not checked); ``notes``: said to the user.
+    layout when proven from the shapes (None: not checked); ``notes``: said to the user; ``warnings``: what
+    the output's loader will get wrong (printed).
     """
 
     ckpt: Checkpoint
@@ -129,6 +130,7 @@ class ConvertPlan:
     notes: list[str] = field(default_factory=list)
     config_changes: list[dict[str, Any]] = field(default_factory=list)
     layout: Layout | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 def _label(ckpt: Checkpoint, name: str) -> str:
