@@ -54,6 +54,10 @@ from .plan import OutTensor
 from .recipes import Joined, Slice
 
 _EP_TAGS = ("moe_sharding", "moe")
+MAX_EXPERTS = 1 << 16
+"""The most routed experts of one MoE layer tietool merges (65,536; the largest released MoE models route
+among a few hundred): an expert id or a config count beyond it is refused by name before any set or range
+of ids is built from it."""
 _FIX_RESAVE = "re-save the rank files from the training run's last checkpoint (they are written together)"
 _FIX_COPY = "copy every rank file the training run saved into the folder, then merge again"
 
@@ -204,6 +208,12 @@ def numbering(
     seen = sorted(set().union(*ids))
     if count is None:
         raise _no_count(path, module, ids, what)
+    if count > MAX_EXPERTS:
+        raise CheckpointError(
+            f"config.json {what} = {count}, more than the {MAX_EXPERTS:,} experts of a layer tietool merges",
+            path / "config.json",
+            "set it to the number of routed experts the training run used",
+        )
     if sum(len(s) for s in ids) == len(seen) and seen == list(range(count)):
         return Numbering.GLOBAL, {g: (r, g) for r, s in enumerate(ids) for g in s}
     if n > 1 and all(s == ids[0] for s in ids) and ids[0] == set(range(len(ids[0]))):
@@ -264,8 +274,28 @@ def _split_names(own: dict[str, Slice]) -> tuple[list[str], dict[str, dict[int, 
         if m is None:
             others.append(name)
         else:
-            experts.setdefault(m["module"], {}).setdefault(int(m["id"]), []).append(m["rest"])
+            experts.setdefault(m["module"], {}).setdefault(_expert_id(m["id"], name, own[name]), []).append(
+                m["rest"]
+            )
     return others, experts
+
+
+def _expert_id(digits: str, name: str, where: Slice) -> int:
+    """The expert id of tensor ``name`` (its ``digits``), at most :data:`MAX_EXPERTS` - 1, never an integer
+    conversion of thousands of digits.
+
+    Raises:
+        CheckpointError: a larger id, naming the tensor and its file.
+    """
+    if len(digits) > len(str(MAX_EXPERTS)) or int(digits) >= MAX_EXPERTS:
+        shown = digits if len(digits) <= 24 else f"{digits[:20]}... ({len(digits):,} digits)"
+        raise CheckpointError(
+            f"{name[:80]} has expert id {shown}, beyond the {MAX_EXPERTS:,} experts of a layer tietool "
+            "merges",
+            where.path,
+            _FIX_RESAVE,
+        )
+    return int(digits)
 
 
 def _replicated(path: Path, by_rank: list[dict[str, Slice]], others: list[str]) -> None:
