@@ -153,21 +153,20 @@ def uncovered(shape: tuple[int, ...], boxes: list[Box]) -> tuple[int, tuple[int,
         return 0, None
     if not grid.ndim:
         return 1, ()
-    small = math.prod(shape) < 2**63  # int64 products cannot overflow; else Python ints
+    holes = ~grid
+    first = tuple(
+        cuts[k][int(i)] for k, i in enumerate(np.unravel_index(int(np.argmax(holes.reshape(-1))), grid.shape))
+    )
+    small = math.prod(shape) < 2**63  # int64 sums cannot overflow; else Python ints
     lengths = [np.diff(np.array(c, dtype=np.int64 if small else object)) for c in cuts]
-    flat = grid.reshape(-1)
-    count, first = 0, None
-    for at in range(0, flat.size, _CHUNK):  # bounded memory for a crafted grid of 16 M cells, any axes
-        holes = np.flatnonzero(~flat[at : at + _CHUNK]) + at
-        if not holes.size:
-            continue
-        coords = np.unravel_index(holes, grid.shape)
-        if first is None:
-            first = tuple(cuts[k][int(c[0])] for k, c in enumerate(coords))
-        w = np.ones(holes.size, dtype=np.int64 if small else object)
-        for k, c in enumerate(coords):
-            w = w * lengths[k][c]
-        count += int(w.sum())
+    rest = math.prod(grid.shape[1:])
+    step = max(1, _CHUNK // rest)
+    count = 0
+    for at in range(0, grid.shape[0], step):  # blocks of about _CHUNK cells: bounded memory on any grid
+        block = holes[at : at + step].astype(lengths[0].dtype)
+        for k in range(grid.ndim - 1, 0, -1):  # each cell weighted by its volume, axis by axis
+            block = block @ lengths[k]
+        count += int(block @ lengths[0][at : at + step])
     return count, first
 
 
