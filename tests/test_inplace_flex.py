@@ -65,32 +65,61 @@ def _wait_for(cond, timeout: float = 120.0) -> None:
         time.sleep(0.005)
 
 
+def _staged(ck: Path) -> bool:
+    """The new version is built and published at its staging name (its report carries a token)."""
+    return any(inplace.token_of(p) is not None for p in ck.parent.glob(f".{ck.name}.tietool-new-*"))
+
+
+POINTS = {  # pause point: (fallback, no_backup, what the name holds, what the next run says)
+    "check": (False, False, "old", "(removed)"),
+    "swap": (False, True, "old", "(removed)"),
+    "swapped": (False, False, "new", "(kept as a backup)"),
+    "swapped-no-backup": (False, True, "new", "(kept as a backup)"),
+    "renames": (True, False, "new", "its complete new version was put there"),
+    "delete": (False, True, "new", "(the previous version it was deleting; now deleted)"),
+}
+
+
 @needs_data
 @pytest.mark.parametrize("args", [RESIZE, ADD], ids=["resize", "add-tokens"])
-@pytest.mark.parametrize("no_backup", [False, True], ids=["backup", "no-backup"])
-def test_sigkill_after_the_exchange_keeps_the_previous_version(tmp_path, args, no_backup):
-    """SIGKILL after the exchange (fsynced) and before the old version's rename: the name holds the new
-    version, and the next run (inspect) keeps the previous version, complete, as the backup (even without
-    --no-backup's deletion having begun: nothing was deleted yet), and leaves nothing else."""
+@pytest.mark.parametrize("point", list(POINTS))
+def test_sigkill_at_each_step_keeps_old_or_new_and_the_backup(tmp_path, args, point):
+    """SIGKILL at each step of the swap of a flex edit in place: the name holds the old or the new version,
+    and the next run (inspect) puts right what was left and says so. After the exchange and before the
+    old version's rename (``swapped``), the previous version, complete at its staging name, is kept as the
+    backup (it was deleted before: no config.json of its own), even with --no-backup (nothing was deleted
+    yet); nothing else is left."""
     ck = _ck(tmp_path)
     old = _hashes(ck)
-    env = {**os.environ, "TIETOOL_INPLACE_PAUSE": "60", "TIETOOL_INPLACE_PAUSE_AT": "swapped"}
+    fallback, no_backup, holds, note = POINTS[point]
+    env = {**os.environ, "TIETOOL_INPLACE_PAUSE": "60", "TIETOOL_INPLACE_PAUSE_AT": point.split("-")[0]}
+    env |= {"TIETOOL_NO_EXCHANGE": "1"} if fallback else {}
     argv = [args[0], str(ck), *args[1:], *(["--no-backup"] if no_backup else [])]
     p = subprocess.Popen([sys.executable, "-m", "tietool", *argv], env=env, stderr=subprocess.PIPE)
+    reached = {
+        "check": lambda: _staged(ck),
+        "swap": lambda: _staged(ck),
+        "swapped": lambda: inplace.token_of(ck) is not None,
+        "renames": lambda: not ck.exists(),
+        "delete": lambda: any(inplace.DELETING_TAG in n for n in _beside(ck)),
+    }[point.split("-")[0]]
     try:
-        _wait_for(lambda: inplace.token_of(ck) is not None or p.poll() is not None)
+        _wait_for(lambda: reached() or p.poll() is not None)
         assert p.poll() is None, p.stderr.read() if p.stderr else ""
+        time.sleep(0.3 if point in ("check", "swap") else 0.0)  # past the last step before the pause
     finally:
         p.kill()
         p.wait()
-    assert any(".tietool-new-" in n for n in _beside(ck))  # the previous version, at its staging name
     r = cli_runner.run_cli(["inspect", str(ck)], subprocess=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert "kept as a backup" in r.stdout, r.stdout
-    (bak,) = [ck.parent / n for n in _beside(ck) if ".tietool-backup-" in n]
-    assert _hashes(bak) == old
-    assert inplace.token_of(ck) is not None and _hashes(ck) != old
-    assert _beside(ck) == [bak.name]
+    assert note in r.stdout, r.stdout
+    assert (_hashes(ck) == old) == (holds == "old")
+    baks = [ck.parent / n for n in _beside(ck) if inplace.BACKUP_TAG in n]
+    for bak in baks:
+        assert _hashes(bak) == old
+    if holds == "new" and point != "delete":
+        assert len(baks) == 1  # the previous version kept (as a backup: the one the run made, or recovered)
+    assert _beside(ck) == sorted(b.name for b in baks)
 
 
 @needs_data
