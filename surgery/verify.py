@@ -479,8 +479,9 @@ class _Tokenizers:
             if va.get(i) != r.content or i in vb:
                 continue  # explains nothing: the input lacks it, or the output still has the id
             why = r.doubt or (
-                "" if (i, r.content) in own else "it is in the input's base vocabulary, which tietool never "
-                "removes (only added tokens)"
+                ""
+                if (i, r.content) in own
+                else "it is in the input's base vocabulary, which tietool never removes (only added tokens)"
             )
             if why:
                 doubted[i] = f"{r.source} says it was removed, which the files contradict: {why}"
