@@ -207,10 +207,12 @@ class Removal:
 class TokenClaims:
     """What a folder's report chain says was added and removed since its first run, net: ``added``
     ``{id: content}``, ``removed`` ``{id: Removal}`` (a token a later run removes that an earlier one added
-    is neither)."""
+    is neither), and ``rows``: the ``rows_after`` of the last run that counted rows (None: none did), which
+    the folder's embedding must have for the chain to describe it."""
 
     added: dict[int, str] = field(default_factory=dict)
     removed: dict[int, Removal] = field(default_factory=dict)
+    rows: Any = None
 
 
 def token_claims(folder: Any) -> TokenClaims:
@@ -225,7 +227,8 @@ def token_claims(folder: Any) -> TokenClaims:
     """
     chain = history(folder)
     breaks = _rows_breaks(chain)
-    out = TokenClaims()
+    counted = [r for r in (_rows(e)[1] for e in chain) if r is not None]
+    out = TokenClaims(rows=counted[-1] if counted else None)
     for k, entry in enumerate(chain):
         last = k == len(chain) - 1
         source = f"{'the last run' if last else f'history entry {k + 1}'} ({entry.get('operation')})"

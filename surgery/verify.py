@@ -478,10 +478,14 @@ class _Tokenizers:
         for i, r in claims.removed.items():
             if va.get(i) != r.content or i in vb:
                 continue  # explains nothing: the input lacks it, or the output still has the id
-            why = r.doubt or (
-                ""
-                if (i, r.content) in own
-                else "it is in the input's base vocabulary, which tietool never removes (only added tokens)"
+            why = (
+                r.doubt
+                or _rows_doubt(claims.rows, db.vocab_rows)
+                or (
+                    ""
+                    if (i, r.content) in own
+                    else "it is in the input's base vocabulary, which tietool never removes (only added tokens)"
+                )
             )
             if why:
                 doubted[i] = f"{r.source} says it was removed, which the files contradict: {why}"
@@ -494,6 +498,14 @@ class _Tokenizers:
         content: the rows add-tokens may set."""
         va, vb = self.vocab
         return frozenset(i for i, c in self.added.items() if i not in va and vb.get(i) == c)
+
+
+def _rows_doubt(claimed: object, rows: int) -> str:
+    """Why a report chain that ends with ``claimed`` rows cannot describe an output of ``rows`` ("" when
+    it can)."""
+    if claimed == rows:
+        return ""
+    return f"the report's runs end with {claimed!r} rows, the output's embedding has {rows}"
 
 
 def _tokenizer_names(A: Checkpoint, B: Checkpoint, sets: tuple[TokenizerSet, TokenizerSet]) -> set[str]:

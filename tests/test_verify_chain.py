@@ -204,3 +204,33 @@ def test_a_real_trim_of_an_added_token_still_verifies(tmp_path):
     run = run_cli(["verify", str(orig), str(ck)])
     assert run.rc == 7 and "the last run (resize) says it was removed" in run.stdout, run.stdout
     assert "'<think>' (id 303)" not in run.stdout, run.stdout
+
+
+def test_a_forged_trim_of_an_added_token_must_match_the_rows(tmp_path):
+    """An added token of the input ('<think>', id 303) removed by hand, with a report claiming a resize to
+    303 rows removed it: the output's embedding still has 320 rows, so the chain does not describe it
+    (exit 7, unverifiable, naming both row counts). The real trim (resize --vocab 303 --force) verifies."""
+    orig = tmp_path / "orig"
+    shutil.copytree(SRC, orig)
+    ck = tmp_path / "ck"
+    shutil.copytree(SRC, ck)
+    for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "added_tokens_decoder")):
+        p = ck / name
+        data = json.loads(p.read_text())
+        if isinstance(data[key], list):
+            data[key] = [t for t in data[key] if t["id"] != 303]
+        else:
+            data[key].pop("303")
+        p.unlink()
+        p.write_text(json.dumps(data))
+    rep = {"tool": "tietool 0.1.0", "operation": "resize"}
+    rep["resize"] = {
+        "rows_before": 320,
+        "rows_after": 303,
+        "tokens_removed": [{"id": 303, "content": "<think>"}],
+    }
+    (ck / "tietool-report.json").write_text(json.dumps(rep))
+    run = run_cli(["verify", str(orig), str(ck)])
+    assert run.rc == 7, run.stdout
+    line = next(x for x in run.stdout.splitlines() if "'<think>' (id 303)" in x)
+    assert "runs end with 303 rows, the output's embedding has 320" in line and "unverifiable" in line, line
