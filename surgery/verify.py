@@ -478,15 +478,8 @@ class _Tokenizers:
         for i, r in claims.removed.items():
             if va.get(i) != r.content or i in vb:
                 continue  # explains nothing: the input lacks it, or the output still has the id
-            why = (
-                r.doubt
-                or _rows_doubt(claims.rows, db.vocab_rows)
-                or (
-                    ""
-                    if (i, r.content) in own
-                    else "it is in the input's base vocabulary, which tietool never removes (only added tokens)"
-                )
-            )
+            base = "" if (i, r.content) in own else _BASE_KEPT
+            why = r.doubt or _rows_doubt(claims.rows, db.vocab_rows) or base
             if why:
                 doubted[i] = f"{r.source} says it was removed, which the files contradict: {why}"
             else:
@@ -498,6 +491,9 @@ class _Tokenizers:
         content: the rows add-tokens may set."""
         va, vb = self.vocab
         return frozenset(i for i, c in self.added.items() if i not in va and vb.get(i) == c)
+
+
+_BASE_KEPT = "it is in the input's base vocabulary, which tietool never removes (only added tokens)"
 
 
 def _rows_doubt(claimed: object, rows: int) -> str:
