@@ -12,6 +12,8 @@ describes paddle's pickle), independent of tietool's own writer. Nothing here im
 * ``flex-sweep-3000``: 3,000 slices open together along rows, disjoint along columns (the sweep compared
   every pair: a hang); a gap, exit 3.
 * ``flex-grid12-holes``: 37 one-element slices of a ``4^12`` tensor (a 16.7 M-cell grid of holes: 3.1 GB).
+* ``flex-distcp-*``: the real ``1_0.distcp`` with one more entry, a key nested 5,000 deep or a memo bomb
+  (``merge`` reads it; ``inspect`` reads only the ``.metadata``).
 """
 
 from __future__ import annotations
@@ -130,8 +132,50 @@ def _grid12() -> dict:
     return {"g": ((4,) * k, sl)}
 
 
+def _distcp_with(key: bytes, value: bytes, prelude: bytes = b"") -> Callable[[Path], Path]:
+    """The real ranks2 save with one more top-level entry in ``1_0.distcp`` (its one FRAME's length
+    corrected): ``prelude`` (memoized parts, popped), then key and value."""
+
+    def build(dest: Path) -> Path:
+        ckpt = _with({})(dest)
+        raw = (RANKS2 / "1_0.distcp").read_bytes()
+        assert raw[2:3] == b"\x95" and raw.endswith(b"u."), "expected one FRAME and a dict closed by SETITEMS"
+        body = raw[11:-1] + prelude + b"(" + key + value + b"u."
+        (ckpt / "1_0.distcp").write_bytes(raw[:3] + struct.pack("<Q", len(body)) + body)
+        (ckpt / "0.metadata").write_bytes((RANKS2 / "0.metadata").read_bytes())
+        return ckpt
+
+    return build
+
+
+def _memo_bomb(levels: int) -> tuple[bytes, bytes]:
+    """t0 = (); t(i) = (t(i-1), t(i-1)): 2**levels elements counted at every reference."""
+    put = lambda i: b"r" + struct.pack("<I", 1_000_000 + i)  # noqa: E731
+    get = lambda i: b"j" + struct.pack("<I", 1_000_000 + i)  # noqa: E731
+    pre = b")" + put(0) + b"0"
+    for i in range(1, levels + 1):
+        pre += get(i - 1) + get(i - 1) + b"\x86" + put(i) + b"0"
+    return pre, get(levels)
+
+
 N = 3000
 CASES = [
+    Hostile(
+        "flex-distcp-deep-key",
+        "flex-distcp",
+        _distcp_with(b")" + b"\x85" * 5000, b"K\x01"),
+        3,
+        commands=("merge",),
+        names=("1_0.distcp",),
+    ),
+    Hostile(
+        "flex-distcp-memo-bomb",
+        "flex-distcp",
+        _distcp_with(_str("bomb"), _memo_bomb(60)[1], _memo_bomb(60)[0]),
+        3,
+        commands=("merge",),
+        names=("1_0.distcp",),
+    ),
     Hostile(
         "flex-rank-5000-digits",
         "flex-metadata",
