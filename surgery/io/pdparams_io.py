@@ -592,7 +592,11 @@ class _Walker:
                 )
             self.records += 1
             if self.lim.records is not None and self.records > self.lim.records:
-                raise _too_big(self.path, f"more than {self.lim.records:,} records ({self.lim.records_why})")
+                raise CheckpointError(
+                    f"more than {self.lim.records:,} records: {self.lim.records_why}",
+                    self.path,
+                    "the file is damaged or crafted, or from a save larger than tietool reads",
+                )
             return Record((fn.module, fn.name))
         call = self.rules.calls.get((fn.module, fn.name))
         if call is None:
