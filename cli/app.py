@@ -34,6 +34,7 @@ from .options import (
     InitOpt,
     JsonOpt,
     KeepOpt,
+    KeepPaddleLayoutOpt,
     KeepTrainingStateOpt,
     LayoutOpt,
     LinkOpt,
@@ -61,8 +62,10 @@ from .options import (
 app = typer.Typer(
     name="tietool",
     help="Inspect, tie, untie and resize the input embedding and LM head of PaddlePaddle LLM checkpoints "
-    "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors); convert them between "
-    "the PaddleNLP and PaddleFormers conventions; merge tensor-parallel rank files.",
+    "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors), add tokens to model and "
+    "tokenizer together, verify what a write changed; convert between the PaddleNLP and PaddleFormers "
+    "conventions; merge tensor- or expert-parallel rank files and PaddleFormers Trainer (flex) checkpoints.",
+    context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -342,6 +345,7 @@ def merge(
     ckpt: LocalCkptArg = ".",
     out: MergeOutOpt = None,
     max_shard_size: MergeShardOpt = "10GB",
+    keep_paddle_layout: KeepPaddleLayoutOpt = False,
     dry_run: DryOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -359,6 +363,7 @@ def merge(
         out,
         max_shard_size=max_shard_size,
         dry_run=dry_run,
+        keep_paddle_layout=keep_paddle_layout,
         progress=render.progress_bar(quiet or json_out),
     )
     render.merge(rep, json_out)

@@ -646,6 +646,8 @@ def merge(rep: dict, as_json: bool = False) -> None:
         print(f"  {t['name']}: {t['rule']}{axis}{turned} -> {t['dtype']} {t['shape']}")
     for k, (before, after) in rep["config_changes"].items():
         print(f"config.json: {k} {before} -> {after}")
+    if rep.get("tie"):  # the tie check: a head trained apart kept, the tie flag set false
+        print(f"warning: {rep['tie']['message']}")
     for f in rep["left_out"]:
         print(f"left out: {f}")
     if rep["dry_run"]:
@@ -669,7 +671,15 @@ def merge(rep: dict, as_json: bool = False) -> None:
             f"merged {len(rep['rank_files'])} rank files ({ranks}) into {rep['output']}: "
             f"{len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
         )
+    _merge_messages(rep)
     _stale_notes(rep)
+
+
+def _merge_messages(rep: dict) -> None:
+    """Every note and warning of a merge report, its conversion's too (``converted``): a warning that
+    matters is said on the terminal, not only in tietool-report.json."""
+    conv = rep.get("converted") or {}
+    _messages(_console(), conv.get("notes", []), [*rep.get("warnings", []), *conv.get("warnings", [])])
 
 
 @_after_write

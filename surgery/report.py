@@ -418,6 +418,7 @@ def merge_report(plan: MergePlan, out: str, facts: dict) -> dict:
         "model_type": plan.config.get("model_type"),
         "rank_files": plan.rank_files,
         "config_changes": plan.config_changes,
+        "tie": plan.tie.facts() if plan.tie else None,
         "left_out": plan.left,
         **facts,
         "tensors": [_merged_facts(t) for t in plan.merged],

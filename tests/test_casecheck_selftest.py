@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import struct
 from collections import OrderedDict
 from pathlib import Path
@@ -837,3 +838,152 @@ def test_tensor_equals_input_file(tmp_path):
     fails_with(
         {"tensor_equals_input_file": ["w", "model_state.moe_sharding00.pdparams", "x", "same"]}, ctx, "x"
     )
+
+
+# ---------------------------------------------------------------------------
+# encodes: the output's tokenizer as each library loads it
+# ---------------------------------------------------------------------------
+
+TOKENIZERS = Path(__file__).resolve().parent / "data" / "tokenizers"
+E01_CKPT = TOKENIZERS.parent / "cases" / "e01_ernie3_wordpiece_lowercase_add_tokens" / "ckpt"
+
+
+def _with_added_token(tmp_path: Path, content: str) -> tuple[Path, int]:
+    """A copy of the trained byte-level BPE folder whose tokenizer.json and tokenizer_config.json
+    (transformers 5 reads its ``added_tokens_decoder``) gain ``content`` as an added token at the next id
+    (the oracle: the id the files give it)."""
+    out = tmp_path / "out"
+    shutil.copytree(TOKENIZERS / "bytelevel_bpe", out)
+    data = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    new_id = max([*data["model"]["vocab"].values(), *(t["id"] for t in data["added_tokens"])]) + 1
+    entry = {"id": new_id, "content": content, "single_word": False, "lstrip": False, "rstrip": False}
+    data["added_tokens"].append({**entry, "normalized": False, "special": True})
+    (out / "tokenizer.json").write_text(json.dumps(data), encoding="utf-8")
+    config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    decoder = config.setdefault("added_tokens_decoder", {})
+    decoder[str(new_id)] = {**entry, "normalized": False, "special": True}
+    (out / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return out, new_id
+
+
+def test_encodes_tokenizers_reads_tokenizer_json(tmp_path: Path):
+    """An added token of tokenizer.json encodes as its id; a wrong list fails with what was seen; a folder
+    without tokenizer.json and an unknown loader fail."""
+    out, new_id = _with_added_token(tmp_path, "<cc_probe>")
+    ctx = ctx_for(out)
+    assert passes({"encodes": ["tokenizers", "<cc_probe>", [new_id]]}, ctx)
+    fails_with({"encodes": ["tokenizers", "<cc_probe>", [new_id + 1]]}, ctx, str(new_id), "expected")
+    (out / "tokenizer.json").unlink()
+    fails_with({"encodes": ["tokenizers", "<cc_probe>", [new_id]]}, ctx, "tokenizer.json")
+    fails_with({"encodes": ["tiktoken", "x", [1]]}, ctx, "unknown loader")
+    fails_with({"encodes": ["tokenizers", "x", [1]]}, ctx_for(tmp_path / "none"), "does not exist")
+
+
+def test_encodes_sentencepiece_adds_no_bos_and_skips_a_tiktoken_model(tmp_path: Path):
+    """The folder's loadable ``*.model`` (a tiktoken rank file named ``.model`` beside it is skipped), no
+    BOS added: the ids are the library's own ``EncodeAsIds``, whose first id is not the BOS id."""
+    import sentencepiece as spm
+
+    out = tmp_path / "out"
+    shutil.copytree(TOKENIZERS / "sp_bpe", out)
+    shutil.copy(TOKENIZERS / "tiktoken" / "qwen.tiktoken", out / "a_tiktoken.model")
+    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZERS / "sp_bpe" / "tokenizer.model"))
+    ids = list(sp.EncodeAsIds("hello world"))
+    assert ids and ids[0] != sp.bos_id()
+    ctx = ctx_for(out)
+    assert passes({"encodes": ["sentencepiece", "hello world", ids]}, ctx)
+    fails_with({"encodes": ["sentencepiece", "hello world", [sp.bos_id(), *ids]]}, ctx, "sentencepiece")
+    (out / "tokenizer.model").unlink()
+    fails_with({"encodes": ["sentencepiece", "hello world", ids]}, ctx, "a_tiktoken.model")
+
+
+def test_encodes_transformers_in_a_child_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """transformers' AutoTokenizer (a child of this interpreter, no special tokens added) gives the added
+    token its id; every encodes check of one command with the same loader runs in one child."""
+    out, new_id = _with_added_token(tmp_path, "<cc_probe>")
+    calls = []
+    real_run = cc.subprocess.run
+    monkeypatch.setattr(cc.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
+    command = {
+        "expect": "ok",
+        "checks": [
+            {"encodes": ["transformers", "<cc_probe>", [new_id]]},
+            {"encodes": ["transformers", "<cc_probe><cc_probe>", [new_id, new_id]]},
+            {"encodes": ["transformers", "<cc_probe>", [0]]},
+        ],
+    }
+    failures = cc.evaluate_command(command, 0, ctx_for(out))
+    assert len(calls) == 1
+    assert len(failures) == 1 and "expected [0]" in failures[0]
+
+
+@pytest.mark.pnlp
+def test_encodes_paddlenlp_reads_added_tokens_json(tmp_path: Path):
+    """PaddleNLP 2.8.1's AutoTokenizer (ErnieTokenizer, do_lower_case) of the e01 folder: without
+    added_tokens.json "covid" is the WordPiece pieces of vocab.txt lines 14..18; with {"covid": 24} it is 24,
+    and so are "COVID" (lower-cased first) and the word inside a sentence (vocab lines 9 and 11)."""
+    out = tmp_path / "out"
+    shutil.copytree(E01_CKPT, out)
+    ctx = ctx_for(out)
+    assert passes({"encodes": ["paddlenlp-2.8", "covid", [14, 15, 16, 17, 18]]}, ctx)
+    (out / "added_tokens.json").write_text(json.dumps({"covid": 24}), encoding="utf-8")
+    command = {
+        "expect": "ok",
+        "checks": [
+            {"encodes": ["paddlenlp-2.8", "covid", [24]]},
+            {"encodes": ["paddlenlp-2.8", "COVID", [24]]},
+            {"encodes": ["paddlenlp-2.8", "a COVID case", [9, 24, 11]]},
+            {"encodes": ["paddlenlp-2.8", "COVID", [14, 15, 16, 17, 18]]},
+        ],
+    }
+    failures = cc.evaluate_command(command, 0, ctx_for(out))
+    assert len(failures) == 1 and "expected [14, 15, 16, 17, 18]" in failures[0]
+
+
+def test_encodes_paddlenlp_without_pnlp_python_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Without PNLP_PYTHON the check fails naming it (it never passes unjudged)."""
+    monkeypatch.delenv("PNLP_PYTHON", raising=False)
+    fails_with({"encodes": ["paddlenlp-2.8", "covid", [24]]}, ctx_for(E01_CKPT), "PNLP_PYTHON")
+
+
+# Flex checkpoints (support/casecheck_flex.py) against Paddle's own load_state_dict
+
+FLEX_DATA = Path(__file__).resolve().parent / "data" / "flex"
+
+
+@pytest.mark.parametrize(
+    "folder, oracles",
+    [
+        ("ranks2", {"": "oracle"}),
+        ("ranks2_replicas", {"": "oracle"}),
+        ("flat2", {"": "oracle"}),
+        ("mesh2x2", {"": "oracle"}),
+        (
+            "trainer_2rank/checkpoint-2",
+            {"": "oracle", "optimizer_state/": "oracle_optimizer", "master_weight/": "oracle_master_weight"},
+        ),
+    ],
+)
+def test_flex_reader_equals_paddle_load_state_dict(folder, oracles):
+    """The checker reads a flex checkpoint (split, replicated, flattened, 2-D mesh slices; a Trainer
+    checkpoint's three state folders) as ``paddle.distributed.load_state_dict`` fills it: every tensor of
+    the folder's oracles (tests/data/flex/README.md) bit for bit, under its name (``optimizer_state/`` and
+    ``master_weight/`` prefixed), and nothing else."""
+    ck = cc.read_checkpoint(FLEX_DATA / folder)
+    assert not ck.problems, ck.problems
+    base = FLEX_DATA / folder.split("/")[0]
+    want: dict[str, np.ndarray] = {}
+    for prefix, oracle in oracles.items():
+        with np.load(base / f"{oracle}.npz") as z:
+            want.update({prefix + k: z[k] for k in z.files})
+    assert set(ck.tensors) == set(want)
+    for name, a in want.items():
+        t = ck.tensors[name]
+        assert (t.shape, t.raw) == (a.shape, np.ascontiguousarray(a).tobytes()), name
+
+
+def test_flex_reader_refuses_a_foreign_global(tmp_path):
+    """A ``.metadata`` naming a global other than paddle's three records is a read problem, never run."""
+    (tmp_path / "0.metadata").write_bytes(pickle.dumps({"state_dict_metadata": Path("x")}, protocol=4))
+    ck = cc.read_checkpoint(tmp_path)
+    assert ck.problems and not ck.tensors

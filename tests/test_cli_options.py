@@ -192,3 +192,11 @@ def test_a_signal_before_any_work_is_one_line_and_its_code(where, sig, code):
     assert r.returncode == code, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == ["tietool: interrupted; nothing was written"], r.stderr
+
+
+@pytest.mark.parametrize("command", [[], ["inspect"], ["resize"], ["add-tokens"], ["merge"], ["verify"]])
+def test_dash_h_is_help(command):
+    """``-h`` prints the same help as ``--help`` (the argparse and ``hf`` convention), exit 0."""
+    short, long = _cli(*command, "-h"), _cli(*command, "--help")
+    assert (short.rc, long.rc) == (0, 0), short.stderr
+    assert short.stdout == long.stdout and "Usage:" in short.stdout

@@ -14,7 +14,7 @@ import pytest
 
 DATA = Path(__file__).parent / "data" / "flex"
 FOLDERS = ("single", "ranks2", "ranks2_replicas", "flat2", "mesh2x2")
-TRAINERS = ("trainer_1rank", "trainer_2rank")
+TRAINERS = ("trainer_1rank", "trainer_2rank", "trainer_tied")
 LAYOUTS = ("trainer_bf16_layout",)
 RECORDS = "paddle.distributed.flex_checkpoint.dcp.metadata"
 NUMPY = {

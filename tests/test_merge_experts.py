@@ -238,9 +238,71 @@ def test_refuses_local_numbering_without_an_expert_count(tmp_path):
 
 
 def test_refuses_an_unknown_family(tmp_path):
+    """A model type with no proven expert count is refused by name, naming the count keys its config has
+    and every key tietool reads (never "add the number of experts" to a config that has it)."""
     full, config = d06_full(tmp_path)
     ranks = cut(full, 2, True, tmp_path / "ranks", {**config, "model_type": "mystery_moe"})
-    refused(ranks, tmp_path, 5, "no expert count", "mystery_moe")
+    refused(ranks, tmp_path, 5, "mystery_moe", "num_experts = 4", "n_routed_experts", "moe_num_experts")
+    cut(
+        full, 2, False, tmp_path / "ranks2", {"model_type": "kimi_k2", "text_config": {"n_routed_experts": 4}}
+    )
+    refused(tmp_path / "ranks2", tmp_path, 5, "kimi_k2", "text_config.n_routed_experts = 4", "unproven")
+
+
+E10 = paths.BUG_CASES_DIR / "e10_ernie45_moe_expert_parallel_rank_files" / "ckpt"
+
+
+def e10_full() -> tuple[dict[str, np.ndarray], dict]:
+    """e10's whole state dict (PaddleFormers-written ERNIE-4.5-MoE, experts 0-1 and 2-3) and config."""
+    full: dict[str, np.ndarray] = {}
+    for r in range(2):
+        for k, v in arrays(E10 / f"model_state.moe_sharding0{r}.pdparams").items():
+            assert k not in full or full[k].tobytes() == v.tobytes(), k
+            full[k] = v
+    return full, json.loads((E10 / "config.json").read_text())
+
+
+@pytest.mark.parametrize("n", [1, 2, 4])
+@pytest.mark.parametrize("local", [False, True])
+def test_ernie45_moe_num_experts_counts_the_experts(tmp_path, n, local):
+    """ERNIE-4.5-MoE's moe_num_experts (e10's PaddleFormers-written files) proves the numbering: cut into
+    n ranks, globally or locally numbered, the merge gives every tensor back bit for bit."""
+    full, config = e10_full()
+    assert config["moe_num_experts"] == 4 and arch.EXPERT_COUNT_KEYS["ernie4_5_moe"] == ("moe_num_experts",)
+    ranks = cut(full, n, local, tmp_path / "ranks", {**config, "expert_model_parallel_size": n})
+    rep = tietool.merge(ranks, tmp_path / "out")
+    assert_same(tmp_path / "out", full)
+    got = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (got["moe_num_experts"], got["expert_model_parallel_size"]) == (4, 1)
+    assert rep["expert_numbering"] == ["local" if local and n > 1 else "global"]
+
+
+@pytest.mark.parametrize(
+    "value, said",
+    [
+        (2**64, "ids run 0..18446744073709551615"),
+        (2**63 + 1, "no rank file holds expert(s) 9223372036854775805 of ids"),
+        ([4, 4], "is not a positive integer"),
+        (0, "is not a positive integer"),
+    ],
+)
+def test_huge_or_odd_expert_counts_are_one_line_refusals(tmp_path, value, said):
+    """A count beyond 2**63 (or a list, or 0) in config.json is refused in one line naming the key, never an
+    OverflowError or a range of its size built."""
+    full, config = e10_full()
+    ranks = cut(full, 2, False, tmp_path / "ranks", {**config, "moe_num_experts": value})
+    if value == 2**64:  # an id beyond the count too: rename expert 3 as 2**64
+        a = arrays(ranks / "model_state.moe_sharding01.pdparams")
+        write_rank(
+            ranks / "model_state.moe_sharding01.pdparams",
+            {k.replace("experts.3.", f"experts.{2**64}."): v for k, v in a.items()},
+        )
+        said = f"expert id {2**64} is beyond the count"
+    run = run_cli(["merge", ranks, "--out", tmp_path / "out"])
+    assert run.rc in (3, 5) and "Traceback" not in run.stderr, run.describe()
+    assert len(run.stderr.strip().splitlines()) == 1 and "moe_num_experts" in run.stderr, run.describe()
+    assert said in run.stderr, run.describe()
+    assert not (tmp_path / "out").exists()
 
 
 def test_refuses_overlapping_ids(tmp_path):
@@ -265,25 +327,112 @@ def test_refuses_expert_tags_with_tensor_parallel_ones(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ real checkpoints
-@pytest.mark.slow
-def test_real_moe_rank_files_merge_back_bit_for_bit(tmp_path):
-    """Qwen3-MoE, Qwen2-MoE and DeepSeek-V3 of 4 experts, written by PaddleFormers 1.2 (one subprocess),
-    cut into 2 and 4 ranks, numbered globally and locally: each merge gives back the library's
-    model_state.pdparams bit for bit. Proves :data:`surgery.arch.EXPERT_COUNT_KEYS` (the saved config's key
-    counts the experts the library saves) and the expert names."""
+@pytest.fixture(scope="module")
+def built_moe(tmp_path_factory):
+    """Every MoE family of ``moe_builder.EXPERT_KEYS`` with 4 experts, written by PaddleFormers 1.2 (one
+    subprocess for all)."""
     from support import moe_builder
 
-    built = moe_builder.build(tmp_path / "built")
-    for family, folder in built.items():
-        config = json.loads((folder / "config.json").read_text())
-        keys = arch.EXPERT_COUNT_KEYS[family]
-        assert [config[k] for k in keys if k in config] == [moe_builder.EXPERTS], family
-        full = arrays(folder / "model_state.pdparams")
-        ids = {int(m["id"]) for k in full if (m := arch.EXPERT_NAME_RE.match(k))}
-        assert ids == set(range(moe_builder.EXPERTS)), family
-        for n in (2, 4):
-            for local in (False, True):
-                where = tmp_path / f"{family}-{n}-{local}"
-                cut(full, n, local, where / "ranks", config)
-                tietool.merge(where / "ranks", where / "out")
-                assert_same(where / "out", full)
+    return moe_builder.build(tmp_path_factory.mktemp("moe") / "built")
+
+
+def _at(config: dict, dotted: str):
+    for part in dotted.split("."):
+        config = config.get(part) if isinstance(config, dict) else None
+    return config
+
+
+PNLP_MOE = {"mixtral": "num_local_experts"}
+"""PaddleNLP 2.8.1 MoE families (built by ``support/pnlp_worker.py``) → their expert-count key."""
+
+
+def _built(request, family: str, tmp_path: Path) -> Path:
+    """The 4-expert checkpoint of ``family``: PaddleFormers 1.2's (``built_moe``) or PaddleNLP 2.8.1's."""
+    if family not in PNLP_MOE:
+        return request.getfixturevalue("built_moe")[family]
+    from support import moe_builder, pnlp_support
+
+    pnlp_support.require()
+    out = tmp_path / "built" / family
+    job = {"op": "build", "family": family, "tie": "untied", "container": "pdparams", "out": str(out)}
+    res = pnlp_support.run_jobs([{**job, "cfg": {PNLP_MOE[family]: moe_builder.EXPERTS}}], tmp_path / "w")
+    assert res[0]["ok"], res
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "family",
+    [pytest.param(f, marks=[pytest.mark.pnlp] if f in PNLP_MOE else []) for f in sorted(arch.EXPERT_COUNTS)],
+)
+def test_real_moe_rank_files_merge_back_bit_for_bit(request, tmp_path, family):
+    """Each model type of :data:`surgery.arch.EXPERT_COUNTS` (the node id its row names), built with 4
+    experts and written by its library's own save (PaddleFormers 1.2; PaddleNLP 2.8.1 for mixtral), cut
+    into 2 and 4 ranks as an expert-parallel save cuts them (rank r the r-th block of E/ep experts),
+    numbered globally and locally, and into 2 ranks each holding every expert (PaddleNLP's moe00 files of a
+    model whose experts are not split): each merge gives back the library's model_state.pdparams bit for
+    bit. Proves the row's keys (the saved config's key counts the experts the library saves) and the
+    expert names."""
+    from support import moe_builder
+
+    row = arch.EXPERT_COUNTS[family]
+    assert row.proof.endswith(f"test_real_moe_rank_files_merge_back_bit_for_bit[{family}]")
+    folder = _built(request, family, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    assert [_at(config, k) for k in row.keys if _at(config, k) is not None] == [moe_builder.EXPERTS]
+    assert {**moe_builder.EXPERT_KEYS, **PNLP_MOE}[family] in row.keys
+    full = arrays(folder / "model_state.pdparams")
+    ids = {int(m["id"]) for k in full if (m := arch.EXPERT_NAME_RE.match(k))}
+    assert ids == set(range(moe_builder.EXPERTS)), family
+    tag = "moe" if family in PNLP_MOE else "moe_sharding"
+    for n in (2, 4):
+        for local in (False, True):
+            where = tmp_path / f"{family}-{n}-{local}"
+            cut(full, n, local, where / "ranks", {**config, "expert_model_parallel_size": n}, tag)
+            rep = tietool.merge(where / "ranks", where / "out")
+            assert_same(where / "out", full)
+            assert rep["expert_numbering"] == ["local" if local else "global"]
+            assert json.loads((where / "out" / "config.json").read_text())["expert_model_parallel_size"] == 1
+    where = tmp_path / f"{family}-replicated"
+    (where / "ranks").mkdir(parents=True)
+    (where / "ranks" / "config.json").write_text(json.dumps(config))
+    for r in range(2):
+        write_rank(where / "ranks" / f"model_state.{tag}{r:02d}.pdparams", full)
+    rep = tietool.merge(where / "ranks", where / "out")
+    assert_same(where / "out", full)
+    assert rep["expert_numbering"] == ["replicated"]
+
+
+def test_every_expert_count_row_names_its_proof():
+    """Every row of the table names the parametrized slow test that proves it (a node id that exists)."""
+    for family, row in arch.EXPERT_COUNTS.items():
+        assert (
+            row.proof
+            == f"tests/test_merge_experts.py::test_real_moe_rank_files_merge_back_bit_for_bit[{family}]"
+        )
+        assert row.keys and set(row.keys) <= {
+            *arch.SHIPPED_EXPERT_COUNT_KEYS,
+            *(f"text_config.{k}" for k in arch.SHIPPED_EXPERT_COUNT_KEYS),
+        }
+
+
+@pytest.mark.parametrize("tag", ["moe_sharding", "tp"])
+def test_a_rank_tag_of_any_size_is_a_missing_rank_not_a_range(tmp_path, tag):
+    """A rank file tagged 99999999999999999999 beside rank 0 (expert-parallel or tensor-parallel): the
+    ranks between are missing, refused in one line naming the first one, at once (no range of the tag)."""
+    full, config = d06_full(tmp_path)
+    ranks = cut(full, 2, False, tmp_path / "ranks", config)
+    if tag == "tp":
+        for r in range(2):
+            (ranks / f"model_state.moe_sharding0{r}.pdparams").rename(ranks / f"model_state.tp0{r}.pdparams")
+        (ranks / "model_state.tp01.pdparams").rename(ranks / f"model_state.tp{'9' * 20}.pdparams")
+    else:
+        (ranks / "model_state.moe_sharding01.pdparams").rename(
+            ranks / f"model_state.moe_sharding{'9' * 20}.pdparams"
+        )
+    run = run_cli(["merge", ranks, "--out", tmp_path / "out"], timeout=60)
+    assert run.rc == 3 and len(run.stderr.strip().splitlines()) == 1, run.describe()
+    assert f"model_state.{tag}01.pdparams is missing" in run.stderr or (
+        tag == "tp" and "model_state.tp01.pdparams" in run.stderr
+    ), run.describe()
+    assert not (tmp_path / "out").exists()

@@ -322,3 +322,70 @@ def test_add_tokens_resizes_the_moments_too(tmp_path, monkeypatch):
     after, _ = arrays(tmp_path / "out" / "optimizer.pdopt")
     resized = {k for k in state if k.startswith(("embedding_0.w_0_moment", "lm_head_0.w_0_moment"))}
     check_resized(state, after, resized, 100, rows)
+
+
+def _slack_edit(monkeypatch, start: int) -> None:
+    """add-tokens' tokenizer half replaced by an edit giving new tokens ids from ``start`` (as in
+    test_add_tokens.py): below the checkpoint's rows, they take slack rows."""
+    import types
+
+    from tietool.surgery import ops
+    from tietool.surgery.model.tokens import NewToken, TokenEdit
+
+    def edit(folder, strings, special=False):
+        toks = tuple(NewToken(s, start + i, special, False, (1, 2)) for i, s in enumerate(strings))
+        return TokenEdit(start, start + len(toks), toks, files={"tokenizer.json": b"{}"})
+
+    monkeypatch.setattr(ops, "_tokenizer_edit", lambda: types.SimpleNamespace(add_tokens_edit=edit))
+
+
+def test_add_tokens_into_slack_rows_resets_their_moments(tmp_path, monkeypatch):
+    """Two tokens take slack rows 90, 91 of the 100 (no growth): their moments are reset to zero (they held
+    the statistics of whatever trained those rows), every other entry bit for bit, shapes unchanged; the
+    report's notes say so."""
+    from tietool.surgery import ops
+
+    _slack_edit(monkeypatch, 90)
+    ck, state = with_optimizer(tmp_path)
+    rep = ops.add_tokens(ck, ["<a>", "<b>"], tmp_path / "out", seed=0, keep_training_state=True)
+    weights, _ = arrays(tmp_path / "out" / "model_state.pdparams")
+    assert weights["model.embed_tokens.weight"].shape[0] == 100
+    after, _ = arrays(tmp_path / "out" / "optimizer.pdopt")
+    vocab = ("embedding_0.w_0_moment", "lm_head_0.w_0_moment")
+    assert set(after) == set(state)
+    for k, a in state.items():
+        b = after[k]
+        assert b.shape == a.shape and b.dtype == a.dtype, k
+        if k.startswith(vocab):
+            assert not b[90:92].any(), k
+            assert b[:90].tobytes() == a[:90].tobytes() and b[92:].tobytes() == a[92:].tobytes(), k
+        else:
+            assert b.tobytes() == a.tobytes(), k
+    assert any("rows 90..91" in n and "reset to zero" in n for n in rep["notes"]), rep["notes"]
+
+
+def test_slack_rows_master_weights_take_the_new_values(tmp_path, monkeypatch):
+    """The mixed-precision form: the master weight's slack rows 90, 91 become the new weight rows (fp32),
+    its other rows bit for bit; the moments of those rows zero."""
+    from tietool.surgery import ops
+
+    _slack_edit(monkeypatch, 90)
+    ck, state = with_optimizer(tmp_path)
+    weights, _ = arrays(ck / "model_state.pdparams")
+    master = {"embedding_0.w_0": weights["model.embed_tokens.weight"] + 1}
+    mp = {k.replace("w_0_", "w_0_fp32_master_0_"): v for k, v in state.items()}
+    obj: dict = {k: _Named(k, v) for k, v in mp.items()}
+    obj["master_weights"] = {k: _Named(k + "_fp32_master_0", v) for k, v in master.items()}
+    (ck / "optimizer.pdopt").write_bytes(pickle.dumps(obj, protocol=4))
+    ops.add_tokens(ck, ["<a>", "<b>"], tmp_path / "out", seed=0, keep_training_state=True)
+    f = tmp_path / "out" / "optimizer.pdopt"
+    head = pdparams_io.read_optimizer_header(f, f.name)
+    got = {t.name: np.asarray(pdparams_io.read_array(f, t)) for t in head.master}["embedding_0.w_0"]
+    new_w, _ = arrays(tmp_path / "out" / "model_state.pdparams")
+    old = master["embedding_0.w_0"]
+    assert got.shape == old.shape
+    assert got[:90].tobytes() == old[:90].tobytes() and got[92:].tobytes() == old[92:].tobytes()
+    assert got[90:92].tobytes() == new_w["model.embed_tokens.weight"][90:92].tobytes()
+    assert not np.array_equal(got[90:92], old[90:92])
+    moments = {t.name: np.asarray(pdparams_io.read_array(f, t)) for t in head.tensors}
+    assert not moments["embedding_0.w_0_fp32_master_0_moment1_0"][90:92].any()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ..model.enums import TensorRole
 from .rows import TPRule, TPSplit, matches
@@ -79,18 +80,61 @@ PARALLEL_CONFIG_KEYS: Mapping[str, int] = {
 }
 
 
-# Expert parallelism (``tietool merge`` of ``moe_sharding00`` / ``moe00`` rank files: plan/merge_experts.py):
-# model_type -> the config.json keys of its number of routed experts (the count the ranks' expert ids add up
-# to; several keys: any of them, equal when several are present). Proven by
-# tests/test_merge_experts.py::test_real_moe_rank_files_merge_back_bit_for_bit: each family built by
-# PaddleFormers 1.2 with 4 experts saves model.layers.L.mlp.experts.0..3 and the key below in config.json
-# (Qwen3-MoE's save_pretrained writes num_local_experts, its attribute_map alias of num_experts; the
-# trainer's config of tests/data/cases/d06 has num_experts).
-EXPERT_COUNT_KEYS: Mapping[str, tuple[str, ...]] = {
-    "qwen3_moe": ("num_experts", "num_local_experts"),
-    "qwen2_moe": ("num_experts",),
-    "deepseek_v3": ("n_routed_experts",),
+# Expert parallelism (``tietool merge`` of ``moe_sharding00`` / ``moe00`` rank files: plan/merge_experts.py).
+_EP_TEST = "tests/test_merge_experts.py::test_real_moe_rank_files_merge_back_bit_for_bit[{}]"
+
+
+@dataclass(frozen=True)
+class ExpertCount:
+    """Where a model type's config.json gives its number of routed experts, and the proof.
+
+    Attributes:
+        keys: the config keys (dotted inside a nested text config, ``text_config.n_routed_experts``); any
+            one of them gives the count, several present must agree.
+        proof: the pytest node id of the test that built the model type with the library, saved it with the
+            library's own save, cut the state dict into expert-parallel rank files as the library's
+            expert-parallel save does (rank r holds the r-th block of E/ep experts, numbered globally or
+            locally) and merged them back bit for bit, the count read from these keys.
+        library: the library whose configuration class writes the keys.
+    """
+
+    keys: tuple[str, ...]
+    proof: str
+    library: str = "PaddleFormers 1.2"
+
+
+EXPERT_COUNTS: Mapping[str, ExpertCount] = {
+    # Qwen3-MoE's save_pretrained writes num_local_experts too (its attribute_map alias of num_experts);
+    # the Trainer's config of tests/data/cases/d06 has num_experts
+    "qwen3_moe": ExpertCount(("num_experts", "num_local_experts"), _EP_TEST.format("qwen3_moe")),
+    "qwen2_moe": ExpertCount(("num_experts",), _EP_TEST.format("qwen2_moe")),
+    "qwen3_next": ExpertCount(("num_experts",), _EP_TEST.format("qwen3_next")),
+    "deepseek_v3": ExpertCount(("n_routed_experts",), _EP_TEST.format("deepseek_v3")),
+    "glm4_moe": ExpertCount(("n_routed_experts",), _EP_TEST.format("glm4_moe")),
+    "glm4v_moe": ExpertCount(("text_config.n_routed_experts",), _EP_TEST.format("glm4v_moe")),
+    # ERNIE-4.5's own key (an int; a list is the multimodal model's text/vision experts); also the
+    # PaddleFormers-written rank files of tests/data/cases/e10
+    "ernie4_5_moe": ExpertCount(("moe_num_experts",), _EP_TEST.format("ernie4_5_moe")),
+    # PaddleNLP 2.8.1's Mixtral (mixtral. names, block_sparse_moe.experts.<id>.w1/w2/w3): its modeling keeps
+    # every expert on every rank (no moe_group), so its moe00.. files are the replicated case
+    "mixtral": ExpertCount(("num_local_experts",), _EP_TEST.format("mixtral"), "PaddleNLP 2.8.1"),
 }
+"""model_type → :class:`ExpertCount`: the config.json keys of its number of routed experts (the count the
+ranks' expert ids add up to), each row with the test that merged real rank files of that model type. Read
+from PaddleFormers 1.2's ``transformers/*/configuration.py`` and PaddleNLP 2.8.1's; model types that ship a
+count but are not here (their experts stacked in one tensor, ``gpt_oss`` / ``qwen3_vl_moe``, or never built
+and cut by a test: ``deepseek_v32``, ``deepseek_v4``, ``glm_moe_dsa``, ``kimi_k2``, ``minimax_m2``,
+``qwen3_5_moe``, ``ernie4_5_moe_vl``) are refused naming the keys below."""
+EXPERT_COUNT_KEYS: Mapping[str, tuple[str, ...]] = {mt: row.keys for mt, row in EXPERT_COUNTS.items()}
+"""model_type → the keys of :data:`EXPERT_COUNTS` (the lookup merge makes)."""
+SHIPPED_EXPERT_COUNT_KEYS: tuple[str, ...] = (
+    "moe_num_experts",  # PaddleFormers ernie4_5_moe, ernie4_5_moe_vl
+    "n_routed_experts",  # deepseek_v3/v32/v4, glm4_moe, glm4v_moe, glm_moe_dsa, kimi_k2, minimax_m2
+    "num_experts",  # qwen2_moe, qwen3_moe, qwen3_next, qwen3_5(_moe), qwen3_vl_moe, gpt_oss (attribute)
+    "num_local_experts",  # gpt_oss's argument, qwen3_moe's alias; PaddleNLP 2.8.1 mixtral
+)
+"""Every config key of a number of routed experts that PaddleFormers 1.2's and PaddleNLP 2.8.1's
+configuration classes define (a refusal for an unproven model type names the ones its config has)."""
 # the tensor of one expert: <module>.experts.<id>.<rest> (PaddleFormers 1.2 Qwen2/Qwen3-MoE and DeepSeek-V3
 # MoE layers, ``self.experts = nn.LayerList(...)``); shared experts (``shared_experts.``, ``shared_expert.``)
 # do not match: they are replicated on every rank

@@ -1523,6 +1523,17 @@ def detect(
     return det
 
 
+def names_a_pair(ckpt: Checkpoint) -> bool:
+    """Whether ``ckpt`` holds a tensor named like an input embedding or an LM head (its family's names,
+    their aliases, the common names of other families; any rank), from the headers: where none is, there is
+    no tie for :func:`detect` to check (a checkpoint of no vocabulary, or one whose pair only a guess by
+    shape could find)."""
+    cf = _config_facts(ckpt)
+    probe = arch.lookup(cf.model_type, "hf")
+    names = probe.head + probe.embedding + probe.aliases + arch.FALLBACK.embedding + arch.FALLBACK.aliases
+    return bool(_ranked(ckpt, dict.fromkeys(names), ndim=None))
+
+
 def _detection(
     ckpt: Checkpoint,
     cf: _Cfg,

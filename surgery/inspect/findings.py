@@ -61,6 +61,7 @@ class FindingKind(str, Enum):
     TEXT_VOCABULARY = "text-vocabulary-chosen"
     TEXT_VOCABULARY_UNCLEAR = "text-vocabulary-unclear"
     HEAD_UNNAMED = "head-not-named-but-shaped"
+    PADDLE_LAYOUT = "paddle-layout-safetensors"
 
 
 _NOTES = {
@@ -81,6 +82,7 @@ _NOTES = {
     FindingKind.HEAD_OTHER_VOCABULARY,
     FindingKind.TEXT_VOCABULARY,
     FindingKind.LOADER_FACTS_UNPROVEN,
+    FindingKind.PADDLE_LAYOUT,
 }
 
 
@@ -444,6 +446,11 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
     FindingKind.TEXT_VOCABULARY: _text_vocabulary,
     FindingKind.TEXT_VOCABULARY_UNCLEAR: _text_vocabulary_unclear,
     FindingKind.HEAD_UNNAMED: _head_unnamed,
+    FindingKind.PADDLE_LAYOUT: lambda f: (
+        f"PaddleFormers safetensors in its legacy Paddle layout (Linear weights [in, out]; "
+        f"{f.facts['evidence']}): a plain from_pretrained loads it without an error but computes other "
+        f"logits; load it with {f.facts['load']}"
+    ),
 }
 
 

@@ -3,6 +3,7 @@ it)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypedDict
 
 from ..io import surface
@@ -12,6 +13,7 @@ from ..model.enums import TieState
 from ..model.errors import Opt, TietoolError
 from ..model.tensor import dtype_refusal
 from . import chunked
+from .convention import LEGACY_LOAD, paddle_layout_evidence
 from .detect import DRIFT_EDGES, Detection, detect
 from .findings import Finding, FindingKind, describe
 
@@ -359,6 +361,10 @@ def inspect_path(
     untrained, finding = untrained_finding(det, scan) if compare_values else (None, None)
     if finding is not None:
         det.findings.append(finding)
+    paddle = paddle_layout_evidence(ckpt)
+    if paddle is not None:
+        facts = {"evidence": paddle, "load": LEGACY_LOAD.replace("path", json.dumps(str(ckpt.path)), 1)}
+        det.findings.append(Finding(FindingKind.PADDLE_LAYOUT, (), facts))
     info = summarize(det)
     info["untrained_rows"] = untrained
     return info

@@ -8,7 +8,9 @@ The edit is planned by the ordinary planners (:func:`surgery.plan.resize.plan_re
 detection from shapes and config, an ambiguous one refused as for any checkpoint). The new vocabulary
 weights of that plan (as :class:`~surgery.io.flex_write.Lazy` recipes: computed when written, one tensor in
 memory at a time), and :func:`surgery.plan.flex_state.state_rewrites` gives what the three flex folders
-become (moments: new rows zero; master weights: the new rows' fp32 values); every
+become (moments: new rows, and slack rows new tokens take, zero; master weights: their fp32 values; a tied
+model's embedding and stored duplicate head both rewritten, the parameter's state where the Trainer stored
+it, under the head's name); every
 refusal (a missing moment, an unknown accumulator, a plan that adds or drops tensors) is raised while
 planning from the ``.metadata`` records alone (a ``--dry-run`` reads no tensor data), before anything is
 written. :func:`surgery.write.flex_edit.write_flex_edit` writes it.
@@ -30,7 +32,8 @@ from ..model.errors import Opt, RefusedError
 from . import recipes
 from .flex_state import New, state_rewrites
 from .merge_flex import FlexPlan, FlexView, flex_view, plan_flex
-from .plan import Plan
+from .plan import Plan, Resized
+from .training_state import reset_note, slack_rows
 
 
 @dataclass
@@ -96,13 +99,13 @@ def _refuse(root: Path, why: str) -> RefusedError:
 
 
 def new_weights(plan: Plan) -> dict[str, Lazy]:
-    """The new full weight of every tensor ``plan`` changes the shape of, as a :class:`Lazy` (shape and
-    stored dtype, bf16 as uint16, known now; the array computed by the plan's recipe when it is written,
-    nothing read here).
+    """The new full weight of every tensor ``plan`` changes (its shape, or the slack rows new tokens take),
+    as a :class:`Lazy` (shape and stored dtype, bf16 as uint16, known now; the array computed by the plan's
+    recipe when it is written, nothing read here).
 
     Raises:
-        RefusedError: the plan adds or drops tensors, or changes a tensor's values without changing its
-            shape (rows of slack taken by new tokens: their optimizer state cannot be told apart here).
+        RefusedError: the plan adds or drops tensors (a flex edit keeps every name the Trainer resumes:
+            the planners keep a tied model's stored duplicate head on a :class:`FlexView`).
     """
     root = plan.ckpt.path
     if plan.add or plan.drop:
@@ -116,12 +119,6 @@ def new_weights(plan: Plan) -> dict[str, Lazy]:
     assert isinstance(view, FlexView), "internal: a flex edit is planned on a FlexView"
     out = {}
     for name, nt in plan.replace.items():
-        if tuple(nt.shape) == tuple(plan.ckpt.tensors[name].shape):
-            raise _refuse(
-                root,
-                f"{name} keeps its shape {list(nt.shape)} but gets new values (rows of slack "
-                "used); the optimizer state of those rows cannot be reset in a flex checkpoint",
-            )
         dtype = np.dtype(view.recipes[name].dtype)
         made = partial(_made, view, nt.recipe, dtype, tuple(nt.shape), {})
         out[name] = Lazy(tuple(nt.shape), dtype, made)
@@ -178,14 +175,45 @@ def _fill(s: Source, buf: memoryview, pos: int) -> int:
     return pos + s.nbytes
 
 
+def slack(plan: Plan) -> dict[str, tuple[int, tuple[int, int]]]:
+    """Per tensor of ``plan`` whose slack rows new tokens take (``add-tokens`` without growing, or before
+    growing), ``(axis, (lo, hi))`` (:func:`surgery.plan.training_state.slack_rows`)."""
+    out = {}
+    for name, nt in plan.replace.items():
+        got = slack_rows(nt, tuple(plan.ckpt.tensors[name].shape))
+        if got is not None:
+            out[name] = got
+    return out
+
+
+def shared_names(plan: Plan) -> list[str]:
+    """The names of ``plan`` that are one tied parameter: with the config tied, the embedding and every
+    tensor given the embedding's very recipe (the stored duplicate head of a tied model, which the
+    planners keep on a :class:`FlexView`); [] for an untied model."""
+    det = plan.det
+    emb = plan.replace.get(det.embedding.name)
+    if not det.tie.tied or emb is None:
+        return []
+    return [n for n, nt in plan.replace.items() if nt.recipe == emb.recipe and nt.shape == emb.shape]
+
+
 def plan_flex_edit(fp: FlexPlan, plan: Plan) -> FlexEdit:
-    """The edit of the Trainer checkpoint of ``fp`` that ``plan`` (made on its view) describes.
+    """The edit of the Trainer checkpoint of ``fp`` that ``plan`` (made on its view) describes: the
+    tensors it changes, their moments and master weights (a tied parameter's where the Trainer stored
+    them: :func:`shared_names`; slack rows new tokens take reset, said in the plan's notes).
 
     Raises:
         RefusedError: as :func:`new_weights` and :func:`surgery.plan.flex_state.state_rewrites`.
     """
     weights = new_weights(plan) if plan.changed else {}
-    rewrites = state_rewrites(fp.ck.folder.root, weights) if weights else {}
+    rows = slack(plan)
+    root = fp.ck.folder.root
+    rewrites = state_rewrites(root, weights, rows, shared_names(plan)) if weights else {}
+    resets = [Resized(n, n, a, 0, 0, r) for n, (a, r) in rows.items() if n in weights]
+    moments = rewrites.get("optimizer_state", {})
+    note = reset_note([r for r in resets if any(k.startswith(r.name + ".") for k in moments)])
+    if note is not None:
+        plan.notes.append(note)
     if isinstance(plan.ckpt, FlexView):
         plan.ckpt.forget()  # what detection assembled: the writer makes each tensor when it writes it
     return FlexEdit(plan, fp, rewrites)

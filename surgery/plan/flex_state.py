@@ -8,11 +8,15 @@ Given the new full weights of the tensors a plan resizes (their rows computed by
 
 - ``model_state/<name>``: the new weight;
 - ``optimizer_state/<name>.moment1_0`` / ``.moment2_0`` (and ``.moment2_max_0`` if saved): old entries bit
-  for bit, new ones zero, trimmed ones dropped (:func:`surgery.plan.training_state.resized_array`, as for
-  ``optimizer.pdopt``); ``.beta1_pow_acc_0`` / ``.beta2_pow_acc_0`` kept (one value per parameter);
+  for bit, new ones (and slack entries new tokens take) zero, trimmed ones dropped
+  (:func:`surgery.plan.training_state.resized_array`, as for ``optimizer.pdopt``); ``.beta1_pow_acc_0`` /
+  ``.beta2_pow_acc_0`` kept (one value per parameter);
 - ``master_weight/<name>.w_0`` (the Trainer splits ``optimizer.sharded_state_dict()`` on that suffix;
-  ``tests/data/flex/README.md``): old entries bit for bit, new ones the fp32 value of the new weight rows
-  (bf16 bits shifted, exact).
+  ``tests/data/flex/README.md``): old entries bit for bit, new ones (and reset slack entries) the fp32 value
+  of the new weight rows (bf16 bits shifted, exact).
+
+A tied model's embedding and the duplicate head the Trainer stores beside it are one parameter: both weights
+are rewritten, its moments and master weight where the Trainer stored them (under the head's name).
 
 Names are the Trainer's ``model.state_dict()`` names (measured in ``tests/data/flex``). Slices of any layout
 (rows, columns, flattened sharding-v2 ranges) are assembled as ``merge`` assembles them
@@ -22,7 +26,7 @@ Names are the Trainer's ``model.state_dict()`` names (measured in ``tests/data/f
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -36,7 +40,7 @@ from ..model.tensor import bf16_bits_to_f32
 from .flex_pieces import Assembled, assemble, piece_array
 from .merge_flex import check_tensor
 from .plan import Resized
-from .training_state import RESIZED, resized_array
+from .training_state import RESIZED, resized_array, span, zero_reset
 
 MOMENTS = tuple(f"{a}_0" for a in RESIZED)  # moment1_0, moment2_0, moment2_max_0
 REQUIRED = MOMENTS[:2]
@@ -93,6 +97,7 @@ def _moment(ck: flex.FlexCheckpoint, key: str, r: Resized) -> np.ndarray[Any, An
     for p in check_tensor(ck, t, headers):
         box = tuple(slice(a, b) for a, b in zip(*p.box, strict=True))
         out[box] = piece_array(ck.folder.state / p.slice.file, p, headers[p.slice.file][p.slice.key])
+    zero_reset(out, r)
     return out
 
 
@@ -115,21 +120,21 @@ def _optimizer(ck: flex.FlexCheckpoint, r: Resized, old: tuple[int, ...]) -> New
     return out
 
 
-def _new_rows(weight: Replacement, r: Resized) -> np.ndarray[Any, Any]:
-    """Rows ``r.old:r.new`` (on ``r.axis``) of the new weight as float32 (bf16 bits shifted, exact); the
-    whole weight, if computed here, dropped on return."""
+def _new_rows(weight: Replacement, r: Resized) -> list[np.ndarray[Any, Any]]:
+    """The entries of the new weight in each range of ``r.fresh()`` (on ``r.axis``) as float32 (bf16 bits
+    shifted, exact); the whole weight, if computed here, dropped on return."""
     w = weight.array() if isinstance(weight, Lazy) else weight
-    rows = np.take(w, np.arange(r.old, r.new), axis=r.axis)
-    return bf16_bits_to_f32(rows) if rows.dtype == np.uint16 else rows.astype(np.float32)
+    rows = [np.array(w[span(r, lo, hi, w.ndim)]) for lo, hi in r.fresh()]
+    return [bf16_bits_to_f32(x) if x.dtype == np.uint16 else x.astype(np.float32) for x in rows]
 
 
 def _master_array(ck: flex.FlexCheckpoint, key: str, r: Resized, weight: Replacement) -> np.ndarray[Any, Any]:
-    """The resized master weight ``key``: old entries bit for bit, new ones the fp32 of the new weight rows
-    (peak: the new rows, the old master assembled and the result)."""
-    rows = _new_rows(weight, r) if r.new > r.old else None
+    """The resized master weight ``key``: old entries bit for bit, new ones (grown, reset slack entries)
+    the fp32 of the new weight's (peak: the new rows, the old master assembled and the result)."""
+    rows = _new_rows(weight, r) if r.fresh() else []
     a = _moment(ck, key, r)
-    if rows is not None:
-        a[tuple(slice(r.old, r.new) if i == r.axis else slice(None) for i in range(a.ndim))] = rows
+    for (lo, hi), x in zip(r.fresh(), rows, strict=True):
+        a[span(r, lo, hi, a.ndim)] = x
     return a
 
 
@@ -141,11 +146,59 @@ def _master(ck: flex.FlexCheckpoint, r: Resized, old: tuple[int, ...], weight: R
     return {key: ("float32", Lazy(_resized_shape(r, old), F32, partial(_master_array, ck, key, r, weight)))}
 
 
-def state_rewrites(root: Path, weights: Mapping[str, Replacement]) -> dict[str, New]:
+def _resize_of(
+    root: Path, t: flex.FlexTensor, w: Replacement, slack: Mapping[str, tuple[int, tuple[int, int]]]
+) -> Resized:
+    """How weight ``t`` becomes ``w``: one axis resized, and/or the slack entries ``slack[name]`` (axis,
+    range) given new values.
+
+    Raises:
+        RefusedError: ``w`` of another dtype or rank, changing more than one axis, or keeping the shape
+            with no slack entries named (new values whose optimizer state cannot be told apart here).
+    """
+    name = t.name
+    if np.dtype(t.storage_dtype) != w.dtype or len(t.shape) != w.ndim:
+        raise _refuse(root / "model_state", f"{name} is not a {w.dtype} tensor of rank {w.ndim} there")
+    axes = [i for i, (a, b) in enumerate(zip(t.shape, w.shape, strict=True)) if a != b]
+    axis, reset = slack.get(name, (None, None))
+    if not axes and axis is not None:
+        axes = [axis]
+    if len(axes) != 1 or (axis is not None and axis != axes[0]):
+        change = f"changes {list(t.shape)} → {list(w.shape)}"
+        if not axes:
+            change = (
+                f"keeps its shape {list(t.shape)} but gets new values outside new or slack rows "
+                "(which optimizer state to reset cannot be told)"
+            )
+        raise _refuse(root / "model_state", f"{name} {change}")
+    return Resized(name, name, axes[0], t.shape[axes[0]], w.shape[axes[0]], reset)
+
+
+def _owner(opt: flex.FlexCheckpoint, name: str, shared: Collection[str]) -> bool:
+    """Whether ``name``'s optimizer state is stored under its own name: False for one of ``shared`` (the
+    names of one tied parameter: the Trainer saves its state once, under one of them) that has no entry
+    while another of them has; True otherwise (then its moments are required)."""
+    if name not in shared or any(k.startswith(name + ".") for k in opt.tensors):
+        return True
+    return not any(k.startswith(n + ".") for n in shared for k in opt.tensors)
+
+
+def state_rewrites(
+    root: Path,
+    weights: Mapping[str, Replacement],
+    slack: Mapping[str, tuple[int, tuple[int, int]]] | None = None,
+    shared: Collection[str] = (),
+) -> dict[str, New]:
     """Per flex folder of Trainer checkpoint ``root`` (``model_state``, ``optimizer_state``,
     ``master_weight``), the tensors to replace so the checkpoint holds ``weights`` (name -> the new full
     weight in its stored dtype, bf16 as uint16, or a :class:`Lazy` computing it; each differing from the
-    saved one on one axis only).
+    saved one on one axis only, or in the slack entries ``slack[name]`` = ``(axis, (lo, hi))`` that new
+    tokens take: their moments reset to zero, their master weights the fp32 of the new values).
+
+    ``shared``: the names of one tied parameter (a tied model's embedding and the duplicate head the
+    Trainer stores beside it, given equal new weights): the Trainer saves that parameter's optimizer state
+    once, under one of the names (the head's, measured on ``tests/data/flex/trainer_tied``); each name's
+    weight is rewritten, the state where it is stored.
 
     Decided from the ``.metadata`` records alone (names, global shapes, dtypes): no tensor data is read
     here. Every moment and master weight is a :class:`Lazy` (assembled and resized when
@@ -165,13 +218,12 @@ def state_rewrites(root: Path, weights: Mapping[str, Replacement]) -> dict[str, 
     out: dict[str, New] = {"model_state": {}, "optimizer_state": {}, "master_weight": {}}
     for name, w in weights.items():
         t = model.tensors.get(name)
-        if t is None or np.dtype(t.storage_dtype) != w.dtype or len(t.shape) != w.ndim:
+        if t is None:
             raise _refuse(root / "model_state", f"{name} is not a {w.dtype} tensor of rank {w.ndim} there")
-        axes = [i for i, (a, b) in enumerate(zip(t.shape, w.shape, strict=True)) if a != b]
-        if len(axes) != 1:
-            raise _refuse(root / "model_state", f"{name} changes {list(t.shape)} → {list(w.shape)}")
-        r = Resized(name, name, axes[0], t.shape[axes[0]], w.shape[axes[0]])
+        r = _resize_of(root, t, w, slack or {})
         out["model_state"][name] = (t.dtype, w if isinstance(w, Lazy) else np.ascontiguousarray(w))
+        if not _owner(opt, name, shared):
+            continue
         out["optimizer_state"].update(_optimizer(opt, r, t.shape))
         got = _master(master, r, t.shape, w) if master is not None else {}
         if not got and t.dtype != "float32":

@@ -45,6 +45,7 @@ from ..io.regular import require_regular
 from ..model.enums import Container
 from ..model.errors import CheckpointError, RefusedError, UsageError
 from ..model.tensor import TensorInfo
+from .merge_tie import TieFix
 from .plan import NewCheckpoint, OutTensor, Reshard
 from .recipes import Joined, Slice, read_slice
 
@@ -477,6 +478,8 @@ class MergePlan:
         carry: ``(source, name)`` copied unchanged; ``left``: the folder's names left out (:func:`carried`).
         expert_parallel: the number of expert-parallel ranks joined (1: a tensor/pipeline merge);
             ``expert_numbering`` how they numbered their experts (:mod:`.merge_experts`), else None.
+        tie: the :class:`~surgery.plan.merge_tie.TieFix` the tie check made (a head trained apart under a
+            tied flag: kept, the flags set false in ``new_config``), else None.
     """
 
     path: Path
@@ -492,6 +495,7 @@ class MergePlan:
     left: list[str]
     expert_parallel: int = 1
     expert_numbering: list[str] | None = None
+    tie: TieFix | None = None
 
     @property
     def rank_files(self) -> list[str]:

@@ -29,6 +29,7 @@ tensor-parallel files (same container, report, carried files).
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -50,14 +51,15 @@ from .merge import (
     require_readable,
     same_or_refuse,
 )
+from .merge_tie import changed, check_tie, joined_view
 from .plan import OutTensor
 from .recipes import Joined, Slice
 
 _EP_TAGS = ("moe_sharding", "moe")
-MAX_EXPERTS = 1 << 16
-"""The most routed experts of one MoE layer tietool merges (65,536; the largest released MoE models route
-among a few hundred): an expert id or a config count beyond it is refused by name before any set or range
-of ids is built from it."""
+ID_DIGITS = 64
+"""The most digits of an expert id read from a tensor name: ids far beyond any expert count are still
+compared with it (:func:`numbering`), while one of thousands of digits is refused where it is parsed,
+never converted to an integer (Python's 4,300-digit limit)."""
 _FIX_RESAVE = "re-save the rank files from the training run's last checkpoint (they are written together)"
 _FIX_COPY = "copy every rank file the training run saved into the folder, then merge again"
 
@@ -168,30 +170,63 @@ def check_ep_degree(path: Path, config: dict[str, Any], files: list[str]) -> Non
         )
 
 
+def _at(config: dict[str, Any], dotted: str) -> Any:
+    """The value at ``dotted`` (``text_config.n_routed_experts``) of ``config``, or None."""
+    v: Any = config
+    for part in dotted.split("."):
+        v = v.get(part) if isinstance(v, dict) else None
+    return v
+
+
 def expert_count(path: Path, config: dict[str, Any]) -> tuple[int | None, str]:
-    """The number of routed experts config.json gives (:data:`surgery.arch.EXPERT_COUNT_KEYS` of its
-    model_type), and the keys it is read from (for messages).
+    """The number of routed experts config.json gives (:data:`surgery.arch.EXPERT_COUNTS` of its model_type),
+    and the keys it is read from (for messages).
 
     Returns:
-        ``(count or None: the family is not in the table or config.json lacks its key, "key / key")``.
+        ``(count or None: config.json lacks the family's keys, "key / key")``.
 
     Raises:
-        CheckpointError: two keys of the family with different values.
+        CheckpointError: a key of the family that is not a positive integer (a list: ERNIE's multimodal
+            text/vision experts), or two keys with different values.
+        RefusedError: a model_type whose expert count no test has proven (named, with the keys the config
+            has of those the libraries ship, :data:`surgery.arch.SHIPPED_EXPERT_COUNT_KEYS`).
     """
-    keys = arch.EXPERT_COUNT_KEYS.get(str(config.get("model_type")), ())
-    found = {k: v for k in keys if isinstance(v := config.get(k), int) and not isinstance(v, bool) and v > 0}
-    if len(set(found.values())) > 1:
+    model_type = config.get("model_type")
+    row = arch.EXPERT_COUNTS.get(model_type) if isinstance(model_type, str) else None
+    if row is None:
+        raise _unproven_family(path, config)
+    got = {k: v for k in row.keys if (v := _at(config, k)) is not None}
+    bad = {k: v for k, v in got.items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0}
+    if bad:
+        k, v = next(iter(bad.items()))
         raise CheckpointError(
-            f"config.json gives the number of experts twice, differently ({found})",
+            f"config.json {k} = {v!r} is not a positive integer (the number of routed experts of each MoE "
+            "layer, which the rank files' expert ids are checked against)",
+            path / "config.json",
+            f"set {k} to the number of routed experts the training run used",
+        )
+    if len(set(got.values())) > 1:
+        raise CheckpointError(
+            f"config.json gives the number of experts twice, differently ({got})",
             path / "config.json",
             "keep the value the training run used in both keys",
         )
-    what = (
-        " / ".join(keys)
-        if keys
-        else f"an expert count tietool knows for model_type {config.get('model_type')!r}"
+    return (next(iter(got.values())) if got else None), " / ".join(row.keys)
+
+
+def _unproven_family(path: Path, config: dict[str, Any]) -> RefusedError:
+    """The refusal of expert-parallel rank files of a model type :data:`surgery.arch.EXPERT_COUNTS` lacks."""
+    blocks = [("", config)] + [(f"{k}.", v) for k, v in config.items() if isinstance(v, dict)]
+    has = [f"{pre}{k} = {b[k]!r}" for pre, b in blocks for k in arch.SHIPPED_EXPERT_COUNT_KEYS if k in b]
+    found = f"config.json has {', '.join(has)}" if has else "config.json has none of them"
+    return RefusedError(
+        f"tietool merges expert-parallel rank files of {', '.join(sorted(arch.EXPERT_COUNTS))} (their number "
+        f"of experts proven, read from {' / '.join(arch.SHIPPED_EXPERT_COUNT_KEYS)}), not model_type "
+        f"{config.get('model_type')!r}; {found}, but how its experts are numbered and counted is unproven",
+        path / "config.json",
+        "merge with the training library (save with expert_model_parallel_size 1 or PaddleFormers' unified "
+        "checkpoint), or add the model type to EXPERT_COUNTS in surgery/arch/parallel.py with a test",
     )
-    return (next(iter(found.values())) if found else None), what
 
 
 def numbering(
@@ -208,25 +243,21 @@ def numbering(
     seen = sorted(set().union(*ids))
     if count is None:
         raise _no_count(path, module, ids, what)
-    if count > MAX_EXPERTS:
-        raise CheckpointError(
-            f"config.json {what} = {count}, more than the {MAX_EXPERTS:,} experts of a layer tietool merges",
-            path / "config.json",
-            "set it to the number of routed experts the training run used",
-        )
-    if sum(len(s) for s in ids) == len(seen) and seen == list(range(count)):
+    held = sum(len(s) for s in ids)
+    if held == len(seen) == count and seen[0] == 0 and seen[-1] == count - 1:  # sorted, distinct: 0..E-1
         return Numbering.GLOBAL, {g: (r, g) for r, s in enumerate(ids) for g in s}
-    if n > 1 and all(s == ids[0] for s in ids) and ids[0] == set(range(len(ids[0]))):
+    same = all(s == ids[0] for s in ids) and ids[0] == set(range(len(ids[0])))
+    if n > 1 and same:
         m = len(ids[0])
         if m * n == count:
             return Numbering.LOCAL, {r * m + j: (r, j) for r in range(n) for j in range(m)}
         if m == count:
             return Numbering.REPLICATED, {j: (0, j) for j in range(m)}
     holds = "; ".join(f"rank {r} {_ids(s)}" for r, s in enumerate(ids))
-    gap = sorted(set(range(count)) - set(seen))
-    same = all(s == ids[0] for s in ids) and ids[0] == set(range(len(ids[0])))
-    if gap and sum(map(len, ids)) == len(seen):
-        cause = f"no rank file holds expert(s) {_ids(set(gap))}: a rank file is missing"
+    if seen[-1] >= count:  # never a range of the id or the count: either may be any size (bounded here)
+        cause = f"expert id {seen[-1]} is beyond the count (ids run 0..{count - 1})"
+    elif held == len(seen):
+        cause = f"no rank file holds expert(s) {_gap(seen, count)}: a rank file is missing"
     elif same:
         cause = (
             f"numbered locally, {len(ids[0])} experts × {n} ranks = {len(ids[0]) * n}, not {count}: a rank "
@@ -236,10 +267,11 @@ def numbering(
         cause = (
             "the ids fit neither global numbering (disjoint, 0..E-1 together) nor local (each rank 0..E/n-1)"
         )
+    missing = seen[-1] < count and held == len(seen)
     raise RefusedError(
         f"{module}: the {n} rank files hold experts {holds}, config.json {what} = {count}: {cause}",
         path,
-        _FIX_COPY if gap else _FIX_RESAVE,
+        _FIX_COPY if missing else _FIX_RESAVE,
     )
 
 
@@ -253,14 +285,22 @@ def _no_count(path: Path, module: str, ids: list[set[int]], what: str) -> Refuse
         f"{module}: the rank files number its experts {how}, and config.json has no expert count "
         f"({what}) {use}",
         path / "config.json",
-        "add the number of routed experts (the key above) to config.json as the training run set it, then "
-        "merge again",
+        f"add {what.split(' / ')[0]} (the number of routed experts of each MoE layer) to config.json as the "
+        "training run set it, then merge again",
     )
+
+
+def _gap(seen: list[int], count: int) -> str:
+    """The ids of ``0..count-1`` that ``seen`` (sorted, all below ``count``) lacks, listed when few; the
+    count alone when there are more than the files could name (a count of 2**64 is never made a range)."""
+    if count - len(seen) > 64:
+        return f"{count - len(seen)} of ids 0..{count - 1} (it holds {len(seen)})"
+    return _ids(set(range(count)) - set(seen))
 
 
 def _ids(s: set[int]) -> str:
     v = sorted(s)
-    if v and v == list(range(v[0], v[-1] + 1)) and len(v) > 2:
+    if len(v) > 2 and v[-1] - v[0] + 1 == len(v):  # distinct ids: a run (no list of the span is built)
         return f"{v[0]}-{v[-1]}"
     return ", ".join(map(str, v)) or "none"
 
@@ -281,17 +321,15 @@ def _split_names(own: dict[str, Slice]) -> tuple[list[str], dict[str, dict[int, 
 
 
 def _expert_id(digits: str, name: str, where: Slice) -> int:
-    """The expert id of tensor ``name`` (its ``digits``), at most :data:`MAX_EXPERTS` - 1, never an integer
-    conversion of thousands of digits.
+    """The expert id of tensor ``name`` (its ``digits``), at most :data:`ID_DIGITS` digits long.
 
     Raises:
-        CheckpointError: a larger id, naming the tensor and its file.
+        CheckpointError: a longer id, naming the tensor and its file.
     """
-    if len(digits) > len(str(MAX_EXPERTS)) or int(digits) >= MAX_EXPERTS:
-        shown = digits if len(digits) <= 24 else f"{digits[:20]}... ({len(digits):,} digits)"
+    if len(digits) > ID_DIGITS:
         raise CheckpointError(
-            f"{name[:80]} has expert id {shown}, beyond the {MAX_EXPERTS:,} experts of a layer tietool "
-            "merges",
+            f"{name[:60]}... has an expert id of {len(digits):,} digits, more than the {ID_DIGITS} tietool "
+            "reads",
             where.path,
             _FIX_RESAVE,
         )
@@ -475,12 +513,16 @@ def plan_expert_merge(src: Path, names: set[str]) -> MergePlan:
 
 def plan_rank_merge(src: Path) -> MergePlan:
     """The merge of the rank folder ``src``: expert-parallel rank files (``moe_sharding00``, ``moe00``) by
-    :func:`plan_expert_merge`, tensor- and pipeline-parallel ones by :func:`surgery.plan.merge.plan_merge`.
+    :func:`plan_expert_merge`, tensor- and pipeline-parallel ones by :func:`surgery.plan.merge.plan_merge`;
+    then the tie check on the merged tensors (:func:`surgery.plan.merge_tie.check_tie`: a head trained apart
+    under a tied flag is kept and the flags set false, ``plan.tie``).
 
     Raises:
-        UsageError, CheckpointError, RefusedError: as those two say; nothing is written.
+        UsageError, CheckpointError, RefusedError: as those two and :func:`~surgery.plan.merge_tie.check_tie`
+            say (an untied flag with no head in the files is refused); nothing is written.
     """
     names = folder_names(src)
-    if is_expert_parallel(names):
-        return plan_expert_merge(src, names)
-    return plan_merge(src)
+    plan = plan_expert_merge(src, names) if is_expert_parallel(names) else plan_merge(src)
+    fix = check_tie(joined_view(plan.path, plan.new_config, plan.merged))
+    new_config, changes = changed(plan.new_config, plan.config_changes, fix)
+    return replace(plan, new_config=new_config, config_changes=changes, tie=fix)

@@ -108,13 +108,24 @@ def _dtype(label: str) -> DType:
 
 @dataclass(frozen=True)
 class Resized:
-    """One parameter whose shape the plan changes: ``axis`` goes from ``old`` to ``new`` entries."""
+    """One parameter whose shape the plan changes: ``axis`` goes from ``old`` to ``new`` entries; or whose
+    slack entries it gives new values in place (``old == new``): ``reset`` = ``(lo, hi)``, entries
+    ``lo..hi-1`` on ``axis`` (below ``old``) that new tokens take. Entries ``old..new-1`` and the reset
+    ones are new: their optimizer statistics start from zero, their master weights from the new values."""
 
     name: str  # the model's (structured) name
     param: str  # its parameter name (StructuredToParameterName@@), the optimizer's key
     axis: int
     old: int
     new: int
+    reset: tuple[int, int] | None = None
+
+    def fresh(self) -> list[tuple[int, int]]:
+        """The ranges ``(lo, hi)`` of entries on :attr:`axis` of the result whose values are new (the reset
+        slack entries, then the grown ones), empty ranges left out."""
+        spans = [self.reset] if self.reset is not None else []
+        spans.append((self.old, self.new))
+        return [(lo, hi) for lo, hi in spans if hi > lo]
 
 
 @dataclass(frozen=True)

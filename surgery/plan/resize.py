@@ -19,6 +19,7 @@ from ..io.vocabkeys import vocab_keys
 from ..model.enums import EQUAL_STATES, HeadLayout, Init
 from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, TietoolError, UsageError
 from ..model.tokens import TokenEdit
+from .merge_flex import FlexView
 from .plan import (
     OutTensor,
     Plan,
@@ -615,7 +616,16 @@ def _drop_redundant_head(det: Detection, plan: Plan) -> bool:
     """Drop the redundant head of a tied checkpoint (config tied, head byte-equal to the embedding) where
     the loader re-ties a missing head, as ``tie`` would (:func:`drop_head`), with a note: the loader
     rebuilds it from the resized embedding. PaddleFormers 1.2 writes such a head although the config says
-    tied. Returns whether it was dropped (False: the loader needs the head, which is resized)."""
+    tied. Never on a Trainer flex checkpoint (:class:`~surgery.plan.merge_flex.FlexView`, edited with its
+    training state): the resume loads every stored name. Returns whether it was dropped (False: the
+    loader needs the head, which is resized)."""
+    if isinstance(det.ckpt, FlexView):
+        plan.notes.append(
+            f"{det.head.name} resized with {det.embedding.name}, not dropped: the PaddleFormers Trainer "
+            "stores a tied model's head beside the embedding and the tied parameter's optimizer state under "
+            "the head's name, and resumes them by name (tests/test_flex_tied_state.py)"
+        )
+        return False
     why = f"duplicate of {det.embedding.name} in a tied checkpoint (the {det.loader.name} loader re-ties it)"
     if not drop_head(det, plan, why):
         if det.family.reties and not det.family.trusted:

@@ -12,8 +12,11 @@ fails (or pairs rows wrongly) when training resumes from the resized model.
 For every parameter the plan changes the shape of (the vocabulary tables), each element-wise accumulator
 (:data:`RESIZED`: AdamW's ``moment1``, ``moment2``, ``moment2_max``) gets the same new rows (or columns)
 as the weight, all zero (a new token's statistics start from nothing, as a new parameter's do), or loses
-the trimmed ones; ``beta1_pow_acc`` / ``beta2_pow_acc`` (one value per parameter) and every other tensor are
-kept bit for bit. Proven by ``tests/test_training_state.py``: Paddle loads the rewritten file into AdamW
+the trimmed ones; slack rows that ``add-tokens`` gives to new tokens without growing (:func:`slack_rows`)
+get their accumulator entries reset to zero and their master weights set to the new values in the same
+way (the statistics of whatever trained those rows before are not the new token's); ``beta1_pow_acc`` /
+``beta2_pow_acc`` (one value per parameter) and every other tensor are kept bit for bit. Proven by
+``tests/test_training_state.py``: Paddle loads the rewritten file into AdamW
 of the resized model (``set_state_dict``) and trains one more step.
 
 Files of no parameter (``scheduler.pdparams``, ``trainer_state.json``, ``rng_state*``, ``scaler.pdparams``)
@@ -38,7 +41,8 @@ from ..io import pdparams_io, surface
 from ..io.pdparams_io import Source
 from ..model.errors import Opt, RefusedError
 from ..model.tensor import TensorInfo, bf16_bits_to_f32
-from .plan import OptimizerEdit, Plan, Resized
+from .plan import OptimizerEdit, OutTensor, Plan, Resized
+from .recipes import EditedBias, EditedTable
 
 PDOPT = "optimizer.pdopt"
 # training-state files that hold no per-parameter tensor: valid for the resized model as they are
@@ -62,6 +66,23 @@ def _fix() -> str:
 
 def _refuse(ck_path: Any, rel: str, why: str) -> RefusedError:
     return RefusedError(f"{Opt('keep_training_state', True)}: {rel} {why}", ck_path / rel, _fix())
+
+
+def slack_rows(nt: OutTensor, old: tuple[int, ...]) -> tuple[int, tuple[int, int]] | None:
+    """``(axis, (lo, hi))``: the entries below ``old``'s size on ``axis`` that the plan's tensor ``nt``
+    (shaped ``old`` before) gives to new tokens (``add-tokens`` over slack rows: an
+    :class:`~surgery.plan.recipes.EditedTable` or :class:`~surgery.plan.recipes.EditedBias` starting below
+    the old size); None: no old entry gets a new value."""
+    r = nt.recipe
+    if isinstance(r, EditedTable):
+        axis, start, count = r.axis, r.start, len(r.tokens.specs)
+    elif isinstance(r, EditedBias):
+        axis, start, count = len(old) - 1, r.start, len(r.specs)
+    else:
+        return None
+    if axis >= len(old) or start >= old[axis] or count == 0:
+        return None
+    return axis, (start, min(start + count, old[axis]))
 
 
 def resized_params(plan: Plan) -> list[Resized]:
@@ -88,10 +109,12 @@ def resized_params(plan: Plan) -> list[Resized]:
     out = []
     for name, nt in plan.replace.items():
         old = tuple(ck.tensors[name].shape)
-        if tuple(nt.shape) == old:
-            continue
+        slack = slack_rows(nt, old)
         axes = [i for i, (a, b) in enumerate(zip(old, nt.shape, strict=False)) if a != b]
-        if len(old) != len(nt.shape) or len(axes) != 1:
+        if not axes and slack is None:
+            continue
+        axes = axes or ([slack[0]] if slack is not None else [])
+        if len(old) != len(nt.shape) or len(axes) != 1 or (slack is not None and slack[0] != axes[0]):
             raise _refuse(ck.path, ck.tensors[name].file, f"{name} changes {list(old)} → {list(nt.shape)}")
         if name not in s2p:
             raise _refuse(
@@ -100,8 +123,21 @@ def resized_params(plan: Plan) -> list[Resized]:
                 f"names no parameter for {name} (no StructuredToParameterName@@ entry), so the optimizer's "
                 "accumulators of it cannot be found",
             )
-        out.append(Resized(name, s2p[name], axes[0], old[axes[0]], nt.shape[axes[0]]))
+        reset = slack[1] if slack is not None else None
+        out.append(Resized(name, s2p[name], axes[0], old[axes[0]], nt.shape[axes[0]], reset))
     return out
+
+
+def reset_note(resized: list[Resized]) -> str | None:
+    """The note that says which slack rows' optimizer state was reset (None: no row was)."""
+    done = [f"{r.name} rows {r.reset[0]}..{r.reset[1] - 1}" for r in resized if r.reset is not None]
+    if not done:
+        return None
+    return (
+        f"{Opt('keep_training_state', True)}: the optimizer moments of the slack rows new tokens took were "
+        f"reset to zero and their master weights (if any) set to the new values ({'; '.join(done)}): "
+        "they held the statistics of what trained those rows before"
+    )
 
 
 def plan_training_state(plan: Plan) -> dict[str, OptimizerEdit]:
@@ -119,6 +155,9 @@ def plan_training_state(plan: Plan) -> dict[str, OptimizerEdit]:
     resized = resized_params(plan)
     if not resized:
         return {}
+    note = reset_note(resized)
+    if note is not None:
+        plan.notes.append(note)
     flex = sorted(
         {f.split("/", 1)[0] for f in ck.other_files if f.split("/", 1)[0] in FLEX_FOLDERS}
         | {f.split("/", 1)[0] for f in ck.training_state if surface.TRAINER_FLEX_STATE.match(f)}
@@ -201,22 +240,35 @@ def _checked(ck_path: Path, rel: str, t: TensorInfo, r: Resized) -> Resized:
 
 
 def resized_array(a: np.ndarray[Any, Any], r: Resized) -> np.ndarray[Any, Any]:
-    """Accumulator ``a`` with ``r.new`` entries on ``r.axis``: the first ``min(old, new)`` kept bit for bit,
-    new ones zero (bits 0 also for bf16 stored as uint16). One new array (C-ordered), filled in place: peak
-    memory ``a`` and the result."""
+    """Accumulator ``a`` with ``r.new`` entries on ``r.axis``: the first ``min(old, new)`` kept bit for bit
+    except the reset slack entries (``r.reset``), which are zero as the new ones are (bits 0 also for bf16
+    stored as uint16). One new array (C-ordered), filled in place: peak memory ``a`` and the result."""
     shape = list(a.shape)
     shape[r.axis] = r.new
     out = np.zeros(shape, dtype=a.dtype)
     kept = tuple(slice(0, min(r.old, r.new)) if i == r.axis else slice(None) for i in range(a.ndim))
     out[kept] = a[kept]
+    zero_reset(out, r)
     return out
+
+
+def span(r: Resized, lo: int, hi: int, ndim: int) -> tuple[slice, ...]:
+    """The index of entries ``lo..hi-1`` on ``r.axis`` of an array of ``ndim`` dimensions."""
+    return tuple(slice(lo, hi) if i == r.axis else slice(None) for i in range(ndim))
+
+
+def zero_reset(a: np.ndarray[Any, Any], r: Resized) -> None:
+    """Zero the reset slack entries ``r.reset`` of ``a`` (the resized accumulator), in place."""
+    if r.reset is not None:
+        a[span(r, *r.reset, a.ndim)] = 0
 
 
 def write_pdopt(ck_path: Path, edit: OptimizerEdit, dst: Path, out: Path) -> list[str]:
     """Write ``edit`` to ``dst`` as ``paddle.save`` wrote the input (untouched tensors streamed as byte
     ranges, one resized tensor in memory at a time). A resized master weight keeps its old entries bit for
-    bit and takes the new ones from the resized weight in ``out`` (the output folder, its weights
-    written), decoded to float32 (bf16 bits shifted, never rounded). Returns the resized names."""
+    bit and takes the new ones (grown and reset slack entries) from the resized weight in ``out`` (the
+    output folder, its weights written), decoded to float32 (bf16 bits shifted, never rounded). Returns the
+    resized names."""
     src = ck_path / edit.rel
 
     def rows(
@@ -227,11 +279,10 @@ def write_pdopt(ck_path: Path, edit: OptimizerEdit, dst: Path, out: Path) -> lis
                 yield t.name, t.dtype, t.shape, pdparams_io.raw_bytes_source(src, t), None, t.fortran
                 continue
             a = resized_array(np.asarray(pdparams_io.read_array(src, t)), r)
-            if master and r.new > r.old:
-                new = np.take(_output_weight(out, r.name), np.arange(r.old, r.new), axis=r.axis)
-                a = np.concatenate(
-                    [np.take(a, np.arange(r.old), axis=r.axis), new.astype(a.dtype)], axis=r.axis
-                )
+            if master and r.fresh():
+                weight = _output_weight(out, r.name)
+                for lo, hi in r.fresh():
+                    a[span(r, lo, hi, a.ndim)] = weight[span(r, lo, hi, a.ndim)].astype(a.dtype)
             yield t.name, t.dtype, a.shape, Source(array=np.ascontiguousarray(a)), None, False
 
     pdparams_io.write_optimizer_file(

@@ -26,9 +26,13 @@ import hashlib
 import io
 import json
 import math
+import os
 import pickle
 import re
 import struct
+import subprocess
+import sys
+import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,6 +57,10 @@ __all__ = [
     "json_equal",
     "lookup_path",
     "CHECKS",
+    "ENCODE_LOADERS",
+    "encode_texts",
+    "pnlp_python",
+    "prefetch_encodings",
 ]
 
 # ---------------------------------------------------------------------------
@@ -468,6 +476,33 @@ def _weight_files(folder: Path, indexes: dict[str, IndexInfo]) -> list[tuple[str
     return sorted(chosen.items())
 
 
+def _read_flex(folder: Path, ckpt: Checkpoint) -> bool:
+    """A flex checkpoint's tensors into ``ckpt`` (:mod:`support.casecheck_flex`: ``model_state/`` names
+    kept, ``optimizer_state/NAME``, ``master_weight/NAME``); False when ``folder`` is not one."""
+    try:
+        from . import casecheck_flex as flex
+    except ImportError:  # loaded as a top-level module beside it
+        import casecheck_flex as flex  # type: ignore[no-redef]
+    if not flex.is_flex(folder):
+        return False
+    dirs = [(folder / d, "" if i == 0 else f"{d}/") for i, d in enumerate(flex.STATE_DIRS)]
+    if not (folder / "model_state").is_dir():
+        dirs = [(folder, "")]
+    allowed = {k: f() for k, f in _ArrayOnlyUnpickler._ALLOWED.items()}
+    for sub, prefix in dirs:
+        if not any(sub.glob("*.metadata")):
+            continue
+        try:
+            got = flex.read_state_folder(sub, allowed)
+        except (flex.FlexReadError, OSError) as exc:
+            ckpt.problems.append(str(exc))
+            continue
+        for key, (label, arr) in got.items():
+            name = prefix + key
+            ckpt.tensors[name] = Tensor(name, label, tuple(arr.shape), arr.tobytes(), arr.dtype, sub.name)
+    return True
+
+
 def read_checkpoint(folder: Path | str) -> Checkpoint:
     """Read every tensor, index and config.json of a checkpoint folder.
 
@@ -490,6 +525,8 @@ def read_checkpoint(folder: Path | str) -> Checkpoint:
             if info.error:
                 ckpt.problems.append(info.error)
     files = _weight_files(folder, ckpt.indexes)
+    if not files and _read_flex(folder, ckpt):
+        return ckpt
     if not files:
         ckpt.problems.append("no weight file (model.safetensors, shards or model_state.pdparams)")
     listed = {f for info in ckpt.indexes.values() for f in info.weight_map.values()}
@@ -622,6 +659,8 @@ class CheckContext:
     input_ckpt: Checkpoint | None = None
     original_ckpt: Checkpoint | None = None
     _out_ckpt: Checkpoint | None = None
+    #: loader -> {text: ids, or an error string}: what ``encodes`` saw (filled per loader, batched)
+    encodings: dict[str, dict[str, list[int] | str]] = field(default_factory=dict)
 
     def out_ckpt(self, require_readable: bool = True) -> Checkpoint:
         """The output checkpoint (read once).
@@ -1206,6 +1245,151 @@ def check_total_size(ctx: CheckContext, expected: int) -> None:
         raise CheckFailure(f"index metadata.total_size is {seen}, expected {expected}")
 
 
+# ---------------------------------------------------------------------------
+# encodes: the output's tokenizer as each library loads it
+# ---------------------------------------------------------------------------
+
+#: the LOADER values of ``encodes``
+ENCODE_LOADERS = ("tokenizers", "sentencepiece", "transformers", "paddlenlp-2.8")
+ENCODE_TIMEOUT_S = 600
+
+# Runs in a child process (transformers under this interpreter, because PaddleFormers patches transformers
+# once imported; PaddleNLP 2.8.1 under $PNLP_PYTHON). argv: folder, texts.json, result.json, loader.
+_ENCODE_SCRIPT = r"""
+import json, sys, zlib  # zlib before paddle: paddle 2.6.2 needs it imported first
+folder, texts_path, out_path, loader = sys.argv[1:5]
+texts = json.load(open(texts_path, encoding="utf-8"))
+try:
+    if loader == "paddlenlp-2.8":
+        from paddlenlp.transformers import AutoTokenizer
+    else:
+        from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(folder)
+    result = {"ids": [[int(i) for i in tok(t, add_special_tokens=False)["input_ids"]] for t in texts]}
+except Exception as exc:
+    result = {"error": type(exc).__name__ + ": " + str(exc)[:500]}
+json.dump(result, open(out_path, "w", encoding="utf-8"))
+"""
+
+
+def pnlp_python() -> str | None:
+    """The PaddleNLP 2.8.1 interpreter ``PNLP_PYTHON`` names, or None when it is unset or missing."""
+    value = os.environ.get("PNLP_PYTHON", "")
+    return value if value and Path(value).exists() else None
+
+
+def _encode_child(python: str, folder: Path, texts: list[str], loader: str) -> list[list[int]] | str:
+    """Encode ``texts`` with ``loader``'s ``AutoTokenizer`` in a child ``python``: ids per text, or why."""
+    with tempfile.TemporaryDirectory(prefix="casecheck-encode-") as tmp:
+        texts_path, out_path = Path(tmp) / "texts.json", Path(tmp) / "result.json"
+        texts_path.write_text(json.dumps(texts), encoding="utf-8")
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
+        try:
+            run = subprocess.run(
+                [python, "-c", _ENCODE_SCRIPT, str(folder), str(texts_path), str(out_path), loader],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=ENCODE_TIMEOUT_S,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"{loader} did not run: {exc}"
+        if not out_path.exists():
+            tail = " | ".join((run.stdout + run.stderr).strip().splitlines()[-5:])
+            return f"{loader} process exited {run.returncode} without a result: {tail}"
+        result = json.loads(out_path.read_text(encoding="utf-8"))
+    return result["ids"] if "ids" in result else f"{loader} cannot load the tokenizer: {result['error']}"
+
+
+def _encode_tokenizers(folder: Path, texts: list[str]) -> list[list[int]] | str:
+    """``tokenizers.Tokenizer.from_file(folder/tokenizer.json)``, ``add_special_tokens=False``."""
+    path = folder / "tokenizer.json"
+    if not path.is_file():
+        return "the output holds no tokenizer.json"
+    try:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(path))
+        return [tok.encode(t, add_special_tokens=False).ids for t in texts]
+    except Exception as exc:  # noqa: BLE001  (any load error of the library is the check's failure)
+        return f"tokenizers cannot load tokenizer.json: {type(exc).__name__}: {exc}"
+
+
+def _encode_sentencepiece(folder: Path, texts: list[str]) -> list[list[int]] | str:
+    """The folder's ``*.model`` (the only one, else the first sentencepiece loads) with ``sentencepiece``."""
+    import sentencepiece as spm
+
+    models = sorted(folder.glob("*.model"))
+    if not models:
+        return "the output holds no *.model file"
+    errors = []
+    for path in models:
+        sp = spm.SentencePieceProcessor()
+        try:
+            sp.Load(str(path))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"{path.name}: {type(exc).__name__}: {exc}")
+            continue
+        return [list(sp.EncodeAsIds(t)) for t in texts]
+    return "sentencepiece cannot load " + "; ".join(errors)
+
+
+def encode_texts(folder: Path, loader: str, texts: list[str]) -> list[list[int]] | str:
+    """Encode ``texts`` (no special tokens added) with the tokenizer of ``folder`` as ``loader`` loads it.
+
+    Returns one id list per text, or a string saying why the loader could not load or run (a missing
+    ``PNLP_PYTHON`` for ``paddlenlp-2.8`` included). Raises ValueError for an unknown loader.
+    """
+    if loader == "tokenizers":
+        return _encode_tokenizers(folder, texts)
+    if loader == "sentencepiece":
+        return _encode_sentencepiece(folder, texts)
+    if loader == "transformers":
+        return _encode_child(sys.executable, folder, texts, loader)
+    if loader == "paddlenlp-2.8":
+        python = pnlp_python()
+        if python is None:
+            return "PNLP_PYTHON names no interpreter: PaddleNLP 2.8.1 cannot run (tests/tools/pnlp_venv.sh)"
+        return _encode_child(python, folder, texts, loader)
+    raise ValueError(f"unknown encodes loader {loader!r} (one of {list(ENCODE_LOADERS)})")
+
+
+def prefetch_encodings(ctx: CheckContext, checks: list) -> None:
+    """Run every ``encodes`` check's loader once for all its texts (one process per loader, not per check)."""
+    wanted: dict[str, list[str]] = {}
+    for check in checks:
+        if isinstance(check, dict) and len(check) == 1 and isinstance(check.get("encodes"), list):
+            args = check["encodes"]
+            if len(args) == 3 and args[0] in ENCODE_LOADERS and isinstance(args[1], str):
+                wanted.setdefault(args[0], []).append(args[1])
+    if ctx.out is None or not Path(ctx.out).is_dir():
+        return
+    for loader, texts in wanted.items():
+        texts = [t for t in dict.fromkeys(texts) if t not in ctx.encodings.get(loader, {})]
+        if texts:
+            got = encode_texts(Path(ctx.out), loader, texts)
+            ctx.encodings.setdefault(loader, {}).update(
+                {t: (got if isinstance(got, str) else got[i]) for i, t in enumerate(texts)}
+            )
+
+
+def check_encodes(ctx: CheckContext, args: list) -> None:
+    """The output's tokenizer, loaded by LOADER, encodes TEXT (no special tokens added) as IDS."""
+    loader, text, ids = args
+    if loader not in ENCODE_LOADERS:
+        raise CheckFailure(f"unknown loader {loader!r} (one of {list(ENCODE_LOADERS)})")
+    if ctx.out is None or not Path(ctx.out).is_dir():
+        raise CheckFailure(f"output folder {ctx.out} does not exist")
+    if text not in ctx.encodings.get(loader, {}):
+        prefetch_encodings(ctx, [{"encodes": [loader, text, ids]}])
+    got = ctx.encodings[loader][text]
+    if isinstance(got, str):
+        raise CheckFailure(got)
+    if list(got) != list(ids):
+        raise CheckFailure(f"{loader} encodes {text!r} as {list(got)}, expected {list(ids)}")
+
+
 #: check name -> function(ctx, argument)
 CHECKS: dict[str, Callable[[CheckContext, Any], None]] = {
     "out_has_tensor": check_out_has_tensor,
@@ -1236,6 +1420,7 @@ CHECKS: dict[str, Callable[[CheckContext, Any], None]] = {
     "no_output": check_no_output,
     "index_matches_shards": check_index_matches_shards,
     "total_size": check_total_size,
+    "encodes": check_encodes,
 }
 
 
@@ -1313,6 +1498,7 @@ def evaluate_command(command: dict, returncode: int | None, ctx: CheckContext) -
             checks += command.get("checks_if_refuse", [])
     else:
         failures.append(f"unknown expect value {expect!r}")
+    prefetch_encodings(ctx, checks)
     for check in checks:
         reason = run_check(check, ctx)
         if reason is not None:

@@ -9,9 +9,10 @@ real checkpoints with the library's own ``save_pretrained`` and loads checkpoint
 * ``{"op": "build", "family": F, "tie": T, "container": C, "out": DIR}``: ``paddle.seed(seed);
   Model(Config(**cfg))`` of :data:`FAMILIES` [F], then ``save_pretrained(DIR, safe_serialization=C ==
   "safetensors")`` (optional ``"max_shard_size"``: sharded with an index; ``"dtype"``: e.g. ``"bfloat16"``,
-  the model cast before saving). ``T``: ``"tied"`` (``tie_word_embeddings=True``), ``"untied"`` (the
-  model's own random head), ``"untied-equal"`` (``tie_word_embeddings=False``, the head set to the
-  embedding in the head's own layout before saving, so that ``tie`` must succeed on it).
+  the model cast before saving; ``"cfg"``: config arguments over the family's). ``T``: ``"tied"``
+  (``tie_word_embeddings=True``), ``"untied"`` (the model's own random head), ``"untied-equal"``
+  (``tie_word_embeddings=False``, the head set to the embedding in the head's own layout before saving, so
+  that ``tie`` must succeed on it).
 * ``{"op": "edit", "dir": DIR, "drop_suffixes": [...], "put": {NAME: NPY}}``: rewrites the folder's weight
   file in its own container (``paddle.load``/``paddle.save``, or safetensors with its metadata) without the
   tensors whose names end with one of the suffixes, and with the given arrays added: a checkpoint whose
@@ -255,7 +256,7 @@ def _build(job: dict) -> dict:
         hidden_size=HIDDEN,
         tie_word_embeddings=tie == "tied",
         **_TOKENS,
-        **FAMILIES[family]["cfg"],
+        **{**FAMILIES[family]["cfg"], **job.get("cfg", {})},
     )
     model = model_cls(config)
     model.eval()

@@ -227,6 +227,9 @@ def build(name: str, out: Path) -> None:
     elif name == "trainer_bf16_layout":
         subprocess.run([sys.executable, str(HERE / "make_bf16_layout.py"), str(target)], check=True)
         return
+    elif name == "trainer_tied":
+        subprocess.run([sys.executable, str(HERE / "make_trainer.py"), str(target), "1", "--tied"], check=True)
+        return
     elif name.startswith("trainer_"):
         ranks = name.removeprefix("trainer_").removesuffix("rank")
         subprocess.run([sys.executable, str(HERE / "make_trainer.py"), str(target), ranks], check=True)
@@ -250,6 +253,7 @@ ALL = [
     "trainer_1rank",
     "trainer_2rank",
     "trainer_bf16_layout",
+    "trainer_tied",
 ]
 
 

@@ -1,6 +1,8 @@
 """Run the real PaddleFormers 1.2 Trainer for 2 steps on a tiny Llama on CPU and keep its flex checkpoint.
 
-Run: ``python make_trainer.py OUT`` (called by ``make_flex.py``). Writes ``OUT/checkpoint-2/`` exactly as
+Run: ``python make_trainer.py OUT [RANKS] [--tied]`` (called by ``make_flex.py``). ``--tied``: the same Llama
+with ``tie_word_embeddings`` true and ``vocab_size`` :data:`TIED_VOCAB` (6 slack rows beyond the
+tokenizer's 250 ids), 1 rank (``trainer_tied/``). Writes ``OUT/checkpoint-2/`` exactly as
 the Trainer left it (``save_checkpoint_format="flex_checkpoint"``, the 1.2 default), ``OUT/base/`` (the
 model before training, as ``save_pretrained`` writes it: the run's model_name_or_path), what
 ``trainer.save_model(OUT)`` writes at the end, and the oracles (see README.md):
@@ -30,6 +32,8 @@ CFG = {
     "tie_word_embeddings": False,
     "fuse_rms_norm": False,
 }
+TIED_VOCAB = 256  # tied variant: rows 250..255 are slack (no token of sp_unigram uses them)
+TIED = {**CFG, "vocab_size": TIED_VOCAB, "tie_word_embeddings": True}
 
 
 class _Data:
@@ -62,7 +66,7 @@ def _stub_datasets() -> None:
     sys.modules.setdefault("datasets", mod)
 
 
-def train(out: Path, ranks: int) -> object:
+def train(out: Path, ranks: int, tied: bool = False) -> object:
     """Two optimizer steps of the real Trainer on this rank; returns the trained model.
 
     With 2 ranks the Trainer's default is data parallel + sharding stage 1 over both. Two settings differ
@@ -76,7 +80,7 @@ def train(out: Path, ranks: int) -> object:
 
     paddle.set_device("cpu")
     paddle.seed(5)
-    model = LlamaForCausalLM(LlamaConfig(**CFG))
+    model = LlamaForCausalLM(LlamaConfig(**(TIED if tied else CFG)))
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
     if ranks == 1:
         # The folder a run starts from (model_name_or_path): the flex checkpoint has no config.json.
@@ -148,19 +152,21 @@ def main() -> None:
         import paddle
 
         out, ranks = Path(sys.argv[2]), int(sys.argv[3])
-        model = train(out, ranks)
+        model = train(out, ranks, "--tied" in sys.argv[4:])
         if paddle.distributed.get_rank() == 0:
             write_logits(out, model)
         return
     if sys.argv[1] == "--oracle":
         write_oracles(Path(sys.argv[2]))
         return
-    out, ranks = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 1
+    args = [a for a in sys.argv[1:] if a != "--tied"]
+    out, ranks = Path(args[0]), int(args[1]) if len(args) > 1 else 1
     shutil.rmtree(out, ignore_errors=True)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import make_flex
 
     worker = [sys.executable, __file__, "--worker", str(out), str(ranks)]
+    worker += ["--tied"] if "--tied" in sys.argv else []
     if ranks == 1:
         subprocess.run(worker, check=True, capture_output=True)
     else:

@@ -1,6 +1,7 @@
 """Hostile expert-parallel rank files (issue 29): ``merge`` of the d06 case's two ``moe_sharding`` files
 (a Qwen3-MoE of 4 experts, expert parallelism 2) with one expert id or the config's expert count chosen to
-overflow. Each must be a one-line exit 3 naming the file and the limit (OverflowError, exit 70, before).
+overflow. Each must be a one-line refusal: an id of thousands of digits exit 3 naming the rank file, an id
+or a count of 2^64 exit 5 naming it (OverflowError or ValueError, exit 70, before).
 
 The rank file is edited at the opcode level: the tensor names of expert 3 (``SHORT_BINUNICODE`` strings,
 wherever the pickle names them) renamed, the single ``FRAME``'s length corrected. Nothing here imports
@@ -68,24 +69,24 @@ CASES = [
         "experts-id-2pow64",
         "expert-parallel",
         _with_id(str(2**64)),
-        3,
+        5,  # read, and found beyond the count (never a range of it)
         commands=("merge",),
-        names=(RANK1, str(2**64), "65,536 experts"),
+        names=(f"expert id {2**64} is beyond the count",),
     ),
     Hostile(
         "experts-id-5000-digits",
         "expert-parallel",
         _with_id("9" * 5000),
-        3,
+        3,  # refused where it is parsed (never converted: Python's 4,300-digit limit)
         commands=("merge",),
-        names=(RANK1, "(5,000 digits)", "65,536 experts"),
+        names=(RANK1, "5,000 digits"),
     ),
     Hostile(
         "experts-count-2pow64",
         "expert-parallel",
         _with_count(2**64),
-        3,
+        5,  # refused by the numbering, which compares the count and never expands it
         commands=("merge",),
-        names=("config.json", str(2**64), "65,536 experts"),
+        names=(f"= {2**64}", f"of ids 0..{2**64 - 1}"),
     ),
 ]
