@@ -94,7 +94,7 @@ def _metadata(tensors: dict[str, tuple[tuple[int, ...], list[tuple[str, tuple, t
                 replica_id=None,
                 local_shape=local,
             )
-            stm[index] = file  # type: ignore[index]
+            stm[index] = file
     top = _Rec(
         "Metadata", state_dict_metadata=sdm, storage_metadata=stm, flat_mapping={k: (k,) for k in tensors}
     )
