@@ -34,7 +34,7 @@ from . import arch
 from .inspect import chunked
 from .inspect.detect import Detection, detect, tied_scale
 from .io import store
-from .io.checkpoint import Checkpoint
+from .io.checkpoint import REPORT_NAME, Checkpoint
 from .io.configfile import read_config_file
 from .io.regular import load_json
 from .io.tokenizer import vocabulary
@@ -451,6 +451,25 @@ _ADDED_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_token
 _LINES = 20  # tokens named one line each; the rest counted
 
 
+def _reset_tokens(path: Path) -> dict[int, str]:
+    """``{id: content}`` of the existing tokens whose all-zero rows the output's own ``add-tokens`` run reset
+    (``add_tokens.tokens`` entries with ``"rows_reset": true``); ``{}`` without a readable report."""
+    try:
+        rep = load_json(path / REPORT_NAME, REPORT_NAME) if (path / REPORT_NAME).is_file() else None
+    except (CheckpointError, OSError):
+        rep = None
+    sec = rep.get("add_tokens") if isinstance(rep, dict) else None
+    tokens = sec.get("tokens") if isinstance(sec, dict) else None
+    return {
+        t["id"]: t["content"]
+        for t in (tokens if isinstance(tokens, list) else [])
+        if isinstance(t, dict)
+        and t.get("rows_reset") is True
+        and isinstance(t.get("id"), int)
+        and isinstance(t.get("content"), str)
+    }
+
+
 @dataclass(frozen=True)
 class _Tokenizers:
     """What verify reads of both folders' tokenizers: the file sets, the vocabularies (``{id: token}``),
@@ -463,6 +482,7 @@ class _Tokenizers:
     added: dict[int, str]
     removed: dict[int, str]
     doubted: dict[int, str] = field(default_factory=dict)
+    reset: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def read(cls, da: Detection, db: Detection) -> _Tokenizers:
@@ -484,13 +504,15 @@ class _Tokenizers:
                 doubted[i] = f"{r.source} says it was removed, which the files contradict: {why}"
             else:
                 removed[i] = r.content
-        return cls(sets, (va, vb), claims.added, removed, doubted)
+        return cls(sets, (va, vb), claims.added, removed, doubted, _reset_tokens(B.path))
 
     def new_rows(self) -> frozenset[int]:
         """Ids the report added that the input's tokenizer does not have and the output's has with that
-        content: the rows add-tokens may set."""
+        content, and ids of existing tokens whose all-zero rows add-tokens reset (``rows_reset``, the same
+        content in both): the rows add-tokens may set."""
         va, vb = self.vocab
-        return frozenset(i for i, c in self.added.items() if i not in va and vb.get(i) == c)
+        new = {i for i, c in self.added.items() if i not in va and vb.get(i) == c}
+        return frozenset(new | {i for i, c in self.reset.items() if va.get(i) == c == vb.get(i)})
 
 
 _BASE_KEPT = "it is in the input's base vocabulary, which tietool never removes (only added tokens)"
@@ -577,7 +599,10 @@ def _file_changes(A: Checkpoint, B: Checkpoint, names: set[str], explained: bool
     for rel in sorted(names):
         pa, pb = A.path / rel, B.path / rel
         if not pa.exists() or not pb.exists():
-            out.append(f"{rel} is only in {'the input' if pa.exists() else 'the output'}")
+            # added_tokens.json is created by add-tokens where added tokens live outside the model file
+            # (tokenizer_edit: PaddleNLP 2.8.1 reads them only there); its tokens are compared above
+            if not (rel == "added_tokens.json" and pb.exists() and explained and not trim):
+                out.append(f"{rel} is only in {'the input' if pa.exists() else 'the output'}")
             continue
         if _same_bytes(pa, pb):
             continue

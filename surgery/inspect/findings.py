@@ -43,6 +43,7 @@ class FindingKind(str, Enum):
     TOKENIZER_BEYOND_ROWS = "tokenizer-beyond-rows"
     TOKENIZER_UNREADABLE = "tokenizer-file-unreadable"
     TOKENIZER_FILES_DISAGREE = "tokenizer-files-disagree"
+    TOKENIZER_ID_GAP = "tokenizer-id-gap"
     TOKENIZER_NEEDS_EXTRA = "tokenizer-needs-extra"
     TOKENIZER_READ_ONLY = "tokenizer-format-read-only"
     UNTRAINED_ROWS = "untrained-rows"
@@ -237,7 +238,28 @@ def _untrained_rows(f: Finding) -> str:
         )
     beyond = x.get("beyond_tokenizer")
     tail = f"; {beyond} of them beyond the tokenizer's {x['tokenizer_size']} tokens" if beyond else ""
+    tokens = x.get("zero_tokens") or []
+    if tokens:
+        shown = ", ".join(f"{t['content']!r} ({t['id']})" for t in tokens)
+        tail += (
+            "; tokens with all-zero rows (untrained: the reported cause of NaN losses and of chat templates "
+            "never learned; add-tokens of these tokens gives them rows by its init, as new tokens get): "
+            + shown
+        )
     return f"rows of {f.tensors[0]} that look untrained ({x['rows']} rows): " + "; ".join(parts) + tail
+
+
+def _tokenizer_id_gap(f: Finding) -> str:
+    gaps, moved = f.facts["gaps"], f.facts["renumbered"]
+    ids = f"{gaps[0]}..{gaps[-1]}" if len(gaps) > 1 else str(gaps[0])
+    shown = ", ".join(f"{m['content']!r} {m['id']} → {m['loaded_id']}" for m in moved[:3])
+    more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+    return (
+        f"tokenizer id(s) {ids} are named by no tokenizer file (a gap): tokenizers, transformers and "
+        f"PaddleFormers renumber the added tokens after it on load ({shown}{more}), so those tokens use "
+        "other rows than the ids the files give them (add-tokens refuses the folder; save the tokenizer "
+        "again with save_pretrained so its ids are contiguous)"
+    )
 
 
 def _special_ids_beyond_rows(f: Finding) -> str:
@@ -411,13 +433,15 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
     FindingKind.TOKENIZER_FILES_DISAGREE: lambda f: (
         f"the tokenizer files disagree: {f.facts['disagreement']}"
     ),
+    FindingKind.TOKENIZER_ID_GAP: _tokenizer_id_gap,
     FindingKind.TOKENIZER_NEEDS_EXTRA: lambda f: (
         f"tokenizer file(s) {', '.join(f.facts['files'])} not parsed: reading them needs the tokenizer "
         'extra (pip install "tietool[tokenizer]")'
     ),
     FindingKind.TOKENIZER_READ_ONLY: lambda f: (
         f"tokenizer file(s) {', '.join(f.facts['files'])}: a tiktoken rank file or a custom tokenizer class "
-        "(auto_map AutoTokenizer), which tietool reads but cannot edit (add-tokens refuses them)"
+        "(auto_map AutoTokenizer), which tietool reads (a tiktoken file's ranks are counted) but cannot edit "
+        "(add-tokens refuses them)"
     ),
     FindingKind.UNTRAINED_ROWS: _untrained_rows,
     FindingKind.EMBEDDING_MISSING: _missing_embedding,

@@ -265,8 +265,9 @@ def _tokenizer(det: Detection) -> dict[str, Any]:
         "length": ts.length,
         "base": ts.base,
         "added": [{"content": a.content, "id": a.id, "special": a.special} for a in ts.added],
-        "agree": not ts.disagreements,
+        "agree": not ts.disagreements and not ts.gaps,
         "disagreements": list(ts.disagreements),
+        "gaps": list(ts.gaps),
         "needs_extra": list(ts.needs_extra),
         "unsupported": list(ts.unsupported),
     }
@@ -276,8 +277,9 @@ def untrained_finding(
     det: Detection, scan: chunked.RowScan | None = None
 ) -> tuple[dict | None, Finding | None]:
     """Rows of the embedding that look untrained (:func:`surgery.inspect.chunked.untrained_rows`: all-zero,
-    identical to an earlier row, L2 norm far below the rest), with how many lie beyond the tokenizer; the
-    finding is None when there are none. Taken from ``scan`` when the head comparison read every row into
+    identical to an earlier row, L2 norm far below the rest), with how many lie beyond the tokenizer and the
+    tokens of the first all-zero rows the tokenizer has (the finding's ``zero_tokens``); the finding is None
+    when there are none. Taken from ``scan`` when the head comparison read every row into
     it, else the embedding is read here in chunks; (None, None) without a stored 2-D embedding."""
     name = det.embedding.name
     if not det.embedding.present or len(det.ckpt.tensors[name].shape) != 2:
@@ -285,7 +287,10 @@ def untrained_finding(
     u = chunked.untrained_rows(det.ckpt, name, det.tokenizer.size, scan)
     if not (u["zero"]["count"] or u["duplicate"]["count"] or u["low_norm"]["count"]):
         return u, None
-    return u, Finding(FindingKind.UNTRAINED_ROWS, (name,), u)
+    size = det.tokenizer.size or 0
+    named = token_strings(det.ckpt.path, [i for i in u["zero"]["first"] if i < size]) if size else {}
+    tokens = [{"id": i, "content": c} for i, c in sorted(named.items())]
+    return u, Finding(FindingKind.UNTRAINED_ROWS, (name,), {**u, "zero_tokens": tokens})
 
 
 def summarize(det: Detection) -> dict[str, Any]:
