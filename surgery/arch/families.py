@@ -90,6 +90,24 @@ EXTRA_TABLES: tuple[str, ...] = (
 )
 
 
+# The bias of a head named by ``--head`` (a name no family row lists): the same module's bias beside its
+# weight, ``[vocab]`` or ``[1, vocab]`` (checked against the head's rows), added to the logits, so it moves
+# with the head's rows. ``(weight suffix, bias suffix)``, the first that matches. Sources: paddle.nn.Linear
+# (``weight`` / ``bias``); PaddleNLP 2.8.1 UnifiedTransformerLMHead (PLATO, unified_transformer/modeling.py:
+# ``logits = matmul(h, decoder_weight, transpose_y=True) + decoder_bias``) and BERT's ``decoder_weight`` /
+# ``decoder_bias``; tests/test_vocab_bias.py resizes a PaddleNLP-written PLATO and loads it.
+HEAD_BIAS_OF: tuple[tuple[str, str], ...] = (("decoder_weight", "decoder_bias"), ("weight", "bias"))
+
+
+def head_bias_names(head: str) -> tuple[str, ...]:
+    """The names the bias of a head named ``head`` may have (:data:`HEAD_BIAS_OF`): ``lm_head.decoder_bias``
+    for ``lm_head.decoder_weight``, ``lm_head.bias`` for ``lm_head.weight``; empty for another name."""
+    for weight, bias in HEAD_BIAS_OF:
+        if head.endswith(weight):
+            return (head[: -len(weight)] + bias,)
+    return ()
+
+
 # Integer/boolean tensors indexed by token id (or holding token ids), with the rule a resize follows. A
 # tensor of this kind that no row matches (by name, dtype and number of axes) makes resize refuse naming it.
 TOKEN_TABLES: tuple[TokenTable, ...] = (

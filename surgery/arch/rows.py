@@ -459,6 +459,9 @@ class ConversionRow:
         paddlenlp_28: PaddleNLP 2.8.1 has a model class of the type (``paddlenlp/transformers/<type>``),
             so a PaddleNLP output says ``paddlenlp_version: null`` as 2.8.1 writes it; else (Qwen2, Qwen3:
             PaddleNLP 3 only) no version key is written, and tietool takes PaddleNLP 3 as the loader.
+        paddlenlp_lacks: body suffixes (among ``plain``) PaddleNLP's class has no parameter for: its
+            ``from_pretrained`` drops them with a log line only ("were not used"), so a PaddleNLP output
+            holding one with values other than zero would load with other logits (conversion refuses).
     """
 
     prefixes: Mapping[Naming, str]
@@ -469,6 +472,7 @@ class ConversionRow:
     fused: Mapping[Naming, Mapping[str, FusedSpec]] = field(default_factory=dict)
     paddlenlp_own_head: bool = False
     paddlenlp_28: bool = False
+    paddlenlp_lacks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _need(Naming.HF in self.prefixes, "conversion row: no HF prefix")
@@ -476,6 +480,8 @@ class ConversionRow:
         _names(self.plain, "conversion row plain")
         _need(self.embedding in self.plain, f"conversion row: embedding {self.embedding!r} not among plain")
         _need(self.head not in self.linear, f"conversion row: head {self.head!r} listed as a body Linear")
+        _names(self.paddlenlp_lacks, "conversion row paddlenlp_lacks", empty=True)
+        _need(set(self.paddlenlp_lacks) <= set(self.plain), "conversion row: paddlenlp_lacks not among plain")
         for naming, specs in self.fused.items():
             _need(naming in self.prefixes, f"conversion row: fused tensors of {naming} without its prefix")
             _need(all(isinstance(s, FusedSpec) for s in specs.values()), "conversion row: a fused spec")
