@@ -373,6 +373,7 @@ def flex_inspect(info: dict) -> None:
             "needs the config.json of the model the run started from, copied into the folder"
         )
     print(f"note: every other command refuses a flex checkpoint; merge it first: {info['next']}")
+    recovered(info.get("recovered") or {})
 
 
 def _coverage_cell(cov: dict | None) -> str:

@@ -136,14 +136,17 @@ def inspect(
     """
     where = _path(path, "path")
     remote, before = not store.store_for(where).on_disk, store.TRANSFER.snapshot()
-    folder = None if remote else _flex_only(where)
-    if folder is not None:  # a flex checkpoint: its structure and coverage, and how to merge it (issue 21)
-        return Inspection(flex_cover.inspection(flex.open_flex(folder)))
     try:
         # what a killed in-place run left (a missing folder is restored); object storage has no such runs
         rec = inplace.Recovery() if remote else inplace.recover(where)
     except OSError:
         rec = inplace.Recovery()  # a read-only parent folder: nothing to put right from here
+    folder = None if remote else _flex_only(where)
+    if folder is not None:  # a flex checkpoint: its structure and coverage, and how to merge it (issue 21)
+        flex_info = flex_cover.inspection(flex.open_flex(folder))
+        if rec:
+            flex_info["recovered"] = rec.as_dict()
+        return Inspection(flex_info)
     info = inspect_path(
         where,
         layout=_layout(layout),

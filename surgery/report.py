@@ -11,6 +11,7 @@ them; where names shared one array in a ``.pdparams`` (pickle memo), the file he
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from . import __version__
@@ -183,6 +184,114 @@ def history(folder: Any) -> list[dict[str, Any]]:
     past = rep.get("history")
     entries = [e for e in past if isinstance(e, dict)] if isinstance(past, list) else []
     return [{k: e[k] for k in HISTORY_KEYS if k in e} for e in [*entries, rep]]
+
+
+@dataclass(frozen=True)
+class Removal:
+    """One token a report says a run removed (resize's ``tokens_removed``).
+
+    Attributes:
+        content: the token's string.
+        source: which report said so (``history entry 2 (resize)``, ``the last run (resize)``).
+        doubt: why the claim contradicts the report chain itself, "" when it does not: a trim removes only
+            ids at or beyond its ``rows_after``, and each run's ``rows_before`` is the previous run's
+            ``rows_after``.
+    """
+
+    content: str
+    source: str
+    doubt: str = ""
+
+
+@dataclass(frozen=True)
+class TokenClaims:
+    """What a folder's report chain says was added and removed since its first run, net: ``added``
+    ``{id: content}``, ``removed`` ``{id: Removal}`` (a token a later run removes that an earlier one added
+    is neither), and ``rows``: the ``rows_after`` of the last run that counted rows (None: none did), which
+    the folder's embedding must have for the chain to describe it."""
+
+    added: dict[int, str] = field(default_factory=dict)
+    removed: dict[int, Removal] = field(default_factory=dict)
+    rows: Any = None
+
+
+def token_claims(folder: Any) -> TokenClaims:
+    """The tokens ``folder``'s ``tietool-report.json`` says were added and removed across the chain of runs
+    it records (:func:`history`, oldest first, then the report itself), each entry applied in turn.
+
+    Read from ``add_tokens.tokens`` and ``tokenizer.tokens`` (entries ``{"content", "id", ...}``;
+    ``"existed": true`` ones are not new) and ``tokens_removed`` / ``removed`` lists under ``add_tokens``,
+    ``tokenizer`` or ``resize``. A removal is only ever claimed, not proven: each carries the reason the
+    chain itself contradicts it (:class:`Removal`), and the caller checks it against the files (verify: a
+    token of the input's base vocabulary is never removed). A missing or unreadable report claims nothing.
+    """
+    chain = history(folder)
+    breaks = _rows_breaks(chain)
+    counted = [r for r in (_rows(e)[1] for e in chain) if r is not None]
+    out = TokenClaims(rows=counted[-1] if counted else None)
+    for k, entry in enumerate(chain):
+        last = k == len(chain) - 1
+        source = f"{'the last run' if last else f'history entry {k + 1}'} ({entry.get('operation')})"
+        added, removed = _entry_tokens(entry)
+        for i, c in removed.items():
+            if out.added.get(i) == c:
+                del out.added[i]
+            else:
+                out.removed[i] = Removal(c, source, breaks or _trim_doubt(entry, i))
+        out.added.update(added)
+    return out
+
+
+def _entry_tokens(entry: dict) -> tuple[dict[int, str], dict[int, str]]:
+    """The tokens one report (or one ``history`` entry) lists as added and removed, as
+    :func:`token_claims` reads them."""
+    added: dict[int, str] = {}
+    removed: dict[int, str] = {}
+    for key in ("add_tokens", "tokenizer", "resize"):
+        sec = entry.get(key)
+        if not isinstance(sec, dict):
+            continue
+        for into, name in ((added, "tokens"), (removed, "tokens_removed"), (removed, "removed")):
+            listed = sec.get(name)
+            for t in listed if isinstance(listed, list) else []:
+                ok = isinstance(t, dict) and isinstance(t.get("content"), str) and type(t.get("id")) is int
+                if ok and not (into is added and t.get("existed")):
+                    into[t["id"]] = t["content"]
+    return added, removed
+
+
+def _rows(entry: dict) -> tuple[Any, Any]:
+    """``(rows_before, rows_after)`` of one entry's ``resize`` or ``add_tokens`` section (None: neither)."""
+    for key in ("resize", "add_tokens"):
+        sec = entry.get(key)
+        if isinstance(sec, dict):
+            return sec.get("rows_before"), sec.get("rows_after")
+    return None, None
+
+
+def _rows_breaks(chain: list[dict[str, Any]]) -> str:
+    """Why the chain's rows do not follow from run to run ("" when they do): a run's ``rows_before`` must
+    be the ``rows_after`` of the last earlier run that counted rows (tie, untie, convert keep the rows)."""
+    rows: Any = None
+    for k, entry in enumerate(chain):
+        before, after = _rows(entry)
+        if before is None and after is None:
+            continue
+        if rows is not None and before != rows:
+            return f"its run {k + 1} starts from {before!r} rows after a run that ended with {rows!r}"
+        rows = after
+    return ""
+
+
+def _trim_doubt(entry: dict, i: int) -> str:
+    """Why a removal of id ``i`` by ``entry`` is not a trim tietool makes ("" when it is): only ``resize``
+    removes tokens, those at or beyond the rows it keeps."""
+    after = entry.get("resize", {}).get("rows_after") if isinstance(entry.get("resize"), dict) else None
+    if type(after) is not int:
+        return "only a resize that records its rows_after removes tokens"
+    if i < after:
+        return f"a resize to {after} rows removes only ids from {after}"
+    return ""
 
 
 def build(

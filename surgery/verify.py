@@ -42,6 +42,7 @@ from .io.vocabkeys import vocab_keys, walk
 from .model.errors import CheckpointError, ExitCode, Opt, RefusedError, UsageError
 from .model.tensor import TensorInfo
 from .model.tokens import TokenizerSet
+from .report import token_claims
 
 ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *arch.VOCAB_SIZE_KEYS)
 
@@ -481,54 +482,6 @@ def _detect_pair(A: Checkpoint, B: Checkpoint) -> tuple[Detection, Detection]:
         return da, db
 
 
-def _report_tokens(path: Path) -> tuple[dict[int, str], dict[int, str]]:
-    """The tokens the output's ``tietool-report.json`` says were added and removed, ``({id: content},
-    {id: content})``, across the chain of runs it records: its ``history`` entries (oldest first,
-    :func:`surgery.report.history`) and then the report itself, each applied in turn (a token a later run
-    removes that an earlier one added is neither). Read from ``add_tokens.tokens`` (and ``tokenizer.tokens``:
-    the spelling of the ``TokenEdit``), entries ``{"content", "id", ...}`` (``"existed": true`` ones are not
-    new), and ``tokens_removed`` (resize's spelling) or ``removed`` lists under ``add_tokens``, ``tokenizer``
-    or ``resize``. A missing or unreadable report explains nothing."""
-    try:
-        rep = load_json(path / REPORT_NAME, REPORT_NAME) if (path / REPORT_NAME).is_file() else None
-    except (CheckpointError, OSError):
-        rep = None
-    added: dict[int, str] = {}
-    removed: dict[int, str] = {}
-    if not isinstance(rep, dict):
-        return added, removed
-    past = rep.get("history")
-    for entry in [*(past if isinstance(past, list) else []), rep]:
-        if isinstance(entry, dict):
-            one_added, one_removed = _entry_tokens(entry)
-            for i, c in one_removed.items():
-                if added.get(i) == c:
-                    del added[i]
-                else:
-                    removed[i] = c
-            added.update(one_added)
-    return added, removed
-
-
-def _entry_tokens(rep: dict) -> tuple[dict[int, str], dict[int, str]]:
-    """The tokens one report (or one ``history`` entry) lists as added and removed, as
-    :func:`_report_tokens` reads them."""
-    added: dict[int, str] = {}
-    removed: dict[int, str] = {}
-    for key in ("add_tokens", "tokenizer", "resize"):
-        sec = rep.get(key)
-        if not isinstance(sec, dict):
-            continue
-        for into, name in ((added, "tokens"), (removed, "tokens_removed"), (removed, "removed")):
-            for t in sec.get(name) or []:
-                ok = (
-                    isinstance(t, dict) and isinstance(t.get("content"), str) and isinstance(t.get("id"), int)
-                )
-                if ok and not (into is added and t.get("existed")):
-                    into[t["id"]] = t["content"]
-    return added, removed
-
-
 def _reset_tokens(path: Path) -> dict[int, str]:
     """``{id: content}`` of the existing tokens whose all-zero rows the output's own ``add-tokens`` run reset
     (``add_tokens.tokens`` entries with ``"rows_reset": true``); ``{}`` without a readable report."""
@@ -550,22 +503,39 @@ def _reset_tokens(path: Path) -> dict[int, str]:
 
 @dataclass(frozen=True)
 class _Tokenizers:
-    """What verify reads of both folders' tokenizers: the file sets, the vocabularies (``{id: token}``)
-    and the tokens the output's report says were added and removed (``{id: content}``)."""
+    """What verify reads of both folders' tokenizers: the file sets, the vocabularies (``{id: token}``),
+    the tokens the output's report chain says were added (``{id: content}``), the input's tokens it says
+    were removed that the files bear out (``{id: content}``: absent from the output, an added token of the
+    input, removed by a trim of the chain's rows), and the ones they contradict (``{id: why}``)."""
 
     sets: tuple[TokenizerSet, TokenizerSet]
     vocab: tuple[dict[int, str], dict[int, str]]
     added: dict[int, str]
     removed: dict[int, str]
+    doubted: dict[int, str] = field(default_factory=dict)
     reset: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def read(cls, da: Detection, db: Detection) -> _Tokenizers:
-        """From the detections' tokenizer sets (:func:`surgery.io.tokenizer.tokenizer_set`, read once)."""
+        """From the detections' tokenizer sets (:func:`surgery.io.tokenizer.tokenizer_set`, read once) and
+        the output's report chain (:func:`surgery.report.token_claims`), checked against the files."""
         A, B = da.ckpt, db.ckpt
-        added, removed = _report_tokens(B.path)
+        claims = token_claims(B.path)
         sets = (da.tokenizer.files, db.tokenizer.files)
-        return cls(sets, (vocabulary(A.path), vocabulary(B.path)), added, removed, _reset_tokens(B.path))
+        va, vb = vocabulary(A.path), vocabulary(B.path)
+        own = {(t.id, t.content) for t in sets[0].added}
+        removed: dict[int, str] = {}
+        doubted: dict[int, str] = {}
+        for i, r in claims.removed.items():
+            if va.get(i) != r.content or i in vb:
+                continue  # explains nothing: the input lacks it, or the output still has the id
+            base = "" if (i, r.content) in own else _BASE_KEPT
+            why = r.doubt or _rows_doubt(claims.rows, db.vocab_rows) or base
+            if why:
+                doubted[i] = f"{r.source} says it was removed, which the files contradict: {why}"
+            else:
+                removed[i] = r.content
+        return cls(sets, (va, vb), claims.added, removed, doubted, _reset_tokens(B.path))
 
     def new_rows(self) -> frozenset[int]:
         """Ids the report added that the input's tokenizer does not have and the output's has with that
@@ -576,6 +546,17 @@ class _Tokenizers:
         return frozenset(new | {i for i, c in self.reset.items() if va.get(i) == c == vb.get(i)})
 
 
+_BASE_KEPT = "it is in the input's base vocabulary, which tietool never removes (only added tokens)"
+
+
+def _rows_doubt(claimed: object, rows: int) -> str:
+    """Why a report chain that ends with ``claimed`` rows cannot describe an output of ``rows`` ("" when
+    it can)."""
+    if claimed == rows:
+        return ""
+    return f"the report's runs end with {claimed!r} rows, the output's embedding has {rows}"
+
+
 def _tokenizer_names(A: Checkpoint, B: Checkpoint, sets: tuple[TokenizerSet, TokenizerSet]) -> set[str]:
     """The files compared token by token instead of byte by byte: every file of either tokenizer set, and
     the added-token files present in either folder."""
@@ -584,10 +565,16 @@ def _tokenizer_names(A: Checkpoint, B: Checkpoint, sets: tuple[TokenizerSet, Tok
 
 
 def _token_changes(
-    va: dict[int, str], vb: dict[int, str], added: dict[int, str], removed: dict[int, str]
+    va: dict[int, str],
+    vb: dict[int, str],
+    added: dict[int, str],
+    removed: dict[int, str],
+    doubted: dict[int, str] | None = None,
 ) -> list[str]:
     """Every token of the input keeps its id in the output unless the report removed it; every id only the
-    output has is a token the report added, with that content. One line per broken token (a few named)."""
+    output has is a token the report added, with that content. One line per broken token (a few named); a
+    token the report says was removed against the files (``doubted``, ``{id: why}``) names why and calls
+    the report unverifiable."""
     where_b = {s: i for i, s in vb.items()}
     out: list[str] = []
     for i, s in va.items():
@@ -599,8 +586,12 @@ def _token_changes(
         j = where_b.get(s)
         now = f"is id {j} in the output" if j is not None else "is not in the output's tokenizer"
         got = f" (id {i} is {t!r} there)" if t is not None else ""
+        why = (doubted or {}).get(i)
+        tail = f": {why}; tietool-report.json is unverifiable" if why else ""
         out.append(
-            f"token {s!r} (id {i}) {now}{got}" + ("" if i not in removed else ", not as reported removed")
+            f"token {s!r} (id {i}) {now}{got}"
+            + ("" if i not in removed else ", not as reported removed")
+            + tail
         )
     for i in sorted(set(vb) - set(va)):
         if added.get(i) != vb[i]:
@@ -665,7 +656,7 @@ def _compare_tokenizers(
     (the same disagreement, a tokenizer longer than the rows by as much or more) is not a difference the
     operation made: it is a note."""
     (sa, sb), (va, vb), added, removed = tok.sets, tok.vocab, tok.added, tok.removed
-    changes = _token_changes(va, vb, added, removed)
+    changes = _token_changes(va, vb, added, removed, tok.doubted)
     res.tokenizer = {
         "before": {"length": sa.length, "files": [f.name for f in sa.files], "agree": not sa.disagreements},
         "after": {"length": sb.length, "files": [f.name for f in sb.files], "agree": not sb.disagreements},

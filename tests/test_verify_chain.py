@@ -121,3 +121,116 @@ def test_a_forged_history_entry_cannot_hide_a_changed_original_token(tmp_path):
     _set_row(ck, EMB, 5, 0.5)
     run = run_cli(["verify", str(orig), str(ck)])
     assert run.rc == 7, run.stdout
+
+
+def _forge(ck: Path, history: list[dict], last_rows_before: int | None = None) -> None:
+    """Replace the report's history by ``history`` (a new file: the chain's earlier folders keep theirs);
+    ``last_rows_before`` also rewrites the last run's own ``rows_before``, so that the rows follow on."""
+    p = ck / "tietool-report.json"
+    rep = json.loads(p.read_text())
+    rep["history"] = history
+    if last_rows_before is not None:
+        rep["add_tokens"]["rows_before"] = last_rows_before
+    p.unlink()
+    p.write_text(json.dumps(rep))
+
+
+def _drop_base_token(ck: Path, i: int) -> str:
+    """Remove id ``i`` of tokenizer.json's base vocabulary by hand; its string."""
+    p = ck / "tokenizer.json"
+    tok = json.loads(p.read_text())
+    s = next(k for k, v in tok["model"]["vocab"].items() if v == i)
+    del tok["model"]["vocab"][s]
+    p.unlink()
+    p.write_text(json.dumps(tok))
+    return s
+
+
+def _trim(i: int, s: str, rows_before: int | None = 320, rows_after: int | None = 299) -> dict:
+    """A history entry of a resize that says it removed token ``s`` (id ``i``)."""
+    sec: dict = {"tokens_removed": [{"id": i, "content": s}]}
+    sec.update({k: v for k, v in (("rows_before", rows_before), ("rows_after", rows_after)) if v is not None})
+    return {"tool": "tietool 0.1.0", "operation": "resize", "resize": sec}
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    ["bare_claim", "rows_follow_on", "rows_break", "trim_above_the_id"],
+)
+def test_a_forged_history_cannot_explain_a_lost_base_token(tmp_path, forgery):
+    """A history entry claiming an earlier resize removed a base-vocabulary token (id 299 of 300) does not
+    explain the output losing it: tietool removes only added tokens, and a trim only ids at or beyond its
+    rows, each run starting from the rows the previous one ended with. Whether the forgery says nothing of
+    the rows, makes them follow on (resize 320 -> 299, then add-tokens from 299), breaks them, or trims above
+    the id, verify names the token and calls the report unverifiable (exit 7)."""
+    orig, ck = _run_chain(tmp_path, CHAINS["three_adds"][:1], in_place=True)
+    s = _drop_base_token(ck, 299)
+    entry, last = {
+        "bare_claim": (_trim(299, s, None, None), None),
+        "rows_follow_on": (_trim(299, s), 299),
+        "rows_break": (_trim(299, s, 320, 299), None),
+        "trim_above_the_id": (_trim(299, s, 320, 300), 300),
+    }[forgery]
+    _forge(ck, [entry], last)
+    run = run_cli(["verify", str(orig), str(ck)])
+    assert run.rc == 7, run.stdout
+    line = next(x for x in run.stdout.splitlines() if f"{s!r} (id 299)" in x)
+    assert "history entry 1 (resize) says it was removed" in line and "unverifiable" in line, line
+    why = {
+        "bare_claim": "records its rows_after",
+        "rows_follow_on": "base vocabulary",
+        "rows_break": "starts from 320 rows after a run that ended with 299",
+        "trim_above_the_id": "removes only ids from 300",
+    }[forgery]
+    assert why in line, line
+
+
+def test_a_real_trim_of_an_added_token_still_verifies(tmp_path):
+    """The checks of a removal claim pass a real one: resize --force to 303 rows removes the input's added
+    token '<think>' (id 303); verify ORIGINAL OUT exits 0 and lists it as removed. The same report claiming
+    a base token too (id 299, dropped by hand) is refused for that token only."""
+    orig = tmp_path / "orig"
+    shutil.copytree(SRC, orig)
+    ck = tmp_path / "ck"
+    assert run_cli(["resize", str(orig), "--vocab", "303", "--force", "--out", str(ck), "-q"]).rc == 0
+    run = run_cli(["verify", str(orig), str(ck), "--json"])
+    assert run.rc == 0, run.stdout
+    assert json.loads(run.stdout)["tokenizer"]["removed"] == [{"content": "<think>", "id": 303}]
+    rep = json.loads((ck / "tietool-report.json").read_text())
+    s = _drop_base_token(ck, 299)
+    rep["resize"]["tokens_removed"].append({"id": 299, "content": s})
+    (ck / "tietool-report.json").unlink()
+    (ck / "tietool-report.json").write_text(json.dumps(rep))
+    run = run_cli(["verify", str(orig), str(ck)])
+    assert run.rc == 7 and "the last run (resize) says it was removed" in run.stdout, run.stdout
+    assert "'<think>' (id 303)" not in run.stdout, run.stdout
+
+
+def test_a_forged_trim_of_an_added_token_must_match_the_rows(tmp_path):
+    """An added token of the input ('<think>', id 303) removed by hand, with a report claiming a resize to
+    303 rows removed it: the output's embedding still has 320 rows, so the chain does not describe it
+    (exit 7, unverifiable, naming both row counts). The real trim (resize --vocab 303 --force) verifies."""
+    orig = tmp_path / "orig"
+    shutil.copytree(SRC, orig)
+    ck = tmp_path / "ck"
+    shutil.copytree(SRC, ck)
+    for name, key in (("tokenizer.json", "added_tokens"), ("tokenizer_config.json", "added_tokens_decoder")):
+        p = ck / name
+        data = json.loads(p.read_text())
+        if isinstance(data[key], list):
+            data[key] = [t for t in data[key] if t["id"] != 303]
+        else:
+            data[key].pop("303")
+        p.unlink()
+        p.write_text(json.dumps(data))
+    rep = {"tool": "tietool 0.1.0", "operation": "resize"}
+    rep["resize"] = {
+        "rows_before": 320,
+        "rows_after": 303,
+        "tokens_removed": [{"id": 303, "content": "<think>"}],
+    }
+    (ck / "tietool-report.json").write_text(json.dumps(rep))
+    run = run_cli(["verify", str(orig), str(ck)])
+    assert run.rc == 7, run.stdout
+    line = next(x for x in run.stdout.splitlines() if "'<think>' (id 303)" in x)
+    assert "runs end with 303 rows, the output's embedding has 320" in line and "unverifiable" in line, line

@@ -245,11 +245,18 @@ def test_a_trim_that_removes_reported_tokens(tmp_path):
     )
     removed = [{"content": g["content"], "id": g["id"]} for g in gone]
     for spelling in ("tokens_removed", "removed"):  # resize's report, and the TokenEdit's field name
-        rep = {"operation": "resize", "resize": {spelling: removed}}
+        rep = {"operation": "resize", "resize": {spelling: removed, "rows_before": 304, "rows_after": 302}}
         (after / "tietool-report.json").write_text(json.dumps(rep))
         res = verify(before, after)
         assert res.unexplained == [], res.unexplained
         assert res.tokenizer["removed"] == removed
+    # a removal is a trim's: a report without the rows it kept, or keeping the removed ids, is unverifiable
+    for rows in ({}, {"rows_before": 304, "rows_after": 304}):
+        rep = {"operation": "resize", "resize": {"tokens_removed": removed, **rows}}
+        (after / "tietool-report.json").write_text(json.dumps(rep))
+        res = verify(before, after)
+        lines = [u for u in res.unexplained if u.startswith("token ")]
+        assert len(lines) == len(gone) and all("unverifiable" in u for u in lines), res.unexplained
 
 
 def test_cli_exit_7_names_the_token_and_json_lists_it(before):

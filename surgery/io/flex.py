@@ -32,13 +32,32 @@ from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo
 from . import pdparams_io, regular, tree
 from .configfile import read_config
-from .pdparams_io import AllowList, Record
+from .pdparams_io import AllowList, Limits, Record
 
 MODULE = "paddle.distributed.flex_checkpoint.dcp.metadata"
 _META, _LTM, _LTI = (MODULE, "Metadata"), (MODULE, "LocalTensorMetadata"), (MODULE, "LocalTensorIndex")
+
+MAX_SLICES = 1 << 17
+"""The most stored slices (``storage_metadata`` entries, each with its ``LocalTensorMetadata``) of one
+``.metadata`` (131,072): reading time and memory grow with each (a 22 MB ``.metadata`` of 200,000 took 11 s
+of CPU), and a save holds about one per parameter and rank that shares it (an optimizer's state a few per
+parameter); the walk stops at the record beyond them rather than read for a minute."""
+MAX_TENSORS = MAX_SLICES
+"""The most global tensors of one ``.metadata``: each has at least one slice."""
+MAX_AXES = 32
+"""The most axes of a tensor (paddle's tensors have at most 9; numpy 1.x's limit is 32): the boxes of a
+flattened slice are found axis by axis, so the axes bound that work."""
+MAX_RANK = 1 << 20
+"""The highest rank number of a ``<rank>_<id>.distcp`` file name (1,048,576 processes): far above any
+training run, low enough that a file name of thousands of digits is never converted to an integer."""
+
 METADATA = AllowList(
     "a flex checkpoint's .metadata",
     {},
+    limits=Limits(
+        records=2 * MAX_SLICES + 1,
+        records_why=f"tietool reads at most {MAX_SLICES:,} slices (two records each) from one .metadata",
+    ),
     records=frozenset({_META, _LTM, _LTI}),
     top_record=True,
 )
@@ -195,6 +214,8 @@ def _bad(path: Path, what: str) -> CheckpointError:
 
 
 def _ints(v: Any, n: int | None, what: str, path: Path) -> tuple[int, ...]:
+    if type(v) is tuple and len(v) > MAX_AXES:
+        raise _bad(path, f"{what} has {len(v):,} axes, more than the {MAX_AXES} tietool reads")
     if type(v) is not tuple or not all(type(x) is int and 0 <= x < 2**62 for x in v):
         raise _bad(path, f"{what} is not a tuple of non-negative integers")
     if n is not None and len(v) != n:
@@ -259,9 +280,17 @@ def _slice(path: Path, lti: Any, file: Any, tensors: dict[str, Any]) -> FlexSlic
     key = f["tensor_key"]
     if type(key) is not str or key not in tensors:
         raise _bad(path, f"storage_metadata names tensor {str(key)[:60]!r}, which state_dict_metadata lacks")
-    if type(file) is not str or not DATA_RE.match(file):
+    m = DATA_RE.match(file) if type(file) is str else None
+    if m is None:
         raise _bad(
             path, f"storage_metadata puts a slice of {key[:60]!r} in {str(file)[:60]!r}, not a .distcp"
+        )
+    if len(m.group(1)) > len(str(MAX_RANK)) or int(m.group(1)) > MAX_RANK:
+        raise _bad(
+            path,
+            f"storage_metadata puts a slice of {key[:60]!r} in a file of rank {m.group(1)[:20]}"
+            f"{'...' if len(m.group(1)) > 20 else ''} ({len(m.group(1)):,} digits), above the "
+            f"{MAX_RANK:,} ranks tietool reads",
         )
     n = len(tensors[key][0])
     off = _ints(f["global_offset"], n, f"{key[:60]!r}: global_offset", path)
@@ -290,6 +319,10 @@ def read_metadata(path: Path) -> dict[str, FlexTensor]:
     sdm, stm = f["state_dict_metadata"], f["storage_metadata"]
     if type(sdm) is not dict or type(stm) is not dict:
         raise _bad(path, "Metadata lacks its state_dict_metadata or storage_metadata dict")
+    if len(sdm) > MAX_TENSORS or len(stm) > MAX_SLICES:
+        what = f"{len(sdm):,} tensors" if len(sdm) > MAX_TENSORS else f"{len(stm):,} slices"
+        most = f"{MAX_TENSORS:,} tensors" if len(sdm) > MAX_TENSORS else f"{MAX_SLICES:,} slices"
+        raise _bad(path, f"it describes {what}, more than the {most} tietool reads from one .metadata")
     meta: dict[str, tuple[tuple[int, ...], str]] = {}
     for key, metas in sdm.items():
         if type(key) is not str:
@@ -358,8 +391,12 @@ def _require_data_file(path: Path, meta: str) -> None:
 
 
 def _rank_of(file: str) -> int:
+    """The rank of a ``<rank>_<id>.distcp`` name (-1: not one, or a rank number above :data:`MAX_RANK`,
+    which :func:`read_metadata` refuses; never an integer conversion of thousands of digits)."""
     m = DATA_RE.match(file)
-    return int(m.group(1)) if m else -1
+    if not m or len(m.group(1)) > len(str(MAX_RANK)):
+        return -1
+    return int(m.group(1))
 
 
 def data_headers(ck: FlexCheckpoint, file: str) -> dict[str, TensorInfo]:

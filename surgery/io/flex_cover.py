@@ -11,6 +11,7 @@ tensor's size.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,12 @@ overlap), low enough that a crafted .metadata cannot make checking slow."""
 GRID_CELLS = 1 << 24
 """The most cells the coverage grid of one tensor may have (16 M bools): only needed where slices overlap
 or leave a gap; a metadata whose slices would need more is refused (no real save comes near)."""
+MAX_COMPARISONS = 1 << 21
+"""The most pairs of boxes the overlap sweep of one tensor may compare (2 M: a few seconds). The sweep
+runs along the axis where the fewest boxes are open at once (counted first, in ``n log n``): disjoint
+slices cost about ``n``; boxes laid out to be open together on every axis without sharing elements are
+checked on the coverage grid instead (:data:`GRID_CELLS`), and refused where neither fits."""
+_CHUNK = 1 << 20  # grid cells looked at per step when counting holes: bounded memory on any grid
 FIX = (
     "re-copy the flex checkpoint from the training run (its .metadata and .distcp files are written together)"
 )
@@ -112,8 +119,13 @@ def _grid(shape: tuple[int, ...], boxes: list[Box]) -> tuple[list[list[int]], An
         raise ValueError("too many distinct slice boundaries")
     where = [{x: i for i, x in enumerate(c)} for c in cuts]
     grid = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
+    painted = 0
     for lo, hi in boxes:
-        grid[tuple(slice(w[a], w[b]) for w, a, b in zip(where, lo, hi, strict=True))] = True
+        cell = tuple(slice(w[a], w[b]) for w, a, b in zip(where, lo, hi, strict=True))
+        painted += math.prod(s.stop - s.start for s in cell)
+        if painted > 4 * GRID_CELLS:  # boxes over boxes: the work, not the grid, would be too much
+            raise ValueError("the slices cover one another too often")
+        grid[cell] = True
     return cuts, grid
 
 
@@ -141,31 +153,49 @@ def uncovered(shape: tuple[int, ...], boxes: list[Box]) -> tuple[int, tuple[int,
         return 0, None
     if not grid.ndim:
         return 1, ()
-    cell = np.argwhere(~grid)[0] if grid.ndim else ()
-    first = tuple(cuts[k][int(i)] for k, i in enumerate(cell))
-    lengths = [np.diff(np.array(c, dtype=object)) for c in cuts]  # Python ints: no overflow
-    holes = np.flatnonzero(~grid.reshape(-1))
+    holes = ~grid
+    first = tuple(
+        cuts[k][int(i)] for k, i in enumerate(np.unravel_index(int(np.argmax(holes.reshape(-1))), grid.shape))
+    )
+    small = math.prod(shape) < 2**63  # int64 sums cannot overflow; else Python ints
+    lengths = [np.diff(np.array(c, dtype=np.int64 if small else object)) for c in cuts]
+    rest = math.prod(grid.shape[1:])
+    step = max(1, _CHUNK // rest)
     count = 0
-    for at in range(0, holes.size, 1 << 16):  # bounded memory for a crafted grid of 16 M cells
-        coords = np.unravel_index(holes[at : at + (1 << 16)], grid.shape)
-        w = np.ones(len(coords[0]) if coords else 1, dtype=object)
-        for k, c in enumerate(coords):
-            w = w * lengths[k][c]
-        count += int(w.sum())
+    for at in range(0, grid.shape[0], step):  # blocks of about _CHUNK cells: bounded memory on any grid
+        block = holes[at : at + step].astype(lengths[0].dtype)
+        for k in range(grid.ndim - 1, 0, -1):  # each cell weighted by its volume, axis by axis
+            block = block @ lengths[k]
+        count += int(block @ lengths[0][at : at + step])
     return count, first
 
 
+def _open_pairs(out: list[Piece], ax: int) -> int:
+    """How many pairs of pieces a sweep along axis ``ax`` compares: for each piece, the earlier ones (by
+    start) still open at its start; ``n log n`` (two sorted lists and a bisection per piece)."""
+    starts = sorted(p.box[0][ax] for p in out)
+    ends = sorted(p.box[1][ax] for p in out)
+    # pieces starting at or before x, minus those ended by x, minus the piece itself
+    return sum(bisect_right(starts, x) - bisect_right(ends, x) - 1 for x in starts)
+
+
+def sweep_axis(out: list[Piece]) -> tuple[int, int]:
+    """The axis along which the overlap sweep compares the fewest pairs, and that number (rows for row
+    shards and flattened slices, columns for column shards: about ``n``)."""
+    nd = len(out[0].box[0])
+    return min(((k, _open_pairs(out, k)) for k in range(nd)), key=lambda x: x[1])
+
+
 def overlaps(out: list[Piece]) -> Iterator[tuple[Piece, Piece, Box]]:
-    """Every pair of pieces that share elements, with the shared box: a sweep along the axis with the most
-    distinct starts (rows for row shards and flattened slices, columns for column shards), so that
-    disjoint slices cost about ``n log n``, not ``n²``."""
+    """Every pair of pieces that share elements, with the shared box: a sweep along the axis where the
+    fewest pieces are open together (:func:`sweep_axis`), so that disjoint slices cost about ``n log n``,
+    not ``n²``. The caller bounds the work by :func:`sweep_axis`'s count (:data:`MAX_COMPARISONS`)."""
     if not out or not out[0].box[0]:
         for i, p in enumerate(out):  # 0-d: every piece is the one element
             for q in out[i + 1 :]:
                 yield p, q, p.box
         return
-    nd = len(out[0].box[0])
-    ax = max(range(nd), key=lambda k: len({p.box[0][k] for p in out}))
+    ax = sweep_axis(out)[0]
     active: list[Piece] = []
     for p in sorted(out, key=lambda x: x.box[0][ax]):
         active = [q for q in active if q.box[1][ax] > p.box[0][ax]]
@@ -229,11 +259,9 @@ def coverage(t: FlexTensor, where: Path) -> Coverage:
         out += pieces(s)
     if len(out) > MAX_PIECES:
         raise _too_many(t, f"{len(out):,} slices", where)
-    shared = []
-    for pair in overlaps(out):
-        shared.append(pair)
-        if len(shared) > MAX_PIECES:
-            raise _too_many(t, f"over {MAX_PIECES:,} pairs of slices share elements", where)
+    if len(out) == 1 and volume(out[0].box) == t.numel:  # one slice, the whole tensor (most tensors)
+        return Coverage(tuple(out), tuple(replicas), (), 0, None, t.numel)
+    shared = _shared(t, out, where)
     held = sum(volume(p.box) for p in out)
     if not shared and held == t.numel:  # disjoint boxes inside the tensor holding all its elements
         return Coverage(tuple(out), tuple(replicas), (), 0, None, held)
@@ -242,6 +270,56 @@ def coverage(t: FlexTensor, where: Path) -> Coverage:
     except ValueError:
         raise _too_many(t, f"the {len(out):,} slices overlap in too many places to check", where) from None
     return Coverage(tuple(out), tuple(replicas), tuple(shared), missing, first, held)
+
+
+def _shared(t: FlexTensor, out: list[Piece], where: Path) -> list[tuple[Piece, Piece, Box]]:
+    """The pairs of pieces of ``t`` that share elements (:func:`overlaps`), the work bounded: a sweep of
+    at most :data:`MAX_COMPARISONS` comparisons, else the coverage grid proves the pieces disjoint
+    (:func:`_disjoint`).
+
+    Raises:
+        CheckpointError: over :data:`MAX_PIECES` sharing pairs, or pieces that neither the sweep nor the
+            grid can check within their limits.
+    """
+    work = sweep_axis(out)[1] if out and out[0].box[0] else len(out) ** 2 // 2
+    if work > MAX_COMPARISONS:
+        try:
+            if _disjoint(t.shape, [p.box for p in out]):
+                return []
+        except ValueError:
+            pass
+        raise _too_many(
+            t,
+            f"its {len(out):,} slices overlap on every axis: pairing them needs {work:,} comparisons (over "
+            f"{MAX_COMPARISONS:,})",
+            where,
+        )
+    shared = []
+    for pair in overlaps(out):
+        shared.append(pair)
+        if len(shared) > MAX_PIECES:
+            raise _too_many(t, f"over {MAX_PIECES:,} pairs of slices share elements", where)
+    return shared
+
+
+def _disjoint(shape: tuple[int, ...], boxes: list[Box]) -> bool:
+    """No two ``boxes`` share an element, decided on the grid of their boundaries (:func:`gap`'s): each box
+    marks its cells after finding none marked, so the work is the grid's cells, once.
+
+    Raises:
+        ValueError: the grid would have more than :data:`GRID_CELLS` cells.
+    """
+    cuts = [sorted({0, n, *(b[0][k] for b in boxes), *(b[1][k] for b in boxes)}) for k, n in enumerate(shape)]
+    if math.prod(len(c) - 1 for c in cuts) > GRID_CELLS:
+        raise ValueError("too many distinct slice boundaries")
+    where = [{x: i for i, x in enumerate(c)} for c in cuts]
+    grid = np.zeros([len(c) - 1 for c in cuts], dtype=bool)
+    for lo, hi in boxes:
+        cell = grid[tuple(slice(w[a], w[b]) for w, a, b in zip(where, lo, hi, strict=True))]
+        if cell.any():
+            return False
+        cell[...] = True
+    return True
 
 
 def gap_message(t: FlexTensor, cov: Coverage) -> str:

@@ -56,6 +56,9 @@ class Limits:
         dims: dimensions of an array (numpy's own limit: 64).
         nested_arrays: arrays may also sit in a dict one level below the top (an optimizer's
             ``master_weights``); elsewhere an array inside a non-tensor value is refused.
+        records: the most :class:`Record` s one walk may create (None: no bound beyond ``size``), checked
+            as each is made, so a file of millions of records is refused before it is read to the end.
+        records_why: why that bound, for the refusal.
     """
 
     depth: int = 32
@@ -65,6 +68,8 @@ class Limits:
     line: int = 64
     dims: int = 64
     nested_arrays: bool = False
+    records: int | None = None
+    records_why: str = ""
 
 
 @dataclass(frozen=True)
@@ -419,12 +424,13 @@ class _Walker:
     simulated, never imported; array payloads are recorded as byte ranges, not read.
     """
 
-    __slots__ = ("f", "path", "size", "stack", "memo", "rules", "lim")
+    __slots__ = ("f", "path", "size", "stack", "memo", "rules", "lim", "records")
 
     def __init__(self, f: BinaryIO, path: Path, size: int, rules: AllowList):
         self.f, self.path, self.size, self.rules, self.lim = f, path, size, rules, rules.limits
         self.stack: list[Any] = []
         self.memo: dict[int, Any] = {}
+        self.records = 0
 
     # ------------------------------------------------------------ helpers
 
@@ -435,6 +441,11 @@ class _Walker:
             CheckpointError: fewer than ``n`` bytes are left.
         """
         f = self.f
+        if 0 <= n <= 4096:  # a short read needs no position: fewer bytes than asked is a truncation
+            b = f.read(n)
+            if len(b) != n:
+                raise _refuse(self.path, f"truncated pickle (wants {n} bytes at offset {f.tell() - len(b)})")
+            return b
         if n < 0 or f.tell() + n > self.size:
             raise _refuse(
                 self.path, f"truncated pickle (wants {n} bytes at offset {f.tell()} of {self.size})"
@@ -578,6 +589,13 @@ class _Walker:
                     f"{self.rules.what} never does (nothing was executed)",
                     self.path,
                     "do not load this file with paddle.load/pickle; get it from a trusted source",
+                )
+            self.records += 1
+            if self.lim.records is not None and self.records > self.lim.records:
+                raise CheckpointError(
+                    f"more than {self.lim.records:,} records: {self.lim.records_why}",
+                    self.path,
+                    "the file is damaged or crafted, or from a save larger than tietool reads",
                 )
             return Record((fn.module, fn.name))
         call = self.rules.calls.get((fn.module, fn.name))

@@ -56,6 +56,10 @@ from .plan import OutTensor
 from .recipes import Joined, Slice
 
 _EP_TAGS = ("moe_sharding", "moe")
+ID_DIGITS = 64
+"""The most digits of an expert id read from a tensor name: ids far beyond any expert count are still
+compared with it (:func:`numbering`), while one of thousands of digits is refused where it is parsed,
+never converted to an integer (Python's 4,300-digit limit)."""
 _FIX_RESAVE = "re-save the rank files from the training run's last checkpoint (they are written together)"
 _FIX_COPY = "copy every rank file the training run saved into the folder, then merge again"
 
@@ -310,8 +314,26 @@ def _split_names(own: dict[str, Slice]) -> tuple[list[str], dict[str, dict[int, 
         if m is None:
             others.append(name)
         else:
-            experts.setdefault(m["module"], {}).setdefault(int(m["id"]), []).append(m["rest"])
+            experts.setdefault(m["module"], {}).setdefault(_expert_id(m["id"], name, own[name]), []).append(
+                m["rest"]
+            )
     return others, experts
+
+
+def _expert_id(digits: str, name: str, where: Slice) -> int:
+    """The expert id of tensor ``name`` (its ``digits``), at most :data:`ID_DIGITS` digits long.
+
+    Raises:
+        CheckpointError: a longer id, naming the tensor and its file.
+    """
+    if len(digits) > ID_DIGITS:
+        raise CheckpointError(
+            f"{name[:60]}... has an expert id of {len(digits):,} digits, more than the {ID_DIGITS} tietool "
+            "reads",
+            where.path,
+            _FIX_RESAVE,
+        )
+    return int(digits)
 
 
 def _replicated(path: Path, by_rank: list[dict[str, Slice]], others: list[str]) -> None:

@@ -40,6 +40,7 @@ version into place and says so.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -54,6 +55,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..io import flex
 from ..io.checkpoint import CONFIG_FILES, PD_INDEX, PD_SINGLE, REPORT_NAME, SHARD_RE, ST_INDEX, ST_SINGLE
 from ..io.regular import INDEX_LIMIT, kind_of, load_json
 from ..model.errors import CheckpointError, Opt, OutputError, RefusedError
@@ -183,12 +185,16 @@ def _recover_staging(ckpt: Path, p: Path, token: str, rec: Recovery) -> None:
 
 def _complete(folder: Path) -> bool:
     """``folder`` holds a whole checkpoint: a config file, and every shard its index names (without an
-    index, a weight file). A previous version that an older tietool was deleting from a staging name when
-    it was killed fails this, and is never kept as a backup."""
+    index, a weight file); or a whole flex checkpoint (:func:`_complete_flex`: its config may be in the
+    folder above). A previous version that an older tietool was deleting from a staging name when it was
+    killed fails this, and is never kept as a backup."""
     try:
         names = set(os.listdir(folder))
     except OSError:
         return False
+    whole_flex = _complete_flex(folder)
+    if whole_flex is not None:
+        return whole_flex
     if not names & set(CONFIG_FILES):
         return False
     for index in (ST_INDEX, PD_INDEX):
@@ -199,6 +205,25 @@ def _complete(folder: Path) -> bool:
                 return False
             return isinstance(wm, dict) and all(isinstance(f, str) and f in names for f in set(wm.values()))
     return bool(names & {ST_SINGLE, PD_SINGLE}) or any(SHARD_RE.match(n) for n in names)
+
+
+def _complete_flex(folder: Path) -> bool | None:
+    """None when ``folder`` is not a flex checkpoint (:func:`surgery.io.flex.find`); else whether it is
+    whole: every flex folder in it (``model_state`` and any ``optimizer_state`` / ``master_weight`` that
+    holds a ``.metadata``) has its one ``.metadata`` and every ``.distcp`` file it names
+    (:func:`surgery.io.flex.open_flex`, bounded like any read)."""
+    found = flex.find(folder)
+    if found is None:
+        return None
+    dirs = [found.state] + [found.root / d for d in found.others]
+    for d in dirs:
+        try:
+            if d != found.state and not any(flex.META_RE.match(n) for n in os.listdir(d)):
+                continue
+            flex.open_flex(flex.FlexFolder(found.root, d, ()))
+        except (CheckpointError, OSError):
+            return False
+    return True
 
 
 def _finish_deletions(ckpt: Path, entries: list[Path], rec: Recovery) -> None:
@@ -407,7 +432,7 @@ def swap_in(
         if exchanged:
             fsync_dir(ckpt.parent)  # the new version is durable under the name
             pause("swapped")
-            os.rename(staging, old)  # staging held the old version: to its backup or "being deleted" name
+            _publish_old(ckpt, staging, old, fsync_dir)
         else:
             _two_renames(ckpt, staging, old, fsync_dir)
         fsync_dir(ckpt.parent)
@@ -417,6 +442,23 @@ def swap_in(
     err = delete_tree(old)
     fsync_dir(ckpt.parent)
     return Swapped(exchanged, None if err is None else str(old), err)
+
+
+def _publish_old(ckpt: Path, staging: Path, old: Path, fsync_dir: Callable[[Path], None]) -> None:
+    """After the exchange, the old version (at ``staging``) to its backup or "being deleted" name ``old``;
+    when that rename fails, the exchange is undone (the old version back under the name, durable), so that
+    the run fails with the checkpoint unchanged and the caller removes the new version from ``staging``.
+
+    Raises:
+        OSError: the rename failed (undone when the exchange back succeeded: the name then holds the old
+            version; else the name holds the new one and ``staging`` the old, complete).
+    """
+    try:
+        os.rename(staging, old)
+    except OSError:
+        if exchange(staging, ckpt):
+            fsync_dir(ckpt.parent)
+        raise
 
 
 def _two_renames(ckpt: Path, staging: Path, old: Path, fsync_dir: Callable[[Path], None]) -> None:
@@ -492,10 +534,34 @@ def locked(ckpt: Path) -> Iterator[None]:
             )
         try:
             yield
-        finally:
-            path.unlink(missing_ok=True)  # still locked: a run that opened it now refuses (above)
+        except BaseException:
+            with contextlib.suppress(OutputError):
+                _unlock(path, "")
+            raise
+        _unlock(path, "the checkpoint was rewritten (the new version is in place), but ")
     finally:
         os.close(fd)  # releases the lock
+
+
+def _unlock(path: Path, done: str) -> None:
+    """Remove the lock file at the end of a run, while still holding its ``flock`` (a run that opened it
+    now refuses, :func:`locked`); one failure (EIO) is retried. ``done`` opens the error's line (what the
+    run did).
+
+    Raises:
+        OutputError: it cannot be removed (named; the next run removes it: :func:`recover`).
+    """
+    for attempt in (1, 2):
+        try:
+            path.unlink(missing_ok=True)
+            return
+        except OSError as e:
+            if attempt == 2:
+                raise OutputError(
+                    f"{done}the lock file {path.name} cannot be removed ({e.strerror})",
+                    path,
+                    "the next tietool run on the checkpoint removes it (or delete it once no run is active)",
+                ) from None
 
 
 def _open_lock(path: Path) -> int:
@@ -555,6 +621,15 @@ def _lock(fd: int, ckpt: Path, path: Path) -> None:
         who = f" (pid {holder})" if holder.isdigit() else ""
         raise RefusedError(
             f"another tietool run{who} is rewriting {ckpt.name} in place", ckpt, "wait for it to finish"
+        ) from None
+    except OSError as e:  # EIO, ENOLCK: not held by anyone we know of
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_size == 0 and os.fstat(fd).st_ino == os.stat(path).st_ino:
+                path.unlink()  # an empty file: ours, just created (a holder records its pid at once)
+        raise OutputError(
+            f"cannot lock {path.name}: {e.strerror}; nothing was written",
+            path,
+            "check the file system (its log), then run again",
         ) from None
     try:
         os.ftruncate(fd, 0)

@@ -48,6 +48,9 @@ class Hostile:
         extra: extra arguments per command (``{"resize": ("--vocab", "256")}``).
         out: ``out(path)`` prepares the ``--out`` path the harness passes before each run (makes it a
             symbolic link, a dangling one, ...); None: ``--out`` does not exist.
+        base: ``verify``'s first folder, beside the checkpoint (a name in the case's folder); None: the
+            checkpoint itself. A verify exit 7 (differences not explained) is judged by its stdout naming
+            ``names`` and one ``tietool: verify:`` line on stderr.
     """
 
     name: str
@@ -59,6 +62,7 @@ class Hostile:
     timeout: float = 10.0
     extra: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     out: Callable[[Path], None] | None = None
+    base: str | None = None
 
     def codes(self, command: str) -> set[int]:
         """The exit codes allowed for ``command``."""
