@@ -65,6 +65,7 @@ def make_sharded_ckpt(d: Path, vocab=4096, hidden=512, layers=4) -> Path:
                 "model_type": "llama",
                 "vocab_size": vocab,
                 "hidden_size": hidden,
+                "intermediate_size": 4 * hidden,
                 "tie_word_embeddings": True,
                 "torch_dtype": "bfloat16",
                 "paddleformers_version": "1.2.0",
