@@ -78,7 +78,9 @@ def ep_sample(out: Path, tmp: Path) -> None:
 
 def trainer_sample(out: Path, tmp: Path) -> None:
     """``out/pf_llama_trainer``: make_trainer.py's 1-rank run (relative output path: deterministic bytes)."""
-    subprocess.run([sys.executable, str(REPO / "tests/data/flex/make_trainer.py"), "run", "1"], cwd=tmp, check=True)
+    subprocess.run(
+        [sys.executable, str(REPO / "tests/data/flex/make_trainer.py"), "run", "1"], cwd=tmp, check=True
+    )
     run = tmp / "run"
     d = out / "pf_llama_trainer"
     shutil.rmtree(d, ignore_errors=True)
