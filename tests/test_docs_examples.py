@@ -1,8 +1,8 @@
 """Every shell example of the docs site runs as written: each ```` ```bash ```` block of ``docs/index.md`` and
 ``docs/guides/*.md``, with ``bash -euo pipefail``, exits 0 (or the status its page says).
 
-A block runs in a temporary folder that holds copies of what the examples name from a clone
-(``sample_checkpoints/``, ``tests/data/tp_ranks/``, ``tests/data/flex/trainer_1rank/``), with a ``tietool``
+A block runs in a temporary folder that holds a copy of what the examples name from a clone
+(``sample_checkpoints/``: nothing else, so an example that names the test data fails), with a ``tietool``
 command first on ``PATH`` that runs the package under test (``python -m tietool``). Each block is
 self-contained (its outputs in ``"$(mktemp -d)"``); blocks do not share variables.
 
@@ -28,7 +28,7 @@ import tietool
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "docs" / "index.md", *sorted((ROOT / "docs" / "guides").glob("*.md"))]
-COPIED = ["sample_checkpoints", "tests/data/tp_ranks", "tests/data/flex/trainer_1rank"]
+COPIED = ["sample_checkpoints"]
 MARKER = re.compile(r"<!-- docs-test: (exit (\d+)|skip \(([^)]+)\)) -->")
 FENCE = re.compile(r"^```bash\n(.*?)^```$", re.S | re.M)
 

@@ -89,6 +89,7 @@ def train(out: Path, ranks: int, tied: bool = False) -> object:
     extra = {"split_param": False, "max_grad_norm": 0.0} if ranks > 1 else {}
     args = TrainingArguments(
         output_dir=str(out),
+        logging_dir=str(out / "runs"),  # the default adds the time and host name: bytes differ per run
         max_steps=2,
         save_steps=2,
         save_strategy="steps",
