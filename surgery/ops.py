@@ -601,7 +601,11 @@ def resize(
     Args:
         vocab_size: the new number of rows (≥ 1), rounded up to ``pad_to_multiple_of``; None: the current
             rows, rounded up (as HF ``resize_token_embeddings(None, pad_to_multiple_of=64)``).
-        init: values of new rows; ``seed`` makes ``NORMAL`` (and nothing else) reproducible.
+        init: values of new rows: ``MEAN`` (the default) and ``NORMAL`` are random draws (``MEAN`` from
+            N(mean, 1e-9 · covariance) of the old rows, as HF ``mean_resizing``), so both depend on ``seed``;
+            ``ZEROS`` does not.
+        seed: makes the random draws of ``MEAN`` and ``NORMAL`` reproducible (same seed, same bytes); None:
+            a random seed, written in the report (to draw the same rows again).
         force: allow trimming rows.
         keep_training_state: copy optimizer / scheduler / trainer files too (stale after a resize).
 
