@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from . import report as report_mod
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
-from .io import flex, flex_cover, store, surface
+from .io import flex, flex_cover, mistaken, store, surface
 from .io.checkpoint import Checkpoint, has_whole
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
@@ -977,8 +977,11 @@ def _rank_folder(src: Path) -> Path:
     """The rank folder of :func:`merge`, checked to be a folder.
 
     Raises:
-        CheckpointError: ``src`` is not a folder.
+        CheckpointError: ``src`` does not exist (a Hub id named as such: :func:`mistaken.no_such_folder`) or
+            is not a folder.
     """
+    if not src.exists():
+        raise mistaken.no_such_folder(src)
     if not src.is_dir():
         raise CheckpointError(
             "not a folder", src, "give the folder that holds the rank files and config.json"

@@ -523,13 +523,19 @@ def _transient_one(e: BaseException) -> bool:
         classes = tuple(c for c in (getattr(m, n, None) for n in names) if isinstance(c, type))
         if m is not None and classes and isinstance(e, classes):
             return True
-    response = getattr(e, "response", None)
+    try:  # a half-built error of a library may fail on any attribute read
+        response = getattr(e, "response", None)
+    except Exception:  # noqa: BLE001 - then it says nothing of a status
+        return False
     if isinstance(response, dict):  # botocore's ClientError
         status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if response.get("Error", {}).get("Code") in _TRANSIENT_S3_CODES:
             return True
     else:  # requests' / httpx's HTTP status errors (huggingface_hub's HfHubHTTPError among them)
-        status = getattr(response, "status_code", None)
+        try:
+            status = getattr(response, "status_code", None)
+        except Exception:  # noqa: BLE001 - httpx: a response without its request raises RuntimeError
+            status = None
     return isinstance(status, int) and (status == 429 or 500 <= status <= 599)
 
 
