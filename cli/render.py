@@ -58,6 +58,28 @@ def size(n: int | None) -> str:
     return f"{n} bytes" + (f" ({v:.1f} {u})" if u else "")
 
 
+def count(n: int) -> str:
+    """``494032768`` → ``"494,032,768 (494 M)"``: the exact count with thousands separators, and from a
+    million on its size in K/M/B/T (three significant digits) beside it."""
+    text = f"{n:,}"
+    for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6)):
+        if abs(n) >= scale:
+            v = n / scale
+            return text + f" ({v:.3g} {unit})" if abs(v) < 1000 else text + f" ({v:.0f} {unit})"
+    return text
+
+
+def percent(p: float) -> str:
+    """A percentage with at most two decimals, trailing zeros dropped: ``27.548`` → ``27.55``, ``0.0`` →
+    ``0``."""
+    text = f"{p:.2f}".rstrip("0").rstrip(".")
+    return "0" if text in ("-0", "") else text
+
+
+# the inits whose rows are random draws (their seed reproduces them); zeros, subtokens and copy:TOKEN are not
+RANDOM_INITS = frozenset({"mean", "trained-mean", "normal"})
+
+
 def _shape(s) -> str:
     return "—" if s is None else "[" + ", ".join(str(d) for d in s) + "]"
 
@@ -225,10 +247,12 @@ def _drift_tables(d: dict, width: int = 40) -> tuple[Table, Table]:
     return top, hist
 
 
-def _drift(con: Console, info: dict) -> None:
-    """The drift section of a head that differs from the embedding: numbers, top rows, histogram."""
+def _drift(con: Console, info: dict, asked: bool = False) -> None:
+    """The drift section of a head that differs from the embedding: numbers, top rows, histogram. Shown
+    when the config says tied (a head that drifted from the table it should equal) or when ``asked``
+    (``inspect --drift``); a head of its own under an untied config is not drift."""
     d = info["tie"].get("drift")
-    if not d:
+    if not d or not (asked or info["tie"]["config"]):
         return
     con.print(
         f"drift: {d['differing_rows']} of {d['rows']} rows differ; max |Δ| {d['max_abs_diff']:.3g}, mean |Δ| "
@@ -281,8 +305,8 @@ def _savings_line(info: dict) -> str:
     condition."""
     s = info["savings"]
     return (
-        f"tying would save {s['parameters']} parameters, {size(s['bytes'])} "
-        f"({s['percent']}% of the checkpoint)"
+        f"tying would save {count(s['parameters'])} parameters, {size(s['bytes'])} "
+        f"({percent(s['percent'])}% of the checkpoint)"
         + (f": {s['why_zero']}" if s.get("why_zero") else "")
         + (f", if the values agree ({s['assumes']})" if s.get("assumes") else "")
     )
@@ -293,9 +317,10 @@ def version(v: str) -> None:
     print(f"tietool {v}")
 
 
-def inspect(info: dict, as_json: bool = False) -> None:
+def inspect(info: dict, as_json: bool = False, drift: bool = False) -> None:
     """``tietool inspect``: the summary dict as JSON, or as lines and a table (problems, notes and
-    warnings in the words the library gave them)."""
+    warnings in the words the library gave them); the drift view when the config says tied or ``drift``
+    (``--drift``) asks for it."""
     if as_json:
         print(json.dumps(finite(dict(info)), indent=2))
         return
@@ -306,7 +331,7 @@ def inspect(info: dict, as_json: bool = False) -> None:
     con.print(
         f"{info['path']}: {info['format']}{' (sharded)' if info['sharded'] else ''}, "
         f"{len(info['files'])} weight file(s), {info['num_tensors']} tensors, "
-        f"{info['total_parameters']} parameters, {size(info['total_bytes'])}"
+        f"{count(info['total_parameters'])} parameters, {size(info['total_bytes'])}"
     )
     arch = info["architecture"]
     con.print(
@@ -317,7 +342,7 @@ def inspect(info: dict, as_json: bool = False) -> None:
     con.print(_pair_table(info))
     _transfer_line(con, info)
     con.print(_tie_line(info))
-    _drift(con, info)
+    _drift(con, info, drift)
     con.print(_vocab_line(info))
     tok = _tokenizer_line(info)
     if tok:
@@ -344,8 +369,8 @@ def flex_inspect(info: dict) -> None:
     con = _console()
     con.print(
         f"{info['path']}: flex checkpoint ({info['metadata']}), {len(info['ranks'])} rank(s), "
-        f"{len(info['files'])} .distcp file(s), {info['num_tensors']} tensors, {info['total_parameters']} "
-        f"parameters, {size(info['total_bytes'])}"
+        f"{len(info['files'])} .distcp file(s), {info['num_tensors']} tensors, "
+        f"{count(info['total_parameters'])} parameters, {size(info['total_bytes'])}"
         + (f"; model_type {info['model_type']}" if info.get("model_type") else "")
     )
     t = Table()
@@ -453,7 +478,7 @@ def _change_table(rep: dict) -> Table:
         "total",
         "before → after",
         "",
-        f"{b['parameters']} → {a['parameters']}",
+        f"{count(b['parameters'])} → {count(a['parameters'])}",
         f"{b['bytes']} → {a['bytes']}",
     )
     return t
@@ -486,7 +511,12 @@ def _added_tokens(con: Console, a: dict, dry_run: bool) -> None:
     line += f"{a['rows_before']} → {a['rows_after']} ({a['slack_used']} slack row(s) used"
     if a["padding_rows"]:
         line += f", {a['padding_rows']} padding row(s): init {a['padding_init']}"
-    con.print(line + f"); seed {a['seed']} (--seed {a['seed']} reproduces the rows)")
+    inits = {t["init"] for t in a["tokens"] if not t["existed"]}
+    if a["padding_rows"]:
+        inits.add(a["padding_init"])
+    random = inits & RANDOM_INITS
+    seed = f"; seed {a['seed']} (--seed {a['seed']} reproduces the rows)" if random else ""
+    con.print(line + ")" + seed)
     if a["files_edited"] and dry_run:
         con.print(f"tokenizer files it would edit: {', '.join(a['files_edited'])}")
 
@@ -506,9 +536,9 @@ def report(rep: dict, as_json: bool = False) -> None:
     _transfer_line(con, rep)
     s = rep["saved"]
     if s["bytes"] >= 0:
-        con.print(f"saved {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}%)")
+        con.print(f"saved {count(s['parameters'])} parameters, {size(s['bytes'])} ({percent(s['percent'])}%)")
     else:
-        con.print(f"added {-s['parameters']} parameters, {size(-s['bytes'])} ({-s['percent']}%)")
+        con.print(f"added {count(-s['parameters'])} parameters, {size(-s['bytes'])} ({percent(-s['percent'])}%)")
     if "resize" in rep:
         r = rep["resize"]
         con.print(
@@ -518,9 +548,10 @@ def report(rep: dict, as_json: bool = False) -> None:
                 if r.get("rows_requested") not in (None, r["rows_after"])
                 else ""
             )
+            + (f", new rows: init {r['init']}" if r["rows_added"] else "")
             + (
-                f", new rows: init {r['init']}, seed {r['seed']} (--seed {r['seed']} reproduces them)"
-                if r["rows_added"]
+                f", seed {r['seed']} (--seed {r['seed']} reproduces them)"
+                if r["rows_added"] and r["init"] in RANDOM_INITS
                 else ""
             )
         )
