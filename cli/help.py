@@ -75,7 +75,7 @@ EXAMPLES = {
     ),
     "untie": _examples(
         f"tietool untie {S}/pf_llama_tied_fp32 --out untied/",
-        f"tietool untie {S}/pnlp_gpt --out gpt-untied/ --dry-run",
+        f"tietool untie {S}/pf_llama_tied_fp32 --dry-run --json",
     ),
     "resize": _examples(
         f"tietool resize {S}/pf_llama_tied_fp32 --vocab 128 --out resized/",
@@ -100,7 +100,7 @@ EXAMPLES = {
     ),
     "convert": _examples(
         f"tietool convert {S}/pnlp_llama_untied --to paddleformers --out pf/",
-        f"tietool convert {S}/pf_llama_tied_fp32 --to pdparams --out pd/",
+        f"tietool convert {S}/pf_llama_tied_fp32 --to paddlenlp --out pnlp/",
     ),
 }
 """Each command's ``--help`` epilog. ``merge`` names folders of rank files and a Trainer ``checkpoint-N/``

@@ -395,13 +395,13 @@ def flex_inspect(info: dict) -> None:
             "note: no config.json here or in the folder above (the Trainer's flex saves write none); merge "
             "needs the config.json of the model the run started from, copied into the folder"
         )
-    print(f"note: {FLEX_COMMANDS} (merge: {info['next']})")
+    print(f"note: {FLEX_COMMANDS}")
 
 
 FLEX_COMMANDS = (
-    "commands that take a flex checkpoint: merge (into a new folder); resize and add-tokens with "
-    "--keep-training-state (a Trainer checkpoint-N/ as it is, its optimizer state resized too); tie, untie, "
-    "convert and verify refuse it"
+    "merge takes a flex checkpoint into a new folder (PaddleFormers safetensors, which every command takes); "
+    "resize and add-tokens take a Trainer checkpoint-N/ as it is with --keep-training-state (its optimizer "
+    "state resized too); tie, untie, convert and verify refuse it"
 )
 
 
