@@ -399,9 +399,9 @@ def flex_inspect(info: dict) -> None:
 
 
 FLEX_COMMANDS = (
-    "merge takes a flex checkpoint into a new folder (PaddleFormers safetensors, which every command takes); "
-    "resize and add-tokens take a Trainer checkpoint-N/ as it is with --keep-training-state (its optimizer "
-    "state resized too); tie, untie, convert and verify refuse it"
+    "tietool merge takes a flex checkpoint into a new folder (PaddleFormers safetensors, which every command "
+    "takes); resize and add-tokens take a Trainer checkpoint-N/ as it is with --keep-training-state (its "
+    "optimizer state resized too); tie, untie, convert and verify refuse it"
 )
 
 
@@ -538,7 +538,9 @@ def report(rep: dict, as_json: bool = False) -> None:
     if s["bytes"] >= 0:
         con.print(f"saved {count(s['parameters'])} parameters, {size(s['bytes'])} ({percent(s['percent'])}%)")
     else:
-        con.print(f"added {count(-s['parameters'])} parameters, {size(-s['bytes'])} ({percent(-s['percent'])}%)")
+        con.print(
+            f"added {count(-s['parameters'])} parameters, {size(-s['bytes'])} ({percent(-s['percent'])}%)"
+        )
     if "resize" in rep:
         r = rep["resize"]
         con.print(

@@ -937,16 +937,16 @@ def test_transformers_default_configs_pass_the_type_check() -> None:
     assert checked >= 300 and not refused, refused
 
 
-# ----------------------------------------------------------------------------------------------- mistaken inputs
+# ------------------------------------------------------------------------------------------- mistaken inputs
 # What people pass instead of a checkpoint folder (surgery/io/mistaken.py): each named, with what tietool
 # does not read and what to do, in one exact line and its exit code. Built in tmp_path, run with cwd there so
 # that the path in the line is the relative one the user typed.
 _UNFINISHED = "wait for the save to finish or use the previous checkpoint-N"
 _TORCH = (
-    "PyTorch weights (a pickle); tietool never unpickles PyTorch files (.bin, .pt, .pth, .ckpt) and reads only "
-    ".safetensors and .pdparams — load the model where you trust the file and save it as safetensors "
-    "(transformers: save_pretrained(DIR, safe_serialization=True); a state dict: safetensors.torch.save_file), "
-    "then run tietool on that folder"
+    "PyTorch weights (a pickle); tietool never unpickles PyTorch files (.bin, .pt, .pth, .ckpt) and reads "
+    "only .safetensors and .pdparams — load the model where you trust the file and save it as safetensors "
+    "(transformers: save_pretrained(DIR, safe_serialization=True); a state dict: "
+    "safetensors.torch.save_file), then run tietool on that folder"
 )
 _ADAPTER = (
     "a LoRA/PEFT adapter, not a whole model: it holds only the adapter weights ({}; no config.json and no "
@@ -1004,9 +1004,9 @@ MISTAKEN = {
     "gguf": (
         _folder({"qwen2.5-0.5b-q4_k_m.gguf": b"GGUF"}),
         3,
-        "m: qwen2.5-0.5b-q4_k_m.gguf: GGUF (llama.cpp); tietool does not read GGUF and reads only .safetensors "
-        "and .pdparams — run tietool on the safetensors checkpoint the GGUF was made from (or load it with "
-        "transformers' from_pretrained(..., gguf_file=...) and save_pretrained(DIR))",
+        "m: qwen2.5-0.5b-q4_k_m.gguf: GGUF (llama.cpp); tietool does not read GGUF and reads only "
+        ".safetensors and .pdparams — run tietool on the safetensors checkpoint the GGUF was made from (or "
+        "load it with transformers' from_pretrained(..., gguf_file=...) and save_pretrained(DIR))",
     ),
     "peft_adapter": (
         _folder({"adapter_config.json": "{}", "adapter_model.safetensors": b"x", "README.md": "x"}),
@@ -1021,8 +1021,8 @@ MISTAKEN = {
     "flex_without_metadata": (
         _folder({"model_state/0_0.distcp": b"x", "model_state/1_0.distcp": b"x", "training_args.bin": b"x"}),
         3,
-        "m: an unfinished save: model_state/ holds 2 .distcp file(s) (0_0.distcp, ...) but no .metadata (a save "
-        f"still being written or stopped, or a folder copied in part) — {_UNFINISHED}",
+        "m: an unfinished save: model_state/ holds 2 .distcp file(s) (0_0.distcp, ...) but no .metadata (a "
+        f"save still being written or stopped, or a folder copied in part) — {_UNFINISHED}",
     ),
     "tmp_file": (
         _case(ST_ONE, lambda d: (d / ST_INDEX).rename(d / (ST_INDEX + ".tmp"))),
@@ -1034,8 +1034,8 @@ MISTAKEN = {
         _case(ST_ONE, remove(ST_INDEX)),
         3,
         "m: shard files are present but model.safetensors.index.json is missing: an unfinished save "
-        f"(save_pretrained writes the index after the shards) or a lost index — {_UNFINISHED}; if the save had "
-        "finished, restore model.safetensors.index.json (it maps tensor names to shards)",
+        f"(save_pretrained writes the index after the shards) or a lost index — {_UNFINISHED}; if the save "
+        "had finished, restore model.safetensors.index.json (it maps tensor names to shards)",
     ),
     "truncated_safetensors": (
         _case(ST_ONE, _truncate_to(20_000)),

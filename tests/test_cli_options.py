@@ -202,7 +202,7 @@ def test_dash_h_is_help(command):
     assert short.stdout == long.stdout and "Usage:" in short.stdout
 
 
-# ----------------------------------------------------------------------------------------------- help and words
+# -------------------------------------------------------------------------------------------- help and words
 COMMANDS = ["inspect", "tie", "untie", "resize", "add-tokens", "merge", "verify", "convert"]
 REPO = Path(__file__).resolve().parent.parent
 CASES = Path(__file__).resolve().parent / "data" / "cases"
@@ -320,7 +320,9 @@ def test_inspect_prints_human_numbers():
     r = _cli("inspect", REPO / "sample_checkpoints" / "pf_llama_tied_fp32")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert lines[0].endswith(": safetensors, 1 weight file(s), 12 tensors, 5,808 parameters, 23232 bytes (22.7 KiB)")
+    assert lines[0].endswith(
+        ": safetensors, 1 weight file(s), 12 tensors, 5,808 parameters, 23232 bytes (22.7 KiB)"
+    )
     assert "tying would save 1,600 parameters, 6400 bytes (6.2 KiB) (27.55% of the checkpoint)" in lines
 
 
@@ -353,8 +355,8 @@ def test_pad_row_named_not_untrained():
     assert r.returncode == 0, r.stderr
     assert "untrained" not in r.stdout
     assert (
-        "note: row 300 of model.embed_tokens.weight is all zero: the pad row (pad_token_id 300), zero by design "
-        "(padding_idx)"
+        "note: row 300 of model.embed_tokens.weight is all zero: the pad row (pad_token_id 300), zero by "
+        "design (padding_idx)"
     ) in r.stdout.splitlines()
     doc = json.loads(_cli("inspect", src, "--json").stdout)
     assert doc["untrained_rows"]["pad_row"] == 300 and doc["untrained_rows"]["zero"]["count"] == 0
@@ -383,9 +385,9 @@ def test_pad_row_beside_untrained_rows(tmp_path):
     r = _cli("inspect", dst)
     assert r.returncode == 0, r.stderr
     assert (
-        "note: rows of model.embed_tokens.weight that look untrained (100 rows): 2 all-zero (ids 5, 7) (row 0 "
-        "of model.embed_tokens.weight is all zero: the pad row (pad_token_id 0), zero by design (padding_idx), "
-        "not counted)"
+        "note: rows of model.embed_tokens.weight that look untrained (100 rows): 2 all-zero (ids 5, 7) "
+        "(row 0 of model.embed_tokens.weight is all zero: the pad row (pad_token_id 0), zero by design "
+        "(padding_idx), not counted)"
     ) in r.stdout.splitlines()
 
 
@@ -416,8 +418,8 @@ def test_flex_inspect_names_the_commands_that_take_it():
     r = _cli("inspect", Path(__file__).resolve().parent / "data" / "flex" / "trainer_2rank" / "checkpoint-2")
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-1] == (
-        "note: merge takes a flex checkpoint into a new folder (PaddleFormers safetensors, which every command "
-        "takes); resize and add-tokens take a Trainer checkpoint-N/ as it is with --keep-training-state (its "
-        "optimizer state resized too); tie, untie, convert and verify refuse it"
+        "note: tietool merge takes a flex checkpoint into a new folder (PaddleFormers safetensors, which "
+        "every command takes); resize and add-tokens take a Trainer checkpoint-N/ as it is with "
+        "--keep-training-state (its optimizer state resized too); tie, untie, convert and verify refuse it"
     )
     assert "every other command refuses" not in r.stdout

@@ -237,7 +237,8 @@ def test_transient_status_and_cause():
 
     def client_error(code: str, status: int) -> BaseException:
         return botocore.ClientError(
-            {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}}, "GetObject"
+            {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+            "GetObject",
         )
 
     assert _mapped(client_error("SlowDown", 503), False).exit_code == ExitCode.UNAVAILABLE

@@ -281,7 +281,8 @@ def untrained_finding(
     """Rows of the embedding that look untrained (:func:`surgery.inspect.chunked.untrained_rows`: all-zero,
     identical to an earlier row, L2 norm far below the rest), with how many lie beyond the tokenizer; an
     all-zero row at config.json's ``pad_token_id`` is the pad row (``padding_idx``: zero by design), named
-    as such and not counted; the finding is None when there are none and no pad row. Taken from ``scan`` when the head comparison read every row into
+    as such and not counted; the finding is None when there are none and no pad row. Taken from ``scan``
+    when the head comparison read every row into
     it, else the embedding is read here in chunks; (None, None) without a stored 2-D embedding."""
     name = det.embedding.name
     if not det.embedding.present or len(det.ckpt.tensors[name].shape) != 2:

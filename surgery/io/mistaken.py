@@ -42,8 +42,8 @@ def no_such_folder(path: Path | str) -> CheckpointError:
         return CheckpointError(
             "no such folder; it looks like a Hugging Face Hub id",
             path,
-            f"did you mean hf://{text}? (a revision: hf://{text}@REVISION; merge, convert and add-tokens take "
-            f"local folders: hf download {text} --local-dir DIR first)",
+            f"did you mean hf://{text}? (a revision: hf://{text}@REVISION; merge, convert and add-tokens "
+            f"take local folders: hf download {text} --local-dir DIR first)",
         )
     return CheckpointError("no such folder", path, "check the checkpoint path")
 

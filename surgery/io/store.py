@@ -560,8 +560,8 @@ def output_error(e: BaseException, path: Any) -> TietoolError:
     :class:`OutputError` (exit 6)."""
     if is_transient(e):
         return StorageError(
-            f"cannot write the object ({first_line(e) if text_of(e) else type(e).__name__}): the network or the "
-            "store failed; the output is incomplete and was not published",
+            f"cannot write the object ({first_line(e) if text_of(e) else type(e).__name__}): the network or "
+            "the store failed; the output is incomplete and was not published",
             str(path),
             "run the command again (if it keeps failing, check the endpoint and the connection)",
         )

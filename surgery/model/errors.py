@@ -27,7 +27,9 @@ class ExitCode(IntEnum):
     UNEXPLAINED = 7  # verify: a difference tie/untie/resize do not make
     NOT_COMPARED = 8  # verify --logits: the logits could not be compared (the tensors alone explain all)
     INTERNAL = 70  # a bug in tietool (EX_SOFTWARE)
-    UNAVAILABLE = 75  # the network or the storage failed (connection, timeout, 5xx, throttling): retry (EX_TEMPFAIL)
+    UNAVAILABLE = (
+        75  # the network or the storage failed (connection, timeout, 5xx, throttling): retry (EX_TEMPFAIL)
+    )
     INTERRUPTED = 128  # + the signal number
 
 
