@@ -992,7 +992,8 @@ MISTAKEN = {
         3,
         "Qwen/Qwen2.5-0.5B: no such folder; it looks like a Hugging Face Hub id — did you mean "
         "hf://Qwen/Qwen2.5-0.5B? (a revision: hf://Qwen/Qwen2.5-0.5B@REVISION; merge, convert and add-tokens "
-        "take local folders: hf download Qwen/Qwen2.5-0.5B --local-dir DIR first)",
+        "take local folders: download it first, e.g. huggingface_hub.snapshot_download('Qwen/Qwen2.5-0.5B', "
+        "local_dir=DIR))",
     ),
     "pytorch_model_bin": (
         _folder({"config.json": _CONFIG, "pytorch_model.bin": b"PK\x03\x04", "training_args.bin": b"x"}),
@@ -1017,6 +1018,11 @@ MISTAKEN = {
         _folder({"lora_config.json": "{}", "lora_model_state.pdparams": b"x"}),
         5,
         "m: " + _ADAPTER.format("lora_config.json, lora_model_state.pdparams"),
+    ),
+    "paddleformers_peft_safetensors": (
+        _folder({"lora_config.json": "{}", "peft_model-00001-of-00001.safetensors": b"x"}),
+        5,
+        "m: " + _ADAPTER.format("lora_config.json, peft_model-00001-of-00001.safetensors"),
     ),
     "flex_without_metadata": (
         _folder({"model_state/0_0.distcp": b"x", "model_state/1_0.distcp": b"x", "training_args.bin": b"x"}),

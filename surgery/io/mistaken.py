@@ -43,7 +43,8 @@ def no_such_folder(path: Path | str) -> CheckpointError:
             "no such folder; it looks like a Hugging Face Hub id",
             path,
             f"did you mean hf://{text}? (a revision: hf://{text}@REVISION; merge, convert and add-tokens "
-            f"take local folders: hf download {text} --local-dir DIR first)",
+            f"take local folders: download it first, e.g. huggingface_hub.snapshot_download('{text}', "
+            "local_dir=DIR))",
         )
     return CheckpointError("no such folder", path, "check the checkpoint path")
 
