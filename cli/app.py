@@ -35,6 +35,7 @@ from .options import (
     InitOpt,
     JsonOpt,
     KeepOpt,
+    KeepPaddleLayoutOpt,
     KeepTrainingStateOpt,
     LayoutOpt,
     LinkOpt,
@@ -347,6 +348,7 @@ def merge(
     ckpt: LocalCkptArg = ".",
     out: MergeOutOpt = ...,  # type: ignore[assignment]
     max_shard_size: MergeShardOpt = "10GB",
+    keep_paddle_layout: KeepPaddleLayoutOpt = False,
     dry_run: DryOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
@@ -362,6 +364,7 @@ def merge(
         out,
         max_shard_size=max_shard_size,
         dry_run=dry_run,
+        keep_paddle_layout=keep_paddle_layout,
         progress=render.progress_bar(quiet or json_out),
     )
     render.merge(rep, json_out)

@@ -234,6 +234,17 @@ MergeShardOpt = Annotated[
     ),
 ]
 
+KeepPaddleLayoutOpt = Annotated[
+    bool,
+    typer.Option(
+        "--keep-paddle-layout",
+        help="flex checkpoint: write the tensors in the Paddle layout the training run held (Linear "
+        "[in, out], fused projections), unconverted; it then loads only with from_pretrained(out, "
+        'load_checkpoint_format="legacy", convert_from_hf=False). Without it, a model type tietool cannot '
+        "convert is refused",
+    ),
+]
+
 # ---------------------------------------------------------------- verify
 LogitsOpt = Annotated[
     bool,

@@ -296,6 +296,8 @@ def _tokenizer_line(info: dict) -> str | None:
     )
     n = len(t["disagreements"])
     verdict = "they agree" if t["agree"] else f"{n} disagreement{'s' if n > 1 else ''} (problems below)"
+    if t.get("gaps") and not n:
+        verdict = f"a gap of {len(t['gaps'])} id(s) no file names, which loaders renumber (problems below)"
     added = f", {len(t['added'])} added" if t["added"] else ""
     return f"tokenizer files: {files}; len(tokenizer) {t['length']}{added}: {verdict}"
 
@@ -501,7 +503,10 @@ def _added_tokens(con: Console, a: dict, dry_run: bool) -> None:
     for col in ("token", "id", "special", "init", "from ids"):
         table.add_column(col)
     for t in a["tokens"]:
-        if t["existed"]:
+        if t["existed"] and t.get("rows_reset"):
+            init = f"{t['init']} (its rows were all zero)"
+            table.add_row(repr(t["content"]), str(t["id"]), str(t["special"]), init, "")
+        elif t["existed"]:
             table.add_row(repr(t["content"]), str(t["id"]), str(t["special"]), "(already a token)", "")
         else:
             ids = ", ".join(map(str, t["source_ids"] or []))
@@ -710,7 +715,15 @@ def merge(rep: dict, as_json: bool = False) -> None:
             f"merged {len(rep['rank_files'])} rank files ({ranks}) into {rep['output']}: "
             f"{len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
         )
+    _merge_messages(rep)
     _stale_notes(rep)
+
+
+def _merge_messages(rep: dict) -> None:
+    """Every note and warning of a merge report, its conversion's too (``converted``): a warning that
+    matters is said on the terminal, not only in tietool-report.json."""
+    conv = rep.get("converted") or {}
+    _messages(_console(), conv.get("notes", []), [*rep.get("warnings", []), *conv.get("warnings", [])])
 
 
 @_after_write

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import report as report_mod
+from .inspect.convention import LEGACY_LOAD
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
 from .io import flex, flex_cover, mistaken, store, surface
@@ -828,13 +829,14 @@ def _indexed(ckpt: Checkpoint) -> Checkpoint:
     return ckpt
 
 
-MERGE_LAYOUT_FIX = (
-    "export the model from the training run instead (PaddleFormers' save_pretrained, or the Trainer's "
-    "save_hf_steps, writes the HF-format safetensors), or read the checkpoint with Paddle's "
-    "paddle.distributed.load_state_dict"
-)
-"""merge's fix where a flex checkpoint's layout is not proven: merge has no option that skips the conversion
-(convert's target option is not one of merge's), so the fix is outside tietool."""
+def merge_layout_fix() -> str:
+    """merge's fix where a flex checkpoint's layout cannot be converted: write the layout as it is (the
+    option that asks for it, with the load it then needs), or export the HF layout from the training run."""
+    return (
+        f"merge with {Opt('keep_paddle_layout', True)} to write the Paddle layout as the run held it (then "
+        f"load it with {LEGACY_LOAD}), or export the model from the training run "
+        "(PaddleFormers' save_pretrained, or the Trainer's save_hf_steps, writes the HF-format safetensors)"
+    )
 
 
 def merge(
@@ -843,6 +845,7 @@ def merge(
     *,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
     dry_run: bool = False,
+    keep_paddle_layout: bool = False,
     progress: ProgressFactory | None = None,
 ) -> Report:
     """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``, each
@@ -859,18 +862,26 @@ def merge(
         max_shard_size: bytes or a size (``"10GB"``, PaddleFormers' default).
         dry_run: check and plan everything (rank files read, shapes checked), write nothing; the report
             names the files a run would write.
+        keep_paddle_layout: a flex checkpoint only: write its tensors in the Paddle layout the training run
+            held (Linear weights ``[in, out]``, fused projections), unconverted, with config
+            ``"source": "paddle"``; the report's warning names the load it needs (PaddleFormers'
+            ``from_pretrained(out, load_checkpoint_format="legacy", convert_from_hf=False)``). Without it,
+            a model type tietool cannot convert is refused.
         progress: given the bytes the output will hold, a context manager yielding ``advance(file, bytes)``
             or None (the operations' progress factory).
 
     Returns:
         the report (also ``out/tietool-report.json``); ``parameters_before`` counts every rank's tensors
-        (:func:`surgery.report.merge_totals`).
+        (:func:`surgery.report.merge_totals`); ``warnings`` (printed by the CLI).
 
     Raises:
-        UsageError: no rank files, whole weights beside them, a bad ``out`` or ``max_shard_size``.
+        UsageError: no rank files, whole weights beside them, a bad ``out`` or ``max_shard_size``;
+            ``keep_paddle_layout`` for rank files (not a flex checkpoint).
         CheckpointError: a rank file missing (named), damaged, or config.json lacking a size.
-        RefusedError: an unknown family or tensor, a replicated tensor that differs between ranks, a
-            shape that does not fit config.json. Nothing is written when any is raised.
+        RefusedError: a flex checkpoint of a model type tietool cannot convert (without
+            ``keep_paddle_layout``; named with its layout), an unknown family or tensor, a replicated
+            tensor that differs between ranks, a shape that does not fit config.json. Nothing is written
+            when any is raised.
         OutputError: the output cannot be written.
     """
     store.local_only("merge", path, out)
@@ -885,7 +896,13 @@ def merge(
         return report_mod.merge_report(plan, where, facts)
 
     if flex.find(Path(str(path))) is not None:
-        return _merge_flex(path, out, limit, dry_run, progress)
+        return _merge_flex(path, out, limit, dry_run, progress, keep_paddle_layout)
+    if keep_paddle_layout:
+        raise UsageError(
+            f"{Opt('keep_paddle_layout', True)} applies to a flex checkpoint (a Trainer checkpoint-N/ with "
+            "model_state/*.distcp); rank files are merged in their own container and layout",
+            fix=f"merge without {Opt('keep_paddle_layout', True)}",
+        )
     merged = Planner(
         open=_rank_folder,
         plan=lambda src: (limit(), plan_rank_merge(src))[1],
@@ -903,7 +920,12 @@ def _merge_totals(plan: merge_plan.MergePlan) -> dict:
 
 
 def _merge_flex(
-    path: PathArg, out: PathArg, limit: Callable[[], int], dry_run: bool, progress: ProgressFactory | None
+    path: PathArg,
+    out: PathArg,
+    limit: Callable[[], int],
+    dry_run: bool,
+    progress: ProgressFactory | None,
+    keep: bool = False,
 ) -> Report:
     """:func:`merge` of a flex checkpoint. The tensors are the model's in-memory state dict (Paddle layout:
     Linear weights ``[in, out]``), which a plain PaddleFormers ``from_pretrained`` of safetensors loads
@@ -912,15 +934,16 @@ def _merge_flex(
     :class:`~surgery.plan.merge_flex.FlexView`, never written) is converted to the PaddleFormers layout as
     :func:`convert` converts (names, transposes and the head proven there, from the shapes), in the same
     pass; the report is merge's, with the conversion's facts under ``converted``. Another model type is
-    written as saved, said in a warning."""
-    if not merge_flex.convertible(Path(str(path))):
-        return run(_flex_planner(limit), path, out, dry_run=dry_run, progress=progress)
+    refused (:func:`~surgery.plan.merge_flex.refuse_unconverted`); with ``keep`` (the user asks for the
+    Paddle layout) every model type is written as saved, the load it needs said in a warning."""
+    if keep or not merge_flex.convertible(Path(str(path))):
+        return run(_flex_planner(limit, keep), path, out, dry_run=dry_run, progress=progress)
 
     def plan(src: Path) -> tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]:
         limit()
         fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
         cp = convert_plan.check_dtypes(
-            convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS, MERGE_LAYOUT_FIX)
+            convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS, merge_layout_fix())
         )
         return fp, cp
 
@@ -949,8 +972,16 @@ def _merge_flex(
     return run(planner, path, out, dry_run=dry_run, progress=progress)
 
 
-def _flex_planner(limit: Callable[[], int]) -> Planner:
-    """:func:`merge` of a flex checkpoint (:mod:`surgery.plan.merge_flex`)."""
+def _flex_planner(limit: Callable[[], int], keep: bool) -> Planner:
+    """:func:`merge` of a flex checkpoint (:mod:`surgery.plan.merge_flex`) written as saved: with ``keep``
+    (asked for), else refused (a model type tietool cannot convert)."""
+
+    def plan(src: Path) -> merge_flex.FlexPlan:
+        limit()
+        fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
+        if not keep:
+            merge_flex.refuse_unconverted(fp, merge_layout_fix())
+        return merge_flex.keep_layout(fp)
 
     def report(plan: merge_flex.FlexPlan, where: str, facts: dict | None, dry_run: bool = True) -> dict:
         if facts is None:  # a dry run: the files a run would write
@@ -966,7 +997,7 @@ def _flex_planner(limit: Callable[[], int]) -> Planner:
 
     return Planner(
         open=_rank_folder,
-        plan=lambda src: (limit(), merge_flex.tie_checked(merge_flex.plan_flex(src)))[1],
+        plan=plan,
         report=report,
         write=lambda p: merge_flex.new_checkpoint(p, limit()),
         totals=totals,

@@ -498,6 +498,25 @@ def _entry_tokens(rep: dict) -> tuple[dict[int, str], dict[int, str]]:
     return added, removed
 
 
+def _reset_tokens(path: Path) -> dict[int, str]:
+    """``{id: content}`` of the existing tokens whose all-zero rows the output's own ``add-tokens`` run reset
+    (``add_tokens.tokens`` entries with ``"rows_reset": true``); ``{}`` without a readable report."""
+    try:
+        rep = load_json(path / REPORT_NAME, REPORT_NAME) if (path / REPORT_NAME).is_file() else None
+    except (CheckpointError, OSError):
+        rep = None
+    sec = rep.get("add_tokens") if isinstance(rep, dict) else None
+    tokens = sec.get("tokens") if isinstance(sec, dict) else None
+    return {
+        t["id"]: t["content"]
+        for t in (tokens if isinstance(tokens, list) else [])
+        if isinstance(t, dict)
+        and t.get("rows_reset") is True
+        and isinstance(t.get("id"), int)
+        and isinstance(t.get("content"), str)
+    }
+
+
 @dataclass(frozen=True)
 class _Tokenizers:
     """What verify reads of both folders' tokenizers: the file sets, the vocabularies (``{id: token}``)
@@ -507,6 +526,7 @@ class _Tokenizers:
     vocab: tuple[dict[int, str], dict[int, str]]
     added: dict[int, str]
     removed: dict[int, str]
+    reset: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def read(cls, da: Detection, db: Detection) -> _Tokenizers:
@@ -514,13 +534,15 @@ class _Tokenizers:
         A, B = da.ckpt, db.ckpt
         added, removed = _report_tokens(B.path)
         sets = (da.tokenizer.files, db.tokenizer.files)
-        return cls(sets, (vocabulary(A.path), vocabulary(B.path)), added, removed)
+        return cls(sets, (vocabulary(A.path), vocabulary(B.path)), added, removed, _reset_tokens(B.path))
 
     def new_rows(self) -> frozenset[int]:
         """Ids the report added that the input's tokenizer does not have and the output's has with that
-        content: the rows add-tokens may set."""
+        content, and ids of existing tokens whose all-zero rows add-tokens reset (``rows_reset``, the same
+        content in both): the rows add-tokens may set."""
         va, vb = self.vocab
-        return frozenset(i for i, c in self.added.items() if i not in va and vb.get(i) == c)
+        new = {i for i, c in self.added.items() if i not in va and vb.get(i) == c}
+        return frozenset(new | {i for i, c in self.reset.items() if va.get(i) == c == vb.get(i)})
 
 
 def _tokenizer_names(A: Checkpoint, B: Checkpoint, sets: tuple[TokenizerSet, TokenizerSet]) -> set[str]:
@@ -586,7 +608,10 @@ def _file_changes(A: Checkpoint, B: Checkpoint, names: set[str], explained: bool
     for rel in sorted(names):
         pa, pb = A.path / rel, B.path / rel
         if not pa.exists() or not pb.exists():
-            out.append(f"{rel} is only in {'the input' if pa.exists() else 'the output'}")
+            # added_tokens.json is created by add-tokens where added tokens live outside the model file
+            # (tokenizer_edit: PaddleNLP 2.8.1 reads them only there); its tokens are compared above
+            if not (rel == "added_tokens.json" and pb.exists() and explained and not trim):
+                out.append(f"{rel} is only in {'the input' if pa.exists() else 'the output'}")
             continue
         if _same_bytes(pa, pb):
             continue

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 from support import casecheck
-from support.paths import CASES_DIR
+from support.paths import BUG_CASES_DIR, CASES_DIR
 from support.resize_support import run_cli
 
 from tietool.surgery import ops
@@ -469,20 +469,28 @@ def test_real_tokenizer_dry_run_then_in_place(tmp_path):
 
 def test_a_base_token_marked_special_is_warned(tmp_path):
     """--special on a word of the base vocabulary marks it special (as HF add_special_tokens does), and the
-    report warns that text containing it tokenizes differently from then on; an added token of the input
-    marked special, or a base token left as it is, gives no warning."""
+    report warns that text containing it tokenizes differently from then on; a plain added token of the
+    input marked special is warned as a changed special flag (decoders with skip_special_tokens drop it
+    from then on: vllm-project/vllm#25281); a base token left as it is gives no warning."""
     pytest.importorskip("tokenizers")
     import shutil
 
     ck = tmp_path / "ckpt"
     shutil.copytree(SAMPLE, ck)
     rep = ops.add_tokens(ck, ["vocab", "<think>"], special=True, dry_run=True)
+    flag = (
+        "'<think>' (id 303) was not special and is now marked special (its special flag changed): "
+        "decode(skip_special_tokens=True) drops it from now on, so parsers that read it from decoded text "
+        "(tool-call parsers of serving engines) no longer see it; leave it out of a special batch to keep it "
+        "plain"
+    )
     assert rep["warnings"] == [
+        flag,
         "marked special, though part of the base vocabulary: 'vocab' (id 293); text that contains them is "
-        "split around them from now on (ordinary words may tokenize differently)"
+        "split around them from now on (ordinary words may tokenize differently)",
     ]
     assert not ops.add_tokens(ck, ["vocab"], dry_run=True)["warnings"]
-    assert not ops.add_tokens(ck, ["<think>"], special=True, dry_run=True)["warnings"]
+    assert ops.add_tokens(ck, ["<think>"], special=True, dry_run=True)["warnings"] == [flag]
 
 
 def test_tokenizer_files_that_disagree_are_refused(tmp_path):
@@ -592,3 +600,48 @@ def test_verify_across_a_chain_of_in_place_add_tokens_runs(tmp_path):
     run = run_cli(["verify", str(orig), str(ck)])
     assert run.rc != 7 or "'<aa_tok>'" not in run.stdout, run.stdout  # was: exit 7 naming '<aa_tok>'
     assert run.rc == 0, run.stdout
+
+
+def test_existing_tokens_with_all_zero_rows_are_named(tmp_path):
+    """e04 (axolotl#1666): Llama-3 base's chat tokens exist with all-zero rows. add-tokens of them warns on
+    the terminal naming exactly the asked tokens whose embedding rows are all zero (the oracle: the rows read
+    with numpy by the case checker), not the asked token with a trained row."""
+    import shutil
+
+    ck = shutil.copytree(BUG_CASES_DIR / "e04_llama3_base_untrained_chat_tokens" / "ckpt", tmp_path / "ck")
+    emb = casecheck.read_checkpoint(ck)
+    table = emb.decode(emb.tensors["model.embed_tokens.weight"])
+    asked = {"<|begin_of_text|>": 262, "<|start_header_id|>": 266, "<|eot_id|>": 269}
+    zero = [s for s, i in asked.items() if not table[i].any()]
+    assert zero == ["<|start_header_id|>", "<|eot_id|>"]
+    rep = ops.add_tokens(ck, list(asked), special=True, dry_run=True)
+    (warning,) = [w for w in rep["warnings"] if "all zero" in w]
+    assert all(f"{s!r} (id {asked[s]})" in warning for s in zero) and "<|begin_of_text|>" not in warning
+
+
+def test_existing_tokens_with_all_zero_rows_get_rows(tmp_path):
+    """e04: the existing chat tokens with all-zero rows in the embedding and the head get rows by the init,
+    as new tokens do (``copy:<|begin_of_text|>``: exactly row 262, the oracle); every other row, the
+    all-zero reserved row 268 between them included, stays bit-identical; the report marks them
+    ``rows_reset``; verify explains the output (exit 0)."""
+    import shutil
+
+    from tietool.surgery.verify import verify
+
+    ck = shutil.copytree(BUG_CASES_DIR / "e04_llama3_base_untrained_chat_tokens" / "ckpt", tmp_path / "ck")
+    out = tmp_path / "out"
+    asked = ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+    rep = ops.add_tokens(ck, asked, out=out, special=True, init="copy:<|begin_of_text|>")
+    assert [(t["id"], t["rows_reset"], t["init"]) for t in rep["add_tokens"]["tokens"]] == [
+        (266, True, "copy"),
+        (267, True, "copy"),
+        (269, True, "copy"),
+    ]
+    a, b = casecheck.read_checkpoint(ck), casecheck.read_checkpoint(out)
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        x, y = a.tensors[name].byte_view(), b.tensors[name].byte_view()
+        assert all((y[i] == x[262]).all() for i in (266, 267, 269))
+        kept = [i for i in range(x.shape[0]) if i not in (266, 267, 269)]
+        assert y[kept].tobytes() == x[kept].tobytes() and not y[268].any()
+    res = verify(ck, out)
+    assert res.unexplained == [], res.unexplained

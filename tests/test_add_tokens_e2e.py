@@ -13,6 +13,7 @@ an oracle computed here:
   ``len(tokenizer) <= rows``; config ``vocab_size`` = rows;
 * (slow) HF transformers 5.x and PaddleFormers 1.2 ``AutoTokenizer.from_pretrained(out)`` encode every new
   string to exactly its new id, the shipped corpus tokenizes as before, ``len`` = the old length + new tokens;
+  (slow, pnlp) so do PaddleNLP 2.8.1's own tokenizers on every output whose input they read (one process);
 * (slow) the output loads in PaddleFormers ``from_pretrained`` and its logits on the old ids equal the
   input's (both computed in this run).
 
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import casecheck
+from support import casecheck, pnlp_support
 from support import family_builder as fb
 from support import fixture_support as fs
 from support import resize_support as rs
@@ -475,3 +476,44 @@ def test_both_files_agree(results, key):
         kind = proto.pieces[i].type
         want = pb.ModelProto.SentencePiece.CONTROL if special else pb.ModelProto.SentencePiece.USER_DEFINED
         assert kind == want, f"{s!r}: piece type {kind}, expected {want}"
+
+
+@pytest.fixture(scope="session")
+def pnlp_results(results, tmp_path_factory) -> dict[str, dict]:
+    """PaddleNLP 2.8.1's AutoTokenizer on every output and input (one process of its venv, the ``encode``
+    job of :mod:`support.pnlp_worker`): ``{key: {"in": result, "out": result}}``."""
+    pnlp_support.require()
+    jobs, keys = [], []
+    for k, r in results.items():
+        if r.run.rc != 0:
+            continue
+        texts = [*r.case.tokens, *(f"and {s} then" for s in r.case.tokens)]
+        for which, folder in (("out", r.run.out), ("in", r.run.inp)):
+            jobs.append({"op": "encode", "dir": str(folder), "texts": texts})
+            keys.append((k, which))
+    got = pnlp_support.run_jobs(jobs, tmp_path_factory.mktemp("pnlp-tok"))
+    out: dict[str, dict] = {}
+    for (k, which), g in zip(keys, got, strict=True):
+        out.setdefault(k, {})[which] = g
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.pnlp
+def test_paddlenlp_encodes_new_ids(results, pnlp_results):
+    """PaddleNLP 2.8.1's own tokenizers on every add-tokens output whose input they load with the input's
+    length (its readers: the WordPiece variant's BertTokenizer; the others name classes PaddleNLP 2.8.1 does
+    not have, facts of surgery/io/tokenizer_loaders.py): each new string is exactly its id, alone, and
+    inside a sentence; ``len`` = the old length + the new tokens."""
+    readers = []
+    for key, res in pnlp_results.items():
+        r, inp, out = results[key], res["in"], res["out"]
+        if not (inp["ok"] and inp["len"] == r.entry["tokens"]):
+            continue
+        readers.append(key)
+        assert out["ok"], f"PaddleNLP cannot load the output of {key}: {out.get('error')}"
+        ids, n = expected_ids(r), len(r.case.tokens)
+        assert out["ids"][:n] == [[ids[s]] for s in r.case.tokens], (key, out["ids"][:n])
+        assert all(ids[s] in enc for s, enc in zip(r.case.tokens, out["ids"][n:], strict=True)), key
+        assert out["len"] == inp["len"] + len(_new_ids(r))
+    assert "wordpiece" in readers, readers

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -726,20 +727,28 @@ def test_paddleformers_hf_layout_to_pdparams_is_refused(tmp_path):
         ("pf_llama_untied_legacy_pdparams", "safetensors", "np"),  # Paddle layout, as save_to_hf=False
         ("pf_llama_untied_fp32", "safetensors", "pt"),  # HF layout
         ("pnlp_llama_untied", "paddleformers", "pt"),
-        # layout not proven (no conversion data for gemma3_text) and no metadata in the input: none, as
+        # no metadata in the input, its layout proven [out, in] by gemma3_text's row: pt
+        ("pf_gemma3_text", "safetensors", "pt"),
+        # the same files under a model type without conversion data (qwen3_vl): layout not proven, so none, as
         # stored (it was labelled np, the Paddle layout, which HF transformers refuses to load)
-        ("pf_gemma3_text", "safetensors", None),
+        ("pf_gemma3_text:qwen3_vl", "safetensors", None),
     ],
 )
 def test_safetensors_metadata_is_the_targets(name, to, fmt, tmp_path):
-    run = _ok(_run(paths.CASES_DIR / name, tmp_path / "w", to))
+    name, _, model_type = name.partition(":")
+    src = paths.CASES_DIR / name
+    if model_type:  # a copy whose config names another model type
+        src = Path(shutil.copytree(src, tmp_path / "src"))
+        cfg = json.loads((src / "config.json").read_text())
+        (src / "config.json").write_text(json.dumps({**cfg, "model_type": model_type}))
+    run = _ok(_run(src, tmp_path / "w", to))
     from safetensors import safe_open
 
     for f in run.out.glob("*.safetensors"):
         with safe_open(str(f), "np") as fh:
             assert (fh.metadata() or None) == ({"format": fmt} if fmt else None), f
     if fmt is None:  # nothing but the container changed: verify finds the files' metadata equal too
-        assert fs.run_tool(["verify", str(paths.CASES_DIR / name), str(run.out)]).returncode == 0
+        assert fs.run_tool(["verify", str(src), str(run.out)]).returncode == 0
 
 
 @pytest.mark.parametrize(

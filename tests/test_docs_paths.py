@@ -1,6 +1,7 @@
 """The documents name files that exist: every ``surgery/…``, ``cli/…``, ``tests/…`` and ``bench/…`` path in
-the READMEs, in ``surgery/__init__.py`` and in the bench scripts' docstrings is a file or folder of the
-repository, and every "``NAME`` in ``path.py``" names something ``path.py`` defines at its top level.
+the READMEs, the docs site (``docs/**/*.md``, ``mkdocs.yml``), in ``surgery/__init__.py`` and in the bench
+scripts' docstrings is a file or folder of the repository, and every "``NAME`` in ``path.py``" names
+something ``path.py`` defines at its top level.
 
 Issue 19 moved most modules into layers (``surgery/plan.py`` → ``surgery/plan/``, ``write.py`` →
 ``write/writer.py`` + ``write/copy.py``, ...); a document that still names the old file sends a reader to a
@@ -25,6 +26,8 @@ DOCS = [
     "tests/data/cases/README.md",
     "tests/data/tp_ranks/README.md",
     "surgery/__init__.py",
+    "mkdocs.yml",
+    *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").rglob("*.md")),
     *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "bench").glob("*.py")),
 ]
 PATH = re.compile(r"(?<![\w./:-])((?:surgery|cli|tests|bench)/[\w./*-]*[\w*])")

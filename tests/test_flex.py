@@ -204,7 +204,9 @@ def test_other_commands_say_merge_first(command: str, tmp_path: Path) -> None:
 def test_merge_equals_load_state_dict_bit_for_bit(name: str, tmp_path: Path) -> None:
     src = fx.copy_folder(name, tmp_path / name)
     out = tmp_path / "merged"
-    run = av.run_cli(["merge", src, "--out", out, "--json"])
+    run = av.run_cli(["merge", src, "--out", out, "--json"])  # no model type: refused, named
+    av.assert_refused(run, 5, ["without a model_type", "--keep-paddle-layout"], out=out)
+    run = av.run_cli(["merge", src, "--out", out, "--json", "--keep-paddle-layout"])
     assert run.rc == 0, run.describe()
     rep = json.loads(run.stdout)
     assert rep["kind"] == "flex" and rep["warnings"] and not rep["to_paddleformers_layout"]
@@ -223,7 +225,7 @@ def test_merge_equals_load_state_dict_bit_for_bit(name: str, tmp_path: Path) -> 
 def test_merge_dry_run_writes_nothing(tmp_path: Path) -> None:
     src = fx.copy_folder("flat2", tmp_path / "flat2")
     out = tmp_path / "merged"
-    run = av.run_cli(["merge", src, "--out", out, "--dry-run", "--json"])
+    run = av.run_cli(["merge", src, "--out", out, "--dry-run", "--json", "--keep-paddle-layout"])
     assert run.rc == 0, run.describe()
     rep = json.loads(run.stdout)
     assert rep["dry_run"] and [t["name"] for t in rep["tensors"]] == list(fx.read(src))
@@ -243,7 +245,7 @@ def test_our_metadata_writer_matches_paddle(tmp_path: Path) -> None:
     """The rewritten .metadata (unchanged tensors) reads back the same and merges to the same bytes."""
     src = _edited(tmp_path, lambda ts: ts)
     assert fx.read(src) == fx.read(fx.DATA / "ranks2")
-    run = av.run_cli(["merge", src, "--out", tmp_path / "m"])
+    run = av.run_cli(["merge", src, "--out", tmp_path / "m", "--keep-paddle-layout"])
     assert run.rc == 0, run.describe()
 
 
@@ -279,7 +281,9 @@ def test_replica_equal_accepted_different_refused(tmp_path: Path) -> None:
         t = ts["rep.fp32"]
         return {**ts, "rep.fp32": replace(t, slices=(*t.slices, replace(t.slices[0], replica=1)))}
 
-    run = av.run_cli(["merge", _edited(tmp_path / "a", same), "--out", tmp_path / "a" / "m"])
+    run = av.run_cli(
+        ["merge", _edited(tmp_path / "a", same), "--out", tmp_path / "a" / "m", "--keep-paddle-layout"]
+    )
     assert run.rc == 0, run.describe()
 
     def other(ts):  # rows.fp32's rank-0 slice also "held" by 1_0.distcp (whose rows are 3:6): differs
@@ -764,7 +768,7 @@ def test_flexdata_hostile_folders(case: str, tmp_path: Path) -> None:
     (src / "config.json").write_text("{}")
     before = av.tree_state(src)
     out = tmp_path / "m"
-    run = av.run_cli(["merge", src, "--out", out], cwd=tmp_path)
+    run = av.run_cli(["merge", src, "--out", out, "--keep-paddle-layout"], cwd=tmp_path)
     if case in HOSTILE_OK:
         assert run.rc == 0, run.describe()
     else:

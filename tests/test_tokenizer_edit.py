@@ -100,7 +100,8 @@ def test_add_then_remove_gives_every_original_byte(name, tmp_path):
     assert [t.content for t in edit.removed] == [*PLAIN, SPECIAL[0]]
     assert edit.length_after == LENGTH[name]
     _write(folder, edit)
-    assert _snapshot(folder) == _snapshot(DATA / name)
+    created = {"added_tokens.json": b"{}\n"} if name == "wordpiece" else {}  # the file PaddleNLP 2.8.1 reads
+    assert _snapshot(folder) == {**_snapshot(DATA / name), **created}
 
 
 def test_added_existing_token_marked_special(tmp_path):
@@ -216,11 +217,31 @@ def test_gpt2_added_tokens_json_not_merges(tmp_path):
     }
 
 
-def test_wordpiece_lines_appended(tmp_path):
+def test_wordpiece_added_tokens_json_not_vocab_lines(tmp_path):
+    """vocab.txt is kept; the tokens go to added_tokens.json (in id order) and added_tokens_decoder, as the
+    slow tokenizers' save_pretrained writes them: PaddleNLP 2.8.1 reads only added_tokens.json, and refuses
+    an id there that vocab.txt already counts ("Non-consecutive added token")."""
     folder = _copy("wordpiece", tmp_path)
     edit = add_tokens_edit(folder, PLAIN)
-    lines = edit.files["vocab.txt"].decode().splitlines()
-    assert lines[:234] == (folder / "vocab.txt").read_text().splitlines() and lines[234:] == PLAIN
+    assert sorted(edit.files) == ["added_tokens.json", "tokenizer_config.json"]
+    added = json.loads(edit.files["added_tokens.json"])
+    assert list(added.items()) == [(s, 234 + i) for i, s in enumerate(PLAIN)]
+    decoder = json.loads(edit.files["tokenizer_config.json"])["added_tokens_decoder"]
+    assert [decoder[str(234 + i)]["content"] for i in range(len(PLAIN))] == PLAIN
+
+
+def test_wordpiece_lower_cases_a_plain_token_and_says_so(tmp_path):
+    """The WordPiece tokenizer lower-cases text (do_lower_case): 'COVID' is stored as 'covid' (what
+    PaddleNLP 2.8.1's own add_tokens stores), said in the edit's warnings; 'Café' (accents stripped too, by
+    transformers' normalizer only) is refused naming the lower-casing; special tokens keep their case."""
+    folder = _copy("wordpiece", tmp_path)
+    edit = add_tokens_edit(folder, ["COVID"])
+    assert [(t.content, t.id) for t in edit.added] == [("covid", 234)]
+    assert json.loads(edit.files["added_tokens.json"]) == {"covid": 234}
+    assert "'COVID' is added as 'covid'" in edit.warnings[0] and "lower-cases" in edit.warnings[0]
+    with pytest.raises(RefusedError, match="lower-cases text"):
+        add_tokens_edit(folder, ["Café"])
+    assert [t.content for t in add_tokens_edit(folder, ["<TOOL>"], special=True).added] == ["<TOOL>"]
 
 
 def test_tiktoken_refused_nothing_written(tmp_path):
@@ -316,7 +337,12 @@ def test_files_giving_an_id_two_strings_refused(tmp_path):
 def test_qwen2_folder_with_vocab_json_keeps_it(tmp_path):
     folder = _copy("bytelevel_bpe_full", tmp_path)
     edit = add_tokens_edit(folder, PLAIN)
-    assert sorted(edit.files) == ["tokenizer.json", "tokenizer_config.json"]  # vocab.json, merges.txt kept
+    # vocab.json, merges.txt kept; added_tokens.json (created) lists the added tokens for slow tokenizers
+    assert sorted(edit.files) == ["added_tokens.json", "tokenizer.json", "tokenizer_config.json"]
+    listed = json.loads(edit.files["added_tokens.json"])
+    tok = tokenizers.Tokenizer.from_str(edit.files["tokenizer.json"].decode())
+    assert listed == {t["content"]: t["id"] for t in json.loads(tok.to_str())["added_tokens"]}
+    assert list(listed.values()) == sorted(listed.values()) and min(listed.values()) == 300
 
 
 def test_gap_refused(tmp_path):

@@ -333,3 +333,52 @@ def test_untrained_rows_come_from_the_head_comparison(tmp_path, monkeypatch, lay
     assert info["tie"]["values"] == "different"
     assert info["untrained_rows"] == want
     assert want["zero"]["first"] == [5, 306] and want["duplicate"]["first"] == [{"id": 200, "same_as": 100}]
+
+
+CASES = Path(__file__).parent / "data" / "cases"
+
+
+def test_an_id_gap_is_reported_as_loaders_renumber_it():
+    """e07 (transformers#48446): added tokens 262, 263, 264, 266, nothing names 265. The set records the gap,
+    inspect calls it a problem (the files do not 'agree'), and the id it says loaders give '<tool_call>' is
+    the one the tokenizers library gives it (the oracle: 265, not 266)."""
+    import tokenizers
+
+    folder = CASES / "e07_added_token_id_gap" / "ckpt"
+    assert tk.tokenizer_set(folder).gaps == (265,)
+    info = inspect_path(folder)
+    assert info["vocab"]["tokenizer"]["gaps"] == [265] and not info["vocab"]["tokenizer"]["agree"]
+    gap = next(p for p in info["problems"] if "named by no tokenizer file" in p)
+    loaded = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")).token_to_id("<tool_call>")
+    assert f"'<tool_call>' 266 → {loaded}" in gap and loaded == 265
+
+
+def test_no_gap_in_contiguous_tokenizers():
+    """Every trained tokenizer (contiguous ids, as the libraries wrote them) has no gap."""
+    assert all(tk.tokenizer_set(TOK / name).gaps == () for name in LOADABLE)
+
+
+def test_tiktoken_rank_files_under_model_names(tmp_path):
+    """GLM-4's tokenizer.model (e05) and Kimi's tiktoken.model are tiktoken rank files: read as tiktoken with
+    their rank count (the file's lines, each a distinct rank), listed as unsupported, never a SentencePiece
+    model that 'could not be read'; a real SentencePiece model is not taken for one; add-tokens refuses both
+    names naming tiktoken."""
+    from tietool.surgery.io.tokenizer_edit import add_tokens_edit
+    from tietool.surgery.model.errors import RefusedError
+
+    e05 = CASES / "e05_glm4_tiktoken_tokenizer_model" / "ckpt"
+    ranks = len((e05 / "tokenizer.model").read_text().split())  # 'base64 rank' lines
+    f = next(f for f in tk.tokenizer_set(e05).files if f.name == "tokenizer.model")
+    assert (f.format, f.length, f.note) == (TokenizerFormat.TIKTOKEN, ranks // 2, "")
+    assert "tokenizer.model" in tk.tokenizer_set(e05).unsupported
+    kimi = tmp_path / "kimi"
+    kimi.mkdir()
+    shutil.copy(TOK / "tiktoken" / "qwen.tiktoken", kimi / "tiktoken.model")
+    lines = (kimi / "tiktoken.model").read_text().splitlines()
+    f = next(f for f in tk.tokenizer_set(kimi).files if f.name == "tiktoken.model")
+    assert (f.format, f.length) == (TokenizerFormat.TIKTOKEN, len(lines))
+    assert not tk.is_tiktoken((TOK / "sp_bpe" / "tokenizer.model").read_bytes())
+    for folder in (e05, kimi):
+        copy = shutil.copytree(folder, tmp_path / f"edit-{folder.name}")
+        with pytest.raises(RefusedError, match="is a tiktoken rank file"):
+            add_tokens_edit(copy, ["<x>"])

@@ -4,7 +4,8 @@
 * :mod:`~surgery.arch.families` — ``FAMILIES`` (names per :class:`~surgery.model.enums.TensorRole` and the
   loader facts), ``FALLBACK``, extra and token-indexed tables, PaddleNLP prefixes, ``PROOFS``;
 * :mod:`~surgery.arch.parallel` — ``TENSOR_PARALLEL`` (``merge``);
-* :mod:`~surgery.arch.conversions` — ``CONVERSIONS``, ``PADDLEFORMERS_LACKS``, ``CONFIG_KEYS`` (``convert``);
+* :mod:`~surgery.arch.conversions` — ``CONVERSIONS``, ``PADDLEFORMERS_LACKS``, ``CONFIG_KEYS`` (``convert``),
+  ``FLEX_MERGE_PROOFS`` (``merge`` of Trainer flex checkpoints);
 * :mod:`~surgery.arch.config_keys` — every config key name tietool reads to size a model.
 
 :func:`lookup` resolves a family row for one model type, loader and container; :func:`tp_rule` and
@@ -28,7 +29,7 @@ from .config_keys import (
     TP_SIZE_KEYS,
     VOCAB_SIZE_KEYS,
 )
-from .conversions import ANY_LINEAR, CONFIG_KEYS, CONVERSIONS, PADDLEFORMERS_LACKS
+from .conversions import ANY_LINEAR, CONFIG_KEYS, CONVERSIONS, FLEX_MERGE_PROOFS, PADDLEFORMERS_LACKS
 from .families import (
     EXTRA_TABLES,
     FALLBACK,
@@ -87,6 +88,7 @@ __all__ = [
     "EXPERT_COUNTS",
     "SHIPPED_EXPERT_COUNT_KEYS",
     "ExpertCount",
+    "FLEX_MERGE_PROOFS",
     "EXPERT_NAME_RE",
     "EXTRA_TABLES",
     "FALLBACK",

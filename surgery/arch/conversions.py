@@ -140,6 +140,166 @@ def _ernie(moe: bool) -> ConversionRow:
     )
 
 
+# Gemma 3 (text) in PaddleFormers 1.2 (gemma3_text/modeling.py): Llama's names plus four norms per layer and
+# q/k norms; its in-memory model (what the Trainer's flex checkpoint holds) fuses qkv_proj (grouped per kv
+# head) and up_gate_proj (gate | up) by the same AOA macros as Qwen2 (_gen_aoa_config: fused_qkv,
+# fused_ffn), every Linear [in, out]; the head is [vocab, hidden] (tied: the embedding itself). Proven by
+# tests/test_flex_families.py (a real Trainer checkpoint merged, loaded by a plain from_pretrained with the
+# trained model's logits) and the case e06 (unfused names, transposed).
+_GEMMA3_PLAIN = (
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "pre_feedforward_layernorm.weight",
+    "post_feedforward_layernorm.weight",
+)
+
+# Qwen2-MoE in PaddleFormers 1.2 (qwen2_moe/modeling.py, the non-fleet classes): Qwen2's attention (qkv_proj
+# grouped per kv head, with bias), per expert and for the shared expert an up_gate_proj (gate | up, fused_ffn)
+# and a down_proj; the router mlp.gate [hidden, num_experts] and the shared expert's gate [hidden, 1] are
+# Linear weights too (transpose_weight_keys "gate", "shared_expert_gate"; _gen_aoa_config transposes them).
+# Proven by tests/test_flex_families.py (a real Trainer checkpoint merged, a plain from_pretrained of the
+# output gives the trained model's logits).
+_QWEN2_MOE_LINEAR: dict[str, tuple[Size, Size]] = {
+    "mlp.gate.weight": (S.HIDDEN, S.NUM_EXPERTS),
+    "mlp.experts.N.gate_proj.weight": (S.HIDDEN, S.MOE_INTER),
+    "mlp.experts.N.up_proj.weight": (S.HIDDEN, S.MOE_INTER),
+    "mlp.experts.N.down_proj.weight": (S.MOE_INTER, S.HIDDEN),
+    "mlp.shared_expert.gate_proj.weight": (S.HIDDEN, S.SHARED_EXPERT_INTER),
+    "mlp.shared_expert.up_proj.weight": (S.HIDDEN, S.SHARED_EXPERT_INTER),
+    "mlp.shared_expert.down_proj.weight": (S.SHARED_EXPERT_INTER, S.HIDDEN),
+    "mlp.shared_expert_gate.weight": (S.HIDDEN, S.ONE),
+}
+_QWEN2_MOE_FUSED = {
+    **_PF_FUSED,
+    **_gate_up("mlp.experts.N.up_gate_proj", "mlp.experts.N.", (S.HIDDEN, S.MOE_INTER2)),
+    **_gate_up("mlp.shared_expert.up_gate_proj", "mlp.shared_expert.", (S.HIDDEN, S.SHARED_EXPERT_INTER2)),
+}
+
+
+def _qwen2_moe() -> ConversionRow:
+    row = _llama_like(None, pf_fused=True)
+    return replace(row, linear={**row.linear, **_QWEN2_MOE_LINEAR}, fused={Naming.HF: _QWEN2_MOE_FUSED})
+
+
+# Qwen3-MoE in PaddleFormers 1.2 (qwen3_moe/modeling.py, the non-fleet classes): Qwen3's attention (q/k norms,
+# qkv_proj grouped per kv head), routed experts as Qwen2-MoE's, no shared expert; the router mlp.gate is a
+# Linear (transpose_weight_keys "gate"). Proven by tests/test_flex_families.py as Qwen2-MoE.
+_QWEN3_MOE_LINEAR = {k: v for k, v in _QWEN2_MOE_LINEAR.items() if "shared_expert" not in k}
+_QWEN3_MOE_FUSED = {k: v for k, v in _QWEN2_MOE_FUSED.items() if "shared_expert" not in k}
+
+
+def _qwen3_moe() -> ConversionRow:
+    row = _llama_like(None, ("self_attn.q_norm.weight", "self_attn.k_norm.weight"), pf_fused=True)
+    return replace(row, linear={**row.linear, **_QWEN3_MOE_LINEAR}, fused={Naming.HF: _QWEN3_MOE_FUSED})
+
+
+# GLM-4-MoE in PaddleFormers 1.2 (glm4_moe/modeling.py, the non-fleet classes): Llama's attention (qkv_proj
+# grouped per kv head, optional q/k norms), the first_k_dense_replace layers dense (up_gate_proj gate | up),
+# the others routed experts and shared_experts (plural) fused alike; the router mlp.gate.weight is NOT a
+# Linear here: [n_routed_experts, hidden] in memory and in the HF files alike (_gen_aoa_config maps it
+# without ^T), copied as stored with its e_score_correction_bias. MTP layers (num_nextn_predict_layers)
+# are not listed: a checkpoint with them is refused by name. Proven by tests/test_flex_families.py.
+_GLM4_MOE_LINEAR: dict[str, tuple[Size, Size]] = {
+    "mlp.experts.N.gate_proj.weight": (S.HIDDEN, S.MOE_INTER),
+    "mlp.experts.N.up_proj.weight": (S.HIDDEN, S.MOE_INTER),
+    "mlp.experts.N.down_proj.weight": (S.MOE_INTER, S.HIDDEN),
+    "mlp.shared_experts.gate_proj.weight": (S.HIDDEN, S.N_SHARED_INTER),
+    "mlp.shared_experts.up_proj.weight": (S.HIDDEN, S.N_SHARED_INTER),
+    "mlp.shared_experts.down_proj.weight": (S.N_SHARED_INTER, S.HIDDEN),
+}
+_GLM4_MOE_FUSED = {
+    **_PF_FUSED,
+    **_gate_up("mlp.experts.N.up_gate_proj", "mlp.experts.N.", (S.HIDDEN, S.MOE_INTER2)),
+    **_gate_up("mlp.shared_experts.up_gate_proj", "mlp.shared_experts.", (S.HIDDEN, S.N_SHARED_INTER2)),
+}
+_GLM4_MOE_PLAIN = (
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "mlp.gate.weight",
+    "mlp.gate.e_score_correction_bias",
+)
+
+
+def _glm4_moe() -> ConversionRow:
+    row = _llama_like(None, _GLM4_MOE_PLAIN, pf_fused=True)
+    return replace(row, linear={**row.linear, **_GLM4_MOE_LINEAR}, fused={Naming.HF: _GLM4_MOE_FUSED})
+
+
+# DeepSeek-V3 in PaddleFormers 1.2 (deepseek_v3/modeling.py): multi-head latent attention (q_a_proj /
+# q_b_proj, or q_proj without q_lora_rank; kv_a_proj_with_mqa / kv_b_proj; o_proj from heads x v_head_dim),
+# the first_k_dense_replace layers dense, the others routed experts and shared_experts, all unfused (its
+# _gen_aoa_config transposes each: transpose_weight_keys), the router mlp.gate [hidden, n_routed_experts]
+# a Linear; q_a_layernorm, kv_a_layernorm and the correction bias copied. MTP layers (eh_proj, ...) are not
+# listed: refused by name. Proven by tests/test_flex_families.py.
+_DEEPSEEK_V3_LINEAR: dict[str, tuple[Size, Size]] = {
+    "self_attn.q_proj.weight": (S.HIDDEN, S.MLA_Q),
+    "self_attn.q_a_proj.weight": (S.HIDDEN, S.Q_LORA),
+    "self_attn.q_b_proj.weight": (S.Q_LORA, S.MLA_Q),
+    "self_attn.kv_a_proj_with_mqa.weight": (S.HIDDEN, S.KV_LORA_ROPE),
+    "self_attn.kv_b_proj.weight": (S.KV_LORA, S.MLA_KV),
+    "self_attn.o_proj.weight": (S.MLA_O, S.HIDDEN),
+    "mlp.gate_proj.weight": (S.HIDDEN, S.INTER),
+    "mlp.up_proj.weight": (S.HIDDEN, S.INTER),
+    "mlp.down_proj.weight": (S.INTER, S.HIDDEN),
+    "mlp.gate.weight": (S.HIDDEN, S.N_ROUTED),
+    **_GLM4_MOE_LINEAR,
+}
+_DEEPSEEK_V3_PLAIN = (
+    "embed_tokens.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
+    "norm.weight",
+    "self_attn.q_a_layernorm.weight",
+    "self_attn.kv_a_layernorm.weight",
+    "mlp.gate.e_score_correction_bias",
+)
+
+
+def _deepseek_v3() -> ConversionRow:
+    row = _llama_like(None)
+    return replace(row, linear=_DEEPSEEK_V3_LINEAR, plain=_DEEPSEEK_V3_PLAIN, fused={})
+
+
+# Qwen3-Next in PaddleFormers 1.2 (qwen3_next/modeling.py): full-attention layers with a gated query
+# (q_proj [2 x heads x head_dim, hidden] in HF: query | gate per head), fused qkv_proj by paddle's fused_qkv
+# macro (q cut into heads, k and v into kv heads, grouped per kv head); linear-attention layers whose
+# in_proj_qkvz, in_proj_ba and out_proj are Linear weights (transpose_weight_keys) and whose conv1d, A_log,
+# dt_bias and norm are copied; Qwen2-MoE's experts, shared expert and gates. Proven by
+# tests/test_flex_families.py.
+_QWEN3_NEXT_LINEAR: dict[str, tuple[Size, Size]] = {
+    "self_attn.q_proj.weight": (S.HIDDEN, S.Q_GATED),
+    "self_attn.k_proj.weight": (S.HIDDEN, S.KV),
+    "self_attn.v_proj.weight": (S.HIDDEN, S.KV),
+    "self_attn.o_proj.weight": (S.Q, S.HIDDEN),
+    "linear_attn.in_proj_qkvz.weight": (S.HIDDEN, S.LINEAR_QKVZ),
+    "linear_attn.in_proj_ba.weight": (S.HIDDEN, S.LINEAR_BA),
+    "linear_attn.out_proj.weight": (S.LINEAR_V, S.HIDDEN),
+    **_QWEN2_MOE_LINEAR,
+}
+_QWEN3_NEXT_FUSED = {
+    **{k: v for k, v in _QWEN2_MOE_FUSED.items() if "qkv_proj" not in k},
+    "self_attn.qkv_proj.weight": FusedSpec(
+        tuple(f"self_attn.{p}_proj.weight" for p in "qkv"), Split.QKV_GROUPED_GATED, (S.HIDDEN, S.QKV_GATED)
+    ),
+    "self_attn.qkv_proj.bias": FusedSpec(
+        tuple(f"self_attn.{p}_proj.bias" for p in "qkv"), Split.QKV_GROUPED_GATED, (S.HIDDEN, S.QKV_GATED)
+    ),
+}
+_QWEN3_NEXT_PLAIN = (
+    "self_attn.q_norm.weight",
+    "self_attn.k_norm.weight",
+    "linear_attn.conv1d.weight",
+    "linear_attn.A_log",
+    "linear_attn.dt_bias",
+    "linear_attn.norm.weight",
+)
+
+
+def _qwen3_next() -> ConversionRow:
+    row = _llama_like(None, _QWEN3_NEXT_PLAIN)
+    return replace(row, linear=_QWEN3_NEXT_LINEAR, fused={Naming.HF: _QWEN3_NEXT_FUSED})
+
+
 # model_type -> row
 CONVERSIONS: Mapping[str, ConversionRow] = {
     "llama": _llama_like("llama", own_head=True),
@@ -148,12 +308,33 @@ CONVERSIONS: Mapping[str, ConversionRow] = {
     # PaddleNLP 2.x has no ERNIE 4.5: ERNIEKit (ernie.*) and PaddleFormers (model.*) namings only
     "ernie4_5": _ernie(moe=False),
     "ernie4_5_moe": _ernie(moe=True),
+    "gemma3_text": _llama_like(None, _GEMMA3_PLAIN, pf_fused=True),
+    "qwen2_moe": _qwen2_moe(),
+    "qwen3_moe": _qwen3_moe(),
+    "glm4_moe": _glm4_moe(),
+    "deepseek_v3": _deepseek_v3(),
+    "qwen3_next": _qwen3_next(),
 }
+
+_FAMILIES_TEST = "tests/test_flex_families.py::test_plain_from_pretrained_gives_the_trained_logits"
+FLEX_MERGE_PROOFS: Mapping[str, str] = {
+    "llama": "tests/test_flex.py::test_real_trainer_checkpoint_merged_loads_with_the_trained_logits",
+    **{
+        mt: f"{_FAMILIES_TEST}[{mt}]"
+        for mt in ("deepseek_v3", "gemma3_text", "glm4_moe", "qwen2_moe", "qwen3_moe", "qwen3_next")
+    },
+}
+"""model_type → the test that merged a real PaddleFormers 1.2 Trainer flex checkpoint of it with the CLI and
+loaded the output with a plain ``from_pretrained``, getting the trained model's logits. The other rows
+(qwen2, qwen3, ernie4_5, ernie4_5_moe) are proven by ``convert`` from PaddleFormers' own legacy Paddle-layout
+save (the same in-memory layout the Trainer holds) to its HF export (``tests/test_convert.py``)."""
 
 # the Linear weights of every row, for a model type without a row of its own: only their shapes are read (to
 # tell whether a checkpoint tietool does not convert is in the HF layout), never converted
+# a suffix several rows list with other sizes (q_proj: Llama's heads x head_dim, DeepSeek-V3's latent
+# attention, Qwen3-Next's gated query) takes the first row's (Llama's), as before those rows were added
 ANY_LINEAR: Mapping[str, tuple[Size, Size]] = {
-    k: v for r in CONVERSIONS.values() for k, v in r.linear.items()
+    k: v for r in reversed(list(CONVERSIONS.values())) for k, v in r.linear.items()
 }
 
 # model families (FAMILIES "family") and model types PaddleFormers 1.2 has no model class for (no folder in

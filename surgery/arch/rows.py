@@ -382,6 +382,26 @@ class Size(str, Enum):
     SHARED_INTER = "moe_intermediate_size x moe_num_shared_experts"
     SHARED_INTER2 = "2 x moe_intermediate_size x moe_num_shared_experts"
     EXPERTS = "moe_num_experts"
+    NUM_EXPERTS = "num_experts"
+    SHARED_EXPERT_INTER = "shared_expert_intermediate_size"
+    SHARED_EXPERT_INTER2 = "2 x shared_expert_intermediate_size"
+    N_SHARED_INTER = "moe_intermediate_size x n_shared_experts"
+    N_SHARED_INTER2 = "2 x moe_intermediate_size x n_shared_experts"
+    N_ROUTED = "n_routed_experts"
+    Q_LORA = "q_lora_rank"
+    KV_LORA = "kv_lora_rank"
+    KV_LORA_ROPE = "kv_lora_rank + qk_rope_head_dim"
+    MLA_Q = "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)"
+    MLA_KV = "num_attention_heads x (qk_nope_head_dim + v_head_dim)"
+    MLA_O = "num_attention_heads x v_head_dim"
+    Q_GATED = "2 x num_attention_heads x head_dim"
+    QKV_GATED = "(2 x num_attention_heads + 2 x num_key_value_heads) x head_dim"
+    LINEAR_QKVZ = (
+        "2 x linear_num_key_heads x linear_key_head_dim + 2 x linear_num_value_heads x linear_value_head_dim"
+    )
+    LINEAR_BA = "2 x linear_num_value_heads"
+    LINEAR_V = "linear_num_value_heads x linear_value_head_dim"
+    ONE = "1"
     VOCAB = "vocab_size"
 
 
@@ -389,6 +409,9 @@ class Split(str, Enum):
     """How a fused projection's output axis splits into its parts."""
 
     QKV_GROUPED = "q, k, v grouped per kv head"  # [q x (heads / kv_heads), k, v] x kv_heads
+    # as QKV_GROUPED with every query head twice as wide ([query | gate] per head: Qwen3-Next's gated
+    # attention; paddle's fused_qkv macro cuts q into heads, k and v into kv heads, whatever their widths)
+    QKV_GROUPED_GATED = "q (query | gate per head), k, v grouped per kv head"
     QKV_CONCAT = "q | k | v"  # heads, then kv heads, then kv heads (ERNIE's paddle2torch)
     HALVES = "gate | up"
 

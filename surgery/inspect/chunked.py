@@ -282,6 +282,14 @@ class RowScan:
         return out
 
 
+def zero_rows(ck: Checkpoint, name: str, ids) -> list[int]:
+    """The ids among ``ids`` whose row of the table ``name`` (axis 0, ``[vocab, hidden]``) is all zero in
+    its stored values (every element 0: a row never trained, as Llama-3 base ships its chat tokens); one row
+    read at a time. Ids beyond the rows are skipped."""
+    rows = ck.tensors[name].shape[0]
+    return [i for i in ids if 0 <= i < rows and not np.asarray(next(ck.iter_rows(name, 1, i, i + 1))).any()]
+
+
 def untrained_rows(
     ck: Checkpoint, name: str, split: int | None = None, scan: RowScan | None = None, pad: int | None = None
 ) -> dict:

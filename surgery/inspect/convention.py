@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 from .. import arch
 from ..io.checkpoint import Checkpoint
-from .layout import Layout
+from ..model.enums import Container
+from ..model.errors import CheckpointError, RefusedError
+from .layout import Layout, prove
+
+LEGACY_LOAD = 'from_pretrained(path, load_checkpoint_format="legacy", convert_from_hf=False)'
+"""The PaddleFormers 1.2 call that loads its legacy Paddle layout (a plain ``from_pretrained`` of such
+safetensors loads without a warning and gives wrong logits; measured in ``tests/test_convert.py``
+``test_paddleformers_container_changes_load_as_said`` and ``tests/test_flex_families.py``)."""
 
 Naming = arch.Naming
 
@@ -112,3 +119,29 @@ def linear_weights(
         elif fz is not None and fz.endswith(".weight"):
             out[name] = fused[fz].dims
     return out
+
+
+def paddle_layout_evidence(ckpt: Checkpoint) -> str | None:
+    """What shows that ``ckpt`` is PaddleFormers safetensors in its legacy Paddle layout (which loads only
+    with :data:`LEGACY_LOAD`): config ``"source": "paddle"`` (PaddleFormers' ``save_pretrained
+    (save_to_hf=False)`` writes it, and so does ``merge`` with the Paddle layout kept), or Linear weights
+    proven ``[in, out]`` by their shapes (the model type's row, else the names of every row's Linear
+    weights, :data:`~surgery.arch.ANY_LINEAR`). None: not PaddleFormers safetensors (no
+    ``paddleformers_version``), or no such evidence. Reads headers only; raises nothing."""
+    cfg = ckpt.config
+    if ckpt.format != Container.SAFETENSORS or "paddleformers_version" not in cfg:
+        return None
+    if cfg.get("source") == "paddle":
+        return 'config.json says "source": "paddle"'
+    row = arch.conversion_row(cfg.get("model_type"))
+    naming = naming_of(ckpt, row) if row is not None else None
+    if row is not None and naming is not None:
+        weights, strict = linear_weights(ckpt, row, naming), True
+    else:
+        hits = {n: suffix_in(n, arch.ANY_LINEAR) for n in ckpt.tensors}
+        weights, strict = {n: arch.ANY_LINEAR[h] for n, h in hits.items() if h is not None}, False
+    try:
+        proof = prove(ckpt, weights, "", strict=strict)
+    except (CheckpointError, RefusedError):
+        return None
+    return proof.note() if proof.layout is Layout.IN_OUT else None

@@ -1077,9 +1077,17 @@ def _size_findings(det: Detection) -> list[Finding]:
 
 
 def _tokenizer_set_findings(ts: TokenizerSet) -> list[Finding]:
-    """One problem per disagreement of the tokenizer files; notes for files that need the tokenizer extra
-    and for formats tietool cannot edit."""
+    """One problem per disagreement of the tokenizer files, one for ids no file names (a gap: loaders
+    renumber the tokens after it); notes for files that need the tokenizer extra and for formats tietool
+    cannot edit."""
     out = [Finding(FindingKind.TOKENIZER_FILES_DISAGREE, (), {"disagreement": d}) for d in ts.disagreements]
+    if ts.gaps:
+        moved = [
+            {"content": a.content, "id": a.id, "loaded_id": a.id - sum(g < a.id for g in ts.gaps)}
+            for a in ts.added
+            if a.id > ts.gaps[0]
+        ]
+        out.append(Finding(FindingKind.TOKENIZER_ID_GAP, (), {"gaps": list(ts.gaps), "renumbered": moved}))
     if ts.needs_extra:
         out.append(Finding(FindingKind.TOKENIZER_NEEDS_EXTRA, (), {"files": list(ts.needs_extra)}))
     if ts.unsupported:

@@ -43,6 +43,7 @@ class FindingKind(str, Enum):
     TOKENIZER_BEYOND_ROWS = "tokenizer-beyond-rows"
     TOKENIZER_UNREADABLE = "tokenizer-file-unreadable"
     TOKENIZER_FILES_DISAGREE = "tokenizer-files-disagree"
+    TOKENIZER_ID_GAP = "tokenizer-id-gap"
     TOKENIZER_NEEDS_EXTRA = "tokenizer-needs-extra"
     TOKENIZER_READ_ONLY = "tokenizer-format-read-only"
     UNTRAINED_ROWS = "untrained-rows"
@@ -61,6 +62,7 @@ class FindingKind(str, Enum):
     TEXT_VOCABULARY = "text-vocabulary-chosen"
     TEXT_VOCABULARY_UNCLEAR = "text-vocabulary-unclear"
     HEAD_UNNAMED = "head-not-named-but-shaped"
+    PADDLE_LAYOUT = "paddle-layout-safetensors"
 
 
 _NOTES = {
@@ -81,6 +83,7 @@ _NOTES = {
     FindingKind.HEAD_OTHER_VOCABULARY,
     FindingKind.TEXT_VOCABULARY,
     FindingKind.LOADER_FACTS_UNPROVEN,
+    FindingKind.PADDLE_LAYOUT,
 }
 
 
@@ -235,6 +238,14 @@ def _untrained_rows(f: Finding) -> str:
         )
     beyond = x.get("beyond_tokenizer")
     tail = f"; {beyond} of them beyond the tokenizer's {x['tokenizer_size']} tokens" if beyond else ""
+    tokens = x.get("zero_tokens") or []
+    if tokens:
+        shown = ", ".join(f"{t['content']!r} ({t['id']})" for t in tokens)
+        tail += (
+            "; tokens with all-zero rows (untrained: the reported cause of NaN losses and of chat templates "
+            "never learned; add-tokens of these tokens gives them rows by its init, as new tokens get): "
+            + shown
+        )
     pad = (
         f"row {x['pad_row']} of {f.tensors[0]} is all zero: the pad row (pad_token_id {x['pad_row']}), zero "
         "by design (padding_idx)"
@@ -248,6 +259,19 @@ def _untrained_rows(f: Finding) -> str:
         + "; ".join(parts)
         + tail
         + (f" ({pad}, not counted)" if pad else "")
+    )
+
+
+def _tokenizer_id_gap(f: Finding) -> str:
+    gaps, moved = f.facts["gaps"], f.facts["renumbered"]
+    ids = f"{gaps[0]}..{gaps[-1]}" if len(gaps) > 1 else str(gaps[0])
+    shown = ", ".join(f"{m['content']!r} {m['id']} → {m['loaded_id']}" for m in moved[:3])
+    more = f" and {len(moved) - 3} more" if len(moved) > 3 else ""
+    return (
+        f"tokenizer id(s) {ids} are named by no tokenizer file (a gap): tokenizers, transformers and "
+        f"PaddleFormers renumber the added tokens after it on load ({shown}{more}), so those tokens use "
+        "other rows than the ids the files give them (add-tokens refuses the folder; save the tokenizer "
+        "again with save_pretrained so its ids are contiguous)"
     )
 
 
@@ -422,13 +446,15 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
     FindingKind.TOKENIZER_FILES_DISAGREE: lambda f: (
         f"the tokenizer files disagree: {f.facts['disagreement']}"
     ),
+    FindingKind.TOKENIZER_ID_GAP: _tokenizer_id_gap,
     FindingKind.TOKENIZER_NEEDS_EXTRA: lambda f: (
         f"tokenizer file(s) {', '.join(f.facts['files'])} not parsed: reading them needs the tokenizer "
         'extra (pip install "tietool[tokenizer]")'
     ),
     FindingKind.TOKENIZER_READ_ONLY: lambda f: (
         f"tokenizer file(s) {', '.join(f.facts['files'])}: a tiktoken rank file or a custom tokenizer class "
-        "(auto_map AutoTokenizer), which tietool reads but cannot edit (add-tokens refuses them)"
+        "(auto_map AutoTokenizer), which tietool reads (a tiktoken file's ranks are counted) but cannot edit "
+        "(add-tokens refuses them)"
     ),
     FindingKind.UNTRAINED_ROWS: _untrained_rows,
     FindingKind.EMBEDDING_MISSING: _missing_embedding,
@@ -457,6 +483,11 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
     FindingKind.TEXT_VOCABULARY: _text_vocabulary,
     FindingKind.TEXT_VOCABULARY_UNCLEAR: _text_vocabulary_unclear,
     FindingKind.HEAD_UNNAMED: _head_unnamed,
+    FindingKind.PADDLE_LAYOUT: lambda f: (
+        f"PaddleFormers safetensors in its legacy Paddle layout (Linear weights [in, out]; "
+        f"{f.facts['evidence']}): a plain from_pretrained loads it without an error but computes other "
+        f"logits; load it with {f.facts['load']}"
+    ),
 }
 
 

@@ -48,6 +48,8 @@ def sizes(cfg: dict) -> dict[Size, int]:
     hd = _int(cfg.get("head_dim")) or (h // nh if h and nh and h % nh == 0 else None)
     inter, moe = _int(cfg.get("intermediate_size")), _int(cfg.get("moe_intermediate_size"))
     shared = _int(cfg.get("moe_num_shared_experts"))
+    shared_expert = _int(cfg.get("shared_expert_intermediate_size"))
+    n_shared = _int(cfg.get("n_shared_experts"))
     got: dict[Size, int | None] = {
         Size.HIDDEN: h,
         Size.HIDDEN2: 2 * h if h else None,
@@ -61,9 +63,48 @@ def sizes(cfg: dict) -> dict[Size, int]:
         Size.SHARED_INTER: moe * shared if moe and shared else None,
         Size.SHARED_INTER2: 2 * moe * shared if moe and shared else None,
         Size.EXPERTS: _int(cfg.get("moe_num_experts")),
+        Size.NUM_EXPERTS: _int(cfg.get("num_experts")),
+        Size.SHARED_EXPERT_INTER: shared_expert,
+        Size.SHARED_EXPERT_INTER2: 2 * shared_expert if shared_expert else None,
+        Size.N_SHARED_INTER: moe * n_shared if moe and n_shared else None,
+        Size.N_SHARED_INTER2: 2 * moe * n_shared if moe and n_shared else None,
+        Size.ONE: 1,
         Size.VOCAB: _int(cfg.get("vocab_size")),
     }
+    got.update(_mla_sizes(cfg, nh))
+    got.update(_gated_sizes(cfg, nh, kv, hd))
     return {k: v for k, v in got.items() if v is not None}
+
+
+def _mla_sizes(cfg: dict, nh: int | None) -> dict[Size, int | None]:
+    """The sizes of multi-head latent attention (DeepSeek-V3's ``q_lora_rank``, ``kv_lora_rank``,
+    ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``) and its routed-expert count."""
+    ql, kl = _int(cfg.get("q_lora_rank")), _int(cfg.get("kv_lora_rank"))
+    nope, rope, v = (_int(cfg.get(k)) for k in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"))
+    return {
+        Size.N_ROUTED: _int(cfg.get("n_routed_experts")),
+        Size.Q_LORA: ql,
+        Size.KV_LORA: kl,
+        Size.KV_LORA_ROPE: kl + rope if kl and rope else None,
+        Size.MLA_Q: nh * (nope + rope) if nh and nope and rope else None,
+        Size.MLA_KV: nh * (nope + v) if nh and nope and v else None,
+        Size.MLA_O: nh * v if nh and v else None,
+    }
+
+
+def _gated_sizes(cfg: dict, nh: int | None, kv: int | None, hd: int | None) -> dict[Size, int | None]:
+    """The sizes of Qwen3-Next's gated attention (a query head and its gate) and of its linear attention
+    (``linear_num_key_heads``, ``linear_key_head_dim``, ``linear_num_value_heads``,
+    ``linear_value_head_dim``)."""
+    keys = ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads", "linear_value_head_dim")
+    nk, dk, nv, dv = (_int(cfg.get(k)) for k in keys)
+    return {
+        Size.Q_GATED: 2 * nh * hd if nh and hd else None,
+        Size.QKV_GATED: (2 * nh + 2 * kv) * hd if nh and kv and hd else None,
+        Size.LINEAR_QKVZ: 2 * nk * dk + 2 * nv * dv if nk and dk and nv and dv else None,
+        Size.LINEAR_BA: 2 * nv if nv else None,
+        Size.LINEAR_V: nv * dv if nv and dv else None,
+    }
 
 
 @dataclass(frozen=True)

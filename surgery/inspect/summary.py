@@ -3,6 +3,7 @@ it)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypedDict
 
 from ..io import surface
@@ -12,6 +13,7 @@ from ..model.enums import TieState
 from ..model.errors import Opt, TietoolError
 from ..model.tensor import dtype_refusal
 from . import chunked
+from .convention import LEGACY_LOAD, paddle_layout_evidence
 from .detect import DRIFT_EDGES, Detection, detect
 from .findings import Finding, FindingKind, describe
 
@@ -268,8 +270,9 @@ def _tokenizer(det: Detection) -> dict[str, Any]:
         "length": ts.length,
         "base": ts.base,
         "added": [{"content": a.content, "id": a.id, "special": a.special} for a in ts.added],
-        "agree": not ts.disagreements,
+        "agree": not ts.disagreements and not ts.gaps,
         "disagreements": list(ts.disagreements),
+        "gaps": list(ts.gaps),
         "needs_extra": list(ts.needs_extra),
         "unsupported": list(ts.unsupported),
     }
@@ -279,10 +282,11 @@ def untrained_finding(
     det: Detection, scan: chunked.RowScan | None = None
 ) -> tuple[dict | None, Finding | None]:
     """Rows of the embedding that look untrained (:func:`surgery.inspect.chunked.untrained_rows`: all-zero,
-    identical to an earlier row, L2 norm far below the rest), with how many lie beyond the tokenizer; an
-    all-zero row at config.json's ``pad_token_id`` is the pad row (``padding_idx``: zero by design), named
-    as such and not counted; the finding is None when there are none and no pad row. Taken from ``scan``
-    when the head comparison read every row into
+    identical to an earlier row, L2 norm far below the rest), with how many lie beyond the tokenizer and the
+    tokens of the first all-zero rows the tokenizer has (the finding's ``zero_tokens``); an all-zero row at
+    config.json's ``pad_token_id`` is the pad row (``padding_idx``: zero by design), named as such and not
+    counted; the finding is None when there are none and no pad row. Taken from ``scan`` when the head
+    comparison read every row into
     it, else the embedding is read here in chunks; (None, None) without a stored 2-D embedding."""
     name = det.embedding.name
     if not det.embedding.present or len(det.ckpt.tensors[name].shape) != 2:
@@ -292,7 +296,10 @@ def untrained_finding(
     u = chunked.untrained_rows(det.ckpt, name, det.tokenizer.size, scan, pad=pad)
     if not (u["zero"]["count"] or u["duplicate"]["count"] or u["low_norm"]["count"] or "pad_row" in u):
         return u, None
-    return u, Finding(FindingKind.UNTRAINED_ROWS, (name,), u)
+    size = det.tokenizer.size or 0
+    named = token_strings(det.ckpt.path, [i for i in u["zero"]["first"] if i < size]) if size else {}
+    tokens = [{"id": i, "content": c} for i, c in sorted(named.items())]
+    return u, Finding(FindingKind.UNTRAINED_ROWS, (name,), {**u, "zero_tokens": tokens})
 
 
 def summarize(det: Detection) -> dict[str, Any]:
@@ -368,6 +375,10 @@ def inspect_path(
     untrained, finding = untrained_finding(det, scan) if compare_values else (None, None)
     if finding is not None:
         det.findings.append(finding)
+    paddle = paddle_layout_evidence(ckpt)
+    if paddle is not None:
+        facts = {"evidence": paddle, "load": LEGACY_LOAD.replace("path", json.dumps(str(ckpt.path)), 1)}
+        det.findings.append(Finding(FindingKind.PADDLE_LAYOUT, (), facts))
     info = summarize(det)
     info["untrained_rows"] = untrained
     return info

@@ -159,13 +159,27 @@ def _sp_pieces(blob: bytes) -> list[str]:
     return list(sp.id_to_piece(list(range(n)))) if n else []
 
 
+_TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2} \d+\r?")
+
+
+def is_tiktoken(blob: bytes) -> bool:
+    """Whether ``blob`` is a tiktoken BPE rank file: non-empty lines ``<base64 bytes> <rank>`` and nothing
+    else (GLM-4's ``tokenizer.model``, Kimi's ``tiktoken.model``, Qwen-1's ``qwen.tiktoken``: tiktoken's
+    ``load_tiktoken_bpe`` format). A SentencePiece protobuf never is one (its first byte is a field tag)."""
+    lines = [line for line in blob.split(b"\n") if line.strip()]
+    return bool(lines) and all(_TIKTOKEN_LINE.fullmatch(line) for line in lines)
+
+
 def _read_sentencepiece(folder: Path, name: str) -> _Read:
-    """A SentencePiece ``*.model`` file: its pieces (:func:`_sp_pieces`), or a note why not."""
+    """A SentencePiece ``*.model`` file: its pieces (:func:`_sp_pieces`), or a note why not; a tiktoken
+    rank file under a ``.model`` name (GLM-4's ``tokenizer.model``) is read as tiktoken."""
     fmt = TokenizerFormat.SENTENCEPIECE
     try:
         blob = read_bounded(folder / name, JSON_LIMIT, name)
     except (CheckpointError, OSError):
         return _Read(TokenizerFile(name, fmt, None, "could not be read"))
+    if is_tiktoken(blob):
+        return _read_lines_file(folder, name, TokenizerFormat.TIKTOKEN)
     try:
         pieces = _sp_pieces(blob)
     except ImportError:
@@ -239,10 +253,19 @@ def sp_names(folder: Path) -> list[str]:
     return [n for n in dict.fromkeys([*named, *SP_NAMES]) if (folder / n).is_file()]
 
 
+TIKTOKEN_NAMES = ("tiktoken.model",)
+"""tiktoken rank files under another suffix than ``.tiktoken`` (Kimi's ``tiktoken.model``)."""
+
+
 def _tiktoken_names(folder: Path) -> list[str]:
-    """``*.tiktoken`` files of ``folder`` (none when the folder cannot be listed, as a remote one)."""
+    """``*.tiktoken`` files of ``folder`` and :data:`TIKTOKEN_NAMES` (none when the folder cannot be
+    listed, as a remote one)."""
     try:
-        return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tiktoken") and p.is_file())
+        return sorted(
+            p.name
+            for p in folder.iterdir()
+            if (p.name.endswith(".tiktoken") or p.name in TIKTOKEN_NAMES) and p.is_file()
+        )
     except (AttributeError, OSError, NotImplementedError, TypeError):
         return []
 
@@ -376,16 +399,19 @@ def tokenizer_set(folder: Path) -> TokenizerSet:
     ``disagreements``: an id given two strings (within a file or by two files: a stale ``tokenizer.model``
     beside an edited ``tokenizer.json``), vocabulary files of different lengths once the added-token files
     are counted, tokenizer.json's added tokens and tokenizer_config.json's ``added_tokens_decoder`` not
-    listing the same tokens.
+    listing the same tokens. ``gaps``: ids from the base vocabulary's size to ``length - 1`` that no file
+    names (tokenizers 0.22, transformers 5.3 and PaddleFormers 1.2 give the tokens after them lower ids).
     """
     reads = _read_all(store.path_of(folder))
     files = tuple(r.file for r in reads)
     lengths = [f.length for f in files if f.length is not None]
     clashes = [c for r in reads for c in r.clashes]
+    base, length = _base(reads), max(lengths) if lengths else None
+    named = {i for r in reads for m in r.maps.values() for i in m}
     return TokenizerSet(
         files=files,
-        length=max(lengths) if lengths else None,
-        base=_base(reads),
+        length=length,
+        base=base,
         added=_added(reads),
         disagreements=tuple(
             clashes + _map_disagreements(reads) + _length_disagreements(reads) + _decoder_disagreements(reads)
@@ -393,6 +419,7 @@ def tokenizer_set(folder: Path) -> TokenizerSet:
         needs_extra=tuple(f.name for f in files if f.note == EXTRA_HINT),
         unsupported=tuple(f.name for f in files if f.format is TokenizerFormat.TIKTOKEN)
         + _custom_class(store.path_of(folder)),
+        gaps=tuple(i for i in range(base, length) if i not in named) if base and length else (),
     )
 
 

@@ -10,12 +10,17 @@ The files and the libraries that edit them:
   written with ``to_str(pretty=True)``, which reproduces a file ``tokenizers`` wrote byte for byte (checked on
   the test tokenizers); any other file keeps its JSON and only ``added_tokens`` is replaced.
 * SentencePiece ``*.model``: ``sentencepiece_model_pb2.ModelProto`` (sentencepiece_model.proto): new pieces
-  appended as ``USER_DEFINED`` (``CONTROL`` for special tokens), score 0.
-* ``vocab.txt`` (WordPiece): appended lines. ``vocab.json`` + ``merges.txt`` are never changed: GPT-2 style
-  tokenizers read added tokens from ``added_tokens.json`` / ``tokenizer_config.json``.
+  appended as ``USER_DEFINED`` (``CONTROL`` for special tokens), score 0, in HF-style folders; a folder that
+  keeps its added tokens outside the model (PaddleNLP's, :func:`_outside`) keeps it unchanged.
+* ``vocab.txt`` (WordPiece) and ``vocab.json`` + ``merges.txt`` are never extended (only cut by a trim): the
+  slow tokenizers that read them (PaddleNLP 2.8.1's above all) take added tokens from ``added_tokens.json``,
+  created and listed in id order (:func:`_lists_added_json`).
 * ``tokenizer_config.json`` (``added_tokens_decoder``, ``additional_special_tokens`` /
   ``extra_special_tokens``), ``added_tokens.json``, ``special_tokens_map.json``: JSON, key order and indent
   kept.
+
+What each library then does with the new tokens is data with its proving tests:
+:mod:`surgery.io.tokenizer_loaders`.
 
 Libraries are imported lazily (the ``tokenizer`` extra); a folder that needs one that is missing gets a
 :class:`TietoolError` saying ``pip install "tietool[tokenizer]"``.
@@ -30,9 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError, UsageError
-from ..model.tokens import AddedToken, NewToken, TokenEdit
+from ..model.tokens import AddedToken, NewToken, TokenEdit, TokenizerFormat
 from . import store
-from .tokenizer import sp_names
+from .tokenizer import TIKTOKEN_NAMES, is_tiktoken, sp_names
+from .tokenizer_loaders import AddedTokensIn, unseen_by
 
 SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
@@ -86,9 +92,19 @@ def _read_json(path: Path) -> Any:
         raise CheckpointError(f"{path.name} is not valid JSON ({e})", path, "save the tokenizer again") from e
 
 
+def _tiktoken_file(path: Path) -> bool:
+    """Whether the file at ``path`` is a tiktoken rank file (:func:`surgery.io.tokenizer.is_tiktoken`)."""
+    try:
+        return is_tiktoken(path.read_bytes())
+    except OSError:
+        return False
+
+
 def _refuse_unsupported(root: Path, config: Any) -> None:
     """Refuse a tiktoken file or a custom tokenizer class (``auto_map``): tietool cannot edit them."""
-    tik = sorted(p.name for p in root.glob("*.tiktoken"))
+    tik = sorted(p.name for p in root.glob("*.tiktoken")) + [
+        n for n in (*TIKTOKEN_NAMES, *sp_names(root)) if (root / n).is_file() and _tiktoken_file(root / n)
+    ]
     if tik:
         raise RefusedError(
             f"{tik[0]} is a tiktoken rank file, which tietool cannot edit; nothing was written",
@@ -322,16 +338,24 @@ def _splitter(f: _Folder):
 # ------------------------------------------------------------------ add
 
 
-def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], list[AddedToken]]:
-    """The NewToken of each string (in order) and the existing tokens to mark special."""
+def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], list[AddedToken], list[str]]:
+    """The NewToken of each string (in order), the existing tokens to mark special, and the warnings (a
+    string stored lower-cased, an added plain token marked special)."""
     ids, split = f.ids(), _splitter(f)
     out: list[NewToken] = []
     marks: list[AddedToken] = []
+    warnings: list[str] = []
     next_id = f.length
-    for s in strings:
-        if not isinstance(s, str) or s == "":
-            raise TietoolError(f"a token to add must be a non-empty string, not {s!r}", f.root)
-        _refuse_unencodable(f, s)
+    for asked in strings:
+        if not isinstance(asked, str) or asked == "":
+            raise TietoolError(f"a token to add must be a non-empty string, not {asked!r}", f.root)
+        _refuse_unencodable(f, asked)
+        s = _matched_form(f, asked, special)
+        if s != asked:
+            warnings.append(
+                f"{asked!r} is added as {s!r}: the tokenizer lower-cases text before matching "
+                f"(do_lower_case), so {asked!r} and {s!r} both encode as the token"
+            )
         if s in ids:
             i = ids[s]
             had = f.added.get(i)
@@ -339,13 +363,83 @@ def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], li
             marked = {m.id for m in marks}
             if special and i < f.length and (had is None or not had.special) and i not in marked:
                 marks.append(replace(had, special=True) if had else AddedToken(s, i, True, False))
+                if had is not None:
+                    warnings.append(_flag_changed(had))
             first = next((t for t in out if t.id == i), None)  # given twice: as the first time
             out.append(NewToken(s, i, first.special if first else special or bool(had and had.special), True))
             continue
-        out.append(NewToken(s, next_id, special, False, tuple(split(s))))
+        out.append(NewToken(s, next_id, special, False, tuple(split(asked))))
         ids[s] = next_id
         next_id += 1
-    return out, marks
+    return out, marks, warnings
+
+
+def _format_of(f: _Folder) -> tuple[TokenizerFormat, AddedTokensIn]:
+    """The folder's vocabulary format (its first model file) and where its added tokens go."""
+    fmt = (
+        TokenizerFormat.TOKENIZER_JSON
+        if f.tokenizer_json is not None
+        else TokenizerFormat.SENTENCEPIECE
+        if f.sp_model is not None
+        else TokenizerFormat.WORDPIECE
+        if f.vocab_txt is not None
+        else TokenizerFormat.GPT2_BPE
+    )
+    return fmt, AddedTokensIn.ADDED_JSON if _outside(f) else AddedTokensIn.MODEL_FILE
+
+
+def _unseen_warnings(f: _Folder) -> list[str]:
+    """One warning per library that reads such a folder but not its new tokens
+    (:func:`surgery.io.tokenizer_loaders.unseen_by`, each fact with its proving test)."""
+    fmt, where = _format_of(f)
+    model = f.sp_name if fmt is TokenizerFormat.SENTENCEPIECE else fmt.value
+    return [
+        f"the {fact.loader.value} library does not see the new tokens: {model} is kept unchanged and the "
+        f"tokens are in {where.value} ({fact.why}); load the folder with its tokenizer class (PaddleNLP "
+        "2.8.1 / transformers AutoTokenizer), not the model file alone"
+        for fact in unseen_by(fmt, where)
+    ]
+
+
+def _flag_changed(had: AddedToken) -> str:
+    """The warning for an existing plain added token that ``special`` marks special."""
+    return (
+        f"{had.content!r} (id {had.id}) was not special and is now marked special (its special flag "
+        "changed): decode(skip_special_tokens=True) drops it from now on, so parsers that read it from "
+        "decoded text (tool-call parsers of serving engines) no longer see it; leave it out of a special "
+        "batch to keep it plain"
+    )
+
+
+def _matched_form(f: _Folder, s: str, special: bool) -> str:
+    """The form of a plain token ``s`` that loaders can match: its lower-cased form when the tokenizer
+    lower-cases text before matching added tokens (WordPiece with ``do_lower_case``, a lower-casing
+    normalizer), else ``s``. PaddleNLP 2.8.1's ``add_tokens`` stores such a token lower-cased and lower-cases
+    the text before its trie (tokenizer_utils ``_add_tokens`` / ``tokenize``); transformers and PaddleFormers
+    match normalized added tokens in the normalized text, so only the lower-cased content ever matches.
+    Special tokens are matched on the raw text: kept as given.
+
+    Raises:
+        RefusedError: the normalizer changes the lower-cased form further (accents stripped), so the
+            loaders would match different strings.
+    """
+    if special or s == s.lower() or (f.tokenizer_json is None and f.sp_model is not None):
+        return s
+    if any(not t.normalized and t.content in s for t in f.added.values()):
+        return s  # holds a raw-matched token: refused as never produced (_refuse_shadowed)
+    norm = getattr(_json_tokenizer(f), "normalizer", None)
+    if norm is None or norm.normalize_str(s) != norm.normalize_str(s.lower()):
+        return s  # the tokenizer keeps case
+    low = s.lower()
+    if norm.normalize_str(low) != low:
+        raise RefusedError(
+            f"{s!r} cannot be added so that every loader matches it: the tokenizer lower-cases text and "
+            f"normalizes it further before matching ({s!r} becomes {norm.normalize_str(s)!r} in "
+            f"transformers, {low!r} in PaddleNLP 2.8.1, which only lower-cases)",
+            f.root,
+            f"add the normalized form {norm.normalize_str(s)!r} if PaddleNLP is not used, or leave it out",
+        )
+    return low
 
 
 # the longest token add-tokens writes, in characters: tokenizers' AddedVocabulary is quadratic in a token's
@@ -442,11 +536,13 @@ def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
             f.root,
             f"add {s!r} too (first, with special=True), or set {k} to a token the tokenizer has",
         )
-    tokens, marks = _plan_tokens(f, strings, special)
+    tokens, marks, warnings = _plan_tokens(f, strings, special)
     new = [AddedToken(t.content, t.id, t.special, not t.special) for t in tokens if not t.existed]
     _refuse_shadowed(f, new + marks)
     files = _edit_files(f, new + marks, ())
-    return TokenEdit(f.length, f.length + len(new), tuple(tokens), (), files)
+    if new:
+        warnings += _unseen_warnings(f)
+    return TokenEdit(f.length, f.length + len(new), tuple(tokens), (), files, tuple(warnings))
 
 
 # ------------------------------------------------------------------ remove
@@ -518,17 +614,24 @@ def _refuse_named(f: _Folder, gone: tuple[AddedToken, ...]) -> None:
 def _edit_files(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> dict[str, bytes]:
     """New bytes of every file that changes: ``add`` (new tokens and special marks) or ``drop`` (ids)."""
     out: dict[str, bytes] = {}
+    outside = _outside(f)
     if f.tokenizer_json is not None:
         out["tokenizer.json"] = _edit_tokenizer_json(f, add, drop).encode("utf-8")
-    if f.sp_model is not None and f.sp_name:
+    if f.sp_model is not None and f.sp_name and (drop or not outside):
         out[f.sp_name] = _edit_sp_model(f, add, drop)
     if f.vocab_txt is not None:
-        out["vocab.txt"] = _edit_vocab_txt(f, add, drop)
-    for name, data in f.json_files.items():
+        edited_vocab = _edit_vocab_txt(f, add, drop)  # its refusals apply; lines are only ever cut
+        if drop:
+            out["vocab.txt"] = edited_vocab
+    files = dict(f.json_files)
+    if _lists_added_json(f) and add and ADDED_JSON not in files:
+        files[ADDED_JSON] = {}
+    for name, data in files.items():
         edited = _EDITORS[name](data, add, drop, f)
         if edited is not None:
-            out[name] = _dump_like((f.root / name).read_text(encoding="utf-8"), edited)
-    old = {n: (f.root / n).read_bytes() for n in out}
+            path = f.root / name
+            out[name] = _dump_like(path.read_text(encoding="utf-8") if path.is_file() else "{}\n", edited)
+    old = {n: (f.root / n).read_bytes() if (f.root / n).is_file() else None for n in out}
     return {n: b for n, b in out.items() if b != old[n]}
 
 
@@ -685,7 +788,11 @@ def _edit_config(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Fo
         for i in drop:
             dec.pop(str(i), None)
         data["added_tokens_decoder"] = dict(sorted(dec.items(), key=lambda kv: int(kv[0])))
-    _edit_special_lists(data, [t.content for t in add if t.special], gone)
+    specials = [t.content for t in add if t.special]
+    if specials and _lists_added_json(f) and SPECIAL_MAP not in f.json_files:
+        # PaddleNLP 2.8.1 adds an added_tokens.json token as special only when a special-token list names it
+        data.setdefault("additional_special_tokens", [])
+    _edit_special_lists(data, specials, gone)
     return data
 
 
@@ -703,12 +810,46 @@ def _edit_special_lists(data: dict, specials: list[str], gone: set[str]) -> None
 
 
 def _edit_added_json(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
-    """added_tokens.json ``{content: id}``: new tokens added (the ids beyond the base vocabulary)."""
+    """added_tokens.json ``{content: id}``: new tokens added (the ids beyond the base vocabulary). In a
+    folder whose added tokens live outside the model file (:func:`_outside`), every added token beyond the
+    model file's own tokens is listed, in id order: PaddleNLP 2.8.1 reads added tokens only from this file,
+    in id order, each id having to be the tokenizer's length so far (tokenizer_utils_base
+    ``from_pretrained``: "Non-consecutive added token")."""
     if not isinstance(data, dict):
         return None
     data = {k: v for k, v in data.items() if v not in set(drop)}
+    listed = _lists_added_json(f)
+    if listed and not drop:
+        data.update({t.content: i for i, t in f.added.items() if i >= f.base_size})
     data.update({t.content: t.id for t in add if t.id >= f.length})
-    return data
+    return dict(sorted(data.items(), key=lambda kv: (kv[1], kv[0]))) if listed else data
+
+
+def _outside(f: _Folder) -> bool:
+    """Whether the folder keeps its added tokens outside its model file, in ``added_tokens.json`` (and
+    ``added_tokens_decoder``), as the slow tokenizers' ``save_pretrained`` of PaddleNLP 2.8.1 (and
+    transformers 4.x) writes them: ``vocab.txt`` and ``vocab.json`` + ``merges.txt`` always (a line of
+    vocab.txt is split like text by a punctuation-splitting WordPiece, so ``<think>`` never matches it in
+    PaddleNLP 2.8.1; PaddleNLP refuses an added_tokens.json id that the model file already counts); a
+    SentencePiece model without tokenizer.json when the config has no ``added_tokens_decoder`` (PaddleNLP's
+    own folders) or the model already lacks the added tokens. Never with tokenizer.json (it holds them)."""
+    if f.tokenizer_json is not None:
+        return False
+    if f.vocab_txt is not None or f.vocab_json is not None:
+        return True
+    if f.sp_model is None:
+        return False
+    config = f.json_files.get(CONFIG)
+    decoder = isinstance(config, dict) and isinstance(config.get("added_tokens_decoder"), dict)
+    return not decoder or len(f.sp_model.pieces) < f.length
+
+
+def _lists_added_json(f: _Folder) -> bool:
+    """Whether ``added_tokens.json`` must list every added token (created when missing): a folder that keeps
+    them outside its model file (:func:`_outside`), or one with ``vocab.txt`` / ``vocab.json`` beside a
+    tokenizer.json (transformers 4.x saves both): PaddleNLP 2.8.1's slow tokenizers read those files and take
+    added tokens only from added_tokens.json (a BERT folder's ``<think>`` split into 9 pieces otherwise)."""
+    return _outside(f) or f.vocab_txt is not None or f.vocab_json is not None
 
 
 def _edit_special_map(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:

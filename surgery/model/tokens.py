@@ -87,6 +87,8 @@ class TokenizerSet:
             with two strings): a stale ``tokenizer.model`` beside an edited ``tokenizer.json``.
         needs_extra: files that could only be read (or edited) with the ``tokenizer`` extra installed.
         unsupported: files of a format tietool cannot edit (tiktoken, a custom tokenizer class), by name.
+        gaps: ids between the base vocabulary and the last added token that no file names: tokenizers,
+            transformers and PaddleFormers renumber the added tokens after a gap on load.
     """
 
     files: tuple[TokenizerFile, ...] = ()
@@ -96,6 +98,7 @@ class TokenizerSet:
     disagreements: tuple[str, ...] = ()
     needs_extra: tuple[str, ...] = ()
     unsupported: tuple[str, ...] = ()
+    gaps: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,8 @@ class TokenEdit:
         removed: added tokens the edit removes (a trim below them), by id.
         files: the new bytes of every tokenizer file the edit changes, by name relative to the folder;
             files not named keep their bytes.
+        warnings: what the edit did that the user did not spell out (a token stored lower-cased, an
+            existing token's special flag changed, a loader that does not see the new tokens), one line each.
     """
 
     length_before: int
@@ -141,6 +146,7 @@ class TokenEdit:
     tokens: tuple[NewToken, ...] = ()
     removed: tuple[AddedToken, ...] = ()
     files: Mapping[str, bytes] = field(default_factory=dict)
+    warnings: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", _frozen(self.files))

@@ -12,9 +12,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..inspect import chunked
 from ..inspect.detect import Detection
 from ..io.configfile import get_dotted
-from ..model.enums import Init, TokenInit
+from ..model.enums import HeadLayout, Init, TokenInit
 from ..model.errors import Opt, RefusedError, TietoolError, UsageError
 from ..model.tokens import NewToken, TokenEdit
 from .plan import Plan, base_plan, refuse_unsettled_pair, refuse_unusable_head
@@ -116,14 +117,52 @@ def plan_add_tokens(
     specs = tuple(_spec(t, choice.kind, copy_id) for t in added)
     plan = base_plan("add-tokens", det)
     plan.tokenizer = edit
-    if added:
+    reset = untrained_existing(det, edit)
+    reset_specs = {i: _spec(NewToken(c, i, False, True), choice.kind, copy_id) for i, c in reset.items()}
+    if added or reset:
+        start = min([*reset, edit.length_before])
+        row_specs = _row_specs(edit, specs, reset_specs, start)
         std = float(det.ckpt.config.get("initializer_range") or 0.02)
-        move_vocabulary(det, plan, N, _TokenRows(edit.length_before, specs, seed, std))
+        move_vocabulary(det, plan, N, _TokenRows(start, row_specs, seed, std, edit.length_before))
     if N != R:
         resize_config(det, plan, N)
-    plan.extra_report = _report(det, edit, specs, choice, seed, N, multiple)
-    _notes(plan, edit, N)
+    plan.extra_report = _report(det, edit, specs, choice, seed, N, multiple, reset_specs)
+    _notes(plan, edit, N, reset)
     return plan
+
+
+def untrained_existing(det: Detection, edit: TokenEdit) -> dict[int, str]:
+    """``{id: token}`` of the tokens asked for that already exist with untrained rows, which add-tokens
+    gives rows as it gives a new token: all zero in the embedding (:func:`surgery.inspect.chunked.zero_rows`;
+    Llama-3 base ships its chat tokens so: axolotl#1666) and in a head stored apart in the ``[vocab, hidden]``
+    layout. A ``[hidden, vocab]`` head stored apart is not read column by column: none is reset then (the
+    warning still names them)."""
+    existing = {t.id: t.content for t in edit.tokens if t.existed}
+    zero = chunked.zero_rows(det.ckpt, det.embedding.name, sorted(existing))
+    head = det.head
+    if zero and head.present and head.name != det.embedding.name and head.name not in det.embedding.aliases:
+        if head.layout is not HeadLayout.VOCAB_HIDDEN:
+            return {}
+        zero = chunked.zero_rows(det.ckpt, head.name, zero)
+    return {i: existing[i] for i in zero}
+
+
+def _row_specs(
+    edit: TokenEdit, specs: tuple[TokenSpec, ...], reset: dict[int, TokenSpec], start: int
+) -> tuple[TokenSpec, ...]:
+    """The recipe of every row from ``start`` to the tokenizer's new length: a reset token's row as a new
+    token's (``reset``: no subtokens, so ``subtokens`` gives ``mean``), an existing row between them a copy
+    of itself (bit-identical: decoded and stored back exactly), then the new tokens' (``specs``)."""
+    by_id = dict(zip((t.id for t in edit.added), specs, strict=True))
+    out = []
+    for i in range(start, edit.length_after):
+        if i in reset:
+            out.append(reset[i])
+        elif i < edit.length_before:
+            out.append(TokenSpec(TokenInit.COPY, (i,)))
+        else:
+            out.append(by_id[i])
+    return tuple(out)
 
 
 def tp_degree(det: Detection) -> int:
@@ -226,6 +265,7 @@ class _TokenRows:
     specs: tuple[TokenSpec, ...]
     seed: int
     std: float
+    trained: int  # entries 0..trained-1 are the tokenizer's tokens before the edit (trained-mean's pool)
     streams: int = 0
 
     def _stream(self) -> int:
@@ -233,7 +273,7 @@ class _TokenRows:
         return stream
 
     def table(self, name: str, axis: int, new: int, old: int) -> EditedTable:
-        tokens = TokenInitRows(name, axis, self.specs, self.start, self.seed, self._stream())
+        tokens = TokenInitRows(name, axis, self.specs, self.trained, self.seed, self._stream())
         pad = new - max(old, self.start + len(self.specs))
         tail = NewRows(name, axis, pad, PAD_INIT, self.seed, self._stream(), self.std) if pad > 0 else None
         return EditedTable(name, axis, new, self.start, tokens, tail)
@@ -250,20 +290,22 @@ def _report(
     seed: int,
     N: int,
     multiple: int,
+    reset: dict[int, TokenSpec],
 ) -> dict[str, Any]:
-    """The report's ``add_tokens`` fields: the tokens (content, id, special, existed, init, source ids,
-    seed), rows before/after, slack rows used, the multiple, the tokenizer files edited."""
+    """The report's ``add_tokens`` fields: the tokens (content, id, special, existed, rows_reset, init,
+    source ids, seed), rows before/after, slack rows used, the multiple, the tokenizer files edited."""
     R = det.vocab_rows
-    by_id = dict(zip((t.id for t in edit.added), specs, strict=True))
+    by_id = {**dict(zip((t.id for t in edit.added), specs, strict=True)), **reset}
     tokens = []
     for t in edit.tokens:
-        spec = None if t.existed else by_id[t.id]
+        spec = by_id.get(t.id) if (not t.existed or t.id in reset) else None
         tokens.append(
             {
                 "content": t.content,
                 "id": t.id,
                 "special": t.special,
                 "existed": t.existed,
+                "rows_reset": t.id in reset,
                 "init": None if spec is None else spec.kind.value,
                 "source_ids": None if spec is None else list(spec.ids),
                 "seed": None if spec is None else seed,
@@ -297,15 +339,19 @@ def _refuse(det: Detection, edit: TokenEdit) -> None:
     _refuse_rows(det, edit)
 
 
-def _notes(plan: Plan, edit: TokenEdit, N: int) -> None:
-    """Notes of an add-tokens plan: tokens already present, rows taken, rows grown."""
+def _notes(plan: Plan, edit: TokenEdit, N: int, reset: dict[int, str]) -> None:
+    """Notes of an add-tokens plan: tokens already present, rows taken, rows grown; the tokenizer edit's
+    warnings (printed on the terminal)."""
     R = plan.det.vocab_rows
     had = [f"{t.content!r} (id {t.id})" for t in edit.tokens if t.existed]
     if had:
         plan.notes.append(f"already in the tokenizer, not added: {', '.join(had)}")
+    plan.warnings.extend(edit.warnings)
+    _zero_rows_of_existing(plan, edit, reset)
     _base_marked_special(plan, edit)
     if not edit.added:
-        plan.notes.append("no new token: no row changes")
+        if not reset:
+            plan.notes.append("no new token: no row changes")
         return
     used = max(0, min(R, edit.length_after) - edit.length_before)
     if used:
@@ -328,4 +374,31 @@ def _base_marked_special(plan: Plan, edit: TokenEdit) -> None:
         plan.warnings.append(
             f"marked special, though part of the base vocabulary: {', '.join(marked)}; text that contains "
             "them is split around them from now on (ordinary words may tokenize differently)"
+        )
+
+
+def _zero_rows_of_existing(plan: Plan, edit: TokenEdit, reset: dict[int, str]) -> None:
+    """A warning naming the tokens asked for that already exist with all-zero embedding rows
+    (:func:`surgery.inspect.chunked.zero_rows`; Llama-3 base ships its chat tokens so: the reported cause of
+    NaN losses and of chat templates never learned): those in ``reset`` got rows by the init, as new tokens
+    do; the others (a ``[hidden, vocab]`` head stored apart, or a trained head row) kept theirs."""
+    det = plan.det
+    name = det.embedding.name
+    existing = {t.id: t.content for t in edit.tokens if t.existed}
+    zero = chunked.zero_rows(det.ckpt, name, sorted(existing))
+    given = [i for i in zero if i in reset]
+    kept = [i for i in zero if i not in reset]
+    if given:
+        shown = ", ".join(f"{existing[i]!r} (id {i})" for i in given)
+        plan.warnings.append(
+            f"existing token(s) whose rows of {name} were all zero (untrained, as a base model ships them): "
+            f"{shown}; they get rows by the init as new tokens do (their rows were the reported cause of NaN "
+            "losses and of chat templates that are never learned)"
+        )
+    if kept:
+        shown = ", ".join(f"{existing[i]!r} (id {i})" for i in kept)
+        plan.warnings.append(
+            f"existing token(s) whose rows of {name} are all zero (untrained): {shown}; their head rows are "
+            "not all zero (or the head is [hidden, vocab]), so add-tokens keeps them: a fine-tune that uses "
+            "them must train the embedding rows"
         )

@@ -38,6 +38,7 @@ from ..inspect.convention import (
     DEFAULT_HEAD,
     HF,
     KEPT,
+    LEGACY_LOAD,
     PADDLENLP,
     Convention,
     Naming,
@@ -70,8 +71,6 @@ TARGETS: dict[Target, tuple[Convention | None, Container]] = {
     Target.SAFETENSORS: (None, Container.SAFETENSORS),
     Target.PDPARAMS: (None, Container.PDPARAMS),
 }
-
-LEGACY_LOAD = 'from_pretrained(path, load_checkpoint_format="legacy", convert_from_hf=False)'
 
 
 @dataclass(frozen=True)
@@ -306,6 +305,13 @@ def _fused_parts(ckpt: Checkpoint, name: str, spec: arch.FusedSpec, axis: int) -
         g, count = nh // kv, nh + 2 * kv
         if spec.split is arch.Split.QKV_CONCAT:
             groups = [tuple(range(nh)), tuple(range(nh, nh + kv)), tuple(range(nh + kv, count))]
+        elif spec.split is arch.Split.QKV_GROUPED_GATED:  # chunks of head_dim: 2 per query head
+            q, count = 2 * g, 2 * nh + 2 * kv
+            groups = [
+                tuple(i * (q + 2) + j for i in range(kv) for j in range(q)),
+                tuple(i * (q + 2) + q for i in range(kv)),
+                tuple(i * (q + 2) + q + 1 for i in range(kv)),
+            ]
         else:
             groups = [
                 tuple(i * (g + 2) + j for i in range(kv) for j in range(g)),
@@ -370,9 +376,10 @@ def _body_step(
 
 
 def model_steps(
-    ckpt: Checkpoint, row: arch.ConversionRow, src: Convention, dst: Convention
+    ckpt: Checkpoint, row: arch.ConversionRow, src: Convention, dst: Convention, fix: str | None = None
 ) -> list[OutTensor]:
-    """Every output tensor of a conversion from ``src`` to ``dst``, in the input's tensor order.
+    """Every output tensor of a conversion from ``src`` to ``dst``, in the input's tensor order. ``fix``: the
+    refusal's fix, one the calling command has (default: convert's container-only conversion).
 
     Raises:
         RefusedError: tensors the row cannot place (named, up to five), never guessed.
@@ -398,8 +405,8 @@ def model_steps(
             f"checkpoint in the {dst.title} layout: {', '.join(unplaced[:5])}{more}; it will not guess "
             "whether they are Linear weights",
             ckpt.path,
-            f"convert with {Opt('to', 'safetensors')} (names and layouts unchanged), or add their suffixes "
-            "to CONVERSIONS in surgery/arch/families.py",
+            (fix or f"convert with {Opt('to', 'safetensors')} (names and layouts unchanged)")
+            + ", or add their suffixes to CONVERSIONS in surgery/arch/conversions.py",
         )
     return steps
 
@@ -633,13 +640,19 @@ def _pf_container(plan: ConvertPlan) -> None:
             + ("" if plan.container is Container.PDPARAMS else ": a plain from_pretrained gives wrong logits")
         )
     elif plan.container is Container.PDPARAMS:
-        how = "its Linear weights are [out, in]" if plan.layout else "its layout is not proven [in, out]"
+        hf = plan.layout is Layout.OUT_IN
+        how = "its Linear weights are [out, in]" if hf else "its layout is not proven [in, out]"
+        keep = (
+            "keep it as safetensors (PaddleFormers loads its HF layout with a plain from_pretrained)"
+            if hf
+            else "keep it as safetensors (its layout is not proven: load it as the library that wrote it "
+            "says)"
+        )
         raise RefusedError(
             f"PaddleFormers 1.2 reads a .pdparams only in its legacy Paddle layout ({LEGACY_LOAD}, Linear "
             f"weights [in, out]), and {how}: no from_pretrained would load the output",
             ck.path,
-            "keep it as safetensors (PaddleFormers loads those with a plain from_pretrained), or use "
-            f"{Opt('to', 'paddlenlp')} for PaddleNLP's .pdparams",
+            f"{keep}, or use {Opt('to', 'paddlenlp')} for PaddleNLP's .pdparams",
         )
 
 
@@ -703,7 +716,7 @@ def plan_convert(ckpt: Checkpoint, to: Target, fix: str | None = None) -> Conver
             0, f"the input is already in the {conv.title} layout: only the shards are rewritten"
         )
         return plan
-    plan.tensors = model_steps(ckpt, row, source, conv)
+    plan.tensors = model_steps(ckpt, row, source, conv, fix)
     _edit_config(plan, to.value, row)
     _head_steps(plan, row)
     return plan

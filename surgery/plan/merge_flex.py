@@ -16,6 +16,7 @@ twice); the writer drops it once written.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from .. import arch
+from ..inspect.convention import LEGACY_LOAD
 from ..io import flex, flex_cover, pdparams_io, surface
 from ..io.checkpoint import REPORT_NAME, Checkpoint, array_rows, read_config
 from ..io.flex import FlexCheckpoint, FlexSlice, FlexTensor
@@ -85,6 +87,8 @@ class FlexPlan:
         carry: ``(source, name)`` copied unchanged; ``left``: the root's names left out.
         tie: the :class:`~surgery.plan.merge_tie.TieFix` of the tie check (a head trained apart under a tied
             flag: kept, the flags set false in ``new_config``), else None.
+        kept_layout: written in the Paddle layout the training run held, as the user asked
+            (:func:`keep_layout`); False: converted, or refused (:func:`refuse_unconverted`).
     """
 
     ck: FlexCheckpoint
@@ -97,6 +101,7 @@ class FlexPlan:
     carry: list[tuple[Path, str]]
     left: list[str]
     tie: TieFix | None = None
+    kept_layout: bool = False
 
 
 def _check_headers(ck: FlexCheckpoint, t: FlexTensor, headers: dict[str, dict[str, TensorInfo]]) -> None:
@@ -296,19 +301,70 @@ def report(plan: FlexPlan, out: str, facts: dict[str, Any]) -> dict[str, Any]:
         "config_changes": plan.config_changes,
         "tie": plan.tie.facts() if plan.tie else None,
         "left_out": plan.left,
-        "to_paddleformers_layout": convertible(ck.folder.root),
-        "warnings": [] if convertible(ck.folder.root) else [_AS_SAVED],
+        "to_paddleformers_layout": not plan.kept_layout,
+        "conversion_proof": None
+        if plan.kept_layout
+        else arch.FLEX_MERGE_PROOFS.get(str(plan.config.get("model_type"))),
+        "paddle_layout_load": legacy_load(out) if plan.kept_layout else None,
+        "warnings": [kept_warning(plan, out)] if plan.kept_layout else [],
         **facts,
         "tensors": [_facts(t) for t in plan.merged],
     }
 
 
-_AS_SAVED = (
-    "the tensors are written as the training run held them (names and Paddle layout, Linear weights "
-    "[in, out]): tietool has no conversion data for this model_type (or no config.json names one), so they "
-    "are not converted to the PaddleFormers layout; a plain PaddleFormers from_pretrained may load them "
-    "wrongly"
+PADDLE_LAYOUT = (
+    "the Paddle layout (Linear weights [in, out], fused qkv_proj / up_gate_proj as the model held them)"
 )
+"""How messages name the layout a Trainer flex checkpoint holds (the model's in-memory state dict)."""
+
+
+def legacy_load(out: str) -> str:
+    """The PaddleFormers 1.2 call that loads a folder in the Paddle layout (:data:`LEGACY_LOAD` for ``out``;
+    measured in ``tests/test_flex_families.py``: the trained model's logits)."""
+    return LEGACY_LOAD.replace("path", json.dumps(str(out)), 1)
+
+
+def kept_warning(plan: FlexPlan, out: str) -> str:
+    """The warning of a merge written in the Paddle layout on request: what it is and the exact load."""
+    mt = plan.config.get("model_type")
+    return (
+        f"written in {PADDLE_LAYOUT} of this {mt or 'model'} checkpoint, as asked: a plain PaddleFormers "
+        f"from_pretrained loads it without an error but computes other logits; load it with "
+        f"{legacy_load(out)}"
+    )
+
+
+def refuse_unconverted(plan: FlexPlan, fix: str) -> None:
+    """A flex checkpoint of a model type :data:`surgery.arch.CONVERSIONS` has no row for: its tensors are
+    in the Paddle layout, which a plain ``from_pretrained`` of safetensors loads with wrong logits and no
+    error (measured on the Trainer's checkpoints of seven families), and tietool has no proven facts to
+    convert them; so merge refuses, naming the model type and the layout. ``fix`` names the option that
+    writes the layout as it is (and the load it then needs).
+
+    Raises:
+        RefusedError: always (exit 5).
+    """
+    mt = plan.config.get("model_type")
+    known = ", ".join(sorted(arch.CONVERSIONS))
+    what = f"model_type {mt!r}" if isinstance(mt, str) and mt else "a config.json without a model_type"
+    raise RefusedError(
+        f"the flex checkpoint holds its tensors in {PADDLE_LAYOUT}, and tietool has no conversion data for "
+        f"{what} (it converts {known}), so it cannot write the PaddleFormers/HF layout that a plain "
+        "from_pretrained loads; it will not guess",
+        plan.ck.folder.root,
+        fix,
+    )
+
+
+def keep_layout(plan: FlexPlan) -> FlexPlan:
+    """``plan`` written in the Paddle layout as the run held it, on the user's request: config.json gets
+    ``"source": "paddle"``, as PaddleFormers 1.2's own ``save_pretrained(save_to_hf=False)`` marks that
+    layout (``model_utils.py``; tietool's ``convert`` and ``inspect`` read it as the legacy layout)."""
+    new, changes = dict(plan.new_config), dict(plan.config_changes)
+    if new.get("source") != "paddle":
+        changes["source"] = [new.get("source"), "paddle"]
+        new["source"] = "paddle"
+    return replace(plan, new_config=new, config_changes=changes, kept_layout=True)
 
 
 def _facts(t: OutTensor) -> dict[str, Any]:

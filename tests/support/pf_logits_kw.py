@@ -23,9 +23,11 @@ def main() -> None:
     kwargs = json.loads(sys.argv[1])
     argv = sys.argv[2:]
     if kwargs:
-        import paddleformers.transformers as T
+        # patched on the base class, not on MODEL_CLASS: pf_logits.py may load another class than the one
+        # named (the Deprecated Qwen2/Qwen3 ones without paddlefleet, whose module cannot be imported
+        # before its stand-in for gpt_provider is in place)
+        from paddleformers.transformers.model_utils import PretrainedModel as cls
 
-        cls = getattr(T, argv[1])
         orig = cls.from_pretrained.__func__
 
         def from_pretrained(klass, *a, **kw):

@@ -22,6 +22,8 @@ real checkpoints with the library's own ``save_pretrained`` and loads checkpoint
   ``embedding`` (the input embedding's weight), ``head`` (the tensor the head multiplies with) and
   ``bias`` (the head bias, when the model has one). The result row also says whether ``head`` *is* the
   embedding parameter (``head_is_embedding``) and names the state-dict keys of the loaded model.
+* ``{"op": "encode", "dir": DIR, "texts": [...]}``: PaddleNLP's ``AutoTokenizer.from_pretrained(DIR)``
+  encodes each text (``add_special_tokens=False``); the result has ``len`` and ``ids``.
 
 Each result is ``{"ok": true, ...}`` or ``{"ok": false, "error": "..."}`` (one job's failure never stops the
 others). Nothing here imports tietool.
@@ -353,7 +355,17 @@ def _load(job: dict) -> dict:
     }
 
 
-_OPS = {"build": _build, "edit": _edit, "load": _load}
+def _encode(job: dict) -> dict:
+    """``AutoTokenizer.from_pretrained(DIR)`` (PaddleNLP's own tokenizer classes) encodes each text with
+    ``add_special_tokens=False``: ``{"len": len(tokenizer), "ids": [[...], ...]}``."""
+    from paddlenlp.transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(job["dir"])
+    ids = [[int(i) for i in tok(t, add_special_tokens=False)["input_ids"]] for t in job["texts"]]
+    return {"len": len(tok), "ids": ids}
+
+
+_OPS = {"build": _build, "edit": _edit, "load": _load, "encode": _encode}
 
 
 def main(jobs_path: str, results_path: str) -> int:

@@ -1,0 +1,136 @@
+"""What each tokenizer library makes of the tokens ``add-tokens`` writes, per tokenizer format: data, each
+fact with the test that proved it (as :data:`surgery.arch.PROOFS` does for the model loaders).
+
+A fact is keyed by the tokenizer format of the folder (:class:`~surgery.model.tokens.TokenizerFormat`),
+where the folder keeps its added tokens (:class:`AddedTokensIn`: in the model file / tokenizer.json, or
+outside it in ``added_tokens.json`` + ``added_tokens_decoder``, :mod:`surgery.io.tokenizer_edit` decides
+which) and the library that loads it (:class:`TokenizerLoader`). Its :class:`Outcome` says what that
+library does with the new tokens of tietool's output; :data:`PROOFS` names the test that ran the library on
+``add-tokens`` outputs of real tokenizers (``tests/data/tokenizers``, the PaddleNLP-written folders of
+``tests/data/pnlp_tokenizers`` and the ``e01``/``e08`` cases) and asserted it:
+``tests/test_tokenizer_loaders.py::test_tokenizer_loader_fact``.
+
+Measured with tokenizers 0.22.2, sentencepiece 0.2.3, transformers 5.3.0, PaddleFormers 1.2.0 and PaddleNLP
+2.8.1 (paddle 2.6.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from ..model.enums import StrEnum
+from ..model.tokens import TokenizerFormat
+
+
+class TokenizerLoader(StrEnum):
+    """A library that loads a tokenizer folder (the ``encodes`` loaders of the cases, and PaddleFormers)."""
+
+    TOKENIZERS = "tokenizers"  # tokenizers.Tokenizer.from_file(tokenizer.json)
+    SENTENCEPIECE = "sentencepiece"  # SentencePieceProcessor of the *.model file alone
+    TRANSFORMERS = "transformers"  # transformers 5.3 AutoTokenizer.from_pretrained
+    PADDLEFORMERS = "paddleformers"  # PaddleFormers 1.2 AutoTokenizer.from_pretrained
+    PADDLENLP_28 = "paddlenlp-2.8"  # PaddleNLP 2.8.1 AutoTokenizer.from_pretrained (its own slow tokenizers)
+
+
+class AddedTokensIn(StrEnum):
+    """Where a folder keeps its added tokens, so where ``add-tokens`` writes new ones.
+
+    ``MODEL_FILE``: in ``tokenizer.json``'s ``added_tokens``, or appended to the SentencePiece model as pieces
+    (``USER_DEFINED``, ``CONTROL`` when special), with ``added_tokens_decoder``: HF-style folders.
+    ``ADDED_JSON``: the model file (``vocab.txt``, ``vocab.json`` + ``merges.txt``, a SentencePiece model of a
+    folder without ``added_tokens_decoder``) unchanged; the tokens in ``added_tokens.json`` in id order and in
+    ``added_tokens_decoder``, as the slow tokenizers' ``save_pretrained`` (PaddleNLP 2.8.1, transformers 4.x)
+    writes them.
+    ``NONE``: the format cannot be edited (tiktoken): add-tokens refuses it by name.
+    """
+
+    MODEL_FILE = "model file"
+    ADDED_JSON = "added_tokens.json"
+    NONE = "not edited"
+
+
+class Outcome(StrEnum):
+    """What a library does with the new tokens of an ``add-tokens`` output."""
+
+    ENCODES = "encodes each new token (alone and inside text) as its id"
+    PIECE = (
+        "produces a new plain token's id after SentencePiece's own '▁' piece; a special (CONTROL) piece is "
+        "never produced from text (the caller inserts its id, as for <s>)"
+    )
+    IGNORES = "loads the folder without the new tokens (said on the terminal)"
+    NOT_A_READER = "does not load this format (the input already fails or loads another vocabulary)"
+    REFUSED = "add-tokens refuses the format, naming it"
+
+
+@dataclass(frozen=True)
+class TokenizerFact:
+    """One measured fact: ``loader`` on an ``add-tokens`` output of ``fmt`` whose tokens are in ``where``."""
+
+    fmt: TokenizerFormat
+    where: AddedTokensIn
+    loader: TokenizerLoader
+    outcome: Outcome
+    why: str = ""
+
+    @property
+    def key(self) -> str:
+        """The fact's id in its proving test's parameters: ``<format>-<where>-<loader>``."""
+        return f"{self.fmt.value}-{self.where.value}-{self.loader.value}"
+
+
+_F, _W, _L, _O = TokenizerFormat, AddedTokensIn, TokenizerLoader, Outcome
+_PNLP_NO_FAST = "PaddleNLP 2.8.1 has no tokenizer that reads tokenizer.json (its classes are slow ones)"
+_TF_NO_PNLP_SP = "transformers' LlamaTokenizer reads tokenizer.model, not PaddleNLP's sentencepiece.bpe.model"
+_PNLP_SP_NAME = "PaddleNLP 2.8.1's LlamaTokenizer reads sentencepiece.bpe.model, not tokenizer.model"
+
+FACTS: tuple[TokenizerFact, ...] = (
+    # tokenizer.json (byte-level BPE; a SentencePiece model converted, tokenizer.model beside it)
+    TokenizerFact(_F.TOKENIZER_JSON, _W.MODEL_FILE, _L.TOKENIZERS, _O.ENCODES),
+    TokenizerFact(_F.TOKENIZER_JSON, _W.MODEL_FILE, _L.TRANSFORMERS, _O.ENCODES),
+    TokenizerFact(_F.TOKENIZER_JSON, _W.MODEL_FILE, _L.PADDLEFORMERS, _O.ENCODES),
+    TokenizerFact(_F.TOKENIZER_JSON, _W.MODEL_FILE, _L.PADDLENLP_28, _O.NOT_A_READER, _PNLP_NO_FAST),
+    # SentencePiece models of HF-style folders: pieces appended
+    TokenizerFact(_F.SENTENCEPIECE, _W.MODEL_FILE, _L.SENTENCEPIECE, _O.PIECE),
+    TokenizerFact(_F.SENTENCEPIECE, _W.MODEL_FILE, _L.TRANSFORMERS, _O.ENCODES),
+    TokenizerFact(_F.SENTENCEPIECE, _W.MODEL_FILE, _L.PADDLEFORMERS, _O.ENCODES),
+    TokenizerFact(_F.SENTENCEPIECE, _W.MODEL_FILE, _L.PADDLENLP_28, _O.NOT_A_READER, _PNLP_SP_NAME),
+    # SentencePiece folders PaddleNLP 2.8.1 wrote (sentencepiece.bpe.model, no added_tokens_decoder)
+    TokenizerFact(
+        _F.SENTENCEPIECE,
+        _W.ADDED_JSON,
+        _L.SENTENCEPIECE,
+        _O.IGNORES,
+        "the model file is kept: PaddleNLP 2.8.1 refuses an added_tokens.json id the model already counts",
+    ),
+    TokenizerFact(_F.SENTENCEPIECE, _W.ADDED_JSON, _L.TRANSFORMERS, _O.NOT_A_READER, _TF_NO_PNLP_SP),
+    TokenizerFact(_F.SENTENCEPIECE, _W.ADDED_JSON, _L.PADDLEFORMERS, _O.NOT_A_READER, _TF_NO_PNLP_SP),
+    TokenizerFact(_F.SENTENCEPIECE, _W.ADDED_JSON, _L.PADDLENLP_28, _O.ENCODES),
+    # WordPiece vocab.txt (BERT, ERNIE 1.0/3.0; lower-casing: plain tokens stored lower-cased)
+    TokenizerFact(_F.WORDPIECE, _W.ADDED_JSON, _L.TRANSFORMERS, _O.ENCODES),
+    TokenizerFact(_F.WORDPIECE, _W.ADDED_JSON, _L.PADDLEFORMERS, _O.ENCODES),
+    TokenizerFact(_F.WORDPIECE, _W.ADDED_JSON, _L.PADDLENLP_28, _O.ENCODES),
+    # GPT-2 style vocab.json + merges.txt (GPT-2, OPT, Bloom slow tokenizers; PaddleNLP's GPTTokenizer)
+    TokenizerFact(_F.GPT2_BPE, _W.ADDED_JSON, _L.TRANSFORMERS, _O.ENCODES),
+    TokenizerFact(_F.GPT2_BPE, _W.ADDED_JSON, _L.PADDLEFORMERS, _O.ENCODES),
+    TokenizerFact(_F.GPT2_BPE, _W.ADDED_JSON, _L.PADDLENLP_28, _O.ENCODES),
+    # tiktoken rank files (Qwen-1 qwen.tiktoken, GLM-4 tokenizer.model, Kimi tiktoken.model)
+    TokenizerFact(_F.TIKTOKEN, _W.NONE, _L.TRANSFORMERS, _O.REFUSED, "custom tokenizer code only"),
+)
+"""Every (format, where, loader) fact measured; a pair absent here is not claimed."""
+
+PROOF_TEST = "tests/test_tokenizer_loaders.py::test_tokenizer_loader_fact"
+PROOFS: Mapping[str, str] = MappingProxyType({f.key: f"{PROOF_TEST}[{f.key}]" for f in FACTS})
+"""Fact key (:attr:`TokenizerFact.key`) → the pytest node id of the test that proved it."""
+
+
+def facts_for(fmt: TokenizerFormat, where: AddedTokensIn) -> tuple[TokenizerFact, ...]:
+    """The facts of an output of ``fmt`` whose added tokens are in ``where``, in table order."""
+    return tuple(f for f in FACTS if f.fmt is fmt and f.where is where)
+
+
+def unseen_by(fmt: TokenizerFormat, where: AddedTokensIn) -> tuple[TokenizerFact, ...]:
+    """The libraries that read such a folder but not its new tokens (:attr:`Outcome.IGNORES`): add-tokens
+    says so on the terminal, naming them."""
+    return tuple(f for f in facts_for(fmt, where) if f.outcome is Outcome.IGNORES)
