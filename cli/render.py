@@ -516,7 +516,7 @@ def _added_tokens(con: Console, a: dict, dry_run: bool) -> None:
     line += f"{a['rows_before']} → {a['rows_after']} ({a['slack_used']} slack row(s) used"
     if a["padding_rows"]:
         line += f", {a['padding_rows']} padding row(s): init {a['padding_init']}"
-    inits = {t["init"] for t in a["tokens"] if not t["existed"]}
+    inits = {t["init"] for t in a["tokens"] if not t["existed"] or t.get("rows_reset")}
     if a["padding_rows"]:
         inits.add(a["padding_init"])
     random = inits & RANDOM_INITS
