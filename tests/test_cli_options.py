@@ -300,13 +300,13 @@ def test_every_help_has_examples_that_run(command, tmp_path):
 
 
 def test_human_numbers():
-    from tietool.cli import render
+    from tietool.cli import numbers
 
-    assert render.count(5808) == "5,808"
-    assert render.count(494_032_768) == "494,032,768 (494 M)"
-    assert render.count(1_235_814_400) == "1,235,814,400 (1.24 B)"
-    assert render.count(-2_000_000) == "-2,000,000 (-2 M)"
-    assert [render.percent(p) for p in (27.548, 18740.176, 0.0, 6.6, 0.004, -1.5)] == [
+    assert numbers.count(5808) == "5,808"
+    assert numbers.count(494_032_768) == "494,032,768 (494 M)"
+    assert numbers.count(1_235_814_400) == "1,235,814,400 (1.24 B)"
+    assert numbers.count(-2_000_000) == "-2,000,000 (-2 M)"
+    assert [numbers.percent(p) for p in (27.548, 18740.176, 0.0, 6.6, 0.004, -1.5)] == [
         "27.55",
         "18740.18",
         "0",
