@@ -41,7 +41,14 @@ from .plan import flex_edit, merge_flex
 from .plan import merge as merge_plan
 from .plan.add_tokens import InitChoice, parse_init, plan_add_tokens
 from .plan.merge_experts import plan_rank_merge
-from .plan.plan import DEFAULT_MAX_SHARD_SIZE, Plan, check_dtypes, parse_size
+from .plan.plan import (
+    DEFAULT_MAX_SHARD_SIZE,
+    Plan,
+    check_dtypes,
+    hf_random_head_problems,
+    parse_size,
+    warn_random_head,
+)
 from .plan.resize import plan_resize
 from .plan.tie import plan_tie
 from .plan.training_state import plan_training_state
@@ -430,7 +437,7 @@ def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = F
         return report_mod.build(plan, facts, out)
 
     def plan(c: Checkpoint) -> Plan:
-        p = check_dtypes(make_plan(c))
+        p = warn_random_head(check_dtypes(make_plan(c)))
         if keep_training_state:
             p.training_edit = plan_training_state(p)
         return p
@@ -446,7 +453,7 @@ def _flex_edit(make_plan: Callable[[Checkpoint], Plan]) -> Planner:
 
     def plan(src: Path) -> flex_edit.FlexEdit:
         fp, view = flex_edit.open_view(src)
-        return flex_edit.plan_flex_edit(fp, check_dtypes(make_plan(view)))
+        return flex_edit.plan_flex_edit(fp, warn_random_head(check_dtypes(make_plan(view))))
 
     def report(e: flex_edit.FlexEdit, out: str, facts: dict | None, dry_run: bool = True) -> dict:
         if facts is None:
@@ -812,6 +819,8 @@ def convert(
     def plan(ckpt: Checkpoint) -> convert_plan.ConvertPlan:
         p = convert_plan.check_dtypes(convert_plan.plan_convert(ckpt, target))
         convert_plan.note_left_out(p)
+        if target in (Target.PADDLEFORMERS, Target.SAFETENSORS):
+            p.warnings += hf_random_head_problems(ckpt)
         return p
 
     converted = Planner(

@@ -287,7 +287,7 @@ def convert_report(plan: ConvertPlan, to: Target, out: str, facts: dict | None) 
         "split": [{"from": k, "to": v} for k, v in split.items()],
         "config_changes": plan.config_changes,
         "notes": plan.notes,
-        "warnings": list(ck.warnings),
+        "warnings": list(ck.warnings) + plan.warnings,
         "files": facts,
     }
 

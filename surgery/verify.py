@@ -39,7 +39,7 @@ from .io.configfile import read_config_file
 from .io.regular import load_json
 from .io.tokenizer import vocabulary
 from .io.vocabkeys import vocab_keys, walk
-from .model.errors import CheckpointError, ExitCode, Opt
+from .model.errors import CheckpointError, ExitCode, Opt, RefusedError, UsageError
 from .model.tensor import TensorInfo
 from .model.tokens import TokenizerSet
 
@@ -206,7 +206,7 @@ class _TensorComparison:
 
     def __init__(self, A: Checkpoint, B: Checkpoint, added_ids: frozenset[int] = frozenset()):
         self.A, self.B = A, B
-        self.da, self.db = detect(A, compare_values=False), detect(B, compare_values=False)
+        self.da, self.db = _detect_pair(A, B)
         self.res = VerifyResult()
         da = self.da
         self.emb_b = self.db.embedding.name
@@ -448,6 +448,37 @@ _TOKEN_KEYS = {
 _TRIM_KEYS = {"tokenizer.json": ("model.vocab", "model.merges")}  # a trim below the base vocabulary
 _ADDED_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 _LINES = 20  # tokens named one line each; the rest counted
+
+
+def _detect_pair(A: Checkpoint, B: Checkpoint) -> tuple[Detection, Detection]:
+    """Both folders' vocabulary surfaces; where the automatic detection of ``A`` finds another embedding or
+    head than the output's ``tietool-report.json`` names (a write given ``--embedding`` / ``--head``), or
+    where a bias beside the named head (:func:`arch.head_bias_names`) is not the found one, both are
+    detected with the report's names (present in both folders), so that what the write took as the
+    head's (its bias beside it) is read the same way. A name that cannot be one keeps the automatic
+    detection."""
+    da, db = detect(A, compare_values=False), detect(B, compare_values=False)
+    try:
+        rep = load_json(B.path / REPORT_NAME, REPORT_NAME) if (B.path / REPORT_NAME).is_file() else None
+    except (CheckpointError, OSError):
+        return da, db
+    if not isinstance(rep, dict):
+        return da, db
+    names, differs = {}, False
+    for role, found in (("embedding", da.embedding.name), ("head", da.head.name)):
+        n = rep.get(role)
+        if isinstance(n, str) and n in A.tensors and n in B.tensors:
+            names[f"{role}_name"] = n
+            own_bias = role == "head" and any(
+                b in A.tensors and b not in da.bias_names for b in arch.head_bias_names(n)
+            )
+            differs = differs or n != found or own_bias
+    if not differs:
+        return da, db
+    try:
+        return detect(A, compare_values=False, **names), detect(B, compare_values=False, **names)
+    except (CheckpointError, UsageError, RefusedError):
+        return da, db
 
 
 def _report_tokens(path: Path) -> tuple[dict[int, str], dict[int, str]]:

@@ -207,6 +207,8 @@ def test_malformed_rows_are_refused_when_built():
         dataclasses.replace(conv, plain=("norm.weight",))
     with pytest.raises(TableError, match="listed as a body Linear"):
         dataclasses.replace(conv, head="self_attn.q_proj.weight")
+    with pytest.raises(TableError, match="paddlenlp_lacks not among plain"):
+        dataclasses.replace(conv, paddlenlp_lacks=("self_attn.q_proj.weight",))
 
 
 def test_a_malformed_row_fails_the_import(tmp_path):

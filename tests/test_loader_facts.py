@@ -185,11 +185,12 @@ def test_unproven_tie_keeps_the_head_and_says_so(tmp_path):
 
 def test_model_type_the_table_lacks_keeps_the_head_under_every_loader(tmp_path):
     """A model type with no row (the fallback row's facts say "re-ties") is unproven under every loader, the
-    ones no test can load with (hf, paddlenlp-3) included: tie keeps the head, sets the flag and names
-    --loader; a known model type under hf (HF transformers' re-tie, read from its source) drops it."""
+    ones whose other rows are used as stated (hf, paddlenlp-3) included: tie keeps the head, sets the flag
+    and names --loader; a known model type under hf (HF transformers' re-tie, proven for llama by
+    tests/test_hf_loader.py) drops it."""
     for loader in ("hf", "paddlenlp-3", "paddleformers"):
         assert not lookup("my_new_lm", loader, "safetensors").trusted
-    assert lookup("llama", "hf", "safetensors").trusted
+    assert lookup("llama", "hf", "safetensors").proven
     for mt, dropped in (("my_new_lm", False), ("llama", True)):
         ckpt = _tied_llama(tmp_path, mt, head=True)
         cfg = json.loads((ckpt / "config.json").read_text())
@@ -227,3 +228,31 @@ def test_unproven_untie_writes_the_head_only_with_a_layout(tmp_path):
     ckpt = _tied_llama(tmp_path, "llama", head=False)
     r = _cli("untie", str(ckpt), "--out", str(tmp_path / "u3"), "-q")
     assert r.returncode == 0, r.stderr
+
+
+def test_every_write_names_a_head_the_loader_builds_at_random(tmp_path):
+    """An untied Gemma 3 checkpoint without ``lm_head`` (what PaddleFormers 1.2 exports: it always ties
+    Gemma 3 and writes no head; HF transformers then loads a random head, tests/test_hf_loader.py): every
+    write that leaves the flag false and the head missing says so on the terminal and in the report's
+    warnings -- resize under ``--loader hf`` (add-tokens shares its planner), convert to the HF layout; not
+    under PaddleFormers (which always ties it, proven), nor tie (sets the flag) or untie (writes the
+    head)."""
+    ckpt = _tied_llama(tmp_path, "gemma3_text", head=False)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    runs = {
+        "resize-hf": (["resize", "--vocab", "24", "--seed", "0", "--loader", "hf"], True),
+        "resize": (["resize", "--vocab", "24", "--seed", "0"], False),
+        "convert": (["convert", "--to", "safetensors"], True),
+        "tie-hf": (["tie", "--loader", "hf"], False),
+        "untie-hf": (["untie", "--loader", "hf"], False),
+    }
+    for op, (argv, warned) in runs.items():
+        out = tmp_path / op
+        r = _cli(*argv, str(ckpt), "--out", str(out))
+        assert r.returncode == 0, f"{op}: {r.stderr}"
+        said = " ".join(r.stdout.split())
+        rep = json.loads((out / "tietool-report.json").read_text())
+        named = [w for w in rep["warnings"] if "random head" in w and "lm_head.weight" in w]
+        assert bool(named) is warned, f"{op}: {rep['warnings']}"
+        assert ("random head" in said and "untie" in said) is warned, f"{op}: {r.stdout}"

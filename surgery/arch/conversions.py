@@ -35,13 +35,16 @@ _LLAMA_LINEAR: dict[str, tuple[Size, Size]] = {
     "mlp.up_proj.weight": (S.HIDDEN, S.INTER),
     "mlp.down_proj.weight": (S.INTER, S.HIDDEN),
 }
+_LLAMA_BIASES: tuple[str, ...] = (
+    *[f"self_attn.{p}_proj.bias" for p in "qkvo"],
+    *[f"mlp.{p}_proj.bias" for p in ("gate", "up", "down")],
+)
 _LLAMA_PLAIN: tuple[str, ...] = (
     "embed_tokens.weight",
     "input_layernorm.weight",
     "post_attention_layernorm.weight",
     "norm.weight",
-    *[f"self_attn.{p}_proj.bias" for p in "qkvo"],
-    *[f"mlp.{p}_proj.bias" for p in ("gate", "up", "down")],
+    *_LLAMA_BIASES,
 )
 
 
@@ -90,6 +93,9 @@ def _llama_like(
         fused=fused,
         paddlenlp_own_head=own_head,
         paddlenlp_28=paddlenlp_prefix == "llama",  # 2.8.1 has llama/ and qwen/ (v1), no qwen2/ or qwen3/
+        # PaddleNLP 2.8.1 llama/modeling.py builds every Linear with bias_attr=False; a PaddleFormers Llama
+        # with attention_bias / mlp_bias holds them (tests/test_convert_sweep.py)
+        paddlenlp_lacks=_LLAMA_BIASES if paddlenlp_prefix == "llama" else (),
     )
 
 

@@ -30,8 +30,10 @@ first).
 
 Proofs: :data:`PROOFS` maps ``(model_type, loader, container)`` to the test that loaded checkpoints the
 library itself wrote and asserted these facts (PaddleFormers 1.2: ``tests/test_families.py::
-test_loader_facts``). Under :data:`PROVABLE_LOADERS` a write relies on a fact only where it is proven
-(``Family.trusted``); elsewhere tie/resize keep the head, untie writes it and refuses to guess its layout.
+test_loader_facts``; HF transformers 5.3, reading PaddleFormers' HF-layout exports:
+``tests/test_hf_loader.py::test_hf_loader_facts``). Under :data:`PROVABLE_LOADERS` a write relies on a fact
+only where it is proven (``Family.trusted``); elsewhere tie/resize keep the head, untie writes it and refuses
+to guess its layout.
 """
 
 from __future__ import annotations
@@ -88,6 +90,24 @@ EXTRA_TABLES: tuple[str, ...] = (
     r"mtp\.(?:.*\.)?(?:lm_)?head\.weight",
     r"embed_tokens_per_layer\.weight",
 )
+
+
+# The bias of a head named by ``--head`` (a name no family row lists): the same module's bias beside its
+# weight, ``[vocab]`` or ``[1, vocab]`` (checked against the head's rows), added to the logits, so it moves
+# with the head's rows. ``(weight suffix, bias suffix)``, the first that matches. Sources: paddle.nn.Linear
+# (``weight`` / ``bias``); PaddleNLP 2.8.1 UnifiedTransformerLMHead (PLATO, unified_transformer/modeling.py:
+# ``logits = matmul(h, decoder_weight, transpose_y=True) + decoder_bias``) and BERT's ``decoder_weight`` /
+# ``decoder_bias``; tests/test_vocab_bias.py resizes a PaddleNLP-written PLATO and loads it.
+HEAD_BIAS_OF: tuple[tuple[str, str], ...] = (("decoder_weight", "decoder_bias"), ("weight", "bias"))
+
+
+def head_bias_names(head: str) -> tuple[str, ...]:
+    """The names the bias of a head named ``head`` may have (:data:`HEAD_BIAS_OF`): ``lm_head.decoder_bias``
+    for ``lm_head.decoder_weight``, ``lm_head.bias`` for ``lm_head.weight``; empty for another name."""
+    for weight, bias in HEAD_BIAS_OF:
+        if head.endswith(weight):
+            return (head[: -len(weight)] + bias,)
+    return ()
 
 
 # Integer/boolean tensors indexed by token id (or holding token ids), with the rule a resize follows. A
@@ -193,6 +213,14 @@ _PDPARAMS_NO_RETIE: dict[str, LoaderFacts] = {
     "hf/pdparams": _PF_NO_RETIE,
 }
 _NEVER_RETIE: dict[str, LoaderFacts] = {"paddleformers": _PF_NO_RETIE, "hf": _PF_NO_RETIE}
+# PaddleFormers 1.2 does not re-tie a missing head, HF transformers 5.3 does (its tie_weights honours
+# tie_word_embeddings): tests/test_hf_loader.py::test_hf_loader_facts. transformers reads no .pdparams: that
+# hf row mirrors PaddleFormers' (and is unproven)
+_PF_NEVER_HF_RETIES: dict[str, LoaderFacts] = {
+    **_NEVER_RETIE,
+    "hf": _PF_LIKE,
+    "hf/pdparams": _PF_NO_RETIE,
+}
 _PDPARAMS_RETIE_WARNS: dict[str, LoaderFacts] = {
     "paddleformers/pdparams": _PF_RETIE_WARNS,
     "hf/pdparams": _PF_RETIE_WARNS,
@@ -270,7 +298,8 @@ FAMILIES: tuple[FamilyRow, ...] = (
         },
         # PaddleFormers 1.2 (tests/test_families.py::test_loader_facts): Phi3 does not rebuild a missing head
         # from safetensors ("lm_head.weight should be assigned before!"); GptOss and DeepSeek-V3 ignore
-        # tie_word_embeddings altogether (no tie_weights), so a dropped head is lost.
+        # tie_word_embeddings altogether (no tie_weights), so a dropped head is lost. HF transformers 5.3
+        # re-ties all three, and GLM-4-MoE (tests/test_hf_loader.py::test_hf_loader_facts).
         # Issue 17 (tests/test_families.py::test_loader_facts): Qwen2-MoE / Qwen3-MoE as Qwen2 (a random head
         # from .pdparams); Qwen3-Next, GLM-4-MoE, GLM-OCR and GLM-4.5V-MoE never rebuild a missing head
         # (safetensors: "lm_head.weight should be assigned before!"; .pdparams: random); Qwen3-VL and
@@ -282,11 +311,11 @@ FAMILIES: tuple[FamilyRow, ...] = (
             "qwen3": _PDPARAMS_RETIE_WARNS,
             "qwen2_moe": _PDPARAMS_NO_RETIE,
             "qwen3_moe": _PDPARAMS_NO_RETIE,
-            "phi3": {"paddleformers": _PF_NO_RETIE, "hf": _PF_NO_RETIE, **_PDPARAMS_RETIE_WARNS},
-            "gpt_oss": _NEVER_RETIE,
-            "deepseek_v3": _NEVER_RETIE,
+            "phi3": {"paddleformers": _PF_NO_RETIE, "hf": _PF_LIKE, **_PDPARAMS_RETIE_WARNS},  # HF: re-ties
+            "gpt_oss": _PF_NEVER_HF_RETIES,
+            "deepseek_v3": _PF_NEVER_HF_RETIES,
             "qwen3_next": _NEVER_RETIE,
-            "glm4_moe": _NEVER_RETIE,
+            "glm4_moe": _PF_NEVER_HF_RETIES,
             "glm_ocr": {**_NEVER_RETIE, **_GLM_OCR_PDPARAMS},
             "glm4v_moe": _NEVER_RETIE,
             "qwen3_vl": _PDPARAMS_RETIE_WARNS,
@@ -567,7 +596,12 @@ _PF_PROVEN: dict[str, tuple[str, ...]] = {
     "qwen2_5_vl": ("pdparams",),
     "glm4v_moe": ("pdparams",),
 }
-HF_NOT_PF: frozenset[tuple[str, str]] = frozenset({("gemma3_text", "safetensors")})
+# (model type, container) whose hf row is HF transformers' own reading, not a mirror of PaddleFormers'
+# (tests/test_hf_loader.py proves it): transformers honours tie_word_embeddings where PaddleFormers 1.2
+# always ties (Gemma3) or never re-ties (Phi3, GptOss, DeepSeek-V3, GLM-4-MoE)
+HF_NOT_PF: frozenset[tuple[str, str]] = frozenset(
+    (mt, "safetensors") for mt in ("gemma3_text", "phi3", "gpt_oss", "deepseek_v3", "glm4_moe")
+)
 _PF_PROOFS: dict[ProofKey, str] = {
     ProofKey(mt, "paddleformers", c): _PF_FACTS_TEST.format(model_type=mt, container=c)
     for mt, containers in _PF_PROVEN.items()
@@ -600,7 +634,30 @@ _PNLP_PROOFS: dict[ProofKey, str] = {
     for model_type, (test_id, containers) in _PNLP_PROVEN.items()
     for container in containers
 }
-PROOFS: Mapping[ProofKey, str] = MappingProxyType({**_PF_PROOFS, **_PNLP_PROOFS})
+# HF transformers 5.3 (torch 2.13 CPU, its own venv: tests/tools/hf_venv.sh):
+# tests/test_hf_loader.py::test_hf_loader_facts loads PaddleFormers 1.2's HF-layout exports of each model
+# type (tied, untied, head dropped) in AutoModelForCausalLM and asserts the hf row's facts (the exports'
+# logits checked against PaddleFormers'); its other tests load tietool's outputs of them. Not proven:
+# Qwen3-Next (transformers does not read the export's expert names) and the vision-language wrappers (no
+# AutoModelForCausalLM class); transformers reads no .pdparams.
+_HF_FACTS_TEST = "tests/test_hf_loader.py::test_hf_loader_facts[{model_type}]"
+_HF_PROVEN: tuple[str, ...] = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "ernie4_5",
+    "gemma3_text",
+    "phi3",
+    "gpt_oss",
+    "deepseek_v3",
+    "qwen2_moe",
+    "qwen3_moe",
+    "glm4_moe",
+)
+_HF_PROOFS: dict[ProofKey, str] = {
+    ProofKey(mt, "hf", "safetensors"): _HF_FACTS_TEST.format(model_type=mt) for mt in _HF_PROVEN
+}
+PROOFS: Mapping[ProofKey, str] = MappingProxyType({**_PF_PROOFS, **_PNLP_PROOFS, **_HF_PROOFS})
 """``(model_type, loader, container)`` → pytest node id of the test that loaded a library-written checkpoint
 of that model type in that container and asserted the table's facts for it. A write relies on a loader fact
 (drop a head the loader re-ties, refuse untie where it always ties, the layout of a head it writes) only

@@ -25,10 +25,12 @@ from ..model.enums import Layout, Loader, TensorRole, TiedScale
 LOADERS: tuple[str, ...] = tuple(ld.value for ld in Loader)
 # The containers a loader may read differently (``Checkpoint.format``).
 CONTAINERS: tuple[str, ...] = ("safetensors", "pdparams")
-# The loaders whose facts the tests can prove by loading (PaddleFormers 1.2 is in the test environment,
-# PaddleNLP 2.8.1 in its own venv): under these a write relies on a fact only where PROOFS holds it. "hf"
-# (HF transformers' reading, which needs torch) and "paddlenlp-3" have no library here; their rows are the
-# facts read from those libraries' source, and writes use them as the table states them.
+# The loaders under which a write relies on a fact only where PROOFS holds it (PaddleFormers 1.2 is in the
+# test environment, PaddleNLP 2.8.1 in its own venv). "hf" (HF transformers, in a venv of its own:
+# tests/tools/hf_venv.sh) has proofs for the model types tests/test_hf_loader.py loads, but is not one of
+# these yet: a folder with no library version key defaults to it, and its other rows (GPT-2, T5, BART,
+# LLaVA, ChatGLM2, ... read from transformers' source) have no transformers-written checkpoint proving them,
+# so they are used as the table states them, as the "paddlenlp-3" rows are.
 PROVABLE_LOADERS: tuple[str, ...] = (Loader.PADDLEFORMERS.value, Loader.PADDLENLP_28.value)
 
 
@@ -459,6 +461,9 @@ class ConversionRow:
         paddlenlp_28: PaddleNLP 2.8.1 has a model class of the type (``paddlenlp/transformers/<type>``),
             so a PaddleNLP output says ``paddlenlp_version: null`` as 2.8.1 writes it; else (Qwen2, Qwen3:
             PaddleNLP 3 only) no version key is written, and tietool takes PaddleNLP 3 as the loader.
+        paddlenlp_lacks: body suffixes (among ``plain``) PaddleNLP's class has no parameter for: its
+            ``from_pretrained`` drops them with a log line only ("were not used"), so a PaddleNLP output
+            holding one with values other than zero would load with other logits (conversion refuses).
     """
 
     prefixes: Mapping[Naming, str]
@@ -469,6 +474,7 @@ class ConversionRow:
     fused: Mapping[Naming, Mapping[str, FusedSpec]] = field(default_factory=dict)
     paddlenlp_own_head: bool = False
     paddlenlp_28: bool = False
+    paddlenlp_lacks: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _need(Naming.HF in self.prefixes, "conversion row: no HF prefix")
@@ -476,6 +482,8 @@ class ConversionRow:
         _names(self.plain, "conversion row plain")
         _need(self.embedding in self.plain, f"conversion row: embedding {self.embedding!r} not among plain")
         _need(self.head not in self.linear, f"conversion row: head {self.head!r} listed as a body Linear")
+        _names(self.paddlenlp_lacks, "conversion row paddlenlp_lacks", empty=True)
+        _need(set(self.paddlenlp_lacks) <= set(self.plain), "conversion row: paddlenlp_lacks not among plain")
         for naming, specs in self.fused.items():
             _need(naming in self.prefixes, f"conversion row: fused tensors of {naming} without its prefix")
             _need(all(isinstance(s, FusedSpec) for s in specs.values()), "conversion row: a fused spec")

@@ -31,7 +31,9 @@ from .findings import Finding, FindingKind, Fix, OneOf, Severity
 from .vocabularies import (
     Vocabulary,
     ambiguous_sizes,
+    derived_sizes,
     dtype_kind,
+    float_counts,
     sized_by,
     table_size_key,
     text_block,
@@ -441,6 +443,7 @@ class _Cfg:
     vocabs: tuple[Vocabulary, ...] = ()
     unclear: tuple[str, ...] = ()
     ambiguous: frozenset[int] = frozenset()
+    derived: frozenset[int] = frozenset()
 
 
 def _config_facts(ckpt: Checkpoint) -> _Cfg:
@@ -472,6 +475,7 @@ def _config_facts(ckpt: Checkpoint) -> _Cfg:
         vocabs=tuple(vocabularies(cfg)),
         unclear=tb.unclear,
         ambiguous=frozenset(ambiguous_sizes(tcfg, hidden) | ambiguous_sizes(cfg, hidden)),
+        derived=frozenset(derived_sizes(tcfg, hidden) | derived_sizes(cfg, hidden)),
     )
 
 
@@ -708,9 +712,13 @@ def _find_by_shape(ckpt: Checkpoint, taken: set[str], V: int, H: int) -> list[st
     ]
 
 
-def _find_bias(ckpt: Checkpoint, fam: arch.Family) -> tuple[str | None, list[str]]:
-    """The head bias (the first present in the table's order) and its aliases (same storage or bytes)."""
-    names = _ranked(ckpt, fam.bias, ndim=None)
+def _find_bias(
+    ckpt: Checkpoint, fam: arch.Family, head_name: str | None, hidden: int | None
+) -> tuple[str | None, list[str]]:
+    """The head bias (the first present in the table's order; before them, the bias of the module of a head
+    named by ``--head``, :func:`_named_head_bias`) and its aliases (same storage or bytes)."""
+    own = _named_head_bias(ckpt, head_name, hidden)
+    names = [*own, *(n for n in _ranked(ckpt, fam.bias, ndim=None) if n not in own)]
     if not names:
         return None, []
     bias, b_info = names[0], ckpt.tensors[names[0]]
@@ -722,6 +730,24 @@ def _find_bias(ckpt: Checkpoint, fam: arch.Family) -> tuple[str | None, list[str
         ):
             aliases.append(n)
     return bias, aliases
+
+
+def _named_head_bias(ckpt: Checkpoint, head_name: str | None, hidden: int | None) -> list[str]:
+    """The bias beside a head named by ``--head`` (:func:`arch.head_bias_names`: ``lm_head.decoder_bias``
+    of ``lm_head.decoder_weight``) when it is present, float and ``[rows]`` / ``[1, rows]`` for the head's
+    vocabulary axis (its axis that is not ``hidden``); [] otherwise."""
+    if head_name is None or head_name not in ckpt.tensors:
+        return []
+    rows = set(ckpt.tensors[head_name].shape) - ({hidden} if hidden is not None else set())
+    out = []
+    for n in arch.head_bias_names(head_name):
+        t = ckpt.tensors.get(n)
+        if t is None or dtype_kind(ckpt.logical_dtype(t)) != "float":
+            continue
+        shape = tuple(t.shape)
+        if (len(shape) == 1 and shape[0] in rows) or (len(shape) == 2 and shape[0] == 1 and shape[1] in rows):
+            out.append(n)
+    return out
 
 
 @dataclass
@@ -1311,11 +1337,14 @@ def _beyond_names(
         out.head_vocab = next((v.key for v in others if v.size == head_rows and v.key != cf.vocab_key), None)
 
     def sized(size: int) -> list[str]:
-        clear = size not in cf.ambiguous
         return [
             n
-            for n in sized_by(ckpt.tensors, logical, size, seen)
-            if quant_module(n) is None and (clear or dtype_kind(logical[n]) != "float")
+            for n in sized_by(ckpt.tensors, size, seen)
+            if quant_module(n) is None
+            and (
+                dtype_kind(logical[n]) != "float"
+                or float_counts(n, tuple(ckpt.tensors[n].shape), size, cf.ambiguous, cf.derived, cf.hidden)
+            )
         ]
 
     for n in sized(V):
@@ -1520,7 +1549,7 @@ def detect(
     else:
         loader_source = f"{Opt('loader')}"
     fam = arch.lookup(cf.model_type, loader, ckpt.format)
-    bias = _find_bias(ckpt, fam)
+    bias = _find_bias(ckpt, fam, head_name, cf.hidden)
     flag = _config_flag(ckpt, cf, fam, loader)
     if embedding is None:
         pair = _missing_embedding_pair(ckpt, fam, cf, head_named[0], layout)

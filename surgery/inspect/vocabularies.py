@@ -5,10 +5,11 @@ A config may name several vocabularies: a draft model's head vocabulary beside t
 (``draft_vocab_size``), a thinker's text vocabulary and a talker's codec vocabulary
 (``thinker_config.text_config.vocab_size``, ``talker_config.vocab_size``). The text vocabulary is the
 language model's (:data:`~surgery.arch.TEXT_BLOCKS` at any nesting); :func:`text_block` finds it
-or says that it is not clear. :func:`sized_by` finds every tensor with an axis of a vocabulary's size
-(integer and boolean tensors anywhere, float tensors outside the numbered blocks), so that a tensor no
-name rule covers is named, never left behind. A size that another config key also names (``hidden_size``,
-``intermediate_size``, ...) cannot tell a vocabulary axis: :func:`ambiguous_sizes`.
+or says that it is not clear. :func:`sized_by` finds every tensor with an axis of a vocabulary's size, of
+any dtype and anywhere, so that a tensor no name rule covers is named, never left behind. A size that
+another config key also names (``hidden_size``, ``intermediate_size``, ...; inside a layer also sizes
+combined from them, :func:`derived_sizes`) cannot tell a float vocabulary axis (:func:`float_counts`;
+:func:`ambiguous_sizes`), except for a float vector outside the layers: a bias over the vocabulary.
 """
 
 from __future__ import annotations
@@ -122,17 +123,43 @@ def dtype_kind(logical: str) -> str:
     return "float" if logical in FLOATS else "bool" if logical == "bool" else "int"
 
 
-def sized_by(
-    tensors: dict[str, TensorInfo], logical: dict[str, str], size: int, taken: set[str]
-) -> list[str]:
-    """Tensors not in ``taken`` with an axis of ``size`` entries: integer and boolean tensors anywhere
-    (token-indexed tables, token-id maps), float tensors outside the numbered blocks (a float tensor inside
-    a layer with an axis of that size is a layer weight as often as a table; tables there are found by
-    name), in file order."""
-    return [
-        n
-        for n, t in tensors.items()
-        if n not in taken
-        and size in tuple(t.shape)
-        and (dtype_kind(logical[n]) != "float" or not arch.is_extra_table(n))
-    ]
+def derived_sizes(config: dict, hidden: int | None) -> set[int]:
+    """Sizes a layer weight's axis may have from config keys combined (:func:`ambiguous_sizes` alone, 2x and
+    3x each (fused gate | up, fused q | k | v of equal heads), the product of any two (heads x head_dim,
+    moe_intermediate_size x shared experts) and ``(heads + 2 x kv heads) x head_dim``): a float axis of such
+    a size inside a numbered block cannot tell a vocabulary axis."""
+    base = sorted(v for v in ambiguous_sizes(config, hidden) if v > 0)
+    out = set(base) | {k * v for v in base for k in (2, 3)} | {a * b for a in base for b in base}
+    heads, kv, dim = (config.get(k) for k in ("num_attention_heads", "num_key_value_heads", "head_dim"))
+    kv = kv if _int(kv) else heads
+    if isinstance(heads, int) and heads > 0 and not _int(dim) and hidden:
+        dim = hidden // heads
+    if isinstance(heads, int) and isinstance(kv, int) and isinstance(dim, int):
+        out.add((heads + 2 * kv) * dim)
+    return out
+
+
+def sized_by(tensors: dict[str, TensorInfo], size: int, taken: set[str]) -> list[str]:
+    """Tensors not in ``taken`` with an axis of ``size`` entries, any dtype, anywhere, in file order (the
+    caller leaves out float tensors whose axis may have that size for another reason:
+    :func:`float_counts`)."""
+    return [n for n, t in tensors.items() if n not in taken and size in tuple(t.shape)]
+
+
+def float_counts(
+    name: str,
+    shape: tuple[int, ...],
+    size: int,
+    ambiguous: set[int] | frozenset[int],
+    derived: set[int] | frozenset[int],
+    hidden: int | None,
+) -> bool:
+    """A float tensor ``name`` with an axis of ``size`` entries is on the vocabulary surface: inside a
+    numbered block (a layer's own weights) when no config key names the size, alone or combined
+    (``derived``, :func:`derived_sizes`); outside one when no config key names it (``ambiguous``), or
+    always for a vector (``[size]``, ``[1, size]``: a bias over the vocabulary) unless ``size`` is the
+    hidden size."""
+    if arch.is_extra_table(name):
+        return size not in ambiguous and size not in derived
+    vector = len(shape) == 1 or (len(shape) == 2 and shape[0] == 1)
+    return size not in ambiguous or (vector and size != hidden)

@@ -117,7 +117,8 @@ class ConvertPlan:
     with ``config``.
 
     ``source``/``target``: the conventions (equal for a container change); ``layout``: the input's Linear
-    layout when proven from the shapes (None: not checked); ``notes``: said to the user.
+    layout when proven from the shapes (None: not checked); ``notes``: said to the user; ``warnings``: what
+    the output's loader will get wrong (printed).
     """
 
     ckpt: Checkpoint
@@ -129,6 +130,7 @@ class ConvertPlan:
     notes: list[str] = field(default_factory=list)
     config_changes: list[dict[str, Any]] = field(default_factory=list)
     layout: Layout | None = None
+    warnings: list[str] = field(default_factory=list)
 
 
 def _label(ckpt: Checkpoint, name: str) -> str:
@@ -426,6 +428,8 @@ def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
     if not row.paddlenlp_own_head:
         return
     tied = bool(ckpt.config.get("tie_word_embeddings", False))
+    if plan.target == PADDLENLP and head in ckpt.tensors and tied:
+        _refuse_head_apart(ckpt, head, f"{_prefix(plan.source, row)}.{row.embedding}")
     if plan.target == PADDLENLP and head not in ckpt.tensors:
         emb = f"{_prefix(plan.source, row)}.{row.embedding}"
         if emb not in ckpt.tensors:
@@ -449,6 +453,36 @@ def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
         plan.notes.append(
             "tie_word_embeddings is set false: PaddleNLP 2.8 used this checkpoint's own head whatever the "
             "flag said, and PaddleFormers would ignore that head and tie it to the embedding"
+        )
+
+
+def _refuse_head_apart(ckpt: Checkpoint, head: str, emb: str) -> None:
+    """Refuse a conversion to PaddleNLP of a ``[vocab, hidden]`` head (PaddleFormers layout) that differs
+    from the embedding under ``tie_word_embeddings: true``: PaddleFormers ties and uses the embedding as the
+    head, PaddleNLP 2.8 uses the file's head whatever the flag says (``paddlenlp_own_head``), so the output
+    would load with another head than the input does, and which one was meant is unknown. Compared in
+    blocks of rows, bit for bit.
+
+    Raises:
+        RefusedError: the head differs from the embedding (both named, the two fixes).
+    """
+    h, e = ckpt.tensors[head], ckpt.tensors.get(emb)
+    if e is None or tuple(h.shape) != tuple(e.shape) or len(e.shape) != 2 or h.dtype != e.dtype:
+        return
+    rows = max(1, ROWS_BYTES // max(1, e.nbytes // max(1, e.shape[0])))
+    same = all(
+        a.tobytes() == b.tobytes()
+        for a, b in zip(ckpt.iter_rows(head, rows), ckpt.iter_rows(emb, rows), strict=True)
+    )
+    if not same:
+        raise RefusedError(
+            f"config.json says tie_word_embeddings: true but {head} differs from {emb}: PaddleFormers loads "
+            "this checkpoint with the embedding as the head, PaddleNLP 2.8 would use the stored head, so "
+            "the output would not be the model the input is",
+            ckpt.path,
+            f"to keep the embedding as the head (what PaddleFormers loads), run tietool tie "
+            f"{Opt('keep', 'embedding')} first; to keep the stored head, set tie_word_embeddings to false "
+            "in config.json first",
         )
 
 
@@ -716,10 +750,41 @@ def plan_convert(ckpt: Checkpoint, to: Target, fix: str | None = None) -> Conver
             0, f"the input is already in the {conv.title} layout: only the shards are rewritten"
         )
         return plan
+    if to is Target.PADDLENLP:
+        _refuse_lacking(ckpt, row, source)
     plan.tensors = model_steps(ckpt, row, source, conv, fix)
     _edit_config(plan, to.value, row)
     _head_steps(plan, row)
     return plan
+
+
+def _refuse_lacking(ckpt: Checkpoint, row: arch.ConversionRow, src: Convention) -> None:
+    """Refuse a conversion to PaddleNLP of tensors its class has no parameter for
+    (:attr:`~surgery.arch.ConversionRow.paddlenlp_lacks`: PaddleNLP 2.8.1's Llama has no Linear biases)
+    holding values other than zero: PaddleNLP would load the output without them ("were not used", a log
+    line) and give other logits. All-zero ones add nothing to the logits and are written as they are.
+    Reads those tensors' values (biases: small).
+
+    Raises:
+        RefusedError: such tensors with a value other than zero (named, up to four).
+    """
+    pre = _prefix(src, row) + "."
+    lacking = [
+        n
+        for n in ckpt.tensors
+        if n.startswith(pre) and suffix_in(n[len(pre) :], row.paddlenlp_lacks) is not None
+    ]
+    nonzero = [n for n in lacking if np.any(ckpt.load(n))]
+    if nonzero:
+        more = f" and {len(nonzero) - 4} more" if len(nonzero) > 4 else ""
+        raise RefusedError(
+            f"PaddleNLP's {ckpt.config.get('model_type')} class has no parameter for {', '.join(nonzero[:4])}"
+            f"{more} (Linear biases; PaddleNLP 2.8.1 builds them with bias_attr=False): it would load the "
+            "output without them, with a log line only, and give other logits",
+            ckpt.path,
+            f"keep the checkpoint for PaddleFormers ({Opt('to', 'paddleformers')} or "
+            f"{Opt('to', 'safetensors')}), which reads the biases",
+        )
 
 
 def _paddlenlp_files(ck: Checkpoint) -> bool:

@@ -16,14 +16,15 @@ import numpy as np
 from .. import arch
 from ..inspect.detect import (
     Detection,
+    detect,
     loader_facts_unproven,
     unnamed_heads,
 )
 from ..inspect.findings import FindingKind, Fix, describe
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file
-from ..model.enums import Container, FoundBy, HeadLayout
-from ..model.errors import Opt, RefusedError, UsageError
+from ..model.enums import Container, FoundBy, HeadLayout, Loader
+from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import DTYPES, NP_TO_ST, DType, TensorInfo, dtype_refusal
 from ..model.tokens import TokenEdit
 from .recipes import CopyOf, Recipe, uses
@@ -435,6 +436,52 @@ def drop_head(det: Detection, plan: Plan, reason: str) -> bool:
             f"({source})"
         )
     return True
+
+
+def random_head_problem(det: Detection) -> str | None:
+    """The problem an output keeps when the input has no head in its files under an untied flag (an untied
+    Gemma 3 export: PaddleFormers writes no head, HF transformers then loads a random ``lm_head``) and
+    the write neither adds the head nor sets the flag true, in words; None when the input has no such
+    problem or the loader always ties the head, and that is proven (``Family.refuses_untie``: the
+    missing head is what it expects)."""
+    finding = next((f for f in det.findings if f.kind is FindingKind.UNTIED_BUT_NO_HEAD), None)
+    if finding is None or det.family.refuses_untie:
+        return None
+    return (
+        f"{describe(finding)}; the output keeps it: the {det.loader.name} loader would load it with a "
+        f"random head (run untie to write {det.head.name}, or tie to set the flag true)"
+    )
+
+
+def _says_untied(config: dict[str, Any]) -> bool:
+    """config.json (or a nested block of it) sets ``tie_word_embeddings`` false."""
+    blocks = [config, *(v for v in config.values() if isinstance(v, dict))]
+    return any(b.get("tie_word_embeddings") is False for b in blocks)
+
+
+def hf_random_head_problems(ckpt: Checkpoint) -> list[str]:
+    """:func:`random_head_problem` of ``ckpt`` under HF transformers, which reads what ``convert`` writes in
+    the PaddleFormers/HF layout (a conversion keeps the head and the flag as they are); empty when tietool
+    finds no embedding in it (convert needs none)."""
+    if not _says_untied(ckpt.config):  # detection reads every name: only where the flag is false
+        return []
+    try:
+        det = detect(ckpt, loader=Loader.HF, compare_values=False)
+    except (CheckpointError, RefusedError, UsageError):
+        return []
+    problem = random_head_problem(det)
+    return [problem] if problem else []
+
+
+def warn_random_head(plan: Plan) -> Plan:
+    """Add :func:`random_head_problem` to ``plan.warnings`` (printed on the terminal) unless the plan
+    writes the head or sets ``tie_word_embeddings`` true. Returns ``plan``."""
+    problem = random_head_problem(plan.det)
+    writes_head = any(a.name == plan.det.head.name for a in plan.add) or plan.det.head.name in plan.replace
+    ties = any(k.endswith("tie_word_embeddings") and v is True for _, k, v in plan.config_set)
+    if problem and not (writes_head or ties):
+        plan.warnings.append(problem)
+    return plan
 
 
 def unproven_note(det: Detection, plan: Plan, done: str) -> None:

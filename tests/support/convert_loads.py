@@ -11,7 +11,8 @@ expert and ``moe_statics``), each as ``<name>-hf`` (the default flex-checkpoint 
 and ``<name>-legacy`` (``save_checkpoint_format="legacy", save_to_hf=False``: ``model_state.pdparams``,
 ``model.`` names, fused ``qkv_proj`` / ``up_gate_proj``, ``[in, out]``).
 
-``load``: JOBS is a list of ``{"ckpt", "model_class", "kwargs", "npz"}``; each folder is copied to a
+``load``: JOBS is a list of ``{"ckpt", "model_class", "kwargs", "npz"}`` (optional ``"ids"``: other input ids
+than :data:`IDS`); each folder is copied to a
 temporary folder (``from_pretrained`` writes into the folder it loads), loaded with
 ``from_pretrained(d, **kwargs)`` on CPU, and ``npz`` gets ``logits`` on :data:`IDS` (when the model runs on
 CPU: PaddleFormers 1.2's ERNIE MoE needs the GPU kernel ``expand_modality_expert_id``) and every
@@ -137,7 +138,7 @@ def load_one(job: dict, log: io.StringIO) -> dict:
             arrays = {f"state/{k}": v.astype("float32").numpy() for k, v in m.state_dict().items()}
             try:
                 with paddle.no_grad(), contextlib.redirect_stdout(log):
-                    out = m(input_ids=paddle.to_tensor(IDS, dtype="int64"))
+                    out = m(input_ids=paddle.to_tensor(job.get("ids", IDS), dtype="int64"))
                 lg = out[0] if isinstance(out, (tuple, list)) else getattr(out, "logits", out)
                 arrays["logits"] = lg.astype("float32").numpy()
                 res["logits"] = True

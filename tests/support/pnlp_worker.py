@@ -7,8 +7,9 @@ real checkpoints with the library's own ``save_pretrained`` and loads checkpoint
 ``JOBS.json`` is a list of jobs, run in one process (importing paddle costs seconds):
 
 * ``{"op": "build", "family": F, "tie": T, "container": C, "out": DIR}``: ``paddle.seed(seed);
-  Model(Config(**cfg))`` of :data:`FAMILIES` [F], then ``save_pretrained(DIR, safe_serialization=C ==
-  "safetensors")`` (optional ``"max_shard_size"``: sharded with an index; ``"dtype"``: e.g. ``"bfloat16"``,
+  Model(Config(**cfg))`` of :data:`FAMILIES` [F] (or :data:`OTHER_MODELS` [F]), then
+  ``save_pretrained(DIR, safe_serialization=C == "safetensors")`` (optional ``"max_shard_size"``: sharded
+  with an index; ``"dtype"``: e.g. ``"bfloat16"``,
   the model cast before saving; ``"cfg"``: config arguments over the family's). ``T``: ``"tied"``
   (``tie_word_embeddings=True``), ``"untied"`` (the model's own random head), ``"untied-equal"``
   (``tie_word_embeddings=False``, the head set to the embedding in the head's own layout before saving, so
@@ -219,14 +220,29 @@ FAMILIES: dict[str, dict] = {
         "seq2seq": True,
     },
 }
+# models built and loaded like FAMILIES but outside the loader-facts matrix of tests/test_pnlp_loaders.py
+OTHER_MODELS: dict[str, dict] = {
+    "unified_transformer": {  # PLATO: the head is the word embedding plus lm_head.decoder_bias [vocab]
+        "model_type": "unified_transformer",
+        "cls": ("UnifiedTransformerConfig", "UnifiedTransformerLMHeadModel"),
+        "cfg": {**_MLM, "mask_token_id": 45},
+        "head": "lm_head.decoder_weight",
+        "bias": "lm_head.decoder_bias",
+        "position_ids": True,  # its own (relu of int64 positions) has no CPU kernel in paddle 2.6.2
+    },
+}
 SEED = 1017
 _TOKENS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}  # ids below every vocabulary tested
+
+
+def _spec(family: str) -> dict:
+    return FAMILIES[family] if family in FAMILIES else OTHER_MODELS[family]
 
 
 def _classes(family: str):
     import paddlenlp.transformers as t
 
-    conf, model = FAMILIES[family]["cls"]
+    conf, model = _spec(family)["cls"]
     return getattr(t, conf), getattr(t, model)
 
 
@@ -240,7 +256,7 @@ def _attr(model, path: str):
 
 
 def _head_param(model, family: str):
-    spec = FAMILIES[family]
+    spec = _spec(family)
     head = _attr(model, spec["head"])
     if head is None and "tied_head" in spec:
         head = _attr(model, spec["tied_head"])
@@ -258,7 +274,7 @@ def _build(job: dict) -> dict:
         hidden_size=HIDDEN,
         tie_word_embeddings=tie == "tied",
         **_TOKENS,
-        **{**FAMILIES[family]["cfg"], **job.get("cfg", {})},
+        **{**_spec(family)["cfg"], **job.get("cfg", {})},
     )
     model = model_cls(config)
     model.eval()
@@ -317,9 +333,11 @@ def _forward(model, family: str):
 
     ids = paddle.to_tensor(IDS, dtype="int64")
     kw = {"input_ids": ids}
-    if FAMILIES[family].get("seq2seq"):
+    if _spec(family).get("seq2seq"):
         kw["decoder_input_ids"] = ids
-    if FAMILIES[family].get("glm_inputs"):
+    if _spec(family).get("position_ids"):
+        kw["position_ids"] = paddle.arange(ids.shape[1], dtype="int64").expand(ids.shape)
+    if _spec(family).get("glm_inputs"):
         b, t = ids.shape
         kw["attention_mask"] = paddle.tril(paddle.ones([b, 1, t, t], dtype="int64"))
         kw["position_ids"] = paddle.stack([paddle.arange(t).expand([b, t]), paddle.zeros([b, t], "int64")], 1)
@@ -341,7 +359,7 @@ def _load(job: dict) -> dict:
     model.eval()
     emb = model.get_input_embeddings().weight
     head = _head_param(model, family)
-    bias_path = FAMILIES[family].get("bias")
+    bias_path = _spec(family).get("bias")
     bias = _attr(model, bias_path) if bias_path else None
     arrays = {"logits": _forward(model, family), "embedding": emb.numpy(), "head": head.numpy()}
     if bias is not None:
