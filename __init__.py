@@ -25,7 +25,8 @@ options as enums, the result types, and the errors. Everything else (``tietool.s
     ├── RefusedError             5: possible, but would lose or invent information
     │   ├── ValuesDifferError        tie: the head's values differ from the embedding's
     │   └── AmbiguousLayoutError     vocab_size == hidden_size: the head's layout is not told by its shape
-    └── OutputError              6: the output cannot be written
+    ├── OutputError              6: the output cannot be written
+    └── StorageError            75: the network or the object store failed: run it again
     Interrupted (KeyboardInterrupt)  Ctrl-C or SIGTERM stopped an in-place run; .state: what the name holds
 """
 
@@ -52,6 +53,7 @@ from .surgery.model.errors import (
     Interrupted,
     OutputError,
     RefusedError,
+    StorageError,
     TietoolError,
     UnsafePickleError,
     UsageError,
@@ -92,6 +94,7 @@ __all__ = [
     "OutputError",
     "RefusedError",
     "Report",
+    "StorageError",
     "Target",
     "TensorRole",
     "TieState",

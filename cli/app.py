@@ -12,11 +12,11 @@ import os
 from typing import Annotated
 
 import typer
-from typer.core import TyperCommand
 
 from ..surgery.model.enums import Init, Layout
 from ..surgery.model.errors import TietoolError, UsageError
 from .errors import command, error_fields, run_app
+from .help import EXAMPLES, Command
 from .options import (
     AfterArg,
     BackupOpt,
@@ -26,6 +26,7 @@ from .options import (
     ConvertOutOpt,
     ConvertShardOpt,
     DebugOpt,
+    DriftOpt,
     DropAliasesOpt,
     DryOpt,
     EmbOpt,
@@ -65,6 +66,7 @@ app = typer.Typer(
     "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors), add tokens to model and "
     "tokenizer together, verify what a write changed; convert between the PaddleNLP and PaddleFormers "
     "conventions; merge tensor- or expert-parallel rank files and PaddleFormers Trainer (flex) checkpoints.",
+    epilog=EXAMPLES["tietool"],
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
     add_completion=False,
@@ -94,7 +96,7 @@ def _main(
         os.environ["TIETOOL_DEBUG"] = "1"
 
 
-@app.command()
+@app.command(cls=Command, epilog=EXAMPLES["inspect"])
 @command
 def inspect(
     ckpts: CkptsArg = None,
@@ -104,6 +106,7 @@ def inspect(
     embedding: EmbOpt = None,
     head: HeadOpt = None,
     no_values: NoValuesOpt = False,
+    drift: DriftOpt = False,
 ) -> None:
     """Show the embedding, head and bias, their layout, the tie state three ways, and what tying saves."""
     from ..surgery import ops
@@ -117,7 +120,7 @@ def inspect(
     paths = ckpts or ["."]
     if len(paths) == 1:
         info = one(paths[0])
-        render.inspect(info, as_json=json_out)
+        render.inspect(info, as_json=json_out, drift=drift)
         if info.exit_code:  # a flex checkpoint with a gap: the report, then one line and exit 3
             render.inspect_failed(info)
             raise typer.Exit(info.exit_code)
@@ -144,7 +147,7 @@ def _each(paths: list[str], inspect_one) -> tuple[list[dict], int]:
     return results, code
 
 
-@app.command()
+@app.command(cls=Command, epilog=EXAMPLES["tie"])
 @command
 def tie(
     ckpt: CkptArg = ".",
@@ -182,7 +185,7 @@ def tie(
     render.written(rep, json_out)
 
 
-@app.command()
+@app.command(cls=Command, epilog=EXAMPLES["untie"])
 @command
 def untie(
     ckpt: CkptArg = ".",
@@ -216,7 +219,7 @@ def untie(
     render.written(rep, json_out)
 
 
-@app.command()
+@app.command(cls=Command, epilog=EXAMPLES["resize"])
 @command
 def resize(
     ckpt: CkptArg = ".",
@@ -267,7 +270,7 @@ def resize(
     render.written(rep, json_out)
 
 
-@app.command("add-tokens")
+@app.command("add-tokens", cls=Command, epilog=EXAMPLES["add-tokens"])
 @command
 def add_tokens(
     ckpt: TokenCkptArg,
@@ -339,11 +342,11 @@ def _token_file(file: str | None) -> list[str]:
     return [line for line in lines if line]
 
 
-@app.command()
+@app.command(cls=Command, epilog=EXAMPLES["merge"])
 @command
 def merge(
     ckpt: LocalCkptArg = ".",
-    out: MergeOutOpt = None,
+    out: MergeOutOpt = ...,  # type: ignore[assignment]
     max_shard_size: MergeShardOpt = "10GB",
     keep_paddle_layout: KeepPaddleLayoutOpt = False,
     dry_run: DryOpt = False,
@@ -356,8 +359,6 @@ def merge(
     from ..surgery import ops
     from . import render
 
-    if out is None:
-        raise UsageError("merge writes a new checkpoint", fix="pass --out DIR (a new folder)")
     rep = ops.merge(
         ckpt,
         out,
@@ -369,16 +370,7 @@ def merge(
     render.merge(rep, json_out)
 
 
-class _PlainUsage(TyperCommand):
-    """A command whose usage line names required arguments as ``BEFORE``, not Typer's ``{BEFORE}``."""
-
-    def collect_usage_pieces(self, ctx) -> list[str]:
-        return [
-            p[1:-1] if p.startswith("{") and p.endswith("}") else p for p in super().collect_usage_pieces(ctx)
-        ]
-
-
-@app.command(cls=_PlainUsage)
+@app.command(cls=Command, epilog=EXAMPLES["verify"])
 @command
 def verify(before: BeforeArg, after: AfterArg, logits: LogitsOpt = False, json_out: JsonOpt = False) -> None:
     """Check that AFTER differs from BEFORE exactly as tie/untie/resize explain (exit 7 if not; 8 when
@@ -391,7 +383,7 @@ def verify(before: BeforeArg, after: AfterArg, logits: LogitsOpt = False, json_o
     raise typer.Exit(res.exit_code)
 
 
-@app.command()
+@app.command(cls=Command, epilog=EXAMPLES["convert"])
 @command
 def convert(
     ckpt: LocalCkptArg = ".",

@@ -205,6 +205,7 @@ _EXAMPLES = {
     "--pad-to-multiple-of": "--pad-to-multiple-of 64",
     "--seed": "--seed 0",
     "--to": "--to paddleformers",
+    "--out": "--out DIR (a new folder)",
 }
 
 

@@ -72,12 +72,16 @@ QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")
 EmbOpt = Annotated[
     str | None,
     typer.Option(
-        "--embedding", help="name of the input embedding tensor (for architectures tietool does not know)"
+        "--embedding",
+        help="name of the input embedding tensor (for architectures tietool does not know)",
+        metavar="NAME",
     ),
 ]
 HeadOpt = Annotated[
     str | None,
-    typer.Option("--head", help="name of the LM head tensor (for architectures tietool does not know)"),
+    typer.Option(
+        "--head", help="name of the LM head tensor (for architectures tietool does not know)", metavar="NAME"
+    ),
 ]
 LoaderOpt = Annotated[
     Loader | None,
@@ -97,6 +101,15 @@ NoValuesOpt = Annotated[
         "--no-values",
         help="read headers only: do not read the embedding and head to compare their values "
         "(fast on cold or remote storage; 'tied by value' is then not known)",
+    ),
+]
+
+DriftOpt = Annotated[
+    bool,
+    typer.Option(
+        "--drift",
+        help="show how the head differs from the embedding (rows, |Δ|, histogram) also when the config says "
+        "untied (a head of its own); shown anyway when the config says tied",
     ),
 ]
 
@@ -142,7 +155,13 @@ PadOpt = Annotated[
 InitOpt = Annotated[
     Init, typer.Option(help="new rows: mean (HF mean_resizing), zeros, or normal(initializer_range)")
 ]
-SeedOpt = Annotated[int | None, typer.Option(help="random seed for new rows (same seed: same bytes)")]
+SeedOpt = Annotated[
+    int | None,
+    typer.Option(
+        help="random seed for new rows drawn at random (same seed: same bytes); none: a random one, reported",
+        metavar="N",
+    ),
+]
 ForceOpt = Annotated[bool, typer.Option("--force", help="allow trimming rows")]
 KeepTrainingStateOpt = Annotated[
     bool,
@@ -173,7 +192,10 @@ SpecialOpt = Annotated[
 TokenFileOpt = Annotated[
     str | None,
     typer.Option(
-        "--file", help="more tokens, one a line (UTF-8; empty lines skipped)", show_default=False, metavar="F"
+        "--file",
+        help="more tokens, one a line (UTF-8; empty lines skipped)",
+        show_default=False,
+        metavar="FILE",
     ),
 ]
 TokenInitOpt = Annotated[
@@ -182,7 +204,7 @@ TokenInitOpt = Annotated[
         "--init",
         help="rows of new tokens: subtokens (mean of the rows the string splits into now), mean (HF "
         "mean_resizing), trained-mean (mean over trained rows: unsloth), zeros, or copy:TOKEN",
-        metavar="INIT",
+        metavar="[subtokens|mean|trained-mean|zeros|copy:TOKEN]",
     ),
 ]
 TokenPadOpt = Annotated[
@@ -192,19 +214,15 @@ TokenPadOpt = Annotated[
         min=1,
         help="when the rows run out, grow them to a multiple of this (and of the config's tensor-parallel "
         "degree)",
-        metavar="M",
+        metavar="N",
     ),
 ]
 
 # ---------------------------------------------------------------- merge
 MergeOutOpt = Annotated[
-    str | None,
+    str,
     typer.Option(
-        "--out",
-        "-o",
-        help="output folder (required; must not exist or be empty)",
-        show_default=False,
-        metavar="DIR",
+        "--out", "-o", help="output folder (must not exist or be empty)", show_default=False, metavar="DIR"
     ),
 ]
 MergeShardOpt = Annotated[

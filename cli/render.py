@@ -24,6 +24,7 @@ from rich.table import Table
 
 from ..surgery.model.errors import ExitCode, Interrupted
 from .errors import finite
+from .numbers import RANDOM_INITS, count, percent
 
 
 class _Console(Console):
@@ -225,10 +226,12 @@ def _drift_tables(d: dict, width: int = 40) -> tuple[Table, Table]:
     return top, hist
 
 
-def _drift(con: Console, info: dict) -> None:
-    """The drift section of a head that differs from the embedding: numbers, top rows, histogram."""
+def _drift(con: Console, info: dict, asked: bool = False) -> None:
+    """The drift section of a head that differs from the embedding: numbers, top rows, histogram. Shown
+    when the config says tied (a head that drifted from the table it should equal) or when ``asked``
+    (``inspect --drift``); a head of its own under an untied config is not drift."""
     d = info["tie"].get("drift")
-    if not d:
+    if not d or not (asked or info["tie"]["config"]):
         return
     con.print(
         f"drift: {d['differing_rows']} of {d['rows']} rows differ; max |Δ| {d['max_abs_diff']:.3g}, mean |Δ| "
@@ -283,8 +286,8 @@ def _savings_line(info: dict) -> str:
     condition."""
     s = info["savings"]
     return (
-        f"tying would save {s['parameters']} parameters, {size(s['bytes'])} "
-        f"({s['percent']}% of the checkpoint)"
+        f"tying would save {count(s['parameters'])} parameters, {size(s['bytes'])} "
+        f"({percent(s['percent'])}% of the checkpoint)"
         + (f": {s['why_zero']}" if s.get("why_zero") else "")
         + (f", if the values agree ({s['assumes']})" if s.get("assumes") else "")
     )
@@ -295,9 +298,10 @@ def version(v: str) -> None:
     print(f"tietool {v}")
 
 
-def inspect(info: dict, as_json: bool = False) -> None:
+def inspect(info: dict, as_json: bool = False, drift: bool = False) -> None:
     """``tietool inspect``: the summary dict as JSON, or as lines and a table (problems, notes and
-    warnings in the words the library gave them)."""
+    warnings in the words the library gave them); the drift view when the config says tied or ``drift``
+    (``--drift``) asks for it."""
     if as_json:
         print(json.dumps(finite(dict(info)), indent=2))
         return
@@ -308,7 +312,7 @@ def inspect(info: dict, as_json: bool = False) -> None:
     con.print(
         f"{info['path']}: {info['format']}{' (sharded)' if info['sharded'] else ''}, "
         f"{len(info['files'])} weight file(s), {info['num_tensors']} tensors, "
-        f"{info['total_parameters']} parameters, {size(info['total_bytes'])}"
+        f"{count(info['total_parameters'])} parameters, {size(info['total_bytes'])}"
     )
     arch = info["architecture"]
     con.print(
@@ -319,7 +323,7 @@ def inspect(info: dict, as_json: bool = False) -> None:
     con.print(_pair_table(info))
     _transfer_line(con, info)
     con.print(_tie_line(info))
-    _drift(con, info)
+    _drift(con, info, drift)
     con.print(_vocab_line(info))
     tok = _tokenizer_line(info)
     if tok:
@@ -346,8 +350,8 @@ def flex_inspect(info: dict) -> None:
     con = _console()
     con.print(
         f"{info['path']}: flex checkpoint ({info['metadata']}), {len(info['ranks'])} rank(s), "
-        f"{len(info['files'])} .distcp file(s), {info['num_tensors']} tensors, {info['total_parameters']} "
-        f"parameters, {size(info['total_bytes'])}"
+        f"{len(info['files'])} .distcp file(s), {info['num_tensors']} tensors, "
+        f"{count(info['total_parameters'])} parameters, {size(info['total_bytes'])}"
         + (f"; model_type {info['model_type']}" if info.get("model_type") else "")
     )
     t = Table()
@@ -372,8 +376,15 @@ def flex_inspect(info: dict) -> None:
             "note: no config.json here or in the folder above (the Trainer's flex saves write none); merge "
             "needs the config.json of the model the run started from, copied into the folder"
         )
-    print(f"note: every other command refuses a flex checkpoint; merge it first: {info['next']}")
+    print(f"note: {FLEX_COMMANDS}")
     recovered(info.get("recovered") or {})
+
+
+FLEX_COMMANDS = (
+    "tietool merge takes a flex checkpoint into a new folder (PaddleFormers safetensors, which every command "
+    "takes); resize and add-tokens take a Trainer checkpoint-N/ as it is with --keep-training-state (its "
+    "optimizer state resized too); tie, untie, convert and verify refuse it"
+)
 
 
 def _coverage_cell(cov: dict | None) -> str:
@@ -449,7 +460,7 @@ def _change_table(rep: dict) -> Table:
         "total",
         "before → after",
         "",
-        f"{b['parameters']} → {a['parameters']}",
+        f"{count(b['parameters'])} → {count(a['parameters'])}",
         f"{b['bytes']} → {a['bytes']}",
     )
     return t
@@ -485,7 +496,12 @@ def _added_tokens(con: Console, a: dict, dry_run: bool) -> None:
     line += f"{a['rows_before']} → {a['rows_after']} ({a['slack_used']} slack row(s) used"
     if a["padding_rows"]:
         line += f", {a['padding_rows']} padding row(s): init {a['padding_init']}"
-    con.print(line + f"); seed {a['seed']} (--seed {a['seed']} reproduces the rows)")
+    inits = {t["init"] for t in a["tokens"] if not t["existed"] or t.get("rows_reset")}
+    if a["padding_rows"]:
+        inits.add(a["padding_init"])
+    random = inits & RANDOM_INITS
+    seed = f"; seed {a['seed']} (--seed {a['seed']} reproduces the rows)" if random else ""
+    con.print(line + ")" + seed)
     if a["files_edited"] and dry_run:
         con.print(f"tokenizer files it would edit: {', '.join(a['files_edited'])}")
 
@@ -505,9 +521,11 @@ def report(rep: dict, as_json: bool = False) -> None:
     _transfer_line(con, rep)
     s = rep["saved"]
     if s["bytes"] >= 0:
-        con.print(f"saved {s['parameters']} parameters, {size(s['bytes'])} ({s['percent']}%)")
+        con.print(f"saved {count(s['parameters'])} parameters, {size(s['bytes'])} ({percent(s['percent'])}%)")
     else:
-        con.print(f"added {-s['parameters']} parameters, {size(-s['bytes'])} ({-s['percent']}%)")
+        con.print(
+            f"added {count(-s['parameters'])} parameters, {size(-s['bytes'])} ({percent(-s['percent'])}%)"
+        )
     if "resize" in rep:
         r = rep["resize"]
         con.print(
@@ -517,9 +535,10 @@ def report(rep: dict, as_json: bool = False) -> None:
                 if r.get("rows_requested") not in (None, r["rows_after"])
                 else ""
             )
+            + (f", new rows: init {r['init']}" if r["rows_added"] else "")
             + (
-                f", new rows: init {r['init']}, seed {r['seed']} (--seed {r['seed']} reproduces them)"
-                if r["rows_added"]
+                f", seed {r['seed']} (--seed {r['seed']} reproduces them)"
+                if r["rows_added"] and r["init"] in RANDOM_INITS
                 else ""
             )
         )

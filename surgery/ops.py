@@ -32,7 +32,7 @@ from . import report as report_mod
 from .inspect.convention import LEGACY_LOAD
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
-from .io import flex, flex_cover, store, surface
+from .io import flex, flex_cover, mistaken, store, surface
 from .io.checkpoint import Checkpoint, has_whole
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
@@ -612,7 +612,11 @@ def resize(
     Args:
         vocab_size: the new number of rows (≥ 1), rounded up to ``pad_to_multiple_of``; None: the current
             rows, rounded up (as HF ``resize_token_embeddings(None, pad_to_multiple_of=64)``).
-        init: values of new rows; ``seed`` makes ``NORMAL`` (and nothing else) reproducible.
+        init: values of new rows: ``MEAN`` (the default) and ``NORMAL`` are random draws (``MEAN`` from
+            N(mean, 1e-9 · covariance) of the old rows, as HF ``mean_resizing``), so both depend on ``seed``;
+            ``ZEROS`` does not.
+        seed: makes the random draws of ``MEAN`` and ``NORMAL`` reproducible (same seed, same bytes); None:
+            a random seed, written in the report (to draw the same rows again).
         force: allow trimming rows.
         keep_training_state: copy optimizer / scheduler / trainer files too (stale after a resize).
 
@@ -1016,8 +1020,11 @@ def _rank_folder(src: Path) -> Path:
     """The rank folder of :func:`merge`, checked to be a folder.
 
     Raises:
-        CheckpointError: ``src`` is not a folder.
+        CheckpointError: ``src`` does not exist (a Hub id named as such: :func:`mistaken.no_such_folder`) or
+            is not a folder.
     """
+    if not src.exists():
+        raise mistaken.no_such_folder(src)
     if not src.is_dir():
         raise CheckpointError(
             "not a folder", src, "give the folder that holds the rank files and config.json"

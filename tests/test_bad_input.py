@@ -935,3 +935,137 @@ def test_transformers_default_configs_pass_the_type_check() -> None:
 
     checked, refused = _default_config_refusals(CONFIG_MAPPING)
     assert checked >= 300 and not refused, refused
+
+
+# ------------------------------------------------------------------------------------------- mistaken inputs
+# What people pass instead of a checkpoint folder (surgery/io/mistaken.py): each named, with what tietool
+# does not read and what to do, in one exact line and its exit code. Built in tmp_path, run with cwd there so
+# that the path in the line is the relative one the user typed.
+_UNFINISHED = "wait for the save to finish or use the previous checkpoint-N"
+_TORCH = (
+    "PyTorch weights (a pickle); tietool never unpickles PyTorch files (.bin, .pt, .pth, .ckpt) and reads "
+    "only .safetensors and .pdparams — load the model where you trust the file and save it as safetensors "
+    "(transformers: save_pretrained(DIR, safe_serialization=True); a state dict: "
+    "safetensors.torch.save_file), then run tietool on that folder"
+)
+_ADAPTER = (
+    "a LoRA/PEFT adapter, not a whole model: it holds only the adapter weights ({}; no config.json and no "
+    "base-model weights) — merge the adapter into the base model first (PaddleNLP/PaddleFormers merge_lora, "
+    "or PEFT merge_and_unload() then save_pretrained) and run tietool on the merged folder"
+)
+
+
+def _folder(files: dict[str, bytes | str]) -> Callable[[Path], str]:
+    """A builder: folder ``m`` in tmp holding ``files`` (relative names; folders made)."""
+
+    def build(tmp: Path) -> str:
+        for rel, content in files.items():
+            p = tmp / "m" / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(content.encode() if isinstance(content, str) else content)
+        return "m"
+
+    return build
+
+
+def _case(case: str, edit: Callable[[Path], None]) -> Callable[[Path], str]:
+    def build(tmp: Path) -> str:
+        on(case, edit)(tmp)
+        (tmp / "ckpt").rename(tmp / "m")
+        return "m"
+
+    return build
+
+
+def _truncate_to(n: int) -> Callable[[Path], None]:
+    def edit(d: Path) -> None:
+        with open(d / ST_ONE_FILE, "r+b") as f:
+            f.truncate(n)
+
+    return edit
+
+
+_CONFIG = json.dumps({"model_type": "llama", "vocab_size": 16, "hidden_size": 8})
+MISTAKEN = {
+    "hub_id": (
+        lambda tmp: "Qwen/Qwen2.5-0.5B",
+        3,
+        "Qwen/Qwen2.5-0.5B: no such folder; it looks like a Hugging Face Hub id — did you mean "
+        "hf://Qwen/Qwen2.5-0.5B? (a revision: hf://Qwen/Qwen2.5-0.5B@REVISION; merge, convert and add-tokens "
+        "take local folders: download it first, e.g. huggingface_hub.snapshot_download('Qwen/Qwen2.5-0.5B', "
+        "local_dir=DIR))",
+    ),
+    "pytorch_model_bin": (
+        _folder({"config.json": _CONFIG, "pytorch_model.bin": b"PK\x03\x04", "training_args.bin": b"x"}),
+        3,
+        "m: pytorch_model.bin: " + _TORCH,
+    ),
+    "model_pt_no_config": (_folder({"model.pt": b"x", "rng_state.pth": b"x"}), 3, "m: model.pt: " + _TORCH),
+    "ckpt_file": (_folder({"config.json": _CONFIG, "last.ckpt": b"x"}), 3, "m: last.ckpt: " + _TORCH),
+    "gguf": (
+        _folder({"qwen2.5-0.5b-q4_k_m.gguf": b"GGUF"}),
+        3,
+        "m: qwen2.5-0.5b-q4_k_m.gguf: GGUF (llama.cpp); tietool does not read GGUF and reads only "
+        ".safetensors and .pdparams — run tietool on the safetensors checkpoint the GGUF was made from (or "
+        "load it with transformers' from_pretrained(..., gguf_file=...) and save_pretrained(DIR))",
+    ),
+    "peft_adapter": (
+        _folder({"adapter_config.json": "{}", "adapter_model.safetensors": b"x", "README.md": "x"}),
+        5,
+        "m: " + _ADAPTER.format("adapter_config.json, adapter_model.safetensors"),
+    ),
+    "paddle_lora_adapter": (
+        _folder({"lora_config.json": "{}", "lora_model_state.pdparams": b"x"}),
+        5,
+        "m: " + _ADAPTER.format("lora_config.json, lora_model_state.pdparams"),
+    ),
+    "paddleformers_peft_safetensors": (
+        _folder({"lora_config.json": "{}", "peft_model-00001-of-00001.safetensors": b"x"}),
+        5,
+        "m: " + _ADAPTER.format("lora_config.json, peft_model-00001-of-00001.safetensors"),
+    ),
+    "flex_without_metadata": (
+        _folder({"model_state/0_0.distcp": b"x", "model_state/1_0.distcp": b"x", "training_args.bin": b"x"}),
+        3,
+        "m: an unfinished save: model_state/ holds 2 .distcp file(s) (0_0.distcp, ...) but no .metadata (a "
+        f"save still being written or stopped, or a folder copied in part) — {_UNFINISHED}",
+    ),
+    "tmp_file": (
+        _case(ST_ONE, lambda d: (d / ST_INDEX).rename(d / (ST_INDEX + ".tmp"))),
+        3,
+        "m: an unfinished save: model.safetensors.index.json.tmp is a temporary file (a file still being "
+        f"written, or left by a save that was stopped) — {_UNFINISHED}",
+    ),
+    "shards_without_index": (
+        _case(ST_ONE, remove(ST_INDEX)),
+        3,
+        "m: shard files are present but model.safetensors.index.json is missing: an unfinished save "
+        f"(save_pretrained writes the index after the shards) or a lost index — {_UNFINISHED}; if the save "
+        "had finished, restore model.safetensors.index.json (it maps tensor names to shards)",
+    ),
+    "truncated_safetensors": (
+        _case(ST_ONE, _truncate_to(20_000)),
+        3,
+        f"m/{ST_ONE_FILE}: truncated: the file is 20,000 bytes, its header says 24,392 (4,392 bytes missing "
+        "at the end: a save or a copy cut short) — copy or download the file again; if a save is still being "
+        f"written, {_UNFINISHED}",
+    ),
+}
+# the merge of a folder of rank files names the same inputs (it said "nothing to merge", exit 2)
+MERGE_TOO = ("hub_id", "flex_without_metadata", "tmp_file")
+
+
+@pytest.mark.parametrize("command", ["inspect", "resize", "merge"])
+@pytest.mark.parametrize("name", list(MISTAKEN))
+def test_mistaken_input_named(name: str, command: str, tmp_path: Path) -> None:
+    if command == "merge" and name not in MERGE_TOO:
+        pytest.skip("merge takes rank files and flex checkpoints only")
+    build, code, line = MISTAKEN[name]
+    arg = build(tmp_path)
+    before = av.tree_state(tmp_path / arg)
+    argv = ["inspect", arg] if command == "inspect" else [command, arg, "--out", "out", "--quiet"]
+    if command == "resize":
+        argv += ["--vocab", "256"]
+    run = av.run_cli(argv, cwd=tmp_path)
+    assert (run.rc, run.stderr) == (code, f"tietool: error: {line}\n"), run.describe()
+    assert av.tree_state(tmp_path / arg) == before and not (tmp_path / "out").exists()

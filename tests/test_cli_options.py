@@ -200,3 +200,226 @@ def test_dash_h_is_help(command):
     short, long = _cli(*command, "-h"), _cli(*command, "--help")
     assert (short.rc, long.rc) == (0, 0), short.stderr
     assert short.stdout == long.stdout and "Usage:" in short.stdout
+
+
+# -------------------------------------------------------------------------------------------- help and words
+COMMANDS = ["inspect", "tie", "untie", "resize", "add-tokens", "merge", "verify", "convert"]
+REPO = Path(__file__).resolve().parent.parent
+CASES = Path(__file__).resolve().parent / "data" / "cases"
+
+
+def _help(*command: str) -> str:
+    r = _cli(*command, "--help")
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def _options(text: str) -> dict[str, str]:
+    """``{--flag: metavar}`` of the options of a help text that take a value (a flag alone: "")."""
+    import re
+
+    found = {}
+    for m in re.finditer(r"^  (?:-\w, )?(--[\w-]+)(?: / --[\w-]+)?(?: (\S+))?", text, re.M):
+        found[m.group(1)] = m.group(2) or ""
+    return found
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_metavars_read_as_users_write_them(command):
+    """No Python type (``<int>``, ``<list[str]>``, ``<str>``) and no ``{CKPT}``: arguments by their name,
+    values as ``N`` / ``DIR`` / ``FILE`` / ``SIZE`` / ``NAME`` / ``ROWS`` or ``[choice|choice]``."""
+    import re
+
+    text = _help(command)
+    usage = text.splitlines()[0]
+    assert "{" not in usage and "<" not in usage, usage
+    assert not re.search(r"<[a-z\[\]|, -]+>", text.replace("CKPT.tietool-backup-<time>", "")), text
+    for flag, metavar in _options(text).items():
+        assert metavar in ("", "N", "DIR", "FILE", "SIZE", "NAME", "ROWS") or re.fullmatch(
+            r"\[[\w:|.-]+\]", metavar
+        ), (command, flag, metavar)
+
+
+def test_one_spelling_per_option_across_commands():
+    """An option several commands take shows the same metavar in each (``--pad-to-multiple-of N``, not
+    ``N`` in one and ``M`` in another)."""
+    seen: dict[str, set[str]] = {}
+    for command in COMMANDS:
+        for flag, metavar in _options(_help(command)).items():
+            seen.setdefault(flag, set()).add(metavar)
+    assert {f: m for f, m in seen.items() if len(m) > 1 and f != "--init"} == {}
+    assert seen["--pad-to-multiple-of"] == {"N"} and seen["--out"] == {"DIR"} and seen["--seed"] == {"N"}
+
+
+def test_merge_out_is_marked_required(tmp_path):
+    text = _help("merge")
+    assert "[required]" in text.split("--out DIR", 1)[1].split("--max-shard-size", 1)[0], text
+    r = _cli("merge", tmp_path)
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == "tietool: error: Missing option '--out' / '-o' — e.g. --out DIR (a new folder)\n"
+
+
+def _examples(text: str) -> list[list[str]]:
+    """The command lines of a help's Examples section (``\\`` continues a line; ``#`` starts a comment)."""
+    import shlex
+
+    body = text.split("Examples:", 1)[1]
+    lines, cur = [], ""
+    for raw in body.splitlines():
+        ln = raw.strip()
+        if not ln:
+            continue
+        cur = f"{cur} {ln}".strip()
+        if cur.endswith("\\"):
+            cur = cur[:-1]
+            continue
+        lines.append(shlex.split(cur, comments=True))
+        cur = ""
+    return lines
+
+
+@pytest.mark.parametrize("command", [[], *([c] for c in COMMANDS)], ids=["tietool", *COMMANDS])
+def test_every_help_has_examples_that_run(command, tmp_path):
+    """``tietool --help`` and each command's ``--help`` end with examples on ``sample_checkpoints/``, and
+    each runs as written, in order, from a folder that has the samples (exit 0). ``merge``'s name a folder
+    of rank files and a Trainer checkpoint-N/ that ``sample_checkpoints/`` does not ship: checked for form
+    only."""
+    examples = _examples(_help(*command))
+    assert len(examples) >= 2 and all(argv[0] == "tietool" for argv in examples), examples
+    if command == ["merge"]:
+        assert all("--out" in argv for argv in examples)
+        return
+    (tmp_path / "sample_checkpoints").symlink_to(REPO / "sample_checkpoints")
+    before = {p.name: p.stat().st_mtime_ns for p in (REPO / "sample_checkpoints").rglob("*")}
+    for argv in examples:
+        if argv[1:] == ["COMMAND", "--help"]:
+            continue
+        r = cli_runner.run_cli(argv[1:], cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, (argv, r.stderr)
+    assert {p.name: p.stat().st_mtime_ns for p in (REPO / "sample_checkpoints").rglob("*")} == before
+
+
+def test_human_numbers():
+    from tietool.cli import numbers
+
+    assert numbers.count(5808) == "5,808"
+    assert numbers.count(494_032_768) == "494,032,768 (494 M)"
+    assert numbers.count(1_235_814_400) == "1,235,814,400 (1.24 B)"
+    assert numbers.count(-2_000_000) == "-2,000,000 (-2 M)"
+    assert [numbers.percent(p) for p in (27.548, 18740.176, 0.0, 6.6, 0.004, -1.5)] == [
+        "27.55",
+        "18740.18",
+        "0",
+        "6.6",
+        "0",
+        "-1.5",
+    ]
+
+
+def test_inspect_prints_human_numbers():
+    r = _cli("inspect", REPO / "sample_checkpoints" / "pf_llama_tied_fp32")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0].endswith(
+        ": safetensors, 1 weight file(s), 12 tensors, 5,808 parameters, 23232 bytes (22.7 KiB)"
+    )
+    assert "tying would save 1,600 parameters, 6400 bytes (6.2 KiB) (27.55% of the checkpoint)" in lines
+
+
+@pytest.mark.parametrize("init, seeded", [("zeros", False), ("mean", True), ("normal", True)])
+def test_seed_printed_only_for_random_inits(init, seeded, tmp_path):
+    """``--init zeros`` draws nothing: no seed in the rows line; mean and normal draw, and say the seed."""
+    src = REPO / "sample_checkpoints" / "pnlp_llama_untied"
+    r = _cli("resize", src, "--vocab", 112, "--init", init, "--seed", 7, "--out", tmp_path / "o")
+    assert r.returncode == 0, r.stderr
+    rows = next(ln for ln in r.stdout.splitlines() if ln.startswith("rows "))
+    want = f"rows 100 → 112 (+12 / -0), new rows: init {init}"
+    assert rows == want + (", seed 7 (--seed 7 reproduces them)" if seeded else "")
+
+
+@pytest.mark.parametrize("init, seeded", [("zeros", False), ("subtokens", False), ("mean", True)])
+def test_add_tokens_seed_only_for_random_inits(init, seeded, tmp_path):
+    src = REPO / "sample_checkpoints" / "pf_llama_with_tokenizer"
+    r = _cli("add-tokens", src, "hello", "--init", init, "--seed", 3, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("tokenizer 304"))
+    want = "tokenizer 304 → 305 tokens; rows 320 → 320 (1 slack row(s) used)"
+    assert line == want + ("; seed 3 (--seed 3 reproduces the rows)" if seeded else "")
+
+
+def test_pad_row_named_not_untrained():
+    """The row at config.json's pad_token_id, all zero by design (padding_idx), is named as the pad row and
+    not counted as untrained (text and JSON)."""
+    src = REPO / "sample_checkpoints" / "pf_llama_with_tokenizer"
+    r = _cli("inspect", src)
+    assert r.returncode == 0, r.stderr
+    assert "untrained" not in r.stdout
+    assert (
+        "note: row 300 of model.embed_tokens.weight is all zero: the pad row (pad_token_id 300), zero by "
+        "design (padding_idx)"
+    ) in r.stdout.splitlines()
+    doc = json.loads(_cli("inspect", src, "--json").stdout)
+    assert doc["untrained_rows"]["pad_row"] == 300 and doc["untrained_rows"]["zero"]["count"] == 0
+    cfg = json.loads((src / "config.json").read_text())
+    assert cfg["pad_token_id"] == 300
+
+
+def test_pad_row_beside_untrained_rows(tmp_path):
+    """Other all-zero rows are still untrained; the pad row is named beside them and not counted."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    src = REPO / "sample_checkpoints" / "pf_llama_tied_fp32"
+    dst = tmp_path / "m"
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    shard = dst / "model-00001-of-00001.safetensors"
+    t = load_file(shard)
+    emb = t["model.embed_tokens.weight"].copy()
+    emb[[5, 7]] = 0
+    t["model.embed_tokens.weight"] = emb
+    t["lm_head.weight"] = emb.copy()
+    save_file(t, shard, metadata={"format": "np"})
+    assert not np.any(emb[0])
+    r = _cli("inspect", dst)
+    assert r.returncode == 0, r.stderr
+    assert (
+        "note: rows of model.embed_tokens.weight that look untrained (100 rows): 2 all-zero (ids 5, 7) "
+        "(row 0 of model.embed_tokens.weight is all zero: the pad row (pad_token_id 0), zero by design "
+        "(padding_idx), not counted)"
+    ) in r.stdout.splitlines()
+
+
+def test_drift_view_only_under_a_tied_config_or_asked():
+    """An untied config's head is its own: no drift view and no ``tie --keep`` hint; ``--drift`` shows
+    it. A tied config whose head drifted shows it unasked, with the hint."""
+    untied = REPO / "sample_checkpoints" / "pnlp_llama_untied"
+    r = _cli("inspect", untied)
+    assert r.returncode == 0, r.stderr
+    assert "drift:" not in r.stdout and "--keep" not in r.stdout and "|Δ|" not in r.stdout
+    assert (
+        "tying would save 0 parameters, 0 bytes (0% of the checkpoint): the config says untied and the head "
+        "differs from the embedding: a head of its own, which tying would lose"
+    ) in r.stdout.splitlines()
+    asked = _cli("inspect", untied, "--drift")
+    assert asked.returncode == 0
+    assert (
+        "drift: 100 of 100 rows differ; max |Δ| 0.0896, mean |Δ| 0.0223 over all 1600 elements (equal ones "
+        "included)"
+    ) in asked.stdout.splitlines()
+    tied = _cli("inspect", CASES / "b06_tied_config_head_drifted" / "ckpt")
+    assert tied.returncode == 0, tied.stderr
+    assert any(ln.startswith("drift: 4 of 20 rows differ;") for ln in tied.stdout.splitlines())
+    assert "(tie --keep embedding or --keep head would drop it)" in tied.stdout
+
+
+def test_flex_inspect_names_the_commands_that_take_it():
+    r = _cli("inspect", Path(__file__).resolve().parent / "data" / "flex" / "trainer_2rank" / "checkpoint-2")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[-1] == (
+        "note: tietool merge takes a flex checkpoint into a new folder (PaddleFormers safetensors, which "
+        "every command takes); resize and add-tokens take a Trainer checkpoint-N/ as it is with "
+        "--keep-training-state (its optimizer state resized too); tie, untie, convert and verify refuse it"
+    )
+    assert "every other command refuses" not in r.stdout

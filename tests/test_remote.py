@@ -230,8 +230,8 @@ def test_in_place_on_a_url_is_refused(s3):
 
 
 def test_failed_upload_leaves_no_index_and_one_line(s3):
-    """The server fails the upload of a shard mid-run: one line naming the object, exit 6 (output), and
-    no index (nor any object) under the output prefix."""
+    """The server fails the upload of a shard mid-run (500 InternalError): one line naming the object, exit
+    75 (the store failed: run again), and no index (nor any object) under the output prefix."""
     srv, fs = s3
     prefix = f"{BUCKET}/out/fault"
     srv.app.fail = lambda method, path: method == "PUT" and "/out/fault/" in path and "00003" in path
@@ -254,10 +254,11 @@ def test_failed_upload_leaves_no_index_and_one_line(s3):
         )
     finally:
         srv.app.fail = None
-    assert r.returncode == 6, r.stderr
+    assert r.returncode == 75, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1, r.stderr
     assert f"s3://{prefix}/model-00003-of-00008.safetensors" in lines[0], lines[0]
+    assert "the network or the store failed" in lines[0] and "run the command again" in lines[0], lines[0]
     fs.invalidate_cache()
     assert not fs.exists(f"{prefix}/model.safetensors.index.json")
     assert fs.find(prefix) == []
@@ -288,7 +289,8 @@ def test_cli_inspect_json_reports_bytes(s3):
 
 def test_failed_read_mid_run_names_the_object(s3):
     """The server fails the reads of the embedding's shard after its header was read (the values tie
-    compares): one line naming the object, exit 3, nothing under the output prefix."""
+    compares, 500 InternalError): one line naming the object, exit 75 (run again), nothing under the output
+    prefix."""
     srv, fs = s3
     case, prefix = "pf_llama_tied_sharded", f"{BUCKET}/out/read-fault"
     shard = "model-00008-of-00009.safetensors"  # holds model.embed_tokens.weight
@@ -320,9 +322,10 @@ def test_failed_read_mid_run_names_the_object(s3):
         )
     finally:
         srv.app.fail = None
-    assert r.returncode == 3, r.stderr
+    assert r.returncode == 75, r.stderr  # a 500 InternalError: the store failed, not the checkpoint
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and f"s3://{BUCKET}/in/{case}/{shard}" in lines[0], r.stderr
+    assert "the network or the store failed" in lines[0], lines[0]
     fs.invalidate_cache()
     assert fs.find(prefix) == []
 

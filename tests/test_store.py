@@ -26,7 +26,14 @@ from tietool.surgery.inspect.detect import detect
 from tietool.surgery.io import store
 from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.io.store import LocalStore, MemoryStore, RemoteStore
-from tietool.surgery.model.errors import CheckpointError, ExitCode, OutputError, TietoolError, UsageError
+from tietool.surgery.model.errors import (
+    CheckpointError,
+    ExitCode,
+    OutputError,
+    StorageError,
+    TietoolError,
+    UsageError,
+)
 from tietool.surgery.plan.resize import plan_resize
 from tietool.surgery.plan.tie import plan_tie
 from tietool.surgery.plan.untie import plan_untie
@@ -161,17 +168,97 @@ def _mapped(e: BaseException, output: bool) -> TietoolError:
 
 @pytest.mark.parametrize("output", [False, True], ids=["read", "write"])
 def test_no_third_party_error_escapes(output):
-    """Every class (and an ``OSError`` of each errno) becomes one line naming the URL, with exit 3 (read) or
-    6 (write)."""
+    """Every class (and an ``OSError`` of each errno) becomes one line naming the URL, with exit 75 for a
+    network or store failure (:data:`TRANSIENT`), else 3 (read) or 6 (write)."""
     wrong = []
     cases = [_instance(c) for c in THIRD_PARTY] + [OSError(n, f"{errno.errorcode[n]} text") for n in ERRNOS]
     for e in cases:
         got = _mapped(e, output)
         want = (OutputError, ExitCode.OUTPUT) if output else (CheckpointError, ExitCode.CHECKPOINT)
+        if store.is_transient(e):
+            want = (StorageError, ExitCode.UNAVAILABLE)
         line = got.one_line()
         if type(got) is not want[0] or got.exit_code != want[1] or "\n" in line or URL not in line:
             wrong.append((type(e), type(got), line))
     assert wrong == []
+
+
+# network failures (retry: exit 75) and failures of the object or the request (exit 3 / 6), by class name
+TRANSIENT = {
+    "builtins.ConnectionResetError",
+    "builtins.ConnectionRefusedError",
+    "builtins.TimeoutError",
+    "botocore.exceptions.EndpointConnectionError",
+    "botocore.exceptions.ConnectTimeoutError",
+    "botocore.exceptions.ReadTimeoutError",
+    "aiohttp.client_exceptions.ClientConnectorError",
+    "aiohttp.client_exceptions.ServerTimeoutError",
+    "httpx.ConnectError",
+    "httpx.ReadTimeout",
+    "fsspec.exceptions.FSTimeoutError",
+}
+NOT_TRANSIENT = {
+    "builtins.PermissionError",
+    "builtins.FileNotFoundError",
+    "builtins.ValueError",
+    "botocore.exceptions.NoCredentialsError",
+    "botocore.exceptions.ClientError",
+    "httpx.InvalidURL",
+    "httpx.UnsupportedProtocol",
+}
+
+
+def test_transient_classes():
+    """The network failures a second run may not meet are exit 75 (:class:`StorageError`), read or write;
+    a missing object, a refused credential or a bad URL stay 3 / 6."""
+    by_name = {f"{c.__module__}.{c.__qualname__}": c for c in THIRD_PARTY}
+    for name in TRANSIENT | NOT_TRANSIENT:
+        if name not in by_name:
+            assert importlib.util.find_spec(name.split(".")[0]) is None or name.startswith("builtins"), name
+            continue
+        e = _instance(by_name[name])
+        for output in (False, True):
+            got = _mapped(e, output)
+            if name in TRANSIENT:
+                assert type(got) is StorageError and got.exit_code == 75, (name, output)
+                assert "the network or the store failed" in got.message and "run the command again" in got.fix
+            else:
+                assert type(got) is not StorageError, (name, output)
+    for n in (errno.ECONNRESET, errno.ECONNREFUSED, errno.ETIMEDOUT, errno.EHOSTUNREACH):
+        assert _mapped(OSError(n, "x"), False).exit_code == ExitCode.UNAVAILABLE
+    for n in (errno.ENOENT, errno.EACCES, errno.ENOSPC, errno.EIO):
+        assert _mapped(OSError(n, "x"), False).exit_code == ExitCode.CHECKPOINT
+
+
+def test_transient_status_and_cause():
+    """An HTTP 429/5xx (an S3 ``SlowDown``, a Hub 503) is exit 75, a 403/404 is not; an error raised from a
+    network failure (s3fs re-raises botocore's as OSError) is exit 75 too."""
+    botocore = pytest.importorskip("botocore.exceptions")
+
+    def client_error(code: str, status: int) -> BaseException:
+        return botocore.ClientError(
+            {"Error": {"Code": code, "Message": "m"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+            "GetObject",
+        )
+
+    assert _mapped(client_error("SlowDown", 503), False).exit_code == ExitCode.UNAVAILABLE
+    assert _mapped(client_error("InternalError", 500), True).exit_code == ExitCode.UNAVAILABLE
+    assert _mapped(client_error("AccessDenied", 403), False).exit_code == ExitCode.CHECKPOINT
+    assert _mapped(client_error("NoSuchKey", 404), False).exit_code == ExitCode.CHECKPOINT
+    try:
+        try:
+            raise botocore.EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
+        except Exception as inner:
+            raise OSError(errno.EIO, "s3fs: could not read") from inner
+    except OSError as e:
+        outer = e
+    got = _mapped(outer, False)
+    assert got.exit_code == ExitCode.UNAVAILABLE
+    assert got.one_line() == (
+        f"{URL}: cannot read the object (OSError: [Errno 5] s3fs: could not read): the network or the store "
+        "failed — run the command again (if it keeps failing, check the endpoint (AWS_ENDPOINT_URL / "
+        "HF_ENDPOINT) and the connection)"
+    )
 
 
 def test_mapping_is_not_a_blanket():
@@ -191,15 +278,27 @@ def test_mapping_is_not_a_blanket():
 
 def test_messages():
     e = _mapped(ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"), output=False)
+    assert e.exit_code == 75
     assert e.one_line() == (
-        f"{URL}: cannot read the object (ConnectionResetError: [Errno 104] Connection reset by peer) — check "
-        "the URL, the endpoint (AWS_ENDPOINT_URL / HF_ENDPOINT), the credentials and the connection"
+        f"{URL}: cannot read the object (ConnectionResetError: [Errno 104] Connection reset by peer): the "
+        "network or the store failed — run the command again (if it keeps failing, check the endpoint "
+        "(AWS_ENDPOINT_URL / HF_ENDPOINT) and the connection)"
     )
     e = _mapped(ConnectionResetError(errno.ECONNRESET, "Connection reset by peer"), output=True)
+    assert e.exit_code == 75
     assert e.one_line() == (
-        f"{URL}: cannot write the object ([Errno 104] Connection reset by peer); the output is incomplete "
-        "and was not published — check the endpoint, the credentials and the connection, and run again"
+        f"{URL}: cannot write the object ([Errno 104] Connection reset by peer): the network or the store "
+        "failed; the output is incomplete and was not published — run the command again (if it keeps "
+        "failing, check the endpoint and the connection)"
     )
+    e = _mapped(PermissionError(errno.EACCES, "Access Denied"), output=False)
+    assert (type(e), e.exit_code) == (CheckpointError, 3)
+    assert e.one_line() == (
+        f"{URL}: cannot read the object (PermissionError: [Errno 13] Access Denied) — check the URL, the "
+        "endpoint (AWS_ENDPOINT_URL / HF_ENDPOINT), the credentials and the connection"
+    )
+    e = _mapped(PermissionError(errno.EACCES, "Access Denied"), output=True)
+    assert (type(e), e.exit_code) == (OutputError, 6)
 
 
 def test_open_maps_a_backend_error(monkeypatch):
@@ -212,9 +311,9 @@ def test_open_maps_a_backend_error(monkeypatch):
             raise botocore.EndpointConnectionError(endpoint_url="http://127.0.0.1:9")
 
         monkeypatch.setattr(mem.root.fs, "ls", ls)
-        with pytest.raises(CheckpointError) as got:
+        with pytest.raises(StorageError) as got:
             Checkpoint.open(mem.url)
-        assert got.value.exit_code == ExitCode.CHECKPOINT
+        assert got.value.exit_code == ExitCode.UNAVAILABLE
         line = got.value.one_line()
         assert line.startswith(f"{mem.url}: cannot read the object (EndpointConnectionError: "), line
     finally:

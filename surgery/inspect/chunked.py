@@ -249,9 +249,14 @@ class RowScan:
         owner = ids[first][inverse.reshape(-1)]
         return [(int(i), int(j)) for i, j in zip(ids, owner, strict=True) if i != j]
 
-    def summary(self, name: str, split: int | None = None) -> dict:
+    def summary(self, name: str, split: int | None = None, pad: int | None = None) -> dict:
         """The dict of :func:`untrained_rows` (every row must have been added)."""
-        zero = np.flatnonzero(self.zero)
+        is_zero = self.zero
+        pad_row = pad is not None and 0 <= pad < self.rows and bool(is_zero[pad])
+        if pad_row:
+            is_zero = is_zero.copy()
+            is_zero[pad] = False
+        zero = np.flatnonzero(is_zero)
         live = ~self.zero
         ok = self.norms[live & np.isfinite(self.norms)]
         median = float(np.median(ok)) if ok.size else 0.0
@@ -267,6 +272,8 @@ class RowScan:
             "low_norm_factor": LOW_NORM,
             "rule": f"L2 norm < {LOW_NORM:g} × the median norm of the non-zero rows",
         }
+        if pad_row:
+            out["pad_row"] = pad
         if split is not None:
             beyond = {int(i) for i in zero if i >= split} | {i for i, _ in dup if i >= split}
             beyond |= {int(i) for i in low if i >= split}
@@ -283,7 +290,9 @@ def zero_rows(ck: Checkpoint, name: str, ids) -> list[int]:
     return [i for i in ids if 0 <= i < rows and not np.asarray(next(ck.iter_rows(name, 1, i, i + 1))).any()]
 
 
-def untrained_rows(ck: Checkpoint, name: str, split: int | None = None, scan: RowScan | None = None) -> dict:
+def untrained_rows(
+    ck: Checkpoint, name: str, split: int | None = None, scan: RowScan | None = None, pad: int | None = None
+) -> dict:
     """Rows of the 2-D table ``name`` (``[vocab, hidden]``) that look untrained, from ``scan`` when it holds
     every row already (inspect's head comparison read them), else read here in chunks of about
     :data:`CHUNK_BYTES` (memory: one chunk and 25 bytes a row).
@@ -294,7 +303,9 @@ def untrained_rows(ck: Checkpoint, name: str, split: int | None = None, scan: Ro
     ``duplicate`` (a non-zero row whose stored bytes equal an earlier row's, by :class:`RowScan`'s digest)
     is ``{"count", "first": [{"id", "same_as"}]}``. Norms are computed in float32 (bf16 decoded by bit
     shift); a NaN norm counts as neither. With ``split`` (the tokenizer's length), ``beyond_tokenizer``
-    counts the rows of any kind at ids ``>= split`` (slack rows).
+    counts the rows of any kind at ids ``>= split`` (slack rows). ``pad`` (config.json's ``pad_token_id``):
+    that row, when all zero, is the pad row (``nn.Embedding(padding_idx=...)`` keeps it zero by design),
+    left out of ``zero`` and named as ``pad_row``.
     """
     t = ck.tensors[name]
     rows = t.shape[0] if len(t.shape) == 2 else 0
@@ -304,4 +315,4 @@ def untrained_rows(ck: Checkpoint, name: str, split: int | None = None, scan: Ro
         for chunk in _rows(ck, name, _rows_per_chunk(_row_bytes(ck, name))) if rows else ():
             scan.add(start, chunk, _decode(ck, name, chunk))
             start += len(chunk)
-    return scan.summary(name, split)
+    return scan.summary(name, split, pad)

@@ -246,7 +246,20 @@ def _untrained_rows(f: Finding) -> str:
             "never learned; add-tokens of these tokens gives them rows by its init, as new tokens get): "
             + shown
         )
-    return f"rows of {f.tensors[0]} that look untrained ({x['rows']} rows): " + "; ".join(parts) + tail
+    pad = (
+        f"row {x['pad_row']} of {f.tensors[0]} is all zero: the pad row (pad_token_id {x['pad_row']}), zero "
+        "by design (padding_idx)"
+        if "pad_row" in x
+        else ""
+    )
+    if not parts:
+        return pad
+    return (
+        f"rows of {f.tensors[0]} that look untrained ({x['rows']} rows): "
+        + "; ".join(parts)
+        + tail
+        + (f" ({pad}, not counted)" if pad else "")
+    )
 
 
 def _tokenizer_id_gap(f: Finding) -> str:

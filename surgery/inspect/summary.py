@@ -82,6 +82,11 @@ def savings_if_tied(det: Detection) -> Savings:
     elif not det.embedding.present:
         emb, head = det.embedding.name, det.head.name
         why = f"the input embedding {emb} is missing: the head {head} holds the only table"
+    elif det.head.present and det.comparison.values is TieState.DIFFERENT and not det.tie.tied:
+        why = (
+            "the config says untied and the head differs from the embedding: a head of its own, which tying "
+            "would lose"
+        )
     elif det.head.present and det.comparison.values is TieState.DIFFERENT:
         why = (
             f"the head differs from the embedding (tie {Opt('keep', 'embedding')} or "
@@ -278,14 +283,18 @@ def untrained_finding(
 ) -> tuple[dict | None, Finding | None]:
     """Rows of the embedding that look untrained (:func:`surgery.inspect.chunked.untrained_rows`: all-zero,
     identical to an earlier row, L2 norm far below the rest), with how many lie beyond the tokenizer and the
-    tokens of the first all-zero rows the tokenizer has (the finding's ``zero_tokens``); the finding is None
-    when there are none. Taken from ``scan`` when the head comparison read every row into
+    tokens of the first all-zero rows the tokenizer has (the finding's ``zero_tokens``); an all-zero row at
+    config.json's ``pad_token_id`` is the pad row (``padding_idx``: zero by design), named as such and not
+    counted; the finding is None when there are none and no pad row. Taken from ``scan`` when the head
+    comparison read every row into
     it, else the embedding is read here in chunks; (None, None) without a stored 2-D embedding."""
     name = det.embedding.name
     if not det.embedding.present or len(det.ckpt.tensors[name].shape) != 2:
         return None, None
-    u = chunked.untrained_rows(det.ckpt, name, det.tokenizer.size, scan)
-    if not (u["zero"]["count"] or u["duplicate"]["count"] or u["low_norm"]["count"]):
+    pad = det.ckpt.config.get("pad_token_id")
+    pad = pad if type(pad) is int else None
+    u = chunked.untrained_rows(det.ckpt, name, det.tokenizer.size, scan, pad=pad)
+    if not (u["zero"]["count"] or u["duplicate"]["count"] or u["low_norm"]["count"] or "pad_row" in u):
         return u, None
     size = det.tokenizer.size or 0
     named = token_strings(det.ckpt.path, [i for i in u["zero"]["first"] if i < size]) if size else {}

@@ -22,7 +22,7 @@ import numpy as np
 from ..model.enums import Container
 from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
-from . import regular, safetensors_io, store, surface, tree
+from . import mistaken, regular, safetensors_io, store, surface, tree
 from .configfile import read_config
 from .formats import FORMATS, PDPARAMS, SAFETENSORS, Format, other
 from .regular import kind_of, load_json, require_regular
@@ -57,7 +57,10 @@ def _refuse_not_a_checkpoint(path: Path, names: set[str]) -> None:
     """
     if names & {"config.json", "model_config.json"}:
         return
+    mistaken.refuse_adapter(path, names)
+    mistaken.refuse_unfinished(path, names)
     if not any(n.endswith((".safetensors", ".pdparams", ".index.json")) for n in names):
+        mistaken.refuse_foreign(path, names)
         raise CheckpointError(
             "not a checkpoint folder (no config.json and no weight files in it)",
             path.resolve(),
@@ -131,7 +134,7 @@ def _file_names(st: Store) -> set[str]:
         try:
             files = st.list()  # None: path is a file
         except FileNotFoundError:
-            raise CheckpointError("no such folder", path, "check the checkpoint path") from None
+            raise mistaken.no_such_folder(path) from None
         names = None if files is None else set(files)
     else:
         names = _local_names(path)
@@ -155,7 +158,7 @@ def _local_names(path: Path) -> set[str] | None:
     try:
         if not path.is_dir():
             if not path.exists():
-                raise CheckpointError("no such folder", path, "check the checkpoint path")
+                raise mistaken.no_such_folder(path)
             return None
         names = set()
         for p in path.iterdir():
@@ -470,10 +473,13 @@ class Checkpoint:
                 return fmt.container, None, [fmt.single]
         if st_shards or pd_shards:
             idx = ST_INDEX if st_shards else PD_INDEX
+            mistaken.refuse_unfinished(path, names)
             raise CheckpointError(
-                f"shard files are present but {idx} is missing",
+                f"shard files are present but {idx} is missing: an unfinished save (save_pretrained writes "
+                "the index after the shards) or a lost index",
                 path,
-                f"restore {idx} (it maps tensor names to shards)",
+                f"{mistaken.UNFINISHED_FIX}; if the save had finished, restore {idx} (it maps tensor names "
+                "to shards)",
             )
         others = sorted(n for n in names if n.endswith(surface.WEIGHT_EXT))
         hint = (
@@ -482,6 +488,7 @@ class Checkpoint:
             else ""
         )
         refuse_state_only(path)
+        mistaken.refuse_foreign(path, names)
         raise CheckpointError(
             f"no whole-model weights found{hint}",
             path,
@@ -727,7 +734,9 @@ class Checkpoint:
 def refuse_state_only(path: Path) -> None:
     """Raise CheckpointError when ``path`` holds a Trainer checkpoint's training-state folders
     (``optimizer_state/``, ``master_weight/``) but no weights: a flex ``checkpoint-N/`` whose
-    ``model_state/`` is missing (named, with the fix), not a folder of unknown weights."""
+    ``model_state/`` is missing (named, with the fix), not a folder of unknown weights; or a save still
+    being written (:func:`surgery.io.mistaken.refuse_unfinished`)."""
+    mistaken.refuse_unfinished(path)
     state = [n for n in ("master_weight", "optimizer_state") if (path / n).is_dir()]
     if state and not (path / "model_state").exists():
         raise CheckpointError(

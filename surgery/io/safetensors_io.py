@@ -435,7 +435,8 @@ def _check_tiling(tensors: list[TensorInfo], data_start: int, size: int, path: A
     pass the damage on).
 
     Raises:
-        CheckpointError: naming the first tensor out of place, or the uncovered bytes at the end.
+        CheckpointError: naming the first tensor out of place, a file shorter than its header says
+            (truncated: both sizes), or the uncovered bytes at the end.
     """
     pos = data_start
     for t in tensors:
@@ -448,6 +449,14 @@ def _check_tiling(tensors: list[TensorInfo], data_start: int, size: int, path: A
                 "re-export the checkpoint, or load and save it again with the safetensors library",
             )
         pos += t.nbytes
+    if pos > size:
+        raise CheckpointError(
+            f"truncated: the file is {size:,} bytes, its header says {pos:,} ({pos - size:,} bytes missing "
+            "at the end: a save or a copy cut short)",
+            path,
+            "copy or download the file again; if a save is still being written, wait for the save to finish "
+            "or use the previous checkpoint-N",
+        )
     if pos != size:
         raise CheckpointError(
             f"bytes {pos - data_start}..{size - data_start} of the data belong to no tensor (bytes after the "

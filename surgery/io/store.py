@@ -34,7 +34,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..model.errors import CheckpointError, Opt, OutputError, TietoolError, UsageError
+from ..model.errors import CheckpointError, Opt, OutputError, StorageError, TietoolError, UsageError
+from .transient import is_transient
 
 # "scheme://" at the start of a folder argument; file:// is a local path
 _URL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -235,8 +236,18 @@ def _url(f: Any) -> str:
 
 
 def remote_error(e: BaseException, path: Any, what: str = "read") -> TietoolError:
-    """One line for an error of a remote file system while reading or writing object ``path``."""
+    """One line for an error of a remote file system while reading or writing object ``path``: a
+    :class:`StorageError` (exit 75, run again) when the network or the store failed (:func:`is_transient`),
+    else a :class:`CheckpointError` (exit 3)."""
     msg = first_line(e)
+    if is_transient(e):
+        return StorageError(
+            f"cannot {what} the object ({type(e).__name__}{': ' + msg if msg else ''}): the network or the "
+            "store failed",
+            str(path),
+            "run the command again (if it keeps failing, check the endpoint (AWS_ENDPOINT_URL / HF_ENDPOINT) "
+            "and the connection)",
+        )
     return CheckpointError(
         f"cannot {what} the object ({type(e).__name__}{': ' + msg if msg else ''})",
         str(path),
@@ -480,8 +491,17 @@ def first_line(e: BaseException) -> str:
     return text.splitlines()[0][:200] if text else ""
 
 
-def output_error(e: BaseException, path: Any) -> OutputError:
-    """One line for an error of a remote file system while writing object ``path``."""
+def output_error(e: BaseException, path: Any) -> TietoolError:
+    """One line for an error of a remote file system while writing object ``path``: a
+    :class:`StorageError` (exit 75) when the network or the store failed (:func:`is_transient`), else an
+    :class:`OutputError` (exit 6)."""
+    if is_transient(e):
+        return StorageError(
+            f"cannot write the object ({first_line(e) if text_of(e) else type(e).__name__}): the network or "
+            "the store failed; the output is incomplete and was not published",
+            str(path),
+            "run the command again (if it keeps failing, check the endpoint and the connection)",
+        )
     return OutputError(
         f"cannot write the object ({first_line(e) if text_of(e) else type(e).__name__}); the output is "
         "incomplete and was not published",

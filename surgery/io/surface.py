@@ -125,8 +125,11 @@ RANK_TAGS: dict[str, Cause] = {
     "pp": Cause.PIPELINE_PARALLEL,
 }
 ADAPTER_CONFIGS = ("lora_config.json", "adapter_config.json", "prefix_config.json")
+# adapter weights: PEFT's adapter_model, PaddleNLP / PaddleFormers' lora_model_state and (PaddleFormers 1.2
+# LoRAModel.save_pretrained through save_checkpoint(save_peft=True), utils/env.py SAFE_PEFT_WEIGHTS_NAME)
+# peft_model.safetensors, its shards and index
 ADAPTER_WEIGHTS_RE = re.compile(
-    r"^(lora_model_state|adapter_model|prefix_model_state|lora_model)([.-].*)?\.(pdparams|safetensors|bin)$"
+    r"^(lora_model_state|adapter_model|prefix_model_state|lora_model|peft_model)([.-].*)?\.(pdparams|safetensors|bin)$"
 )
 # files a training run writes beside the weights; per-parameter ones go stale when the vocabulary changes
 TRAINING_STATE = re.compile(

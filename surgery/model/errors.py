@@ -27,6 +27,9 @@ class ExitCode(IntEnum):
     UNEXPLAINED = 7  # verify: a difference tie/untie/resize do not make
     NOT_COMPARED = 8  # verify --logits: the logits could not be compared (the tensors alone explain all)
     INTERNAL = 70  # a bug in tietool (EX_SOFTWARE)
+    UNAVAILABLE = (
+        75  # the network or the storage failed (connection, timeout, 5xx, throttling): retry (EX_TEMPFAIL)
+    )
     INTERRUPTED = 128  # + the signal number
 
 
@@ -143,6 +146,14 @@ class OutputError(TietoolError):
     output that exists and is not empty, or lies inside the input, is a :class:`UsageError`.)"""
 
     exit_code = ExitCode.OUTPUT
+
+
+class StorageError(TietoolError):
+    """The network or the object store failed while reading or writing (a refused or reset connection, a
+    timeout, a server error or throttling): nothing is wrong with the checkpoint, and the same command run
+    again may succeed. Nothing is left behind (an output is not published)."""
+
+    exit_code = ExitCode.UNAVAILABLE
 
 
 EXIT_CODES = {c.name.lower(): int(c) for c in ExitCode}

@@ -25,7 +25,7 @@ from typing import Any
 
 from ..io import store
 from ..io.checkpoint import REPORT_NAME
-from ..model.errors import OutputError, TietoolError
+from ..model.errors import OutputError, StorageError, TietoolError
 from ..plan.plan import Plan
 from .publish import write_json
 
@@ -68,7 +68,9 @@ def execute_remote(
 
     Raises:
         OutputError: a request failed (one line naming the object); no index was written and the objects
-            written were deleted where the store could be reached.
+            written were deleted where the store could be reached (objects left: always this error, exit 6,
+            naming them).
+        StorageError: the network or the store failed and every object written was deleted: run again.
     """
     st = store.RemoteStore(out)  # ``out`` checked by the caller (surgery.ops.run), once
     tmp = Path(tempfile.mkdtemp(prefix="tietool-out-"))
@@ -83,7 +85,9 @@ def execute_remote(
     except BaseException as e:
         left = st.remove(written)
         if left and isinstance(e, TietoolError):
-            raise type(e)(
+            # objects left under the prefix: running again is refused until they are deleted, so a failure
+            # of the store is no longer "retry" (exit 75) but an output to clear (exit 6)
+            raise (OutputError if isinstance(e, StorageError) else type(e))(
                 f"{e.message}; {len(left)} object(s) it had written could not be deleted",
                 e.path,
                 f"delete every object under {out}, check the endpoint, the credentials and the connection, "
