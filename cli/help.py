@@ -89,9 +89,10 @@ EXAMPLES = {
         f"tietool add-tokens {S}/pf_llama_with_tokenizer hello --init zeros --dry-run",
     ),
     "merge": _examples(
-        "tietool merge tp_ranks/ --out merged/     # model_state.tp00.pdparams, ...",
-        "tietool merge checkpoint-500/ --out merged/    # a PaddleFormers Trainer save",
-        "tietool merge tp_ranks/ --out merged/ --max-shard-size 5GB --dry-run",
+        f"tietool merge {S}/pf_llama_tp2 --out merged/     # model_state.tp00.pdparams, ...",
+        f"tietool merge {S}/pf_qwen3_moe_ep2 --out experts/    # expert-parallel rank files",
+        f"tietool merge {S}/pf_llama_trainer/checkpoint-2 --out trained/    # a Trainer save",
+        f"tietool merge {S}/pf_llama_tp2 --out big/ --max-shard-size 5GB --dry-run",
     ),
     "verify": _examples(
         f"tietool untie {S}/pf_llama_tied_fp32 --out untied/",
@@ -103,5 +104,5 @@ EXAMPLES = {
         f"tietool convert {S}/pf_llama_tied_fp32 --to paddlenlp --out pnlp/",
     ),
 }
-"""Each command's ``--help`` epilog. ``merge`` names folders of rank files and a Trainer ``checkpoint-N/``
-that ``sample_checkpoints/`` does not have."""
+"""Each command's ``--help`` epilog, on the folders of ``sample_checkpoints/`` (its rank files and Trainer
+``checkpoint-N/`` included)."""
