@@ -417,11 +417,12 @@ allocate a table to that id: tokenizers 0.22 aborts the process on a vocabulary 
 unreadable, with a note naming the id and this limit."""
 
 
-def _bound_ids(reads: list[_Read]) -> None:
+def _bound_ids(reads: list[_Read]) -> tuple[TokenizerFile, ...]:
     """Make unreadable (a note naming the id and the limit, no ids) every file naming an id of at least
-    ``len(named ids) + the largest declared extent +`` :data:`GAP_LIMIT`."""
+    ``len(named ids) + the largest declared extent +`` :data:`GAP_LIMIT`; returns those files."""
     named = {i for r in reads for m in r.maps.values() for i in m}
     limit = len(named) + max((r.extent for r in reads), default=0) + GAP_LIMIT
+    out: list[TokenizerFile] = []
     for r in reads:
         top = max((i for m in r.maps.values() for i in m), default=-1)
         if top >= limit:
@@ -431,6 +432,8 @@ def _bound_ids(reads: list[_Read]) -> None:
             )
             r.file = TokenizerFile(r.file.name, r.file.format, None, note)
             r.maps, r.added, r.extent = {}, [], 0
+            out.append(r.file)
+    return tuple(out)
 
 
 def tokenizer_set(folder: Path) -> TokenizerSet:
@@ -452,7 +455,7 @@ def tokenizer_set(folder: Path) -> TokenizerSet:
     names (tokenizers 0.22, transformers 5.3 and PaddleFormers 1.2 give the tokens after them lower ids).
     """
     reads = _read_all(store.path_of(folder))
-    _bound_ids(reads)
+    beyond = _bound_ids(reads)
     files = tuple(r.file for r in reads)
     lengths = [f.length for f in files if f.length is not None]
     clashes = [c for r in reads for c in r.clashes]
@@ -470,6 +473,7 @@ def tokenizer_set(folder: Path) -> TokenizerSet:
         unsupported=tuple(f.name for f in files if f.format is TokenizerFormat.TIKTOKEN)
         + _custom_class(store.path_of(folder)),
         gaps=tuple(i for i in range(base, length) if i not in named) if base and length else (),
+        beyond=beyond,
     )
 
 

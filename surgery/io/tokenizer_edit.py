@@ -478,7 +478,6 @@ def _matched_form(f: _Folder, s: str, special: bool) -> str:
     return low
 
 
-
 def _refuse_unencodable(f: _Folder, s: str) -> None:
     """Refuse a token that is not valid Unicode text: a lone surrogate (``'\\udcff'``: what Python makes of
     a byte that is not UTF-8 in a command-line argument) cannot be written as UTF-8, so no tokenizer file can
