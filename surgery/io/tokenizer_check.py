@@ -18,7 +18,7 @@ from typing import Any
 
 from ..model.errors import CheckpointError
 from .regular import JSON_LIMIT, read_bounded
-from .tokenizer import quiet_stderr
+from .tokenizer import GAP_LIMIT, quiet_stderr
 
 # the longest token add-tokens writes, in characters: tokenizers' AddedVocabulary is quadratic in a token's
 # length (tokenizers 0.22.2, the sample's tokenizer.json, one token of 'y' * n: n = 10,000 takes 0.39 s to add
@@ -51,10 +51,10 @@ def read_text(path: Any, name: str) -> str:
 def _check_id(name: str, where: str, i: Any, limit: int, path: Any) -> None:
     if isinstance(i, bool) or not isinstance(i, int) or i < 0:
         raise CheckpointError(f"{name} {where} has the id {str(i)[:40]!r}, not a token id", path, _RESAVE)
-    if i >= limit:
+    if i >= limit + GAP_LIMIT:
         raise CheckpointError(
-            f"{name} {where} has the id {i}, beyond its own {limit} tokens (ids are numbered from 0 with "
-            "no gap; a higher one would make the tokenizer library allocate a table to it)",
+            f"{name} {where} has the id {i}, beyond its own {limit} tokens + {GAP_LIMIT} unnamed ids (a "
+            "higher one would make the tokenizer library allocate a table to it)",
             path,
             _RESAVE,
         )
@@ -76,7 +76,8 @@ def _check_token(name: str, where: str, s: Any, path: Any) -> None:
 def check_tokenizer_json(data: Any, path: Any) -> None:
     """tokenizer.json's ``model.vocab`` (a ``{token: id}`` dict or Unigram's ``[[piece, score], ...]``) and
     ``added_tokens``: every id an int below the file's own size (``len(model.vocab) + len(added_tokens)``),
-    every token a string of at most :data:`MAX_TOKEN_CHARS` characters.
+    (plus :data:`surgery.io.tokenizer.GAP_LIMIT` unnamed ids: a smaller gap is refused by name later), every
+    token a string of at most :data:`MAX_TOKEN_CHARS` characters.
 
     Raises:
         CheckpointError: naming tokenizer.json, the part, the id or token and the limit.
@@ -107,19 +108,20 @@ def check_tokenizer_json(data: Any, path: Any) -> None:
 def check_added_ids(name: str, tokens: Iterable[tuple[int, str]], base: int, path: Any) -> None:
     """The added tokens one file lists (``added_tokens.json``, ``added_tokens_decoder``): ids below
     ``base + len(tokens)`` (a contiguous tokenizer numbers them from the base vocabulary on, so no real one
-    goes past: ``len(tokenizer) + count``), contents of at most :data:`MAX_TOKEN_CHARS` characters.
+    goes past: ``len(tokenizer) + count``) plus :data:`surgery.io.tokenizer.GAP_LIMIT` unnamed ids (a smaller
+    gap is refused by name later, listing its ids), contents of at most :data:`MAX_TOKEN_CHARS` characters.
 
     Raises:
         CheckpointError: naming the file, the id or token and the limit.
     """
     tokens = list(tokens)
-    limit = base + len(tokens)
+    limit = base + len(tokens) + GAP_LIMIT
     for i, s in tokens:
         _check_token(name, "", s, path)
         if i >= limit:
             raise CheckpointError(
                 f"{name} has the added-token id {i}, beyond {limit} (the {base} base tokens + its "
-                f"{len(tokens)} entries: a higher id would leave a gap and size the tables by it)",
+                f"{len(tokens)} entries + {GAP_LIMIT} unnamed ids: a higher one would size the tables by it)",
                 path,
                 _RESAVE,
             )
