@@ -79,10 +79,10 @@ def sp_mutant(draw) -> tuple[str, bytes]:
 
 
 def _set_path(d: dict, draw, value) -> None:
-    vocab, added = d["model"]["vocab"], d["added_tokens"]
+    vocab, added = d.get("model", {}).get("vocab", {}), d.get("added_tokens", [])
     if draw(st.booleans()) and added:
         added[draw(st.integers(0, len(added) - 1))]["id"] = value
-    else:
+    elif isinstance(vocab, dict) and vocab:
         vocab[draw(st.sampled_from(sorted(vocab)))] = value
 
 
@@ -92,9 +92,9 @@ def tj_mutant(draw) -> bytes:
     d = json.loads((TOK / "bytelevel_bpe" / "tokenizer.json").read_text())
     not_utf8 = False
     for op in draw(st.lists(st.sampled_from(TJ_OPS), min_size=1, max_size=4)):
-        added = d["added_tokens"]
-        if op == "vocab_id":
-            d["model"]["vocab"]["zz"] = draw(BIG)
+        added = d.setdefault("added_tokens", [])
+        if op == "vocab_id" and isinstance(d.get("model"), dict):
+            d["model"].setdefault("vocab", {})["zz"] = draw(BIG)
         elif op == "added_id":
             _set_path(d, draw, draw(st.one_of(BIG, st.just("7"), st.just(3.5), st.none())))
         elif op == "long":

@@ -137,6 +137,8 @@ def _sp_problem(m: Any) -> str | None:
     unk = 0
     for i, p in enumerate(pieces):
         s = p.piece
+        if not isinstance(s, str):  # protobuf gives the bytes of a proto2 string that is not UTF-8
+            return f"piece {i} is not UTF-8 text"
         if s == "":
             return f"piece {i} is empty"
         if "\0" in s:
