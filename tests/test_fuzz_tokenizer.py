@@ -1,16 +1,16 @@
 """Property: a mutant of a SentencePiece model or of a ``tokenizer.json`` is read, edited or refused with a
 ``TietoolError``, never anything else, and never kills the interpreter.
 
-Mutants are structure-aware (hypothesis draws 1-4 edits): a SentencePiece model of the trained ``sp_bpe`` /
-``sp_unigram`` tokenizers (``tests/data/tokenizers``) edited through its protobuf (``sentencepiece_model_pb2``:
-a piece emptied, duplicated, given a NUL, made long, a score NaN or infinite, a piece type changed, pieces
-deleted, the ``precompiled_charsmap`` replaced by bytes, a byte of the serialized model flipped), and the
-``bytelevel_bpe`` ``tokenizer.json`` edited as JSON (an id made huge, negative, a string or a float, a token
-made long or not a string, an entry or key deleted, the model type changed, a byte replaced by one that is
-not UTF-8). In process, each goes through :func:`tokenizer_set` (what inspect and resize read) and
-:func:`add_tokens_edit`; anything but a :class:`TietoolError` escaping would be exit 70. A few of each run
-through the CLI in a child process (``add-tokens`` on the safetensors fixture with the mutant beside it):
-no exit 70, no signal (a native abort), no run over 10 s.
+Mutants are structure-aware (hypothesis draws 1-4 edits). A SentencePiece model of the trained ``sp_bpe`` /
+``sp_unigram`` tokenizers (``tests/data/tokenizers``) is edited through its protobuf
+(``sentencepiece_model_pb2``): a piece emptied, duplicated, given a NUL, made long, a score NaN or infinite,
+a piece type changed, pieces deleted, the ``precompiled_charsmap`` replaced by bytes, a byte of the
+serialized model flipped. The ``bytelevel_bpe`` ``tokenizer.json`` is edited as JSON: an id made huge,
+negative, a string or a float, a token made long or not a string, an entry or key deleted, the model type
+changed, a byte replaced by one that is not UTF-8. In process, each goes through :func:`tokenizer_set`
+(what inspect and resize read) and :func:`add_tokens_edit`; anything but a :class:`TietoolError` escaping
+would be exit 70. Ten of each run through the CLI in a child process (``add-tokens`` on the safetensors
+fixture with the mutant beside it): no exit 70, no signal (a native abort), no run over 10 s.
 """
 
 from __future__ import annotations
@@ -151,7 +151,9 @@ def _cli(tmp: Path, name: str, file: str, blob: bytes) -> None:
     for p in (TOK / name).iterdir():
         shutil.copy(p, ckpt / p.name)
     (ckpt / file).write_bytes(blob)
-    run = av.run_cli(["add-tokens", ckpt, "zqx", "--out", tmp / "out", "--quiet"], timeout=10, subprocess=True)
+    run = av.run_cli(
+        ["add-tokens", ckpt, "zqx", "--out", tmp / "out", "--quiet"], timeout=10, subprocess=True
+    )
     assert run.rc is not None, "hung: no exit within 10 s\n" + run.describe()
     assert run.rc >= 0, f"killed by signal {-run.rc}\n" + run.describe()
     assert run.rc != 70, run.describe()

@@ -5,8 +5,8 @@ Kinds:
 
 * ``tok-sp``: a SentencePiece model (``sp_bpe``, ``sp_unigram``) mutated through its protobuf
   (``sentencepiece_model_pb2``): an empty, duplicate, NUL-holding or 1 MB piece, a NaN score, no or two
-  ``unk``, a garbage or oversized ``precompiled_charsmap``, no pieces at all. ``add-tokens`` hands the model to
-  ``sentencepiece``: exit 3 naming ``tokenizer.model`` (it was exit 70 with the library's log on stderr);
+  ``unk``, a garbage or oversized ``precompiled_charsmap``, no pieces at all. ``add-tokens`` hands the model
+  to ``sentencepiece``: exit 3 naming ``tokenizer.model`` (it was exit 70 with the library's log on stderr);
   ``inspect`` lists the file as unreadable and ``resize`` (a growth) needs no tokenizer: exit 0.
 * ``tok-json``: ``tokenizer.json`` with a vocabulary id of 2*10^9 (tokenizers aborted the process), an
   added-token id of 10^9 / 2^32-1 / 10^12 / 10^18 (4 GB allocated), an added token of 30,000 / 100,000
@@ -27,20 +27,46 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from support import adversarial_support as av
 from support.hostile import Hostile
 from support.paths import DATA
 
 TOKENIZERS = DATA / "tokenizers"
 COMMANDS = ("inspect", "resize", "add-tokens")
-EXTRA = {"add-tokens": ("zqx",)}
+EXTRA = {"add-tokens": ("zqx",), "resize": ("--vocab", "512")}  # the last --vocab counts
+
+
+ROWS = 320  # rows for every tokenizer here (234 to 304 tokens) and the one add-tokens adds
+
+
+def _grow(ckpt: Path) -> None:
+    """The fixture's tied embedding and head given :data:`ROWS` rows (its 100 repeated), config and index
+    updated: add-tokens then reaches the tokenizer edit, not the refusal of a tokenizer beyond the rows."""
+    p = ckpt / av.ST_ONE_FILE
+    tensors = av.st_tensors(p)
+    for k in ("model.embed_tokens.weight", "lm_head.weight"):
+        dt, shape, raw = tensors[k]
+        rows = np.resize(np.frombuffer(raw, np.float32).reshape(shape), (ROWS, shape[1]))
+        tensors[k] = (dt, [ROWS, shape[1]], rows.tobytes())
+    av.st_write_tensors(p, tensors, {"format": "pt"})
+    for name, key, value in (
+        ("config.json", "vocab_size", ROWS),
+        (av.ST_INDEX, "metadata", {"total_size": sum(len(t[2]) for t in tensors.values())}),
+    ):
+        d = json.loads((ckpt / name).read_text())
+        d[key] = value
+        (ckpt / name).write_text(json.dumps(d, indent=2))
 
 
 def _with(tok: str, edit: Callable[[Path], None]) -> Callable[[Path], Path]:
-    """A build: the safetensors fixture with the tokenizer ``tok``'s files beside it, then ``edit(ckpt)``."""
+    """A build: the safetensors fixture (:func:`_grow`) with the tokenizer ``tok``'s files beside it, then
+    ``edit(ckpt)``."""
 
     def build(dest: Path) -> Path:
         ckpt = av.copy_case(av.ST_ONE, dest / "ckpt")
+        _grow(ckpt)
         for p in (TOKENIZERS / tok).iterdir():
             shutil.copy(p, ckpt / p.name)
         edit(ckpt)
