@@ -49,11 +49,12 @@ def read_text(path: Any, name: str) -> str:
 
 
 def _check_id(name: str, where: str, i: Any, limit: int, path: Any) -> None:
+    name = f"{name} {where}" if where else name
     if isinstance(i, bool) or not isinstance(i, int) or i < 0:
-        raise CheckpointError(f"{name} {where} has the id {str(i)[:40]!r}, not a token id", path, _RESAVE)
+        raise CheckpointError(f"{name} has the id {str(i)[:40]!r}, not a token id", path, _RESAVE)
     if i >= limit + GAP_LIMIT:
         raise CheckpointError(
-            f"{name} {where} has the id {i}, beyond its own {limit} tokens + {GAP_LIMIT} unnamed ids (a "
+            f"{name} has the id {i}, beyond its own {limit} tokens + {GAP_LIMIT} unnamed ids (a "
             "higher one would make the tokenizer library allocate a table to it)",
             path,
             _RESAVE,
@@ -103,6 +104,21 @@ def check_tokenizer_json(data: Any, path: Any) -> None:
             raise CheckpointError(f"{name} added_tokens has an entry that is not an object", path, _RESAVE)
         _check_token(name, "added_tokens", t.get("content"), path)
         _check_id(name, "added_tokens", t.get("id"), size, path)
+
+
+def check_vocab_json(data: Any, path: Any) -> None:
+    """``vocab.json`` (beside ``merges.txt``): a ``{token: id}`` object whose ids are ints below its own
+    size plus :data:`surgery.io.tokenizer.GAP_LIMIT`, tokens of at most :data:`MAX_TOKEN_CHARS` characters
+    (``tokenizers``' BPE refuses a negative id with an error of its own, and sizes by the highest).
+
+    Raises:
+        CheckpointError: naming vocab.json, the id or token and the limit.
+    """
+    if not isinstance(data, dict):
+        raise CheckpointError("vocab.json is not a JSON object", path, _RESAVE)
+    for s, i in data.items():
+        _check_token("vocab.json", "", s, path)
+        _check_id("vocab.json", "", i, len(data), path)
 
 
 def check_added_ids(name: str, tokens: Iterable[tuple[int, str]], base: int, path: Any) -> None:

@@ -44,6 +44,7 @@ from .tokenizer_check import (
     check_added_ids,
     check_sp_model,
     check_tokenizer_json,
+    check_vocab_json,
     check_wordpiece_unk,
     read_text,
 )
@@ -159,6 +160,7 @@ def _scan(folder: Any) -> _Folder:
         f.vocab_txt = _lines(read_text(root / "vocab.txt", "vocab.txt"))
     if (root / "vocab.json").is_file() and (root / "merges.txt").is_file():
         f.vocab_json = _read_json(root / "vocab.json")
+        check_vocab_json(f.vocab_json, root / "vocab.json")
     if f.tokenizer_json is None and f.sp_model is None and f.vocab_txt is None and f.vocab_json is None:
         other = sp_names(root)  # a model inspect reads (vocab_file, spm.model) that is not edited here
         if other:

@@ -15,7 +15,8 @@ Kinds:
 * ``tok-added``: ``added_tokens.json`` and ``added_tokens_decoder`` with an added-token id of 10^9 /
   10^12 / 10^18: add-tokens and resize exit 3 naming the file and the limit (inspect too for a decoder key
   of 19 digits, which is no token id).
-* ``tok-text``: ``vocab.txt`` / ``merges.txt`` not UTF-8, a WordPiece vocabulary without ``[UNK]`` (and
+* ``tok-text``: ``vocab.txt`` / ``merges.txt`` not UTF-8, a ``vocab.json`` id of 2*10^9 or -5 (tokenizers'
+  BPE raised its own TypeError: exit 70), a WordPiece vocabulary without ``[UNK]`` (and
   no ``unk_token`` in the configs: WordPiece's default): add-tokens exit 3 naming the file.
 """
 
@@ -294,4 +295,27 @@ TEXT_CASES = [
     ),
 ]
 
-CASES: list[Hostile] = SP_CASES + JSON_CASES + ADDED_CASES + TEXT_CASES
+
+def _vocab_json(n: object) -> Callable[[Path], None]:
+    def edit(ckpt: Path) -> None:
+        d = json.loads((ckpt / "vocab.json").read_text())
+        d["zz"] = n
+        (ckpt / "vocab.json").write_text(json.dumps(d))
+
+    return edit
+
+
+VOCAB_JSON_CASES = [
+    Hostile(
+        f"tok-text-vocab-json-id-{k}",
+        "tok-text",
+        _with("gpt2_bpe", _vocab_json(n)),
+        {"add-tokens": 3, "resize": 3 if k == "2e9" else 0, "*": 0},
+        COMMANDS,
+        names=("vocab.json", str(n)),
+        extra=EXTRA,
+    )
+    for k, n in (("2e9", 2_000_000_000), ("negative", -5))
+]
+
+CASES: list[Hostile] = SP_CASES + JSON_CASES + ADDED_CASES + TEXT_CASES + VOCAB_JSON_CASES
