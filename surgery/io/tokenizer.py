@@ -11,8 +11,12 @@ JSON and text files (``tokenizer.json``'s ``model.vocab`` and ``added_tokens``, 
 
 from __future__ import annotations
 
+import contextlib
 import io
+import os
 import re
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +56,26 @@ def _vocab_lines(folder: Path) -> list[str] | None:
         return list(io.TextIOWrapper(io.BytesIO(blob), encoding="utf-8"))  # lines as open() reads them
     except (CheckpointError, OSError, UnicodeDecodeError):
         return None
+
+
+@contextlib.contextmanager
+def quiet_stderr() -> Iterator[None]:
+    """File descriptor 2 pointed at ``/dev/null`` for the duration: what a tokenizer library's C++ code logs
+    (``sentencepiece`` writes its checks' messages to stderr itself, then raises) never reaches the
+    terminal; the exception it raises is what tietool reports. Python's ``sys.stderr`` is flushed first."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):  # no fd 2 (an embedding host): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 # ------------------------------------------------------------------ the tokenizer file set
@@ -154,7 +178,8 @@ def _sp_pieces(blob: bytes) -> list[str]:
     """
     import sentencepiece as spm  # the tokenizer extra, imported only here
 
-    sp = spm.SentencePieceProcessor(model_proto=blob)
+    with quiet_stderr():
+        sp = spm.SentencePieceProcessor(model_proto=blob)
     n = sp.get_piece_size()
     return list(sp.id_to_piece(list(range(n)))) if n else []
 
@@ -385,6 +410,32 @@ def _added(reads: list[_Read]) -> tuple[AddedToken, ...]:
     return tuple(out[i] for i in sorted(out))
 
 
+GAP_LIMIT = 65_536
+"""Token ids that no file names, at most, beyond the ids the files name: a file naming a higher id (an
+added-token id of 10^9 or 10^18, a vocabulary id of 2*10^9) numbers no real tokenizer (every loader would
+allocate a table to that id: tokenizers 0.22 aborts the process on a vocabulary id of 2*10^9) and is read as
+unreadable, with a note naming the id and this limit."""
+
+
+def _bound_ids(reads: list[_Read]) -> tuple[TokenizerFile, ...]:
+    """Make unreadable (a note naming the id and the limit, no ids) every file naming an id of at least
+    ``len(named ids) + the largest declared extent +`` :data:`GAP_LIMIT`; returns those files."""
+    named = {i for r in reads for m in r.maps.values() for i in m}
+    limit = len(named) + max((r.extent for r in reads), default=0) + GAP_LIMIT
+    out: list[TokenizerFile] = []
+    for r in reads:
+        top = max((i for m in r.maps.values() for i in m), default=-1)
+        if top >= limit:
+            note = (
+                f"names token id {top}, beyond the {limit} ids a tokenizer of {len(named)} named tokens can "
+                f"number (at most {GAP_LIMIT} unnamed)"
+            )
+            r.file = TokenizerFile(r.file.name, r.file.format, None, note)
+            r.maps, r.added, r.extent = {}, [], 0
+            out.append(r.file)
+    return tuple(out)
+
+
 def tokenizer_set(folder: Path) -> TokenizerSet:
     """Every tokenizer file of ``folder`` with its own length, and what they say together.
 
@@ -394,7 +445,8 @@ def tokenizer_set(folder: Path) -> TokenizerSet:
     and ``*.tiktoken`` files (listed in ``unsupported``). ``length`` is the highest id any parsed file names
     + 1, which is ``len(tokenizer)`` of transformers and PaddleFormers for a consistent folder (tested on
     real trained tokenizers: tests/test_tokenizer_read.py). A file that is not valid JSON or not a
-    SentencePiece model gets a ``note`` and no length; this never raises on a bad file.
+    SentencePiece model, or names an id beyond :data:`GAP_LIMIT` unnamed ones, gets a ``note`` and no
+    length; this never raises on a bad file.
 
     ``disagreements``: an id given two strings (within a file or by two files: a stale ``tokenizer.model``
     beside an edited ``tokenizer.json``), vocabulary files of different lengths once the added-token files
@@ -403,6 +455,7 @@ def tokenizer_set(folder: Path) -> TokenizerSet:
     names (tokenizers 0.22, transformers 5.3 and PaddleFormers 1.2 give the tokens after them lower ids).
     """
     reads = _read_all(store.path_of(folder))
+    beyond = _bound_ids(reads)
     files = tuple(r.file for r in reads)
     lengths = [f.length for f in files if f.length is not None]
     clashes = [c for r in reads for c in r.clashes]
@@ -420,6 +473,7 @@ def tokenizer_set(folder: Path) -> TokenizerSet:
         unsupported=tuple(f.name for f in files if f.format is TokenizerFormat.TIKTOKEN)
         + _custom_class(store.path_of(folder)),
         gaps=tuple(i for i in range(base, length) if i not in named) if base and length else (),
+        beyond=beyond,
     )
 
 
@@ -438,7 +492,9 @@ def vocabulary(folder: Path) -> dict[int, str]:
     and vocabulary first, then SentencePiece pieces, vocab.json, vocab.txt, added_tokens.json,
     tokenizer_config.json's decoder: the first file naming an id wins). ``{}`` when there are none."""
     out: dict[int, str] = {}
-    for r in _read_all(store.path_of(folder)):
+    reads = _read_all(store.path_of(folder))
+    _bound_ids(reads)
+    for r in reads:
         for m in r.maps.values():
             for i, s in m.items():
                 out.setdefault(i, s)

@@ -37,7 +37,17 @@ from typing import Any
 from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError, UsageError
 from ..model.tokens import AddedToken, NewToken, TokenEdit, TokenizerFormat
 from . import store
-from .tokenizer import TIKTOKEN_NAMES, is_tiktoken, sp_names
+from .regular import JSON_LIMIT, read_bounded
+from .tokenizer import TIKTOKEN_NAMES, is_tiktoken, quiet_stderr, sp_names
+from .tokenizer_check import (
+    MAX_TOKEN_CHARS,
+    check_added_ids,
+    check_sp_model,
+    check_tokenizer_json,
+    check_vocab_json,
+    check_wordpiece_unk,
+    read_text,
+)
 from .tokenizer_loaders import AddedTokensIn, unseen_by
 
 SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
@@ -69,6 +79,7 @@ class _Folder:
     json_tok: Any = None  # tokenizer.json as a tokenizers.Tokenizer
     sp_name: str | None = None
     sp_model: Any = None  # sentencepiece ModelProto
+    sp_proc: Any = None  # the SentencePieceProcessor of sp_model (checked: tokenizer_check.check_sp_model)
     vocab_txt: list[str] | None = None
     vocab_json: dict | None = None  # with merges.txt beside it
     json_files: dict[str, Any] = field(default_factory=dict)  # CONFIG / ADDED_JSON / SPECIAL_MAP
@@ -86,9 +97,10 @@ class _Folder:
 
 
 def _read_json(path: Path) -> Any:
+    text = read_text(path, path.name)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+        return json.loads(text)
+    except ValueError as e:
         raise CheckpointError(f"{path.name} is not valid JSON ({e})", path, "save the tokenizer again") from e
 
 
@@ -136,21 +148,19 @@ def _scan(folder: Any) -> _Folder:
             f.json_files[name] = _read_json(root / name)
     _refuse_unsupported(root, f.json_files.get(CONFIG))
     if (root / "tokenizer.json").is_file():
-        text = (root / "tokenizer.json").read_text(encoding="utf-8")
+        text = read_text(root / "tokenizer.json", "tokenizer.json")
+        f.tj = _read_json(root / "tokenizer.json")
+        check_tokenizer_json(f.tj, root / "tokenizer.json")  # before the library allocates by its ids
         f.tokenizer_json, f.json_tok = text, _from_str(text)  # the library must read it first
-        f.tj = json.loads(text)
         f.tj_native = f.json_tok.to_str(pretty=True) == text.rstrip("\n")
     f.sp_name = next((n for n in SP_NAMES if (root / n).is_file()), None)
     if f.sp_name:
-        f.sp_model = _lib("sentencepiece.sentencepiece_model_pb2").ModelProto()
-        try:
-            f.sp_model.ParseFromString((root / f.sp_name).read_bytes())
-        except Exception as e:  # protobuf's DecodeError
-            raise CheckpointError(f"{f.sp_name} is not a SentencePiece model", root / f.sp_name) from e
+        _read_sp(f)
     if (root / "vocab.txt").is_file():
-        f.vocab_txt = _lines((root / "vocab.txt").read_text(encoding="utf-8"))
+        f.vocab_txt = _lines(read_text(root / "vocab.txt", "vocab.txt"))
     if (root / "vocab.json").is_file() and (root / "merges.txt").is_file():
         f.vocab_json = _read_json(root / "vocab.json")
+        check_vocab_json(f.vocab_json, root / "vocab.json")
     if f.tokenizer_json is None and f.sp_model is None and f.vocab_txt is None and f.vocab_json is None:
         other = sp_names(root)  # a model inspect reads (vocab_file, spm.model) that is not edited here
         if other:
@@ -178,6 +188,24 @@ def _scan(folder: Any) -> _Folder:
     return f
 
 
+def _read_sp(f: _Folder) -> None:
+    """Parse the SentencePiece model ``f.sp_name`` and load it (:func:`check_sp_model`).
+
+    Raises:
+        CheckpointError: not a SentencePiece model protobuf, or one sentencepiece would refuse.
+    """
+    path = f.root / (f.sp_name or "")
+    f.sp_model = _lib("sentencepiece.sentencepiece_model_pb2").ModelProto()
+    blob = read_bounded(path, JSON_LIMIT, f.sp_name)
+    try:
+        f.sp_model.ParseFromString(blob)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError (and RuntimeError of its C++ parser)
+        raise CheckpointError(
+            f"{f.sp_name} is not a SentencePiece model", path, "restore the file from the model's release"
+        ) from e
+    f.sp_proc = check_sp_model(f.sp_model, f.sp_name or "", path)
+
+
 def _lines(text: str) -> list[str]:
     """The lines of a text read with universal newlines (``\n``, ``\r\n``, ``\r``), as ``open().readlines()``
     gives them to transformers' ``load_vocab``; not ``str.splitlines``, which also breaks at ``\x0b``,
@@ -190,9 +218,16 @@ def _from_str(text: str) -> Any:
     """``tokenizers.Tokenizer.from_str(text)``; a file the library rejects is a CheckpointError."""
     tk = _lib("tokenizers")
     try:
-        return tk.Tokenizer.from_str(text)
-    except Exception as e:  # tokenizers raises Exception itself
-        raise CheckpointError(f"tokenizer.json cannot be read by tokenizers ({e})", "tokenizer.json") from e
+        with quiet_stderr():
+            return tk.Tokenizer.from_str(text)
+    except (KeyboardInterrupt, SystemExit, MemoryError):
+        raise
+    except BaseException as e:  # noqa: BLE001 - tokenizers raises Exception, a Rust panic PanicException
+        raise CheckpointError(
+            f"tokenizer.json cannot be read by tokenizers ({str(e)[:200]})",
+            "tokenizer.json",
+            "save the tokenizer again with save_pretrained",
+        ) from e
 
 
 def _base_of(f: _Folder) -> dict[str, int]:
@@ -247,6 +282,8 @@ def _read_vocab(f: _Folder) -> None:
     _check_bases(f)
     seen: dict[int, str] = {}
     for name, tokens in _added_sources(f):
+        if name != "tokenizer.json":  # its ids are checked against its own size (check_tokenizer_json)
+            check_added_ids(name, ((i, t.content) for i, t in tokens.items()), f.base_size, f.root / name)
         for i, t in tokens.items():
             if i in f.added and f.added[i].content != t.content:
                 raise CheckpointError(
@@ -307,12 +344,13 @@ def _json_tokenizer(f: _Folder) -> Any:
     elif f.vocab_txt is not None:
         unk = (f.json_files.get(CONFIG) or {}).get("unk_token") or "[UNK]"
         unk = unk.get("content", "[UNK]") if isinstance(unk, dict) else str(unk)
+        check_wordpiece_unk(_base_of(f), unk, f.root / "vocab.txt")
         tok = tk.Tokenizer(tk.models.WordPiece(_base_of(f), unk_token=unk))
         lower = (f.json_files.get(CONFIG) or {}).get("do_lower_case", True)
         tok.normalizer = tk.normalizers.BertNormalizer(lowercase=bool(lower))
         tok.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
     else:
-        merges = (f.root / "merges.txt").read_text(encoding="utf-8").splitlines()
+        merges = read_text(f.root / "merges.txt", "merges.txt").splitlines()
         pairs = [tuple(m.split(" ")) for m in merges if m and not m.startswith("#version")]
         tok = tk.Tokenizer(tk.models.BPE(dict(f.vocab_json or {}), pairs))
         prefix = bool((f.json_files.get(CONFIG) or {}).get("add_prefix_space", False))
@@ -329,7 +367,7 @@ def _splitter(f: _Folder):
     """``encode(text) -> ids`` of the tokenizer before the edit, without special tokens: tokenizers for
     tokenizer.json / vocab.txt / vocab.json, else the SentencePiece processor."""
     if f.tokenizer_json is None and f.sp_model is not None:
-        sp = _lib("sentencepiece").SentencePieceProcessor(model_proto=f.sp_model.SerializeToString())
+        sp = f.sp_proc
         return lambda s: list(sp.encode(s))
     tok = _json_tokenizer(f)
     return lambda s: list(tok.encode(s, add_special_tokens=False).ids)
@@ -440,12 +478,6 @@ def _matched_form(f: _Folder, s: str, special: bool) -> str:
             f"add the normalized form {norm.normalize_str(s)!r} if PaddleNLP is not used, or leave it out",
         )
     return low
-
-
-# the longest token add-tokens writes, in characters: tokenizers' AddedVocabulary is quadratic in a token's
-# length (tokenizers 0.22.2, the sample's tokenizer.json, one token of 'y' * n: n = 10,000 takes 0.39 s to add
-# and 0.29 s more on every Tokenizer.from_file; n = 100,000 takes 32.6 s to add and 28.7 s on every load)
-MAX_TOKEN_CHARS = 10_000
 
 
 def _refuse_unencodable(f: _Folder, s: str) -> None:

@@ -89,6 +89,9 @@ class TokenizerSet:
         unsupported: files of a format tietool cannot edit (tiktoken, a custom tokenizer class), by name.
         gaps: ids between the base vocabulary and the last added token that no file names: tokenizers,
             transformers and PaddleFormers renumber the added tokens after a gap on load.
+        beyond: the files that name a token id no real tokenizer numbers (beyond the ids the files name
+            plus :data:`surgery.io.tokenizer.GAP_LIMIT`), each with its ``note`` naming the id and the limit;
+            they are counted in no length.
     """
 
     files: tuple[TokenizerFile, ...] = ()
@@ -99,6 +102,7 @@ class TokenizerSet:
     needs_extra: tuple[str, ...] = ()
     unsupported: tuple[str, ...] = ()
     gaps: tuple[int, ...] = ()
+    beyond: tuple[TokenizerFile, ...] = ()
 
 
 @dataclass(frozen=True)

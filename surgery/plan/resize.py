@@ -17,7 +17,7 @@ from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted
 from ..io.vocabkeys import vocab_keys
 from ..model.enums import EQUAL_STATES, HeadLayout, Init
-from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, TietoolError, UsageError
+from ..model.errors import AmbiguousLayoutError, CheckpointError, Opt, RefusedError, TietoolError, UsageError
 from ..model.tokens import TokenEdit
 from .merge_flex import FlexView
 from .plan import (
@@ -105,6 +105,7 @@ def plan_resize(
     _refuse_target(det, N, how)
     refuse_vocab_surface(det, N)
     refuse_token_values(det, N)
+    _refuse_unnumbered(det)
     plan = base_plan("resize", det)
     past = [str(i) for i in det.special_ids if i.id >= N]
     if N < V and not force:
@@ -242,6 +243,23 @@ def _resize_report(
         rep["head_rows_before"] = det.head.rows
         rep["head_rows_after"] = det.head.rows + N - V
     return rep
+
+
+def _refuse_unnumbered(det: Detection) -> None:
+    """Refuse a checkpoint whose tokenizer file names a token id no tokenizer numbers
+    (:attr:`~surgery.model.tokens.TokenizerSet.beyond`: an added-token id of 10^9): how many rows its
+    tokens need cannot be told, and every loader would size a table by that id.
+
+    Raises:
+        CheckpointError: naming the file, the id and the limit.
+    """
+    bad = det.tokenizer.files.beyond
+    if bad:
+        raise CheckpointError(
+            f"{bad[0].name} {bad[0].note}: the rows its tokens need cannot be told",
+            det.ckpt.path / bad[0].name,
+            "save the tokenizer again with save_pretrained so its ids are contiguous",
+        )
 
 
 def _trim_tokenizer(det: Detection, N: int) -> TokenEdit | None:
