@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Tiny checkpoints written by HF transformers itself, as inputs of the ``hf`` loader's proofs.
+
+usage: python hf_build.py PLAN.json
+
+``PLAN.json`` is a list of ``{"model_type", "tie", "out"}``. Each entry is built as
+``torch.manual_seed(0); AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **TINY[model_type],
+tie_word_embeddings=...))`` and saved with transformers' own ``save_pretrained`` (safetensors) into ``out``.
+Ties: ``tied`` (the flag true: transformers' save writes no head), ``untied`` (the flag false, the head an
+independent random tensor), ``untied-equal`` (the flag false, the head set to a copy of the embedding before
+the save: the model the tied one stands for). Run under the HF venv (``tests/tools/hf_venv.sh``,
+``$HF_PYTHON``) by :func:`build`; it never imports paddle or paddleformers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# model_type -> the tiny config (vocabulary 61: above every id of tests/data/fixtures/oracles/input_ids.npy)
+TINY: dict[str, dict] = {
+    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 2, "vocab_size": 61, "n_positions": 64},
+}
+TIES = ("tied", "untied", "untied-equal")
+
+
+def build(plan: list[dict], work: Path, python: str, timeout: float = 600) -> None:
+    """Build every entry of ``plan`` (module docstring) in one subprocess of the HF venv's ``python``.
+
+    Raises:
+        RuntimeError: the subprocess failed (its stderr's tail is in the message).
+    """
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "plan.json").write_text(json.dumps(plan, indent=1))
+    cp = subprocess.run(
+        [python, __file__, str(work / "plan.json")],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=""),
+        stdin=subprocess.DEVNULL,
+    )
+    if cp.returncode != 0:
+        raise RuntimeError(f"hf_build.py failed (exit {cp.returncode}):\n{cp.stderr[-3000:]}")
+
+
+def _build_one(model_type: str, tie: str, out: str) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    cfg = AutoConfig.for_model(model_type, **TINY[model_type], tie_word_embeddings=tie == "tied")
+    model = AutoModelForCausalLM.from_config(cfg)
+    if tie == "untied-equal":
+        with torch.no_grad():
+            model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight)
+    model.save_pretrained(out)
+
+
+def _main(plan_path: str) -> int:
+    for job in json.loads(Path(plan_path).read_text()):
+        _build_one(job["model_type"], job["tie"], job["out"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1]))
