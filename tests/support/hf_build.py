@@ -8,7 +8,12 @@ usage: python hf_build.py PLAN.json
 tie_word_embeddings=...))`` and saved with transformers' own ``save_pretrained`` (safetensors) into ``out``.
 Ties: ``tied`` (the flag true: transformers' save writes no head), ``untied`` (the flag false, the head an
 independent random tensor), ``untied-equal`` (the flag false, the head set to a copy of the embedding before
-the save: the model the tied one stands for). Run under the HF venv (``tests/tools/hf_venv.sh``,
+the save: the model the tied one stands for; T5, whose tied head scales the decoder output by
+``d_model ** -0.5``: the embedding times that). Encoder-decoder types are built with
+``AutoModelForSeq2SeqLM``. transformers 5.3's ``T5Config`` forces ``tie_word_embeddings=True`` (it keeps the
+flag given as ``scale_decoder_outputs``) and its loader unties only when both tensors are in the file: the
+untied T5 variants are built with the flag false (no scaling, as T5 v1.1), then the loaded model's config
+flag set false and the head given a parameter of its own before ``save_pretrained``. Run under the HF venv (``tests/tools/hf_venv.sh``,
 ``$HF_PYTHON``) by :func:`build`; it never imports paddle or paddleformers.
 """
 
@@ -23,6 +28,26 @@ from pathlib import Path
 # model_type -> the tiny config (vocabulary 61: above every id of tests/data/fixtures/oracles/input_ids.npy)
 TINY: dict[str, dict] = {
     "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 2, "vocab_size": 61, "n_positions": 64},
+    "t5": {
+        "d_model": 32,
+        "d_ff": 64,
+        "num_layers": 1,
+        "num_decoder_layers": 1,
+        "num_heads": 2,
+        "d_kv": 16,
+        "vocab_size": 61,
+    },
+    "bart": {
+        "d_model": 32,
+        "encoder_layers": 1,
+        "decoder_layers": 1,
+        "encoder_attention_heads": 2,
+        "decoder_attention_heads": 2,
+        "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64,
+        "vocab_size": 61,
+        "max_position_embeddings": 64,
+    },
 }
 TIES = ("tied", "untied", "untied-equal")
 
@@ -49,14 +74,23 @@ def build(plan: list[dict], work: Path, python: str, timeout: float = 600) -> No
 
 def _build_one(model_type: str, tie: str, out: str) -> None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
     torch.manual_seed(0)
     cfg = AutoConfig.for_model(model_type, **TINY[model_type], tie_word_embeddings=tie == "tied")
-    model = AutoModelForCausalLM.from_config(cfg)
+    auto = AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else AutoModelForCausalLM
+    model = auto.from_config(cfg)
+    head, emb = model.get_output_embeddings(), model.get_input_embeddings()
+    if tie != "tied" and cfg.tie_word_embeddings:  # forced true by the config class (T5)
+        model.config.tie_word_embeddings = False
+        head.weight = torch.nn.Parameter(torch.randn_like(emb.weight) * emb.weight.std())
     if tie == "untied-equal":
+        scale = cfg.d_model**-0.5 if model_type == "t5" else 1.0
         with torch.no_grad():
-            model.get_output_embeddings().weight.copy_(model.get_input_embeddings().weight)
+            head.weight.copy_(emb.weight * scale)
+            for name, param in model.named_parameters():  # untied BART keeps encoder/decoder copies apart
+                if name.endswith("embed_tokens.weight") and param is not emb.weight:
+                    param.copy_(emb.weight)
     model.save_pretrained(out)
 
 
