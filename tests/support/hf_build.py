@@ -13,8 +13,8 @@ the save: the model the tied one stands for; T5, whose tied head scales the deco
 ``AutoModelForSeq2SeqLM``. transformers 5.3's ``T5Config`` forces ``tie_word_embeddings=True`` (it keeps the
 flag given as ``scale_decoder_outputs``) and its loader unties only when both tensors are in the file: the
 untied T5 variants are built with the flag false (no scaling, as T5 v1.1), then the loaded model's config
-flag set false and the head given a parameter of its own before ``save_pretrained``. Run under the HF venv (``tests/tools/hf_venv.sh``,
-``$HF_PYTHON``) by :func:`build`; it never imports paddle or paddleformers.
+flag set false and the head given a parameter of its own before ``save_pretrained``. Run under the HF venv
+(``tests/tools/hf_venv.sh``, ``$HF_PYTHON``) by :func:`build`; it never imports paddle or paddleformers.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ usage: python hf_logits.py JOBS.json RESULTS.json
 
 ``JOBS.json`` is a list of ``{"ckpt": folder, "out": logits.npy}``. Each folder is loaded with the documented
 default call, ``AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)`` on CPU
-(``AutoModelForSeq2SeqLM`` for an encoder-decoder config, run with the same ids as the decoder's input) (torch 2.13 CPU,
-transformers as PaddleFormers 1.2 pins it, < 5.4), and run on ``tests/data/fixtures/oracles/input_ids.npy``.
+(``AutoModelForSeq2SeqLM`` for an encoder-decoder config, run with the same ids as the decoder's input;
+torch 2.13 CPU, transformers as PaddleFormers 1.2 pins it, < 5.4), and run on
+``tests/data/fixtures/oracles/input_ids.npy``.
 ``RESULTS.json`` gets one entry per job: ``ok``, ``error``, the logits' ``shape``, the keys the load reported
 ``missing`` / ``unexpected`` / ``mismatched``, and ``tied`` (the loaded model's head is the embedding's
 parameter).
