@@ -388,10 +388,10 @@ def test_hf_loads_fixtures(world, name):
 # ========================== model types PaddleFormers does not export: transformers' own saves
 # (support/hf_build.py: tiny configs, transformers' save_pretrained in the HF venv). Each proves the hf row of
 # the model type from safetensors; its outputs of tietool's writes load with the input's logits.
-# BART is built (hf_build.TINY) but not proven: transformers 5.3's untied BART holds encoder/decoder
-# embed_tokens apart from model.shared, so untie of a tied save (model.shared.weight only) loads with random
-# encoder/decoder embeddings ("missing": model.{encoder,decoder}.embed_tokens.weight); untie writes no copies
-NATIVE = ("gpt2", "t5")
+# BART: transformers 5.3's untied BART holds encoder/decoder embed_tokens apart from model.shared, so untie
+# of a tied save (model.shared.weight only) writes them too (arch.HF_UNTIED_KEEPS_ALIASES_APART); without
+# them they load random ("missing": model.{encoder,decoder}.embed_tokens.weight, logits off by 0.7)
+NATIVE = tuple(hf_build.TINY)
 NATIVE_OPS: dict[str, list[str]] = {k: OPS[k] for k in ("tie-hf", "tie-keep-hf", "untie-hf", "resize-hf")}
 
 

@@ -10,7 +10,9 @@ Ties: ``tied`` (the flag true: transformers' save writes no head), ``untied`` (t
 independent random tensor), ``untied-equal`` (the flag false, the head set to a copy of the embedding before
 the save: the model the tied one stands for; T5, whose tied head scales the decoder output by
 ``d_model ** -0.5``: the embedding times that). Encoder-decoder types are built with
-``AutoModelForSeq2SeqLM``. transformers 5.3's ``T5Config`` forces ``tie_word_embeddings=True`` (it keeps the
+``AutoModelForSeq2SeqLM``; an untied BART holds its encoder/decoder ``embed_tokens`` apart from
+``model.shared`` (random at init): they are set to the shared table's values, as in released BART checkpoints
+(only the head is untied). transformers 5.3's ``T5Config`` forces ``tie_word_embeddings=True`` (it keeps the
 flag given as ``scale_decoder_outputs``) and its loader unties only when both tensors are in the file: the
 untied T5 variants are built with the flag false (no scaling, as T5 v1.1), then the loaded model's config
 flag set false and the head given a parameter of its own before ``save_pretrained``. Run under the HF venv
@@ -84,13 +86,12 @@ def _build_one(model_type: str, tie: str, out: str) -> None:
     if tie != "tied" and cfg.tie_word_embeddings:  # forced true by the config class (T5)
         model.config.tie_word_embeddings = False
         head.weight = torch.nn.Parameter(torch.randn_like(emb.weight) * emb.weight.std())
-    if tie == "untied-equal":
-        scale = cfg.d_model**-0.5 if model_type == "t5" else 1.0
-        with torch.no_grad():
-            head.weight.copy_(emb.weight * scale)
-            for name, param in model.named_parameters():  # untied BART keeps encoder/decoder copies apart
-                if name.endswith("embed_tokens.weight") and param is not emb.weight:
-                    param.copy_(emb.weight)
+    with torch.no_grad():
+        if tie == "untied-equal":
+            head.weight.copy_(emb.weight * (cfg.d_model**-0.5 if model_type == "t5" else 1.0))
+        for name, param in model.named_parameters():  # untied BART keeps encoder/decoder copies apart
+            if name.endswith("embed_tokens.weight") and param is not emb.weight:
+                param.copy_(emb.weight)
     model.save_pretrained(out)
 
 
