@@ -10,7 +10,8 @@ Ties: ``tied`` (the flag true: transformers' save writes no head), ``untied`` (t
 independent random tensor), ``untied-equal`` (the flag false, the head set to a copy of the embedding before
 the save: the model the tied one stands for; T5, whose tied head scales the decoder output by
 ``d_model ** -0.5``: the embedding times that). Encoder-decoder types are built with
-``AutoModelForSeq2SeqLM``; an untied BART holds its encoder/decoder ``embed_tokens`` apart from
+``AutoModelForSeq2SeqLM``, wrappers (LLaVA) with ``AutoModelForImageTextToText`` (both flags set); an
+untied BART holds its encoder/decoder ``embed_tokens`` apart from
 ``model.shared`` (random at init): they are set to the shared table's values, as in released BART checkpoints
 (only the head is untied). transformers 5.3's ``T5Config`` forces ``tie_word_embeddings=True`` (it keeps the
 flag given as ``scale_decoder_outputs``) and its loader unties only when both tensors are in the file: the
@@ -50,6 +51,28 @@ TINY: dict[str, dict] = {
         "vocab_size": 61,
         "max_position_embeddings": 64,
     },
+    "llava": {
+        "text_config": {
+            "model_type": "llama",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "vocab_size": 61,
+        },
+        "vision_config": {
+            "model_type": "clip_vision_model",
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "image_size": 28,
+            "patch_size": 14,
+            "projection_dim": 32,
+        },
+        "image_token_index": 60,
+    },
 }
 TIES = ("tied", "untied", "untied-equal")
 
@@ -76,11 +99,25 @@ def build(plan: list[dict], work: Path, python: str, timeout: float = 600) -> No
 
 def _build_one(model_type: str, tie: str, out: str) -> None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSeq2SeqLM,
+    )
 
     torch.manual_seed(0)
-    cfg = AutoConfig.for_model(model_type, **TINY[model_type], tie_word_embeddings=tie == "tied")
-    auto = AutoModelForSeq2SeqLM if cfg.is_encoder_decoder else AutoModelForCausalLM
+    kw = json.loads(json.dumps(TINY[model_type]))
+    if "text_config" in kw:  # a wrapper: the language model's flag too
+        kw["text_config"]["tie_word_embeddings"] = tie == "tied"
+    cfg = AutoConfig.for_model(model_type, **kw, tie_word_embeddings=tie == "tied")
+    auto = (
+        AutoModelForSeq2SeqLM
+        if cfg.is_encoder_decoder
+        else AutoModelForImageTextToText
+        if "text_config" in kw
+        else AutoModelForCausalLM
+    )
     model = auto.from_config(cfg)
     head, emb = model.get_output_embeddings(), model.get_input_embeddings()
     if tie != "tied" and cfg.tie_word_embeddings:  # forced true by the config class (T5)

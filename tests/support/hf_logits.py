@@ -6,6 +6,7 @@ usage: python hf_logits.py JOBS.json RESULTS.json
 ``JOBS.json`` is a list of ``{"ckpt": folder, "out": logits.npy}``. Each folder is loaded with the documented
 default call, ``AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)`` on CPU
 (``AutoModelForSeq2SeqLM`` for an encoder-decoder config, run with the same ids as the decoder's input;
+``AutoModelForImageTextToText`` for a type with no causal-LM class, LLaVA: text ids only;
 torch 2.13 CPU, transformers as PaddleFormers 1.2 pins it, < 5.4), and run on
 ``tests/data/fixtures/oracles/input_ids.npy``.
 ``RESULTS.json`` gets one entry per job: ``ok``, ``error``, the logits' ``shape``, the keys the load reported
@@ -87,13 +88,26 @@ def run(folders: list[Path], work: Path, python: str, timeout: float = 1200) -> 
 def _load(ckpt: str, out: str) -> dict:
     import numpy as np
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSeq2SeqLM,
+    )
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     res: dict = {"ok": False, "error": None, "missing": [], "unexpected": [], "mismatched": [], "tied": None}
     try:
         torch.manual_seed(0)
-        seq2seq = AutoConfig.from_pretrained(ckpt).is_encoder_decoder
-        auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForCausalLM
+        config = AutoConfig.from_pretrained(ckpt)
+        seq2seq = config.is_encoder_decoder
+        auto = (
+            AutoModelForSeq2SeqLM
+            if seq2seq
+            else AutoModelForCausalLM
+            if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            else AutoModelForImageTextToText
+        )
         model, info = auto.from_pretrained(ckpt, dtype=torch.float32, output_loading_info=True)
         model.eval()
         res["missing"] = sorted(info.get("missing_keys", []))
