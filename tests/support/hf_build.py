@@ -73,6 +73,7 @@ TINY: dict[str, dict] = {
         },
         "image_token_index": 60,
     },
+    "falcon": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 61},
 }
 TIES = ("tied", "untied", "untied-equal")
 
