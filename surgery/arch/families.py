@@ -31,9 +31,10 @@ first).
 Proofs: :data:`PROOFS` maps ``(model_type, loader, container)`` to the test that loaded checkpoints the
 library itself wrote and asserted these facts (PaddleFormers 1.2: ``tests/test_families.py::
 test_loader_facts``; HF transformers 5.3, reading PaddleFormers' HF-layout exports:
-``tests/test_hf_loader.py::test_hf_loader_facts``). Under :data:`PROVABLE_LOADERS` a write relies on a fact
-only where it is proven (``Family.trusted``); elsewhere tie/resize keep the head, untie writes it and refuses
-to guess its layout.
+``tests/test_hf_loader.py::test_hf_loader_facts``; model types PaddleFormers does not export, on checkpoints
+transformers' own ``save_pretrained`` wrote: ``tests/test_hf_loader.py::test_hf_native_loader_facts``).
+Under :data:`PROVABLE_LOADERS` a write relies on a fact only where it is proven (``Family.trusted``);
+elsewhere tie/resize keep the head, untie writes it and refuses to guess its layout.
 """
 
 from __future__ import annotations
