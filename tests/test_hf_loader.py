@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import cli_runner, hf_logits, paths
+from support import cli_runner, hf_build, hf_logits, paths
 from support import family_builder as fb
 
 from tietool.surgery import arch
@@ -383,3 +383,139 @@ def test_hf_loads_fixtures(world, name):
             got = got[..., : want.shape[-1]]
         delta = _close(got, want)
         assert delta < ATOL, f"{op} of {name}: transformers logits off by {delta:.3g}"
+
+
+# ========================== model types PaddleFormers does not export: transformers' own saves
+# (support/hf_build.py: tiny configs, transformers' save_pretrained in the HF venv). Each proves the hf row of
+# the model type from safetensors; its outputs of tietool's writes load with the input's logits.
+# BART: transformers 5.3's untied BART holds encoder/decoder embed_tokens apart from model.shared, so untie
+# of a tied save (model.shared.weight only) writes them too (arch.HF_UNTIED_KEEPS_ALIASES_APART); without
+# them they load random ("missing": model.{encoder,decoder}.embed_tokens.weight, logits off by 0.7)
+NATIVE = tuple(hf_build.TINY)
+NATIVE_OPS: dict[str, list[str]] = {k: OPS[k] for k in ("tie-hf", "tie-keep-hf", "untie-hf", "resize-hf")}
+
+
+class NativeWorld:
+    """transformers-written checkpoints of :data:`NATIVE` (every tie of ``hf_build.TIES``), tietool's
+    ``--loader hf`` outputs of them, and transformers' logits of all."""
+
+    def __init__(self, root: Path, python: str) -> None:
+        self.src = {(mt, t): root / "built" / f"{mt}-{t}" for mt in NATIVE for t in hf_build.TIES}
+        hf_build.build(
+            [{"model_type": mt, "tie": t, "out": str(p)} for (mt, t), p in self.src.items()], root, python
+        )
+        self.runs: dict[tuple[str, str, str], cli_runner.CliRun] = {}
+        self.outs: dict[tuple[str, str, str], Path] = {}
+        for (mt, tie), src in self.src.items():
+            for op, argv in NATIVE_OPS.items():
+                out = root / "out" / f"{mt}-{tie}-{op}"
+                r = cli_runner.run_cli([*argv, src, "--out", out, "-q"], timeout=300)
+                self.runs[(mt, tie, op)] = r
+                if r.rc == 0:
+                    self.outs[(mt, tie, op)] = out
+        self.hf = hf_logits.run([*self.src.values(), *self.outs.values()], root / "hf-logits", python)
+
+
+@pytest.fixture(scope="module")
+def native(tmp_path_factory) -> NativeWorld:
+    python = hf_logits.python()
+    why = hf_logits.available(python) if python else "HF_PYTHON is not set (source tests/tools/hf_venv.sh)"
+    if why:
+        if os.environ.get("TIETOOL_REQUIRE_HF"):
+            pytest.fail(f"TIETOOL_REQUIRE_HF is set but the HF venv is unusable: {why}")
+        pytest.skip(f"no HF transformers venv: {why}")
+    assert python is not None
+    return NativeWorld(tmp_path_factory.mktemp("hf-native"), python)
+
+
+@pytest.mark.parametrize("model_type", NATIVE)
+def test_hf_native_loader_facts(native, model_type, request):
+    """The proof of the ``hf`` row of ``model_type`` from safetensors (``surgery.arch.PROOFS`` names this
+    test), from checkpoints transformers' own ``save_pretrained`` wrote:
+
+    * reties: the tied save holds no head (transformers writes none) and loads with the head tied to the
+      embedding (the same parameter), the logits of the untied-equal model, no key reported missing
+      (``warns_missing_head`` false);
+    * always_tied: an independent head saved under the untied flag is used (the logits differ);
+    * head layout: the head in the untied save has the embedding's shape ``[vocab, hidden]``.
+    """
+    fam = arch.lookup(model_type, "hf", "safetensors")
+    tied_src = native.src[(model_type, "tied")]
+    names = _tensor_names(tied_src)[:8]
+    assert _shape_by_suffix(tied_src, fam.head) is None, f"transformers' tied save wrote a head: {names}"
+    equal = _hf_ok(native.hf[native.src[(model_type, "untied-equal")]], f"{model_type}-untied-equal")
+    tied = native.hf[tied_src]
+    reties = tied["ok"] and bool(tied["tied"]) and _close(tied["logits"], equal) < ATOL
+    warns = reties and any(_ends(k, fam.head) for k in tied["missing"])
+    untied_src = native.src[(model_type, "untied")]
+    untied = _hf_ok(native.hf[untied_src], f"{model_type}-untied")
+    ignored = _close(untied, equal) < ATOL
+    head = _shape_by_suffix(untied_src, fam.head)
+    emb = _shape_by_suffix(untied_src, fam.embedding)
+    assert head is not None and emb is not None, _tensor_names(untied_src)
+    seen = {"reties": reties, "always_tied": ignored, "warns_missing_head": warns}
+    table = {
+        "reties": fam.reties,
+        "always_tied": fam.always_tied,
+        "warns_missing_head": fam.warns_missing_head,
+    }
+    assert table == seen, f"{model_type} hf/safetensors: table {table}, loads {seen}"
+    assert fam.head_layout == ("vocab-hidden" if head == emb else "hidden-vocab"), (
+        head,
+        emb,
+        fam.head_layout,
+    )
+    assert arch.PROOFS.get(arch.ProofKey(model_type, "hf", "safetensors")) == request.node.nodeid
+
+
+@pytest.mark.parametrize("model_type", NATIVE)
+def test_hf_native_outputs_load(native, model_type):
+    """tietool's ``--loader hf`` tie / ``tie --keep embedding`` / untie / resize outputs of transformers'
+    own saves load in transformers with the logits of the model they stand for (tie of an untied head that
+    differs: refused, exit 5; ``tie --keep embedding`` of it: the untied-equal model; resize: on the kept
+    vocabulary). ``tie --loader hf`` writes no head (transformers re-ties it: the fact proven above)."""
+    checked = []
+    for tie in hf_build.TIES:
+        want = _hf_ok(native.hf[native.src[(model_type, tie)]], f"{model_type}-{tie}")
+        equal = _hf_ok(native.hf[native.src[(model_type, "untied-equal")]], "untied-equal")
+        for op in NATIVE_OPS:
+            r = native.runs[(model_type, tie, op)]
+            want_rc = 5 if (op == "tie-hf" and tie == "untied") else 0
+            assert r.rc == want_rc, f"{op} of {model_type}-{tie}: expected exit {want_rc}\n{r.describe()}"
+            if r.rc != 0:
+                continue
+            out = native.outs[(model_type, tie, op)]
+            got = _hf_ok(native.hf[out], f"{op} of {model_type}-{tie}")
+            if op == "tie-hf":
+                head = arch.lookup(model_type, "hf", "safetensors").head
+                assert _shape_by_suffix(out, head) is None, f"{op} of {model_type}-{tie}: head kept"
+            if op.startswith("resize"):
+                assert got.shape[-1] == NEW_VOCAB, f"{op} of {model_type}-{tie}: logits {got.shape}"
+                got = got[..., : want.shape[-1]]
+            ref = equal if op == "tie-keep-hf" else want
+            delta = _close(got, ref)
+            assert delta < ATOL, f"{op} of {model_type}-{tie}: transformers logits off by {delta:.3g}"
+            checked.append(f"{tie}/{op}")
+    assert len(checked) == len(hf_build.TIES) * len(NATIVE_OPS) - 1, checked
+
+
+def _tensor_names(folder: Path) -> list[str]:
+    from safetensors import safe_open
+
+    names: list[str] = []
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), "np") as fh:
+            names += list(fh.keys())
+    return names
+
+
+def _ends(name: str, suffixes: tuple[str, ...]) -> bool:
+    return any(name == s or name.endswith("." + s) for s in suffixes)
+
+
+def _shape_by_suffix(folder: Path, suffixes: tuple[str, ...]) -> tuple[int, ...] | None:
+    """The shape of the first tensor whose name ends with one of ``suffixes`` (dotted), or None."""
+    for n in _tensor_names(folder):
+        if _ends(n, suffixes):
+            return fb_head_shape(folder, n)
+    return None

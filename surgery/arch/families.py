@@ -31,9 +31,10 @@ first).
 Proofs: :data:`PROOFS` maps ``(model_type, loader, container)`` to the test that loaded checkpoints the
 library itself wrote and asserted these facts (PaddleFormers 1.2: ``tests/test_families.py::
 test_loader_facts``; HF transformers 5.3, reading PaddleFormers' HF-layout exports:
-``tests/test_hf_loader.py::test_hf_loader_facts``). Under :data:`PROVABLE_LOADERS` a write relies on a fact
-only where it is proven (``Family.trusted``); elsewhere tie/resize keep the head, untie writes it and refuses
-to guess its layout.
+``tests/test_hf_loader.py::test_hf_loader_facts``; model types PaddleFormers does not export, on checkpoints
+transformers' own ``save_pretrained`` wrote: ``tests/test_hf_loader.py::test_hf_native_loader_facts``).
+Under :data:`PROVABLE_LOADERS` a write relies on a fact only where it is proven (``Family.trusted``);
+elsewhere tie/resize keep the head, untie writes it and refuses to guess its layout.
 """
 
 from __future__ import annotations
@@ -596,6 +597,12 @@ _PF_PROVEN: dict[str, tuple[str, ...]] = {
     "qwen2_5_vl": ("pdparams",),
     "glm4v_moe": ("pdparams",),
 }
+# Families whose untied model, under HF transformers 5.3, keeps the encoder/decoder embedding copies (the
+# row's ``aliases``) apart from the shared table: an untied checkpoint without them loads them random
+# ("missing": model.encoder/decoder.embed_tokens.weight), so untie writes them as copies of the embedding
+# (tests/test_hf_loader.py::test_hf_native_outputs_load[bart]). T5 is not one: transformers 5.3 always ties
+# them.
+HF_UNTIED_KEEPS_ALIASES_APART: frozenset[str] = frozenset({"bart"})
 # (model type, container) whose hf row is HF transformers' own reading, not a mirror of PaddleFormers'
 # (tests/test_hf_loader.py proves it): transformers honours tie_word_embeddings where PaddleFormers 1.2
 # always ties (Gemma3) or never re-ties (Phi3, GptOss, DeepSeek-V3, GLM-4-MoE)
@@ -654,8 +661,17 @@ _HF_PROVEN: tuple[str, ...] = (
     "qwen3_moe",
     "glm4_moe",
 )
+# model types PaddleFormers 1.2 does not export (or whose export transformers cannot load: Qwen3-VL), proven
+# on checkpoints transformers' own save_pretrained wrote (tiny configs, tests/support/hf_build.py; wrappers
+# through AutoModelForImageTextToText): tied save (no head written), untied, untied with the head equal
+_HF_NATIVE_FACTS_TEST = "tests/test_hf_loader.py::test_hf_native_loader_facts[{model_type}]"
+_HF_NATIVE_PROVEN: tuple[str, ...] = ("gpt2", "t5", "bart", "llava", "falcon", "mistral3", "qwen3_vl")
 _HF_PROOFS: dict[ProofKey, str] = {
-    ProofKey(mt, "hf", "safetensors"): _HF_FACTS_TEST.format(model_type=mt) for mt in _HF_PROVEN
+    **{ProofKey(mt, "hf", "safetensors"): _HF_FACTS_TEST.format(model_type=mt) for mt in _HF_PROVEN},
+    **{
+        ProofKey(mt, "hf", "safetensors"): _HF_NATIVE_FACTS_TEST.format(model_type=mt)
+        for mt in _HF_NATIVE_PROVEN
+    },
 }
 PROOFS: Mapping[ProofKey, str] = MappingProxyType({**_PF_PROOFS, **_PNLP_PROOFS, **_HF_PROOFS})
 """``(model_type, loader, container)`` → pytest node id of the test that loaded a library-written checkpoint

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .. import arch
 from ..inspect.detect import Detection, tied_scale
 from ..io.checkpoint import Checkpoint
-from ..model.enums import LAYOUTS, HeadLayout
+from ..model.enums import LAYOUTS, HeadLayout, Loader
 from ..model.errors import Opt, RefusedError, UsageError
 from .plan import (
     NEW_SHARD,
@@ -90,8 +91,33 @@ def plan_untie(det: Detection, layout: str = "auto") -> Plan:
         )
         return plan
     _add_untied_head(det, plan, layout)
+    _add_alias_copies(det, plan)
     check_new_names(plan)
     return plan
+
+
+def _add_alias_copies(det: Detection, plan: Plan) -> None:
+    """Under HF transformers, a family whose untied model keeps the encoder/decoder embedding copies apart
+    from the shared table (``arch.HF_UNTIED_KEEPS_ALIASES_APART``: BART) gets each alias name the file lacks
+    as a copy of the embedding ``[vocab, hidden]`` (same dtype), so that they do not load random."""
+    fam = det.family
+    if det.loader.name != Loader.HF or fam.name not in arch.HF_UNTIED_KEEPS_ALIASES_APART:
+        return
+    suffix = next((s for s in fam.embedding if det.embedding.name.endswith(s)), None)
+    if suffix is None:
+        return
+    prefix, e = det.embedding.name[: -len(suffix)], det.emb_info
+    dtype = out_dtype(det.ckpt, e, plan.relabel_u16)
+    for alias in fam.aliases:
+        name = prefix + alias
+        if name in det.ckpt.tensors:
+            continue
+        copy = OutTensor(name, dtype, (det.vocab_rows, det.hidden), CopyOf(det.embedding.name), e.file)
+        plan.add.append(replace(copy, file=NEW_SHARD) if det.ckpt.sharded else copy)
+        plan.notes.append(
+            f"{name} written as a copy of {det.embedding.name}: the untied {fam.name} model of the "
+            f"{det.loader.name} loader keeps it apart from the shared table"
+        )
 
 
 def _add_untied_head(det: Detection, plan: Plan, layout: str) -> None:

@@ -4,8 +4,11 @@
 usage: python hf_logits.py JOBS.json RESULTS.json
 
 ``JOBS.json`` is a list of ``{"ckpt": folder, "out": logits.npy}``. Each folder is loaded with the documented
-default call, ``AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)`` on CPU (torch 2.13 CPU,
-transformers as PaddleFormers 1.2 pins it, < 5.4), and run on ``tests/data/fixtures/oracles/input_ids.npy``.
+default call, ``AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)`` on CPU
+(``AutoModelForSeq2SeqLM`` for an encoder-decoder config, run with the same ids as the decoder's input;
+``AutoModelForImageTextToText`` for a type with no causal-LM class, LLaVA: text ids only;
+torch 2.13 CPU, transformers as PaddleFormers 1.2 pins it, < 5.4), and run on
+``tests/data/fixtures/oracles/input_ids.npy``.
 ``RESULTS.json`` gets one entry per job: ``ok``, ``error``, the logits' ``shape``, the keys the load reported
 ``missing`` / ``unexpected`` / ``mismatched``, and ``tied`` (the loaded model's head is the embedding's
 parameter).
@@ -85,14 +88,27 @@ def run(folders: list[Path], work: Path, python: str, timeout: float = 1200) -> 
 def _load(ckpt: str, out: str) -> dict:
     import numpy as np
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForImageTextToText,
+        AutoModelForSeq2SeqLM,
+    )
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     res: dict = {"ok": False, "error": None, "missing": [], "unexpected": [], "mismatched": [], "tied": None}
     try:
         torch.manual_seed(0)
-        model, info = AutoModelForCausalLM.from_pretrained(
-            ckpt, dtype=torch.float32, output_loading_info=True
+        config = AutoConfig.from_pretrained(ckpt)
+        seq2seq = config.is_encoder_decoder
+        auto = (
+            AutoModelForSeq2SeqLM
+            if seq2seq
+            else AutoModelForCausalLM
+            if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+            else AutoModelForImageTextToText
         )
+        model, info = auto.from_pretrained(ckpt, dtype=torch.float32, output_loading_info=True)
         model.eval()
         res["missing"] = sorted(info.get("missing_keys", []))
         res["unexpected"] = sorted(info.get("unexpected_keys", []))
@@ -103,7 +119,8 @@ def _load(ckpt: str, out: str) -> dict:
         res["tied"] = head is not None and head.weight.data_ptr() == emb.weight.data_ptr()
         ids = torch.from_numpy(np.load(INPUT_IDS)).long()
         with torch.no_grad():
-            logits = model(input_ids=ids).logits
+            extra = {"decoder_input_ids": ids} if seq2seq else {}
+            logits = model(input_ids=ids, **extra).logits
         arr = logits.float().numpy()
         np.save(out, arr)
         res["shape"] = list(arr.shape)
