@@ -58,7 +58,7 @@ from .verify import VerifyResult
 from .verify import verify as _verify
 from .write import inplace
 from .write.layout import reshard
-from .write.publish import check_output_path, fsync_dir, fsync_tree
+from .write.publish import NotDurable, check_output_path, fsync_dir, fsync_tree
 from .write.writer import execute
 
 PathArg = str | PathLike[str]
@@ -409,7 +409,7 @@ class _InPlace:
         try:
             rep = write(staging, lambda r: {**r, "in_place": info}, True)
             inplace.keep_modes(ckpt_path, staging, plan.ckpt.weight_files)
-            fsync_tree(staging)
+            _synced(staging, ckpt_path)
             inplace.pause("check")
             inplace.check_same_folder(ckpt_path, self.read, staging)
             inplace.check_inputs(ckpt_path, self.files, staging)
@@ -472,15 +472,43 @@ def _flex_edit(make_plan: Callable[[Checkpoint], Plan]) -> Planner:
     return Planner(open=_rank_folder, plan=plan, report=report)
 
 
+def _synced(staging: Path, ckpt_path: Path) -> None:
+    """:func:`fsync_tree` of the new version before the swap.
+
+    Raises:
+        OutputError: a folder of it could not be fsynced (EIO): the checkpoint is unchanged (the caller
+            removes the new version).
+    """
+    try:
+        fsync_tree(staging)
+    except NotDurable as e:
+        raise OutputError(
+            f"the new version could not be fsynced ({e.strerror}); the checkpoint is unchanged and the new "
+            "version was removed",
+            Path(e.filename or staging),
+            "check the disk (an I/O error: see dmesg) and run again",
+        ) from None
+
+
 def _swap(ckpt_path: Path, staging: Path, bak: Path | None, token: str) -> inplace.Swapped:
     """:func:`inplace.swap_in`, with the error saying what the name holds when it fails.
 
     Raises:
         OutputError: the swap failed (permissions, a busy mount): the name holds the old version (the
-            caller removes the new one); or, after the exchange, moving the old version away failed.
+            caller removes the new one); or, after the exchange, moving the old version away failed; or the
+            parent folder could not be fsynced after a rename (EIO: named, with what the name holds now and
+            where the previous version is).
     """
     try:
         return inplace.swap_in(ckpt_path, staging, bak, token, fsync_dir)
+    except NotDurable as e:
+        raise OutputError(
+            f"the folder could not be fsynced after the swap ({e.strerror}): a rename in it may not survive "
+            f"a crash; {inplace.interrupted_state(ckpt_path, token, staging, bak)}",
+            Path(e.filename or ckpt_path.parent),
+            "check the disk (an I/O error: see dmesg); after a crash the next tietool run on the checkpoint "
+            "puts its folders right",
+        ) from None
     except OSError as e:
         if inplace.token_of(ckpt_path) == token:
             raise OutputError(

@@ -42,6 +42,7 @@ from .io.vocabkeys import vocab_keys, walk
 from .model.errors import CheckpointError, ExitCode, Opt, RefusedError, UsageError
 from .model.tensor import TensorInfo
 from .model.tokens import TokenizerSet
+from .plan.add_tokens import not_resettable
 from .report import token_claims
 
 ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *arch.VOCAB_SIZE_KEYS)
@@ -337,8 +338,13 @@ class _TensorComparison:
         ):
             entry["why"] = f"embedding takes the head's values (tie {Opt('keep', 'head')})"
         else:
+            rows = ""
+            if axis == 0 and name in self.vocab_names_a and len(ta.shape) == 2:
+                ids = chunked.rows_differing(A, B, name, self.added_ids)
+                rows = f" in rows {', '.join(map(str, ids))}" if ids else ""
+                rows += " (rows of no token the report added or reset)" if ids and self.added_ids else ""
             self.res.unexplained.append(
-                f"{name} changed (max |difference| {diff:.3g}) and tie/untie/resize do not change it"
+                f"{name} changed{rows} (max |difference| {diff:.3g}) and tie/untie/resize do not change it"
             )
 
 
@@ -506,7 +512,9 @@ class _Tokenizers:
     """What verify reads of both folders' tokenizers: the file sets, the vocabularies (``{id: token}``),
     the tokens the output's report chain says were added (``{id: content}``), the input's tokens it says
     were removed that the files bear out (``{id: content}``: absent from the output, an added token of the
-    input, removed by a trim of the chain's rows), and the ones they contradict (``{id: why}``)."""
+    input, removed by a trim of the chain's rows), and the ones they contradict (``{id: why}``); the
+    existing tokens whose all-zero rows the output's add-tokens run says it reset that the input bears out
+    (``reset``, ``{id: content}``), and the ones it contradicts (``reset_doubted``, ``{id: line}``)."""
 
     sets: tuple[TokenizerSet, TokenizerSet]
     vocab: tuple[dict[int, str], dict[int, str]]
@@ -514,6 +522,7 @@ class _Tokenizers:
     removed: dict[int, str]
     doubted: dict[int, str] = field(default_factory=dict)
     reset: dict[int, str] = field(default_factory=dict)
+    reset_doubted: dict[int, str] = field(default_factory=dict)
 
     @classmethod
     def read(cls, da: Detection, db: Detection) -> _Tokenizers:
@@ -535,7 +544,8 @@ class _Tokenizers:
                 doubted[i] = f"{r.source} says it was removed, which the files contradict: {why}"
             else:
                 removed[i] = r.content
-        return cls(sets, (va, vb), claims.added, removed, doubted, _reset_tokens(B.path))
+        reset, reset_doubted = _checked_resets(da, _reset_tokens(B.path), va, vb, claims.added)
+        return cls(sets, (va, vb), claims.added, removed, doubted, reset, reset_doubted)
 
     def new_rows(self) -> frozenset[int]:
         """Ids the report added that the input's tokenizer does not have and the output's has with that
@@ -543,7 +553,32 @@ class _Tokenizers:
         content in both): the rows add-tokens may set."""
         va, vb = self.vocab
         new = {i for i, c in self.added.items() if i not in va and vb.get(i) == c}
-        return frozenset(new | {i for i, c in self.reset.items() if va.get(i) == c == vb.get(i)})
+        return frozenset(new | set(self.reset))
+
+
+def _checked_resets(
+    da: Detection, claimed: dict[int, str], va: dict[int, str], vb: dict[int, str], added: dict[int, str]
+) -> tuple[dict[int, str], dict[int, str]]:
+    """The ``rows_reset`` claims (``{id: content}``) split into those the files bear out and ``{id: line}``
+    of those they contradict. A claim holds when the token has that id in both folders and add-tokens' own
+    rule (:func:`surgery.plan.add_tokens.not_resettable`) resets its rows in the input: all zero in the
+    embedding and in a head stored apart. A claim for an id the chain added (new in the output) or beyond
+    the input's rows explains nothing the files do not already: it is left out, not doubted."""
+    rows = da.vocab_rows
+    asked = {i: c for i, c in claimed.items() if not (i in added and i not in va) and 0 <= i < rows}
+    why = {i: f"the input's id {i} is {va.get(i)!r}" for i, c in asked.items() if va.get(i) != c}
+    why |= {i: f"the output's id {i} is {vb.get(i)!r}" for i, c in asked.items() if vb.get(i) != c}
+    rest = sorted(set(asked) - set(why))
+    if rest and da.embedding.name not in da.ckpt.tensors:
+        why |= dict.fromkeys(rest, "the input has no embedding tensor to read the rows in")
+    elif rest:
+        why |= not_resettable(da, rest)
+    doubted = {
+        i: f"token {asked[i]!r} (id {i}): tietool-report.json says add-tokens reset its all-zero rows "
+        f"(rows_reset), which the files contradict: {w}; tietool-report.json is unverifiable"
+        for i, w in sorted(why.items())
+    }
+    return {i: c for i, c in asked.items() if i not in why}, doubted
 
 
 _BASE_KEPT = "it is in the input's base vocabulary, which tietool never removes (only added tokens)"
@@ -670,7 +705,7 @@ def _compare_tokenizers(
             f"the output's tokenizer files disagree: {d}"
             + (" (as the input's do)" if d in sa.disagreements else "")
         )
-    res.unexplained += changes
+    res.unexplained += changes + list(tok.reset_doubted.values())
     _rows_for_tokens(res, (sa.length, sb.length), rows)
     names = _tokenizer_names(A, B, tok.sets)
     explained = bool(added or removed) and not changes

@@ -228,3 +228,53 @@ def test_an_interrupt_during_the_final_rename_is_held_back_and_said(tmp_path, mo
     assert isinstance(e.value, tietool.surgery.model.errors.Interrupted)
     assert e.value.state == f"the output {out} was written completely just before"
     assert verify(src, out).explained and not [p for p in tmp_path.iterdir() if ".tietool-tmp-" in p.name]
+
+
+def _fail_folder_fsync(monkeypatch, code: int, when) -> list[str]:
+    """Make ``os.fsync`` of a folder fail with ``OSError(code)`` when ``when(path_of_the_folder)`` holds
+    (files fsync as usual): an injection at the syscall itself, so the real ``fsync_dir`` runs. Returns the
+    folders it failed for."""
+    import stat
+
+    real, failed = os.fsync, []
+
+    def fsync(fd):
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            p = Path(os.readlink(f"/proc/self/fd/{fd}"))
+            if when(p):
+                failed.append(str(p))
+                raise OSError(code, os.strerror(code))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return failed
+
+
+def test_eio_at_the_folder_fsync_after_the_rename_fails_the_write(tmp_path, monkeypatch):
+    """EIO when the output's parent folder is fsynced after the output was renamed into place: the rename
+    may not survive a crash, so the write fails (OutputError, exit 6) naming that folder, and the output
+    is removed (nothing left behind, the input untouched)."""
+    import tietool
+
+    src = make_sharded_ckpt(tmp_path / "in", vocab=256, hidden=64, layers=1)
+    before = {p.name: p.read_bytes() for p in src.iterdir()}
+    out = tmp_path / "out"
+    failed = _fail_folder_fsync(monkeypatch, errno.EIO, lambda p: p == tmp_path and out.exists())
+    with pytest.raises(tietool.OutputError) as e:
+        tietool.tie(src, out)
+    assert failed == [str(tmp_path)] and e.value.exit_code == 6
+    assert str(tmp_path) in str(e.value) and "fsynced" in str(e.value), str(e.value)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["in"]
+    assert {p.name: p.read_bytes() for p in src.iterdir()} == before
+
+
+def test_einval_at_every_folder_fsync_is_harmless(tmp_path, monkeypatch):
+    """EINVAL (a file system that cannot fsync a folder) at every folder fsync: ignored, the write succeeds
+    and verifies (exit 0)."""
+    import tietool
+
+    src = make_sharded_ckpt(tmp_path / "in", vocab=256, hidden=64, layers=1)
+    out = tmp_path / "out"
+    failed = _fail_folder_fsync(monkeypatch, errno.EINVAL, lambda p: True)
+    tietool.tie(src, out)
+    assert str(tmp_path) in failed and verify(src, out).explained

@@ -6,6 +6,7 @@ original name, with what the killed run left put right by the next run."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -914,3 +915,65 @@ def test_ctrl_c_after_the_write_says_the_write_is_complete(tmp_path, monkeypatch
         said = "is complete" if where == "printing" else "was written completely"
         assert f"the output {tmp_path / 'out'} {said}" in lines[0] and _digest(ck) == old
         assert (tmp_path / "out" / REPORT).is_file()
+
+
+def _fail_parent_fsync_after_exchange(monkeypatch, parent: Path, code: int) -> list[str]:
+    """``os.fsync`` of the folder ``parent`` fails with ``OSError(code)`` once the exchange (or the first
+    rename) has happened; every other fsync runs. The real ``fsync_dir`` runs (injection at the syscall)."""
+    import stat
+
+    real, real_exchange, state, failed = os.fsync, inplace.exchange, {"swapped": False}, []
+
+    def exchange(a, b):
+        state["swapped"] = True
+        return real_exchange(a, b)
+
+    def fsync(fd):
+        if state["swapped"] and stat.S_ISDIR(os.fstat(fd).st_mode):
+            if os.path.samefile(f"/proc/self/fd/{fd}", parent):
+                failed.append(str(parent))
+                raise OSError(code, os.strerror(code))
+        return real(fd)
+
+    monkeypatch.setattr(inplace, "exchange", exchange)
+    monkeypatch.setattr(os, "fsync", fsync)
+    return failed
+
+
+@pytest.mark.parametrize("backup", [True, False], ids=["backup", "no_backup"])
+def test_eio_at_the_parent_fsync_after_the_swap_is_exit_6_and_keeps_the_old_version(
+    tmp_path, monkeypatch, backup
+):
+    """EIO at the fsync of the parent folder right after the exchange: the swap may not be durable, so the
+    run fails (OutputError, exit 6) naming that folder and what the name holds; nothing more is moved or
+    deleted (with or without --no-backup): the name holds the new version, the previous version stays
+    complete at its staging name, and the next run's recovery keeps it as a backup, byte for byte the
+    original."""
+    ck = _copy("pf_llama_untied_fp32", tmp_path / "ckpt")
+    before = _digest(ck, skip_report=False)
+    failed = _fail_parent_fsync_after_exchange(monkeypatch, tmp_path, errno.EIO)
+    with pytest.raises(tietool.OutputError) as e:
+        tietool.resize(ck, 128, backup=backup)
+    assert failed[:1] == [str(tmp_path)] and e.value.exit_code == 6
+    msg = str(e.value)
+    assert str(tmp_path) in msg and "fsynced" in msg and "holds the new version" in msg, msg
+    monkeypatch.undo()
+    staged = [p for p in tmp_path.iterdir() if ".tietool-new-" in p.name]
+    assert len(staged) == 1 and _digest(staged[0], skip_report=False) == before and staged[0].name in msg
+    assert not list(tmp_path.glob(f"*{DELETING}*")) and not list(tmp_path.glob("ckpt.tietool-backup-*"))
+    # the next run, after this one's process ended (a CLI run exits with 6): its pid is no longer alive
+    monkeypatch.setattr(inplace, "pid_alive", lambda pid: False)
+    rec = inplace.recover(ck)
+    (kept,) = rec.kept_backups
+    assert _digest(Path(kept), skip_report=False) == before and _leftovers(tmp_path, "ckpt") == []
+
+
+def test_einval_at_the_parent_fsync_after_the_swap_is_harmless(tmp_path, monkeypatch):
+    """EINVAL (a file system that cannot fsync a folder) at the same fsyncs: ignored, the run succeeds
+    without a backup and leaves nothing behind."""
+    ck = _copy("pf_llama_untied_fp32", tmp_path / "ckpt")
+    failed = _fail_parent_fsync_after_exchange(monkeypatch, tmp_path, errno.EINVAL)
+    rep = tietool.resize(ck, 128, backup=False)
+    assert len(failed) >= 2 and rep["in_place"]["written"]
+    monkeypatch.undo()
+    assert _leftovers(tmp_path, "ckpt") == [] and not list(tmp_path.glob(f"*{DELETING}*"))

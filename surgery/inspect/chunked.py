@@ -125,6 +125,26 @@ def common_part_equal(
     return True
 
 
+def rows_differing(
+    A: Checkpoint, B: Checkpoint, name: str, skip: frozenset[int], first: int = 5
+) -> list[int]:
+    """The first ``first`` row ids (axis 0) of the part ``name`` has in both checkpoints whose stored bits
+    differ, the ids in ``skip`` left out; read in row chunks as :func:`common_part_equal` reads them."""
+    common = min(A.tensors[name].shape[0], B.tensors[name].shape[0])
+    n = _rows_per_chunk(_row_bytes(A, name), _row_bytes(B, name))
+    out: list[int] = []
+    start = 0
+    for x, y in zip(_rows(A, name, n, common), _rows(B, name, n, common), strict=True):
+        rows = range(len(x)) if x.ndim else range(0)
+        out += [
+            start + j for j in rows if start + j not in skip and not np.array_equal(_bits(x[j]), _bits(y[j]))
+        ]
+        start += len(rows)
+        if len(out) >= first:
+            break
+    return out[:first]
+
+
 def _column_block(ck: Checkpoint, name: str, start: int, stop: int) -> np.ndarray:
     """Columns ``start:stop`` of 2-D tensor ``name`` (a copy), through a memory map closed on return."""
     t = ck.tensors[name]

@@ -133,18 +133,31 @@ def plan_add_tokens(
 
 def untrained_existing(det: Detection, edit: TokenEdit) -> dict[int, str]:
     """``{id: token}`` of the tokens asked for that already exist with untrained rows, which add-tokens
-    gives rows as it gives a new token: all zero in the embedding (:func:`surgery.inspect.chunked.zero_rows`;
-    Llama-3 base ships its chat tokens so: axolotl#1666) and in a head stored apart in the ``[vocab, hidden]``
-    layout. A ``[hidden, vocab]`` head stored apart is not read column by column: none is reset then (the
-    warning still names them)."""
+    gives rows as it gives a new token: the ids :func:`not_resettable` finds nothing against."""
     existing = {t.id: t.content for t in edit.tokens if t.existed}
-    zero = chunked.zero_rows(det.ckpt, det.embedding.name, sorted(existing))
-    head = det.head
-    if zero and head.present and head.name != det.embedding.name and head.name not in det.embedding.aliases:
+    refused = not_resettable(det, sorted(existing))
+    return {i: c for i, c in existing.items() if i not in refused}
+
+
+def not_resettable(det: Detection, ids: list[int]) -> dict[int, str]:
+    """``{id: why}`` of the ids among ``ids`` whose rows add-tokens does not reset; the others are reset.
+    The rule: a row is reset when it is all zero in the embedding (:func:`surgery.inspect.chunked.zero_rows`;
+    Llama-3 base ships its chat tokens so: axolotl#1666) and in a head stored apart in the
+    ``[vocab, hidden]`` layout. A ``[hidden, vocab]`` head stored apart is not read column by column: no id
+    is reset then (the warning still names them). Ids beyond the embedding's rows are never reset. ``verify``
+    checks a report's ``rows_reset`` claims with the same rule."""
+    emb, head = det.embedding.name, det.head
+    zero = chunked.zero_rows(det.ckpt, emb, ids)
+    out = {i: f"its row of {emb} in the input is not all zero" for i in ids if i not in zero}
+    rows = det.ckpt.tensors[emb].shape[0]
+    out |= {i: f"the input's {emb} has only {rows} rows" for i in ids if not 0 <= i < rows}
+    if zero and head.present and head.name != emb and head.name not in det.embedding.aliases:
         if head.layout is not HeadLayout.VOCAB_HIDDEN:
-            return {}
-        zero = chunked.zero_rows(det.ckpt, head.name, zero)
-    return {i: existing[i] for i in zero}
+            why = f"the input's head {head.name} is stored apart as [hidden, vocab]: add-tokens resets no row"
+            return out | dict.fromkeys(zero, why)
+        kept = set(chunked.zero_rows(det.ckpt, head.name, zero))
+        out |= {i: f"its row of {head.name} in the input is not all zero" for i in zero if i not in kept}
+    return out
 
 
 def _row_specs(

@@ -423,7 +423,11 @@ def swap_in(
 
     Raises:
         OSError: the swap failed; the name then holds the old version (a fallback's first rename is undone)
-            and ``staging`` is left for the caller to remove.
+            and ``staging`` is left for the caller to remove. When ``fsync_dir`` fails after a rename (the
+            rename may not be durable), its error is raised at once and nothing more is moved or deleted:
+            both versions stay complete where they are, each recognised by :func:`recover` (the old one at
+            ``staging``, kept as a backup; at ``backup``; or at :func:`deleting_path` once the new one was
+            synced under the name).
     """
     old = backup or deleting_path(ckpt, token)
     pause("swap")
@@ -440,7 +444,10 @@ def swap_in(
         return Swapped(exchanged)
     pause("delete")
     err = delete_tree(old)
-    fsync_dir(ckpt.parent)
+    # the new version is durable under the name already; a deletion that does not survive a crash leaves
+    # the folder under its "being deleted" name, which the next run finishes deleting: harmless
+    with contextlib.suppress(OSError):
+        fsync_dir(ckpt.parent)
     return Swapped(exchanged, None if err is None else str(old), err)
 
 

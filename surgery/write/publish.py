@@ -125,6 +125,8 @@ def publish(out: Path, fill: Callable[[Path], dict], report: Callable[[dict], di
         if published and isinstance(e, KeyboardInterrupt):  # came during the rename, held back until now
             raise Interrupted(f"the output {out} was written completely just before") from None
         uninterruptibly(lambda: shutil.rmtree(tmp, ignore_errors=True))
+        if published and isinstance(e, NotDurable):  # renamed, but the rename may not survive a crash
+            uninterruptibly(lambda: shutil.rmtree(out, ignore_errors=True))
         if not isinstance(e, OSError):
             raise
         raise output_error(e, parent, tmp) from None
@@ -186,6 +188,13 @@ def output_error(e: OSError, parent: Path, tmp: Path | None = None) -> OutputErr
             parent,
             f"choose an {Opt('out')} in a folder you can write to",
         )
+    if isinstance(e, NotDurable):
+        return OutputError(
+            f"the folder could not be fsynced ({e.strerror}): the output might not survive a crash, so it "
+            "was removed; nothing was written",
+            Path(e.filename) if e.filename else parent,
+            "check the disk (an I/O error: see dmesg) and run again",
+        )
     if e.errno == errno.ENOSPC:
         return OutputError(
             "no space left on the device; nothing was written",
@@ -206,15 +215,42 @@ def fsync_tree(folder: Path) -> None:
         fsync_dir(Path(dirpath))
 
 
+# A folder's fsync that fails with these says the file system cannot sync a folder at all (some FUSE, network
+# and virtual file systems answer EINVAL or ENOTSUP/EOPNOTSUPP): nothing was lost, the renames in it are as
+# durable as that file system makes them, and no retry would do better, so they are ignored. Any other error
+# (EIO above all: the write-back of the folder failed) means a rename in it may not survive a crash.
+_CANNOT_SYNC_FOLDERS = frozenset({errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+# Opening a folder to fsync it fails harmlessly with these: a folder one may write but not read (mode
+# 0300) cannot be opened, and one already removed (a tree walked while leftovers go) has nothing to sync.
+_CANNOT_OPEN_FOLDERS = frozenset({errno.EACCES, errno.EPERM, errno.ENOENT})
+
+
+class NotDurable(OSError):
+    """A folder's fsync failed (``errno`` and ``strerror`` of the failure, ``filename`` the folder): the
+    entries renamed or linked in it may not survive a crash."""
+
+
 def fsync_dir(p: Path) -> None:
+    """fsync the folder ``p``, so that the entries renamed, linked or created in it are durable.
+
+    Failures that only say the folder cannot be synced on this file system (:data:`_CANNOT_SYNC_FOLDERS`)
+    or opened (:data:`_CANNOT_OPEN_FOLDERS`) are ignored.
+
+    Raises:
+        NotDurable: any other failure (EIO: a rename in ``p`` may not be durable).
+    """
     try:
         fd = os.open(p, os.O_RDONLY)
-    except OSError:
-        return
+    except OSError as e:
+        if e.errno in _CANNOT_OPEN_FOLDERS or e.errno in _CANNOT_SYNC_FOLDERS:
+            return
+        raise NotDurable(e.errno, e.strerror, str(p)) from e
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as e:
+        if e.errno not in _CANNOT_SYNC_FOLDERS:
+            raise NotDurable(e.errno, e.strerror, str(p)) from e
     finally:
         os.close(fd)
 
