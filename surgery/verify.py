@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import arch
+from . import arch, report
 from .inspect import chunked
 from .inspect.detect import Detection, detect, tied_scale
 from .io import store
@@ -481,14 +481,16 @@ def _detect_pair(A: Checkpoint, B: Checkpoint) -> tuple[Detection, Detection]:
         return da, db
 
 
-def _report_tokens(path: Path) -> tuple[dict[int, str], dict[int, str]]:
+def _report_tokens(path: Path, base: Path | None = None) -> tuple[dict[int, str], dict[int, str]]:
     """The tokens the output's ``tietool-report.json`` says were added and removed, ``({id: content},
     {id: content})``, across the chain of runs it records: its ``history`` entries (oldest first,
     :func:`surgery.report.history`) and then the report itself, each applied in turn (a token a later run
     removes that an earlier one added is neither). Read from ``add_tokens.tokens`` (and ``tokenizer.tokens``:
     the spelling of the ``TokenEdit``), entries ``{"content", "id", ...}`` (``"existed": true`` ones are not
     new), and ``tokens_removed`` (resize's spelling) or ``removed`` lists under ``add_tokens``, ``tokenizer``
-    or ``resize``. A missing or unreadable report explains nothing."""
+    or ``resize``. The entries the input ``base`` already holds (its own chain, :func:`surgery.report.history`,
+    when the output's history starts with it) are skipped: their tokens are in both folders. A missing or
+    unreadable report explains nothing."""
     try:
         rep = load_json(path / REPORT_NAME, REPORT_NAME) if (path / REPORT_NAME).is_file() else None
     except (CheckpointError, OSError):
@@ -498,7 +500,8 @@ def _report_tokens(path: Path) -> tuple[dict[int, str], dict[int, str]]:
     if not isinstance(rep, dict):
         return added, removed
     past = rep.get("history")
-    for entry in [*(past if isinstance(past, list) else []), rep]:
+    chain = [*(past if isinstance(past, list) else []), rep]
+    for entry in chain[_held_by(chain, base) :]:
         if isinstance(entry, dict):
             one_added, one_removed = _entry_tokens(entry)
             for i, c in one_removed.items():
@@ -508,6 +511,18 @@ def _report_tokens(path: Path) -> tuple[dict[int, str], dict[int, str]]:
                     removed[i] = c
             added.update(one_added)
     return added, removed
+
+
+def _held_by(chain: list, base: Path | None) -> int:
+    """How many leading entries of an output's report chain the input ``base`` already holds: the length of
+    ``base``'s own chain (:func:`surgery.report.history`) when ``chain`` starts with it (entries cut to
+    :data:`surgery.report.HISTORY_KEYS`), else 0."""
+    done = report.history(base) if base is not None else []
+    cut = [
+        {k: e[k] for k in report.HISTORY_KEYS if k in e} if isinstance(e, dict) else e
+        for e in chain[: len(done)]
+    ]
+    return len(done) if done and len(done) < len(chain) and cut == done else 0
 
 
 def _entry_tokens(rep: dict) -> tuple[dict[int, str], dict[int, str]]:
@@ -563,7 +578,7 @@ class _Tokenizers:
     def read(cls, da: Detection, db: Detection) -> _Tokenizers:
         """From the detections' tokenizer sets (:func:`surgery.io.tokenizer.tokenizer_set`, read once)."""
         A, B = da.ckpt, db.ckpt
-        added, removed = _report_tokens(B.path)
+        added, removed = _report_tokens(B.path, A.path)
         sets = (da.tokenizer.files, db.tokenizer.files)
         return cls(sets, (vocabulary(A.path), vocabulary(B.path)), added, removed, _reset_tokens(B.path))
 

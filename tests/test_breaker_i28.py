@@ -1,0 +1,36 @@
+"""Defects found by trying issue 28's surfaces as a user would, each kept as a failing test marked
+``xfail(strict=True)`` until it is fixed (the reason names the command and what is wrong), or fixed with
+its test.
+
+The checkpoint is the PaddleFormers Llama sample with a real tokenizer (``sample_checkpoints/
+pf_llama_with_tokenizer``: 304 tokens, 320 rows), as in ``tests/test_verify_chain.py``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from support.resize_support import run_cli
+
+SRC = Path(__file__).resolve().parents[1] / "sample_checkpoints" / "pf_llama_with_tokenizer"
+
+
+def test_verify_one_step_after_a_chain_explains_the_trim(tmp_path):
+    """(Fixed: ``verify CK CK2`` exited 7, 'token <bb_tok> is not in the output's tokenizer', because the
+    whole report chain was netted although CK already holds its first runs.) ``verify A B`` where B is ``resize --force`` of A and A is itself an ``add-tokens`` output: the
+    tokens the trim removed are the ones B's own report lists as removed, so verify explains them (exit 0);
+    against the untouched original the same B verifies too."""
+    orig, ck, ck2 = tmp_path / "orig", tmp_path / "ck", tmp_path / "ck2"
+    shutil.copytree(SRC, orig)
+    shutil.copytree(SRC, ck)
+    run = run_cli(["add-tokens", str(ck), "<aa_tok>", "<bb_tok>", "--no-backup", "-q"])
+    assert run.rc == 0, run.stderr
+    run = run_cli(["resize", str(ck), "--vocab", "305", "--force", "--out", str(ck2), "-q"])
+    assert run.rc == 0, run.stderr
+    assert "<bb_tok>" not in (ck2 / "tokenizer.json").read_text(encoding="utf-8")
+    whole = run_cli(["verify", str(orig), str(ck2)])
+    assert whole.rc == 0, whole.stdout + whole.stderr
+    step = run_cli(["verify", str(ck), str(ck2)])
+    assert step.rc == 0, step.stdout + step.stderr
