@@ -488,9 +488,9 @@ def _report_tokens(path: Path, base: Path | None = None) -> tuple[dict[int, str]
     removes that an earlier one added is neither). Read from ``add_tokens.tokens`` (and ``tokenizer.tokens``:
     the spelling of the ``TokenEdit``), entries ``{"content", "id", ...}`` (``"existed": true`` ones are not
     new), and ``tokens_removed`` (resize's spelling) or ``removed`` lists under ``add_tokens``, ``tokenizer``
-    or ``resize``. The entries the input ``base`` already holds (its own chain, :func:`surgery.report.history`,
-    when the output's history starts with it) are skipped: their tokens are in both folders. A missing or
-    unreadable report explains nothing."""
+    or ``resize``. The entries the input ``base`` already holds (its own chain,
+    :func:`surgery.report.history`, when the output's history starts with it) are skipped: their tokens are
+    in both folders. A missing or unreadable report explains nothing."""
     try:
         rep = load_json(path / REPORT_NAME, REPORT_NAME) if (path / REPORT_NAME).is_file() else None
     except (CheckpointError, OSError):

@@ -19,9 +19,10 @@ SRC = Path(__file__).resolve().parents[1] / "sample_checkpoints" / "pf_llama_wit
 
 def test_verify_one_step_after_a_chain_explains_the_trim(tmp_path):
     """(Fixed: ``verify CK CK2`` exited 7, 'token <bb_tok> is not in the output's tokenizer', because the
-    whole report chain was netted although CK already holds its first runs.) ``verify A B`` where B is ``resize --force`` of A and A is itself an ``add-tokens`` output: the
-    tokens the trim removed are the ones B's own report lists as removed, so verify explains them (exit 0);
-    against the untouched original the same B verifies too."""
+    whole report chain was netted although CK already holds its first runs.) ``verify A B`` where B is
+    ``resize --force`` of A and A is itself an ``add-tokens`` output: the tokens the trim removed are the
+    ones B's own report lists as removed, so verify explains them (exit 0); against the untouched original
+    the same B verifies too."""
     orig, ck, ck2 = tmp_path / "orig", tmp_path / "ck", tmp_path / "ck2"
     shutil.copytree(SRC, orig)
     shutil.copytree(SRC, ck)
@@ -34,3 +35,26 @@ def test_verify_one_step_after_a_chain_explains_the_trim(tmp_path):
     assert whole.rc == 0, whole.stdout + whole.stderr
     step = run_cli(["verify", str(ck), str(ck2)])
     assert step.rc == 0, step.stdout + step.stderr
+
+
+TRAINER_TIED = Path(__file__).resolve().parent / "data" / "flex" / "trainer_tied"
+
+
+@pytest.mark.parametrize("command", ["merge", "resize", "add-tokens"])
+def test_a_flex_checkpoint_without_config_names_the_fix_of_the_command_run(tmp_path, command):
+    """(Fixed: ``resize CK --vocab 264 --keep-training-state`` of a Trainer ``checkpoint-N/`` without
+    config.json said "... then merge again".) Every command that reads a flex checkpoint without config.json
+    is refused (exit 3) naming config.json, the input untouched, and the fix says to run the command again,
+    not to merge."""
+    ck = tmp_path / "run" / "checkpoint-2"
+    shutil.copytree(TRAINER_TIED / "checkpoint-2", ck)
+    args = {
+        "merge": [],
+        "resize": ["--vocab", "264", "--keep-training-state"],
+        "add-tokens": ["<x1>", "--keep-training-state"],
+    }[command]
+    run = run_cli([command, str(ck), *args, "--out", str(tmp_path / "out"), "-q"])
+    assert run.rc == 3, run.stderr
+    assert "config.json" in run.stderr and "run the command again" in run.stderr, run.stderr
+    assert "merge again" not in run.stderr
+    assert not (tmp_path / "out").exists()
