@@ -58,3 +58,21 @@ def test_a_flex_checkpoint_without_config_names_the_fix_of_the_command_run(tmp_p
     assert "config.json" in run.stderr and "run the command again" in run.stderr, run.stderr
     assert "merge again" not in run.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["plain", "keep_paddle_layout"])
+def test_merge_of_a_trainer_output_dir_names_its_checkpoints(tmp_path, keep):
+    """(Fixed: ``merge OUTPUT_DIR --out X`` of a Trainer's output_dir holding ``checkpoint-1/`` said "no
+    tensor- or pipeline-parallel rank files ... give the folder the training run saved its rank files in",
+    and with ``--keep-paddle-layout`` that "rank files are merged in their own container": neither names
+    the flex checkpoint one level down.) Exit 2 naming the checkpoints, latest last, nothing written."""
+    run_dir = tmp_path / "run"
+    src = TRAINER_TIED / "checkpoint-2"
+    for n in ("checkpoint-9", "checkpoint-10"):
+        shutil.copytree(src, run_dir / n)
+    run = run_cli(["merge", str(run_dir), "--out", str(tmp_path / "out"), *(["--keep-paddle-layout"] * keep)])
+    assert run.rc == 2, run.stderr
+    assert "checkpoint-9/, checkpoint-10/" in run.stderr, run.stderr
+    assert f"merge {run_dir / 'checkpoint-10'} instead" in run.stderr
+    assert "rank files are merged" not in run.stderr
+    assert not (tmp_path / "out").exists()
