@@ -76,3 +76,47 @@ def test_merge_of_a_trainer_output_dir_names_its_checkpoints(tmp_path, keep):
     assert f"merge {run_dir / 'checkpoint-10'} instead" in run.stderr
     assert "rank files are merged" not in run.stderr
     assert not (tmp_path / "out").exists()
+
+
+TRAINER_1RANK = Path(__file__).resolve().parent / "data" / "flex" / "trainer_1rank"
+
+
+@pytest.fixture(scope="module")
+def paddle_layout_folder(tmp_path_factory) -> Path:
+    """``merge --keep-paddle-layout`` of the real Trainer's Llama checkpoint-2/ (config.json of its base
+    model beside it): safetensors in the Paddle layout, config ``source: paddle``."""
+    tmp = tmp_path_factory.mktemp("keep")
+    ck = tmp / "checkpoint-2"
+    shutil.copytree(TRAINER_1RANK / "checkpoint-2", ck)
+    shutil.copy(TRAINER_1RANK / "base" / "config.json", ck / "config.json")
+    out = tmp / "merged"
+    run = run_cli(["merge", str(ck), "--out", str(out), "--keep-paddle-layout", "-q"])
+    assert run.rc == 0, run.stderr
+    assert 'load_checkpoint_format="legacy"' in run.stdout + run.stderr  # merge itself says it
+    return out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "`merge CK --keep-paddle-layout --out M` then `resize M --vocab 260 --out R` (or untie / tie --keep "
+        "embedding / add-tokens <zz>) exits 0 and prints nothing about the load R needs; R keeps the Paddle "
+        "layout (config source: paddle), so PaddleFormers 1.2's plain from_pretrained(R) loads without a "
+        "warning and gives logits off by 7.7 (measured on tests/data/flex/trainer_1rank; with "
+        "load_checkpoint_format='legacy', convert_from_hf=False: 2e-7). convert says it "
+        "(plan/convert.py _pf_container); the other write commands do not"
+    ),
+)
+@pytest.mark.parametrize(
+    "argv",
+    [["resize", "--vocab", "260"], ["untie"], ["tie", "--keep", "embedding"], ["add-tokens", "<zz>"]],
+    ids=["resize", "untie", "tie", "add-tokens"],
+)
+def test_write_commands_on_paddle_layout_safetensors_say_the_load(tmp_path, paddle_layout_folder, argv):
+    """Every write command whose output stays in PaddleFormers' legacy Paddle layout says on the terminal
+    the call that loads it (a plain from_pretrained computes other logits)."""
+    cmd, *args = argv
+    out = tmp_path / "out"
+    run = run_cli([cmd, str(paddle_layout_folder), *args, "--out", str(out)])
+    assert run.rc == 0, run.stderr
+    assert 'load_checkpoint_format="legacy"' in run.stdout + run.stderr, run.stdout + run.stderr
