@@ -902,12 +902,13 @@ def merge(
 
     if flex.find(Path(str(path))) is not None:
         return _merge_flex(path, out, limit, dry_run, progress, keep_paddle_layout)
-    held = flex.inside(Path(str(path)))
-    if held and not surface.rank_files({p.name for p in Path(str(path)).iterdir()}):
+    local = Path(str(path))
+    held = flex.inside(local)
+    if held and not surface.rank_files({p.name for p in local.iterdir()}):
         raise UsageError(
             "the folder holds no rank files and no flex checkpoint of its own, but flex checkpoints in "
             f"{', '.join(p.name + '/' for p in held[:4])} (a Trainer's output_dir): merge one of them",
-            path,
+            local,
             f"merge {held[-1]} instead (one checkpoint-N/ folder)",
         )
     if keep_paddle_layout:
