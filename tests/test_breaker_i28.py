@@ -120,3 +120,22 @@ def test_write_commands_on_paddle_layout_safetensors_say_the_load(tmp_path, padd
     run = run_cli([cmd, str(paddle_layout_folder), *args, "--out", str(out)])
     assert run.rc == 0, run.stderr
     assert 'load_checkpoint_format="legacy"' in run.stdout + run.stderr, run.stdout + run.stderr
+
+
+ERNIE = Path(__file__).resolve().parent / "data" / "cases" / "e01_ernie3_wordpiece_lowercase_add_tokens" / "ckpt"
+
+
+def test_adding_an_existing_special_token_to_a_lower_casing_vocab_adds_nothing(tmp_path):
+    """(Fixed: ``add-tokens CK '[CLS]'`` on ERNIE's lower-casing vocab.txt added '[cls]' as a new token with
+    a new row, "'[CLS]' is added as '[cls]'", although '[CLS]' is its cls_token: PaddleNLP 2.8.1 encodes
+    the text '[CLS]' as id 2, never the new id.) The special token is already there: nothing is added."""
+    ck = tmp_path / "ck"
+    shutil.copytree(ERNIE, ck)
+    vocab = (ck / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    cls_id = vocab.index("[CLS]")
+    run = run_cli(["add-tokens", str(ck), "[CLS]", "--out", str(tmp_path / "out"), "-q"])
+    assert run.rc == 0, run.stderr
+    assert f"already in the tokenizer, not added: '[CLS]' (id {cls_id})" in run.stdout + run.stderr
+    assert "[cls]" not in run.stdout + run.stderr
+    added = tmp_path / "out" / "added_tokens.json"
+    assert not added.exists() or "[cls]" not in added.read_text(encoding="utf-8")
