@@ -122,7 +122,8 @@ def test_write_commands_on_paddle_layout_safetensors_say_the_load(tmp_path, padd
     assert 'load_checkpoint_format="legacy"' in run.stdout + run.stderr, run.stdout + run.stderr
 
 
-ERNIE = Path(__file__).resolve().parent / "data" / "cases" / "e01_ernie3_wordpiece_lowercase_add_tokens" / "ckpt"
+ERNIE = Path(__file__).resolve().parent / "data" / "cases" / "e01_ernie3_wordpiece_lowercase_add_tokens"
+ERNIE = ERNIE / "ckpt"
 
 
 def test_adding_an_existing_special_token_to_a_lower_casing_vocab_adds_nothing(tmp_path):
