@@ -96,25 +96,16 @@ def paddle_layout_folder(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "`merge CK --keep-paddle-layout --out M` then `resize M --vocab 260 --out R` (or untie / tie --keep "
-        "embedding / add-tokens <zz>) exits 0 and prints nothing about the load R needs; R keeps the Paddle "
-        "layout (config source: paddle), so PaddleFormers 1.2's plain from_pretrained(R) loads without a "
-        "warning and gives logits off by 7.7 (measured on tests/data/flex/trainer_1rank; with "
-        "load_checkpoint_format='legacy', convert_from_hf=False: 2e-7). convert says it "
-        "(plan/convert.py _pf_container); the other write commands do not"
-    ),
-)
 @pytest.mark.parametrize(
     "argv",
     [["resize", "--vocab", "260"], ["untie"], ["tie", "--keep", "embedding"], ["add-tokens", "<zz>"]],
     ids=["resize", "untie", "tie", "add-tokens"],
 )
 def test_write_commands_on_paddle_layout_safetensors_say_the_load(tmp_path, paddle_layout_folder, argv):
-    """Every write command whose output stays in PaddleFormers' legacy Paddle layout says on the terminal
-    the call that loads it (a plain from_pretrained computes other logits)."""
+    """(Fixed: ``resize M --vocab 260 --out R`` of ``merge --keep-paddle-layout``'s output M, and untie /
+    tie / add-tokens, exited 0 saying nothing; PaddleFormers' plain from_pretrained(R) gave logits off by
+    7.7, the legacy load 2e-7.) Every write command whose output stays in PaddleFormers' legacy Paddle
+    layout says on the terminal the call that loads it."""
     cmd, *args = argv
     out = tmp_path / "out"
     run = run_cli([cmd, str(paddle_layout_folder), *args, "--out", str(out)])
