@@ -34,7 +34,7 @@ from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
 from .io import flex, flex_cover, mistaken, store, surface
 from .io.checkpoint import Checkpoint, has_whole
-from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
+from .model.enums import Container, Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
 from .plan import convert as convert_plan
 from .plan import flex_edit, merge_flex
@@ -440,12 +440,28 @@ def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = F
         return report_mod.build(plan, facts, out)
 
     def plan(c: Checkpoint) -> Plan:
-        p = warn_random_head(check_dtypes(make_plan(c)))
+        p = _warn_legacy_layout(warn_random_head(check_dtypes(make_plan(c))))
         if keep_training_state:
             p.training_edit = plan_training_state(p)
         return p
 
     return Planner(plan=plan, report=report)
+
+
+def _warn_legacy_layout(plan: Plan) -> Plan:
+    """Add to ``plan.warnings`` (printed on the terminal) the call PaddleFormers 1.2 needs to load the output
+    when the checkpoint is PaddleFormers safetensors in its legacy Paddle layout
+    (:func:`surgery.plan.convert.pf_legacy_layout`; ``merge --keep-paddle-layout`` writes them): a plain
+    ``from_pretrained`` of such a folder loads without a warning and computes other logits (measured:
+    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``)."""
+    ck = plan.ckpt
+    if ck.format is Container.SAFETENSORS and convert_plan.pf_legacy_layout(ck):
+        plan.warnings.append(
+            "the checkpoint is PaddleFormers safetensors in its legacy Paddle layout (Linear weights "
+            f"[in, out]) and so is the output: PaddleFormers 1.2 loads it only with {LEGACY_LOAD}; a plain "
+            "from_pretrained loads it without an error but computes other logits"
+        )
+    return plan
 
 
 def _flex_edit(make_plan: Callable[[Checkpoint], Plan]) -> Planner:
@@ -937,6 +953,15 @@ def merge(
 
     if flex.find(Path(str(path))) is not None:
         return _merge_flex(path, out, limit, dry_run, progress, keep_paddle_layout)
+    local = Path(str(path))
+    held = flex.inside(local)
+    if held and not surface.rank_files({p.name for p in local.iterdir()}):
+        raise UsageError(
+            "the folder holds no rank files and no flex checkpoint of its own, but flex checkpoints in "
+            f"{', '.join(p.name + '/' for p in held[:4])} (a Trainer's output_dir): merge one of them",
+            local,
+            f"merge {held[-1]} instead (one checkpoint-N/ folder)",
+        )
     if keep_paddle_layout:
         raise UsageError(
             f"{Opt('keep_paddle_layout', True)} applies to a flex checkpoint (a Trainer checkpoint-N/ with "

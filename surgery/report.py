@@ -215,9 +215,12 @@ class TokenClaims:
     rows: Any = None
 
 
-def token_claims(folder: Any) -> TokenClaims:
+def token_claims(folder: Any, base: Any = None) -> TokenClaims:
     """The tokens ``folder``'s ``tietool-report.json`` says were added and removed across the chain of runs
-    it records (:func:`history`, oldest first, then the report itself), each entry applied in turn.
+    it records (:func:`history`, oldest first, then the report itself), each entry applied in turn. The
+    entries the input ``base`` already holds (its own chain, when ``folder``'s chain starts with it) are
+    skipped: their tokens are in both folders, so ``verify BASE OUT`` of one step of a chain explains that
+    step alone.
 
     Read from ``add_tokens.tokens`` and ``tokenizer.tokens`` (entries ``{"content", "id", ...}``;
     ``"existed": true`` ones are not new) and ``tokens_removed`` / ``removed`` lists under ``add_tokens``,
@@ -229,7 +232,10 @@ def token_claims(folder: Any) -> TokenClaims:
     breaks = _rows_breaks(chain)
     counted = [r for r in (_rows(e)[1] for e in chain) if r is not None]
     out = TokenClaims(rows=counted[-1] if counted else None)
+    held = _held_by(chain, history(base) if base is not None else [])
     for k, entry in enumerate(chain):
+        if k < held:
+            continue
         last = k == len(chain) - 1
         source = f"{'the last run' if last else f'history entry {k + 1}'} ({entry.get('operation')})"
         added, removed = _entry_tokens(entry)
@@ -240,6 +246,12 @@ def token_claims(folder: Any) -> TokenClaims:
                 out.removed[i] = Removal(c, source, breaks or _trim_doubt(entry, i))
         out.added.update(added)
     return out
+
+
+def _held_by(chain: list[dict[str, Any]], done: list[dict[str, Any]]) -> int:
+    """How many leading entries of an output's report chain the input already holds: the length of the
+    input's own chain ``done`` when ``chain`` starts with it (and goes on), else 0."""
+    return len(done) if done and len(done) < len(chain) and chain[: len(done)] == done else 0
 
 
 def _entry_tokens(entry: dict) -> tuple[dict[int, str], dict[int, str]]:

@@ -529,7 +529,7 @@ class _Tokenizers:
         """From the detections' tokenizer sets (:func:`surgery.io.tokenizer.tokenizer_set`, read once) and
         the output's report chain (:func:`surgery.report.token_claims`), checked against the files."""
         A, B = da.ckpt, db.ckpt
-        claims = token_claims(B.path)
+        claims = token_claims(B.path, A.path)
         sets = (da.tokenizer.files, db.tokenizer.files)
         va, vb = vocabulary(A.path), vocabulary(B.path)
         own = {(t.id, t.content) for t in sets[0].added}

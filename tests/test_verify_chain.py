@@ -1,7 +1,7 @@
 """``verify ORIGINAL FINAL`` across a chain of writes (issue 21, a loose end of issue 20): each write from a
 folder that has a ``tietool-report.json`` carries that report's edits forward in its own report's
 ``history`` (:func:`tietool.surgery.report.history`), and verify applies the chain in order
-(:func:`tietool.surgery.verify._report_tokens`), so the tokens added by earlier runs are explained; a row or
+(:func:`tietool.surgery.report.token_claims`), so the tokens added by earlier runs are explained; a row or
 token no run made still is not (exit 7).
 
 The checkpoint is the PaddleFormers Llama sample with a real tokenizer (304 tokens, 320 rows).

@@ -187,6 +187,19 @@ def find(path: Path) -> FlexFolder | None:
     return None
 
 
+def inside(path: Path) -> list[Path]:
+    """The sub-folders of ``path`` that are flex checkpoints (:func:`find`), shorter names first
+    (``checkpoint-9`` before ``checkpoint-10``): a Trainer's ``output_dir`` holds its ``checkpoint-N/``
+    there (a checkpoint's own ``model_state/``, ``optimizer_state/``, ``master_weight/`` are not counted);
+    ``[]`` for an unreadable folder."""
+    try:
+        subs = [p for p in path.iterdir() if p.is_dir()] if path.is_dir() else []
+        subs.sort(key=lambda p: (len(p.name), p.name))
+    except OSError:
+        return []
+    return [p for p in subs if p.name not in STATE_DIRS and find(p) is not None]
+
+
 @dataclass(frozen=True)
 class FlexCheckpoint:
     """A flex checkpoint's structure (nothing of the data read).

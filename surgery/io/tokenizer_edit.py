@@ -455,13 +455,17 @@ def _matched_form(f: _Folder, s: str, special: bool) -> str:
     normalizer), else ``s``. PaddleNLP 2.8.1's ``add_tokens`` stores such a token lower-cased and lower-cases
     the text before its trie (tokenizer_utils ``_add_tokens`` / ``tokenize``); transformers and PaddleFormers
     match normalized added tokens in the normalized text, so only the lower-cased content ever matches.
-    Special tokens are matched on the raw text: kept as given.
+    Special tokens are matched on the raw text: kept as given, and so is a string that already is one of the
+    folder's special tokens (``[CLS]`` named by ``cls_token``, a special added token): loaders match it
+    before lower-casing, so it is the existing token, not a new lower-cased one.
 
     Raises:
         RefusedError: the normalizer changes the lower-cased form further (accents stripped), so the
             loaders would match different strings.
     """
     if special or s == s.lower() or (f.tokenizer_json is None and f.sp_model is not None):
+        return s
+    if s in _named_specials(f) or any(t.special and t.content == s for t in f.added.values()):
         return s
     if any(not t.normalized and t.content in s for t in f.added.values()):
         return s  # holds a raw-matched token: refused as never produced (_refuse_shadowed)

@@ -180,7 +180,7 @@ def _config(ck: FlexCheckpoint) -> tuple[dict[str, Any], Path]:
         "checkpoint-N/ and save_model's, write none)",
         root,
         "copy the config.json of the model the run started from (its model_name_or_path) into the folder, "
-        "then merge again",
+        "then run the command again",
     )
 
 
