@@ -665,7 +665,7 @@ def test_help_names_arguments_without_braces(command):
     assert run.returncode == 0, run.stderr
     usage = run.stdout.splitlines()[0]
     assert "{" not in run.stdout and "}" not in run.stdout, usage
-    want = {"verify": "[OPTIONS] BEFORE AFTER", "inspect": "[OPTIONS] [CKPT]..."}.get(
+    want = {"verify": "[OPTIONS] BEFORE AFTER", "inspect": "[OPTIONS] [CKPT...]"}.get(
         command, "[OPTIONS] [CKPT]"
     )
     assert usage.startswith("Usage: ") and usage.endswith(f"tietool {command} {want}"), usage
