@@ -62,7 +62,17 @@ from .surgery.model.errors import (
 from .surgery.results import Inspection, Report
 
 if _typing.TYPE_CHECKING:
-    from .surgery.ops import add_tokens, convert, inspect, merge, resize, tie, untie, verify
+    from .surgery.ops import (
+        add_tokens,
+        convert,
+        fix_untrained,
+        inspect,
+        merge,
+        resize,
+        tie,
+        untie,
+        verify,
+    )
     from .surgery.verify import VerifyResult as Verification
 
 # the names that need numpy, imported on first use: name → (module under tietool, attribute)
@@ -72,6 +82,7 @@ _LAZY = {
     "untie": ("surgery.ops", "untie"),
     "resize": ("surgery.ops", "resize"),
     "add_tokens": ("surgery.ops", "add_tokens"),
+    "fix_untrained": ("surgery.ops", "fix_untrained"),
     "verify": ("surgery.ops", "verify"),
     "convert": ("surgery.ops", "convert"),
     "merge": ("surgery.ops", "merge"),
@@ -107,6 +118,7 @@ __all__ = [
     "__version__",
     "add_tokens",
     "convert",
+    "fix_untrained",
     "inspect",
     "merge",
     "resize",

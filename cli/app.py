@@ -59,6 +59,7 @@ from .options import (
     ToOpt,
     VocabOpt,
 )
+from .vocab import register as register_vocab
 
 app = typer.Typer(
     name="tietool",
@@ -407,6 +408,9 @@ def convert(
         progress=render.progress_bar(quiet or json_out),
     )
     render.convert(rep, json_out)
+
+
+register_vocab(app)
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ from .plan import convert as convert_plan
 from .plan import flex_edit, merge_flex
 from .plan import merge as merge_plan
 from .plan.add_tokens import InitChoice, parse_init, plan_add_tokens
+from .plan.fix_untrained import plan_fix_untrained
 from .plan.merge_experts import plan_rank_merge
 from .plan.plan import (
     DEFAULT_MAX_SHARD_SIZE,
@@ -768,6 +769,43 @@ def add_tokens(
         keep_training_state=keep_training_state,
         backup=backup,
     )
+
+
+def fix_untrained(
+    path: PathArg,
+    out: PathArg | None = None,
+    *,
+    ids: Sequence[int] | None = None,
+    init: str = "trained-mean",
+    layout: Layout | str | None = None,
+    loader: Loader | str | None = None,
+    embedding: str | None = None,
+    head: str | None = None,
+    dry_run: bool = False,
+    link: bool = False,
+    progress: ProgressFactory | None = None,
+    backup: bool = True,
+) -> Report:
+    """Set the rows a model never trained to the mean of its trained rows, as unsloth's
+    ``fix_untrained_tokens`` finds and sets them (:func:`surgery.plan.fix_untrained.plan_fix_untrained`):
+    the embedding's rows and the head's (its own mean, or the embedding's when the two are one tensor);
+    every other byte, the shapes, the config and the tokenizer files unchanged.
+
+    Args:
+        ids: only these rows (each must be untrained by the rule); None: every untrained row.
+        init: ``trained-mean`` (unsloth's value).
+        out: the output folder; None rewrites ``path`` in place (as :func:`tie`).
+
+    Returns the report (its ``fix_untrained`` fields: the ids and tokens set, the special rows kept, the
+    norm of each mean). Raises as :func:`tie`; UsageError for an id that is not an untrained row.
+    """
+    chosen = None if ids is None else [_count(i, "ids") for i in ids]
+
+    def plan(c: Checkpoint) -> Plan:
+        det = _detection(c, layout, loader, embedding, head)
+        return plan_fix_untrained(det, chosen, init)  # type: ignore[arg-type]
+
+    return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
 
 
 def _tokenizer_edit() -> Any:
