@@ -133,6 +133,7 @@ def _set_rows(
         if r.name not in norms:
             mean = trained_mean(ckpt, Table(r.name, r.axis), pool, found)
             norms[r.name] = float(np.linalg.norm(mean.astype(np.float64)))
+        norms[name] = norms[r.name]
 
 
 def _refuse(det: Detection) -> None:
