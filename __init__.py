@@ -14,7 +14,7 @@ no paddle)::
     assert tietool.verify("ckpt/", "resized/").explained
     rep = tietool.merge("tp_ranks/", "merged/")  # model_state.tp00.pdparams, ... → one checkpoint
 
-:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the eight operations, the
+:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the nine operations, the
 options as enums, the result types, and the errors. Everything else (``tietool.surgery.*``,
 ``tietool.cli.*``) is the implementation, free to move. The errors, drawn once::
 

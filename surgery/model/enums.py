@@ -143,6 +143,7 @@ class Operation(StrEnum):
     UNTIE = "untie"
     RESIZE = "resize"
     ADD_TOKENS = "add-tokens"
+    FIX_UNTRAINED = "fix-untrained"
     VERIFY = "verify"
     CONVERT = "convert"
     MERGE = "merge"

@@ -22,7 +22,7 @@ from .plan import OutTensor, Plan, base_plan, out_dtype, refuse_unsettled_pair, 
 from .untrained_rows import EPS, KEPT_SPECIAL, MeanRows, Table, find_untrained, trained_mean
 
 FIX_INITS = ("trained-mean",)
-"""The ``--init`` choices: ``trained-mean``, unsloth's value (the mean of the trained rows)."""
+"""The init choices: ``trained-mean``, unsloth's value (the mean of the trained rows)."""
 
 RULE = (
     "unsloth fix_untrained_tokens: max(row) <= 1e-16 in the embedding and in the head (or a head row, "
@@ -76,7 +76,7 @@ def plan_fix_untrained(det: Detection, ids: Sequence[int] | None = None, init: s
     if chosen:
         _set_rows(det, plan, emb, head, tuple(chosen), tuple(found), pool, norms)
     plan.extra_report = _report(det, chosen, found, kept, pool, norms, init)
-    _notes(plan, chosen, kept)
+    _notes(plan, plan.extra_report["tokens"], kept)
     return plan
 
 
@@ -182,11 +182,15 @@ def _report(
     }
 
 
-def _notes(plan: Plan, chosen: list[int], kept: dict[int, str]) -> None:
-    """Notes: the rows set, the special rows kept (the pad row zero by design)."""
-    if chosen:
-        shown = ", ".join(map(str, chosen[:20])) + (", …" if len(chosen) > 20 else "")
-        plan.notes.append(f"{len(chosen)} untrained row(s) set to the mean of the trained rows: ids {shown}")
+def _notes(plan: Plan, tokens: list[dict[str, Any]], kept: dict[int, str]) -> None:
+    """Notes: the rows set (``tokens``: id and content), the special rows kept (the pad row zero by
+    design)."""
+    if tokens:
+        shown = ", ".join(
+            f"{t['id']} ({t['content']!r})" if t["content"] is not None else str(t["id"]) for t in tokens[:20]
+        )
+        more = ", …" if len(tokens) > 20 else ""
+        plan.notes.append(f"{len(tokens)} untrained row(s) set to the mean of the trained rows: {shown}{more}")
     else:
         plan.notes.append("no untrained row (unsloth's rule): nothing to set")
     for i, why in sorted(kept.items()):
