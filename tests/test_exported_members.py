@@ -14,7 +14,17 @@ import types
 import tietool
 from tietool.surgery.model import enums, errors
 
-OPERATIONS = {"inspect", "tie", "untie", "resize", "add_tokens", "fix_untrained", "verify", "convert", "merge"}
+OPERATIONS = {
+    "inspect",
+    "tie",
+    "untie",
+    "resize",
+    "add_tokens",
+    "fix_untrained",
+    "verify",
+    "convert",
+    "merge",
+}
 RESULTS = {"Inspection", "Report", "Verification"}
 
 

@@ -190,7 +190,9 @@ def _notes(plan: Plan, tokens: list[dict[str, Any]], kept: dict[int, str]) -> No
             f"{t['id']} ({t['content']!r})" if t["content"] is not None else str(t["id"]) for t in tokens[:20]
         )
         more = ", …" if len(tokens) > 20 else ""
-        plan.notes.append(f"{len(tokens)} untrained row(s) set to the mean of the trained rows: {shown}{more}")
+        plan.notes.append(
+            f"{len(tokens)} untrained row(s) set to the mean of the trained rows: {shown}{more}"
+        )
     else:
         plan.notes.append("no untrained row (unsloth's rule): nothing to set")
     for i, why in sorted(kept.items()):
