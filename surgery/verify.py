@@ -43,6 +43,8 @@ from .model.errors import CheckpointError, ExitCode, Opt, RefusedError, UsageErr
 from .model.tensor import TensorInfo
 from .model.tokens import TokenizerSet
 from .plan.add_tokens import not_resettable
+from .plan.fix_untrained import tables, untrained_ids
+from .plan.untrained_rows import mean_row, stored_entries
 from .report import token_claims
 
 ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *arch.VOCAB_SIZE_KEYS)
@@ -148,6 +150,7 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     cmp = _TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
     tok = _Tokenizers.read(cmp.da, cmp.db)
     cmp.added_ids = tok.new_rows()
+    cmp.fixed_ids = fixed_rows(cmp.res, cmp.da, B)
     for name, ta in A.tensors.items():
         tb = B.tensors.get(name)
         if tb is None:
@@ -226,6 +229,7 @@ class _TensorComparison:
         self.head_names = {da.head.name, self.db.head.name, *da.head.aliases}
         # ids of tokens new in the output that its report lists as added: their rows may hold new values
         self.added_ids = added_ids
+        self.fixed_ids: frozenset[int] = frozenset()  # untrained rows set by fix-untrained (checked)
 
     def dropped(self, name: str, ta: TensorInfo) -> None:
         """``name`` is in ``A`` only: explained when it is a vocabulary tensor equal to the output's embedding
@@ -325,6 +329,16 @@ class _TensorComparison:
         ):
             what = "entries" if len(ta.shape) == 1 else "columns" if axis == 1 else "rows"
             entry["why"] = f"{what} of the added tokens (ids {_id_span(self.added_ids)}) set by add-tokens"
+        elif (
+            self.fixed_ids
+            and name in self.vocab_names_a
+            and axis is not None
+            and chunked.common_part_equal(A, B, name, axis, self.fixed_ids)
+        ):
+            what = "columns" if axis == 1 else "rows"
+            entry["why"] = (
+                f"untrained {what} {_id_span(self.fixed_ids)} set to the trained mean (fix-untrained)"
+            )
         elif (
             name in self.head_names
             and self.emb_b in B.tensors
@@ -486,6 +500,47 @@ def _detect_pair(A: Checkpoint, B: Checkpoint) -> tuple[Detection, Detection]:
         return detect(A, compare_values=False, **names), detect(B, compare_values=False, **names)
     except (CheckpointError, UsageError, RefusedError):
         return da, db
+
+
+def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
+    """The ids the output's own ``fix-untrained`` run says it set (its report's ``fix_untrained.ids``),
+    checked against the files: each must be untrained in the input by the rule fix-untrained applies
+    (:func:`surgery.plan.fix_untrained.untrained_ids`), and each such row of the output's embedding and
+    head must be the trained mean of the input's table (:func:`surgery.plan.untrained_rows.mean_row`).
+    A claim the files contradict is unexplained (the report is unverifiable) and explains nothing."""
+    try:
+        rep = load_json(B.path / REPORT_NAME, REPORT_NAME) if (B.path / REPORT_NAME).is_file() else None
+    except (CheckpointError, OSError):
+        rep = None
+    sec = (
+        rep.get("fix_untrained")
+        if isinstance(rep, dict) and rep.get("operation") == "fix-untrained"
+        else None
+    )
+    ids = sec.get("ids") if isinstance(sec, dict) else None
+    if not (isinstance(ids, list) and ids and all(type(i) is int for i in ids)):
+        return frozenset()
+    found, _ = untrained_ids(da)
+    wrong = [i for i in ids if i not in set(found)]
+    emb, head, pool = tables(da)
+    for t in [emb] + ([head] if head is not None else []):
+        if wrong or t.name not in B.tensors or B.tensors[t.name].shape != da.ckpt.tensors[t.name].shape:
+            break
+        want = mean_row(da.ckpt, t, pool, tuple(found))
+        got = stored_entries(B, t, sorted(ids))
+        if not (got.view(np.uint8) == want.view(np.uint8)).all():
+            res.unexplained.append(
+                f"tietool-report.json says fix-untrained set rows {_id_span(frozenset(ids))} of {t.name} to "
+                "the mean of the input's trained rows, which the files contradict; the report is unverifiable"
+            )
+            return frozenset()
+    if wrong:
+        res.unexplained.append(
+            f"tietool-report.json says fix-untrained set row(s) {', '.join(map(str, wrong[:10]))}, which "
+            "are trained in the input (or kept as special) by its rule; the report is unverifiable"
+        )
+        return frozenset()
+    return frozenset(ids)
 
 
 def _reset_tokens(path: Path) -> dict[int, str]:

@@ -228,3 +228,27 @@ def test_output_loads_with_the_same_logits_at_other_ids(tied_zeroed, tmp_path, l
     keep = np.setdiff1d(np.arange(want["logits"].shape[-1]), ids)
     assert logits_mismatch(got["logits"][..., keep], want["logits"][..., keep]) is None
     assert not np.any(want["logits"][..., ids]) and np.all(got["logits"][..., ids] != 0)
+
+
+def test_verify_explains_a_real_fix_and_doubts_forged_ones(tmp_path):
+    """``verify`` explains the fix-untrained output (exit 0: the rows its report lists are untrained in
+    the input by the rule and hold the trained mean); a report that also lists the trained row 262, or an
+    output whose fixed row 266 holds another value (row 10's) than the mean, is unverifiable (exit 7)."""
+    ck = shutil.copytree(E04, tmp_path / "ck")
+    out = tmp_path / "out"
+    _run(ck, out)
+    run = run_cli(["verify", str(ck), str(out)])
+    assert run.rc == 0 and "fix-untrained" in run.stdout, run.stdout
+    forged = shutil.copytree(out, tmp_path / "forged")
+    p = forged / "tietool-report.json"
+    rep = json.loads(p.read_text())
+    rep["fix_untrained"]["ids"] = [262, *rep["fix_untrained"]["ids"]]
+    p.write_text(json.dumps(rep))
+    copy_row(forged / "model.safetensors", EMB, 264, 262)
+    copy_row(forged / "model.safetensors", HEAD, 264, 262)
+    run = run_cli(["verify", str(ck), str(forged)])
+    assert run.rc == 7 and "262" in run.stdout and "unverifiable" in run.stdout, run.stdout
+    tampered = shutil.copytree(out, tmp_path / "tampered")
+    copy_row(tampered / "model.safetensors", EMB, 10, 266)
+    run = run_cli(["verify", str(ck), str(tampered)])
+    assert run.rc == 7 and "unverifiable" in run.stdout, run.stdout

@@ -63,13 +63,8 @@ def plan_fix_untrained(det: Detection, ids: Sequence[int] | None = None, init: s
     if init not in FIX_INITS:
         raise UsageError(f"unknown {Opt('init')} {init!r}", fix=f"use one of {', '.join(FIX_INITS)}")
     _refuse(det)
-    emb, head = Table(det.embedding.name), _head_table(det)
-    hrows = det.head.rows if head is not None and det.head.rows is not None else det.vocab_rows
-    pool = min(det.vocab_rows, hrows)
-    special = kept_special(det)
-    small = find_untrained(det.ckpt, emb, head, pool, set(), EPS)
-    found = [i for i in small if i not in special]
-    kept = {i: special[i] for i in small if i in special}  # untrained by the rule, kept as special
+    emb, head, pool = tables(det)
+    found, kept = untrained_ids(det)
     chosen = _chosen(det, found, kept, ids)
     plan = base_plan("fix-untrained", det)
     norms: dict[str, float] = {}
@@ -78,6 +73,23 @@ def plan_fix_untrained(det: Detection, ids: Sequence[int] | None = None, init: s
     plan.extra_report = _report(det, chosen, found, kept, pool, norms, init)
     _notes(plan, plan.extra_report["tokens"], kept)
     return plan
+
+
+def tables(det: Detection) -> tuple[Table, Table | None, int]:
+    """The embedding, the head as a table of its own (None: tied, one tensor), and the entries the rule
+    reads: ``min(embedding rows, head rows)``."""
+    emb, head = Table(det.embedding.name), _head_table(det)
+    hrows = det.head.rows if head is not None and det.head.rows is not None else det.vocab_rows
+    return emb, head, min(det.vocab_rows, hrows)
+
+
+def untrained_ids(det: Detection) -> tuple[list[int], dict[int, str]]:
+    """The ids unsloth's rule finds untrained (:func:`~surgery.plan.untrained_rows.find_untrained` over
+    :func:`tables`), and ``{id: why}`` of those it keeps as special (:func:`kept_special`)."""
+    emb, head, pool = tables(det)
+    special = kept_special(det)
+    small = find_untrained(det.ckpt, emb, head, pool, set(), EPS)
+    return [i for i in small if i not in special], {i: special[i] for i in small if i in special}
 
 
 def _head_table(det: Detection) -> Table | None:

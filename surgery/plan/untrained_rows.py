@@ -143,11 +143,26 @@ def trained_mean(ckpt: Checkpoint, table: Table, pool: int, untrained: tuple[int
     return (total / int((~skip).sum())).astype(np.float32)
 
 
+def mean_row(ckpt: Checkpoint, table: Table, pool: int, untrained: tuple[int, ...]) -> Array:
+    """:func:`trained_mean` as the row ``[1, hidden]`` that is written: in the stored dtype (bf16 as
+    ``uint16`` bits, rounded to nearest even)."""
+    t = ckpt.tensors[table.name]
+    return _encode(ckpt, t, trained_mean(ckpt, table, pool, untrained)[None, :])
+
+
+def stored_entries(ckpt: Checkpoint, table: Table, ids: list[int]) -> Array:
+    """Entries ``ids`` of ``table`` as stored, ``[len(ids), hidden]`` (rows read one at a time; a
+    ``[hidden, vocab]`` head through memory)."""
+    if table.axis == 1:
+        return np.ascontiguousarray(ckpt.load(table.name)[:, ids].T)
+    return np.stack([np.array(next(ckpt.iter_rows(table.name, 1, i, i + 1)))[0] for i in ids])
+
+
 def mean_rows_data(r: MeanRows, ckpt: Checkpoint) -> Array | Source:
     """The data of :class:`MeanRows`: byte ranges of the input between the set rows for a C-ordered tensor
     stored as one range, else the tensor through memory."""
     t = ckpt.tensors[r.name]
-    row = _encode(ckpt, t, trained_mean(ckpt, Table(r.name, r.axis), r.pool, r.untrained)[None, :])
+    row = mean_row(ckpt, Table(r.name, r.axis), r.pool, r.untrained)
     src = ckpt.source(r.name)
     if r.axis == 0 and not t.fortran and src.path is not None and src.parts is None and src.array is None:
         size = t.nbytes // t.shape[0]
