@@ -14,7 +14,7 @@ no paddle)::
     assert tietool.verify("ckpt/", "resized/").explained
     rep = tietool.merge("tp_ranks/", "merged/")  # model_state.tp00.pdparams, ... → one checkpoint
 
-:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the nine operations, the
+:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the ten operations, the
 options as enums, the result types, and the errors. Everything else (``tietool.surgery.*``,
 ``tietool.cli.*``) is the implementation, free to move. The errors, drawn once::
 
@@ -68,6 +68,7 @@ if _typing.TYPE_CHECKING:
         fix_untrained,
         inspect,
         merge,
+        rename_tokens,
         resize,
         tie,
         untie,
@@ -83,6 +84,7 @@ _LAZY = {
     "resize": ("surgery.ops", "resize"),
     "add_tokens": ("surgery.ops", "add_tokens"),
     "fix_untrained": ("surgery.ops", "fix_untrained"),
+    "rename_tokens": ("surgery.ops", "rename_tokens"),
     "verify": ("surgery.ops", "verify"),
     "convert": ("surgery.ops", "convert"),
     "merge": ("surgery.ops", "merge"),
@@ -121,6 +123,7 @@ __all__ = [
     "fix_untrained",
     "inspect",
     "merge",
+    "rename_tokens",
     "resize",
     "tie",
     "untie",

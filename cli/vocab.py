@@ -1,6 +1,6 @@
-"""The vocabulary commands beside ``add-tokens`` (``fix-untrained``): their flags and their one
-:mod:`surgery` call each, registered on the app by :func:`register` (the way :mod:`cli.app` registers its
-own commands, kept apart so that each file stays small)."""
+"""The vocabulary commands beside ``add-tokens`` (``fix-untrained``, ``rename-tokens``): their flags and
+their one :mod:`surgery` call each, registered on the app by :func:`register` (the way :mod:`cli.app`
+registers its own commands, kept apart so that each file stays small)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from .options import (
     LoaderOpt,
     OutOpt,
     QuietOpt,
+    TokenCkptArg,
 )
 
 IdsOpt = Annotated[
@@ -41,6 +42,27 @@ FixInitOpt = Annotated[
         "--init",
         help="the rows' new values: trained-mean (the mean of the trained rows, as unsloth sets them)",
         metavar="[trained-mean]",
+    ),
+]
+
+
+RenamesArg = Annotated[
+    list[str],
+    typer.Argument(
+        help="ID=TOKEN pairs: the reserved slot's id and its new string (e.g. 128002=<think>)",
+        show_default=False,
+        metavar="ID=TOKEN...",
+    ),
+]
+RenameSpecialOpt = Annotated[
+    bool, typer.Option("--special", help="the new tokens are special (never split; CONTROL pieces)")
+]
+RenameInitOpt = Annotated[
+    str,
+    typer.Option(
+        "--init",
+        help="the slots' rows: keep (as they are) or trained-mean (the mean of the trained rows)",
+        metavar="[keep|trained-mean]",
     ),
 ]
 
@@ -89,6 +111,47 @@ def register(app: typer.Typer) -> None:
             ckpt,
             out,
             ids=parse_ids(ids),
+            init=init,
+            layout=layout,
+            loader=loader,
+            embedding=embedding,
+            head=head,
+            dry_run=dry_run,
+            link=link,
+            progress=render.progress_bar(quiet or json_out),
+            backup=backup,
+        )
+        render.written(rep, json_out)
+
+    @app.command("rename-tokens", cls=Command, epilog=EXAMPLES["rename-tokens"])
+    @command
+    def rename_tokens(
+        ckpt: TokenCkptArg,
+        renames: RenamesArg,
+        special: RenameSpecialOpt = False,
+        init: RenameInitOpt = "keep",
+        out: OutOpt = None,
+        layout: LayoutOpt = None,
+        loader: LoaderOpt = None,
+        embedding: EmbOpt = None,
+        head: HeadOpt = None,
+        dry_run: DryOpt = False,
+        json_out: JsonOpt = False,
+        link: LinkOpt = False,
+        quiet: QuietOpt = False,
+        backup: BackupOpt = True,
+    ) -> None:
+        """Give reserved or unused tokens (<|reserved_special_token_N|>, [unusedN], ...) new strings in every
+        tokenizer file, by id: the model is not grown (rows kept, or --init trained-mean)."""
+        from ..surgery import ops
+        from ..surgery.io.tokenizer_rename import parse_renames
+        from . import render
+
+        rep = ops.rename_tokens(
+            ckpt,
+            parse_renames(renames),
+            out,
+            special=special,
             init=init,
             layout=layout,
             loader=loader,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numbers
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -50,6 +50,7 @@ from .plan.plan import (
     parse_size,
     warn_random_head,
 )
+from .plan.rename_tokens import plan_rename_tokens
 from .plan.resize import plan_resize
 from .plan.tie import plan_tie
 from .plan.training_state import plan_training_state
@@ -804,6 +805,61 @@ def fix_untrained(
     def plan(c: Checkpoint) -> Plan:
         det = _detection(c, layout, loader, embedding, head)
         return plan_fix_untrained(det, chosen, init)  # type: ignore[arg-type]
+
+    return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+
+
+def rename_tokens(
+    path: PathArg,
+    renames: Mapping[int, str],
+    out: PathArg | None = None,
+    *,
+    special: bool = False,
+    init: str = "keep",
+    layout: Layout | str | None = None,
+    loader: Loader | str | None = None,
+    embedding: str | None = None,
+    head: str | None = None,
+    dry_run: bool = False,
+    link: bool = False,
+    progress: ProgressFactory | None = None,
+    backup: bool = True,
+) -> Report:
+    """Give reserved or unused slots new strings (``{id: string}``) in every tokenizer file
+    (:func:`surgery.io.tokenizer_rename.rename_tokens_edit`), the model never grown: each id keeps its row
+    (``init`` ``keep``) or gets the mean of the trained rows (``trained-mean``,
+    :func:`surgery.plan.rename_tokens.plan_rename_tokens`).
+
+    Args:
+        renames: token id → its new string; each id must be a reserved slot (``<|reserved_special_token_N|>``,
+            ``[unusedN]``, ...).
+        special: the new tokens are special (never split; ``CONTROL`` pieces).
+        out: the output folder; None rewrites ``path`` in place (as :func:`tie`).
+
+    Returns the report (its ``rename_tokens`` fields). Raises UsageError for bad ``renames``; RefusedError
+    for a slot that is not reserved or a format a loader cannot read renamed; and as :func:`tie`.
+    """
+    if not isinstance(renames, Mapping) or not renames:
+        raise UsageError("renames must be a non-empty {id: string} mapping", fix='e.g. {128002: "<think>"}')
+    pairs: dict[int, str] = {}
+    for i, s in renames.items():
+        n = _count(i, "renames")
+        if n is None:
+            raise UsageError("a token id is None", fix='e.g. {128002: "<think>"}')
+        pairs[n] = s
+    bad = [s for s in pairs.values() if not isinstance(s, str) or not s]
+    if bad:
+        raise UsageError(f"a token must be a non-empty string, got {bad[0]!r}", fix="remove it")
+    store.local_only("rename-tokens", path, out)
+
+    def plan(c: Checkpoint) -> Plan:
+        from .io import tokenizer_rename
+        from .io.tokenizer import vocabulary
+
+        det = _detection(c, layout, loader, embedding, head)
+        old = {i: vocabulary(c.path).get(i, "") for i in pairs}
+        edit = tokenizer_rename.rename_tokens_edit(c.path, pairs, special=special)
+        return plan_rename_tokens(det, edit, old, init)
 
     return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
 

@@ -306,7 +306,7 @@ def _trim_doubt(entry: dict, i: int) -> str:
     return ""
 
 
-_EXTRA_KEY = {"add-tokens": "add_tokens", "fix-untrained": "fix_untrained"}
+_EXTRA_KEY = {"add-tokens": "add_tokens", "fix-untrained": "fix_untrained", "rename-tokens": "rename_tokens"}
 """The report key of a plan's ``extra_report`` by operation (``resize`` for the others)."""
 
 

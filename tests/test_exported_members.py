@@ -21,6 +21,7 @@ OPERATIONS = {
     "resize",
     "add_tokens",
     "fix_untrained",
+    "rename_tokens",
     "verify",
     "convert",
     "merge",

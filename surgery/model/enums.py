@@ -144,6 +144,7 @@ class Operation(StrEnum):
     RESIZE = "resize"
     ADD_TOKENS = "add-tokens"
     FIX_UNTRAINED = "fix-untrained"
+    RENAME_TOKENS = "rename-tokens"
     VERIFY = "verify"
     CONVERT = "convert"
     MERGE = "merge"

@@ -69,7 +69,7 @@ def plan_fix_untrained(det: Detection, ids: Sequence[int] | None = None, init: s
     plan = base_plan("fix-untrained", det)
     norms: dict[str, float] = {}
     if chosen:
-        _set_rows(det, plan, emb, head, tuple(chosen), tuple(found), pool, norms)
+        set_mean_rows(det, plan, emb, head, tuple(chosen), tuple(found), pool, norms)
     plan.extra_report = _report(det, chosen, found, kept, pool, norms, init)
     _notes(plan, plan.extra_report["tokens"], kept)
     return plan
@@ -118,7 +118,7 @@ def _chosen(det: Detection, found: list[int], kept: dict[int, str], ids: Sequenc
     return sorted(set(ids))
 
 
-def _set_rows(
+def set_mean_rows(
     det: Detection,
     plan: Plan,
     emb: Table,
@@ -128,8 +128,9 @@ def _set_rows(
     pool: int,
     norms: dict[str, float],
 ) -> None:
-    """One :class:`MeanRows` per table (the embedding and its aliases; the head and its aliases, the
-    embedding's recipe when bit-equal to it), with the norm of each mean in ``norms``."""
+    """Plan rows ``chosen`` of the embedding (and its aliases) and of the head (and its aliases; the
+    embedding's recipe when bit-equal to it) set to the mean of the table's entries ``0..pool-1`` not in
+    ``found``: one :class:`MeanRows` per table, the norm of each mean in ``norms`` by tensor name."""
     ckpt = det.ckpt
     recipe = MeanRows(emb.name, 0, chosen, found, pool)
     tables = [(n, recipe) for n in [emb.name, *det.embedding.aliases]]
