@@ -24,7 +24,7 @@ must agree too. The verdict (:attr:`VerifyResult.exit_code`) is decided here, no
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 
@@ -38,6 +38,7 @@ from .io.checkpoint import REPORT_NAME, Checkpoint
 from .io.configfile import read_config_file
 from .io.regular import load_json
 from .io.tokenizer import vocabulary
+from .io.tokenizer_rename import is_reserved
 from .io.vocabkeys import vocab_keys, walk
 from .model.errors import CheckpointError, ExitCode, Opt, RefusedError, UsageError
 from .model.tensor import TensorInfo
@@ -148,7 +149,7 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     """:func:`verify` without logits."""
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = _TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
-    tok = _Tokenizers.read(cmp.da, cmp.db)
+    tok = renamed_slots(_Tokenizers.read(cmp.da, cmp.db), B)
     cmp.added_ids = tok.new_rows()
     cmp.fixed_ids = fixed_rows(cmp.res, cmp.da, B)
     for name, ta in A.tensors.items():
@@ -336,9 +337,7 @@ class _TensorComparison:
             and chunked.common_part_equal(A, B, name, axis, self.fixed_ids)
         ):
             what = "columns" if axis == 1 else "rows"
-            entry["why"] = (
-                f"untrained {what} {_id_span(self.fixed_ids)} set to the trained mean (fix-untrained)"
-            )
+            entry["why"] = f"{what} {_id_span(self.fixed_ids)} set to the trained mean (as its report says)"
         elif (
             name in self.head_names
             and self.emb_b in B.tensors
@@ -502,44 +501,94 @@ def _detect_pair(A: Checkpoint, B: Checkpoint) -> tuple[Detection, Detection]:
         return da, db
 
 
-def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
-    """The ids the output's own ``fix-untrained`` run says it set (its report's ``fix_untrained.ids``),
-    checked against the files: each must be untrained in the input by the rule fix-untrained applies
-    (:func:`surgery.plan.fix_untrained.untrained_ids`), and each such row of the output's embedding and
-    head must be the trained mean of the input's table (:func:`surgery.plan.untrained_rows.mean_row`).
-    A claim the files contradict is unexplained (the report is unverifiable) and explains nothing."""
+def renamed_slots(tok: _Tokenizers, B: Checkpoint) -> _Tokenizers:
+    """``tok`` with the renames of the output's own ``rename-tokens`` run (its report's
+    ``rename_tokens.tokens``: id, old, new) that the files bear out: the input has ``old`` at the id and it
+    is a reserved slot's string (:func:`surgery.io.tokenizer_rename.is_reserved`), the output has ``new``
+    there. Those ids are compared with their old strings (explained), and listed in ``renamed``; a claim
+    the files contradict is left to the token comparison (unexplained)."""
     try:
         rep = load_json(B.path / REPORT_NAME, REPORT_NAME) if (B.path / REPORT_NAME).is_file() else None
     except (CheckpointError, OSError):
         rep = None
     sec = (
-        rep.get("fix_untrained")
-        if isinstance(rep, dict) and rep.get("operation") == "fix-untrained"
+        rep.get("rename_tokens")
+        if isinstance(rep, dict) and rep.get("operation") == "rename-tokens"
         else None
     )
-    ids = sec.get("ids") if isinstance(sec, dict) else None
+    entries = sec.get("tokens") if isinstance(sec, dict) else None
+    va, vb = tok.vocab
+    renamed = {
+        e["id"]: (e["old"], e["new"])
+        for e in (entries if isinstance(entries, list) else [])
+        if isinstance(e, dict)
+        and isinstance(e.get("id"), int)
+        and va.get(e["id"]) == e.get("old")
+        and vb.get(e["id"]) == e.get("new")
+        and isinstance(e.get("old"), str)
+        and is_reserved(e["old"])
+    }
+    if not renamed:
+        return tok
+    seen = {**vb, **{i: o for i, (o, _) in renamed.items()}}
+    return replace(tok, vocab=(va, seen), renamed=renamed)
+
+
+def _mean_claim(B: Checkpoint) -> tuple[str, list[int]] | None:
+    """``(operation, ids)`` of the rows the output's own run says it set to the trained mean:
+    ``fix-untrained``'s ``fix_untrained.ids``, or ``rename-tokens --init trained-mean``'s renamed ids; None
+    for any other report (or none)."""
+    try:
+        rep = load_json(B.path / REPORT_NAME, REPORT_NAME) if (B.path / REPORT_NAME).is_file() else None
+    except (CheckpointError, OSError):
+        return None
+    op = rep.get("operation") if isinstance(rep, dict) else None
+    sec = rep.get(str(op).replace("-", "_")) if isinstance(rep, dict) else None
+    if not isinstance(sec, dict):
+        return None
+    if op == "fix-untrained":
+        ids = sec.get("ids")
+    elif op == "rename-tokens" and sec.get("init") == "trained-mean" and isinstance(sec.get("tokens"), list):
+        ids = [t.get("id") for t in sec["tokens"] if isinstance(t, dict)]
+    else:
+        return None
     if not (isinstance(ids, list) and ids and all(type(i) is int for i in ids)):
+        return None
+    return str(op), [int(i) for i in ids]
+
+
+def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
+    """The ids whose rows the output's own run says it set to the trained mean (:func:`_mean_claim`),
+    checked against the files: for fix-untrained each must be untrained in the input by its rule
+    (:func:`surgery.plan.fix_untrained.untrained_ids`); each such row of the output's embedding and head
+    must be the mean of the input's table over the rows the rule counts as trained (less the renamed ids,
+    for rename-tokens), bit for bit (:func:`surgery.plan.untrained_rows.mean_row`). A claim the files
+    contradict is unexplained (the report is unverifiable) and explains nothing."""
+    claim = _mean_claim(B)
+    if claim is None:
         return frozenset()
+    op, ids = claim
     found, _ = untrained_ids(da)
-    wrong = [i for i in ids if i not in set(found)]
-    emb, head, pool = tables(da)
-    for t in [emb] + ([head] if head is not None else []):
-        if wrong or t.name not in B.tensors or B.tensors[t.name].shape != da.ckpt.tensors[t.name].shape:
-            break
-        want = mean_row(da.ckpt, t, pool, tuple(found))
-        got = stored_entries(B, t, sorted(ids))
-        if not (got.view(np.uint8) == want.view(np.uint8)).all():
-            res.unexplained.append(
-                f"tietool-report.json says fix-untrained set rows {_id_span(frozenset(ids))} of {t.name} to "
-                "the mean of the input's trained rows, which the files contradict; the report is unverifiable"
-            )
-            return frozenset()
+    wrong = [i for i in ids if i not in set(found)] if op == "fix-untrained" else []
     if wrong:
         res.unexplained.append(
             f"tietool-report.json says fix-untrained set row(s) {', '.join(map(str, wrong[:10]))}, which "
             "are trained in the input (or kept as special) by its rule; the report is unverifiable"
         )
         return frozenset()
+    leave_out = tuple(sorted(set(found) | (set(ids) if op == "rename-tokens" else set())))
+    emb, head, pool = tables(da)
+    for t in [emb] + ([head] if head is not None else []):
+        if t.name not in B.tensors or B.tensors[t.name].shape != da.ckpt.tensors[t.name].shape:
+            return frozenset()
+        want = mean_row(da.ckpt, t, pool, leave_out)
+        got = stored_entries(B, t, sorted(ids))
+        if not (got.view(np.uint8) == want.view(np.uint8)).all():
+            res.unexplained.append(
+                f"tietool-report.json says {op} set rows {_id_span(frozenset(ids))} of {t.name} to the mean "
+                "of the input's trained rows, which the files contradict; the report is unverifiable"
+            )
+            return frozenset()
     return frozenset(ids)
 
 
@@ -578,6 +627,7 @@ class _Tokenizers:
     doubted: dict[int, str] = field(default_factory=dict)
     reset: dict[int, str] = field(default_factory=dict)
     reset_doubted: dict[int, str] = field(default_factory=dict)
+    renamed: dict[int, tuple[str, str]] = field(default_factory=dict)  # rename-tokens: id → (old, new)
 
     @classmethod
     def read(cls, da: Detection, db: Detection) -> _Tokenizers:
@@ -763,8 +813,12 @@ def _compare_tokenizers(
     res.unexplained += changes + list(tok.reset_doubted.values())
     _rows_for_tokens(res, (sa.length, sb.length), rows)
     names = _tokenizer_names(A, B, tok.sets)
-    explained = bool(added or removed) and not changes
-    res.unexplained += _file_changes(A, B, names, explained, bool(removed))
+    explained = bool(added or removed or tok.renamed) and not changes
+    if tok.renamed:
+        res.tokenizer["renamed"] = [
+            {"id": i, "old": o, "new": n} for i, (o, n) in sorted(tok.renamed.items())
+        ]
+    res.unexplained += _file_changes(A, B, names, explained, bool(removed or tok.renamed))
 
 
 def _rows_for_tokens(

@@ -301,3 +301,32 @@ def test_cli_refuses_a_trained_slot(reserved, tmp_path):
     run = run_cli(["rename-tokens", str(reserved), "100=<x>", "--out", str(tmp_path / "o")])
     assert run.rc == 5 and "100" in run.stderr and "reserved" in run.stderr
     assert not (tmp_path / "o").exists()
+
+
+def test_verify_explains_renames(reserved, tmp_path):
+    """``verify`` of rename-tokens outputs: the renamed slots (reserved strings in the input, the new ones
+    in the output, as the report says) and the trained-mean rows are explained (exit 0); the same output
+    whose report claims the slot held another string is not (exit 7), nor one whose row 304 was changed
+    to another value than the mean."""
+    kept, mean = tmp_path / "kept", tmp_path / "mean"
+    for out, extra in ((kept, []), (mean, ["--init", "trained-mean"])):
+        run = run_cli(
+            ["rename-tokens", str(reserved), "304=<think_x>", "--special", "--out", str(out), *extra]
+        )
+        assert run.rc == 0, run.stderr
+        run = run_cli(["verify", str(reserved), str(out)])
+        assert run.rc == 0, run.stdout
+    forged = shutil.copytree(kept, tmp_path / "forged")
+    p = forged / "tietool-report.json"
+    rep = json.loads(p.read_text())
+    rep["rename_tokens"]["tokens"][0]["old"] = "hello"
+    p.write_text(json.dumps(rep))
+    run = run_cli(["verify", str(reserved), str(forged)])
+    assert run.rc == 7 and "<think_x>" in run.stdout, run.stdout
+    tampered = shutil.copytree(mean, tmp_path / "tampered")
+    st = next(tampered.glob("*.safetensors"))
+    from support.hostile.history import copy_row
+
+    copy_row(st, NAMES[0], 10, 304)
+    run = run_cli(["verify", str(reserved), str(tampered)])
+    assert run.rc == 7 and "unverifiable" in run.stdout, run.stdout
