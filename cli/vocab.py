@@ -47,7 +47,7 @@ FixInitOpt = Annotated[
 
 
 RenamesArg = Annotated[
-    list[str],
+    list[str] | None,
     typer.Argument(
         help="ID=TOKEN pairs: the reserved slot's id and its new string (e.g. 128002=<think>)",
         show_default=False,
@@ -56,6 +56,16 @@ RenamesArg = Annotated[
 ]
 RenameSpecialOpt = Annotated[
     bool, typer.Option("--special", help="the new tokens are special (never split; CONTROL pieces)")
+]
+SetSpecialOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set-special",
+        help="make TOKEN the pad/bos/eos token in every file that names it (tokenizer files, config.json, "
+        "generation_config.json); repeatable",
+        show_default=False,
+        metavar="NAME=TOKEN",
+    ),
 ]
 RenameInitOpt = Annotated[
     str,
@@ -127,9 +137,10 @@ def register(app: typer.Typer) -> None:
     @command
     def rename_tokens(
         ckpt: TokenCkptArg,
-        renames: RenamesArg,
+        renames: RenamesArg = None,
         special: RenameSpecialOpt = False,
         init: RenameInitOpt = "keep",
+        set_special: SetSpecialOpt = None,
         out: OutOpt = None,
         layout: LayoutOpt = None,
         loader: LoaderOpt = None,
@@ -144,15 +155,18 @@ def register(app: typer.Typer) -> None:
         """Give reserved or unused tokens (<|reserved_special_token_N|>, [unusedN], ...) new strings in every
         tokenizer file, by id: the model is not grown (rows kept, or --init trained-mean)."""
         from ..surgery import ops
+        from ..surgery.io.special_tokens import parse_specials
         from ..surgery.io.tokenizer_rename import parse_renames
         from . import render
 
+        specials = parse_specials(set_special or [])
         rep = ops.rename_tokens(
             ckpt,
-            parse_renames(renames),
+            parse_renames(renames or []) if renames or not specials else {},
             out,
             special=special,
             init=init,
+            set_special=specials,
             layout=layout,
             loader=loader,
             embedding=embedding,

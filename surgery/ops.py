@@ -32,7 +32,7 @@ from . import report as report_mod
 from .inspect.convention import LEGACY_LOAD
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
-from .io import flex, flex_cover, mistaken, store, surface
+from .io import flex, flex_cover, mistaken, special_tokens, store, surface
 from .io.checkpoint import Checkpoint, has_whole
 from .model.enums import Container, Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
@@ -816,6 +816,7 @@ def rename_tokens(
     *,
     special: bool = False,
     init: str = "keep",
+    set_special: Mapping[str, str] | None = None,
     layout: Layout | str | None = None,
     loader: Loader | str | None = None,
     embedding: str | None = None,
@@ -834,15 +835,17 @@ def rename_tokens(
         renames: token id → its new string; each id must be a reserved slot (``<|reserved_special_token_N|>``,
             ``[unusedN]``, ...).
         special: the new tokens are special (never split; ``CONTROL`` pieces).
+        set_special: ``{"pad": "<|pad|>"}``: make that token (after the renames) the pad / bos / eos token
+            in every file that names it (:mod:`surgery.io.special_tokens`); ``renames`` may then be empty.
         out: the output folder; None rewrites ``path`` in place (as :func:`tie`).
 
     Returns the report (its ``rename_tokens`` fields). Raises UsageError for bad ``renames``; RefusedError
     for a slot that is not reserved or a format a loader cannot read renamed; and as :func:`tie`.
     """
-    if not isinstance(renames, Mapping) or not renames:
+    if not isinstance(renames, Mapping) or not (renames or set_special):
         raise UsageError("renames must be a non-empty {id: string} mapping", fix='e.g. {128002: "<think>"}')
     pairs: dict[int, str] = {}
-    for i, s in renames.items():
+    for i, s in (renames or {}).items():
         n = _count(i, "renames")
         if n is None:
             raise UsageError("a token id is None", fix='e.g. {128002: "<think>"}')
@@ -857,11 +860,40 @@ def rename_tokens(
         from .io.tokenizer import vocabulary
 
         det = _detection(c, layout, loader, embedding, head)
-        old = {i: vocabulary(c.path).get(i, "") for i in pairs}
+        vocab = vocabulary(c.path)
+        old = {i: vocab.get(i, "") for i in pairs}
         edit = tokenizer_rename.rename_tokens_edit(c.path, pairs, special=special)
-        return plan_rename_tokens(det, edit, old, init)
+        specials = _specials(c.path, {**vocab, **pairs}, dict(set_special or {}))
+        if specials:
+            files = special_tokens.special_files(c.path, specials, edit.files)
+            edit = replace(edit, files={**edit.files, **files})
+        sets = special_tokens.special_config_sets(c.path, specials, det.config.text_key)
+        return plan_rename_tokens(det, edit, old, init, sets, specials)
 
     return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+
+
+def _specials(folder: Path, vocab: dict[int, str], asked: dict[str, str]) -> dict[str, tuple[str, int]]:
+    """``{name: (token, id)}`` of ``--set-special``: each token's id in the tokenizer after the renames.
+
+    Raises:
+        UsageError: a name outside pad/bos/eos, a token that is not one token of the tokenizer.
+    """
+    from .io.special_tokens import SPECIAL_NAMES
+
+    ids = {s: i for i, s in sorted(vocab.items(), reverse=True)}  # the lowest id of a string wins
+    out = {}
+    for name, token in asked.items():
+        if name not in SPECIAL_NAMES:
+            raise UsageError(f"{Opt('set_special', name)} is not one of {', '.join(SPECIAL_NAMES)}")
+        if token not in ids:
+            raise UsageError(
+                f"{Opt('set_special', f'{name}={token}')}: {token!r} is not a token of the tokenizer",
+                folder,
+                "rename a reserved slot to it in the same run, or add it with add-tokens first",
+            )
+        out[name] = (token, ids[token])
+    return out
 
 
 def _tokenizer_edit() -> Any:

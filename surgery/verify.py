@@ -37,6 +37,7 @@ from .io import store
 from .io.checkpoint import REPORT_NAME, Checkpoint
 from .io.configfile import read_config_file
 from .io.regular import load_json
+from .io.special_tokens import SPECIAL_NAMES
 from .io.tokenizer import vocabulary
 from .io.tokenizer_rename import is_reserved
 from .io.vocabkeys import vocab_keys, walk
@@ -371,6 +372,7 @@ def _compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detect
     moved as the embedding moved)."""
     d = db.vocab_rows - da.vocab_rows
     counts = {db.vocab_rows, db.head.rows}
+    set_ids = {f"{n}_token_id": i for n, (_, i) in special_claims(B).items()}
     for fname in _CONFIG_FILES:
         pa, pb = A.path / fname, B.path / fname
         if not pa.exists() and not pb.exists():
@@ -384,6 +386,8 @@ def _compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detect
             res.config.append({"file": fname, "key": k, "before": ca.get(k), "after": cb.get(k)})
             name = k.split(".")[-1]
             change = f"({_shown(before)} → {_shown(after)})"
+            if name in set_ids and after == set_ids[name]:
+                continue  # a special token the output's own run set (rename-tokens set_special)
             if name not in ALLOWED_CONFIG_KEYS:
                 res.unexplained.append(f"{fname}: {k} changed {change}")
             elif name != "tie_word_embeddings" and before is _ABSENT:
@@ -499,6 +503,33 @@ def _detect_pair(A: Checkpoint, B: Checkpoint) -> tuple[Detection, Detection]:
         return detect(A, compare_values=False, **names), detect(B, compare_values=False, **names)
     except (CheckpointError, UsageError, RefusedError):
         return da, db
+
+
+def special_claims(B: Checkpoint) -> dict[str, tuple[str, int]]:
+    """``{name: (token, id)}`` of the special tokens the output's own ``rename-tokens`` run set (its report's
+    ``rename_tokens.special_set``) that the output's tokenizer bears out (the token at that id); their
+    ``<name>_token_id`` config keys and ``<name>_token`` tokenizer keys may differ from the input's."""
+    try:
+        rep = load_json(B.path / REPORT_NAME, REPORT_NAME) if (B.path / REPORT_NAME).is_file() else None
+    except (CheckpointError, OSError):
+        return {}
+    sec = (
+        rep.get("rename_tokens")
+        if isinstance(rep, dict) and rep.get("operation") == "rename-tokens"
+        else None
+    )
+    entries = sec.get("special_set") if isinstance(sec, dict) else None
+    if not isinstance(entries, list) or not entries:
+        return {}
+    vb = vocabulary(B.path)
+    return {
+        e["name"]: (e["token"], e["id"])
+        for e in entries
+        if isinstance(e, dict)
+        and e.get("name") in SPECIAL_NAMES
+        and isinstance(e.get("id"), int)
+        and vb.get(e["id"]) == e.get("token")
+    }
 
 
 def renamed_slots(tok: _Tokenizers, B: Checkpoint) -> _Tokenizers:
@@ -763,7 +794,9 @@ def _json_rest(path: Path, drop: tuple[str, ...]) -> object:
     return data
 
 
-def _file_changes(A: Checkpoint, B: Checkpoint, names: set[str], explained: bool, trim: bool) -> list[str]:
+def _file_changes(
+    A: Checkpoint, B: Checkpoint, names: set[str], explained: bool, trim: bool, more: tuple[str, ...] = ()
+) -> list[str]:
     """Tokenizer files only in one folder, and files that differ: without a reported token change any
     difference; with one, a difference outside the keys that list tokens (:data:`_TOKEN_KEYS`)."""
     out: list[str] = []
@@ -780,7 +813,7 @@ def _file_changes(A: Checkpoint, B: Checkpoint, names: set[str], explained: bool
         if not explained:
             out.append(f"{rel} differs and tietool-report.json lists no token added or removed")
         elif rel in _TOKEN_KEYS:
-            drop = _TOKEN_KEYS[rel] + (_TRIM_KEYS.get(rel, ()) if trim else ())
+            drop = _TOKEN_KEYS[rel] + (_TRIM_KEYS.get(rel, ()) if trim else ()) + more
             if _json_rest(pa, drop) != _json_rest(pb, drop):
                 out.append(f"{rel} differs beyond the tokens it lists ({', '.join(drop)})")
     return out
@@ -813,12 +846,14 @@ def _compare_tokenizers(
     res.unexplained += changes + list(tok.reset_doubted.values())
     _rows_for_tokens(res, (sa.length, sb.length), rows)
     names = _tokenizer_names(A, B, tok.sets)
-    explained = bool(added or removed or tok.renamed) and not changes
+    specials = special_claims(B)
+    explained = bool(added or removed or tok.renamed or specials) and not changes
     if tok.renamed:
         res.tokenizer["renamed"] = [
             {"id": i, "old": o, "new": n} for i, (o, n) in sorted(tok.renamed.items())
         ]
-    res.unexplained += _file_changes(A, B, names, explained, bool(removed or tok.renamed))
+    more = tuple(f"{n}_token" for n in specials) + (("padding",) if "pad" in specials else ())
+    res.unexplained += _file_changes(A, B, names, explained, bool(removed or tok.renamed), more)
 
 
 def _rows_for_tokens(

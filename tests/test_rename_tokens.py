@@ -330,3 +330,70 @@ def test_verify_explains_renames(reserved, tmp_path):
     copy_row(st, NAMES[0], 10, 304)
     run = run_cli(["verify", str(reserved), str(tampered)])
     assert run.rc == 7 and "unverifiable" in run.stdout, run.stdout
+
+
+@pytest.fixture
+def synced(reserved, tmp_path) -> dict[str, Path]:
+    """Two ``--set-special`` outputs: the sample with reserved slots (plus a generation_config.json naming
+    bos/eos/pad 300/302/300, as transformers writes one) with 304 renamed ``<|pad|>`` and 305 ``<|end|>``,
+    made the pad and eos tokens; e01 (ERNIE 3.0, PaddleNLP) with ``[unused1]`` renamed ``<pad_x>``, made
+    the pad token."""
+    (reserved / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": 300, "eos_token_id": 302, "pad_token_id": 300}, indent=2) + "\n"
+    )
+    hf = tmp_path / "hf"
+    argv = ["rename-tokens", str(reserved), "304=<|pad|>", "305=<|end|>", "--special"]
+    run = run_cli([*argv, "--set-special", "pad=<|pad|>", "--set-special", "eos=<|end|>", "--out", str(hf)])
+    assert run.rc == 0, run.stderr
+    e01 = shutil.copytree(E01, tmp_path / "e01")
+    unused1 = {s: i for i, s in vocabulary(e01).items()}["[unused1]"]
+    pn = tmp_path / "pnlp"
+    argv = ["rename-tokens", str(e01), f"{unused1}=<pad_x>", "--special", "--set-special", "pad=<pad_x>"]
+    run = run_cli([*argv, "--out", str(pn)])
+    assert run.rc == 0, run.stderr
+    return {"hf_in": reserved, "hf": hf, "e01_in": e01, "e01": pn}
+
+
+def test_set_special_in_every_file(synced, tmp_path):
+    """The ids in config.json and generation_config.json, the strings in tokenizer_config.json and
+    special_tokens_map.json; transformers 5.3 and PaddleFormers 1.2 ``AutoTokenizer`` of the outputs they
+    read give ``pad_token``/``pad_token_id`` (and ``eos``) as set, the other special tokens as before
+    (neither reads e01's ErnieTokenizer folder: :func:`test_set_special_paddlenlp`); verify explains
+    both."""
+    hf = synced["hf"]
+    cfg, gen = (json.loads((hf / n).read_text()) for n in ("config.json", "generation_config.json"))
+    assert (cfg["pad_token_id"], cfg["eos_token_id"], cfg["bos_token_id"]) == (304, 305, 300)
+    assert (gen["pad_token_id"], gen["eos_token_id"], gen["bos_token_id"]) == (304, 305, 300)
+    jobs = [{"folder": str(synced[k]), "strings": [], "corpus": []} for k in ("hf_in", "hf", "e01_in", "e01")]
+    before, got, e_before, _ = ts.tokenizer_loads(jobs, tmp_path / "loads")
+    for lib in ("hf", "pf"):
+        assert got[lib]["specials"]["pad"] == ["<|pad|>", 304], (lib, got[lib])
+        assert got[lib]["specials"]["eos"] == ["<|end|>", 305], (lib, got[lib])
+        assert got[lib]["specials"]["bos"] == before[lib]["specials"]["bos"]
+    # neither reads e01's ErnieTokenizer folder (both fail on the input): PaddleNLP 2.8.1 is its loader
+    assert not e_before["hf"].get("ok") and not e_before["pf"].get("ok")
+    for k in ("hf", "e01"):
+        run = run_cli(["verify", str(synced[f"{k}_in"]), str(synced[k])])
+        assert run.rc == 0, run.stdout
+
+
+@pytest.mark.pnlp
+def test_set_special_paddlenlp(synced, tmp_path):
+    """PaddleNLP 2.8.1 ``AutoTokenizer`` of the e01 output: ``pad_token`` ``<pad_x>`` at the slot's id, and
+    the text ``<pad_x>`` encodes as that id."""
+    pnlp_support.require()
+    unused1 = {s: i for i, s in vocabulary(synced["e01_in"]).items()}["[unused1]"]
+    (r,) = pnlp_support.run_jobs(
+        [{"op": "encode", "dir": str(synced["e01"]), "texts": ["<pad_x>"]}], tmp_path
+    )
+    assert r["ok"], r
+    assert r["specials"]["pad"] == ["<pad_x>", unused1] and r["ids"] == [[unused1]]
+
+
+def test_set_special_refusals(reserved, tmp_path):
+    """A token the tokenizer lacks, a name outside pad/bos/eos: exit 2, nothing written."""
+    out = tmp_path / "o"
+    run = run_cli(["rename-tokens", str(reserved), "--set-special", "pad=<|nope|>", "--out", str(out)])
+    assert run.rc == 2 and "<|nope|>" in run.stderr and not out.exists()
+    run = run_cli(["rename-tokens", str(reserved), "--set-special", "unk=<unk>", "--out", str(out)])
+    assert run.rc == 2 and "pad, bos, eos" in run.stderr and not out.exists()

@@ -162,6 +162,9 @@ def rename_tokens_edit(folder: Path, renames: dict[int, str], special: bool = Fa
             merges use the old string, a plain token in a vocab.txt slot (word-piece splitting would never
             produce it: ``--special``), a folder whose files disagree.
     """
+    if not renames:
+        n = tokenizer_set(folder).length or 0
+        return TokenEdit(n, n)
     old = _check(folder, renames)
     files: dict[str, bytes] = {}
     for name in ("tokenizer.json", "vocab.json"):

@@ -23,10 +23,18 @@ RENAME_INITS = ("keep", "trained-mean")
 """The rows of renamed slots: ``keep`` (as they are), ``trained-mean`` (the mean of the trained rows)."""
 
 
-def plan_rename_tokens(det: Detection, edit: TokenEdit, old: dict[int, str], init: str = "keep") -> Plan:
+def plan_rename_tokens(
+    det: Detection,
+    edit: TokenEdit,
+    old: dict[int, str],
+    init: str = "keep",
+    config_sets: list[tuple[str, str, object]] | None = None,
+    specials: dict[str, tuple[str, int]] | None = None,
+) -> Plan:
     """Plan the tokenizer files of ``edit`` (each slot's id keeps its row) and, for ``trained-mean``, the
     rows of the renamed ids set to the mean of the rows unsloth's rule counts as trained (the renamed ids
-    and every untrained row left out of the mean); ``old``: each id's string before.
+    and every untrained row left out of the mean); ``old``: each id's string before. ``config_sets`` and
+    ``specials`` (``name → (token, id)``): the special tokens set (:mod:`surgery.io.special_tokens`).
 
     Raises:
         UsageError: an unknown ``init``.
@@ -47,6 +55,7 @@ def plan_rename_tokens(det: Detection, edit: TokenEdit, old: dict[int, str], ini
         )
     plan = base_plan("rename-tokens", det)
     plan.tokenizer = edit
+    plan.config_set += config_sets or []
     norms: dict[str, float] = {}
     if init == "trained-mean":
         emb, head, pool = tables(det)
@@ -54,7 +63,14 @@ def plan_rename_tokens(det: Detection, edit: TokenEdit, old: dict[int, str], ini
         leave_out = tuple(sorted(set(found) | set(ids)))
         _set_mean_rows(det, plan, emb, head, tuple(ids), leave_out, pool, norms)
     plan.extra_report = _report(edit, old, init, norms)
+    plan.extra_report["special_set"] = [
+        {"name": n, "token": t, "id": i} for n, (t, i) in sorted((specials or {}).items())
+    ]
     _notes(plan, det, ids, init)
+    for n, (t, i) in sorted((specials or {}).items()):
+        plan.notes.append(
+            f"{n} token: {t!r} (id {i}) in the tokenizer files, config.json and generation config"
+        )
     return plan
 
 
