@@ -24,6 +24,8 @@ must agree too. The verdict (:attr:`VerifyResult.exit_code`) is decided here, no
 from __future__ import annotations
 
 from ..io.checkpoint import Checkpoint
+from ..model.errors import TietoolError
+from . import rebuilt
 from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
 from .logits import NotCompared, logits_check
 from .result import VerifyResult
@@ -69,6 +71,9 @@ def verify(a_path, b_path, logits: bool = False, timeout: float = 600) -> Verify
 
 def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     """:func:`verify` without logits."""
+    rep = rebuilt.one_step(a_path, b_path)
+    if rep is not None:  # one convert or merge run: the output rebuilt from the input and compared
+        return _verify_rebuilt(a_path, b_path, rep)
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
     tok = Tokenizers.read(cmp.da, cmp.db)
@@ -88,3 +93,16 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     compare_tokenizers(cmp.res, A, B, tok, (cmp.da.vocab_rows, cmp.db.vocab_rows))
     left_at_old_size(cmp.res, cmp.da, cmp.db)
     return cmp.res
+
+
+def _verify_rebuilt(a_path, b_path, rep: dict) -> VerifyResult:
+    """:func:`verify` of one ``convert`` or ``merge`` run (:mod:`surgery.verify.rebuilt`)."""
+    res = VerifyResult()
+    B = Checkpoint.open(b_path)
+    try:
+        rb = rebuilt.rebuild(a_path, rep)
+    except (TietoolError, ValueError) as e:
+        rebuilt.refused(res, rep, a_path, e)
+        return res
+    rebuilt.compare(res, rb, B, rep)
+    return res

@@ -21,6 +21,8 @@ class VerifyResult:
     logits: dict | None = None
     tokenizer: dict | None = None
     notes: list[str] = field(default_factory=list)
+    # convert / merge: each output tensor checked against its source after the inverse transform
+    derived: list[dict] = field(default_factory=list)
 
     @property
     def explained(self) -> bool:
@@ -56,6 +58,7 @@ class VerifyResult:
             "config_differences": self.config,
             "unexplained": self.unexplained,
             "notes": self.notes,
+            "derived": self.derived,
             "tokenizer": self.tokenizer,
             "logits": self.logits,
             "logits_compared": self.logits_compared if self.logits is not None else None,
