@@ -208,6 +208,13 @@ def with_history(rep: dict[str, Any], folder: Any) -> dict[str, Any]:
     return rep
 
 
+def chain_since(folder: Any, base: Any = None) -> list[dict[str, Any]]:
+    """The runs of ``folder``'s report chain (:func:`history`, oldest first) that the input ``base`` does
+    not already hold (its own chain, when ``folder``'s starts with it): what made ``folder`` from ``base``."""
+    chain = history(folder)
+    return chain[_held_by(chain, history(base) if base is not None else []) :]
+
+
 @dataclass(frozen=True)
 class Removal:
     """One token a report says a run removed (resize's ``tokens_removed``).

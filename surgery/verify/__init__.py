@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from ..io.checkpoint import Checkpoint
 from ..model.errors import TietoolError
+from ..report import chain_since
 from . import rebuilt
 from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
 from .logits import NotCompared, logits_check
@@ -87,8 +88,9 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     for name, tb in B.tensors.items():
         if name not in A.tensors:
             cmp.added(name, tb)
-    compare_configs(cmp.res, A, B, cmp.da, cmp.db)
-    compare_metadata(cmp.res, A, B)
+    chain = chain_since(B.path, A.path)  # the runs that made B from A, as its report records them
+    compare_configs(cmp.res, A, B, cmp.da, cmp.db, chain)
+    compare_metadata(cmp.res, A, B, chain)
     compare_other_files(cmp.res, A, B, tokenizer_names(A, B, tok.sets))
     compare_tokenizers(cmp.res, A, B, tok, (cmp.da.vocab_rows, cmp.db.vocab_rows))
     left_at_old_size(cmp.res, cmp.da, cmp.db)

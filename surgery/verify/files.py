@@ -27,11 +27,21 @@ def _flatten(d) -> dict:
 _CONFIG_FILES = ("config.json", "model_config.json", "generation_config.json")
 
 
-def compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detection, db: Detection) -> None:
+def compare_configs(
+    res: VerifyResult,
+    A: Checkpoint,
+    B: Checkpoint,
+    da: Detection,
+    db: Detection,
+    chain: list[dict] | None = None,
+) -> None:
     """Record every differing key of the config files in ``res.config``. Unexplained: a key outside
     ``ALLOWED_CONFIG_KEYS``; a vocabulary-size key the input did not have; a vocabulary-size key whose new
     value counts no vocabulary of the output (neither its embedding's nor its head's rows, nor the old value
-    moved as the embedding moved)."""
+    moved as the embedding moved). A key of config.json that a ``convert`` or ``merge`` run of the output's
+    report ``chain`` (the runs since the input) changed from the input's value to the output's is
+    explained (:func:`_converted`)."""
+    chain = chain or []
     d = db.vocab_rows - da.vocab_rows
     counts = {db.vocab_rows, db.head.rows}
     for fname in _CONFIG_FILES:
@@ -47,6 +57,8 @@ def compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detecti
             res.config.append({"file": fname, "key": k, "before": ca.get(k), "after": cb.get(k)})
             name = k.split(".")[-1]
             change = f"({_shown(before)} → {_shown(after)})"
+            if fname == "config.json" and _converted(chain, k, ca, cb):
+                continue
             if name not in ALLOWED_CONFIG_KEYS:
                 res.unexplained.append(f"{fname}: {k} changed {change}")
             elif name != "tie_word_embeddings" and before is _ABSENT:
@@ -73,7 +85,9 @@ def _shown(v: object) -> str:
     return "absent" if v is _ABSENT else json.dumps(v)
 
 
-def compare_metadata(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
+def compare_metadata(
+    res: VerifyResult, A: Checkpoint, B: Checkpoint, chain: list[dict] | None = None
+) -> None:
     """safetensors ``__metadata__``: every entry of the output must be one of the input's (any shard), or a
     ``{dropped tensor: the embedding}`` entry that tie writes for a tensor the output no longer holds."""
     before: dict[str, str] = {}
@@ -82,6 +96,8 @@ def compare_metadata(res: VerifyResult, A: Checkpoint, B: Checkpoint) -> None:
     for f, m in B.st_metadata.items():
         for k, v in (m or {}).items():
             tie_entry = k in A.tensors and k not in B.tensors and v in B.tensors
+            if k == "format" and v in _formats(chain or []):
+                continue  # a convert / merge of the chain writes the format its target needs
             if before.get(k) != v and not tie_entry:
                 res.unexplained.append(
                     f"{f}: __metadata__ {json.dumps(k)}: {json.dumps(v)} is not the input's "
@@ -117,3 +133,42 @@ def compare_other_files(res: VerifyResult, A: Checkpoint, B: Checkpoint, skip: s
             res.unexplained.append(f"{rel} is only in {'the input' if pa.exists() else 'the output'}")
         elif not same_bytes(pa, pb):
             res.unexplained.append(f"{rel} differs")
+
+
+# the safetensors __metadata__ format each convert target writes (surgery.plan.convert.st_metadata)
+_TARGET_FORMATS = {"paddleformers": ("pt",), "paddlenlp": ("np",)}
+_REWRITES = ("convert", "merge")
+
+
+def _formats(chain: list[dict]) -> tuple[str, ...]:
+    """The ``__metadata__`` formats the last ``convert`` / ``merge`` run of ``chain`` may have written
+    (a container change keeps or proves the layout: ``pt`` or ``np``); none without such a run."""
+    runs = [e for e in chain if e.get("operation") in _REWRITES]
+    if not runs:
+        return ()
+    return _TARGET_FORMATS.get(str(runs[-1].get("to")), ("pt", "np"))
+
+
+def _converted(chain: list[dict], key: str, ca: dict, cb: dict) -> bool:
+    """The flattened config.json key ``key`` (``architectures.0``) differs between input and output as the
+    ``config_changes`` of the ``convert`` / ``merge`` runs of ``chain`` say: its top-level key's first
+    recorded ``before`` is the input's value, its last ``after`` the output's (``null``: dropped)."""
+    top = key.split(".")[0]
+    changes = [
+        c
+        for e in chain
+        if e.get("operation") in _REWRITES and isinstance(e.get("config_changes"), list)
+        for c in e["config_changes"]
+        if isinstance(c, dict) and c.get("key") == top and c.get("file", "config.json") == "config.json"
+    ]
+    if not changes:
+        return False
+    first, last = changes[0].get("before"), changes[-1].get("after")
+    now = {k: v for k, v in cb.items() if k == top or k.startswith(top + ".")}
+    was = {k: v for k, v in ca.items() if k == top or k.startswith(top + ".")}
+    return now == _flat(top, last) and (was == _flat(top, first) or (first is None and not was))
+
+
+def _flat(top: str, value: object) -> dict:
+    """``{dotted key: leaf}`` of ``{top: value}``, as :func:`_flatten` flattens a config (None: absent)."""
+    return {} if value is None else _flatten({top: value})

@@ -11,6 +11,7 @@ from ..io.regular import load_json
 from ..io.vocabkeys import vocab_keys
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import TensorInfo
+from ..report import chain_since
 from .result import VerifyResult
 
 
@@ -75,6 +76,8 @@ class TensorComparison:
         self.head_names = {da.head.name, self.db.head.name, *da.head.aliases}
         # ids of tokens new in the output that its report lists as added: their rows may hold new values
         self.added_ids = added_ids
+        # the operations of the output's report chain since the input (a tie run discards a head's values)
+        self.ops = {e.get("operation") for e in chain_since(B.path, A.path)}
 
     def dropped(self, name: str, ta: TensorInfo) -> None:
         """``name`` is in ``A`` only: explained when it is a vocabulary tensor equal to the output's embedding
@@ -95,9 +98,31 @@ class TensorComparison:
                 )
             )
         )
-        self.res.dropped.append({"name": name, "shape": list(ta.shape), "equals_embedding": ok})
-        if not ok:
+        discarded = not ok and self._discarded_head(name)
+        self.res.dropped.append(
+            {"name": name, "shape": list(ta.shape), "equals_embedding": ok, "discarded_by_tie": discarded}
+        )
+        if discarded:
+            self.res.notes.append(
+                f"{name} was dropped with its own values: the report's tie run kept the embedding's "
+                f"({Opt('keep', 'embedding')} discards the head's)"
+            )
+        elif not ok:
             self.res.unexplained.append(f"{name} was dropped but does not equal the embedding {emb_b}")
+
+    def _discarded_head(self, name: str) -> bool:
+        """``name`` is the input's head (or an alias of it), dropped by a ``tie`` run of the output's report
+        chain into a tied output that still holds the embedding: ``tie --keep embedding`` discards the
+        head's values (tie without ``--keep`` refuses differing values; ``--keep head`` makes the embedding
+        equal to the head, explained as such). The embedding itself is compared as any other tensor."""
+        da, db = self.da, self.db
+        return (
+            "tie" in self.ops
+            and name in {da.head.name, *da.head.aliases}
+            and name != da.embedding.name
+            and db.tie.tied
+            and self.emb_b in self.B.tensors
+        )
 
     def added(self, name: str, tb: TensorInfo) -> None:
         """``name`` is in ``B`` only: explained when it is the head, equal to the embedding."""
