@@ -35,7 +35,7 @@ from ..io.regular import load_json
 from ..io.safetensors_io import Source
 from ..io.vocabkeys import walk
 from ..model.enums import Target
-from ..model.errors import CheckpointError
+from ..model.errors import CheckpointError, Opt
 from ..model.tensor import DTYPES, NP_TO_ST
 from ..plan import convert as convert_plan
 from ..plan import merge as merge_plan
@@ -106,7 +106,7 @@ def rebuild(a_path: Any, rep: dict[str, Any]) -> Rebuilt:
         ck = Checkpoint.open(src)
         cp = convert_plan.check_dtypes(convert_plan.plan_convert(ck, to))
         table = convert_report(cp, to, "", None)
-        return Rebuilt(convert_plan.new_checkpoint(cp, BIG), ck, f"convert --to {to.value}", table)
+        return Rebuilt(convert_plan.new_checkpoint(cp, BIG), ck, f"convert {Opt('to', to.value)}", table)
     if flex.find(src) is not None:
         return _rebuild_flex(src, rep)
     mp = plan_rank_merge(src)
