@@ -34,6 +34,7 @@ from support.resize_support import run_cli
 
 E04 = BUG_CASES_DIR / "e04_llama3_base_untrained_chat_tokens" / "ckpt"
 EMB, HEAD = "model.embed_tokens.weight", "lm_head.weight"
+PEMB = "llama.embed_tokens.weight"  # PaddleNLP 2.8.1 Llama
 SPECIAL = ("bos", "eos", "unk", "sep", "pad", "cls", "mask")
 
 
@@ -252,3 +253,58 @@ def test_verify_explains_a_real_fix_and_doubts_forged_ones(tmp_path):
     copy_row(tampered / "model.safetensors", EMB, 10, 266)
     run = run_cli(["verify", str(ck), str(tampered)])
     assert run.rc == 7 and "unverifiable" in run.stdout, run.stdout
+
+
+def test_paddlenlp_hidden_vocab_head(tmp_path):
+    """A PaddleNLP 2.8.1 Llama (``model_state.pdparams``, head ``[hidden, vocab]``) grown by ``resize
+    --init zeros`` to 112 rows (rows and head columns 100..111 zero): fix-untrained sets the embedding rows
+    and the head columns 100..111 as the oracle says (the head read as its transpose); every other entry and
+    tensor bit-identical."""
+    src = CASES_DIR / "pnlp_llama_untied"
+    grown = tmp_path / "grown"
+    run = run_cli(["resize", str(src), "--vocab", "112", "--init", "zeros", "--out", str(grown), "-q"])
+    assert run.rc == 0, run.stderr
+    out = tmp_path / "out"
+    rep = _run(grown, out)
+    a, b = casecheck.read_checkpoint(grown), casecheck.read_checkpoint(out)
+    E, Ht = a.decode(a.tensors[PEMB]).astype(np.float32), a.decode(a.tensors[HEAD]).astype(np.float32)
+    ids, mean_e, mean_h = unsloth_fix(E, np.ascontiguousarray(Ht.T), _special(grown))
+    assert ids == list(range(100, 112)) and rep["fix_untrained"]["ids"] == ids
+    got_e, got_h = b.decode(b.tensors[PEMB]).astype(np.float32), b.decode(b.tensors[HEAD]).astype(np.float32)
+    # unsloth sums in float32: the same mean within its rounding (the values are ~1e-3, sums cancel)
+    np.testing.assert_allclose(got_e[ids], np.broadcast_to(mean_e, got_e[ids].shape), rtol=1e-4, atol=1e-8)
+    np.testing.assert_allclose(got_h[:, ids].T, np.broadcast_to(mean_h, got_h[:, ids].T.shape), atol=1e-8)
+    for got, X in ((got_e[ids], E), (got_h[:, ids].T, Ht.T)):  # the float64 mean, bit for bit
+        assert np.array_equal(
+            got, np.broadcast_to(X[:100].astype(np.float64).mean(axis=0).astype(np.float32), got.shape)
+        )
+    assert np.array_equal(got_e[:100], E[:100]) and np.array_equal(got_h[:, :100], Ht[:, :100])
+    for name in set(a.tensors) - {PEMB, HEAD}:
+        assert a.tensors[name].raw == b.tensors[name].raw, name
+
+
+@pytest.mark.pnlp
+def test_paddlenlp_loads_the_output(tmp_path):
+    """PaddleNLP 2.8.1 loads the fix-untrained output of the grown pnlp_llama_untied: its logits at every
+    id not fixed equal the input's bit for bit, its head (the ``[hidden, vocab]`` parameter it multiplies
+    with) holds the set columns."""
+    from support import pnlp_support
+
+    pnlp_support.require()
+    grown = tmp_path / "grown"
+    run = run_cli(
+        ["resize", str(CASES_DIR / "pnlp_llama_untied"), "--vocab", "112", "--init", "zeros"]
+        + ["--out", str(grown), "-q"]
+    )
+    assert run.rc == 0, run.stderr
+    _run(grown, tmp_path / "out")
+    jobs = [
+        {"op": "load", "family": "llama", "dir": str(d), "npz": str(tmp_path / f"{d.name}.npz")}
+        for d in (grown, tmp_path / "out")
+    ]
+    results = pnlp_support.run_jobs(jobs, tmp_path / "pnlp")
+    assert all(r["ok"] for r in results), results
+    a, b = (np.load(j["npz"]) for j in jobs)
+    keep = np.arange(100)
+    assert logits_mismatch(b["logits"][..., keep], a["logits"][..., keep]) is None
+    assert not np.any(a["head"][:, 100:]) and np.all(b["head"][:, 100:] != 0)
