@@ -397,3 +397,20 @@ def test_set_special_refusals(reserved, tmp_path):
     assert run.rc == 2 and "<|nope|>" in run.stderr and not out.exists()
     run = run_cli(["rename-tokens", str(reserved), "--set-special", "unk=<unk>", "--out", str(out)])
     assert run.rc == 2 and "pad, bos, eos" in run.stderr and not out.exists()
+
+
+def test_set_special_refuses_a_template_bos_and_an_eos_list(tmp_path):
+    """A bos that tokenizer.json's TemplateProcessing inserts by its string (sp_bpe_with_json: ``<s>``) is
+    refused, naming the post-processor; an ``eos_token_id`` list in config.json is refused, naming it."""
+    from tietool.surgery.io.special_tokens import special_config_sets, special_files
+
+    folder, ids = _with_slots(TOK / "sp_bpe_with_json", tmp_path / "sp")
+    with pytest.raises(RefusedError, match="post_processor"):
+        special_files(folder, {"bos": (SLOTS[0], ids[0])}, {})
+    assert special_files(folder, {"pad": (SLOTS[0], ids[0])}, {})  # pad: no template involved
+    (folder / "config.json").write_text(json.dumps({"eos_token_id": [1, 2], "pad_token_id": 0}))
+    with pytest.raises(RefusedError, match="list"):
+        special_config_sets(folder, {"eos": (SLOTS[0], ids[0])}, None)
+    assert special_config_sets(folder, {"pad": (SLOTS[0], ids[0])}, None) == [
+        ("config.json", "pad_token_id", ids[0])
+    ]
