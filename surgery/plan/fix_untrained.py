@@ -162,6 +162,13 @@ def _refuse(det: Detection) -> None:
             det.ckpt.path,
             "fix the rows with a tool that loads the whole model; tietool sets the embedding and head only",
         )
+    if det.head.present and det.head.vocab is not None:
+        raise RefusedError(
+            f"fix-untrained refused: the head {det.head.name} is over another vocabulary "
+            f"(config.json {det.head.vocab}): unsloth's rule reads the embedding's rows beside the head's",
+            det.ckpt.path,
+            f"name the LM head of the embedding's vocabulary ({Opt('head')}), if the model has one",
+        )
     if not det.embedding.present:
         raise RefusedError(
             f"fix-untrained refused: the input embedding {det.embedding.name} is missing",
