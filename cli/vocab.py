@@ -71,8 +71,9 @@ RenameInitOpt = Annotated[
     str,
     typer.Option(
         "--init",
-        help="the slots' rows: keep (as they are) or trained-mean (the mean of the trained rows)",
-        metavar="[keep|trained-mean]",
+        help="the slots' rows: keep (as they are), trained-mean (the mean of the trained rows) or subtokens "
+        "(the mean of the rows the new string split into before)",
+        metavar="[keep|trained-mean|subtokens]",
     ),
 ]
 

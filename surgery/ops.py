@@ -830,7 +830,8 @@ def rename_tokens(
 ) -> Report:
     """Give reserved or unused slots new strings (``{id: string}``) in every tokenizer file
     (:func:`surgery.io.tokenizer_rename.rename_tokens_edit`), the model never grown: each id keeps its row
-    (``init`` ``keep``) or gets the mean of the trained rows (``trained-mean``,
+    (``init`` ``keep``), the mean of the trained rows (``trained-mean``) or of the rows its string split
+    into before (``subtokens``,
     :func:`surgery.plan.rename_tokens.plan_rename_tokens`).
 
     Args:
@@ -870,9 +871,18 @@ def rename_tokens(
             files = special_tokens.special_files(c.path, specials, edit.files)
             edit = replace(edit, files={**edit.files, **files})
         sets = special_tokens.special_config_sets(c.path, specials, det.config.text_key)
-        return plan_rename_tokens(det, edit, old, init, sets, specials)
+        subs = _splits(c.path, pairs, special) if init == "subtokens" else None
+        return plan_rename_tokens(det, edit, old, init, sets, specials, subs)
 
     return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+
+
+def _splits(folder: Path, pairs: dict[int, str], special: bool) -> dict[int, tuple[int, ...]]:
+    """``{id: the ids its new string splits into}`` by the tokenizer before the rename (add-tokens' split,
+    :func:`surgery.io.tokenizer_edit.add_tokens_edit`, whose files are not used)."""
+    edit = _tokenizer_edit().add_tokens_edit(folder, list(pairs.values()), special=special)
+    by_string = {t.content: tuple(t.subtoken_ids) for t in edit.tokens}
+    return {i: by_string.get(s, ()) for i, s in pairs.items()}
 
 
 def _specials(folder: Path, vocab: dict[int, str], asked: dict[str, str]) -> dict[str, tuple[str, int]]:

@@ -414,3 +414,35 @@ def test_set_special_refuses_a_template_bos_and_an_eos_list(tmp_path):
     assert special_config_sets(folder, {"pad": (SLOTS[0], ids[0])}, None) == [
         ("config.json", "pad_token_id", ids[0])
     ]
+
+
+def test_cli_subtoken_rows(reserved, tmp_path):
+    """``--init subtokens``: each renamed row is the float64 mean of the input's rows of the ids its new
+    string split into before (the split ``tokenizers`` gives the input, independently), as float32; every
+    other row bit-identical; verify explains it (exit 0), and a report whose source ids were forged is
+    unverifiable (exit 7)."""
+    import tokenizers
+
+    out = tmp_path / "out"
+    run = run_cli(
+        ["rename-tokens", str(reserved), "304=helloworld", "305=<x_y>", "--init", "subtokens"]
+        + ["--out", str(out), "-q"]
+    )
+    assert run.rc == 0, run.stderr
+    tok = tokenizers.Tokenizer.from_file(str(reserved / "tokenizer.json"))
+    split = {i: tok.encode(s, add_special_tokens=False).ids for i, s in ((304, "helloworld"), (305, "<x_y>"))}
+    rep = json.loads((out / "tietool-report.json").read_text())
+    assert {t["id"]: t["source_ids"] for t in rep["rename_tokens"]["tokens"]} == split
+    a, b = casecheck.read_checkpoint(reserved), casecheck.read_checkpoint(out)
+    for name in NAMES:
+        x, y = a.decode(a.tensors[name]).astype(np.float32), b.decode(b.tensors[name]).astype(np.float32)
+        for i, src in split.items():
+            assert np.array_equal(y[i], x[src].astype(np.float64).mean(axis=0).astype(np.float32)), (name, i)
+        keep = [i for i in range(x.shape[0]) if i not in split]
+        assert np.array_equal(a.tensors[name].byte_view()[keep], b.tensors[name].byte_view()[keep]), name
+    assert run_cli(["verify", str(reserved), str(out)]).rc == 0
+    forged = shutil.copytree(out, tmp_path / "forged")
+    rep["rename_tokens"]["tokens"][0]["source_ids"] = [1, 2]
+    (forged / "tietool-report.json").write_text(json.dumps(rep))
+    run = run_cli(["verify", str(reserved), str(forged)])
+    assert run.rc == 7 and "unverifiable" in run.stdout, run.stdout

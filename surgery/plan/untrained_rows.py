@@ -150,6 +150,15 @@ def mean_row(ckpt: Checkpoint, table: Table, pool: int, untrained: tuple[int, ..
     return _encode(ckpt, t, trained_mean(ckpt, table, pool, untrained)[None, :])
 
 
+def subtoken_row(ckpt: Checkpoint, table: Table, ids: list[int]) -> Array:
+    """The row ``[1, hidden]`` add-tokens' ``subtokens`` init writes for a string that splits into ``ids``:
+    the float64 mean of their decoded entries, as float32, in the stored dtype
+    (:func:`surgery.plan.recipes.token_rows`)."""
+    t = ckpt.tensors[table.name]
+    x = _decode(ckpt, t, stored_entries(ckpt, table, ids))
+    return _encode(ckpt, t, x.mean(axis=0, dtype=np.float64).astype(np.float32)[None, :])
+
+
 def stored_entries(ckpt: Checkpoint, table: Table, ids: list[int]) -> Array:
     """Entries ``ids`` of ``table`` as stored, ``[len(ids), hidden]`` (rows read one at a time; a
     ``[hidden, vocab]`` head through memory)."""

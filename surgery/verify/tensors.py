@@ -207,7 +207,7 @@ class TensorComparison:
             and chunked.common_part_equal(A, B, name, axis, self.fixed_ids)
         ):
             what = "columns" if axis == 1 else "rows"
-            entry["why"] = f"{what} {_id_span(self.fixed_ids)} set to the trained mean (as its report says)"
+            entry["why"] = f"{what} {_id_span(self.fixed_ids)} set as its report says (checked bit for bit)"
         elif (
             name in self.head_names
             and self.emb_b in B.tensors

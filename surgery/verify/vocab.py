@@ -25,7 +25,7 @@ from ..io.tokenizer import vocabulary
 from ..io.tokenizer_rename import is_reserved
 from ..model.errors import CheckpointError
 from ..plan.fix_untrained import tables, untrained_ids
-from ..plan.untrained_rows import mean_row, stored_entries
+from ..plan.untrained_rows import mean_row, stored_entries, subtoken_row
 from .result import VerifyResult
 
 
@@ -55,6 +55,50 @@ def _mean_claim(B: Checkpoint) -> tuple[str, list[int]] | None:
     if not (isinstance(ids, list) and ids and all(type(i) is int for i in ids)):
         return None
     return op, [int(i) for i in ids]
+
+
+def _split_claim(B: Checkpoint) -> dict[int, list[int]] | None:
+    """``{id: source ids}`` of a ``rename-tokens --init subtokens`` run (its report's tokens), or None."""
+    ren = _own_section(B, "rename-tokens")
+    if ren is None or ren.get("init") != "subtokens" or not isinstance(ren.get("tokens"), list):
+        return None
+    out = {}
+    for t in ren["tokens"]:
+        src = t.get("source_ids") if isinstance(t, dict) else None
+        if not (
+            type(t.get("id")) is int and isinstance(src, list) and src and all(type(j) is int for j in src)
+        ):
+            return None
+        out[t["id"]] = [int(j) for j in src]
+    return out or None
+
+
+def split_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
+    """The ids whose rows a ``rename-tokens --init subtokens`` run says it made from the rows of their
+    strings' split (:func:`_split_claim`), checked bit for bit against the input
+    (:func:`surgery.plan.untrained_rows.subtoken_row`) in the output's embedding and head; a contradicted
+    claim is unexplained (the report is unverifiable) and explains nothing."""
+    claim = _split_claim(B)
+    if claim is None:
+        return frozenset()
+    emb, head, pool = tables(da)
+    for t in [emb] + ([head] if head is not None else []):
+        if t.name not in B.tensors or B.tensors[t.name].shape != da.ckpt.tensors[t.name].shape:
+            return frozenset()
+        for i, src in claim.items():
+            bad = not (0 <= i < pool and all(0 <= j < pool for j in src))
+            if (
+                bad
+                or not (
+                    stored_entries(B, t, [i]).view(np.uint8) == subtoken_row(da.ckpt, t, src).view(np.uint8)
+                ).all()
+            ):
+                res.unexplained.append(
+                    f"tietool-report.json says rename-tokens made row {i} of {t.name} from the rows of ids "
+                    f"{src[:10]}, which the files contradict; the report is unverifiable"
+                )
+                return frozenset()
+    return frozenset(claim)
 
 
 def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
