@@ -12,7 +12,8 @@ from rich.table import Table
 
 from .errors import finite
 
-_LINES = 50  # tokens and keys listed one a line; the rest counted
+_LINES = 50  # keys and files listed one a line; the rest counted
+_TOKENS = 20  # tokens listed one a line; the rest counted
 
 
 class _Console(Console):
@@ -74,11 +75,11 @@ def _changed_table(changed: list[dict]) -> Table:
     return t
 
 
-def _listed(con: Console, lines: list[str]) -> None:
-    for line in lines[:_LINES]:
+def _listed(con: Console, lines: list[str], most: int = _LINES) -> None:
+    for line in lines[:most]:
         con.print(line)
-    if len(lines) > _LINES:
-        con.print(f"and {len(lines) - _LINES} more")
+    if len(lines) > most:
+        con.print(f"and {len(lines) - most} more")
 
 
 def diff(d: dict, as_json: bool = False) -> None:
@@ -108,6 +109,11 @@ def diff(d: dict, as_json: bool = False) -> None:
         lines += [f"{label} {c['key']} only in B: {_js(c['value'])}" for c in s["added"]]
     _listed(con, lines)
     tok = d["tokenizer"]
+    if any(tok.values()):
+        con.print(
+            f"tokens: {len(tok['added'])} only in B, {len(tok['removed'])} only in A, "
+            f"{len(tok['renumbered'])} renumbered"
+        )
     _listed(
         con,
         [f"token {x['token']!r} only in B (id {x['id']})" for x in tok["added"]]
@@ -126,7 +132,12 @@ def diff(d: dict, as_json: bool = False) -> None:
     )
     for n in d["notes"]:
         con.print(f"note: {n}")
-    con.print("verdict: identical" if d["identical"] else "verdict: the checkpoints differ")
+    if not d["identical"]:
+        con.print("verdict: the checkpoints differ")
+    elif d["values_compared"]:
+        con.print("verdict: identical")
+    else:
+        con.print("verdict: identical headers, config, tokens and files (tensor values not read)")
 
 
 def _js(v: Any) -> str:

@@ -96,7 +96,8 @@ def check_against(res: tietool.Diff, ref: dict) -> None:
     for n, want in ref["changed"].items():
         c = got[n]
         assert c["max_abs_diff"] == pytest.approx(want["max"], rel=1e-12, abs=0), n
-        assert c["relative_norm"] == pytest.approx(want["rel"], rel=1e-9), n
+        # ‖A‖ sums chunks by float32 dot products (surgery.diff.tensors.square_sum): ~1e-6 relative
+        assert c["relative_norm"] == pytest.approx(want["rel"], rel=1e-5), n
         if want["rows"] is not None:
             assert c["rows_changed"] is not None and _ids(c["rows_changed"]["ranges"]) == want["rows"], n
             assert c["rows_changed"]["count"] == len(want["rows"])

@@ -24,12 +24,7 @@ from ..io.safetensors_io import Source
 from ..model.enums import Container, Target
 from ..model.errors import Opt
 from ..model.tensor import TensorInfo
-from ..plan import convert as convert_plan
-from ..plan import merge as merge_plan
-from ..plan import merge_flex
-from ..plan.merge_experts import plan_rank_merge
 from ..plan.plan import NewCheckpoint
-from ..plan.recipes import make
 
 # the shard limit of a merged view: its shards are never written, so one is as good as any
 _NO_LIMIT = 1 << 62
@@ -56,6 +51,8 @@ class PlannedView(Checkpoint):
 
     def load(self, name: str) -> np.ndarray:
         """Tensor ``name`` made from its recipe (stored dtype, C order)."""
+        from ..plan.recipes import make  # the planners: imported for a merged view only
+
         if self._last is None or self._last[0] != name:
             self._last = None  # dropped before the next is made: one tensor at a time
             t = self.tensors[name]
@@ -171,6 +168,9 @@ def has_report(side: Side) -> bool:
 def merged_ranks(src: Path) -> Side:
     """Rank files (tensor/pipeline or expert-parallel) as the checkpoint ``merge`` writes of them (the
     same plan: :func:`surgery.plan.merge_experts.plan_rank_merge`)."""
+    from ..plan import merge as merge_plan
+    from ..plan.merge_experts import plan_rank_merge
+
     plan = plan_rank_merge(src)
     view = _view(merge_plan.new_checkpoint(plan, _NO_LIMIT), src)
     files = {rel: p for p, rel in plan.carry if rel not in CONFIG_FILES}
@@ -181,7 +181,10 @@ def merged_ranks(src: Path) -> Side:
 def merged_flex(src: Path) -> Side:
     """A flex checkpoint as the checkpoint ``merge`` writes of it: converted to the PaddleFormers layout
     where the model type's conversion is proven (:func:`surgery.plan.merge_flex.convertible`), else in the
-    Paddle layout it was saved in (as ``merge --keep-paddle-layout`` writes it)."""
+    Paddle layout it was saved in (as merge with ``keep_paddle_layout`` writes it)."""
+    from ..plan import convert as convert_plan
+    from ..plan import merge_flex
+
     fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
     if merge_flex.convertible(src):
         cp = convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS)
