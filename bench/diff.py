@@ -5,7 +5,7 @@ read through a 4 MiB buffer by a child Python process, the way tietool reads; ``
 printed beside it as a second reference). The issue's targets: diff ≤ 1.2 × the time of reading both once,
 peak RSS ≤ 2 × the largest tensor + 150 MB.
 
-    python bench/make_checkpoints.py --layers 2     # once: bench/_work/ckpt_2l (1.23 GB); --layers 60: 6.46 GB
+    python bench/make_checkpoints.py --layers 2     # once: bench/_work/ckpt_2l (1.23 GB; 60: 6.46 GB)
     PYTHONPATH=<folder holding a tietool link> python bench/diff.py [-n 5] [--ckpt 2l|60l]
 
 The copy (``bench/_work/ckpt_<L>.diff-copy``, made once, untimed) is a full copy (``cp``, not linked: a
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -83,6 +84,20 @@ def make_copy(ckpt: Path) -> Path:
     return dst
 
 
+def cpu_seconds() -> float | None:
+    """User + system seconds of the last child, from ``/usr/bin/time -v``'s report (``run.run_child``): on
+    a shared machine the CPU each case spends is steadier than its wall time."""
+    try:
+        txt = (WORK / "last_time.txt").read_text()
+    except OSError:
+        return None
+    m = (
+        re.search(r"User time \(seconds\): ([\d.]+)", txt),
+        re.search(r"System time \(seconds\): ([\d.]+)", txt),
+    )
+    return float(m[0].group(1)) + float(m[1].group(1)) if m[0] and m[1] else None
+
+
 def check_diff(log: Path) -> str | None:
     """The diff's JSON output names exactly the embedding with row :data:`ROW` changed."""
     try:
@@ -102,7 +117,9 @@ def main() -> int:
     a = ap.parse_args()
     ckpt = WORK / f"ckpt_{a.ckpt}"
     if not ckpt.exists():
-        print(f"{ckpt} is missing: run bench/make_checkpoints.py --layers {a.ckpt[:-1]} first", file=sys.stderr)
+        print(
+            f"{ckpt} is missing: run bench/make_checkpoints.py --layers {a.ckpt[:-1]} first", file=sys.stderr
+        )
         return 2
     copy = make_copy(ckpt)
     env = dict(os.environ)
@@ -121,13 +138,19 @@ def main() -> int:
             warm([ckpt, copy])
             settle()
             res = run_child(cases[case], env=env)
+            res["cpu"] = cpu_seconds()
             problem = None if res["rc"] == want_rc[case] else f"exit {res['rc']}"
             if case == "diff" and problem is None:
                 problem = check_diff(WORK / "last_child.log")
             res["problem"] = problem
             runs[case].append(res)
-            print(f"round {r + 1} {case:>12}: {res['wall']:.2f} s, {res['rss'] / MB:.0f} MB {problem or ''}")
+            print(
+                f"round {r + 1} {case:>12}: {res['wall']:.2f} s wall, {res['cpu']} s cpu, "
+                f"{res['rss'] / MB:.0f} MB {problem or ''}",
+                flush=True,
+            )
     base = statistics.median(x["wall"] for x in runs["read both"] if not x["problem"])
+    base_cpu = statistics.median(x["cpu"] or 0 for x in runs["read both"] if not x["problem"])
     budget = 2 * largest_tensor(ckpt) + 150 * MB
     rows = []
     for case, rs in runs.items():
@@ -135,6 +158,7 @@ def main() -> int:
         wall = statistics.median(x["wall"] for x in ok) if ok else None
         rss = statistics.median(x["rss"] for x in ok) if ok else None
         ratios = sorted(x["wall"] / base for x in ok)
+        cpu = statistics.median(x["cpu"] or 0 for x in ok) if ok else None
         rows.append(
             {
                 "case": case,
@@ -144,6 +168,8 @@ def main() -> int:
                 "ratio_to_read_both": wall / base if wall else None,
                 "ratio_min": ratios[0] if ratios else None,
                 "ratio_max": ratios[-1] if ratios else None,
+                "cpu_s": cpu,
+                "cpu_ratio_to_read_both": cpu / base_cpu if cpu and base_cpu else None,
                 "peak_rss_mb": rss / MB if rss else None,
                 "peak_anon_mb": statistics.median(x["anon"] for x in ok) / MB if ok else None,
             }
@@ -153,18 +179,21 @@ def main() -> int:
         f"# diff: {ckpt.name} ({size / 1e9:.2f} GB) against a copy with row {ROW} of the embedding changed, "
         f"medians of {a.repeat} alternating rounds",
         "",
-        f"RSS budget: 2 × the largest tensor ({largest_tensor(ckpt) / MB:.0f} MB) + 150 MB = {budget / MB:.0f} MB",
+        f"RSS budget: 2 × the largest tensor ({largest_tensor(ckpt) / MB:.0f} MB) + 150 MB = "
+        f"{budget / MB:.0f} MB",
         "",
-        "| case | ok | wall s | × read both (min–max) | peak RSS MB | RssAnon MB |",
-        "|---|---|---|---|---|---|",
+        "| case | ok | wall s | × read both (min–max) | cpu s (user+sys) | cpu × read both | peak RSS MB "
+        "| RssAnon MB |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for x in rows:
         if x["wall_s"] is None:
-            lines.append(f"| {x['case']} | 0/{x['runs']} | — | — | — | — |")
+            lines.append(f"| {x['case']} | 0/{x['runs']} | — | — | — | — | — | — |")
             continue
         lines.append(
             f"| {x['case']} | {x['ok']}/{x['runs']} | {x['wall_s']:.2f} | {x['ratio_to_read_both']:.2f} "
-            f"({x['ratio_min']:.2f}–{x['ratio_max']:.2f}) | {x['peak_rss_mb']:.0f} | {x['peak_anon_mb']:.0f} |"
+            f"({x['ratio_min']:.2f}–{x['ratio_max']:.2f}) | {x['cpu_s']:.2f} | "
+            f"{x['cpu_ratio_to_read_both']:.2f} | {x['peak_rss_mb']:.0f} | {x['peak_anon_mb']:.0f} |"
         )
     (WORK / "diff.json").write_text(json.dumps({"rows": rows, "budget_mb": budget / MB}, indent=2))
     (WORK / "diff.md").write_text("\n".join(lines) + "\n")
