@@ -11,7 +11,7 @@ peak RSS ≤ 2 × the largest tensor + 150 MB.
 The copy (``bench/_work/ckpt_<L>.diff-copy``, made once, untimed) is a full copy (``cp``, not linked: a
 hard link would be compared unread), then row 1234 of ``model.embed_tokens.weight`` gets one bit flipped in
 place. Cases, alternating with the order rotated each round, each after ``run.py``'s warm-up (every input
-file read once) and writeback settling: ``read both`` (the baseline), ``cat | wc`` (reference), ``diff``
+file read once) and writeback settling: ``read both`` (the baseline), ``cat, wc -c`` (reference), ``diff``
 (one row changed; must exit 1 and name exactly that row), ``diff itself`` (A against A: every tensor the
 same bytes of one file, so nothing is read). Peak RSS from ``/usr/bin/time -v``. Medians and ratios to the
 baseline go to ``bench/_work/diff.{json,md}``.
@@ -125,11 +125,11 @@ def main() -> int:
     env = dict(os.environ)
     cases = {
         "read both": [PY, "-c", READ_BOTH, str(ckpt), str(copy)],
-        "cat | wc": ["sh", "-c", f'cat "{ckpt}"/* "{copy}"/* | wc -c'],
+        "cat, wc -c": ["sh", "-c", f'cat "{ckpt}"/* "{copy}"/* | wc -c'],
         "diff": [PY, "-m", "tietool", "diff", str(ckpt), str(copy), "--json"],
         "diff itself": [PY, "-m", "tietool", "diff", str(ckpt), str(ckpt), "--json"],
     }
-    want_rc = {"read both": 0, "cat | wc": 0, "diff": 1, "diff itself": 0}
+    want_rc = {"read both": 0, "cat, wc -c": 0, "diff": 1, "diff itself": 0}
     runs: dict[str, list[dict]] = {k: [] for k in cases}
     names = list(cases)
     for r in range(a.repeat):
