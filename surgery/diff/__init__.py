@@ -14,7 +14,8 @@ a flex checkpoint read as the checkpoint ``merge`` writes of them (:mod:`surgery
   made and no part of the checkpoint, is not compared (a note says when only one side has it).
 
 Memory: two chunks of ~4 MiB per tensor pair (one whole tensor of a merged view); each tensor is read once,
-plus a second read of ``A``'s identical chunks of a tensor that differs (for ‖A‖). Tensors stored in the
+plus, for a tensor that differs, a second read of ``A``'s identical chunks before its first difference
+(for ‖A‖). Tensors stored in the
 same local file at the same place (a hard link) are equal unread.
 """
 

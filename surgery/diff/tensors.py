@@ -8,8 +8,8 @@ integers exactly): ``max_abs_diff`` (max |B − A|; equal values, the same infin
 count 0, a NaN against a number counts inf), ``relative_norm`` (‖B − A‖₂ / ‖A‖₂ over the part both hold;
 inf when ‖A‖ is 0 and they differ) and, for a vocabulary tensor, the token ids whose row (column of a
 ``[hidden, vocab]`` head, element of a bias) differs, rows only one side holds included. ‖A‖ is
-accumulated from the differing chunks as they are read (float64), and from the identical ones in a second
-read of ``A`` only when the tensor turned out to differ (:func:`square_sum`).
+accumulated (:func:`square_sum`) from every chunk read once the tensor is known to differ, and from the
+identical chunks before its first difference in a second read of those chunks of ``A``.
 """
 
 from __future__ import annotations
@@ -280,7 +280,10 @@ def _walk(p: _Pair, rows: Rows | None, same_dtype: bool, decodable: bool, common
         if cut is not None:
             x, y = x[cut], y[cut]
         if same_dtype and bits_equal(x, y):
-            equal_spans.append((start, start + m))
+            if differs and decodable:  # the tensor differs already: ‖A‖ of this chunk now, while it is here
+                acc.sq_a += square_sum(p.A, p.ta, x, scratch)
+            else:
+                equal_spans.append((start, start + m))
         else:
             differs = True
             _differing(p, x, y, same_dtype, decodable, acc, scratch)
@@ -290,7 +293,7 @@ def _walk(p: _Pair, rows: Rows | None, same_dtype: bool, decodable: bool, common
                 rows.add(ids + start if rows.axis == 0 else ids)
         start += m
     if differs and decodable:
-        for s, e in equal_spans:  # ‖A‖ of the identical chunks: a second read of A, only now
+        for s, e in equal_spans:  # ‖A‖ of the identical chunks before the first difference: read again
             for x in _chunks(p.A, p.a, n, s, e):
                 acc.sq_a += square_sum(p.A, p.ta, x if cut is None else x[cut], scratch)
     if rows is not None and rows.axis != 0 and rows.ranges:
