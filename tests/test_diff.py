@@ -565,3 +565,43 @@ def test_cli_bad_input_is_one_line_and_its_exit_code(tmp_path):
     assert json.loads(bad.stdout)["exit_code"] == 3
     usage = run_cli(["diff", src])
     assert usage.rc == 2
+
+
+def test_memory_stays_at_a_few_chunks_not_a_tensor(tmp_path):
+    """A 96 MiB tensor with one row changed: the comparison allocates three 16 MiB chunks at most (A's and
+    B's read buffers, then A's again for ‖A‖ of the chunks before the difference), the whole diff less than
+    the tensor (tracemalloc sees numpy's buffers and the read buffers); the row is found."""
+    import tracemalloc
+
+    from tietool.surgery.diff.tensors import compare
+
+    rows, hidden = 24576, 1024
+    cfg = json.dumps({"model_type": "llama", "vocab_size": rows, "hidden_size": hidden}).encode()
+    a = np.random.default_rng(0).standard_normal((rows, hidden), dtype=np.float32)
+    b = a.copy()
+    b[20000, 7] += 1.0
+    for name, x in (("a", a), ("b", b)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_bytes(cfg)
+        _write_st(
+            tmp_path / name / "model.safetensors",
+            {"model.embed_tokens.weight": ("F32", x.shape, x.tobytes())},
+        )
+    del a, b
+    A, B = Checkpoint.open(tmp_path / "a"), Checkpoint.open(tmp_path / "b")
+    tracemalloc.start()
+    try:
+        m = compare(A, B, "model.embed_tokens.weight", 0)
+        _, engine = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        d = tietool.diff(tmp_path / "a", tmp_path / "b").as_dict()
+        _, whole = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert m.rows is not None and m.rows.ranges == [[20000, 20001]]
+    (c,) = d["tensors"]["changed"]
+    assert c["rows_changed"]["ranges"] == [[20000, 20001]] and c["max_abs_diff"] == pytest.approx(
+        1.0, rel=1e-6
+    )
+    assert engine < 3 * (16 << 20) + (8 << 20), f"comparison peak {engine / 2**20:.0f} MiB"
+    assert whole < 96 << 20, f"diff peak {whole / 2**20:.0f} MiB for a 96 MiB tensor"

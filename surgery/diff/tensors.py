@@ -292,6 +292,7 @@ def _walk(p: _Pair, rows: Rows | None, same_dtype: bool, decodable: bool, common
                 ids = _axis_ids(mask, rows.axis)
                 rows.add(ids + start if rows.axis == 0 else ids)
         start += m
+    x = y = None  # type: ignore[assignment]  # the last chunks' buffers freed before a second read
     if differs and decodable:
         for s, e in equal_spans:  # ‖A‖ of the identical chunks before the first difference: read again
             for x in _chunks(p.A, p.a, n, s, e):
