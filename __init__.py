@@ -12,9 +12,10 @@ no paddle)::
     rep = tietool.resize("ckpt/", 32000, "resized/", pad_to_multiple_of=64)
     rep = tietool.add_tokens("ckpt/", ["<think>", "</think>"], "added/", special=True)
     assert tietool.verify("ckpt/", "resized/").explained
+    d = tietool.diff("ckpt/", "resized/")   # Diff: tensors, config keys, tokens, files that differ
     rep = tietool.merge("tp_ranks/", "merged/")  # model_state.tp00.pdparams, ... → one checkpoint
 
-:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the ten operations, the
+:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the eleven operations, the
 options as enums, the result types, and the errors. Everything else (``tietool.surgery.*``,
 ``tietool.cli.*``) is the implementation, free to move. The errors, drawn once::
 
@@ -62,9 +63,11 @@ from .surgery.model.errors import (
 from .surgery.results import Inspection, Report
 
 if _typing.TYPE_CHECKING:
+    from .surgery.diff import DiffResult as Diff
     from .surgery.ops import (
         add_tokens,
         convert,
+        diff,
         fix_untrained,
         inspect,
         merge,
@@ -88,6 +91,8 @@ _LAZY = {
     "verify": ("surgery.ops", "verify"),
     "convert": ("surgery.ops", "convert"),
     "merge": ("surgery.ops", "merge"),
+    "diff": ("surgery.ops", "diff"),
+    "Diff": ("surgery.diff", "DiffResult"),
     "Verification": ("surgery.verify", "VerifyResult"),
 }
 
@@ -95,6 +100,7 @@ __all__ = [
     "AmbiguousLayoutError",
     "CheckpointError",
     "Container",
+    "Diff",
     "ExitCode",
     "HeadLayout",
     "Init",
@@ -120,6 +126,7 @@ __all__ = [
     "__version__",
     "add_tokens",
     "convert",
+    "diff",
     "fix_untrained",
     "inspect",
     "merge",

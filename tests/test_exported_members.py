@@ -25,8 +25,9 @@ OPERATIONS = {
     "verify",
     "convert",
     "merge",
+    "diff",
 }
-RESULTS = {"Inspection", "Report", "Verification"}
+RESULTS = {"Inspection", "Report", "Verification", "Diff"}
 
 
 def _public_names() -> set[str]:
