@@ -446,3 +446,15 @@ def test_cli_subtoken_rows(reserved, tmp_path):
     (forged / "tietool-report.json").write_text(json.dumps(rep))
     run = run_cli(["verify", str(reserved), str(forged)])
     assert run.rc == 7 and "unverifiable" in run.stdout, run.stdout
+
+
+def test_cli_refuses_one_string_for_two_ids(reserved, tmp_path):
+    """``rename-tokens CKPT 304=<a> 305=<a>``: two slots given the same new string is exit 2, nothing written
+    (before: exit 0, tokenizer.json held two added tokens '<a>' and ``tokenizers`` then had no token at
+    id 305: ``id_to_token(305)`` None, the vocabulary one token short; verify said exit 0)."""
+    snap = casecheck.snapshot_tree(reserved)
+    run = run_cli(["rename-tokens", str(reserved), "304=<a>", "305=<a>", "--out", str(tmp_path / "o")])
+    assert run.rc == 2 and "'<a>'" in run.stderr and "twice" in run.stderr, run.stderr
+    assert not (tmp_path / "o").exists()
+    assert casecheck.snapshot_tree(reserved) == snap
+

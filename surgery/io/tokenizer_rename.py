@@ -77,7 +77,9 @@ def parse_renames(items: list[str]) -> dict[int, str]:
     """``["128002=<think>", "128003=</think>"]`` → ``{128002: "<think>", 128003: "</think>"}``.
 
     Raises:
-        UsageError: an item that is not ``ID=STRING``, an id twice, an empty or over-long string.
+        UsageError: an item that is not ``ID=STRING``, an id or a string twice (two ids of one string:
+            ``tokenizers`` then keeps one and leaves the other id without a token), an empty or over-long
+            string, a string with a lone surrogate (a non-UTF-8 byte of an argument: no file can hold it).
     """
     out: dict[int, str] = {}
     for item in items:
@@ -90,10 +92,18 @@ def parse_renames(items: list[str]) -> dict[int, str]:
             raise UsageError(
                 f"token {s[:40]!r}… is longer than {MAX_TOKEN_CHARS} characters", fix="shorten it"
             )
+        if s in out.values():
+            raise UsageError(
+                f"token {s!r} is given twice (ids {_id_of(out, s)} and {int(i)})", fix="give each token once"
+            )
         out[int(i)] = s
     if not out:
         raise UsageError("rename-tokens needs at least one ID=TOKEN", fix="e.g. 128002=<think>")
     return out
+
+
+def _id_of(renames: dict[int, str], s: str) -> int:
+    return next(i for i, t in renames.items() if t == s)
 
 
 def _load(path: Path) -> Any:
