@@ -458,3 +458,11 @@ def test_cli_refuses_one_string_for_two_ids(reserved, tmp_path):
     assert not (tmp_path / "o").exists()
     assert casecheck.snapshot_tree(reserved) == snap
 
+
+def test_cli_refuses_a_lone_surrogate(reserved, tmp_path):
+    """A new string with a lone surrogate (a non-UTF-8 byte in an argument) is exit 2 naming it, as
+    add-tokens refuses it (before: exit 70, ``UnicodeEncodeError: surrogates not allowed``)."""
+    run = run_cli(["rename-tokens", str(reserved), "304=<a\udcff>", "--out", str(tmp_path / "o")])
+    assert run.rc == 2 and "surrogate" in run.stderr, run.stderr
+    assert not (tmp_path / "o").exists()
+

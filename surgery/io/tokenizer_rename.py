@@ -96,6 +96,14 @@ def parse_renames(items: list[str]) -> dict[int, str]:
             raise UsageError(
                 f"token {s!r} is given twice (ids {_id_of(out, s)} and {int(i)})", fix="give each token once"
             )
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UsageError(
+                f"token {s[:40]!r} is not valid Unicode text: character {e.start} is a lone surrogate, which "
+                "no UTF-8 tokenizer file can hold",
+                fix="give the token as UTF-8 text",
+            ) from None
         out[int(i)] = s
     if not out:
         raise UsageError("rename-tokens needs at least one ID=TOKEN", fix="e.g. 128002=<think>")
