@@ -466,3 +466,16 @@ def test_cli_refuses_a_lone_surrogate(reserved, tmp_path):
     assert run.rc == 2 and "surrogate" in run.stderr, run.stderr
     assert not (tmp_path / "o").exists()
 
+
+@pytest.mark.parametrize("new", ["<a>\nb", "<a> ", "<a>\r"])
+def test_cli_refuses_a_vocab_txt_line_break(new, tmp_path):
+    """e01 (ERNIE 3, WordPiece vocab.txt): renaming [unused2] (id 6) to a string with a line break or
+    trailing whitespace is exit 5 naming vocab.txt, nothing written (before: exit 0, the line break split
+    line 6 in two, vocab.txt 24 -> 25 lines, every later id moved; verify then found 23 differences)."""
+    e01 = Path(shutil.copytree(E01, tmp_path / "e01"))
+    assert vocabulary(e01)[6] == "[unused2]"
+    snap = casecheck.snapshot_tree(e01)
+    run = run_cli(["rename-tokens", str(e01), f"6={new}", "--special", "--out", str(tmp_path / "o")])
+    assert run.rc == 5 and "vocab.txt" in run.stderr, run.stderr
+    assert not (tmp_path / "o").exists()
+    assert casecheck.snapshot_tree(e01) == snap

@@ -284,6 +284,15 @@ def _vocab_txt(path: Path, old: dict[int, str], new: dict[int, str], special: bo
     the vocabulary is looked up, so only a never-split special token reaches its line)."""
     raw = path.read_bytes()
     lines = raw.decode("utf-8").split("\n")
+    bad = next((t for t in new.values() if t != t.rstrip() or len(t.splitlines()) != 1), None)
+    if bad is not None:
+        raise RefusedError(
+            f"rename-tokens refused: {bad!r} cannot be a line of vocab.txt: transformers and PaddleFormers "
+            "read vocab.txt a line a token and drop trailing whitespace, so a line break or trailing space "
+            "would move it and every later id",
+            path,
+            "give the token without line breaks or trailing whitespace",
+        )
     for i, s in old.items():
         if i < len(lines) and lines[i].rstrip("\r") == s:
             if not special:
