@@ -40,6 +40,7 @@ from .io.regular import load_json
 from .io.tokenizer import vocabulary
 from .io.vocabkeys import vocab_keys, walk
 from .model.errors import CheckpointError, ExitCode, Opt, RefusedError, UsageError
+from .model.extras import install_extra
 from .model.tensor import TensorInfo
 from .model.tokens import TokenizerSet
 from .plan.add_tokens import not_resettable
@@ -827,7 +828,7 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
         return _not_compared(
             NotCompared.NO_PADDLE,
             f"{' and '.join(missing)} not installed",
-            'pip install "tietool[paddle]" adds paddlepaddle and PaddleFormers 1.2.0',
+            f"{install_extra('paddle')} adds paddlepaddle and PaddleFormers 1.2.0",
         )
     remote = [str(p) for p in (a_path, b_path) if store.is_url(p) or not store.store_for(p).on_disk]
     if remote:

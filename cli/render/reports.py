@@ -1,0 +1,305 @@
+"""The reports of the writing commands: tie / untie / resize / add-tokens (:func:`written`), :func:`merge`
+and :func:`convert`, as tables and lines or as JSON; then what an in-place run did."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from ..errors import finite
+from ..numbers import RANDOM_INITS, count, percent
+from .common import (
+    after_write,
+    console,
+    left_out,
+    messages,
+    recovered,
+    shape_text,
+    size,
+    stale_notes,
+    transfer_line,
+)
+
+
+def _change_table(rep: dict) -> Table:
+    """The report's table: tensors dropped, added, resized or rewritten, and the totals before → after."""
+    t = Table(title="report: parameters and bytes")
+    for col in ("change", "tensor", "shape", "parameters", "bytes"):
+        t.add_column(col, overflow="fold")
+    for d in rep["dropped"]:
+        t.add_row("dropped", d["name"], shape_text(d["shape"]), f"-{d['parameters']}", f"-{d['bytes']}")
+    for a in rep["added"]:
+        t.add_row("added", a["name"], shape_text(a["shape"]), f"+{a['parameters']}", f"+{a['bytes']}")
+    for c in rep["resized"]:
+        t.add_row(
+            "resized" if c["shape_before"] != c["shape_after"] else "rewritten",
+            c["name"],
+            f"{shape_text(c['shape_before'])} → {shape_text(c['shape_after'])}",
+            f"{c['parameters_after'] - c['parameters_before']:+d}",
+            f"{c['bytes_after'] - c['bytes_before']:+d}",
+        )
+    b, a = rep["before"], rep["after"]
+    t.add_row(
+        "total",
+        "before → after",
+        "",
+        f"{count(b['parameters'])} → {count(a['parameters'])}",
+        f"{b['bytes']} → {a['bytes']}",
+    )
+    return t
+
+
+def _added_tokens(con: Console, a: dict, dry_run: bool) -> None:
+    """The ``add_tokens`` fields of a report: one line per token, then the rows (and, for a dry run, the
+    tokenizer files; a run lists them with the files it wrote)."""
+    table = Table(title="tokens", title_justify="left", box=None, padding=(0, 2, 0, 0))
+    for col in ("token", "id", "special", "init", "from ids"):
+        table.add_column(col)
+    for t in a["tokens"]:
+        if t["existed"] and t.get("rows_reset"):
+            init = f"{t['init']} (its rows were all zero)"
+            table.add_row(repr(t["content"]), str(t["id"]), str(t["special"]), init, "")
+        elif t["existed"]:
+            table.add_row(repr(t["content"]), str(t["id"]), str(t["special"]), "(already a token)", "")
+        else:
+            ids = ", ".join(map(str, t["source_ids"] or []))
+            table.add_row(repr(t["content"]), str(t["id"]), str(t["special"]), t["init"], ids)
+    con.print(table)
+    line = f"tokenizer {a['tokenizer_length_before']} → {a['tokenizer_length_after']} tokens; rows "
+    line += f"{a['rows_before']} → {a['rows_after']} ({a['slack_used']} slack row(s) used"
+    if a["padding_rows"]:
+        line += f", {a['padding_rows']} padding row(s): init {a['padding_init']}"
+    inits = {t["init"] for t in a["tokens"] if not t["existed"] or t.get("rows_reset")}
+    if a["padding_rows"]:
+        inits.add(a["padding_init"])
+    random = inits & RANDOM_INITS
+    seed = f"; seed {a['seed']} (--seed {a['seed']} reproduces the rows)" if random else ""
+    con.print(line + ")" + seed)
+    if a["files_edited"] and dry_run:
+        con.print(f"tokenizer files it would edit: {', '.join(a['files_edited'])}")
+
+
+def report(rep: dict, as_json: bool = False) -> None:
+    """A tie/untie/resize report: as JSON, or the change table, savings, rows, config changes, files,
+    notes and what was left out."""
+    if as_json:
+        print(json.dumps(rep, indent=2))
+        return
+    con = console()
+    head = f"{rep['operation']}{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
+    if rep["output"] and not rep["dry_run"]:
+        head += f" → {rep['output']}"
+    con.print(head, style="bold")
+    con.print(_change_table(rep))
+    transfer_line(con, rep)
+    s = rep["saved"]
+    if s["bytes"] >= 0:
+        con.print(f"saved {count(s['parameters'])} parameters, {size(s['bytes'])} ({percent(s['percent'])}%)")
+    else:
+        con.print(
+            f"added {count(-s['parameters'])} parameters, {size(-s['bytes'])} ({percent(-s['percent'])}%)"
+        )
+    if "resize" in rep:
+        r = rep["resize"]
+        con.print(
+            f"rows {r['rows_before']} → {r['rows_after']} (+{r['rows_added']} / -{r['rows_removed']})"
+            + (
+                f", requested {r['rows_requested']} padded to a multiple of {r['pad_to_multiple_of']}"
+                if r.get("rows_requested") not in (None, r["rows_after"])
+                else ""
+            )
+            + (f", new rows: init {r['init']}" if r["rows_added"] else "")
+            + (
+                f", seed {r['seed']} (--seed {r['seed']} reproduces them)"
+                if r["rows_added"] and r["init"] in RANDOM_INITS
+                else ""
+            )
+        )
+    if "add_tokens" in rep:
+        _added_tokens(con, rep["add_tokens"], rep["dry_run"])
+    for c in rep["config_changes"]:
+        con.print(f"config: {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
+    if "files" in rep:
+        f = rep["files"]
+        con.print(
+            f"files: {len(f['rewritten'])} rewritten, {len(f.get('written', []))} new, "
+            f"{len(f['copied'])} copied, {len(f['linked'])} hard-linked"
+            f", {len(f['removed'])} removed"
+            + (f", {len(f['symlinked'])} symlinks kept" if f.get("symlinked") else "")
+            + (f", tokenizer files edited: {', '.join(f['edited'])}" if f.get("edited") else "")
+            + (" (linked files share data with the input: edit neither in place)" if f["linked"] else "")
+        )
+        for fl in f.get("folder_links", []):
+            how = "kept as the same link" if fl["kept"] else "written as a real folder of its files"
+            con.print(f"symlinked folder {fl['link']} → {fl['target']} ({fl['files']} files): {how}")
+    messages(con, rep["notes"], rep["warnings"])
+    resized = rep.get("training_state_resized") or {}
+    left_out(
+        con,
+        [x for x in rep.get("left_out", []) if x["file"] not in resized],
+        rep["index"],
+        rep["format"],
+        writing=True,
+    )
+    for f, names in resized.items():
+        con.print(
+            f"training state {'to be ' if rep.get('dry_run') else ''}resized: {f}: {len(names)} optimizer "
+            "accumulators / master weights of the resized parameters (new entries 0 / the new weight rows, "
+            "old entries bit for bit), everything else copied"
+        )
+
+
+@after_write
+def written(rep: dict, as_json: bool = False) -> None:
+    """The report of tie, untie or resize (:func:`report`), and for an in-place run where the old version
+    went and what earlier runs left."""
+    report(finite(dict(rep)) if as_json else rep, as_json=as_json)
+    if not as_json:
+        stale_notes(rep)
+    ip = rep.get("in_place")
+    if ip and ip.get("left_to_delete"):  # on stderr, with --json too
+        _left_to_delete_warning(rep["input"], ip)
+    if as_json or not ip:
+        return
+    recovered(ip.get("recovered") or {})
+    if not ip.get("written"):
+        print("in place: nothing written" + (" (dry run)" if rep.get("dry_run") else " (nothing to change)"))
+    elif ip.get("backup"):
+        q_in, q_bak = shlex.quote(rep["input"]), shlex.quote(ip["backup"])
+        print(
+            f"in place: {rep['input']} rewritten; the previous version is {ip['backup']} "
+            f"(restore: rm -rf {q_in} && mv {q_bak} {q_in}; delete it when satisfied)"
+        )
+    else:
+        print(f"in place: {rep['input']} rewritten (no backup kept)")
+    if ip.get("written") and _inside(Path(rep["input"])):
+        print("note: your shell is still inside the previous version's folder: run `cd .` to see the new one")
+
+
+def _left_to_delete_warning(ckpt: str, ip: dict) -> None:
+    """The one warning line of an in-place run without a backup whose old version could not be deleted
+    completely: the name holds the new version (exit 0), what is left, and how to remove it."""
+    left = shlex.quote(ip["left_to_delete"])
+    print(
+        f"tietool: warning: {ckpt} holds the new version, but the previous version could not be "
+        f"deleted completely ({ip['delete_error']}); what is left is {ip['left_to_delete']} — "
+        f"remove it with: chmod -R u+w {left} && rm -rf {left} (the next tietool run on it tries again)",
+        file=sys.stderr,
+    )
+
+
+def _inside(folder: Path) -> bool:
+    """The current folder was ``folder`` (or inside it) before a swap: its path still names ``folder``."""
+    here = Path(os.environ.get("PWD") or os.getcwd())
+    return here == folder or folder in here.parents
+
+
+@after_write
+def merge(rep: dict, as_json: bool = False) -> None:
+    """The merge report: JSON, or one line per tensor (rule, axis, shape) and a summary; then the temporary
+    folders of killed runs it removed."""
+    if as_json:
+        print(json.dumps(finite(dict(rep)), indent=2))
+        return
+    for t in rep["tensors"]:
+        axis = "" if t["axis"] is None else f" on axis {t['axis']}"
+        turned = ", transposed" if t.get("transposed") else ""
+        print(f"  {t['name']}: {t['rule']}{axis}{turned} -> {t['dtype']} {t['shape']}")
+    for k, (before, after) in rep["config_changes"].items():
+        print(f"config.json: {k} {before} -> {after}")
+    if rep.get("tie"):  # the tie check: a head trained apart kept, the tie flag set false
+        print(f"warning: {rep['tie']['message']}")
+    for f in rep["left_out"]:
+        print(f"left out: {f}")
+    if rep["dry_run"]:
+        print(
+            f"dry run: would merge {len(rep['rank_files'])} rank files into {len(rep['tensors'])} tensors in "
+            f"{', '.join(rep['weight_files'])}; nothing was written"
+        )
+    elif rep.get("kind") == "flex":
+        nr, nf = len(rep["ranks"]), len(rep["rank_files"])
+        print(
+            f"merged the flex checkpoint ({nr} rank{'s' * (nr != 1)}, {nf} .distcp file{'s' * (nf != 1)}) "
+            f"into {rep['output']}: {len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
+        )
+    else:
+        ranks = (
+            f"{rep['expert_parallel']} expert-parallel, numbered {' / '.join(rep['expert_numbering'] or [])}"
+            if rep.get("expert_parallel", 1) > 1
+            else f"{rep['tensor_parallel']} tensor-parallel x {rep['pipeline_parallel']} pipeline"
+        )
+        print(
+            f"merged {len(rep['rank_files'])} rank files ({ranks}) into {rep['output']}: "
+            f"{len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
+        )
+    _mergemessages(rep)
+    stale_notes(rep)
+
+
+def _mergemessages(rep: dict) -> None:
+    """Every note and warning of a merge report, its conversion's too (``converted``): a warning that
+    matters is said on the terminal, not only in tietool-report.json."""
+    conv = rep.get("converted") or {}
+    messages(console(), conv.get("notes", []), [*rep.get("warnings", []), *conv.get("warnings", [])])
+
+
+@after_write
+def convert(rep: dict, as_json: bool = False) -> None:
+    """A convert report: as JSON, or a table of every renamed, transposed and split tensor, the config
+    changes, the files written and the notes; then the temporary folders of killed runs it removed."""
+    if as_json:
+        print(json.dumps(finite(rep), indent=2))
+        return
+    _convert_text(rep)
+    stale_notes(rep)
+
+
+def _convert_text(rep: dict) -> None:
+    """:func:`convert` for people."""
+    con = console()
+    head = f"convert{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
+    con.print(head + (f" → {rep['output']}" if not rep["dry_run"] else ""), style="bold")
+    before, after = rep["container"]["before"], rep["container"]["after"]
+    if rep["from_convention"] == rep["to_convention"]:
+        con.print(f"{before} → {after}: the container only, names and layouts kept")
+    else:
+        con.print(f"{rep['from_convention']} ({before}) → {rep['to_convention']} ({after})")
+    t = Table(title="tensors renamed, transposed or split")
+    for col in ("change", "from", "to", "shape"):
+        t.add_column(col, overflow="fold")
+    turned = {x["name"]: x for x in rep["transposed"]}
+    for r in rep["renamed"]:
+        x = turned.pop(r["to"], None)
+        shape = f"{shape_text(x['shape_before'])} → {shape_text(x['shape_after'])}" if x else ""
+        t.add_row("renamed, transposed" if x else "renamed", r["from"], r["to"], shape)
+    for x in turned.values():
+        t.add_row(
+            "transposed",
+            x["from"],
+            x["name"],
+            f"{shape_text(x['shape_before'])} → {shape_text(x['shape_after'])}",
+        )
+    for sp in rep["split"]:
+        t.add_row("split", sp["from"], ", ".join(sp["to"]), "")
+    if t.row_count:
+        con.print(t)
+    else:
+        con.print("no tensor renamed or transposed: names and layouts are unchanged")
+    for c in rep["config_changes"]:
+        con.print(f"config: config.json {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
+    b, a = rep["before"], rep["after"]
+    con.print(f"tensors {b['tensors']} → {a['tensors']}, {size(b['bytes'])} → {size(a['bytes'])}")
+    if rep.get("files"):
+        f = rep["files"]
+        con.print(
+            f"files: {len(f['weight_files'])} weight file(s)"
+            + (f" + {f['index']}" if f["index"] else "")
+            + (f", carried {', '.join(f['carried'])}" if f["carried"] else "")
+        )
+    messages(con, rep["notes"], rep["warnings"])
