@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from rich.console import Console
 
@@ -149,15 +150,23 @@ def done_state(rep: dict) -> str:
     return f"the output {rep.get('output')} is complete; stopped while printing the report"
 
 
+def result(line: str, warnings=()) -> None:
+    """What ``--quiet`` prints: the one result line on stdout, and the warnings (which matter, so they are
+    never silenced) on stderr."""
+    print(line)
+    for w in warnings:
+        print(f"warning: {w}", file=sys.stderr)
+
+
 def after_write(fn: Callable[..., None]) -> Callable[..., None]:
     """``fn`` (a finished write's report printer) with a Ctrl-C while it prints raised as
     :class:`Interrupted` whose state is :func:`done_state` (found by breaking issue 20: an in-place
     ``add-tokens`` interrupted after the swap said "interrupted; nothing was written", exit 130)."""
 
     @functools.wraps(fn)
-    def wrapped(rep: dict, as_json: bool = False) -> None:
+    def wrapped(rep: dict, *args: Any, **kwargs: Any) -> None:
         try:
-            fn(rep, as_json)
+            fn(rep, *args, **kwargs)
         except Interrupted:
             raise
         except KeyboardInterrupt:

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from ..errors import finite
 from ..numbers import count, percent
-from .common import console, left_out, messages, recovered, shape_text, size, transfer_line
+from .common import console, left_out, messages, recovered, result, shape_text, size, transfer_line
 
 
 def tie_vals(info: dict) -> str:
@@ -196,12 +196,28 @@ def _savings_line(info: dict) -> str:
     )
 
 
-def inspect(info: dict, as_json: bool = False, drift: bool = False) -> None:
+def inspect_line(info: dict) -> str:
+    """One checkpoint in one line (what ``inspect --quiet`` prints per folder): family and model type,
+    vocabulary rows, hidden size, head layout, the tie state and what tying saves; a flex checkpoint's
+    ranks and tensors; a folder that could not be read, its error."""
+    if "error" in info:
+        return f"{info['path']}: error (exit {info['exit_code']}): {info['error']['message']}"
+    path, what, rows, hidden, layout, tie, saves = _many_row(info)
+    if info.get("kind") == "flex":
+        return f"{path}: {what}"
+    shape = f"vocab rows {rows}, hidden {hidden}, head layout {layout}"
+    return f"{path}: {what}, {shape}; {tie}; tying saves {saves}"
+
+
+def inspect(info: dict, as_json: bool = False, drift: bool = False, quiet: bool = False) -> None:
     """``tietool inspect``: the summary dict as JSON, or as lines and a table (problems, notes and
     warnings in the words the library gave them); the drift view when the config says tied or ``drift``
-    (``--drift``) asks for it."""
+    (``--drift``) asks for it; ``quiet``: :func:`inspect_line` and the problems and warnings (on stderr)."""
     if as_json:
         print(json.dumps(finite(dict(info)), indent=2))
+        return
+    if quiet:
+        result(inspect_line(info), [*info.get("problems", []), *info.get("warnings", [])])
         return
     if info.get("kind") == "flex":
         flex_inspect(info)
@@ -338,12 +354,16 @@ def _many_row(info: dict) -> list[str]:
     ]
 
 
-def inspect_many(results: list[dict], as_json: bool = False) -> None:
-    """``tietool inspect A B C``: a table with a row per checkpoint (or a JSON list). ``results`` holds an
-    inspection per folder, or for a folder that could not be read ``{"path", "error", "exit_code"}``
-    (its row says why)."""
+def inspect_many(results: list[dict], as_json: bool = False, quiet: bool = False) -> None:
+    """``tietool inspect A B C``: a table with a row per checkpoint (or a JSON list; ``quiet``: an
+    :func:`inspect_line` per checkpoint). ``results`` holds an inspection per folder, or for a folder that
+    could not be read ``{"path", "error", "exit_code"}`` (its row says why)."""
     if as_json:
         print(json.dumps(finite(results), indent=2))
+        return
+    if quiet:
+        for r in results:
+            print(inspect_line(r))
         return
     t = Table(title=f"{len(results)} checkpoints")
     for col in ("checkpoint", "family", "vocab rows", "hidden", "head layout", "tie", "tying saves"):

@@ -20,6 +20,7 @@ from .common import (
     left_out,
     messages,
     recovered,
+    result,
     shape_text,
     size,
     stale_notes,
@@ -92,19 +93,10 @@ def report(rep: dict, as_json: bool = False) -> None:
         print(json.dumps(rep, indent=2))
         return
     con = console()
-    head = f"{rep['operation']}{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
-    if rep["output"] and not rep["dry_run"]:
-        head += f" → {rep['output']}"
-    con.print(head, style="bold")
+    con.print(_head(rep), style="bold")
     con.print(_change_table(rep))
     transfer_line(con, rep)
-    s = rep["saved"]
-    if s["bytes"] >= 0:
-        con.print(f"saved {count(s['parameters'])} parameters, {size(s['bytes'])} ({percent(s['percent'])}%)")
-    else:
-        con.print(
-            f"added {count(-s['parameters'])} parameters, {size(-s['bytes'])} ({percent(-s['percent'])}%)"
-        )
+    con.print(_saved(rep))
     if "resize" in rep:
         r = rep["resize"]
         con.print(
@@ -155,14 +147,50 @@ def report(rep: dict, as_json: bool = False) -> None:
         )
 
 
+def _head(rep: dict) -> str:
+    """``tie: IN → OUT``, ``tie (dry run: nothing written): IN``."""
+    head = f"{rep['operation']}{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
+    if rep["output"] and not rep["dry_run"]:
+        head += f" → {rep['output']}"
+    return head
+
+
+def _saved(rep: dict) -> str:
+    """``saved 768 parameters, 3072 bytes (3.0 KiB) (2.49%)`` or ``added ...``."""
+    s = rep["saved"]
+    sign, word = (1, "saved") if s["bytes"] >= 0 else (-1, "added")
+    return (
+        f"{word} {count(sign * s['parameters'])} parameters, {size(sign * s['bytes'])} "
+        f"({percent(sign * s['percent'])}%)"
+    )
+
+
+def written_line(rep: dict) -> str:
+    """The one line ``--quiet`` prints for tie / untie / resize / add-tokens: what was done to what, the
+    parameters saved or added, and for an in-place run where the previous version is."""
+    line = f"{_head(rep)}: {_saved(rep)}"
+    ip = rep.get("in_place")
+    if ip and ip.get("written"):
+        line += f"; in place, the previous version is {ip['backup']}" if ip.get("backup") else "; in place"
+    elif ip:
+        line += "; in place: nothing written"
+    return line
+
+
 @after_write
-def written(rep: dict, as_json: bool = False) -> None:
+def written(rep: dict, as_json: bool = False, quiet: bool = False) -> None:
     """The report of tie, untie or resize (:func:`report`), and for an in-place run where the old version
-    went and what earlier runs left."""
+    went and what earlier runs left; with ``quiet`` (and not ``as_json``) only :func:`written_line` and the
+    warnings."""
+    ip = rep.get("in_place")
+    if quiet and not as_json:
+        result(written_line(rep), rep["warnings"])
+        if ip and ip.get("left_to_delete"):
+            _left_to_delete_warning(rep["input"], ip)
+        return
     report(finite(dict(rep)) if as_json else rep, as_json=as_json)
     if not as_json:
         stale_notes(rep)
-    ip = rep.get("in_place")
     if ip and ip.get("left_to_delete"):  # on stderr, with --json too
         _left_to_delete_warning(rep["input"], ip)
     if as_json or not ip:
@@ -200,61 +228,110 @@ def _inside(folder: Path) -> bool:
     return here == folder or folder in here.parents
 
 
+def _merge_table(rep: dict) -> Table:
+    """The merged tensors grouped by how they were joined (rule, axis, transposed): a row per group with
+    its count and first tensor; ``--verbose`` prints every tensor instead."""
+    groups: dict[tuple, list[dict]] = {}
+    for t in rep["tensors"]:
+        groups.setdefault((t["rule"], t["axis"], bool(t.get("transposed"))), []).append(t)
+    table = Table(title=f"{len(rep['tensors'])} tensors merged", title_justify="left")
+    for col, just in (("how", "left"), ("tensors", "right"), ("first of them", "left")):
+        table.add_column(col, justify=just, overflow="fold")  # type: ignore[arg-type]
+    for (rule, axis, turned), ts in groups.items():
+        how = rule + ("" if axis is None else f" on axis {axis}") + (", transposed" if turned else "")
+        table.add_row(how, str(len(ts)), f"{ts[0]['name']} -> {ts[0]['dtype']} {ts[0]['shape']}")
+    return table
+
+
+def merge_line(rep: dict) -> str:
+    """The result line of a merge (what ``--quiet`` prints): the rank files or flex checkpoint, the output,
+    the tensor count and the weight files; for a dry run, what it would do."""
+    if rep["dry_run"]:
+        return (
+            f"dry run: would merge {len(rep['rank_files'])} rank files into {len(rep['tensors'])} tensors in "
+            f"{', '.join(rep['weight_files'])}; nothing was written"
+        )
+    into = f"into {rep['output']}: {len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
+    if rep.get("kind") == "flex":
+        nr, nf = len(rep["ranks"]), len(rep["rank_files"])
+        return (
+            f"merged the flex checkpoint ({nr} rank{'s' * (nr != 1)}, {nf} .distcp file{'s' * (nf != 1)}) "
+            + into
+        )
+    ranks = (
+        f"{rep['expert_parallel']} expert-parallel, numbered {' / '.join(rep['expert_numbering'] or [])}"
+        if rep.get("expert_parallel", 1) > 1
+        else f"{rep['tensor_parallel']} tensor-parallel x {rep['pipeline_parallel']} pipeline"
+    )
+    return f"merged {len(rep['rank_files'])} rank files ({ranks}) {into}"
+
+
+def _merge_warnings(rep: dict) -> list[str]:
+    """Every warning of a merge: the tie check's, the report's and its conversion's."""
+    conv = rep.get("converted") or {}
+    tie = [rep["tie"]["message"]] if rep.get("tie") else []
+    return [*tie, *rep.get("warnings", []), *conv.get("warnings", [])]
+
+
 @after_write
-def merge(rep: dict, as_json: bool = False) -> None:
-    """The merge report: JSON, or one line per tensor (rule, axis, shape) and a summary; then the temporary
-    folders of killed runs it removed."""
+def merge(rep: dict, as_json: bool = False, quiet: bool = False, verbose: bool = False) -> None:
+    """The merge report: JSON; or a table of the tensors by how they were joined (``verbose``: one line
+    per tensor: rule, axis, shape), the config changes, the result line, the notes and warnings, then the
+    temporary folders of killed runs it removed; ``quiet``: the result line and the warnings only."""
     if as_json:
         print(json.dumps(finite(dict(rep)), indent=2))
         return
-    for t in rep["tensors"]:
-        axis = "" if t["axis"] is None else f" on axis {t['axis']}"
-        turned = ", transposed" if t.get("transposed") else ""
-        print(f"  {t['name']}: {t['rule']}{axis}{turned} -> {t['dtype']} {t['shape']}")
+    if quiet:
+        result(merge_line(rep), _merge_warnings(rep))
+        return
+    if verbose:
+        for t in rep["tensors"]:
+            axis = "" if t["axis"] is None else f" on axis {t['axis']}"
+            turned = ", transposed" if t.get("transposed") else ""
+            print(f"  {t['name']}: {t['rule']}{axis}{turned} -> {t['dtype']} {t['shape']}")
+    elif rep["tensors"]:
+        console().print(_merge_table(rep))
     for k, (before, after) in rep["config_changes"].items():
         print(f"config.json: {k} {before} -> {after}")
     if rep.get("tie"):  # the tie check: a head trained apart kept, the tie flag set false
         print(f"warning: {rep['tie']['message']}")
     for f in rep["left_out"]:
         print(f"left out: {f}")
-    if rep["dry_run"]:
-        print(
-            f"dry run: would merge {len(rep['rank_files'])} rank files into {len(rep['tensors'])} tensors in "
-            f"{', '.join(rep['weight_files'])}; nothing was written"
-        )
-    elif rep.get("kind") == "flex":
-        nr, nf = len(rep["ranks"]), len(rep["rank_files"])
-        print(
-            f"merged the flex checkpoint ({nr} rank{'s' * (nr != 1)}, {nf} .distcp file{'s' * (nf != 1)}) "
-            f"into {rep['output']}: {len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
-        )
-    else:
-        ranks = (
-            f"{rep['expert_parallel']} expert-parallel, numbered {' / '.join(rep['expert_numbering'] or [])}"
-            if rep.get("expert_parallel", 1) > 1
-            else f"{rep['tensor_parallel']} tensor-parallel x {rep['pipeline_parallel']} pipeline"
-        )
-        print(
-            f"merged {len(rep['rank_files'])} rank files ({ranks}) into {rep['output']}: "
-            f"{len(rep['tensors'])} tensors in {', '.join(rep['weight_files'])}"
-        )
-    _mergemessages(rep)
+    print(merge_line(rep))
+    _merge_messages(rep)
     stale_notes(rep)
 
 
-def _mergemessages(rep: dict) -> None:
+def _merge_messages(rep: dict) -> None:
     """Every note and warning of a merge report, its conversion's too (``converted``): a warning that
     matters is said on the terminal, not only in tietool-report.json."""
     conv = rep.get("converted") or {}
     messages(console(), conv.get("notes", []), [*rep.get("warnings", []), *conv.get("warnings", [])])
 
 
+def convert_line(rep: dict) -> str:
+    """The result line of a convert (what ``--quiet`` prints): input → output, the conventions and
+    containers, tensors and bytes after."""
+    head = f"convert{' (dry run: nothing written)' if rep['dry_run'] else ''}: {rep['input']}"
+    head += f" → {rep['output']}" if not rep["dry_run"] else ""
+    before, after = rep["container"]["before"], rep["container"]["after"]
+    a = rep["after"]
+    return (
+        f"{head}: {rep['from_convention']} ({before}) → {rep['to_convention']} ({after}), "
+        f"{a['tensors']} tensors, {size(a['bytes'])}"
+    )
+
+
 @after_write
-def convert(rep: dict, as_json: bool = False) -> None:
+def convert(rep: dict, as_json: bool = False, quiet: bool = False) -> None:
     """A convert report: as JSON, or a table of every renamed, transposed and split tensor, the config
-    changes, the files written and the notes; then the temporary folders of killed runs it removed."""
+    changes, the files written and the notes; then the temporary folders of killed runs it removed;
+    ``quiet``: :func:`convert_line` and the warnings only."""
     if as_json:
         print(json.dumps(finite(rep), indent=2))
+        return
+    if quiet:
+        result(convert_line(rep), rep["warnings"])
         return
     _convert_text(rep)
     stale_notes(rep)

@@ -12,19 +12,22 @@ from ..errors import finite
 from .common import console, shape_text
 
 
-def verify(res: Any, before: str, after: str, as_json: bool = False) -> None:
+def verify(res: Any, before: str, after: str, as_json: bool = False, quiet: bool = False) -> None:
     """``tietool verify BEFORE AFTER``: the :class:`~tietool.surgery.verify.VerifyResult` as JSON or as
-    lines and a verdict; then on stderr, why the exit code is 7 (unexplained differences) or 8 (logits
-    not compared)."""
+    lines and a verdict (``quiet``: the verdict line only); then on stderr, why the exit code is 7
+    (unexplained differences) or 8 (logits not compared)."""
     d = res.as_dict()
     if as_json:
         print(json.dumps(finite(d), indent=2))
+    elif quiet:
+        print(verdict_line(d))
     else:
         _verify_text(d)
     if res.exit_code == ExitCode.UNEXPLAINED:
+        listed = "run without --quiet to list them" if quiet and not as_json else "listed above"
         print(
             f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize/add-tokens do not "
-            f"explain between {before} and {after} (listed above)",
+            f"explain between {before} and {after} ({listed})",
             file=sys.stderr,
         )
     if res.logits and res.logits.get("ok") is None:  # exit NOT_COMPARED (8) unless 7 already
@@ -72,14 +75,20 @@ def _verify_text(res: dict) -> None:
             )
     for n in res.get("notes", ()):
         con.print(f"note: {n}")
+    for u in [] if res["explained"] else res["unexplained"]:
+        con.print(f"unexplained: {u}", style="red")
+    con.print(verdict_line(res))
+
+
+def verdict_line(res: dict) -> str:
+    """The verdict of a verification (``VerifyResult.as_dict()``): its last line, and all ``--quiet``
+    prints."""
+    lg = res.get("logits")
     if res["explained"] and lg and lg.get("ok") is None:
-        con.print(
+        return (
             "verdict: every tensor difference is explained by tie/untie/resize/add-tokens; the logits were "
             "not compared"
         )
-    elif res["explained"]:
-        con.print("verdict: every difference is explained by tie/untie/resize/add-tokens")
-    else:
-        for u in res["unexplained"]:
-            con.print(f"unexplained: {u}", style="red")
-        con.print("verdict: differences that tie/untie/resize/add-tokens do not explain")
+    if res["explained"]:
+        return "verdict: every difference is explained by tie/untie/resize/add-tokens"
+    return "verdict: differences that tie/untie/resize/add-tokens do not explain"
