@@ -107,8 +107,23 @@ def test_quiet_convert_and_resize(tmp_path):
     # +104 rows x 16 in the embedding, the duplicate head of the tied config (96 x 16) dropped
     assert (r.rc, r.stderr) == (0, "")
     assert r.stdout == (
-        f"resize: {S / 'pnlp_gpt'} → {tmp_path / 'r'}: added 128 parameters, 512 bytes (2.02%)\n"
+        f"resize: {S / 'pnlp_gpt'} → {tmp_path / 'r'}: added 128 parameters, 512 bytes (2.02%); rows 96 → 200\n"
     )
+
+
+def test_quiet_add_tokens_and_random_resize(tmp_path):
+    src = S / "pf_llama_with_tokenizer"
+    r = _cli("add-tokens", src, "<tool_call>", "</tool_call>", "--special", "--out", tmp_path / "chat", "-q")
+    assert (r.rc, r.stderr) == (0, "")
+    # the sample's tokenizer has fewer tokens than rows: the two tokens take slack rows, no row is added
+    assert r.stdout == (
+        f"add-tokens: {src} → {tmp_path / 'chat'}: saved 0 parameters, 0 bytes (0%); 2 token(s) added, "
+        "rows 320 → 320\n"
+    )
+    r = _cli(
+        "resize", S / "pnlp_llama_untied", "--vocab", "112", "--seed", "7", "--out", tmp_path / "g", "-q"
+    )
+    assert r.rc == 0 and r.stdout.endswith("; rows 100 → 112, seed 7\n"), r.stdout
 
 
 def test_json_wins_over_quiet(tmp_path):

@@ -169,6 +169,15 @@ def written_line(rep: dict) -> str:
     """The one line ``--quiet`` prints for tie / untie / resize / add-tokens: what was done to what, the
     parameters saved or added, and for an in-place run where the previous version is."""
     line = f"{_head(rep)}: {_saved(rep)}"
+    if "add_tokens" in rep:
+        a = rep["add_tokens"]
+        new = sum(not t["existed"] for t in a["tokens"])
+        line += f"; {new} token(s) added, rows {a['rows_before']} → {a['rows_after']}"
+    elif "resize" in rep:
+        r = rep["resize"]
+        line += f"; rows {r['rows_before']} → {r['rows_after']}"
+        if r["rows_added"] and r["init"] in RANDOM_INITS:
+            line += f", seed {r['seed']}"
     ip = rep.get("in_place")
     if ip and ip.get("written"):
         line += f"; in place, the previous version is {ip['backup']}" if ip.get("backup") else "; in place"
