@@ -107,7 +107,8 @@ def test_quiet_convert_and_resize(tmp_path):
     # +104 rows x 16 in the embedding, the duplicate head of the tied config (96 x 16) dropped
     assert (r.rc, r.stderr) == (0, "")
     assert r.stdout == (
-        f"resize: {S / 'pnlp_gpt'} → {tmp_path / 'r'}: added 128 parameters, 512 bytes (2.02%); rows 96 → 200\n"
+        f"resize: {S / 'pnlp_gpt'} → {tmp_path / 'r'}: added 128 parameters, 512 bytes (2.02%); "
+        "rows 96 → 200\n"
     )
 
 
