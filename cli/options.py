@@ -71,7 +71,9 @@ LinkOpt = Annotated[
 QuietOpt = Annotated[
     bool,
     typer.Option(
-        "--quiet", "-q", help="print only the result line (warnings on stderr); no progress bar; --json wins"
+        "--quiet",
+        "-q",
+        help="print only the result line (notes and warnings on stderr); no progress bar; --json wins",
     ),
 ]
 VerboseOpt = Annotated[

@@ -81,6 +81,24 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     return base / "tree", env
 
 
+def _readme_block(n: int) -> str:
+    """README's n-th ```bash block, as ``.ci/run`` reads it."""
+    return FENCE.findall((ROOT / "README.md").read_text(encoding="utf-8"))[n - 1]
+
+
+def test_readme_first_command_is_the_user_install() -> None:
+    """README's first command installs the tool alone (no extra: seconds, not the test extra's minutes and
+    2 GB) and runs the main job on a shipped sample; the second installs the test extra and runs the tests.
+    Its time is measured by ``bench/first_command.py`` and recorded in ``bench/RESULTS.md`` (this test
+    times nothing)."""
+    first, second = _readme_block(1), _readme_block(2)
+    assert "python3 -m venv .venv" in first and ".venv/bin/pip install . " in first and "[" not in first
+    assert ".venv/bin/tietool inspect sample_checkpoints/" in first
+    assert '.venv/bin/pip install -e ".[test]"' in second and "pytest" in second
+    results = (ROOT / "bench" / "RESULTS.md").read_text(encoding="utf-8")
+    assert "# README's first command" in results and "bench/first_command.py" in results
+
+
 def test_pages_have_examples() -> None:
     """The runner finds the blocks: README, every guide and the index have at least one bash block (object
     storage's are all marked skip: they need a bucket); README's five tasks each have one that runs."""

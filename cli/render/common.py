@@ -150,12 +150,11 @@ def done_state(rep: dict) -> str:
     return f"the output {rep.get('output')} is complete; stopped while printing the report"
 
 
-def result(line: str, warnings=()) -> None:
-    """What ``--quiet`` prints: the one result line on stdout, and the warnings (which matter, so they are
-    never silenced) on stderr."""
+def result(line: str, notes=(), warnings=(), problems=()) -> None:
+    """What ``--quiet`` prints: the one result line on stdout; the problems, notes and warnings (a warning
+    that matters is never silenced) on stderr, so that stdout holds the result alone."""
     print(line)
-    for w in warnings:
-        print(f"warning: {w}", file=sys.stderr)
+    messages(console(stderr=True), notes, warnings, problems)
 
 
 def after_write(fn: Callable[..., None]) -> Callable[..., None]:

@@ -217,7 +217,7 @@ def inspect(info: dict, as_json: bool = False, drift: bool = False, quiet: bool 
         print(json.dumps(finite(dict(info)), indent=2))
         return
     if quiet:
-        result(inspect_line(info), [*info.get("problems", []), *info.get("warnings", [])])
+        result(inspect_line(info), info.get("notes", []), info.get("warnings", []), info.get("problems", []))
         return
     if info.get("kind") == "flex":
         flex_inspect(info)

@@ -193,7 +193,7 @@ def written(rep: dict, as_json: bool = False, quiet: bool = False) -> None:
     warnings."""
     ip = rep.get("in_place")
     if quiet and not as_json:
-        result(written_line(rep), rep["warnings"])
+        result(written_line(rep), rep["notes"], rep["warnings"])
         if ip and ip.get("left_to_delete"):
             _left_to_delete_warning(rep["input"], ip)
         return
@@ -291,7 +291,7 @@ def merge(rep: dict, as_json: bool = False, quiet: bool = False, verbose: bool =
         print(json.dumps(finite(dict(rep)), indent=2))
         return
     if quiet:
-        result(merge_line(rep), _merge_warnings(rep))
+        result(merge_line(rep), (rep.get("converted") or {}).get("notes", []), _merge_warnings(rep))
         return
     if verbose:
         for t in rep["tensors"]:
@@ -340,7 +340,7 @@ def convert(rep: dict, as_json: bool = False, quiet: bool = False) -> None:
         print(json.dumps(finite(rep), indent=2))
         return
     if quiet:
-        result(convert_line(rep), rep["warnings"])
+        result(convert_line(rep), rep["notes"], rep["warnings"])
         return
     _convert_text(rep)
     stale_notes(rep)
