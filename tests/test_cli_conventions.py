@@ -61,14 +61,16 @@ def test_quiet_tie_and_verify_print_the_result_line(tmp_path):
     )
     r = _cli("verify", S / "pf_llama_tied_fp32", out, "-q")
     assert (r.rc, r.stderr) == (0, "")
-    assert r.stdout == "verdict: every difference is explained by tie/untie/resize/add-tokens\n"
+    assert (
+        r.stdout == "verdict: every difference is explained by the operations tietool-report.json records\n"
+    )
 
 
 def test_quiet_verify_of_an_unexplained_difference(tmp_path):
     """Exit 7: the verdict line on stdout, the reason on stderr pointing at the full listing."""
     r = _cli("verify", S / "pf_llama_tied_fp32", S / "pnlp_gpt", "-q")
     assert r.rc == 7
-    assert r.stdout == "verdict: differences that tie/untie/resize/add-tokens do not explain\n"
+    assert r.stdout == "verdict: differences that tietool's operations do not explain\n"
     assert r.stderr.endswith("(run without --quiet to list them)\n") and r.stderr.count("\n") == 1, r.stderr
 
 

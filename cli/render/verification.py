@@ -26,7 +26,7 @@ def verify(res: Any, before: str, after: str, as_json: bool = False, quiet: bool
     if res.exit_code == ExitCode.UNEXPLAINED:
         listed = "run without --quiet to list them" if quiet and not as_json else "listed above"
         print(
-            f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize/add-tokens do not "
+            f"tietool: verify: {len(res.unexplained)} difference(s) that tietool's operations do not "
             f"explain between {before} and {after} ({listed})",
             file=sys.stderr,
         )
@@ -86,9 +86,9 @@ def verdict_line(res: dict) -> str:
     lg = res.get("logits")
     if res["explained"] and lg and lg.get("ok") is None:
         return (
-            "verdict: every tensor difference is explained by tie/untie/resize/add-tokens; the logits were "
-            "not compared"
+            "verdict: every tensor difference is explained by the operations tietool-report.json records; "
+            "the logits were not compared"
         )
     if res["explained"]:
-        return "verdict: every difference is explained by tie/untie/resize/add-tokens"
-    return "verdict: differences that tie/untie/resize/add-tokens do not explain"
+        return "verdict: every difference is explained by the operations tietool-report.json records"
+    return "verdict: differences that tietool's operations do not explain"
