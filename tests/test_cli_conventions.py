@@ -244,3 +244,14 @@ def test_app_description_names_every_command():
     words = " ".join(r.stdout.split("Options:")[0].split()).lower()
     for name in _commands():
         assert name.replace("-", " ") in words.replace("-", " "), name
+
+
+def test_every_help_names_its_docs_page():
+    """Each ``--help`` names its guide (a page of the clone's ``docs/``) and the CLI reference, before the
+    Examples."""
+    for name in ["", *_commands()]:
+        r = _cli(*([name] if name else []), "-h")
+        docs = r.stdout.split("Docs: ", 1)[1].split("\n", 1)[0]
+        page, ref = docs.split("; every option: ")
+        assert (REPO / page).is_file() and (REPO / ref).is_file(), docs
+        assert r.stdout.index("Docs: ") < r.stdout.index("Examples:"), name
