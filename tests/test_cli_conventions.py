@@ -81,7 +81,12 @@ def test_quiet_inspect_one_line_per_checkpoint(tmp_path):
         f"{a}: llama (llama), vocab rows 100, hidden 16, head layout vocab-hidden; tied by config; head in "
         "files; values exact; tying saves 6400 bytes (6.2 KiB)"
     )
-    assert (r.rc, r.stdout, r.stderr) == (0, line_a + "\n", "")
+    # stdout: the line; what the library notes goes to stderr (the pad row, zero by design)
+    assert (r.rc, r.stdout) == (0, line_a + "\n")
+    assert r.stderr == (
+        "note: row 0 of model.embed_tokens.weight is all zero: the pad row (pad_token_id 0), zero by design "
+        "(padding_idx)\n"
+    )
     r = _cli("inspect", a, b, tmp_path / "nope", "-q")
     assert r.rc == 3
     assert r.stdout.splitlines() == [
@@ -100,14 +105,19 @@ def test_quiet_inspect_one_line_per_checkpoint(tmp_path):
 def test_quiet_convert_and_resize(tmp_path):
     src, out = S / "pnlp_llama_untied", tmp_path / "pf"
     r = _cli("convert", src, "--to", "paddleformers", "--out", out, "-q")
-    assert (r.rc, r.stderr) == (0, "")
+    assert r.rc == 0 and r.stderr == (
+        "note: Linear weights are [in, out]: proven by the shapes of 3 of them against config.json "
+        "(e.g. llama.layers.0.mlp.gate_proj.weight), 4 square ones taken as their siblings\n"
+    )
     assert r.stdout == (
         f"convert: {src} → {out}: PaddleNLP 2.x (pdparams) → PaddleFormers/HF safetensors (safetensors), "
         "12 tensors, 23232 bytes (22.7 KiB)\n"
     )
     r = _cli("resize", S / "pnlp_gpt", "--vocab", "200", "--init", "zeros", "--out", tmp_path / "r", "-q")
-    # +104 rows x 16 in the embedding, the duplicate head of the tied config (96 x 16) dropped
-    assert (r.rc, r.stderr) == (0, "")
+    # +104 rows x 16 in the embedding, the duplicate head of the tied config (96 x 16) dropped (notes say why)
+    notes = r.stderr.splitlines()
+    assert r.rc == 0 and len(notes) == 2 and all(n.startswith("note: ") for n in notes), r.stderr
+    assert "lm_head.weight dropped instead of resized" in notes[1]
     assert r.stdout == (
         f"resize: {S / 'pnlp_gpt'} → {tmp_path / 'r'}: added 128 parameters, 512 bytes (2.02%); "
         "rows 96 → 200\n"
@@ -117,7 +127,7 @@ def test_quiet_convert_and_resize(tmp_path):
 def test_quiet_add_tokens_and_random_resize(tmp_path):
     src = S / "pf_llama_with_tokenizer"
     r = _cli("add-tokens", src, "<tool_call>", "</tool_call>", "--special", "--out", tmp_path / "chat", "-q")
-    assert (r.rc, r.stderr) == (0, "")
+    assert (r.rc, r.stderr) == (0, "note: 2 slack row(s) 304..305 taken\n")
     # the sample's tokenizer has fewer tokens than rows: the two tokens take slack rows, no row is added
     assert r.stdout == (
         f"add-tokens: {src} → {tmp_path / 'chat'}: saved 0 parameters, 0 bytes (0%); 2 token(s) added, "
