@@ -91,15 +91,16 @@ def test_tie_says_the_newly_initialized_warning_is_harmless(tmp_path):
         assert r.returncode == 0, r.stderr
         if not _proven(case.split("_")[1]):  # unproven re-tie: the head is kept, nothing to warn about
             rep = json.loads((tmp_path / f"{case}_tied" / "tietool-report.json").read_text())
-            assert rep["dropped"] == [] and "unproven" in r.stdout
+            assert rep["dropped"] == [] and "unproven" in r.stderr
             continue
-        assert "newly initialized" in r.stdout and "harmless" in r.stdout and head in r.stdout
+        # -q: the result line on stdout, the notes on stderr
+        assert "newly initialized" in r.stderr and "harmless" in r.stderr and head in r.stderr
         rep = json.loads((tmp_path / f"{case}_tied" / "tietool-report.json").read_text())
         assert any("newly initialized" in n for n in rep["notes"])
     ckpt = tmp_path / "llama"
     shutil.copytree(FIX / "pf_llama_tied_fp32", ckpt)
     r = _cli("tie", str(ckpt), "--out", str(tmp_path / "llama_tied"), "-q")
-    assert r.returncode == 0 and "newly initialized" not in r.stdout
+    assert r.returncode == 0 and "newly initialized" not in r.stdout + r.stderr
 
 
 # ------------------------------------------------------------------------------------------------ proofs

@@ -176,11 +176,15 @@ def written_line(rep: dict) -> str:
     elif "resize" in rep:
         r = rep["resize"]
         line += f"; rows {r['rows_before']} → {r['rows_after']}"
+        if r.get("rows_requested") not in (None, r["rows_after"]):
+            line += f" (requested {r['rows_requested']} padded to a multiple of {r['pad_to_multiple_of']})"
         if r["rows_added"] and r["init"] in RANDOM_INITS:
             line += f", seed {r['seed']}"
     ip = rep.get("in_place")
     if ip and ip.get("written"):
         line += f"; in place, the previous version is {ip['backup']}" if ip.get("backup") else "; in place"
+        if _inside(Path(rep["input"])):
+            line += " (your shell is still inside the previous version's folder: run `cd .`)"
     elif ip:
         line += "; in place: nothing written"
     return line
