@@ -1,4 +1,4 @@
-"""The ``tietool`` Typer app: eight commands, each flags → one :mod:`surgery` call → :mod:`cli.render`.
+"""The ``tietool`` Typer app: nine commands, each flags → one :mod:`surgery` call → :mod:`cli.render`.
 
 The flags are :mod:`cli.options`; :func:`cli.errors.command` turns a command's errors into one line and an
 exit code; every line printed is :mod:`cli.render`'s. ``surgery.ops`` (and numpy) are imported inside the
@@ -26,6 +26,9 @@ from .options import (
     ConvertOutOpt,
     ConvertShardOpt,
     DebugOpt,
+    DiffAArg,
+    DiffBArg,
+    DiffNoValuesOpt,
     DriftOpt,
     DropAliasesOpt,
     DryOpt,
@@ -60,13 +63,15 @@ from .options import (
     VerboseOpt,
     VocabOpt,
 )
+from .vocab import register as register_vocab
 
 app = typer.Typer(
     name="tietool",
     help="Inspect, tie, untie and resize the input embedding and LM head of PaddlePaddle LLM checkpoints "
     "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors), add tokens to model and "
-    "tokenizer together, verify what a write changed; convert between the PaddleNLP and PaddleFormers "
-    "conventions; merge tensor- or expert-parallel rank files and PaddleFormers Trainer (flex) checkpoints.",
+    "tokenizer together, rename tokens into reserved slots, fix untrained rows, verify what a write "
+    "changed, diff any two checkpoints; convert between the PaddleNLP and PaddleFormers conventions; merge "
+    "tensor- or expert-parallel rank files and PaddleFormers Trainer (flex) checkpoints.",
     epilog=EXAMPLES["tietool"],
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
@@ -392,6 +397,25 @@ def verify(
     raise typer.Exit(res.exit_code)
 
 
+@app.command(cls=Command, epilog=EXAMPLES["diff"])
+@command
+def diff(
+    a: DiffAArg,
+    b: DiffBArg,
+    json_out: JsonOpt = False,
+    no_values: DiffNoValuesOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Show what differs between checkpoints A and B: tensors (max |Δ|, relative norm, token rows),
+    config keys, tokens, files. Exit 0 when identical, 1 when they differ."""
+    from ..surgery import ops
+    from . import render_diff
+
+    res = ops.diff(a, b, values=not no_values)
+    render_diff.diff(res.as_dict(), as_json=json_out, quiet=quiet)
+    raise typer.Exit(res.exit_code)
+
+
 @app.command(cls=Command, epilog=EXAMPLES["convert"])
 @command
 def convert(
@@ -416,6 +440,9 @@ def convert(
         progress=render.progress_bar(quiet or json_out),
     )
     render.convert(rep, json_out, quiet=quiet)
+
+
+register_vocab(app)
 
 
 def main() -> None:
