@@ -29,7 +29,14 @@ from .config_keys import (
     TP_SIZE_KEYS,
     VOCAB_SIZE_KEYS,
 )
-from .conversions import ANY_LINEAR, CONFIG_KEYS, CONVERSIONS, FLEX_MERGE_PROOFS, PADDLEFORMERS_LACKS
+from .conversions import (
+    ANY_LINEAR,
+    CONFIG_KEYS,
+    CONVERSIONS,
+    FLEX_MERGE_PROOFS,
+    PADDLEFORMERS_LACKS,
+    TIED_HEAD_NOT_EXPORTED,
+)
 from .families import (
     EXTRA_TABLES,
     FALLBACK,
@@ -92,6 +99,7 @@ __all__ = [
     "SHIPPED_EXPERT_COUNT_KEYS",
     "ExpertCount",
     "FLEX_MERGE_PROOFS",
+    "TIED_HEAD_NOT_EXPORTED",
     "EXPERT_NAME_RE",
     "EXTRA_TABLES",
     "FALLBACK",
