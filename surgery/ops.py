@@ -259,7 +259,9 @@ def run(
                     where,
                     link=link or own,
                     progress=advance,
-                    report=lambda facts: extra(planner.report(plan, str(dest.path), facts)),
+                    report=lambda facts: extra(  # the input's history carried forward (every write)
+                        report_mod.with_history(planner.report(plan, str(dest.path), facts), dest.source)
+                    ),
                     keep_training_state=keep_training_state,
                     keep_folder_links=own,
                 )
