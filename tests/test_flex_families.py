@@ -293,7 +293,7 @@ def test_tied_merge_is_the_librarys_export(model_type: str, tmp_path: Path) -> N
     parameter under the head's name too) merges into what PaddleFormers' own ``save_pretrained`` of the
     trained model writes (the Paddle-layout merge loaded with the legacy load and saved: no
     ``lm_head.weight``, every other tensor bit for bit, a fused MLP its export leaves fused compared split);
-    the merge says the head is left out; a plain
+    the merge says the head is left out, and ``verify`` explains the output; a plain
     ``from_pretrained`` gives the trained logits; HF transformers (where ``$HF_PYTHON`` is set) ties the head
     and gives the logits of the same model with the head written out."""
     from support import hf_logits
@@ -302,10 +302,13 @@ def test_tied_merge_is_the_librarys_export(model_type: str, tmp_path: Path) -> N
     cfg = json.loads((src / "config.json").read_text())
     assert cfg["tie_word_embeddings"] is True
     conv, kept, export = tmp_path / "converted", tmp_path / "kept", tmp_path / "export"
-    run = av.run_cli(["merge", _copy(model_type, tmp_path), "--out", conv])
+    ck = _copy(model_type, tmp_path)
+    run = av.run_cli(["merge", ck, "--out", conv])
     assert run.rc == 0, run.describe()
     said = " ".join(run.stdout.split())
     assert "lm_head.weight left out" in said and "writes no head" in said, run.describe()
+    ver = av.run_cli(["verify", ck, conv])  # the merge as verify rebuilds it leaves the head out too
+    assert ver.rc == 0, ver.describe()
     rep = json.loads((conv / "tietool-report.json").read_text())
     assert [d["name"] for d in rep["dropped"]] == ["lm_head.weight"]
     assert (
