@@ -34,18 +34,20 @@ def compare_configs(
     da: Detection,
     db: Detection,
     chain: list[dict] | None = None,
+    a_dir: Path | None = None,
 ) -> None:
     """Record every differing key of the config files in ``res.config``. Unexplained: a key outside
     ``ALLOWED_CONFIG_KEYS``; a vocabulary-size key the input did not have; a vocabulary-size key whose new
     value counts no vocabulary of the output (neither its embedding's nor its head's rows, nor the old value
     moved as the embedding moved). A key of config.json that a ``convert`` or ``merge`` run of the output's
     report ``chain`` (the runs since the input) changed from the input's value to the output's is
-    explained (:func:`_converted`)."""
+    explained (:func:`_converted`). ``a_dir``: the folder of the input's config files when they are not in
+    ``A.path`` (a Trainer checkpoint's config.json found in the folder above it)."""
     chain = chain or []
     d = db.vocab_rows - da.vocab_rows
     counts = {db.vocab_rows, db.head.rows}
     for fname in _CONFIG_FILES:
-        pa, pb = A.path / fname, B.path / fname
+        pa, pb = (a_dir or A.path) / fname, B.path / fname
         if not pa.exists() and not pb.exists():
             continue
         ca = _flatten(_read_cfg(pa)) if pa.exists() else {}
