@@ -168,7 +168,13 @@ def _converted(chain: list[dict], key: str, ca: dict, cb: dict) -> bool:
     first, last = changes[0].get("before"), changes[-1].get("after")
     now = {k: v for k, v in cb.items() if k == top or k.startswith(top + ".")}
     was = {k: v for k, v in ca.items() if k == top or k.startswith(top + ".")}
-    return now == _flat(top, last) and (was == _flat(top, first) or (first is None and not was))
+    # null in a change: the key absent, or holding null (``paddlenlp_version: null`` dropped or written)
+    return _same(now, top, last) and _same(was, top, first)
+
+
+def _same(flat: dict, top: str, value: object) -> bool:
+    """The flattened ``top`` entries of a config are those of ``{top: value}`` (None: absent or null)."""
+    return flat == _flat(top, value) or (value is None and flat == {top: None})
 
 
 def _flat(top: str, value: object) -> dict:
