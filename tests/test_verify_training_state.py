@@ -181,6 +181,15 @@ def test_pdopt_missing_accumulator_is_unexplained(tmp_path: Path) -> None:
     _unexplained(ck, out, "linear_1.w_0_moment2_0", "not in the output")
 
 
+def test_pdopt_copied_unresized_is_unexplained(tmp_path: Path) -> None:
+    """The input's optimizer.pdopt copied into a resized output as it was (moments at the old shape)."""
+    ck, _ = with_optimizer(tmp_path)
+    out = tmp_path / "out"
+    tietool.resize(ck, 128, out)
+    shutil.copy2(ck / "optimizer.pdopt", out / "optimizer.pdopt")
+    _unexplained(ck, out, "embedding_0.w_0_moment1_0", "[100, 16] where float32 [128, 16] is expected")
+
+
 def test_scheduler_changed_is_unexplained(tmp_path: Path) -> None:
     ck, _ = with_optimizer(tmp_path)
     shutil.copy2(ck / "optimizer.pdopt", ck / "scheduler.pdparams")
