@@ -18,9 +18,11 @@ V+5 without ``--seed``, V-2 with and without ``--force``, ``--pad-to-multiple-of
 ``--vocab``, ``--json``, ``--dry-run``), ``convert`` (``--to`` each of paddleformers, paddlenlp,
 safetensors, pdparams; ``--max-shard-size 4096``; ``--json --dry-run``), ``merge`` (``--out``,
 ``--max-shard-size 4096``, ``--json --dry-run``), in place (tie, untie, resize with a backup, resize
-``--no-backup``, resize with CKPT omitted run from inside the folder) and, after every write with
-``--out``, ``verify IN OUT`` (text and ``--json``), whatever the write's outcome (so the set of runs does
-not depend on the results). A refusal is as much an output as a success: every line runs on every input.
+``--no-backup``, resize with CKPT omitted run from inside the folder) and, after every write (``--out``
+or in place, not ``--dry-run``; the cases' own command lines too), ``verify IN OUT`` (text; ``--json``
+too for the writes marked ``verify``), whatever the write's outcome (so the set of runs does not depend
+on the results). A refusal is as much an output as a success: every line runs on every input.
+``python bench/golden.py verified CAPTURE`` lists the successful writes whose verify did not exit 0.
 
 Runs go in-process through the real entry point, ``tietool.cli.app.main`` with ``sys.argv`` set (usage
 errors then print tietool's one line, as the installed script does), stdout and stderr captured. For each
