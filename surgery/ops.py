@@ -28,6 +28,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import diff as diff_mod
 from . import report as report_mod
 from .inspect.convention import LEGACY_LOAD
 from .inspect.detect import Detection, detect
@@ -826,6 +827,33 @@ def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyRe
     tensor bit-identical, every vocabulary tensor and size key moved together); ``logits`` also compares
     PaddleFormers logits. The verdict is ``result.exit_code``. Raises as :meth:`Checkpoint.open`."""
     return _verify(_path(before, "before"), _path(after, "after"), logits=logits)
+
+
+def diff(a: PathArg, b: PathArg, *, values: bool = True) -> diff_mod.DiffResult:
+    """What differs between checkpoints ``a`` and ``b``, and by how much; nothing is written.
+
+    Each is a folder or a URL (``s3://``, ``hf://``) of safetensors or ``.pdparams`` weights; a folder of
+    rank files or a flex checkpoint (a Trainer ``checkpoint-N/``) is compared as the checkpoint :func:`merge`
+    would write of it. Tensors are read once, in chunks (memory: two chunks of ~4 MiB, or one whole tensor
+    of a merged side), bit-identical chunks skipped at memory speed.
+
+    Args:
+        values: read the tensors' data (False: headers only: names, dtypes, shapes, byte ranges).
+
+    Returns:
+        the :class:`~surgery.diff.DiffResult`: tensors ``added`` / ``removed`` / ``renamed`` (same shape,
+        dtype and bytes under another name) / ``changed`` (dtype and shape before and after, ``max_abs_diff``,
+        ``relative_norm`` = ‖B − A‖ / ‖A‖ in float64, ``rows_changed`` of a vocabulary tensor as token-id
+        ranges), config keys, safetensors metadata, tokenizer tokens (added, removed, renumbered) and other
+        files (size and sha256); ``result.as_dict()`` is ``tietool diff --json``; ``result.exit_code`` is 0
+        when identical, 1 when they differ.
+
+    Raises:
+        CheckpointError, UnsafePickleError, RefusedError, StorageError, UsageError: a side that cannot be
+            read (as :meth:`Checkpoint.open`, :func:`merge`'s planning of rank files or a flex checkpoint),
+            a path that is not ``str`` / ``os.PathLike``.
+    """
+    return diff_mod.diff(_path(a, "a"), _path(b, "b"), values=bool(values))
 
 
 def convert(
