@@ -69,8 +69,8 @@ def _verify_text(res: dict) -> None:
             con.print(f"logits: the output does not load under PaddleFormers {lg.get('model_class')}")
         else:
             con.print(
-                f"logits under PaddleFormers {lg.get('model_class')} on token ids below "
-                f"{lg.get('token_ids_below')}: max |difference| {lg.get('max_abs_diff'):.3g} "
+                f"logits under {lg.get('libraries', 'PaddleFormers')} {lg.get('model_class')} on token ids "
+                f"below {lg.get('token_ids_below')}: max |difference| {lg.get('max_abs_diff'):.3g} "
                 f"({'same' if lg['ok'] else 'DIFFERENT'})"
             )
     for n in res.get("notes", ()):
