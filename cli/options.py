@@ -263,7 +263,10 @@ LogitsOpt = Annotated[
     bool,
     typer.Option(
         "--logits",
-        help="also compare logits under PaddleFormers (PaddleNLP inputs under $PNLP_PYTHON; exit 8 when they cannot be compared)",
+        help=(
+            "also compare logits under PaddleFormers (PaddleNLP inputs under $PNLP_PYTHON; "
+            "exit 8 when they cannot be compared)"
+        ),
     ),
 ]
 
