@@ -35,15 +35,17 @@ from ..io.readback import (
 from ..io.safetensors_io import Source
 from ..model.enums import Container
 from ..model.tensor import pdparams_name
-from ..plan import recipes, training_state
+from ..plan import recipes
 from ..plan.flex_edit import FlexEdit
 from ..plan.plan import NEW_SHARD, NewCheckpoint, OutTensor, Plan
 from ..plan.recipes import Recipe
-from .copy import Copier, Reporting, copy_file, try_link, write_reporting
+from .copy import Copier, Reporting, copy_file, write_reporting
+from .edits import json_bytes, write_edited
 from .flex_edit import write_flex_edit
 from .layout import Entry, KeepFilesLayout, ReshardLayout, entry_nbytes, keep_files, reshard
 from .publish import JSON_STYLE, publish, write_json
 from .remote import execute_remote
+from .training_state import write_pdopt
 
 
 def execute(
@@ -89,7 +91,7 @@ def execute(
         return write_new(plan, out, report, progress)
     if isinstance(plan, FlexEdit):  # a Trainer flex checkpoint kept one (--keep-training-state)
         return publish(Path(out), lambda tmp: write_flex_edit(plan, tmp), report)
-    if not store.store_for(out).on_disk:  # object storage: staged here, then published in order
+    if not store.is_local(out):  # object storage: staged here, then published in order
         return execute_remote(
             plan,
             out,
@@ -256,16 +258,16 @@ def _start_copies(
     kept_links: list[tree.FolderLink],
 ) -> None:
     """Hard-link (``link``, where the file system can) or hand to ``copier`` the kept weight files that are
-    not rewritten, then the carried files (less the configs :func:`_write_configs` writes; with ``link``, a
-    relative symlink to another carried file stays a symlink, :func:`_keep_symlink`; the files below a
-    folder link of ``kept_links`` are that link, made once), recording each in ``files_report``."""
+    not rewritten, then the carried files (less the configs :func:`_write_configs` writes), each by the one
+    rule of :func:`surgery.io.tree.place_kept` (the files below a folder link of ``kept_links`` are that
+    link, made once), recording each in ``files_report``."""
     ckpt = plan.ckpt
     for f in lay.kept:
         if f in lay.rewrite:
             continue
         src, dst = ckpt.path / f, tmp / lay.rename[f]
         tensor_bytes = sum(entry_nbytes(ckpt, e) for e in lay.entries[f])
-        if link and try_link(src, dst):
+        if tree.place_kept(src, dst, ckpt.path, (), link) is tree.Placed.LINKED:
             files_report["linked"].append(lay.rename[f])
             if progress:
                 progress(lay.rename[f], tensor_bytes)
@@ -278,18 +280,16 @@ def _start_copies(
         os.symlink(fl.target, tmp / fl.rel)
         files_report.setdefault("symlinked", []).append(fl.rel)
     below = {f for fl in kept_links for f in fl.files}
+    carried_set = set(carried)
     for rel in carried:
         if rel in config_files or rel in below:
             continue
         src, d = ckpt.path / rel, tmp / rel
         d.parent.mkdir(parents=True, exist_ok=True)  # a subfolder: a folder of links (or copies) too
-        if link and _keep_symlink(src, d, ckpt.path, set(carried)):
-            files_report.setdefault("symlinked", []).append(rel)
-        elif link and try_link(src, d):
-            files_report["linked"].append(rel)
-        else:
+        placed = tree.place_kept(src, d, ckpt.path, carried_set, link)
+        if placed is tree.Placed.COPY:
             copier.submit(src, d, None)
-            files_report["copied"].append(rel)
+        files_report.setdefault(placed.value, []).append(rel)
 
 
 def _config_files(plan: Plan) -> set[str]:
@@ -304,17 +304,14 @@ def _tokenizer_files(plan: Plan) -> set[str]:
 
 def _write_tokenizer_files(plan: Plan, tmp: Path, files_report: dict[str, Any]) -> None:
     """Write the new bytes of every tokenizer file the plan's edit changes (``files_report["edited"]``,
-    present only for a plan with an edit); the other tokenizer files were carried as they are."""
+    present only for a plan with an edit), each read back; the other tokenizer files were carried as they
+    are."""
     if plan.tokenizer is None:
         return
     files_report["edited"] = sorted(plan.tokenizer.files)
+    local = store.is_local(plan.ckpt.path)
     for rel, data in sorted(plan.tokenizer.files.items()):
-        dst = tmp / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes(data)
-        local = store.store_for(plan.ckpt.path).on_disk
-        if local and (plan.ckpt.path / rel).is_file():  # the mode of the file it replaces
-            shutil.copymode(plan.ckpt.path / rel, dst)
+        write_edited(tmp, rel, data, plan.ckpt.path / rel if local else None)  # the mode it replaces
 
 
 def _write_training_state(plan: Plan, tmp: Path, files_report: dict[str, Any]) -> None:
@@ -326,7 +323,7 @@ def _write_training_state(plan: Plan, tmp: Path, files_report: dict[str, Any]) -
     for rel, edit in sorted(plan.training_edit.items()):
         dst = tmp / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        done[rel] = training_state.write_pdopt(plan.ckpt.path, edit, dst, tmp)
+        done[rel] = write_pdopt(plan.ckpt.path, edit, dst, tmp)
         shutil.copymode(plan.ckpt.path / rel, dst)
 
 
@@ -353,20 +350,6 @@ def _folder_link_facts(links: list[tree.FolderLink], kept: list[tree.FolderLink]
         for fl in links
         if not any(fl.rel.startswith(r + "/") for r in inside)
     ]
-
-
-def _keep_symlink(src: Path, dst: Path, folder: Path, carried: set[str]) -> bool:
-    """With ``link``, a carried symlink stays a symlink (the same relative target) when it is relative and
-    points at another carried file of ``folder`` (which the output holds at the same place); returns
-    whether it was made. Any other symlink is hard-linked or copied as the file behind it."""
-    if not src.is_symlink() or os.path.isabs(os.readlink(src)):
-        return False
-    base = os.path.realpath(folder)
-    behind = os.path.realpath(src)
-    if os.path.commonpath([base, behind]) != base or os.path.relpath(behind, base) not in carried:
-        return False
-    os.symlink(os.readlink(src), dst)
-    return True
 
 
 def _write_index(index: dict, path: Path, weight_map: dict[str, str], total_size: int) -> None:
@@ -522,6 +505,7 @@ class _SortedMap(dict):
 
 
 def _write_configs(plan: Plan, tmp: Path) -> None:
+    """Write each config file the plan sets keys in (read back byte for byte); copy the others."""
     ckpt = plan.ckpt
     by_file: dict[str, list[tuple[str, Any]]] = {ckpt.config_file: []}
     for file, key, value in plan.config_set:
@@ -533,7 +517,7 @@ def _write_configs(plan: Plan, tmp: Path) -> None:
         data = plan.ckpt.config if file == "config.json" else read_config_file(src)
         data = json.loads(json.dumps(data))
         if apply_config_sets(data, sets):
-            write_json(tmp / file, data)
+            write_edited(tmp, file, json_bytes(data), None)
         else:
             copy_file(src, tmp / file)
 
@@ -631,7 +615,7 @@ def _write_new_files(
         # that index names exactly the planned tensors
         check_json_file(tmp / lay.index, index, JSON_STYLE)
         check_index_data(tmp / lay.index, index, shards)
-    write_json(tmp / "config.json", new.config)
+    write_edited(tmp, "config.json", json_bytes(new.config), None)
     for src, rel in carry:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         copy_file(src, tmp / rel)
