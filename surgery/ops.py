@@ -11,8 +11,9 @@ the report): the paths are coerced once, the options stay enums, the output is c
 is an output policy of the run (:class:`_InPlace`, beside :class:`_NewFolder`). The report (a
 :class:`~surgery.results.Report`: :func:`surgery.report.build`, ``convert_report``, ``merge_report``) is
 returned and, for a real run, also stored in the output as ``tietool-report.json`` before the output is
-renamed (or swapped) into place. ``convert`` and ``merge`` write a whole new checkpoint
-(:class:`~surgery.plan.plan.NewCheckpoint`); every write goes through :func:`surgery.write.writer.execute`.
+renamed (or swapped) into place. Every write is one :class:`~surgery.plan.plan.Plan` (its layout: the
+input's files with a delta, a whole new checkpoint for ``convert`` and ``merge``, or a Trainer
+checkpoint's flex folders) through :func:`surgery.write.writer.execute`.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ from .plan.add_tokens import InitChoice, parse_init, plan_add_tokens
 from .plan.merge_experts import plan_rank_merge
 from .plan.plan import (
     DEFAULT_MAX_SHARD_SIZE,
+    FlexFolders,
     Plan,
+    Reshard,
     check_dtypes,
     hf_random_head_problems,
     parse_size,
@@ -470,19 +473,21 @@ def _flex_edit(make_plan: Callable[[Checkpoint], Plan]) -> Planner:
     finds it), the flex folders rewritten to the new shapes; the report of :func:`surgery.report.build`
     with the flex facts."""
 
-    def plan(src: Path) -> flex_edit.FlexEdit:
+    def plan(src: Path) -> Plan:
         fp, view = flex_edit.open_view(src)
         return flex_edit.plan_flex_edit(fp, warn_random_head(check_dtypes(make_plan(view))))
 
-    def report(e: flex_edit.FlexEdit, out: str, facts: dict | None, dry_run: bool = True) -> dict:
+    def report(e: Plan, out: str, facts: dict | None, dry_run: bool = True) -> dict:
+        lay = e.layout
+        assert isinstance(lay, FlexFolders), "internal: a flex edit has the FlexFolders layout"
         if facts is None:
-            rep = report_mod.build(e.plan, None, out, dry_run=dry_run, keep_training_state=True)
-            resized = {k: sorted(v) for k, v in e.rewrites.items() if v}
+            rep = report_mod.build(e, None, out, dry_run=dry_run, keep_training_state=True)
+            resized = {k: sorted(v) for k, v in lay.rewrites.items() if v}
         else:
             resized = facts.pop("training_state_resized", {})
-            rep = report_mod.build(e.plan, facts, out)
+            rep = report_mod.build(e, facts, out)
         resized = {k: v for k, v in resized.items() if k != "model_state"}  # the weights: "resized"
-        rep.update(kind="flex", config_from=str(e.flex.config_file), training_state_resized=resized)
+        rep.update(kind="flex", config_from=str(lay.config_file), training_state_resized=resized)
         return rep
 
     return Planner(open=_rank_folder, plan=plan, report=report)
@@ -874,7 +879,7 @@ def convert(
         open=lambda p: _indexed(Checkpoint.open(Path(p))),
         plan=plan,
         report=lambda p, where, facts, dry_run=True: report_mod.convert_report(p, target, where, facts),
-        write=lambda p: convert_plan.new_checkpoint(p, limit),
+        write=lambda p: convert_plan.output_plan(p, limit),
     )
     return run(converted, path, out, dry_run=dry_run, progress=progress)
 
@@ -945,8 +950,9 @@ def merge(
 
     def report(plan: merge_plan.MergePlan, where: str, facts: dict | None, dry_run: bool = True) -> dict:
         if facts is None:  # a dry run: the files a run would write
-            new = merge_plan.new_checkpoint(plan, limit())
-            lay = reshard(new.tensors, new.layout.container, limit())
+            new = merge_plan.output_plan(plan, limit()).layout
+            assert isinstance(new, Reshard)
+            lay = reshard(new.tensors, new.container, limit())
             facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
             facts.update(carried=[n for _, n in plan.carry], dry_run=True)
         return report_mod.merge_report(plan, where, facts)
@@ -972,7 +978,7 @@ def merge(
         open=_rank_folder,
         plan=lambda src: (limit(), plan_rank_merge(src))[1],
         report=report,
-        write=lambda p: merge_plan.new_checkpoint(p, limit()),
+        write=lambda p: merge_plan.output_plan(p, limit()),
         totals=_merge_totals,
     )
     return run(merged, path, out, dry_run=dry_run, progress=progress)
@@ -1013,13 +1019,14 @@ def _merge_flex(
         return fp, cp
 
     def write(p: tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]) -> Any:
-        new = convert_plan.new_checkpoint(p[1], limit())
-        return replace(new, carry=p[0].carry)
+        new = convert_plan.output_plan(p[1], limit())
+        assert isinstance(new.layout, Reshard)
+        return replace(new, layout=replace(new.layout, carry=p[0].carry))
 
     def report(p: tuple, where: str, facts: dict | None, dry_run: bool = True) -> dict:
         if facts is None:  # a dry run: the files a run would write
-            new = write(p)
-            lay = reshard(new.tensors, new.layout.container, limit())
+            new = write(p).layout
+            lay = reshard(new.tensors, new.container, limit())
             facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
             facts.update(carried=[n for _, n in p[0].carry], dry_run=True)
         conv = report_mod.convert_report(p[1], Target.PADDLEFORMERS, where, dict(facts))
@@ -1050,8 +1057,9 @@ def _flex_planner(limit: Callable[[], int], keep: bool) -> Planner:
 
     def report(plan: merge_flex.FlexPlan, where: str, facts: dict | None, dry_run: bool = True) -> dict:
         if facts is None:  # a dry run: the files a run would write
-            new = merge_flex.new_checkpoint(plan, limit())
-            lay = reshard(new.tensors, new.layout.container, limit())
+            new = merge_flex.output_plan(plan, limit()).layout
+            assert isinstance(new, Reshard)
+            lay = reshard(new.tensors, new.container, limit())
             facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
             facts.update(carried=[n for _, n in plan.carry], dry_run=True)
         return merge_flex.report(plan, where, facts)
@@ -1064,7 +1072,7 @@ def _flex_planner(limit: Callable[[], int], keep: bool) -> Planner:
         open=_rank_folder,
         plan=plan,
         report=report,
-        write=lambda p: merge_flex.new_checkpoint(p, limit()),
+        write=lambda p: merge_flex.output_plan(p, limit()),
         totals=totals,
     )
 

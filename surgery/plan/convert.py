@@ -50,10 +50,10 @@ from ..inspect.convention import (
 )
 from ..inspect.layout import Layout, Proof, hint_container_only, prove
 from ..io.checkpoint import Checkpoint
-from ..model.enums import Container, Target
+from ..model.enums import Container, Operation, Target
 from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tensor import DTYPES, describe_dtype, dtype_refusal
-from .plan import NewCheckpoint, OutTensor, Reshard
+from .plan import OutTensor, Plan, Reshard, reshard_plan
 from .recipes import ROWS_BYTES, CopyOf, FusedPart, transpose_2d
 
 # files an output never carries: PaddleFormers' loader writes this one into the folder it loads, and it
@@ -889,17 +889,18 @@ def note_left_out(plan: ConvertPlan) -> None:
         )
 
 
-def new_checkpoint(plan: ConvertPlan, max_shard_size: int) -> NewCheckpoint:
-    """What the conversion ``plan`` writes: its tensors in shards of ``plan.container`` of at most
-    ``max_shard_size`` bytes, its config, the carried files (:func:`carry`) and the container's non-tensor
-    entries (:func:`st_metadata`, :func:`pdparams_extras`)."""
+def output_plan(plan: ConvertPlan, max_shard_size: int) -> Plan:
+    """The :class:`~surgery.plan.plan.Plan` the conversion ``plan`` writes: its tensors in shards of
+    ``plan.container`` of at most ``max_shard_size`` bytes, its config, the carried files (:func:`carry`)
+    and the container's non-tensor entries (:func:`st_metadata`, :func:`pdparams_extras`)."""
     safetensors = plan.container is Container.SAFETENSORS
-    return NewCheckpoint(
+    layout = Reshard(
+        plan.container,
+        max_shard_size,
         plan.tensors,
-        Reshard(plan.container, max_shard_size),
         plan.config,
         carry=carry(plan.ckpt),
-        source=plan.ckpt,
         st_metadata=st_metadata(plan) if safetensors else None,
         pdparams_extras=pdparams_extras(plan),
     )
+    return reshard_plan(Operation.CONVERT, plan.ckpt, layout, plan)

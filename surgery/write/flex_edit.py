@@ -1,6 +1,6 @@
-"""Write a :class:`surgery.plan.flex_edit.FlexEdit`: the Trainer flex checkpoint with its vocabulary tensors
-(and their moments and master weights) rewritten, into a folder :func:`surgery.write.publish.publish`
-moves into place when complete.
+"""Write a plan of :class:`~surgery.plan.plan.FlexFolders` layout: the Trainer flex checkpoint with its
+vocabulary tensors (and their moments and master weights) rewritten, into a folder
+:func:`surgery.write.publish.publish` moves into place when complete.
 
 Each flex folder is written by :func:`surgery.io.flex_write.rewrite_folder` (a ``.distcp`` without a
 changed tensor kept by :func:`surgery.io.tree.place_kept`: hard-linked, copied across file systems; the
@@ -30,7 +30,7 @@ from ..io import flex, flex_write, surface, tree
 from ..io.checkpoint import REPORT_NAME
 from ..io.configfile import apply_config_sets
 from ..io.readback import check_flex_metadata, check_pdparams
-from ..plan.flex_edit import FlexEdit
+from ..plan.plan import FlexFolders, Plan
 from .edits import json_bytes, write_edited
 
 
@@ -65,26 +65,24 @@ def _keep(root: Path, tmp: Path, rels: list[str]) -> list[str]:
     return rels
 
 
-def _config(edit: FlexEdit) -> dict[str, Any]:
+def _config(plan: Plan, lay: FlexFolders) -> dict[str, Any]:
     """The checkpoint's config (as found by ``merge``) with the plan's config.json changes."""
-    data = json.loads(json.dumps(edit.flex.config))
-    apply_config_sets(
-        data, [(key, value) for file, key, value in edit.plan.config_set if file == "config.json"]
-    )
+    data = json.loads(json.dumps(lay.config))
+    apply_config_sets(data, [(key, value) for file, key, value in plan.config_set if file == "config.json"])
     return data
 
 
-def _rewrite_state(edit: FlexEdit, tmp: Path, name: str) -> list[str]:
+def _rewrite_state(lay: FlexFolders, tmp: Path, name: str) -> list[str]:
     """Rewrite flex folder ``name`` into ``tmp / name`` (:func:`surgery.io.flex_write.rewrite_folder`) and
     read back what it wrote: each rewritten ``.distcp`` and the ``.metadata``; returns those files.
 
     Raises:
         OutputError: a file does not read back as planned.
     """
-    src, dst = edit.root / name, tmp / name
-    ck = flex.open_flex(flex.FlexFolder(edit.root, src, ()))
+    src, dst = lay.root / name, tmp / name
+    ck = flex.open_flex(flex.FlexFolder(lay.root, src, ()))
     dst.mkdir()
-    done = flex_write.rewrite_folder(src, dst, ck.metadata, ck.tensors, edit.rewrites[name])
+    done = flex_write.rewrite_folder(src, dst, ck.metadata, ck.tensors, lay.rewrites[name])
     for q in sorted(dst.iterdir()):
         if surface.LOADER_CACHE.match(q.name):
             q.unlink()
@@ -94,23 +92,25 @@ def _rewrite_state(edit: FlexEdit, tmp: Path, name: str) -> list[str]:
     return [f"{name}/{f}" for f in sorted(done.rewritten)] + [f"{name}/{done.metadata}"]
 
 
-def write_flex_edit(edit: FlexEdit, tmp: Path) -> dict[str, Any]:
-    """Write ``edit`` into the empty folder ``tmp``, every written file read back; returns the
-    written-file facts (``files``: ``linked``, ``rewritten``, ``written``; ``training_state_resized``: per
-    flex folder, the keys replaced).
+def write_flex_edit(plan: Plan, tmp: Path) -> dict[str, Any]:
+    """Write ``plan`` (its layout :class:`~surgery.plan.plan.FlexFolders`) into the empty folder ``tmp``,
+    every written file read back; returns the written-file facts (``files``: ``linked``, ``rewritten``,
+    ``written``; ``training_state_resized``: per flex folder, the keys replaced).
 
     Raises:
         OSError: a write failed (the caller removes ``tmp``). OutputError: a file does not read back.
     """
-    root = edit.root
-    tok = edit.plan.tokenizer.files if edit.plan.tokenizer is not None else {}
-    changed = {n for n in flex.STATE_DIRS if edit.rewrites.get(n) and (root / n).is_dir()}
+    lay = plan.layout
+    assert isinstance(lay, FlexFolders), "internal: a flex edit has the FlexFolders layout"
+    root = lay.root
+    tok = plan.tokenizer.files if plan.tokenizer is not None else {}
+    changed = {n for n in flex.STATE_DIRS if lay.rewrites.get(n) and (root / n).is_dir()}
     skip = {"config.json", REPORT_NAME, *changed, *(r.split("/", 1)[0] for r in tok if "/" not in r)}
     linked = _keep(root, tmp, [r for r in _kept_files(root, skip) if r not in tok])
     rewritten: list[str] = []
     for n in sorted(changed):
-        rewritten += _rewrite_state(edit, tmp, n)
-    write_edited(tmp, "config.json", json_bytes(_config(edit)), None)
+        rewritten += _rewrite_state(lay, tmp, n)
+    write_edited(tmp, "config.json", json_bytes(_config(plan, lay)), None)
     for rel, data in sorted(tok.items()):
         write_edited(tmp, rel, data, root / rel)
     return {
@@ -122,6 +122,6 @@ def write_flex_edit(edit: FlexEdit, tmp: Path) -> dict[str, Any]:
             "removed": [],
             "edited": sorted(tok),
         },
-        "training_state_resized": {n: sorted(edit.rewrites[n]) for n in sorted(changed)},
+        "training_state_resized": {n: sorted(lay.rewrites[n]) for n in sorted(changed)},
         "total_size": sum(os.path.getsize(tmp / f) for f in rewritten if (tmp / f).is_file()),
     }

@@ -36,8 +36,7 @@ from ..io.safetensors_io import Source
 from ..model.enums import Container
 from ..model.tensor import pdparams_name
 from ..plan import recipes
-from ..plan.flex_edit import FlexEdit
-from ..plan.plan import NEW_SHARD, NewCheckpoint, OutTensor, Plan
+from ..plan.plan import NEW_SHARD, FlexFolders, OutTensor, Plan, Reshard
 from ..plan.recipes import Recipe
 from .copy import Copier, Reporting, copy_file, write_reporting
 from .edits import json_bytes, write_edited
@@ -49,7 +48,7 @@ from .training_state import write_pdopt
 
 
 def execute(
-    plan: Plan | NewCheckpoint | FlexEdit,
+    plan: Plan,
     out: str | Path,
     link: bool = False,
     progress: Callable[[str, int], None] | None = None,
@@ -78,8 +77,11 @@ def execute(
             input's place, so the link leads where it did); otherwise (and always for ``--out``) the output
             holds a real folder of its files (:func:`_kept_links`).
 
-    A :class:`~surgery.plan.plan.NewCheckpoint` (``convert``, ``merge``) is written by :func:`write_new`
-    (``link``, ``keep_training_state`` and ``keep_folder_links`` do not apply: nothing is kept by file).
+    The plan's layout decides the files: :class:`~surgery.plan.plan.KeepFiles` (an edit) here;
+    :class:`~surgery.plan.plan.Reshard` (``convert``, ``merge``) by :func:`write_new` (``link``,
+    ``keep_training_state`` and ``keep_folder_links`` do not apply: nothing is kept by file);
+    :class:`~surgery.plan.plan.FlexFolders` (a Trainer flex checkpoint kept resumable) by
+    :func:`surgery.write.flex_edit.write_flex_edit`.
 
     Returns:
         the report (or the facts when ``report`` is None).
@@ -87,9 +89,9 @@ def execute(
     Raises:
         OutputError: the output cannot be written (disk full, permissions); nothing is left behind.
     """
-    if isinstance(plan, NewCheckpoint):
+    if isinstance(plan.layout, Reshard):
         return write_new(plan, out, report, progress)
-    if isinstance(plan, FlexEdit):  # a Trainer flex checkpoint kept one (--keep-training-state)
+    if isinstance(plan.layout, FlexFolders):  # a Trainer flex checkpoint kept one (--keep-training-state)
         return publish(Path(out), lambda tmp: write_flex_edit(plan, tmp), report)
     if not store.is_local(out):  # object storage: staged here, then published in order
         return execute_remote(
@@ -565,12 +567,13 @@ class _Lazy(Source):
 
 
 def write_new(
-    new: NewCheckpoint,
+    plan: Plan,
     out: str | Path,
     report: Callable[[dict], dict] | None = None,
     progress: Callable[[str, int], None] | None = None,
 ) -> dict:
-    """Write the checkpoint ``new`` (``convert``, ``merge``) to ``out``, atomically: its tensors laid out
+    """Write the new checkpoint of ``plan`` (``convert``, ``merge``: its layout a
+    :class:`~surgery.plan.plan.Reshard`) to ``out``, atomically: its tensors laid out
     in shards (:func:`surgery.write.layout.reshard`), each made by its recipe
     (:func:`surgery.plan.recipes.make`, one memo) when it is written, so that one tensor is in memory at a
     time; the index, ``config.json`` and the carried files; every weight file and the index read back with
@@ -589,16 +592,22 @@ def write_new(
         UsageError: no tensors or duplicate names.
         OutputError: the output cannot be written or does not read back; nothing is left behind.
     """
-    lay = reshard(new.tensors, new.layout.container, new.layout.max_shard_size)
-    return publish(Path(out), lambda tmp: _write_new_files(tmp, new, lay, progress), report)
+    new = plan.layout
+    assert isinstance(new, Reshard), "internal: write_new writes a Reshard layout"
+    lay = reshard(new.tensors, new.container, new.max_shard_size)
+    return publish(Path(out), lambda tmp: _write_new_files(tmp, plan.source, new, lay, progress), report)
 
 
 def _write_new_files(
-    tmp: Path, new: NewCheckpoint, lay: ReshardLayout, progress: Callable[[str, int], None] | None
+    tmp: Path,
+    source: Checkpoint | None,
+    new: Reshard,
+    lay: ReshardLayout,
+    progress: Callable[[str, int], None] | None,
 ) -> dict:
     """Write the weight files, the index, config.json and the carried files into ``tmp``; read back."""
-    container, st_metadata, carry = new.layout.container, new.st_metadata, new.carry
-    made = _Made(new.source, [t for ts in lay.files.values() for t in ts])
+    container, st_metadata, carry = new.container, new.st_metadata, new.carry
+    made = _Made(source, [t for ts in lay.files.values() for t in ts])
     for fname, ts in lay.files.items():
         _write_new_file(tmp / fname, ts, made, container, st_metadata, new.pdparams_extras, progress)
     index = {"metadata": {"total_size": lay.total_size}, "weight_map": lay.weight_map}
