@@ -904,3 +904,19 @@ def output_plan(plan: ConvertPlan, max_shard_size: int) -> Plan:
         pdparams_extras=pdparams_extras(plan),
     )
     return reshard_plan(Operation.CONVERT, plan.ckpt, layout, plan)
+
+
+def warn_legacy_layout(plan: Plan) -> Plan:
+    """Add to ``plan.warnings`` (printed on the terminal) the call PaddleFormers 1.2 needs to load the output
+    when the checkpoint is PaddleFormers safetensors in its legacy Paddle layout
+    (:func:`pf_legacy_layout`; ``merge --keep-paddle-layout`` writes them): a plain
+    ``from_pretrained`` of such a folder loads without a warning and computes other logits (measured:
+    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``)."""
+    ck = plan.ckpt
+    if ck.format is Container.SAFETENSORS and pf_legacy_layout(ck):
+        plan.warnings.append(
+            "the checkpoint is PaddleFormers safetensors in its legacy Paddle layout (Linear weights "
+            f"[in, out]) and so is the output: PaddleFormers 1.2 loads it only with {LEGACY_LOAD}; a plain "
+            "from_pretrained loads it without an error but computes other logits"
+        )
+    return plan

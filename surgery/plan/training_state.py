@@ -175,7 +175,7 @@ def plan_training_state(plan: Plan) -> dict[str, OptimizerEdit]:
             continue
         if rel != PDOPT:
             raise _refuse(ck.path, rel, f"is {_format_of(base)}: tietool does not resize it")
-        if not ck.store.on_disk:
+        if not ck.local:
             raise _refuse(ck.path, rel, "is in object storage; tietool rewrites optimizer state locally only")
         edits[rel] = plan_pdopt(ck.path, rel, resized)
     return edits

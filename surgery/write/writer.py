@@ -19,7 +19,7 @@ import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..io import pdparams_io, safetensors_io, store, surface, tree
 from ..io.checkpoint import Checkpoint
@@ -47,28 +47,38 @@ from .remote import execute_remote
 from .training_state import write_pdopt
 
 
+class ReportDraft(Protocol):
+    """The report handed to :func:`execute` (:class:`surgery.report.Draft`)."""
+
+    def with_files(self, facts: dict) -> dict:
+        """The complete report, given the written-file facts."""
+        ...
+
+
 def execute(
     plan: Plan,
     out: str | Path,
     link: bool = False,
     progress: Callable[[str, int], None] | None = None,
-    report: Callable[[dict], dict] | None = None,
+    report: ReportDraft | None = None,
     keep_training_state: bool = False,
     keep_folder_links: bool = False,
 ) -> dict:
-    """Write the output checkpoint of ``plan`` to ``out`` atomically; returns the written-file facts.
+    """Write the output checkpoint of ``plan`` to ``out`` atomically; returns the report (or the
+    written-file facts without one).
 
     Args:
         out: the output folder (must not exist, or be empty; checked once by the caller,
             :func:`surgery.ops.run` through :func:`surgery.write.publish.check_output_path`).
-        link: hard-link untouched weight files instead of copying them. A later in-place edit of a
-            linked file changes both checkpoints; tools that rewrite files (as tietool does) are safe.
+        link: hard-link untouched weight files instead of copying them (a later in-place edit of a
+            linked file would change both; tietool rewrites files).
         progress: called with (output file name, bytes) as tensor bytes are written: by the copy threads
             as they copy (a whole file's share of its tensor bytes, :func:`_scaled_advance`), and in rewritten
             files per tensor and per step within one (:class:`Reporting`); the calls add up to
             ``plan.output_bytes`` exactly. Must be thread-safe (rich's ``Progress.update`` is).
-        report: given the written-file facts, returns the report written as ``tietool-report.json``
-            (inside the temporary folder, so a finished output always has it).
+        report: the run's report (:class:`surgery.report.Draft`), made complete from the written-file
+            facts (:meth:`ReportDraft.with_files`) and written as ``tietool-report.json`` inside the
+            temporary folder, so a finished output always has it.
         keep_training_state: copy optimizer / master-weight / scheduler / trainer files even though the plan
             changes the model (:func:`surgery.io.surface.output_left_out` says why they are dropped
             otherwise).
@@ -89,17 +99,18 @@ def execute(
     Raises:
         OutputError: the output cannot be written (disk full, permissions); nothing is left behind.
     """
+    made = None if report is None else report.with_files
     if isinstance(plan.layout, Reshard):
-        return write_new(plan, out, report, progress)
+        return write_new(plan, out, made, progress)
     if isinstance(plan.layout, FlexFolders):  # a Trainer flex checkpoint kept one (--keep-training-state)
-        return publish(Path(out), lambda tmp: write_flex_edit(plan, tmp), report)
+        return publish(Path(out), lambda tmp: write_flex_edit(plan, tmp), made)
     if not store.is_local(out):  # object storage: staged here, then published in order
         return execute_remote(
             plan,
             out,
             lambda tmp, copier: _write_all(plan, tmp, False, progress, keep_training_state, copier),
             progress,
-            report,
+            made,
         )
     out = Path(out)
     return publish(
@@ -107,7 +118,7 @@ def execute(
         lambda tmp: _write_all(
             plan, tmp, link, progress, keep_training_state, keep_folder_links=keep_folder_links
         ),
-        report,
+        made,
     )
 
 
