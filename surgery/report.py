@@ -481,15 +481,54 @@ def report_of(
     with the conversion under ``converted``)."""
     lay = plan.layout
     if isinstance(lay, FlexFolders):
-        return _flex_edit_report(plan, lay, out, facts, dry_run)
-    if isinstance(lay, KeepFiles):
+        rep = _flex_edit_report(plan, lay, out, facts, dry_run)
+    elif isinstance(lay, KeepFiles):
         if facts is None:
-            return build(plan, None, out, dry_run=dry_run, keep_training_state=keep_training_state)
-        return build(plan, facts, out)
-    if plan.op is Operation.CONVERT:
+            rep = build(plan, None, out, dry_run=dry_run, keep_training_state=keep_training_state)
+        else:
+            rep = build(plan, facts, out)
+    elif plan.op is Operation.CONVERT:
         assert to is not None, "internal: a convert report names its target"
-        return convert_report(plan.section, to, out, facts)
-    return _merge_of(plan, lay, out, facts)
+        rep = convert_report(plan.section, to, out, facts)
+    else:
+        rep = _merge_of(plan, lay, out, facts)
+    return with_common(rep, plan)
+
+
+COMMON_FIELDS = (
+    "tool",
+    "version",
+    "operation",
+    "input",
+    "output",
+    "dry_run",
+    "changed",
+    "before",
+    "after",
+    "config_changes",
+    "left_out",
+    "notes",
+    "warnings",
+)
+"""The fields the report of every writing operation has, dry run included (after its own keys)."""
+
+
+def with_common(rep: dict, plan: Plan) -> dict:
+    """``rep`` with each of :data:`COMMON_FIELDS` it lacks added at its end (its own keys keep their place
+    and values): the tool and its version, a merge's totals (:func:`totals_of`), the plan's notes and
+    warnings, ``convert``'s files that are not part of the checkpoint (``left_out``)."""
+    rep.setdefault("tool", f"tietool {__version__}")
+    rep.setdefault("version", __version__)
+    for key, t in totals_of(plan).items():
+        rep.setdefault(key, {"parameters": t.parameters, "bytes": t.bytes})
+    rep.setdefault("notes", list(plan.notes))
+    rep.setdefault("warnings", list(plan.warnings))
+    if "left_out" not in rep:
+        source = plan.source
+        rep["left_out"] = [x.as_dict() for x in source.left_out] if source is not None else []
+    missing = [k for k in COMMON_FIELDS if k not in rep]
+    assert not missing, f"internal: the {plan.op} report lacks {missing}"
+    return rep
 
 
 def _flex_edit_report(plan: Plan, lay: FlexFolders, out: str, facts: dict | None, dry_run: bool) -> dict:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..inspect.convention import LEGACY_LOAD
 from ..io import flex, mistaken, surface
-from ..model.enums import Target
+from ..model.enums import Operation, Target
 from ..model.errors import CheckpointError, Opt, UsageError
 from . import convert, merge, merge_flex
 from .merge_experts import plan_rank_merge
@@ -116,4 +116,4 @@ def plan_flex_converted(src: Path, limit: Callable[[], int]) -> Plan:
     )
     new = convert.output_plan(cp, size)
     assert isinstance(new.layout, Reshard), "internal: a conversion writes a new checkpoint"
-    return replace(new, layout=replace(new.layout, carry=fp.carry), section=(fp, cp))
+    return replace(new, op=Operation.MERGE, layout=replace(new.layout, carry=fp.carry), section=(fp, cp))

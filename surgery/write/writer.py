@@ -64,8 +64,7 @@ def execute(
     keep_training_state: bool = False,
     keep_folder_links: bool = False,
 ) -> dict:
-    """Write the output checkpoint of ``plan`` to ``out`` atomically; returns the report (or the
-    written-file facts without one).
+    """Write the output checkpoint of ``plan`` to ``out`` atomically.
 
     Args:
         out: the output folder (must not exist, or be empty; checked once by the caller,
@@ -79,17 +78,15 @@ def execute(
         report: the run's report (:class:`surgery.report.Draft`), made complete from the written-file
             facts (:meth:`ReportDraft.with_files`) and written as ``tietool-report.json`` inside the
             temporary folder, so a finished output always has it.
-        keep_training_state: copy optimizer / master-weight / scheduler / trainer files even though the plan
-            changes the model (:func:`surgery.io.surface.output_left_out` says why they are dropped
-            otherwise).
+        keep_training_state: keep the training state files though the plan changes the model
+            (:func:`surgery.io.surface.output_left_out`).
         keep_folder_links: a symbolic link to a folder in the input stays the same link in the output
             when the output holds every file below it unchanged (the in-place new version, which takes the
             input's place, so the link leads where it did); otherwise (and always for ``--out``) the output
             holds a real folder of its files (:func:`_kept_links`).
 
     The plan's layout decides the files: :class:`~surgery.plan.plan.KeepFiles` (an edit) here;
-    :class:`~surgery.plan.plan.Reshard` (``convert``, ``merge``) by :func:`write_new` (``link``,
-    ``keep_training_state`` and ``keep_folder_links`` do not apply: nothing is kept by file);
+    :class:`~surgery.plan.plan.Reshard` (``convert``, ``merge``; nothing kept by file) by :func:`write_new`;
     :class:`~surgery.plan.plan.FlexFolders` (a Trainer flex checkpoint kept resumable) by
     :func:`surgery.write.flex_edit.write_flex_edit`.
 
