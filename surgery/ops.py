@@ -36,9 +36,10 @@ from .io import flex, flex_cover, store
 from .io.checkpoint import Checkpoint, has_whole
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import Interrupted, Opt, UsageError
+from .plan import add_tokens as token_plan
 from .plan import convert as convert_plan
 from .plan import flex_edit, merge_plans
-from .plan.add_tokens import copy_token_id, parse_init, plan_add_tokens, tokenizer_edit
+from .plan.add_tokens import parse_init, plan_add_tokens
 from .plan.plan import (
     DEFAULT_MAX_SHARD_SIZE,
     Plan,
@@ -637,8 +638,8 @@ def add_tokens(
 
     def plan(c: Checkpoint) -> Plan:
         det = _detection(c, layout, loader, embedding, head)
-        edit = tokenizer_edit().add_tokens_edit(c.path, strings, special=special)
-        copy_id = copy_token_id(c.path, choice)
+        edit = token_plan.tokenizer_edit().add_tokens_edit(c.path, strings, special=special)
+        copy_id = token_plan.copy_token_id(c.path, choice)
         return plan_add_tokens(det, edit, choice, pad_to_multiple_of, seed, copy_id)
 
     added = _edit_planner(plan, keep_training_state, path)

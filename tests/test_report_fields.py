@@ -1,4 +1,5 @@
-"""The resize report states the requested size, the multiple and the padded size (issue 10)."""
+"""Report fields: the resize report states the requested size, the multiple and the padded size; the report of
+every writing operation's dry run has the common fields."""
 
 from __future__ import annotations
 
