@@ -2,18 +2,16 @@
 
 Each function is what one ``tietool`` command does; the CLI parses options, calls one of these and renders
 the result. They are also the Python API (``tietool.tie(...)``). Paths are ``str`` or ``os.PathLike``.
-Errors are the classes of :mod:`surgery.model.errors` (each with its
-:class:`~surgery.model.errors.ExitCode`); nothing
-is written when one is raised, and the input is never modified.
+Errors are the classes of :mod:`surgery.model.errors` (each with its :class:`~surgery.model.errors.ExitCode`);
+nothing is written when one is raised, and the input is never modified.
 
-Every writing operation is one :func:`run` of its :class:`Planner` (how to open the input, plan, and word
-the report): the paths are coerced once, the options stay enums, the output is checked once, and in place
-is an output policy of the run (:class:`_InPlace`, beside :class:`_NewFolder`). The report (a
-:class:`~surgery.results.Report`: :func:`surgery.report.build`, ``convert_report``, ``merge_report``) is
-returned and, for a real run, also stored in the output as ``tietool-report.json`` before the output is
-renamed (or swapped) into place. Every write is one :class:`~surgery.plan.plan.Plan` (its layout: the
-input's files with a delta, a whole new checkpoint for ``convert`` and ``merge``, or a Trainer
-checkpoint's flex folders) through :func:`surgery.write.writer.execute`.
+Every writing operation is one :func:`run` of its :class:`Planner` (how to open the input and plan): the
+paths are coerced once, the options stay enums, the output is checked once, and in place is an output
+policy of the run (:class:`_InPlace`, beside :class:`_NewFolder`). Every write is one
+:class:`~surgery.plan.plan.Plan` (its layout: the input's files with a delta, a whole new checkpoint for
+``convert`` and ``merge``, or a Trainer checkpoint's flex folders) through
+:func:`surgery.write.writer.execute`, handed its report (:class:`surgery.report.Draft`), which the writer
+stores in the output as ``tietool-report.json`` before the output is renamed (or swapped) into place.
 """
 
 from __future__ import annotations
@@ -353,9 +351,7 @@ class _InPlace:
         self.path = self.source = inplace.target(path)
         self.rec = inplace.recover(self.path)
         self.read = inplace_checks.folder_id(self.path)
-        self.files = inplace_checks.input_files(
-            self.path
-        )  # before anything is read: compared before the swap
+        self.files = inplace_checks.input_files(self.path)  # before any read; checked before the swap
         self.backup, self.keep_training_state = backup, keep_training_state
         self.swapped: tuple[Path, str, Path, Path | None] | None = None  # interrupted_state's arguments
 
@@ -387,9 +383,7 @@ class _InPlace:
             inplace.refuse_deleting_left_out(plan, self.keep_training_state)
         inplace.check_swappable(self.path)
         with inplace.locked(self.path):
-            inplace_checks.check_same_folder(
-                self.path, self.read, None
-            )  # not swapped by another run since read
+            inplace_checks.check_same_folder(self.path, self.read, None)  # not swapped since it was read
             return self._swap_in(plan, write)
 
     def _swap_in(self, plan: Plan, write: Write) -> dict:
@@ -638,8 +632,9 @@ def add_tokens(
 
     def plan(c: Checkpoint) -> Plan:
         det = _detection(c, layout, loader, embedding, head)
-        edit = token_plan.tokenizer_edit().add_tokens_edit(c.path, strings, special=special)
-        copy_id = token_plan.copy_token_id(c.path, choice)
+        tokenizer = _tokenizer_edit()
+        edit = tokenizer.add_tokens_edit(c.path, strings, special=special)
+        copy_id = token_plan.copy_token_id(c.path, choice, tokenizer.add_tokens_edit)
         return plan_add_tokens(det, edit, choice, pad_to_multiple_of, seed, copy_id)
 
     added = _edit_planner(plan, keep_training_state, path)
@@ -653,6 +648,11 @@ def add_tokens(
         keep_training_state=keep_training_state,
         backup=backup,
     )
+
+
+def _tokenizer_edit() -> Any:
+    """:mod:`surgery.io.tokenizer_edit`, imported on first use (:func:`token_plan.tokenizer_edit`)."""
+    return token_plan.tokenizer_edit()
 
 
 def _token_strings(tokens: object) -> list[str]:

@@ -31,7 +31,6 @@ from tietool.surgery.inspect.detect import detect
 from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.model.errors import RefusedError, TietoolError, UsageError
 from tietool.surgery.model.tokens import NewToken, TokenEdit
-from tietool.surgery.plan import add_tokens as add_tokens_plan
 from tietool.surgery.plan.add_tokens import plan_add_tokens, tp_degree
 from tietool.surgery.plan.plan import check_dtypes
 from tietool.surgery.write.writer import execute
@@ -312,9 +311,7 @@ def _fake_edit(before: int = 20):
 
 @pytest.fixture
 def fake_tokenizer(monkeypatch):
-    monkeypatch.setattr(
-        add_tokens_plan, "tokenizer_edit", _fake_edit
-    )  # the plan reads the tokenizer through it
+    monkeypatch.setattr(ops, "_tokenizer_edit", _fake_edit)
 
 
 def _tree(folder: Path) -> dict[str, bytes]:

@@ -9,6 +9,7 @@ vocabulary tensor as ``resize`` moves it (:func:`surgery.plan.resize.move_vocabu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -426,8 +427,9 @@ def tokenizer_edit() -> Any:
     return edit
 
 
-def copy_token_id(folder: Path, choice: InitChoice) -> int | None:
-    """The id of the ``copy:TOKEN`` token (None for another init).
+def copy_token_id(folder: Path, choice: InitChoice, edit_of: Callable[..., TokenEdit]) -> int | None:
+    """The id of the ``copy:TOKEN`` token (None for another init), asked of the tokenizer by ``edit_of``
+    (:func:`surgery.io.tokenizer_edit.add_tokens_edit`: the string as a token to add).
 
     Raises:
         UsageError: the tokenizer does not have the string as one token.
@@ -437,7 +439,7 @@ def copy_token_id(folder: Path, choice: InitChoice) -> int | None:
     flag = Opt("init", "copy:" + choice.token)
     fix = "name a token the tokenizer has, or use the subtokens init"
     try:
-        edit: TokenEdit = tokenizer_edit().add_tokens_edit(folder, [choice.token])
+        edit = edit_of(folder, [choice.token])
         (t,) = edit.tokens
     except RefusedError as e:  # a string add-tokens refuses (the folder itself was read by the plan already)
         why = f"{choice.token!r} is not one token of the tokenizer ({e.message})"
