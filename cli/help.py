@@ -88,6 +88,16 @@ EXAMPLES = {
         "    --special --out chat/",
         f"tietool add-tokens {S}/pf_llama_with_tokenizer hello --init zeros --dry-run",
     ),
+    "fix-untrained": _examples(
+        f'tietool add-tokens {S}/pf_llama_with_tokenizer "<think>" --init zeros --out zeroed/',
+        "tietool fix-untrained zeroed/ --out fixed/",
+        "tietool fix-untrained zeroed/ --dry-run --json",
+    ),
+    "rename-tokens": _examples(
+        f'tietool add-tokens {S}/pf_llama_with_tokenizer "<|reserved_special_token_0|>" --special \\',
+        "    --out reserved/",
+        'tietool rename-tokens reserved/ "304=<think>" --special --init trained-mean --out renamed/',
+    ),
     "merge": _examples(
         f"tietool merge {S}/pf_llama_tp2 --out merged/     # model_state.tp00.pdparams, ...",
         f"tietool merge {S}/pf_qwen3_moe_ep2 --out experts/    # expert-parallel rank files",
@@ -98,6 +108,12 @@ EXAMPLES = {
         f"tietool untie {S}/pf_llama_tied_fp32 --out untied/",
         f"tietool verify {S}/pf_llama_tied_fp32 untied/",
         f"tietool verify {S}/pf_llama_tied_fp32 untied/ --json",
+    ),
+    "diff": _examples(
+        f"tietool diff {S}/pf_llama_tied_fp32 {S}/pf_llama_tied_fp32",
+        f"tietool resize {S}/pf_llama_tied_fp32 --vocab 128 --out resized/",
+        f"tietool diff {S}/pf_llama_tied_fp32 resized/ --json",
+        f"tietool diff {S}/pf_llama_tp2 {S}/pf_llama_tied_fp32 --no-values    # rank files, as merged",
     ),
     "convert": _examples(
         f"tietool convert {S}/pnlp_llama_untied --to paddleformers --out pf/",

@@ -544,6 +544,15 @@ def report(rep: dict, as_json: bool = False) -> None:
         )
     if "add_tokens" in rep:
         _added_tokens(con, rep["add_tokens"], rep["dry_run"])
+    if "rename_tokens" in rep:
+        r = rep["rename_tokens"]
+        norms = ", ".join(f"{n} {v:.4g}" for n, v in r["mean_norm"].items())
+        con.print(
+            f"rows: {r['init']}" + (f" (L2 norm of the mean: {norms})" if norms else "; no row changes")
+        )
+    if "fix_untrained" in rep:
+        norms = ", ".join(f"{n} {v:.4g}" for n, v in rep["fix_untrained"]["mean_norm"].items())
+        con.print(f"init {rep['fix_untrained']['init']}; L2 norm of the mean: {norms or '(no row set)'}")
     for c in rep["config_changes"]:
         con.print(f"config: {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
     if "files" in rep:
@@ -770,7 +779,7 @@ def verify(res: Any, before: str, after: str, as_json: bool = False) -> None:
         _verify_text(d)
     if res.exit_code == ExitCode.UNEXPLAINED:
         print(
-            f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize/add-tokens do not "
+            f"tietool: verify: {len(res.unexplained)} difference(s) that tietool's operations do not "
             f"explain between {before} and {after} (listed above)",
             file=sys.stderr,
         )
@@ -821,15 +830,15 @@ def _verify_text(res: dict) -> None:
         con.print(f"note: {n}")
     if res["explained"] and lg and lg.get("ok") is None:
         con.print(
-            "verdict: every tensor difference is explained by tie/untie/resize/add-tokens; the logits were "
-            "not compared"
+            "verdict: every tensor difference is explained by the operations tietool-report.json records; "
+            "the logits were not compared"
         )
     elif res["explained"]:
-        con.print("verdict: every difference is explained by tie/untie/resize/add-tokens")
+        con.print("verdict: every difference is explained by the operations tietool-report.json records")
     else:
         for u in res["unexplained"]:
             con.print(f"unexplained: {u}", style="red")
-        con.print("verdict: differences that tie/untie/resize/add-tokens do not explain")
+        con.print("verdict: differences that tietool's operations do not explain")
 
 
 def _many_row(info: dict) -> list[str]:

@@ -12,6 +12,7 @@ them; where names shared one array in a ``.pdparams`` (pickle memo), the file he
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from . import __version__
@@ -167,7 +168,17 @@ def _add_written_files(rep: dict[str, Any], facts: dict) -> None:
 
 
 # the sections of a report a later run carries forward in its ``history`` (what verify reads of a report)
-HISTORY_KEYS = ("tool", "operation", "input", "output", "add_tokens", "tokenizer", "resize")
+HISTORY_KEYS = (
+    "tool",
+    "operation",
+    "input",
+    "output",
+    "add_tokens",
+    "tokenizer",
+    "resize",
+    "to",
+    "config_changes",
+)
 
 
 def history(folder: Any) -> list[dict[str, Any]]:
@@ -186,6 +197,24 @@ def history(folder: Any) -> list[dict[str, Any]]:
     past = rep.get("history")
     entries = [e for e in past if isinstance(e, dict)] if isinstance(past, list) else []
     return [{k: e[k] for k in HISTORY_KEYS if k in e} for e in [*entries, rep]]
+
+
+def with_history(rep: dict[str, Any], folder: Any) -> dict[str, Any]:
+    """``rep`` with the ``history`` of the input ``folder`` (:func:`history`) when it has one and ``rep``
+    holds none yet: every write carries its input's chain forward (``convert`` and ``merge`` as ``tie``
+    does), so ``verify`` reads a chain through all of them. A dry run's report (no files) is unchanged."""
+    if "history" not in rep and not rep.get("dry_run"):
+        past = history(folder) if isinstance(folder, Path) else []
+        if past:
+            rep["history"] = past
+    return rep
+
+
+def chain_since(folder: Any, base: Any = None) -> list[dict[str, Any]]:
+    """The runs of ``folder``'s report chain (:func:`history`, oldest first) that the input ``base`` does
+    not already hold (its own chain, when ``folder``'s starts with it): what made ``folder`` from ``base``."""
+    chain = history(folder)
+    return chain[_held_by(chain, history(base) if base is not None else []) :]
 
 
 @dataclass(frozen=True)
@@ -308,6 +337,10 @@ def _trim_doubt(entry: dict, i: int) -> str:
     return ""
 
 
+_EXTRA_KEY = {"add-tokens": "add_tokens", "fix-untrained": "fix_untrained", "rename-tokens": "rename_tokens"}
+"""The report key of a plan's ``extra_report`` by operation (``resize`` for the others)."""
+
+
 def build(
     plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False, keep_training_state: bool = False
 ) -> dict:
@@ -349,7 +382,7 @@ def build(
     if plan.stale_index:
         rep["warnings"] += _stale_index_warnings(plan)
     if plan.extra_report:
-        rep["add_tokens" if plan.op == "add-tokens" else "resize"] = plan.extra_report
+        rep[_EXTRA_KEY.get(plan.op, "resize")] = plan.extra_report
     if plan.training_edit:  # --keep-training-state: the optimizer accumulators / master weights resized
         rep["training_state_resized"] = {rel: e.resized for rel, e in sorted(plan.training_edit.items())}
     if not plan.changed:
@@ -589,6 +622,7 @@ class Draft:
         out: the output as the user named it.
         to: ``convert``'s target.
         keep_training_state: the run keeps the training state (the report's ``left_out``).
+        source: the input folder, whose report chain a written report carries forward (:func:`with_history`).
         extra: keys the output policy adds (``in_place``), last.
     """
 
@@ -596,6 +630,7 @@ class Draft:
     out: str
     to: Target | None = None
     keep_training_state: bool = False
+    source: Any = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def unwritten(self, dry_run: bool) -> dict:
@@ -606,9 +641,9 @@ class Draft:
         }
 
     def with_files(self, facts: dict) -> dict:
-        """The report of the execution that wrote ``facts``."""
+        """The report of the execution that wrote ``facts``, with the input's history carried forward."""
         rep = report_of(self.plan, self.out, facts, False, self.keep_training_state, self.to)
-        return {**rep, **self.extra}
+        return {**with_history(rep, self.source), **self.extra}
 
     def adding(self, extra: dict[str, Any]) -> Draft:
         """This draft with ``extra`` keys (the output policy's)."""

@@ -277,6 +277,16 @@ class Plan:
         return self.detection
 
     @property
+    def reshard(self) -> Reshard:
+        """The layout of a new checkpoint (``convert``, ``merge``).
+
+        Raises:
+            AssertionError: the plan edits its input's files (a bug to ask).
+        """
+        assert isinstance(self.layout, Reshard), f"internal: a {self.op} plan writes no new checkpoint"
+        return self.layout
+
+    @property
     def changed(self) -> bool:
         """The output differs from the input (False: an edit that would write a copy). A new checkpoint
         (``convert``, ``merge``) always does."""
