@@ -110,7 +110,7 @@ def plan_flex_converted(src: Path, limit: Callable[[], int]) -> Plan:
     converts (its merged view, never written, planned by :func:`~surgery.plan.convert.plan_convert`), with
     the flex checkpoint's carried files; ``section`` is ``(FlexPlan, ConvertPlan)``."""
     size = limit()
-    fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
+    fp = merge_flex.as_exported(merge_flex.tie_checked(merge_flex.plan_flex(src)))
     cp = convert.check_dtypes(
         convert.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS, merge_layout_fix())
     )
