@@ -127,6 +127,12 @@ def is_remote(p: object) -> bool:
     return not isinstance(p, Path) and hasattr(p, "fs") and hasattr(p, "protocol")
 
 
+def is_local(p: Any) -> bool:
+    """``p`` is in this machine's file system (its store is :attr:`Store.on_disk`): the one local-or-remote
+    question the layers above ``io`` ask."""
+    return store_for(p).on_disk
+
+
 def as_path(p: str | os.PathLike) -> Any:
     """A folder argument as a path: a counting ``UPath`` for a URL (:func:`is_url`), else a ``Path``.
 

@@ -34,13 +34,13 @@ from ..io.flex import FlexCheckpoint, FlexSlice, FlexTensor
 from ..io.flex_cover import Box, Piece
 from ..io.regular import require_regular
 from ..io.safetensors_io import Source
-from ..model.enums import Container
+from ..model.enums import Container, Operation
 from ..model.errors import CheckpointError, RefusedError
 from ..model.tensor import TensorInfo
 from .flex_pieces import Assembled, assemble, assembled_data, piece_array
 from .merge import merged_config
 from .merge_tie import DroppedHead, TieFix, changed, check_tie, duplicate_head
-from .plan import NewCheckpoint, OutTensor, Reshard
+from .plan import OutTensor, Plan, Reshard, reshard_plan
 from .recipes import Array
 
 Headers = dict[str, dict[str, TensorInfo]]  # .distcp file -> its arrays by key
@@ -290,16 +290,19 @@ def as_exported(fp: FlexPlan) -> FlexPlan:
     return replace(fp, merged=[t for t in fp.merged if t.name != dup.head], dropped=dup)
 
 
-def new_checkpoint(plan: FlexPlan, max_shard_size: int) -> NewCheckpoint:
-    """What the flex merge writes: PaddleFormers safetensors (``model.safetensors``, or shards of at most
-    ``max_shard_size`` with an index), the merged config and the carried files."""
-    return NewCheckpoint(
+def output_plan(plan: FlexPlan, max_shard_size: int) -> Plan:
+    """The :class:`~surgery.plan.plan.Plan` the flex merge writes: PaddleFormers safetensors
+    (``model.safetensors``, or shards of at most ``max_shard_size`` with an index), the merged config and
+    the carried files."""
+    layout = Reshard(
+        Container.SAFETENSORS,
+        max_shard_size,
         plan.merged,
-        Reshard(Container.SAFETENSORS, max_shard_size),
         plan.new_config,
         carry=plan.carry,
         st_metadata={"format": "np"},  # the Paddle layout ([in, out]), as convert labels it
     )
+    return reshard_plan(Operation.MERGE, None, layout, plan)
 
 
 def report(plan: FlexPlan, out: str, facts: dict[str, Any]) -> dict[str, Any]:
