@@ -2,17 +2,16 @@
 
 Each function is what one ``tietool`` command does; the CLI parses options, calls one of these and renders
 the result. They are also the Python API (``tietool.tie(...)``). Paths are ``str`` or ``os.PathLike``.
-Errors are the classes of :mod:`surgery.model.errors` (each with its
-:class:`~surgery.model.errors.ExitCode`); nothing
-is written when one is raised, and the input is never modified.
+Errors are the classes of :mod:`surgery.model.errors` (each with its :class:`~surgery.model.errors.ExitCode`);
+nothing is written when one is raised, and the input is never modified.
 
-Every writing operation is one :func:`run` of its :class:`Planner` (how to open the input, plan, and word
-the report): the paths are coerced once, the options stay enums, the output is checked once, and in place
-is an output policy of the run (:class:`_InPlace`, beside :class:`_NewFolder`). The report (a
-:class:`~surgery.results.Report`: :func:`surgery.report.build`, ``convert_report``, ``merge_report``) is
-returned and, for a real run, also stored in the output as ``tietool-report.json`` before the output is
-renamed (or swapped) into place. ``convert`` and ``merge`` write a whole new checkpoint
-(:class:`~surgery.plan.plan.NewCheckpoint`); every write goes through :func:`surgery.write.writer.execute`.
+Every writing operation is one :func:`run` of its :class:`Planner` (how to open the input and plan): the
+paths are coerced once, the options stay enums, the output is checked once, and in place is an output
+policy of the run (:class:`_InPlace`, beside :class:`_NewFolder`). Every write is one
+:class:`~surgery.plan.plan.Plan` (its layout: the input's files with a delta, a whole new checkpoint for
+``convert`` and ``merge``, or a Trainer checkpoint's flex folders) through
+:func:`surgery.write.writer.execute`, handed its report (:class:`surgery.report.Draft`), which the writer
+stores in the output as ``tietool-report.json`` before the output is renamed (or swapped) into place.
 """
 
 from __future__ import annotations
@@ -30,19 +29,17 @@ from typing import Any, TypeVar
 
 from . import diff as diff_mod
 from . import report as report_mod
-from .inspect.convention import LEGACY_LOAD
 from .inspect.detect import Detection, detect
 from .inspect.summary import check_found, check_index, check_names, inspect_path
-from .io import flex, flex_cover, mistaken, special_tokens, store, surface
+from .io import flex, flex_cover, special_tokens, store
 from .io.checkpoint import Checkpoint, has_whole
-from .model.enums import Container, Init, Keep, Layout, Loader, Target, TokenInit
-from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
+from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
+from .model.errors import Interrupted, Opt, UsageError
+from .plan import add_tokens as token_plan
 from .plan import convert as convert_plan
-from .plan import flex_edit, merge_flex
-from .plan import merge as merge_plan
-from .plan.add_tokens import InitChoice, parse_init, plan_add_tokens
+from .plan import flex_edit, merge_plans
+from .plan.add_tokens import parse_init, plan_add_tokens
 from .plan.fix_untrained import plan_fix_untrained
-from .plan.merge_experts import plan_rank_merge
 from .plan.plan import (
     DEFAULT_MAX_SHARD_SIZE,
     Plan,
@@ -52,16 +49,15 @@ from .plan.plan import (
     warn_random_head,
 )
 from .plan.rename_tokens import plan_rename_tokens
-from .plan.resize import plan_resize
+from .plan.resize import plan_resize_to
 from .plan.tie import plan_tie
 from .plan.training_state import plan_training_state
 from .plan.untie import plan_untie
-from .results import Inspection, Report, Totals
+from .results import Inspection, Report
 from .verify import VerifyResult
 from .verify import verify as _verify
-from .write import inplace
-from .write.layout import reshard
-from .write.publish import NotDurable, check_output_path, fsync_dir, fsync_tree
+from .write import inplace, inplace_checks
+from .write.publish import check_output_path, fsync_dir
 from .write.writer import execute
 
 PathArg = str | PathLike[str]
@@ -138,7 +134,7 @@ def inspect(
         CheckpointError, UnsafePickleError, UsageError: as :meth:`Checkpoint.open` and :func:`detect`.
     """
     where = _path(path, "path")
-    remote, before = not store.store_for(where).on_disk, store.TRANSFER.snapshot()
+    remote, before = not store.is_local(where), store.TRANSFER.snapshot()
     try:
         # what a killed in-place run left (a missing folder is restored); object storage has no such runs
         rec = inplace.Recovery() if remote else inplace.recover(where)
@@ -203,22 +199,21 @@ def _open(path: Any) -> Checkpoint:
 
 @dataclass(frozen=True)
 class Planner:
-    """One writing operation as :func:`run` drives it: how to open its input, plan, and word the report.
+    """One writing operation as :func:`run` drives it: how to open its input and plan; its report is
+    worded from the plan (:func:`surgery.report.report_of`).
 
     Attributes:
         plan: the opened input → the plan (refusals raised here, before anything is written).
-        report: ``(plan, output, facts, dry_run=True)`` → the report JSON; ``facts`` are the writer's (None:
-            nothing written, a dry run or, ``dry_run`` False, an in-place plan that changes nothing).
         open: the input path → what ``plan`` takes (default :meth:`Checkpoint.open`).
-        write: the plan → what :func:`surgery.write.writer.execute` takes (default: the plan itself).
-        totals: the plan → :class:`Report`'s ``before``/``after`` where the JSON has none (``merge``).
+        write: the plan → the :class:`~surgery.plan.plan.Plan` :func:`surgery.write.writer.execute` takes
+            (default: the plan itself; ``convert``'s own plan becomes a new checkpoint's).
+        to: ``convert``'s target (its report names it).
     """
 
     plan: Callable[[Any], Any]
-    report: Callable[..., dict]
     open: Callable[[Any], Any] = _open
-    write: Callable[[Any], Any] = lambda p: p
-    totals: Callable[[Any], dict] = lambda p: {}
+    write: Callable[[Any], Plan] = lambda p: p
+    to: Target | None = None
 
 
 def run(
@@ -249,32 +244,30 @@ def run(
     opened = planner.open(dest.source)
     if not dry_run:
         dest.check(opened.path if isinstance(opened, Checkpoint) else dest.source)
-    plan = planner.plan(opened)
+    plan = planner.write(planner.plan(opened))
+    draft = report_mod.Draft(plan, str(dest.path), planner.to, keep_training_state, dest.source)
     if not dest.writes(plan, dry_run):
-        rep = dest.unwritten(planner.report(plan, str(dest.path), None, dry_run))
+        rep = dest.unwritten(draft.unwritten(dry_run))
     else:
-        new = planner.write(plan)
 
-        def write(where: Path, extra: Callable[[dict], dict], own: bool) -> dict:
-            with _progress(progress, new.output_bytes) as advance:
+        def write(where: Path, extra: dict[str, Any], own: bool) -> dict:
+            with _progress(progress, plan.output_bytes) as advance:
                 return execute(
-                    new,
+                    plan,
                     where,
                     link=link or own,
                     progress=advance,
-                    report=lambda facts: extra(  # the input's history carried forward (every write)
-                        report_mod.with_history(planner.report(plan, str(dest.path), facts), dest.source)
-                    ),
+                    report=draft.adding(extra),
                     keep_training_state=keep_training_state,
                     keep_folder_links=own,
                 )
 
         rep = _finished(dest, lambda: dest.write(plan, write))
-    return _finished(dest, lambda: _result(rep, src, dest, before, planner.totals(plan)))
+    return _finished(dest, lambda: _result(rep, src, dest, before, report_mod.totals_of(plan)))
 
 
 def _result(rep: dict, src: Any, dest: Any, before: Any, totals: dict) -> Report:
-    if not store.store_for(src).on_disk or not store.store_for(dest.path).on_disk:
+    if not store.is_local(src) or not store.is_local(dest.path):
         rep["transferred"] = store.TRANSFER.since(before).as_dict()
     return Report(rep, **totals)
 
@@ -302,7 +295,7 @@ def _destination(
     Raises:
         UsageError: in place on object storage (no atomic swap), or a bad ``out``.
     """
-    on_disk = store.store_for(src).on_disk
+    on_disk = store.is_local(src)
     if out is None and not on_disk and not dry_run:
         raise UsageError(
             "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "
@@ -315,9 +308,9 @@ def _destination(
     return _NewFolder(src, src if out is None else _path(out, "out"))
 
 
-Write = Callable[[Path, Callable[[dict], dict], bool], dict]
+Write = Callable[[Path, dict[str, Any], bool], dict]
 """The write of :func:`run`, handed to its output policy: ``(folder, extra, own)`` executes the plan into
-``folder`` with the report passed through ``extra`` (what the policy adds to it); ``own``: the folder is the
+``folder`` with the report's ``extra`` keys (what the policy adds to it); ``own``: the folder is the
 in-place new version (untouched files hard-linked, links to folders kept as links)."""
 
 
@@ -341,7 +334,7 @@ class _NewFolder:
         return rep
 
     def write(self, plan: Any, write: Write) -> dict:
-        rep = write(self.path, lambda rep: rep, False)
+        rep = write(self.path, {}, False)
         self.done = True
         return rep
 
@@ -360,8 +353,8 @@ class _InPlace:
     def __init__(self, path: Path, backup: bool, keep_training_state: bool) -> None:
         self.path = self.source = inplace.target(path)
         self.rec = inplace.recover(self.path)
-        self.read = inplace.folder_id(self.path)
-        self.files = inplace.input_files(self.path)  # before anything is read: compared before the swap
+        self.read = inplace_checks.folder_id(self.path)
+        self.files = inplace_checks.input_files(self.path)  # before any read; checked before the swap
         self.backup, self.keep_training_state = backup, keep_training_state
         self.swapped: tuple[Path, str, Path, Path | None] | None = None  # interrupted_state's arguments
 
@@ -390,16 +383,16 @@ class _InPlace:
             OutputError: a mount point (it cannot be swapped), or what :meth:`_swap_in` raises.
         """
         if not self.backup:
-            _refuse_deleting_left_out(plan, self.keep_training_state)
+            inplace.refuse_deleting_left_out(plan, self.keep_training_state)
         inplace.check_swappable(self.path)
         with inplace.locked(self.path):
-            inplace.check_same_folder(self.path, self.read, None)  # not swapped by another run since read
+            inplace_checks.check_same_folder(self.path, self.read, None)  # not swapped since it was read
             return self._swap_in(plan, write)
 
     def _swap_in(self, plan: Plan, write: Write) -> dict:
         """Build the new version at a staging name, check that the folder under the name and every file in
-        it are still the ones read (:func:`inplace.folder_id` and :func:`inplace.input_files` at the
-        start), swap it in.
+        it are still the ones read (:func:`~surgery.write.inplace_checks.folder_id` and
+        :func:`~surgery.write.inplace_checks.input_files` at the start), swap it in.
 
         Raises:
             RefusedError: the folder was replaced meanwhile; CheckpointError: a file in it changed (the new
@@ -412,13 +405,13 @@ class _InPlace:
         staging = inplace.staging_path(ckpt_path, token)
         info = {"written": True, "token": token, "backup": str(bak) if bak else None, "recovered": recovered}
         try:
-            rep = write(staging, lambda r: {**r, "in_place": info}, True)
-            inplace.keep_modes(ckpt_path, staging, plan.ckpt.weight_files)
-            _synced(staging, ckpt_path)
+            rep = write(staging, {"in_place": info}, True)
+            inplace_checks.keep_modes(ckpt_path, staging, plan.ckpt.weight_files)
+            inplace.synced(staging, ckpt_path)
             inplace.pause("check")
-            inplace.check_same_folder(ckpt_path, self.read, staging)
-            inplace.check_inputs(ckpt_path, self.files, staging)
-            swapped = _swap(ckpt_path, staging, bak, token)
+            inplace_checks.check_same_folder(ckpt_path, self.read, staging)
+            inplace_checks.check_inputs(ckpt_path, self.files, staging)
+            swapped = inplace.swap(ckpt_path, staging, bak, token, lambda p: fsync_dir(p))
             self.swapped = (ckpt_path, token, staging, bak)
         except KeyboardInterrupt:
             raise Interrupted(inplace.interrupted_state(ckpt_path, token, staging, bak)) from None
@@ -437,131 +430,27 @@ def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = F
     :func:`surgery.plan.plan.check_dtypes` (a tensor in a dtype tietool cannot compute in, such as a float8
     vocabulary table, is refused by name before anything is written) and, with ``keep_training_state``,
     the optimizer files resized with it (:func:`surgery.plan.training_state.plan_training_state`, which
-    refuses a format it cannot resize); the report of :func:`surgery.report.build`."""
-
-    def report(plan: Plan, out: str, facts: dict | None, dry_run: bool = True) -> dict:
-        if facts is None:
-            return report_mod.build(plan, None, out, dry_run=dry_run, keep_training_state=keep_training_state)
-        return report_mod.build(plan, facts, out)
+    refuses a format it cannot resize)."""
 
     def plan(c: Checkpoint) -> Plan:
-        p = _warn_legacy_layout(warn_random_head(check_dtypes(make_plan(c))))
+        p = convert_plan.warn_legacy_layout(warn_random_head(check_dtypes(make_plan(c))))
         if keep_training_state:
             p.training_edit = plan_training_state(p)
         return p
 
-    return Planner(plan=plan, report=report)
-
-
-def _warn_legacy_layout(plan: Plan) -> Plan:
-    """Add to ``plan.warnings`` (printed on the terminal) the call PaddleFormers 1.2 needs to load the output
-    when the checkpoint is PaddleFormers safetensors in its legacy Paddle layout
-    (:func:`surgery.plan.convert.pf_legacy_layout`; ``merge --keep-paddle-layout`` writes them): a plain
-    ``from_pretrained`` of such a folder loads without a warning and computes other logits (measured:
-    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``)."""
-    ck = plan.ckpt
-    if ck.format is Container.SAFETENSORS and convert_plan.pf_legacy_layout(ck):
-        plan.warnings.append(
-            "the checkpoint is PaddleFormers safetensors in its legacy Paddle layout (Linear weights "
-            f"[in, out]) and so is the output: PaddleFormers 1.2 loads it only with {LEGACY_LOAD}; a plain "
-            "from_pretrained loads it without an error but computes other logits"
-        )
-    return plan
+    return Planner(plan=plan)
 
 
 def _flex_edit(make_plan: Callable[[Checkpoint], Plan]) -> Planner:
     """The :class:`Planner` of resize / add-tokens ``--keep-training-state`` of a PaddleFormers Trainer flex
     checkpoint (:mod:`surgery.plan.flex_edit`): ``make_plan`` on the merged view (config.json as ``merge``
-    finds it), the flex folders rewritten to the new shapes; the report of :func:`surgery.report.build`
-    with the flex facts."""
+    finds it), the flex folders rewritten to the new shapes."""
 
-    def plan(src: Path) -> flex_edit.FlexEdit:
+    def plan(src: Path) -> Plan:
         fp, view = flex_edit.open_view(src)
         return flex_edit.plan_flex_edit(fp, warn_random_head(check_dtypes(make_plan(view))))
 
-    def report(e: flex_edit.FlexEdit, out: str, facts: dict | None, dry_run: bool = True) -> dict:
-        if facts is None:
-            rep = report_mod.build(e.plan, None, out, dry_run=dry_run, keep_training_state=True)
-            resized = {k: sorted(v) for k, v in e.rewrites.items() if v}
-        else:
-            resized = facts.pop("training_state_resized", {})
-            rep = report_mod.build(e.plan, facts, out)
-        resized = {k: v for k, v in resized.items() if k != "model_state"}  # the weights: "resized"
-        rep.update(kind="flex", config_from=str(e.flex.config_file), training_state_resized=resized)
-        return rep
-
-    return Planner(open=_rank_folder, plan=plan, report=report)
-
-
-def _synced(staging: Path, ckpt_path: Path) -> None:
-    """:func:`fsync_tree` of the new version before the swap.
-
-    Raises:
-        OutputError: a folder of it could not be fsynced (EIO): the checkpoint is unchanged (the caller
-            removes the new version).
-    """
-    try:
-        fsync_tree(staging)
-    except NotDurable as e:
-        raise OutputError(
-            f"the new version could not be fsynced ({e.strerror}); the checkpoint is unchanged and the new "
-            "version was removed",
-            Path(e.filename or staging),
-            "check the disk (an I/O error: see dmesg) and run again",
-        ) from None
-
-
-def _swap(ckpt_path: Path, staging: Path, bak: Path | None, token: str) -> inplace.Swapped:
-    """:func:`inplace.swap_in`, with the error saying what the name holds when it fails.
-
-    Raises:
-        OutputError: the swap failed (permissions, a busy mount): the name holds the old version (the
-            caller removes the new one); or, after the exchange, moving the old version away failed; or the
-            parent folder could not be fsynced after a rename (EIO: named, with what the name holds now and
-            where the previous version is).
-    """
-    try:
-        return inplace.swap_in(ckpt_path, staging, bak, token, fsync_dir)
-    except NotDurable as e:
-        raise OutputError(
-            f"the folder could not be fsynced after the swap ({e.strerror}): a rename in it may not survive "
-            f"a crash; {inplace.interrupted_state(ckpt_path, token, staging, bak)}",
-            Path(e.filename or ckpt_path.parent),
-            "check the disk (an I/O error: see dmesg); after a crash the next tietool run on the checkpoint "
-            "puts its folders right",
-        ) from None
-    except OSError as e:
-        if inplace.token_of(ckpt_path) == token:
-            raise OutputError(
-                f"the new version is in place, but the previous version could not be moved from {staging} "
-                f"({e.strerror})",
-                ckpt_path,
-                "the next tietool run on it keeps that folder as a backup; delete it if you do not need it",
-            ) from None
-        raise OutputError(
-            f"could not swap the new version in ({e.strerror}); the checkpoint is unchanged and the new "
-            "version was removed",
-            ckpt_path,
-            "free the folder (permissions, a busy mount) and run again",
-        ) from None
-
-
-def _refuse_deleting_left_out(plan: Plan, keep_training_state: bool) -> None:
-    """In place without a backup, files the output leaves out would be deleted: refuse, naming them."""
-    ck = plan.ckpt
-    lost = [
-        x.file
-        for x in surface.output_left_out(
-            ck.path, ck.left_out, ck.training_state, plan.changed, keep_training_state
-        )
-        if not x.kept
-    ]
-    if lost:
-        raise RefusedError(
-            f"in place without a backup would delete {', '.join(lost)} (not part of the new checkpoint)",
-            ck.path,
-            "keep the backup (the default), keep the training state, or write to another folder",
-        )
+    return Planner(open=merge_plans.rank_folder, plan=plan)
 
 
 def tie(
@@ -677,7 +566,7 @@ def resize(
 
     def make(c: Checkpoint) -> Plan:
         det = _detection(c, layout, loader, embedding, head)
-        return _plan_resize(
+        return plan_resize_to(
             det, vocab_size, pad_to_multiple_of, _enum(Init, init, "init") or Init.MEAN, seed, force
         )
 
@@ -700,18 +589,6 @@ def _edit_planner(make_plan: Callable[[Checkpoint], Plan], keep_training_state: 
     if keep_training_state and isinstance(path, str | PathLike) and flex_edit.is_trainer_checkpoint(path):
         return _flex_edit(make_plan)
     return _edit(make_plan, keep_training_state)
-
-
-def _plan_resize(det: Detection, vocab_size: int | None, pad_to_multiple_of: int | None, *args) -> Plan:
-    """:func:`plan_resize`; with no ``vocab_size``, the current rows rounded up to ``pad_to_multiple_of``."""
-    if vocab_size is None:
-        if pad_to_multiple_of is None:
-            raise UsageError(
-                "resize needs the new number of rows",
-                fix=f"give {Opt('vocab_size')}, or {Opt('pad_to_multiple_of')} alone to round the rows up",
-            )
-        vocab_size = det.vocab_rows
-    return plan_resize(det, vocab_size, pad_to_multiple_of, *args)
 
 
 def add_tokens(
@@ -749,7 +626,7 @@ def add_tokens(
     Returns the report (its ``add_tokens`` fields: each token's id, init and source ids). Raises
         UsageError: no token, an empty or non-string token, a bad ``init`` (``copy:`` of a string that is
             not one token), a URL. RefusedError: a tokenizer it cannot edit; what ``plan_add_tokens`` refuses.
-        TietoolError: no ``tokenizer`` extra (``pip install "tietool[tokenizer]"``); and as :func:`tie`.
+        TietoolError: no ``tokenizer`` extra (``pip install ".[tokenizer]"``); and as :func:`tie`.
     """
     strings = _token_strings(tokens)
     choice = parse_init(init)
@@ -758,8 +635,9 @@ def add_tokens(
 
     def plan(c: Checkpoint) -> Plan:
         det = _detection(c, layout, loader, embedding, head)
-        edit = _tokenizer_edit().add_tokens_edit(c.path, strings, special=special)
-        copy_id = _copy_id(c.path, choice)
+        tokenizer = _tokenizer_edit()
+        edit = tokenizer.add_tokens_edit(c.path, strings, special=special)
+        copy_id = token_plan.copy_token_id(c.path, choice, tokenizer.add_tokens_edit)
         return plan_add_tokens(det, edit, choice, pad_to_multiple_of, seed, copy_id)
 
     added = _edit_planner(plan, keep_training_state, path)
@@ -910,11 +788,8 @@ def _specials(folder: Path, vocab: dict[int, str], asked: dict[str, str]) -> dic
 
 
 def _tokenizer_edit() -> Any:
-    """:mod:`surgery.io.tokenizer_edit`, imported on first use (it imports the ``tokenizer`` extra's
-    libraries lazily itself)."""
-    from .io import tokenizer_edit
-
-    return tokenizer_edit
+    """:mod:`surgery.io.tokenizer_edit`, imported on first use (:func:`token_plan.tokenizer_edit`)."""
+    return token_plan.tokenizer_edit()
 
 
 def _token_strings(tokens: object) -> list[str]:
@@ -933,29 +808,6 @@ def _token_strings(tokens: object) -> list[str]:
     if not tokens:
         raise UsageError("add-tokens needs at least one token", fix="give the strings to add")
     return list(dict.fromkeys(tokens))
-
-
-def _copy_id(folder: Path, choice: InitChoice) -> int | None:
-    """The id of the ``copy:TOKEN`` token (None for another init).
-
-    Raises:
-        UsageError: the tokenizer does not have the string as one token.
-    """
-    if choice.kind is not TokenInit.COPY or choice.token is None:
-        return None
-    flag = Opt("init", "copy:" + choice.token)
-    fix = "name a token the tokenizer has, or use the subtokens init"
-    try:
-        (t,) = _tokenizer_edit().add_tokens_edit(folder, [choice.token]).tokens
-    except RefusedError as e:  # a string add-tokens refuses (the folder itself was read by the plan already)
-        why = f"{choice.token!r} is not one token of the tokenizer ({e.message})"
-        raise UsageError(f"{flag}: {why}", folder, fix) from None
-    if t.existed:
-        return t.id
-    if len(t.subtoken_ids) == 1:  # the text is one token though not its spelling (SentencePiece's '▁the')
-        return t.subtoken_ids[0]
-    why = f"{choice.token!r} is not one token of the tokenizer (it splits into ids {list(t.subtoken_ids)})"
-    raise UsageError(f"{flag}: {why}", folder, fix)
 
 
 def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyResult:
@@ -1039,8 +891,8 @@ def convert(
     converted = Planner(
         open=lambda p: _indexed(Checkpoint.open(Path(p))),
         plan=plan,
-        report=lambda p, where, facts, dry_run=True: report_mod.convert_report(p, target, where, facts),
-        write=lambda p: convert_plan.new_checkpoint(p, limit),
+        write=lambda p: convert_plan.output_plan(p, limit),
+        to=target,
     )
     return run(converted, path, out, dry_run=dry_run, progress=progress)
 
@@ -1049,16 +901,6 @@ def _indexed(ckpt: Checkpoint) -> Checkpoint:
     """``ckpt``, its index checked (:func:`surgery.inspect.summary.check_index`)."""
     check_index(ckpt)
     return ckpt
-
-
-def merge_layout_fix() -> str:
-    """merge's fix where a flex checkpoint's layout cannot be converted: write the layout as it is (the
-    option that asks for it, with the load it then needs), or export the HF layout from the training run."""
-    return (
-        f"merge with {Opt('keep_paddle_layout', True)} to write the Paddle layout as the run held it (then "
-        f"load it with {LEGACY_LOAD}), or export the model from the training run "
-        "(PaddleFormers' save_pretrained, or the Trainer's save_hf_steps, writes the HF-format safetensors)"
-    )
 
 
 def merge(
@@ -1108,147 +950,9 @@ def merge(
     """
     store.local_only("merge", path, out)
     limit = partial(parse_size, max_shard_size)  # checked once the folders are (as the plan starts)
-
-    def report(plan: merge_plan.MergePlan, where: str, facts: dict | None, dry_run: bool = True) -> dict:
-        if facts is None:  # a dry run: the files a run would write
-            new = merge_plan.new_checkpoint(plan, limit())
-            lay = reshard(new.tensors, new.layout.container, limit())
-            facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
-            facts.update(carried=[n for _, n in plan.carry], dry_run=True)
-        return report_mod.merge_report(plan, where, facts)
-
-    if flex.find(Path(str(path))) is not None:
-        return _merge_flex(path, out, limit, dry_run, progress, keep_paddle_layout)
-    local = Path(str(path))
-    held = flex.inside(local)
-    if held and not surface.rank_files({p.name for p in local.iterdir()}):
-        raise UsageError(
-            "the folder holds no rank files and no flex checkpoint of its own, but flex checkpoints in "
-            f"{', '.join(p.name + '/' for p in held[:4])} (a Trainer's output_dir): merge one of them",
-            local,
-            f"merge {held[-1]} instead (one checkpoint-N/ folder)",
-        )
-    if keep_paddle_layout:
-        raise UsageError(
-            f"{Opt('keep_paddle_layout', True)} applies to a flex checkpoint (a Trainer checkpoint-N/ with "
-            "model_state/*.distcp); rank files are merged in their own container and layout",
-            fix=f"merge without {Opt('keep_paddle_layout', True)}",
-        )
-    merged = Planner(
-        open=_rank_folder,
-        plan=lambda src: (limit(), plan_rank_merge(src))[1],
-        report=report,
-        write=lambda p: merge_plan.new_checkpoint(p, limit()),
-        totals=_merge_totals,
-    )
+    plan = merge_plans.planner_for(Path(str(path)), limit, keep_paddle_layout)
+    merged = Planner(open=merge_plans.rank_folder, plan=plan)
     return run(merged, path, out, dry_run=dry_run, progress=progress)
-
-
-def _merge_totals(plan: merge_plan.MergePlan) -> dict:
-    """Parameters and bytes before (every rank's tensors) and after a merge of rank files."""
-    before, after = report_mod.merge_totals(plan)
-    return {"before": before, "after": after}
-
-
-def _merge_flex(
-    path: PathArg,
-    out: PathArg,
-    limit: Callable[[], int],
-    dry_run: bool,
-    progress: ProgressFactory | None,
-    keep: bool = False,
-) -> Report:
-    """:func:`merge` of a flex checkpoint. The tensors are the model's in-memory state dict (Paddle layout:
-    Linear weights ``[in, out]``), which a plain PaddleFormers ``from_pretrained`` of safetensors loads
-    wrongly without a warning (measured: ``save_pretrained`` writes them ``[out, in]``); so for a model type
-    :data:`surgery.arch.CONVERSIONS` knows, the merged checkpoint (a
-    :class:`~surgery.plan.merge_flex.FlexView`, never written) is converted to the PaddleFormers layout as
-    :func:`convert` converts (names, transposes and the head proven there, from the shapes), in the same
-    pass; the report is merge's, with the conversion's facts under ``converted``. Another model type is
-    refused (:func:`~surgery.plan.merge_flex.refuse_unconverted`); with ``keep`` (the user asks for the
-    Paddle layout) every model type is written as saved, the load it needs said in a warning."""
-    if keep or not merge_flex.convertible(Path(str(path))):
-        return run(_flex_planner(limit, keep), path, out, dry_run=dry_run, progress=progress)
-
-    def plan(src: Path) -> tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]:
-        limit()
-        fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
-        cp = convert_plan.check_dtypes(
-            convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS, merge_layout_fix())
-        )
-        return fp, cp
-
-    def write(p: tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]) -> Any:
-        new = convert_plan.new_checkpoint(p[1], limit())
-        return replace(new, carry=p[0].carry)
-
-    def report(p: tuple, where: str, facts: dict | None, dry_run: bool = True) -> dict:
-        if facts is None:  # a dry run: the files a run would write
-            new = write(p)
-            lay = reshard(new.tensors, new.layout.container, limit())
-            facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
-            facts.update(carried=[n for _, n in p[0].carry], dry_run=True)
-        conv = report_mod.convert_report(p[1], Target.PADDLEFORMERS, where, dict(facts))
-        return merge_flex.with_conversion(merge_flex.report(p[0], where, facts), conv, where)
-
-    def totals(p: tuple) -> dict:
-        (bp, bb), (ap, ab) = merge_flex.totals(p[0])
-        after = p[1].tensors
-        return {
-            "before": Totals(bp, bb),
-            "after": Totals(sum(t.numel for t in after), sum(t.nbytes for t in after)),
-        }
-
-    planner = Planner(open=_rank_folder, plan=plan, report=report, write=write, totals=totals)
-    return run(planner, path, out, dry_run=dry_run, progress=progress)
-
-
-def _flex_planner(limit: Callable[[], int], keep: bool) -> Planner:
-    """:func:`merge` of a flex checkpoint (:mod:`surgery.plan.merge_flex`) written as saved: with ``keep``
-    (asked for), else refused (a model type tietool cannot convert)."""
-
-    def plan(src: Path) -> merge_flex.FlexPlan:
-        limit()
-        fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
-        if not keep:
-            merge_flex.refuse_unconverted(fp, merge_layout_fix())
-        return merge_flex.keep_layout(fp)
-
-    def report(plan: merge_flex.FlexPlan, where: str, facts: dict | None, dry_run: bool = True) -> dict:
-        if facts is None:  # a dry run: the files a run would write
-            new = merge_flex.new_checkpoint(plan, limit())
-            lay = reshard(new.tensors, new.layout.container, limit())
-            facts = {"weight_files": list(lay.files), "index": lay.index, "total_size": lay.total_size}
-            facts.update(carried=[n for _, n in plan.carry], dry_run=True)
-        return merge_flex.report(plan, where, facts)
-
-    def totals(plan: merge_flex.FlexPlan) -> dict:
-        (bp, bb), (ap, ab) = merge_flex.totals(plan)
-        return {"before": Totals(bp, bb), "after": Totals(ap, ab)}
-
-    return Planner(
-        open=_rank_folder,
-        plan=plan,
-        report=report,
-        write=lambda p: merge_flex.new_checkpoint(p, limit()),
-        totals=totals,
-    )
-
-
-def _rank_folder(src: Path) -> Path:
-    """The rank folder of :func:`merge`, checked to be a folder.
-
-    Raises:
-        CheckpointError: ``src`` does not exist (a Hub id named as such: :func:`mistaken.no_such_folder`) or
-            is not a folder.
-    """
-    if not src.exists():
-        raise mistaken.no_such_folder(src)
-    if not src.is_dir():
-        raise CheckpointError(
-            "not a folder", src, "give the folder that holds the rank files and config.json"
-        )
-    return src
 
 
 def _progress(progress: ProgressFactory | None, total: int) -> AbstractContextManager[Advance | None]:

@@ -11,7 +11,7 @@ them; where names shared one array in a ``.pdparams`` (pickle memo), the file he
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
@@ -21,13 +21,15 @@ from .inspect.summary import loader_facts, percent
 from .io import surface
 from .io.checkpoint import REPORT_NAME
 from .io.regular import load_json
-from .model.enums import Target
+from .model.enums import Operation, Target
 from .model.errors import CheckpointError
+from .plan import merge_flex
 from .plan.convert import ConvertPlan, source_of
 from .plan.merge import MergePlan
-from .plan.plan import OutTensor, Plan, get_config
+from .plan.plan import FlexFolders, KeepFiles, OutTensor, Plan, Reshard, get_config
 from .plan.recipes import FusedPart, Joined
 from .results import Totals
+from .write.layout import reshard
 
 
 class DroppedTensor(TypedDict):
@@ -491,3 +493,158 @@ def _merged_facts(t: OutTensor) -> dict[str, Any]:
         "shape": list(t.shape),
         "from": sorted({s.info.file for s in j.slices}),
     }
+
+
+# ------------------------------------------------------------------ the report of any plan
+
+
+def report_of(
+    plan: Plan,
+    out: str,
+    facts: dict | None,
+    dry_run: bool = True,
+    keep_training_state: bool = False,
+    to: Target | None = None,
+) -> dict:
+    """The report (``tietool-report.json``) of ``plan``: of its execution, given the writer's written-file
+    ``facts``; of a dry run (``dry_run``) or of an in-place plan that writes nothing, without. Each
+    operation's JSON keys are the ones it always had: an edit's (:func:`build`; a Trainer flex checkpoint's
+    with the flex facts), ``convert``'s (:func:`convert_report`, ``to`` the target asked for), ``merge``'s
+    (:func:`merge_report`, a flex checkpoint's :func:`surgery.plan.merge_flex.report`, a converted one's
+    with the conversion under ``converted``)."""
+    lay = plan.layout
+    if isinstance(lay, FlexFolders):
+        rep = _flex_edit_report(plan, lay, out, facts, dry_run)
+    elif isinstance(lay, KeepFiles):
+        if facts is None:
+            rep = build(plan, None, out, dry_run=dry_run, keep_training_state=keep_training_state)
+        else:
+            rep = build(plan, facts, out)
+    elif plan.op is Operation.CONVERT:
+        assert to is not None, "internal: a convert report names its target"
+        rep = convert_report(plan.section, to, out, facts)
+    else:
+        rep = _merge_of(plan, lay, out, facts)
+    return with_common(rep, plan)
+
+
+COMMON_FIELDS = (
+    "tool",
+    "version",
+    "operation",
+    "input",
+    "output",
+    "dry_run",
+    "changed",
+    "before",
+    "after",
+    "config_changes",
+    "left_out",
+    "notes",
+    "warnings",
+)
+"""The fields the report of every writing operation has, dry run included (after its own keys)."""
+
+
+def with_common(rep: dict, plan: Plan) -> dict:
+    """``rep`` with each of :data:`COMMON_FIELDS` it lacks added at its end (its own keys keep their place
+    and values): the tool and its version, a merge's totals (:func:`totals_of`), the plan's notes and
+    warnings, ``convert``'s files that are not part of the checkpoint (``left_out``)."""
+    rep.setdefault("tool", f"tietool {__version__}")
+    rep.setdefault("version", __version__)
+    for key, t in totals_of(plan).items():
+        rep.setdefault(key, {"parameters": t.parameters, "bytes": t.bytes})
+    rep.setdefault("notes", list(plan.notes))
+    rep.setdefault("warnings", list(plan.warnings))
+    if "left_out" not in rep:
+        source = plan.source
+        rep["left_out"] = [x.as_dict() for x in source.left_out] if source is not None else []
+    missing = [k for k in COMMON_FIELDS if k not in rep]
+    assert not missing, f"internal: the {plan.op} report lacks {missing}"
+    return rep
+
+
+def _flex_edit_report(plan: Plan, lay: FlexFolders, out: str, facts: dict | None, dry_run: bool) -> dict:
+    """:func:`build` of an edit of a Trainer flex checkpoint, with ``kind``, where its config was found and
+    the optimizer state and master weights resized (the weights are ``resized``)."""
+    if facts is None:
+        rep = build(plan, None, out, dry_run=dry_run, keep_training_state=True)
+        resized = {k: sorted(v) for k, v in lay.rewrites.items() if v}
+    else:
+        resized = facts.pop("training_state_resized", {})
+        rep = build(plan, facts, out)
+    resized = {k: v for k, v in resized.items() if k != "model_state"}  # the weights: "resized"
+    rep.update(kind="flex", config_from=str(lay.config_file), training_state_resized=resized)
+    return rep
+
+
+def _merge_of(plan: Plan, lay: Reshard, out: str, facts: dict | None) -> dict:
+    """The report of a merge; a dry run's facts are the files a run would write (the layout's shards)."""
+    if facts is None:
+        shards = reshard(lay.tensors, lay.container, lay.max_shard_size)
+        facts = {"weight_files": list(shards.files), "index": shards.index, "total_size": shards.total_size}
+        facts.update(carried=[n for _, n in lay.carry], dry_run=True)
+    sec = plan.section
+    if isinstance(sec, MergePlan):
+        return merge_report(sec, out, facts)
+    if isinstance(sec, merge_flex.FlexPlan):
+        return merge_flex.report(sec, out, facts)
+    fp, cp = sec
+    conv = convert_report(cp, Target.PADDLEFORMERS, out, dict(facts))
+    return merge_flex.with_conversion(merge_flex.report(fp, out, facts), conv, out)
+
+
+def totals_of(plan: Plan) -> dict[str, Totals]:
+    """:class:`~surgery.results.Report`'s ``before`` / ``after`` where the JSON has none (a merge: every
+    rank's or slice's tensors, and the merged ones); {} otherwise."""
+    sec = plan.section
+    if not isinstance(plan.layout, Reshard) or plan.op is not Operation.MERGE:
+        return {}
+    if isinstance(sec, MergePlan):
+        before, after = merge_totals(sec)
+        return {"before": before, "after": after}
+    fp = sec if isinstance(sec, merge_flex.FlexPlan) else sec[0]
+    (bp, bb), (ap, ab) = merge_flex.totals(fp)
+    if not isinstance(sec, merge_flex.FlexPlan):  # converted: the tensors as written
+        ts = plan.layout.tensors
+        ap, ab = sum(t.numel for t in ts), sum(t.nbytes for t in ts)
+    return {"before": Totals(bp, bb), "after": Totals(ap, ab)}
+
+
+@dataclass
+class Draft:
+    """The report of a run before its files are written, handed to the writer
+    (:func:`surgery.write.writer.execute`): :meth:`with_files` makes the report of the execution from the
+    written-file facts, and the writer stores it in the output before the output is published.
+
+    Attributes:
+        plan: the plan executed.
+        out: the output as the user named it.
+        to: ``convert``'s target.
+        keep_training_state: the run keeps the training state (the report's ``left_out``).
+        source: the input folder, whose report chain a written report carries forward (:func:`with_history`).
+        extra: keys the output policy adds (``in_place``), last.
+    """
+
+    plan: Plan
+    out: str
+    to: Target | None = None
+    keep_training_state: bool = False
+    source: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def unwritten(self, dry_run: bool) -> dict:
+        """The report of a run that writes nothing (a dry run, or an in-place plan that changes nothing)."""
+        return {
+            **report_of(self.plan, self.out, None, dry_run, self.keep_training_state, self.to),
+            **self.extra,
+        }
+
+    def with_files(self, facts: dict) -> dict:
+        """The report of the execution that wrote ``facts``, with the input's history carried forward."""
+        rep = report_of(self.plan, self.out, facts, False, self.keep_training_state, self.to)
+        return {**with_history(rep, self.source), **self.extra}
+
+    def adding(self, extra: dict[str, Any]) -> Draft:
+        """This draft with ``extra`` keys (the output policy's)."""
+        return replace(self, extra={**self.extra, **extra})

@@ -14,18 +14,18 @@ from safetensors.numpy import save_file
 from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.io.formats import PDPARAMS, SAFETENSORS
 from tietool.surgery.io.safetensors_io import Source
-from tietool.surgery.model.enums import Container
+from tietool.surgery.model.enums import Container, Operation
 from tietool.surgery.model.errors import OutputError, UsageError
-from tietool.surgery.plan.plan import NewCheckpoint, OutTensor, Reshard, parse_size
+from tietool.surgery.plan.plan import OutTensor, Reshard, parse_size, reshard_plan
 from tietool.surgery.plan.recipes import CopyOf
 from tietool.surgery.write.layout import plan_shards
 from tietool.surgery.write.writer import write_new
 
 
 def assemble(out, tensors, container, config, *, ckpt=None, carry=(), max_shard_size=10**10, progress=None):
-    """:func:`write_new` of the :class:`NewCheckpoint` of these parts (the facts it returns)."""
-    new = NewCheckpoint(list(tensors), Reshard(container, max_shard_size), config, list(carry), ckpt)
-    return write_new(new, out, progress=progress)
+    """:func:`write_new` of the plan of a new checkpoint of these parts (the facts it returns)."""
+    layout = Reshard(container, max_shard_size, list(tensors), config, list(carry))
+    return write_new(reshard_plan(Operation.CONVERT, ckpt, layout, None), out, progress=progress)
 
 
 FIX = Path(__file__).resolve().parent / "data" / "fixtures" / "cases"

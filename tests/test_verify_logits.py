@@ -371,9 +371,12 @@ def test_legacy_layout_is_told_from_the_checkpoint(tmp_path):
 
 
 def test_verify_logits_of_a_paddlenlp_checkpoint_exits_8(tmp_path):
+    """Without PNLP_PYTHON (no PaddleNLP to run the input in; with it: test_verify_logits_across.py)."""
+    from support import cli_runner
+
     src = CASES_DIR / "pnlp_llama_tied"
     out = fs.copy_checkpoint(src, tmp_path / "copy")
-    r = fs.run_tool(["verify", str(src), str(out), "--logits", "--json"])
+    r = cli_runner.run_cli(["verify", str(src), str(out), "--logits", "--json"], env={"PNLP_PYTHON": None})
     doc = json.loads(r.stdout)
     assert r.returncode == doc["exit_code"] == 8 and doc["logits"]["cause"] == "paddlenlp", doc
     lines = r.stderr.strip().splitlines()
@@ -387,7 +390,11 @@ def test_verify_logits_without_paddle_says_how_to_install(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "paddle" else real(n, *a))
     lg = logits_check(CASES_DIR / "pf_llama_tied_fp32", CASES_DIR / "pf_llama_tied_fp32")
-    assert lg["ok"] is None and lg["cause"] == "no_paddle" and 'pip install "tietool[paddle]"' in lg["error"]
+    assert (
+        lg["ok"] is None
+        and lg["cause"] == "no_paddle"
+        and 'pip install ".[paddle]" in the tietool clone' in lg["error"]
+    )
 
 
 @pytest.mark.parametrize(

@@ -3,9 +3,9 @@ files and flex checkpoints seen as the whole checkpoint ``merge`` would write of
 
 A :class:`Side` is the tensors (a :class:`~surgery.io.checkpoint.Checkpoint`, whose :meth:`iter_rows` the
 comparison reads in chunks), the config, the other files by relative name, and where the tokenizer files
-are. The merged views are :class:`PlannedView`: the tensors of a planned
-:class:`~surgery.plan.plan.NewCheckpoint`, each made from its recipe on demand (one tensor held at a time),
-so the rank files and ``.distcp`` slices are read as ``merge`` reads them, by the same plan.
+are. The merged views are :class:`PlannedView`: the tensors of a planned new checkpoint
+(a :class:`~surgery.plan.plan.Plan`), each made from its recipe on demand (one tensor held at a time), so the
+rank files and ``.distcp`` slices are read as ``merge`` reads them, by the same plan.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..io.safetensors_io import Source
 from ..model.enums import Container, Target
 from ..model.errors import Opt
 from ..model.tensor import TensorInfo
-from ..plan.plan import NewCheckpoint
+from ..plan.plan import Plan
 
 # the shard limit of a merged view: its shards are never written, so one is as good as any
 _NO_LIMIT = 1 << 62
@@ -40,7 +40,7 @@ class SideKind(str, Enum):
 
 @dataclass
 class PlannedView(Checkpoint):
-    """The tensors of a planned :class:`NewCheckpoint` as a :class:`Checkpoint` that is never written:
+    """The tensors of a planned new checkpoint as a :class:`Checkpoint` that is never written:
     headers from the plan (safetensors labels, no file), data made from each tensor's recipe on demand
     (:func:`surgery.plan.recipes.make`; bf16 as ``uint16`` bits, never converted). The last tensor made is
     kept, so that reading it again in chunks makes it once; memory: one whole tensor."""
@@ -93,12 +93,14 @@ def _flat_parts(src: Source) -> list[Source]:
     return [q for p in src.parts for q in _flat_parts(p)]
 
 
-def _view(new: NewCheckpoint, root: Path) -> PlannedView:
-    """The :class:`PlannedView` of ``new`` (its config, its tensors) rooted at ``root``."""
+def _view(plan: Plan, root: Path) -> PlannedView:
+    """The :class:`PlannedView` of the new checkpoint ``plan`` writes (its config, its tensors, read from its
+    source) rooted at ``root``."""
+    new = plan.reshard
     tensors = {t.name: TensorInfo(t.name, t.dtype, tuple(t.shape), "", -1, _nbytes(t)) for t in new.tensors}
     view = PlannedView(root, dict(new.config), Container.SAFETENSORS, False, None, None, [], tensors)
     view.recipes = {t.name: t.recipe for t in new.tensors}
-    view.recipe_source = new.source
+    view.recipe_source = plan.source
     view.st_metadata = {"model.safetensors": dict(new.st_metadata)} if new.st_metadata else {}
     return view
 
@@ -172,7 +174,7 @@ def merged_ranks(src: Path) -> Side:
     from ..plan.merge_experts import plan_rank_merge
 
     plan = plan_rank_merge(src)
-    view = _view(merge_plan.new_checkpoint(plan, _NO_LIMIT), src)
+    view = _view(merge_plan.output_plan(plan, _NO_LIMIT), src)
     files = {rel: p for p, rel in plan.carry if rel not in CONFIG_FILES}
     note = f"{src}: {len(plan.rank_files)} rank files read as the checkpoint `merge` writes of them"
     return Side(src, SideKind.RANK_FILES, view, files, src, [note])
@@ -188,10 +190,10 @@ def merged_flex(src: Path) -> Side:
     fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
     if merge_flex.convertible(src):
         cp = convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS)
-        new = convert_plan.new_checkpoint(cp, _NO_LIMIT)
+        new = convert_plan.output_plan(cp, _NO_LIMIT)
         how = "assembled and converted to the PaddleFormers layout, as `merge` writes it"
     else:
-        new = merge_flex.new_checkpoint(merge_flex.keep_layout(fp), _NO_LIMIT)
+        new = merge_flex.output_plan(merge_flex.keep_layout(fp), _NO_LIMIT)
         keep = Opt("keep_paddle_layout", True)
         how = f"assembled in the Paddle layout it was saved in, as merge with {keep} writes it"
     view = _view(new, fp.ck.folder.root)

@@ -149,7 +149,7 @@ def _column_block(ck: Checkpoint, name: str, start: int, stop: int) -> np.ndarra
     """Columns ``start:stop`` of 2-D tensor ``name`` (a copy), through a memory map closed on return."""
     t = ck.tensors[name]
     require_array(t, ck.path / t.file)
-    if t.fortran or t.inline is not None or t.pieces is not None or t.offset < 0 or not ck.store.on_disk:
+    if t.fortran or t.inline is not None or t.pieces is not None or t.offset < 0 or not ck.local:
         return np.array(ck.load(name)[:, start:stop])
     dt = ck.fmt.row_dtype(t)
     mm = np.memmap(ck.path / t.file, dtype=dt, mode="r", offset=t.offset, shape=tuple(t.shape))

@@ -636,6 +636,12 @@ class Checkpoint:
 
     # ------------------------------------------------------------------ facts
     @property
+    def local(self) -> bool:
+        """The folder is in this machine's file system (its store is ``on_disk``): numpy can map its files,
+        a library can open them."""
+        return bool(self.store.on_disk)
+
+    @property
     def fmt(self) -> Format:
         """The :class:`~surgery.io.formats.Format` of the container (file names, readers, writer)."""
         return FORMATS[self.format]

@@ -24,9 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from . import pdparams_io
+from . import pdparams_io, tree
 from .flex import MODULE, FlexSlice, FlexTensor
 from .pdparams_io import Emitter
+from .readback import Planned
 from .safetensors_io import Source
 
 
@@ -175,26 +176,13 @@ def _source(a: Replacement) -> Source:
     return _LazySource(a) if isinstance(a, Lazy) else Source(array=np.ascontiguousarray(a))
 
 
-def link_or_copy(src: Path, dst: Path) -> None:
-    """``dst`` as a hard link to file ``src`` (same bytes, no copy), or a copy (``shutil.copy2``) where the
-    file system refuses the link (another file system, links not allowed).
-
-    Raises:
-        OSError: the copy fails (no space, permissions).
-    """
-    try:
-        os.link(src, dst)
-    except OSError:  # another filesystem, or links not allowed
-        shutil.copy2(src, dst)
-
-
-def _rewrite_file(src: Path, dst: Path, drop: set[str], add: list[tuple[str, Replacement]]) -> None:
+def _rewrite_file(src: Path, dst: Path, drop: set[str], add: list[tuple[str, Replacement]]) -> list[Planned]:
     """``src`` (a ``.distcp``) as ``dst`` without the keys ``drop``, with ``add`` (key, array in storage
     dtype or a :class:`Lazy`, computed as it is streamed) in the place of the first dropped key (or at the
     end); the other entries' payload bytes are copied from ``src`` unchanged, the non-tensor entries kept;
     ``StructuredToParameterName@@`` loses the dropped keys and names each added key (its old name, else
     itself): ``paddle.load`` makes a Tensor of every key that table names and fails on a named key the file
-    lacks (measured)."""
+    lacks (measured). Returns the tensors written, in order (what the read-back compares)."""
     infos, extras, module = pdparams_io.read_header(src, src.name)
     new = [(k, a.dtype.name, tuple(a.shape), _source(a), None, False) for k, a in add]
     rows: list[pdparams_io.Row] = []
@@ -210,6 +198,24 @@ def _rewrite_file(src: Path, dst: Path, drop: set[str], add: list[tuple[str, Rep
         kept = {k: v for k, v in table.items() if k not in drop}
         extras[pdparams_io.NON_TENSOR_KEYS[0]] = {**kept, **{k: table.get(k, k) for k, _ in add}}
     pdparams_io.write_file(dst, rows, extras, module)
+    return [Planned(r[0], r[1], tuple(r[2]), r[3].nbytes) for r in rows]
+
+
+@dataclass(frozen=True)
+class FolderRewrite:
+    """What :func:`rewrite_folder` wrote: the read-back's plan of the folder.
+
+    Attributes:
+        tensors: the folder's tensors as its new ``.metadata`` records them.
+        metadata: the ``.metadata`` file's name.
+        rewritten: each rewritten ``.distcp`` file's name → its tensors as written, in order.
+        placed: every other file's name → how it was placed (:func:`surgery.io.tree.place_kept`).
+    """
+
+    tensors: dict[str, FlexTensor]
+    metadata: str
+    rewritten: dict[str, list[Planned]]
+    placed: dict[str, tree.Placed]
 
 
 def rewrite_folder(
@@ -218,16 +224,17 @@ def rewrite_folder(
     metadata: str,
     tensors: dict[str, FlexTensor],
     new: dict[str, tuple[str, Replacement]],
-) -> dict[str, FlexTensor]:
+) -> FolderRewrite:
     """Write flex folder ``src`` (read as ``tensors``, its index file ``metadata``) into the empty folder
     ``dst`` with the tensors of ``new`` (key -> (paddle dtype name, full array in storage dtype: bf16 as
     uint16, or a :class:`Lazy` computing it)) replaced, each written whole (:func:`whole`) into the file of
     its first old slice. A :class:`Lazy` is computed while its bytes are streamed and dropped after: peak
     memory is what the largest one needs, not the sum.
 
-    A ``.distcp`` that holds no slice of a replaced tensor is hard-linked (copied across filesystems); one
-    that does is rewritten by :func:`_rewrite_file`; every other file of ``src`` is linked too. The
-    ``.metadata`` is rewritten with the replaced tensors' records only changed. Returns the new tensors.
+    A ``.distcp`` that holds a slice of a replaced tensor is rewritten by :func:`_rewrite_file`; every
+    other file of ``src`` is kept by :func:`surgery.io.tree.place_kept` (hard-linked; a symbolic link by
+    its rule; copied across file systems). The ``.metadata`` is rewritten with the replaced tensors'
+    records only changed. Nothing is read back here: :func:`surgery.write.flex_edit.check_folder` does.
     Raises ``KeyError`` for a key of ``new`` that ``tensors`` lacks (callers check first).
     """
     out = dict(tensors)
@@ -240,12 +247,15 @@ def rewrite_folder(
         file = old.slices[0].file
         add.setdefault(file, []).append((key, a))
         out[key] = whole(key, dtype, tuple(a.shape), file)
-    for p in sorted(src.iterdir()):
-        if p.name == metadata or not p.is_file():
-            continue
+    done = FolderRewrite(out, metadata, {}, {})
+    files = [p for p in sorted(src.iterdir()) if p.name != metadata and p.is_file()]
+    kept = {p.name for p in files if p.name not in drop}
+    for p in files:
         if p.name in drop:
-            _rewrite_file(p, dst / p.name, drop[p.name], add.get(p.name, []))
-        else:
-            link_or_copy(p, dst / p.name)
+            done.rewritten[p.name] = _rewrite_file(p, dst / p.name, drop[p.name], add.get(p.name, []))
+            continue
+        placed = done.placed[p.name] = tree.place_kept(p, dst / p.name, src, kept, True)
+        if placed is tree.Placed.COPY:
+            shutil.copy2(p, dst / p.name)
     write_metadata(dst / metadata, out)
-    return out
+    return done

@@ -30,7 +30,7 @@ from typing import Any, overload
 
 from ..model.errors import CheckpointError, OutputError
 from ..model.tensor import DTYPES, NP_TO_ST
-from . import pdparams_io, safetensors_io
+from . import flex, pdparams_io, safetensors_io
 
 
 @dataclass(frozen=True, slots=True)  # slots: one per output tensor, millions in a hostile header
@@ -267,3 +267,62 @@ def check_json_file(path: Path, data: Any, style: dict[str, Any]) -> None:
                 buf, held = [], 0
         if f.read(held) != b"".join(buf) or f.read(1):
             raise _mismatch(path, "it is not the index planned from the shards")
+
+
+def check_bytes(path: Path, data: bytes) -> None:
+    """The file at ``path`` holds exactly ``data`` (a file edit written whole: tokenizer files, a config).
+
+    Raises:
+        OutputError: it holds anything else (a short write, a changed byte).
+    """
+    try:
+        with open(path, "rb") as f:
+            got = f.read(len(data) + 1)
+    except OSError as e:
+        raise _mismatch(path, f"it cannot be read: {e.strerror}") from None
+    if got != data:
+        raise _mismatch(path, f"it holds {len(got)} bytes that are not the {len(data)} written")
+
+
+def check_optimizer(path: Path, tensors: Sequence[Planned], master: Sequence[Planned]) -> None:
+    """Walk the ``optimizer.pdopt`` at ``path`` with the strict opcode reader (its allow-list for optimizer
+    files) and compare its accumulators and its ``master_weights`` (names in order, dtypes, shapes) with
+    ``tensors`` and ``master``.
+
+    Raises:
+        OutputError: the reader refuses the file, or it holds other tensors than planned.
+    """
+    try:
+        head = pdparams_io.read_optimizer_header(path, path.name)
+    except Exception as e:  # noqa: BLE001 - tietool's own refusal of the file it just wrote
+        raise _mismatch(path, f"the pickle reader refuses it: {e}") from None
+    for got, want in ((head.tensors, tensors), (head.master, master)):
+        seen = [(t.name, _pdparams_label(t.dtype), tuple(t.shape)) for t in got]
+        _check_same(path, [Planned(p.name, _pdparams_label(p.dtype), p.shape, p.nbytes) for p in want], seen)
+
+
+def check_flex_metadata(path: Path, tensors: dict[str, Any]) -> None:
+    """Read the flex ``.metadata`` at ``path`` with tietool's reader (:func:`surgery.io.flex.read_metadata`,
+    every field checked) and compare every tensor record (global shape, dtype, each slice's file, key,
+    offset, shape, flattening, replica) with ``tensors`` (key → :class:`~surgery.io.flex.FlexTensor`).
+
+    Raises:
+        OutputError: the reader refuses the file, or it holds other records than planned.
+    """
+    try:
+        got = flex.read_metadata(path)
+    except Exception as e:  # noqa: BLE001 - tietool's own refusal of the file it just wrote
+        raise _mismatch(path, f"the reader refuses it: {e}") from None
+    if got != tensors:
+        differ = sorted(k for k in set(got) | set(tensors) if got.get(k) != tensors.get(k))
+        raise _mismatch(path, f"the records of {differ[:5]} differ")
+
+
+def check_size(path: Path, size: int, planned: int) -> None:
+    """A whole-file copy at ``path`` holds ``size`` bytes, as its source's ``planned``.
+
+    Raises:
+        OutputError: it holds another number (a short or long copy).
+    """
+    if size != planned:
+        raise _mismatch(path, f"the copy holds {size} bytes, its source {planned}")

@@ -21,7 +21,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Collection
 from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 
 from ..model.errors import CheckpointError
@@ -155,3 +157,42 @@ def _entries(folder: str):
             yield entry.name, entry.path, stat_link(entry.path), True
         else:
             yield entry.name, entry.path, entry.stat(follow_symlinks=False), False
+
+
+class Placed(Enum):
+    """What :func:`place_kept` did with a file an output keeps unchanged (the report's ``files`` list it
+    goes in)."""
+
+    SYMLINKED = "symlinked"
+    LINKED = "linked"
+    COPY = "copied"  # nothing yet: the caller copies the bytes of the file behind the name
+
+
+def place_kept(src: Path, dst: Path, folder: Path, carried: Collection[str], link: bool) -> Placed:
+    """Put the unchanged file ``src`` (below checkpoint ``folder``) at ``dst`` in the output, by the one
+    rule every write follows (README, "In place" and "Symbolic links in a checkpoint"):
+
+    * with ``link``, a relative symbolic link to another file of ``carried`` (names relative to
+      ``folder``, each of which the output holds at the same place) stays the same link: it leads to the
+      same file there;
+    * any other symbolic link is the file behind it, never the link: a link that leads outside ``folder``
+      (``tokenizer.model -> ../base/tokenizer.model``) would dangle at the output's place;
+    * with ``link``, that file is hard-linked (``os.link`` of its real path: Linux's ``link(2)`` would link
+      the symbolic link itself) where the file system allows; otherwise :attr:`Placed.COPY` is returned and
+      the caller copies its bytes (``dst``'s folder exists, nothing is made).
+
+    Raises:
+        OSError: a symbolic link cannot be made.
+    """
+    if link and src.is_symlink() and not os.path.isabs(os.readlink(src)):
+        base, behind = os.path.realpath(folder), os.path.realpath(src)
+        if os.path.commonpath([base, behind]) == base and os.path.relpath(behind, base) in carried:
+            os.symlink(os.readlink(src), dst)
+            return Placed.SYMLINKED
+    if link:
+        try:
+            os.link(os.path.realpath(src), dst)
+            return Placed.LINKED
+        except OSError:  # another file system (EXDEV), or links not allowed: copied
+            pass
+    return Placed.COPY

@@ -9,7 +9,9 @@ vocabulary tensor as ``resize`` moves it (:func:`surgery.plan.resize.move_vocabu
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..inspect import chunked
@@ -415,3 +417,36 @@ def _zero_rows_of_existing(plan: Plan, edit: TokenEdit, reset: dict[int, str]) -
             "not all zero (or the head is [hidden, vocab]), so add-tokens keeps them: a fine-tune that uses "
             "them must train the embedding rows"
         )
+
+
+def tokenizer_edit() -> Any:
+    """:mod:`surgery.io.tokenizer_edit`, imported on first use (it imports the ``tokenizer`` extra's
+    libraries lazily itself)."""
+    from ..io import tokenizer_edit as edit
+
+    return edit
+
+
+def copy_token_id(folder: Path, choice: InitChoice, edit_of: Callable[..., TokenEdit]) -> int | None:
+    """The id of the ``copy:TOKEN`` token (None for another init), asked of the tokenizer by ``edit_of``
+    (:func:`surgery.io.tokenizer_edit.add_tokens_edit`: the string as a token to add).
+
+    Raises:
+        UsageError: the tokenizer does not have the string as one token.
+    """
+    if choice.kind is not TokenInit.COPY or choice.token is None:
+        return None
+    flag = Opt("init", "copy:" + choice.token)
+    fix = "name a token the tokenizer has, or use the subtokens init"
+    try:
+        edit = edit_of(folder, [choice.token])
+        (t,) = edit.tokens
+    except RefusedError as e:  # a string add-tokens refuses (the folder itself was read by the plan already)
+        why = f"{choice.token!r} is not one token of the tokenizer ({e.message})"
+        raise UsageError(f"{flag}: {why}", folder, fix) from None
+    if t.existed:
+        return t.id
+    if len(t.subtoken_ids) == 1:  # the text is one token though not its spelling (SentencePiece's '▁the')
+        return t.subtoken_ids[0]
+    why = f"{choice.token!r} is not one token of the tokenizer (it splits into ids {list(t.subtoken_ids)})"
+    raise UsageError(f"{flag}: {why}", folder, fix)

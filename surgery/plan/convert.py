@@ -50,10 +50,10 @@ from ..inspect.convention import (
 )
 from ..inspect.layout import Layout, Proof, hint_container_only, prove
 from ..io.checkpoint import Checkpoint
-from ..model.enums import Container, Target
+from ..model.enums import Container, Operation, Target
 from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tensor import DTYPES, describe_dtype, dtype_refusal
-from .plan import NewCheckpoint, OutTensor, Reshard
+from .plan import OutTensor, Plan, Reshard, reshard_plan
 from .recipes import ROWS_BYTES, CopyOf, FusedPart, transpose_2d
 
 # files an output never carries: PaddleFormers' loader writes this one into the folder it loads, and it
@@ -889,17 +889,34 @@ def note_left_out(plan: ConvertPlan) -> None:
         )
 
 
-def new_checkpoint(plan: ConvertPlan, max_shard_size: int) -> NewCheckpoint:
-    """What the conversion ``plan`` writes: its tensors in shards of ``plan.container`` of at most
-    ``max_shard_size`` bytes, its config, the carried files (:func:`carry`) and the container's non-tensor
-    entries (:func:`st_metadata`, :func:`pdparams_extras`)."""
+def output_plan(plan: ConvertPlan, max_shard_size: int) -> Plan:
+    """The :class:`~surgery.plan.plan.Plan` the conversion ``plan`` writes: its tensors in shards of
+    ``plan.container`` of at most ``max_shard_size`` bytes, its config, the carried files (:func:`carry`)
+    and the container's non-tensor entries (:func:`st_metadata`, :func:`pdparams_extras`)."""
     safetensors = plan.container is Container.SAFETENSORS
-    return NewCheckpoint(
+    layout = Reshard(
+        plan.container,
+        max_shard_size,
         plan.tensors,
-        Reshard(plan.container, max_shard_size),
         plan.config,
         carry=carry(plan.ckpt),
-        source=plan.ckpt,
         st_metadata=st_metadata(plan) if safetensors else None,
         pdparams_extras=pdparams_extras(plan),
     )
+    return reshard_plan(Operation.CONVERT, plan.ckpt, layout, plan)
+
+
+def warn_legacy_layout(plan: Plan) -> Plan:
+    """Add to ``plan.warnings`` (printed on the terminal) the call PaddleFormers 1.2 needs to load the output
+    when the checkpoint is PaddleFormers safetensors in its legacy Paddle layout
+    (:func:`pf_legacy_layout`; ``merge --keep-paddle-layout`` writes them): a plain
+    ``from_pretrained`` of such a folder loads without a warning and computes other logits (measured:
+    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``)."""
+    ck = plan.ckpt
+    if ck.format is Container.SAFETENSORS and pf_legacy_layout(ck):
+        plan.warnings.append(
+            "the checkpoint is PaddleFormers safetensors in its legacy Paddle layout (Linear weights "
+            f"[in, out]) and so is the output: PaddleFormers 1.2 loads it only with {LEGACY_LOAD}; a plain "
+            "from_pretrained loads it without an error but computes other logits"
+        )
+    return plan

@@ -13,12 +13,12 @@ model's embedding and stored duplicate head both rewritten, the parameter's stat
 it, under the head's name); every
 refusal (a missing moment, an unknown accumulator, a plan that adds or drops tensors) is raised while
 planning from the ``.metadata`` records alone (a ``--dry-run`` reads no tensor data), before anything is
-written. :func:`surgery.write.flex_edit.write_flex_edit` writes it.
+written. The plan's layout is then :class:`~surgery.plan.plan.FlexFolders`;
+:func:`surgery.write.flex_edit.write_flex_edit` writes it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -30,43 +30,10 @@ from ..io.flex_write import Lazy
 from ..io.safetensors_io import Source
 from ..model.errors import Opt, RefusedError
 from . import recipes
-from .flex_state import New, state_rewrites
+from .flex_state import state_rewrites
 from .merge_flex import FlexPlan, FlexView, flex_view, plan_flex
-from .plan import Plan, Resized
+from .plan import FlexFolders, Plan, Resized
 from .training_state import reset_note, slack_rows
-
-
-@dataclass
-class FlexEdit:
-    """A planned edit of a Trainer flex checkpoint (nothing written yet).
-
-    Attributes:
-        plan: the plan on the merged view (its ``ckpt`` the :class:`FlexView`, ``config_set`` and
-            ``tokenizer`` as for any checkpoint).
-        flex: the merge plan of the checkpoint (its original config, where config.json was found).
-        rewrites: per flex folder (``model_state`` ...), key -> (paddle dtype name, the new full array as a
-            :class:`~surgery.io.flex_write.Lazy`: computed when written, one at a time).
-    """
-
-    plan: Plan
-    flex: FlexPlan
-    rewrites: dict[str, New]
-
-    @property
-    def ckpt(self) -> Any:
-        return self.plan.ckpt
-
-    @property
-    def changed(self) -> bool:
-        return self.plan.changed
-
-    @property
-    def root(self) -> Path:
-        return self.flex.ck.folder.root
-
-    @property
-    def output_bytes(self) -> int:
-        return sum(a.nbytes for new in self.rewrites.values() for _, a in new.values())
 
 
 def is_trainer_checkpoint(path: Any) -> bool:
@@ -197,10 +164,11 @@ def shared_names(plan: Plan) -> list[str]:
     return [n for n, nt in plan.replace.items() if nt.recipe == emb.recipe and nt.shape == emb.shape]
 
 
-def plan_flex_edit(fp: FlexPlan, plan: Plan) -> FlexEdit:
-    """The edit of the Trainer checkpoint of ``fp`` that ``plan`` (made on its view) describes: the
-    tensors it changes, their moments and master weights (a tied parameter's where the Trainer stored
-    them: :func:`shared_names`; slack rows new tokens take reset, said in the plan's notes).
+def plan_flex_edit(fp: FlexPlan, plan: Plan) -> Plan:
+    """``plan`` (made on the view of the Trainer checkpoint of ``fp``) with the layout that edits the
+    checkpoint's flex folders (:class:`~surgery.plan.plan.FlexFolders`): the tensors it changes, their
+    moments and master weights (a tied parameter's where the Trainer stored them: :func:`shared_names`;
+    slack rows new tokens take reset, said in the plan's notes); ``plan.section`` is ``fp``.
 
     Raises:
         RefusedError: as :func:`new_weights` and :func:`surgery.plan.flex_state.state_rewrites`.
@@ -216,4 +184,6 @@ def plan_flex_edit(fp: FlexPlan, plan: Plan) -> FlexEdit:
         plan.notes.append(note)
     if isinstance(plan.ckpt, FlexView):
         plan.ckpt.forget()  # what detection assembled: the writer makes each tensor when it writes it
-    return FlexEdit(plan, fp, rewrites)
+    plan.layout = FlexFolders(root, fp.config, fp.config_file, rewrites)
+    plan.section = fp
+    return plan

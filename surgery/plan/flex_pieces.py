@@ -81,7 +81,7 @@ def _read_rows_into(out: Array, p: Piece, path: Path, info: TensorInfo) -> bool:
         or info.fortran
         or info.pieces is not None
         or info.inline is not None
-        or not store.store_for(path).on_disk
+        or not store.is_local(path)
         or np.dtype(info.dtype).newbyteorder("<") != out.dtype
         or p.box[0][1:] != (0,) * (out.ndim - 1)
         or p.box[1][1:] != out.shape[1:]

@@ -13,8 +13,8 @@ in :data:`surgery.arch.TENSOR_PARALLEL`; this module only applies them:
 2. :func:`read_ranks`: their headers (never unpickled: :mod:`.formats.pdparams_io`).
 3. :func:`plan`: per tensor, its rule, axis and merged shape, checked against ``config.json``; replicated
    tensors (and a tensor in two pipeline ranks) compared byte for byte.
-4. :func:`plan_merge` does 1-3 for a folder; :func:`new_checkpoint` is what :func:`surgery.ops.merge` has
-   the writer write (:func:`surgery.write.writer.write_new`), one tensor at a time: each merged tensor is
+4. :func:`plan_merge` does 1-3 for a folder; :func:`output_plan` is the plan :func:`surgery.ops.merge`
+   has the writer write (:func:`surgery.write.writer.write_new`), one tensor at a time: each merged tensor is
    a :class:`~surgery.plan.recipes.Joined` recipe; an axis-0 concatenation is a list of byte ranges (no
    memory); another axis loads the slices of one tensor, concatenates, writes and drops them. bf16
    (``uint16`` in ``.pdparams``) moves as bits, never converted.
@@ -42,11 +42,11 @@ from ..arch import TPRule, TPSplit
 from ..io import pdparams_io, safetensors_io, surface
 from ..io.checkpoint import REPORT_NAME, read_config, refuse_state_only, special_file, unreadable_folder
 from ..io.regular import require_regular
-from ..model.enums import Container
+from ..model.enums import Container, Operation
 from ..model.errors import CheckpointError, RefusedError, UsageError
 from ..model.tensor import TensorInfo
 from .merge_tie import TieFix
-from .plan import NewCheckpoint, OutTensor, Reshard
+from .plan import OutTensor, Plan, Reshard, reshard_plan
 from .recipes import Joined, Slice, read_slice
 
 # model_state.tp00.pdparams, model_state.tp01_pp00.pdparams, model_state_pp01.pdparams,
@@ -532,17 +532,20 @@ def plan_merge(src: Path) -> MergePlan:
     )
 
 
-def new_checkpoint(plan: MergePlan, max_shard_size: int) -> NewCheckpoint:
-    """What the merge ``plan`` writes: the merged tensors in the rank files' container, in shards of at most
-    ``max_shard_size`` bytes, the merged config, the carried files and the rank files' non-tensor entries
-    (a safetensors ``__metadata__`` or a ``.pdparams``' ``StructuredToParameterName@@``)."""
+def output_plan(plan: MergePlan, max_shard_size: int) -> Plan:
+    """The :class:`~surgery.plan.plan.Plan` the merge ``plan`` writes: the merged tensors in the rank files'
+    container, in shards of at most ``max_shard_size`` bytes, the merged config, the carried files and the
+    rank files' non-tensor entries (a safetensors ``__metadata__`` or a ``.pdparams``'
+    ``StructuredToParameterName@@``)."""
     container = Container(plan.container)
     st = container is Container.SAFETENSORS
-    return NewCheckpoint(
+    layout = Reshard(
+        container,
+        max_shard_size,
         plan.merged,
-        Reshard(container, max_shard_size),
         plan.new_config,
         carry=plan.carry,
         st_metadata=(plan.extras or None) if st else None,
         pdparams_extras=None if st else (plan.extras or None),
     )
+    return reshard_plan(Operation.MERGE, None, layout, plan)

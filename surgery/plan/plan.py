@@ -23,7 +23,7 @@ from ..inspect.detect import (
 from ..inspect.findings import FindingKind, Fix, describe
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file
-from ..model.enums import Container, FoundBy, HeadLayout, Loader
+from ..model.enums import Container, FoundBy, HeadLayout, Loader, Operation
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import DTYPES, NP_TO_ST, DType, TensorInfo, dtype_refusal
 from ..model.tokens import TokenEdit
@@ -57,12 +57,65 @@ def parse_size(text: str | int) -> int:
 
 
 @dataclass(frozen=True)
+class KeepFiles:
+    """The layout of an edit (``tie``, ``untie``, ``resize``, ``add-tokens``): the input's own files, those
+    that hold a changed tensor rewritten and the rest kept (:func:`surgery.write.layout.keep_files`). The
+    changes are the plan's delta (``drop``, ``replace``, ``add``): an edit never lists untouched tensors."""
+
+
+@dataclass(frozen=True)
 class Reshard:
-    """The layout of a plan that writes a whole new checkpoint (``convert``, ``merge``): its tensors laid
-    out in shards of ``container`` of at most ``max_shard_size`` bytes each (:mod:`surgery.write.layout`)."""
+    """The layout of a plan that writes a whole new checkpoint (``convert``, ``merge``): every output
+    tensor, in order, laid out in shards of ``container`` of at most ``max_shard_size`` bytes each
+    (:func:`surgery.write.layout.reshard`).
+
+    Attributes:
+        tensors: the output tensors in the order they are laid out (recipes of the plan's source's tensors,
+            or of rank-file slices).
+        config: written as ``config.json``.
+        carry: ``(source file, relative name in the output)`` copied unchanged (generation config,
+            tokenizer files).
+        st_metadata: each safetensors file's ``__metadata__`` (PaddleFormers 1.2 writes
+            ``{"format": "pt"}``; what the readers of the output expect), or None.
+        pdparams_extras: non-tensor entries of each ``.pdparams`` file; ``StructuredToParameterName@@`` is
+            restricted to the file's own tensors.
+    """
 
     container: Container
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE
+    tensors: list[OutTensor] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+    carry: list[tuple[Path, str]] = field(default_factory=list)
+    st_metadata: dict[str, str] | None = None
+    pdparams_extras: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class FlexFolders:
+    """The layout of an edit of a PaddleFormers Trainer flex checkpoint kept resumable
+    (``--keep-training-state``): in each flex folder, the ``.distcp`` files that hold a changed tensor
+    rewritten and a new ``.metadata``; every other file kept (:mod:`surgery.write.flex_edit`).
+
+    Attributes:
+        root: the ``checkpoint-N/`` folder.
+        config: its config as ``merge`` finds it (the output's config.json, with the plan's sets).
+        config_file: where that config was found.
+        rewrites: per flex folder (``model_state`` ...), key → (paddle dtype name, the new full array as a
+            :class:`~surgery.io.flex_write.Lazy`: computed when written, one at a time).
+    """
+
+    root: Path
+    config: dict[str, Any]
+    config_file: Path
+    rewrites: dict[str, dict[str, tuple[str, Any]]]
+
+    @property
+    def output_bytes(self) -> int:
+        return sum(a.nbytes for new in self.rewrites.values() for _, a in new.values())
+
+
+Layout = KeepFiles | Reshard | FlexFolders
+"""Which files the output has: the one choice a :class:`Plan` makes about them."""
 
 
 @dataclass(frozen=True, slots=True)  # slots: one per output tensor, millions in a hostile header
@@ -152,10 +205,14 @@ class OptimizerEdit:
 
 @dataclass
 class Plan:
-    """What an operation changes. Nothing is written until it is executed.
+    """What an operation writes (every operation's one plan type). Nothing is written until it is executed
+    (:func:`surgery.write.writer.execute`).
 
     Attributes:
-        op: ``tie`` / ``untie`` / ``resize``.
+        op: the operation.
+        source: the input checkpoint the recipes read (None: ``merge``'s rank files, whose slices name their
+            files). :attr:`ckpt` for an edit.
+        detection: the input's detection (an edit's; None for ``convert`` / ``merge``). :attr:`det`.
         drop: names removed → reason.
         replace: existing names whose data (and maybe shape) change.
         add: new names.
@@ -165,7 +222,6 @@ class Plan:
         metadata_drop: ``__metadata__`` keys to remove (a ``{dropped: kept}`` entry for a tensor the output
             holds again).
         relabel_u16: write safetensors ``U16`` tensors that hold bf16 bits as ``BF16``.
-        changed: the plan changes tensors or config (False: the output is a copy).
         notes: what the user should know (why nothing was saved, which loader was assumed, ...).
         warnings: what may break the model (trimming rows the tokenizer uses).
         extra_report: operation-specific report fields (resize rows, init, seed).
@@ -175,11 +231,15 @@ class Plan:
         training_edit: with ``--keep-training-state``, the optimizer files rewritten to the new shapes
             (:func:`surgery.plan.training_state.plan_training_state`), by path; the writer writes them in
             place of the copies.
+        layout: the output's files (:data:`Layout`): the input's with the delta (an edit), a whole new
+            checkpoint (``convert``, ``merge``), or a Trainer flex checkpoint's folders.
+        section: the operation's own plan its report is worded from (a ``convert`` / ``merge`` plan), or
+            None.
     """
 
-    op: str
-    ckpt: Checkpoint
-    det: Detection
+    op: Operation
+    source: Checkpoint | None
+    detection: Detection | None = None
     drop: dict[str, str] = field(default_factory=dict)
     replace: dict[str, OutTensor] = field(default_factory=dict)
     add: list[OutTensor] = field(default_factory=list)
@@ -193,17 +253,58 @@ class Plan:
     extra_report: dict[str, Any] = field(default_factory=dict)
     tokenizer: TokenEdit | None = None
     training_edit: dict[str, OptimizerEdit] = field(default_factory=dict)
+    layout: Layout = field(default_factory=KeepFiles)
+    section: Any = None
+
+    @property
+    def ckpt(self) -> Checkpoint:
+        """The input checkpoint of an edit.
+
+        Raises:
+            AssertionError: a plan without one (``merge`` of rank files; a bug to ask).
+        """
+        assert self.source is not None, f"internal: a {self.op} plan has no input checkpoint"
+        return self.source
+
+    @property
+    def det(self) -> Detection:
+        """The detection of an edit's input.
+
+        Raises:
+            AssertionError: a ``convert`` / ``merge`` plan (a bug to ask).
+        """
+        assert self.detection is not None, f"internal: a {self.op} plan has no detection"
+        return self.detection
+
+    @property
+    def reshard(self) -> Reshard:
+        """The layout of a new checkpoint (``convert``, ``merge``).
+
+        Raises:
+            AssertionError: the plan edits its input's files (a bug to ask).
+        """
+        assert isinstance(self.layout, Reshard), f"internal: a {self.op} plan writes no new checkpoint"
+        return self.layout
 
     @property
     def changed(self) -> bool:
+        """The output differs from the input (False: an edit that would write a copy). A new checkpoint
+        (``convert``, ``merge``) always does."""
+        if isinstance(self.layout, Reshard):
+            return True
         cfg_changes = [c for c in self.config_set if get_config(self.ckpt, c[0], c[1]) != c[2]]
         tok = self.tokenizer is not None and bool(self.tokenizer.files)
         return bool(self.drop or self.replace or self.add or cfg_changes or tok)
 
     @property
     def output_bytes(self) -> int:
-        """Bytes of tensor data the output will hold (the progress bar's total): kept tensors, replaced
-        tensors at their new size, added tensors."""
+        """Bytes of tensor data the output will write (the progress bar's total): of an edit, kept tensors,
+        replaced tensors at their new size, added tensors; of a new checkpoint every tensor; of a flex edit
+        the rewritten tensors."""
+        if isinstance(self.layout, Reshard):
+            return sum(t.nbytes for t in self.layout.tensors)
+        if isinstance(self.layout, FlexFolders):
+            return self.layout.output_bytes
         t = self.ckpt.tensors
         kept = sum(x.nbytes for n, x in t.items() if n not in self.drop and n not in self.replace)
         return kept + sum(nt.nbytes for nt in self.replace.values()) + sum(nt.nbytes for nt in self.add)
@@ -221,37 +322,12 @@ class Plan:
         return files
 
 
-@dataclass(frozen=True)
-class NewCheckpoint:
-    """A whole new checkpoint to write (``convert``, ``merge``): what
-    :func:`surgery.write.writer.execute` writes of it, decided before anything is written.
-
-    Attributes:
-        tensors: the output tensors in the order they are laid out (recipes of ``source``'s tensors, or of
-            rank-file slices).
-        layout: the container and the shard limit (:func:`surgery.write.layout.reshard` lays them out).
-        config: written as ``config.json``.
-        carry: ``(source file, relative name in the output)`` copied unchanged (generation config,
-            tokenizer files).
-        source: the input checkpoint the recipes read (None: ``merge``'s, whose slices name their files).
-        st_metadata: each safetensors file's ``__metadata__`` (PaddleFormers 1.2 writes
-            ``{"format": "pt"}``; what the readers of the output expect), or None.
-        pdparams_extras: non-tensor entries of each ``.pdparams`` file; ``StructuredToParameterName@@`` is
-            restricted to the file's own tensors.
-    """
-
-    tensors: list[OutTensor]
-    layout: Reshard
-    config: dict[str, Any]
-    carry: list[tuple[Path, str]] = field(default_factory=list)
-    source: Checkpoint | None = None
-    st_metadata: dict[str, str] | None = None
-    pdparams_extras: dict[str, Any] | None = None
-
-    @property
-    def output_bytes(self) -> int:
-        """Bytes of tensor data the output will hold (the progress bar's total)."""
-        return sum(t.nbytes for t in self.tensors)
+def reshard_plan(
+    op: Operation, source: Checkpoint | None, layout: Reshard, section: Any, notes: list[str] | None = None
+) -> Plan:
+    """The plan of a whole new checkpoint (``convert``, ``merge``): ``layout``'s tensors read from
+    ``source`` (None: rank-file slices), reported from ``section`` (the operation's own plan)."""
+    return Plan(op, source, layout=layout, section=section, notes=list(notes or []))
 
 
 def get_config(ckpt: Checkpoint, file: str, key: str) -> Any:
@@ -364,8 +440,10 @@ def _wants_relabel(ckpt: Checkpoint, loader: str) -> bool:
 
 
 def base_plan(op: str, det: Detection) -> Plan:
+    """The empty plan of edit ``op`` of ``det``'s checkpoint (the stale index entries noted, bf16 bits
+    stored as U16 relabelled where the loader takes BF16)."""
     ckpt = det.ckpt
-    plan = Plan(op, ckpt, det, relabel_u16=_wants_relabel(ckpt, det.loader.name))
+    plan = Plan(Operation(op), ckpt, det, relabel_u16=_wants_relabel(ckpt, det.loader.name))
     if ckpt.index is not None:
         plan.stale_index = [n for n in ckpt.index["weight_map"] if n not in ckpt.tensors]
     if plan.relabel_u16:

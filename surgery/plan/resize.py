@@ -680,3 +680,22 @@ def _resize_bias(det: Detection, plan: Plan, old: int, recipe: Recipe | None) ->
         t = ckpt.tensors[n]
         out = out_dtype(ckpt, t, plan.relabel_u16)
         plan.replace[n] = OutTensor(n, out, t.shape[:-1] + (recipe.new,), recipe, t.file, storage=t.storage)
+
+
+def plan_resize_to(
+    det: Detection, vocab_size: int | None, pad_to_multiple_of: int | None, *args: Any
+) -> Plan:
+    """:func:`plan_resize` (``args``: its ``init``, ``seed``, ``force``); with no ``vocab_size``, the
+    current rows rounded up to ``pad_to_multiple_of``.
+
+    Raises:
+        UsageError: neither ``vocab_size`` nor ``pad_to_multiple_of``; and as :func:`plan_resize`.
+    """
+    if vocab_size is None:
+        if pad_to_multiple_of is None:
+            raise UsageError(
+                "resize needs the new number of rows",
+                fix=f"give {Opt('vocab_size')}, or {Opt('pad_to_multiple_of')} alone to round the rows up",
+            )
+        vocab_size = det.vocab_rows
+    return plan_resize(det, vocab_size, pad_to_multiple_of, *args)

@@ -31,16 +31,14 @@ not planned here: :mod:`surgery.plan.flex_edit` resizes its three flex folders
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..io import pdparams_io, surface
-from ..io.pdparams_io import Source
 from ..model.errors import Opt, RefusedError
-from ..model.tensor import TensorInfo, bf16_bits_to_f32
+from ..model.tensor import TensorInfo
 from .plan import OptimizerEdit, OutTensor, Plan, Resized
 from .recipes import EditedBias, EditedTable
 
@@ -177,7 +175,7 @@ def plan_training_state(plan: Plan) -> dict[str, OptimizerEdit]:
             continue
         if rel != PDOPT:
             raise _refuse(ck.path, rel, f"is {_format_of(base)}: tietool does not resize it")
-        if not ck.store.on_disk:
+        if not ck.local:
             raise _refuse(ck.path, rel, "is in object storage; tietool rewrites optimizer state locally only")
         edits[rel] = plan_pdopt(ck.path, rel, resized)
     return edits
@@ -261,46 +259,3 @@ def zero_reset(a: np.ndarray[Any, Any], r: Resized) -> None:
     """Zero the reset slack entries ``r.reset`` of ``a`` (the resized accumulator), in place."""
     if r.reset is not None:
         a[span(r, *r.reset, a.ndim)] = 0
-
-
-def write_pdopt(ck_path: Path, edit: OptimizerEdit, dst: Path, out: Path) -> list[str]:
-    """Write ``edit`` to ``dst`` as ``paddle.save`` wrote the input (untouched tensors streamed as byte
-    ranges, one resized tensor in memory at a time). A resized master weight keeps its old entries bit for
-    bit and takes the new ones (grown and reset slack entries) from the resized weight in ``out`` (the
-    output folder, its weights written), decoded to float32 (bf16 bits shifted, never rounded). Returns the
-    resized names."""
-    src = ck_path / edit.rel
-
-    def rows(
-        entries: tuple[tuple[TensorInfo, Resized | None], ...], master: bool
-    ) -> Iterator[pdparams_io.Row]:
-        for t, r in entries:
-            if r is None:
-                yield t.name, t.dtype, t.shape, pdparams_io.raw_bytes_source(src, t), None, t.fortran
-                continue
-            a = resized_array(np.asarray(pdparams_io.read_array(src, t)), r)
-            if master and r.fresh():
-                weight = _output_weight(out, r.name)
-                for lo, hi in r.fresh():
-                    a[span(r, lo, hi, a.ndim)] = weight[span(r, lo, hi, a.ndim)].astype(a.dtype)
-            yield t.name, t.dtype, a.shape, Source(array=np.ascontiguousarray(a)), None, False
-
-    pdparams_io.write_optimizer_file(
-        dst, rows(edit.entries, False), rows(edit.master, True), edit.names, edit.extras, edit.np_module
-    )
-    return edit.resized
-
-
-def _output_weight(out: Path, name: str) -> np.ndarray[Any, Any]:
-    """Tensor ``name`` of the written output's ``.pdparams`` files, as float32 (bf16 bits shifted).
-
-    Raises:
-        AssertionError: the output holds no such tensor (the plan resized it: a bug).
-    """
-    for f in sorted(out.glob("*.pdparams")):
-        infos, _, _ = pdparams_io.read_header(f, f.name)
-        for t in infos:
-            if t.name == name:
-                a = np.asarray(pdparams_io.read_array(f, t))
-                return bf16_bits_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
-    raise AssertionError(f"internal: {name} is not in the output")

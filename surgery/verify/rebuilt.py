@@ -41,7 +41,7 @@ from ..plan import convert as convert_plan
 from ..plan import merge as merge_plan
 from ..plan import merge_flex
 from ..plan.merge_experts import plan_rank_merge
-from ..plan.plan import NewCheckpoint, OutTensor
+from ..plan.plan import OutTensor, Reshard
 from ..plan.recipes import CopyOf, FusedPart, Joined, join, make, read_slice
 from ..report import convert_report, history, merge_report
 from .result import VerifyResult
@@ -62,7 +62,7 @@ class Rebuilt:
             ``tensors``), to check the output's report against.
     """
 
-    new: NewCheckpoint
+    new: Reshard
     source: Checkpoint | None
     what: str
     table: dict[str, Any] = field(default_factory=dict)
@@ -106,11 +106,14 @@ def rebuild(a_path: Any, rep: dict[str, Any]) -> Rebuilt:
         ck = Checkpoint.open(src)
         cp = convert_plan.check_dtypes(convert_plan.plan_convert(ck, to))
         table = convert_report(cp, to, "", None)
-        return Rebuilt(convert_plan.new_checkpoint(cp, BIG), ck, f"convert {Opt('to', to.value)}", table)
+        new = convert_plan.output_plan(cp, BIG).reshard
+        return Rebuilt(new, ck, f"convert {Opt('to', to.value)}", table)
     if flex.find(src) is not None:
         return _rebuild_flex(src, rep)
     mp = plan_rank_merge(src)
-    return Rebuilt(merge_plan.new_checkpoint(mp, BIG), None, "merge of rank files", merge_report(mp, "", {}))
+    return Rebuilt(
+        merge_plan.output_plan(mp, BIG).reshard, None, "merge of rank files", merge_report(mp, "", {})
+    )
 
 
 def _rebuild_flex(src: Path, rep: dict[str, Any]) -> Rebuilt:
@@ -120,10 +123,11 @@ def _rebuild_flex(src: Path, rep: dict[str, Any]) -> Rebuilt:
     if rep.get("to_paddleformers_layout") is False:
         fp = merge_flex.keep_layout(fp)
         table = merge_flex.report(fp, "", {})
-        return Rebuilt(merge_flex.new_checkpoint(fp, BIG), None, "merge of a flex checkpoint", table)
+        return Rebuilt(merge_flex.output_plan(fp, BIG).reshard, None, "merge of a flex checkpoint", table)
+    fp = merge_flex.as_exported(fp)  # a tied model's duplicate head left out, as the merge leaves it out
     view = merge_flex.flex_view(fp)
     cp = convert_plan.check_dtypes(convert_plan.plan_convert(view, Target.PADDLEFORMERS))
-    new = replace(convert_plan.new_checkpoint(cp, BIG), carry=fp.carry)
+    new = replace(convert_plan.output_plan(cp, BIG).reshard, carry=fp.carry)
     table = merge_flex.with_conversion(
         merge_flex.report(fp, "", {}), convert_report(cp, Target.PADDLEFORMERS, "", None), ""
     )
@@ -202,10 +206,10 @@ def _differs(rb: Rebuilt, t: OutTensor, B: Checkpoint) -> str:
             if why:
                 return f"{s.info.file}'s copy differs: {why}"
         return ""
-    return _bits_differ(_expected(rb, t), got)
+    return _bits_differ(expected(rb, t), got)
 
 
-def _expected(rb: Rebuilt, t: OutTensor) -> np.ndarray:
+def expected(rb: Rebuilt, t: OutTensor) -> np.ndarray:
     """The tensor the transform makes of its source, in the stored dtype (bf16 as ``uint16`` bits): the
     inverse checks of a copy, a transpose, a fused part and a join are computed here from the source's
     stored array; other recipes (flex assembly) by :func:`surgery.plan.recipes.make`."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io.readback import check_size
 from ..io.safetensors_io import Source, copy_range
 from .publish import uninterruptibly
 
@@ -24,18 +25,22 @@ def copy_file(
     """Copy a whole file by the kernel (:func:`copy_range`: ``copy_file_range``, a reflink clone on
     btrfs/XFS, with a chunked fallback) and fsync it, so the output is durable before the final rename.
     ``cancelled`` (polled between 256 MiB steps) stops the copy early when the output is being abandoned;
-    ``advance`` is told the bytes copied after each step.
+    ``advance`` is told the bytes copied after each step. The copy must then hold as many bytes as
+    ``src`` (a short copy is never published).
 
     Raises:
         OSError: with ``filename`` set to ``dst`` when the write fails (disk full, file too large).
+        OutputError: the copy holds another number of bytes.
     """
     try:
         with open(dst, "wb") as fo:
-            copy_range(fo, src, 0, src.stat().st_size, cancelled=cancelled, advance=advance)
+            size = src.stat().st_size
+            copy_range(fo, src, 0, size, cancelled=cancelled, advance=advance)
             if cancelled is not None and cancelled():
                 return
             fo.flush()
             os.fsync(fo.fileno())
+            check_size(dst, os.fstat(fo.fileno()).st_size, size)
     except OSError as e:
         if e.filename is None:  # copy_file_range / write errors name no file: name the one being written
             raise OSError(e.errno, e.strerror, str(dst)) from None
@@ -92,21 +97,6 @@ class Copier:
         """Stop the copies still running and join every thread, even through a second Ctrl-C."""
         self._stop.set()
         uninterruptibly(lambda: self._pool.shutdown(wait=True, cancel_futures=True))
-
-
-def try_link(src: Path, dst: Path) -> bool:
-    """Hard-link the file behind ``src`` to ``dst``; False where the file system cannot (then the caller
-    copies), e.g. when that file is on another device (``EXDEV``).
-
-    A symlink is followed to the file behind it (``os.path.realpath``): Linux's ``link(2)``, which
-    ``os.link`` calls, links the symlink itself, so a Hugging Face cache snapshot (files that are relative
-    symlinks into ``../../blobs/``) would give an output of symlinks that point nowhere.
-    """
-    try:
-        os.link(os.path.realpath(src), dst)
-        return True
-    except OSError:
-        return False
 
 
 def _scaled_advance(

@@ -55,11 +55,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..io import flex
+from ..io import flex, surface
 from ..io.checkpoint import CONFIG_FILES, PD_INDEX, PD_SINGLE, REPORT_NAME, SHARD_RE, ST_INDEX, ST_SINGLE
 from ..io.regular import INDEX_LIMIT, kind_of, load_json
 from ..model.errors import CheckpointError, Opt, OutputError, RefusedError
-from .publish import pid_alive, remove_dead_temps, signals_deferred
+from ..plan.plan import Plan
+from .publish import NotDurable, fsync_tree, pid_alive, remove_dead_temps, signals_deferred
 
 NEW_TAG = ".tietool-new-"
 BACKUP_TAG = ".tietool-backup-"
@@ -647,100 +648,74 @@ def _lock(fd: int, ckpt: Path, path: Path) -> None:
         raise _lock_error(e, path) from None
 
 
-def folder_id(path: Path) -> tuple[int, int] | None:
-    """``(device, inode)`` of folder ``path`` (symlinks followed); None when it cannot be read."""
+def synced(staging: Path, ckpt_path: Path) -> None:
+    """:func:`fsync_tree` of the new version before the swap.
+
+    Raises:
+        OutputError: a folder of it could not be fsynced (EIO): the checkpoint is unchanged (the caller
+            removes the new version).
+    """
     try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
+        fsync_tree(staging)
+    except NotDurable as e:
+        raise OutputError(
+            f"the new version could not be fsynced ({e.strerror}); the checkpoint is unchanged and the new "
+            "version was removed",
+            Path(e.filename or staging),
+            "check the disk (an I/O error: see dmesg) and run again",
+        ) from None
 
 
-def check_same_folder(ckpt: Path, read: tuple[int, int] | None, staging: Path | None) -> None:
-    """Before the swap: the folder under ``ckpt``'s name must still be the one that was read (``read``,
-    :func:`folder_id` at the start); otherwise the new version is removed and the run refused.
+def swap(
+    ckpt_path: Path, staging: Path, bak: Path | None, token: str, fsync_dir: Callable[[Path], None]
+) -> Swapped:
+    """:func:`swap_in`, with the error saying what the name holds when it fails.
 
     Raises:
-        RefusedError: the folder was replaced or removed meanwhile (by something that takes no lock).
+        OutputError: the swap failed (permissions, a busy mount): the name holds the old version (the
+            caller removes the new one); or, after the exchange, moving the old version away failed; or the
+            parent folder could not be fsynced after a rename (EIO: named, with what the name holds now and
+            where the previous version is).
     """
-    if read is None or folder_id(ckpt) != read:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-        raise RefusedError(
-            f"{ckpt.name} was replaced or removed while this run read it; nothing was changed",
-            ckpt,
-            "check what else writes to it, then run again",
+    try:
+        return swap_in(ckpt_path, staging, bak, token, fsync_dir)
+    except NotDurable as e:
+        raise OutputError(
+            f"the folder could not be fsynced after the swap ({e.strerror}): a rename in it may not survive "
+            f"a crash; {interrupted_state(ckpt_path, token, staging, bak)}",
+            Path(e.filename or ckpt_path.parent),
+            "check the disk (an I/O error: see dmesg); after a crash the next tietool run on the checkpoint "
+            "puts its folders right",
+        ) from None
+    except OSError as e:
+        if token_of(ckpt_path) == token:
+            raise OutputError(
+                f"the new version is in place, but the previous version could not be moved from {staging} "
+                f"({e.strerror})",
+                ckpt_path,
+                "the next tietool run on it keeps that folder as a backup; delete it if you do not need it",
+            ) from None
+        raise OutputError(
+            f"could not swap the new version in ({e.strerror}); the checkpoint is unchanged and the new "
+            "version was removed",
+            ckpt_path,
+            "free the folder (permissions, a busy mount) and run again",
+        ) from None
+
+
+def refuse_deleting_left_out(plan: Plan, keep_training_state: bool) -> None:
+    """In place without a backup, files the output leaves out would be deleted: refuse, naming them."""
+    ck = plan.ckpt
+    lost = [
+        x.file
+        for x in surface.output_left_out(
+            ck.path, ck.left_out, ck.training_state, plan.changed, keep_training_state
         )
-
-
-FileId = tuple[int, int, int, int, str | None]
-"""``(device, inode, size, mtime_ns, symlink target)`` of one input file (:func:`input_files`)."""
-
-
-def input_files(folder: Path) -> dict[str, FileId]:
-    """Every file under ``folder`` (relative path → :data:`FileId`, the file behind a symlink; a symlink
-    to a folder or a dangling one by its own ``lstat``), taken before anything is read, so that every file
-    tietool then reads, hard-links or copies (weights, configs, index, carried files) is covered."""
-    found: dict[str, FileId] = {}
-    for dirpath, dirnames, filenames in os.walk(folder):
-        base = Path(dirpath)
-        for name in filenames + [d for d in dirnames if (base / d).is_symlink()]:
-            p = base / name
-            try:
-                link = os.readlink(p) if p.is_symlink() else None
-                try:
-                    st = os.stat(p)
-                except OSError:
-                    st = os.lstat(p)
-            except OSError:
-                continue
-            found[str(p.relative_to(folder))] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, link)
-    return found
-
-
-def check_inputs(ckpt: Path, read: dict[str, FileId], staging: Path | None) -> None:
-    """Before the swap: every file under ``ckpt`` must still be the one :func:`input_files` found at the
-    start (same device, inode, size and mtime), and no file may have been added or removed; otherwise the
-    new version is removed and the run refused, so that a shard another process replaced or rewrote during
-    the run is never swapped out (nor, without a backup, deleted).
-
-    Raises:
-        CheckpointError: naming the first file that changed and how.
-    """
-    now = input_files(ckpt)
-    if now == read:
-        return
-    if staging is not None:
-        shutil.rmtree(staging, ignore_errors=True)
-    rel = sorted(k for k in read.keys() | now.keys() if read.get(k) != now.get(k))[0]
-    old, new = read.get(rel), now.get(rel)
-    if old is None or new is None:
-        how = "appeared" if old is None else "was removed"
-    elif old[:2] != new[:2]:
-        how = "was replaced by another file"
-    else:
-        how = "was modified"
-    raise CheckpointError(
-        f"{how} while this run read the checkpoint; nothing was changed",
-        ckpt / rel,
-        "check what else writes to the checkpoint, wait for it to finish, then run again",
-    )
-
-
-def keep_modes(ckpt: Path, staging: Path, weight_files: list[str]) -> None:
-    """Give the new version ``staging`` the permissions of ``ckpt``: the folder's mode, and each file or
-    subfolder written anew the mode of the same name in ``ckpt`` (a new name: a weight file's mode for a
-    weight file, ``config.json``'s for another file). Hard links of ``ckpt``'s files keep their own."""
-    os.chmod(staging, stat.S_IMODE(os.stat(ckpt).st_mode))
-    linked = {(st.st_dev, st.st_ino) for st in map(os.stat, (p for p in ckpt.rglob("*") if p.is_file()))}
-    weight = next((ckpt / f for f in weight_files if (ckpt / f).is_file()), ckpt / "config.json")
-    for p in staging.rglob("*"):
-        st = p.lstat()
-        if p.is_symlink() or (st.st_dev, st.st_ino) in linked:
-            continue
-        old = ckpt / p.relative_to(staging)
-        if not old.exists():
-            old = weight if p.suffix in (".safetensors", ".pdparams") else ckpt / "config.json"
-            old = old if p.is_file() else ckpt
-        if old.exists():
-            os.chmod(p, stat.S_IMODE(os.stat(old).st_mode))
+        if not x.kept
+    ]
+    if lost:
+        raise RefusedError(
+            f"in place without a backup would delete {', '.join(lost)} (not part of the new checkpoint)",
+            ck.path,
+            "keep the backup (the default), keep the training state, or write to another folder",
+        )

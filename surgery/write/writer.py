@@ -19,7 +19,7 @@ import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..io import pdparams_io, safetensors_io, store, surface, tree
 from ..io.checkpoint import Checkpoint
@@ -35,49 +35,60 @@ from ..io.readback import (
 from ..io.safetensors_io import Source
 from ..model.enums import Container
 from ..model.tensor import pdparams_name
-from ..plan import recipes, training_state
-from ..plan.flex_edit import FlexEdit
-from ..plan.plan import NEW_SHARD, NewCheckpoint, OutTensor, Plan
+from ..plan import recipes
+from ..plan.plan import NEW_SHARD, FlexFolders, OutTensor, Plan, Reshard
 from ..plan.recipes import Recipe
-from .copy import Copier, Reporting, copy_file, try_link, write_reporting
+from .copy import Copier, Reporting, copy_file, write_reporting
+from .edits import json_bytes, write_edited
 from .flex_edit import write_flex_edit
 from .layout import Entry, KeepFilesLayout, ReshardLayout, entry_nbytes, keep_files, reshard
 from .publish import JSON_STYLE, publish, write_json
 from .remote import execute_remote
+from .training_state import write_pdopt
+
+
+class ReportDraft(Protocol):
+    """The report handed to :func:`execute` (:class:`surgery.report.Draft`)."""
+
+    def with_files(self, facts: dict) -> dict:
+        """The complete report, given the written-file facts."""
+        ...
 
 
 def execute(
-    plan: Plan | NewCheckpoint | FlexEdit,
+    plan: Plan,
     out: str | Path,
     link: bool = False,
     progress: Callable[[str, int], None] | None = None,
-    report: Callable[[dict], dict] | None = None,
+    report: ReportDraft | None = None,
     keep_training_state: bool = False,
     keep_folder_links: bool = False,
 ) -> dict:
-    """Write the output checkpoint of ``plan`` to ``out`` atomically; returns the written-file facts.
+    """Write the output checkpoint of ``plan`` to ``out`` atomically.
 
     Args:
         out: the output folder (must not exist, or be empty; checked once by the caller,
             :func:`surgery.ops.run` through :func:`surgery.write.publish.check_output_path`).
-        link: hard-link untouched weight files instead of copying them. A later in-place edit of a
-            linked file changes both checkpoints; tools that rewrite files (as tietool does) are safe.
+        link: hard-link untouched weight files instead of copying them (a later in-place edit of a
+            linked file would change both; tietool rewrites files).
         progress: called with (output file name, bytes) as tensor bytes are written: by the copy threads
             as they copy (a whole file's share of its tensor bytes, :func:`_scaled_advance`), and in rewritten
             files per tensor and per step within one (:class:`Reporting`); the calls add up to
             ``plan.output_bytes`` exactly. Must be thread-safe (rich's ``Progress.update`` is).
-        report: given the written-file facts, returns the report written as ``tietool-report.json``
-            (inside the temporary folder, so a finished output always has it).
-        keep_training_state: copy optimizer / master-weight / scheduler / trainer files even though the plan
-            changes the model (:func:`surgery.io.surface.output_left_out` says why they are dropped
-            otherwise).
+        report: the run's report (:class:`surgery.report.Draft`), made complete from the written-file
+            facts (:meth:`ReportDraft.with_files`) and written as ``tietool-report.json`` inside the
+            temporary folder, so a finished output always has it.
+        keep_training_state: keep the training state files though the plan changes the model
+            (:func:`surgery.io.surface.output_left_out`).
         keep_folder_links: a symbolic link to a folder in the input stays the same link in the output
             when the output holds every file below it unchanged (the in-place new version, which takes the
             input's place, so the link leads where it did); otherwise (and always for ``--out``) the output
             holds a real folder of its files (:func:`_kept_links`).
 
-    A :class:`~surgery.plan.plan.NewCheckpoint` (``convert``, ``merge``) is written by :func:`write_new`
-    (``link``, ``keep_training_state`` and ``keep_folder_links`` do not apply: nothing is kept by file).
+    The plan's layout decides the files: :class:`~surgery.plan.plan.KeepFiles` (an edit) here;
+    :class:`~surgery.plan.plan.Reshard` (``convert``, ``merge``; nothing kept by file) by :func:`write_new`;
+    :class:`~surgery.plan.plan.FlexFolders` (a Trainer flex checkpoint kept resumable) by
+    :func:`surgery.write.flex_edit.write_flex_edit`.
 
     Returns:
         the report (or the facts when ``report`` is None).
@@ -85,17 +96,18 @@ def execute(
     Raises:
         OutputError: the output cannot be written (disk full, permissions); nothing is left behind.
     """
-    if isinstance(plan, NewCheckpoint):
-        return write_new(plan, out, report, progress)
-    if isinstance(plan, FlexEdit):  # a Trainer flex checkpoint kept one (--keep-training-state)
-        return publish(Path(out), lambda tmp: write_flex_edit(plan, tmp), report)
-    if not store.store_for(out).on_disk:  # object storage: staged here, then published in order
+    made = None if report is None else report.with_files
+    if isinstance(plan.layout, Reshard):
+        return write_new(plan, out, made, progress)
+    if isinstance(plan.layout, FlexFolders):  # a Trainer flex checkpoint kept one (--keep-training-state)
+        return publish(Path(out), lambda tmp: write_flex_edit(plan, tmp), made)
+    if not store.is_local(out):  # object storage: staged here, then published in order
         return execute_remote(
             plan,
             out,
             lambda tmp, copier: _write_all(plan, tmp, False, progress, keep_training_state, copier),
             progress,
-            report,
+            made,
         )
     out = Path(out)
     return publish(
@@ -103,7 +115,7 @@ def execute(
         lambda tmp: _write_all(
             plan, tmp, link, progress, keep_training_state, keep_folder_links=keep_folder_links
         ),
-        report,
+        made,
     )
 
 
@@ -256,16 +268,16 @@ def _start_copies(
     kept_links: list[tree.FolderLink],
 ) -> None:
     """Hard-link (``link``, where the file system can) or hand to ``copier`` the kept weight files that are
-    not rewritten, then the carried files (less the configs :func:`_write_configs` writes; with ``link``, a
-    relative symlink to another carried file stays a symlink, :func:`_keep_symlink`; the files below a
-    folder link of ``kept_links`` are that link, made once), recording each in ``files_report``."""
+    not rewritten, then the carried files (less the configs :func:`_write_configs` writes), each by the one
+    rule of :func:`surgery.io.tree.place_kept` (the files below a folder link of ``kept_links`` are that
+    link, made once), recording each in ``files_report``."""
     ckpt = plan.ckpt
     for f in lay.kept:
         if f in lay.rewrite:
             continue
         src, dst = ckpt.path / f, tmp / lay.rename[f]
         tensor_bytes = sum(entry_nbytes(ckpt, e) for e in lay.entries[f])
-        if link and try_link(src, dst):
+        if tree.place_kept(src, dst, ckpt.path, (), link) is tree.Placed.LINKED:
             files_report["linked"].append(lay.rename[f])
             if progress:
                 progress(lay.rename[f], tensor_bytes)
@@ -278,18 +290,16 @@ def _start_copies(
         os.symlink(fl.target, tmp / fl.rel)
         files_report.setdefault("symlinked", []).append(fl.rel)
     below = {f for fl in kept_links for f in fl.files}
+    carried_set = set(carried)
     for rel in carried:
         if rel in config_files or rel in below:
             continue
         src, d = ckpt.path / rel, tmp / rel
         d.parent.mkdir(parents=True, exist_ok=True)  # a subfolder: a folder of links (or copies) too
-        if link and _keep_symlink(src, d, ckpt.path, set(carried)):
-            files_report.setdefault("symlinked", []).append(rel)
-        elif link and try_link(src, d):
-            files_report["linked"].append(rel)
-        else:
+        placed = tree.place_kept(src, d, ckpt.path, carried_set, link)
+        if placed is tree.Placed.COPY:
             copier.submit(src, d, None)
-            files_report["copied"].append(rel)
+        files_report.setdefault(placed.value, []).append(rel)
 
 
 def _config_files(plan: Plan) -> set[str]:
@@ -304,17 +314,14 @@ def _tokenizer_files(plan: Plan) -> set[str]:
 
 def _write_tokenizer_files(plan: Plan, tmp: Path, files_report: dict[str, Any]) -> None:
     """Write the new bytes of every tokenizer file the plan's edit changes (``files_report["edited"]``,
-    present only for a plan with an edit); the other tokenizer files were carried as they are."""
+    present only for a plan with an edit), each read back; the other tokenizer files were carried as they
+    are."""
     if plan.tokenizer is None:
         return
     files_report["edited"] = sorted(plan.tokenizer.files)
+    local = store.is_local(plan.ckpt.path)
     for rel, data in sorted(plan.tokenizer.files.items()):
-        dst = tmp / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes(data)
-        local = store.store_for(plan.ckpt.path).on_disk
-        if local and (plan.ckpt.path / rel).is_file():  # the mode of the file it replaces
-            shutil.copymode(plan.ckpt.path / rel, dst)
+        write_edited(tmp, rel, data, plan.ckpt.path / rel if local else None)  # the mode it replaces
 
 
 def _write_training_state(plan: Plan, tmp: Path, files_report: dict[str, Any]) -> None:
@@ -326,7 +333,7 @@ def _write_training_state(plan: Plan, tmp: Path, files_report: dict[str, Any]) -
     for rel, edit in sorted(plan.training_edit.items()):
         dst = tmp / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        done[rel] = training_state.write_pdopt(plan.ckpt.path, edit, dst, tmp)
+        done[rel] = write_pdopt(plan.ckpt.path, edit, dst, tmp)
         shutil.copymode(plan.ckpt.path / rel, dst)
 
 
@@ -353,20 +360,6 @@ def _folder_link_facts(links: list[tree.FolderLink], kept: list[tree.FolderLink]
         for fl in links
         if not any(fl.rel.startswith(r + "/") for r in inside)
     ]
-
-
-def _keep_symlink(src: Path, dst: Path, folder: Path, carried: set[str]) -> bool:
-    """With ``link``, a carried symlink stays a symlink (the same relative target) when it is relative and
-    points at another carried file of ``folder`` (which the output holds at the same place); returns
-    whether it was made. Any other symlink is hard-linked or copied as the file behind it."""
-    if not src.is_symlink() or os.path.isabs(os.readlink(src)):
-        return False
-    base = os.path.realpath(folder)
-    behind = os.path.realpath(src)
-    if os.path.commonpath([base, behind]) != base or os.path.relpath(behind, base) not in carried:
-        return False
-    os.symlink(os.readlink(src), dst)
-    return True
 
 
 def _write_index(index: dict, path: Path, weight_map: dict[str, str], total_size: int) -> None:
@@ -522,6 +515,7 @@ class _SortedMap(dict):
 
 
 def _write_configs(plan: Plan, tmp: Path) -> None:
+    """Write each config file the plan sets keys in (read back byte for byte); copy the others."""
     ckpt = plan.ckpt
     by_file: dict[str, list[tuple[str, Any]]] = {ckpt.config_file: []}
     for file, key, value in plan.config_set:
@@ -533,7 +527,7 @@ def _write_configs(plan: Plan, tmp: Path) -> None:
         data = plan.ckpt.config if file == "config.json" else read_config_file(src)
         data = json.loads(json.dumps(data))
         if apply_config_sets(data, sets):
-            write_json(tmp / file, data)
+            write_edited(tmp, file, json_bytes(data), None)
         else:
             copy_file(src, tmp / file)
 
@@ -581,12 +575,13 @@ class _Lazy(Source):
 
 
 def write_new(
-    new: NewCheckpoint,
+    plan: Plan,
     out: str | Path,
     report: Callable[[dict], dict] | None = None,
     progress: Callable[[str, int], None] | None = None,
 ) -> dict:
-    """Write the checkpoint ``new`` (``convert``, ``merge``) to ``out``, atomically: its tensors laid out
+    """Write the new checkpoint of ``plan`` (``convert``, ``merge``: its layout a
+    :class:`~surgery.plan.plan.Reshard`) to ``out``, atomically: its tensors laid out
     in shards (:func:`surgery.write.layout.reshard`), each made by its recipe
     (:func:`surgery.plan.recipes.make`, one memo) when it is written, so that one tensor is in memory at a
     time; the index, ``config.json`` and the carried files; every weight file and the index read back with
@@ -605,16 +600,22 @@ def write_new(
         UsageError: no tensors or duplicate names.
         OutputError: the output cannot be written or does not read back; nothing is left behind.
     """
-    lay = reshard(new.tensors, new.layout.container, new.layout.max_shard_size)
-    return publish(Path(out), lambda tmp: _write_new_files(tmp, new, lay, progress), report)
+    new = plan.layout
+    assert isinstance(new, Reshard), "internal: write_new writes a Reshard layout"
+    lay = reshard(new.tensors, new.container, new.max_shard_size)
+    return publish(Path(out), lambda tmp: _write_new_files(tmp, plan.source, new, lay, progress), report)
 
 
 def _write_new_files(
-    tmp: Path, new: NewCheckpoint, lay: ReshardLayout, progress: Callable[[str, int], None] | None
+    tmp: Path,
+    source: Checkpoint | None,
+    new: Reshard,
+    lay: ReshardLayout,
+    progress: Callable[[str, int], None] | None,
 ) -> dict:
     """Write the weight files, the index, config.json and the carried files into ``tmp``; read back."""
-    container, st_metadata, carry = new.layout.container, new.st_metadata, new.carry
-    made = _Made(new.source, [t for ts in lay.files.values() for t in ts])
+    container, st_metadata, carry = new.container, new.st_metadata, new.carry
+    made = _Made(source, [t for ts in lay.files.values() for t in ts])
     for fname, ts in lay.files.items():
         _write_new_file(tmp / fname, ts, made, container, st_metadata, new.pdparams_extras, progress)
     index = {"metadata": {"total_size": lay.total_size}, "weight_map": lay.weight_map}
@@ -631,7 +632,7 @@ def _write_new_files(
         # that index names exactly the planned tensors
         check_json_file(tmp / lay.index, index, JSON_STYLE)
         check_index_data(tmp / lay.index, index, shards)
-    write_json(tmp / "config.json", new.config)
+    write_edited(tmp, "config.json", json_bytes(new.config), None)
     for src, rel in carry:
         (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
         copy_file(src, tmp / rel)
