@@ -156,7 +156,8 @@ def _prune_tokenizer_json(path: Path, tj: dict[str, Any], new_id: dict[int, int]
         raise RefusedError(f"prune refused: the unknown token {unk!r} is not kept", path, "keep its id")
     model["vocab"] = {t: new_id[i] for t, i in sorted(vocab.items(), key=lambda x: x[1]) if i in new_id}
     if kind == "BPE":
-        model["merges"] = [m for m in model.get("merges") or [] if _merge_kept(m, model["vocab"])]
+        _refuse_unreachable(path, model, vocab, new_id)
+        model["merges"] = [m for m in model.get("merges") or [] if _merge_kept(m, model)]
     added = tj.get("added_tokens") or []
     gone |= {a["content"] for a in added if a["id"] not in new_id}
     tj["added_tokens"] = [dict(a, id=new_id[a["id"]]) for a in added if a["id"] in new_id]
@@ -164,10 +165,58 @@ def _prune_tokenizer_json(path: Path, tj: dict[str, Any], new_id: dict[int, int]
     return gone
 
 
-def _merge_kept(merge: Any, vocab: dict[str, int]) -> bool:
-    """Whether a merge (``"a b"`` or ``["a", "b"]``) keeps both parts and its result."""
+def _parts(merge: Any) -> tuple[str, str]:
     a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
-    return a in vocab and b in vocab and a + b in vocab
+    return a, b
+
+
+def _result(model: dict[str, Any], a: str, b: str) -> str:
+    """The token a merge of ``a`` and ``b`` makes (``b``'s continuing-subword prefix dropped)."""
+    p = model.get("continuing_subword_prefix") or ""
+    return a + (b[len(p) :] if p and b.startswith(p) else b)
+
+
+def _merge_kept(merge: Any, model: dict[str, Any]) -> bool:
+    """Whether a merge (``"a b"`` or ``["a", "b"]``) keeps both parts and its result in ``model``'s
+    (pruned) vocabulary."""
+    a, b = _parts(merge)
+    vocab = model["vocab"]
+    return a in vocab and b in vocab and _result(model, a, b) in vocab
+
+
+def _refuse_unreachable(path: Path, model: dict[str, Any], vocab: dict[str, int], new_id: dict[int, int]) -> None:
+    """Refuse a kept token that a merge makes from a dropped part: BPE would no longer reach it, so kept
+    text could encode differently. When every merge whose result is kept keeps both parts, every merge the
+    old encoding of kept text applied is kept, and BPE (the lowest-ranked merge available first) applies
+    the same ones in the same order (tests/test_prune.py)."""
+    made: dict[int, list[tuple[str, str]]] = {}
+    for m in model.get("merges") or []:
+        a, b = _parts(m)
+        r = vocab.get(_result(model, a, b))
+        if r is not None:
+            made.setdefault(r, []).append((a, b))
+    missing: dict[int, str] = {}
+    todo = [i for i in new_id if i in made]
+    while todo:  # the closure: the parts of a missing part are needed too
+        for a, b in made.get(todo.pop(), []):
+            for t in (a, b):
+                i = vocab.get(t)
+                if i is not None and i not in new_id and i not in missing:
+                    missing[i] = t
+                    todo.append(i)
+    if missing:
+        shown = ", ".join(f"{i} {t!r}" for i, t in sorted(missing.items())[:8])
+        raise RefusedError(
+            f"prune refused: kept tokens are merged from {len(missing)} token(s) the keep-list drops "
+            f"({shown}): BPE could no longer reach them, and kept text would encode differently",
+            path,
+            f"add these ids to the keep-list: {_listed(sorted(missing))}",
+        )
+
+
+def _listed(ids: list[int], limit: int = 64) -> str:
+    more = f", … ({len(ids)} in all)" if len(ids) > limit else ""
+    return ",".join(map(str, ids[:limit])) + more
 
 
 def _refuse_lost_alphabet(path: Path, tj: dict[str, Any], model: dict[str, Any], gone: set[str]) -> None:
