@@ -83,9 +83,9 @@ def _refuse_formats(root: Path) -> None:
         )
 
 
-def prune_tokenizer_edit(folder: Path, keep: Sequence[int]) -> TokenEdit:
+def prune_tokenizer_edit(folder: Path, keep: Sequence[int]) -> TokenEdit | None:
     """The edit of every tokenizer file of ``folder`` that keeps only the tokens at ``keep`` (old ids,
-    ascending; new id = position in ``keep``).
+    ascending; new id = position in ``keep``); None when the folder has no tokenizer vocabulary.
 
     Raises:
         RefusedError: an unproven format (:func:`_refuse_formats`), a byte / byte-fallback token or the
@@ -108,9 +108,7 @@ def prune_tokenizer_edit(folder: Path, keep: Sequence[int]) -> TokenEdit:
         gone |= {t for i, t in enumerate(lines) if i not in new_id}
         files["vocab.txt"] = "".join(lines[i] + "\n" for i in keep if i < len(lines)).encode("utf-8")
     if not files:
-        raise RefusedError(
-            "prune refused: the folder has no tokenizer.json or vocab.txt to prune", root, "add the tokenizer"
-        )
+        return None
     for name in (CONFIG, ADDED_JSON, SPECIAL_MAP):
         if (root / name).is_file():
             text, data = _load(root / name)
@@ -184,7 +182,9 @@ def _merge_kept(merge: Any, model: dict[str, Any]) -> bool:
     return a in vocab and b in vocab and _result(model, a, b) in vocab
 
 
-def _refuse_unreachable(path: Path, model: dict[str, Any], vocab: dict[str, int], new_id: dict[int, int]) -> None:
+def _refuse_unreachable(
+    path: Path, model: dict[str, Any], vocab: dict[str, int], new_id: dict[int, int]
+) -> None:
     """Refuse a kept token that a merge makes from a dropped part: BPE would no longer reach it, so kept
     text could encode differently. When every merge whose result is kept keeps both parts, every merge the
     old encoding of kept text applied is kept, and BPE (the lowest-ranked merge available first) applies

@@ -50,8 +50,6 @@ def kept_rows_data(r: KeptRows, ckpt: Checkpoint) -> Array | Source:
     src = ckpt.source(r.name)
     if r.axis == 0 and not t.fortran and src.path is not None and src.parts is None and src.array is None:
         size = t.nbytes // t.shape[0] if t.shape[0] else 0
-        return Source(
-            parts=[Source(src.path, src.offset + a * size, (b - a) * size) for a, b in runs(r.ids)]
-        )
+        return Source(parts=[Source(src.path, src.offset + a * size, (b - a) * size) for a, b in runs(r.ids)])
     a = np.asarray(ckpt.load(r.name))
     return np.ascontiguousarray(np.take(a, np.asarray(r.ids, dtype=np.int64), axis=r.axis))

@@ -58,6 +58,11 @@ def plan_prune(det: Detection, keep: Sequence[int], keep_special: bool = False) 
 
     plan = base_plan("prune", det)
     plan.tokenizer = prune_tokenizer_edit(det.ckpt.path, ids)
+    if plan.tokenizer is None:
+        plan.warnings.append(
+            "the checkpoint has no tokenizer files: the ids are renumbered (the report's id_map), prune the "
+            "tokenizer to the same ids before using the model"
+        )
     new_id = {old: new for new, old in enumerate(ids)}
     _renumber_specials(det, plan, new_id)
     N = len(ids)
@@ -79,7 +84,9 @@ def _checked(det: Detection, keep: Sequence[int]) -> list[int]:
     """``keep`` sorted and unique; refuse an empty list or an id outside the rows (UsageError)."""
     V = det.vocab_rows
     if not keep:
-        raise UsageError("the keep-list is empty: nothing would remain", fix=f"list the ids to keep ({Opt('keep')})")
+        raise UsageError(
+            "the keep-list is empty: nothing would remain", fix=f"list the ids to keep ({Opt('keep')})"
+        )
     bad = [i for i in keep if not 0 <= i < V]
     if bad:
         raise UsageError(
@@ -107,7 +114,9 @@ def _refuse(det: Detection) -> None:
     refuse_ambiguous_head(det)
     refuse_vocab_surface(det, det.vocab_rows, "prune")
     V = det.vocab_rows
-    if det.head.present and (det.head.vocab is not None or (det.head.rows is not None and det.head.rows != V)):
+    if det.head.present and (
+        det.head.vocab is not None or (det.head.rows is not None and det.head.rows != V)
+    ):
         raise RefusedError(
             f"prune refused: the head {det.head.name} has {det.head.rows} vocabulary entries, the embedding "
             f"{V}: which head entry is which token cannot be told",
