@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..model.errors import CheckpointError, RefusedError
+from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tokens import TokenEdit
 from .regular import JSON_LIMIT, read_bounded
 from .tokenizer import sp_names
@@ -233,7 +233,7 @@ def _refuse_lost_alphabet(path: Path, tj: dict[str, Any], model: dict[str, Any],
             f"prune refused: {len(lost)} byte token(s) of the tokenizer would be dropped ({shown}): every "
             "byte of any text maps to one, so text that contains it would encode differently",
             path,
-            "pass --keep-special (keeps every byte token), or add their ids to the keep-list",
+            f"pass {Opt('keep_special', True)} (keeps every byte token), or add their ids to the keep-list",
         )
 
 
@@ -256,7 +256,7 @@ def _kept(path: Path, old: int, what: str, new_id: dict[int, int]) -> int:
         raise RefusedError(
             f"prune refused: {path.name} inserts the special token {what!r} (id {old}), which is not kept",
             path,
-            f"keep id {old} (or pass --keep-special)",
+            f"keep id {old} (or pass {Opt('keep_special', True)})",
         )
     return new_id[old]
 
@@ -305,7 +305,7 @@ def refuse_named_dropped(folder: Path, dropped: set[str]) -> None:
                 raise RefusedError(
                     f"prune refused: {name} {key} = {tok!r} is not kept",
                     Path(folder) / name,
-                    "keep its id (or pass --keep-special)",
+                    f"keep its id (or pass {Opt('keep_special', True)})",
                 )
 
 

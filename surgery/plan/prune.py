@@ -97,7 +97,7 @@ def _checked(det: Detection, keep: Sequence[int]) -> list[int]:
 
 
 def _special_ids(det: Detection) -> list[int]:
-    """The ids ``--keep-special`` adds: every token id a configuration file names, every added token, and
+    """The ids ``keep_special`` adds: every token id a configuration file names, every added token, and
     the byte tokens of a byte-level / byte-fallback BPE (:func:`~surgery.io.tokenizer_prune.alphabet_ids`)."""
     from ..io.tokenizer_prune import alphabet_ids
 
