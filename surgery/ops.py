@@ -1173,7 +1173,7 @@ def _merge_flex(
 
     def plan(src: Path) -> tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]:
         limit()
-        fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
+        fp = merge_flex.as_exported(merge_flex.tie_checked(merge_flex.plan_flex(src)))
         cp = convert_plan.check_dtypes(
             convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS, merge_layout_fix())
         )
