@@ -29,7 +29,7 @@ import pytest
 from support import casecheck, pnlp_support
 from support import tokmodel_support as ts
 from support.fixture_support import logits_mismatch
-from support.paths import INPUT_IDS
+from support.paths import CASES_DIR, INPUT_IDS
 from support.resize_support import run_cli
 
 from tietool.surgery.io.tokenizer_prune import BYTE_SYMBOLS, prune_tokenizer_edit
@@ -357,3 +357,34 @@ def test_bad_keep_files(tmp_path, content, code, says):
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and says in lines[0], run.stderr
     assert _hashes(ck) == before
+
+
+@pytest.mark.pnlp
+@pytest.mark.parametrize(("name", "family"), [("pnlp_llama_untied", "llama"), ("pnlp_bert_mlm", "bert")])
+def test_paddlenlp_loads_the_pruned_model(tmp_path, name, family):
+    """PaddleNLP 2.8.1 (pdparams; a ``[hidden, vocab]`` Llama head, a BERT decoder with its bias; no
+    tokenizer files: pruned with a warning): the loaded embedding, head and bias are the old ones at the
+    kept ids, and the logits on its fixed batch (every id below 48, all kept, renumbered to themselves)
+    are the old logits at the kept columns, bit for bit."""
+    pnlp_support.require()
+    src = CASES_DIR / name
+    keep = [*range(48), 60, 75, 89]
+    (tmp_path / "keep").write_text(json.dumps(keep))
+    run = run_cli(["prune", str(src), "--keep", str(tmp_path / "keep"), "--out", str(tmp_path / "out")])
+    assert run.rc == 0, run.stderr
+    assert "no tokenizer files" in run.stderr + run.stdout
+    jobs = [
+        {"op": "load", "family": family, "dir": str(d), "npz": str(tmp_path / f"{t}.npz")}
+        for t, d in (("old", src), ("new", tmp_path / "out"))
+    ]
+    res = pnlp_support.run_jobs(jobs, tmp_path / "pnlp")
+    assert all(r["ok"] for r in res), res
+    a, b = (np.load(j["npz"]) for j in jobs)
+    assert np.array_equal(b["embedding"], a["embedding"][keep])
+    axis = 1 if a["head"].shape[0] != a["embedding"].shape[0] else 0
+    assert np.array_equal(b["head"], np.take(a["head"], keep, axis=axis))
+    if "bias" in a:
+        assert np.array_equal(b["bias"], a["bias"][..., keep])
+    assert logits_mismatch(b["logits"], a["logits"][..., keep]) is None
+    cfg = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert cfg["vocab_size"] == len(keep)
