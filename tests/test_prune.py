@@ -388,3 +388,43 @@ def test_paddlenlp_loads_the_pruned_model(tmp_path, name, family):
     assert logits_mismatch(b["logits"], a["logits"][..., keep]) is None
     cfg = json.loads((tmp_path / "out" / "config.json").read_text())
     assert cfg["vocab_size"] == len(keep)
+
+
+def test_keep_special_adds_the_byte_and_added_tokens(tmp_path):
+    """``--keep-special`` on a keep-list of the merged tokens alone: the 256 byte tokens and the four added
+    tokens are kept too (the same keep-list without it is refused for the byte tokens)."""
+    keep = [i for i in _keep_for_sample() if 256 <= i < 300]
+    (tmp_path / "keep").write_text(json.dumps(keep))
+    bare = run_cli(["prune", str(SAMPLE), "--keep", str(tmp_path / "keep"), "--dry-run"])
+    assert bare.rc == 5, bare.stderr
+    run = run_cli(
+        ["prune", str(SAMPLE), "--keep", str(tmp_path / "keep"), "--keep-special", "--dry-run", "--json"]
+    )
+    assert run.rc == 0, run.stderr
+    id_map = json.loads(run.stdout)["prune"]["id_map"]
+    assert sorted(map(int, id_map)) == sorted({*range(256), *keep, 300, 301, 302, 303})
+
+
+def test_tied_model_stays_tied(tmp_path):
+    """pf_llama_tied_fp32 (PaddleFormers 1.2, tied, the head stored too, no tokenizer files): the pruned
+    embedding is the old one at the kept rows; a head still written equals it."""
+    keep = [*range(40), 50, 90]
+    (tmp_path / "keep").write_text(json.dumps(keep))
+    run = run_cli(
+        [
+            "prune",
+            str(CASES_DIR / "pf_llama_tied_fp32"),
+            "--keep",
+            str(tmp_path / "keep"),
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert run.rc == 0, run.stderr
+    a, b = (
+        casecheck.read_checkpoint(CASES_DIR / "pf_llama_tied_fp32"),
+        casecheck.read_checkpoint(tmp_path / "o"),
+    )
+    assert np.array_equal(b.tensors[EMB].byte_view(), a.tensors[EMB].byte_view()[keep])
+    if HEAD in b.tensors:
+        assert b.tensors[HEAD].raw == b.tensors[EMB].raw
