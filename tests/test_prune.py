@@ -72,11 +72,11 @@ def _wordpiece_json(dst: Path) -> Path:
     return folder
 
 
-def _json_encode(folder: Path, lines: list[str]) -> list[list[int]]:
+def _json_encode(folder: Path, lines: list[str], special: bool = False) -> list[list[int]]:
     import tokenizers
 
     tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
-    return [tok.encode(s, add_special_tokens=False).ids for s in lines]
+    return [tok.encode(s, add_special_tokens=special).ids for s in lines]
 
 
 def _vocab_txt_encode(folder: Path, lines: list[str]) -> list[list[int]]:
@@ -186,6 +186,9 @@ def test_tokenizers_library_encodes_kept_text_to_the_renumbered_ids(pruned, name
     old = _json_encode(x["input"], LINES)
     assert len(x["keep"]) < len(json.loads((x["input"] / "tokenizer.json").read_text())["model"]["vocab"])
     assert _json_encode(x["output"], LINES) == _mapped(x["keep"], old)
+    # the post-processor's special tokens ([CLS]/[SEP] of WordPiece, <s> of the converted BPE) renumbered
+    with_specials = _json_encode(x["input"], LINES, special=True)
+    assert _json_encode(x["output"], LINES, special=True) == _mapped(x["keep"], with_specials)
 
 
 @pytest.mark.parametrize("lib", ["hf", "pf"])
