@@ -102,6 +102,7 @@ EXAMPLES = {
         "python -c 'import json; print(json.dumps(list(range(280)) + [300, 301, 302, 303]))' > keep.json",
         f"tietool prune {S}/pf_llama_with_tokenizer --keep keep.json --out pruned/",
         f"tietool prune {S}/pf_llama_with_tokenizer --keep keep.json --keep-special --dry-run --json",
+        f"tietool prune {S}/pf_llama_with_tokenizer --keep-corpus domain.txt --out pruned/",
     ),
     "merge": _examples(
         f"tietool merge {S}/pf_llama_tp2 --out merged/     # model_state.tp00.pdparams, ...",

@@ -80,11 +80,22 @@ RenameInitOpt = Annotated[
 
 
 KeepOpt = Annotated[
-    Path,
+    Path | None,
     typer.Option(
         "--keep",
         help="the token ids to keep: a file with one id a line, or a JSON list",
+        show_default=False,
         metavar="FILE",
+    ),
+]
+KeepCorpusOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--keep-corpus",
+        help="keep the tokens tokenizer.json gives this text file (with the tokens BPE merges into them), "
+        "every special token and the byte tokens",
+        show_default=False,
+        metavar="TEXTFILE",
     ),
 ]
 KeepSpecialOpt = Annotated[
@@ -201,7 +212,8 @@ def register(app: typer.Typer) -> None:
     @command
     def prune(
         ckpt: TokenCkptArg,
-        keep: KeepOpt,
+        keep: KeepOpt = None,
+        keep_corpus: KeepCorpusOpt = None,
         keep_special: KeepSpecialOpt = False,
         out: OutOpt = None,
         layout: LayoutOpt = None,
@@ -217,13 +229,14 @@ def register(app: typer.Typer) -> None:
         """Cut the vocabulary to the token ids of a keep-list: every vocabulary tensor, the tokenizer files,
         vocab_size and the config's token ids renumbered together (the old -> new id map in the report)."""
         from ..surgery import ops
-        from ..surgery.io.tokenizer_prune import read_keep_file
+        from ..surgery.io.tokenizer_prune import read_keep_corpus, read_keep_file
         from . import render
 
         rep = ops.prune(
             ckpt,
-            read_keep_file(keep),
+            read_keep_file(keep) if keep is not None else None,
             out,
+            corpus=read_keep_corpus(keep_corpus) if keep_corpus is not None else None,
             keep_special=keep_special,
             layout=layout,
             loader=loader,

@@ -1259,9 +1259,10 @@ def _progress(progress: ProgressFactory | None, total: int) -> AbstractContextMa
 
 def prune(
     path: PathArg,
-    keep: Sequence[int],
+    keep: Sequence[int] | None = None,
     out: PathArg | None = None,
     *,
+    corpus: str | None = None,
     keep_special: bool = False,
     layout: Layout | str | None = None,
     loader: Loader | str | None = None,
@@ -1278,6 +1279,9 @@ def prune(
 
     Args:
         keep: the old ids to keep (any order; duplicates ignored).
+        corpus: text whose tokens to keep instead (the ids ``tokenizer.json`` gives its lines, with the
+            tokens BPE merges into them; implies ``keep_special``,
+            :func:`surgery.io.tokenizer_prune.corpus_ids`).
         keep_special: also keep every added token, every token a configuration file names and the byte
             tokens of a byte-level / byte-fallback BPE.
         out: the output folder; None rewrites ``path`` in place (as :func:`tie`).
@@ -1286,11 +1290,19 @@ def prune(
     an empty keep-list or an id outside the vocabulary; RefusedError for a special id or byte token not
     kept, or a tokenizer format whose pruning is not proven; and as :func:`tie`.
     """
-    ids = [_count(i, "keep") for i in keep]
+    if (keep is None) == (corpus is None):
+        raise UsageError(
+            "pass a keep-list or a keep-corpus (one of them)", fix=f"e.g. {Opt('keep', [0, 1, 2])}"
+        )
+    ids = [_count(i, "keep") for i in keep or []]
     store.local_only("prune", path, out)
 
     def plan(c: Checkpoint) -> Plan:
         det = _detection(c, layout, loader, embedding, head)
+        if corpus is not None:
+            from .io.tokenizer_prune import corpus_ids
+
+            return plan_prune(det, corpus_ids(c.path, corpus), True)
         return plan_prune(det, [i for i in ids if i is not None], keep_special)
 
     return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)

@@ -431,3 +431,26 @@ def test_tied_model_stays_tied(tmp_path):
     assert np.array_equal(b.tensors[EMB].byte_view(), a.tensors[EMB].byte_view()[keep])
     if HEAD in b.tensors:
         assert b.tensors[HEAD].raw == b.tensors[EMB].raw
+
+
+def test_keep_corpus(tmp_path):
+    """``--keep-corpus``: the sample pruned to the tokens of some corpus lines (plus specials and bytes);
+    ``tokenizers``, transformers 5.3 and PaddleFormers 1.2 encode those lines to the old ids renumbered.
+    Neither a keep-list nor a corpus, or both: a usage error."""
+    (tmp_path / "corpus.txt").write_text("\\n".join(LINES[:6]) + "\\n", encoding="utf-8")
+    out = tmp_path / "o"
+    run = run_cli(
+        ["prune", str(SAMPLE), "--keep-corpus", str(tmp_path / "corpus.txt"), "--out", str(out), "--json"]
+    )
+    assert run.rc == 0, run.stderr
+    keep = sorted(map(int, json.loads(run.stdout)["prune"]["id_map"]))
+    assert {300, 301, 302, 303} <= set(keep) and len(keep) < 300
+    assert _json_encode(out, LINES[:6]) == _mapped(keep, _json_encode(SAMPLE, LINES[:6]))
+    loads = ts.tokenizer_loads(
+        [{"folder": str(f), "strings": LINES[:6], "corpus": []} for f in (SAMPLE, out)], tmp_path / "hf"
+    )
+    for lib in ("hf", "pf"):
+        old, new = loads[0][lib], loads[1][lib]
+        assert old["ok"] and new["ok"], (old.get("error"), new.get("error"))
+        assert new["strings"] == _mapped(keep, old["strings"])
+    assert run_cli(["prune", str(SAMPLE), "--dry-run"]).rc == 2

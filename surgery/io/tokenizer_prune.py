@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..model.errors import CheckpointError, Opt, RefusedError
+from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError
 from ..model.tokens import TokenEdit
 from .regular import JSON_LIMIT, read_bounded
 from .tokenizer import sp_names
@@ -182,13 +182,9 @@ def _merge_kept(merge: Any, model: dict[str, Any]) -> bool:
     return a in vocab and b in vocab and _result(model, a, b) in vocab
 
 
-def _refuse_unreachable(
-    path: Path, model: dict[str, Any], vocab: dict[str, int], new_id: dict[int, int]
-) -> None:
-    """Refuse a kept token that a merge makes from a dropped part: BPE would no longer reach it, so kept
-    text could encode differently. When every merge whose result is kept keeps both parts, every merge the
-    old encoding of kept text applied is kept, and BPE (the lowest-ranked merge available first) applies
-    the same ones in the same order (tests/test_prune.py)."""
+def _merge_parts(model: dict[str, Any], vocab: dict[str, int], keep: set[int]) -> dict[int, str]:
+    """``{id: token}`` of the tokens outside ``keep`` that BPE merges into a kept token (the closure: the
+    parts of such a part too)."""
     made: dict[int, list[tuple[str, str]]] = {}
     for m in model.get("merges") or []:
         a, b = _parts(m)
@@ -196,14 +192,64 @@ def _refuse_unreachable(
         if r is not None:
             made.setdefault(r, []).append((a, b))
     missing: dict[int, str] = {}
-    todo = [i for i in new_id if i in made]
-    while todo:  # the closure: the parts of a missing part are needed too
+    todo = [i for i in keep if i in made]
+    while todo:
         for a, b in made.get(todo.pop(), []):
             for t in (a, b):
                 i = vocab.get(t)
-                if i is not None and i not in new_id and i not in missing:
+                if i is not None and i not in keep and i not in missing:
                     missing[i] = t
                     todo.append(i)
+    return missing
+
+
+def corpus_ids(folder: Path, text: str) -> list[int]:
+    """The ids ``tokenizer.json`` (read by the ``tokenizers`` library) gives the lines of ``text``
+    (``add_special_tokens=False``), with the tokens BPE merges into them (:func:`_merge_parts`), sorted.
+
+    Raises:
+        RefusedError: the folder has no ``tokenizer.json``.
+        TietoolError: the ``tokenizers`` library is missing (the ``tokenizer`` extra).
+    """
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise RefusedError(
+            "prune refused: a keep-corpus is tokenized by tokenizer.json, which the folder does not have",
+            Path(folder),
+            "tokenize the corpus with the model's tokenizer and pass the ids as a keep-list",
+        )
+    import importlib
+
+    try:
+        tokenizers = importlib.import_module("tokenizers")
+    except ImportError as e:
+        raise TietoolError(
+            "a keep-corpus is tokenized with the tokenizers library (the tokenizer extra)",
+            None,
+            'pip install "tietool[tokenizer]"',
+        ) from e
+    tok = tokenizers.Tokenizer.from_file(str(path))
+    ids = {
+        i
+        for line in text.splitlines()
+        if line.strip()
+        for i in tok.encode(line, add_special_tokens=False).ids
+    }
+    _, tj = _load(path)
+    model = tj.get("model") or {}
+    if model.get("type") == "BPE":
+        ids |= set(_merge_parts(model, model["vocab"], ids))
+    return sorted(ids)
+
+
+def _refuse_unreachable(
+    path: Path, model: dict[str, Any], vocab: dict[str, int], new_id: dict[int, int]
+) -> None:
+    """Refuse a kept token that a merge makes from a dropped part: BPE would no longer reach it, so kept
+    text could encode differently. When every merge whose result is kept keeps both parts, every merge the
+    old encoding of kept text applied is kept, and BPE (the lowest-ranked merge available first) applies
+    the same ones in the same order (tests/test_prune.py)."""
+    missing = _merge_parts(model, vocab, set(new_id))
     if missing:
         shown = ", ".join(f"{i} {t!r}" for i, t in sorted(missing.items())[:8])
         raise RefusedError(
@@ -339,3 +385,17 @@ def read_keep_file(path: Path) -> list[int]:
     if not items:
         raise UsageError(f"the keep-file {path} lists no token ids: nothing would remain", path, "list ids")
     return items
+
+
+def read_keep_corpus(path: Path) -> str:
+    """The text of a keep-corpus file (UTF-8).
+
+    Raises:
+        UsageError: a missing, unreadable or non-UTF-8 file.
+    """
+    from ..model.errors import UsageError
+
+    try:
+        return read_bounded(Path(path), JSON_LIMIT).decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read the keep-corpus {path} ({e})", path, "pass a UTF-8 text file") from e
