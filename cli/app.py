@@ -60,6 +60,7 @@ from .options import (
     TokenPadOpt,
     TokensArg,
     ToOpt,
+    VerboseOpt,
     VocabOpt,
 )
 from .vocab import register as register_vocab
@@ -68,12 +69,13 @@ app = typer.Typer(
     name="tietool",
     help="Inspect, tie, untie and resize the input embedding and LM head of PaddlePaddle LLM checkpoints "
     "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors), add tokens to model and "
-    "tokenizer together, verify what a write changed; convert between the PaddleNLP and PaddleFormers "
-    "conventions; merge tensor- or expert-parallel rank files and PaddleFormers Trainer (flex) checkpoints.",
+    "tokenizer together, rename tokens into reserved slots, fix untrained rows, verify what a write "
+    "changed, diff any two checkpoints; convert between the PaddleNLP and PaddleFormers conventions; merge "
+    "tensor- or expert-parallel rank files and PaddleFormers Trainer (flex) checkpoints.",
     epilog=EXAMPLES["tietool"],
     context_settings={"help_option_names": ["-h", "--help"]},
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
 )
@@ -111,6 +113,7 @@ def inspect(
     head: HeadOpt = None,
     no_values: NoValuesOpt = False,
     drift: DriftOpt = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Show the embedding, head and bias, their layout, the tie state three ways, and what tying saves."""
     from ..surgery import ops
@@ -124,13 +127,13 @@ def inspect(
     paths = ckpts or ["."]
     if len(paths) == 1:
         info = one(paths[0])
-        render.inspect(info, as_json=json_out, drift=drift)
+        render.inspect(info, as_json=json_out, drift=drift, quiet=quiet)
         if info.exit_code:  # a flex checkpoint with a gap: the report, then one line and exit 3
             render.inspect_failed(info)
             raise typer.Exit(info.exit_code)
         return
     results, code = _each(paths, one)
-    render.inspect_many(results, as_json=json_out)
+    render.inspect_many(results, as_json=json_out, quiet=quiet)
     if code:
         raise typer.Exit(code)
 
@@ -186,7 +189,7 @@ def tie(
         progress=render.progress_bar(quiet or json_out),
         backup=backup,
     )
-    render.written(rep, json_out)
+    render.written(rep, json_out, quiet=quiet)
 
 
 @app.command(cls=Command, epilog=EXAMPLES["untie"])
@@ -220,7 +223,7 @@ def untie(
         progress=render.progress_bar(quiet or json_out),
         backup=backup,
     )
-    render.written(rep, json_out)
+    render.written(rep, json_out, quiet=quiet)
 
 
 @app.command(cls=Command, epilog=EXAMPLES["resize"])
@@ -271,7 +274,7 @@ def resize(
         progress=render.progress_bar(quiet or json_out),
         backup=backup,
     )
-    render.written(rep, json_out)
+    render.written(rep, json_out, quiet=quiet)
 
 
 @app.command("add-tokens", cls=Command, epilog=EXAMPLES["add-tokens"])
@@ -322,7 +325,7 @@ def add_tokens(
         progress=render.progress_bar(quiet or json_out),
         backup=backup,
     )
-    render.written(rep, json_out)
+    render.written(rep, json_out, quiet=quiet)
 
 
 def _token_file(file: str | None) -> list[str]:
@@ -356,6 +359,7 @@ def merge(
     dry_run: DryOpt = False,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Merge tensor-parallel rank files (model_state.tp00.pdparams, ...; also _pp00 pipeline ranks) into one
     checkpoint, or a flex checkpoint (a Trainer checkpoint-N/ with model_state/*.distcp) into PaddleFormers
@@ -371,32 +375,44 @@ def merge(
         keep_paddle_layout=keep_paddle_layout,
         progress=render.progress_bar(quiet or json_out),
     )
-    render.merge(rep, json_out)
+    render.merge(rep, json_out, quiet=quiet, verbose=verbose)
 
 
 @app.command(cls=Command, epilog=EXAMPLES["verify"])
 @command
-def verify(before: BeforeArg, after: AfterArg, logits: LogitsOpt = False, json_out: JsonOpt = False) -> None:
+def verify(
+    before: BeforeArg,
+    after: AfterArg,
+    logits: LogitsOpt = False,
+    json_out: JsonOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
     """Check that AFTER differs from BEFORE exactly as tie/untie/resize explain (exit 7 if not; 8 when
     --logits could not compare the logits)."""
     from ..surgery import ops
     from . import render
 
     res = ops.verify(before, after, logits=logits)
-    render.verify(res, before, after, as_json=json_out)
+    render.verify(res, before, after, as_json=json_out, quiet=quiet)
     raise typer.Exit(res.exit_code)
 
 
 @app.command(cls=Command, epilog=EXAMPLES["diff"])
 @command
-def diff(a: DiffAArg, b: DiffBArg, json_out: JsonOpt = False, no_values: DiffNoValuesOpt = False) -> None:
+def diff(
+    a: DiffAArg,
+    b: DiffBArg,
+    json_out: JsonOpt = False,
+    no_values: DiffNoValuesOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
     """Show what differs between checkpoints A and B: tensors (max |Δ|, relative norm, token rows),
     config keys, tokens, files. Exit 0 when identical, 1 when they differ."""
     from ..surgery import ops
     from . import render_diff
 
     res = ops.diff(a, b, values=not no_values)
-    render_diff.diff(res.as_dict(), as_json=json_out)
+    render_diff.diff(res.as_dict(), as_json=json_out, quiet=quiet)
     raise typer.Exit(res.exit_code)
 
 
@@ -423,7 +439,7 @@ def convert(
         dry_run=dry_run,
         progress=render.progress_bar(quiet or json_out),
     )
-    render.convert(rep, json_out)
+    render.convert(rep, json_out, quiet=quiet)
 
 
 register_vocab(app)

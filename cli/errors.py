@@ -163,7 +163,8 @@ def run_app(app: typer.Typer) -> None:
         if sig is not None:
             signal.signal(sig, _on_signal)
     try:
-        code = app(standalone_mode=False)
+        # named tietool under `python -m tietool` too: shell completion keys on the name (_TIETOOL_COMPLETE)
+        code = app(standalone_mode=False, prog_name="tietool")
     except (typer.Abort, KeyboardInterrupt):  # KeyboardInterrupt: a signal while Typer builds the commands
         code = _interrupted()
     except BrokenPipeError:

@@ -127,4 +127,24 @@ EXAMPLES = {
     ),
 }
 """Each command's ``--help`` epilog, on the folders of ``sample_checkpoints/`` (its rank files and Trainer
-``checkpoint-N/`` included)."""
+``checkpoint-N/`` included); :data:`GUIDES` puts the docs line before it."""
+
+GUIDES = {
+    "inspect": "docs/guides/tied.md",
+    "tie": "docs/guides/tied.md",
+    "untie": "docs/guides/tied.md",
+    "resize": "docs/guides/vocabulary.md",
+    "add-tokens": "docs/guides/vocabulary.md",
+    "merge": "docs/guides/merge.md",
+    "verify": "docs/guides/verify.md",
+    "convert": "docs/guides/convert.md",
+    "diff": "docs/guides/diff.md",
+    "rename-tokens": "docs/guides/vocabulary.md",
+    "fix-untrained": "docs/guides/vocabulary.md",
+}
+"""The docs page (the guide) each ``--help`` names; a command without one names the docs' index. The pages are
+in the clone (``docs/``; ``mkdocs serve`` renders them), as tietool is installed from one."""
+EXAMPLES = {
+    name: f"Docs: {GUIDES.get(name, 'docs/index.md')}; every option: docs/cli.md\n\n{text}"
+    for name, text in EXAMPLES.items()
+}

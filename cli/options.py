@@ -68,7 +68,20 @@ DryOpt = Annotated[bool, typer.Option("--dry-run", help="print the plan and the 
 LinkOpt = Annotated[
     bool, typer.Option("--link", help="hard-link untouched weight files instead of copying them")
 ]
-QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="no progress bar")]
+QuietOpt = Annotated[
+    bool,
+    typer.Option(
+        "--quiet",
+        "-q",
+        help="print only the result line (notes and warnings on stderr); no progress bar; --json wins",
+    ),
+]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose", "-v", help="one line per merged tensor (rule, axis, shape) instead of the table"
+    ),
+]
 EmbOpt = Annotated[
     str | None,
     typer.Option(

@@ -82,10 +82,16 @@ def _listed(con: Console, lines: list[str], most: int = _LINES) -> None:
         con.print(f"and {len(lines) - most} more")
 
 
-def diff(d: dict, as_json: bool = False) -> None:
-    """``tietool diff A B``: ``d`` is :meth:`DiffResult.as_dict`."""
+def diff(d: dict, as_json: bool = False, quiet: bool = False) -> None:
+    """``tietool diff A B``: ``d`` is :meth:`DiffResult.as_dict`; ``quiet``: the verdict line only (the
+    notes on stderr)."""
     if as_json:
         print(json.dumps(finite(d), indent=2))
+        return
+    if quiet:
+        print(_verdict(d))
+        for n in d["notes"]:
+            print(f"note: {n}", file=sys.stderr)
         return
     con = _console()
     t = d["tensors"]
@@ -132,12 +138,16 @@ def diff(d: dict, as_json: bool = False) -> None:
     )
     for n in d["notes"]:
         con.print(f"note: {n}")
+    con.print(_verdict(d))
+
+
+def _verdict(d: dict) -> str:
+    """The last line of a diff (and all ``--quiet`` prints)."""
     if not d["identical"]:
-        con.print("verdict: the checkpoints differ")
-    elif d["values_compared"]:
-        con.print("verdict: identical")
-    else:
-        con.print("verdict: identical headers, config, tokens and files (tensor values not read)")
+        return "verdict: the checkpoints differ"
+    if d["values_compared"]:
+        return "verdict: identical"
+    return "verdict: identical headers, config, tokens and files (tensor values not read)"
 
 
 def _js(v: Any) -> str:

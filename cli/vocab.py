@@ -161,7 +161,7 @@ def register(app: typer.Typer) -> None:
             progress=render.progress_bar(quiet or json_out),
             backup=backup,
         )
-        render.written(rep, json_out)
+        render.written(rep, json_out, quiet=quiet)
 
     @app.command("rename-tokens", cls=Command, epilog=EXAMPLES["rename-tokens"])
     @command
@@ -206,7 +206,7 @@ def register(app: typer.Typer) -> None:
             progress=render.progress_bar(quiet or json_out),
             backup=backup,
         )
-        render.written(rep, json_out)
+        render.written(rep, json_out, quiet=quiet)
 
     @app.command("prune", cls=Command, epilog=EXAMPLES["prune"])
     @command
@@ -247,4 +247,4 @@ def register(app: typer.Typer) -> None:
             progress=render.progress_bar(quiet or json_out),
             backup=backup,
         )
-        render.written(rep, json_out)
+        render.written(rep, json_out, quiet=quiet)

@@ -750,7 +750,7 @@ def add_tokens(
     Returns the report (its ``add_tokens`` fields: each token's id, init and source ids). Raises
         UsageError: no token, an empty or non-string token, a bad ``init`` (``copy:`` of a string that is
             not one token), a URL. RefusedError: a tokenizer it cannot edit; what ``plan_add_tokens`` refuses.
-        TietoolError: no ``tokenizer`` extra (``pip install "tietool[tokenizer]"``); and as :func:`tie`.
+        TietoolError: no ``tokenizer`` extra (``pip install ".[tokenizer]"``); and as :func:`tie`.
     """
     strings = _token_strings(tokens)
     choice = parse_init(init)

@@ -554,7 +554,7 @@ def test_missing_tokenizer_extra_is_one_line_naming_it_once(tmp_path, monkeypatc
     monkeypatch.undo()
     lines = cp.stderr.strip().splitlines()
     assert cp.returncode == 1 and len(lines) == 1, cp.stderr
-    assert lines[0].count('pip install "tietool[tokenizer]"') == 1, lines[0]
+    assert lines[0].count('pip install ".[tokenizer]" in the tietool clone') == 1, lines[0]
     assert not (tmp_path / "out").exists() and _tree(ck) == before
 
 

@@ -125,7 +125,7 @@ def test_adding_an_existing_special_token_to_a_lower_casing_vocab_adds_nothing(t
     shutil.copytree(ERNIE, ck)
     vocab = (ck / "vocab.txt").read_text(encoding="utf-8").splitlines()
     cls_id = vocab.index("[CLS]")
-    run = run_cli(["add-tokens", str(ck), "[CLS]", "--out", str(tmp_path / "out"), "-q"])
+    run = run_cli(["add-tokens", str(ck), "[CLS]", "--out", str(tmp_path / "out")])
     assert run.rc == 0, run.stderr
     assert f"already in the tokenizer, not added: '[CLS]' (id {cls_id})" in run.stdout + run.stderr
     assert "[cls]" not in run.stdout + run.stderr

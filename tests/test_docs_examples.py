@@ -1,5 +1,7 @@
-"""Every shell example of the docs site runs as written: each ```` ```bash ```` block of ``docs/index.md`` and
-``docs/guides/*.md``, with ``bash -euo pipefail``, exits 0 (or the status its page says).
+"""Every shell example of the documents runs as written: each ```` ```bash ```` block of ``README.md``,
+``docs/index.md``, ``docs/guides/*.md``, ``docs/reference/*.md`` and ``docs/design/*.md``, with
+``bash -euo pipefail``, exits 0 (or the status its page says). README's first two blocks (the install and
+the test suite) are marked skip: ``.ci/run`` runs them, in a fresh clone.
 
 A block runs in a temporary folder that holds a copy of what the examples name from a clone
 (``sample_checkpoints/``: nothing else, so an example that names the test data fails), with a ``tietool``
@@ -27,7 +29,12 @@ import pytest
 import tietool
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "docs" / "index.md", *sorted((ROOT / "docs" / "guides").glob("*.md"))]
+GUIDES = [ROOT / "README.md", ROOT / "docs" / "index.md", *sorted((ROOT / "docs" / "guides").glob("*.md"))]
+PAGES = [
+    *GUIDES,
+    *sorted((ROOT / "docs" / "reference").glob("*.md")),
+    *sorted((ROOT / "docs" / "design").glob("*.md")),
+]
 COPIED = ["sample_checkpoints"]
 MARKER = re.compile(r"<!-- docs-test: (exit (\d+)|skip \(([^)]+)\)) -->")
 FENCE = re.compile(r"^```bash\n(.*?)^```$", re.S | re.M)
@@ -74,11 +81,31 @@ def sandbox(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, s
     return base / "tree", env
 
 
+def _readme_block(n: int) -> str:
+    """README's n-th ```bash block, as ``.ci/run`` reads it."""
+    return FENCE.findall((ROOT / "README.md").read_text(encoding="utf-8"))[n - 1]
+
+
+def test_readme_first_command_is_the_user_install() -> None:
+    """README's first command installs the tool alone (no extra: seconds, not the test extra's minutes and
+    2 GB) and runs the main job on a shipped sample; the second installs the test extra and runs the tests.
+    Its time is measured by ``bench/first_command.py`` and recorded in ``bench/RESULTS.md`` (this test
+    times nothing)."""
+    first, second = _readme_block(1), _readme_block(2)
+    assert "python3 -m venv .venv" in first and ".venv/bin/pip install . " in first and "[" not in first
+    assert ".venv/bin/tietool inspect sample_checkpoints/" in first
+    assert '.venv/bin/pip install -e ".[test]"' in second and "pytest" in second
+    results = (ROOT / "bench" / "RESULTS.md").read_text(encoding="utf-8")
+    assert "# README's first command" in results and "bench/first_command.py" in results
+
+
 def test_pages_have_examples() -> None:
-    """The runner finds the blocks: every guide and the index have at least one bash block."""
+    """The runner finds the blocks: README, every guide and the index have at least one bash block (object
+    storage's are all marked skip: they need a bucket); README's five tasks each have one that runs."""
     pages = {b[0] for b in BLOCKS}
-    assert pages == {str(p.relative_to(ROOT)) for p in PAGES}
-    assert sum(b[3] is not None for b in BLOCKS) >= 20
+    assert pages >= {str(p.relative_to(ROOT)) for p in GUIDES}
+    assert sum(b[3] is not None for b in BLOCKS) >= 30
+    assert sum(b[0] == "README.md" and b[3] is not None for b in BLOCKS) >= 5
 
 
 @pytest.mark.parametrize("page,line,code,status,reason", BLOCKS, ids=[f"{b[0]}:{b[1]}" for b in BLOCKS])

@@ -889,7 +889,7 @@ def test_ctrl_c_after_the_write_says_the_write_is_complete(tmp_path, monkeypatch
     after the swap (while the lock was released, or while the report printed) and the line said
     "interrupted; nothing was written" (exit 130) though the name held the new version and its backup was
     beside it. Now it says so."""
-    from tietool.cli import render
+    from tietool.cli.render import reports
     from tietool.surgery import ops
 
     ck = _copy("pf_llama_untied_sharded", tmp_path / "ckpt")
@@ -899,7 +899,7 @@ def test_ctrl_c_after_the_write_says_the_write_is_complete(tmp_path, monkeypatch
         raise KeyboardInterrupt
 
     if where == "printing":
-        monkeypatch.setattr(render, "_stale_notes", stop)  # the report's last part, after the write
+        monkeypatch.setattr(reports, "stale_notes", stop)  # the report's last part, after the write
     else:
         monkeypatch.setattr(ops, "Report", stop)  # after the write (in place: the lock released)
     out = [] if in_place else ["--out", tmp_path / "out"]

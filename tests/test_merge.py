@@ -188,8 +188,8 @@ def test_c05_merge_then_resize(tmp_path):
 
 def test_tie_untie_resize_on_merged_checkpoints(tmp_path):
     """The merged folders are ordinary checkpoints: resize, tie and untie take them, and verify explains
-    resize and untie. (Their heads differ from the embeddings, so tie needs keep=...; verify rightly calls
-    that dropped head unexplained, since its values are lost.)"""
+    each. (Their heads differ from the embeddings, so tie needs keep=...; verify explains the dropped head as
+    the one ``tie --keep embedding`` discards, which the output's report records, and says so.)"""
     tietool.merge(TP / "llama_fp32" / "tp2", tmp_path / "m")
     tietool.resize(tmp_path / "m", 64, tmp_path / "m64")
     assert tensors(tmp_path / "m64")["lm_head.weight"][1] == (64, 16)
@@ -202,7 +202,8 @@ def test_tie_untie_resize_on_merged_checkpoints(tmp_path):
     rep = tietool.tie(tmp_path / "b", tmp_path / "bt", keep="embedding", loader="paddleformers")
     assert rep.changed and "lm_head.weight" not in tensors(tmp_path / "bt")
     lossy = tietool.verify(tmp_path / "b", tmp_path / "bt")
-    assert [d["name"] for d in lossy.dropped] == ["lm_head.weight"] and not lossy.explained
+    assert [d["name"] for d in lossy.dropped] == ["lm_head.weight"] and lossy.explained
+    assert lossy.dropped[0]["equals_embedding"] is False and lossy.dropped[0]["discarded_by_tie"]
     tietool.untie(tmp_path / "bt", tmp_path / "bu", loader="paddleformers")
     untied = tensors(tmp_path / "bu")
     assert untied["lm_head.weight"][2] == untied["model.embed_tokens.weight"][2]  # [vocab, hidden] copy

@@ -363,9 +363,9 @@ def test_missing_library_names_the_extra(monkeypatch, tmp_path):
         return real(name, *a)
 
     monkeypatch.setattr(importlib, "import_module", fake)
-    with pytest.raises(TietoolError, match=r'pip install "tietool\[tokenizer\]"'):
+    with pytest.raises(TietoolError, match=r'pip install "\.\[tokenizer\]" in the tietool clone'):
         add_tokens_edit(DATA / "bytelevel_bpe", PLAIN)
-    assert tokenizer_edit.EXTRA == 'pip install "tietool[tokenizer]"'
+    assert tokenizer_edit.EXTRA == 'pip install ".[tokenizer]" in the tietool clone'
 
 
 # ------------------------------------------------------------------ the loaders

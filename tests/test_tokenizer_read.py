@@ -198,7 +198,7 @@ def test_without_sentencepiece_the_model_is_listed_not_parsed(tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "sentencepiece", None)  # import sentencepiece raises ImportError
     ts = tk.tokenizer_set(d)
     (sp,) = [f for f in ts.files if f.format is TokenizerFormat.SENTENCEPIECE]
-    assert sp.length is None and 'pip install "tietool[tokenizer]"' in sp.note
+    assert sp.length is None and 'pip install ".[tokenizer]" in the tietool clone' in sp.note
     assert ts.needs_extra == ("tokenizer.model",)
     assert tk.tokenizer_info(d).unreadable == ()
 

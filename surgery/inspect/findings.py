@@ -14,6 +14,7 @@ from typing import Any
 
 from ..io.tokenizer import SpecialTokenId
 from ..model.errors import Opt
+from ..model.extras import install_extra
 
 
 class Severity(str, Enum):
@@ -449,7 +450,7 @@ _WORDS: dict[FindingKind, Callable[[Finding], str]] = {
     FindingKind.TOKENIZER_ID_GAP: _tokenizer_id_gap,
     FindingKind.TOKENIZER_NEEDS_EXTRA: lambda f: (
         f"tokenizer file(s) {', '.join(f.facts['files'])} not parsed: reading them needs the tokenizer "
-        'extra (pip install "tietool[tokenizer]")'
+        f"extra ({install_extra('tokenizer')})"
     ),
     FindingKind.TOKENIZER_READ_ONLY: lambda f: (
         f"tokenizer file(s) {', '.join(f.facts['files'])}: a tiktoken rank file or a custom tokenizer class "

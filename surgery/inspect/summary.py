@@ -303,7 +303,8 @@ def untrained_finding(
 
 
 def summarize(det: Detection) -> dict[str, Any]:
-    """Everything ``tietool inspect`` reports, as numbers and names (schema in README.md)."""
+    """Everything ``tietool inspect`` reports, as numbers and names (the schema: docs/reference/commands.md
+    and docs/reference/tokenizer-files.md)."""
     ckpt: Checkpoint = det.ckpt
     emb, head, bias = _embedding(det), _head(det), _bias(det)
     return {

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..model.errors import CheckpointError, Opt, OutputError, StorageError, TietoolError, UsageError
+from ..model.extras import install_extra
 from .transient import is_transient
 
 # "scheme://" at the start of a folder argument; file:// is a local path
@@ -149,7 +150,7 @@ def as_path(p: str | os.PathLike) -> Any:
         raise UsageError(
             f"reading {scheme}:// needs a package that is not installed ({e.name or e})",
             str(p),
-            "pip install 'tietool[remote]' (fsspec, s3fs, universal_pathlib; huggingface_hub for hf://)"
+            f"{install_extra('remote')} (fsspec, s3fs, universal_pathlib; huggingface_hub for hf://)"
             if scheme in _REMOTE_EXTRA
             else f"install the fsspec file system for {scheme}:// (fsspec's list of implementations names "
             "its package)",

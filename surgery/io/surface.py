@@ -9,7 +9,7 @@ file": one rank's file would pass for the whole model with half the vocabulary).
 Other files are not refused but kept out of the checkpoint (:class:`LeftOut`): weight files the index does
 not list or of the other format (loaders may prefer a lone ``model.safetensors`` over an index), rank files
 beside whole weights, and training state (optimizer moments, master weights, ...) that a write would make
-stale. ``inspect`` and the write report list them; ``cli/render.py`` words the reasons.
+stale. ``inspect`` and the write report list them; ``cli/render/common.py`` words the reasons.
 
 The facts are tables (:data:`RULES`, :data:`TRAINING_STATE`, the patterns below); the functions only match.
 """

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model.errors import CheckpointError
+from ..model.extras import install_extra
 from ..model.tokens import AddedToken, TokenizerFile, TokenizerFormat, TokenizerSet
 from . import store
 from .regular import JSON_LIMIT, load_json, read_bounded
@@ -81,7 +82,7 @@ def quiet_stderr() -> Iterator[None]:
 # ------------------------------------------------------------------ the tokenizer file set
 
 SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model", "spm.model")
-EXTRA_HINT = 'needs the tokenizer extra: pip install "tietool[tokenizer]"'
+EXTRA_HINT = f"needs the tokenizer extra: {install_extra('tokenizer')}"
 _VOCAB_FORMATS = (
     TokenizerFormat.TOKENIZER_JSON,
     TokenizerFormat.SENTENCEPIECE,

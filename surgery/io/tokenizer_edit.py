@@ -23,7 +23,7 @@ What each library then does with the new tokens is data with its proving tests:
 :mod:`surgery.io.tokenizer_loaders`.
 
 Libraries are imported lazily (the ``tokenizer`` extra); a folder that needs one that is missing gets a
-:class:`TietoolError` saying ``pip install "tietool[tokenizer]"``.
+:class:`TietoolError` saying ``pip install ".[tokenizer]"``.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError, UsageError
+from ..model.extras import install_extra
 from ..model.tokens import AddedToken, NewToken, TokenEdit, TokenizerFormat
 from . import store
 from .regular import JSON_LIMIT, read_bounded
@@ -52,7 +53,7 @@ from .tokenizer_loaders import AddedTokensIn, unseen_by
 
 SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
-EXTRA = 'pip install "tietool[tokenizer]"'
+EXTRA = install_extra("tokenizer")
 CONFIG, ADDED_JSON, SPECIAL_MAP = "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json"
 
 
@@ -558,7 +559,7 @@ def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
     Raises:
         RefusedError: tiktoken files, a custom tokenizer class, no vocabulary file, an id gap, a
             special-token attribute (``pad_token``...) naming a string no file has (loaders add it at load).
-        TietoolError: a missing library (``pip install "tietool[tokenizer]"``), an empty string.
+        TietoolError: a missing library (``pip install ".[tokenizer]"``), an empty string.
     """
     f = _scan(folder)
     strings = list(strings)

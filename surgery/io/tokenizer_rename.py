@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model.errors import Opt, RefusedError, TietoolError, UsageError
+from ..model.extras import install_extra
 from ..model.tokens import NewToken, TokenEdit, TokenizerFormat
 from .regular import JSON_LIMIT, read_bounded
 from .tokenizer import tokenizer_set, vocabulary
@@ -249,7 +250,7 @@ def _sp_model(path: Path, old: dict[int, str], new: dict[int, str], special: boo
         pb: Any = importlib.import_module("sentencepiece.sentencepiece_model_pb2")
     except ImportError:
         raise TietoolError(
-            f"{path.name} needs the sentencepiece library", path, 'pip install "tietool[tokenizer]"'
+            f"{path.name} needs the sentencepiece library", path, install_extra("tokenizer")
         ) from None
     m = pb.ModelProto()
     m.ParseFromString(path.read_bytes())

@@ -13,6 +13,7 @@ from ..inspect.detect import detect
 from ..io.checkpoint import Checkpoint
 from ..io.vocabkeys import walk
 from ..model.errors import Opt
+from ..model.extras import install_extra
 
 
 class NotCompared(str, Enum):
@@ -63,7 +64,7 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
         return _not_compared(
             NotCompared.NO_PADDLE,
             f"{' and '.join(missing)} not installed",
-            'pip install "tietool[paddle]" adds paddlepaddle and PaddleFormers 1.2.0',
+            f"{install_extra('paddle')} adds paddlepaddle and PaddleFormers 1.2.0",
         )
     remote = [str(p) for p in (a_path, b_path) if store.is_url(p) or not store.store_for(p).on_disk]
     if remote:
