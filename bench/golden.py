@@ -18,9 +18,11 @@ V+5 without ``--seed``, V-2 with and without ``--force``, ``--pad-to-multiple-of
 ``--vocab``, ``--json``, ``--dry-run``), ``convert`` (``--to`` each of paddleformers, paddlenlp,
 safetensors, pdparams; ``--max-shard-size 4096``; ``--json --dry-run``), ``merge`` (``--out``,
 ``--max-shard-size 4096``, ``--json --dry-run``), in place (tie, untie, resize with a backup, resize
-``--no-backup``, resize with CKPT omitted run from inside the folder) and, after every write with
-``--out``, ``verify IN OUT`` (text and ``--json``), whatever the write's outcome (so the set of runs does
-not depend on the results). A refusal is as much an output as a success: every line runs on every input.
+``--no-backup``, resize with CKPT omitted run from inside the folder) and, after every write (``--out``
+or in place, not ``--dry-run``; the cases' own command lines too), ``verify IN OUT`` (text; ``--json``
+too for the writes marked ``verify``), whatever the write's outcome (so the set of runs does not depend
+on the results). A refusal is as much an output as a success: every line runs on every input.
+``python bench/golden.py verified CAPTURE`` lists the successful writes whose verify did not exit 0.
 
 Runs go in-process through the real entry point, ``tietool.cli.app.main`` with ``sys.argv`` set (usage
 errors then print tietool's one line, as the installed script does), stdout and stderr captured. For each
@@ -475,11 +477,14 @@ class Capture:
             self.record(rid, argv, folder, out, run)
             if "--out" in argv:
                 prev = str(out)
-            if run.verify:
-                for suffix, more in (("", []), ("--json", ["--json"])):
+            if run.verify or writes(argv, run.inplace):  # the other writes: verify's text form only
+                forms = (("", []), ("--json", ["--json"])) if run.verify else (("", []),)
+                for suffix, more in forms:
                     vid = f"verify/{inp.id}/{'/'.join(run.id.split('/'))}{suffix}"
+                    vid += "" if run.verify else " (after)"  # not to be taken for another write's --json
                     target = folder if run.inplace else out
                     self.record(vid, ["verify", str(src), str(target), *more], src, None, Run(vid, []))
+                    self.records[vid]["of"] = rid
 
     def global_input(self, every: list[Input]) -> None:
         """:func:`global_runs`, on a copy of the first fixture (``{in}``) and of the first eight inputs."""
@@ -530,6 +535,14 @@ class Capture:
         norm.tokens = []
         assert rid not in self.records, f"duplicate run id {rid}"
         self.records[rid] = rec
+
+
+WRITES = ("tie", "untie", "resize", "add-tokens", "convert", "merge")
+
+
+def writes(argv: list[str], inplace: bool) -> bool:
+    """The command line writes a checkpoint (``--out``, or in place), so ``verify IN OUT`` follows it."""
+    return bool(argv) and argv[0] in WRITES and "--dry-run" not in argv and ("--out" in argv or inplace)
 
 
 def _subst(arg: str, values: dict[str, str]) -> str:
@@ -671,6 +684,30 @@ def compare(before: Path, after: Path) -> int:
     return 1 if bad else 0
 
 
+def verified(capture_dir: Path) -> int:
+    """Every write of a capture that succeeded (exit 0) whose ``verify IN OUT`` did not exit 0, with the
+    differences verify names; 1 if any (the promise: every write tietool makes, verify explains)."""
+    runs = json.loads((capture_dir / "manifest.json").read_text(encoding="utf-8"))["runs"]
+    bad = total = 0
+    for vid, rec in runs.items():
+        of = rec.get("of")
+        if not of or vid.endswith("--json") or runs.get(of, {}).get("exit") != 0:
+            continue
+        total += 1
+        if rec["exit"] == 0:
+            continue
+        bad += 1
+        why = [ln for ln in rec["stdout"].splitlines() if ln.startswith("unexplained:")]
+        why = why or rec["stderr"].splitlines()[:1]
+        print(f"{of}: verify exit {rec['exit']}")
+        for line in why[:6]:
+            print(f"    {line[:300]}")
+        if len(why) > 6:
+            print(f"    (+{len(why) - 6} more)")
+    print(f"{bad} of {total} successful writes not verified (exit != 0)", file=sys.stderr)
+    return 1 if bad else 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -683,7 +720,13 @@ def main() -> int:
     d = sub.add_parser("compare", help="compare two captures; exit 1 on any difference")
     d.add_argument("before", type=Path)
     d.add_argument("after", type=Path)
+    v = sub.add_parser(
+        "verified", help="writes of a capture whose verify IN OUT did not exit 0; exit 1 if any"
+    )
+    v.add_argument("capture", type=Path)
     args = ap.parse_args()
+    if args.cmd == "verified":
+        return verified(args.capture)
     if args.cmd == "capture":
         return capture(args.outdir, args.inputs.resolve(), args.only)
     try:

@@ -25,7 +25,7 @@ LAYERS = [
     "surgery.report surgery.results",
     "surgery.verify surgery.diff",
     "surgery.ops",
-    "surgery.logits_worker",
+    "surgery.logits_worker surgery.pnlp_logits_worker",
     "__init__",
     "cli __main__",
 ]

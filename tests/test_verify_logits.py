@@ -371,9 +371,12 @@ def test_legacy_layout_is_told_from_the_checkpoint(tmp_path):
 
 
 def test_verify_logits_of_a_paddlenlp_checkpoint_exits_8(tmp_path):
+    """Without PNLP_PYTHON (no PaddleNLP to run the input in; with it: test_verify_logits_across.py)."""
+    from support import cli_runner
+
     src = CASES_DIR / "pnlp_llama_tied"
     out = fs.copy_checkpoint(src, tmp_path / "copy")
-    r = fs.run_tool(["verify", str(src), str(out), "--logits", "--json"])
+    r = cli_runner.run_cli(["verify", str(src), str(out), "--logits", "--json"], env={"PNLP_PYTHON": None})
     doc = json.loads(r.stdout)
     assert r.returncode == doc["exit_code"] == 8 and doc["logits"]["cause"] == "paddlenlp", doc
     lines = r.stderr.strip().splitlines()

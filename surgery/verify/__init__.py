@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..io.checkpoint import Checkpoint
 from ..model.errors import TietoolError
 from ..report import chain_since
-from . import rebuilt
+from . import chain, flexstate, rebuilt, training
 from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
 from .logits import NotCompared, logits_check
 from .result import VerifyResult
@@ -76,7 +76,43 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     rep = rebuilt.one_step(a_path, b_path)
     if rep is not None:  # one convert or merge run: the output rebuilt from the input and compared
         return _verify_rebuilt(a_path, b_path, rep)
+    if chain.applies(a_path, b_path):  # a convert or merge in a longer chain: the input carried through it
+        return _verify_composed(a_path, b_path)
+    if flexstate.is_pair(a_path, b_path):  # Trainer checkpoints: their merged views, then the state
+        A, B, config_dir = flexstate.open_views(a_path, b_path)
+        cmp = _compare(A, B, config_dir)
+        flexstate.compare_state(cmp.res, A, B, _moves(cmp))
+        return cmp.res
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
+    cmp = _compare(A, B)
+    training.compare_training_files(cmp.res, A, B, _moves(cmp))
+    return cmp.res
+
+
+def _verify_composed(a_path, b_path) -> VerifyResult:
+    """:func:`verify` of a chain with a ``convert`` or ``merge`` in it (:mod:`surgery.verify.chain`)."""
+    try:
+        A = chain.carried(a_path, b_path)
+    except (TietoolError, ValueError) as e:
+        res = VerifyResult()
+        res.unexplained.append(
+            f"the convert / merge runs of the output's report chain do not plan on {a_path} ({e}); "
+            "the chain is unverifiable"
+        )
+        return res
+    B = Checkpoint.open(b_path)
+    cmp = _compare(A, B)
+    training.compare_training_files(cmp.res, A, B, _moves(cmp))
+    cmp.res.notes.append(
+        "the input was carried through the convert / merge runs of the output's report chain (rebuilt from "
+        f"its headers: {len(A.tensors)} tensors), then compared with the output"
+    )
+    return cmp.res
+
+
+def _compare(A: Checkpoint, B: Checkpoint, config_dir=None) -> TensorComparison:
+    """Every tensor, config file, safetensors ``__metadata__``, carried file and tokenizer of ``A`` and
+    ``B`` classified (``config_dir``: where the input's config files are, if not in ``A.path``)."""
     cmp = TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
     tok = renamed_slots(Tokenizers.read(cmp.da, cmp.db), B)
     cmp.added_ids = tok.new_rows()
@@ -90,13 +126,18 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     for name, tb in B.tensors.items():
         if name not in A.tensors:
             cmp.added(name, tb)
-    chain = chain_since(B.path, A.path)  # the runs that made B from A, as its report records them
-    compare_configs(cmp.res, A, B, cmp.da, cmp.db, chain)
-    compare_metadata(cmp.res, A, B, chain)
+    runs = chain_since(B.path, A.path)  # the runs that made B from A, as its report records them
+    compare_configs(cmp.res, A, B, cmp.da, cmp.db, runs, a_dir=config_dir)
+    compare_metadata(cmp.res, A, B, runs)
     compare_other_files(cmp.res, A, B, tokenizer_names(A, B, tok.sets))
     compare_tokenizers(cmp.res, A, B, tok, (cmp.da.vocab_rows, cmp.db.vocab_rows))
     left_at_old_size(cmp.res, cmp.da, cmp.db)
-    return cmp.res
+    return cmp
+
+
+def _moves(cmp: TensorComparison) -> dict[str, training.Move]:
+    """How each weight's vocabulary axis moved (:func:`surgery.verify.training.moves`)."""
+    return training.moves(cmp.A, cmp.B, cmp.vocab_names_a, cmp.da.vocab_rows, cmp.added_ids)
 
 
 def _verify_rebuilt(a_path, b_path, rep: dict) -> VerifyResult:

@@ -35,19 +35,21 @@ def compare_configs(
     da: Detection,
     db: Detection,
     chain: list[dict] | None = None,
+    a_dir: Path | None = None,
 ) -> None:
     """Record every differing key of the config files in ``res.config``. Unexplained: a key outside
     ``ALLOWED_CONFIG_KEYS``; a vocabulary-size key the input did not have; a vocabulary-size key whose new
     value counts no vocabulary of the output (neither its embedding's nor its head's rows, nor the old value
     moved as the embedding moved). A key of config.json that a ``convert`` or ``merge`` run of the output's
     report ``chain`` (the runs since the input) changed from the input's value to the output's is
-    explained (:func:`_converted`)."""
+    explained (:func:`_converted`). ``a_dir``: the folder of the input's config files when they are not in
+    ``A.path`` (a Trainer checkpoint's config.json found in the folder above it)."""
     chain = chain or []
     d = db.vocab_rows - da.vocab_rows
     counts = {db.vocab_rows, db.head.rows}
     set_ids = {f"{n}_token_id": i for n, (_, i) in special_claims(B).items()}
     for fname in _CONFIG_FILES:
-        pa, pb = A.path / fname, B.path / fname
+        pa, pb = (a_dir or A.path) / fname, B.path / fname
         if not pa.exists() and not pb.exists():
             continue
         ca = _flatten(_read_cfg(pa)) if pa.exists() else {}
@@ -170,7 +172,13 @@ def _converted(chain: list[dict], key: str, ca: dict, cb: dict) -> bool:
     first, last = changes[0].get("before"), changes[-1].get("after")
     now = {k: v for k, v in cb.items() if k == top or k.startswith(top + ".")}
     was = {k: v for k, v in ca.items() if k == top or k.startswith(top + ".")}
-    return now == _flat(top, last) and (was == _flat(top, first) or (first is None and not was))
+    # null in a change: the key absent, or holding null (``paddlenlp_version: null`` dropped or written)
+    return _same(now, top, last) and _same(was, top, first)
+
+
+def _same(flat: dict, top: str, value: object) -> bool:
+    """The flattened ``top`` entries of a config are those of ``{top: value}`` (None: absent or null)."""
+    return flat == _flat(top, value) or (value is None and flat == {top: None})
 
 
 def _flat(top: str, value: object) -> dict:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 from enum import Enum
 from pathlib import Path
 
@@ -14,6 +15,10 @@ from ..io.checkpoint import Checkpoint
 from ..io.vocabkeys import walk
 from ..model.errors import Opt
 from ..model.extras import install_extra
+
+PNLP_ENV = "PNLP_PYTHON"
+"""The environment variable naming the Python of a PaddleNLP 2.8.1 venv (paddle 2.6.2: it cannot share
+tietool's), which runs a PaddleNLP input's logits."""
 
 
 class NotCompared(str, Enum):
@@ -74,14 +79,20 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
             f"download both checkpoints and verify the local copies with {Opt('logits', True)}",
         )
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
-    da = detect(A, compare_values=False)
+    da, db = detect(A, compare_values=False), detect(B, compare_values=False)
+    v = min(da.vocab_rows, db.vocab_rows)
     if da.loader.name.startswith("paddlenlp"):
-        return _not_compared(
-            NotCompared.PADDLENLP,
-            f"{a_path} is a PaddleNLP checkpoint ({da.loader.source}); PaddleFormers cannot load its names",
-            "compare logits under PaddleNLP itself, or convert both to PaddleFormers first",
-        )
-    v = min(da.vocab_rows, detect(B, compare_values=False).vocab_rows)
+        pnlp = os.environ.get(PNLP_ENV, "")
+        if not pnlp or not Path(pnlp).is_file():
+            return _not_compared(
+                NotCompared.PADDLENLP,
+                f"{a_path} is a PaddleNLP checkpoint ({da.loader.source}), PaddleFormers cannot load its "
+                f"names, and {PNLP_ENV} names no Python with PaddleNLP 2.8.1",
+                f"set {PNLP_ENV} to the python of a venv with paddlepaddle 2.6.2 and paddlenlp 2.8.1 "
+                "(tests/tools/pnlp_venv.sh builds one), or convert both to PaddleFormers first",
+            )
+        in_pnlp = db.loader.name.startswith("paddlenlp")
+        return _compare_across(a_path, b_path, _token_ids(A.config, v), v, timeout, pnlp, in_pnlp)
     return _compare_logits(a_path, b_path, _token_ids(A.config, v), v, timeout)
 
 
@@ -144,6 +155,90 @@ def _compare_logits(a_path, b_path, ids: np.ndarray, v: int, timeout: float) -> 
         "token_ids_below": v,
         **found,
     }
+
+
+def _compare_across(a_path, b_path, ids: np.ndarray, v: int, timeout: float, pnlp: str, both: bool) -> dict:
+    """The input run by PaddleNLP 2.8.1 (:mod:`surgery.pnlp_logits_worker` under the Python ``pnlp``), the
+    output by PaddleNLP too (``both``) or by PaddleFormers (:func:`_run_fidelity`, its class from its own
+    config): a convert from PaddleNLP to PaddleFormers runs each side in the library meant to read it. The
+    logits are compared on the first ``v`` entries, as :func:`_compare_logits` compares them."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        t = Path(tmp)
+        np.save(t / "ids.npy", ids)
+        doc = _run_pnlp(pnlp, [a_path, b_path] if both else [a_path], t / "ids.npy", t / "a", timeout)
+        if "cause" in doc:
+            return doc
+        results = doc.get("results") or [{"ok": False, "error": doc.get("error"), "stage": None}]
+        ra = results[0]
+        if not ra.get("ok"):
+            return _not_compared(
+                NotCompared.INPUT_FAILED,
+                f"{a_path} does not {'run' if ra.get('stage') == 'forward' else 'load'} under PaddleNLP "
+                f"2.8.1 ({ra.get('error')})",
+                f"the tensors alone were compared; verify with {Opt('logits', True)} where PaddleNLP can "
+                "load and run the input",
+            )
+        lib, after = ("PaddleNLP 2.8.1", t / "a" / "1.npy") if both else ("PaddleFormers", t / "b" / "0.npy")
+        if both:
+            rb = results[1] if len(results) > 1 else {"ok": False, "error": "not run"}
+            b_class = rb.get("model_class")
+        else:
+            db_ = _run_fidelity([b_path], t / "ids.npy", t / "b", timeout)
+            if "cause" in db_:
+                return db_
+            rb = (db_.get("results") or [{"ok": False, "error": db_.get("error")}])[0]
+            b_class = db_.get("model_class")
+        found = {
+            "model_class": b_class,
+            "class_from": f"{lib}'s registry for the output, PaddleNLP 2.8.1's for the input",
+            "libraries": lib if both else f"{lib} (the output) and PaddleNLP 2.8.1 (the input)",
+        }
+        if not rb.get("ok"):
+            return {"ok": False, "compared": True, "output_error": rb.get("error"), "error": None, **found}
+        d = float(np.max(np.abs(np.load(t / "a" / "0.npy")[..., :v] - np.load(after)[..., :v])))
+    return {
+        "ok": d <= 1e-5,
+        "compared": True,
+        "max_abs_diff": d,
+        "error": None,
+        "token_ids_below": v,
+        **found,
+    }
+
+
+def _run_pnlp(pnlp: str, paths: list, ids: Path, out: Path, timeout: float) -> dict:
+    """Run :mod:`surgery.pnlp_logits_worker` (by its file path) under the Python ``pnlp`` on ``paths``."""
+    import subprocess
+
+    out.mkdir(parents=True, exist_ok=True)
+    worker = Path(__file__).resolve().parent.parent / "pnlp_logits_worker.py"
+    try:
+        r = subprocess.run(
+            [pnlp, "-I", str(worker), str(ids), str(out), *map(str, paths)],  # -I: not surgery/ on the path
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired:
+        return _not_compared(
+            NotCompared.TIMEOUT,
+            f"PaddleNLP took more than {timeout:.0f} s to run {paths[0]}",
+            "run verify on a machine with more memory or cores",
+        )
+    lines = [ln for ln in r.stdout.strip().splitlines() if ln.startswith("{")]
+    try:
+        return json.loads(lines[-1])
+    except (IndexError, json.JSONDecodeError):
+        tail = r.stderr.strip().splitlines()
+        why = tail[-1][-300:] if tail else f"exit code {r.returncode}, no output"
+        return _not_compared(
+            NotCompared.CRASHED,
+            f"the PaddleNLP subprocess ({pnlp}) stopped without a result ({why})",
+            f"check that {PNLP_ENV} names a Python with paddlepaddle 2.6.2 and paddlenlp 2.8.1",
+        )
 
 
 def _run_fidelity(paths: list, ids: Path, out: Path, timeout: float, config_of=None) -> dict:

@@ -203,10 +203,10 @@ def _differs(rb: Rebuilt, t: OutTensor, B: Checkpoint) -> str:
             if why:
                 return f"{s.info.file}'s copy differs: {why}"
         return ""
-    return _bits_differ(_expected(rb, t), got)
+    return _bits_differ(expected(rb, t), got)
 
 
-def _expected(rb: Rebuilt, t: OutTensor) -> np.ndarray:
+def expected(rb: Rebuilt, t: OutTensor) -> np.ndarray:
     """The tensor the transform makes of its source, in the stored dtype (bf16 as ``uint16`` bits): the
     inverse checks of a copy, a transpose, a fused part and a join are computed here from the source's
     stored array; other recipes (flex assembly) by :func:`surgery.plan.recipes.make`."""

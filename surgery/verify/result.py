@@ -23,6 +23,8 @@ class VerifyResult:
     notes: list[str] = field(default_factory=list)
     # convert / merge: each output tensor checked against its source after the inverse transform
     derived: list[dict] = field(default_factory=list)
+    # --keep-training-state: each optimizer / master-weight entry checked against its rule
+    training_state: list[dict] = field(default_factory=list)
 
     @property
     def explained(self) -> bool:
@@ -59,6 +61,7 @@ class VerifyResult:
             "unexplained": self.unexplained,
             "notes": self.notes,
             "derived": self.derived,
+            "training_state": self.training_state,
             "tokenizer": self.tokenizer,
             "logits": self.logits,
             "logits_compared": self.logits_compared if self.logits is not None else None,

@@ -215,11 +215,12 @@ class TensorComparison:
         ):
             entry["why"] = "head set equal to the embedding"
         elif (
-            name == da.embedding.name
+            name in {da.embedding.name, *da.embedding.aliases}
             and da.head.name in A.tensors
             and _equal_to_embedding(A, da.head.name, B, name)
-        ):
-            entry["why"] = f"embedding takes the head's values (tie {Opt('keep', 'head')})"
+        ):  # the embedding's aliases (BART's encoder/decoder embed_tokens) take them with it
+            what = "embedding" if name == da.embedding.name else f"alias of the embedding {da.embedding.name}"
+            entry["why"] = f"{what} takes the head's values (tie {Opt('keep', 'head')})"
         else:
             rows = ""
             if axis == 0 and name in self.vocab_names_a and len(ta.shape) == 2:

@@ -209,8 +209,9 @@ def _isolated(argv: list[str], cwd: Path | str | None, env: Mapping[str, str] | 
     saved_wording = errors.set_wording(lambda o: "")  # read the caller's wording (put back just below)
     errors.set_wording(saved_wording)
     try:
+        fresh = tool_env(env)  # read before the clear (after it, the run had no PATH, no PNLP_PYTHON)
         os.environ.clear()
-        os.environ.update(tool_env(env))
+        os.environ.update(fresh)
         os.chdir(cwd or REPO)
         _reset_module_state()
         sys.argv = ["-m", *argv]  # runpy puts the path of tietool/__main__.py in sys.argv[0], as -m does
