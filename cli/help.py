@@ -98,6 +98,12 @@ EXAMPLES = {
         "    --out reserved/",
         'tietool rename-tokens reserved/ "304=<think>" --special --init trained-mean --out renamed/',
     ),
+    "prune": _examples(
+        "python -c 'import json; print(json.dumps(list(range(280)) + [300, 301, 302, 303]))' > keep.json",
+        f"tietool prune {S}/pf_llama_with_tokenizer --keep keep.json --out pruned/",
+        f"tietool prune {S}/pf_llama_with_tokenizer --keep keep.json --keep-special --dry-run --json",
+        f"tietool prune {S}/pf_llama_with_tokenizer --keep-corpus domain.txt --out pruned/",
+    ),
     "merge": _examples(
         f"tietool merge {S}/pf_llama_tp2 --out merged/     # model_state.tp00.pdparams, ...",
         f"tietool merge {S}/pf_qwen3_moe_ep2 --out experts/    # expert-parallel rank files",

@@ -4,6 +4,7 @@ registers its own commands, kept apart so that each file stays small)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -74,6 +75,34 @@ RenameInitOpt = Annotated[
         help="the slots' rows: keep (as they are), trained-mean (the mean of the trained rows) or subtokens "
         "(the mean of the rows the new string split into before)",
         metavar="[keep|trained-mean|subtokens]",
+    ),
+]
+
+
+KeepOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--keep",
+        help="the token ids to keep: a file with one id a line, or a JSON list",
+        show_default=False,
+        metavar="FILE",
+    ),
+]
+KeepCorpusOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--keep-corpus",
+        help="keep the tokens tokenizer.json gives this text file (with the tokens BPE merges into them), "
+        "every special token and the byte tokens",
+        show_default=False,
+        metavar="TEXTFILE",
+    ),
+]
+KeepSpecialOpt = Annotated[
+    bool,
+    typer.Option(
+        "--keep-special",
+        help="also keep every added/special token, every token id a config file names, and byte tokens",
     ),
 ]
 
@@ -168,6 +197,47 @@ def register(app: typer.Typer) -> None:
             special=special,
             init=init,
             set_special=specials,
+            layout=layout,
+            loader=loader,
+            embedding=embedding,
+            head=head,
+            dry_run=dry_run,
+            link=link,
+            progress=render.progress_bar(quiet or json_out),
+            backup=backup,
+        )
+        render.written(rep, json_out, quiet=quiet)
+
+    @app.command("prune", cls=Command, epilog=EXAMPLES["prune"])
+    @command
+    def prune(
+        ckpt: TokenCkptArg,
+        keep: KeepOpt = None,
+        keep_corpus: KeepCorpusOpt = None,
+        keep_special: KeepSpecialOpt = False,
+        out: OutOpt = None,
+        layout: LayoutOpt = None,
+        loader: LoaderOpt = None,
+        embedding: EmbOpt = None,
+        head: HeadOpt = None,
+        dry_run: DryOpt = False,
+        json_out: JsonOpt = False,
+        link: LinkOpt = False,
+        quiet: QuietOpt = False,
+        backup: BackupOpt = True,
+    ) -> None:
+        """Cut the vocabulary to the token ids of a keep-list: every vocabulary tensor, the tokenizer files,
+        vocab_size and the config's token ids renumbered together (the old -> new id map in the report)."""
+        from ..surgery import ops
+        from ..surgery.io.tokenizer_prune import read_keep_corpus, read_keep_file
+        from . import render
+
+        rep = ops.prune(
+            ckpt,
+            read_keep_file(keep) if keep is not None else None,
+            out,
+            corpus=read_keep_corpus(keep_corpus) if keep_corpus is not None else None,
+            keep_special=keep_special,
             layout=layout,
             loader=loader,
             embedding=embedding,

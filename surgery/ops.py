@@ -48,6 +48,7 @@ from .plan.plan import (
     parse_size,
     warn_random_head,
 )
+from .plan.prune import plan_prune
 from .plan.rename_tokens import plan_rename_tokens
 from .plan.resize import plan_resize_to
 from .plan.tie import plan_tie
@@ -958,3 +959,54 @@ def merge(
 def _progress(progress: ProgressFactory | None, total: int) -> AbstractContextManager[Advance | None]:
     """``progress(total)``, or a context that yields None without one."""
     return (progress or (lambda _total: nullcontext(None)))(total)
+
+
+def prune(
+    path: PathArg,
+    keep: Sequence[int] | None = None,
+    out: PathArg | None = None,
+    *,
+    corpus: str | None = None,
+    keep_special: bool = False,
+    layout: Layout | str | None = None,
+    loader: Loader | str | None = None,
+    embedding: str | None = None,
+    head: str | None = None,
+    dry_run: bool = False,
+    link: bool = False,
+    progress: ProgressFactory | None = None,
+    backup: bool = True,
+) -> Report:
+    """Cut the model to the token ids ``keep`` (:func:`surgery.plan.prune.plan_prune`): every vocabulary
+    tensor keeps the kept entries byte for byte, renumbered in their old order; the tokenizer files, the
+    config's ``vocab_size`` and every token id a configuration file names follow.
+
+    Args:
+        keep: the old ids to keep (any order; duplicates ignored).
+        corpus: text whose tokens to keep instead (the ids ``tokenizer.json`` gives its lines, with the
+            tokens BPE merges into them; implies ``keep_special``,
+            :func:`surgery.io.tokenizer_prune.corpus_ids`).
+        keep_special: also keep every added token, every token a configuration file names and the byte
+            tokens of a byte-level / byte-fallback BPE.
+        out: the output folder; None rewrites ``path`` in place (as :func:`tie`).
+
+    Returns the report (its ``prune`` fields: rows before/after, ``id_map`` old → new). Raises UsageError for
+    an empty keep-list or an id outside the vocabulary; RefusedError for a special id or byte token not
+    kept, or a tokenizer format whose pruning is not proven; and as :func:`tie`.
+    """
+    if (keep is None) == (corpus is None):
+        raise UsageError(
+            "pass a keep-list or a keep-corpus (one of them)", fix=f"e.g. {Opt('keep', [0, 1, 2])}"
+        )
+    ids = [_count(i, "keep") for i in keep or []]
+    store.local_only("prune", path, out)
+
+    def plan(c: Checkpoint) -> Plan:
+        det = _detection(c, layout, loader, embedding, head)
+        if corpus is not None:
+            from .io.tokenizer_prune import corpus_ids
+
+            return plan_prune(det, corpus_ids(c.path, corpus), True)
+        return plan_prune(det, [i for i in ids if i is not None], keep_special)
+
+    return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)

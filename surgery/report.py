@@ -337,7 +337,12 @@ def _trim_doubt(entry: dict, i: int) -> str:
     return ""
 
 
-_EXTRA_KEY = {"add-tokens": "add_tokens", "fix-untrained": "fix_untrained", "rename-tokens": "rename_tokens"}
+_EXTRA_KEY = {
+    "add-tokens": "add_tokens",
+    "fix-untrained": "fix_untrained",
+    "rename-tokens": "rename_tokens",
+    "prune": "prune",
+}
 """The report key of a plan's ``extra_report`` by operation (``resize`` for the others)."""
 
 

@@ -145,6 +145,7 @@ class Operation(StrEnum):
     ADD_TOKENS = "add-tokens"
     FIX_UNTRAINED = "fix-untrained"
     RENAME_TOKENS = "rename-tokens"
+    PRUNE = "prune"
     VERIFY = "verify"
     CONVERT = "convert"
     MERGE = "merge"

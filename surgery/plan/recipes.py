@@ -32,6 +32,7 @@ from ..io.safetensors_io import Source
 from ..model.enums import HeadLayout, Init, TieState, TokenInit
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, f32_to_bf16_bits
 from .flex_pieces import Assembled, assembled_data
+from .kept_rows import KeptRows, kept_rows_data
 from .untrained_rows import MeanRows, mean_rows_data
 
 Array = npt.NDArray[Any]
@@ -224,6 +225,7 @@ Recipe = (
     | EditedTable
     | EditedBias
     | MeanRows
+    | KeptRows
 )
 Data = Array | Source
 
@@ -275,6 +277,8 @@ def uses(recipe: Recipe) -> list[Use]:
         return []
     if isinstance(recipe, MeanRows):
         return [Use(recipe.name, "set untrained rows to the mean of the trained ones", True)]
+    if isinstance(recipe, KeptRows):  # whole entries kept: elements moved, never computed with
+        return [Use(recipe.name, "keep some of its entries", False)]
     return uses(recipe.copy) + uses(recipe.own)
 
 
@@ -318,6 +322,8 @@ def describe(recipe: Recipe) -> str:
     if isinstance(recipe, MeanRows):
         what = "rows" if recipe.axis == 0 else "columns"
         return f"{recipe.name} with {len(recipe.ids)} {what} set to the mean of its trained {what}"
+    if isinstance(recipe, KeptRows):
+        return f"{recipe.name} with {len(recipe.ids)} kept entries on axis {recipe.axis}"
     return f"{describe(recipe.copy)} if {recipe.name} equals {recipe.main}, else {describe(recipe.own)}"
 
 
@@ -356,6 +362,8 @@ def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data
         return _token_edit(recipe, ckpt, get)
     if isinstance(recipe, MeanRows):
         return mean_rows_data(recipe, ckpt)
+    if isinstance(recipe, KeptRows):
+        return kept_rows_data(recipe, ckpt)
     m, t = ckpt.tensors[recipe.main], ckpt.tensors[recipe.name]
     same = m.shape == t.shape and m.dtype == t.dtype
     if same and compare(ckpt, recipe.main, recipe.name, HeadLayout.VOCAB_HIDDEN).values is TieState.EXACT:

@@ -19,6 +19,7 @@ from ..io.vocabkeys import vocab_keys
 from ..model.enums import EQUAL_STATES, HeadLayout, Init
 from ..model.errors import AmbiguousLayoutError, CheckpointError, Opt, RefusedError, TietoolError, UsageError
 from ..model.tokens import TokenEdit
+from .kept_rows import KeptRows
 from .merge_flex import FlexView
 from .plan import (
     OutTensor,
@@ -675,11 +676,12 @@ def _resize_bias(det: Detection, plan: Plan, old: int, recipe: Recipe | None) ->
             ckpt.path,
             "fix the bias first",
         )
-    assert isinstance(recipe, ResizedBias | EditedBias), "internal: a bias recipe"
+    assert isinstance(recipe, ResizedBias | EditedBias | KeptRows), "internal: a bias recipe"
+    entries = len(recipe.ids) if isinstance(recipe, KeptRows) else recipe.new
     for n in det.bias_names:
         t = ckpt.tensors[n]
         out = out_dtype(ckpt, t, plan.relabel_u16)
-        plan.replace[n] = OutTensor(n, out, t.shape[:-1] + (recipe.new,), recipe, t.file, storage=t.storage)
+        plan.replace[n] = OutTensor(n, out, t.shape[:-1] + (entries,), recipe, t.file, storage=t.storage)
 
 
 def plan_resize_to(

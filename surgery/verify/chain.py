@@ -64,7 +64,7 @@ def _view(rb: Rebuilt, like: Checkpoint | None, path: Path) -> RebuiltView:
     """The rebuilt output as a view at ``path`` (the original input's folder: its report chain and
     tokenizer are read there), its files those of ``like`` (the original input, when it opens whole)."""
     tensors = {}
-    container = rb.new.layout.container
+    container = rb.new.container
     for t in rb.new.tensors:
         st = DTYPES.get(t.dtype)
         n = int(np.prod(t.shape)) if t.shape else 1
@@ -115,7 +115,7 @@ def carried(a_path: Any, b_path: Any) -> RebuiltView:
             to = Target(run.get("to"))
             cp = convert_plan.check_dtypes(convert_plan.plan_convert(ck, to))
             rb = Rebuilt(
-                convert_plan.new_checkpoint(cp, BIG),
+                convert_plan.output_plan(cp, BIG).reshard,
                 ck,
                 f"convert to {to.value}",
                 convert_report(cp, to, "", None),
