@@ -30,7 +30,8 @@ from typing import Any, TypeVar
 
 from . import report as report_mod
 from .inspect.convention import LEGACY_LOAD
-from .inspect.detect import Detection, detect
+from .inspect.detect import detect
+from .inspect.detection import Detection
 from .inspect.summary import check_found, check_index, check_names, inspect_path
 from .io import flex, flex_cover, mistaken, store, surface
 from .io.checkpoint import Checkpoint, has_whole

@@ -32,7 +32,8 @@ import numpy as np
 
 from . import arch
 from .inspect import chunked
-from .inspect.detect import Detection, detect, tied_scale
+from .inspect.detect import detect, tied_scale
+from .inspect.detection import Detection
 from .io import store
 from .io.checkpoint import REPORT_NAME, Checkpoint
 from .io.configfile import read_config_file

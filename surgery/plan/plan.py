@@ -14,12 +14,8 @@ from typing import Any
 import numpy as np
 
 from .. import arch
-from ..inspect.detect import (
-    Detection,
-    detect,
-    loader_facts_unproven,
-    unnamed_heads,
-)
+from ..inspect.detect import detect, loader_facts_unproven, unnamed_heads
+from ..inspect.detection import Detection
 from ..inspect.findings import FindingKind, Fix, describe
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file

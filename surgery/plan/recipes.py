@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..arch import TPSplit
-from ..inspect.detect import compare
+from ..inspect.compare import compare
 from ..io import pdparams_io, safetensors_io
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors_io import Source
