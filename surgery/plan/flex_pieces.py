@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..io import pdparams_io, store
+from ..io import pdparams, store
 from ..io.flex_cover import Piece
 from ..io.safetensors_io import Source
 from ..model.errors import CheckpointError
@@ -28,7 +28,7 @@ Array = npt.NDArray[Any]
 
 def piece_array(path: Path, p: Piece, info: TensorInfo) -> Array:
     """The stored values of piece ``p`` shaped as its box (stored dtype; memory-mapped where possible)."""
-    a = pdparams_io.read_array(path, info)
+    a = pdparams.read_array(path, info)
     shape = tuple(b - c for c, b in zip(*p.box, strict=True))
     if p.slice.flat is None:
         return a
@@ -72,7 +72,7 @@ def _read_rows_into(out: Array, p: Piece, path: Path, info: TensorInfo) -> bool:
     file in ``out``'s dtype; False, nothing read, for any other piece (:func:`assemble` copies it).
 
     Raises:
-        CheckpointError: the file ends before the piece (as :func:`pdparams_io.read_array` says it).
+        CheckpointError: the file ends before the piece (as :func:`pdparams.read_array` says it).
         OSError: the read fails (as :func:`store.read_range` raises it).
     """
     if (
@@ -116,5 +116,5 @@ def assembled_data(r: Assembled) -> Array | Source:
     if not full or not r.shape:
         return assemble(r)
     ordered = sorted(r.pieces, key=lambda p: p.box[0][0])
-    parts = [pdparams_io.raw_bytes_source(r.folder / p.slice.file, infos[p.slice.file]) for p in ordered]
+    parts = [pdparams.raw_bytes_source(r.folder / p.slice.file, infos[p.slice.file]) for p in ordered]
     return parts[0] if len(parts) == 1 else Source(parts=parts)

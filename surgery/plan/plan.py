@@ -128,7 +128,7 @@ class Resized:
 @dataclass(frozen=True)
 class OptimizerEdit:
     """The rewrite of one ``optimizer.pdopt``: each accumulator and each master weight with the resize it
-    gets (None: copied bytes), and what else the file holds (:class:`~surgery.io.pdparams_io
+    gets (None: copied bytes), and what else the file holds (:class:`~surgery.io.pdparams
     .OptimizerHeader`)."""
 
     rel: str

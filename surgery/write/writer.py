@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..io import pdparams_io, safetensors_io, store, surface, tree
+from ..io import pdparams, safetensors_io, store, surface, tree
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import apply_config_sets, read_config_file
 from ..io.readback import (
@@ -438,7 +438,7 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) ->
             for nt in plan.add:
                 if nt.name in names and nt.name not in s2p:
                     extras["StructuredToParameterName@@"][nt.name] = nt.name
-        pdparams_io.write_file(dst, rows, extras, ckpt.np_module.get(f, "numpy.core.multiarray"))
+        pdparams.write_file(dst, rows, extras, ckpt.np_module.get(f, "numpy.core.multiarray"))
 
 
 def _st_metadata(plan: Plan, f: str, rewritten: bool) -> dict | None:
@@ -664,7 +664,7 @@ def _write_new_file(
         (t.name, pdparams_name(t.dtype), t.shape, src, None, False)
         for t, src in _sources(ts, made, path.name, progress)
     ]
-    pdparams_io.write_file(path, rows, _file_extras(extras, {t.name for t in ts}))
+    pdparams.write_file(path, rows, _file_extras(extras, {t.name for t in ts}))
 
 
 def _sources(ts: list[OutTensor], made: _Made, fname: str, progress) -> Iterator[tuple[OutTensor, Source]]:
