@@ -22,7 +22,8 @@ from .io.checkpoint import REPORT_NAME
 from .io.regular import load_json
 from .model.enums import Target
 from .model.errors import CheckpointError
-from .plan.convert import ConvertPlan, source_of
+from .plan.convert import ConvertPlan
+from .plan.convert_tensors import source_of
 from .plan.merge import MergePlan
 from .plan.plan import OutTensor, Plan, get_config
 from .plan.recipes import FusedPart, Joined

@@ -4,7 +4,8 @@ A convention is a naming (:class:`~surgery.arch.Naming`: ``llama.``, ``ernie.``,
 Linear layout (``[in, out]`` or ``[out, in]``) and a head layout (``[hidden, vocab]`` or ``[vocab, hidden]``).
 The naming is read from the tensor names against the model type's row of
 :data:`~surgery.arch.CONVERSIONS`; the Linear layout is proven from the shapes
-(:mod:`surgery.inspect.layout`); the head's from its shape (:func:`surgery.plan.convert.head_layout`). Pure.
+(:mod:`surgery.inspect.layout`); the head's from its shape
+(:func:`surgery.plan.convert_tensors.head_layout`). Pure.
 """
 
 from __future__ import annotations
