@@ -33,7 +33,7 @@ from .inspect.convention import LEGACY_LOAD
 from .inspect.detect import detect
 from .inspect.detection import Detection
 from .inspect.summary import check_found, check_index, check_names, inspect_path
-from .io import flex, flex_cover, mistaken, store, surface
+from .io import flex, flex_cover, mistaken, store, stores, surface
 from .io.checkpoint import Checkpoint, has_whole
 from .model.enums import Container, Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
@@ -136,7 +136,7 @@ def inspect(
         CheckpointError, UnsafePickleError, UsageError: as :meth:`Checkpoint.open` and :func:`detect`.
     """
     where = _path(path, "path")
-    remote, before = not store.store_for(where).on_disk, store.TRANSFER.snapshot()
+    remote, before = not stores.store_for(where).on_disk, store.TRANSFER.snapshot()
     try:
         # what a killed in-place run left (a missing folder is restored); object storage has no such runs
         rec = inplace.Recovery() if remote else inplace.recover(where)
@@ -270,7 +270,7 @@ def run(
 
 
 def _result(rep: dict, src: Any, dest: Any, before: Any, totals: dict) -> Report:
-    if not store.store_for(src).on_disk or not store.store_for(dest.path).on_disk:
+    if not stores.store_for(src).on_disk or not stores.store_for(dest.path).on_disk:
         rep["transferred"] = store.TRANSFER.since(before).as_dict()
     return Report(rep, **totals)
 
@@ -298,7 +298,7 @@ def _destination(
     Raises:
         UsageError: in place on object storage (no atomic swap), or a bad ``out``.
     """
-    on_disk = store.store_for(src).on_disk
+    on_disk = stores.store_for(src).on_disk
     if out is None and not on_disk and not dry_run:
         raise UsageError(
             "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "

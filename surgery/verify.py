@@ -34,7 +34,7 @@ from . import arch
 from .inspect import chunked
 from .inspect.detect import detect, tied_scale
 from .inspect.detection import Detection
-from .io import store
+from .io import store, stores
 from .io.checkpoint import REPORT_NAME, Checkpoint
 from .io.configfile import read_config_file
 from .io.regular import load_json
@@ -830,7 +830,7 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
             f"{' and '.join(missing)} not installed",
             'pip install "tietool[paddle]" adds paddlepaddle and PaddleFormers 1.2.0',
         )
-    remote = [str(p) for p in (a_path, b_path) if store.is_url(p) or not store.store_for(p).on_disk]
+    remote = [str(p) for p in (a_path, b_path) if store.is_url(p) or not stores.store_for(p).on_disk]
     if remote:
         return _not_compared(
             NotCompared.REMOTE,

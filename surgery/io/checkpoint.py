@@ -22,11 +22,11 @@ import numpy as np
 from ..model.enums import Container
 from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
-from . import mistaken, regular, safetensors_io, store, surface, tree
+from . import mistaken, regular, safetensors_io, store, stores, surface, tree
 from .configfile import read_config
 from .formats import FORMATS, PDPARAMS, SAFETENSORS, Format, other
 from .regular import kind_of, load_json, require_regular
-from .store import Store
+from .stores import Store
 
 ST_SINGLE = SAFETENSORS.single
 ST_INDEX = SAFETENSORS.index
@@ -372,7 +372,7 @@ class Checkpoint:
             paths); a write that changes the model drops them unless asked to keep them.
         folder_links: the symbolic links to folders below the folder (followed: their files are in
             ``other_files``); the in-place new version keeps them as links (:mod:`surgery.io.tree`).
-        store: the :class:`surgery.io.store.Store` the folder is in (``path`` is its root); what differs
+        store: the :class:`surgery.io.stores.Store` the folder is in (``path`` is its root); what differs
             between a local folder and object storage is asked of it, not of the path.
         config_file: ``config.json``, or ``model_config.json`` in a folder that has only that (PaddleNLP
             2.x); ``config_prefix`` is where its model arguments sit in it (``init_args.0``) or "".
@@ -404,7 +404,7 @@ class Checkpoint:
 
     def __post_init__(self) -> None:
         if self.store is None:  # made by hand (tests): the store of its path
-            self.store = store.store_for(self.path)
+            self.store = stores.store_for(self.path)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -420,7 +420,7 @@ class Checkpoint:
                 remote store (naming the object).
             UnsafePickleError: a ``.pdparams`` with a global outside the allow-list.
         """
-        st = store.store_for(path)
+        st = stores.store_for(path)
         if st.on_disk:
             return cls._open(st.root, st)
         with (

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..io import pdparams, store
+from ..io import pdparams, stores
 from ..io.flex_cover import Piece
 from ..io.safetensors_io import Source
 from ..model.errors import CheckpointError
@@ -81,7 +81,7 @@ def _read_rows_into(out: Array, p: Piece, path: Path, info: TensorInfo) -> bool:
         or info.fortran
         or info.pieces is not None
         or info.inline is not None
-        or not store.store_for(path).on_disk
+        or not stores.store_for(path).on_disk
         or np.dtype(info.dtype).newbyteorder("<") != out.dtype
         or p.box[0][1:] != (0,) * (out.ndim - 1)
         or p.box[1][1:] != out.shape[1:]

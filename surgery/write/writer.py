@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..io import pdparams, safetensors_io, store, surface, tree
+from ..io import pdparams, safetensors_io, stores, surface, tree
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import apply_config_sets, read_config_file
 from ..io.readback import (
@@ -89,7 +89,7 @@ def execute(
         return write_new(plan, out, report, progress)
     if isinstance(plan, FlexEdit):  # a Trainer flex checkpoint kept one (--keep-training-state)
         return publish(Path(out), lambda tmp: write_flex_edit(plan, tmp), report)
-    if not store.store_for(out).on_disk:  # object storage: staged here, then published in order
+    if not stores.store_for(out).on_disk:  # object storage: staged here, then published in order
         return execute_remote(
             plan,
             out,
@@ -312,7 +312,7 @@ def _write_tokenizer_files(plan: Plan, tmp: Path, files_report: dict[str, Any]) 
         dst = tmp / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
         dst.write_bytes(data)
-        local = store.store_for(plan.ckpt.path).on_disk
+        local = stores.store_for(plan.ckpt.path).on_disk
         if local and (plan.ckpt.path / rel).is_file():  # the mode of the file it replaces
             shutil.copymode(plan.ckpt.path / rel, dst)
 
