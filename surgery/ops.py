@@ -143,7 +143,7 @@ def inspect(
     except OSError:
         rec = inplace.Recovery()  # a read-only parent folder: nothing to put right from here
     folder = None if remote else _flex_only(where)
-    if folder is not None:  # a flex checkpoint: its structure and coverage, and how to merge it (issue 21)
+    if folder is not None:  # a flex checkpoint: its structure and coverage, and how to merge it
         flex_info = flex_cover.inspection(flex.open_flex(folder))
         if rec:
             flex_info["recovered"] = rec.as_dict()
@@ -278,8 +278,8 @@ def _result(rep: dict, src: Any, dest: Any, before: Any, totals: dict) -> Report
 def _finished(dest: _NewFolder | _InPlace, step: Callable[[], Any]) -> Any:
     """``step()``, with a Ctrl-C or SIGTERM that lands once the write is complete (the output published,
     the new version swapped in: the lock's release, the report's assembly) raised as :class:`Interrupted`
-    saying so, not as a plain KeyboardInterrupt ("nothing was written"). Found by breaking issue 20: an
-    in-place ``add-tokens`` interrupted 1.2 s in said "interrupted; nothing was written" beside its backup."""
+    saying so, not as a plain KeyboardInterrupt ("nothing was written"). Without it, an in-place
+    ``add-tokens`` interrupted 1.2 s in said "interrupted; nothing was written" beside its backup."""
     try:
         return step()
     except KeyboardInterrupt as e:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..model.enums import Container
 from ..model.errors import CheckpointError
-from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
+from ..model.tensor import TensorInfo, require_array
 from . import mistaken, regular, safetensors_io, store, stores, surface, tree
 from .configfile import read_config
 from .formats import FORMATS, PDPARAMS, SAFETENSORS, Format, other
@@ -662,26 +662,10 @@ class Checkpoint:
         lg = t.st_dtype.logical
         return "bfloat16" if lg == "uint16" and self.bf16_as_u16 else lg
 
-    def file_path(self, rel: str) -> Path:
-        return self.path / rel
-
     def load(self, name: str) -> np.ndarray:
         """Raw stored array of tensor ``name`` (bf16 as ``uint16`` bits), reading only its bytes."""
         t = self.tensors[name]
         return self.fmt.read_array(self.path / t.file, t)
-
-    def load_f32(self, name: str) -> np.ndarray:
-        """Tensor ``name`` decoded to float32 (bf16 bits by shift, never by value cast).
-
-        Raises:
-            RefusedError: a dtype tietool does not compute in (float8, float4, float6, complex).
-        """
-        if not self.tensors[name].st_dtype.decodable:
-            raise dtype_refusal(self.tensors[name], self.path, "decode its values")
-        a = self.load(name)
-        if self.logical_dtype(self.tensors[name]) == "bfloat16":
-            return bf16_bits_to_f32(a)
-        return a.astype(np.float32)
 
     def iter_rows(self, name: str, chunk_rows: int, start: int = 0, stop: int | None = None):
         """Yield rows ``start:stop`` of tensor ``name`` in chunks of ``chunk_rows`` rows (stored dtype), read

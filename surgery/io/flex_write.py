@@ -125,7 +125,7 @@ def whole(name: str, dtype: str, shape: tuple[int, ...], file: str) -> FlexTenso
 @dataclass(frozen=True)
 class Lazy:
     """A replacement tensor computed only when it is written (:func:`rewrite_folder`), so that a rewrite
-    holds one new tensor in memory at a time (issue 21: a 128k-row fp32 moment is 2.1 GB).
+    holds one new tensor in memory at a time (a 128k-row fp32 moment is 2.1 GB).
 
     Attributes:
         shape: the global shape of the array ``make`` returns.

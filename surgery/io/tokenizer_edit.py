@@ -275,7 +275,7 @@ def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
     base_cut = sorted(i for t, i in f.base.items() if i >= length and i not in f.added)
     if base_cut:
         # an added token a file also holds as a piece or line (tietool's own *.model / vocab.txt edits) is
-        # removable: neither named as base nor counted in the rows to keep (found by breaking issue 20)
+        # removable: neither named as base nor counted in the rows to keep
         by_id = {i: t for t, i in f.base.items()}
         names = ", ".join(f"{i} {by_id[i]!r}" for i in base_cut)
         need = max(i for i in by_id if i not in f.added) + 1
@@ -380,7 +380,7 @@ def _refuse_shadowed(f: TokenizerFolder, tokens: list[AddedToken]) -> None:
     """Refuse a new normalized (plain) token that holds a raw-matched added token (``normalized: false``,
     special ones as a rule) inside it: loaders match those first, on the raw text, so it is never produced
     (any format: vocab.json + merges.txt, SentencePiece, vocab.txt; tokenizer.json is also checked by
-    encoding, :func:`_refuse_unreachable`). Found by breaking issue 20: ``<|endoftext|>x`` (GPT-2 files),
+    encoding, :func:`_refuse_unreachable`). Measured: ``<|endoftext|>x`` (GPT-2 files),
     ``<s>x`` (a SentencePiece model), ``[CLS]x`` (vocab.txt) encoded as [0, 88], [1, 117], [2, 138] in
     transformers 5.3 and PaddleFormers 1.2.
 
@@ -402,8 +402,8 @@ def _refuse_shadowed(f: TokenizerFolder, tokens: list[AddedToken]) -> None:
 
 def _refuse_unreachable(f: TokenizerFolder, tok: Any, new: list[AddedToken]) -> None:
     """Refuse a new token that the edited tokenizer.json (``tok``, through ``tokenizers``, what transformers'
-    fast tokenizers run) does not encode as its own id: it would take a row and never be produced. Found by
-    breaking issue 20: a plain ``<|im_start|>user`` beside the special ``<|im_start|>`` (matched first, on
+    fast tokenizers run) does not encode as its own id: it would take a row and never be produced. Measured:
+    a plain ``<|im_start|>user`` beside the special ``<|im_start|>`` (matched first, on
     the raw text) encoded as [301, 84, 82, 263] in transformers 5.3 and PaddleFormers 1.2.
 
     Raises:

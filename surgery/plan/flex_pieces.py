@@ -67,7 +67,7 @@ def assemble(r: Assembled) -> Array:
 
 def _read_rows_into(out: Array, p: Piece, path: Path, info: TensorInfo) -> bool:
     """Read piece ``p`` straight into its rows of ``out`` (one ``readinto`` from the file, no array of its
-    own: 2x faster than reading it then copying it, measured in bench/RESULTS.md, issue 21) where it is a
+    own: 2x faster than reading it then copying it, measured in bench/RESULTS.md) where it is a
     whole block of rows (every axis but the first whole) stored as one C-ordered byte range of a local
     file in ``out``'s dtype; False, nothing read, for any other piece (:func:`assemble` copies it).
 

@@ -24,7 +24,7 @@ SCALAR = {("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scala
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds of one walk (issue 18: no input may crash the interpreter or take more than linear time).
+    """Bounds of one walk (no input may crash the interpreter or take more than linear time).
 
     Attributes:
         depth: nesting of a value in the top-level dict (real weights files: under 6 levels); deeper is
