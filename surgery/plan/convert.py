@@ -15,8 +15,8 @@ Conventions (:mod:`surgery.inspect.convention`; fixtures ``pnlp_llama_untied``,
 * PaddleFormers / HF safetensors: HF names, Linear weights ``[out, in]``, the head ``[vocab, hidden]``.
 
 The input's naming is read from its tensor names, its Linear layout proven from the shapes against the
-config (:mod:`surgery.inspect.layout`), never taken from the container. Which tensors are Linear weights,
-their axis sizes, the name prefixes and the fused projections are data
+config (:mod:`surgery.inspect.linear_layout`), never taken from the container. Which tensors are Linear
+weights, their axis sizes, the name prefixes and the fused projections are data
 (:data:`surgery.arch.CONVERSIONS`). Planning here is pure: :func:`plan_convert` says which output
 tensor comes from which input tensor by which recipe (:class:`~surgery.plan.recipes.CopyOf`, transposed or
 not, :class:`~surgery.plan.recipes.FusedPart`); :func:`surgery.ops.convert` has the writer stream it
@@ -43,7 +43,7 @@ from ..inspect.convention import (
     Naming,
     suffix_in,
 )
-from ..inspect.layout import Layout, Proof, hint_container_only, prove
+from ..inspect.linear_layout import Layout, Proof, hint_container_only, prove
 from ..io.checkpoint import Checkpoint
 from ..model.enums import Container, Target
 from ..model.errors import CheckpointError, Opt, RefusedError
@@ -452,7 +452,8 @@ def plan_convert(ckpt: Checkpoint, to: Target, fix: str | None = None) -> Conver
 
     Raises:
         RefusedError: an unknown model type, unplaceable tensors (:func:`model_steps`), a layout not proven
-            (:func:`surgery.inspect.layout.prove`), a family PaddleFormers 1.2 lacks (:func:`conversion_row`).
+            (:func:`surgery.inspect.linear_layout.prove`), a family PaddleFormers 1.2 lacks
+            (:func:`conversion_row`).
         CheckpointError: shapes that contradict the config or each other.
     """
     conv, container = TARGETS[to]

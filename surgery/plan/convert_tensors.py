@@ -21,7 +21,7 @@ from ..inspect.convention import (
     rebase,
     suffix_in,
 )
-from ..inspect.layout import Proof, hint_container_only, prove
+from ..inspect.linear_layout import Proof, hint_container_only, prove
 from ..io.checkpoint import Checkpoint
 from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tensor import DTYPES
@@ -83,9 +83,10 @@ def source_convention(
     ckpt: Checkpoint, row: arch.ConversionRow, fix: str | None = None
 ) -> tuple[Convention, Proof]:
     """The input's convention: its naming from the tensor names, its Linear layout proven from the shapes
-    (:func:`surgery.inspect.layout.prove`), its head layout from the head's shape (:func:`head_layout`).
+    (:func:`surgery.inspect.linear_layout.prove`), its head layout from the head's shape
+    (:func:`head_layout`).
     ``fix`` is the refusals' fix, one the calling command has (default: convert's
-    :func:`~surgery.inspect.layout.hint_container_only`).
+    :func:`~surgery.inspect.linear_layout.hint_container_only`).
 
     Raises:
         RefusedError: no tensor carries a prefix of the row, or a layout is not proven (named).
