@@ -26,41 +26,28 @@ from enum import Enum
 from functools import partial
 from os import PathLike
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import report as report_mod
 from .inspect.convention import LEGACY_LOAD
 from .inspect.detect import detect
 from .inspect.detection import Detection
 from .inspect.summary import check_found, check_index, check_names, inspect_path
-from .io import flex, flex_cover, mistaken, store, stores, surface
+from .io import flex, mistaken, store, stores, surface
 from .io.checkpoint import Checkpoint, has_whole
+from .io.formats import DEFAULT_MAX_SHARD_SIZE
 from .model.enums import Container, Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import CheckpointError, Interrupted, Opt, OutputError, RefusedError, UsageError
-from .plan import convert as convert_plan
-from .plan import flex_edit, merge_flex
-from .plan import merge as merge_plan
-from .plan.add_tokens import InitChoice, parse_init, plan_add_tokens
-from .plan.merge_experts import plan_rank_merge
-from .plan.plan import (
-    DEFAULT_MAX_SHARD_SIZE,
-    Plan,
-    check_dtypes,
-    hf_random_head_problems,
-    parse_size,
-    warn_random_head,
-)
-from .plan.resize import plan_resize
-from .plan.tie import plan_tie
-from .plan.training_state import plan_training_state
-from .plan.untie import plan_untie
 from .results import Inspection, Report, Totals
-from .verify import VerifyResult
-from .verify import verify as _verify
 from .write import inplace
-from .write.layout import reshard
 from .write.publish import NotDurable, check_output_path, fsync_dir, fsync_tree
-from .write.writer import execute
+
+if TYPE_CHECKING:  # annotations only: each operation imports the planners, writer and report it runs
+    from .plan import convert as convert_plan
+    from .plan import flex_edit, merge_flex
+    from .plan import merge as merge_plan
+    from .plan.add_tokens import InitChoice
+    from .plan.plan import Plan
+    from .verify import VerifyResult
 
 PathArg = str | PathLike[str]
 E = TypeVar("E", bound=Enum)
@@ -144,6 +131,8 @@ def inspect(
         rec = inplace.Recovery()  # a read-only parent folder: nothing to put right from here
     folder = None if remote else _flex_only(where)
     if folder is not None:  # a flex checkpoint: its structure and coverage, and how to merge it
+        from .io import flex_cover
+
         flex_info = flex_cover.inspection(flex.open_flex(folder))
         if rec:
             flex_info["recovered"] = rec.as_dict()
@@ -241,6 +230,8 @@ def run(
         and what ``planner``, :func:`surgery.write.writer.execute` and :class:`_InPlace` raise; the input is
         then unchanged.
     """
+    from .write.writer import execute
+
     src = _path(path, "path")
     before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
     dest = _destination(src, out, dry_run, backup, keep_training_state)
@@ -434,6 +425,8 @@ def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = F
     vocabulary table, is refused by name before anything is written) and, with ``keep_training_state``,
     the optimizer files resized with it (:func:`surgery.plan.training_state.plan_training_state`, which
     refuses a format it cannot resize); the report of :func:`surgery.report.build`."""
+    from . import report as report_mod
+    from .plan.plan import check_dtypes, warn_random_head
 
     def report(plan: Plan, out: str, facts: dict | None, dry_run: bool = True) -> dict:
         if facts is None:
@@ -443,6 +436,8 @@ def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = F
     def plan(c: Checkpoint) -> Plan:
         p = _warn_legacy_layout(warn_random_head(check_dtypes(make_plan(c))))
         if keep_training_state:
+            from .plan.training_state import plan_training_state
+
             p.training_edit = plan_training_state(p)
         return p
 
@@ -455,6 +450,8 @@ def _warn_legacy_layout(plan: Plan) -> Plan:
     (:func:`surgery.plan.convert.pf_legacy_layout`; ``merge --keep-paddle-layout`` writes them): a plain
     ``from_pretrained`` of such a folder loads without a warning and computes other logits (measured:
     ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``)."""
+    from .plan import convert as convert_plan
+
     ck = plan.ckpt
     if ck.format is Container.SAFETENSORS and convert_plan.pf_legacy_layout(ck):
         plan.warnings.append(
@@ -470,6 +467,9 @@ def _flex_edit(make_plan: Callable[[Checkpoint], Plan]) -> Planner:
     checkpoint (:mod:`surgery.plan.flex_edit`): ``make_plan`` on the merged view (config.json as ``merge``
     finds it), the flex folders rewritten to the new shapes; the report of :func:`surgery.report.build`
     with the flex facts."""
+    from . import report as report_mod
+    from .plan import flex_edit
+    from .plan.plan import check_dtypes, warn_random_head
 
     def plan(src: Path) -> flex_edit.FlexEdit:
         fp, view = flex_edit.open_view(src)
@@ -593,6 +593,8 @@ def tie(
         ValuesDifferError, AmbiguousLayoutError, RefusedError: see :func:`surgery.plan.tie.plan_tie`.
         CheckpointError, UsageError, OutputError: bad input or an output that cannot be written.
     """
+    from .plan.tie import plan_tie
+
     tied = _edit(
         lambda c: plan_tie(
             _detection(c, layout, loader, embedding, head),
@@ -622,6 +624,8 @@ def untie(
     Returns:
         the report. Raises as :func:`tie` (and ``RefusedError`` for a loader that always ties).
     """
+    from .plan.untie import plan_untie
+
     untied = _edit(
         lambda c: plan_untie(
             _detection(c, layout, loader, embedding, head),
@@ -693,6 +697,8 @@ def resize(
 def _edit_planner(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool, path: Any) -> Planner:
     """:func:`_flex_edit` for ``--keep-training-state`` of a local Trainer flex checkpoint, else
     :func:`_edit` (which refuses a flex checkpoint, naming ``merge`` and ``--keep-training-state``)."""
+    from .plan import flex_edit
+
     if keep_training_state and isinstance(path, str | PathLike) and flex_edit.is_trainer_checkpoint(path):
         return _flex_edit(make_plan)
     return _edit(make_plan, keep_training_state)
@@ -700,6 +706,8 @@ def _edit_planner(make_plan: Callable[[Checkpoint], Plan], keep_training_state: 
 
 def _plan_resize(det: Detection, vocab_size: int | None, pad_to_multiple_of: int | None, *args) -> Plan:
     """:func:`plan_resize`; with no ``vocab_size``, the current rows rounded up to ``pad_to_multiple_of``."""
+    from .plan.resize import plan_resize
+
     if vocab_size is None:
         if pad_to_multiple_of is None:
             raise UsageError(
@@ -747,6 +755,8 @@ def add_tokens(
             not one token), a URL. RefusedError: a tokenizer it cannot edit; what ``plan_add_tokens`` refuses.
         TietoolError: no ``tokenizer`` extra (``pip install "tietool[tokenizer]"``); and as :func:`tie`.
     """
+    from .plan.add_tokens import parse_init, plan_add_tokens
+
     strings = _token_strings(tokens)
     choice = parse_init(init)
     pad_to_multiple_of = _count(pad_to_multiple_of, "pad_to_multiple_of")
@@ -824,6 +834,8 @@ def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyRe
     """Check that ``after`` differs from ``before`` exactly as tie / untie / resize explain (every other
     tensor bit-identical, every vocabulary tensor and size key moved together); ``logits`` also compares
     PaddleFormers logits. The verdict is ``result.exit_code``. Raises as :meth:`Checkpoint.open`."""
+    from .verify import verify as _verify
+
     return _verify(_path(before, "before"), _path(after, "after"), logits=logits)
 
 
@@ -856,6 +868,10 @@ def convert(
         RefusedError: see :func:`surgery.plan.convert.plan_convert`.
         OutputError: the output cannot be written; nothing is left behind.
     """
+    from . import report as report_mod
+    from .plan import convert as convert_plan
+    from .plan.plan import hf_random_head_problems, parse_size
+
     target = _enum(Target, to, "to")
     assert target is not None, "convert needs a target"
     limit = parse_size(max_shard_size)
@@ -941,6 +957,12 @@ def merge(
             when any is raised.
         OutputError: the output cannot be written.
     """
+    from . import report as report_mod
+    from .plan import merge as merge_plan
+    from .plan.merge_experts import plan_rank_merge
+    from .plan.plan import parse_size
+    from .write.layout import reshard
+
     store.local_only("merge", path, out)
     limit = partial(parse_size, max_shard_size)  # checked once the folders are (as the plan starts)
 
@@ -981,6 +1003,8 @@ def merge(
 
 def _merge_totals(plan: merge_plan.MergePlan) -> dict:
     """Parameters and bytes before (every rank's tensors) and after a merge of rank files."""
+    from . import report as report_mod
+
     before, after = report_mod.merge_totals(plan)
     return {"before": before, "after": after}
 
@@ -1002,6 +1026,11 @@ def _merge_flex(
     pass; the report is merge's, with the conversion's facts under ``converted``. Another model type is
     refused (:func:`~surgery.plan.merge_flex.refuse_unconverted`); with ``keep`` (the user asks for the
     Paddle layout) every model type is written as saved, the load it needs said in a warning."""
+    from . import report as report_mod
+    from .plan import convert as convert_plan
+    from .plan import merge_flex
+    from .write.layout import reshard
+
     if keep or not merge_flex.convertible(Path(str(path))):
         return run(_flex_planner(limit, keep), path, out, dry_run=dry_run, progress=progress)
 
@@ -1041,6 +1070,8 @@ def _merge_flex(
 def _flex_planner(limit: Callable[[], int], keep: bool) -> Planner:
     """:func:`merge` of a flex checkpoint (:mod:`surgery.plan.merge_flex`) written as saved: with ``keep``
     (asked for), else refused (a model type tietool cannot convert)."""
+    from .plan import merge_flex
+    from .write.layout import reshard
 
     def plan(src: Path) -> merge_flex.FlexPlan:
         limit()

@@ -27,6 +27,10 @@ from ..model.tensor import TensorInfo
 from . import pdparams, readback, safetensors_io
 from .safetensors_io import Source
 
+# PaddleFormers' and PaddleNLP's ``save_pretrained(max_shard_size="10GB")``; "GB" is 10**9 bytes there
+# (``convert_file_size_to_int``), "GiB" 2**30.
+DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
+
 
 @dataclass(frozen=True)
 class Header:

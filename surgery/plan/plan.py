@@ -19,6 +19,7 @@ from ..inspect.detection import Detection
 from ..inspect.findings import FindingKind, Fix, describe
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file
+from ..io.formats import DEFAULT_MAX_SHARD_SIZE
 from ..model.enums import Container, FoundBy, HeadLayout, Loader
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import DTYPES, NP_TO_ST, DType, TensorInfo, dtype_refusal
@@ -26,10 +27,6 @@ from ..model.tokens import TokenEdit
 from .recipes import CopyOf, Recipe, uses
 
 NEW_SHARD = "<new shard>"  # OutTensor.file of a tensor that gets a shard file of its own
-
-# PaddleFormers' and PaddleNLP's ``save_pretrained(max_shard_size="10GB")``; "GB" is 10**9 bytes there
-# (``convert_file_size_to_int``), "GiB" 2**30.
-DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
