@@ -12,9 +12,10 @@ no paddle)::
     rep = tietool.resize("ckpt/", 32000, "resized/", pad_to_multiple_of=64)
     rep = tietool.add_tokens("ckpt/", ["<think>", "</think>"], "added/", special=True)
     assert tietool.verify("ckpt/", "resized/").explained
+    d = tietool.diff("ckpt/", "resized/")   # Diff: tensors, config keys, tokens, files that differ
     rep = tietool.merge("tp_ranks/", "merged/")  # model_state.tp00.pdparams, ... → one checkpoint
 
-:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the eight operations, the
+:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the nine operations, the
 options as enums, the result types, and the errors. Everything else (``tietool.surgery.*``,
 ``tietool.cli.*``) is the implementation, free to move. The errors, drawn once::
 
@@ -62,7 +63,8 @@ from .surgery.model.errors import (
 from .surgery.results import Inspection, Report
 
 if _typing.TYPE_CHECKING:
-    from .surgery.ops import add_tokens, convert, inspect, merge, resize, tie, untie, verify
+    from .surgery.diff import DiffResult as Diff
+    from .surgery.ops import add_tokens, convert, diff, inspect, merge, resize, tie, untie, verify
     from .surgery.verify import VerifyResult as Verification
 
 # the names that need numpy, imported on first use: name → (module under tietool, attribute)
@@ -75,6 +77,8 @@ _LAZY = {
     "verify": ("surgery.ops", "verify"),
     "convert": ("surgery.ops", "convert"),
     "merge": ("surgery.ops", "merge"),
+    "diff": ("surgery.ops", "diff"),
+    "Diff": ("surgery.diff", "DiffResult"),
     "Verification": ("surgery.verify", "VerifyResult"),
 }
 
@@ -82,6 +86,7 @@ __all__ = [
     "AmbiguousLayoutError",
     "CheckpointError",
     "Container",
+    "Diff",
     "ExitCode",
     "HeadLayout",
     "Init",
@@ -107,6 +112,7 @@ __all__ = [
     "__version__",
     "add_tokens",
     "convert",
+    "diff",
     "inspect",
     "merge",
     "resize",

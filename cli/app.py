@@ -1,4 +1,4 @@
-"""The ``tietool`` Typer app: eight commands, each flags → one :mod:`surgery` call → :mod:`cli.render`.
+"""The ``tietool`` Typer app: nine commands, each flags → one :mod:`surgery` call → :mod:`cli.render`.
 
 The flags are :mod:`cli.options`; :func:`cli.errors.command` turns a command's errors into one line and an
 exit code; every line printed is :mod:`cli.render`'s. ``surgery.ops`` (and numpy) are imported inside the
@@ -26,6 +26,9 @@ from .options import (
     ConvertOutOpt,
     ConvertShardOpt,
     DebugOpt,
+    DiffAArg,
+    DiffBArg,
+    DiffNoValuesOpt,
     DriftOpt,
     DropAliasesOpt,
     DryOpt,
@@ -380,6 +383,19 @@ def verify(before: BeforeArg, after: AfterArg, logits: LogitsOpt = False, json_o
 
     res = ops.verify(before, after, logits=logits)
     render.verify(res, before, after, as_json=json_out)
+    raise typer.Exit(res.exit_code)
+
+
+@app.command(cls=Command, epilog=EXAMPLES["diff"])
+@command
+def diff(a: DiffAArg, b: DiffBArg, json_out: JsonOpt = False, no_values: DiffNoValuesOpt = False) -> None:
+    """Show what differs between checkpoints A and B: tensors (max |Δ|, relative norm, token rows),
+    config keys, tokens, files. Exit 0 when identical, 1 when they differ."""
+    from ..surgery import ops
+    from . import render_diff
+
+    res = ops.diff(a, b, values=not no_values)
+    render_diff.diff(res.as_dict(), as_json=json_out)
     raise typer.Exit(res.exit_code)
 
 

@@ -99,6 +99,12 @@ EXAMPLES = {
         f"tietool verify {S}/pf_llama_tied_fp32 untied/",
         f"tietool verify {S}/pf_llama_tied_fp32 untied/ --json",
     ),
+    "diff": _examples(
+        f"tietool diff {S}/pf_llama_tied_fp32 {S}/pf_llama_tied_fp32",
+        f"tietool resize {S}/pf_llama_tied_fp32 --vocab 128 --out resized/",
+        f"tietool diff {S}/pf_llama_tied_fp32 resized/ --json",
+        f"tietool diff {S}/pf_llama_tp2 {S}/pf_llama_tied_fp32 --no-values    # rank files, as merged",
+    ),
     "convert": _examples(
         f"tietool convert {S}/pnlp_llama_untied --to paddleformers --out pf/",
         f"tietool convert {S}/pf_llama_tied_fp32 --to paddlenlp --out pnlp/",

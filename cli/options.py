@@ -275,3 +275,22 @@ ConvertShardOpt = Annotated[
         metavar="SIZE",
     ),
 ]
+
+# ---------------------------------------------------------------- diff
+DiffAArg = Annotated[
+    str,
+    typer.Argument(
+        help="the first checkpoint (folder, URL, rank files or flex)", show_default=False, metavar="A"
+    ),
+]
+DiffBArg = Annotated[
+    str, typer.Argument(help="the second checkpoint, compared with A", show_default=False, metavar="B")
+]
+DiffNoValuesOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-values",
+        help="read headers only: names, dtypes, shapes and byte ranges (fast on cold or remote storage; "
+        "changed values and renames are then not found)",
+    ),
+]

@@ -770,7 +770,7 @@ def verify(res: Any, before: str, after: str, as_json: bool = False) -> None:
         _verify_text(d)
     if res.exit_code == ExitCode.UNEXPLAINED:
         print(
-            f"tietool: verify: {len(res.unexplained)} difference(s) that tie/untie/resize/add-tokens do not "
+            f"tietool: verify: {len(res.unexplained)} difference(s) that tietool's operations do not "
             f"explain between {before} and {after} (listed above)",
             file=sys.stderr,
         )
@@ -821,15 +821,15 @@ def _verify_text(res: dict) -> None:
         con.print(f"note: {n}")
     if res["explained"] and lg and lg.get("ok") is None:
         con.print(
-            "verdict: every tensor difference is explained by tie/untie/resize/add-tokens; the logits were "
-            "not compared"
+            "verdict: every tensor difference is explained by the operations tietool-report.json records; "
+            "the logits were not compared"
         )
     elif res["explained"]:
-        con.print("verdict: every difference is explained by tie/untie/resize/add-tokens")
+        con.print("verdict: every difference is explained by the operations tietool-report.json records")
     else:
         for u in res["unexplained"]:
             con.print(f"unexplained: {u}", style="red")
-        con.print("verdict: differences that tie/untie/resize/add-tokens do not explain")
+        con.print("verdict: differences that tietool's operations do not explain")
 
 
 def _many_row(info: dict) -> list[str]:

@@ -42,6 +42,7 @@ from .write import inplace
 from .write.publish import NotDurable, check_output_path, fsync_dir, fsync_tree
 
 if TYPE_CHECKING:  # annotations only: each operation imports the planners, writer and report it runs
+    from . import diff as diff_mod
     from .plan import convert as convert_plan
     from .plan import flex_edit, merge_flex
     from .plan import merge as merge_plan
@@ -230,6 +231,7 @@ def run(
         and what ``planner``, :func:`surgery.write.writer.execute` and :class:`_InPlace` raise; the input is
         then unchanged.
     """
+    from . import report as report_mod
     from .write.writer import execute
 
     src = _path(path, "path")
@@ -251,7 +253,9 @@ def run(
                     where,
                     link=link or own,
                     progress=advance,
-                    report=lambda facts: extra(planner.report(plan, str(dest.path), facts)),
+                    report=lambda facts: extra(  # the input's history carried forward (every write)
+                        report_mod.with_history(planner.report(plan, str(dest.path), facts), dest.source)
+                    ),
                     keep_training_state=keep_training_state,
                     keep_folder_links=own,
                 )
@@ -837,6 +841,35 @@ def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyRe
     from .verify import verify as _verify
 
     return _verify(_path(before, "before"), _path(after, "after"), logits=logits)
+
+
+def diff(a: PathArg, b: PathArg, *, values: bool = True) -> diff_mod.DiffResult:
+    """What differs between checkpoints ``a`` and ``b``, and by how much; nothing is written.
+
+    Each is a folder or a URL (``s3://``, ``hf://``) of safetensors or ``.pdparams`` weights; a folder of
+    rank files or a flex checkpoint (a Trainer ``checkpoint-N/``) is compared as the checkpoint :func:`merge`
+    would write of it. Tensors are read once, in chunks (memory: two chunks of ~4 MiB, or one whole tensor
+    of a merged side), bit-identical chunks skipped at memory speed.
+
+    Args:
+        values: read the tensors' data (False: headers only: names, dtypes, shapes, byte ranges).
+
+    Returns:
+        the :class:`~surgery.diff.DiffResult`: tensors ``added`` / ``removed`` / ``renamed`` (same shape,
+        dtype and bytes under another name) / ``changed`` (dtype and shape before and after, ``max_abs_diff``,
+        ``relative_norm`` = ‖B − A‖ / ‖A‖ in float64, ``rows_changed`` of a vocabulary tensor as token-id
+        ranges), config keys, safetensors metadata, tokenizer tokens (added, removed, renumbered) and other
+        files (size and sha256); ``result.as_dict()`` is ``tietool diff --json``; ``result.exit_code`` is 0
+        when identical, 1 when they differ.
+
+    Raises:
+        CheckpointError, UnsafePickleError, RefusedError, StorageError, UsageError: a side that cannot be
+            read (as :meth:`Checkpoint.open`, :func:`merge`'s planning of rank files or a flex checkpoint),
+            a path that is not ``str`` / ``os.PathLike``.
+    """
+    from . import diff as diff_mod
+
+    return diff_mod.diff(_path(a, "a"), _path(b, "b"), values=bool(values))
 
 
 def convert(

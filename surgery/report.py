@@ -12,6 +12,7 @@ them; where names shared one array in a ``.pdparams`` (pickle memo), the file he
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from . import __version__
@@ -167,7 +168,17 @@ def _add_written_files(rep: dict[str, Any], facts: dict) -> None:
 
 
 # the sections of a report a later run carries forward in its ``history`` (what verify reads of a report)
-HISTORY_KEYS = ("tool", "operation", "input", "output", "add_tokens", "tokenizer", "resize")
+HISTORY_KEYS = (
+    "tool",
+    "operation",
+    "input",
+    "output",
+    "add_tokens",
+    "tokenizer",
+    "resize",
+    "to",
+    "config_changes",
+)
 
 
 def history(folder: Any) -> list[dict[str, Any]]:
@@ -186,6 +197,24 @@ def history(folder: Any) -> list[dict[str, Any]]:
     past = rep.get("history")
     entries = [e for e in past if isinstance(e, dict)] if isinstance(past, list) else []
     return [{k: e[k] for k in HISTORY_KEYS if k in e} for e in [*entries, rep]]
+
+
+def with_history(rep: dict[str, Any], folder: Any) -> dict[str, Any]:
+    """``rep`` with the ``history`` of the input ``folder`` (:func:`history`) when it has one and ``rep``
+    holds none yet: every write carries its input's chain forward (``convert`` and ``merge`` as ``tie``
+    does), so ``verify`` reads a chain through all of them. A dry run's report (no files) is unchanged."""
+    if "history" not in rep and not rep.get("dry_run"):
+        past = history(folder) if isinstance(folder, Path) else []
+        if past:
+            rep["history"] = past
+    return rep
+
+
+def chain_since(folder: Any, base: Any = None) -> list[dict[str, Any]]:
+    """The runs of ``folder``'s report chain (:func:`history`, oldest first) that the input ``base`` does
+    not already hold (its own chain, when ``folder``'s starts with it): what made ``folder`` from ``base``."""
+    chain = history(folder)
+    return chain[_held_by(chain, history(base) if base is not None else []) :]
 
 
 @dataclass(frozen=True)

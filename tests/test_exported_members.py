@@ -14,8 +14,8 @@ import types
 import tietool
 from tietool.surgery.model import enums, errors
 
-OPERATIONS = {"inspect", "tie", "untie", "resize", "add_tokens", "verify", "convert", "merge"}
-RESULTS = {"Inspection", "Report", "Verification"}
+OPERATIONS = {"inspect", "tie", "untie", "resize", "add_tokens", "verify", "convert", "merge", "diff"}
+RESULTS = {"Inspection", "Report", "Verification", "Diff"}
 
 
 def _public_names() -> set[str]:

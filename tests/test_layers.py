@@ -3,9 +3,9 @@ imports inside functions included, ``TYPE_CHECKING`` ones too) finds no import a
 no cycle between modules.
 
 Layers, in order (a module may import its own layer and the layers before it):
-``model`` → ``arch`` → ``io`` → ``inspect`` → ``plan`` → ``write`` → ``report``/``results`` → ``verify`` →
-``ops`` → ``logits_worker``; then the package face ``tietool`` (``__init__.py``), and ``cli`` with
-``__main__``.
+``model`` → ``arch`` → ``io`` → ``inspect`` → ``plan`` → ``write`` → ``report``/``results`` →
+``verify``/``diff`` → ``ops`` → ``logits_worker``; then the package face ``tietool`` (``__init__.py``), and
+``cli`` with ``__main__``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ LAYERS = [
     "surgery.plan",
     "surgery.write",
     "surgery.report surgery.results",
-    "surgery.verify",
+    "surgery.verify surgery.diff",
     "surgery.ops",
     "surgery.logits_worker",
     "__init__",

@@ -59,3 +59,19 @@ def test_users_own_cli_and_surgery_packages_do_not_shadow_tietool(tmp_path):
     if script.exists():
         r = _run([str(script), "inspect", str(SAMPLE), "--no-values"], cwd=tmp_path, env_extra=env)
         assert r.returncode == 0, r.stderr
+
+
+def test_every_subpackage_is_listed_for_setuptools():
+    """A package folder missing from ``[tool.setuptools] packages`` installs from a clone in editable mode but
+    is absent from a wheel (``pip install .``): the list must name every folder with an ``__init__.py``."""
+    import tomllib
+
+    root = Path(__file__).resolve().parents[1]
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {"tietool"} | {
+        "tietool." + ".".join(init.parent.relative_to(root).parts)
+        for top in ("cli", "surgery")
+        for init in (root / top).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert listed == found

@@ -19,6 +19,7 @@ class ExitCode(IntEnum):
 
     OK = 0
     ERROR = 1  # a tietool error of no narrower kind
+    DIFFERENT = 1  # diff: the checkpoints differ (as diff and cmp exit); an alias of ERROR's value
     USAGE = 2  # an option value that makes no sense
     CHECKPOINT = 3  # the input is missing files, corrupt or inconsistent
     UNSAFE_PICKLE = 4  # a .pdparams names a global outside the allow-list

@@ -1,0 +1,110 @@
+"""``verify``: compare two checkpoints and say whether their difference is exactly what tie / untie /
+resize explains.
+
+Every tensor is classified: identical (same bytes), dropped, added, resized, or changed. A difference is
+*explained* when:
+
+* dropped: a head (or embedding alias) whose values equal the output's embedding (tie);
+* added: a head equal to the embedding, as stored or transposed, or scaled by ``d_model ** -0.5`` (T5 untie);
+* resized: a vocabulary tensor (embedding, alias, head, bias) whose common rows — columns for a
+  ``[hidden, vocab]`` head, last-axis entries for a bias — are bit-identical;
+* changed: the embedding taking the head's values or the head taking the embedding's (``tie --keep``), or a
+  bfloat16 ``U16`` label written as ``BF16`` with the same bytes.
+
+Every other tensor must be bit-identical, and config files may differ only in ``tie_word_embeddings`` and
+vocab-size keys (:data:`surgery.arch.VOCAB_SIZE_KEYS`).
+
+When the embedding's row count changed, every tensor of the input's vocabulary surface (heads, biases,
+aliases, multi-token-prediction copies, vocabulary-shaped tensors) must have moved by the same number of
+entries, and every config key that counted the rows must have moved with them: one left at the old size is
+unexplained (a loader would index past it, or reject it). With ``logits=True`` the logits under PaddleFormers
+must agree too. The verdict (:attr:`VerifyResult.exit_code`) is decided here, not by the caller.
+"""
+
+from __future__ import annotations
+
+from ..io.checkpoint import Checkpoint
+from ..model.errors import TietoolError
+from ..report import chain_since
+from . import rebuilt
+from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
+from .logits import NotCompared, logits_check
+from .result import VerifyResult
+from .tensors import TensorComparison, left_at_old_size
+from .tokens import Tokenizers, compare_tokenizers, tokenizer_names
+
+__all__ = ["ALLOWED_CONFIG_KEYS", "NotCompared", "VerifyResult", "logits_check", "verify"]
+
+
+def verify(a_path, b_path, logits: bool = False, timeout: float = 600) -> VerifyResult:
+    """Compare checkpoint ``a`` (before) with ``b`` (after). Reads every tensor of both, one at a time.
+
+    Args:
+        a_path, b_path: checkpoint folders (``str`` or ``os.PathLike``).
+        logits: also compare PaddleFormers logits of both on token ids valid in both
+            (:func:`logits_check`; a subprocess, needs the ``paddle`` extra). Logits that differ by more
+            than 1e-5, or an output that does not load while the input does, are unexplained (exit 7);
+            logits that could not be compared make the verdict ``ExitCode.NOT_COMPARED`` (8) when the
+            tensors explain everything, and ``res.logits["error"]`` says why and what to do.
+        timeout: seconds allowed for each logits subprocess.
+
+    Returns:
+        the classification; ``res.exit_code`` is the verdict.
+
+    Raises:
+        CheckpointError, UnsafePickleError: as :meth:`Checkpoint.open`.
+    """
+    res = _verify_tensors_and_files(a_path, b_path)
+    if logits:
+        res.logits = lg = logits_check(a_path, b_path, timeout=timeout)
+        if lg.get("ok") is False and lg.get("output_error"):
+            res.unexplained.append(
+                f"{b_path} does not load under PaddleFormers {lg.get('model_class')} while {a_path} does "
+                f"({lg['output_error']})"
+            )
+        elif lg.get("ok") is False:
+            res.unexplained.append(
+                f"logits differ (max |difference| {lg.get('max_abs_diff', float('nan')):.3g} "
+                f"> 1e-5 on token ids below {lg.get('token_ids_below')})"
+            )
+    return res
+
+
+def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
+    """:func:`verify` without logits."""
+    rep = rebuilt.one_step(a_path, b_path)
+    if rep is not None:  # one convert or merge run: the output rebuilt from the input and compared
+        return _verify_rebuilt(a_path, b_path, rep)
+    A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
+    cmp = TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
+    tok = Tokenizers.read(cmp.da, cmp.db)
+    cmp.added_ids = tok.new_rows()
+    for name, ta in A.tensors.items():
+        tb = B.tensors.get(name)
+        if tb is None:
+            cmp.dropped(name, ta)
+        else:
+            cmp.kept(name, ta, tb)
+    for name, tb in B.tensors.items():
+        if name not in A.tensors:
+            cmp.added(name, tb)
+    chain = chain_since(B.path, A.path)  # the runs that made B from A, as its report records them
+    compare_configs(cmp.res, A, B, cmp.da, cmp.db, chain)
+    compare_metadata(cmp.res, A, B, chain)
+    compare_other_files(cmp.res, A, B, tokenizer_names(A, B, tok.sets))
+    compare_tokenizers(cmp.res, A, B, tok, (cmp.da.vocab_rows, cmp.db.vocab_rows))
+    left_at_old_size(cmp.res, cmp.da, cmp.db)
+    return cmp.res
+
+
+def _verify_rebuilt(a_path, b_path, rep: dict) -> VerifyResult:
+    """:func:`verify` of one ``convert`` or ``merge`` run (:mod:`surgery.verify.rebuilt`)."""
+    res = VerifyResult()
+    B = Checkpoint.open(b_path)
+    try:
+        rb = rebuilt.rebuild(a_path, rep)
+    except (TietoolError, ValueError) as e:
+        rebuilt.refused(res, rep, a_path, e)
+        return res
+    rebuilt.compare(res, rb, B, rep)
+    return res
