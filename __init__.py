@@ -15,7 +15,7 @@ no paddle)::
     d = tietool.diff("ckpt/", "resized/")   # Diff: tensors, config keys, tokens, files that differ
     rep = tietool.merge("tp_ranks/", "merged/")  # model_state.tp00.pdparams, ... → one checkpoint
 
-:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the nine operations, the
+:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the eleven operations, the
 options as enums, the result types, and the errors. Everything else (``tietool.surgery.*``,
 ``tietool.cli.*``) is the implementation, free to move. The errors, drawn once::
 
@@ -64,7 +64,19 @@ from .surgery.results import Inspection, Report
 
 if _typing.TYPE_CHECKING:
     from .surgery.diff import DiffResult as Diff
-    from .surgery.ops import add_tokens, convert, diff, inspect, merge, resize, tie, untie, verify
+    from .surgery.ops import (
+        add_tokens,
+        convert,
+        diff,
+        fix_untrained,
+        inspect,
+        merge,
+        rename_tokens,
+        resize,
+        tie,
+        untie,
+        verify,
+    )
     from .surgery.verify import VerifyResult as Verification
 
 # the names that need numpy, imported on first use: name → (module under tietool, attribute)
@@ -74,6 +86,8 @@ _LAZY = {
     "untie": ("surgery.ops", "untie"),
     "resize": ("surgery.ops", "resize"),
     "add_tokens": ("surgery.ops", "add_tokens"),
+    "fix_untrained": ("surgery.ops", "fix_untrained"),
+    "rename_tokens": ("surgery.ops", "rename_tokens"),
     "verify": ("surgery.ops", "verify"),
     "convert": ("surgery.ops", "convert"),
     "merge": ("surgery.ops", "merge"),
@@ -113,8 +127,10 @@ __all__ = [
     "add_tokens",
     "convert",
     "diff",
+    "fix_untrained",
     "inspect",
     "merge",
+    "rename_tokens",
     "resize",
     "tie",
     "untie",

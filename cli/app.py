@@ -62,6 +62,7 @@ from .options import (
     ToOpt,
     VocabOpt,
 )
+from .vocab import register as register_vocab
 
 app = typer.Typer(
     name="tietool",
@@ -423,6 +424,9 @@ def convert(
         progress=render.progress_bar(quiet or json_out),
     )
     render.convert(rep, json_out)
+
+
+register_vocab(app)
 
 
 def main() -> None:

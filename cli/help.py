@@ -88,6 +88,16 @@ EXAMPLES = {
         "    --special --out chat/",
         f"tietool add-tokens {S}/pf_llama_with_tokenizer hello --init zeros --dry-run",
     ),
+    "fix-untrained": _examples(
+        f'tietool add-tokens {S}/pf_llama_with_tokenizer "<think>" --init zeros --out zeroed/',
+        "tietool fix-untrained zeroed/ --out fixed/",
+        "tietool fix-untrained zeroed/ --dry-run --json",
+    ),
+    "rename-tokens": _examples(
+        f'tietool add-tokens {S}/pf_llama_with_tokenizer "<|reserved_special_token_0|>" --special \\',
+        "    --out reserved/",
+        'tietool rename-tokens reserved/ "304=<think>" --special --init trained-mean --out renamed/',
+    ),
     "merge": _examples(
         f"tietool merge {S}/pf_llama_tp2 --out merged/     # model_state.tp00.pdparams, ...",
         f"tietool merge {S}/pf_qwen3_moe_ep2 --out experts/    # expert-parallel rank files",

@@ -544,6 +544,15 @@ def report(rep: dict, as_json: bool = False) -> None:
         )
     if "add_tokens" in rep:
         _added_tokens(con, rep["add_tokens"], rep["dry_run"])
+    if "rename_tokens" in rep:
+        r = rep["rename_tokens"]
+        norms = ", ".join(f"{n} {v:.4g}" for n, v in r["mean_norm"].items())
+        con.print(
+            f"rows: {r['init']}" + (f" (L2 norm of the mean: {norms})" if norms else "; no row changes")
+        )
+    if "fix_untrained" in rep:
+        norms = ", ".join(f"{n} {v:.4g}" for n, v in rep["fix_untrained"]["mean_norm"].items())
+        con.print(f"init {rep['fix_untrained']['init']}; L2 norm of the mean: {norms or '(no row set)'}")
     for c in rep["config_changes"]:
         con.print(f"config: {c['file']} {c['key']}: {json.dumps(c['before'])} → {json.dumps(c['after'])}")
     if "files" in rep:

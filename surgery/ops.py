@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numbers
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from enum import Enum
@@ -785,6 +785,145 @@ def add_tokens(
     )
 
 
+def fix_untrained(
+    path: PathArg,
+    out: PathArg | None = None,
+    *,
+    ids: Sequence[int] | None = None,
+    init: str = "trained-mean",
+    layout: Layout | str | None = None,
+    loader: Loader | str | None = None,
+    embedding: str | None = None,
+    head: str | None = None,
+    dry_run: bool = False,
+    link: bool = False,
+    progress: ProgressFactory | None = None,
+    backup: bool = True,
+) -> Report:
+    """Set the rows a model never trained to the mean of its trained rows, as unsloth's
+    ``fix_untrained_tokens`` finds and sets them (:func:`surgery.plan.fix_untrained.plan_fix_untrained`):
+    the embedding's rows and the head's (its own mean, or the embedding's when the two are one tensor);
+    every other byte, the shapes, the config and the tokenizer files unchanged.
+
+    Args:
+        ids: only these rows (each must be untrained by the rule); None: every untrained row.
+        init: ``trained-mean`` (unsloth's value).
+        out: the output folder; None rewrites ``path`` in place (as :func:`tie`).
+
+    Returns the report (its ``fix_untrained`` fields: the ids and tokens set, the special rows kept, the
+    norm of each mean). Raises as :func:`tie`; UsageError for an id that is not an untrained row.
+    """
+    from .plan.fix_untrained import plan_fix_untrained
+
+    chosen = None if ids is None else [_count(i, "ids") for i in ids]
+
+    def plan(c: Checkpoint) -> Plan:
+        det = _detection(c, layout, loader, embedding, head)
+        return plan_fix_untrained(det, chosen, init)  # type: ignore[arg-type]
+
+    return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+
+
+def rename_tokens(
+    path: PathArg,
+    renames: Mapping[int, str],
+    out: PathArg | None = None,
+    *,
+    special: bool = False,
+    init: str = "keep",
+    set_special: Mapping[str, str] | None = None,
+    layout: Layout | str | None = None,
+    loader: Loader | str | None = None,
+    embedding: str | None = None,
+    head: str | None = None,
+    dry_run: bool = False,
+    link: bool = False,
+    progress: ProgressFactory | None = None,
+    backup: bool = True,
+) -> Report:
+    """Give reserved or unused slots new strings (``{id: string}``) in every tokenizer file
+    (:func:`surgery.io.tokenizer_rename.rename_tokens_edit`), the model never grown: each id keeps its row
+    (``init`` ``keep``), the mean of the trained rows (``trained-mean``) or of the rows its string split
+    into before (``subtokens``,
+    :func:`surgery.plan.rename_tokens.plan_rename_tokens`).
+
+    Args:
+        renames: token id → its new string; each id must be a reserved slot (``<|reserved_special_token_N|>``,
+            ``[unusedN]``, ...).
+        special: the new tokens are special (never split; ``CONTROL`` pieces).
+        set_special: ``{"pad": "<|pad|>"}``: make that token (after the renames) the pad / bos / eos token
+            in every file that names it (:mod:`surgery.io.special_tokens`); ``renames`` may then be empty.
+        out: the output folder; None rewrites ``path`` in place (as :func:`tie`).
+
+    Returns the report (its ``rename_tokens`` fields). Raises UsageError for bad ``renames``; RefusedError
+    for a slot that is not reserved or a format a loader cannot read renamed; and as :func:`tie`.
+    """
+    from .io import special_tokens
+    from .plan.rename_tokens import plan_rename_tokens
+
+    if not isinstance(renames, Mapping) or not (renames or set_special):
+        raise UsageError("renames must be a non-empty {id: string} mapping", fix='e.g. {128002: "<think>"}')
+    pairs: dict[int, str] = {}
+    for i, s in (renames or {}).items():
+        n = _count(i, "renames")
+        if n is None:
+            raise UsageError("a token id is None", fix='e.g. {128002: "<think>"}')
+        pairs[n] = s
+    bad = [s for s in pairs.values() if not isinstance(s, str) or not s]
+    if bad:
+        raise UsageError(f"a token must be a non-empty string, got {bad[0]!r}", fix="remove it")
+    store.local_only("rename-tokens", path, out)
+
+    def plan(c: Checkpoint) -> Plan:
+        from .io import tokenizer_rename
+        from .io.tokenizer import vocabulary
+
+        det = _detection(c, layout, loader, embedding, head)
+        vocab = vocabulary(c.path)
+        old = {i: vocab.get(i, "") for i in pairs}
+        edit = tokenizer_rename.rename_tokens_edit(c.path, pairs, special=special)
+        specials = _specials(c.path, {**vocab, **pairs}, dict(set_special or {}))
+        if specials:
+            files = special_tokens.special_files(c.path, specials, edit.files)
+            edit = replace(edit, files={**edit.files, **files})
+        sets = special_tokens.special_config_sets(c.path, specials, det.config.text_key)
+        subs = _splits(c.path, pairs, special) if init == "subtokens" else None
+        return plan_rename_tokens(det, edit, old, init, sets, specials, subs)
+
+    return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+
+
+def _splits(folder: Path, pairs: dict[int, str], special: bool) -> dict[int, tuple[int, ...]]:
+    """``{id: the ids its new string splits into}`` by the tokenizer before the rename (add-tokens' split,
+    :func:`surgery.io.tokenizer_edit.add_tokens_edit`, whose files are not used)."""
+    edit = _tokenizer_edit().add_tokens_edit(folder, list(pairs.values()), special=special)
+    by_string = {t.content: tuple(t.subtoken_ids) for t in edit.tokens}
+    return {i: by_string.get(s, ()) for i, s in pairs.items()}
+
+
+def _specials(folder: Path, vocab: dict[int, str], asked: dict[str, str]) -> dict[str, tuple[str, int]]:
+    """``{name: (token, id)}`` of ``--set-special``: each token's id in the tokenizer after the renames.
+
+    Raises:
+        UsageError: a name outside pad/bos/eos, a token that is not one token of the tokenizer.
+    """
+    from .io.special_tokens import SPECIAL_NAMES
+
+    ids = {s: i for i, s in sorted(vocab.items(), reverse=True)}  # the lowest id of a string wins
+    out = {}
+    for name, token in asked.items():
+        if name not in SPECIAL_NAMES:
+            raise UsageError(f"{Opt('set_special', name)} is not one of {', '.join(SPECIAL_NAMES)}")
+        if token not in ids:
+            raise UsageError(
+                f"{Opt('set_special', f'{name}={token}')}: {token!r} is not a token of the tokenizer",
+                folder,
+                "rename a reserved slot to it in the same run, or add it with add-tokens first",
+            )
+        out[name] = (token, ids[token])
+    return out
+
+
 def _tokenizer_edit() -> Any:
     """:mod:`surgery.io.tokenizer_edit`, imported on first use (it imports the ``tokenizer`` extra's
     libraries lazily itself)."""
@@ -1069,7 +1208,7 @@ def _merge_flex(
 
     def plan(src: Path) -> tuple[merge_flex.FlexPlan, convert_plan.ConvertPlan]:
         limit()
-        fp = merge_flex.tie_checked(merge_flex.plan_flex(src))
+        fp = merge_flex.as_exported(merge_flex.tie_checked(merge_flex.plan_flex(src)))
         cp = convert_plan.check_dtypes(
             convert_plan.plan_convert(merge_flex.flex_view(fp), Target.PADDLEFORMERS, merge_layout_fix())
         )

@@ -337,6 +337,10 @@ def _trim_doubt(entry: dict, i: int) -> str:
     return ""
 
 
+_EXTRA_KEY = {"add-tokens": "add_tokens", "fix-untrained": "fix_untrained", "rename-tokens": "rename_tokens"}
+"""The report key of a plan's ``extra_report`` by operation (``resize`` for the others)."""
+
+
 def build(
     plan: Plan, facts: dict | None, out: str | None, dry_run: bool = False, keep_training_state: bool = False
 ) -> dict:
@@ -378,7 +382,7 @@ def build(
     if plan.stale_index:
         rep["warnings"] += _stale_index_warnings(plan)
     if plan.extra_report:
-        rep["add_tokens" if plan.op == "add-tokens" else "resize"] = plan.extra_report
+        rep[_EXTRA_KEY.get(plan.op, "resize")] = plan.extra_report
     if plan.training_edit:  # --keep-training-state: the optimizer accumulators / master weights resized
         rep["training_state_resized"] = {rel: e.resized for rel, e in sorted(plan.training_edit.items())}
     if not plan.changed:

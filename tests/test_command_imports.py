@@ -31,6 +31,7 @@ INSPECT = {
     "cli.numbers",
     "cli.options",
     "cli.render",
+    "cli.vocab",  # the vocabulary commands' registration (their operations are imported when they run)
     "surgery",
     "surgery.arch",
     "surgery.arch.config_keys",
@@ -88,6 +89,7 @@ HELP = {
     "cli.errors",
     "cli.help",
     "cli.options",
+    "cli.vocab",
     "surgery",
     "surgery.model",
     "surgery.model.enums",

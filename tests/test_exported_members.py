@@ -14,7 +14,19 @@ import types
 import tietool
 from tietool.surgery.model import enums, errors
 
-OPERATIONS = {"inspect", "tie", "untie", "resize", "add_tokens", "verify", "convert", "merge", "diff"}
+OPERATIONS = {
+    "inspect",
+    "tie",
+    "untie",
+    "resize",
+    "add_tokens",
+    "fix_untrained",
+    "rename_tokens",
+    "verify",
+    "convert",
+    "merge",
+    "diff",
+}
 RESULTS = {"Inspection", "Report", "Verification", "Diff"}
 
 

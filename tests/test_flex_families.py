@@ -27,6 +27,8 @@ from support import adversarial_support as av
 from support import fixture_support as fs
 from support import flex_support as fx
 
+from tietool.surgery import arch
+
 FAMILIES = fx.DATA / "families"
 # model_type -> the PaddleFormers class a user loads it with (pf_logits.py takes the Deprecated Qwen2 /
 # Qwen3 / GLM-4-MoE classes when paddlefleet is missing, as the Trainer ran them)
@@ -117,7 +119,10 @@ def test_merged_in_the_hf_layout(model_type: str, tmp_path: Path) -> None:
         q, kv = nh * cfg.get("head_dim", 8), cfg["num_key_value_heads"] * cfg.get("head_dim", 8)
         q *= 2 if model_type == "qwen3_next" else 1
         assert names[f"{layer}.q_proj.weight"] == [q, h] and names[f"{layer}.k_proj.weight"] == [kv, h]
-    assert names["lm_head.weight"] == [cfg["vocab_size"], h]
+    if model_type in arch.TIED_HEAD_NOT_EXPORTED and cfg["tie_word_embeddings"]:  # as its export writes it
+        assert "lm_head.weight" not in names and [d["name"] for d in rep["dropped"]] == ["lm_head.weight"]
+    else:
+        assert names["lm_head.weight"] == [cfg["vocab_size"], h] and rep["dropped"] == []
     assert _formats(out) == {"pt"}
     written = json.loads((out / "config.json").read_text())
     assert "source" not in written and written["model_type"] == model_type
@@ -259,3 +264,101 @@ def _raw(out: Path) -> dict[str, tuple[str, list[int], bytes]]:
     for f in sorted(out.glob("*.safetensors")):
         got.update(av.st_tensors(f))
     return got
+
+
+# ------------------------------------------------------------------------------------ tied: as exported
+_EXPORT = """
+import sys
+import paddleformers.transformers as T
+src, cls, out = sys.argv[1:4]
+model = getattr(T, cls).from_pretrained(src, load_checkpoint_format="legacy", convert_from_hf=False)
+model.save_pretrained(out)
+"""
+
+
+def _arrays(out: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    got: dict[str, np.ndarray] = {}
+    for f in sorted(out.glob("*.safetensors")):
+        got.update(load_file(str(f)))
+    return got
+
+
+@pytest.mark.slow
+@needs_families
+@pytest.mark.parametrize("model_type", ["gemma3_text"])
+def test_tied_merge_is_the_librarys_export(model_type: str, tmp_path: Path) -> None:
+    """The proof of ``TIED_HEAD_NOT_EXPORTED``: a tied Trainer checkpoint (the Trainer holds the tied
+    parameter under the head's name too) merges into what PaddleFormers' own ``save_pretrained`` of the
+    trained model writes (the Paddle-layout merge loaded with the legacy load and saved: no
+    ``lm_head.weight``, every other tensor bit for bit, a fused MLP its export leaves fused compared split);
+    the merge says the head is left out, and ``verify`` explains the output; a plain
+    ``from_pretrained`` gives the trained logits; HF transformers (where ``$HF_PYTHON`` is set) ties the head
+    and gives the logits of the same model with the head written out."""
+    from support import hf_logits
+
+    src = FAMILIES / model_type
+    cfg = json.loads((src / "config.json").read_text())
+    assert cfg["tie_word_embeddings"] is True
+    conv, kept, export = tmp_path / "converted", tmp_path / "kept", tmp_path / "export"
+    ck = _copy(model_type, tmp_path)
+    run = av.run_cli(["merge", ck, "--out", conv])
+    assert run.rc == 0, run.describe()
+    said = " ".join(run.stdout.split())
+    assert "lm_head.weight left out" in said and "writes no head" in said, run.describe()
+    ver = av.run_cli(["verify", ck, conv])  # the merge as verify rebuilds it leaves the head out too
+    assert ver.rc == 0, ver.describe()
+    rep = json.loads((conv / "tietool-report.json").read_text())
+    assert [d["name"] for d in rep["dropped"]] == ["lm_head.weight"]
+    assert (
+        av.run_cli(["merge", _copy(model_type, tmp_path / "k"), "--out", kept, "--keep-paddle-layout"]).rc
+        == 0
+    )
+    assert "lm_head.weight" in _names(kept)  # the Trainer holds it
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}
+    cp = subprocess.run(
+        [sys.executable, "-c", _EXPORT, str(kept), MODEL_CLASS[model_type], str(export)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    want, got = _arrays(export), _arrays(conv)
+    assert "lm_head.weight" not in want and "lm_head.weight" not in got
+    # PaddleFormers 1.2's Gemma 3 export splits only layer 0's up_gate_proj (its _gen_inv_aoa_config names
+    # layer 0 alone): a later layer's is written fused, [in, out], gate | up; the merge splits every layer's
+    fused = {k for k in want if k.endswith("mlp.up_gate_proj.weight")}
+    for k in fused:
+        g, u = np.split(want.pop(k), 2, axis=1)
+        stem = k[: -len("up_gate_proj.weight")]
+        want[stem + "gate_proj.weight"], want[stem + "up_proj.weight"] = g.T, u.T
+    assert sorted(got) == sorted(want)
+    assert all(got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]) for k in want)
+    ids = src / "input_ids.npy"
+    plain = _logits(conv, model_type, ids, tmp_path / "plain.npy")
+    assert np.abs(plain - np.load(src / "logits.npy")).max() < 1e-5
+    python = hf_logits.python()
+    if python is None or hf_logits.available(python):
+        if os.environ.get("TIETOOL_REQUIRE_HF"):
+            pytest.fail("TIETOOL_REQUIRE_HF is set but the HF venv is unusable")
+        return
+    # transformers' reference: the same model with the head written out (a copy of the embedding) under an
+    # untied flag, which it reads as stored (its Gemma 3 body differs from PaddleFormers': test_hf_loader)
+    from safetensors.numpy import save_file
+
+    equal = tmp_path / "untied-equal"
+    shutil.copytree(conv, equal)
+    arrays = _arrays(equal)
+    arrays["lm_head.weight"] = arrays["model.embed_tokens.weight"].copy()
+    for f in equal.glob("*.safetensors"):
+        f.unlink()
+    (equal / "model.safetensors.index.json").unlink(missing_ok=True)
+    save_file(arrays, str(equal / "model.safetensors"), metadata={"format": "pt"})
+    (equal / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    res = hf_logits.run([conv, equal], tmp_path / "hf", python)
+    assert res[conv]["ok"] and res[conv]["tied"] and not res[conv]["missing"], res[conv]
+    assert res[equal]["ok"] and not res[equal]["tied"], res[equal]
+    assert np.abs(res[conv]["logits"] - res[equal]["logits"]).max() < 1e-6

@@ -499,6 +499,107 @@ def test_hf_native_outputs_load(native, model_type):
     assert len(checked) == len(hf_build.TIES) * len(NATIVE_OPS) - 1, checked
 
 
+# ------------------------------------------------------------------ the .pdparams route of the hf loader
+# command -> argv after the .pdparams input (the default loader: hf, infer_loader); output folder appended
+PD_OPS: dict[str, list[str]] = {"tie": ["tie"], "untie": ["untie"]}
+
+
+class PdparamsWorld:
+    """transformers' own saves of :data:`surgery.arch.HF_PDPARAMS_PROVEN` (every tie) converted to
+    ``.pdparams`` by ``tietool convert --to pdparams`` (container only), tietool's default-loader tie / untie
+    of them, everything converted back ``--to safetensors``, and transformers' logits of all."""
+
+    def __init__(self, root: Path, python: str) -> None:
+        types = arch.HF_PDPARAMS_PROVEN
+        self.src = {(mt, t): root / "built" / f"{mt}-{t}" for mt in types for t in hf_build.TIES}
+        hf_build.build(
+            [{"model_type": mt, "tie": t, "out": str(p)} for (mt, t), p in self.src.items()], root, python
+        )
+        self.pd: dict[tuple[str, str], Path] = {}
+        self.runs: dict[tuple[str, str, str], cli_runner.CliRun] = {}
+        self.back: dict[tuple[str, str, str], Path] = {}  # (mt, tie, op or "input") -> safetensors again
+        for (mt, tie), src in self.src.items():
+            pd = self.pd[(mt, tie)] = root / "pd" / f"{mt}-{tie}"
+            self._ok(["convert", src, "--to", "pdparams", "--out", pd, "-q"])
+            outs = {"input": pd}
+            for op, argv in PD_OPS.items():
+                out = root / "pd-out" / f"{mt}-{tie}-{op}"
+                r = self.runs[(mt, tie, op)] = cli_runner.run_cli(
+                    [*argv, pd, "--out", out, "-q"], timeout=300
+                )
+                if r.rc == 0:
+                    outs[op] = out
+            for op, folder in outs.items():
+                back = self.back[(mt, tie, op)] = root / "back" / f"{mt}-{tie}-{op}"
+                self._ok(["convert", folder, "--to", "safetensors", "--out", back, "-q"])
+        self.hf = hf_logits.run([*self.src.values(), *self.back.values()], root / "hf-logits", python)
+
+    @staticmethod
+    def _ok(argv: list) -> None:
+        r = cli_runner.run_cli(argv, timeout=300)
+        assert r.rc == 0, r.describe()
+
+
+@pytest.fixture(scope="module")
+def pdworld(tmp_path_factory) -> PdparamsWorld:
+    python = hf_logits.python()
+    why = hf_logits.available(python) if python else "HF_PYTHON is not set (source tests/tools/hf_venv.sh)"
+    if why:
+        if os.environ.get("TIETOOL_REQUIRE_HF"):
+            pytest.fail(f"TIETOOL_REQUIRE_HF is set but the HF venv is unusable: {why}")
+        pytest.skip(f"no HF transformers venv: {why}")
+    assert python is not None
+    return PdparamsWorld(tmp_path_factory.mktemp("hf-pdparams"), python)
+
+
+@pytest.mark.parametrize("model_type", arch.HF_PDPARAMS_PROVEN)
+def test_hf_pdparams_route(pdworld, model_type, request):
+    """The proof of the ``hf`` row of ``model_type`` from ``.pdparams`` (``surgery.arch.PROOFS`` names this
+    test): HF-named ``.pdparams`` of a type PaddleFormers 1.2 has no class for takes ``hf`` as its default
+    loader, which reads it once ``convert --to safetensors`` has changed the container. On transformers'
+    own saves converted to ``.pdparams``:
+
+    * the container round trip loads with the logits of the save (nothing else changes);
+    * reties: the default-loader ``tie`` of the untied-equal model drops the head (and the BART-style
+      encoder/decoder copies), and its round trip loads tied, with the untied-equal logits;
+    * always_tied false: the untied model's round trip keeps its own head (logits differ from untied-equal),
+      and ``tie`` of it is refused (exit 5: the head differs);
+    * head layout: the default-loader ``untie`` of the tied model writes a ``[vocab, hidden]`` head that
+      transformers loads as is, with the tied logits.
+    """
+    from tietool.surgery.inspect.detect import detect
+    from tietool.surgery.io.checkpoint import Checkpoint
+
+    fam = arch.lookup(model_type, "hf", "pdparams")
+    assert arch.PROOFS.get(arch.ProofKey(model_type, "hf", "pdparams")) == request.node.nodeid
+    det = detect(Checkpoint.open(pdworld.pd[(model_type, "tied")]), compare_values=False)
+    assert det.loader.name == "hf" and det.family.proven, det.loader
+    hf = pdworld.hf
+    for tie in hf_build.TIES:
+        want = _hf_ok(hf[pdworld.src[(model_type, tie)]], f"{model_type}-{tie}")
+        got = _hf_ok(hf[pdworld.back[(model_type, tie, "input")]], f"{model_type}-{tie} round trip")
+        assert _close(got, want) == 0.0, f"{model_type}-{tie}: the container round trip changed the logits"
+    equal = _hf_ok(hf[pdworld.src[(model_type, "untied-equal")]], "untied-equal")
+    untied = _hf_ok(hf[pdworld.src[(model_type, "untied")]], "untied")
+    assert (_close(untied, equal) < ATOL) == fam.always_tied
+    assert pdworld.runs[(model_type, "untied", "tie")].rc == 5
+    r = pdworld.runs[(model_type, "untied-equal", "tie")]
+    assert r.rc == 0, r.describe()
+    tied_out = pdworld.back[(model_type, "untied-equal", "tie")]
+    dropped = not any(_ends(n, fam.head) for n in _tensor_names(tied_out))
+    res = hf[tied_out]
+    reties = dropped and res["ok"] and bool(res["tied"]) and _close(_hf_ok(res, "tie"), equal) < ATOL
+    assert reties == fam.reties, f"{model_type} hf/pdparams: table reties {fam.reties}, loads {reties}"
+    r = pdworld.runs[(model_type, "tied", "untie")]
+    assert r.rc == 0, r.describe()
+    untied_out = pdworld.back[(model_type, "tied", "untie")]
+    head, emb = _shape_by_suffix(untied_out, fam.head), _shape_by_suffix(untied_out, fam.embedding)
+    assert head is not None and head == emb and fam.head_layout == "vocab-hidden", (head, emb)
+    tied = _hf_ok(hf[pdworld.src[(model_type, "tied")]], "tied")
+    got = _hf_ok(hf[untied_out], "untie")
+    assert _close(got, tied) < ATOL and not hf[untied_out]["tied"]
+
+
 def _tensor_names(folder: Path) -> list[str]:
     from safetensors import safe_open
 

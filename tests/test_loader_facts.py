@@ -234,13 +234,19 @@ def test_every_write_names_a_head_the_loader_builds_at_random(tmp_path):
     """An untied Gemma 3 checkpoint without ``lm_head`` (what PaddleFormers 1.2 exports: it always ties
     Gemma 3 and writes no head; HF transformers then loads a random head, tests/test_hf_loader.py): every
     write that leaves the flag false and the head missing says so on the terminal and in the report's
-    warnings -- resize under ``--loader hf`` (add-tokens shares its planner), convert to the HF layout; not
+    warnings -- resize and add-tokens under ``--loader hf``, convert to the HF layout; not
     under PaddleFormers (which always ties it, proven), nor tie (sets the flag) or untie (writes the
     head)."""
     ckpt = _tied_llama(tmp_path, "gemma3_text", head=False)
     cfg = json.loads((ckpt / "config.json").read_text())
     (ckpt / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": False}))
+    vocab = {f"t{i}": i for i in range(16)}  # a tokenizer of the embedding's 16 rows, for add-tokens
+    model = {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    tok = {"version": "1.0", "added_tokens": [], "model": model, "pre_tokenizer": {"type": "Whitespace"}}
+    (ckpt / "tokenizer.json").write_text(json.dumps(tok))
     runs = {
+        "add-tokens-hf": (["add-tokens", "CKPT", "newtok", "--seed", "0", "--loader", "hf"], True),
+        "add-tokens": (["add-tokens", "CKPT", "newtok", "--seed", "0"], False),
         "resize-hf": (["resize", "--vocab", "24", "--seed", "0", "--loader", "hf"], True),
         "resize": (["resize", "--vocab", "24", "--seed", "0"], False),
         "convert": (["convert", "--to", "safetensors"], True),
@@ -249,7 +255,8 @@ def test_every_write_names_a_head_the_loader_builds_at_random(tmp_path):
     }
     for op, (argv, warned) in runs.items():
         out = tmp_path / op
-        r = _cli(*argv, str(ckpt), "--out", str(out))
+        args = [str(ckpt) if a == "CKPT" else a for a in argv] + ([] if "CKPT" in argv else [str(ckpt)])
+        r = _cli(*args, "--out", str(out))
         assert r.returncode == 0, f"{op}: {r.stderr}"
         said = " ".join(r.stdout.split())
         rep = json.loads((out / "tietool-report.json").read_text())

@@ -600,9 +600,9 @@ _PF_PROVEN: dict[str, tuple[str, ...]] = {
 # Families whose untied model, under HF transformers 5.3, keeps the encoder/decoder embedding copies (the
 # row's ``aliases``) apart from the shared table: an untied checkpoint without them loads them random
 # ("missing": model.encoder/decoder.embed_tokens.weight), so untie writes them as copies of the embedding
-# (tests/test_hf_loader.py::test_hf_native_outputs_load[bart]). T5 is not one: transformers 5.3 always ties
-# them.
-HF_UNTIED_KEEPS_ALIASES_APART: frozenset[str] = frozenset({"bart"})
+# (tests/test_hf_loader.py::test_hf_native_outputs_load[bart], [m2m_100]). T5 is not one: transformers 5.3
+# always ties them.
+HF_UNTIED_KEEPS_ALIASES_APART: frozenset[str] = frozenset({"bart", "m2m_100"})
 # (model type, container) whose hf row is HF transformers' own reading, not a mirror of PaddleFormers'
 # (tests/test_hf_loader.py proves it): transformers honours tie_word_embeddings where PaddleFormers 1.2
 # always ties (Gemma3) or never re-ties (Phi3, GptOss, DeepSeek-V3, GLM-4-MoE)
@@ -665,13 +665,30 @@ _HF_PROVEN: tuple[str, ...] = (
 # on checkpoints transformers' own save_pretrained wrote (tiny configs, tests/support/hf_build.py; wrappers
 # through AutoModelForImageTextToText): tied save (no head written), untied, untied with the head equal
 _HF_NATIVE_FACTS_TEST = "tests/test_hf_loader.py::test_hf_native_loader_facts[{model_type}]"
-_HF_NATIVE_PROVEN: tuple[str, ...] = ("gpt2", "t5", "bart", "llava", "falcon", "mistral3", "qwen3_vl")
+_HF_NATIVE_PROVEN: tuple[str, ...] = (
+    "gpt2",
+    "t5",
+    "bart",
+    "m2m_100",
+    "llava",
+    "falcon",
+    "mistral3",
+    "qwen3_vl",
+)
+# model types PaddleFormers 1.2 has no class for, whose HF-named .pdparams only transformers reads, once
+# ``tietool convert --to safetensors`` has changed the container (names and bytes kept; transformers reads no
+# .pdparams): the default loader of such a folder is hf (surgery.inspect.detect.infer_loader), its facts
+# proven by converting transformers' own saves to .pdparams, editing them under the default loader and
+# loading the outputs converted back (tests/test_hf_loader.py::test_hf_pdparams_route[...])
+_HF_PDPARAMS_TEST = "tests/test_hf_loader.py::test_hf_pdparams_route[{model_type}]"
+HF_PDPARAMS_PROVEN: tuple[str, ...] = ("gpt2", "bart", "m2m_100")
 _HF_PROOFS: dict[ProofKey, str] = {
     **{ProofKey(mt, "hf", "safetensors"): _HF_FACTS_TEST.format(model_type=mt) for mt in _HF_PROVEN},
     **{
         ProofKey(mt, "hf", "safetensors"): _HF_NATIVE_FACTS_TEST.format(model_type=mt)
         for mt in _HF_NATIVE_PROVEN
     },
+    **{ProofKey(mt, "hf", "pdparams"): _HF_PDPARAMS_TEST.format(model_type=mt) for mt in HF_PDPARAMS_PROVEN},
 }
 PROOFS: Mapping[ProofKey, str] = MappingProxyType({**_PF_PROOFS, **_PNLP_PROOFS, **_HF_PROOFS})
 """``(model_type, loader, container)`` → pytest node id of the test that loaded a library-written checkpoint

@@ -25,13 +25,16 @@ from ..model.enums import Layout, Loader, TensorRole, TiedScale
 LOADERS: tuple[str, ...] = tuple(ld.value for ld in Loader)
 # The containers a loader may read differently (``Checkpoint.format``).
 CONTAINERS: tuple[str, ...] = ("safetensors", "pdparams")
-# The loaders under which a write relies on a fact only where PROOFS holds it (PaddleFormers 1.2 is in the
-# test environment, PaddleNLP 2.8.1 in its own venv). "hf" (HF transformers, in a venv of its own:
-# tests/tools/hf_venv.sh) has proofs for the model types tests/test_hf_loader.py loads, but is not one of
-# these yet: a folder with no library version key defaults to it, and its other rows (GPT-2, T5, BART,
-# LLaVA, ChatGLM2, ... read from transformers' source) have no transformers-written checkpoint proving them,
-# so they are used as the table states them, as the "paddlenlp-3" rows are.
-PROVABLE_LOADERS: tuple[str, ...] = (Loader.PADDLEFORMERS.value, Loader.PADDLENLP_28.value)
+# The loaders under which a write relies on a fact only where PROOFS holds it: the ones the tests load with
+# (PaddleFormers 1.2 in the test environment, PaddleNLP 2.8.1 and HF transformers 5.3 with CPU torch in
+# venvs of their own: tests/tools/pnlp_venv.sh, tests/tools/hf_venv.sh). An hf row no test proves
+# (Mistral, Mixtral, ChatGLM2, ...) takes the safe default. "paddlenlp-3" has no library here; its rows are
+# the facts read from that library's source, used as the table states them.
+PROVABLE_LOADERS: tuple[str, ...] = (
+    Loader.PADDLEFORMERS.value,
+    Loader.PADDLENLP_28.value,
+    Loader.HF.value,
+)
 
 
 _K = TypeVar("_K")

@@ -14,7 +14,7 @@ import numpy as np
 from .. import arch
 from ..io.checkpoint import Checkpoint
 from ..io.tokenizer import tokenizer_info
-from ..model.enums import LAYOUTS, FoundBy, HeadLayout, TieState
+from ..model.enums import LAYOUTS, Container, FoundBy, HeadLayout, TieState
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import FLOAT_DTYPES
 from .compare import compare
@@ -47,12 +47,20 @@ def hidden_size_of(cfg: dict) -> int | None:
 
 
 def infer_loader(ckpt: Checkpoint, embedding_name: str | None) -> tuple[str, str]:
-    """Which library will load this checkpoint, from the checkpoint itself.
+    """Which library will load this checkpoint, from the checkpoint itself: ``(loader, why)``.
 
     Order: ``paddleformers_version`` in config.json → PaddleFormers; ``paddlenlp_version`` → PaddleNLP (2.8
     when null or 2.x, as 2.8.1 writes it; 3 when 3.x); PaddleNLP-era name prefixes (``llama.``, ``gpt.``, ...)
-    without a version → PaddleNLP 3 (which re-ties Llama/Qwen2 heads), with a note; else the HF naming that
-    PaddleFormers reads.
+    without a version → PaddleNLP 3 (which re-ties Llama/Qwen2 heads), with a note. Then the container
+    decides. HF transformers reads no ``.pdparams`` (a pickle; its ``from_pretrained`` looks for
+    ``*.safetensors`` / ``*.bin``), so a ``.pdparams`` folder with HF-style names is PaddleFormers'
+    (``load_checkpoint_format="legacy"``), whatever ``transformers_version`` its config carries; unless
+    PaddleFormers 1.2 has no class for its ``model_type`` (GPT-2, BART, T5, ...: ``PADDLEFORMERS_LACKS``):
+    then no Paddle library reads it, and the library whose names it holds, HF transformers, reads it once
+    ``convert --to safetensors`` has changed the container (names and bytes kept), so ``hf``, whose
+    ``hf``/``pdparams`` rows are proven on that route (``surgery.arch.HF_PDPARAMS_PROVEN``). A safetensors
+    folder with HF-style names is read by PaddleFormers and transformers alike and takes the ``hf`` rows
+    (``transformers_version`` names transformers when present). Raises nothing.
     """
     cfg = ckpt.config
     if "paddleformers_version" in cfg:
@@ -69,6 +77,21 @@ def infer_loader(ckpt: Checkpoint, embedding_name: str | None) -> tuple[str, str
             f"PaddleNLP names ({first}.*) and no paddlenlp_version in config.json: assumed "
             f"PaddleNLP ≥ 3; pass {Opt('loader', 'paddlenlp-2.8')} if an older PaddleNLP loads it"
         )
+    if ckpt.format == Container.PDPARAMS:
+        mt = cfg.get("model_type")
+        lacks = arch.paddleformers_lacks(mt) if isinstance(mt, str) else None
+        if lacks is None:
+            return "paddleformers", (
+                "HF-style names in .pdparams and no library version in config.json: PaddleFormers' legacy "
+                "load (HF transformers reads no .pdparams)"
+            )
+        return "hf", (
+            f"HF-style names of {lacks} ({mt}) in .pdparams, which no Paddle library reads: HF transformers "
+            f"reads them once {Opt('to', 'safetensors')} of tietool convert has changed the container (it "
+            "reads no .pdparams)"
+        )
+    if "transformers_version" in cfg:
+        return "hf", f"config.json transformers_version = {cfg['transformers_version']!r}"
     return "hf", "HF-style names (model.*, transformer.*), as PaddleFormers reads them"
 
 

@@ -143,6 +143,8 @@ class Operation(StrEnum):
     UNTIE = "untie"
     RESIZE = "resize"
     ADD_TOKENS = "add-tokens"
+    FIX_UNTRAINED = "fix-untrained"
+    RENAME_TOKENS = "rename-tokens"
     VERIFY = "verify"
     CONVERT = "convert"
     MERGE = "merge"

@@ -39,7 +39,7 @@ from ..model.errors import CheckpointError, RefusedError
 from ..model.tensor import TensorInfo
 from .flex_pieces import Assembled, assemble, assembled_data, piece_array
 from .merge import merged_config
-from .merge_tie import TieFix, changed, check_tie
+from .merge_tie import DroppedHead, TieFix, changed, check_tie, duplicate_head
 from .plan import NewCheckpoint, OutTensor, Reshard
 from .recipes import Array
 
@@ -89,6 +89,8 @@ class FlexPlan:
             flag: kept, the flags set false in ``new_config``), else None.
         kept_layout: written in the Paddle layout the training run held, as the user asked
             (:func:`keep_layout`); False: converted, or refused (:func:`refuse_unconverted`).
+        dropped: the duplicate tied head left out as the library's export leaves it out
+            (:func:`as_exported`), else None.
     """
 
     ck: FlexCheckpoint
@@ -102,6 +104,7 @@ class FlexPlan:
     left: list[str]
     tie: TieFix | None = None
     kept_layout: bool = False
+    dropped: DroppedHead | None = None
 
 
 def _check_headers(ck: FlexCheckpoint, t: FlexTensor, headers: dict[str, dict[str, TensorInfo]]) -> None:
@@ -271,6 +274,22 @@ def tie_checked(fp: FlexPlan) -> FlexPlan:
     return replace(fp, new_config=new_config, config_changes=changes, tie=fix)
 
 
+def as_exported(fp: FlexPlan) -> FlexPlan:
+    """The flex merge ``fp`` (tie-checked, to be converted to the PaddleFormers layout) without the duplicate
+    head a tied model's own export does not write (:func:`surgery.plan.merge_tie.duplicate_head`): the
+    merged folder holds what ``save_pretrained`` of the trained model writes. Unchanged otherwise.
+
+    Raises:
+        CheckpointError, RefusedError, UsageError: as :func:`~surgery.plan.merge_tie.duplicate_head`.
+    """
+    if fp.tie is not None or fp.kept_layout:
+        return fp
+    dup = duplicate_head(flex_view(fp))
+    if dup is None:
+        return fp
+    return replace(fp, merged=[t for t in fp.merged if t.name != dup.head], dropped=dup)
+
+
 def new_checkpoint(plan: FlexPlan, max_shard_size: int) -> NewCheckpoint:
     """What the flex merge writes: PaddleFormers safetensors (``model.safetensors``, or shards of at most
     ``max_shard_size`` with an index), the merged config and the carried files."""
@@ -300,6 +319,7 @@ def report(plan: FlexPlan, out: str, facts: dict[str, Any]) -> dict[str, Any]:
         "config_from": str(plan.config_file),
         "config_changes": plan.config_changes,
         "tie": plan.tie.facts() if plan.tie else None,
+        "dropped": [plan.dropped.facts()] if plan.dropped else [],
         "left_out": plan.left,
         "to_paddleformers_layout": not plan.kept_layout,
         "conversion_proof": None
@@ -409,7 +429,7 @@ def convertible(src: Path) -> bool:
 def with_conversion(rep: dict[str, Any], conv: dict[str, Any], out: str) -> dict[str, Any]:
     """The report of a flex merge converted to the PaddleFormers layout: merge's report for ``out``, its
     written-file facts the conversion's, the conversion's renames, transposes, notes and config changes
-    under ``converted``."""
+    under ``converted`` (a dropped duplicate head's note first among the notes, so the terminal says it)."""
     keep = ("to", "renamed", "transposed", "split", "config_changes", "notes", "warnings")
     turned = {t["from"]: t["shape_after"] for t in conv.get("transposed", [])}
     names = {r["from"]: r["to"] for r in conv.get("renamed", [])}
@@ -424,6 +444,9 @@ def with_conversion(rep: dict[str, Any], conv: dict[str, Any], out: str) -> dict
         total_size=conv.get("total_size", rep.get("total_size")),
         converted={k: conv[k] for k in keep if k in conv},
     )
+    said = [d["message"] for d in rep.get("dropped", [])]  # printed with the conversion's notes
+    if said:
+        rep["converted"]["notes"] = [*said, *rep["converted"].get("notes", [])]
     return rep
 
 

@@ -16,6 +16,11 @@ did (``tests/data/cases/e02``: a Qwen3 whose copied config says tied while the T
 * untied flag (or an untied family default), no head in the files: a loader builds a random head. Refused
   (:func:`check_tie`), naming the flag and the head, since which fix is right (the flag, or the head's
   missing file) only the run knows.
+* tied flag, head bit for bit the embedding, and the model type's own export writes no head when tied
+  (:data:`surgery.arch.TIED_HEAD_NOT_EXPORTED`; the Trainer holds the tied parameter under the head's name
+  too): the merge drops the duplicate head, as the library's ``save_pretrained`` does (:class:`DroppedHead`,
+  :func:`duplicate_head`), where the loaders that read the output (PaddleFormers, HF transformers) are
+  proven to re-tie it.
 * anything else (tied and equal, tied with no head, untied with a head): nothing changes.
 """
 
@@ -28,11 +33,12 @@ from typing import Any
 
 import numpy as np
 
+from .. import arch
 from ..inspect.detect import detect, names_a_pair
 from ..inspect.detection import Detection
 from ..inspect.findings import FindingKind
 from ..io.checkpoint import Checkpoint, array_rows
-from ..model.enums import Container, TieState
+from ..model.enums import Container, Loader, TieState
 from ..model.errors import RefusedError
 from ..model.tensor import TensorInfo
 from .plan import OutTensor
@@ -197,3 +203,57 @@ def changed(
     if fix is None:
         return config, changes
     return fix.config(config), {**changes, **fix.flags}
+
+
+@dataclass(frozen=True)
+class DroppedHead:
+    """A tied model's duplicate head the merge leaves out, as the library's own export of the model does.
+
+    Attributes:
+        head, embedding: the tensor names (the head bit for bit the embedding).
+        proof: the test that merged a tied Trainer checkpoint of the model type this way and loaded it
+            (:data:`surgery.arch.TIED_HEAD_NOT_EXPORTED`).
+    """
+
+    head: str
+    embedding: str
+    proof: str
+
+    @property
+    def message(self) -> str:
+        """The note the terminal prints (and the report keeps)."""
+        return (
+            f"{self.head} left out: config.json says tied and it is bit for bit {self.embedding} (the "
+            "Trainer keeps the tied parameter under both names); PaddleFormers' own save_pretrained of this "
+            "model writes no head, and PaddleFormers and HF transformers load it tied to the embedding"
+        )
+
+    def facts(self) -> dict[str, Any]:
+        """The report's ``dropped`` entry."""
+        return {"name": self.head, "equal_to": self.embedding, "proof": self.proof, "message": self.message}
+
+
+def duplicate_head(view: Checkpoint) -> DroppedHead | None:
+    """The duplicate head of the merged tied checkpoint ``view`` that the model type's own export does not
+    write (:data:`surgery.arch.TIED_HEAD_NOT_EXPORTED`), else None: the config says tied, head and
+    embedding are in the files and equal bit for bit (read and compared), and PaddleFormers (safetensors)
+    and HF transformers are both proven to re-tie a missing head of the model type (``may_drop_head``).
+
+    Raises:
+        CheckpointError, RefusedError, UsageError: as :func:`~surgery.inspect.detect.detect`.
+    """
+    mt = view.config.get("model_type")
+    proof = arch.TIED_HEAD_NOT_EXPORTED.get(mt) if isinstance(mt, str) else None
+    if proof is None or not names_a_pair(view):
+        return None
+    assert isinstance(mt, str)
+    loaders = (Loader.PADDLEFORMERS.value, Loader.HF.value)
+    if not all(arch.lookup(mt, ld, Container.SAFETENSORS.value).may_drop_head for ld in loaders):
+        return None
+    det = detect(view, compare_values=False)
+    if not (det.tie.tied and det.head.present and det.embedding.present):
+        return None
+    det = detect(view, compare_values=True)
+    if det.comparison.values is not TieState.EXACT:
+        return None
+    return DroppedHead(det.head.name, det.embedding.name, proof)

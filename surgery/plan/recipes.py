@@ -32,6 +32,7 @@ from ..io.safetensors_io import Source
 from ..model.enums import HeadLayout, Init, TieState, TokenInit
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, f32_to_bf16_bits
 from .flex_pieces import Assembled, assembled_data
+from .untrained_rows import MeanRows, mean_rows_data
 
 Array = npt.NDArray[Any]
 """An array in a stored dtype (bf16 as ``uint16`` bits)."""
@@ -222,6 +223,7 @@ Recipe = (
     | TokenInitRows
     | EditedTable
     | EditedBias
+    | MeanRows
 )
 Data = Array | Source
 
@@ -271,6 +273,8 @@ def uses(recipe: Recipe) -> list[Use]:
         return [Use(recipe.name, "transpose or split it", False)]
     if isinstance(recipe, Joined | Assembled):  # slices of rank files, not of a checkpoint: moved as bits
         return []
+    if isinstance(recipe, MeanRows):
+        return [Use(recipe.name, "set untrained rows to the mean of the trained ones", True)]
     return uses(recipe.copy) + uses(recipe.own)
 
 
@@ -311,6 +315,9 @@ def describe(recipe: Recipe) -> str:
     if isinstance(recipe, Joined):
         rule = "replicated" if recipe.axis is None else f"{recipe.rule.value} on axis {recipe.axis}"
         return f"{len(recipe.slices)} slices of {recipe.slices[0].info.name} joined: {rule}"
+    if isinstance(recipe, MeanRows):
+        what = "rows" if recipe.axis == 0 else "columns"
+        return f"{recipe.name} with {len(recipe.ids)} {what} set to the mean of its trained {what}"
     return f"{describe(recipe.copy)} if {recipe.name} equals {recipe.main}, else {describe(recipe.own)}"
 
 
@@ -347,6 +354,8 @@ def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data
         return _token_rows(recipe, ckpt)
     if isinstance(recipe, TokenInitRows | EditedTable | EditedBias):
         return _token_edit(recipe, ckpt, get)
+    if isinstance(recipe, MeanRows):
+        return mean_rows_data(recipe, ckpt)
     m, t = ckpt.tensors[recipe.main], ckpt.tensors[recipe.name]
     same = m.shape == t.shape and m.dtype == t.dtype
     if same and compare(ckpt, recipe.main, recipe.name, HeadLayout.VOCAB_HIDDEN).values is TieState.EXACT:

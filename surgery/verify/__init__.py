@@ -31,7 +31,8 @@ from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compa
 from .logits import NotCompared, logits_check
 from .result import VerifyResult
 from .tensors import TensorComparison, left_at_old_size
-from .tokens import Tokenizers, compare_tokenizers, tokenizer_names
+from .tokens import Tokenizers, compare_tokenizers, renamed_slots, tokenizer_names
+from .vocab import fixed_rows, split_rows
 
 __all__ = ["ALLOWED_CONFIG_KEYS", "NotCompared", "VerifyResult", "logits_check", "verify"]
 
@@ -77,8 +78,9 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
         return _verify_rebuilt(a_path, b_path, rep)
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
-    tok = Tokenizers.read(cmp.da, cmp.db)
+    tok = renamed_slots(Tokenizers.read(cmp.da, cmp.db), B)
     cmp.added_ids = tok.new_rows()
+    cmp.fixed_ids = fixed_rows(cmp.res, cmp.da, B) | split_rows(cmp.res, cmp.da, B)
     for name, ta in A.tensors.items():
         tb = B.tensors.get(name)
         if tb is None:

@@ -15,6 +15,7 @@ from ..io.regular import load_json
 from ..io.vocabkeys import walk
 from ..model.errors import CheckpointError
 from .result import VerifyResult
+from .vocab import special_claims
 
 ALLOWED_CONFIG_KEYS = ("tie_word_embeddings", *arch.VOCAB_SIZE_KEYS)
 
@@ -44,6 +45,7 @@ def compare_configs(
     chain = chain or []
     d = db.vocab_rows - da.vocab_rows
     counts = {db.vocab_rows, db.head.rows}
+    set_ids = {f"{n}_token_id": i for n, (_, i) in special_claims(B).items()}
     for fname in _CONFIG_FILES:
         pa, pb = A.path / fname, B.path / fname
         if not pa.exists() and not pb.exists():
@@ -59,6 +61,8 @@ def compare_configs(
             change = f"({_shown(before)} → {_shown(after)})"
             if fname == "config.json" and _converted(chain, k, ca, cb):
                 continue
+            if name in set_ids and after == set_ids[name]:
+                continue  # a special token the output's own run set (rename-tokens set_special)
             if name not in ALLOWED_CONFIG_KEYS:
                 res.unexplained.append(f"{fname}: {k} changed {change}")
             elif name != "tie_word_embeddings" and before is _ABSENT:

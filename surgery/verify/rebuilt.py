@@ -121,6 +121,7 @@ def _rebuild_flex(src: Path, rep: dict[str, Any]) -> Rebuilt:
         fp = merge_flex.keep_layout(fp)
         table = merge_flex.report(fp, "", {})
         return Rebuilt(merge_flex.new_checkpoint(fp, BIG), None, "merge of a flex checkpoint", table)
+    fp = merge_flex.as_exported(fp)  # a tied model's duplicate head left out, as the merge leaves it out
     view = merge_flex.flex_view(fp)
     cp = convert_plan.check_dtypes(convert_plan.plan_convert(view, Target.PADDLEFORMERS))
     new = replace(convert_plan.new_checkpoint(cp, BIG), carry=fp.carry)

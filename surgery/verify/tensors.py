@@ -77,6 +77,7 @@ class TensorComparison:
         self.head_names = {da.head.name, self.db.head.name, *da.head.aliases}
         # ids of tokens new in the output that its report lists as added: their rows may hold new values
         self.added_ids = added_ids
+        self.fixed_ids: frozenset[int] = frozenset()  # rows set to the trained mean (surgery.verify.vocab)
         # the operations of the output's report chain since the input (a tie run discards a head's values)
         self.ops = {e.get("operation") for e in chain_since(B.path, A.path)}
 
@@ -200,6 +201,14 @@ class TensorComparison:
         ):
             what = "entries" if len(ta.shape) == 1 else "columns" if axis == 1 else "rows"
             entry["why"] = f"{what} of the added tokens (ids {_id_span(self.added_ids)}) set by add-tokens"
+        elif (
+            self.fixed_ids
+            and name in self.vocab_names_a
+            and axis is not None
+            and chunked.common_part_equal(A, B, name, axis, self.fixed_ids)
+        ):
+            what = "columns" if axis == 1 else "rows"
+            entry["why"] = f"{what} {_id_span(self.fixed_ids)} set as its report says (checked bit for bit)"
         elif (
             name in self.head_names
             and self.emb_b in B.tensors

@@ -4,7 +4,7 @@ tokens they list."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..inspect.detection import Detection
@@ -17,6 +17,7 @@ from ..plan.add_tokens import not_resettable
 from ..report import token_claims
 from .files import same_bytes
 from .result import VerifyResult
+from .vocab import rename_claims, special_claims
 
 # ------------------------------------------------------------------ tokenizer files
 
@@ -67,6 +68,7 @@ class Tokenizers:
     doubted: dict[int, str] = field(default_factory=dict)
     reset: dict[int, str] = field(default_factory=dict)
     reset_doubted: dict[int, str] = field(default_factory=dict)
+    renamed: dict[int, tuple[str, str]] = field(default_factory=dict)  # rename-tokens: id → (old, new)
 
     @classmethod
     def read(cls, da: Detection, db: Detection) -> Tokenizers:
@@ -202,7 +204,9 @@ def _json_rest(path: Path, drop: tuple[str, ...]) -> object:
     return data
 
 
-def _file_changes(A: Checkpoint, B: Checkpoint, names: set[str], explained: bool, trim: bool) -> list[str]:
+def _file_changes(
+    A: Checkpoint, B: Checkpoint, names: set[str], explained: bool, trim: bool, more: tuple[str, ...] = ()
+) -> list[str]:
     """Tokenizer files only in one folder, and files that differ: without a reported token change any
     difference; with one, a difference outside the keys that list tokens (:data:`_TOKEN_KEYS`)."""
     out: list[str] = []
@@ -219,10 +223,22 @@ def _file_changes(A: Checkpoint, B: Checkpoint, names: set[str], explained: bool
         if not explained:
             out.append(f"{rel} differs and tietool-report.json lists no token added or removed")
         elif rel in _TOKEN_KEYS:
-            drop = _TOKEN_KEYS[rel] + (_TRIM_KEYS.get(rel, ()) if trim else ())
+            drop = _TOKEN_KEYS[rel] + (_TRIM_KEYS.get(rel, ()) if trim else ()) + more
             if _json_rest(pa, drop) != _json_rest(pb, drop):
                 out.append(f"{rel} differs beyond the tokens it lists ({', '.join(drop)})")
     return out
+
+
+def renamed_slots(tok: Tokenizers, B: Checkpoint) -> Tokenizers:
+    """``tok`` with the renames of the output's own ``rename-tokens`` run that the files bear out
+    (:func:`surgery.verify.vocab.rename_claims`): those ids compared with their old strings (explained),
+    and listed in ``renamed``; a claim the files contradict is left to the token comparison."""
+    va, vb = tok.vocab
+    renamed = rename_claims(B, va, vb)
+    if not renamed:
+        return tok
+    seen = {**vb, **{i: o for i, (o, _) in renamed.items()}}
+    return replace(tok, vocab=(va, seen), renamed=renamed)
 
 
 def compare_tokenizers(
@@ -252,8 +268,14 @@ def compare_tokenizers(
     res.unexplained += changes + list(tok.reset_doubted.values())
     _rows_for_tokens(res, (sa.length, sb.length), rows)
     names = tokenizer_names(A, B, tok.sets)
-    explained = bool(added or removed) and not changes
-    res.unexplained += _file_changes(A, B, names, explained, bool(removed))
+    specials = special_claims(B)
+    explained = bool(added or removed or tok.renamed or specials) and not changes
+    if tok.renamed:
+        res.tokenizer["renamed"] = [
+            {"id": i, "old": o, "new": n} for i, (o, n) in sorted(tok.renamed.items())
+        ]
+    more = tuple(f"{n}_token" for n in specials) + (("padding",) if "pad" in specials else ())
+    res.unexplained += _file_changes(A, B, names, explained, bool(removed or tok.renamed), more)
 
 
 def _rows_for_tokens(

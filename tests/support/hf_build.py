@@ -11,7 +11,7 @@ independent random tensor), ``untied-equal`` (the flag false, the head set to a 
 the save: the model the tied one stands for; T5, whose tied head scales the decoder output by
 ``d_model ** -0.5``: the embedding times that). Encoder-decoder types are built with
 ``AutoModelForSeq2SeqLM``, wrappers (LLaVA) with ``AutoModelForImageTextToText`` (both flags set); an
-untied BART holds its encoder/decoder ``embed_tokens`` apart from
+untied BART (M2M-100 too) holds its encoder/decoder ``embed_tokens`` apart from
 ``model.shared`` (random at init): they are set to the shared table's values, as in released BART checkpoints
 (only the head is untied). transformers 5.3's ``T5Config`` forces ``tie_word_embeddings=True`` (it keeps the
 flag given as ``scale_decoder_outputs``) and its loader unties only when both tensors are in the file: the
@@ -41,6 +41,17 @@ TINY: dict[str, dict] = {
         "vocab_size": 61,
     },
     "bart": {
+        "d_model": 32,
+        "encoder_layers": 1,
+        "decoder_layers": 1,
+        "encoder_attention_heads": 2,
+        "decoder_attention_heads": 2,
+        "encoder_ffn_dim": 64,
+        "decoder_ffn_dim": 64,
+        "vocab_size": 61,
+        "max_position_embeddings": 64,
+    },
+    "m2m_100": {
         "d_model": 32,
         "encoder_layers": 1,
         "decoder_layers": 1,

@@ -375,12 +375,17 @@ def _load(job: dict) -> dict:
 
 def _encode(job: dict) -> dict:
     """``AutoTokenizer.from_pretrained(DIR)`` (PaddleNLP's own tokenizer classes) encodes each text with
-    ``add_special_tokens=False``: ``{"len": len(tokenizer), "ids": [[...], ...]}``."""
+    ``add_special_tokens=False``: ``{"len": len(tokenizer), "ids": [[...], ...], "specials": {name: [token,
+    id]}}`` (pad, bos, eos)."""
     from paddlenlp.transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(job["dir"])
     ids = [[int(i) for i in tok(t, add_special_tokens=False)["input_ids"]] for t in job["texts"]]
-    return {"len": len(tok), "ids": ids}
+    specials = {
+        n: [getattr(tok, f"{n}_token", None), getattr(tok, f"{n}_token_id", None)]
+        for n in ("pad", "bos", "eos")
+    }
+    return {"len": len(tok), "ids": ids, "specials": specials}
 
 
 _OPS = {"build": _build, "edit": _edit, "load": _load, "encode": _encode}

@@ -230,6 +230,10 @@ def _encode_all(load, job: dict) -> dict:
             "strings": enc,
             "inside": inside,
             "corpus": corpus,
+            "specials": {
+                n: [getattr(tok, f"{n}_token", None), getattr(tok, f"{n}_token_id", None)]
+                for n in ("pad", "bos", "eos")
+            },
         }
     except Exception as e:  # noqa: BLE001  (reported per job)
         return {"ok": False, "error": f"{type(e).__name__}: {str(e)[:800]}"}

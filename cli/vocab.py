@@ -1,0 +1,180 @@
+"""The vocabulary commands beside ``add-tokens`` (``fix-untrained``, ``rename-tokens``): their flags and
+their one :mod:`surgery` call each, registered on the app by :func:`register` (the way :mod:`cli.app`
+registers its own commands, kept apart so that each file stays small)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from ..surgery.model.errors import UsageError
+from .errors import command
+from .help import EXAMPLES, Command
+from .options import (
+    BackupOpt,
+    CkptArg,
+    DryOpt,
+    EmbOpt,
+    HeadOpt,
+    JsonOpt,
+    LayoutOpt,
+    LinkOpt,
+    LoaderOpt,
+    OutOpt,
+    QuietOpt,
+    TokenCkptArg,
+)
+
+IdsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--ids",
+        help="only these rows (comma-separated ids; each must be untrained by the rule). Default: every "
+        "untrained row",
+        show_default=False,
+        metavar="ID,...",
+    ),
+]
+FixInitOpt = Annotated[
+    str,
+    typer.Option(
+        "--init",
+        help="the rows' new values: trained-mean (the mean of the trained rows, as unsloth sets them)",
+        metavar="[trained-mean]",
+    ),
+]
+
+
+RenamesArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="ID=TOKEN pairs: the reserved slot's id and its new string (e.g. 128002=<think>)",
+        show_default=False,
+        metavar="ID=TOKEN...",
+    ),
+]
+RenameSpecialOpt = Annotated[
+    bool, typer.Option("--special", help="the new tokens are special (never split; CONTROL pieces)")
+]
+SetSpecialOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set-special",
+        help="make TOKEN the pad/bos/eos token in every file that names it (tokenizer files, config.json, "
+        "generation_config.json); repeatable",
+        show_default=False,
+        metavar="NAME=TOKEN",
+    ),
+]
+RenameInitOpt = Annotated[
+    str,
+    typer.Option(
+        "--init",
+        help="the slots' rows: keep (as they are), trained-mean (the mean of the trained rows) or subtokens "
+        "(the mean of the rows the new string split into before)",
+        metavar="[keep|trained-mean|subtokens]",
+    ),
+]
+
+
+def parse_ids(text: str | None) -> list[int] | None:
+    """``"264,265, 269"`` → ``[264, 265, 269]``; None stays None.
+
+    Raises:
+        UsageError: an entry that is not a non-negative integer.
+    """
+    if text is None:
+        return None
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in parts if not p.isdigit()]
+    if bad or not parts:
+        raise UsageError(f"--ids {text!r} is not a list of token ids", fix="e.g. --ids 264,265,269")
+    return [int(p) for p in parts]
+
+
+def register(app: typer.Typer) -> None:
+    """Add the vocabulary commands to ``app``."""
+
+    @app.command("fix-untrained", cls=Command, epilog=EXAMPLES["fix-untrained"])
+    @command
+    def fix_untrained(
+        ckpt: CkptArg = ".",
+        out: OutOpt = None,
+        ids: IdsOpt = None,
+        init: FixInitOpt = "trained-mean",
+        layout: LayoutOpt = None,
+        loader: LoaderOpt = None,
+        embedding: EmbOpt = None,
+        head: HeadOpt = None,
+        dry_run: DryOpt = False,
+        json_out: JsonOpt = False,
+        link: LinkOpt = False,
+        quiet: QuietOpt = False,
+        backup: BackupOpt = True,
+    ) -> None:
+        """Set the rows the model never trained (unsloth's rule: no value above 1e-16 in the embedding and
+        the head) to the mean of the trained rows; every other byte unchanged."""
+        from ..surgery import ops
+        from . import render
+
+        rep = ops.fix_untrained(
+            ckpt,
+            out,
+            ids=parse_ids(ids),
+            init=init,
+            layout=layout,
+            loader=loader,
+            embedding=embedding,
+            head=head,
+            dry_run=dry_run,
+            link=link,
+            progress=render.progress_bar(quiet or json_out),
+            backup=backup,
+        )
+        render.written(rep, json_out)
+
+    @app.command("rename-tokens", cls=Command, epilog=EXAMPLES["rename-tokens"])
+    @command
+    def rename_tokens(
+        ckpt: TokenCkptArg,
+        renames: RenamesArg = None,
+        special: RenameSpecialOpt = False,
+        init: RenameInitOpt = "keep",
+        set_special: SetSpecialOpt = None,
+        out: OutOpt = None,
+        layout: LayoutOpt = None,
+        loader: LoaderOpt = None,
+        embedding: EmbOpt = None,
+        head: HeadOpt = None,
+        dry_run: DryOpt = False,
+        json_out: JsonOpt = False,
+        link: LinkOpt = False,
+        quiet: QuietOpt = False,
+        backup: BackupOpt = True,
+    ) -> None:
+        """Give reserved or unused tokens (<|reserved_special_token_N|>, [unusedN], ...) new strings in every
+        tokenizer file, by id: the model is not grown (rows kept, or --init trained-mean)."""
+        from ..surgery import ops
+        from ..surgery.io.special_tokens import parse_specials
+        from ..surgery.io.tokenizer_rename import parse_renames
+        from . import render
+
+        specials = parse_specials(set_special or [])
+        rep = ops.rename_tokens(
+            ckpt,
+            parse_renames(renames or []) if renames or not specials else {},
+            out,
+            special=special,
+            init=init,
+            set_special=specials,
+            layout=layout,
+            loader=loader,
+            embedding=embedding,
+            head=head,
+            dry_run=dry_run,
+            link=link,
+            progress=render.progress_bar(quiet or json_out),
+            backup=backup,
+        )
+        render.written(rep, json_out)

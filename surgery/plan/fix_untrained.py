@@ -1,0 +1,219 @@
+"""``fix-untrained``: the rows a model never trained set to the mean of the trained ones, as unsloth's
+``fix_untrained_tokens`` does (the rule and its source: :mod:`surgery.plan.untrained_rows`).
+
+The planner :func:`plan_fix_untrained` reads the embedding and the head once to find the rows, and plans
+one :class:`~surgery.plan.untrained_rows.MeanRows` recipe per table: only those rows change, every other
+byte of the checkpoint is kept. Shapes, config and tokenizer files stay as they are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..inspect.detection import Detection
+from ..io.tokenizer import token_strings
+from ..model.enums import HeadLayout, TieState
+from ..model.errors import Opt, RefusedError, UsageError
+from .plan import OutTensor, Plan, base_plan, out_dtype, refuse_unsettled_pair, refuse_unusable_head
+from .untrained_rows import EPS, KEPT_SPECIAL, MeanRows, Table, find_untrained, trained_mean
+
+FIX_INITS = ("trained-mean",)
+"""The init choices: ``trained-mean``, unsloth's value (the mean of the trained rows)."""
+
+RULE = (
+    "unsloth fix_untrained_tokens: max(row) <= 1e-16 in the embedding and in the head (or a head row, "
+    "rounded to 3 decimals, repeated among those), bos/eos/unk/sep/pad/cls/mask ids excepted; set to the "
+    "mean of the other rows"
+)
+
+_SPECIAL_KEY = re.compile(r"(?:^|\.)(" + "|".join(KEPT_SPECIAL) + r")_token(?:_id|_ids)?$")
+
+
+def kept_special(det: Detection) -> dict[int, str]:
+    """``{id: why}`` of the ids unsloth never counts as untrained: those the configuration files name as
+    a bos/eos/unk/sep/pad/cls/mask token (:data:`~surgery.plan.untrained_rows.KEPT_SPECIAL`; config.json,
+    generation_config.json, tokenizer_config.json), first naming kept."""
+    out: dict[int, str] = {}
+    for s in det.special_ids:
+        m = _SPECIAL_KEY.search(s.key)
+        if m and s.id not in out:
+            why = f"{s} (a {m.group(1)} token"
+            out[s.id] = why + (": zero by design, padding_idx)" if m.group(1) == "pad" else ")")
+    return out
+
+
+def plan_fix_untrained(det: Detection, ids: Sequence[int] | None = None, init: str = "trained-mean") -> Plan:
+    """Plan the untrained rows of the embedding and the head set to the mean of their trained rows.
+
+    The rows: :func:`~surgery.plan.untrained_rows.find_untrained` over the first ``min(embedding rows, head
+    rows)`` entries (the head's rows are columns of a ``[hidden, vocab]`` head), less the special ids
+    (:func:`kept_special`); ``ids`` restricts them (every one must be untrained). The embedding (and its
+    aliases) gets the mean of its trained rows; a head stored apart the mean of its own, unless it is
+    bit-equal to the embedding (it then stays equal); a tied model has one tensor. Head biases and other
+    tables are kept (unsloth sets neither). ``--init`` ``trained-mean`` only.
+
+    Raises:
+        UsageError: an unknown ``init``; an id in ``ids`` that is not an untrained row.
+        RefusedError: an unsettled or unusable pair, vocabulary tables beyond the pair, every row untrained.
+    """
+    if init not in FIX_INITS:
+        raise UsageError(f"unknown {Opt('init')} {init!r}", fix=f"use one of {', '.join(FIX_INITS)}")
+    _refuse(det)
+    emb, head, pool = tables(det)
+    found, kept = untrained_ids(det)
+    chosen = _chosen(det, found, kept, ids)
+    plan = base_plan("fix-untrained", det)
+    norms: dict[str, float] = {}
+    if chosen:
+        set_mean_rows(det, plan, emb, head, tuple(chosen), tuple(found), pool, norms)
+    plan.extra_report = _report(det, chosen, found, kept, pool, norms, init)
+    _notes(plan, plan.extra_report["tokens"], kept)
+    return plan
+
+
+def tables(det: Detection) -> tuple[Table, Table | None, int]:
+    """The embedding, the head as a table of its own (None: tied, one tensor), and the entries the rule
+    reads: ``min(embedding rows, head rows)``."""
+    emb, head = Table(det.embedding.name), _head_table(det)
+    hrows = det.head.rows if head is not None and det.head.rows is not None else det.vocab_rows
+    return emb, head, min(det.vocab_rows, hrows)
+
+
+def untrained_ids(det: Detection) -> tuple[list[int], dict[int, str]]:
+    """The ids unsloth's rule finds untrained (:func:`~surgery.plan.untrained_rows.find_untrained` over
+    :func:`tables`), and ``{id: why}`` of those it keeps as special (:func:`kept_special`)."""
+    emb, head, pool = tables(det)
+    special = kept_special(det)
+    small = find_untrained(det.ckpt, emb, head, pool, set(), EPS)
+    return [i for i in small if i not in special], {i: special[i] for i in small if i in special}
+
+
+def _head_table(det: Detection) -> Table | None:
+    """The head as a table of its own (None: a tied model, one tensor)."""
+    h = det.head
+    if not h.present or h.name == det.embedding.name or h.name in det.embedding.aliases:
+        return None
+    return Table(h.name, 1 if h.layout is HeadLayout.HIDDEN_VOCAB else 0)
+
+
+def _chosen(det: Detection, found: list[int], kept: dict[int, str], ids: Sequence[int] | None) -> list[int]:
+    """The rows to set: ``found``, or the ``ids`` asked for (each must be among ``found``)."""
+    if ids is None:
+        return found
+    bad = [i for i in dict.fromkeys(ids) if i not in set(found)]
+    if bad:
+        i = bad[0]
+        why = kept.get(i) or "its row is trained (a value above 1e-16 in the embedding or the head)"
+        if not 0 <= i < det.vocab_rows:
+            why = f"the embedding has {det.vocab_rows} rows"
+        raise UsageError(
+            f"{Opt('ids', i)} is not an untrained row: {why}",
+            det.ckpt.path,
+            f"leave it out (untrained rows: {found[:20] or 'none'})",
+        )
+    return sorted(set(ids))
+
+
+def set_mean_rows(
+    det: Detection,
+    plan: Plan,
+    emb: Table,
+    head: Table | None,
+    chosen: tuple[int, ...],
+    found: tuple[int, ...],
+    pool: int,
+    norms: dict[str, float],
+) -> None:
+    """Plan rows ``chosen`` of the embedding (and its aliases) and of the head (and its aliases; the
+    embedding's recipe when bit-equal to it) set to the mean of the table's entries ``0..pool-1`` not in
+    ``found``: one :class:`MeanRows` per table, the norm of each mean in ``norms`` by tensor name."""
+    ckpt = det.ckpt
+    recipe = MeanRows(emb.name, 0, chosen, found, pool)
+    tables = [(n, recipe) for n in [emb.name, *det.embedding.aliases]]
+    if head is not None:
+        equal = det.comparison.values is TieState.EXACT and head.axis == 0
+        hrec = recipe if equal else MeanRows(head.name, head.axis, chosen, found, pool)
+        tables += [(n, hrec) for n in [head.name, *det.head.aliases]]
+    for name, r in tables:
+        t = ckpt.tensors[name]
+        plan.replace[name] = OutTensor(
+            name, out_dtype(ckpt, t, plan.relabel_u16), t.shape, r, t.file, storage=t.storage
+        )
+        if r.name not in norms:
+            mean = trained_mean(ckpt, Table(r.name, r.axis), pool, found)
+            norms[r.name] = float(np.linalg.norm(mean.astype(np.float64)))
+        norms[name] = norms[r.name]
+
+
+def _refuse(det: Detection) -> None:
+    """What fix-untrained refuses: an unsettled or unusable pair, and vocabulary tables beyond it (MTP
+    copies, per-layer tables: which of their rows are untrained is not unsloth's rule)."""
+    refuse_unsettled_pair(det, "fix-untrained")
+    refuse_unusable_head(det, "fix-untrained")
+    extra = det.beyond.extra_tables + det.embedding.vocab_aliases
+    if extra:
+        raise RefusedError(
+            f"fix-untrained refused: {', '.join(extra)} (a vocabulary table beside the embedding and the "
+            "head) would keep the old rows",
+            det.ckpt.path,
+            "fix the rows with a tool that loads the whole model; tietool sets the embedding and head only",
+        )
+    if det.head.present and det.head.vocab is not None:
+        raise RefusedError(
+            f"fix-untrained refused: the head {det.head.name} is over another vocabulary "
+            f"(config.json {det.head.vocab}): unsloth's rule reads the embedding's rows beside the head's",
+            det.ckpt.path,
+            f"name the LM head of the embedding's vocabulary ({Opt('head')}), if the model has one",
+        )
+    if not det.embedding.present:
+        raise RefusedError(
+            f"fix-untrained refused: the input embedding {det.embedding.name} is missing",
+            det.ckpt.path,
+            "run untie first",
+        )
+
+
+def _report(
+    det: Detection,
+    chosen: list[int],
+    found: list[int],
+    kept: dict[int, str],
+    pool: int,
+    norms: dict[str, float],
+    init: str,
+) -> dict[str, Any]:
+    """The report's ``fix_untrained`` fields."""
+    names = token_strings(det.ckpt.path, chosen) if chosen else {}
+    return {
+        "rule": RULE,
+        "eps": EPS,
+        "init": init,
+        "rows_scanned": pool,
+        "untrained": len(found),
+        "trained_rows": pool - len(found),
+        "ids": chosen,
+        "tokens": [{"id": i, "content": names.get(i)} for i in chosen],
+        "kept_special": [{"id": i, "why": w} for i, w in sorted(kept.items())],
+        "mean_norm": norms,
+    }
+
+
+def _notes(plan: Plan, tokens: list[dict[str, Any]], kept: dict[int, str]) -> None:
+    """Notes: the rows set (``tokens``: id and content), the special rows kept (the pad row zero by
+    design)."""
+    if tokens:
+        shown = ", ".join(
+            f"{t['id']} ({t['content']!r})" if t["content"] is not None else str(t["id"]) for t in tokens[:20]
+        )
+        more = ", …" if len(tokens) > 20 else ""
+        plan.notes.append(
+            f"{len(tokens)} untrained row(s) set to the mean of the trained rows: {shown}{more}"
+        )
+    else:
+        plan.notes.append("no untrained row (unsloth's rule): nothing to set")
+    for i, why in sorted(kept.items()):
+        plan.notes.append(f"row {i} is untrained by the rule but kept as it is: {why}")

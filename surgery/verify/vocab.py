@@ -1,0 +1,174 @@
+"""``verify`` of the vocabulary toolbox's outputs (``fix-untrained``, ``rename-tokens``): what the output's
+own report claims, checked against the files before it explains anything.
+
+* rows set to the trained mean (:func:`fixed_rows`): for fix-untrained each id untrained in the input by
+  its rule, and every such row the mean of the input's trained rows, bit for bit;
+* renamed slots (:func:`rename_claims`): a reserved string at the id in the input, the new one in the
+  output;
+* special tokens set (:func:`special_claims`): the token at that id in the output.
+
+A claim the files contradict explains nothing (the row or token is then unexplained), and a contradicted
+row claim calls the report unverifiable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..inspect.detection import Detection
+from ..io.checkpoint import REPORT_NAME, Checkpoint
+from ..io.regular import load_json
+from ..io.special_tokens import SPECIAL_NAMES
+from ..io.tokenizer import vocabulary
+from ..io.tokenizer_rename import is_reserved
+from ..model.errors import CheckpointError
+from ..plan.fix_untrained import tables, untrained_ids
+from ..plan.untrained_rows import mean_row, stored_entries, subtoken_row
+from .result import VerifyResult
+
+
+def _own_section(B: Checkpoint, op: str) -> dict[str, Any] | None:
+    """The ``op`` section of the output's own ``tietool-report.json`` when its run was ``op`` (None
+    otherwise, or without a readable report)."""
+    try:
+        rep = load_json(B.path / REPORT_NAME, REPORT_NAME) if (B.path / REPORT_NAME).is_file() else None
+    except (CheckpointError, OSError):
+        return None
+    if not isinstance(rep, dict) or rep.get("operation") != op:
+        return None
+    sec = rep.get(op.replace("-", "_"))
+    return sec if isinstance(sec, dict) else None
+
+
+def _mean_claim(B: Checkpoint) -> tuple[str, list[int]] | None:
+    """``(operation, ids)`` of the rows the output's own run says it set to the trained mean:
+    ``fix-untrained``'s ``fix_untrained.ids``, or ``rename-tokens --init trained-mean``'s renamed ids."""
+    fix, ren = _own_section(B, "fix-untrained"), _own_section(B, "rename-tokens")
+    if fix is not None:
+        op, ids = "fix-untrained", fix.get("ids")
+    elif ren is not None and ren.get("init") == "trained-mean" and isinstance(ren.get("tokens"), list):
+        op, ids = "rename-tokens", [t.get("id") for t in ren["tokens"] if isinstance(t, dict)]
+    else:
+        return None
+    if not (isinstance(ids, list) and ids and all(type(i) is int for i in ids)):
+        return None
+    return op, [int(i) for i in ids]
+
+
+def _split_claim(B: Checkpoint) -> dict[int, list[int]] | None:
+    """``{id: source ids}`` of a ``rename-tokens --init subtokens`` run (its report's tokens), or None."""
+    ren = _own_section(B, "rename-tokens")
+    if ren is None or ren.get("init") != "subtokens" or not isinstance(ren.get("tokens"), list):
+        return None
+    out = {}
+    for t in ren["tokens"]:
+        src = t.get("source_ids") if isinstance(t, dict) else None
+        if not (
+            type(t.get("id")) is int and isinstance(src, list) and src and all(type(j) is int for j in src)
+        ):
+            return None
+        out[t["id"]] = [int(j) for j in src]
+    return out or None
+
+
+def split_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
+    """The ids whose rows a ``rename-tokens --init subtokens`` run says it made from the rows of their
+    strings' split (:func:`_split_claim`), checked bit for bit against the input
+    (:func:`surgery.plan.untrained_rows.subtoken_row`) in the output's embedding and head; a contradicted
+    claim is unexplained (the report is unverifiable) and explains nothing."""
+    claim = _split_claim(B)
+    if claim is None:
+        return frozenset()
+    emb, head, pool = tables(da)
+    for t in [emb] + ([head] if head is not None else []):
+        if t.name not in B.tensors or B.tensors[t.name].shape != da.ckpt.tensors[t.name].shape:
+            return frozenset()
+        for i, src in claim.items():
+            bad = not (0 <= i < pool and all(0 <= j < pool for j in src))
+            if (
+                bad
+                or not (
+                    stored_entries(B, t, [i]).view(np.uint8) == subtoken_row(da.ckpt, t, src).view(np.uint8)
+                ).all()
+            ):
+                res.unexplained.append(
+                    f"tietool-report.json says rename-tokens made row {i} of {t.name} from the rows of ids "
+                    f"{src[:10]}, which the files contradict; the report is unverifiable"
+                )
+                return frozenset()
+    return frozenset(claim)
+
+
+def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
+    """The ids whose rows the output's own run says it set to the trained mean (:func:`_mean_claim`),
+    checked: for fix-untrained each must be untrained in the input by its rule
+    (:func:`surgery.plan.fix_untrained.untrained_ids`); each such row of the output's embedding and head
+    must be the mean of the input's table over the rows the rule counts as trained (less the renamed ids,
+    for rename-tokens), bit for bit (:func:`surgery.plan.untrained_rows.mean_row`). A contradicted claim is
+    unexplained (the report is unverifiable) and explains nothing."""
+    claim = _mean_claim(B)
+    if claim is None:
+        return frozenset()
+    op, ids = claim
+    found, _ = untrained_ids(da)
+    wrong = [i for i in ids if i not in set(found)] if op == "fix-untrained" else []
+    if wrong:
+        res.unexplained.append(
+            f"tietool-report.json says fix-untrained set row(s) {', '.join(map(str, wrong[:10]))}, which "
+            "are trained in the input (or kept as special) by its rule; the report is unverifiable"
+        )
+        return frozenset()
+    leave_out = tuple(sorted(set(found) | (set(ids) if op == "rename-tokens" else set())))
+    emb, head, pool = tables(da)
+    for t in [emb] + ([head] if head is not None else []):
+        if t.name not in B.tensors or B.tensors[t.name].shape != da.ckpt.tensors[t.name].shape:
+            return frozenset()
+        want = mean_row(da.ckpt, t, pool, leave_out)
+        got = stored_entries(B, t, sorted(ids))
+        if not (got.view(np.uint8) == want.view(np.uint8)).all():
+            res.unexplained.append(
+                f"tietool-report.json says {op} set rows {', '.join(map(str, sorted(ids)[:10]))} of {t.name} "
+                "to the mean of the input's trained rows, which the files contradict; the report is "
+                "unverifiable"
+            )
+            return frozenset()
+    return frozenset(ids)
+
+
+def rename_claims(B: Checkpoint, va: dict[int, str], vb: dict[int, str]) -> dict[int, tuple[str, str]]:
+    """``{id: (old, new)}`` of the renames the output's own ``rename-tokens`` run lists that the files bear
+    out: ``old`` at the id in the input (``va``) and a reserved slot's string
+    (:func:`surgery.io.tokenizer_rename.is_reserved`), ``new`` there in the output (``vb``)."""
+    sec = _own_section(B, "rename-tokens")
+    entries = sec.get("tokens") if sec is not None else None
+    return {
+        e["id"]: (e["old"], e["new"])
+        for e in (entries if isinstance(entries, list) else [])
+        if isinstance(e, dict)
+        and isinstance(e.get("id"), int)
+        and isinstance(e.get("old"), str)
+        and va.get(e["id"]) == e["old"]
+        and vb.get(e["id"]) == e.get("new")
+        and is_reserved(e["old"])
+    }
+
+
+def special_claims(B: Checkpoint) -> dict[str, tuple[str, int]]:
+    """``{name: (token, id)}`` of the special tokens the output's own ``rename-tokens`` run set (its
+    report's ``rename_tokens.special_set``) that the output's tokenizer bears out (the token at that id);
+    their ``<name>_token_id`` config keys and ``<name>_token`` tokenizer keys may differ from the input's."""
+    sec = _own_section(B, "rename-tokens")
+    entries = sec.get("special_set") if sec is not None else None
+    if not isinstance(entries, list) or not entries:
+        return {}
+    vb = vocabulary(B.path)
+    return {
+        e["name"]: (e["token"], e["id"])
+        for e in entries
+        if isinstance(e, dict)
+        and e.get("name") in SPECIAL_NAMES
+        and isinstance(e.get("id"), int)
+        and vb.get(e["id"]) == e.get("token")
+    }
