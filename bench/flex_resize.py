@@ -51,7 +51,7 @@ sys.path.insert(0, str(HERE))
 
 from run import settle, warm  # noqa: E402
 
-from tietool.surgery.io import flex, flex_write, pdparams_io  # noqa: E402
+from tietool.surgery.io import flex, flex_write, pdparams  # noqa: E402
 from tietool.surgery.io.flex import FlexSlice, FlexTensor  # noqa: E402
 from tietool.surgery.io.safetensors_io import Source  # noqa: E402
 
@@ -80,13 +80,13 @@ class _Pattern(Source):
 def _write(folder: Path, meta: str, tensors: dict[str, FlexTensor], value) -> None:
     """``folder`` as a flex folder of ``tensors`` (fp32), each slice the value ``value(key)``."""
     folder.mkdir()
-    files: dict[str, list[pdparams_io.Row]] = {}
+    files: dict[str, list[pdparams.Row]] = {}
     for t in tensors.values():
         for s in t.slices:
             src = _Pattern(s.shape, value(t.name))
             files.setdefault(s.file, []).append((s.key, "float32", s.shape, src, None, False))
     for file, rows in sorted(files.items()):
-        pdparams_io.write_file(folder / file, rows, {})
+        pdparams.write_file(folder / file, rows, {})
     flex_write.write_metadata(folder / meta, tensors)
 
 

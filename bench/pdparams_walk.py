@@ -3,7 +3,7 @@
 
     PYTHONPATH=<pkg dir holding tietool> python bench/pdparams_walk.py [-n 7] [--baseline-commit REV]
 
-Walks (``pdparams_io.walk``) every real ``.pdparams`` under ``tests/data`` (PaddleNLP / PaddleFormers /
+Walks (``pdparams.walk``) every real ``.pdparams`` under ``tests/data`` (PaddleNLP / PaddleFormers /
 paddle.save files, ~120, 3-130 KB) and one synthetic file of 20,000 small tensors written by tietool's own
 writer (the layout ``paddle.save`` uses), several rounds, alternating, medians. Each figure is given as a
 ratio to a baseline measured in the same run: ``pickletools.genops`` over the same bytes (a pure-Python
@@ -32,7 +32,7 @@ def _files() -> list[Path]:
     return sorted(p for p in (ROOT / "tests" / "data").rglob("*.pdparams") if p.is_file())
 
 
-def _synthetic(dest: Path, pdparams_io, n: int = 20_000) -> Path:
+def _synthetic(dest: Path, pdparams, n: int = 20_000) -> Path:
     import numpy as np
 
     from tietool.surgery.io.safetensors_io import Source
@@ -43,7 +43,7 @@ def _synthetic(dest: Path, pdparams_io, n: int = 20_000) -> Path:
         rows.append((f"llama.layers.{i}.weight", "float32", a.shape, Source(array=a), None, False))
     p = dest / "many.pdparams"
     names = {r[0]: f"w_{i}" for i, r in enumerate(rows)}
-    pdparams_io.write_file(p, rows, {"StructuredToParameterName@@": names})
+    pdparams.write_file(p, rows, {"StructuredToParameterName@@": names})
     return p
 
 
@@ -66,7 +66,10 @@ def _baseline(commit: str, tmp: Path):
     subprocess.run(["tar", "-x", "-C", str(dst)], input=tar, check=True)
     (tmp / "tietool_base").symlink_to(dst)
     sys.path.insert(0, str(tmp))
-    return importlib.import_module("tietool_base.surgery.io.pdparams_io")
+    try:
+        return importlib.import_module("tietool_base.surgery.io.pdparams")
+    except ModuleNotFoundError:  # commits before the walker became the io/pdparams package
+        return importlib.import_module("tietool_base.surgery.io.pdparams_io")
 
 
 def main() -> None:
@@ -74,12 +77,12 @@ def main() -> None:
     ap.add_argument("-n", type=int, default=7, help="rounds (medians)")
     ap.add_argument("--baseline-commit", help="also time the walker of this commit")
     a = ap.parse_args()
-    from tietool.surgery.io import pdparams_io
+    from tietool.surgery.io import pdparams
 
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
-        sets = {"real fixtures": _files(), "20k tensors": [_synthetic(tmp, pdparams_io)]}
-        walkers = {"walker": lambda p: pdparams_io.walk(p), "genops": _genops}
+        sets = {"real fixtures": _files(), "20k tensors": [_synthetic(tmp, pdparams)]}
+        walkers = {"walker": lambda p: pdparams.walk(p), "genops": _genops}
         if a.baseline_commit:
             base = _baseline(a.baseline_commit, tmp)
             walkers["walker@" + a.baseline_commit] = lambda p: base.walk(p)

@@ -6,7 +6,7 @@
 
 Runs the same library calls the CLI makes (``Checkpoint.open`` → ``detect`` → ``plan_*`` → ``write.execute``)
 in this process, with timers wrapped around them at run time (no source is changed): the value comparison
-(``detect.compare``), making new tensors (the writer's ``_NewData.source`` per tensor; ``OutTensor.make`` in
+(``compare.compare``), making new tensors (the writer's ``_NewData.source`` per tensor; ``OutTensor.make`` in
 trees before recipes), kernel copies of untouched shards (``shutil.copyfile``), byte-range copies inside
 rewritten shards (``safetensors_io.copy_range``), writing rewritten shards (``safetensors_io.write_file``,
 minus the range copies), and ``os.fsync``. A sampler thread reads ``/proc/self/status`` every 5 ms for the
@@ -94,6 +94,7 @@ def main() -> int:
     import numpy  # noqa: F401
 
     from tietool.surgery.inspect import detect as detect_mod
+    from tietool.surgery.inspect import finders as finders_mod
     from tietool.surgery.io import safetensors_io
     from tietool.surgery.io.checkpoint import Checkpoint
     from tietool.surgery.plan import plan as plan_mod
@@ -103,7 +104,7 @@ def main() -> int:
     from tietool.surgery.write import writer as write_mod
 
     T["import surgery"] = time.perf_counter() - t_start
-    detect_mod.compare = timed("detect.compare (value comparison)", detect_mod.compare)
+    detect_mod.compare = finders_mod.compare = timed("detect.compare (value comparison)", detect_mod.compare)
     shutil.copyfile = timed("shutil.copyfile (untouched shards)", shutil.copyfile)
     safetensors_io.copy_range = timed(
         "copy_range (unchanged tensors in rewritten shards)", safetensors_io.copy_range

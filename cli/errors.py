@@ -143,7 +143,7 @@ def _on_signal(signum, _frame):
 
 
 def _ignore_signals() -> None:
-    """Ignore Ctrl-C, SIGTERM and SIGHUP from here to the exit. Found by breaking issue 20: a Ctrl-C that
+    """Ignore Ctrl-C, SIGTERM and SIGHUP from here to the exit. Without it, a Ctrl-C that
     came after an in-place run had printed its whole report ended the process by the signal (exit -2, no
     "interrupted" line) while the name held the new version, complete."""
     import signal

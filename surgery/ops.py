@@ -25,41 +25,25 @@ from enum import Enum
 from functools import partial
 from os import PathLike
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from . import diff as diff_mod
-from . import report as report_mod
-from .inspect.detect import Detection, detect
+from .inspect.detect import detect
+from .inspect.detection import Detection
 from .inspect.summary import check_found, check_index, check_names, inspect_path
-from .io import flex, flex_cover, special_tokens, store
+from .io import flex, special_tokens, store, stores
 from .io.checkpoint import Checkpoint, has_whole
+from .io.formats import DEFAULT_MAX_SHARD_SIZE
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
 from .model.errors import Interrupted, Opt, UsageError
-from .plan import add_tokens as token_plan
-from .plan import convert as convert_plan
-from .plan import flex_edit, merge_plans
-from .plan.add_tokens import parse_init, plan_add_tokens
-from .plan.fix_untrained import plan_fix_untrained
-from .plan.plan import (
-    DEFAULT_MAX_SHARD_SIZE,
-    Plan,
-    check_dtypes,
-    hf_random_head_problems,
-    parse_size,
-    warn_random_head,
-)
-from .plan.prune import plan_prune
-from .plan.rename_tokens import plan_rename_tokens
-from .plan.resize import plan_resize_to
-from .plan.tie import plan_tie
-from .plan.training_state import plan_training_state
-from .plan.untie import plan_untie
 from .results import Inspection, Report
-from .verify import VerifyResult
-from .verify import verify as _verify
 from .write import inplace, inplace_checks
 from .write.publish import check_output_path, fsync_dir
-from .write.writer import execute
+
+if TYPE_CHECKING:  # annotations only: each operation imports the planners, writer and report it runs
+    from . import diff as diff_mod
+    from .plan import convert as convert_plan
+    from .plan.plan import Plan
+    from .verify import VerifyResult
 
 PathArg = str | PathLike[str]
 E = TypeVar("E", bound=Enum)
@@ -135,14 +119,16 @@ def inspect(
         CheckpointError, UnsafePickleError, UsageError: as :meth:`Checkpoint.open` and :func:`detect`.
     """
     where = _path(path, "path")
-    remote, before = not store.is_local(where), store.TRANSFER.snapshot()
+    remote, before = not stores.is_local(where), store.TRANSFER.snapshot()
     try:
         # what a killed in-place run left (a missing folder is restored); object storage has no such runs
         rec = inplace.Recovery() if remote else inplace.recover(where)
     except OSError:
         rec = inplace.Recovery()  # a read-only parent folder: nothing to put right from here
     folder = None if remote else _flex_only(where)
-    if folder is not None:  # a flex checkpoint: its structure and coverage, and how to merge it (issue 21)
+    if folder is not None:  # a flex checkpoint: its structure and coverage, and how to merge it
+        from .io import flex_cover
+
         flex_info = flex_cover.inspection(flex.open_flex(folder))
         if rec:
             flex_info["recovered"] = rec.as_dict()
@@ -239,6 +225,9 @@ def run(
         and what ``planner``, :func:`surgery.write.writer.execute` and :class:`_InPlace` raise; the input is
         then unchanged.
     """
+    from . import report as report_mod
+    from .write.writer import execute
+
     src = _path(path, "path")
     before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
     dest = _destination(src, out, dry_run, backup, keep_training_state)
@@ -268,7 +257,7 @@ def run(
 
 
 def _result(rep: dict, src: Any, dest: Any, before: Any, totals: dict) -> Report:
-    if not store.is_local(src) or not store.is_local(dest.path):
+    if not stores.is_local(src) or not stores.is_local(dest.path):
         rep["transferred"] = store.TRANSFER.since(before).as_dict()
     return Report(rep, **totals)
 
@@ -276,8 +265,8 @@ def _result(rep: dict, src: Any, dest: Any, before: Any, totals: dict) -> Report
 def _finished(dest: _NewFolder | _InPlace, step: Callable[[], Any]) -> Any:
     """``step()``, with a Ctrl-C or SIGTERM that lands once the write is complete (the output published,
     the new version swapped in: the lock's release, the report's assembly) raised as :class:`Interrupted`
-    saying so, not as a plain KeyboardInterrupt ("nothing was written"). Found by breaking issue 20: an
-    in-place ``add-tokens`` interrupted 1.2 s in said "interrupted; nothing was written" beside its backup."""
+    saying so, not as a plain KeyboardInterrupt ("nothing was written"). Without it, an in-place
+    ``add-tokens`` interrupted 1.2 s in said "interrupted; nothing was written" beside its backup."""
     try:
         return step()
     except KeyboardInterrupt as e:
@@ -296,7 +285,7 @@ def _destination(
     Raises:
         UsageError: in place on object storage (no atomic swap), or a bad ``out``.
     """
-    on_disk = store.is_local(src)
+    on_disk = stores.is_local(src)
     if out is None and not on_disk and not dry_run:
         raise UsageError(
             "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "
@@ -432,10 +421,14 @@ def _edit(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool = F
     vocabulary table, is refused by name before anything is written) and, with ``keep_training_state``,
     the optimizer files resized with it (:func:`surgery.plan.training_state.plan_training_state`, which
     refuses a format it cannot resize)."""
+    from .plan import convert as convert_plan
+    from .plan.plan import check_dtypes, warn_random_head
 
     def plan(c: Checkpoint) -> Plan:
         p = convert_plan.warn_legacy_layout(warn_random_head(check_dtypes(make_plan(c))))
         if keep_training_state:
+            from .plan.training_state import plan_training_state
+
             p.training_edit = plan_training_state(p)
         return p
 
@@ -446,6 +439,8 @@ def _flex_edit(make_plan: Callable[[Checkpoint], Plan]) -> Planner:
     """The :class:`Planner` of resize / add-tokens ``--keep-training-state`` of a PaddleFormers Trainer flex
     checkpoint (:mod:`surgery.plan.flex_edit`): ``make_plan`` on the merged view (config.json as ``merge``
     finds it), the flex folders rewritten to the new shapes."""
+    from .plan import flex_edit, merge_plans
+    from .plan.plan import check_dtypes, warn_random_head
 
     def plan(src: Path) -> Plan:
         fp, view = flex_edit.open_view(src)
@@ -487,6 +482,8 @@ def tie(
         ValuesDifferError, AmbiguousLayoutError, RefusedError: see :func:`surgery.plan.tie.plan_tie`.
         CheckpointError, UsageError, OutputError: bad input or an output that cannot be written.
     """
+    from .plan.tie import plan_tie
+
     tied = _edit(
         lambda c: plan_tie(
             _detection(c, layout, loader, embedding, head),
@@ -516,6 +513,8 @@ def untie(
     Returns:
         the report. Raises as :func:`tie` (and ``RefusedError`` for a loader that always ties).
     """
+    from .plan.untie import plan_untie
+
     untied = _edit(
         lambda c: plan_untie(
             _detection(c, layout, loader, embedding, head),
@@ -562,6 +561,8 @@ def resize(
     Returns:
         the report. Raises as :func:`tie`; ``RefusedError`` for a trim without ``force``.
     """
+    from .plan.resize import plan_resize_to
+
     vocab_size = _count(vocab_size, "vocab_size")
     pad_to_multiple_of = _count(pad_to_multiple_of, "pad_to_multiple_of")
 
@@ -587,6 +588,8 @@ def resize(
 def _edit_planner(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool, path: Any) -> Planner:
     """:func:`_flex_edit` for ``--keep-training-state`` of a local Trainer flex checkpoint, else
     :func:`_edit` (which refuses a flex checkpoint, naming ``merge`` and ``--keep-training-state``)."""
+    from .plan import flex_edit
+
     if keep_training_state and isinstance(path, str | PathLike) and flex_edit.is_trainer_checkpoint(path):
         return _flex_edit(make_plan)
     return _edit(make_plan, keep_training_state)
@@ -629,6 +632,9 @@ def add_tokens(
             not one token), a URL. RefusedError: a tokenizer it cannot edit; what ``plan_add_tokens`` refuses.
         TietoolError: no ``tokenizer`` extra (``pip install ".[tokenizer]"``); and as :func:`tie`.
     """
+    from .plan import add_tokens as token_plan
+    from .plan.add_tokens import parse_init, plan_add_tokens
+
     strings = _token_strings(tokens)
     choice = parse_init(init)
     pad_to_multiple_of = _count(pad_to_multiple_of, "pad_to_multiple_of")
@@ -682,6 +688,8 @@ def fix_untrained(
     Returns the report (its ``fix_untrained`` fields: the ids and tokens set, the special rows kept, the
     norm of each mean). Raises as :func:`tie`; UsageError for an id that is not an untrained row.
     """
+    from .plan.fix_untrained import plan_fix_untrained
+
     chosen = None if ids is None else [_count(i, "ids") for i in ids]
 
     def plan(c: Checkpoint) -> Plan:
@@ -725,6 +733,8 @@ def rename_tokens(
     Returns the report (its ``rename_tokens`` fields). Raises UsageError for bad ``renames``; RefusedError
     for a slot that is not reserved or a format a loader cannot read renamed; and as :func:`tie`.
     """
+    from .plan.rename_tokens import plan_rename_tokens
+
     if not isinstance(renames, Mapping) or not (renames or set_special):
         raise UsageError("renames must be a non-empty {id: string} mapping", fix='e.g. {128002: "<think>"}')
     pairs: dict[int, str] = {}
@@ -790,6 +800,8 @@ def _specials(folder: Path, vocab: dict[int, str], asked: dict[str, str]) -> dic
 
 def _tokenizer_edit() -> Any:
     """:mod:`surgery.io.tokenizer_edit`, imported on first use (:func:`token_plan.tokenizer_edit`)."""
+    from .plan import add_tokens as token_plan
+
     return token_plan.tokenizer_edit()
 
 
@@ -815,6 +827,8 @@ def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyRe
     """Check that ``after`` differs from ``before`` exactly as tie / untie / resize explain (every other
     tensor bit-identical, every vocabulary tensor and size key moved together); ``logits`` also compares
     PaddleFormers logits. The verdict is ``result.exit_code``. Raises as :meth:`Checkpoint.open`."""
+    from .verify import verify as _verify
+
     return _verify(_path(before, "before"), _path(after, "after"), logits=logits)
 
 
@@ -842,6 +856,8 @@ def diff(a: PathArg, b: PathArg, *, values: bool = True) -> diff_mod.DiffResult:
             read (as :meth:`Checkpoint.open`, :func:`merge`'s planning of rank files or a flex checkpoint),
             a path that is not ``str`` / ``os.PathLike``.
     """
+    from . import diff as diff_mod
+
     return diff_mod.diff(_path(a, "a"), _path(b, "b"), values=bool(values))
 
 
@@ -874,6 +890,9 @@ def convert(
         RefusedError: see :func:`surgery.plan.convert.plan_convert`.
         OutputError: the output cannot be written; nothing is left behind.
     """
+    from .plan import convert as convert_plan
+    from .plan.plan import hf_random_head_problems, parse_size
+
     target = _enum(Target, to, "to")
     assert target is not None, "convert needs a target"
     limit = parse_size(max_shard_size)
@@ -949,6 +968,9 @@ def merge(
             when any is raised.
         OutputError: the output cannot be written.
     """
+    from .plan import merge_plans
+    from .plan.plan import parse_size
+
     store.local_only("merge", path, out)
     limit = partial(parse_size, max_shard_size)  # checked once the folders are (as the plan starts)
     plan = merge_plans.planner_for(Path(str(path)), limit, keep_paddle_layout)
@@ -994,6 +1016,8 @@ def prune(
     an empty keep-list or an id outside the vocabulary; RefusedError for a special id or byte token not
     kept, or a tokenizer format whose pruning is not proven; and as :func:`tie`.
     """
+    from .plan.prune import plan_prune
+
     if (keep is None) == (corpus is None):
         raise UsageError(
             "pass a keep-list or a keep-corpus (one of them)", fix=f"e.g. {Opt('keep', [0, 1, 2])}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 
 from . import __version__
 from .inspect.findings import FindingKind
@@ -24,12 +24,16 @@ from .io.regular import load_json
 from .model.enums import Operation, Target
 from .model.errors import CheckpointError
 from .plan import merge_flex
-from .plan.convert import ConvertPlan, source_of
+from .plan.convert import ConvertPlan
 from .plan.merge import MergePlan
 from .plan.plan import FlexFolders, KeepFiles, OutTensor, Plan, Reshard, get_config
 from .plan.recipes import FusedPart, Joined
 from .results import Totals
 from .write.layout import reshard
+
+if TYPE_CHECKING:  # annotations only: convert and merge are imported by the operations that run them
+    from .plan.convert import ConvertPlan
+    from .plan.merge import MergePlan
 
 
 class DroppedTensor(TypedDict):
@@ -406,6 +410,8 @@ def convert_report(plan: ConvertPlan, to: Target, out: str, facts: dict | None) 
     """The report of ``convert`` (``tietool-report.json``): every renamed, transposed and split tensor, config
     changes, notes, and the files written (``facts`` from :func:`~surgery.write.writer.write_new`; None for a
     dry run)."""
+    from .plan.convert_tensors import source_of
+
     ck, ts = plan.ckpt, plan.tensors
     renamed = [
         {"from": source_of(t), "to": t.name}

@@ -384,7 +384,8 @@ def test_write_into_memory_equals_local(tmp_path):
     """The writer with a tokenizer edit, memory → memory: the bytes of a local write (tokenizer file
     included), the input untouched (tests/test_store.py's check, for add-tokens)."""
     pytest.importorskip("fsspec")
-    from tietool.surgery.io.store import MemoryStore, as_path
+    from tietool.surgery.io.store import as_path
+    from tietool.surgery.io.stores import MemoryStore
 
     ck, _ = llama(tmp_path / "in", bias=True)
     ed = edit(22, [(1,), (2, 3), (4,)])

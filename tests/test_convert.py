@@ -26,7 +26,7 @@ from support import convert_loads, paths, pnlp_support
 from support import fixture_support as fs
 
 import tietool
-from tietool.surgery.io import pdparams_io
+from tietool.surgery.io import pdparams
 from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.io.safetensors_io import Source
 from tietool.surgery.plan import convert as cv
@@ -329,7 +329,7 @@ def _write_pnlp(folder: Path, tensors: dict[str, np.ndarray], config: dict) -> P
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config))
     rows = [(n, a.dtype.name, a.shape, Source(array=a), None, False) for n, a in tensors.items()]
-    pdparams_io.write_file(folder / "model_state.pdparams", rows, {})
+    pdparams.write_file(folder / "model_state.pdparams", rows, {})
     return folder
 
 

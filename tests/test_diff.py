@@ -455,7 +455,7 @@ def test_pdparams_against_its_safetensors_conversion(tmp_path):
 
 
 def test_a_remote_side(tmp_path):
-    from tietool.surgery.io.store import MemoryStore
+    from tietool.surgery.io.stores import MemoryStore
 
     src = CASES_DIR / "pf_llama_tied_sharded"
     st = MemoryStore.from_folder(src)

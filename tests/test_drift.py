@@ -21,8 +21,9 @@ from support import paths
 from typer.testing import CliRunner
 
 from tietool.cli.app import app
-from tietool.surgery.inspect import detect as det_mod
-from tietool.surgery.inspect.detect import DRIFT_EDGES, detect
+from tietool.surgery.inspect import compare as compare_mod
+from tietool.surgery.inspect.detect import detect
+from tietool.surgery.inspect.detection import DRIFT_EDGES
 from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.io.tokenizer import token_strings
 from tietool.surgery.model.tensor import bf16_bits_to_f32, f32_to_bf16_bits
@@ -144,8 +145,8 @@ def test_drift_same_in_any_chunks(fp32_case, monkeypatch, chunk_bytes, halves):
     """Chunks smaller than a row (one row each), of three rows (not dividing 100), one chunk; one thread or
     two halves: the same numbers (the mean's float64 sum may round differently in the last bits)."""
     folder, emb, head = fp32_case
-    monkeypatch.setattr(det_mod, "CHUNK_BYTES", chunk_bytes)
-    monkeypatch.setattr(det_mod, "HALVES_BYTES", 0 if halves else 64 << 20)
+    monkeypatch.setattr(compare_mod, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(compare_mod, "HALVES_BYTES", 0 if halves else 64 << 20)
     _check(folder, _expected(emb, head))
 
 
@@ -173,7 +174,7 @@ def test_drift_hidden_vocab_head(tmp_path, monkeypatch):
     assert det.head.layout == "hidden-vocab"
     want = _expected(emb, head)
     _check(folder, want)
-    monkeypatch.setattr(det_mod, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(compare_mod, "CHUNK_BYTES", 1)
     _check(folder, want)
 
 

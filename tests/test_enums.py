@@ -9,7 +9,8 @@ import json
 import pytest
 
 from tests.support.paths import REPO
-from tietool.surgery.inspect.detect import Detection, detect
+from tietool.surgery.inspect.detect import detect
+from tietool.surgery.inspect.detection import Detection
 from tietool.surgery.inspect.findings import OneOf
 from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.io.formats import FORMATS, PDPARAMS, SAFETENSORS, format_of

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from support import flex_support as fx
 
-from tietool.surgery.io import flex, flex_write, pdparams_io
+from tietool.surgery.io import flex, flex_write, pdparams
 from tietool.surgery.io.safetensors_io import Source
 
 PY = sys.executable
@@ -76,7 +76,7 @@ def _written_whole(dst: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, s
     """A flex folder written by tietool alone: every tensor whole in ``0_0.distcp`` (one slice, offset 0),
     2-D tensors cut in two row blocks over ``0_0`` / ``1_0`` to cover several files."""
     dst.mkdir(parents=True)
-    files: dict[str, list[pdparams_io.Row]] = {"0_0.distcp": [], "1_0.distcp": []}
+    files: dict[str, list[pdparams.Row]] = {"0_0.distcp": [], "1_0.distcp": []}
     tensors = {}
     for name, a in arrays.items():
         cuts = [(0, a.shape[0])] if a.ndim < 2 else [(0, 2), (2, a.shape[0])]
@@ -89,7 +89,7 @@ def _written_whole(dst: Path, arrays: dict[str, np.ndarray], dtypes: dict[str, s
         tensors[name] = flex.FlexTensor(name, a.shape, dtypes[name], tuple(slices))
     for file, rows in files.items():  # paddle.load makes Tensors of the keys this table names (else ndarrays)
         names = {r[0]: f"generated_tensor_{k}" for k, r in enumerate(rows)}
-        pdparams_io.write_file(dst / file, rows, {"StructuredToParameterName@@": names})
+        pdparams.write_file(dst / file, rows, {"StructuredToParameterName@@": names})
     flex_write.write_metadata(dst / "0.metadata", tensors)
     np.savez(dst.parent / f"{dst.name}.want.npz", **arrays)
     return dst
@@ -199,15 +199,13 @@ def test_rewrite_folder_links_untouched_files_and_keeps_other_entries(name: str,
         if p.name not in touched:
             assert q.stat().st_ino == p.stat().st_ino, p.name
             continue
-        old = {t.name: t for t in pdparams_io.read_header(p, p.name)[0]}
-        new = {t.name: t for t in pdparams_io.read_header(q, q.name)[0]}
+        old = {t.name: t for t in pdparams.read_header(p, p.name)[0]}
+        new = {t.name: t for t in pdparams.read_header(q, q.name)[0]}
         for k, t in old.items():
             if k not in changed:
-                assert (
-                    pdparams_io.read_array(q, new[k]).tobytes() == pdparams_io.read_array(p, t).tobytes()
-                ), k
+                assert pdparams.read_array(q, new[k]).tobytes() == pdparams.read_array(p, t).tobytes(), k
         for k in changed:
             if after[k].slices[0].file == p.name:
-                assert pdparams_io.read_array(q, new[k]).tobytes() == changed[k].tobytes(), k
+                assert pdparams.read_array(q, new[k]).tobytes() == changed[k].tobytes(), k
             else:
                 assert k not in new, k

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 import tietool
 from tietool.cli.app import app
-from tietool.surgery.io import pdparams_io, safetensors_io
+from tietool.surgery.io import pdparams, safetensors_io
 from tietool.surgery.io.safetensors_io import Source
 from tietool.surgery.plan import merge as merge_mod
 from tietool.surgery.plan import recipes
@@ -35,9 +35,9 @@ def tensors(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     """name → (stored dtype, shape, C-order bytes) of every tensor in a folder's .pdparams files."""
     out = {}
     for f in sorted(folder.glob("*.pdparams")):
-        infos, _, _ = pdparams_io.read_header(f, f.name)
+        infos, _, _ = pdparams.read_header(f, f.name)
         for t in infos:
-            a = np.ascontiguousarray(pdparams_io.read_array(f, t))
+            a = np.ascontiguousarray(pdparams.read_array(f, t))
             out[t.name] = (t.dtype, t.shape, a.tobytes())
     return out
 
@@ -115,8 +115,8 @@ def test_fused_kinds_are_not_a_plain_concatenation():
         slices = []
         for r in range(2):
             f = TP / "phi3_fp32" / "tp2" / f"model_state.tp0{r}.pdparams"
-            infos, _, _ = pdparams_io.read_header(f, f.name)
-            slices.append(pdparams_io.read_array(f, next(t for t in infos if t.name == name)))
+            infos, _, _ = pdparams.read_header(f, f.name)
+            slices.append(pdparams.read_array(f, next(t for t in infos if t.name == name)))
         plain = np.concatenate(slices, axis=1)
         assert plain.tobytes() != original[name][2], name
 
@@ -165,8 +165,8 @@ def test_c05_merge_then_resize(tmp_path):
     r1 = C05 / "model_state.tp01.pdparams"
     slices = []
     for f in (r0, r1):
-        infos, _, _ = pdparams_io.read_header(f, f.name)
-        slices.append({t.name: pdparams_io.read_array(f, t) for t in infos})
+        infos, _, _ = pdparams.read_header(f, f.name)
+        slices.append({t.name: pdparams.read_array(f, t) for t in infos})
     merged = tensors(tmp_path / "m")
     emb = np.frombuffer(merged["llama.embed_tokens.weight"][2], dtype=np.float32).reshape(16, 6)
     assert np.array_equal(emb[:8], slices[0]["llama.embed_tokens.weight"])
@@ -213,14 +213,14 @@ def test_tie_untie_resize_on_merged_checkpoints(tmp_path):
 # ------------------------------------------------------------------------------------------ refusals
 def rewrite(path: Path, change) -> None:
     """Rewrite a rank file with ``change(dict name → array)`` applied (our writer; no paddle)."""
-    infos, extras, module = pdparams_io.read_header(path, path.name)
-    arrays = {t.name: np.array(pdparams_io.read_array(path, t)) for t in infos}
+    infos, extras, module = pdparams.read_header(path, path.name)
+    arrays = {t.name: np.array(pdparams.read_array(path, t)) for t in infos}
     change(arrays)
     rows = [
-        (n, a.dtype.name, a.shape, pdparams_io.Source(array=np.ascontiguousarray(a)), None, False)
+        (n, a.dtype.name, a.shape, safetensors_io.Source(array=np.ascontiguousarray(a)), None, False)
         for n, a in arrays.items()
     ]
-    pdparams_io.write_file(path, rows, extras, module)
+    pdparams.write_file(path, rows, extras, module)
 
 
 def refuse(ranks: Path, tmp_path: Path, code: int, *words: str) -> str:
@@ -379,8 +379,8 @@ def test_safetensors_rank_files_merge_into_safetensors(tmp_path):
     shutil.copy(TP / "qwen2_bf16" / "tp2" / "config.json", src / "config.json")
     for r in range(2):
         f = TP / "qwen2_bf16" / "tp2" / f"model_state.tp0{r}.pdparams"
-        infos, _, _ = pdparams_io.read_header(f, f.name)
-        rows = [(t.name, "BF16", t.shape, pdparams_io.raw_bytes_source(f, t)) for t in infos]
+        infos, _, _ = pdparams.read_header(f, f.name)
+        rows = [(t.name, "BF16", t.shape, pdparams.raw_bytes_source(f, t)) for t in infos]
         safetensors_io.write_file(src / f"model.tp0{r}.safetensors", rows, {"format": "np"})
     rep = tietool.merge(src, tmp_path / "out")
     assert rep["index"] == "model.safetensors.index.json"

@@ -23,7 +23,7 @@ from support.adversarial_support import assert_refused, run_cli
 
 import tietool
 from tietool.surgery import arch
-from tietool.surgery.io import pdparams_io, safetensors_io
+from tietool.surgery.io import pdparams, safetensors_io
 
 D06 = paths.BUG_CASES_DIR / "d06_expert_parallel_rank_files" / "ckpt"
 
@@ -32,9 +32,9 @@ def read_all(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     """name → (stored dtype, shape, bytes) of every tensor in a folder's weight files."""
     out = {}
     for f in sorted(folder.glob("*.pdparams")):
-        infos, _, _ = pdparams_io.read_header(f, f.name)
+        infos, _, _ = pdparams.read_header(f, f.name)
         for t in infos:
-            out[t.name] = (t.dtype, t.shape, np.ascontiguousarray(pdparams_io.read_array(f, t)).tobytes())
+            out[t.name] = (t.dtype, t.shape, np.ascontiguousarray(pdparams.read_array(f, t)).tobytes())
     for f in sorted(folder.glob("*.safetensors")):
         infos, _ = safetensors_io.read_header(f, f.name)
         for t in infos:
@@ -44,19 +44,19 @@ def read_all(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
 
 
 def arrays(path: Path) -> dict[str, np.ndarray]:
-    infos, _, _ = pdparams_io.read_header(path, path.name)
-    return {t.name: np.array(pdparams_io.read_array(path, t)) for t in infos}
+    infos, _, _ = pdparams.read_header(path, path.name)
+    return {t.name: np.array(pdparams.read_array(path, t)) for t in infos}
 
 
 def write_rank(path: Path, tensors: dict[str, np.ndarray]) -> None:
     """One rank's file as ``paddle.save`` writes it, with a map to per-rank parameter names (each rank
     numbers its parameters from 0, as a separate process does)."""
     rows = [
-        (n, a.dtype.name, a.shape, pdparams_io.Source(array=np.ascontiguousarray(a)), None, False)
+        (n, a.dtype.name, a.shape, safetensors_io.Source(array=np.ascontiguousarray(a)), None, False)
         for n, a in tensors.items()
     ]
     s2p = {n: f"linear_{i}.w_0" for i, n in enumerate(tensors)}
-    pdparams_io.write_file(path, rows, {"StructuredToParameterName@@": s2p})
+    pdparams.write_file(path, rows, {"StructuredToParameterName@@": s2p})
 
 
 def cut(
@@ -116,7 +116,7 @@ def test_d06_global_numbering_is_the_union(tmp_path):
     rules = {t["name"]: t["rule"] for t in rep["tensors"]}
     assert rules["model.layers.0.mlp.experts.3.down_proj.weight"] == "expert"
     assert rules["model.embed_tokens.weight"] == "replicated"
-    _, extras, _ = pdparams_io.read_header(tmp_path / "out" / "model_state.pdparams", "model_state.pdparams")
+    _, extras, _ = pdparams.read_header(tmp_path / "out" / "model_state.pdparams", "model_state.pdparams")
     s2p = extras["StructuredToParameterName@@"]  # rank parameter names collide: experts map to themselves
     assert s2p["model.layers.0.mlp.experts.2.up_proj.weight"] == "model.layers.0.mlp.experts.2.up_proj.weight"
     assert s2p["model.embed_tokens.weight"] == "embedding_0.w_0"
@@ -167,8 +167,8 @@ def test_safetensors_rank_files(tmp_path):
     shutil.copy(ranks / "config.json", st)
     for r in range(2):
         f = ranks / f"model_state.moe_sharding0{r}.pdparams"
-        infos, _, _ = pdparams_io.read_header(f, f.name)
-        rows = [(t.name, "F32", t.shape, pdparams_io.raw_bytes_source(f, t)) for t in infos]
+        infos, _, _ = pdparams.read_header(f, f.name)
+        rows = [(t.name, "F32", t.shape, pdparams.raw_bytes_source(f, t)) for t in infos]
         safetensors_io.write_file(st / f"model.moe_sharding0{r}.safetensors", rows, {"format": "np"})
     rep = tietool.merge(st, tmp_path / "out")
     assert rep["index"] == "model.safetensors.index.json"

@@ -23,7 +23,7 @@ import pytest
 from support import flex_support, paths
 from support.adversarial_support import assert_refused, run_cli
 
-from tietool.surgery.io import pdparams_io, safetensors_io
+from tietool.surgery.io import pdparams, safetensors_io
 from tietool.surgery.plan.merge_tie import TieFix
 
 TP = paths.DATA / "tp_ranks"
@@ -36,8 +36,8 @@ def tensors(folder: Path) -> dict[str, np.ndarray]:
     """name → array (storage dtype) of every tensor in a folder's weight files."""
     out = {}
     for f in sorted(folder.glob("*.pdparams")):
-        infos, _, _ = pdparams_io.read_header(f, f.name)
-        out.update({t.name: np.array(pdparams_io.read_array(f, t)) for t in infos})
+        infos, _, _ = pdparams.read_header(f, f.name)
+        out.update({t.name: np.array(pdparams.read_array(f, t)) for t in infos})
     for f in sorted(folder.glob("*.safetensors")):
         infos, _ = safetensors_io.read_header(f, f.name)
         out.update({t.name: np.array(safetensors_io.read_array(f, t)) for t in infos})
@@ -57,13 +57,13 @@ def with_config(src: Path, dst: Path, **changes) -> Path:
 def without(folder: Path, name: str) -> None:
     """Remove tensor ``name`` from every ``.pdparams`` rank file of ``folder`` (as paddle.save writes)."""
     for f in sorted(folder.glob("*.pdparams")):
-        infos, _, _ = pdparams_io.read_header(f, f.name)
-        keep = {t.name: np.array(pdparams_io.read_array(f, t)) for t in infos if t.name != name}
+        infos, _, _ = pdparams.read_header(f, f.name)
+        keep = {t.name: np.array(pdparams.read_array(f, t)) for t in infos if t.name != name}
         rows = [
-            (n, a.dtype.name, a.shape, pdparams_io.Source(array=np.ascontiguousarray(a)), None, False)
+            (n, a.dtype.name, a.shape, safetensors_io.Source(array=np.ascontiguousarray(a)), None, False)
             for n, a in keep.items()
         ]
-        pdparams_io.write_file(f, rows, {})
+        pdparams.write_file(f, rows, {})
 
 
 def merged_ok(src: Path, out: Path) -> tuple[dict, str]:
@@ -128,10 +128,10 @@ def test_rank_files_tied_and_equal_head_keeps_the_flag(tmp_path):
     src = tmp_path / "ranks"
     shutil.copytree(TP / "llama_fp32" / "tp2", src)
     for f in sorted(src.glob("*.pdparams")):
-        a = {t.name: np.array(pdparams_io.read_array(f, t)) for t in pdparams_io.read_header(f, f.name)[0]}
+        a = {t.name: np.array(pdparams.read_array(f, t)) for t in pdparams.read_header(f, f.name)[0]}
         a["lm_head.weight"] = a["model.embed_tokens.weight"].copy()
-        rows = [(n, x.dtype.name, x.shape, pdparams_io.Source(array=x), None, False) for n, x in a.items()]
-        pdparams_io.write_file(f, rows, {})
+        rows = [(n, x.dtype.name, x.shape, safetensors_io.Source(array=x), None, False) for n, x in a.items()]
+        pdparams.write_file(f, rows, {})
     cfg = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
     rep, _ = merged_ok(src, tmp_path / "out")
@@ -336,9 +336,7 @@ def test_undecodable_head_compared_as_bytes_is_kept_and_untied(tmp_path):
         (src / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": True}))
         for r in range(2):
             f = TP / "llama_fp32" / "tp2" / f"model_state.tp0{r}.pdparams"
-            a = {
-                t.name: np.array(pdparams_io.read_array(f, t)) for t in pdparams_io.read_header(f, f.name)[0]
-            }
+            a = {t.name: np.array(pdparams.read_array(f, t)) for t in pdparams.read_header(f, f.name)[0]}
             emb = a.pop("model.embed_tokens.weight").view(np.uint8)[:, ::4].copy()  # 1 byte an element
             head = emb.copy() if same else emb[::-1].copy()
             st = {k: ("F32", v) for k, v in a.items() if k != "lm_head.weight"}

@@ -349,14 +349,14 @@ def test_every_real_pdparams_walks_as_pickle_loads_it() -> None:
     ``.pdparams`` in tests/data (PaddleNLP/PaddleFormers/paddle.save files and tietool's own outputs) is
     read, and gives the tensors and non-tensor entries that ``pickle.load`` (allow-listed, building real
     numpy arrays) gives."""
-    from tietool.surgery.io import pdparams_io
+    from tietool.surgery.io import pdparams
 
     assert len(REAL_PDPARAMS) > 50
     for p in REAL_PDPARAMS:
-        tensors, extras, _ = pdparams_io.read_header(p, p.name)
+        tensors, extras, _ = pdparams.read_header(p, p.name)
         want = av.fs.read_pdparams_raw(p)
         arrays = {k: v for k, v in want.items() if isinstance(v, np.ndarray)}
-        if pdparams_io.SPLIT_TABLE in want:  # joined by name: compared by test_index_and_ranks
+        if pdparams.SPLIT_TABLE in want:  # joined by name: compared by test_index_and_ranks
             continue
         got = {t.name: (t.dtype, tuple(t.shape)) for t in tensors}
         assert got == {k: (v.dtype.name, v.shape) for k, v in arrays.items()}, p
@@ -373,24 +373,24 @@ def test_memo_bomb_refused_in_linear_time(levels: int, tmp_path: Path) -> None:
     """A value tripled by DUP DUP TUPLE3 ``levels`` times (3**levels elements counted at every reference,
     3 bytes a level, nested less than the depth limit) is refused by its counted size, in time that does
     not grow with 3**levels."""
-    from tietool.surgery.io import pdparams_io
+    from tietool.surgery.io import pdparams
     from tietool.surgery.model.errors import CheckpointError
 
     p = tmp_path / PD_FILE
     p.write_bytes(_pd_with(b")" + b"22\x87" * levels))
     t0 = time.monotonic()
     with pytest.raises(CheckpointError, match="memo bomb"):
-        pdparams_io.walk(p)
+        pdparams.walk(p)
     assert time.monotonic() - t0 < 2.0
 
 
 def test_shared_values_within_the_limit_are_read(tmp_path: Path) -> None:
     """Control: sharing itself is allowed (pickle memoizes any repeated object); 2**12 counted values read."""
-    from tietool.surgery.io import pdparams_io
+    from tietool.surgery.io import pdparams
 
     p = tmp_path / PD_FILE
     p.write_bytes(_pd_with(b")" + b"2\x86" * 12))
-    top, _ = pdparams_io.walk(p)
+    top, _ = pdparams.walk(p)
     x, n = top["meta"], 0
     while x:
         x, n = x[0], n + 1
@@ -400,13 +400,13 @@ def test_shared_values_within_the_limit_are_read(tmp_path: Path) -> None:
 @pytest.mark.parametrize("depth", [32, 33])
 def test_nesting_limit_is_exact(depth: int, tmp_path: Path) -> None:
     """A list value nested ``depth`` deep below its entry: 32 levels read, 33 refused naming the limit."""
-    from tietool.surgery.io import pdparams_io
+    from tietool.surgery.io import pdparams
     from tietool.surgery.model.errors import CheckpointError
 
     p = tmp_path / PD_FILE
     p.write_bytes(_pd_with(b"]" * depth + b"a" * (depth - 1)))
-    if depth <= pdparams_io.WEIGHTS.limits.depth:
-        assert isinstance(pdparams_io.walk(p)[0]["meta"], list)
+    if depth <= pdparams.WEIGHTS.limits.depth:
+        assert isinstance(pdparams.walk(p)[0]["meta"], list)
     else:
         with pytest.raises(CheckpointError, match="nested more than 32 levels"):
-            pdparams_io.walk(p)
+            pdparams.walk(p)

@@ -12,7 +12,7 @@ import pytest
 from support import paths
 
 import tietool
-from tietool.surgery.io import pdparams_io
+from tietool.surgery.io import pdparams
 from tietool.surgery.io.checkpoint import Checkpoint
 
 TP2 = paths.DATA / "tp_ranks" / "llama_fp32" / "tp2"
@@ -32,7 +32,7 @@ def _totals(folder: Path) -> tuple[int, int]:
     """Parameters and bytes of a checkpoint's tensors (a rank folder: every rank file's tensors)."""
     if any(folder.glob("*.tp0*.pdparams")):
         infos = [
-            t for f in sorted(folder.glob("*.tp0*.pdparams")) for t in pdparams_io.read_header(f, f.name)[0]
+            t for f in sorted(folder.glob("*.tp0*.pdparams")) for t in pdparams.read_header(f, f.name)[0]
         ]
         return sum(t.numel for t in infos), sum(t.nbytes for t in infos)
     ck = Checkpoint.open(folder)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 import tietool
-from tietool.surgery.io import pdparams_io
+from tietool.surgery.io import pdparams
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_checkpoints"
@@ -23,9 +23,9 @@ EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(.*)$")
 
 
 def _arrays(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
-    infos, _, _ = pdparams_io.read_header(path, path.name)
+    infos, _, _ = pdparams.read_header(path, path.name)
     return {
-        t.name: (t.dtype, t.shape, np.ascontiguousarray(pdparams_io.read_array(path, t)).tobytes())
+        t.name: (t.dtype, t.shape, np.ascontiguousarray(pdparams.read_array(path, t)).tobytes())
         for t in infos
     }
 

@@ -23,9 +23,9 @@ import pytest
 from support.paths import CASES_DIR, REPO
 
 from tietool.surgery.inspect.detect import detect
-from tietool.surgery.io import store
+from tietool.surgery.io import store, stores
 from tietool.surgery.io.checkpoint import Checkpoint
-from tietool.surgery.io.store import LocalStore, MemoryStore, RemoteStore
+from tietool.surgery.io.stores import LocalStore, MemoryStore, RemoteStore
 from tietool.surgery.model.errors import (
     CheckpointError,
     ExitCode,
@@ -82,11 +82,11 @@ def test_the_walk_sees_is_remote(tmp_path):
 
 
 def test_store_for():
-    assert isinstance(store.store_for(CASES_DIR), LocalStore) and store.store_for(CASES_DIR).on_disk
-    assert isinstance(store.store_for(str(CASES_DIR)), LocalStore)
+    assert isinstance(stores.store_for(CASES_DIR), LocalStore) and stores.store_for(CASES_DIR).on_disk
+    assert isinstance(stores.store_for(str(CASES_DIR)), LocalStore)
     mem = MemoryStore({"a.txt": b"abc"})
     try:
-        st = store.store_for(mem.url)
+        st = stores.store_for(mem.url)
         assert isinstance(st, RemoteStore) and not st.on_disk
         assert st.list() == {"a.txt": 3} and st.size("a.txt") == 3 and st.read_range("a.txt", 1, 5) == b"bc"
         with st.open_read("a.txt") as f:

@@ -130,11 +130,12 @@ def _overlaps(reads, file, start, n):
 
 @pytest.mark.parametrize("case", ["pf_llama_tied_sharded", "pf_llama_untied_fp32"])
 def test_inspect_reads_no_untouched_tensor_data(monkeypatch, case):
-    from tietool.surgery.io import checkpoint, pdparams_io, safetensors_io, store
+    from tietool.surgery.io import checkpoint, safetensors_io, store
+    from tietool.surgery.io.pdparams import unpickle as pdparams_unpickle
 
     tr = _Tracker()
     # store: the file access layer (local files are opened there too: read_range, open_read)
-    for mod in (safetensors_io, pdparams_io, checkpoint, store):
+    for mod in (safetensors_io, pdparams_unpickle, checkpoint, store):
         monkeypatch.setattr(mod, "open", tr.open, raising=False)
     ck = Checkpoint.open(FIX / case)
     det = detect(ck)
@@ -152,10 +153,11 @@ def test_inspect_reads_no_untouched_tensor_data(monkeypatch, case):
 def test_inspect_no_values_reads_headers_only(monkeypatch, case):
     """``inspect --no-values`` reads no tensor data at all, the embedding's and head's included."""
     from tietool.surgery.inspect.summary import inspect_path
-    from tietool.surgery.io import checkpoint, pdparams_io, safetensors_io
+    from tietool.surgery.io import checkpoint, safetensors_io
+    from tietool.surgery.io.pdparams import unpickle as pdparams_unpickle
 
     tr = _Tracker()
-    for mod in (safetensors_io, pdparams_io, checkpoint):
+    for mod in (safetensors_io, pdparams_unpickle, checkpoint):
         monkeypatch.setattr(mod, "open", tr.open, raising=False)
     info = inspect_path(FIX / case, compare_values=False)
     ck = Checkpoint.open(FIX / case)
@@ -269,7 +271,7 @@ def test_parallel_copies_match_sequential(tmp_path, monkeypatch):
 
 
 def test_pdparams_structure_is_read_without_payloads(tmp_path, monkeypatch):
-    from tietool.surgery.io import pdparams_io
+    from tietool.surgery.io.pdparams import unpickle as pdparams_unpickle
 
     ck_dir = tmp_path / "ck"
     ck_dir.mkdir()
@@ -289,7 +291,7 @@ def test_pdparams_structure_is_read_without_payloads(tmp_path, monkeypatch):
         pickle.dump(sd, f, protocol=4)
     size = (ck_dir / "model_state.pdparams").stat().st_size
     tr = _Tracker()
-    monkeypatch.setattr(pdparams_io, "open", tr.open, raising=False)
+    monkeypatch.setattr(pdparams_unpickle, "open", tr.open, raising=False)
     ck = Checkpoint.open(ck_dir)
     read = sum(r[2] for r in tr.reads)
     assert read < 4096 < size, f"walking the pickle read {read} of {size} bytes"

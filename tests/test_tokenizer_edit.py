@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tietool.surgery.io import tokenizer_edit
+from tietool.surgery.io import tokenizer_folder
 from tietool.surgery.io.tokenizer_edit import add_tokens_edit, remove_tokens_edit
 from tietool.surgery.model.errors import CheckpointError, RefusedError, TietoolError
 
@@ -365,7 +365,7 @@ def test_missing_library_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setattr(importlib, "import_module", fake)
     with pytest.raises(TietoolError, match=r'pip install "\.\[tokenizer\]" in the tietool clone'):
         add_tokens_edit(DATA / "bytelevel_bpe", PLAIN)
-    assert tokenizer_edit.EXTRA == 'pip install ".[tokenizer]" in the tietool clone'
+    assert tokenizer_folder.EXTRA == 'pip install ".[tokenizer]" in the tietool clone'
 
 
 # ------------------------------------------------------------------ the loaders
@@ -462,7 +462,7 @@ def test_vocabulary_spelling_of_another_text_is_refused(name, text, special, tmp
     Refused, nothing written."""
     folder = _copy(name, tmp_path)
     before = _encode_before(folder, text)
-    vocab = tokenizer_edit._base_of(tokenizer_edit._scan(folder))
+    vocab = tokenizer_folder._base_of(tokenizer_folder.scan_folder(folder))
     assert text in vocab and before != [vocab[text]]  # the premise, from the files themselves
     with pytest.raises(RefusedError, match=f"{text!r} is the vocabulary's spelling of token {vocab[text]}"):
         add_tokens_edit(folder, ["<ok>", text], special=special)

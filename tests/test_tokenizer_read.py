@@ -309,7 +309,7 @@ def test_untrained_rows_come_from_the_head_comparison(tmp_path, monkeypatch, lay
     """With a head to compare, inspect's scan is fed from the embedding chunks the comparison reads (in one
     thread or two halves): the embedding is not read a second time, and the answer equals a scan of its
     own."""
-    from tietool.surgery.inspect import detect as detect_mod
+    from tietool.surgery.inspect import compare as compare_mod
     from tietool.surgery.io.checkpoint import Checkpoint
 
     rows = trained_rows(312)
@@ -321,7 +321,7 @@ def test_untrained_rows_come_from_the_head_comparison(tmp_path, monkeypatch, lay
     )
     want = chunked.untrained_rows(Checkpoint.open(ck), "model.embed_tokens.weight", 304)
     if halves:
-        monkeypatch.setattr(detect_mod, "HALVES_BYTES", 1)
+        monkeypatch.setattr(compare_mod, "HALVES_BYTES", 1)
     real = chunked._rows
 
     def no_second_read(c, name, *a, **k):

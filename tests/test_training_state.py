@@ -23,22 +23,22 @@ from support import paths
 from support.adversarial_support import assert_refused, run_cli
 
 import tietool
-from tietool.surgery.io import pdparams_io
+from tietool.surgery.io import pdparams, safetensors_io
 
 LEGACY = paths.CASES_DIR / "pf_llama_untied_legacy_pdparams"
 
 
 def arrays(path: Path) -> tuple[dict[str, np.ndarray], dict]:
-    infos, extras, _ = pdparams_io.read_header(path, path.name)
-    return {t.name: np.array(pdparams_io.read_array(path, t)) for t in infos}, extras
+    infos, extras, _ = pdparams.read_header(path, path.name)
+    return {t.name: np.array(pdparams.read_array(path, t)) for t in infos}, extras
 
 
 def write_state_dict(path: Path, tensors: dict[str, np.ndarray], extras: dict) -> None:
     rows = [
-        (n, a.dtype.name, a.shape, pdparams_io.Source(array=np.ascontiguousarray(a)), None, False)
+        (n, a.dtype.name, a.shape, safetensors_io.Source(array=np.ascontiguousarray(a)), None, False)
         for n, a in tensors.items()
     ]
-    pdparams_io.write_file(path, rows, extras)
+    pdparams.write_file(path, rows, extras)
 
 
 def with_optimizer(tmp_path: Path, src: Path = LEGACY) -> tuple[Path, dict[str, np.ndarray]]:
@@ -219,8 +219,8 @@ def test_the_master_weights_form_is_resized_and_written_back_in_it(tmp_path):
     rep = tietool.resize(ck, 128, tmp_path / "out", keep_training_state=True)
     assert "master_weights/embedding_0.w_0" in rep["files"]["training_state_resized"]["optimizer.pdopt"]
     f = tmp_path / "out" / "optimizer.pdopt"
-    head = pdparams_io.read_optimizer_header(f, f.name)
-    after = {t.name: np.asarray(pdparams_io.read_array(f, t)) for t in head.tensors}
+    head = pdparams.read_optimizer_header(f, f.name)
+    after = {t.name: np.asarray(pdparams.read_array(f, t)) for t in head.tensors}
     vocab = ("embedding_0.w_0_fp32_master_0_moment", "lm_head_0.w_0_fp32_master_0_moment")
     check_resized(mp, after, {k for k in mp if k.startswith(vocab)}, 100, 128)
     assert head.names == {
@@ -228,7 +228,7 @@ def test_the_master_weights_form_is_resized_and_written_back_in_it(tmp_path):
         **{"master_weights/" + k: k + "_fp32_master_0" for k in master},
     }
     assert head.extras == {"master_weights": None, "LR_Scheduler": {"last_epoch": 3}}
-    got = {t.name: np.asarray(pdparams_io.read_array(f, t)) for t in head.master}
+    got = {t.name: np.asarray(pdparams.read_array(f, t)) for t in head.master}
     new_w, _ = arrays(tmp_path / "out" / "model_state.pdparams")
     emb = got["embedding_0.w_0"]
     assert emb.shape == (128, 16) and emb[:100].tobytes() == master["embedding_0.w_0"].tobytes()
@@ -379,13 +379,13 @@ def test_slack_rows_master_weights_take_the_new_values(tmp_path, monkeypatch):
     (ck / "optimizer.pdopt").write_bytes(pickle.dumps(obj, protocol=4))
     ops.add_tokens(ck, ["<a>", "<b>"], tmp_path / "out", seed=0, keep_training_state=True)
     f = tmp_path / "out" / "optimizer.pdopt"
-    head = pdparams_io.read_optimizer_header(f, f.name)
-    got = {t.name: np.asarray(pdparams_io.read_array(f, t)) for t in head.master}["embedding_0.w_0"]
+    head = pdparams.read_optimizer_header(f, f.name)
+    got = {t.name: np.asarray(pdparams.read_array(f, t)) for t in head.master}["embedding_0.w_0"]
     new_w, _ = arrays(tmp_path / "out" / "model_state.pdparams")
     old = master["embedding_0.w_0"]
     assert got.shape == old.shape
     assert got[:90].tobytes() == old[:90].tobytes() and got[92:].tobytes() == old[92:].tobytes()
     assert got[90:92].tobytes() == new_w["model.embed_tokens.weight"][90:92].tobytes()
     assert not np.array_equal(got[90:92], old[90:92])
-    moments = {t.name: np.asarray(pdparams_io.read_array(f, t)) for t in head.tensors}
+    moments = {t.name: np.asarray(pdparams.read_array(f, t)) for t in head.tensors}
     assert not moments["embedding_0.w_0_fp32_master_0_moment1_0"][90:92].any()

@@ -24,7 +24,7 @@ from support.adversarial_support import run_cli
 from test_training_state import _Named, arrays, with_optimizer
 
 import tietool
-from tietool.surgery.io import flex, flex_write, pdparams_io
+from tietool.surgery.io import flex, flex_write, pdparams, safetensors_io
 from tietool.surgery.verify import verify
 
 needs_data = pytest.mark.skipif(
@@ -50,17 +50,17 @@ def _unexplained(a: Path, b: Path, *words: str) -> list[str]:
 
 def _forge_pdopt(path: Path, edit: Callable[[str, np.ndarray], np.ndarray], master: bool = False) -> None:
     """Rewrite ``optimizer.pdopt`` with each accumulator (or master weight) passed through ``edit``."""
-    head = pdparams_io.read_optimizer_header(path, path.name)
+    head = pdparams.read_optimizer_header(path, path.name)
 
     def rows(ts, is_master):
         for t in ts:
-            a = np.array(pdparams_io.read_array(path, t))
+            a = np.array(pdparams.read_array(path, t))
             if is_master == master:
                 a = edit(t.name, a)
-            yield t.name, t.dtype, a.shape, pdparams_io.Source(array=np.ascontiguousarray(a)), None, False
+            yield t.name, t.dtype, a.shape, safetensors_io.Source(array=np.ascontiguousarray(a)), None, False
 
     tmp = path.with_suffix(".forged")
-    pdparams_io.write_optimizer_file(
+    pdparams.write_optimizer_file(
         tmp, rows(head.tensors, False), rows(head.master, True), head.names, head.extras, head.np_module
     )
     tmp.replace(path)
@@ -162,21 +162,21 @@ def test_pdopt_missing_accumulator_is_unexplained(tmp_path: Path) -> None:
     out = tmp_path / "out"
     tietool.resize(ck, 128, out, keep_training_state=True)
     f = out / "optimizer.pdopt"
-    head = pdparams_io.read_optimizer_header(f, f.name)
+    head = pdparams.read_optimizer_header(f, f.name)
     keep = [t for t in head.tensors if t.name != "linear_1.w_0_moment2_0"]
     rows = [
         (
             t.name,
             t.dtype,
             t.shape,
-            pdparams_io.Source(array=np.array(pdparams_io.read_array(f, t))),
+            safetensors_io.Source(array=np.array(pdparams.read_array(f, t))),
             None,
             False,
         )
         for t in keep
     ]
     g = tmp_path / "forged.pdopt"
-    pdparams_io.write_optimizer_file(g, rows, [], head.names, head.extras, head.np_module)
+    pdparams.write_optimizer_file(g, rows, [], head.names, head.extras, head.np_module)
     g.replace(f)
     _unexplained(ck, out, "linear_1.w_0_moment2_0", "not in the output")
 

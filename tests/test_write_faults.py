@@ -6,7 +6,7 @@ checkpoint").
 
 The faults are injected by wrapping the function that writes each kind of file (the real writer runs, then
 its file is damaged) at the place its caller looks it up: ``safetensors_io.write_rows`` (weight shards),
-``pdparams_io.write_file`` (``.pdparams`` and ``.distcp``), ``pdparams_io.write_optimizer_file``
+``pdparams.write_file`` (``.pdparams`` and ``.distcp``), ``pdparams.write_optimizer_file``
 (``optimizer.pdopt``), ``flex_write.write_metadata`` (a flex ``.metadata``), ``edits.write_bytes``
 (config.json and tokenizer files) and ``copy.copy_range`` (a whole-file copy). The changed byte is byte 10:
 inside the safetensors header, the pickle's first records, the JSON text. (The read-back of weight files
@@ -27,7 +27,7 @@ from support import flex_support as fx
 from typer.testing import CliRunner
 
 from tietool.cli.app import app
-from tietool.surgery.io import flex_write, pdparams_io, safetensors_io
+from tietool.surgery.io import flex_write, pdparams, safetensors_io
 from tietool.surgery.write import copy as copy_mod
 from tietool.surgery.write import edits
 
@@ -85,16 +85,16 @@ def _short_copies(seen: list[str]) -> Callable[..., Any]:
 
 def _with_optimizer(ck: Path) -> None:
     """An AdamW ``optimizer.pdopt`` for ``ck``'s parameters (random moments), as Paddle saves it."""
-    infos, extras, _ = pdparams_io.read_header(ck / "model_state.pdparams", "model_state.pdparams")
+    infos, extras, _ = pdparams.read_header(ck / "model_state.pdparams", "model_state.pdparams")
     shapes = {t.name: t.shape for t in infos}
     rng = np.random.default_rng(0)
     rows = []
     for name, pname in extras["StructuredToParameterName@@"].items():
         for acc in ("moment1", "moment2"):
             a = rng.standard_normal(shapes[name]).astype(np.float32)
-            rows.append((f"{pname}_{acc}_0", "float32", a.shape, pdparams_io.Source(array=a), None, False))
+            rows.append((f"{pname}_{acc}_0", "float32", a.shape, safetensors_io.Source(array=a), None, False))
     table = {"LR_Scheduler": {"last_epoch": 1}, "StructuredToParameterName@@": {r[0]: r[0] for r in rows}}
-    pdparams_io.write_file(ck / "optimizer.pdopt", rows, table)
+    pdparams.write_file(ck / "optimizer.pdopt", rows, table)
 
 
 def _ordinary(name: str, tmp: Path) -> Path:
@@ -126,13 +126,13 @@ ORDINARY = {
         ["resize", "--vocab", "330", "--seed", "1"],
     ),
     "pdparams": (
-        (pdparams_io, "write_file"),
+        (pdparams, "write_file"),
         lambda p: p.suffix == ".pdparams",
         "pnlp_llama_untied",
         ["resize", "--vocab", "104", "--seed", "1"],
     ),
     "pdopt": (
-        (pdparams_io, "write_optimizer_file"),
+        (pdparams, "write_optimizer_file"),
         lambda p: p.suffix == ".pdopt",
         "pnlp_llama_untied",
         ["resize", "--vocab", "104", "--seed", "1", "--keep-training-state"],
@@ -151,7 +151,7 @@ ORDINARY = {
     ),
 }
 FLEX = {
-    "distcp": ((pdparams_io, "write_file"), lambda p: p.suffix == ".distcp", ["resize", "--vocab", "256"]),
+    "distcp": ((pdparams, "write_file"), lambda p: p.suffix == ".distcp", ["resize", "--vocab", "256"]),
     "metadata": (
         (flex_write, "write_metadata"),
         lambda p: p.suffix == ".metadata",

@@ -301,7 +301,7 @@ FAMILIES: tuple[FamilyRow, ...] = (
         # from safetensors ("lm_head.weight should be assigned before!"); GptOss and DeepSeek-V3 ignore
         # tie_word_embeddings altogether (no tie_weights), so a dropped head is lost. HF transformers 5.3
         # re-ties all three, and GLM-4-MoE (tests/test_hf_loader.py::test_hf_loader_facts).
-        # Issue 17 (tests/test_families.py::test_loader_facts): Qwen2-MoE / Qwen3-MoE as Qwen2 (a random head
+        # tests/test_families.py::test_loader_facts: Qwen2-MoE / Qwen3-MoE as Qwen2 (a random head
         # from .pdparams); Qwen3-Next, GLM-4-MoE, GLM-OCR and GLM-4.5V-MoE never rebuild a missing head
         # (safetensors: "lm_head.weight should be assigned before!"; .pdparams: random); Qwen3-VL and
         # Qwen2.5-VL re-tie from .pdparams but log the head as newly initialized; so do Qwen2 and Qwen3 (the

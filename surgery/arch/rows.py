@@ -373,7 +373,7 @@ class TPRule:
 # ============================================================================ conversions
 class Size(str, Enum):
     """A size of the model that a Linear weight's axis has, read from config.json
-    (``surgery.inspect.layout``)."""
+    (``surgery.inspect.linear_layout``)."""
 
     HIDDEN = "hidden_size"
     HIDDEN2 = "2 x hidden_size"

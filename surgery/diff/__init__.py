@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..inspect.detect import Detection, detect
+from ..inspect.detect import detect
+from ..inspect.detection import Detection
 from ..model.errors import ExitCode, TietoolError
 from . import files as files_mod
 from .sides import Side, has_report, open_side, same_file

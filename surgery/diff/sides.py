@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io import flex, store, surface
+from ..io import flex, store, stores, surface
 from ..io.checkpoint import CONFIG_FILES, REPORT_NAME, Checkpoint, has_whole
 from ..io.safetensors_io import Source
 from ..model.enums import Container, Target
@@ -141,7 +141,7 @@ def open_side(path: Any) -> Side:
             :func:`surgery.plan.merge_flex.plan_flex` and :func:`surgery.plan.merge_experts.plan_rank_merge`
             raise them (a rank folder whose slices ``merge`` would refuse is refused here too).
     """
-    local = store.local_root(path)
+    local = stores.local_root(path)
     if local is not None:
         names = {p.name for p in local.iterdir()} if local.is_dir() else set()
         if flex.find(local) is not None and not has_whole(names):
@@ -202,4 +202,4 @@ def merged_flex(src: Path) -> Side:
 
 def same_file(a: Any, b: Any) -> bool:
     """``a`` and ``b`` are one local file (:func:`surgery.io.store.same_local_file`)."""
-    return store.same_local_file(a, b)
+    return stores.same_local_file(a, b)

@@ -206,7 +206,7 @@ def _weights(k: int) -> np.ndarray:
 
 
 ROW_SCAN: ContextVar[RowScan | None] = ContextVar("ROW_SCAN", default=None)
-"""The :class:`RowScan` that :func:`surgery.inspect.detect.compare` fills from the embedding chunks it reads
+"""The :class:`RowScan` that :func:`surgery.inspect.compare.compare` fills from the embedding chunks it reads
 (set by inspect around its detection, so that the untrained-row scan reads no byte twice)."""
 
 

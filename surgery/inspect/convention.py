@@ -4,7 +4,8 @@ A convention is a naming (:class:`~surgery.arch.Naming`: ``llama.``, ``ernie.``,
 Linear layout (``[in, out]`` or ``[out, in]``) and a head layout (``[hidden, vocab]`` or ``[vocab, hidden]``).
 The naming is read from the tensor names against the model type's row of
 :data:`~surgery.arch.CONVERSIONS`; the Linear layout is proven from the shapes
-(:mod:`surgery.inspect.layout`); the head's from its shape (:func:`surgery.plan.convert.head_layout`). Pure.
+(:mod:`surgery.inspect.linear_layout`); the head's from its shape
+(:func:`surgery.plan.convert_tensors.head_layout`). Pure.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from .. import arch
 from ..io.checkpoint import Checkpoint
 from ..model.enums import Container
 from ..model.errors import CheckpointError, RefusedError
-from .layout import Layout, prove
+from .linear_layout import Layout, prove
 
 LEGACY_LOAD = 'from_pretrained(path, load_checkpoint_format="legacy", convert_from_hf=False)'
 """The PaddleFormers 1.2 call that loads its legacy Paddle layout (a plain ``from_pretrained`` of such

@@ -14,7 +14,8 @@ from ..model.errors import Opt, TietoolError
 from ..model.tensor import dtype_refusal
 from . import chunked
 from .convention import LEGACY_LOAD, paddle_layout_evidence
-from .detect import DRIFT_EDGES, Detection, detect
+from .detect import detect
+from .detection import DRIFT_EDGES, Detection
 from .findings import Finding, FindingKind, describe
 
 

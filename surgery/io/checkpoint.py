@@ -21,12 +21,12 @@ import numpy as np
 
 from ..model.enums import Container
 from ..model.errors import CheckpointError
-from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, require_array
-from . import mistaken, regular, safetensors_io, store, surface, tree
+from ..model.tensor import TensorInfo, require_array
+from . import mistaken, regular, safetensors_io, store, stores, surface, tree
 from .configfile import read_config
 from .formats import FORMATS, PDPARAMS, SAFETENSORS, Format, other
 from .regular import kind_of, load_json, require_regular
-from .store import Store
+from .stores import Store
 
 ST_SINGLE = SAFETENSORS.single
 ST_INDEX = SAFETENSORS.index
@@ -372,7 +372,7 @@ class Checkpoint:
             paths); a write that changes the model drops them unless asked to keep them.
         folder_links: the symbolic links to folders below the folder (followed: their files are in
             ``other_files``); the in-place new version keeps them as links (:mod:`surgery.io.tree`).
-        store: the :class:`surgery.io.store.Store` the folder is in (``path`` is its root); what differs
+        store: the :class:`surgery.io.stores.Store` the folder is in (``path`` is its root); what differs
             between a local folder and object storage is asked of it, not of the path.
         config_file: ``config.json``, or ``model_config.json`` in a folder that has only that (PaddleNLP
             2.x); ``config_prefix`` is where its model arguments sit in it (``init_args.0``) or "".
@@ -404,7 +404,7 @@ class Checkpoint:
 
     def __post_init__(self) -> None:
         if self.store is None:  # made by hand (tests): the store of its path
-            self.store = store.store_for(self.path)
+            self.store = stores.store_for(self.path)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -420,7 +420,7 @@ class Checkpoint:
                 remote store (naming the object).
             UnsafePickleError: a ``.pdparams`` with a global outside the allow-list.
         """
-        st = store.store_for(path)
+        st = stores.store_for(path)
         if st.on_disk:
             return cls._open(st.root, st)
         with (
@@ -668,26 +668,10 @@ class Checkpoint:
         lg = t.st_dtype.logical
         return "bfloat16" if lg == "uint16" and self.bf16_as_u16 else lg
 
-    def file_path(self, rel: str) -> Path:
-        return self.path / rel
-
     def load(self, name: str) -> np.ndarray:
         """Raw stored array of tensor ``name`` (bf16 as ``uint16`` bits), reading only its bytes."""
         t = self.tensors[name]
         return self.fmt.read_array(self.path / t.file, t)
-
-    def load_f32(self, name: str) -> np.ndarray:
-        """Tensor ``name`` decoded to float32 (bf16 bits by shift, never by value cast).
-
-        Raises:
-            RefusedError: a dtype tietool does not compute in (float8, float4, float6, complex).
-        """
-        if not self.tensors[name].st_dtype.decodable:
-            raise dtype_refusal(self.tensors[name], self.path, "decode its values")
-        a = self.load(name)
-        if self.logical_dtype(self.tensors[name]) == "bfloat16":
-            return bf16_bits_to_f32(a)
-        return a.astype(np.float32)
 
     def iter_rows(self, name: str, chunk_rows: int, start: int = 0, stop: int | None = None):
         """Yield rows ``start:stop`` of tensor ``name`` in chunks of ``chunk_rows`` rows (stored dtype), read

@@ -2,13 +2,13 @@
 ``save_checkpoint_format="flex_checkpoint"``), read without executing anything.
 
 A flex checkpoint folder holds ``<rank>_<id>.distcp`` files (``paddle.save`` pickles of ``{key: ndarray}``,
-each a rank's local slices, read by :mod:`surgery.io.pdparams_io`'s walker like any ``.pdparams``) and one
+each a rank's local slices, read by :mod:`surgery.io.pdparams`'s walker like any ``.pdparams``) and one
 ``<id>.metadata`` file: a pickle of ``paddle.distributed.flex_checkpoint.dcp.metadata.Metadata`` whose
 ``state_dict_metadata`` maps each tensor key to its ``LocalTensorMetadata`` (``global_offset``,
 ``local_shape``, ``global_shape``, ``dtype``, ``is_flattened``, ``flattened_range``) and whose
 ``storage_metadata`` maps each ``LocalTensorIndex`` (``tensor_key``, ``global_offset``, ``local_shape``,
 flattening, ``replica_id``) to the file that holds that slice. The three classes are simulated as plain
-:class:`~surgery.io.pdparams_io.Record` s (:data:`METADATA`: nothing is imported or called); any other global
+:class:`~surgery.io.pdparams.Record` s (:data:`METADATA`: nothing is imported or called); any other global
 is refused by name (``UnsafePickleError``, exit 4).
 
 The Trainer writes such a folder as ``checkpoint-N/model_state/`` beside ``optimizer_state/`` and
@@ -30,9 +30,9 @@ import numpy as np
 
 from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo
-from . import pdparams_io, regular, tree
+from . import pdparams, regular, tree
 from .configfile import read_config
-from .pdparams_io import AllowList, Limits, Record
+from .pdparams import AllowList, Limits, Record
 
 MODULE = "paddle.distributed.flex_checkpoint.dcp.metadata"
 _META, _LTM, _LTI = (MODULE, "Metadata"), (MODULE, "LocalTensorMetadata"), (MODULE, "LocalTensorIndex")
@@ -327,7 +327,7 @@ def read_metadata(path: Path) -> dict[str, FlexTensor]:
         CheckpointError: a malformed pickle or record (a field missing, of the wrong type, a slice outside
             its tensor, a tensor without slices), naming the file.
     """
-    top, _ = pdparams_io.walk(path, METADATA)
+    top, _ = pdparams.walk(path, METADATA)
     f = _fields(top[""], _META, path, "the top-level record", _META_FIELDS)
     sdm, stm = f["state_dict_metadata"], f["storage_metadata"]
     if type(sdm) is not dict or type(stm) is not dict:
@@ -413,12 +413,12 @@ def _rank_of(file: str) -> int:
 
 
 def data_headers(ck: FlexCheckpoint, file: str) -> dict[str, TensorInfo]:
-    """The arrays of one ``.distcp`` file by key (headers only: :func:`pdparams_io.read_header`).
+    """The arrays of one ``.distcp`` file by key (headers only: :func:`pdparams.read_header`).
 
     Raises:
         CheckpointError, UnsafePickleError: a damaged or unsafe file, naming it.
     """
-    infos, _, _ = pdparams_io.read_header(ck.path_of(file), file)
+    infos, _, _ = pdparams.read_header(ck.path_of(file), file)
     return {t.name: t for t in infos}
 
 

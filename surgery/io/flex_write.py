@@ -3,7 +3,7 @@
 Format code is justified here: no library writes Paddle's ``.metadata`` records without importing paddle
 (``pickle`` itself would import ``paddle.distributed.flex_checkpoint.dcp.metadata`` to name the classes),
 and tietool never imports paddle outside tests. So the three records are emitted by
-:class:`~surgery.io.pdparams_io.Emitter` (the opcode emitter of tietool's ``.pdparams`` writer, which also
+:class:`~surgery.io.pdparams.Emitter` (the opcode emitter of tietool's ``.pdparams`` writer, which also
 writes the ``.distcp`` files: they are ``paddle.save`` pickles of ``{key: ndarray}``) exactly as paddle's
 pickle writes them (``tests/data/flex/README.md``, "What the ``.metadata`` pickle names"): protocol 4,
 ``STACK_GLOBAL`` of ``Metadata`` / ``LocalTensorMetadata`` / ``LocalTensorIndex`` from
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from . import pdparams_io, tree
+from . import pdparams, tree
 from .flex import MODULE, FlexSlice, FlexTensor
-from .pdparams_io import Emitter
+from .pdparams import Emitter
 from .readback import Planned
 from .safetensors_io import Source
 
@@ -126,7 +126,7 @@ def whole(name: str, dtype: str, shape: tuple[int, ...], file: str) -> FlexTenso
 @dataclass(frozen=True)
 class Lazy:
     """A replacement tensor computed only when it is written (:func:`rewrite_folder`), so that a rewrite
-    holds one new tensor in memory at a time (issue 21: a 128k-row fp32 moment is 2.1 GB).
+    holds one new tensor in memory at a time (a 128k-row fp32 moment is 2.1 GB).
 
     Attributes:
         shape: the global shape of the array ``make`` returns.
@@ -183,21 +183,21 @@ def _rewrite_file(src: Path, dst: Path, drop: set[str], add: list[tuple[str, Rep
     ``StructuredToParameterName@@`` loses the dropped keys and names each added key (its old name, else
     itself): ``paddle.load`` makes a Tensor of every key that table names and fails on a named key the file
     lacks (measured). Returns the tensors written, in order (what the read-back compares)."""
-    infos, extras, module = pdparams_io.read_header(src, src.name)
+    infos, extras, module = pdparams.read_header(src, src.name)
     new = [(k, a.dtype.name, tuple(a.shape), _source(a), None, False) for k, a in add]
-    rows: list[pdparams_io.Row] = []
+    rows: list[pdparams.Row] = []
     for t in infos:
         if t.name in drop:
             rows.extend(new)
             new = []
             continue
-        rows.append((t.name, t.dtype, t.shape, pdparams_io.raw_bytes_source(src, t), t.storage, t.fortran))
+        rows.append((t.name, t.dtype, t.shape, pdparams.raw_bytes_source(src, t), t.storage, t.fortran))
     rows.extend(new)
-    table = extras.get(pdparams_io.NON_TENSOR_KEYS[0])
+    table = extras.get(pdparams.NON_TENSOR_KEYS[0])
     if isinstance(table, dict):  # paddle.load looks up every key it names: dropped keys leave it
         kept = {k: v for k, v in table.items() if k not in drop}
-        extras[pdparams_io.NON_TENSOR_KEYS[0]] = {**kept, **{k: table.get(k, k) for k, _ in add}}
-    pdparams_io.write_file(dst, rows, extras, module)
+        extras[pdparams.NON_TENSOR_KEYS[0]] = {**kept, **{k: table.get(k, k) for k, _ in add}}
+    pdparams.write_file(dst, rows, extras, module)
     return [Planned(r[0], r[1], tuple(r[2]), r[3].nbytes) for r in rows]
 
 

@@ -24,8 +24,12 @@ import numpy as np
 
 from ..model.enums import Container
 from ..model.tensor import TensorInfo
-from . import pdparams_io, readback, safetensors_io
+from . import pdparams, readback, safetensors_io
 from .safetensors_io import Source
+
+# PaddleFormers' and PaddleNLP's ``save_pretrained(max_shard_size="10GB")``; "GB" is 10**9 bytes there
+# (``convert_file_size_to_int``), "GiB" 2**30.
+DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ def _st_header(path: Path, rel: str, blob: tuple[int, int, bytes] | None = None)
 
 
 def _pd_header(path: Path, rel: str, blob: tuple[int, int, bytes] | None = None) -> Header:
-    infos, extras, module = pdparams_io.read_header(path, rel)
+    infos, extras, module = pdparams.read_header(path, rel)
     return Header(infos, extras=extras, np_module=module)
 
 
@@ -78,7 +82,7 @@ class Format:
         source: ``(path, t) -> Source``: where the stored bytes of ``t`` are, for a byte-range copy.
         write_file: the container's writer, in its own signature (for the writer):
             :func:`surgery.io.safetensors_io.write_file` ``(path, rows of (name, label, shape, Source),
-            metadata)`` or :func:`surgery.io.pdparams_io.write_file` ``(path, rows of (name, numpy name,
+            metadata)`` or :func:`surgery.io.pdparams.write_file` ``(path, rows of (name, numpy name,
             shape, Source, storage, fortran), extras)``.
         check_file: the read-back of a written file, in its own signature:
             :func:`surgery.io.readback.check_safetensors` ``(path, planned, metadata)`` or
@@ -150,9 +154,9 @@ PDPARAMS = Format(
     bf16_label=False,
     has_metadata=False,
     read_header=_pd_header,
-    read_array=pdparams_io.read_array,
-    source=pdparams_io.raw_bytes_source,
-    write_file=pdparams_io.write_file,
+    read_array=pdparams.read_array,
+    source=pdparams.raw_bytes_source,
+    write_file=pdparams.write_file,
     check_file=readback.check_pdparams,
 )
 FORMATS: dict[Container, Format] = {f.container: f for f in (SAFETENSORS, PDPARAMS)}

@@ -6,7 +6,7 @@ compared with what a reader sees in the temporary folder:
 * ``.safetensors`` files are opened with the ``safetensors`` library's own ``safe_open`` (the reference
   reader: it refuses duplicate names, holes or overlaps between tensors, a span that does not match the
   shape and dtype, and bytes after the last tensor), so an output tietool writes is one that library loads;
-* ``.pdparams`` files are walked by tietool's strict opcode reader (:func:`pdparams_io.read_header`), the
+* ``.pdparams`` files are walked by tietool's strict opcode reader (:func:`pdparams.read_header`), the
   one that refuses anything a weights pickle should not hold, so an output never fails tietool's own
   checks on the next run;
 * the index (``weight_map``, ``metadata.total_size``) must equal what the shard headers hold.
@@ -30,7 +30,7 @@ from typing import Any, overload
 
 from ..model.errors import CheckpointError, OutputError
 from ..model.tensor import DTYPES, NP_TO_ST
-from . import flex, pdparams_io, safetensors_io
+from . import flex, pdparams, safetensors_io
 
 
 @dataclass(frozen=True, slots=True)  # slots: one per output tensor, millions in a hostile header
@@ -182,7 +182,7 @@ def check_pdparams(path: Path, planned: Sequence[Planned]) -> None:
         OutputError: the reader refuses the file, or it holds other tensors than planned.
     """
     try:
-        tensors, _extras, _module = pdparams_io.read_header(path, path.name)
+        tensors, _extras, _module = pdparams.read_header(path, path.name)
     except Exception as e:  # noqa: BLE001 - tietool's own refusal of the file it just wrote
         raise _mismatch(path, f"the pickle reader refuses it: {e}") from None
     seen = [(t.name, _pdparams_label(t.dtype), tuple(t.shape)) for t in tensors]
@@ -293,7 +293,7 @@ def check_optimizer(path: Path, tensors: Sequence[Planned], master: Sequence[Pla
         OutputError: the reader refuses the file, or it holds other tensors than planned.
     """
     try:
-        head = pdparams_io.read_optimizer_header(path, path.name)
+        head = pdparams.read_optimizer_header(path, path.name)
     except Exception as e:  # noqa: BLE001 - tietool's own refusal of the file it just wrote
         raise _mismatch(path, f"the pickle reader refuses it: {e}") from None
     for got, want in ((head.tensors, tensors), (head.master, master)):

@@ -1,7 +1,7 @@
 """Read only regular files, and never more than a bound: the one place every reader of the input opens a file.
 
 A FIFO in place of ``config.json`` blocks ``open()`` forever, ``/dev/zero`` linked as a JSON file reads until
-memory runs out, and a 600 MB "config" costs 600 MB before the parser sees it (issue 18). So every local
+memory runs out, and a 600 MB "config" costs 600 MB before the parser sees it. So every local
 input file is opened here with ``O_NONBLOCK`` (a FIFO's ``open`` returns at once instead of waiting for a
 writer), checked with ``fstat`` to be a regular file (``S_ISREG``: not a FIFO, socket, device or folder),
 and read up to a limit. A remote path (fsspec) has no FIFOs or devices: it is opened as such, and bounded

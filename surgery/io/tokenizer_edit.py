@@ -30,357 +30,35 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
-from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError, UsageError
-from ..model.extras import install_extra
+from ..model.errors import Opt, RefusedError, TietoolError, UsageError
 from ..model.tokens import AddedToken, NewToken, TokenEdit, TokenizerFormat
-from . import store
-from .regular import JSON_LIMIT, read_bounded
-from .tokenizer import TIKTOKEN_NAMES, is_tiktoken, quiet_stderr, sp_names
-from .tokenizer_check import (
-    MAX_TOKEN_CHARS,
-    check_added_ids,
-    check_sp_model,
-    check_tokenizer_json,
-    check_vocab_json,
-    check_wordpiece_unk,
-    read_text,
+from .tokenizer_check import MAX_TOKEN_CHARS
+from .tokenizer_folder import (
+    ADDED_JSON,
+    CONFIG,
+    SPECIAL_MAP,
+    TokenizerFolder,
+    import_lib,
+    json_tokenizer,
+    scan_folder,
+    splitter,
+    text_lines,
+    tokenizer_from_str,
 )
 from .tokenizer_loaders import AddedTokensIn, unseen_by
-
-SP_NAMES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
-
-EXTRA = install_extra("tokenizer")
-CONFIG, ADDED_JSON, SPECIAL_MAP = "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json"
-
-
-def _lib(name: str) -> Any:
-    """Import ``name`` (``tokenizers``, ``sentencepiece``, ``sentencepiece.sentencepiece_model_pb2``)."""
-    import importlib
-
-    try:
-        return importlib.import_module(name)
-    except ImportError as e:
-        raise TietoolError(
-            f"editing the tokenizer needs {name.split('.')[0]} (the tokenizer extra)", None, EXTRA
-        ) from e
-
-
-@dataclass
-class _Folder:
-    """The tokenizer files of a folder as read (texts, parsed JSON, the model file's protobuf)."""
-
-    root: Any
-    tokenizer_json: str | None = None
-    tj: dict = field(default_factory=dict)  # tokenizer.json parsed
-    tj_native: bool = False  # tokenizers' to_str(pretty=True) reproduces the file (tokenizers wrote it)
-    json_tok: Any = None  # tokenizer.json as a tokenizers.Tokenizer
-    sp_name: str | None = None
-    sp_model: Any = None  # sentencepiece ModelProto
-    sp_proc: Any = None  # the SentencePieceProcessor of sp_model (checked: tokenizer_check.check_sp_model)
-    vocab_txt: list[str] | None = None
-    vocab_json: dict | None = None  # with merges.txt beside it
-    json_files: dict[str, Any] = field(default_factory=dict)  # CONFIG / ADDED_JSON / SPECIAL_MAP
-    base: dict[str, int] = field(default_factory=dict)  # the model file's own tokens
-    base_size: int = 0
-    added: dict[int, AddedToken] = field(default_factory=dict)
-
-    @property
-    def length(self) -> int:
-        return max([self.base_size, *(i + 1 for i in self.added)])
-
-    def ids(self) -> dict[str, int]:
-        """Every token as one string -> its id (added tokens win, as loaders match them first)."""
-        return {**self.base, **{t.content: i for i, t in self.added.items()}}
-
-
-def _read_json(path: Path) -> Any:
-    text = read_text(path, path.name)
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise CheckpointError(f"{path.name} is not valid JSON ({e})", path, "save the tokenizer again") from e
-
-
-def _tiktoken_file(path: Path) -> bool:
-    """Whether the file at ``path`` is a tiktoken rank file (:func:`surgery.io.tokenizer.is_tiktoken`)."""
-    try:
-        return is_tiktoken(path.read_bytes())
-    except OSError:
-        return False
-
-
-def _refuse_unsupported(root: Path, config: Any) -> None:
-    """Refuse a tiktoken file or a custom tokenizer class (``auto_map``): tietool cannot edit them."""
-    tik = sorted(p.name for p in root.glob("*.tiktoken")) + [
-        n for n in (*TIKTOKEN_NAMES, *sp_names(root)) if (root / n).is_file() and _tiktoken_file(root / n)
-    ]
-    if tik:
-        raise RefusedError(
-            f"{tik[0]} is a tiktoken rank file, which tietool cannot edit; nothing was written",
-            root / tik[0],
-            "add the tokens with the tokenizer's own code, then resize the model with tietool resize",
-        )
-    if isinstance(config, dict) and isinstance(config.get("auto_map"), dict):
-        cls = config.get("tokenizer_class") or "a custom class"
-        raise RefusedError(
-            f"tokenizer_config.json names a custom tokenizer class ({cls}, auto_map) that tietool cannot "
-            "edit; nothing was written",
-            root / CONFIG,
-            "add the tokens with that class's own code, then resize the model with tietool resize",
-        )
-
-
-def _scan(folder: Any) -> _Folder:
-    """Read every tokenizer file of ``folder``; refuse what cannot be edited or a folder with no vocabulary.
-
-    Raises:
-        RefusedError: a tiktoken file, a custom class, or no tokenizer.json / *.model / vocab.txt /
-            vocab.json+merges.txt ("nothing to add the token to").
-        CheckpointError: a file that is not valid JSON / protobuf.
-    """
-    root = store.path_of(folder)  # a Path, or a UPath of a URL (the methods both share)
-    f = _Folder(root)
-    for name in (CONFIG, ADDED_JSON, SPECIAL_MAP):
-        if (root / name).is_file():
-            f.json_files[name] = _read_json(root / name)
-    _refuse_unsupported(root, f.json_files.get(CONFIG))
-    if (root / "tokenizer.json").is_file():
-        text = read_text(root / "tokenizer.json", "tokenizer.json")
-        f.tj = _read_json(root / "tokenizer.json")
-        check_tokenizer_json(f.tj, root / "tokenizer.json")  # before the library allocates by its ids
-        f.tokenizer_json, f.json_tok = text, _from_str(text)  # the library must read it first
-        f.tj_native = f.json_tok.to_str(pretty=True) == text.rstrip("\n")
-    f.sp_name = next((n for n in SP_NAMES if (root / n).is_file()), None)
-    if f.sp_name:
-        _read_sp(f)
-    if (root / "vocab.txt").is_file():
-        f.vocab_txt = _lines(read_text(root / "vocab.txt", "vocab.txt"))
-    if (root / "vocab.json").is_file() and (root / "merges.txt").is_file():
-        f.vocab_json = _read_json(root / "vocab.json")
-        check_vocab_json(f.vocab_json, root / "vocab.json")
-    if f.tokenizer_json is None and f.sp_model is None and f.vocab_txt is None and f.vocab_json is None:
-        other = sp_names(root)  # a model inspect reads (vocab_file, spm.model) that is not edited here
-        if other:
-            raise RefusedError(
-                f"{other[0]} is a SentencePiece model under a name add-tokens does not edit "
-                f"({', '.join(SP_NAMES)}): which tokenizer class reads {other[0]} cannot be told "
-                "(transformers 5.3 and PaddleFormers 1.2 skip it for a Llama tokenizer: 3 tokens)",
-                root / other[0],
-                "add the tokens with the tokenizer's own library, then resize the model with tietool resize",
-            )
-        raise RefusedError(
-            "the folder has no tokenizer vocabulary (tokenizer.json, *.model, vocab.txt or vocab.json + "
-            "merges.txt): nothing to add the token to",
-            root,
-            "copy the tokenizer files of the model into the folder",
-        )
-    try:
-        _read_vocab(f)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise CheckpointError(
-            f"the tokenizer files have an unexpected structure ({type(e).__name__}: {e})",
-            root,
-            "save the tokenizer again with save_pretrained",
-        ) from e
-    return f
-
-
-def _read_sp(f: _Folder) -> None:
-    """Parse the SentencePiece model ``f.sp_name`` and load it (:func:`check_sp_model`).
-
-    Raises:
-        CheckpointError: not a SentencePiece model protobuf, or one sentencepiece would refuse.
-    """
-    path = f.root / (f.sp_name or "")
-    f.sp_model = _lib("sentencepiece.sentencepiece_model_pb2").ModelProto()
-    blob = read_bounded(path, JSON_LIMIT, f.sp_name)
-    try:
-        f.sp_model.ParseFromString(blob)
-    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError (and RuntimeError of its C++ parser)
-        raise CheckpointError(
-            f"{f.sp_name} is not a SentencePiece model", path, "restore the file from the model's release"
-        ) from e
-    f.sp_proc = check_sp_model(f.sp_model, f.sp_name or "", path)
-
-
-def _lines(text: str) -> list[str]:
-    """The lines of a text read with universal newlines (``\n``, ``\r\n``, ``\r``), as ``open().readlines()``
-    gives them to transformers' ``load_vocab``; not ``str.splitlines``, which also breaks at ``\x0b``,
-    ``\x0c``, ``\x1c``-``\x1e``, ``\x85``, ``\u2028``, ``\u2029`` inside a token and shifts every later id."""
-    lines = text.split("\n")
-    return lines[:-1] if lines and lines[-1] == "" else lines
-
-
-def _from_str(text: str) -> Any:
-    """``tokenizers.Tokenizer.from_str(text)``; a file the library rejects is a CheckpointError."""
-    tk = _lib("tokenizers")
-    try:
-        with quiet_stderr():
-            return tk.Tokenizer.from_str(text)
-    except (KeyboardInterrupt, SystemExit, MemoryError):
-        raise
-    except BaseException as e:  # noqa: BLE001 - tokenizers raises Exception, a Rust panic PanicException
-        raise CheckpointError(
-            f"tokenizer.json cannot be read by tokenizers ({str(e)[:200]})",
-            "tokenizer.json",
-            "save the tokenizer again with save_pretrained",
-        ) from e
-
-
-def _base_of(f: _Folder) -> dict[str, int]:
-    """The model file's own tokens (the first of tokenizer.json, *.model, vocab.txt, vocab.json)."""
-    if f.tokenizer_json is not None:
-        vocab = f.tj.get("model", {}).get("vocab")
-        if isinstance(vocab, list):  # Unigram: [[piece, score], ...]
-            return {p[0]: i for i, p in reversed(list(enumerate(vocab)))}
-        return dict(vocab or {})
-    if f.sp_model is not None:
-        return {p.piece: i for i, p in reversed(list(enumerate(f.sp_model.pieces)))}
-    if f.vocab_txt is not None:
-        return {t: i for i, t in reversed(list(enumerate(f.vocab_txt)))}
-    return dict(f.vocab_json or {})
-
-
-def _token(t: dict, i: int) -> AddedToken:
-    """An AddedToken from a tokenizer.json ``added_tokens`` / ``added_tokens_decoder`` entry."""
-    flags = (bool(t.get(k)) for k in ("special", "normalized", "lstrip", "rstrip", "single_word"))
-    special, normalized, lstrip, rstrip, single = flags
-    normalized = normalized if "normalized" in t else True
-    return AddedToken(t["content"], i, special, normalized, lstrip, rstrip, single)
-
-
-def _added_sources(f: _Folder) -> list[tuple[str, dict[int, AddedToken]]]:
-    """The added tokens each file names, most specific first (tokenizer.json, the config's
-    ``added_tokens_decoder``, added_tokens.json)."""
-    tj = f.tj
-    dec = (f.json_files.get(CONFIG) or {}).get("added_tokens_decoder") or {}
-    return [
-        ("tokenizer.json", {int(t["id"]): _token(t, int(t["id"])) for t in tj.get("added_tokens") or ()}),
-        (CONFIG, {int(i): _token(t, int(i)) for i, t in dec.items() if isinstance(t, dict)}),
-        (
-            ADDED_JSON,
-            {int(i): AddedToken(c, int(i)) for c, i in (f.json_files.get(ADDED_JSON) or {}).items()},
-        ),
-    ]
-
-
-def _read_vocab(f: _Folder) -> None:
-    """Fill ``f.base`` / ``f.base_size`` / ``f.added`` from every file (the union, as loaders merge them).
-
-    An added token of ``tokenizer.json`` whose id is in the model's vocabulary (Llama's ``<unk>``, a special
-    mark on a base token) stays a base token with that flag.
-
-    Raises:
-        CheckpointError: two files give one id different strings, or the model files disagree.
-        RefusedError: ids between the base vocabulary and the last added token that no file names.
-    """
-    f.base = _base_of(f)
-    f.base_size = max(f.base.values(), default=-1) + 1
-    _check_bases(f)
-    seen: dict[int, str] = {}
-    for name, tokens in _added_sources(f):
-        if name != "tokenizer.json":  # its ids are checked against its own size (check_tokenizer_json)
-            check_added_ids(name, ((i, t.content) for i, t in tokens.items()), f.base_size, f.root / name)
-        for i, t in tokens.items():
-            if i in f.added and f.added[i].content != t.content:
-                raise CheckpointError(
-                    f"{name} gives id {i} the string {t.content!r}, {seen[i]} gives it "
-                    f"{f.added[i].content!r}: the tokenizer files disagree",
-                    f.root / name,
-                    "save the tokenizer again with save_pretrained, or delete the stale file",
-                )
-            f.added.setdefault(i, t)
-            seen.setdefault(i, name)
-    missing = [i for i in range(f.base_size, f.length) if i not in f.added]
-    if missing:
-        raise RefusedError(
-            f"tokenizer ids {missing[0]}..{missing[-1]} are named by no tokenizer file (a gap that loaders "
-            "renumber)",
-            f.root,
-            "save the tokenizer again with save_pretrained so its ids are contiguous",
-        )
-
-
-def _check_bases(f: _Folder) -> None:
-    """Every model file beside tokenizer.json (*.model pieces, vocab.txt lines, vocab.json) names its ids as
-    tokenizer.json's vocabulary does (the ones beyond may be added tokens): a stale file is refused."""
-    if f.tokenizer_json is None:
-        return
-    by_id = {i: t for t, i in f.base.items()}
-    others: list[tuple[str, dict[int, str]]] = []
-    if f.sp_model is not None:
-        others.append((f.sp_name or "tokenizer.model", {i: p.piece for i, p in enumerate(f.sp_model.pieces)}))
-    if f.vocab_txt is not None:
-        others.append(("vocab.txt", dict(enumerate(f.vocab_txt))))
-    if f.vocab_json is not None:
-        others.append(("vocab.json", {int(i): t for t, i in f.vocab_json.items()}))
-    for name, theirs in others:
-        bad = next((i for i in sorted(theirs) if i < f.base_size and theirs[i] != by_id.get(i)), None)
-        if bad is None and len(theirs) >= f.base_size:
-            continue
-        where = (
-            f"id {bad} is {theirs[bad]!r} there, {by_id.get(bad)!r} in tokenizer.json"
-            if bad is not None
-            else (f"{len(theirs)} tokens there, {f.base_size} in tokenizer.json")
-        )
-        raise CheckpointError(
-            f"{name} and tokenizer.json disagree ({where}): one of them is stale",
-            f.root / name,
-            "save the tokenizer again with save_pretrained, or delete the stale file",
-        )
-
-
-# ------------------------------------------------------------------ the current tokenizer's splits
-
-
-def _json_tokenizer(f: _Folder) -> Any:
-    """A ``tokenizers.Tokenizer`` that splits as the folder's tokenizer does (with its added tokens)."""
-    tk = _lib("tokenizers")
-    if f.json_tok is not None:
-        tok = f.json_tok
-    elif f.vocab_txt is not None:
-        unk = (f.json_files.get(CONFIG) or {}).get("unk_token") or "[UNK]"
-        unk = unk.get("content", "[UNK]") if isinstance(unk, dict) else str(unk)
-        check_wordpiece_unk(_base_of(f), unk, f.root / "vocab.txt")
-        tok = tk.Tokenizer(tk.models.WordPiece(_base_of(f), unk_token=unk))
-        lower = (f.json_files.get(CONFIG) or {}).get("do_lower_case", True)
-        tok.normalizer = tk.normalizers.BertNormalizer(lowercase=bool(lower))
-        tok.pre_tokenizer = tk.pre_tokenizers.BertPreTokenizer()
-    else:
-        merges = read_text(f.root / "merges.txt", "merges.txt").splitlines()
-        pairs = [tuple(m.split(" ")) for m in merges if m and not m.startswith("#version")]
-        tok = tk.Tokenizer(tk.models.BPE(dict(f.vocab_json or {}), pairs))
-        prefix = bool((f.json_files.get(CONFIG) or {}).get("add_prefix_space", False))
-        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=prefix)
-    known = tok.get_vocab(with_added_tokens=True)
-    for t in sorted(f.added.values(), key=lambda t: t.id):
-        if t.content not in known:
-            add = tok.add_special_tokens if t.special else tok.add_tokens
-            add([tk.AddedToken(t.content, special=t.special, normalized=t.normalized)])
-    return tok
-
-
-def _splitter(f: _Folder):
-    """``encode(text) -> ids`` of the tokenizer before the edit, without special tokens: tokenizers for
-    tokenizer.json / vocab.txt / vocab.json, else the SentencePiece processor."""
-    if f.tokenizer_json is None and f.sp_model is not None:
-        sp = f.sp_proc
-        return lambda s: list(sp.encode(s))
-    tok = _json_tokenizer(f)
-    return lambda s: list(tok.encode(s, add_special_tokens=False).ids)
-
 
 # ------------------------------------------------------------------ add
 
 
-def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], list[AddedToken], list[str]]:
+def _plan_tokens(
+    f: TokenizerFolder, strings, special: bool
+) -> tuple[list[NewToken], list[AddedToken], list[str]]:
     """The NewToken of each string (in order), the existing tokens to mark special, and the warnings (a
     string stored lower-cased, an added plain token marked special)."""
-    ids, split = f.ids(), _splitter(f)
+    ids, split = f.ids(), splitter(f)
     out: list[NewToken] = []
     marks: list[AddedToken] = []
     warnings: list[str] = []
@@ -413,7 +91,7 @@ def _plan_tokens(f: _Folder, strings, special: bool) -> tuple[list[NewToken], li
     return out, marks, warnings
 
 
-def _format_of(f: _Folder) -> tuple[TokenizerFormat, AddedTokensIn]:
+def _format_of(f: TokenizerFolder) -> tuple[TokenizerFormat, AddedTokensIn]:
     """The folder's vocabulary format (its first model file) and where its added tokens go."""
     fmt = (
         TokenizerFormat.TOKENIZER_JSON
@@ -427,7 +105,7 @@ def _format_of(f: _Folder) -> tuple[TokenizerFormat, AddedTokensIn]:
     return fmt, AddedTokensIn.ADDED_JSON if _outside(f) else AddedTokensIn.MODEL_FILE
 
 
-def _unseen_warnings(f: _Folder) -> list[str]:
+def _unseen_warnings(f: TokenizerFolder) -> list[str]:
     """One warning per library that reads such a folder but not its new tokens
     (:func:`surgery.io.tokenizer_loaders.unseen_by`, each fact with its proving test)."""
     fmt, where = _format_of(f)
@@ -450,7 +128,7 @@ def _flag_changed(had: AddedToken) -> str:
     )
 
 
-def _matched_form(f: _Folder, s: str, special: bool) -> str:
+def _matched_form(f: TokenizerFolder, s: str, special: bool) -> str:
     """The form of a plain token ``s`` that loaders can match: its lower-cased form when the tokenizer
     lower-cases text before matching added tokens (WordPiece with ``do_lower_case``, a lower-casing
     normalizer), else ``s``. PaddleNLP 2.8.1's ``add_tokens`` stores such a token lower-cased and lower-cases
@@ -470,7 +148,7 @@ def _matched_form(f: _Folder, s: str, special: bool) -> str:
         return s
     if any(not t.normalized and t.content in s for t in f.added.values()):
         return s  # holds a raw-matched token: refused as never produced (_refuse_shadowed)
-    norm = getattr(_json_tokenizer(f), "normalizer", None)
+    norm = getattr(json_tokenizer(f), "normalizer", None)
     if norm is None or norm.normalize_str(s) != norm.normalize_str(s.lower()):
         return s  # the tokenizer keeps case
     low = s.lower()
@@ -485,7 +163,7 @@ def _matched_form(f: _Folder, s: str, special: bool) -> str:
     return low
 
 
-def _refuse_unencodable(f: _Folder, s: str) -> None:
+def _refuse_unencodable(f: TokenizerFolder, s: str) -> None:
     """Refuse a token that is not valid Unicode text: a lone surrogate (``'\\udcff'``: what Python makes of
     a byte that is not UTF-8 in a command-line argument) cannot be written as UTF-8, so no tokenizer file can
     hold it; ``tokenizers`` refuses it in ``add_tokens`` (``UnicodeEncodeError: surrogates not allowed``,
@@ -517,7 +195,7 @@ def _refuse_unencodable(f: _Folder, s: str) -> None:
         ) from None
 
 
-def _refuse_spelling(f: _Folder, s: str, i: int, had: AddedToken | None, split) -> None:
+def _refuse_spelling(f: TokenizerFolder, s: str, i: int, had: AddedToken | None, split) -> None:
     """Refuse ``s`` when it is the vocabulary's spelling of base token ``i`` but the tokenizer does not encode
     the text ``s`` as ``[i]``: a byte-level BPE piece (``'é'`` is byte 0xE9's piece, the text encodes as its
     two UTF-8 bytes; ``'Ġ'``), a WordPiece ``##`` continuation, a piece without its ``▁`` in the
@@ -561,7 +239,7 @@ def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
             special-token attribute (``pad_token``...) naming a string no file has (loaders add it at load).
         TietoolError: a missing library (``pip install ".[tokenizer]"``), an empty string.
     """
-    f = _scan(folder)
+    f = scan_folder(folder)
     strings = list(strings)
     known = f.ids()
     unknown = [(s, k) for s, k in _named_specials(f).items() if s not in known and s not in strings]
@@ -593,11 +271,11 @@ def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
             drop is named by a special-token attribute (``eos_token``...: loaders add it back); or the
             folder cannot be edited (see :func:`add_tokens_edit`).
     """
-    f = _scan(folder)
+    f = scan_folder(folder)
     base_cut = sorted(i for t, i in f.base.items() if i >= length and i not in f.added)
     if base_cut:
         # an added token a file also holds as a piece or line (tietool's own *.model / vocab.txt edits) is
-        # removable: neither named as base nor counted in the rows to keep (found by breaking issue 20)
+        # removable: neither named as base nor counted in the rows to keep
         by_id = {i: t for t, i in f.base.items()}
         names = ", ".join(f"{i} {by_id[i]!r}" for i in base_cut)
         need = max(i for i in by_id if i not in f.added) + 1
@@ -613,7 +291,7 @@ def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
     return TokenEdit(f.length, min(f.length, length), (), gone, files)
 
 
-def _named_specials(f: _Folder) -> dict[str, str]:
+def _named_specials(f: TokenizerFolder) -> dict[str, str]:
     """``{token string: "file key"}`` of the special-token attributes the config files set (``eos_token``,
     ``pad_token``, ... and a dict ``extra_special_tokens``), whose strings loaders add back if missing."""
     out: dict[str, str] = {}
@@ -630,7 +308,7 @@ def _named_specials(f: _Folder) -> dict[str, str]:
     return out
 
 
-def _refuse_named(f: _Folder, gone: tuple[AddedToken, ...]) -> None:
+def _refuse_named(f: TokenizerFolder, gone: tuple[AddedToken, ...]) -> None:
     """Refuse removing a token a special-token attribute names: transformers 5.3 and PaddleFormers 1.2 add
     such a string back at load, at the next id (measured: eos ``<|endoftext|>`` cut from a 304-token
     tokenizer came back as id 300 of a 301-token tokenizer), beyond the rows."""
@@ -648,7 +326,7 @@ def _refuse_named(f: _Folder, gone: tuple[AddedToken, ...]) -> None:
 # ------------------------------------------------------------------ the files
 
 
-def _edit_files(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> dict[str, bytes]:
+def _edit_files(f: TokenizerFolder, add: list[AddedToken], drop: tuple[int, ...]) -> dict[str, bytes]:
     """New bytes of every file that changes: ``add`` (new tokens and special marks) or ``drop`` (ids)."""
     out: dict[str, bytes] = {}
     outside = _outside(f)
@@ -672,12 +350,12 @@ def _edit_files(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> dic
     return {n: b for n, b in out.items() if b != old[n]}
 
 
-def _edit_tokenizer_json(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> str:
+def _edit_tokenizer_json(f: TokenizerFolder, add: list[AddedToken], drop: tuple[int, ...]) -> str:
     """tokenizer.json with ``add`` added through ``tokenizers`` (new tokens get the next ids, marks keep
     theirs) and the added tokens of ``drop`` removed (JSON: ``tokenizers`` has no remove)."""
-    tk = _lib("tokenizers")
+    tk = import_lib("tokenizers")
     text = f.tokenizer_json or ""
-    tok = _from_str(text)  # a fresh one: f.json_tok also holds the config's added tokens
+    tok = tokenizer_from_str(text)  # a fresh one: f.json_tok also holds the config's added tokens
     for t in add:
         fn = tok.add_special_tokens if t.special else tok.add_tokens
         # a new token has the flags these functions give a string (normalized = not special); a token
@@ -698,11 +376,11 @@ def _edit_tokenizer_json(f: _Folder, add: list[AddedToken], drop: tuple[int, ...
     return _dump_like(text, data).decode("utf-8")  # any other writer: only added_tokens changes
 
 
-def _refuse_shadowed(f: _Folder, tokens: list[AddedToken]) -> None:
+def _refuse_shadowed(f: TokenizerFolder, tokens: list[AddedToken]) -> None:
     """Refuse a new normalized (plain) token that holds a raw-matched added token (``normalized: false``,
     special ones as a rule) inside it: loaders match those first, on the raw text, so it is never produced
     (any format: vocab.json + merges.txt, SentencePiece, vocab.txt; tokenizer.json is also checked by
-    encoding, :func:`_refuse_unreachable`). Found by breaking issue 20: ``<|endoftext|>x`` (GPT-2 files),
+    encoding, :func:`_refuse_unreachable`). Measured: ``<|endoftext|>x`` (GPT-2 files),
     ``<s>x`` (a SentencePiece model), ``[CLS]x`` (vocab.txt) encoded as [0, 88], [1, 117], [2, 138] in
     transformers 5.3 and PaddleFormers 1.2.
 
@@ -722,10 +400,10 @@ def _refuse_shadowed(f: _Folder, tokens: list[AddedToken]) -> None:
             )
 
 
-def _refuse_unreachable(f: _Folder, tok: Any, new: list[AddedToken]) -> None:
+def _refuse_unreachable(f: TokenizerFolder, tok: Any, new: list[AddedToken]) -> None:
     """Refuse a new token that the edited tokenizer.json (``tok``, through ``tokenizers``, what transformers'
-    fast tokenizers run) does not encode as its own id: it would take a row and never be produced. Found by
-    breaking issue 20: a plain ``<|im_start|>user`` beside the special ``<|im_start|>`` (matched first, on
+    fast tokenizers run) does not encode as its own id: it would take a row and never be produced. Measured:
+    a plain ``<|im_start|>user`` beside the special ``<|im_start|>`` (matched first, on
     the raw text) encoded as [301, 84, 82, 263] in transformers 5.3 and PaddleFormers 1.2.
 
     Raises:
@@ -743,10 +421,10 @@ def _refuse_unreachable(f: _Folder, tok: Any, new: list[AddedToken]) -> None:
             )
 
 
-def _edit_sp_model(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> bytes:
+def _edit_sp_model(f: TokenizerFolder, add: list[AddedToken], drop: tuple[int, ...]) -> bytes:
     """The SentencePiece model with new pieces appended (``USER_DEFINED``, ``CONTROL`` when special, score
     0) up to the tokenizer's length (added tokens it lacks are appended first, so ids agree), or cut."""
-    pb = _lib("sentencepiece.sentencepiece_model_pb2")
+    pb = import_lib("sentencepiece.sentencepiece_model_pb2")
     m = pb.ModelProto()
     m.CopyFrom(f.sp_model)
     kind = pb.ModelProto.SentencePiece
@@ -769,7 +447,7 @@ def _edit_sp_model(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> 
     return m.SerializeToString()
 
 
-def _edit_vocab_txt(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) -> bytes:
+def _edit_vocab_txt(f: TokenizerFolder, add: list[AddedToken], drop: tuple[int, ...]) -> bytes:
     """vocab.txt with new tokens appended (one a line; added tokens it lacks first, so ids agree), or cut."""
     lines = list(f.vocab_txt or [])
     if drop:
@@ -783,7 +461,7 @@ def _edit_vocab_txt(f: _Folder, add: list[AddedToken], drop: tuple[int, ...]) ->
     else:
         lines += [f.added[i].content for i in range(len(lines), f.length)]
         new = [t.content for t in add if t.id >= f.length]
-        bad = next((t for t in new if _lines(t) != [t] or t != t.rstrip() or "\r" in t), None)
+        bad = next((t for t in new if text_lines(t) != [t] or t != t.rstrip() or "\r" in t), None)
         if bad is not None:
             raise RefusedError(
                 f"{bad!r} cannot be a line of vocab.txt: transformers and PaddleFormers read vocab.txt a "
@@ -808,7 +486,7 @@ def _decoder_entry(t: AddedToken) -> dict:
     }
 
 
-def _edit_config(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
+def _edit_config(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: TokenizerFolder) -> Any:
     """tokenizer_config.json: ``added_tokens_decoder`` entries (created when the folder has no
     tokenizer.json to hold them), special ones appended to ``additional_special_tokens`` /
     ``extra_special_tokens`` lists when present; dropped ids removed from both."""
@@ -846,7 +524,7 @@ def _edit_special_lists(data: dict, specials: list[str], gone: set[str]) -> None
                 del data[key]
 
 
-def _edit_added_json(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
+def _edit_added_json(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: TokenizerFolder) -> Any:
     """added_tokens.json ``{content: id}``: new tokens added (the ids beyond the base vocabulary). In a
     folder whose added tokens live outside the model file (:func:`_outside`), every added token beyond the
     model file's own tokens is listed, in id order: PaddleNLP 2.8.1 reads added tokens only from this file,
@@ -862,7 +540,7 @@ def _edit_added_json(data: Any, add: list[AddedToken], drop: tuple[int, ...], f:
     return dict(sorted(data.items(), key=lambda kv: (kv[1], kv[0]))) if listed else data
 
 
-def _outside(f: _Folder) -> bool:
+def _outside(f: TokenizerFolder) -> bool:
     """Whether the folder keeps its added tokens outside its model file, in ``added_tokens.json`` (and
     ``added_tokens_decoder``), as the slow tokenizers' ``save_pretrained`` of PaddleNLP 2.8.1 (and
     transformers 4.x) writes them: ``vocab.txt`` and ``vocab.json`` + ``merges.txt`` always (a line of
@@ -881,7 +559,7 @@ def _outside(f: _Folder) -> bool:
     return not decoder or len(f.sp_model.pieces) < f.length
 
 
-def _lists_added_json(f: _Folder) -> bool:
+def _lists_added_json(f: TokenizerFolder) -> bool:
     """Whether ``added_tokens.json`` must list every added token (created when missing): a folder that keeps
     them outside its model file (:func:`_outside`), or one with ``vocab.txt`` / ``vocab.json`` beside a
     tokenizer.json (transformers 4.x saves both): PaddleNLP 2.8.1's slow tokenizers read those files and take
@@ -889,7 +567,7 @@ def _lists_added_json(f: _Folder) -> bool:
     return _outside(f) or f.vocab_txt is not None or f.vocab_json is not None
 
 
-def _edit_special_map(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: _Folder) -> Any:
+def _edit_special_map(data: Any, add: list[AddedToken], drop: tuple[int, ...], f: TokenizerFolder) -> Any:
     """special_tokens_map.json: special tokens appended to ``additional_special_tokens`` (created)."""
     if not isinstance(data, dict):
         return None

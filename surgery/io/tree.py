@@ -1,4 +1,4 @@
-"""The files below a checkpoint folder, symbolic links included (issue 18, item 4).
+"""The files below a checkpoint folder, symbolic links included.
 
 Rules (README, "Symbolic links in a checkpoint"):
 

@@ -86,8 +86,3 @@ def vocab_keys(folder: str | Path, config: dict | None = None) -> list[VocabKey]
             data = read_config_file(p)
         out += vocab_keys_in(data, name)
     return out
-
-
-def is_vocab_size_key(dotted: str) -> bool:
-    """``dotted`` (any nesting) names a vocabulary size."""
-    return dotted.split(".")[-1] in VOCAB_SIZE_KEYS

@@ -155,7 +155,3 @@ class StorageError(TietoolError):
     again may succeed. Nothing is left behind (an output is not published)."""
 
     exit_code = ExitCode.UNAVAILABLE
-
-
-EXIT_CODES = {c.name.lower(): int(c) for c in ExitCode}
-"""``{name: code}`` of :class:`ExitCode` (for JSON readers)."""

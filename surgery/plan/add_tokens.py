@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..inspect import chunked
-from ..inspect.detect import Detection
+from ..inspect.detection import Detection
 from ..io.configfile import get_dotted
 from ..model.enums import HeadLayout, Init, TokenInit
 from ..model.errors import Opt, RefusedError, TietoolError, UsageError

@@ -15,8 +15,8 @@ Conventions (:mod:`surgery.inspect.convention`; fixtures ``pnlp_llama_untied``,
 * PaddleFormers / HF safetensors: HF names, Linear weights ``[out, in]``, the head ``[vocab, hidden]``.
 
 The input's naming is read from its tensor names, its Linear layout proven from the shapes against the
-config (:mod:`surgery.inspect.layout`), never taken from the container. Which tensors are Linear weights,
-their axis sizes, the name prefixes and the fused projections are data
+config (:mod:`surgery.inspect.linear_layout`), never taken from the container. Which tensors are Linear
+weights, their axis sizes, the name prefixes and the fused projections are data
 (:data:`surgery.arch.CONVERSIONS`). Planning here is pure: :func:`plan_convert` says which output
 tensor comes from which input tensor by which recipe (:class:`~surgery.plan.recipes.CopyOf`, transposed or
 not, :class:`~surgery.plan.recipes.FusedPart`); :func:`surgery.ops.convert` has the writer stream it
@@ -35,33 +35,37 @@ import numpy as np
 
 from .. import arch
 from ..inspect.convention import (
-    DEFAULT_HEAD,
     HF,
     KEPT,
     LEGACY_LOAD,
     PADDLENLP,
     Convention,
     Naming,
-    convention,
-    linear_weights,
-    naming_of,
-    rebase,
     suffix_in,
 )
-from ..inspect.layout import Layout, Proof, hint_container_only, prove
+from ..inspect.linear_layout import Layout, Proof, hint_container_only, prove
 from ..io.checkpoint import Checkpoint
 from ..model.enums import Container, Operation, Target
 from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tensor import DTYPES, describe_dtype, dtype_refusal
+from .convert_tensors import (
+    conversion_step,
+    copy_steps,
+    head_is_embedding_t,
+    label_of,
+    model_steps,
+    prefix_of,
+    reshaped,
+    source_convention,
+    source_of,
+    swapped,
+)
 from .plan import OutTensor, Plan, Reshard, reshard_plan
-from .recipes import ROWS_BYTES, CopyOf, FusedPart, transpose_2d
+from .recipes import ROWS_BYTES
 
 # files an output never carries: PaddleFormers' loader writes this one into the folder it loads, and it
 # describes the input's files, not the output's
 NOT_CARRIED = ("flex-ckpt.auto_generated.metadata",)
-
-# safetensors label of each logical dtype ("bfloat16" -> "BF16")
-_LABEL = {d.logical: d.st for d in DTYPES.values()}
 
 
 # target -> (convention, container); None: the input's convention (a container change only)
@@ -71,44 +75,6 @@ TARGETS: dict[Target, tuple[Convention | None, Container]] = {
     Target.SAFETENSORS: (None, Container.SAFETENSORS),
     Target.PDPARAMS: (None, Container.PDPARAMS),
 }
-
-
-@dataclass(frozen=True)
-class Part:
-    """The chunks of a fused projection's output axis that make one unfused tensor.
-
-    Attributes:
-        axis: the output axis in the input (-1 for ``[in, out]``, 0 for ``[out, in]``).
-        count: how many equal chunks the axis holds (``heads + 2 * kv_heads``, or 2 for ``[gate, up]``).
-        chunks: which chunks, in order.
-    """
-
-    axis: int
-    count: int
-    chunks: tuple[int, ...]
-
-
-def _step(
-    out: str, src: str, dtype: str, shape: tuple[int, ...], transpose: bool = False, part: Part | None = None
-) -> OutTensor:
-    """One output tensor: ``out`` (its name, ``dtype`` label, ``shape``) made from input tensor ``src``:
-    :class:`~surgery.plan.recipes.CopyOf` it (transposed when ``transpose``: a Linear weight or head changing
-    layout), or take the chunks ``part`` of a fused projection first
-    (:class:`~surgery.plan.recipes.FusedPart`). Neither: the stored bytes are copied by byte range."""
-    if part is None:
-        return OutTensor(out, dtype, shape, CopyOf(src, transpose=transpose))
-    return OutTensor(out, dtype, shape, FusedPart(src, part.axis, part.count, part.chunks, transpose))
-
-
-def source_of(t: OutTensor) -> str:
-    """The input tensor an output tensor of a conversion is made from."""
-    assert isinstance(t.recipe, CopyOf | FusedPart), f"internal: {t.name} is no conversion recipe"
-    return t.recipe.name
-
-
-def reshaped(t: OutTensor) -> bool:
-    """Whether a conversion transposes or splits the tensor (False: its bytes are copied as stored)."""
-    return isinstance(t.recipe, FusedPart) or (isinstance(t.recipe, CopyOf) and t.recipe.transpose)
 
 
 @dataclass
@@ -131,15 +97,6 @@ class ConvertPlan:
     config_changes: list[dict[str, Any]] = field(default_factory=list)
     layout: Layout | None = None
     warnings: list[str] = field(default_factory=list)
-
-
-def _label(ckpt: Checkpoint, name: str) -> str:
-    """The safetensors label of the logical dtype of input tensor ``name`` (bf16 stored as U16 → BF16)."""
-    return _LABEL[ckpt.logical_dtype(ckpt.tensors[name])]
-
-
-def _copy_steps(ckpt: Checkpoint) -> list[OutTensor]:
-    return [_step(n, n, _label(ckpt, n), tuple(t.shape)) for n, t in ckpt.tensors.items()]
 
 
 def _model_type(ckpt: Checkpoint) -> str:
@@ -195,224 +152,6 @@ def conversion_row(ckpt: Checkpoint, to: Target) -> arch.ConversionRow:
     return row
 
 
-def source_convention(
-    ckpt: Checkpoint, row: arch.ConversionRow, fix: str | None = None
-) -> tuple[Convention, Proof]:
-    """The input's convention: its naming from the tensor names, its Linear layout proven from the shapes
-    (:func:`surgery.inspect.layout.prove`), its head layout from the head's shape (:func:`head_layout`).
-    ``fix`` is the refusals' fix, one the calling command has (default: convert's
-    :func:`~surgery.inspect.layout.hint_container_only`).
-
-    Raises:
-        RefusedError: no tensor carries a prefix of the row, or a layout is not proven (named).
-        CheckpointError: shapes that contradict the config or each other.
-    """
-    fix = fix or hint_container_only()
-    naming = naming_of(ckpt, row)
-    if naming is None:
-        pres = ", ".join(f"{p}." for p in row.prefixes.values())
-        raise RefusedError(
-            f"no tensor of this {ckpt.config.get('model_type')} checkpoint carries a name prefix tietool "
-            f"knows for it ({pres})",
-            ckpt.path,
-            fix,
-        )
-    proof = prove(ckpt, linear_weights(ckpt, row, naming), fix)
-    if proof.layout is None:
-        raise RefusedError("the files hold no Linear weight whose shape tells the layout", ckpt.path, fix)
-    emb = f"{row.prefixes[naming]}.{row.embedding}"
-    _check_embedding(ckpt, emb)
-    head = head_layout(ckpt, row.head, emb, fix) if row.head in ckpt.tensors else DEFAULT_HEAD[naming]
-    return convention(naming, proof.layout, head), proof
-
-
-def _check_embedding(ckpt: Checkpoint, emb: str) -> None:
-    """The input embedding ``emb`` (when present) is ``[rows, hidden_size]``, as every convention stores it.
-
-    Raises:
-        CheckpointError: any other shape (0-D, 1-D, 3-D or more, another hidden size), naming the tensor.
-    """
-    t = ckpt.tensors.get(emb)
-    h = ckpt.config.get("hidden_size")
-    if t is not None and (len(t.shape) != 2 or t.shape[1] != h):
-        raise CheckpointError(
-            f"tensor {emb} is {list(t.shape)}, but this config's embedding is [vocab_size, {h}]",
-            ckpt.path / t.file,
-            "check config.json (hidden_size) against the files; a damaged file must be re-exported",
-        )
-
-
-def head_layout(ckpt: Checkpoint, head: str, emb: str, fix: str | None = None) -> str:
-    """``"hidden-vocab"`` or ``"vocab-hidden"``: the head's shape against vocab_size / hidden_size; a square
-    head (vocab == hidden) by its bytes: the embedding's as stored, or transposed.
-
-    Raises:
-        CheckpointError: a head whose shape fits neither; RefusedError: a square head that is neither.
-    """
-    shape = tuple(ckpt.tensors[head].shape)
-    v, h = ckpt.config.get("vocab_size"), ckpt.config.get("hidden_size")
-    if shape == (h, v) != (v, h):
-        return "hidden-vocab"
-    if shape == (v, h) != (h, v):
-        return "vocab-hidden"
-    if shape == (v, h) and emb in ckpt.tensors:
-        if (
-            ckpt.tensors[emb].shape == ckpt.tensors[head].shape
-            and ckpt.load(emb).tobytes() == ckpt.load(head).tobytes()
-        ):
-            return "vocab-hidden"
-        if head_is_embedding_t(ckpt, head, emb):
-            return "hidden-vocab"
-    if shape == (v, h):
-        raise RefusedError(
-            f"tietool cannot tell the layout of {head}: it is {list(shape)} with vocab_size == hidden_size, "
-            "and it is not the embedding as stored or transposed",
-            ckpt.path,
-            fix or hint_container_only(),
-        )
-    raise CheckpointError(
-        f"tensor {head} is {list(shape)}, but this config's head is [{v}, {h}] or [{h}, {v}]",
-        ckpt.path,
-        "check config.json (vocab_size, hidden_size) against the files",
-    )
-
-
-def _prefix(conv: Convention, row: arch.ConversionRow) -> str:
-    return row.prefixes[Naming(conv.names)]
-
-
-def _swap(shape: tuple[int, ...]) -> tuple[int, ...]:
-    return (shape[1], shape[0])
-
-
-def _fused_parts(ckpt: Checkpoint, name: str, spec: arch.FusedSpec, axis: int) -> list[Part]:
-    """How the fused tensor ``name`` splits along ``axis`` (see :class:`~surgery.arch.Split`).
-
-    Raises:
-        CheckpointError: the config lacks the head counts, or the axis does not divide into them.
-    """
-    size = ckpt.tensors[name].shape[axis]
-    groups: list[tuple[int, ...]]
-    if spec.split is arch.Split.HALVES:
-        count, groups = 2, [(0,), (1,)]
-    else:
-        nh = ckpt.config.get("num_attention_heads")
-        kv = ckpt.config.get("num_key_value_heads") or nh
-        if not isinstance(nh, int) or not isinstance(kv, int) or kv < 1 or nh % kv:
-            raise CheckpointError(
-                f"cannot split {name}: config.json has no usable num_attention_heads / num_key_value_heads",
-                ckpt.path,
-                "restore the config's head counts",
-            )
-        g, count = nh // kv, nh + 2 * kv
-        if spec.split is arch.Split.QKV_CONCAT:
-            groups = [tuple(range(nh)), tuple(range(nh, nh + kv)), tuple(range(nh + kv, count))]
-        elif spec.split is arch.Split.QKV_GROUPED_GATED:  # chunks of head_dim: 2 per query head
-            q, count = 2 * g, 2 * nh + 2 * kv
-            groups = [
-                tuple(i * (q + 2) + j for i in range(kv) for j in range(q)),
-                tuple(i * (q + 2) + q for i in range(kv)),
-                tuple(i * (q + 2) + q + 1 for i in range(kv)),
-            ]
-        else:
-            groups = [
-                tuple(i * (g + 2) + j for i in range(kv) for j in range(g)),
-                tuple(i * (g + 2) + g for i in range(kv)),
-                tuple(i * (g + 2) + g + 1 for i in range(kv)),
-            ]
-    if size % count:
-        raise CheckpointError(
-            f"cannot split {name}: its output axis ({size}) is not {count} equal chunks as the config's head "
-            "counts say",
-            ckpt.path,
-            "check num_attention_heads / num_key_value_heads in config.json",
-        )
-    return [Part(axis, count, c) for c in groups]
-
-
-def _unfuse(
-    ckpt: Checkpoint,
-    name: str,
-    out_body: str,
-    fused: str,
-    spec: arch.FusedSpec,
-    src: Convention,
-    dst: Convention,
-) -> list[OutTensor]:
-    """The unfused steps of fused projection ``name`` (``out_body`` its output name, matching the table's
-    ``fused``): q, k, v (or gate, up), each transposed when the Linear layout changes."""
-    shape = tuple(ckpt.tensors[name].shape)
-    weight = len(shape) == 2
-    axis = len(shape) - 1 if src.linear == "in-out" else 0
-    turn = weight and src.linear != dst.linear
-    steps = []
-    for suffix, part in zip(spec.parts, _fused_parts(ckpt, name, spec, axis), strict=True):
-        s = list(shape)
-        s[axis] = shape[axis] // part.count * len(part.chunks)
-        out_shape = _swap(tuple(s)) if turn else tuple(s)
-        steps.append(_step(rebase(out_body, fused, suffix), name, _label(ckpt, name), out_shape, turn, part))
-    return steps
-
-
-def _body_step(
-    ckpt: Checkpoint, name: str, row: arch.ConversionRow, src: Convention, dst: Convention
-) -> list[OutTensor] | None:
-    """The steps of one tensor under the model prefix (None: tietool cannot place it). Linear weights'
-    layout was proven by :func:`source_convention`."""
-    pre = _prefix(src, row) + "."
-    if not name.startswith(pre):
-        return None
-    body = name[len(pre) :]
-    out = f"{_prefix(dst, row)}.{body}"
-    shape, label = tuple(ckpt.tensors[name].shape), _label(ckpt, name)
-    fused_specs = row.fused.get(Naming(src.names), {})
-    lin, fused = suffix_in(body, row.linear), suffix_in(body, fused_specs)
-    if lin is not None and (fused is None or len(lin) >= len(fused)):
-        turn = src.linear != dst.linear
-        return [_step(out, name, label, _swap(shape) if turn else shape, turn)]
-    if fused is not None:
-        return _unfuse(ckpt, name, out, fused, fused_specs[fused], src, dst)
-    if suffix_in(body, row.plain):
-        return [_step(out, name, label, shape)]
-    return None
-
-
-def model_steps(
-    ckpt: Checkpoint, row: arch.ConversionRow, src: Convention, dst: Convention, fix: str | None = None
-) -> list[OutTensor]:
-    """Every output tensor of a conversion from ``src`` to ``dst``, in the input's tensor order. ``fix``: the
-    refusal's fix, one the calling command has (default: convert's container-only conversion).
-
-    Raises:
-        RefusedError: tensors the row cannot place (named, up to five), never guessed.
-    """
-    steps: list[OutTensor] = []
-    unplaced: list[str] = []
-    for name, t in ckpt.tensors.items():
-        if name == row.head:
-            turn = src.head != dst.head
-            steps.append(
-                _step(name, name, _label(ckpt, name), _swap(tuple(t.shape)) if turn else tuple(t.shape), turn)
-            )
-            continue
-        got = _body_step(ckpt, name, row, src, dst)
-        if got is None:
-            unplaced.append(name)
-        else:
-            steps += got
-    if unplaced:
-        more = f" and {len(unplaced) - 5} more" if len(unplaced) > 5 else ""
-        raise RefusedError(
-            f"tietool cannot place {len(unplaced)} tensor(s) of this {ckpt.config.get('model_type')} "
-            f"checkpoint in the {dst.title} layout: {', '.join(unplaced[:5])}{more}; it will not guess "
-            "whether they are Linear weights",
-            ckpt.path,
-            (fix or f"convert with {Opt('to', 'safetensors')} (names and layouts unchanged)")
-            + ", or add their suffixes to CONVERSIONS in surgery/arch/conversions.py",
-        )
-    return steps
-
-
 def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
     """The head where the target loader treats it differently from the source's (adds steps and notes):
 
@@ -429,19 +168,19 @@ def _head_steps(plan: ConvertPlan, row: arch.ConversionRow) -> None:
         return
     tied = bool(ckpt.config.get("tie_word_embeddings", False))
     if plan.target == PADDLENLP and head in ckpt.tensors and tied:
-        _refuse_head_apart(ckpt, head, f"{_prefix(plan.source, row)}.{row.embedding}")
+        _refuse_head_apart(ckpt, head, f"{prefix_of(plan.source, row)}.{row.embedding}")
     if plan.target == PADDLENLP and head not in ckpt.tensors:
-        emb = f"{_prefix(plan.source, row)}.{row.embedding}"
+        emb = f"{prefix_of(plan.source, row)}.{row.embedding}"
         if emb not in ckpt.tensors:
             return
         t = ckpt.tensors[emb]
-        plan.tensors.append(_step(head, emb, _label(ckpt, emb), _swap(tuple(t.shape)), True))
+        plan.tensors.append(conversion_step(head, emb, label_of(ckpt, emb), swapped(tuple(t.shape)), True))
         plan.notes.append(
             f"{head} is written as {emb} transposed to [hidden, vocab]: the input has no head (tied) and "
             "PaddleNLP 2.8 never ties this model's head, it would build a random one"
         )
     elif plan.source.names == Naming.PADDLENLP and head in ckpt.tensors and tied:
-        emb = f"{_prefix(plan.source, row)}.{row.embedding}"
+        emb = f"{prefix_of(plan.source, row)}.{row.embedding}"
         if emb in ckpt.tensors and head_is_embedding_t(ckpt, head, emb):
             plan.notes.append(
                 f"tie_word_embeddings stays true: {head} is {emb} transposed bit for bit, so the head "
@@ -484,23 +223,6 @@ def _refuse_head_apart(ckpt: Checkpoint, head: str, emb: str) -> None:
             f"{Opt('keep', 'embedding')} first; to keep the stored head, set tie_word_embeddings to false "
             "in config.json first",
         )
-
-
-def head_is_embedding_t(ckpt: Checkpoint, head: str, emb: str) -> bool:
-    """Whether ``[hidden, vocab]`` head ``head`` holds the bits of ``[vocab, hidden]`` embedding ``emb``
-    transposed (same dtype), compared in blocks of embedding rows against the head loaded once."""
-    h, e = ckpt.tensors[head], ckpt.tensors[emb]
-    if len(e.shape) != 2 or tuple(h.shape) != _swap(tuple(e.shape)) or h.dtype != e.dtype:
-        return False
-    if ckpt.logical_dtype(h) != ckpt.logical_dtype(e):
-        return False
-    cols, i = ckpt.load(head), 0
-    for block in ckpt.iter_rows(emb, max(1, ROWS_BYTES // max(1, e.nbytes // max(1, e.shape[0])))):
-        n = block.shape[0]
-        if transpose_2d(block).tobytes() != np.ascontiguousarray(cols[:, i : i + n]).tobytes():
-            return False
-        i += n
-    return True
 
 
 def _edit_config(plan: ConvertPlan, key: str, row: arch.ConversionRow) -> None:
@@ -616,7 +338,7 @@ def _reshard_plan(ckpt: Checkpoint, container: Container, fix: str | None = None
             ckpt.path,
             fix,
         )
-    plan = ConvertPlan(ckpt, HF, HF, container, _copy_steps(ckpt), dict(ckpt.config), layout=proof.layout)
+    plan = ConvertPlan(ckpt, HF, HF, container, copy_steps(ckpt), dict(ckpt.config), layout=proof.layout)
     plan.notes += [
         "the input is already in the PaddleFormers/HF layout: only the shards are rewritten",
         proof.note(),
@@ -628,7 +350,7 @@ def _container_plan(ckpt: Checkpoint, container: Container) -> ConvertPlan:
     """A container change: every tensor copied as stored, config untouched. The report says which layout
     the tensors are in where the shapes prove it (the model type has a row), else that it was not checked;
     the output's ``__metadata__`` follows from it (:func:`st_metadata`)."""
-    plan = ConvertPlan(ckpt, KEPT, KEPT, container, _copy_steps(ckpt), dict(ckpt.config))
+    plan = ConvertPlan(ckpt, KEPT, KEPT, container, copy_steps(ckpt), dict(ckpt.config))
     if container is Container.SAFETENSORS and _paddlenlp_files(ckpt):
         _bf16_as_u16(plan)
     mt = ckpt.config.get("model_type")
@@ -730,7 +452,8 @@ def plan_convert(ckpt: Checkpoint, to: Target, fix: str | None = None) -> Conver
 
     Raises:
         RefusedError: an unknown model type, unplaceable tensors (:func:`model_steps`), a layout not proven
-            (:func:`surgery.inspect.layout.prove`), a family PaddleFormers 1.2 lacks (:func:`conversion_row`).
+            (:func:`surgery.inspect.linear_layout.prove`), a family PaddleFormers 1.2 lacks
+            (:func:`conversion_row`).
         CheckpointError: shapes that contradict the config or each other.
     """
     conv, container = TARGETS[to]
@@ -745,7 +468,7 @@ def plan_convert(ckpt: Checkpoint, to: Target, fix: str | None = None) -> Conver
     plan = ConvertPlan(ckpt, source, conv, container, [], dict(ckpt.config), layout=proof.layout)
     plan.notes.append(proof.note())
     if source == conv:
-        plan.tensors = _copy_steps(ckpt)
+        plan.tensors = copy_steps(ckpt)
         plan.notes.insert(
             0, f"the input is already in the {conv.title} layout: only the shards are rewritten"
         )
@@ -768,7 +491,7 @@ def _refuse_lacking(ckpt: Checkpoint, row: arch.ConversionRow, src: Convention) 
     Raises:
         RefusedError: such tensors with a value other than zero (named, up to four).
     """
-    pre = _prefix(src, row) + "."
+    pre = prefix_of(src, row) + "."
     lacking = [
         n
         for n in ckpt.tensors

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..inspect.detect import Detection
+from ..inspect.detection import Detection
 from ..io.tokenizer import token_strings
 from ..model.enums import HeadLayout, TieState
 from ..model.errors import Opt, RefusedError, UsageError

@@ -1,6 +1,6 @@
 """``resize`` / ``add-tokens --keep-training-state`` of a PaddleFormers 1.2 Trainer flex checkpoint
 (``checkpoint-N/`` with ``model_state/`` + ``optimizer_state/`` [+ ``master_weight/``]): the output is the
-same kind of checkpoint, resumable by the Trainer (issue 21).
+same kind of checkpoint, resumable by the Trainer.
 
 The edit is planned by the ordinary planners (:func:`surgery.plan.resize.plan_resize`,
 :func:`surgery.plan.add_tokens.plan_add_tokens`) on the merged view of the checkpoint

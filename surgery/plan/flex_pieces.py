@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..io import pdparams_io, store
+from ..io import pdparams, stores
 from ..io.flex_cover import Piece
 from ..io.safetensors_io import Source
 from ..model.errors import CheckpointError
@@ -28,7 +28,7 @@ Array = npt.NDArray[Any]
 
 def piece_array(path: Path, p: Piece, info: TensorInfo) -> Array:
     """The stored values of piece ``p`` shaped as its box (stored dtype; memory-mapped where possible)."""
-    a = pdparams_io.read_array(path, info)
+    a = pdparams.read_array(path, info)
     shape = tuple(b - c for c, b in zip(*p.box, strict=True))
     if p.slice.flat is None:
         return a
@@ -67,12 +67,12 @@ def assemble(r: Assembled) -> Array:
 
 def _read_rows_into(out: Array, p: Piece, path: Path, info: TensorInfo) -> bool:
     """Read piece ``p`` straight into its rows of ``out`` (one ``readinto`` from the file, no array of its
-    own: 2x faster than reading it then copying it, measured in bench/RESULTS.md, issue 21) where it is a
+    own: 2x faster than reading it then copying it, measured in bench/RESULTS.md) where it is a
     whole block of rows (every axis but the first whole) stored as one C-ordered byte range of a local
     file in ``out``'s dtype; False, nothing read, for any other piece (:func:`assemble` copies it).
 
     Raises:
-        CheckpointError: the file ends before the piece (as :func:`pdparams_io.read_array` says it).
+        CheckpointError: the file ends before the piece (as :func:`pdparams.read_array` says it).
         OSError: the read fails (as :func:`store.read_range` raises it).
     """
     if (
@@ -81,7 +81,7 @@ def _read_rows_into(out: Array, p: Piece, path: Path, info: TensorInfo) -> bool:
         or info.fortran
         or info.pieces is not None
         or info.inline is not None
-        or not store.is_local(path)
+        or not stores.is_local(path)
         or np.dtype(info.dtype).newbyteorder("<") != out.dtype
         or p.box[0][1:] != (0,) * (out.ndim - 1)
         or p.box[1][1:] != out.shape[1:]
@@ -116,5 +116,5 @@ def assembled_data(r: Assembled) -> Array | Source:
     if not full or not r.shape:
         return assemble(r)
     ordered = sorted(r.pieces, key=lambda p: p.box[0][0])
-    parts = [pdparams_io.raw_bytes_source(r.folder / p.slice.file, infos[p.slice.file]) for p in ordered]
+    parts = [pdparams.raw_bytes_source(r.folder / p.slice.file, infos[p.slice.file]) for p in ordered]
     return parts[0] if len(parts) == 1 else Source(parts=parts)

@@ -1,6 +1,6 @@
 """``--keep-training-state`` for a PaddleFormers 1.2 Trainer flex checkpoint (``checkpoint-N/`` with
 ``model_state/``, ``optimizer_state/``, ``master_weight/``): what each of the three flex folders becomes
-when the vocabulary tensors get new weights (issue 21).
+when the vocabulary tensors get new weights.
 
 Given the new full weights of the tensors a plan resizes (their rows computed by ``resize`` /
 ``add-tokens``), :func:`state_rewrites` gives, per flex folder, the tensors to replace

@@ -10,7 +10,7 @@ in :data:`surgery.arch.TENSOR_PARALLEL`; this module only applies them:
 
 1. :func:`find_ranks`: the rank files of a folder, grouped by ``(tp, pp)``; a missing rank is refused by
    the file name it would have.
-2. :func:`read_ranks`: their headers (never unpickled: :mod:`.formats.pdparams_io`).
+2. :func:`read_ranks`: their headers (never unpickled: :mod:`.formats.pdparams`).
 3. :func:`plan`: per tensor, its rule, axis and merged shape, checked against ``config.json``; replicated
    tensors (and a tensor in two pipeline ranks) compared byte for byte.
 4. :func:`plan_merge` does 1-3 for a folder; :func:`output_plan` is the plan :func:`surgery.ops.merge`
@@ -39,7 +39,7 @@ import numpy as np
 
 from .. import arch
 from ..arch import TPRule, TPSplit
-from ..io import pdparams_io, safetensors_io, surface
+from ..io import pdparams, safetensors_io, surface
 from ..io.checkpoint import REPORT_NAME, read_config, refuse_state_only, special_file, unreadable_folder
 from ..io.regular import require_regular
 from ..model.enums import Container, Operation
@@ -162,7 +162,7 @@ def read_ranks(
         for rf in files:
             p = path / rf.rel
             if container == "pdparams":
-                infos, ex, _ = pdparams_io.read_header(p, rf.rel)
+                infos, ex, _ = pdparams.read_header(p, rf.rel)
                 for k, v in ex.items():
                     if isinstance(v, dict) and isinstance(extras.get(k), dict):
                         extras[k].update(v)

@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import arch
 from ..inspect.convention import LEGACY_LOAD
-from ..io import flex, flex_cover, pdparams_io, surface
+from ..io import flex, flex_cover, pdparams, surface
 from ..io.checkpoint import REPORT_NAME, Checkpoint, array_rows, read_config
 from ..io.flex import FlexCheckpoint, FlexSlice, FlexTensor
 from ..io.flex_cover import Box, Piece
@@ -150,8 +150,8 @@ def check_tensor(ck: FlexCheckpoint, t: FlexTensor, headers: dict[str, dict[str,
 
 
 def _same(ck: FlexCheckpoint, t: FlexTensor, a: FlexSlice, b: FlexSlice, headers: Headers) -> None:
-    x = pdparams_io.read_array(ck.path_of(a.file), headers[a.file][a.key]).reshape(-1).view(np.uint8)
-    y = pdparams_io.read_array(ck.path_of(b.file), headers[b.file][b.key]).reshape(-1).view(np.uint8)
+    x = pdparams.read_array(ck.path_of(a.file), headers[a.file][a.key]).reshape(-1).view(np.uint8)
+    y = pdparams.read_array(ck.path_of(b.file), headers[b.file][b.key]).reshape(-1).view(np.uint8)
     if not np.array_equal(x, y):
         raise _disagree(ck, t, a, b)
 

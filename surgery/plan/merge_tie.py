@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from .. import arch
-from ..inspect.detect import Detection, detect, names_a_pair
+from ..inspect.detect import detect, names_a_pair
+from ..inspect.detection import Detection
 from ..inspect.findings import FindingKind
 from ..io.checkpoint import Checkpoint, array_rows
 from ..model.enums import Container, Loader, TieState

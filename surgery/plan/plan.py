@@ -14,15 +14,12 @@ from typing import Any
 import numpy as np
 
 from .. import arch
-from ..inspect.detect import (
-    Detection,
-    detect,
-    loader_facts_unproven,
-    unnamed_heads,
-)
+from ..inspect.detect import detect, loader_facts_unproven, unnamed_heads
+from ..inspect.detection import Detection
 from ..inspect.findings import FindingKind, Fix, describe
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted, read_config_file
+from ..io.formats import DEFAULT_MAX_SHARD_SIZE
 from ..model.enums import Container, FoundBy, HeadLayout, Loader, Operation
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import DTYPES, NP_TO_ST, DType, TensorInfo, dtype_refusal
@@ -30,10 +27,6 @@ from ..model.tokens import TokenEdit
 from .recipes import CopyOf, Recipe, uses
 
 NEW_SHARD = "<new shard>"  # OutTensor.file of a tensor that gets a shard file of its own
-
-# PaddleFormers' and PaddleNLP's ``save_pretrained(max_shard_size="10GB")``; "GB" is 10**9 bytes there
-# (``convert_file_size_to_int``), "GiB" 2**30.
-DEFAULT_MAX_SHARD_SIZE = 10 * 10**9
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
@@ -185,7 +178,7 @@ class Resized:
 @dataclass(frozen=True)
 class OptimizerEdit:
     """The rewrite of one ``optimizer.pdopt``: each accumulator and each master weight with the resize it
-    gets (None: copied bytes), and what else the file holds (:class:`~surgery.io.pdparams_io
+    gets (None: copied bytes), and what else the file holds (:class:`~surgery.io.pdparams
     .OptimizerHeader`)."""
 
     rel: str

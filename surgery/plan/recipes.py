@@ -25,8 +25,8 @@ import numpy as np
 import numpy.typing as npt
 
 from ..arch import TPSplit
-from ..inspect.detect import compare
-from ..io import pdparams_io, safetensors_io
+from ..inspect.compare import compare
+from ..io import pdparams, safetensors_io
 from ..io.checkpoint import Checkpoint
 from ..io.safetensors_io import Source
 from ..model.enums import HeadLayout, Init, TieState, TokenInit
@@ -628,7 +628,7 @@ def read_slice(s: Slice) -> Array:
     """The slice's array in its storage dtype (bf16 as uint16 bits), C order."""
     if s.path.suffix == ".safetensors":
         return safetensors_io.read_array(s.path, s.info)
-    return np.ascontiguousarray(pdparams_io.read_array(s.path, s.info))
+    return np.ascontiguousarray(pdparams.read_array(s.path, s.info))
 
 
 def raw_slice(s: Slice) -> Source:
@@ -637,7 +637,7 @@ def raw_slice(s: Slice) -> Source:
         return Source(s.path, s.info.offset, s.info.nbytes)
     if s.info.fortran and len(s.info.shape) > 1:
         return Source(array=read_slice(s))
-    return pdparams_io.raw_bytes_source(s.path, s.info)
+    return pdparams.raw_bytes_source(s.path, s.info)
 
 
 def join(arrays: list[Array], rule: TPSplit, axis: int, parts: tuple[int, ...] | None) -> Array:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..inspect import chunked
-from ..inspect.detect import Detection
+from ..inspect.detection import Detection
 from ..model.enums import TieState, TokenInit
 from ..model.errors import Opt, RefusedError, UsageError
 from ..model.tokens import TokenEdit

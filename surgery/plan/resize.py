@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .. import arch
-from ..inspect.detect import Detection
+from ..inspect.detection import Detection
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted
 from ..io.vocabkeys import vocab_keys

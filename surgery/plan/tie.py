@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from ..inspect.detect import Detection
+from ..inspect.detection import Detection
 from ..model.enums import EQUAL_STATES, HeadLayout, Keep, TieState
 from ..model.errors import AmbiguousLayoutError, Opt, RefusedError, ValuesDifferError
 from .plan import (

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io import pdparams_io, surface
+from ..io import pdparams, surface
 from ..model.errors import Opt, RefusedError
 from ..model.tensor import TensorInfo
 from .plan import OptimizerEdit, OutTensor, Plan, Resized
@@ -202,7 +202,7 @@ def plan_pdopt(ck_path: Path, rel: str, resized: list[Resized]) -> OptimizerEdit
         RefusedError: an accumulator or master weight of a resized parameter of another shape or dtype, or
             of a kind tietool does not know (named).
     """
-    head = pdparams_io.read_optimizer_header(ck_path / rel, rel)
+    head = pdparams.read_optimizer_header(ck_path / rel, rel)
     by_param = {r.param: r for r in resized}
     entries: list[tuple[TensorInfo, Resized | None]] = []
     for t in head.tensors:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .. import arch
-from ..inspect.detect import Detection, tied_scale
+from ..inspect.detect import tied_scale
+from ..inspect.detection import Detection
 from ..io.checkpoint import Checkpoint
 from ..model.enums import LAYOUTS, HeadLayout, Loader
 from ..model.errors import Opt, RefusedError, UsageError

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from .. import arch
-from ..inspect.detect import Detection
+from ..inspect.detection import Detection
 from ..io import store
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import read_config_file

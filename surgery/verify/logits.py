@@ -62,7 +62,7 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
     """
     import importlib.util
 
-    from ..io import store
+    from ..io import stores
 
     missing = [m for m in ("paddle", "paddleformers") if importlib.util.find_spec(m) is None]
     if missing:
@@ -71,7 +71,7 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
             f"{' and '.join(missing)} not installed",
             f"{install_extra('paddle')} adds paddlepaddle and PaddleFormers 1.2.0",
         )
-    remote = [str(p) for p in (a_path, b_path) if not store.is_local(p)]
+    remote = [str(p) for p in (a_path, b_path) if not stores.is_local(p)]
     if remote:
         return _not_compared(
             NotCompared.REMOTE,

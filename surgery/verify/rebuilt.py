@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io import flex, store
+from ..io import flex, store, stores
 from ..io.checkpoint import REPORT_NAME, Checkpoint
 from ..io.regular import load_json
 from ..io.safetensors_io import Source
@@ -81,7 +81,7 @@ def one_step(a_path: Any, b_path: Any) -> dict[str, Any] | None:
     """The output's report when it records one ``convert`` or ``merge`` run whose input was ``a_path`` as
     it is (the output's chain is the input's own chain, then that run); else None (another operation, a
     local folder missing, a longer chain: :mod:`surgery.verify.tensors` compares them)."""
-    if not (store.is_local(a_path) and store.is_local(b_path)):
+    if not (stores.is_local(a_path) and stores.is_local(b_path)):
         return None
     a, b = Path(str(a_path)), Path(str(b_path))
     rep = read_report(b)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from .. import arch
 from ..inspect import chunked
-from ..inspect.detect import Detection, detect, tied_scale
+from ..inspect.detect import detect, tied_scale
+from ..inspect.detection import Detection
 from ..io.checkpoint import REPORT_NAME, Checkpoint
 from ..io.regular import load_json
 from ..io.vocabkeys import vocab_keys

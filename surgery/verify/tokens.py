@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..inspect.detect import Detection
+from ..inspect.detection import Detection
 from ..io.checkpoint import REPORT_NAME, Checkpoint
 from ..io.regular import load_json
 from ..io.tokenizer import vocabulary

@@ -12,7 +12,7 @@ files alone, independently of the code that wrote them: for every weight whose v
 * every other entry (``beta1_pow_acc`` / ``beta2_pow_acc``, the state of weights that did not move, the
   scheduler and trainer files) is bit-identical.
 
-``optimizer.pdopt`` is read by the allow-list walker (:func:`surgery.io.pdparams_io.read_optimizer_header`:
+``optimizer.pdopt`` is read by the allow-list walker (:func:`surgery.io.pdparams.read_optimizer_header`:
 nothing is unpickled); a Trainer flex checkpoint's ``optimizer_state/`` and ``master_weight/`` tensor by
 tensor, each assembled from the slices its ``.metadata`` places (:mod:`surgery.verify.flexstate`).
 """
@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..io import pdparams_io
+from ..io import pdparams
 from ..io.checkpoint import Checkpoint
 from ..model.errors import Opt
 from ..model.tensor import TensorInfo, bf16_bits_to_f32
@@ -174,8 +174,8 @@ def compare_pdopt(res: VerifyResult, A: Checkpoint, B: Checkpoint, mv: dict[str,
     (``LR_Scheduler``, ``StructuredToParameterName@@``); each accumulator and master weight as its rule
     says (:func:`check_entry`)."""
     pa, pb = A.path / PDOPT, B.path / PDOPT
-    ha = pdparams_io.read_optimizer_header(pa, PDOPT)
-    hb = pdparams_io.read_optimizer_header(pb, PDOPT)
+    ha = pdparams.read_optimizer_header(pa, PDOPT)
+    hb = pdparams.read_optimizer_header(pb, PDOPT)
     s2p: dict[str, str] = {}
     for ex in A.extras.values():
         m = ex.get("StructuredToParameterName@@")
@@ -204,7 +204,7 @@ def compare_pdopt(res: VerifyResult, A: Checkpoint, B: Checkpoint, mv: dict[str,
 
 
 def _read(path: Any, t: TensorInfo) -> Array:
-    return np.asarray(pdparams_io.read_array(path, t))
+    return np.asarray(pdparams.read_array(path, t))
 
 
 def _weight_f32(B: Checkpoint, name: str) -> Callable[[], Array]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ..inspect.detect import Detection
+from ..inspect.detection import Detection
 from ..io.checkpoint import REPORT_NAME, Checkpoint
 from ..io.regular import load_json
 from ..io.special_tokens import SPECIAL_NAMES

@@ -54,13 +54,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..io import flex, surface
 from ..io.checkpoint import CONFIG_FILES, PD_INDEX, PD_SINGLE, REPORT_NAME, SHARD_RE, ST_INDEX, ST_SINGLE
 from ..io.regular import INDEX_LIMIT, kind_of, load_json
 from ..model.errors import CheckpointError, Opt, OutputError, RefusedError
-from ..plan.plan import Plan
 from .publish import NotDurable, fsync_tree, pid_alive, remove_dead_temps, signals_deferred
+
+if TYPE_CHECKING:  # annotations only: inspect imports this module (a killed in-place run is put right first)
+    from ..plan.plan import Plan
 
 NEW_TAG = ".tietool-new-"
 BACKUP_TAG = ".tietool-backup-"

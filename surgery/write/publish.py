@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from ..io import store
+from ..io import stores
 from ..io.checkpoint import REPORT_NAME
 from ..model.errors import Interrupted, Opt, OutputError
 
@@ -24,7 +24,7 @@ TMP_TAG = ".tietool-tmp-"
 
 def check_output_path(inp: Any, out: Any) -> None:
     """Refuse an ``--out`` that is the input, inside it, contains it, or is a non-empty existing path: the
-    check of the store ``out`` is in (:meth:`surgery.io.store.Store.check_output`; either may be a URL).
+    check of the store ``out`` is in (:meth:`surgery.io.stores.Store.check_output`; either may be a URL).
 
     A symbolic link as ``--out`` (or above it) is followed: the output is written into the folder it leads
     to (:func:`output_folder`), which must be empty or new as any ``--out``; a link that leads nowhere is
@@ -34,7 +34,7 @@ def check_output_path(inp: Any, out: Any) -> None:
         UsageError: with the fix (another folder).
         OutputError: ``out`` or a folder above it is a dangling symbolic link or a link loop.
     """
-    store.store_for(out).check_output(inp, out)
+    stores.store_for(out).check_output(inp, out)
 
 
 def output_folder(out: Path) -> Path:

@@ -2,7 +2,7 @@
 
 Object stores have no rename, so the local recipe (write a temporary folder, rename it into place) cannot
 be used. The output is staged, then *published in order* by its store
-(:meth:`surgery.io.store.RemoteStore.publish`):
+(:meth:`surgery.io.stores.RemoteStore.publish`):
 
 1. the rewritten weight files (the shards the plan touches, streamed with bounded memory) are written to
    a local temporary folder and read back there (:mod:`surgery.io.readback`), as a local run does; the
@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..io import store
+from ..io import stores
 from ..io.checkpoint import REPORT_NAME
 from ..model.errors import OutputError, StorageError, TietoolError
 from ..plan.plan import Plan
@@ -32,15 +32,15 @@ from .publish import write_json
 
 class DeferredCopier:
     """Stands in for :class:`surgery.write.copy.Copier`: records the whole-file copies
-    (:class:`surgery.io.store.Copy`) instead of copying them into the local folder; the store's
+    (:class:`surgery.io.stores.Copy`) instead of copying them into the local folder; the store's
     ``publish`` copies them."""
 
     def __init__(self, tmp: Path):
         self.tmp = tmp
-        self.jobs: list[store.Copy] = []
+        self.jobs: list[stores.Copy] = []
 
     def submit(self, src: Any, dst: Path, label: str | None, tensor_bytes: int = 0) -> None:
-        self.jobs.append(store.Copy(src, dst.relative_to(self.tmp).as_posix(), label, tensor_bytes))
+        self.jobs.append(stores.Copy(src, dst.relative_to(self.tmp).as_posix(), label, tensor_bytes))
 
     def poll(self, block: bool = False) -> None:
         """Nothing runs until the store publishes."""
@@ -72,7 +72,7 @@ def execute_remote(
             naming them).
         StorageError: the network or the store failed and every object written was deleted: run again.
     """
-    st = store.RemoteStore(out)  # ``out`` checked by the caller (surgery.ops.run), once
+    st = stores.RemoteStore(out)  # ``out`` checked by the caller (surgery.ops.run), once
     tmp = Path(tempfile.mkdtemp(prefix="tietool-out-"))
     written: list[Any] = []
     try:

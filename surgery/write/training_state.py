@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..io import pdparams_io
-from ..io.pdparams_io import Source
+from ..io import pdparams
 from ..io.readback import Planned, check_optimizer
+from ..io.safetensors_io import Source
 from ..model.tensor import TensorInfo, bf16_bits_to_f32
 from ..plan.plan import OptimizerEdit, Resized
 from ..plan.training_state import resized_array, span
@@ -36,21 +36,19 @@ def write_pdopt(ck_path: Path, edit: OptimizerEdit, dst: Path, out: Path) -> lis
     """
     src = ck_path / edit.rel
 
-    def rows(
-        entries: tuple[tuple[TensorInfo, Resized | None], ...], master: bool
-    ) -> Iterator[pdparams_io.Row]:
+    def rows(entries: tuple[tuple[TensorInfo, Resized | None], ...], master: bool) -> Iterator[pdparams.Row]:
         for t, r in entries:
             if r is None:
-                yield t.name, t.dtype, t.shape, pdparams_io.raw_bytes_source(src, t), None, t.fortran
+                yield t.name, t.dtype, t.shape, pdparams.raw_bytes_source(src, t), None, t.fortran
                 continue
-            a = resized_array(np.asarray(pdparams_io.read_array(src, t)), r)
+            a = resized_array(np.asarray(pdparams.read_array(src, t)), r)
             if master and r.fresh():
                 weight = _output_weight(out, r.name)
                 for lo, hi in r.fresh():
                     a[span(r, lo, hi, a.ndim)] = weight[span(r, lo, hi, a.ndim)].astype(a.dtype)
             yield t.name, t.dtype, a.shape, Source(array=np.ascontiguousarray(a)), None, False
 
-    pdparams_io.write_optimizer_file(
+    pdparams.write_optimizer_file(
         dst, rows(edit.entries, False), rows(edit.master, True), edit.names, edit.extras, edit.np_module
     )
     check_optimizer(dst, _planned(edit.entries), _planned(edit.master))
@@ -76,9 +74,9 @@ def _output_weight(out: Path, name: str) -> np.ndarray[Any, Any]:
         AssertionError: the output holds no such tensor (the plan resized it: a bug).
     """
     for f in sorted(out.glob("*.pdparams")):
-        infos, _, _ = pdparams_io.read_header(f, f.name)
+        infos, _, _ = pdparams.read_header(f, f.name)
         for t in infos:
             if t.name == name:
-                a = np.asarray(pdparams_io.read_array(f, t))
+                a = np.asarray(pdparams.read_array(f, t))
                 return bf16_bits_to_f32(a) if a.dtype == np.uint16 else a.astype(np.float32)
     raise AssertionError(f"internal: {name} is not in the output")

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..io import pdparams_io, safetensors_io, store, surface, tree
+from ..io import pdparams, safetensors_io, stores, surface, tree
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import apply_config_sets, read_config_file
 from ..io.readback import (
@@ -101,7 +101,7 @@ def execute(
         return write_new(plan, out, made, progress)
     if isinstance(plan.layout, FlexFolders):  # a Trainer flex checkpoint kept one (--keep-training-state)
         return publish(Path(out), lambda tmp: write_flex_edit(plan, tmp), made)
-    if not store.is_local(out):  # object storage: staged here, then published in order
+    if not stores.is_local(out):  # object storage: staged here, then published in order
         return execute_remote(
             plan,
             out,
@@ -319,7 +319,7 @@ def _write_tokenizer_files(plan: Plan, tmp: Path, files_report: dict[str, Any]) 
     if plan.tokenizer is None:
         return
     files_report["edited"] = sorted(plan.tokenizer.files)
-    local = store.is_local(plan.ckpt.path)
+    local = stores.is_local(plan.ckpt.path)
     for rel, data in sorted(plan.tokenizer.files.items()):
         write_edited(tmp, rel, data, plan.ckpt.path / rel if local else None)  # the mode it replaces
 
@@ -431,7 +431,7 @@ def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) ->
             for nt in plan.add:
                 if nt.name in names and nt.name not in s2p:
                     extras["StructuredToParameterName@@"][nt.name] = nt.name
-        pdparams_io.write_file(dst, rows, extras, ckpt.np_module.get(f, "numpy.core.multiarray"))
+        pdparams.write_file(dst, rows, extras, ckpt.np_module.get(f, "numpy.core.multiarray"))
 
 
 def _st_metadata(plan: Plan, f: str, rewritten: bool) -> dict | None:
@@ -665,7 +665,7 @@ def _write_new_file(
         (t.name, pdparams_name(t.dtype), t.shape, src, None, False)
         for t, src in _sources(ts, made, path.name, progress)
     ]
-    pdparams_io.write_file(path, rows, _file_extras(extras, {t.name for t in ts}))
+    pdparams.write_file(path, rows, _file_extras(extras, {t.name for t in ts}))
 
 
 def _sources(ts: list[OutTensor], made: _Made, fname: str, progress) -> Iterator[tuple[OutTensor, Source]]:

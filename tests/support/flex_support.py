@@ -78,7 +78,7 @@ def write_flex(folder: Path, state: dict, ranks: int = 2) -> None:
     """``state`` as a flex folder of ``ranks`` ``.distcp`` files (written by tietool's own ``.pdparams``
     writer: the same pickle ``paddle.save`` writes), every 2-D tensor cut by rows (axis 0), the others kept
     whole in rank 0's file, and the ``.metadata`` (:func:`write_metadata`)."""
-    from tietool.surgery.io import pdparams_io
+    from tietool.surgery.io import pdparams
     from tietool.surgery.io.safetensors_io import Source
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -98,5 +98,5 @@ def write_flex(folder: Path, state: dict, ranks: int = 2) -> None:
             slices.append(flex.FlexSlice(f"{r}_0.distcp", name, off, part.shape))
         tensors[name] = flex.FlexTensor(name, a.shape, "float32", tuple(slices))
     for r, ts in files.items():
-        pdparams_io.write_file(folder / f"{r}_0.distcp", ts, {})
+        pdparams.write_file(folder / f"{r}_0.distcp", ts, {})
     write_metadata(folder / "0.metadata", tensors)
