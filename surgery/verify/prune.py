@@ -70,7 +70,7 @@ def verify_prune(a_path: Any, b_path: Any, sec: dict[str, Any]) -> VerifyResult:
     ids = kept_ids(res, sec, da.vocab_rows, db.vocab_rows)
     if ids is None:
         return res
-    compare_tensors(res, A, B, da, ids)
+    compare_tensors(res, A, B, (da, db), ids)
     compare_configs(res, A, B, da, ids)
     names = compare_tokenizer(res, A, B, ids)
     compare_metadata(res, A, B)
@@ -123,11 +123,18 @@ def _vocab_axes(da: Detection) -> dict[str, int]:
     }
 
 
-def compare_tensors(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detection, ids: list[int]) -> None:
+def compare_tensors(
+    res: VerifyResult, A: Checkpoint, B: Checkpoint, dets: tuple[Detection, Detection], ids: list[int]
+) -> None:
     """Vocabulary tensors: the input's entries ``ids`` (in that order) along the vocabulary axis, bit for
-    bit; every other tensor bit-identical; the same names and dtype labels in both."""
+    bit; every other tensor bit-identical; the same names and dtype labels in both, but for a copy of the
+    embedding a tied output no longer stores (``dets``: the input's and output's detections)."""
+    da, db = dets
     axes = _vocab_axes(da)
     for name in sorted(set(A.tensors) ^ set(B.tensors)):
+        if _tied_copy_dropped(A, B, dets, name, axes):
+            res.dropped.append({"name": name, "shape": list(A.tensors[name].shape), "equals_embedding": True})
+            continue
         where = "input" if name in A.tensors else "output"
         res.unexplained.append(f"{name} is only in the {where}; prune drops and adds no tensor")
     for name in sorted(set(A.tensors) & set(B.tensors)):
@@ -141,6 +148,23 @@ def compare_tensors(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detecti
                 res.unexplained.append(f"{name} changed, and carries no vocabulary")
         else:
             _kept_entries(res, A, B, name, axes[name], ids)
+
+
+def _tied_copy_dropped(
+    A: Checkpoint, B: Checkpoint, dets: tuple[Detection, Detection], name: str, axes: dict[str, int]
+) -> bool:
+    """``name`` is a vocabulary tensor of the input only, equal to the input's embedding (as stored or
+    transposed), and the output is tied with its embedding kept: the loader rebuilds it from the pruned
+    embedding (checked entry by entry as every vocabulary tensor)."""
+    emb = dets[0].embedding.name
+    return (
+        name in A.tensors
+        and name in axes
+        and name != emb
+        and emb in B.tensors
+        and dets[1].tie.tied
+        and (chunked.same_bytes(A, A, name, emb) or chunked.transposed_equal(A, name, A, emb))
+    )
 
 
 def _kept_entries(
