@@ -554,3 +554,23 @@ def test_verify_names_a_dropped_token_left_in_tokenizer_json(sample_pruned, tmp_
     (out / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
     rc, said = _verify(SAMPLE, out)
     assert rc == 7 and f"{tok!r} (id {len(keep)}) is a token the prune dropped" in said, said
+
+
+def test_verify_of_a_prune_then_resize_chain_says_to_verify_each_step(sample_pruned, tmp_path):
+    """Prune then resize: the chain's history keeps no id_map, so verify of the original against the end
+    is exit 7 saying to verify each step; each step on its own verifies (exit 0)."""
+    out = tmp_path / "grown"
+    run = run_cli(
+        [
+            "resize",
+            str(sample_pruned["out"]),
+            "--vocab",
+            str(len(sample_pruned["keep"]) + 4),
+            "--out",
+            str(out),
+        ]
+    )
+    assert run.rc == 0, run.stderr
+    rc, said = _verify(SAMPLE, out)
+    assert rc == 7 and "holds a prune and other runs" in said, said
+    assert _verify(sample_pruned["out"], out)[0] == 0

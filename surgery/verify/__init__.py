@@ -89,6 +89,7 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = _compare(A, B)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
+    prune.chained(cmp.res, a_path, b_path)
     return cmp.res
 
 
