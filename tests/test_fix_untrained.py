@@ -308,3 +308,20 @@ def test_paddlenlp_loads_the_output(tmp_path):
     keep = np.arange(100)
     assert logits_mismatch(b["logits"][..., keep], a["logits"][..., keep]) is None
     assert not np.any(a["head"][:, 100:]) and np.all(b["head"][:, 100:] != 0)
+
+
+def test_refuses_when_every_row_is_untrained(tmp_path):
+    """b04's bf16 Qwen2 (16 rows, every value of each row negative: by unsloth's ``amax(row) <= 1e-16`` every
+    row is untrained, so there is no trained row to take the mean of): exit 5 naming the embedding, nothing
+    written, the input untouched (before: exit 70, ``ValueError: every entry is untrained``)."""
+    src = BUG_CASES_DIR / "b04_qwen2_tied_no_head_bf16" / "ckpt"
+    ck = casecheck.read_checkpoint(src)
+    emb = ck.decode(ck.tensors["model.embed_tokens.weight"])
+    assert (emb.max(axis=1) <= 1e-16).all()  # the premise: every row untrained by the rule
+    snap = casecheck.snapshot_tree(src)
+    for extra in ([], ["--dry-run"]):
+        run = run_cli(["fix-untrained", str(src), "--out", str(tmp_path / "o"), *extra])
+        assert run.rc == 5, run.stderr
+        assert "model.embed_tokens.weight" in run.stderr and "every" in run.stderr, run.stderr
+        assert not (tmp_path / "o").exists()
+    assert casecheck.snapshot_tree(src) == snap

@@ -446,3 +446,36 @@ def test_cli_subtoken_rows(reserved, tmp_path):
     (forged / "tietool-report.json").write_text(json.dumps(rep))
     run = run_cli(["verify", str(reserved), str(forged)])
     assert run.rc == 7 and "unverifiable" in run.stdout, run.stdout
+
+
+def test_cli_refuses_one_string_for_two_ids(reserved, tmp_path):
+    """``rename-tokens CKPT 304=<a> 305=<a>``: two slots given the same new string is exit 2, nothing written
+    (before: exit 0, tokenizer.json held two added tokens '<a>' and ``tokenizers`` then had no token at
+    id 305: ``id_to_token(305)`` None, the vocabulary one token short; verify said exit 0)."""
+    snap = casecheck.snapshot_tree(reserved)
+    run = run_cli(["rename-tokens", str(reserved), "304=<a>", "305=<a>", "--out", str(tmp_path / "o")])
+    assert run.rc == 2 and "'<a>'" in run.stderr and "twice" in run.stderr, run.stderr
+    assert not (tmp_path / "o").exists()
+    assert casecheck.snapshot_tree(reserved) == snap
+
+
+def test_cli_refuses_a_lone_surrogate(reserved, tmp_path):
+    """A new string with a lone surrogate (a non-UTF-8 byte in an argument) is exit 2 naming it, as
+    add-tokens refuses it (before: exit 70, ``UnicodeEncodeError: surrogates not allowed``)."""
+    run = run_cli(["rename-tokens", str(reserved), "304=<a\udcff>", "--out", str(tmp_path / "o")])
+    assert run.rc == 2 and "surrogate" in run.stderr, run.stderr
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("new", ["<a>\nb", "<a> ", "<a>\r"])
+def test_cli_refuses_a_vocab_txt_line_break(new, tmp_path):
+    """e01 (ERNIE 3, WordPiece vocab.txt): renaming [unused2] (id 6) to a string with a line break or
+    trailing whitespace is exit 5 naming vocab.txt, nothing written (before: exit 0, the line break split
+    line 6 in two, vocab.txt 24 -> 25 lines, every later id moved; verify then found 23 differences)."""
+    e01 = Path(shutil.copytree(E01, tmp_path / "e01"))
+    assert vocabulary(e01)[6] == "[unused2]"
+    snap = casecheck.snapshot_tree(e01)
+    run = run_cli(["rename-tokens", str(e01), f"6={new}", "--special", "--out", str(tmp_path / "o")])
+    assert run.rc == 5 and "vocab.txt" in run.stderr, run.stderr
+    assert not (tmp_path / "o").exists()
+    assert casecheck.snapshot_tree(e01) == snap

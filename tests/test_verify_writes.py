@@ -251,6 +251,41 @@ def test_history_is_carried_by_convert(tmp_path):
     )
 
 
+def test_tie_then_convert_chain_verifies(tmp_path):
+    """pf_llama_tied_fp32 (duplicate head) → tie → convert --to paddlenlp: each step verifies alone (exit 0),
+    and verify of the original and the final output should too, as the chain's reports record both runs."""
+    src = FIX / "pf_llama_tied_fp32"
+    _ok(["tie", str(src), "--out", str(tmp_path / "t"), "-q"])
+    _ok(["convert", str(tmp_path / "t"), "--to", "paddlenlp", "--out", str(tmp_path / "c"), "-q"])
+    assert _verify(src, tmp_path / "t")[0] == 0
+    assert _verify(tmp_path / "t", tmp_path / "c")[0] == 0
+    rc, out = _verify(src, tmp_path / "c")
+    assert rc == 0, out
+
+
+def test_merge_then_resize_chain_verifies(tmp_path):
+    """sample pf_llama_tp2 (2 rank files) → merge → resize --vocab 128 --init zeros: verify of the rank files
+    and the final output should explain both runs (exit 0)."""
+    src = SAMPLES / "pf_llama_tp2"
+    _ok(["merge", str(src), "--out", str(tmp_path / "m"), "-q"])
+    _ok(
+        [
+            "resize",
+            str(tmp_path / "m"),
+            "--vocab",
+            "128",
+            "--init",
+            "zeros",
+            "--out",
+            str(tmp_path / "r"),
+            "-q",
+        ]
+    )
+    assert _verify(tmp_path / "m", tmp_path / "r")[0] == 0
+    rc, out = _verify(src, tmp_path / "r")
+    assert rc == 0, out
+
+
 def test_tie_keep_head_with_embedding_aliases_verifies(tmp_path):
     """``tie --keep head`` of a PaddleNLP BART whose encoder/decoder ``embed_tokens`` duplicate the shared
     embedding: the aliases take the head's values with it (the one write of the golden harness verify did not

@@ -10,7 +10,6 @@ rank files and ``.distcp`` slices are read as ``merge`` reads them, by the same 
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -142,9 +141,8 @@ def open_side(path: Any) -> Side:
             :func:`surgery.plan.merge_flex.plan_flex` and :func:`surgery.plan.merge_experts.plan_rank_merge`
             raise them (a rank folder whose slices ``merge`` would refuse is refused here too).
     """
-    st = store.store_for(path)
-    if st.on_disk:
-        local = Path(st.root)
+    local = store.local_root(path)
+    if local is not None:
         names = {p.name for p in local.iterdir()} if local.is_dir() else set()
         if flex.find(local) is not None and not has_whole(names):
             return merged_flex(local)
@@ -203,11 +201,5 @@ def merged_flex(src: Path) -> Side:
 
 
 def same_file(a: Any, b: Any) -> bool:
-    """``a`` and ``b`` are one local file (the same device and inode: a hard link, or the same path)."""
-    if store.is_remote(a) or store.is_remote(b):
-        return False
-    try:
-        sa, sb = os.stat(a), os.stat(b)
-    except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
+    """``a`` and ``b`` are one local file (:func:`surgery.io.store.same_local_file`)."""
+    return store.same_local_file(a, b)

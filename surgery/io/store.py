@@ -128,9 +128,26 @@ def is_remote(p: object) -> bool:
 
 
 def is_local(p: Any) -> bool:
-    """``p`` is in this machine's file system (its store is :attr:`Store.on_disk`): the one local-or-remote
-    question the layers above ``io`` ask."""
-    return store_for(p).on_disk
+    """``p`` is in this machine's file system (its store is :attr:`Store.on_disk`; a URL string never is):
+    the one local-or-remote question the layers above ``io`` ask."""
+    return not is_url(p) and store_for(p).on_disk
+
+
+def local_root(p: Any) -> Path | None:
+    """The local folder or file ``p`` names (a ``Path``), or None when ``p`` is remote (:func:`is_local`)."""
+    return Path(store_for(p).root) if is_local(p) else None
+
+
+def same_local_file(a: Any, b: Any) -> bool:
+    """``a`` and ``b`` are one local file (the same device and inode: a hard link, or the same path); never
+    for a remote path."""
+    if not (is_local(a) and is_local(b)):
+        return False
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 def as_path(p: str | os.PathLike) -> Any:

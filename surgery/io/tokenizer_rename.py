@@ -78,7 +78,9 @@ def parse_renames(items: list[str]) -> dict[int, str]:
     """``["128002=<think>", "128003=</think>"]`` → ``{128002: "<think>", 128003: "</think>"}``.
 
     Raises:
-        UsageError: an item that is not ``ID=STRING``, an id twice, an empty or over-long string.
+        UsageError: an item that is not ``ID=STRING``, an id or a string twice (two ids of one string:
+            ``tokenizers`` then keeps one and leaves the other id without a token), an empty or over-long
+            string, a string with a lone surrogate (a non-UTF-8 byte of an argument: no file can hold it).
     """
     out: dict[int, str] = {}
     for item in items:
@@ -91,10 +93,26 @@ def parse_renames(items: list[str]) -> dict[int, str]:
             raise UsageError(
                 f"token {s[:40]!r}… is longer than {MAX_TOKEN_CHARS} characters", fix="shorten it"
             )
+        if s in out.values():
+            raise UsageError(
+                f"token {s!r} is given twice (ids {_id_of(out, s)} and {int(i)})", fix="give each token once"
+            )
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise UsageError(
+                f"token {s[:40]!r} is not valid Unicode text: character {e.start} is a lone surrogate, which "
+                "no UTF-8 tokenizer file can hold",
+                fix="give the token as UTF-8 text",
+            ) from None
         out[int(i)] = s
     if not out:
         raise UsageError("rename-tokens needs at least one ID=TOKEN", fix="e.g. 128002=<think>")
     return out
+
+
+def _id_of(renames: dict[int, str], s: str) -> int:
+    return next(i for i, t in renames.items() if t == s)
 
 
 def _load(path: Path) -> Any:
@@ -267,6 +285,15 @@ def _vocab_txt(path: Path, old: dict[int, str], new: dict[int, str], special: bo
     the vocabulary is looked up, so only a never-split special token reaches its line)."""
     raw = path.read_bytes()
     lines = raw.decode("utf-8").split("\n")
+    bad = next((t for t in new.values() if t != t.rstrip() or len(t.splitlines()) != 1), None)
+    if bad is not None:
+        raise RefusedError(
+            f"rename-tokens refused: {bad!r} cannot be a line of vocab.txt: transformers and PaddleFormers "
+            "read vocab.txt a line a token and drop trailing whitespace, so a line break or trailing space "
+            "would move it and every later id",
+            path,
+            "give the token without line breaks or trailing whitespace",
+        )
     for i, s in old.items():
         if i < len(lines) and lines[i].rstrip("\r") == s:
             if not special:

@@ -65,6 +65,7 @@ def plan_fix_untrained(det: Detection, ids: Sequence[int] | None = None, init: s
     _refuse(det)
     emb, head, pool = tables(det)
     found, kept = untrained_ids(det)
+    _refuse_no_trained(det, found, kept, pool)
     chosen = _chosen(det, found, kept, ids)
     plan = base_plan("fix-untrained", det)
     norms: dict[str, float] = {}
@@ -98,6 +99,22 @@ def _head_table(det: Detection) -> Table | None:
     if not h.present or h.name == det.embedding.name or h.name in det.embedding.aliases:
         return None
     return Table(h.name, 1 if h.layout is HeadLayout.HIDDEN_VOCAB else 0)
+
+
+def _refuse_no_trained(det: Detection, found: list[int], kept: dict[int, str], pool: int) -> None:
+    """Refuse a table whose every entry the rule finds untrained: no trained entry to take the mean of.
+
+    Raises:
+        RefusedError: naming the embedding and the count.
+    """
+    if found and len(found) + len(kept) >= pool:
+        raise RefusedError(
+            f"fix-untrained refused: every one of the {pool} rows of {det.embedding.name} is untrained by "
+            "unsloth's rule (no value above 1e-16, e.g. rows of only negative values): there is no trained "
+            "row to take the mean of",
+            det.ckpt.path,
+            "check that this is a trained model; untrained rows are set from trained ones",
+        )
 
 
 def _chosen(det: Detection, found: list[int], kept: dict[int, str], ids: Sequence[int] | None) -> list[int]:

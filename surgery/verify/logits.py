@@ -71,7 +71,7 @@ def logits_check(a_path, b_path, timeout: float = 600) -> dict:
             f"{' and '.join(missing)} not installed",
             f"{install_extra('paddle')} adds paddlepaddle and PaddleFormers 1.2.0",
         )
-    remote = [str(p) for p in (a_path, b_path) if store.is_url(p) or not store.store_for(p).on_disk]
+    remote = [str(p) for p in (a_path, b_path) if not store.is_local(p)]
     if remote:
         return _not_compared(
             NotCompared.REMOTE,

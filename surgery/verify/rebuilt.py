@@ -81,7 +81,7 @@ def one_step(a_path: Any, b_path: Any) -> dict[str, Any] | None:
     """The output's report when it records one ``convert`` or ``merge`` run whose input was ``a_path`` as
     it is (the output's chain is the input's own chain, then that run); else None (another operation, a
     local folder missing, a longer chain: :mod:`surgery.verify.tensors` compares them)."""
-    if store.is_url(a_path) or store.is_url(b_path):
+    if not (store.is_local(a_path) and store.is_local(b_path)):
         return None
     a, b = Path(str(a_path)), Path(str(b_path))
     rep = read_report(b)
