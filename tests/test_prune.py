@@ -11,7 +11,8 @@ The model (the shipped sample ``pf_llama_with_tokenizer``, PaddleFormers 1.2, un
 the kept rows of the embedding and the head are the old rows bit for bit, every other tensor is
 bit-identical, the config's ids are renumbered; PaddleFormers 1.2's logits of the pruned model on the
 renumbered batch equal the old logits at the kept columns bit for bit. Bad keep-files are one-line errors
-with README's exit codes, the input untouched.
+with README's exit codes, the input untouched. ``verify`` explains real prune outputs (exit 0) and names a
+forged row, a forged ``id_map`` entry and a dropped token left in ``tokenizer.json`` (exit 7).
 """
 
 from __future__ import annotations
