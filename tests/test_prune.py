@@ -575,3 +575,11 @@ def test_verify_of_a_prune_then_resize_chain_says_to_verify_each_step(sample_pru
     rc, said = _verify(SAMPLE, out)
     assert rc == 7 and "holds a prune and other runs" in said, said
     assert _verify(sample_pruned["out"], out)[0] == 0
+
+
+def test_verify_names_a_tokenizer_file_the_output_lost(sample_pruned, tmp_path):
+    """The pruned output without its tokenizer.json: exit 7, the file named."""
+    out = _forged(sample_pruned, tmp_path)
+    (out / "tokenizer.json").unlink()
+    rc, said = _verify(SAMPLE, out)
+    assert rc == 7 and "tokenizer.json is only in the input" in said, said

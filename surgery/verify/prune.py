@@ -279,5 +279,8 @@ def compare_tokenizer(res: VerifyResult, A: Checkpoint, B: Checkpoint, ids: list
             f"the output's tokenizer names no token at id(s) {', '.join(map(str, missing[:10]))} "
             f"(expected {want[missing[0]]!r} first)"
         )
+    sets = (tokenizer_set(A.path), tokenizer_set(B.path))
+    gone = sorted({f.name for f in sets[0].files} - {f.name for f in sets[1].files})
+    res.unexplained.extend(f"{n} is only in the input; the prune edits it in place" for n in gone)
     res.tokenizer = {"kept_tokens": len(want), "dropped_tokens": len(dropped)}
-    return tokenizer_names(A, B, (tokenizer_set(A.path), tokenizer_set(B.path)))
+    return tokenizer_names(A, B, sets)
