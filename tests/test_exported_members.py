@@ -22,6 +22,7 @@ OPERATIONS = {
     "add_tokens",
     "fix_untrained",
     "rename_tokens",
+    "prune",
     "verify",
     "convert",
     "merge",

@@ -11,7 +11,8 @@ The model (the shipped sample ``pf_llama_with_tokenizer``, PaddleFormers 1.2, un
 the kept rows of the embedding and the head are the old rows bit for bit, every other tensor is
 bit-identical, the config's ids are renumbered; PaddleFormers 1.2's logits of the pruned model on the
 renumbered batch equal the old logits at the kept columns bit for bit. Bad keep-files are one-line errors
-with README's exit codes, the input untouched.
+with README's exit codes, the input untouched. ``verify`` explains real prune outputs (exit 0) and names a
+forged row, a forged ``id_map`` entry and a dropped token left in ``tokenizer.json`` (exit 7).
 """
 
 from __future__ import annotations
@@ -454,3 +455,131 @@ def test_keep_corpus(tmp_path):
         assert old["ok"] and new["ok"], (old.get("error"), new.get("error"))
         assert new["strings"] == _mapped(keep, old["strings"])
     assert run_cli(["prune", str(SAMPLE), "--dry-run"]).rc == 2
+
+
+# ------------------------------------------------------------------------------------------------ verify
+
+
+def _verify(a: Path, b: Path) -> tuple[int, str]:
+    run = run_cli(["verify", str(a), str(b)])
+    return run.rc, run.stdout + run.stderr
+
+
+def _flip(folder: Path, name: str, element: int) -> None:
+    """Flip the lowest bit of element ``element`` (row-major) of tensor ``name`` in the safetensors file of
+    ``folder`` that holds it, in place (the header untouched)."""
+    for f in sorted(folder.glob("*.safetensors")):
+        raw = bytearray(f.read_bytes())
+        n = int.from_bytes(raw[:8], "little")
+        head = json.loads(raw[8 : 8 + n])
+        if name in head:
+            size = np.dtype({"F32": "f4", "BF16": "u2", "F16": "f2"}[head[name]["dtype"]]).itemsize
+            raw[8 + n + head[name]["data_offsets"][0] + element * size] ^= 1
+            f.write_bytes(bytes(raw))
+            return
+    raise AssertionError(f"{name} not found in {folder}")
+
+
+def _forged(sample_pruned, tmp_path: Path) -> Path:
+    out = tmp_path / "forged"
+    shutil.copytree(sample_pruned["out"], out)
+    return out
+
+
+def test_verify_explains_the_sample_prune(sample_pruned):
+    """``verify`` of the sample and its pruned output: exit 0, the embedding and the head checked entry by
+    entry at the kept ids, the other ten tensors bit-identical."""
+    run = run_cli(["verify", str(SAMPLE), str(sample_pruned["out"]), "--json"])
+    assert run.rc == 0, run.stdout + run.stderr
+    res = json.loads(run.stdout)
+    assert {r["name"] for r in res["resized"]} == {EMB, HEAD}
+    assert all(r["common_part_identical"] for r in res["resized"])
+    assert res["identical_tensors"] == len(casecheck.read_checkpoint(SAMPLE).tensors) - 2
+
+
+@pytest.mark.parametrize("name", ["pnlp_llama_untied", "pnlp_bert_mlm", "pf_llama_tied_fp32"])
+def test_verify_explains_a_prune_of_pdparams_and_tied_cases(tmp_path, name):
+    """PaddleNLP pdparams (a ``[hidden, vocab]`` Llama head; a BERT decoder bias and its tied decoder
+    weight) and a tied PaddleFormers model: the prune output verifies (exit 0), every vocabulary tensor
+    checked at the kept ids (BERT's bias among them), the tied copy dropped as equal to the embedding."""
+    src = CASES_DIR / name
+    keep = [*range(48), 60, 75, 89]
+    (tmp_path / "keep").write_text(json.dumps(keep))
+    assert (
+        run_cli(["prune", str(src), "--keep", str(tmp_path / "keep"), "--out", str(tmp_path / "o")]).rc == 0
+    )
+    run = run_cli(["verify", str(src), str(tmp_path / "o"), "--json"])
+    assert run.rc == 0, run.stdout + run.stderr
+    res = json.loads(run.stdout)
+    cut = {r["name"]: r for r in res["resized"]}
+    assert all(r["common_part_identical"] and r["shape_before"] != r["shape_after"] for r in cut.values())
+    if name == "pnlp_bert_mlm":
+        assert "cls.predictions.decoder_bias" in cut and res["dropped"][0]["equals_embedding"]
+    if name == "pnlp_llama_untied":
+        assert cut["lm_head.weight"]["shape_after"][1] == len(keep)
+
+
+def test_verify_names_a_forged_row(sample_pruned, tmp_path):
+    """One flipped bit in kept row 5 of the pruned embedding: exit 7, the row and its old id named."""
+    out = _forged(sample_pruned, tmp_path)
+    width = casecheck.read_checkpoint(SAMPLE).tensors[EMB].shape[1]
+    _flip(out, EMB, 5 * width + 3)
+    rc, said = _verify(SAMPLE, out)
+    keep = sample_pruned["keep"]
+    assert rc == 7 and f"{EMB}: row 5 is not the input's row {keep[5]}" in said, said
+
+
+def test_verify_names_a_forged_id_map_entry(sample_pruned, tmp_path):
+    """The report's id_map sends a dropped id (next to a kept one) to that kept one's new id: the rows at
+    that new id contradict it, exit 7 naming the row."""
+    out = _forged(sample_pruned, tmp_path)
+    keep = sample_pruned["keep"]
+    j = next(j for j in range(len(keep) - 1) if keep[j] + 1 < keep[j + 1])
+    rep = json.loads((out / "tietool-report.json").read_text())
+    id_map = rep["prune"]["id_map"]
+    del id_map[str(keep[j])]
+    id_map[str(keep[j] + 1)] = j
+    (out / "tietool-report.json").write_text(json.dumps(rep))
+    rc, said = _verify(SAMPLE, out)
+    assert rc == 7 and f"row {j} is not the input's row {keep[j] + 1}" in said, said
+
+
+def test_verify_names_a_dropped_token_left_in_tokenizer_json(sample_pruned, tmp_path):
+    """A dropped token written back into the pruned tokenizer.json's vocabulary: exit 7, the token named."""
+    out = _forged(sample_pruned, tmp_path)
+    keep = set(sample_pruned["keep"])
+    tj = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    old = json.loads((SAMPLE / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+    tok = next(s for s, i in old.items() if i not in keep)
+    tj["model"]["vocab"][tok] = len(keep)
+    (out / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
+    rc, said = _verify(SAMPLE, out)
+    assert rc == 7 and f"{tok!r} (id {len(keep)}) is a token the prune dropped" in said, said
+
+
+def test_verify_of_a_prune_then_resize_chain_says_to_verify_each_step(sample_pruned, tmp_path):
+    """Prune then resize: the chain's history keeps no id_map, so verify of the original against the end
+    is exit 7 saying to verify each step; each step on its own verifies (exit 0)."""
+    out = tmp_path / "grown"
+    run = run_cli(
+        [
+            "resize",
+            str(sample_pruned["out"]),
+            "--vocab",
+            str(len(sample_pruned["keep"]) + 4),
+            "--out",
+            str(out),
+        ]
+    )
+    assert run.rc == 0, run.stderr
+    rc, said = _verify(SAMPLE, out)
+    assert rc == 7 and "holds a prune and other runs" in said, said
+    assert _verify(sample_pruned["out"], out)[0] == 0
+
+
+def test_verify_names_a_tokenizer_file_the_output_lost(sample_pruned, tmp_path):
+    """The pruned output without its tokenizer.json: exit 7, the file named."""
+    out = _forged(sample_pruned, tmp_path)
+    (out / "tokenizer.json").unlink()
+    rc, said = _verify(SAMPLE, out)
+    assert rc == 7 and "tokenizer.json is only in the input" in said, said

@@ -502,6 +502,15 @@ def vocabulary(folder: Path) -> dict[int, str]:
     return out
 
 
+def vocabulary_maps(folder: Path) -> tuple[dict[str, dict[int, str]], list[str]]:
+    """Each ``{id: token}`` map the tokenizer files of ``folder`` hold, by where it was read
+    (``tokenizer.json model.vocab``, ``vocab.txt``, ``added_tokens.json``...: the files
+    :func:`vocabulary` merges, kept apart), and the lines naming an id given two strings in one map."""
+    reads = _read_all(store.path_of(folder))
+    maps = {k: dict(m) for r in reads for k, m in r.maps.items()}
+    return maps, [c for r in reads for c in r.clashes]
+
+
 def tokenizer_info(folder: Path) -> TokenizerInfo:
     """Highest token id + 1 found in the tokenizer files of ``folder`` (:func:`tokenizer_set`'s
     ``length``), the files that named ids (``sources``) and those that could not be read; never raises on a

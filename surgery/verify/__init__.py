@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..io.checkpoint import Checkpoint
 from ..model.errors import TietoolError
 from ..report import chain_since
-from . import chain, flexstate, rebuilt, training
+from . import chain, flexstate, prune, rebuilt, training
 from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
 from .logits import NotCompared, logits_check
 from .result import VerifyResult
@@ -76,6 +76,9 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     rep = rebuilt.one_step(a_path, b_path)
     if rep is not None:  # one convert or merge run: the output rebuilt from the input and compared
         return _verify_rebuilt(a_path, b_path, rep)
+    sec = prune.section(a_path, b_path)
+    if sec is not None:  # one prune run: every entry checked at its old id (surgery.verify.prune)
+        return prune.verify_prune(a_path, b_path, sec)
     if chain.applies(a_path, b_path):  # a convert or merge in a longer chain: the input carried through it
         return _verify_composed(a_path, b_path)
     if flexstate.is_pair(a_path, b_path):  # Trainer checkpoints: their merged views, then the state
@@ -86,6 +89,7 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = _compare(A, B)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
+    prune.chained(cmp.res, a_path, b_path)
     return cmp.res
 
 
