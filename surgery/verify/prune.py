@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..inspect import chunked
-from ..inspect.detect import Detection
+from ..inspect.detection import Detection
 from ..io.checkpoint import REPORT_NAME, Checkpoint
 from ..io.configfile import read_config_file
 from ..io.regular import load_json
