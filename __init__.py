@@ -15,8 +15,8 @@ no paddle)::
     d = tietool.diff("ckpt/", "resized/")   # Diff: tensors, config keys, tokens, files that differ
     rep = tietool.merge("tp_ranks/", "merged/")  # model_state.tp00.pdparams, ... → one checkpoint
 
-:data:`__all__` is the API, and ``tests/test_exported_members.py`` pins it: the eleven operations, the
-options as enums, the result types, and the errors. Everything else (``tietool.surgery.*``,
+:data:`__all__` is the API, and ``tests/structure/test_exported_members.py`` pins it: the eleven operations,
+the options as enums, the result types, and the errors. Everything else (``tietool.surgery.*``,
 ``tietool.cli.*``) is the implementation, free to move. The errors, drawn once::
 
     TietoolError                 err.exit_code is the CLI's exit status (ExitCode), err.path, err.fix

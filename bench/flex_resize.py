@@ -8,10 +8,10 @@ it: ``optimizer_state/`` (a fp32 ``.moment1_0`` and ``.moment2_0`` of every tens
 and its ``.beta1_pow_acc_0`` / ``.beta2_pow_acc_0``, shape [1]) and ``master_weight/`` (a fp32 ``.w_0`` of
 every tensor, sliced as the weight is). **These two folders are written by tietool**
 (:mod:`tietool.surgery.io.flex_write`: ``.distcp`` by the ``.pdparams`` writer, ``.metadata`` by
-``write_metadata``), **not by paddle**; the format is proven by ``tests/test_flex_write.py``, whose paddle
-oracle (``paddle.distributed.load_state_dict``) reads such folders bit for bit. The values are a pattern
-(moment1 = 1e-3 × the tensor's index, moment2 = its square, master = 1/(index+1)), one slice in memory at
-a time. The benchmark model stores a duplicate ``lm_head.weight`` under ``tie_word_embeddings: true``, a
+``write_metadata``), **not by paddle**; the format is proven by ``tests/oracles/test_flex_write.py``, whose
+paddle oracle (``paddle.distributed.load_state_dict``) reads such folders bit for bit. The values are a
+pattern (moment1 = 1e-3 × the tensor's index, moment2 = its square, master = 1/(index+1)), one slice in memory
+at a time. The benchmark model stores a duplicate ``lm_head.weight`` under ``tie_word_embeddings: true``, a
 tie that resize keeps by dropping the duplicate (which a flex checkpoint's optimizer state cannot follow:
 refused); ``--make`` therefore sets ``tie_word_embeddings: false`` in the config.json beside the
 checkpoint, so the embedding and the head are resized each with its moments and master weight.

@@ -56,8 +56,8 @@ terminal), stdout and stderr are not terminals (no progress bar, rich's width 20
 of every run is an empty folder of the temporary one (a run with CKPT omitted runs inside its copy).
 
 Not covered: ``verify --logits`` (paddle subprocesses: minutes, and the lead's logits tests cover it),
-URLs (moto / HTTP servers: ``tests/test_remote*.py``), signals and the recovery of killed runs
-(``tests/test_inplace*.py``, the hostile harness).
+URLs (moto / HTTP servers: ``tests/**/test_remote*.py``), signals and the recovery of killed runs
+(``tests/adversarial/test_inplace*.py``, the hostile harness).
 
 Two captures of the same code compare with zero differences (the check that 1-5 are complete); run
 ``compare`` on two captures of bccd72e to see it.

@@ -4,7 +4,8 @@
 the usage line, ``{CKPT}``), an option of fixed choices as ``[auto|vocab-hidden|hidden-vocab]`` (not
 ``<auto|...>``); every other option names its metavar in :mod:`cli.options` (``N``, ``DIR``, ``FILE``,
 ``SIZE``, ``NAME``). :data:`EXAMPLES` is each command's epilog: command lines that run as written from the
-repository's root, on the checkpoints in ``sample_checkpoints/`` (``tests/test_cli_options.py`` runs them).
+repository's root, on the checkpoints in ``sample_checkpoints/`` (``tests/cli/test_cli_options.py`` runs
+them).
 """
 
 from __future__ import annotations

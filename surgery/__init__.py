@@ -20,9 +20,9 @@ The map, one line per layer, in pipeline order:
 **The layer rule**: a module imports only from its own layer and the layers before it in this list
 (``model`` first, then ``arch``, ``io``, ``inspect``, ``plan``, ``write``, ``report``/``results``,
 ``verify``/``diff``, ``ops``); then the package face :mod:`tietool` and :mod:`tietool.cli`.
-``tests/test_layers.py`` walks every import (lazy ones included) and fails on an import against this order
-or a cycle. A name that another module uses is public (no underscore): ``tests/test_private_names.py`` fails
-on ``from m import _x`` or ``m._x`` across modules.
+``tests/structure/test_layers.py`` walks every import (lazy ones included) and fails on an import against this
+order or a cycle. A name that another module uses is public (no underscore):
+``tests/structure/test_private_names.py`` fails on ``from m import _x`` or ``m._x`` across modules.
 
 Nothing here imports paddle.
 """

@@ -67,7 +67,7 @@ def _gate_up(suffix: str, out_prefix: str, dims: tuple[Size, Size]) -> dict[str,
 _LLAMA_FUSED = {**_qkv(Split.QKV_GROUPED), **_gate_up("mlp.gate_up_fused_proj", "mlp.", (S.HIDDEN, S.INTER2))}
 # PaddleFormers 1.2's own Paddle layout (legacy save) of Qwen2/Qwen3 (the Deprecated classes): qkv_proj
 # grouped per kv head, up_gate_proj gate | up (its AOA fused_qkv / fused_ffn); converted bit for bit to its
-# HF export in tests/test_convert.py::test_paddleformers_legacy_fused_qwen_converts_to_its_hf_export
+# HF export in tests/oracles/test_convert.py::test_paddleformers_legacy_fused_qwen_converts_to_its_hf_export
 _PF_FUSED = {**_qkv(Split.QKV_GROUPED), **_gate_up("mlp.up_gate_proj", "mlp.", (S.HIDDEN, S.INTER2))}
 
 
@@ -94,7 +94,7 @@ def _llama_like(
         paddlenlp_own_head=own_head,
         paddlenlp_28=paddlenlp_prefix == "llama",  # 2.8.1 has llama/ and qwen/ (v1), no qwen2/ or qwen3/
         # PaddleNLP 2.8.1 llama/modeling.py builds every Linear with bias_attr=False; a PaddleFormers Llama
-        # with attention_bias / mlp_bias holds them (tests/test_convert_sweep.py)
+        # with attention_bias / mlp_bias holds them (tests/oracles/test_convert_sweep.py)
         paddlenlp_lacks=_LLAMA_BIASES if paddlenlp_prefix == "llama" else (),
     )
 
@@ -150,8 +150,8 @@ def _ernie(moe: bool) -> ConversionRow:
 # q/k norms; its in-memory model (what the Trainer's flex checkpoint holds) fuses qkv_proj (grouped per kv
 # head) and up_gate_proj (gate | up) by the same AOA macros as Qwen2 (_gen_aoa_config: fused_qkv,
 # fused_ffn), every Linear [in, out]; the head is [vocab, hidden] (tied: the embedding itself). Proven by
-# tests/test_flex_families.py (a real Trainer checkpoint merged, loaded by a plain from_pretrained with the
-# trained model's logits) and the case e06 (unfused names, transposed).
+# tests/oracles/test_flex_families.py (a real Trainer checkpoint merged, loaded by a plain from_pretrained
+# with the trained model's logits) and the case e06 (unfused names, transposed).
 _GEMMA3_PLAIN = (
     "self_attn.q_norm.weight",
     "self_attn.k_norm.weight",
@@ -163,8 +163,8 @@ _GEMMA3_PLAIN = (
 # grouped per kv head, with bias), per expert and for the shared expert an up_gate_proj (gate | up, fused_ffn)
 # and a down_proj; the router mlp.gate [hidden, num_experts] and the shared expert's gate [hidden, 1] are
 # Linear weights too (transpose_weight_keys "gate", "shared_expert_gate"; _gen_aoa_config transposes them).
-# Proven by tests/test_flex_families.py (a real Trainer checkpoint merged, a plain from_pretrained of the
-# output gives the trained model's logits).
+# Proven by tests/oracles/test_flex_families.py (a real Trainer checkpoint merged, a plain from_pretrained of
+# the output gives the trained model's logits).
 _QWEN2_MOE_LINEAR: dict[str, tuple[Size, Size]] = {
     "mlp.gate.weight": (S.HIDDEN, S.NUM_EXPERTS),
     "mlp.experts.N.gate_proj.weight": (S.HIDDEN, S.MOE_INTER),
@@ -189,7 +189,7 @@ def _qwen2_moe() -> ConversionRow:
 
 # Qwen3-MoE in PaddleFormers 1.2 (qwen3_moe/modeling.py, the non-fleet classes): Qwen3's attention (q/k norms,
 # qkv_proj grouped per kv head), routed experts as Qwen2-MoE's, no shared expert; the router mlp.gate is a
-# Linear (transpose_weight_keys "gate"). Proven by tests/test_flex_families.py as Qwen2-MoE.
+# Linear (transpose_weight_keys "gate"). Proven by tests/oracles/test_flex_families.py as Qwen2-MoE.
 _QWEN3_MOE_LINEAR = {k: v for k, v in _QWEN2_MOE_LINEAR.items() if "shared_expert" not in k}
 _QWEN3_MOE_FUSED = {k: v for k, v in _QWEN2_MOE_FUSED.items() if "shared_expert" not in k}
 
@@ -204,7 +204,7 @@ def _qwen3_moe() -> ConversionRow:
 # the others routed experts and shared_experts (plural) fused alike; the router mlp.gate.weight is NOT a
 # Linear here: [n_routed_experts, hidden] in memory and in the HF files alike (_gen_aoa_config maps it
 # without ^T), copied as stored with its e_score_correction_bias. MTP layers (num_nextn_predict_layers)
-# are not listed: a checkpoint with them is refused by name. Proven by tests/test_flex_families.py.
+# are not listed: a checkpoint with them is refused by name. Proven by tests/oracles/test_flex_families.py.
 _GLM4_MOE_LINEAR: dict[str, tuple[Size, Size]] = {
     "mlp.experts.N.gate_proj.weight": (S.HIDDEN, S.MOE_INTER),
     "mlp.experts.N.up_proj.weight": (S.HIDDEN, S.MOE_INTER),
@@ -236,7 +236,7 @@ def _glm4_moe() -> ConversionRow:
 # the first_k_dense_replace layers dense, the others routed experts and shared_experts, all unfused (its
 # _gen_aoa_config transposes each: transpose_weight_keys), the router mlp.gate [hidden, n_routed_experts]
 # a Linear; q_a_layernorm, kv_a_layernorm and the correction bias copied. MTP layers (eh_proj, ...) are not
-# listed: refused by name. Proven by tests/test_flex_families.py.
+# listed: refused by name. Proven by tests/oracles/test_flex_families.py.
 _DEEPSEEK_V3_LINEAR: dict[str, tuple[Size, Size]] = {
     "self_attn.q_proj.weight": (S.HIDDEN, S.MLA_Q),
     "self_attn.q_a_proj.weight": (S.HIDDEN, S.Q_LORA),
@@ -271,7 +271,7 @@ def _deepseek_v3() -> ConversionRow:
 # macro (q cut into heads, k and v into kv heads, grouped per kv head); linear-attention layers whose
 # in_proj_qkvz, in_proj_ba and out_proj are Linear weights (transpose_weight_keys) and whose conv1d, A_log,
 # dt_bias and norm are copied; Qwen2-MoE's experts, shared expert and gates. Proven by
-# tests/test_flex_families.py.
+# tests/oracles/test_flex_families.py.
 _QWEN3_NEXT_LINEAR: dict[str, tuple[Size, Size]] = {
     "self_attn.q_proj.weight": (S.HIDDEN, S.Q_GATED),
     "self_attn.k_proj.weight": (S.HIDDEN, S.KV),
@@ -322,9 +322,9 @@ CONVERSIONS: Mapping[str, ConversionRow] = {
     "qwen3_next": _qwen3_next(),
 }
 
-_FAMILIES_TEST = "tests/test_flex_families.py::test_plain_from_pretrained_gives_the_trained_logits"
+_FAMILIES_TEST = "tests/oracles/test_flex_families.py::test_plain_from_pretrained_gives_the_trained_logits"
 FLEX_MERGE_PROOFS: Mapping[str, str] = {
-    "llama": "tests/test_flex.py::test_real_trainer_checkpoint_merged_loads_with_the_trained_logits",
+    "llama": "tests/oracles/test_flex.py::test_real_trainer_checkpoint_merged_loads_with_the_trained_logits",
     **{
         mt: f"{_FAMILIES_TEST}[{mt}]"
         for mt in ("deepseek_v3", "gemma3_text", "glm4_moe", "qwen2_moe", "qwen3_moe", "qwen3_next")
@@ -333,7 +333,7 @@ FLEX_MERGE_PROOFS: Mapping[str, str] = {
 """model_type → the test that merged a real PaddleFormers 1.2 Trainer flex checkpoint of it with the CLI and
 loaded the output with a plain ``from_pretrained``, getting the trained model's logits. The other rows
 (qwen2, qwen3, ernie4_5, ernie4_5_moe) are proven by ``convert`` from PaddleFormers' own legacy Paddle-layout
-save (the same in-memory layout the Trainer holds) to its HF export (``tests/test_convert.py``)."""
+save (the same in-memory layout the Trainer holds) to its HF export (``tests/oracles/test_convert.py``)."""
 
 # model_type -> the test proving it: the class's own export of a tied model writes no ``lm_head.weight``
 # (``_gen_inv_aoa_config`` maps ``lm_head.weight -> _``: Gemma 3 always, its loader taking the head from
@@ -342,7 +342,7 @@ save (the same in-memory layout the Trainer holds) to its HF export (``tests/tes
 # their MoE and ERNIE 4.5 exports drop it too (read from PaddleFormers 1.2's source; measured for Qwen3 by
 # ``save_pretrained``), but no tied Trainer checkpoint of theirs proves the merge: their merge keeps the head.
 TIED_HEAD_NOT_EXPORTED: Mapping[str, str] = {
-    "gemma3_text": "tests/test_flex_families.py::test_tied_merge_is_the_librarys_export[gemma3_text]",
+    "gemma3_text": "tests/oracles/test_flex_families.py::test_tied_merge_is_the_librarys_export[gemma3_text]",
 }
 
 # the Linear weights of every row, for a model type without a row of its own: only their shapes are read (to

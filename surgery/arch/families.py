@@ -29,12 +29,13 @@ and by model type within a family (``model_loaders``: ``{model_type: {loader key
 first).
 
 Proofs: :data:`PROOFS` maps ``(model_type, loader, container)`` to the test that loaded checkpoints the
-library itself wrote and asserted these facts (PaddleFormers 1.2: ``tests/test_families.py::
+library itself wrote and asserted these facts (PaddleFormers 1.2: ``tests/oracles/test_families.py::
 test_loader_facts``; HF transformers 5.3, reading PaddleFormers' HF-layout exports:
-``tests/test_hf_loader.py::test_hf_loader_facts``; model types PaddleFormers does not export, on checkpoints
-transformers' own ``save_pretrained`` wrote: ``tests/test_hf_loader.py::test_hf_native_loader_facts``).
-Under :data:`PROVABLE_LOADERS` a write relies on a fact only where it is proven (``Family.trusted``);
-elsewhere tie/resize keep the head, untie writes it and refuses to guess its layout.
+``tests/oracles/test_hf_loader.py::test_hf_loader_facts``; model types PaddleFormers does not export, on
+checkpoints transformers' own ``save_pretrained`` wrote:
+``tests/oracles/test_hf_loader.py::test_hf_native_loader_facts``). Under :data:`PROVABLE_LOADERS` a write
+relies on a fact only where it is proven (``Family.trusted``); elsewhere tie/resize keep the head, untie
+writes it and refuses to guess its layout.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from .rows import CONTAINERS, FamilyRow, LoaderFacts, ProofKey, TokenRule, Token
 
 # Loaders whose safetensors reader takes bfloat16 only as the U16 label their own save_pretrained writes:
 # PaddleNLP 2.8.1 fails on a BF16 header ("Cannot interpret '2' as a data type";
-# tests/test_pnlp_loaders.py::test_pnlp_writes_load[*-resize-up-bf16]), so U16 stays U16 for them.
+# tests/oracles/test_pnlp_loaders.py::test_pnlp_writes_load[*-resize-up-bf16]), so U16 stays U16 for them.
 U16_BFLOAT16_ONLY: tuple[str, ...] = (Loader.PADDLENLP_28.value,)
 
 # first name component of PaddleNLP-era checkpoints (PaddleFormers and HF use model./transformer.)
@@ -98,7 +99,7 @@ EXTRA_TABLES: tuple[str, ...] = (
 # with the head's rows. ``(weight suffix, bias suffix)``, the first that matches. Sources: paddle.nn.Linear
 # (``weight`` / ``bias``); PaddleNLP 2.8.1 UnifiedTransformerLMHead (PLATO, unified_transformer/modeling.py:
 # ``logits = matmul(h, decoder_weight, transpose_y=True) + decoder_bias``) and BERT's ``decoder_weight`` /
-# ``decoder_bias``; tests/test_vocab_bias.py resizes a PaddleNLP-written PLATO and loads it.
+# ``decoder_bias``; tests/oracles/test_vocab_bias.py resizes a PaddleNLP-written PLATO and loads it.
 HEAD_BIAS_OF: tuple[tuple[str, str], ...] = (("decoder_weight", "decoder_bias"), ("weight", "bias"))
 
 
@@ -215,8 +216,8 @@ _PDPARAMS_NO_RETIE: dict[str, LoaderFacts] = {
 }
 _NEVER_RETIE: dict[str, LoaderFacts] = {"paddleformers": _PF_NO_RETIE, "hf": _PF_NO_RETIE}
 # PaddleFormers 1.2 does not re-tie a missing head, HF transformers 5.3 does (its tie_weights honours
-# tie_word_embeddings): tests/test_hf_loader.py::test_hf_loader_facts. transformers reads no .pdparams: that
-# hf row mirrors PaddleFormers' (and is unproven)
+# tie_word_embeddings): tests/oracles/test_hf_loader.py::test_hf_loader_facts. transformers reads no
+# .pdparams: that hf row mirrors PaddleFormers' (and is unproven)
 _PF_NEVER_HF_RETIES: dict[str, LoaderFacts] = {
     **_NEVER_RETIE,
     "hf": _PF_LIKE,
@@ -297,11 +298,11 @@ FAMILIES: tuple[FamilyRow, ...] = (
             "paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE,
             "paddlenlp-3": _PNLP_LINEAR_HEAD_RETIE,
         },
-        # PaddleFormers 1.2 (tests/test_families.py::test_loader_facts): Phi3 does not rebuild a missing head
-        # from safetensors ("lm_head.weight should be assigned before!"); GptOss and DeepSeek-V3 ignore
-        # tie_word_embeddings altogether (no tie_weights), so a dropped head is lost. HF transformers 5.3
-        # re-ties all three, and GLM-4-MoE (tests/test_hf_loader.py::test_hf_loader_facts).
-        # tests/test_families.py::test_loader_facts: Qwen2-MoE / Qwen3-MoE as Qwen2 (a random head
+        # PaddleFormers 1.2 (tests/oracles/test_families.py::test_loader_facts): Phi3 does not rebuild a
+        # missing head from safetensors ("lm_head.weight should be assigned before!"); GptOss and DeepSeek-V3
+        # ignore tie_word_embeddings altogether (no tie_weights), so a dropped head is lost. HF transformers
+        # 5.3 re-ties all three, and GLM-4-MoE (tests/oracles/test_hf_loader.py::test_hf_loader_facts).
+        # tests/oracles/test_families.py::test_loader_facts: Qwen2-MoE / Qwen3-MoE as Qwen2 (a random head
         # from .pdparams); Qwen3-Next, GLM-4-MoE, GLM-OCR and GLM-4.5V-MoE never rebuild a missing head
         # (safetensors: "lm_head.weight should be assigned before!"; .pdparams: random); Qwen3-VL and
         # Qwen2.5-VL re-tie from .pdparams but log the head as newly initialized; so do Qwen2 and Qwen3 (the
@@ -327,7 +328,7 @@ FAMILIES: tuple[FamilyRow, ...] = (
         # lm_head from model.embed_tokens.weight (its AOA config) when it reads safetensors, whatever
         # tie_word_embeddings says: an untied head is ignored. Its legacy .pdparams loader reads
         # lm_head.weight as stored, and re-ties a dropped one while logging it as newly initialized
-        # (tests/test_families.py::test_loader_facts).
+        # (tests/oracles/test_families.py::test_loader_facts).
         family="gemma",
         model_types=("gemma", "gemma2", "gemma3", "gemma3_text"),
         embedding=("embed_tokens.weight",),
@@ -357,7 +358,7 @@ FAMILIES: tuple[FamilyRow, ...] = (
     ),
     FamilyRow(  # GPT (PaddleNLP gpt.embeddings.word_embeddings; HF GPT-2 transformer.wte). PaddleNLP 2.8.1's
         # GPTForCausalLM builds its head from the word embedding whatever tie_word_embeddings says
-        # (tests/test_pnlp_loaders.py): an lm_head.weight in the file is ignored, and a dropped one is
+        # (tests/oracles/test_pnlp_loaders.py): an lm_head.weight in the file is ignored, and a dropped one is
         # reported as "newly initialized" although it loads tied with identical logits.
         family="gpt",
         model_types=("gpt", "gpt2", "gpt-cpm", "gpt_neo"),
@@ -373,8 +374,8 @@ FAMILIES: tuple[FamilyRow, ...] = (
     FamilyRow(  # CodeGen: transformer.wte + its own biased nn.Linear head, lm_head.weight [hidden, vocab] in
         # PaddleNLP 2.8.1 and lm_head.bias [vocab]. PaddleNLP never builds it from the embedding (no
         # tie_weights call): a checkpoint without lm_head.weight loads a random head, and a head in the file
-        # is used whatever tie_word_embeddings says (tests/test_pnlp_loaders.py). Other loaders: unproven,
-        # kept.
+        # is used whatever tie_word_embeddings says (tests/oracles/test_pnlp_loaders.py). Other loaders:
+        # unproven, kept.
         family="codegen",
         model_types=("codegen",),
         embedding=("wte.weight",),
@@ -383,8 +384,8 @@ FAMILIES: tuple[FamilyRow, ...] = (
         loaders={"paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE, "*": _OWN_HEAD_NO_RETIE},
     ),
     FamilyRow(  # GPT-J: the names and the head of CodeGen (a biased nn.Linear, lm_head.weight [hidden, vocab]
-        # + lm_head.bias in PaddleNLP 2.8.1, never re-tied; tests/test_pnlp_loaders.py, .pdparams: PaddleNLP
-        # 2.8.1 cannot read back the safetensors its own save_pretrained writes for GPT-J)
+        # + lm_head.bias in PaddleNLP 2.8.1, never re-tied; tests/oracles/test_pnlp_loaders.py, .pdparams:
+        # PaddleNLP 2.8.1 cannot read back the safetensors its own save_pretrained writes for GPT-J)
         family="gptj",
         model_types=("gptj",),
         embedding=("wte.weight",),
@@ -393,7 +394,7 @@ FAMILIES: tuple[FamilyRow, ...] = (
         loaders={"paddlenlp-2.8": _PNLP_LINEAR_HEAD_NO_RETIE, "*": _OWN_HEAD_NO_RETIE},
     ),
     FamilyRow(  # QWen v1 (PaddleNLP qwen.wte, QWenLMHead lm_head.weight [hidden, vocab]); never re-tied by
-        # PaddleNLP 2.8.1 (tests/test_pnlp_loaders.py). HF's remote-code QWen: unproven, kept.
+        # PaddleNLP 2.8.1 (tests/oracles/test_pnlp_loaders.py). HF's remote-code QWen: unproven, kept.
         family="qwen",
         model_types=("qwen",),
         embedding=("wte.weight",),
@@ -469,7 +470,7 @@ FAMILIES: tuple[FamilyRow, ...] = (
         head=("lm_head.weight", "lm_head_weight"),
         bias=("final_logits_bias",),
         # PaddleNLP's BART keeps lm_head_weight as a parameter of its own: 2.8.1 loads a checkpoint without
-        # it with a random head (tests/test_pnlp_loaders.py)
+        # it with a random head (tests/oracles/test_pnlp_loaders.py)
         tie_default={"paddlenlp-2.8": False, "paddlenlp-3": False, "*": True},
         loaders={"*": _PNLP_EMBED_HEAD, "paddlenlp-2.8": _OWN_HEAD_NO_RETIE},
     ),
@@ -483,7 +484,8 @@ FAMILIES: tuple[FamilyRow, ...] = (
         loaders={"*": _PNLP_EMBED_HEAD},
     ),
     FamilyRow(  # ChatGLM v1: PaddleNLP 2.8.1's ChatGLMForCausalLM uses the word embedding itself as lm_head,
-        # whatever tie_word_embeddings says: a head in the file is ignored (tests/test_pnlp_loaders.py)
+        # whatever tie_word_embeddings says: a head in the file is ignored
+        # (tests/oracles/test_pnlp_loaders.py)
         family="chatglm",
         model_types=("chatglm",),
         embedding=("word_embeddings.weight",),
@@ -506,7 +508,7 @@ FAMILIES: tuple[FamilyRow, ...] = (
     ),
     FamilyRow(  # Falcon: transformer.word_embeddings + lm_head, tied by default (HF FalconConfig). PaddleNLP
         # 2.8.1's RWForCausalLM (model_type RefinedWeb) holds lm_head.weight [vocab, hidden] and never calls
-        # tie_weights: a checkpoint without it loads a random head (tests/test_pnlp_loaders.py)
+        # tie_weights: a checkpoint without it loads a random head (tests/oracles/test_pnlp_loaders.py)
         family="falcon",
         model_types=("falcon", "RefinedWeb", "RefinedWebModel"),
         embedding=("word_embeddings.weight",),
@@ -567,14 +569,14 @@ FALLBACK = FamilyRow(
 
 
 # ============================================================================ proofs of the loader facts
-# PaddleFormers 1.2: tests/test_families.py::test_loader_facts builds each model type with PaddleFormers
-# itself (support/family_builder.py), saves it in both containers, loads variants back (head dropped with
-# the flag tied; an independent head with the flag untied; the head equal to the embedding) and asserts
-# the row's facts (reties, always_tied, head layout in the file, head bias). The same test checks that the
-# "hf" rows of these model types mirror them (except Gemma3 from safetensors, whose hf row is HF
+# PaddleFormers 1.2: tests/oracles/test_families.py::test_loader_facts builds each model type with
+# PaddleFormers itself (support/family_builder.py), saves it in both containers, loads variants back (head
+# dropped with the flag tied; an independent head with the flag untied; the head equal to the embedding) and
+# asserts the row's facts (reties, always_tied, head layout in the file, head bias). The same test checks that
+# the "hf" rows of these model types mirror them (except Gemma3 from safetensors, whose hf row is HF
 # transformers' reading: it honours tie_word_embeddings, so "untie --loader hf" is the way out of
 # PaddleFormers' always-tied one).
-_PF_FACTS_TEST = "tests/test_families.py::test_loader_facts[{model_type}-{container}]"
+_PF_FACTS_TEST = "tests/oracles/test_families.py::test_loader_facts[{model_type}-{container}]"
 _BOTH = CONTAINERS
 # model type -> the containers its facts are proven in. PaddleFormers 1.2 cannot read back its own
 # safetensors save of Qwen2.5-VL and GLM-4.5V-MoE ("...self_attn.qkv_proj.bias / k_proj.weight should be
@@ -600,12 +602,12 @@ _PF_PROVEN: dict[str, tuple[str, ...]] = {
 # Families whose untied model, under HF transformers 5.3, keeps the encoder/decoder embedding copies (the
 # row's ``aliases``) apart from the shared table: an untied checkpoint without them loads them random
 # ("missing": model.encoder/decoder.embed_tokens.weight), so untie writes them as copies of the embedding
-# (tests/test_hf_loader.py::test_hf_native_outputs_load[bart], [m2m_100]). T5 is not one: transformers 5.3
-# always ties them.
+# (tests/oracles/test_hf_loader.py::test_hf_native_outputs_load[bart], [m2m_100]). T5 is not one: transformers
+# 5.3 always ties them.
 HF_UNTIED_KEEPS_ALIASES_APART: frozenset[str] = frozenset({"bart", "m2m_100"})
 # (model type, container) whose hf row is HF transformers' own reading, not a mirror of PaddleFormers'
-# (tests/test_hf_loader.py proves it): transformers honours tie_word_embeddings where PaddleFormers 1.2
-# always ties (Gemma3) or never re-ties (Phi3, GptOss, DeepSeek-V3, GLM-4-MoE)
+# (tests/oracles/test_hf_loader.py proves it): transformers honours tie_word_embeddings where PaddleFormers
+# 1.2 always ties (Gemma3) or never re-ties (Phi3, GptOss, DeepSeek-V3, GLM-4-MoE)
 HF_NOT_PF: frozenset[tuple[str, str]] = frozenset(
     (mt, "safetensors") for mt in ("gemma3_text", "phi3", "gpt_oss", "deepseek_v3", "glm4_moe")
 )
@@ -614,9 +616,9 @@ _PF_PROOFS: dict[ProofKey, str] = {
     for mt, containers in _PF_PROVEN.items()
     for c in containers
 }
-# PaddleNLP 2.8.1 (on paddle 2.6.2): tests/test_pnlp_loaders.py::test_pnlp_loader_facts builds each
+# PaddleNLP 2.8.1 (on paddle 2.6.2): tests/oracles/test_pnlp_loaders.py::test_pnlp_loader_facts builds each
 # model type with PaddleNLP itself in its own venv, saves it in both containers and asserts the row's facts.
-_PNLP_FACTS_TEST = "tests/test_pnlp_loaders.py::test_pnlp_loader_facts"
+_PNLP_FACTS_TEST = "tests/oracles/test_pnlp_loaders.py::test_pnlp_loader_facts"
 # PaddleNLP 2.8.1 (on paddle 2.6.2): model_type -> (the test's family id, the containers proven).
 # GPT-J .pdparams only: PaddleNLP 2.8.1 cannot load the safetensors its own save_pretrained writes for it.
 _PNLP_PROVEN: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -642,12 +644,12 @@ _PNLP_PROOFS: dict[ProofKey, str] = {
     for container in containers
 }
 # HF transformers 5.3 (torch 2.13 CPU, its own venv: tests/tools/hf_venv.sh):
-# tests/test_hf_loader.py::test_hf_loader_facts loads PaddleFormers 1.2's HF-layout exports of each model
-# type (tied, untied, head dropped) in AutoModelForCausalLM and asserts the hf row's facts (the exports'
+# tests/oracles/test_hf_loader.py::test_hf_loader_facts loads PaddleFormers 1.2's HF-layout exports of each
+# model type (tied, untied, head dropped) in AutoModelForCausalLM and asserts the hf row's facts (the exports'
 # logits checked against PaddleFormers'); its other tests load tietool's outputs of them. Not proven:
 # Qwen3-Next (transformers does not read the export's expert names) and the vision-language wrappers (no
 # AutoModelForCausalLM class); transformers reads no .pdparams.
-_HF_FACTS_TEST = "tests/test_hf_loader.py::test_hf_loader_facts[{model_type}]"
+_HF_FACTS_TEST = "tests/oracles/test_hf_loader.py::test_hf_loader_facts[{model_type}]"
 _HF_PROVEN: tuple[str, ...] = (
     "llama",
     "qwen2",
@@ -664,7 +666,7 @@ _HF_PROVEN: tuple[str, ...] = (
 # model types PaddleFormers 1.2 does not export (or whose export transformers cannot load: Qwen3-VL), proven
 # on checkpoints transformers' own save_pretrained wrote (tiny configs, tests/support/hf_build.py; wrappers
 # through AutoModelForImageTextToText): tied save (no head written), untied, untied with the head equal
-_HF_NATIVE_FACTS_TEST = "tests/test_hf_loader.py::test_hf_native_loader_facts[{model_type}]"
+_HF_NATIVE_FACTS_TEST = "tests/oracles/test_hf_loader.py::test_hf_native_loader_facts[{model_type}]"
 _HF_NATIVE_PROVEN: tuple[str, ...] = (
     "gpt2",
     "t5",
@@ -679,8 +681,8 @@ _HF_NATIVE_PROVEN: tuple[str, ...] = (
 # ``tietool convert --to safetensors`` has changed the container (names and bytes kept; transformers reads no
 # .pdparams): the default loader of such a folder is hf (surgery.inspect.detect.infer_loader), its facts
 # proven by converting transformers' own saves to .pdparams, editing them under the default loader and
-# loading the outputs converted back (tests/test_hf_loader.py::test_hf_pdparams_route[...])
-_HF_PDPARAMS_TEST = "tests/test_hf_loader.py::test_hf_pdparams_route[{model_type}]"
+# loading the outputs converted back (tests/oracles/test_hf_loader.py::test_hf_pdparams_route[...])
+_HF_PDPARAMS_TEST = "tests/oracles/test_hf_loader.py::test_hf_pdparams_route[{model_type}]"
 HF_PDPARAMS_PROVEN: tuple[str, ...] = ("gpt2", "bart", "m2m_100")
 _HF_PROOFS: dict[ProofKey, str] = {
     **{ProofKey(mt, "hf", "safetensors"): _HF_FACTS_TEST.format(model_type=mt) for mt in _HF_PROVEN},

@@ -81,7 +81,7 @@ PARALLEL_CONFIG_KEYS: Mapping[str, int] = {
 
 
 # Expert parallelism (``tietool merge`` of ``moe_sharding00`` / ``moe00`` rank files: plan/merge_experts.py).
-_EP_TEST = "tests/test_merge_experts.py::test_real_moe_rank_files_merge_back_bit_for_bit[{}]"
+_EP_TEST = "tests/oracles/test_merge_experts.py::test_real_moe_rank_files_merge_back_bit_for_bit[{}]"
 
 
 @dataclass(frozen=True)

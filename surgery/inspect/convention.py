@@ -20,8 +20,8 @@ from .linear_layout import Layout, prove
 
 LEGACY_LOAD = 'from_pretrained(path, load_checkpoint_format="legacy", convert_from_hf=False)'
 """The PaddleFormers 1.2 call that loads its legacy Paddle layout (a plain ``from_pretrained`` of such
-safetensors loads without a warning and gives wrong logits; measured in ``tests/test_convert.py``
-``test_paddleformers_container_changes_load_as_said`` and ``tests/test_flex_families.py``)."""
+safetensors loads without a warning and gives wrong logits; measured in ``tests/oracles/test_convert.py``
+``test_paddleformers_container_changes_load_as_said`` and ``tests/oracles/test_flex_families.py``)."""
 
 Naming = arch.Naming
 

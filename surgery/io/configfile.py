@@ -39,8 +39,9 @@ _STD = KeyType((float,), 0, "a number ≥ 0")  # a standard deviation (resize --
 
 # The keys tietool reads from a config block, with their type. Data, not code: the readers (detect,
 # layout, plan, merge, convert) then rely on it. Proved against the libraries: every config class's defaults
-# of PaddleFormers 1.2 and transformers pass (tests/test_bad_input.py::test_*_default_configs_pass_the_type_
-# check), and each wrong type gives exit 3 (tests/support/hostile/reads.py, the config-type cases).
+# of PaddleFormers 1.2 and transformers pass
+# (tests/adversarial/test_bad_input.py::test_*_default_configs_pass_the_type_ check), and each wrong type
+# gives exit 3 (tests/support/hostile/reads.py, the config-type cases).
 CONFIG_KEYS: dict[str, KeyType] = {
     **{
         k: _COUNT

@@ -8,8 +8,8 @@ writes the ``.distcp`` files: they are ``paddle.save`` pickles of ``{key: ndarra
 pickle writes them (``tests/data/flex/README.md``, "What the ``.metadata`` pickle names"): protocol 4,
 ``STACK_GLOBAL`` of ``Metadata`` / ``LocalTensorMetadata`` / ``LocalTensorIndex`` from
 :data:`~surgery.io.flex.MODULE`, ``EMPTY_TUPLE NEWOBJ``, then the field dict and ``BUILD``, fields in the
-dataclasses' order. Proven by ``tests/test_flex_write.py``: tietool's reader reads back what it wrote, and
-paddle's own ``load_state_dict`` fills full-size tensors from a written folder bit for bit (fp32, bf16,
+dataclasses' order. Proven by ``tests/oracles/test_flex_write.py``: tietool's reader reads back what it wrote,
+and paddle's own ``load_state_dict`` fills full-size tensors from a written folder bit for bit (fp32, bf16,
 row slices, flattened slices).
 """
 

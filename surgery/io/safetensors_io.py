@@ -30,7 +30,7 @@ from . import regular, store
 
 # The rules of the safetensors library (0.8, ``safetensors/src/tensor.rs``: ``read_metadata``,
 # ``Metadata::validate``, serde's ``HashMetadata`` / ``TensorInfo`` / ``Dtype``), each checked against the
-# installed library as the oracle in ``tests/test_safetensors_rules.py``:
+# installed library as the oracle in ``tests/unit/io/test_safetensors_rules.py``:
 MAX_HEADER = 100_000_000  # MAX_HEADER_SIZE: bytes, decimal (not 100 MiB)
 HEADER_DEPTH = (
     127  # serde_json's recursion limit of 128 as the library meets it: 127 levels parse, 128 do not
@@ -110,9 +110,9 @@ def read_header(
     """Parse and validate a safetensors header as the safetensors library does; reads no tensor data.
 
     The rules (``safetensors/src/tensor.rs`` 0.8, each checked against the library in
-    ``tests/test_safetensors_rules.py``): the 8-byte length at most 100,000,000 and within the file; UTF-8
-    JSON (leading and trailing whitespace allowed, nesting at most 127 levels, no lone surrogate escape, no
-    number out of the float range); an object whose ``__metadata__`` is null or a string → string map and
+    ``tests/unit/io/test_safetensors_rules.py``): the 8-byte length at most 100,000,000 and within the file;
+    UTF-8 JSON (leading and trailing whitespace allowed, nesting at most 127 levels, no lone surrogate escape,
+    no number out of the float range); an object whose ``__metadata__`` is null or a string → string map and
     whose every other value is a tensor entry: ``dtype`` one of the format's labels, ``shape`` a list of
     integers in ``[0, 2**64)`` (not strings, floats, ``-0`` or booleans), ``data_offsets`` two such integers
     (as an object, or as the list ``[dtype, shape, offsets]``, as serde also reads a struct); in offset

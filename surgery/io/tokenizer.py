@@ -445,7 +445,7 @@ def tokenizer_set(folder: Path) -> TokenizerSet:
     vocab.txt, added_tokens.json, tokenizer_config.json (``added_tokens_decoder``), special_tokens_map.json
     and ``*.tiktoken`` files (listed in ``unsupported``). ``length`` is the highest id any parsed file names
     + 1, which is ``len(tokenizer)`` of transformers and PaddleFormers for a consistent folder (tested on
-    real trained tokenizers: tests/test_tokenizer_read.py). A file that is not valid JSON or not a
+    real trained tokenizers: tests/unit/io/test_tokenizer_read.py). A file that is not valid JSON or not a
     SentencePiece model, or names an id beyond :data:`GAP_LIMIT` unnamed ones, gets a ``note`` and no
     length; this never raises on a bad file.
 

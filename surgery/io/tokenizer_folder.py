@@ -4,7 +4,7 @@ tokenizer class refused, the model file's own tokens and the added tokens every 
 that encodes as the folder's tokenizer does.
 
 Libraries (``tokenizers``, ``sentencepiece``) are imported lazily (the ``tokenizer`` extra); a folder that
-needs one that is missing gets a :class:`TietoolError` saying ``pip install "tietool[tokenizer]"``.
+needs one that is missing gets a :class:`TietoolError` saying ``pip install ".[tokenizer]"`` (in the clone).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ which) and the library that loads it (:class:`TokenizerLoader`). Its :class:`Out
 library does with the new tokens of tietool's output; :data:`PROOFS` names the test that ran the library on
 ``add-tokens`` outputs of real tokenizers (``tests/data/tokenizers``, the PaddleNLP-written folders of
 ``tests/data/pnlp_tokenizers`` and the ``e01``/``e08`` cases) and asserted it:
-``tests/test_tokenizer_loaders.py::test_tokenizer_loader_fact``.
+``tests/oracles/test_tokenizer_loaders.py::test_tokenizer_loader_fact``.
 
 Measured with tokenizers 0.22.2, sentencepiece 0.2.3, transformers 5.3.0, PaddleFormers 1.2.0 and PaddleNLP
 2.8.1 (paddle 2.6.2).
@@ -120,7 +120,7 @@ FACTS: tuple[TokenizerFact, ...] = (
 )
 """Every (format, where, loader) fact measured; a pair absent here is not claimed."""
 
-PROOF_TEST = "tests/test_tokenizer_loaders.py::test_tokenizer_loader_fact"
+PROOF_TEST = "tests/oracles/test_tokenizer_loaders.py::test_tokenizer_loader_fact"
 PROOFS: Mapping[str, str] = MappingProxyType({f.key: f"{PROOF_TEST}[{f.key}]" for f in FACTS})
 """Fact key (:attr:`TokenizerFact.key`) → the pytest node id of the test that proved it."""
 

@@ -1,9 +1,9 @@
 """The tokenizer files of a folder cut to a keep-list of token ids, renumbered in their old order
 (``prune``): :func:`prune_tokenizer_edit`.
 
-Edited, each as the libraries read it (proven by ``tests/test_prune.py`` with ``tokenizers``, transformers'
-and PaddleFormers' ``AutoTokenizer`` and PaddleNLP 2.8.1's tokenizers: kept text encodes to the remapped ids
-of the old encoding):
+Edited, each as the libraries read it (proven by ``tests/oracles/test_prune.py`` with ``tokenizers``,
+transformers' and PaddleFormers' ``AutoTokenizer`` and PaddleNLP 2.8.1's tokenizers: kept text encodes to the
+remapped ids of the old encoding):
 
 - ``tokenizer.json`` with a ``BPE`` model: the vocabulary renumbered, a merge kept only when both parts and
   their concatenation are kept (a merge whose result is dropped could never apply; one whose part is dropped
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError
+from ..model.extras import install_extra
 from ..model.tokens import TokenEdit
 from .regular import JSON_LIMIT, read_bounded
 from .tokenizer import sp_names
@@ -226,7 +227,7 @@ def corpus_ids(folder: Path, text: str) -> list[int]:
         raise TietoolError(
             "a keep-corpus is tokenized with the tokenizers library (the tokenizer extra)",
             None,
-            'pip install "tietool[tokenizer]"',
+            install_extra("tokenizer"),
         ) from e
     tok = tokenizers.Tokenizer.from_file(str(path))
     ids = {
@@ -248,7 +249,7 @@ def _refuse_unreachable(
     """Refuse a kept token that a merge makes from a dropped part: BPE would no longer reach it, so kept
     text could encode differently. When every merge whose result is kept keeps both parts, every merge the
     old encoding of kept text applied is kept, and BPE (the lowest-ranked merge available first) applies
-    the same ones in the same order (tests/test_prune.py)."""
+    the same ones in the same order (tests/oracles/test_prune.py)."""
     missing = _merge_parts(model, vocab, set(new_id))
     if missing:
         shown = ", ".join(f"{i} {t!r}" for i, t in sorted(missing.items())[:8])

@@ -43,7 +43,7 @@ RESERVED = (
 .POSSIBLE_RESERVED_TOKENS`` and the vocab.txt ``[unusedN]`` lines of BERT/ERNIE)."""
 
 _F, _L = TokenizerFormat, TokenizerLoader
-_PROOF = "tests/test_rename_tokens.py::test_rename_fact"
+_PROOF = "tests/oracles/test_rename_tokens.py::test_rename_fact"
 RENAME_FACTS: Mapping[tuple[TokenizerFormat, TokenizerLoader], str] = {
     (f, ld): f"{_PROOF}[{f.value}-{ld.value}]"
     for f, ld in (

@@ -48,7 +48,7 @@ class DType:
     def nbytes(self, numel: int) -> int:
         """Bytes of ``numel`` elements, as the safetensors library sizes a tensor: ``numel × bits / 8``,
         which must be whole bytes (the library refuses a sub-byte tensor that does not end on a byte
-        boundary; checked against safetensors 0.8 in ``tests/test_dtypes.py``).
+        boundary; checked against safetensors 0.8 in ``tests/unit/model/test_dtypes.py``).
 
         Raises:
             ValueError: ``numel × bits`` is not a multiple of 8.
@@ -60,8 +60,8 @@ class DType:
 
 
 # safetensors label -> DType: every dtype of the format as the safetensors library (0.8, Rust ``Dtype``)
-# defines it; ``tests/test_dtypes.py`` checks this list against the library. U16 is listed as its own label;
-# whether U16 means bf16 bits is decided per checkpoint (Paddle writes bf16 as uint16; see
+# defines it; ``tests/unit/model/test_dtypes.py`` checks this list against the library. U16 is listed as its
+# own label; whether U16 means bf16 bits is decided per checkpoint (Paddle writes bf16 as uint16; see
 # ``Checkpoint.bf16_as_u16``).
 DTYPES: dict[str, DType] = {
     d.st: d

@@ -379,9 +379,9 @@ def _bf16_as_u16(plan: ConvertPlan) -> None:
 
 def _pf_container(plan: ConvertPlan) -> None:
     """What PaddleFormers 1.2 needs of a container change of its checkpoint (measured in
-    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``): its Paddle layout loads
-    only with :data:`LEGACY_LOAD` (a plain ``from_pretrained`` of such safetensors loads without a warning
-    and gives wrong logits), so the output says so; it reads a ``.pdparams`` only in that layout, so a
+    ``tests/oracles/test_convert.py::test_paddleformers_container_changes_load_as_said``): its Paddle layout
+    loads only with :data:`LEGACY_LOAD` (a plain ``from_pretrained`` of such safetensors loads without a
+    warning and gives wrong logits), so the output says so; it reads a ``.pdparams`` only in that layout, so a
     ``.pdparams`` of its HF layout is refused (no ``from_pretrained`` loads it).
 
     Raises:
@@ -415,9 +415,9 @@ def _pf_container(plan: ConvertPlan) -> None:
 def pf_legacy_layout(ckpt: Checkpoint) -> bool:
     """Whether PaddleFormers 1.2 loads ``ckpt`` only with :data:`LEGACY_LOAD` (a plain ``from_pretrained``
     of its safetensors loads without a warning and gives wrong logits, measured in
-    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``): a PaddleFormers checkpoint
-    in its legacy Paddle layout, told as :func:`_container_plan` tells it (config ``source: paddle``, or
-    Linear weights proven ``[in, out]`` by their shapes for a model type of :data:`~surgery.arch.
+    ``tests/oracles/test_convert.py::test_paddleformers_container_changes_load_as_said``): a PaddleFormers
+    checkpoint in its legacy Paddle layout, told as :func:`_container_plan` tells it (config ``source:
+    paddle``, or Linear weights proven ``[in, out]`` by their shapes for a model type of :data:`~surgery.arch.
     CONVERSIONS`). Reads headers only; a layout not proven counts as not legacy. Raises nothing."""
     mt = ckpt.config.get("model_type")
     row = arch.conversion_row(mt)
@@ -634,7 +634,7 @@ def warn_legacy_layout(plan: Plan) -> Plan:
     when the checkpoint is PaddleFormers safetensors in its legacy Paddle layout
     (:func:`pf_legacy_layout`; ``merge --keep-paddle-layout`` writes them): a plain
     ``from_pretrained`` of such a folder loads without a warning and computes other logits (measured:
-    ``tests/test_convert.py::test_paddleformers_container_changes_load_as_said``)."""
+    ``tests/oracles/test_convert.py::test_paddleformers_container_changes_load_as_said``)."""
     ck = plan.ckpt
     if ck.format is Container.SAFETENSORS and pf_legacy_layout(ck):
         plan.warnings.append(

@@ -343,7 +343,7 @@ PADDLE_LAYOUT = (
 
 def legacy_load(out: str) -> str:
     """The PaddleFormers 1.2 call that loads a folder in the Paddle layout (:data:`LEGACY_LOAD` for ``out``;
-    measured in ``tests/test_flex_families.py``: the trained model's logits)."""
+    measured in ``tests/oracles/test_flex_families.py``: the trained model's logits)."""
     return LEGACY_LOAD.replace("path", json.dumps(str(out)), 1)
 
 

@@ -335,8 +335,8 @@ def tie_flags(det: Detection, value: bool) -> list[tuple[str, str, object]]:
     """Set ``tie_word_embeddings`` at the top level and in the language model's nested config; and, for a
     family whose tied logits scale the embedding (T5), ``scale_decoder_outputs`` where config.json holds
     it: transformers 5.3's ``T5Config`` always ties, scales the decoder output by that key, and reads it
-    before the tie flag (``tests/test_hf_loader.py::test_hf_native_outputs_load[t5]``); tied, the scale is on;
-    untied, the head untie writes is already scaled (and a trained one never was)."""
+    before the tie flag (``tests/oracles/test_hf_loader.py::test_hf_native_outputs_load[t5]``); tied, the
+    scale is on; untied, the head untie writes is already scaled (and a trained one never was)."""
     out: list[tuple[str, str, object]] = [("config.json", "tie_word_embeddings", value)]
     if det.config.text_key:
         out.append(("config.json", f"{det.config.text_key}.tie_word_embeddings", value))

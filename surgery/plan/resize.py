@@ -642,7 +642,7 @@ def _drop_redundant_head(det: Detection, plan: Plan) -> bool:
         plan.notes.append(
             f"{det.head.name} resized with {det.embedding.name}, not dropped: the PaddleFormers Trainer "
             "stores a tied model's head beside the embedding and the tied parameter's optimizer state under "
-            "the head's name, and resumes them by name (tests/test_flex_tied_state.py)"
+            "the head's name, and resumes them by name (tests/oracles/test_flex_tied_state.py)"
         )
         return False
     why = f"duplicate of {det.embedding.name} in a tied checkpoint (the {det.loader.name} loader re-ties it)"

@@ -135,7 +135,7 @@ def _settle_values(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
 
 def _refuse_own_biased_head(det: Detection, keep: Keep | str | None) -> None:
     """``--keep`` on a biased Linear head that the loader never builds from the embedding (PaddleNLP 2.8.1
-    CodeGen / GPT-J: ``lm_head.weight`` + ``lm_head.bias``, ``tests/test_pnlp_loaders.py``): the head
+    CodeGen / GPT-J: ``lm_head.weight`` + ``lm_head.bias``, ``tests/oracles/test_pnlp_loaders.py``): the head
     stays (0 bytes saved) and ``--keep`` would only overwrite one side's trained values.
 
     Raises:
@@ -161,7 +161,7 @@ def _refuse_own_biased_head(det: Detection, keep: Keep | str | None) -> None:
 def _unscaled_head(det: Detection, plan: Plan, keep: Keep | str | None) -> None:
     """A head equal to the embedding itself in a family whose tied logits scale the embedding (T5:
     ``d_model ** -0.5``) is not the tied head: dropping it scales every logit (checked with PaddleNLP
-    2.8.1's T5, ``tests/test_pnlp_loaders.py``). Only ``--keep embedding`` accepts that.
+    2.8.1's T5, ``tests/oracles/test_pnlp_loaders.py``). Only ``--keep embedding`` accepts that.
 
     Raises:
         ValuesDifferError: ``keep`` is None. RefusedError: ``keep`` is ``head`` (:func:`_keep_head_values`).

@@ -16,7 +16,7 @@ the trimmed ones; slack rows that ``add-tokens`` gives to new tokens without gro
 get their accumulator entries reset to zero and their master weights set to the new values in the same
 way (the statistics of whatever trained those rows before are not the new token's); ``beta1_pow_acc`` /
 ``beta2_pow_acc`` (one value per parameter) and every other tensor are kept bit for bit. Proven by
-``tests/test_training_state.py``: Paddle loads the rewritten file into AdamW
+``tests/oracles/test_training_state.py``: Paddle loads the rewritten file into AdamW
 of the resized model (``set_state_dict``) and trains one more step.
 
 Files of no parameter (``scheduler.pdparams``, ``trainer_state.json``, ``rng_state*``, ``scaler.pdparams``)

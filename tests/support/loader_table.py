@@ -4,9 +4,9 @@
 facts ``lookup`` resolves for it and the test that proved them, then the model types of the table that have
 no proof at all (their writes take the safe default); ``docs/design/loader-facts.md`` holds it between
 :data:`BEGIN` and :data:`END`. :func:`summary` is README's compact table (a row per loader: the model types
-proven under it), between :data:`SUMMARY_BEGIN` and :data:`SUMMARY_END`. ``tests/test_docs_generated.py`` and
-``tests/test_loader_facts.py`` fail when either is stale. Regenerate both with
-``python tests/support/loader_table.py docs/design/loader-facts.md README.md``.
+proven under it), between :data:`SUMMARY_BEGIN` and :data:`SUMMARY_END`.
+``tests/structure/test_docs_generated.py`` and ``tests/oracles/test_loader_facts.py`` fail when either is
+stale. Regenerate both with ``python tests/support/loader_table.py docs/design/loader-facts.md README.md``.
 """
 
 from __future__ import annotations

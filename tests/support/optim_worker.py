@@ -1,4 +1,5 @@
-"""Real optimizer state written by Paddle, and Paddle resuming from it (``tests/test_training_state.py``).
+"""Real optimizer state written by Paddle, and Paddle resuming from it
+(``tests/oracles/test_training_state.py``).
 
 ``python optim_worker.py build OUT``: a tiny PaddleFormers 1.2 Llama (fp32, untied head in ``[vocab,
 hidden]``), AdamW with a cosine learning-rate schedule, one training step; the model saved with the legacy

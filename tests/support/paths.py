@@ -22,3 +22,6 @@ BUG_CASES_DIR = DATA / "cases"  # cases/<case>/{case.json, ckpt/}: inputs from p
 
 PF_LOGITS = DATA / "tools" / "pf_logits.py"  # PaddleFormers 1.2 logits of a folder (subprocess)
 PF_LOGITS_KW = TESTS / "support" / "pf_logits_kw.py"  # the same, with from_pretrained keyword arguments
+SAMPLES = REPO / "sample_checkpoints"  # the shipped sample checkpoints
+FLEX = DATA / "flex"  # PaddleFormers Trainer flex checkpoints (see its README)
+TOKENIZERS = DATA / "tokenizers"  # real tokenizers of every format (see its README)

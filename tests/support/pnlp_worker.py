@@ -220,7 +220,8 @@ FAMILIES: dict[str, dict] = {
         "seq2seq": True,
     },
 }
-# models built and loaded like FAMILIES but outside the loader-facts matrix of tests/test_pnlp_loaders.py
+# models built and loaded like FAMILIES but outside the loader-facts matrix of
+# tests/oracles/test_pnlp_loaders.py
 OTHER_MODELS: dict[str, dict] = {
     "unified_transformer": {  # PLATO: the head is the word embedding plus lm_head.decoder_bias [vocab]
         "model_type": "unified_transformer",

@@ -1,5 +1,5 @@
 """Tiny PaddleFormers checkpoints with a real trained tokenizer beside them, for the end-to-end oracles of
-``add-tokens`` (``tests/test_add_tokens_e2e.py``).
+``add-tokens`` (``tests/oracles/test_add_tokens_e2e.py``).
 
 Every checkpoint is written by PaddleFormers 1.2 itself (``<Family>ForCausalLM(<Family>Config(**cfg))`` +
 ``save_pretrained``, the recipe of :mod:`support.family_builder`, whose families, seeds and save options are

@@ -1,5 +1,5 @@
 # source it: a venv with CPU torch + HF transformers (the version PaddleFormers 1.2 pins, >=5.0,<5.4), for the
-# tests marked `hf` (tests/test_hf_loader.py: the proofs of the architecture table's `hf` loader facts).
+# tests marked `hf` (tests/oracles/test_hf_loader.py: the proofs of the architecture table's `hf` loader facts).
 # Built once at $HF_VENV (default $HOME/.cache/tietool/hf-venv) and rebuilt when the pins below change;
 # exports HF_PYTHON.
 # A venv of its own, not the test extra: in one process PaddleFormers patches transformers'

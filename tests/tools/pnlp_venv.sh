@@ -1,5 +1,5 @@
 # source it: a venv with paddlepaddle 2.6.2 + PaddleNLP 2.8.1 (it cannot live beside paddle 3), for the
-# tests marked `pnlp` (tests/test_pnlp_loaders.py). Built once at $PNLP_VENV (default
+# tests marked `pnlp` (tests/oracles/test_pnlp_loaders.py). Built once at $PNLP_VENV (default
 # $HOME/.cache/tietool/pnlp-venv) and rebuilt when the pins below change; exports PNLP_PYTHON.
 # Copied from the project's shared/tools/pnlp_venv.sh (a clone has no ../shared); changes: the pins are one
 # list, recorded in the marker file, and a failed build returns 1 instead of exiting the sourcing shell.

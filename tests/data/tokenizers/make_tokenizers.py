@@ -6,8 +6,8 @@ one way a checkpoint stores its tokenizer (see README.md here): the model files 
 ``tokenizer_config.json`` / ``special_tokens_map.json`` / ``added_tokens.json`` files are written in the
 layout transformers 4.x ``save_pretrained`` writes them (and hub checkpoints carry them: Qwen2, Llama-2, BERT,
 GPT-2), because transformers 5.x ``save_pretrained`` no longer writes ``added_tokens_decoder`` or
-``special_tokens_map.json``. Every folder is checked by tests/test_tokenizer_data.py to load in transformers
-and PaddleFormers ``AutoTokenizer``.
+``special_tokens_map.json``. Every folder is checked by tests/oracles/test_tokenizer_data.py to load in
+transformers and PaddleFormers ``AutoTokenizer``.
 """
 
 from __future__ import annotations

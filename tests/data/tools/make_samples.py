@@ -14,9 +14,9 @@ same bytes. Writes three folders (each replaced whole), reusing the generators o
   ``paddle.save``).
 * ``pf_qwen3_moe_ep2/``: the expert-parallel rank files ``model_state.moe_sharding00.pdparams`` / ``01``
   and ``config.json`` of the tiny PaddleFormers Qwen3-MoE of 4 experts that ``tests/support/moe_builder.py``
-  builds and saves with ``save_pretrained``; its state dict is cut as ``tests/test_merge_experts.py``'s
-  ``cut`` does (rank r holds experts 2r, 2r+1 of every MoE layer, numbered globally; every other tensor on
-  both ranks), each rank saved by ``paddle.save``.
+  builds and saves with ``save_pretrained``; its state dict is cut as
+  ``tests/oracles/test_merge_experts.py``'s ``cut`` does (rank r holds experts 2r, 2r+1 of every MoE layer,
+  numbered globally; every other tensor on both ranks), each rank saved by ``paddle.save``.
 * ``pf_llama_trainer/``: ``checkpoint-2/`` as the real PaddleFormers 1.2 ``Trainer`` leaves it after 2
   steps on CPU (``tests/data/flex/make_trainer.py``: flex ``model_state/``, ``optimizer_state/``,
   ``master_weight/``, rng, scheduler, tokenizer), plus ``config.json`` copied from ``base/`` as the

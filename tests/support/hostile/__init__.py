@@ -3,9 +3,9 @@ exit code every command must give.
 
 Each submodule of this package (``reads``, ``safetensors``, ``pickles``, ``folders``, ...) defines
 ``CASES: list[Hostile]``; :func:`cases` collects them all, so a new kind of hostile input is a new entry in
-one module and nothing else. ``tests/test_hostile.py`` builds every case at test time (some are large or
-are FIFOs, device links or deep nestings that cannot live in git) and runs it through each of its commands
-in a worker child (``adversarial_support.CliWorker``: RLIMIT_AS 2 GB, an alarm per run), then checks:
+one module and nothing else. ``tests/adversarial/test_hostile.py`` builds every case at test time (some are
+large or are FIFOs, device links or deep nestings that cannot live in git) and runs it through each of its
+commands in a worker child (``adversarial_support.CliWorker``: RLIMIT_AS 2 GB, an alarm per run), then checks:
 
 * the exit code is one of the expected ones (never 70, never a signal, never a hang past ``timeout``);
 * a refusal is exactly one ``tietool: error:`` line that names each of ``names`` and says a fix;

@@ -16,7 +16,7 @@ Kinds:
   tokenizer_config.json: exit 3 naming the file.
 
 (Unreadable files — permission — cannot be made here: the suite may run as root, which reads anything;
-``tests/test_bad_input.py`` runs those cases as an unprivileged user.)
+``tests/adversarial/test_bad_input.py`` runs those cases as an unprivileged user.)
 """
 
 from __future__ import annotations

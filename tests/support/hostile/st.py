@@ -1,9 +1,10 @@
 """Safetensors shards the safetensors library refuses (issue 18, item 5, and the header parts of items 6 and
 7): every command must refuse them (exit 3) naming the shard, never read them as a checkpoint, "repair" them
 into an output, hang or exit 70. One kind per rule of the library's ``read_metadata`` /
-``Metadata::validate`` (``tests/test_safetensors_rules.py`` checks each rule against the library itself),
-several instances of each (other tensors, other values); plus a header over the library's 100,000,000-byte
-limit, a FIFO as the shard, and a valid header of 1.6 M empty tensors (time and memory, not refused).
+``Metadata::validate`` (``tests/unit/io/test_safetensors_rules.py`` checks each rule against the library
+itself), several instances of each (other tensors, other values); plus a header over the library's
+100,000,000-byte limit, a FIFO as the shard, and a valid header of 1.6 M empty tensors (time and memory, not
+refused).
 
 The header text is edited as text (``@RAW@`` placeholders), so values JSON cannot carry (``Infinity``,
 ``-0``, integers of 4,301 digits, repeated keys) reach the file as an attacker writes them.
