@@ -14,12 +14,15 @@ The map, one line per layer, in pipeline order:
   in place, crash-safe)
 * :mod:`surgery.report` — the parameter-savings report of a plan; :mod:`surgery.results` its typed face
 * :mod:`surgery.verify` — checks a write's differences; :mod:`surgery.diff` — lists any two checkpoints'
-  differences (beside verify); :mod:`surgery.ops` — the operations end to end
+  differences (beside verify)
+* :mod:`surgery.run` — the run of a writing operation (open → plan → write → report) and its output
+  policies (a new folder, in place)
+* :mod:`surgery.ops` — the operations end to end
 * :mod:`surgery.logits_worker` — the PaddleFormers subprocess of ``verify --logits`` (the only paddle import)
 
 **The layer rule**: a module imports only from its own layer and the layers before it in this list
 (``model`` first, then ``arch``, ``io``, ``inspect``, ``plan``, ``write``, ``report``/``results``,
-``verify``/``diff``, ``ops``); then the package face :mod:`tietool` and :mod:`tietool.cli`.
+``verify``/``diff``, ``run``, ``ops``); then the package face :mod:`tietool` and :mod:`tietool.cli`.
 ``tests/structure/test_layers.py`` walks every import (lazy ones included) and fails on an import against this
 order or a cycle. A name that another module uses is public (no underscore):
 ``tests/structure/test_private_names.py`` fails on ``from m import _x`` or ``m._x`` across modules.

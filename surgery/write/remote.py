@@ -72,7 +72,7 @@ def execute_remote(
             naming them).
         StorageError: the network or the store failed and every object written was deleted: run again.
     """
-    st = stores.RemoteStore(out)  # ``out`` checked by the caller (surgery.ops.run), once
+    st = stores.RemoteStore(out)  # ``out`` checked by the caller (surgery.run.run), once
     tmp = Path(tempfile.mkdtemp(prefix="tietool-out-"))
     written: list[Any] = []
     try:

@@ -68,7 +68,7 @@ def execute(
 
     Args:
         out: the output folder (must not exist, or be empty; checked once by the caller,
-            :func:`surgery.ops.run` through :func:`surgery.write.publish.check_output_path`).
+            :func:`surgery.run.run` through :func:`surgery.write.publish.check_output_path`).
         link: hard-link untouched weight files instead of copying them (a later in-place edit of a
             linked file would change both; tietool rewrites files).
         progress: called with (output file name, bytes) as tensor bytes are written: by the copy threads

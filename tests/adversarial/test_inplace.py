@@ -751,7 +751,7 @@ def test_the_old_version_is_deleted_only_after_the_new_one_is_durable(tmp_path, 
     monkeypatch.setattr(inplace, "exchange", exchange)
     monkeypatch.setattr(inplace, "delete_tree", delete)
     monkeypatch.setattr(inplace.os, "rename", rename)
-    from tietool.surgery import ops as operations
+    from tietool.surgery import run as operations
 
     monkeypatch.setattr(operations, "fsync_dir", lambda p: steps.append(f"fsync {Path(p).name}"))
     tietool.resize(ck, 128, backup=False)
@@ -890,7 +890,7 @@ def test_ctrl_c_after_the_write_says_the_write_is_complete(tmp_path, monkeypatch
     "interrupted; nothing was written" (exit 130) though the name held the new version and its backup was
     beside it. Now it says so."""
     from tietool.cli.render import reports
-    from tietool.surgery import ops
+    from tietool.surgery import run as run_mod
 
     ck = _copy("pf_llama_untied_sharded", tmp_path / "ckpt")
     old = _digest(ck)
@@ -901,7 +901,7 @@ def test_ctrl_c_after_the_write_says_the_write_is_complete(tmp_path, monkeypatch
     if where == "printing":
         monkeypatch.setattr(reports, "stale_notes", stop)  # the report's last part, after the write
     else:
-        monkeypatch.setattr(ops, "Report", stop)  # after the write (in place: the lock released)
+        monkeypatch.setattr(run_mod, "Report", stop)  # after the write (in place: the lock released)
     out = [] if in_place else ["--out", tmp_path / "out"]
     r = _cli(*ARGS[:-1], ck, *out)
     assert r.returncode == 130, r.stderr

@@ -85,6 +85,7 @@ INSPECT = {
     "surgery.model.tokens",
     "surgery.ops",
     "surgery.results",
+    "surgery.run",  # ops' run and output policies (split out of ops; same imports as before)
     "surgery.write",
     "surgery.write.inplace",  # a killed in-place run is put right before an inspect
     "surgery.write.inplace_checks",
