@@ -101,8 +101,8 @@ EXAMPLES = {
     ),
     "prune": _examples(
         "python -c 'import json; print(json.dumps(list(range(280)) + [300, 301, 302, 303]))' > keep.json",
-        f"tietool prune {S}/pf_llama_with_tokenizer --keep keep.json --out pruned/",
-        f"tietool prune {S}/pf_llama_with_tokenizer --keep keep.json --keep-special --dry-run --json",
+        f"tietool prune {S}/pf_llama_with_tokenizer --keep-ids keep.json --out pruned/",
+        f"tietool prune {S}/pf_llama_with_tokenizer --keep-ids keep.json --keep-special --dry-run --json",
         f"tietool prune {S}/pf_llama_with_tokenizer --keep-corpus domain.txt --out pruned/",
     ),
     "merge": _examples(

@@ -79,10 +79,10 @@ RenameInitOpt = Annotated[
 ]
 
 
-KeepOpt = Annotated[
+KeepIdsOpt = Annotated[
     Path | None,
     typer.Option(
-        "--keep",
+        "--keep-ids",
         help="the token ids to keep: a file with one id a line, or a JSON list",
         show_default=False,
         metavar="FILE",
@@ -212,7 +212,7 @@ def register(app: typer.Typer) -> None:
     @command
     def prune(
         ckpt: TokenCkptArg,
-        keep: KeepOpt = None,
+        keep_ids: KeepIdsOpt = None,
         keep_corpus: KeepCorpusOpt = None,
         keep_special: KeepSpecialOpt = False,
         out: OutOpt = None,
@@ -234,7 +234,7 @@ def register(app: typer.Typer) -> None:
 
         rep = ops.prune(
             ckpt,
-            read_keep_file(keep) if keep is not None else None,
+            read_keep_file(keep_ids) if keep_ids is not None else None,
             out,
             corpus=read_keep_corpus(keep_corpus) if keep_corpus is not None else None,
             keep_special=keep_special,

@@ -727,7 +727,7 @@ def merge(
 
 def prune(
     path: PathArg,
-    keep: Sequence[int] | None = None,
+    keep_ids: Sequence[int] | None = None,
     out: PathArg | None = None,
     *,
     corpus: str | None = None,
@@ -741,12 +741,12 @@ def prune(
     progress: ProgressFactory | None = None,
     backup: bool = True,
 ) -> Report:
-    """Cut the model to the token ids ``keep`` (:func:`surgery.plan.prune.plan_prune`): every vocabulary
+    """Cut the model to the token ids ``keep_ids`` (:func:`surgery.plan.prune.plan_prune`): every vocabulary
     tensor keeps the kept entries byte for byte, renumbered in their old order; the tokenizer files, the
     config's ``vocab_size`` and every token id a configuration file names follow.
 
     Args:
-        keep: the old ids to keep (any order; duplicates ignored).
+        keep_ids: the old ids to keep (any order; duplicates ignored).
         corpus: text whose tokens to keep instead (the ids ``tokenizer.json`` gives its lines, with the
             tokens BPE merges into them; implies ``keep_special``,
             :func:`surgery.io.tokenizer_prune.corpus_ids`).
@@ -760,11 +760,11 @@ def prune(
     """
     from .plan.prune import plan_prune
 
-    if (keep is None) == (corpus is None):
+    if (keep_ids is None) == (corpus is None):
         raise UsageError(
-            "pass a keep-list or a keep-corpus (one of them)", fix=f"e.g. {Opt('keep', [0, 1, 2])}"
+            "pass a keep-list or a keep-corpus (one of them)", fix=f"e.g. {Opt('keep_ids', [0, 1, 2])}"
         )
-    ids = [_count(i, "keep") for i in keep or []]
+    ids = [_count(i, "keep_ids") for i in keep_ids or []]
     store.local_only("prune", path, out)
 
     def plan(c: Checkpoint) -> Plan:

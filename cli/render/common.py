@@ -159,8 +159,8 @@ def result(line: str, notes=(), warnings=(), problems=()) -> None:
 
 def after_write(fn: Callable[..., None]) -> Callable[..., None]:
     """``fn`` (a finished write's report printer) with a Ctrl-C while it prints raised as
-    :class:`Interrupted` whose state is :func:`done_state` (found by breaking issue 20: an in-place
-    ``add-tokens`` interrupted after the swap said "interrupted; nothing was written", exit 130)."""
+    :class:`Interrupted` whose state is :func:`done_state` (without it, an in-place ``add-tokens``
+    interrupted after the swap said "interrupted; nothing was written", exit 130)."""
 
     @functools.wraps(fn)
     def wrapped(rep: dict, *args: Any, **kwargs: Any) -> None:

@@ -85,7 +85,7 @@ def _checked(det: Detection, keep: Sequence[int]) -> list[int]:
     V = det.vocab_rows
     if not keep:
         raise UsageError(
-            "the keep-list is empty: nothing would remain", fix=f"list the ids to keep ({Opt('keep')})"
+            "the keep-list is empty: nothing would remain", fix=f"list the ids to keep ({Opt('keep_ids')})"
         )
     bad = [i for i in keep if not 0 <= i < V]
     if bad:

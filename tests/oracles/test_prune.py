@@ -262,7 +262,7 @@ def sample_pruned(tmp_path_factory) -> dict:
     keep = _keep_for_sample()
     (root / "keep.txt").write_text("".join(f"{i}\n" for i in keep))
     run = run_cli(
-        ["prune", str(SAMPLE), "--keep", str(root / "keep.txt"), "--out", str(root / "out"), "--json"]
+        ["prune", str(SAMPLE), "--keep-ids", str(root / "keep.txt"), "--out", str(root / "out"), "--json"]
     )
     assert run.rc == 0, run.stderr
     return {"out": root / "out", "keep": keep, "report": json.loads(run.stdout), "root": root}
@@ -329,7 +329,7 @@ def test_dry_run_writes_nothing(tmp_path):
         [
             "prune",
             str(SAMPLE),
-            "--keep",
+            "--keep-ids",
             str(tmp_path / "keep.json"),
             "--out",
             str(tmp_path / "o"),
@@ -356,7 +356,7 @@ def test_bad_keep_files(tmp_path, content, code, says):
     if content == "DROP_EOS":
         content = json.dumps([i for i in _keep_for_sample() if i != 302])
     (tmp_path / "keep").write_text(content)
-    run = run_cli(["prune", str(ck), "--keep", str(tmp_path / "keep")])
+    run = run_cli(["prune", str(ck), "--keep-ids", str(tmp_path / "keep")])
     assert run.rc == code, (run.rc, run.stderr)
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and says in lines[0], run.stderr
@@ -374,7 +374,7 @@ def test_paddlenlp_loads_the_pruned_model(tmp_path, name, family):
     src = CASES_DIR / name
     keep = [*range(48), 60, 75, 89]
     (tmp_path / "keep").write_text(json.dumps(keep))
-    run = run_cli(["prune", str(src), "--keep", str(tmp_path / "keep"), "--out", str(tmp_path / "out")])
+    run = run_cli(["prune", str(src), "--keep-ids", str(tmp_path / "keep"), "--out", str(tmp_path / "out")])
     assert run.rc == 0, run.stderr
     assert "no tokenizer files" in run.stderr + run.stdout
     jobs = [
@@ -399,10 +399,10 @@ def test_keep_special_adds_the_byte_and_added_tokens(tmp_path):
     tokens are kept too (the same keep-list without it is refused for the byte tokens)."""
     keep = [i for i in _keep_for_sample() if 256 <= i < 300]
     (tmp_path / "keep").write_text(json.dumps(keep))
-    bare = run_cli(["prune", str(SAMPLE), "--keep", str(tmp_path / "keep"), "--dry-run"])
+    bare = run_cli(["prune", str(SAMPLE), "--keep-ids", str(tmp_path / "keep"), "--dry-run"])
     assert bare.rc == 5, bare.stderr
     run = run_cli(
-        ["prune", str(SAMPLE), "--keep", str(tmp_path / "keep"), "--keep-special", "--dry-run", "--json"]
+        ["prune", str(SAMPLE), "--keep-ids", str(tmp_path / "keep"), "--keep-special", "--dry-run", "--json"]
     )
     assert run.rc == 0, run.stderr
     id_map = json.loads(run.stdout)["prune"]["id_map"]
@@ -418,7 +418,7 @@ def test_tied_model_stays_tied(tmp_path):
         [
             "prune",
             str(CASES_DIR / "pf_llama_tied_fp32"),
-            "--keep",
+            "--keep-ids",
             str(tmp_path / "keep"),
             "--out",
             str(tmp_path / "o"),
@@ -506,7 +506,8 @@ def test_verify_explains_a_prune_of_pdparams_and_tied_cases(tmp_path, name):
     keep = [*range(48), 60, 75, 89]
     (tmp_path / "keep").write_text(json.dumps(keep))
     assert (
-        run_cli(["prune", str(src), "--keep", str(tmp_path / "keep"), "--out", str(tmp_path / "o")]).rc == 0
+        run_cli(["prune", str(src), "--keep-ids", str(tmp_path / "keep"), "--out", str(tmp_path / "o")]).rc
+        == 0
     )
     run = run_cli(["verify", str(src), str(tmp_path / "o"), "--json"])
     assert run.rc == 0, run.stdout + run.stderr
