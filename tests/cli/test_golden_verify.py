@@ -48,7 +48,8 @@ def test_every_write_of_the_harness_verifies(tmp_path: Path, only: str) -> None:
     assert cap.returncode == 0, cap.stderr[-3000:]
     runs = json.loads((tmp_path / "cap" / "manifest.json").read_text())["runs"]
     verified = [r for r in runs.values() if r.get("of") and runs[r["of"]]["exit"] == 0]
-    assert len(verified) >= 5, f"{only}: only {len(verified)} successful writes"  # the check has work
+    # the check has work: rank files take only merge (3 writes, 4 verify runs); the other inputs many more
+    assert len(verified) >= 4, f"{only}: only {len(verified)} successful writes"
     v = _golden("verified", str(tmp_path / "cap"))
     assert v.returncode == 0, v.stdout[-4000:]
     assert v.stderr.startswith("0 of ")
