@@ -395,16 +395,8 @@ def add_tokens(
         return plan_add_tokens(det, edit, choice, pad_to_multiple_of, seed, copy_id)
 
     added = _edit_planner(plan, keep_training_state, path)
-    return run(
-        added,
-        path,
-        out,
-        dry_run=dry_run,
-        link=link,
-        progress=progress,
-        keep_training_state=keep_training_state,
-        backup=backup,
-    )
+    kept = {"keep_training_state": keep_training_state, "backup": backup}
+    return run(added, path, out, dry_run=dry_run, link=link, progress=progress, **kept)
 
 
 def fix_untrained(
@@ -446,6 +438,27 @@ def fix_untrained(
     return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
 
 
+def _rename_pairs(renames: Mapping[int, str], set_special: Mapping[str, str] | None) -> dict[int, str]:
+    """:func:`rename_tokens`' ``renames`` checked: ``{id: non-empty string}`` with ids counted as ints.
+
+    Raises:
+        UsageError: not a mapping, empty with no ``set_special``, an id that is None or not a count,
+            a string that is empty or not a string.
+    """
+    if not isinstance(renames, Mapping) or not (renames or set_special):
+        raise UsageError("renames must be a non-empty {id: string} mapping", fix='e.g. {128002: "<think>"}')
+    pairs: dict[int, str] = {}
+    for i, s in (renames or {}).items():
+        n = _count(i, "renames")
+        if n is None:
+            raise UsageError("a token id is None", fix='e.g. {128002: "<think>"}')
+        pairs[n] = s
+    bad = [s for s in pairs.values() if not isinstance(s, str) or not s]
+    if bad:
+        raise UsageError(f"a token must be a non-empty string, got {bad[0]!r}", fix="remove it")
+    return pairs
+
+
 def rename_tokens(
     path: PathArg,
     renames: Mapping[int, str],
@@ -482,17 +495,7 @@ def rename_tokens(
     """
     from .plan.rename_tokens import plan_rename_tokens
 
-    if not isinstance(renames, Mapping) or not (renames or set_special):
-        raise UsageError("renames must be a non-empty {id: string} mapping", fix='e.g. {128002: "<think>"}')
-    pairs: dict[int, str] = {}
-    for i, s in (renames or {}).items():
-        n = _count(i, "renames")
-        if n is None:
-            raise UsageError("a token id is None", fix='e.g. {128002: "<think>"}')
-        pairs[n] = s
-    bad = [s for s in pairs.values() if not isinstance(s, str) or not s]
-    if bad:
-        raise UsageError(f"a token must be a non-empty string, got {bad[0]!r}", fix="remove it")
+    pairs = _rename_pairs(renames, set_special)
     store.local_only("rename-tokens", path, out)
 
     def plan(c: Checkpoint) -> Plan:

@@ -69,6 +69,22 @@ def parse_init(init: TokenInit | InitChoice | str) -> InitChoice:
     return InitChoice(TokenInit(text))
 
 
+def _checked_options(
+    init: TokenInit | InitChoice | str, pad_to_multiple_of: int | None, copy_id: int | None
+) -> InitChoice:
+    """:func:`plan_add_tokens`' ``init`` parsed, with ``pad_to_multiple_of`` and ``copy_id`` checked.
+
+    Raises:
+        UsageError: a bad ``init``, ``pad_to_multiple_of`` < 1, ``copy`` without ``copy_id``.
+    """
+    choice = parse_init(init)
+    if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
+        raise UsageError(f"{Opt('pad_to_multiple_of')} must be ≥ 1, got {pad_to_multiple_of}", fix="e.g. 64")
+    if choice.kind is TokenInit.COPY and copy_id is None:
+        raise UsageError(f"{Opt('init', 'copy:' + str(choice.token))}: the token's id is unknown")
+    return choice
+
+
 def plan_add_tokens(
     det: Detection,
     edit: TokenEdit,
@@ -104,11 +120,7 @@ def plan_add_tokens(
         AmbiguousLayoutError: a square head and no ``--layout``.
         TietoolError: an edit whose new ids are not contiguous from ``length_before`` (a bug).
     """
-    choice = parse_init(init)
-    if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
-        raise UsageError(f"{Opt('pad_to_multiple_of')} must be ≥ 1, got {pad_to_multiple_of}", fix="e.g. 64")
-    if choice.kind is TokenInit.COPY and copy_id is None:
-        raise UsageError(f"{Opt('init', 'copy:' + str(choice.token))}: the token's id is unknown")
+    choice = _checked_options(init, pad_to_multiple_of, copy_id)
     _refuse(det, edit)
     R, added = det.vocab_rows, edit.added
     multiple = math.lcm(pad_to_multiple_of or 1, tp_degree(det))

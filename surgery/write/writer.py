@@ -102,21 +102,16 @@ def execute(
     if isinstance(plan.layout, FlexFolders):  # a Trainer flex checkpoint kept one (--keep-training-state)
         return publish(Path(out), lambda tmp: write_flex_edit(plan, tmp), made)
     if not stores.is_local(out):  # object storage: staged here, then published in order
-        return execute_remote(
-            plan,
-            out,
-            lambda tmp, copier: _write_all(plan, tmp, False, progress, keep_training_state, copier),
-            progress,
-            made,
-        )
-    out = Path(out)
-    return publish(
-        out,
-        lambda tmp: _write_all(
-            plan, tmp, link, progress, keep_training_state, keep_folder_links=keep_folder_links
-        ),
-        made,
-    )
+
+        def staged(tmp: Path, copier: Any) -> dict:
+            return _write_all(plan, tmp, False, progress, keep_training_state, copier)
+
+        return execute_remote(plan, out, staged, progress, made)
+
+    def local(tmp: Path) -> dict:
+        return _write_all(plan, tmp, link, progress, keep_training_state, keep_folder_links=keep_folder_links)
+
+    return publish(Path(out), local, made)
 
 
 def _write_all(
