@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import pdparams, tree
+from . import pdparams, readback, tree
 from .flex import MODULE, FlexSlice, FlexTensor
+from .formats import PDPARAMS, FileFormat, PickleMeta, Row, Written
+from .made import Made
 from .pdparams import Emitter
 from .readback import Planned
 from .safetensors_io import Source
@@ -123,82 +125,58 @@ def whole(name: str, dtype: str, shape: tuple[int, ...], file: str) -> FlexTenso
     return FlexTensor(name, shape, dtype, (FlexSlice(file, name, (0,) * len(shape), shape),))
 
 
-@dataclass(frozen=True)
-class Lazy:
-    """A replacement tensor computed only when it is written (:func:`rewrite_folder`), so that a rewrite
-    holds one new tensor in memory at a time (a 128k-row fp32 moment is 2.1 GB).
-
-    Attributes:
-        shape: the global shape of the array ``make`` returns.
-        dtype: its storage dtype (bf16 as ``uint16``).
-        make: computes the array (C-ordered); called once per write, the result dropped after it.
-    """
-
-    shape: tuple[int, ...]
-    dtype: np.dtype[Any]
-    make: Callable[[], np.ndarray[Any, Any]]
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
-
-    def array(self) -> np.ndarray[Any, Any]:
-        """The computed array, checked to be of :attr:`shape` and :attr:`dtype` (AssertionError if not:
-        an internal error, nothing of it written)."""
-        a = np.ascontiguousarray(self.make())
-        assert a.shape == self.shape and a.dtype == self.dtype, f"internal: {a.shape} {a.dtype} not {self}"
-        return a
-
-
-Replacement = np.ndarray | Lazy
-"""A replaced tensor's new value: its full array (storage dtype), or a :class:`Lazy` that computes it."""
-
-
-class _LazySource(Source):
-    """A :class:`Source` whose array a :class:`Lazy` computes when the writer streams it (then dropped)."""
-
-    __slots__ = ("lazy",)
-
-    def __init__(self, lazy: Lazy):
-        super().__init__()
-        self.lazy = lazy
-        self.nbytes = lazy.nbytes
-
-    def write_to(self, f: Any) -> None:
-        Source(array=self.lazy.array()).write_to(f)
+Replacement = np.ndarray | Made
+"""A replaced tensor's new value: its full array (storage dtype), or a :class:`~surgery.io.made.Made`
+computing it when it is written (:meth:`Made.call <surgery.io.made.Made.call>`)."""
 
 
 def _source(a: Replacement) -> Source:
-    return _LazySource(a) if isinstance(a, Lazy) else Source(array=np.ascontiguousarray(a))
+    return a if isinstance(a, Made) else Source(array=np.ascontiguousarray(a))
 
 
-def _rewrite_file(src: Path, dst: Path, drop: set[str], add: list[tuple[str, Replacement]]) -> list[Planned]:
+def _write_metadata(path: Path, entries: Iterable[Row], metadata: dict[str, FlexTensor]) -> int:
+    """:func:`write_metadata` in the signature of every :class:`~surgery.io.formats.FileFormat`: a
+    ``.metadata`` holds no tensor data, only the records of ``metadata``."""
+    assert not list(entries), "internal: a flex .metadata holds records, not tensors"
+    write_metadata(path, metadata)
+    return 0
+
+
+def _check_metadata(path: Path, planned: Sequence[Planned], metadata: dict[str, FlexTensor]) -> None:
+    readback.check_flex_metadata(path, metadata)
+
+
+FLEX_METADATA = FileFormat(write=_write_metadata, check=_check_metadata)
+"""A flex ``.metadata``: no entries, its metadata the records (key → :class:`FlexTensor`) of its folder."""
+
+
+def _rewrite_file(src: Path, dst: Path, drop: set[str], add: list[tuple[str, Replacement]]) -> Written:
     """``src`` (a ``.distcp``) as ``dst`` without the keys ``drop``, with ``add`` (key, array in storage
-    dtype or a :class:`Lazy`, computed as it is streamed) in the place of the first dropped key (or at the
-    end); the other entries' payload bytes are copied from ``src`` unchanged, the non-tensor entries kept;
-    ``StructuredToParameterName@@`` loses the dropped keys and names each added key (its old name, else
-    itself): ``paddle.load`` makes a Tensor of every key that table names and fails on a named key the file
-    lacks (measured). Returns the tensors written, in order (what the read-back compares)."""
+    dtype or a :class:`~surgery.io.made.Made`, computed as it is streamed) in the place of the first
+    dropped key (or at the end); the other entries' payload bytes are copied from ``src`` unchanged, the
+    non-tensor entries kept; ``StructuredToParameterName@@`` loses the dropped keys and names each added
+    key (its old name, else itself): ``paddle.load`` makes a Tensor of every key that table names and fails
+    on a named key the file lacks (measured). Written by :data:`~surgery.io.formats.PDPARAMS` (a
+    ``.distcp`` is a ``paddle.save`` pickle); returns the file as written, for its read-back."""
     infos, extras, module = pdparams.read_header(src, src.name)
-    new = [(k, a.dtype.name, tuple(a.shape), _source(a), None, False) for k, a in add]
-    rows: list[pdparams.Row] = []
+    new = [Row(k, np.dtype(a.dtype).name, tuple(a.shape), _source(a)) for k, a in add]
+    rows: list[Row] = []
     for t in infos:
         if t.name in drop:
             rows.extend(new)
             new = []
             continue
-        rows.append((t.name, t.dtype, t.shape, pdparams.raw_bytes_source(src, t), t.storage, t.fortran))
+        rows.append(Row(t.name, t.dtype, t.shape, pdparams.raw_bytes_source(src, t), t.storage, t.fortran))
     rows.extend(new)
     table = extras.get(pdparams.NON_TENSOR_KEYS[0])
     if isinstance(table, dict):  # paddle.load looks up every key it names: dropped keys leave it
         kept = {k: v for k, v in table.items() if k not in drop}
         extras[pdparams.NON_TENSOR_KEYS[0]] = {**kept, **{k: table.get(k, k) for k, _ in add}}
-    pdparams.write_file(dst, rows, extras, module)
-    return [Planned(r[0], r[1], tuple(r[2]), r[3].nbytes) for r in rows]
+    meta = PickleMeta(extras, module)
+    PDPARAMS.write(dst, rows, meta)
+    return Written(
+        dst.name, PDPARAMS, [Planned(r.name, r.dtype, tuple(r.shape), r.source.nbytes) for r in rows], meta
+    )
 
 
 @dataclass(frozen=True)
@@ -210,12 +188,15 @@ class FolderRewrite:
         metadata: the ``.metadata`` file's name.
         rewritten: each rewritten ``.distcp`` file's name → its tensors as written, in order.
         placed: every other file's name → how it was placed (:func:`surgery.io.tree.place_kept`).
+        written: every file written (the rewritten ``.distcp`` files, then the ``.metadata``), each read
+            back by its format (:meth:`~surgery.io.formats.Written.check`).
     """
 
     tensors: dict[str, FlexTensor]
     metadata: str
     rewritten: dict[str, list[Planned]]
     placed: dict[str, tree.Placed]
+    written: list[Written]
 
 
 def rewrite_folder(
@@ -227,14 +208,15 @@ def rewrite_folder(
 ) -> FolderRewrite:
     """Write flex folder ``src`` (read as ``tensors``, its index file ``metadata``) into the empty folder
     ``dst`` with the tensors of ``new`` (key -> (paddle dtype name, full array in storage dtype: bf16 as
-    uint16, or a :class:`Lazy` computing it)) replaced, each written whole (:func:`whole`) into the file of
-    its first old slice. A :class:`Lazy` is computed while its bytes are streamed and dropped after: peak
-    memory is what the largest one needs, not the sum.
+    uint16, or a :class:`~surgery.io.made.Made` computing it)) replaced, each written whole (:func:`whole`)
+    into the file of its first old slice. A :class:`~surgery.io.made.Made` is computed while its bytes are
+    streamed and dropped after: peak memory is what the largest one needs, not the sum.
 
     A ``.distcp`` that holds a slice of a replaced tensor is rewritten by :func:`_rewrite_file`; every
     other file of ``src`` is kept by :func:`surgery.io.tree.place_kept` (hard-linked; a symbolic link by
     its rule; copied across file systems). The ``.metadata`` is rewritten with the replaced tensors'
-    records only changed. Nothing is read back here: :func:`surgery.write.flex_edit.check_folder` does.
+    records only changed (:data:`FLEX_METADATA`). Nothing is read back here: the caller checks each of
+    :attr:`FolderRewrite.written` (:mod:`surgery.write.flex_edit`).
     Raises ``KeyError`` for a key of ``new`` that ``tensors`` lacks (callers check first).
     """
     out = dict(tensors)
@@ -247,15 +229,17 @@ def rewrite_folder(
         file = old.slices[0].file
         add.setdefault(file, []).append((key, a))
         out[key] = whole(key, dtype, tuple(a.shape), file)
-    done = FolderRewrite(out, metadata, {}, {})
+    done = FolderRewrite(out, metadata, {}, {}, [])
     files = [p for p in sorted(src.iterdir()) if p.name != metadata and p.is_file()]
     kept = {p.name for p in files if p.name not in drop}
     for p in files:
         if p.name in drop:
-            done.rewritten[p.name] = _rewrite_file(p, dst / p.name, drop[p.name], add.get(p.name, []))
+            done.written.append(_rewrite_file(p, dst / p.name, drop[p.name], add.get(p.name, [])))
+            done.rewritten[p.name] = list(done.written[-1].planned)
             continue
         placed = done.placed[p.name] = tree.place_kept(p, dst / p.name, src, kept, True)
         if placed is tree.Placed.COPY:
             shutil.copy2(p, dst / p.name)
-    write_metadata(dst / metadata, out)
+    FLEX_METADATA.write(dst / metadata, (), out)
+    done.written.append(Written(metadata, FLEX_METADATA, (), out))
     return done

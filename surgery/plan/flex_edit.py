@@ -6,7 +6,7 @@ The edit is planned by the ordinary planners (:func:`surgery.plan.resize.plan_re
 :func:`surgery.plan.add_tokens.plan_add_tokens`) on the merged view of the checkpoint
 (:class:`surgery.plan.merge_flex.FlexView`, config.json found as ``merge`` finds it; the layout decided by
 detection from shapes and config, an ambiguous one refused as for any checkpoint). The new vocabulary
-weights of that plan (as :class:`~surgery.io.flex_write.Lazy` recipes: computed when written, one tensor in
+weights of that plan (as :class:`~surgery.io.made.Made` tensors: computed when written, one tensor in
 memory at a time), and :func:`surgery.plan.flex_state.state_rewrites` gives what the three flex folders
 become (moments: new rows, and slack rows new tokens take, zero; master weights: their fp32 values; a tied
 model's embedding and stored duplicate head both rewritten, the parameter's state where the Trainer stored
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..io import flex
-from ..io.flex_write import Lazy
+from ..io.made import Made
 from ..io.safetensors_io import Source
 from ..model.errors import Opt, RefusedError
 from . import recipes
@@ -65,10 +65,10 @@ def _refuse(root: Path, why: str) -> RefusedError:
     )
 
 
-def new_weights(plan: Plan) -> dict[str, Lazy]:
+def new_weights(plan: Plan) -> dict[str, Made]:
     """The new full weight of every tensor ``plan`` changes (its shape, or the slack rows new tokens take),
-    as a :class:`Lazy` (shape and stored dtype, bf16 as uint16, known now; the array computed by the plan's
-    recipe when it is written, nothing read here).
+    as a :class:`~surgery.io.made.Made` (shape and stored dtype, bf16 as uint16, known now; the array
+    computed by the plan's recipe when it is written, nothing read here).
 
     Raises:
         RefusedError: the plan adds or drops tensors (a flex edit keeps every name the Trainer resumes:
@@ -88,7 +88,7 @@ def new_weights(plan: Plan) -> dict[str, Lazy]:
     for name, nt in plan.replace.items():
         dtype = np.dtype(view.recipes[name].dtype)
         made = partial(_made, view, nt.recipe, dtype, tuple(nt.shape), {})
-        out[name] = Lazy(tuple(nt.shape), dtype, made)
+        out[name] = Made.call(made, tuple(nt.shape), dtype)
     return out
 
 

@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 
 from ..io import flex
-from ..io.flex_write import Lazy, Replacement
+from ..io.flex_write import Replacement
+from ..io.made import Made
 from ..model.errors import Opt, RefusedError
 from ..model.tensor import bf16_bits_to_f32
 from .flex_pieces import Assembled, assemble, piece_array
@@ -46,7 +47,7 @@ MOMENTS = tuple(f"{a}_0" for a in RESIZED)  # moment1_0, moment2_0, moment2_max_
 REQUIRED = MOMENTS[:2]
 KEPT = ("beta1_pow_acc_0", "beta2_pow_acc_0")
 MASTER = "w_0"
-New = dict[str, tuple[str, Replacement]]  # key -> (paddle dtype name, full array or Lazy, storage dtype)
+New = dict[str, tuple[str, Replacement]]  # key -> (paddle dtype name, full array or Made, storage dtype)
 F32 = np.dtype(np.float32)
 
 
@@ -102,8 +103,9 @@ def _moment(ck: flex.FlexCheckpoint, key: str, r: Resized) -> np.ndarray[Any, An
 
 
 def _optimizer(ck: flex.FlexCheckpoint, r: Resized, old: tuple[int, ...]) -> New:
-    """The moments of ``r`` as :class:`Lazy` replacements, checked from the metadata alone (refused: a
-    missing required moment, one of another shape or dtype, an accumulator of an unknown kind)."""
+    """The moments of ``r`` as :class:`~surgery.io.made.Made` replacements, checked from the metadata
+    alone (refused: a missing required moment, one of another shape or dtype, an accumulator of an
+    unknown kind)."""
     known = {f"{r.name}.{s}" for s in (*MOMENTS, *KEPT)}
     stray = [k for k in ck.tensors if k.startswith(r.name + ".") and k not in known]
     if stray:
@@ -116,14 +118,14 @@ def _optimizer(ck: flex.FlexCheckpoint, r: Resized, old: tuple[int, ...]) -> New
                 raise _refuse(ck.folder.state, f"has no {key} (the optimizer state of {r.name})")
             continue
         t = _entry(ck, key, r, old)
-        out[key] = (t.dtype, Lazy(_resized_shape(r, old), F32, partial(_moment, ck, key, r)))
+        out[key] = (t.dtype, Made.call(partial(_moment, ck, key, r), _resized_shape(r, old), F32))
     return out
 
 
 def _new_rows(weight: Replacement, r: Resized) -> list[np.ndarray[Any, Any]]:
     """The entries of the new weight in each range of ``r.fresh()`` (on ``r.axis``) as float32 (bf16 bits
     shifted, exact); the whole weight, if computed here, dropped on return."""
-    w = weight.array() if isinstance(weight, Lazy) else weight
+    w = weight.as_array() if isinstance(weight, Made) else weight
     rows = [np.array(w[span(r, lo, hi, w.ndim)]) for lo, hi in r.fresh()]
     return [bf16_bits_to_f32(x) if x.dtype == np.uint16 else x.astype(np.float32) for x in rows]
 
@@ -143,7 +145,9 @@ def _master(ck: flex.FlexCheckpoint, r: Resized, old: tuple[int, ...], weight: R
     if key not in ck.tensors:
         return {}
     _entry(ck, key, r, old)
-    return {key: ("float32", Lazy(_resized_shape(r, old), F32, partial(_master_array, ck, key, r, weight)))}
+    return {
+        key: ("float32", Made.call(partial(_master_array, ck, key, r, weight), _resized_shape(r, old), F32))
+    }
 
 
 def _resize_of(
@@ -191,7 +195,8 @@ def state_rewrites(
 ) -> dict[str, New]:
     """Per flex folder of Trainer checkpoint ``root`` (``model_state``, ``optimizer_state``,
     ``master_weight``), the tensors to replace so the checkpoint holds ``weights`` (name -> the new full
-    weight in its stored dtype, bf16 as uint16, or a :class:`Lazy` computing it; each differing from the
+    weight in its stored dtype, bf16 as uint16, or a :class:`~surgery.io.made.Made` computing it; each
+    differing from the
     saved one on one axis only, or in the slack entries ``slack[name]`` = ``(axis, (lo, hi))`` that new
     tokens take: their moments reset to zero, their master weights the fp32 of the new values).
 
@@ -201,7 +206,7 @@ def state_rewrites(
     weight is rewritten, the state where it is stored.
 
     Decided from the ``.metadata`` records alone (names, global shapes, dtypes): no tensor data is read
-    here. Every moment and master weight is a :class:`Lazy` (assembled and resized when
+    here. Every moment and master weight is a :class:`~surgery.io.made.Made` (assembled and resized when
     :func:`surgery.io.flex_write.rewrite_folder` writes it, one at a time); a weight is passed on as given.
 
     Raises:
@@ -221,7 +226,7 @@ def state_rewrites(
         if t is None:
             raise _refuse(root / "model_state", f"{name} is not a {w.dtype} tensor of rank {w.ndim} there")
         r = _resize_of(root, t, w, slack or {})
-        out["model_state"][name] = (t.dtype, w if isinstance(w, Lazy) else np.ascontiguousarray(w))
+        out["model_state"][name] = (t.dtype, w if isinstance(w, Made) else np.ascontiguousarray(w))
         if not _owner(opt, name, shared):
             continue
         out["optimizer_state"].update(_optimizer(opt, r, t.shape))

@@ -94,7 +94,7 @@ class FlexFolders:
         config: its config as ``merge`` finds it (the output's config.json, with the plan's sets).
         config_file: where that config was found.
         rewrites: per flex folder (``model_state`` ...), key → (paddle dtype name, the new full array as a
-            :class:`~surgery.io.flex_write.Lazy`: computed when written, one at a time).
+            :class:`~surgery.io.made.Made`: computed when written, one at a time).
     """
 
     root: Path

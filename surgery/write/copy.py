@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..io.made import Made
 from ..io.readback import check_size
 from ..io.safetensors_io import Source, copy_range
 from .publish import uninterruptibly
@@ -126,27 +127,30 @@ CHUNK_BYTES = 64 << 20
 
 
 class Reporting(Source):
-    """A :class:`Source` that tells ``advance`` the bytes it writes, as it writes them: per chunk of
-    :data:`CHUNK_BYTES` for arrays, per :func:`copy_range` step for byte ranges."""
+    """A :class:`Source` that tells ``advance`` the bytes of ``inner`` as it writes them: per chunk of
+    :data:`CHUNK_BYTES` for arrays, per :func:`copy_range` step for byte ranges (a
+    :class:`~surgery.io.made.Made` made first)."""
 
-    __slots__ = ("advance",)
+    __slots__ = ("advance", "inner")
 
     def __init__(self, inner: Source, advance: Callable[[int], None]):
-        super().__init__(inner.path, inner.offset, inner.nbytes, inner.array, inner.parts)
-        self.advance = advance
+        super().__init__(nbytes=inner.nbytes)
+        self.inner, self.advance = inner, advance
 
     def write_to(self, f) -> None:
         """Append the bytes to ``f``, reporting them; the same bytes as :meth:`Source.write_to`."""
-        write_reporting(self, f, self.advance)
+        write_reporting(self.inner, f, self.advance)
 
 
 def write_reporting(src: Source, f, advance: Callable[[int], None]) -> None:
     """Append ``src``'s bytes to ``f`` as :meth:`Source.write_to` does, calling ``advance(n)`` after each
-    piece of ``n`` bytes.
+    piece of ``n`` bytes (a :class:`~surgery.io.made.Made` is made first).
 
     Raises:
         ValueError: a source with no path, array nor parts. OSError: the write fails.
     """
+    if isinstance(src, Made):
+        src = src.made()
     if src.parts is not None:
         for part in src.parts:
             write_reporting(part, f, advance)

@@ -29,7 +29,6 @@ from typing import Any
 from ..io import flex, flex_write, surface, tree
 from ..io.checkpoint import REPORT_NAME
 from ..io.configfile import apply_config_sets
-from ..io.readback import check_flex_metadata, check_pdparams
 from ..plan.plan import FlexFolders, Plan
 from .edits import json_bytes, write_edited
 
@@ -74,7 +73,8 @@ def _config(plan: Plan, lay: FlexFolders) -> dict[str, Any]:
 
 def _rewrite_state(lay: FlexFolders, tmp: Path, name: str) -> list[str]:
     """Rewrite flex folder ``name`` into ``tmp / name`` (:func:`surgery.io.flex_write.rewrite_folder`) and
-    read back what it wrote: each rewritten ``.distcp`` and the ``.metadata``; returns those files.
+    read back what it wrote, each file by its format (:meth:`surgery.io.formats.Written.check`): each
+    rewritten ``.distcp`` and the ``.metadata``; returns those files.
 
     Raises:
         OutputError: a file does not read back as planned.
@@ -86,9 +86,8 @@ def _rewrite_state(lay: FlexFolders, tmp: Path, name: str) -> list[str]:
     for q in sorted(dst.iterdir()):
         if surface.LOADER_CACHE.match(q.name):
             q.unlink()
-    for f, planned in done.rewritten.items():
-        check_pdparams(dst / f, planned)
-    check_flex_metadata(dst / done.metadata, done.tensors)
+    for w in done.written:
+        w.check(dst)
     return [f"{name}/{f}" for f in sorted(done.rewritten)] + [f"{name}/{done.metadata}"]
 
 

@@ -10,15 +10,16 @@ dtypes, the new shapes), or the run stops with nothing published.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..io import pdparams
-from ..io.readback import Planned, check_optimizer
-from ..io.safetensors_io import Source
+from ..io.formats import MASTER, PDOPT, PickleMeta, Row
+from ..io.made import Made
+from ..io.readback import Planned
 from ..model.tensor import TensorInfo, bf16_bits_to_f32
 from ..plan.plan import OptimizerEdit, Resized
 from ..plan.training_state import resized_array, span
@@ -26,45 +27,64 @@ from ..plan.training_state import resized_array, span
 
 def write_pdopt(ck_path: Path, edit: OptimizerEdit, dst: Path, out: Path) -> list[str]:
     """Write ``edit`` to ``dst`` as ``paddle.save`` wrote the input (untouched tensors streamed as byte
-    ranges, one resized tensor in memory at a time) and read it back. A resized master weight keeps its
-    old entries bit for bit and takes the new ones (grown and reset slack entries) from the resized weight
-    in ``out`` (the output folder, its weights written), decoded to float32 (bf16 bits shifted, never
-    rounded). Returns the resized names.
+    ranges, each resized one a :class:`~surgery.io.made.Made`: in memory only while it is written) by
+    :data:`~surgery.io.formats.PDOPT`, and read it back by the same format. A resized master weight keeps
+    its old entries bit for bit and takes the new ones (grown and reset slack entries) from the resized
+    weight in ``out`` (the output folder, its weights written), decoded to float32 (bf16 bits shifted,
+    never rounded). Returns the resized names.
 
     Raises:
         OSError: the write fails. OutputError: the file does not read back as planned.
     """
     src = ck_path / edit.rel
-
-    def rows(entries: tuple[tuple[TensorInfo, Resized | None], ...], master: bool) -> Iterator[pdparams.Row]:
-        for t, r in entries:
-            if r is None:
-                yield t.name, t.dtype, t.shape, pdparams.raw_bytes_source(src, t), None, t.fortran
-                continue
-            a = resized_array(np.asarray(pdparams.read_array(src, t)), r)
-            if master and r.fresh():
-                weight = _output_weight(out, r.name)
-                for lo, hi in r.fresh():
-                    a[span(r, lo, hi, a.ndim)] = weight[span(r, lo, hi, a.ndim)].astype(a.dtype)
-            yield t.name, t.dtype, a.shape, Source(array=np.ascontiguousarray(a)), None, False
-
-    pdparams.write_optimizer_file(
-        dst, rows(edit.entries, False), rows(edit.master, True), edit.names, edit.extras, edit.np_module
-    )
-    check_optimizer(dst, _planned(edit.entries), _planned(edit.master))
+    rows = _rows(src, edit.entries, "", out) + _rows(src, edit.master, MASTER, out)
+    meta = PickleMeta(edit.extras, edit.np_module, edit.names)
+    PDOPT.write(dst, rows, meta)
+    PDOPT.check(dst, _planned(edit.entries, "") + _planned(edit.master, MASTER), meta)
     return edit.resized
 
 
-def _planned(entries: tuple[tuple[TensorInfo, Resized | None], ...]) -> list[Planned]:
-    """The tensors of ``entries`` as :func:`write_pdopt` writes them: a resized one with ``r.new``
-    entries on its axis."""
-    out = []
+def _rows(
+    src: Path, entries: tuple[tuple[TensorInfo, Resized | None], ...], prefix: str, out: Path
+) -> list[Row]:
+    """The rows of ``entries`` (master weights named ``prefix + key``): a kept tensor by byte range of
+    ``src``, a resized one made when written (:func:`_resized`)."""
+    rows = []
     for t, r in entries:
-        shape = list(t.shape)
-        if r is not None:
-            shape[r.axis] = r.new
-        out.append(Planned(t.name, t.dtype, tuple(shape), 0))
-    return out
+        if r is None:
+            rows.append(
+                Row(prefix + t.name, t.dtype, t.shape, pdparams.raw_bytes_source(src, t), None, t.fortran)
+            )
+            continue
+        shape = _new_shape(t, r)
+        made = Made.call(partial(_resized, src, t, r, out if prefix else None), shape, np.dtype(t.dtype))
+        rows.append(Row(prefix + t.name, t.dtype, shape, made))
+    return rows
+
+
+def _resized(src: Path, t: TensorInfo, r: Resized, out: Path | None) -> np.ndarray[Any, Any]:
+    """Tensor ``t`` of ``src`` resized by ``r`` (C order); a master weight's (``out`` given) new entries
+    the fp32 of the output's resized weight."""
+    a = resized_array(np.asarray(pdparams.read_array(src, t)), r)
+    if out is not None and r.fresh():
+        weight = _output_weight(out, r.name)
+        for lo, hi in r.fresh():
+            a[span(r, lo, hi, a.ndim)] = weight[span(r, lo, hi, a.ndim)].astype(a.dtype)
+    return np.ascontiguousarray(a)
+
+
+def _new_shape(t: TensorInfo, r: Resized) -> tuple[int, ...]:
+    shape = list(t.shape)
+    shape[r.axis] = r.new
+    return tuple(shape)
+
+
+def _planned(entries: tuple[tuple[TensorInfo, Resized | None], ...], prefix: str) -> list[Planned]:
+    """The tensors of ``entries`` as :func:`write_pdopt` writes them (named ``prefix + key``): a resized one
+    with ``r.new`` entries on its axis."""
+    return [
+        Planned(prefix + t.name, t.dtype, t.shape if r is None else _new_shape(t, r), 0) for t, r in entries
+    ]
 
 
 def _output_weight(out: Path, name: str) -> np.ndarray[Any, Any]:

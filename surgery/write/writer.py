@@ -16,29 +16,20 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..io import pdparams, safetensors_io, stores, surface, tree
+from ..io import stores, surface, tree
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import apply_config_sets, read_config_file
-from ..io.readback import (
-    Planned,
-    PlannedView,
-    check_index_data,
-    check_json_file,
-    check_pdparams,
-    check_safetensors,
-)
+from ..io.formats import Format, PickleMeta, Row, Rows, format_of
+from ..io.made import Made, Memo
+from ..io.readback import Planned, PlannedView, check_index_data, check_json_file
 from ..io.safetensors_io import Source
-from ..model.enums import Container
-from ..model.tensor import pdparams_name
 from ..plan import recipes
 from ..plan.plan import NEW_SHARD, FlexFolders, OutTensor, Plan, Reshard
-from ..plan.recipes import Recipe
-from .copy import Copier, Reporting, copy_file, write_reporting
+from .copy import Copier, Reporting, copy_file
 from .edits import json_bytes, write_edited
 from .flex_edit import write_flex_edit
 from .layout import Entry, KeepFilesLayout, ReshardLayout, entry_nbytes, keep_files, reshard
@@ -168,44 +159,6 @@ def _write_all(
     }
 
 
-class _NewData:
-    """The data of new tensors, made on first use by :func:`recipes.make` with one memo for the whole
-    execution (tensors with equal recipes, and recipes made of the same parts, share the data) and held
-    until no later file needs it."""
-
-    def __init__(self, ckpt: Checkpoint) -> None:
-        self._ckpt = ckpt
-        self._made: dict[Recipe, recipes.Data] = {}
-
-    def source(self, nt: OutTensor) -> Source:
-        """A :class:`Source` of ``nt``'s bytes.
-
-        Raises:
-            AssertionError: the recipe made another size or shape than planned (a bug).
-        """
-        arr = recipes.make(nt.recipe, self._ckpt, self._made)
-        if isinstance(arr, Source):
-            if arr.nbytes != nt.nbytes:
-                raise AssertionError(f"internal: {nt.name} made {arr.nbytes} bytes, planned {nt.nbytes}")
-            return arr
-        if tuple(arr.shape) != tuple(nt.shape):
-            raise AssertionError(f"internal: {nt.name} made {arr.shape}, planned {nt.shape}")
-        return Source(array=arr)
-
-    def keep_only(self, needed: list[Recipe]) -> None:
-        """Free the data of every recipe that is not in ``needed`` nor part of one that is."""
-        keep: set[Recipe] = set()
-        todo = list(needed)
-        while todo:
-            r = todo.pop()
-            if r not in keep:
-                keep.add(r)
-                todo.extend(recipes.parts(r))
-        for k in list(self._made):
-            if k not in keep:
-                del self._made[k]
-
-
 def _write_weight_files(
     plan: Plan,
     tmp: Path,
@@ -233,17 +186,19 @@ def _write_weight_files(
         "written": [],
         "removed": [f for f in plan.ckpt.weight_files if f not in lay.kept],
     }
-    new = _NewData(plan.ckpt)
+    ckpt = plan.ckpt
+    memo = Memo(lambda r, data: recipes.make(r, ckpt, data))  # one for the whole write
     copier = Copier(progress) if copier is None else copier
     try:
         # untouched files first, into the pool; then the rewrites here while those copies run
         _start_copies(plan, tmp, lay, carried, link, progress, copier, files_report, kept_links or [])
         for f in lay.rewrite:
-            _rewrite_reporting(plan, f, lay.entries[f], tmp / lay.rename[f], new.source, progress)
+            _rewrite_reporting(plan, f, lay.entries[f], tmp / lay.rename[f], memo, progress)
             files_report["written" if f == NEW_SHARD else "rewritten"].append(lay.rename[f])
             # free new arrays no longer needed by later files
             later = lay.kept[lay.kept.index(f) + 1 :]
-            new.keep_only([e.new.recipe for g in later for e in lay.entries[g] if e.new is not None])
+            needed = [e.new.recipe for g in later for e in lay.entries[g] if e.new is not None]
+            memo.keep_only(needed, recipes.parts)
             copier.poll()
         copier.poll(block=True)
     finally:
@@ -374,13 +329,13 @@ def _index_data(index: dict, weight_map: dict[str, str], total_size: int) -> dic
     return index
 
 
-def _rewrite_reporting(plan: Plan, f: str, entries: list[Entry], dst: Path, source_of, progress) -> None:
+def _rewrite_reporting(plan: Plan, f: str, entries: list[Entry], dst: Path, memo: Memo, progress) -> None:
     """:func:`_rewrite` of output file ``dst`` (input file ``f``), telling ``progress(name, bytes)`` the
     bytes of each tensor as they are written, and at the end what the file's tensors count beyond that
     (aliases of one storage in a ``.pdparams`` are written once but counted per name, as
     ``Plan.output_bytes`` counts them), so that the file reports exactly its tensor bytes."""
     if progress is None:
-        _rewrite(plan, f, entries, dst, source_of)
+        _rewrite(plan, f, entries, dst, memo)
         return
     name, sent = dst.name, 0
 
@@ -389,44 +344,50 @@ def _rewrite_reporting(plan: Plan, f: str, entries: list[Entry], dst: Path, sour
         sent += n
         progress(name, n)
 
-    _rewrite(plan, f, entries, dst, source_of, advance)
+    _rewrite(plan, f, entries, dst, memo, advance)
     rest = sum(entry_nbytes(plan.ckpt, e) for e in entries) - sent
     if rest:
         progress(name, rest)
 
 
-def _rewrite(plan: Plan, f: str, entries, dst: Path, source_of, advance=None) -> None:
-    """Write output file ``dst`` with ``entries`` (input file ``f``, or ``NEW_SHARD``): unchanged tensors
-    by byte range from the input, new ones from ``source_of(OutTensor)``; ``advance(bytes)`` (if given) is
-    told the tensor bytes as they are written (:class:`Reporting`).
+def _rewrite(plan: Plan, f: str, entries: list[Entry], dst: Path, memo: Memo, advance=None) -> None:
+    """Write output file ``dst`` with ``entries`` (input file ``f``, or ``NEW_SHARD``) by the checkpoint's
+    format (:attr:`~surgery.io.formats.FileFormat.write`): unchanged tensors by byte range from the
+    input, new ones made by their recipe when written (:class:`~surgery.io.made.Made`, through ``memo``);
+    ``advance(bytes)`` (if given) is told the tensor bytes as they are written (:class:`Reporting`).
 
     Raises:
         OSError: the write fails.
     """
     ckpt = plan.ckpt
+    fmt = ckpt.fmt
 
-    def source(name: str, nt: OutTensor | None) -> Source:
-        src = source_of(nt) if nt is not None else ckpt.source(name)
-        return src if advance is None else Reporting(src, advance)
+    def row(e: Entry) -> Row:
+        nt = e.new
+        src = ckpt.source(e.name) if nt is None else Made(nt.recipe, nt.shape, nt.nbytes, memo)
+        src = src if advance is None else Reporting(src, advance)
+        return Row(e.name, fmt.file_dtype(e.dtype), e.shape, src, e.storage, e.fortran)
 
-    if ckpt.format is Container.SAFETENSORS:
-        header = ((e.name, e.dtype, e.shape, entry_nbytes(ckpt, e)) for e in entries)
-        sources = ((entry_nbytes(ckpt, e), source(e.name, e.new)) for e in entries)
-        safetensors_io.write_rows(dst, header, sources, _st_metadata(plan, f, rewritten=True))
-    else:
-        rows = []
-        for name, dtype, shape, nt, storage, fortran in entries:
-            src = source(name, nt)
-            rows.append((name, pdparams_name(dtype), shape, src, storage, fortran))
-        extras = dict(ckpt.extras.get(f) or {})
-        s2p = extras.get("StructuredToParameterName@@")
-        if isinstance(s2p, dict):
-            extras["StructuredToParameterName@@"] = {k: v for k, v in s2p.items() if k not in plan.drop}
-            names = {r[0] for r in rows}
-            for nt in plan.add:
-                if nt.name in names and nt.name not in s2p:
-                    extras["StructuredToParameterName@@"][nt.name] = nt.name
-        pdparams.write_file(dst, rows, extras, ckpt.np_module.get(f, "numpy.core.multiarray"))
+    fmt.write(dst, Rows(entries, row), _file_meta(plan, f, entries, rewritten=True))
+
+
+def _file_meta(plan: Plan, f: str, entries: Sequence[Entry], rewritten: bool) -> Any:
+    """What output file ``f`` (an input file or ``NEW_SHARD``) holds besides its tensors, as its format
+    takes it: a safetensors ``__metadata__`` (:func:`_st_metadata`), or a ``.pdparams``'s extras and numpy
+    module (:class:`~surgery.io.formats.PickleMeta`): a rewritten file's ``StructuredToParameterName@@``
+    loses the dropped names and names each added tensor of ``entries`` it lacks."""
+    ckpt = plan.ckpt
+    if ckpt.fmt.has_metadata:
+        return _st_metadata(plan, f, rewritten)
+    extras = dict(ckpt.extras.get(f) or {})
+    s2p = extras.get("StructuredToParameterName@@")
+    if rewritten and isinstance(s2p, dict):
+        extras["StructuredToParameterName@@"] = {k: v for k, v in s2p.items() if k not in plan.drop}
+        names = {e.name for e in entries}
+        for nt in plan.add:
+            if nt.name in names and nt.name not in s2p:
+                extras["StructuredToParameterName@@"][nt.name] = nt.name
+    return PickleMeta(extras, ckpt.np_module.get(f, "numpy.core.multiarray"))
 
 
 def _st_metadata(plan: Plan, f: str, rewritten: bool) -> dict | None:
@@ -472,10 +433,7 @@ def _read_back(
         shards[out_name] = planned
         if out_name in deferred:
             continue
-        if ckpt.format is Container.SAFETENSORS:
-            check_safetensors(tmp / out_name, planned, _st_metadata(plan, f, rewritten=f in rewritten))
-        else:
-            check_pdparams(tmp / out_name, planned)
+        ckpt.fmt.check(tmp / out_name, planned, _file_meta(plan, f, entries, rewritten=f in rewritten))
     if ckpt.sharded and ckpt.index_name and ckpt.index is not None:
         # the index tietool wrote, made again from the planned shards: byte for byte what is on disk
         total = sum(p.nbytes for ps in shards.values() for p in ps)
@@ -530,45 +488,6 @@ def _write_configs(plan: Plan, tmp: Path) -> None:
 # ------------------------------------------------------------------ a new checkpoint (convert, merge)
 
 
-class _Made:
-    """The data of the output tensors, made by :func:`surgery.plan.recipes.make` with one memo for the
-    whole write: a tensor whose recipe equals a later one's shares its data, which is dropped once the last
-    of them is made (so one tensor is in memory at a time, unless equal recipes repeat)."""
-
-    def __init__(self, ckpt: Checkpoint | None, tensors: Sequence[OutTensor]) -> None:
-        self._ckpt = ckpt
-        self._memo: dict[Recipe, recipes.Data] = {}
-        self._left = Counter(t.recipe for t in tensors)
-
-    def source(self, t: OutTensor) -> Source:
-        data = recipes.make(t.recipe, self._ckpt, self._memo)
-        self._left[t.recipe] -= 1
-        if not self._left[t.recipe]:
-            del self._left[t.recipe]
-            self._memo.pop(t.recipe, None)
-        return data if isinstance(data, Source) else Source(array=data)
-
-
-class _Lazy(Source):
-    """A :class:`Source` of known size whose bytes are produced only when written (then released)."""
-
-    __slots__ = ("make", "tensor")
-
-    def __init__(self, t: OutTensor, made: _Made):
-        super().__init__(nbytes=t.nbytes)
-        self.nbytes = t.nbytes
-        self.tensor, self.make = t, made
-
-    def made(self) -> Source:
-        src = self.make.source(self.tensor)
-        if src.nbytes != self.nbytes:
-            raise ValueError(f"a source gave {src.nbytes} bytes, {self.nbytes} were planned")
-        return src
-
-    def write_to(self, f) -> None:
-        self.made().write_to(f)
-
-
 def write_new(
     plan: Plan,
     out: str | Path,
@@ -609,19 +528,18 @@ def _write_new_files(
     progress: Callable[[str, int], None] | None,
 ) -> dict:
     """Write the weight files, the index, config.json and the carried files into ``tmp``; read back."""
-    container, st_metadata, carry = new.container, new.st_metadata, new.carry
-    made = _Made(source, [t for ts in lay.files.values() for t in ts])
+    fmt, carry = format_of(new.container), new.carry
+    memo = Memo(
+        lambda r, data: recipes.make(r, source, data), [t.recipe for ts in lay.files.values() for t in ts]
+    )
     for fname, ts in lay.files.items():
-        _write_new_file(tmp / fname, ts, made, container, st_metadata, new.pdparams_extras, progress)
+        fmt.write(tmp / fname, Rows(ts, _new_row(fmt, memo, fname, progress)), _new_meta(fmt, new, ts))
     index = {"metadata": {"total_size": lay.total_size}, "weight_map": lay.weight_map}
     if lay.index is not None:
         write_json(tmp / lay.index, index)
     shards: dict[str, Sequence[Planned]] = {f: PlannedView(ts, _planned_new) for f, ts in lay.files.items()}
     for fname, planned in shards.items():
-        if container is Container.SAFETENSORS:
-            check_safetensors(tmp / fname, planned, st_metadata)
-        else:
-            check_pdparams(tmp / fname, planned)
+        fmt.check(tmp / fname, planned, _new_meta(fmt, new, lay.files[fname]))
     if lay.index is not None:
         # the file holds the index written (compared as encoded, never parsed into a second dict), and
         # that index names exactly the planned tensors
@@ -643,49 +561,28 @@ def _planned_new(t: OutTensor) -> Planned:
     return Planned(t.name, t.dtype, t.shape, t.nbytes)
 
 
-def _write_new_file(
-    path: Path,
-    ts: list[OutTensor],
-    made: _Made,
-    container: Container,
-    st_metadata: dict[str, str] | None,
-    extras: dict[str, Any] | None,
-    progress: Callable[[str, int], None] | None,
-) -> None:
-    """One weight file of ``ts``, each tensor's bytes produced only when it is written."""
-    if container is Container.SAFETENSORS:
-        safetensors_io.write_file(path, _rows(ts, made, path.name, progress), st_metadata)
-        return
-    rows: list[tuple[str, str, tuple[int, ...], Source, object, bool]] = [
-        (t.name, pdparams_name(t.dtype), t.shape, src, None, False)
-        for t, src in _sources(ts, made, path.name, progress)
-    ]
-    pdparams.write_file(path, rows, _file_extras(extras, {t.name for t in ts}))
+def _new_row(
+    fmt: Format, memo: Memo, fname: str, progress: Callable[[str, int], None] | None
+) -> Callable[[OutTensor], Row]:
+    """The :class:`~surgery.io.formats.Row` of a tensor of new file ``fname``: its bytes made by its
+    recipe when written (:class:`~surgery.io.made.Made`, through the write's ``memo``), told to
+    ``progress(fname, bytes)`` as they are written."""
+
+    def row(t: OutTensor) -> Row:
+        src: Source = Made(t.recipe, t.shape, t.nbytes, memo)
+        if progress is not None:
+            src = Reporting(src, lambda n: progress(fname, n))
+        return Row(t.name, fmt.file_dtype(t.dtype), t.shape, src)
+
+    return row
 
 
-def _sources(ts: list[OutTensor], made: _Made, fname: str, progress) -> Iterator[tuple[OutTensor, Source]]:
-    for t in ts:
-        yield t, (_Lazy(t, made) if progress is None else _Progressing(t, made, fname, progress))
-
-
-def _rows(
-    ts: list[OutTensor], made: _Made, fname: str, progress
-) -> Iterator[tuple[str, str, tuple[int, ...], Source]]:
-    for t, src in _sources(ts, made, fname, progress):
-        yield t.name, t.dtype, t.shape, src
-
-
-class _Progressing(_Lazy):
-    """:class:`_Lazy` that tells ``progress(file, bytes)`` once its tensor is written."""
-
-    __slots__ = ("fname", "progress")
-
-    def __init__(self, t: OutTensor, made: _Made, fname: str, progress: Callable[[str, int], None]):
-        super().__init__(t, made)
-        self.fname, self.progress = fname, progress
-
-    def write_to(self, f) -> None:
-        write_reporting(self.made(), f, lambda n: self.progress(self.fname, n))
+def _new_meta(fmt: Format, new: Reshard, ts: list[OutTensor]) -> Any:
+    """What new file of ``ts`` holds besides its tensors: the layout's safetensors ``__metadata__``, or a
+    ``.pdparams``'s extras (:func:`_file_extras`)."""
+    if fmt.has_metadata:
+        return new.st_metadata
+    return PickleMeta(_file_extras(new.pdparams_extras, {t.name for t in ts}))
 
 
 def _file_extras(extras: dict[str, Any] | None, names: set[str]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 
 from tietool.cli.app import app
 from tietool.surgery.io import flex, flex_write
+from tietool.surgery.io.made import Made
 from tietool.surgery.model.errors import RefusedError
 from tietool.surgery.plan import flex_pieces, flex_state
 
@@ -68,7 +69,7 @@ def test_refusals_from_the_metadata_alone(tmp_path: Path, monkeypatch: pytest.Mo
     flex_write.write_metadata(meta, {k: t for k, t in ts.items() if k != "lm_head.weight.moment2_0"})
     model = flex_state._open(src / "model_state")
     weights = {
-        k: flex_write.Lazy((253, 16), np.dtype(model.tensors[k].storage_dtype), lambda: pytest.fail("made"))
+        k: Made.call(lambda: pytest.fail("made"), (253, 16), np.dtype(model.tensors[k].storage_dtype))
         for k in VOCAB
     }
     reads = _no_data(monkeypatch)
@@ -80,8 +81,8 @@ def test_refusals_from_the_metadata_alone(tmp_path: Path, monkeypatch: pytest.Mo
 @needs_data
 @pytest.mark.parametrize("name, sub", [("trainer_1rank", "checkpoint-2"), ("trainer_2rank", "checkpoint-2")])
 def test_one_replacement_in_memory_at_a_time(name: str, sub: str, tmp_path: Path) -> None:
-    """Every replacement is a Lazy; when one is made, every earlier one has been freed; the output
-    equals the one written from the same plan without the check (bit for bit)."""
+    """Every replacement is a Made (made when written); when one is made, every earlier one has been
+    freed; the output equals the one written from the same plan without the check (bit for bit)."""
     src = fx.DATA / name / sub
     model = flex_state._open(src / "model_state")
     weights = {}
@@ -92,7 +93,7 @@ def test_one_replacement_in_memory_at_a_time(name: str, sub: str, tmp_path: Path
     alive: list[weakref.ref[np.ndarray]] = []
     made = 0
 
-    def tracked(lazy: flex_write.Lazy) -> flex_write.Lazy:
+    def tracked(lazy: Made) -> Made:
         def make() -> np.ndarray:
             nonlocal made
             assert all(r() is None for r in alive), "an earlier replacement is still in memory"
@@ -101,15 +102,16 @@ def test_one_replacement_in_memory_at_a_time(name: str, sub: str, tmp_path: Path
             made += 1
             return a
 
-        return flex_write.Lazy(lazy.shape, lazy.dtype, make)
+        assert lazy.dtype is not None
+        return Made.call(make, lazy.shape, lazy.dtype)
 
-    lazies = [a for new in edits.values() for _, a in new.values() if isinstance(a, flex_write.Lazy)]
+    lazies = [a for new in edits.values() for _, a in new.values() if isinstance(a, Made)]
     assert len(lazies) >= 2 * len(VOCAB)  # every moment (and master weight) is made when written
     for sub_, new in edits.items():
         meta = next((src / sub_).glob("*.metadata")).name
         tensors = flex.read_metadata(src / sub_ / meta)
-        plain = {k: (d, a.array() if isinstance(a, flex_write.Lazy) else a) for k, (d, a) in new.items()}
-        seen = {k: (d, tracked(a) if isinstance(a, flex_write.Lazy) else a) for k, (d, a) in new.items()}
+        plain = {k: (d, a.as_array() if isinstance(a, Made) else a) for k, (d, a) in new.items()}
+        seen = {k: (d, tracked(a) if isinstance(a, Made) else a) for k, (d, a) in new.items()}
         (tmp_path / "a" / sub_).mkdir(parents=True)
         (tmp_path / "b" / sub_).mkdir(parents=True)
         flex_write.rewrite_folder(src / sub_, tmp_path / "a" / sub_, meta, tensors, plain)
