@@ -6,7 +6,7 @@
 
 Runs the same library calls the CLI makes (``Checkpoint.open`` → ``detect`` → ``plan_*`` → ``write.execute``)
 in this process, with timers wrapped around them at run time (no source is changed): the value comparison
-(``compare.compare``), making new tensors (the writer's ``_NewData.source`` per tensor; ``OutTensor.make`` in
+(``compare.compare``), making new tensors (``io.made.Made.made`` per new tensor; ``OutTensor.make`` in
 trees before recipes), kernel copies of untouched shards (``shutil.copyfile``), byte-range copies inside
 rewritten shards (``safetensors_io.copy_range``), writing rewritten shards (``safetensors_io.write_file``,
 minus the range copies), and ``os.fsync``. A sampler thread reads ``/proc/self/status`` every 5 ms for the
@@ -153,9 +153,11 @@ def main() -> int:
         if "make" in plan_mod.OutTensor.__dataclass_fields__:  # older trees: data by closures
             for nt in list(plan.replace.values()) + list(plan.add):
                 nt.make = timed(f"OutTensor.make ({nt.name})", nt.make)
-        else:  # recipes, made (once per recipe) by the writer's memo
-            src = write_mod._NewData.source
-            write_mod._NewData.source = lambda self, nt: timed(f"new tensor data ({nt.name})", src)(self, nt)
+        else:  # recipes, made (once per recipe, through the write's memo) when written
+            from tietool.surgery.io.made import Made
+
+            src = Made.made
+            Made.made = lambda self: timed(f"new tensor data ({getattr(self.recipe, 'name', '')})", src)(self)
         if a.out.exists():
             shutil.rmtree(a.out)
         phase("write.execute", write_mod.execute, plan, a.out)

@@ -4,8 +4,10 @@ into place. The input is only read.
 * weight files no tensor of the plan touches (and the other files) are copied by the kernel
   (``os.copy_file_range``), several at a time in threads while the touched files are rewritten, or, with
   ``link=True``, hard-linked;
-* touched files are streamed: unchanged tensors are copied by byte range, never decoded; only new data is
-  in memory, one tensor (or one alias group) at a time;
+* touched files are streamed by their format (:attr:`surgery.io.formats.FileFormat.write`, one signature
+  for every container): unchanged tensors are copied by byte range, never decoded; only new data is in
+  memory, made by its recipe when it is written (:class:`surgery.io.made.Made`, one memo per write), one
+  tensor (or one alias group) at a time; every file is then read back by the same format's ``check``;
 * shards left empty are removed and the rest renumbered; the index (``weight_map``, ``total_size``) is
   rewritten to match exactly what was written;
 * config keys are set, every other file is copied unchanged, and ``tietool-report.json`` is added.
