@@ -216,3 +216,75 @@ def test_index_read_back_is_byte_for_byte(tmp_path):
         idx.write_bytes(bad)
         with pytest.raises(OutputError, match="not the index planned"):
             readback.check_json_file(idx, data, write_mod.JSON_STYLE)
+
+
+# ------------------------------------------------------------------ one write / check signature, Made
+
+
+def _rows_and_planned(memo):
+    """Two tensors: one made by recipe ``"w"`` through ``memo``, one an array."""
+    from tietool.surgery.io.formats import Row
+    from tietool.surgery.io.made import Made
+
+    made = Made("w", (3, 2), 24, memo)
+    rows = [
+        Row("w", "float32", (3, 2), made),
+        Row("b", "float32", (2,), safetensors_io.Source(array=np.arange(2, dtype=np.float32))),
+    ]
+    planned = [Planned("w", "float32", (3, 2), 24), Planned("b", "float32", (2,), 8)]
+    return rows, planned
+
+
+@pytest.mark.parametrize("fmt_name", ["SAFETENSORS", "PDPARAMS", "PDOPT"])
+def test_every_format_writes_and_checks_in_one_signature(tmp_path, fmt_name):
+    """``write(path, entries, metadata)`` then ``check(path, planned, metadata)`` for each format, the made
+    tensor made once though safetensors reads its rows twice (header, then bytes); a file holding other
+    tensors than planned is refused."""
+    from tietool.surgery.io import formats
+    from tietool.surgery.io.formats import MASTER, PickleMeta, Row, Rows
+    from tietool.surgery.io.made import Memo
+
+    calls: list[str] = []
+
+    def build(recipe, data):
+        calls.append(recipe)
+        return np.full((3, 2), 7, np.float32)
+
+    fmt = getattr(formats, fmt_name)
+    rows, planned = _rows_and_planned(Memo(build, ["w"]))
+    meta = {"format": "pt"} if fmt_name == "SAFETENSORS" else PickleMeta()
+    if fmt_name == "SAFETENSORS":
+        rows = [r._replace(dtype="F32") for r in rows]
+        planned = [Planned(p.name, "F32", p.shape, p.nbytes) for p in planned]
+    if fmt_name == "PDOPT":  # the second row is a master weight, written where the extras hold None
+        meta = PickleMeta({"LR_Scheduler": {"last_epoch": 1}, "master_weights": None})
+        rows[1] = rows[1]._replace(name=MASTER + "b")
+        planned[1] = Planned(MASTER + "b", "float32", (2,), 8)
+    path = tmp_path / f"f.{fmt_name.lower()}"
+    assert fmt.write(path, Rows(rows, lambda r: Row(*r)), meta) == 32
+    assert calls == ["w"]
+    fmt.check(path, planned, meta)
+    with pytest.raises(OutputError, match="does not read back as planned"):
+        fmt.check(path, [planned[0]], meta)
+
+
+def test_made_memo_shares_and_drops(tmp_path):
+    """Equal recipes are made once per memo and dropped after their last counted use; a recipe that makes
+    another size than planned is refused before a byte of it is written."""
+    from tietool.surgery.io.made import Made, Memo
+
+    calls: list[str] = []
+
+    def build(recipe, data):
+        if recipe not in data:
+            calls.append(recipe)
+            data[recipe] = np.ones(4, np.float32) if recipe == "a" else np.ones(3, np.float32)
+        return data[recipe]
+
+    memo = Memo(build, ["a", "a"])
+    a1, a2 = Made("a", (4,), 16, memo), Made("a", (4,), 16, memo)
+    assert a1.made().array.tobytes() == a2.made().array.tobytes()
+    assert calls == ["a"] and "a" not in memo.data  # made once, dropped after its second use
+    with open(tmp_path / "x", "wb") as f, pytest.raises(ValueError, match="planned"):
+        Made("b", (4,), 16, memo).write_to(f)
+    assert (tmp_path / "x").stat().st_size == 0
