@@ -117,12 +117,14 @@ class Made(Source):
         data = self.memo.made(self.recipe)
         if isinstance(data, Source):
             if data.nbytes != self.nbytes:
-                raise ValueError(
-                    f"internal: a recipe made {data.nbytes} bytes, {self.nbytes} were planned"
-                )
+                raise ValueError(f"internal: a recipe made {data.nbytes} bytes, {self.nbytes} were planned")
             return data
         a = np.ascontiguousarray(data)
-        if a.nbytes != self.nbytes or a.shape != self.shape or (self.dtype is not None and a.dtype != self.dtype):
+        if (
+            a.nbytes != self.nbytes
+            or a.shape != self.shape
+            or (self.dtype is not None and a.dtype != self.dtype)
+        ):
             raise ValueError(
                 f"internal: a recipe made {a.shape} {a.dtype}, planned {self.shape} {self.dtype}"
             )
