@@ -775,7 +775,7 @@ def prune(
         if corpus is not None:
             from .io.tokenizer_prune import corpus_ids
 
-            return plan_prune(det, corpus_ids(c.path, corpus), True)
+            return plan_prune(det, corpus_ids(c.path, corpus), True, corpus.splitlines())
         return plan_prune(det, [i for i in ids if i is not None], keep_special)
 
     return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)

@@ -224,8 +224,9 @@ def test_paddlenlp_encodes_kept_text_to_the_renumbered_ids(pruned, tmp_path):
 
 
 def test_refusals_of_the_tokenizer_edit(tmp_path):
-    """A byte-level BPE losing a byte token, a kept token merged from a dropped one, a SentencePiece model:
-    refused, naming them."""
+    """A byte-level BPE losing a byte token, a kept token merged from a dropped one, a SentencePiece model
+    losing a control piece or a piece its BPE merges into a kept one, a tiktoken file: refused, naming
+    them."""
     bl = _copy(TOK / "bytelevel_bpe", tmp_path / "bl")
     with pytest.raises(RefusedError, match="byte token"):
         prune_tokenizer_edit(bl, list(range(1, 304)))
@@ -236,8 +237,23 @@ def test_refusals_of_the_tokenizer_edit(tmp_path):
         prune_tokenizer_edit(bl, [*range(256), vocab[a + b], 300, 301, 302, 303])
     assert e.value.fix is not None and "add these ids" in e.value.fix
     sp = _copy(TOK / "sp_bpe", tmp_path / "sp", ("tokenizer.model", "tokenizer_config.json"))
-    with pytest.raises(RefusedError, match="tokenizer.model"):
-        prune_tokenizer_edit(sp, [0, 1, 2])
+    with pytest.raises(RefusedError, match=r"must stay would be dropped \(1 '<s>' \(a control piece\)\)"):
+        prune_tokenizer_edit(sp, [0, 2, 3])
+    import sentencepiece as spm
+
+    proc = spm.SentencePieceProcessor(model_file=str(sp / "tokenizer.model"))
+    pieces = {proc.id_to_piece(i): i for i in range(proc.get_piece_size())}
+    long = next(
+        i
+        for p, i in pieces.items()
+        if i > 2 and any(p[:k] in pieces and p[k:] in pieces for k in range(1, len(p)))
+    )
+    with pytest.raises(RefusedError, match="can be merged from") as e:
+        prune_tokenizer_edit(sp, [0, 1, 2, long])
+    assert e.value.fix is not None and "add these ids" in e.value.fix
+    tt = _copy(TOK / "tiktoken", tmp_path / "tt", ("qwen.tiktoken", "tokenizer_config.json"))
+    with pytest.raises(RefusedError, match="qwen.tiktoken"):
+        prune_tokenizer_edit(tt, [0, 1, 2])
 
 
 # ------------------------------------------------------------------------------------------------ the model
