@@ -182,7 +182,8 @@ def refuse_changed_encoding(
     """
     old_enc, new_enc, decode = encoders
     new_id = {o: n for n, o in enumerate(keep)}
-    items = [(s, None) for s in texts if s.strip()] + [(decode(i), i) for i in keep]
+    items: list[tuple[str, int | None]] = [(s, None) for s in texts if s.strip()]
+    items += [(decode(i), i) for i in keep]
     items = [(s, i) for s, i in items if s]
     strings = [s for s, _ in items]
     for (s, i), o, n in zip(items, old_enc(strings), new_enc(strings), strict=True):

@@ -23,9 +23,12 @@ from .untrained_rows import EPS, KEPT_SPECIAL, MeanRows, Table, find_untrained, 
 
 FIX_INITS = ("trained-mean", "subtokens")
 """The init choices: ``trained-mean``, unsloth's value (the mean of the trained rows); ``subtokens``, the
-mean of the rows of the token's text as the tokenizer splits it without the token (unsloth-zoo
-``add_new_tokens``' per-token mean, axolotl's the same), the trained mean where that split is empty or uses
-an untrained row (:func:`subtoken_sources`)."""
+mean of the rows of the token's text as the tokenizer splits it without the token, the trained mean where
+that split is empty or uses an untrained row (:func:`subtoken_sources`). The source: unsloth-zoo
+``tokenizer_utils.add_new_tokens`` (github.com/unslothai/unsloth-zoo, read at commit 0802de02), whose
+``interpolation`` method takes each token's ``tokenizer(token).input_ids`` and the float32 mean of those
+rows; here the split is made with the token taken out of the tokenizer, so the text is split into the
+pieces it is made of (unsloth splits after adding it)."""
 
 RULE = (
     "unsloth fix_untrained_tokens: max(row) <= 1e-16 in the embedding and in the head (or a head row, "
