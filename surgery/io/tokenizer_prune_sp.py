@@ -151,7 +151,7 @@ def sp_encoders(old: bytes, new: bytes) -> tuple[Encoder, Encoder, Callable[[int
     return (
         lambda xs: [list(e) for e in a.encode(xs)],
         lambda xs: [list(e) for e in b.encode(xs)],
-        lambda i: a.decode([i]),
+        lambda i: a.decode([i]) if i < a.get_piece_size() else "",  # ids beyond the model: rows only
     )
 
 

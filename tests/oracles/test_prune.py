@@ -600,3 +600,58 @@ def test_verify_names_a_tokenizer_file_the_output_lost(sample_pruned, tmp_path):
     (out / "tokenizer.json").unlink()
     rc, said = _verify(SAMPLE, out)
     assert rc == 7 and "tokenizer.json is only in the input" in said, said
+
+
+@pytest.mark.parametrize("tok", ["sp_unigram", "sp_bpe", "gpt2_bpe"])
+def test_keep_corpus_of_a_sentencepiece_or_gpt2_checkpoint_verifies(tmp_path, tok):
+    """The sample's weights with a SentencePiece (Unigram, BPE) or GPT-2 ``vocab.json`` tokenizer:
+    ``--keep-corpus`` prunes the model file with the rows; ``sentencepiece`` / transformers' GPT-2 split of
+    the corpus lines is the old one renumbered; ``verify`` explains the output (exit 0) and names a dropped
+    piece written back into the model file, or a dropped merge back into merges.txt (exit 7)."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for f in SAMPLE.iterdir():
+        if f.name == "config.json" or ".safetensors" in f.name:
+            shutil.copy2(f, ck / f.name)
+    for f in (TOK / tok).iterdir():
+        shutil.copy2(f, ck / f.name)
+    (tmp_path / "corpus.txt").write_text("\n".join(LINES[:5]) + "\n", encoding="utf-8")
+    out = tmp_path / "o"
+    run = run_cli(
+        ["prune", str(ck), "--keep-corpus", str(tmp_path / "corpus.txt"), "--out", str(out), "--json"]
+    )
+    assert run.rc == 0, run.stderr
+    keep = sorted(map(int, json.loads(run.stdout)["prune"]["id_map"]))
+    if tok.startswith("sp"):
+        import sentencepiece as spm
+
+        old, new = (spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model")) for d in (ck, out))
+        assert new.get_piece_size() == len([i for i in keep if i < old.get_piece_size()])
+        assert new.encode(LINES[:5]) == _mapped(keep, old.encode(LINES[:5]))
+    else:
+        from tokenizers import ByteLevelBPETokenizer
+
+        old, new = (ByteLevelBPETokenizer(str(d / "vocab.json"), str(d / "merges.txt")) for d in (ck, out))
+        assert [e.ids for e in new.encode_batch(LINES[:5])] == _mapped(
+            keep, [e.ids for e in old.encode_batch(LINES[:5])]
+        )
+    assert _verify(ck, out)[0] == 0
+    if tok.startswith("sp"):
+        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        m = pb.ModelProto()
+        m.ParseFromString((ck / "tokenizer.model").read_bytes())
+        dropped = next(p for i, p in enumerate(m.pieces) if i not in set(keep))
+        forged = pb.ModelProto()
+        forged.ParseFromString((out / "tokenizer.model").read_bytes())
+        forged.pieces.add().CopyFrom(dropped)
+        (out / "tokenizer.model").write_bytes(forged.SerializeToString())
+        rc, said = _verify(ck, out)
+        assert rc == 7 and repr(dropped.piece) in said, said
+    else:
+        merges = (ck / "merges.txt").read_text(encoding="utf-8").splitlines()
+        gone = next(m for m in merges[1:] if m not in (out / "merges.txt").read_text(encoding="utf-8"))
+        with (out / "merges.txt").open("a", encoding="utf-8") as f:
+            f.write(gone + "\n")
+        rc, said = _verify(ck, out)
+        assert rc == 7 and "merges.txt has" in said, said
