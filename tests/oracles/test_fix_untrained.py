@@ -356,3 +356,19 @@ def test_subtokens_init_is_the_mean_of_the_split_rows(tmp_path):
             want = _bf16(X[split[i]].astype(np.float64).mean(axis=0).astype(np.float32))
             assert xb[i].tobytes() == want.tobytes(), (name, i)
     assert run_cli(["verify", str(E04), str(out)]).rc == 0
+
+
+def test_subtokens_falls_back_to_the_trained_mean_without_a_tokenizer(tied_zeroed, tmp_path):
+    """No tokenizer files to split with: ``--init subtokens`` gives every row the trained mean (the same
+    bytes as ``--init trained-mean``), each token's report entry and a note saying why."""
+    ck, ids = tied_zeroed
+    rep = _run(ck, tmp_path / "sub", "--init", "subtokens")["fix_untrained"]
+    _run(ck, tmp_path / "mean")
+    assert [(t["id"], t["init"], t["source_ids"]) for t in rep["tokens"]] == [
+        (i, "trained-mean", []) for i in ids
+    ]
+    assert all("no tokenizer.json or SentencePiece model" in t["fallback"] for t in rep["tokens"])
+    a, b = (next((tmp_path / d).glob("*.safetensors")).read_bytes() for d in ("sub", "mean"))
+    assert a == b
+    run = run_cli(["fix-untrained", str(ck), "--init", "subtokens", "--dry-run"])
+    assert run.rc == 0 and "the trained mean, not subtokens" in run.stdout + run.stderr
