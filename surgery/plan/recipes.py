@@ -321,7 +321,9 @@ def describe(recipe: Recipe) -> str:
         return f"{len(recipe.slices)} slices of {recipe.slices[0].info.name} joined: {rule}"
     if isinstance(recipe, MeanRows):
         what = "rows" if recipe.axis == 0 else "columns"
-        return f"{recipe.name} with {len(recipe.ids)} {what} set to the mean of its trained {what}"
+        whose = "of their sub-tokens (or its trained" if recipe.sources else "of its trained"
+        close = ")" if recipe.sources else ""
+        return f"{recipe.name} with {len(recipe.ids)} {what} set to the mean {whose} {what}{close}"
     if isinstance(recipe, KeptRows):
         return f"{recipe.name} with {len(recipe.ids)} kept entries on axis {recipe.axis}"
     return f"{describe(recipe.copy)} if {recipe.name} equals {recipe.main}, else {describe(recipe.own)}"
@@ -587,7 +589,7 @@ def transpose_2d(a: Array, tile: int = TILE, out: Array | None = None) -> Array:
     """``a.T`` as a C-ordered array (written into ``out`` when given, shape ``a.shape[::-1]``), copied tile
     by tile (``tile`` × ``tile``): the same bits as ``np.ascontiguousarray(a.T)`` (any dtype; bf16 as
     ``uint16``), 2-7x faster on large matrices, where numpy's strided copy misses the cache on every
-    element (measured in ``bench/convert_memory.py``)."""
+    element (measured by ``bench/harness.py``'s ``convert/`` cases)."""
     rows, cols = a.shape
     if out is None:
         out = np.empty((cols, rows), dtype=a.dtype)
