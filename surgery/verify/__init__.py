@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..io.checkpoint import Checkpoint
 from ..model.errors import TietoolError
 from ..report import chain_since
-from . import chain, flexstate, prune, rebuilt, training
+from . import chain, flexstate, prune, pruned, rebuilt, training
 from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
 from .logits import NotCompared, logits_check
 from .result import VerifyResult
@@ -71,14 +71,17 @@ def verify(a_path, b_path, logits: bool = False, timeout: float = 600) -> Verify
     return res
 
 
-def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
-    """:func:`verify` without logits."""
+def _verify_tensors_and_files(a_path, b_path, prunes: bool = True) -> VerifyResult:
+    """:func:`verify` without logits (``prunes``: a prune in a longer chain not yet taken through,
+    :mod:`surgery.verify.pruned`)."""
     rep = rebuilt.one_step(a_path, b_path)
     if rep is not None:  # one convert or merge run: the output rebuilt from the input and compared
         return _verify_rebuilt(a_path, b_path, rep)
     sec = prune.section(a_path, b_path)
     if sec is not None:  # one prune run: every entry checked at its old id (surgery.verify.prune)
         return prune.verify_prune(a_path, b_path, sec)
+    if prunes and pruned.applies(a_path, b_path):  # a prune in a longer chain: the input pruned first
+        return pruned.verify_through(a_path, b_path, _after_prune)
     if chain.applies(a_path, b_path):  # a convert or merge in a longer chain: the input carried through it
         return _verify_composed(a_path, b_path)
     if flexstate.is_pair(a_path, b_path):  # Trainer checkpoints: their merged views, then the state
@@ -89,8 +92,13 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = _compare(A, B)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
-    prune.chained(cmp.res, a_path, b_path)
     return cmp.res
+
+
+def _after_prune(a_path, b_path) -> VerifyResult:
+    """:func:`verify` of the input pruned as the output's chain says (:mod:`surgery.verify.pruned`) and
+    the output."""
+    return _verify_tensors_and_files(a_path, b_path, prunes=False)
 
 
 def _verify_composed(a_path, b_path) -> VerifyResult:
@@ -118,7 +126,7 @@ def _compare(A: Checkpoint, B: Checkpoint, config_dir=None) -> TensorComparison:
     """Every tensor, config file, safetensors ``__metadata__``, carried file and tokenizer of ``A`` and
     ``B`` classified (``config_dir``: where the input's config files are, if not in ``A.path``)."""
     cmp = TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
-    tok = renamed_slots(Tokenizers.read(cmp.da, cmp.db), B)
+    tok = renamed_slots(Tokenizers.read(cmp.da, cmp.db), B, A)
     cmp.added_ids = tok.new_rows()
     cmp.fixed_ids = fixed_rows(cmp.res, cmp.da, B) | split_rows(cmp.res, cmp.da, B)
     for name, ta in A.tensors.items():
