@@ -37,36 +37,45 @@ from .vocab import fixed_rows, split_rows
 __all__ = ["ALLOWED_CONFIG_KEYS", "NotCompared", "VerifyResult", "logits_check", "verify"]
 
 
-def verify(a_path, b_path, logits: bool = False, timeout: float = 600) -> VerifyResult:
+def verify(
+    a_path, b_path, logits: bool = False, timeout: float = 600, logits_with: str | None = None
+) -> VerifyResult:
     """Compare checkpoint ``a`` (before) with ``b`` (after). Reads every tensor of both, one at a time.
 
     Args:
         a_path, b_path: checkpoint folders (``str`` or ``os.PathLike``).
-        logits: also compare PaddleFormers logits of both on token ids valid in both
-            (:func:`logits_check`; a subprocess, needs the ``paddle`` extra). Logits that differ by more
-            than 1e-5, or an output that does not load while the input does, are unexplained (exit 7);
-            logits that could not be compared make the verdict ``ExitCode.NOT_COMPARED`` (8) when the
-            tensors explain everything, and ``res.logits["error"]`` says why and what to do.
+        logits: also compare the logits of both on token ids valid in both (:func:`logits_check`;
+            subprocesses: PaddleFormers needs the ``paddle`` extra, a PaddleNLP side ``$PNLP_PYTHON``, an
+            HF transformers side ``$HF_PYTHON``). Logits that differ by more than the tolerance (1e-5;
+            2e-5 across torch and Paddle), or an output that does not load while the input does, are
+            unexplained (exit 7); logits that could not be compared make the verdict
+            ``ExitCode.NOT_COMPARED`` (8) when the tensors explain everything, and ``res.logits["error"]``
+            says why and what to do.
         timeout: seconds allowed for each logits subprocess.
+        logits_with: the library that runs the output (``paddleformers``, ``paddlenlp``, ``hf``; None: the
+            one its layout names); implies ``logits``.
 
     Returns:
         the classification; ``res.exit_code`` is the verdict.
 
     Raises:
         CheckpointError, UnsafePickleError: as :meth:`Checkpoint.open`.
+        UsageError: ``logits_with`` names no library :func:`logits_check` runs.
     """
     res = _verify_tensors_and_files(a_path, b_path)
-    if logits:
-        res.logits = lg = logits_check(a_path, b_path, timeout=timeout)
+    if logits or logits_with is not None:
+        res.logits = lg = logits_check(a_path, b_path, timeout=timeout, logits_with=logits_with)
+        lib = lg.get("libraries") or "PaddleFormers"
         if lg.get("ok") is False and lg.get("output_error"):
             res.unexplained.append(
-                f"{b_path} does not load under PaddleFormers {lg.get('model_class')} while {a_path} does "
-                f"({lg['output_error']})"
+                f"{b_path} does not load under {lib.split(' (')[0]}"
+                + (f" {lg['model_class']}" if lg.get("model_class") else "")
+                + f" while {a_path} does ({lg['output_error']})"
             )
         elif lg.get("ok") is False:
             res.unexplained.append(
                 f"logits differ (max |difference| {lg.get('max_abs_diff', float('nan')):.3g} "
-                f"> 1e-5 on token ids below {lg.get('token_ids_below')})"
+                f"> {lg.get('tolerance', 1e-5):.0e} on token ids below {lg.get('token_ids_below')}; {lib})"
             )
     return res
 
