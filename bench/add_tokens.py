@@ -1,10 +1,6 @@
 #!/usr/bin/env python3
-"""``tietool add-tokens`` of 8 tokens into the 6.5 GB benchmark checkpoint (issue 20), against ``cp -r`` and
-``tietool resize`` (+8 rows) in the same run.
-
-    python bench/make_checkpoints.py --layers 60      # once: bench/_work/ckpt_60l (6.46 GB, 128256 rows)
-    python bench/add_tokens.py [-n 3]                 # alternating rounds, medians, table + ratios
-    python bench/add_tokens.py --pf only              # the PaddleFormers route once (~18 GB of RAM)
+"""The inputs of the harness's ``tokens/`` cases (``bench/cases.py``): ``tietool add-tokens`` of the 8 tokens
+:data:`TOKENS` into the benchmark checkpoint, against ``resize`` (+8 rows) in the same run (issue 20).
 
 Inputs (made once, untimed, in ``bench/_work``): two hard-linked copies (``cp -al``) of ``ckpt_60l``, each
 with a real tokenizer beside it, written by transformers' ``save_pretrained``:
@@ -21,36 +17,18 @@ The base vocabulary is a byte-level BPE (Llama-3 / Qwen2 style: ``tokenizers``' 
 ``added_tokens_decoder`` and ``tokenizer_class: PreTrainedTokenizerFast`` that transformers 4.x writes and
 most published checkpoints carry, so both styles of key are present for add-tokens to keep in step.
 
-Per round, alternating (order rotated every round), one child process each, with ``run.py``'s machinery
-(warm input, writeback settled, peak RSS under ``/usr/bin/time -v``, RssAnon / RssFile sampled): ``cp -r``,
-``tietool resize --vocab 128264 --out`` (+8 rows), ``tietool add-tokens CKPT <8 tokens> --out`` on each
-variant, and ``add-tokens`` in place on a fresh ``cp -al`` working copy of each variant (``inplace.py``'s),
-where the files whose inode changed are counted (the rewritten ones; the others are still the input's
-hard links). Every output is checked (rows, config, each new token's id in the output's ``tokenizer.json``).
-
-Touched bytes (the memory goal, peak RSS under 2 x touched + 150 MB): the bytes of the vocabulary tensors
-the edit writes, i.e. every tensor of the *output* with an axis of the output's rows (its shard headers),
-which here are the embedding and the head the output keeps; the input's embedding + head (``run.py``'s
-convention, 2 x 525 MB) are printed beside it.
-
-Nothing here imports tietool: it runs as ``python -m tietool`` with PYTHONPATH a folder whose ``tietool``
-entry is the tree measured (``--pkg``; default a symlink to this repository made in ``bench/_work/pkg``).
+Made by :func:`prepare` on first use (needs ``tokenizers`` and ``transformers``).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import random
-import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from inplace import _fresh
-from run import MB, ROOT, WORK, clean, mem_available, run_child, settle, tensors_of, warm
+WORK = Path(__file__).resolve().parent / "_work"
 
 TOKENS = [
     "<|im_start|>",
@@ -66,7 +44,6 @@ ROWS = 128256
 BASE = 127998  # BPE tokens; + 2 specials = 128,000 (slack), + 258 = 128,256 (full)
 VARIANTS = {"slack": 128000, "full": 128256}
 RESIZE_TO = ROWS + len(TOKENS)
-OUT = WORK / "out"
 
 
 # ---------------------------------------------------------------- inputs (untimed, once)
@@ -139,263 +116,8 @@ def prepare(ckpt: Path) -> dict[str, Path]:
     base = _train_bpe()
     print(f"trained byte-level BPE of {BASE} tokens in {time.perf_counter() - t0:.1f} s", flush=True)
     for v, d in dirs.items():
-        clean(d)
+        subprocess.run(["rm", "-rf", str(d)], check=True)
         subprocess.run(["cp", "-al", str(ckpt), str(d)], check=True)
         _write_tokenizer(base, d, VARIANTS[v])
         ready[v].write_text("")
     return dirs
-
-
-def _pkg(arg: Path | None) -> Path:
-    """A folder whose ``tietool`` entry is the tree to run (for PYTHONPATH)."""
-    if arg is not None:
-        return arg
-    pkg = WORK / "pkg"
-    pkg.mkdir(parents=True, exist_ok=True)
-    link = pkg / "tietool"
-    if not link.is_symlink() or link.resolve() != ROOT:
-        link.unlink(missing_ok=True)
-        link.symlink_to(ROOT)
-    return pkg
-
-
-# ---------------------------------------------------------------- cases and checks
-
-
-def cases(
-    py: str, dirs: dict[str, Path], extra: list[str], resize_init: list[str]
-) -> dict[str, tuple[list[str], str | None]]:
-    """label → (argv, the variant whose fresh working copy the case edits in place, or None)."""
-    tool = [py, "-m", "tietool"]
-    add = ["add-tokens", *extra]
-    c: dict[str, tuple[list[str], str | None]] = {
-        "cp -r": (["cp", "-r", str(dirs["slack"]), str(OUT)], None),
-        "resize --out (+8 rows)": (
-            [*tool, "resize", str(dirs["slack"]), "--vocab", str(RESIZE_TO), "--seed", "0", "--out", str(OUT)]
-            + [*resize_init, "-q"],
-            None,
-        ),
-    }
-    for v in VARIANTS:
-        c[f"add-tokens --out ({v})"] = (
-            [*tool, add[0], str(dirs[v]), *TOKENS, *add[1:], "--out", str(OUT)],
-            None,
-        )
-    for v in VARIANTS:
-        c[f"add-tokens in place ({v})"] = ([*tool, add[0], str(WORK / f"ip_{v}"), *TOKENS, *add[1:]], v)
-    # same-run references for in place: resize in place, and the floor of an edit that rewrites the
-    # embedding's shard and the tokenizer files (a durable copy of those)
-    resize_ip = [*tool, "resize", str(WORK / "ip_slack"), "--vocab", str(RESIZE_TO), "--seed", "0", "-q"]
-    resize_ip += resize_init
-    c["resize in place (+8 rows)"] = (resize_ip, "slack")
-    index = json.loads((dirs["slack"] / "model.safetensors.index.json").read_text())["weight_map"]
-    files = [dirs["slack"] / index["model.embed_tokens.weight"]]
-    files += [dirs["slack"] / n for n in ("tokenizer.json", "tokenizer_config.json")]
-    copy = f'mkdir -p "{OUT}" && cp {" ".join(map(str, files))} "{OUT}/" && sync "{OUT}"/*'
-    c["cp embedding shard + tokenizer + fsync"] = (["sh", "-c", copy], None)
-    return c
-
-
-def inodes(folder: Path) -> dict[str, int]:
-    return {str(p.relative_to(folder)): p.stat().st_ino for p in folder.rglob("*") if p.is_file()}
-
-
-def vocab_bytes(folder: Path) -> tuple[int, int]:
-    """(rows of the embedding, bytes of every tensor with an axis of that many rows) of ``folder``."""
-    ts = tensors_of(folder)
-    rows = ts["model.embed_tokens.weight"]["shape"][0]
-    return rows, sum(t["nbytes"] for t in ts.values() if rows in t["shape"])
-
-
-def check(label: str, folder: Path, n_before: int | None) -> str | None:
-    """None when ``folder`` is what ``label`` should make, else what is wrong (untimed)."""
-    try:
-        if label.startswith("cp"):
-            return None
-        cfg = json.loads((folder / "config.json").read_text())
-        rows, _ = vocab_bytes(folder)
-        if label.startswith("resize"):
-            want = RESIZE_TO
-        else:
-            want = max(ROWS, n_before + len(TOKENS))  # type: ignore[operator]
-        if rows < want or cfg.get("vocab_size") != rows:
-            return f"rows {rows}, config vocab_size {cfg.get('vocab_size')}, want {want}"
-        if label.startswith("add-tokens"):
-            from tokenizers import Tokenizer
-
-            tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-            got = [tok.token_to_id(t) for t in TOKENS]
-            if got != list(range(n_before, n_before + len(TOKENS))):  # type: ignore[operator]
-                return f"new ids {got}"
-            if tok.get_vocab_size(with_added_tokens=True) > rows:
-                return f"tokenizer {tok.get_vocab_size(with_added_tokens=True)} > rows {rows}"
-            dec = json.loads((folder / "tokenizer_config.json").read_text())["added_tokens_decoder"]
-            if [dec.get(str(i), {}).get("content") for i in got] != TOKENS:
-                return "tokenizer_config.json added_tokens_decoder lacks the new tokens"
-        return None
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {e}"
-
-
-# ---------------------------------------------------------------- running
-
-
-def one(label: str, argv: list[str], variant: str | None, dirs: dict[str, Path], env: dict) -> dict:
-    clean(OUT)
-    work = WORK / f"ip_{variant}" if variant else None
-    before = inodes(_fresh(dirs[variant], work)) if work else None
-    os.sync()
-    warm([dirs["slack"]])  # its shards are ckpt's and tok_full's (hard links): one read warms all three
-    settle()
-    r = run_child(argv, env=env, cwd=WORK)
-    r["load"] = os.getloadavg()[0]
-    res = work or OUT
-    v = variant or next((x for x in VARIANTS if f"({x})" in label), "slack")
-    r["problem"] = f"exit {r['rc']}: {r['log_tail'][-400:]}" if r["rc"] else check(label, res, VARIANTS[v])
-    if not r["problem"] and not label.startswith("cp"):
-        r["rows"], r["touched"] = vocab_bytes(res)
-    if before is not None and work is not None and not r["problem"]:
-        after, old = inodes(work), set(before.values())  # a renamed hard link keeps its inode: not rewritten
-        r["rewritten"] = sorted(n for n, i in after.items() if i not in old)
-        r["kept"] = sum(1 for i in after.values() if i in old)
-        r["renamed"] = sorted(n for n, i in after.items() if i in old and before.get(n) != i)
-    clean(OUT)
-    return r
-
-
-def med(runs: list[dict], key: str = "wall") -> float | None:
-    xs = [r[key] for r in runs if not r.get("problem")]
-    return statistics.median(xs) if xs else None
-
-
-def table(runs: dict[str, list[dict]], input_touched: int) -> list[str]:
-    f = lambda x, nd=2: "—" if x is None else f"{x:.{nd}f}"  # noqa: E731
-    lines = [
-        "| case | wall s (median; each round) | peak RSS MB | anon / file MB | touched MB | RSS / (2 x "
-        "touched + 150 MB) | files rewritten (in place) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for label, rs in runs.items():
-        ok = [r for r in rs if not r.get("problem")]
-        if not ok:
-            lines.append(f"| {label} | failed: {rs[0].get('problem', '')[:120].strip()} | | | | | |")
-            continue
-        rss, touched = med(ok, "rss"), ok[0].get("touched")
-        lim = "" if not touched else f"{rss / (2 * touched + 150 * MB):.2f}"
-        rew = ok[0].get("rewritten")
-        rew_s = (
-            ""
-            if rew is None
-            else f"{len(rew)} ({', '.join(rew)}); {ok[0]['kept']} kept ({len(ok[0]['renamed'])} renamed)"
-        )
-        lines.append(
-            f"| {label} | {f(med(ok))} ({', '.join(f(r['wall']) for r in rs)}) | {rss / MB:,.0f} | "
-            f"{med(ok, 'anon') / MB:,.0f} / {med(ok, 'file') / MB:,.0f} | "
-            f"{'' if not touched else f'{touched / MB:,.0f}'} | {lim} | "
-            f"{rew_s} |"
-        )
-    m = {k: med(v) for k, v in runs.items()}
-    lines += ["", "| ratio (medians of the same run) | value | goal |", "|---|---|---|"]
-    for v in VARIANTS:
-        a, rz, cp = m.get(f"add-tokens --out ({v})"), m.get("resize --out (+8 rows)"), m.get("cp -r")
-        ip = m.get(f"add-tokens in place ({v})")
-        lines.append(f"| add-tokens --out ({v}) / resize --out | {_r(a, rz)} | ≤ 1.1x |")
-        lines.append(f"| add-tokens --out ({v}) / cp -r | {_r(a, cp)} | |")
-        lines.append(f"| add-tokens in place ({v}) / cp -r | {_r(ip, cp)} | only the touched shards |")
-    lines.append(f"| resize --out / cp -r | {_r(m.get('resize --out (+8 rows)'), m.get('cp -r'))} | |")
-    floor, rz_ip = m.get("cp embedding shard + tokenizer + fsync"), m.get("resize in place (+8 rows)")
-    for v in VARIANTS:
-        ip = m.get(f"add-tokens in place ({v})")
-        lines.append(f"| add-tokens in place ({v}) / resize in place | {_r(ip, rz_ip)} | |")
-        lines.append(f"| add-tokens in place ({v}) / cp of the rewritten files + fsync | {_r(ip, floor)} | |")
-    lines.append(f"\nInput embedding + head (run.py's touched bytes): {input_touched / MB:,.0f} MB.")
-    return lines
-
-
-def _r(a: float | None, b: float | None) -> str:
-    return "—" if a is None or not b else f"{a / b:.2f}x"
-
-
-def pf_route(py: str, dirs: dict[str, Path], env: dict, min_free_gb: float) -> dict:
-    """The PaddleFormers route once on ``tok_full`` (its rows run out: the recipe grows the model by 8)."""
-    free = mem_available() / 1e9
-    if free < min_free_gb:
-        print(f"PaddleFormers route skipped: MemAvailable {free:.1f} GB < {min_free_gb} GB", flush=True)
-        return {"skipped": f"MemAvailable {free:.1f} GB < {min_free_gb} GB"}
-    argv = [py, str(Path(__file__).parent / "pf_route.py"), "add-tokens", str(dirs["full"]), str(OUT)]
-    argv += ["--tokens", *TOKENS, "--special"]
-    clean(OUT)
-    os.sync()
-    warm([dirs["full"]])
-    settle()
-    r = run_child(argv, env=env, cwd=WORK)
-    r["load"] = os.getloadavg()[0]
-    r["problem"] = f"exit {r['rc']}: {r['log_tail'][-600:]}" if r["rc"] else None
-    r["phases"] = r["log_tail"].strip().splitlines()[-1] if r["rc"] == 0 else None
-    clean(OUT)
-    return r
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("-n", "--repeat", type=int, default=3)
-    ap.add_argument("--python", default=sys.executable)
-    ap.add_argument("--pkg", type=Path, help="PYTHONPATH folder whose tietool entry is the tree to run")
-    ap.add_argument("--init", help="add-tokens --init (default: add-tokens' own default)")
-    ap.add_argument("--no-special", action="store_true", help="add the 8 tokens without --special")
-    ap.add_argument("--resize-init", help="resize --init of the reference cases (default: resize's own)")
-    ap.add_argument("--only", action="append", help="run only cases whose label contains this (repeatable)")
-    ap.add_argument("--results", default="add_tokens", help="name of the results files in bench/_work/")
-    ap.add_argument("--pf", choices=["no", "also", "only"], default="no", help="the PaddleFormers route once")
-    ap.add_argument("--pf-min-free-gb", type=float, default=20.0)
-    a = ap.parse_args()
-    ckpt = WORK / "ckpt_60l"
-    if not (ckpt / "config.json").exists():
-        print(f"{ckpt} is missing: run bench/make_checkpoints.py --layers 60 first", file=sys.stderr)
-        return 2
-    dirs = prepare(ckpt)
-    env = {"PYTHONPATH": str(_pkg(a.pkg)), "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
-    extra = ([] if a.no_special else ["--special"]) + (["--init", a.init] if a.init else []) + ["--seed", "0"]
-    info: dict = {"load_start": os.getloadavg(), "tokens": TOKENS, "extra": extra, "runs": {}}
-    info["resize_init"] = a.resize_init or "resize's default"
-    info["git_head"] = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    print(f"tietool {info['git_head']}, load average {info['load_start']}", flush=True)
-    cs = cases(a.python, dirs, extra + ["-q"], ["--init", a.resize_init] if a.resize_init else [])
-    cs = {k: v for k, v in cs.items() if not a.only or any(o in k for o in a.only)}
-    runs: dict[str, list[dict]] = {k: [] for k in cs}
-    for rep in range(a.repeat if a.pf != "only" else 0):
-        order = list(cs)[rep % len(cs) :] + list(cs)[: rep % len(cs)]
-        for label in order:
-            argv, variant = cs[label]
-            r = one(label, argv, variant, dirs, env)
-            runs[label].append(r)
-            print(
-                f"round {rep + 1} {label:>28}: {r['wall']:6.2f} s {r['rss'] / MB:7.0f} MB (anon "
-                f"{r['anon'] / MB:.0f}, file {r['file'] / MB:.0f}) load {r['load']:.1f}"
-                + (f" rewritten {r['rewritten']}" if "rewritten" in r else "")
-                + (f"  PROBLEM: {r['problem']}" if r["problem"] else ""),
-                flush=True,
-            )
-    name = a.results
-    if a.pf != "no":
-        info["pf"] = pf_route(a.python, dirs, env, a.pf_min_free_gb)
-        print("PaddleFormers route:", json.dumps({k: v for k, v in info["pf"].items() if k != "log_tail"}))
-        name += "_pf" if a.pf == "only" else ""
-    info["load_end"] = os.getloadavg()
-    info["runs"] = runs
-    ts = tensors_of(ckpt)
-    lines = [] if a.pf == "only" else table(runs, sum(ts[n]["nbytes"] for n in ts if ROWS in ts[n]["shape"]))
-    lines.append(f"\nLoad average (1, 5, 15 min): start {info['load_start']}, end {info['load_end']}.")
-    (WORK / f"{name}.json").write_text(json.dumps(info, indent=1, default=str))
-    (WORK / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    for p in WORK.glob("ip_*"):
-        clean(p)
-    problems = [r for rs in runs.values() for r in rs if r.get("problem")]
-    return 1 if problems or (info.get("pf") or {}).get("problem") else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

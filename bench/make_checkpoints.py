@@ -192,6 +192,22 @@ def build(layers: int, out: Path, seed: int = 0) -> Path:
     return out
 
 
+TINY = {"VOCAB": 1280, "HIDDEN": 64, "INTER": 160, "HEADS": 4, "KV_HEADS": 2, "HEAD_DIM": 16}
+
+
+def build_tiny(layers: int, out: Path, seed: int = 0) -> Path:
+    """``build`` with the shapes scaled down (:data:`TINY`: vocab 1280, hidden 64; a few hundred KB), for the
+    harness's ``--size tiny`` (``tests/structure/test_bench_cases.py``): the same names, sharding, dtype
+    labels and duplicate head, so every case runs the same code paths in a second."""
+    g = globals()
+    saved = {k: g[k] for k in TINY}
+    g.update(TINY)
+    try:
+        return build(layers, out, seed)
+    finally:
+        g.update(saved)
+
+
 def check_paddleformers(path: Path) -> int:
     """Load ``path`` with PaddleFormers' LlamaForCausalLM (bf16, CPU); print missing/unexpected keys."""
     import contextlib

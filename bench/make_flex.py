@@ -24,7 +24,7 @@ layout (``model.state_dict()``; tests/data/flex/trainer_1rank/state_dict_names.j
 transposed tensor
 (columns of the source, copied to a contiguous array: ~1/4 of the model of anonymous memory per rank, beside
 paddle.save's copy). Output ``flex_<L>l_paddle``. ``tietool merge`` converts it back (merge_flex's conversion:
-``surgery.arch.CONVERSIONS``), so its output must equal the source bit for bit (``flex_merge.py --source``).
+``surgery.arch.CONVERSIONS``), so its output must equal the source bit for bit.
 
 ``--check`` (for the 2-layer one; needs ~2.5 GB): ``paddle.distributed.load_state_dict`` in one process
 into full-size bf16 zeros, compared bit for bit with the source safetensors (transposed back for

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Where tietool's time and memory go, phase by phase, for one operation (attribution for bench/run.py).
+"""Where tietool's time and memory go, phase by phase, for one operation (attributes harness figures).
 
     python bench/phases.py tie|untie|resize|inspect CKPT [--out DIR] [--init mean]
-    TIETOOL_ROOT=bench/_work/snapshot python bench/phases.py ...   # the copy bench/run.py --snapshot ran
+    TIETOOL_ROOT=DIR python bench/phases.py ...   # another tree (a folder with the package)
 
 Runs the same library calls the CLI makes (``Checkpoint.open`` → ``detect`` → ``plan_*`` → ``write.execute``)
 in this process, with timers wrapped around them at run time (no source is changed): the value comparison

@@ -159,6 +159,9 @@ def run_app(app: typer.Typer) -> None:
     Ends the process with the exit code."""
     import signal
 
+    from .coercion import install
+
+    install()  # Typer's coercion without pydantic where it is not needed (start-up)
     for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
         if sig is not None:
             signal.signal(sig, _on_signal)

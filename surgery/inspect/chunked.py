@@ -12,11 +12,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextvars import ContextVar
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..io.checkpoint import Checkpoint
 from ..model.tensor import bf16_bits_to_f32, require_array
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ..model.lazy import numpy as np
 
 CHUNK_BYTES = 4 << 20  # per chunk: large enough that per-chunk Python cost vanishes, small next to 200 MB
 

@@ -5,14 +5,18 @@ float32, a transposed or scaled head), the :class:`~surgery.inspect.detection.Dr
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ..io.checkpoint import Checkpoint
 from ..model.enums import HeadLayout, TieState
 from ..model.tensor import bf16_bits_to_f32, f32_to_bf16_bits
 from . import chunked
 from .detection import DRIFT_EDGES, DRIFT_TOP, Comparison, Drift
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ..model.lazy import numpy as np
 
 
 def shared_storage(ckpt: Checkpoint, emb: str, head: str) -> Comparison | None:

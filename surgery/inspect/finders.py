@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import NamedTuple
-
-import numpy as np
+from typing import TYPE_CHECKING, NamedTuple
 
 from .. import arch
 from ..io.checkpoint import Checkpoint
@@ -29,6 +27,11 @@ from .vocabularies import (
     text_block,
     vocabularies,
 )
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ..model.lazy import numpy as np
 
 
 def text_config(config: dict) -> tuple[dict, str | None]:

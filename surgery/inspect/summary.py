@@ -360,7 +360,8 @@ def inspect_path(
     """
     ckpt = Checkpoint.open(path)
     check_names(ckpt, embedding_name, head_name)
-    scan = chunked.RowScan()  # bound to the embedding by compare, which fills it from the rows it reads
+    # bound to the embedding by compare, which fills it from the rows it reads (headers only: no compare)
+    scan = chunked.RowScan() if compare_values else None
     token = chunked.ROW_SCAN.set(scan)
     try:
         det = detect(

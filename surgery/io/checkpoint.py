@@ -15,9 +15,7 @@ import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..model.enums import Container
 from ..model.errors import CheckpointError
@@ -27,6 +25,11 @@ from .configfile import read_config
 from .formats import FORMATS, PDPARAMS, SAFETENSORS, Format, other
 from .regular import kind_of, load_json, require_regular
 from .stores import Store
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ..model.lazy import numpy as np
 
 ST_SINGLE = SAFETENSORS.single
 ST_INDEX = SAFETENSORS.index

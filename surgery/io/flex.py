@@ -24,15 +24,18 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..model.errors import CheckpointError
 from ..model.tensor import TensorInfo
 from . import pdparams, regular, tree
 from .configfile import read_config
 from .pdparams import AllowList, Limits, Record
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ..model.lazy import numpy as np
 
 MODULE = "paddle.distributed.flex_checkpoint.dcp.metadata"
 _META, _LTM, _LTI = (MODULE, "Metadata"), (MODULE, "LocalTensorMetadata"), (MODULE, "LocalTensorIndex")

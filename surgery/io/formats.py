@@ -18,14 +18,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ..model.enums import Container
 from ..model.tensor import TensorInfo
 from . import pdparams, readback, safetensors_io
 from .safetensors_io import Source
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ..model.lazy import numpy as np
 
 # PaddleFormers' and PaddleNLP's ``save_pretrained(max_shard_size="10GB")``; "GB" is 10**9 bytes there
 # (``convert_file_size_to_int``), "GiB" 2**30.

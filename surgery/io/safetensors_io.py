@@ -20,13 +20,16 @@ import re
 import struct
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..model.errors import CheckpointError
 from ..model.tensor import DTYPES, DType, TensorInfo, map_array, require_array
 from . import regular, store
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ..model.lazy import numpy as np
 
 # The rules of the safetensors library (0.8, ``safetensors/src/tensor.rs``: ``read_metadata``,
 # ``Metadata::validate``, serde's ``HashMetadata`` / ``TensorInfo`` / ``Dtype``), each checked against the

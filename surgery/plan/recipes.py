@@ -589,7 +589,7 @@ def transpose_2d(a: Array, tile: int = TILE, out: Array | None = None) -> Array:
     """``a.T`` as a C-ordered array (written into ``out`` when given, shape ``a.shape[::-1]``), copied tile
     by tile (``tile`` × ``tile``): the same bits as ``np.ascontiguousarray(a.T)`` (any dtype; bf16 as
     ``uint16``), 2-7x faster on large matrices, where numpy's strided copy misses the cache on every
-    element (measured in ``bench/convert_memory.py``)."""
+    element (measured by ``bench/harness.py``'s ``convert/`` cases)."""
     rows, cols = a.shape
     if out is None:
         out = np.empty((cols, rows), dtype=a.dtype)

@@ -52,7 +52,7 @@ def copy_file(
 # full and overlap one file's fsync with the next one's copy. On the benchmark machine (virtio ext4), the
 # 6.5 GB checkpoint copied with fsync in a median 2.5 s with 8 threads, 3.7 s with 4, 4.8 s with 2 and 6.9 s
 # one file at a time (`cp -r`, no fsync: 4.4 s); cutting files into 256 MiB pieces did not help.
-# bench/copy_threads.py measures it; bench/RESULTS.md has the figures.
+# bench/harness.py --case 'copy/*' measures it; bench/RESULTS.md has the figures.
 COPY_THREADS = 8
 
 

@@ -9,14 +9,18 @@ hold only plain values and byte ranges of the file.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from functools import cached_property
-from typing import Any, Literal
-
-import numpy as np
+from functools import cache, cached_property
+from typing import TYPE_CHECKING, Any, Literal
 
 from ...model.tensor import NP_TO_ST
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ...model.lazy import numpy as np
 
 RECONSTRUCT = {("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct")}
 SCALAR = {("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar")}
@@ -115,12 +119,13 @@ class BytesRef:
         self.offset, self.length = offset, length
 
 
+@cache
 def _dtype_codes() -> dict[str, np.dtype]:
     """The dtype strings a weights pickle may give ``numpy.dtype`` (``f4``, ``u2``, ``b1``: what numpy's
     ``dtype.__reduce__`` writes; also the names and one-letter codes), each a weight dtype of ``NP_TO_ST``.
     A table, so that no other string from the file ever reaches numpy's dtype parser (which raises
     TypeError, ValueError or SyntaxError on strings it does not know and accepts structured, subarray and
-    object dtypes)."""
+    object dtypes). Made on first use (numpy is imported then, not with this module)."""
     out: dict[str, np.dtype] = {}
     for name in NP_TO_ST:
         dt = np.dtype(name)
@@ -129,8 +134,7 @@ def _dtype_codes() -> dict[str, np.dtype]:
     return out
 
 
-_DTYPE_CODES = _dtype_codes()
-_NATIVE: Literal["<", ">"] = "<" if np.little_endian else ">"
+_NATIVE: Literal["<", ">"] = "<" if sys.byteorder == "little" else ">"
 _ORDERS: dict[str, Literal["<", ">"]] = {"<": "<", "|": "<", "=": _NATIVE, ">": ">"}
 
 
@@ -144,7 +148,7 @@ class PickledDType:
         self.code, self.order = code, "<"
         self.error = (
             None
-            if isinstance(code, str) and code in _DTYPE_CODES
+            if isinstance(code, str) and code in _dtype_codes()
             else f"dtype {show_value(code)} is not a weight dtype"
         )
 
@@ -158,7 +162,7 @@ class PickledDType:
             raise ValueError(self.error)
         if type(self.order) is not str or self.order not in _ORDERS:  # a str: hashing it is bounded
             raise ValueError(f"dtype byte order {show_value(self.order)} (expected '<', '|', '=' or '>')")
-        return _DTYPE_CODES[self.code].newbyteorder(_ORDERS[self.order])
+        return _dtype_codes()[self.code].newbyteorder(_ORDERS[self.order])
 
 
 class PickledArray:

@@ -9,9 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ...model.errors import CheckpointError
 from ...model.tensor import TensorInfo, map_array
@@ -19,6 +17,11 @@ from .. import store
 from ..safetensors_io import Source
 from .allowlist import OPTIMIZER, PickledArray, show_value
 from .unpickle import refuse, walk
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ...model.lazy import numpy as np
 
 NON_TENSOR_KEYS = ("StructuredToParameterName@@",)
 SPLIT_TABLE = "UnpackBigParamInfor@@"  # paddle.save (protocol < 4): NAME -> {OriginShape, slices}

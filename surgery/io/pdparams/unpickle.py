@@ -649,7 +649,7 @@ class _Walker:
 def _array_state(obj: PickledArray, state: Any, lim: Limits) -> str | None:
     """BUILD of an :class:`PickledArray` stub: set its shape, dtype, order and payload from ``state``
     (``(version, shape, dtype, fortran, data)``, what ``ndarray.__reduce__`` writes), each checked: a tuple
-    of at most ``lim.dims`` ints in ``[0, 2**63)``, a weight dtype (:data:`_DTYPE_CODES`) little-endian, a
+    of at most ``lim.dims`` ints in ``[0, 2**63)``, a weight dtype (``allowlist``'s table) little-endian, a
     bool order, a bytes payload of shape × itemsize.
 
     Returns:

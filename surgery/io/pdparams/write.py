@@ -9,11 +9,14 @@ import os
 import struct
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, BinaryIO
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..safetensors_io import Source
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    from ...model.lazy import numpy as np
 
 # ---------------------------------------------------------------- writer
 
