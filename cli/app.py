@@ -45,6 +45,7 @@ from .options import (
     LoaderOpt,
     LocalCkptArg,
     LogitsOpt,
+    LogitsWithOpt,
     MergeOutOpt,
     MergeShardOpt,
     NewHeadLayoutOpt,
@@ -385,6 +386,7 @@ def verify(
     before: BeforeArg,
     after: AfterArg,
     logits: LogitsOpt = False,
+    logits_with: LogitsWithOpt = None,
     json_out: JsonOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -393,7 +395,7 @@ def verify(
     from ..surgery import ops
     from . import render
 
-    res = ops.verify(before, after, logits=logits)
+    res = ops.verify(before, after, logits=logits, logits_with=logits_with.value if logits_with else None)
     render.verify(res, before, after, as_json=json_out, quiet=quiet)
     raise typer.Exit(res.exit_code)
 

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ..surgery.model.enums import Init, Keep, Layout, Loader, Target
+from ..surgery.model.enums import Init, Keep, Layout, Loader, StrEnum, Target
 
 # ---------------------------------------------------------------- arguments
 CkptArg = Annotated[
@@ -267,6 +267,27 @@ LogitsOpt = Annotated[
             "also compare logits under PaddleFormers (PaddleNLP inputs under $PNLP_PYTHON; "
             "exit 8 when they cannot be compared)"
         ),
+    ),
+]
+
+
+class LogitsLibrary(StrEnum):
+    """The libraries ``verify --logits-with`` runs an output in (``surgery.verify.logits.LIBRARIES``)."""
+
+    PADDLEFORMERS = "paddleformers"
+    PADDLENLP = "paddlenlp"
+    HF = "hf"
+
+
+LogitsWithOpt = Annotated[
+    LogitsLibrary | None,
+    typer.Option(
+        "--logits-with",
+        help=(
+            "compare logits with the output run in this library (hf: HF transformers under $HF_PYTHON, "
+            "for an HF-layout safetensors output); implies --logits"
+        ),
+        show_default=False,
     ),
 ]
 

@@ -574,13 +574,17 @@ def _token_strings(tokens: object) -> list[str]:
     return list(dict.fromkeys(tokens))
 
 
-def verify(before: PathArg, after: PathArg, *, logits: bool = False) -> VerifyResult:
+def verify(
+    before: PathArg, after: PathArg, *, logits: bool = False, logits_with: str | None = None
+) -> VerifyResult:
     """Check that ``after`` differs from ``before`` exactly as tie / untie / resize explain (every other
     tensor bit-identical, every vocabulary tensor and size key moved together); ``logits`` also compares
-    PaddleFormers logits. The verdict is ``result.exit_code``. Raises as :meth:`Checkpoint.open`."""
+    logits (PaddleFormers; a PaddleNLP side in PaddleNLP 2.8.1); ``logits_with`` (``paddleformers``,
+    ``paddlenlp``, ``hf``) names the library that runs the output and implies ``logits``. The verdict is
+    ``result.exit_code``. Raises as :meth:`Checkpoint.open`; UsageError for an unknown ``logits_with``."""
     from .verify import verify as _verify
 
-    return _verify(_path(before, "before"), _path(after, "after"), logits=logits)
+    return _verify(_path(before, "before"), _path(after, "after"), logits=logits, logits_with=logits_with)
 
 
 def diff(a: PathArg, b: PathArg, *, values: bool = True) -> diff_mod.DiffResult:

@@ -182,6 +182,9 @@ HISTORY_KEYS = (
     "resize",
     "to",
     "config_changes",
+    "prune",
+    "fix_untrained",
+    "rename_tokens",
 )
 
 
@@ -273,6 +276,13 @@ def token_claims(folder: Any, base: Any = None) -> TokenClaims:
             continue
         last = k == len(chain) - 1
         source = f"{'the last run' if last else f'history entry {k + 1}'} ({entry.get('operation')})"
+        id_map = prune_map(entry)
+        if id_map is not None:  # a prune renumbers the tokens claimed so far; a dropped one is neither
+            out = replace(
+                out,
+                added={id_map[i]: c for i, c in out.added.items() if i in id_map},
+                removed={id_map[i]: r for i, r in out.removed.items() if i in id_map},
+            )
         added, removed = _entry_tokens(entry)
         for i, c in removed.items():
             if out.added.get(i) == c:
@@ -307,9 +317,24 @@ def _entry_tokens(entry: dict) -> tuple[dict[int, str], dict[int, str]]:
     return added, removed
 
 
+def prune_map(entry: dict) -> dict[int, int] | None:
+    """``{old id: new id}`` of one report (or ``history`` entry) of a ``prune`` run, from its
+    ``prune.id_map`` (JSON keys are strings); None for another run, or a map that is not ids to ids."""
+    sec = entry.get("prune") if entry.get("operation") == "prune" else None
+    m = sec.get("id_map") if isinstance(sec, dict) else None
+    if not isinstance(m, dict):
+        return None
+    try:
+        out = {int(o): n for o, n in m.items()}
+    except ValueError:
+        return None
+    return out if all(type(n) is int for n in out.values()) else None
+
+
 def _rows(entry: dict) -> tuple[Any, Any]:
-    """``(rows_before, rows_after)`` of one entry's ``resize`` or ``add_tokens`` section (None: neither)."""
-    for key in ("resize", "add_tokens"):
+    """``(rows_before, rows_after)`` of one entry's ``resize``, ``add_tokens`` or ``prune`` section (None:
+    none)."""
+    for key in ("resize", "add_tokens", "prune"):
         sec = entry.get(key)
         if isinstance(sec, dict):
             return sec.get("rows_before"), sec.get("rows_after")

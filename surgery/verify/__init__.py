@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..io.checkpoint import Checkpoint
 from ..model.errors import TietoolError
 from ..report import chain_since
-from . import chain, flexstate, prune, rebuilt, training
+from . import chain, flexstate, prune, pruned, rebuilt, training
 from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
 from .logits import NotCompared, logits_check
 from .result import VerifyResult
@@ -37,48 +37,60 @@ from .vocab import fixed_rows, split_rows
 __all__ = ["ALLOWED_CONFIG_KEYS", "NotCompared", "VerifyResult", "logits_check", "verify"]
 
 
-def verify(a_path, b_path, logits: bool = False, timeout: float = 600) -> VerifyResult:
+def verify(
+    a_path, b_path, logits: bool = False, timeout: float = 600, logits_with: str | None = None
+) -> VerifyResult:
     """Compare checkpoint ``a`` (before) with ``b`` (after). Reads every tensor of both, one at a time.
 
     Args:
         a_path, b_path: checkpoint folders (``str`` or ``os.PathLike``).
-        logits: also compare PaddleFormers logits of both on token ids valid in both
-            (:func:`logits_check`; a subprocess, needs the ``paddle`` extra). Logits that differ by more
-            than 1e-5, or an output that does not load while the input does, are unexplained (exit 7);
-            logits that could not be compared make the verdict ``ExitCode.NOT_COMPARED`` (8) when the
-            tensors explain everything, and ``res.logits["error"]`` says why and what to do.
+        logits: also compare the logits of both on token ids valid in both (:func:`logits_check`;
+            subprocesses: PaddleFormers needs the ``paddle`` extra, a PaddleNLP side ``$PNLP_PYTHON``, an
+            HF transformers side ``$HF_PYTHON``). Logits that differ by more than the tolerance (1e-5;
+            2e-5 across torch and Paddle), or an output that does not load while the input does, are
+            unexplained (exit 7); logits that could not be compared make the verdict
+            ``ExitCode.NOT_COMPARED`` (8) when the tensors explain everything, and ``res.logits["error"]``
+            says why and what to do.
         timeout: seconds allowed for each logits subprocess.
+        logits_with: the library that runs the output (``paddleformers``, ``paddlenlp``, ``hf``; None: the
+            one its layout names); implies ``logits``.
 
     Returns:
         the classification; ``res.exit_code`` is the verdict.
 
     Raises:
         CheckpointError, UnsafePickleError: as :meth:`Checkpoint.open`.
+        UsageError: ``logits_with`` names no library :func:`logits_check` runs.
     """
     res = _verify_tensors_and_files(a_path, b_path)
-    if logits:
-        res.logits = lg = logits_check(a_path, b_path, timeout=timeout)
+    if logits or logits_with is not None:
+        res.logits = lg = logits_check(a_path, b_path, timeout=timeout, logits_with=logits_with)
+        lib = lg.get("libraries") or "PaddleFormers"
         if lg.get("ok") is False and lg.get("output_error"):
             res.unexplained.append(
-                f"{b_path} does not load under PaddleFormers {lg.get('model_class')} while {a_path} does "
-                f"({lg['output_error']})"
+                f"{b_path} does not load under {lib.split(' (')[0]}"
+                + (f" {lg['model_class']}" if lg.get("model_class") else "")
+                + f" while {a_path} does ({lg['output_error']})"
             )
         elif lg.get("ok") is False:
             res.unexplained.append(
                 f"logits differ (max |difference| {lg.get('max_abs_diff', float('nan')):.3g} "
-                f"> 1e-5 on token ids below {lg.get('token_ids_below')})"
+                f"> {lg.get('tolerance', 1e-5):.0e} on token ids below {lg.get('token_ids_below')}; {lib})"
             )
     return res
 
 
-def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
-    """:func:`verify` without logits."""
+def _verify_tensors_and_files(a_path, b_path, prunes: bool = True) -> VerifyResult:
+    """:func:`verify` without logits (``prunes``: a prune in a longer chain not yet taken through,
+    :mod:`surgery.verify.pruned`)."""
     rep = rebuilt.one_step(a_path, b_path)
     if rep is not None:  # one convert or merge run: the output rebuilt from the input and compared
         return _verify_rebuilt(a_path, b_path, rep)
     sec = prune.section(a_path, b_path)
     if sec is not None:  # one prune run: every entry checked at its old id (surgery.verify.prune)
         return prune.verify_prune(a_path, b_path, sec)
+    if prunes and pruned.applies(a_path, b_path):  # a prune in a longer chain: the input pruned first
+        return pruned.verify_through(a_path, b_path, _after_prune)
     if chain.applies(a_path, b_path):  # a convert or merge in a longer chain: the input carried through it
         return _verify_composed(a_path, b_path)
     if flexstate.is_pair(a_path, b_path):  # Trainer checkpoints: their merged views, then the state
@@ -89,8 +101,13 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = _compare(A, B)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
-    prune.chained(cmp.res, a_path, b_path)
     return cmp.res
+
+
+def _after_prune(a_path, b_path) -> VerifyResult:
+    """:func:`verify` of the input pruned as the output's chain says (:mod:`surgery.verify.pruned`) and
+    the output."""
+    return _verify_tensors_and_files(a_path, b_path, prunes=False)
 
 
 def _verify_composed(a_path, b_path) -> VerifyResult:
@@ -118,7 +135,7 @@ def _compare(A: Checkpoint, B: Checkpoint, config_dir=None) -> TensorComparison:
     """Every tensor, config file, safetensors ``__metadata__``, carried file and tokenizer of ``A`` and
     ``B`` classified (``config_dir``: where the input's config files are, if not in ``A.path``)."""
     cmp = TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
-    tok = renamed_slots(Tokenizers.read(cmp.da, cmp.db), B)
+    tok = renamed_slots(Tokenizers.read(cmp.da, cmp.db), B, A)
     cmp.added_ids = tok.new_rows()
     cmp.fixed_ids = fixed_rows(cmp.res, cmp.da, B) | split_rows(cmp.res, cmp.da, B)
     for name, ta in A.tensors.items():

@@ -47,7 +47,7 @@ def compare_configs(
     chain = chain or []
     d = db.vocab_rows - da.vocab_rows
     counts = {db.vocab_rows, db.head.rows}
-    set_ids = {f"{n}_token_id": i for n, (_, i) in special_claims(B).items()}
+    set_ids = {f"{n}_token_id": i for n, (_, i) in special_claims(B, A).items()}
     for fname in _CONFIG_FILES:
         pa, pb = (a_dir or A.path) / fname, B.path / fname
         if not pa.exists() and not pb.exists():
@@ -95,13 +95,15 @@ def compare_metadata(
     res: VerifyResult, A: Checkpoint, B: Checkpoint, chain: list[dict] | None = None
 ) -> None:
     """safetensors ``__metadata__``: every entry of the output must be one of the input's (any shard), or a
-    ``{dropped tensor: the embedding}`` entry that tie writes for a tensor the output no longer holds."""
+    ``{dropped tensor: the embedding}`` entry that tie writes for a tensor the output no longer holds (or
+    held, when a ``tie`` of the ``chain`` wrote it and a later untie kept it)."""
     before: dict[str, str] = {}
     for m in A.st_metadata.values():
         before.update(m or {})
+    tied = any(r.get("operation") == "tie" for r in chain or [])
     for f, m in B.st_metadata.items():
         for k, v in (m or {}).items():
-            tie_entry = k in A.tensors and k not in B.tensors and v in B.tensors
+            tie_entry = k in A.tensors and (tied or k not in B.tensors) and v in B.tensors and k != v
             if k == "format" and v in _formats(chain or []):
                 continue  # a convert / merge of the chain writes the format its target needs
             if before.get(k) != v and not tie_entry:

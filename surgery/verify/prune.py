@@ -56,20 +56,6 @@ def section(a_path: Any, b_path: Any) -> dict[str, Any] | None:
     return sec if isinstance(sec, dict) else {}
 
 
-def chained(res: VerifyResult, a_path: Any, b_path: Any) -> None:
-    """When a ``prune`` is one of several runs that made the output from the input (its report chain),
-    say so as unexplained: the chain's history keeps no ``id_map``, so the renumbering cannot be checked
-    across the other runs; verify each step on its own instead."""
-    runs = chain_since(Path(str(b_path)), Path(str(a_path)))
-    if len(runs) > 1 and any(r.get("operation") == "prune" for r in runs):
-        res.unexplained.insert(
-            0,
-            "the output's report chain holds a prune and other runs: the renumbering is checked only when "
-            "the prune is the one run since the input; verify the input against the prune's output, then "
-            "that against this one",
-        )
-
-
 def verify_prune(a_path: Any, b_path: Any, sec: dict[str, Any]) -> VerifyResult:
     """Compare input ``a_path`` with the prune output ``b_path`` whose report section is ``sec``.
 

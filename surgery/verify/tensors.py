@@ -167,7 +167,7 @@ class TensorComparison:
     def _resized(self, name: str, ta: TensorInfo, tb: TensorInfo) -> None:
         """Explained when ``name`` carries the vocabulary and the common part is bit-identical (but for the
         rows of tokens the report says were added: slack rows taken by add-tokens)."""
-        skip = self.added_ids if name in self.vocab_names_a else frozenset()
+        skip = self.added_ids | self.fixed_ids if name in self.vocab_names_a else frozenset()
         ok, why = _common_part_equal(self.A, self.B, name, skip)
         self.res.resized.append(
             {
@@ -184,6 +184,16 @@ class TensorComparison:
         elif not ok:
             self.res.unexplained.append(f"{name} was resized but its common {why} differ")
 
+    def _set_rows_why(self, ndim: int, axis: int) -> str:
+        """Why the rows (columns, entries) of the added tokens and of the rows a report set differ."""
+        what = "entries" if ndim == 1 else "columns" if axis == 1 else "rows"
+        parts = []
+        if self.added_ids:
+            parts.append(f"{what} of the added tokens (ids {_id_span(self.added_ids)}) set by add-tokens")
+        if self.fixed_ids:
+            parts.append(f"{what} {_id_span(self.fixed_ids)} set as its report says (checked bit for bit)")
+        return "; ".join(parts)
+
     def _changed(self, name: str, ta: TensorInfo) -> None:
         """Same shape, other values: explained when the head now equals the embedding, the embedding took
         the head's values (``tie --keep head``), or a vocabulary tensor differs only in the rows of tokens
@@ -193,22 +203,14 @@ class TensorComparison:
         entry = {"name": name, "shape": list(ta.shape), "max_abs_diff": diff}
         self.res.changed.append(entry)
         axis = _vocab_axis(ta.shape, self.da.vocab_rows)
+        set_ids = self.added_ids | self.fixed_ids
         if (
-            self.added_ids
+            set_ids
             and name in self.vocab_names_a
             and axis is not None
-            and chunked.common_part_equal(A, B, name, axis, self.added_ids)
+            and chunked.common_part_equal(A, B, name, axis, set_ids)
         ):
-            what = "entries" if len(ta.shape) == 1 else "columns" if axis == 1 else "rows"
-            entry["why"] = f"{what} of the added tokens (ids {_id_span(self.added_ids)}) set by add-tokens"
-        elif (
-            self.fixed_ids
-            and name in self.vocab_names_a
-            and axis is not None
-            and chunked.common_part_equal(A, B, name, axis, self.fixed_ids)
-        ):
-            what = "columns" if axis == 1 else "rows"
-            entry["why"] = f"{what} {_id_span(self.fixed_ids)} set as its report says (checked bit for bit)"
+            entry["why"] = self._set_rows_why(len(ta.shape), axis)
         elif (
             name in self.head_names
             and self.emb_b in B.tensors

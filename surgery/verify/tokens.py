@@ -229,12 +229,12 @@ def _file_changes(
     return out
 
 
-def renamed_slots(tok: Tokenizers, B: Checkpoint) -> Tokenizers:
-    """``tok`` with the renames of the output's own ``rename-tokens`` run that the files bear out
-    (:func:`surgery.verify.vocab.rename_claims`): those ids compared with their old strings (explained),
+def renamed_slots(tok: Tokenizers, B: Checkpoint, A: Checkpoint | None = None) -> Tokenizers:
+    """``tok`` with the renames of the ``rename-tokens`` run that made ``B`` from ``A`` that the files bear
+    out (:func:`surgery.verify.vocab.rename_claims`): those ids compared with their old strings (explained),
     and listed in ``renamed``; a claim the files contradict is left to the token comparison."""
     va, vb = tok.vocab
-    renamed = rename_claims(B, va, vb)
+    renamed = rename_claims(B, va, vb, A)
     if not renamed:
         return tok
     seen = {**vb, **{i: o for i, (o, _) in renamed.items()}}
@@ -268,7 +268,7 @@ def compare_tokenizers(
     res.unexplained += changes + list(tok.reset_doubted.values())
     _rows_for_tokens(res, (sa.length, sb.length), rows)
     names = tokenizer_names(A, B, tok.sets)
-    specials = special_claims(B)
+    specials = special_claims(B, A)
     explained = bool(added or removed or tok.renamed or specials) and not changes
     if tok.renamed:
         res.tokenizer["renamed"] = [

@@ -25,13 +25,24 @@ from ..io.tokenizer import vocabulary
 from ..io.tokenizer_rename import is_reserved
 from ..model.errors import CheckpointError
 from ..plan.fix_untrained import tables, untrained_ids
-from ..plan.untrained_rows import mean_row, stored_entries, subtoken_row
+from ..plan.untrained_rows import Table, mean_row, stored_entries, subtoken_row
+from ..report import chain_since, prune_map
 from .result import VerifyResult
 
 
-def _own_section(B: Checkpoint, op: str) -> dict[str, Any] | None:
-    """The ``op`` section of the output's own ``tietool-report.json`` when its run was ``op`` (None
-    otherwise, or without a readable report)."""
+def _own_section(B: Checkpoint, op: str, A: Checkpoint | None = None) -> dict[str, Any] | None:
+    """The ``op`` section of the last ``op`` run among the runs that made the output ``B`` from the input
+    ``A`` (its report chain since ``A``, :func:`surgery.report.chain_since`: a ``fix-untrained`` followed
+    by a ``tie`` still explains its rows); without ``A``, of the output's own report when its run was
+    ``op``. None when no such run, or no readable report."""
+    if A is not None:
+        runs = chain_since(B.path, A.path)
+        at = [k for k, r in enumerate(runs) if r.get("operation") == op]
+        sec = runs[at[-1]].get(op.replace("-", "_")) if at else None
+        if not isinstance(sec, dict):
+            return None
+        maps = [m for m in (prune_map(r) for r in runs[at[-1] + 1 :]) if m is not None]
+        return _renumbered(sec, maps) if maps else sec
     try:
         rep = load_json(B.path / REPORT_NAME, REPORT_NAME) if (B.path / REPORT_NAME).is_file() else None
     except (CheckpointError, OSError):
@@ -42,10 +53,55 @@ def _own_section(B: Checkpoint, op: str) -> dict[str, Any] | None:
     return sec if isinstance(sec, dict) else None
 
 
-def _mean_claim(B: Checkpoint) -> tuple[str, list[int]] | None:
+AFTER_PRUNE = "renumbered_by_a_later_prune"
+"""The key :func:`_own_section` sets in a section it renumbered through the chain's later prunes."""
+
+
+def _renumbered(sec: dict[str, Any], maps: list[dict[int, int]]) -> dict[str, Any]:
+    """``sec`` (a ``fix_untrained`` or ``rename_tokens`` section) with its ids carried through the later
+    prunes' ``id_map`` s (``maps``, in order; an id a prune dropped is left out), marked
+    :data:`AFTER_PRUNE`."""
+
+    def new(i: Any) -> int | None:
+        if type(i) is not int:
+            return None
+        for m in maps:
+            if i not in m:
+                return None
+            i = m[i]
+        return i
+
+    out = {**sec, AFTER_PRUNE: True}
+    if isinstance(sec.get("ids"), list):
+        out["ids"] = [j for j in (new(i) for i in sec["ids"]) if j is not None]
+    for key in ("tokens", "special_set"):
+        if isinstance(sec.get(key), list):
+            out[key] = [
+                {**e, "id": new(e.get("id"))}
+                for e in sec[key]
+                if isinstance(e, dict) and new(e.get("id")) is not None
+            ]
+    return out
+
+
+def _before_prune(res: VerifyResult, B: Checkpoint, A: Checkpoint, op: str) -> bool:
+    """The ``op`` run that set rows precedes a prune of the chain since ``A``: its rows were computed from
+    the rows before the prune, which verify does not hold; say so as unexplained (True)."""
+    sec = _own_section(B, op, A)
+    if sec is None or not sec.get(AFTER_PRUNE):
+        return False
+    res.unexplained.append(
+        f"the output's report chain sets rows by {op} before a prune: they were computed from rows the "
+        f"prune then dropped, which verify does not hold; verify the input against the {op} output, then "
+        "that against this one"
+    )
+    return True
+
+
+def _mean_claim(B: Checkpoint, A: Checkpoint | None = None) -> tuple[str, list[int]] | None:
     """``(operation, ids)`` of the rows the output's own run says it set to the trained mean:
     ``fix-untrained``'s ``fix_untrained.ids``, or ``rename-tokens --init trained-mean``'s renamed ids."""
-    fix, ren = _own_section(B, "fix-untrained"), _own_section(B, "rename-tokens")
+    fix, ren = _own_section(B, "fix-untrained", A), _own_section(B, "rename-tokens", A)
     if fix is not None:
         op, ids = "fix-untrained", fix.get("ids")
     elif ren is not None and ren.get("init") == "trained-mean" and isinstance(ren.get("tokens"), list):
@@ -57,10 +113,10 @@ def _mean_claim(B: Checkpoint) -> tuple[str, list[int]] | None:
     return op, [int(i) for i in ids]
 
 
-def _fix_sources(B: Checkpoint) -> dict[int, list[int]]:
+def _fix_sources(B: Checkpoint, A: Checkpoint | None = None) -> dict[int, list[int]]:
     """``{id: source ids}`` of the rows a ``fix-untrained --init subtokens`` run says it set to the mean of
     their sub-tokens' rows (its report's tokens; the others got the trained mean)."""
-    fix = _own_section(B, "fix-untrained") or {}
+    fix = _own_section(B, "fix-untrained", A) or {}
     out = {}
     for t in fix.get("tokens") or [] if fix.get("init") == "subtokens" else []:
         src = t.get("source_ids") if isinstance(t, dict) else None
@@ -69,9 +125,9 @@ def _fix_sources(B: Checkpoint) -> dict[int, list[int]]:
     return out
 
 
-def _split_claim(B: Checkpoint) -> dict[int, list[int]] | None:
+def _split_claim(B: Checkpoint, A: Checkpoint | None = None) -> dict[int, list[int]] | None:
     """``{id: source ids}`` of a ``rename-tokens --init subtokens`` run (its report's tokens), or None."""
-    ren = _own_section(B, "rename-tokens")
+    ren = _own_section(B, "rename-tokens", A)
     if ren is None or ren.get("init") != "subtokens" or not isinstance(ren.get("tokens"), list):
         return None
     out = {}
@@ -85,18 +141,38 @@ def _split_claim(B: Checkpoint) -> dict[int, list[int]] | None:
     return out or None
 
 
+def _tables_in(da: Detection, B: Checkpoint, emb: Table, head: Table | None, ids: list[int]) -> list[Table]:
+    """The tables of the input (its embedding and a head of its own) whose entries ``ids`` the output
+    still holds in the input's layout: the same name, the same size off the vocabulary axis, the ids
+    within its entries (a later resize grows or trims only the vocabulary axis). A head a later ``tie``
+    dropped is left out; an embedding the output lacks leaves none (nothing is then explained)."""
+    out = []
+    for t in [emb] + ([head] if head is not None else []):
+        tb, ta = B.tensors.get(t.name), da.ckpt.tensors[t.name]
+        if tb is None or len(tb.shape) != 2 or len(ta.shape) != 2:
+            if t is emb:
+                return []
+            continue
+        other = 1 - t.axis
+        if tb.shape[other] != ta.shape[other] or not all(0 <= i < tb.shape[t.axis] for i in ids):
+            return []
+        out.append(t)
+    return out
+
+
 def split_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
     """The ids whose rows a ``rename-tokens --init subtokens`` run says it made from the rows of their
     strings' split (:func:`_split_claim`), checked bit for bit against the input
     (:func:`surgery.plan.untrained_rows.subtoken_row`) in the output's embedding and head; a contradicted
     claim is unexplained (the report is unverifiable) and explains nothing."""
-    claim = _split_claim(B)
-    if claim is None:
+    claim = _split_claim(B, da.ckpt)
+    if claim is None or _before_prune(res, B, da.ckpt, "rename-tokens"):
         return frozenset()
     emb, head, pool = tables(da)
-    for t in [emb] + ([head] if head is not None else []):
-        if t.name not in B.tensors or B.tensors[t.name].shape != da.ckpt.tensors[t.name].shape:
-            return frozenset()
+    checked = _tables_in(da, B, emb, head, list(claim))
+    if not checked:
+        return frozenset()
+    for t in checked:
         for i, src in claim.items():
             bad = not (0 <= i < pool and all(0 <= j < pool for j in src))
             if (
@@ -121,8 +197,8 @@ def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
     for rename-tokens; the mean of its trained source rows for ``fix-untrained --init subtokens``), bit
     for bit (:func:`surgery.plan.untrained_rows.mean_row`). A contradicted claim is
     unexplained (the report is unverifiable) and explains nothing."""
-    claim = _mean_claim(B)
-    if claim is None:
+    claim = _mean_claim(B, da.ckpt)
+    if claim is None or _before_prune(res, B, da.ckpt, claim[0]):
         return frozenset()
     op, ids = claim
     found, _ = untrained_ids(da)
@@ -133,7 +209,7 @@ def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
             "are trained in the input (or kept as special) by its rule; the report is unverifiable"
         )
         return frozenset()
-    srcs = _fix_sources(B) if op == "fix-untrained" else {}
+    srcs = _fix_sources(B, da.ckpt) if op == "fix-untrained" else {}
     if any(j in set(found) or j >= da.vocab_rows for src in srcs.values() for j in src):
         res.unexplained.append(
             "tietool-report.json says fix-untrained set rows from the rows of untrained ids; the report is "
@@ -142,9 +218,10 @@ def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
         return frozenset()
     leave_out = tuple(sorted(set(found) | (set(ids) if op == "rename-tokens" else set())))
     emb, head, pool = tables(da)
-    for t in [emb] + ([head] if head is not None else []):
-        if t.name not in B.tensors or B.tensors[t.name].shape != da.ckpt.tensors[t.name].shape:
-            return frozenset()
+    checked = _tables_in(da, B, emb, head, ids)
+    if not checked:
+        return frozenset()
+    for t in checked:
         mean = mean_row(da.ckpt, t, pool, leave_out)
         want = np.concatenate(
             [subtoken_row(da.ckpt, t, srcs[i]) if srcs.get(i) else mean for i in sorted(ids)]
@@ -160,11 +237,13 @@ def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
     return frozenset(ids)
 
 
-def rename_claims(B: Checkpoint, va: dict[int, str], vb: dict[int, str]) -> dict[int, tuple[str, str]]:
+def rename_claims(
+    B: Checkpoint, va: dict[int, str], vb: dict[int, str], A: Checkpoint | None = None
+) -> dict[int, tuple[str, str]]:
     """``{id: (old, new)}`` of the renames the output's own ``rename-tokens`` run lists that the files bear
     out: ``old`` at the id in the input (``va``) and a reserved slot's string
     (:func:`surgery.io.tokenizer_rename.is_reserved`), ``new`` there in the output (``vb``)."""
-    sec = _own_section(B, "rename-tokens")
+    sec = _own_section(B, "rename-tokens", A)
     entries = sec.get("tokens") if sec is not None else None
     return {
         e["id"]: (e["old"], e["new"])
@@ -178,11 +257,11 @@ def rename_claims(B: Checkpoint, va: dict[int, str], vb: dict[int, str]) -> dict
     }
 
 
-def special_claims(B: Checkpoint) -> dict[str, tuple[str, int]]:
+def special_claims(B: Checkpoint, A: Checkpoint | None = None) -> dict[str, tuple[str, int]]:
     """``{name: (token, id)}`` of the special tokens the output's own ``rename-tokens`` run set (its
     report's ``rename_tokens.special_set``) that the output's tokenizer bears out (the token at that id);
     their ``<name>_token_id`` config keys and ``<name>_token`` tokenizer keys may differ from the input's."""
-    sec = _own_section(B, "rename-tokens")
+    sec = _own_section(B, "rename-tokens", A)
     entries = sec.get("special_set") if sec is not None else None
     if not isinstance(entries, list) or not entries:
         return {}

@@ -33,6 +33,7 @@ from support.fixture_support import logits_mismatch
 from support.paths import CASES_DIR, INPUT_IDS
 from support.resize_support import run_cli
 
+from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.io.tokenizer_prune import BYTE_SYMBOLS, prune_tokenizer_edit
 from tietool.surgery.model.errors import RefusedError
 
@@ -574,9 +575,9 @@ def test_verify_names_a_dropped_token_left_in_tokenizer_json(sample_pruned, tmp_
     assert rc == 7 and f"{tok!r} (id {len(keep)}) is a token the prune dropped" in said, said
 
 
-def test_verify_of_a_prune_then_resize_chain_says_to_verify_each_step(sample_pruned, tmp_path):
-    """Prune then resize: the chain's history keeps no id_map, so verify of the original against the end
-    is exit 7 saying to verify each step; each step on its own verifies (exit 0)."""
+def test_verify_of_a_prune_then_resize_chain(sample_pruned, tmp_path):
+    """Prune then resize: the history keeps the prune's id_map, so verify of the original against the end
+    explains the chain (exit 0), as each step on its own; a row of the end flipped is exit 7 naming it."""
     out = tmp_path / "grown"
     run = run_cli(
         [
@@ -590,8 +591,13 @@ def test_verify_of_a_prune_then_resize_chain_says_to_verify_each_step(sample_pru
     )
     assert run.rc == 0, run.stderr
     rc, said = _verify(SAMPLE, out)
-    assert rc == 7 and "holds a prune and other runs" in said, said
+    assert rc == 0 and "pruned to the" in said, said
     assert _verify(sample_pruned["out"], out)[0] == 0
+    from support.hostile.history import copy_row
+
+    copy_row(out / Checkpoint.open(out).tensors[HEAD].file, HEAD, 1, 0)
+    rc, said = _verify(SAMPLE, out)
+    assert rc == 7 and HEAD in said, said
 
 
 def test_verify_names_a_tokenizer_file_the_output_lost(sample_pruned, tmp_path):

@@ -26,7 +26,7 @@ LAYERS = [
     "surgery.verify surgery.diff",
     "surgery.run",
     "surgery.ops",
-    "surgery.logits_worker surgery.pnlp_logits_worker",
+    "surgery.logits_worker surgery.pnlp_logits_worker surgery.hf_logits_worker",
     "__init__",
     "cli __main__",
 ]
