@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..io.checkpoint import Checkpoint
 from ..model.errors import TietoolError
 from ..report import chain_since
-from . import chain, flexstate, prune, rebuilt, training
+from . import chain, flexstate, prune, rebuilt, training, transplant
 from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
 from .logits import NotCompared, logits_check
 from .result import VerifyResult
@@ -79,6 +79,9 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     sec = prune.section(a_path, b_path)
     if sec is not None:  # one prune run: every entry checked at its old id (surgery.verify.prune)
         return prune.verify_prune(a_path, b_path, sec)
+    sec = transplant.section(a_path, b_path)
+    if sec is not None:  # one transplant run: every entry recomputed as its row says
+        return transplant.verify_transplant(a_path, b_path, sec)
     if chain.applies(a_path, b_path):  # a convert or merge in a longer chain: the input carried through it
         return _verify_composed(a_path, b_path)
     if flexstate.is_pair(a_path, b_path):  # Trainer checkpoints: their merged views, then the state
@@ -90,6 +93,7 @@ def _verify_tensors_and_files(a_path, b_path) -> VerifyResult:
     cmp = _compare(A, B)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
     prune.chained(cmp.res, a_path, b_path)
+    transplant.chained(cmp.res, a_path, b_path)
     return cmp.res
 
 
