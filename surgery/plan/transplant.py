@@ -6,11 +6,12 @@ entry of its vocabulary or added tokens), entry ``j`` of each vocabulary tensor 
 id, bit for bit (mergekit-tokensurgeon's exact match: ``mergekit/scripts/tokensurgeon.py``,
 ``build_embedding_matrix``, github.com/arcee-ai/mergekit at a6e40288). Otherwise it is made by ``init``
 (:class:`~surgery.model.enums.TransplantInit`): ``subword``, the mean of the old entries of the pieces the old
-tokenizer splits the token's decoded text into (mergekit's ``subword`` with ``SubwordMethod.MEAN``; a text
-that splits into nothing gets zeros, as mergekit leaves it); ``mean``, the mean of every old entry;
-``zeros``. mergekit's ``omp`` is not offered: it expresses each new token's embedding *in the donor model*
-over the shared tokens' donor embeddings (``batch_omp(targets=donor_embed[...], donor_shared_embeds)``),
-which needs the donor's weights, and ``transplant`` is given a tokenizer only.
+tokenizer splits the token's text into (mergekit's ``subword`` with ``SubwordMethod.MEAN``; the text as
+:func:`_decoder` reads it; a text that splits into nothing gets zeros, as mergekit leaves it); ``mean``,
+the mean of every old entry; ``zeros``. mergekit's ``omp`` is not offered: it expresses each new token's
+embedding *in the donor model* over the shared tokens' donor embeddings
+(``batch_omp(targets=donor_embed[...], donor_shared_embeds)``), which needs the donor's weights, and
+``transplant`` is given a tokenizer only.
 
 Each vocabulary tensor gets a :class:`~surgery.plan.transplant_rows.TransplantRows` recipe, moved by
 :func:`~surgery.plan.resize.move_vocabulary` as ``prune`` moves them; the donor's tokenizer files replace the
@@ -22,6 +23,7 @@ string.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -195,18 +197,39 @@ def _donor_tokens(f: Any) -> list[str]:
 
 
 def _decoder(f: Any) -> Any:
-    """``decode(id) -> text`` of the donor tokenizer (special tokens kept, as their own text): an added
-    token is its content; a base token decoded by ``tokenizers`` (tokenizer.json, vocab.txt, vocab.json)
-    or by sentencepiece (a ``.model`` alone)."""
+    """``decode(id) -> text`` of a donor token as it reads inside a text: an added token is its content; a
+    SentencePiece-style piece (a ``.model``, or tokenizer.json whose decoder is ``Metaspace`` or replaces
+    ``▁``) its string with
+    ``▁`` as a space (mergekit's ``unnormalize_token``: the word-start mark is a leading space, which
+    ``decode([id])`` would strip), a byte piece ``<0xNN>`` decoded; any other token decoded by ``tokenizers``
+    (tokenizer.json, vocab.txt, vocab.json)."""
+    import json
+
     from ..io.tokenizer_folder import json_tokenizer
 
-    if f.tokenizer_json is None and f.sp_model is not None:
+    sp_only = f.tokenizer_json is None and f.sp_model is not None
+    if sp_only:
         sp = f.sp_proc
-        base = lambda i: sp.decode([i])  # noqa: E731
+        decode = lambda i: sp.decode([i])  # noqa: E731
     else:
         tok = json_tokenizer(f)
-        base = lambda i: tok.decode([i], skip_special_tokens=False)  # noqa: E731
-    return lambda i: f.added[i].content if i in f.added else base(i)
+        decode = lambda i: tok.decode([i], skip_special_tokens=False)  # noqa: E731
+    dec = json.dumps(f.tj.get("decoder"), ensure_ascii=False)
+    sp_style = sp_only or "Metaspace" in dec or "\u2581" in dec
+    piece = {i: s for s, i in f.base.items()}
+
+    def text(i: int) -> str:
+        if i in f.added:
+            return str(f.added[i].content)
+        p = piece.get(i, "")
+        if sp_style and not _BYTE_PIECE.fullmatch(p):
+            return p.replace("\u2581", " ")
+        return str(decode(i))
+
+    return text
+
+
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 
 def _rows(
