@@ -221,10 +221,10 @@ def _decoder(f: Any) -> Any:
     def text(i: int) -> str:
         if i in f.added:
             return str(f.added[i].content)
-        p = piece.get(i, "")
+        p = str(piece.get(i, ""))
         if sp_style and not _BYTE_PIECE.fullmatch(p):
             return p.replace("\u2581", " ")
-        return str(decode(i))
+        return str(decode(i))  # type: ignore[no-untyped-call]
 
     return text
 
@@ -239,20 +239,20 @@ def _rows(
     rows: list[RowSource] = []
     report: list[TransplantRow] = []
     for j, s in enumerate(tokens):
-        entry = TransplantRow(id=j, token=s)
+        entry: TransplantRow
         if s in old_ids:
             rows.append(old_ids[s])
-            entry.update(made="kept", old_id=old_ids[s])
+            entry = TransplantRow(id=j, token=s, made="kept", old_id=old_ids[s])
         elif split is not None:
             ids = tuple(split(decode(j)))
             rows.append(ids)
-            entry.update(made="subword", ids=list(ids))
+            entry = TransplantRow(id=j, token=s, made="subword", ids=list(ids))
         elif init is TransplantInit.MEAN:
             rows.append(MEAN)
-            entry.update(made="mean")
+            entry = TransplantRow(id=j, token=s, made="mean")
         else:
             rows.append(ZEROS)
-            entry.update(made="zeros")
+            entry = TransplantRow(id=j, token=s, made="zeros")
         report.append(entry)
     return rows, report
 
@@ -283,7 +283,8 @@ def _role_id(f: Any, role: str) -> int | None:
         v = (f.json_files.get(name) or {}).get(role)
         v = v.get("content") if isinstance(v, dict) else v
         if isinstance(v, str):
-            return f.ids().get(v)
+            got = f.ids().get(v)
+            return got if isinstance(got, int) else None
     return None
 
 

@@ -214,7 +214,7 @@ def _entries(res: VerifyResult, A: Checkpoint, B: Checkpoint, name: str, axis: i
     ``A``, bit for bit."""
     a, b = np.asarray(A.load(name)), np.asarray(B.load(name))
     axis %= a.ndim
-    entry = {"name": name, "shape_before": list(a.shape), "shape_after": list(b.shape)}
+    entry: dict[str, Any] = {"name": name, "shape_before": list(a.shape), "shape_after": list(b.shape)}
     entry["common_part_identical"] = False  # every entry as the report's rows make it
     res.resized.append(entry)
     expect = list(a.shape)
