@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..io.checkpoint import Checkpoint
+from ..io.safetensors_io import Source
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, f32_to_bf16_bits
 
 Array = npt.NDArray[Any]
@@ -100,22 +101,45 @@ def _blocks(n: int) -> Iterator[tuple[int, int]]:
         yield s, min(n, s + BLOCK)
 
 
-def transplant_rows_data(r: TransplantRows, ckpt: Checkpoint) -> Array:
-    """The data of :class:`TransplantRows`: the input tensor read once (stored dtype), the output filled in
-    blocks of :data:`BLOCK` new entries (memory: the input, the output and one block).
+def _kept(r: RowSource) -> bool:
+    return isinstance(r, int) and r >= 0
+
+
+def _streamed(r: TransplantRows, src: Source, row_bytes: int, make: Any) -> Source:
+    """The rows of :class:`TransplantRows` as parts: each run of kept rows whose old ids follow each other
+    a byte range of the input ``src`` (``row_bytes`` a row), each run of made rows (at most :data:`BLOCK`)
+    an array from ``make(rows)``."""
+    parts: list[Source] = []
+    rows, j = r.rows, 0
+    while j < len(rows):
+        x, k = rows[j], j + 1
+        if isinstance(x, int) and x >= 0:
+            while k < len(rows) and rows[k] == x + (k - j):
+                k += 1
+            parts.append(Source(src.path, src.offset + x * row_bytes, (k - j) * row_bytes))
+        else:
+            while k < len(rows) and not _kept(rows[k]) and k - j < BLOCK:
+                k += 1
+            parts.append(Source(array=make(rows[j:k])))
+        j = k
+    return Source(parts=parts)
+
+
+def transplant_rows_data(r: TransplantRows, ckpt: Checkpoint) -> Array | Source:
+    """The data of :class:`TransplantRows`. Rows of a C-ordered tensor stored as one range: the kept rows
+    are byte ranges of the input (streamed, never decoded), only the made rows arrays. Otherwise (columns,
+    a bias, Fortran order) the output filled in blocks of :data:`BLOCK` new entries. The input is read
+    through :meth:`Checkpoint.load` (a memory map for large tensors); memory: the made entries (at most the
+    output) and one block.
 
     Raises:
         RefusedError: a dtype tietool cannot decode, when an entry is computed.
         OSError: reading the input fails.
     """
     t = ckpt.tensors[r.name]
-    a = np.asarray(ckpt.load(r.name))
+    a = np.asarray(ckpt.load(r.name))  # a view of the map, for a large tensor: no copy
     axis = r.axis % a.ndim
     entries = np.moveaxis(a, axis, 0)
-    shape = list(a.shape)
-    shape[axis] = len(r.rows)
-    out = np.empty(shape, a.dtype)
-    view = np.moveaxis(out, axis, 0)
 
     def dec(x: Array) -> Array:
         return _decode(ckpt, t, x)
@@ -124,6 +148,14 @@ def transplant_rows_data(r: TransplantRows, ckpt: Checkpoint) -> Array:
         return _encode(ckpt, t, x)
 
     mean = mean_entry(entries, dec) if MEAN in r.rows else None
+    src = ckpt.source(r.name)
+    if axis == 0 and not t.fortran and src.path is not None and src.parts is None and src.array is None:
+        size = t.nbytes // t.shape[0] if t.shape[0] else 0
+        return _streamed(r, src, size, lambda rows: made_block(entries, rows, dec, enc, mean))
+    shape = list(a.shape)
+    shape[axis] = len(r.rows)
+    out = np.empty(shape, a.dtype)
+    view = np.moveaxis(out, axis, 0)
     for s, e in _blocks(len(r.rows)):
         view[s:e] = made_block(entries, r.rows[s:e], dec, enc, mean)
     return out
