@@ -48,27 +48,27 @@ TOKENIZER_EXTRAS = (
 """Files of a tokenizer beside its vocabulary files that the donor's replace (when either side has one)."""
 
 
-class TransplantRow(TypedDict, total=False):
-    """How one new id's entries were made (the report's ``transplant.rows``): ``made`` is ``kept`` (the
-    old entry ``old_id``, bit for bit), ``subword`` (the mean of the old entries ``ids``; ``[]`` is zeros),
-    ``mean`` (every old entry's mean) or ``zeros``."""
-
-    id: int
-    token: str
-    made: str
-    old_id: int
-    ids: list[int]
-
-
 class TransplantSection(TypedDict):
-    """The report's ``transplant`` section."""
+    """The report's ``transplant`` section: per new id ``j``, ``tokens[j]`` (the donor's token) and
+    ``made[j]``, how its entries were made, one string each (a report of 128k ids stays fast to write and
+    read): ``"kept N"`` (the old entry of id ``N``, bit for bit), ``"subword I J ..."`` (the mean of the old
+    entries of ids ``I J ...``; ``"subword"`` alone: zeros, the text split into nothing), ``"mean"`` (of
+    every old entry) or ``"zeros"``; ``counts`` of each kind."""
 
     donor: str
     init: str
     rows_before: int
     rows_after: int
     counts: dict[str, int]
-    rows: list[TransplantRow]
+    tokens: list[str]
+    made: list[str]
+
+
+def made_text(r: RowSource) -> str:
+    """``made[j]`` of the report for the :data:`RowSource` ``r`` (:class:`TransplantSection`)."""
+    if isinstance(r, tuple):
+        return " ".join(["subword", *map(str, r)])
+    return f"kept {r}" if r >= 0 else "mean" if r == MEAN else "zeros"
 
 
 @dataclass
@@ -117,23 +117,29 @@ def plan_transplant(det: Detection, donor: Path, init: TransplantInit) -> Plan:
         )
     tokens = _donor_tokens(new)
     split = splitter(old) if init is TransplantInit.SUBWORD else None
-    rows, report = _rows(tokens, old.ids(), _decoder(new), split, init)
+    rows = _rows(tokens, old.ids(), _decoder(new), split, init)
     N = len(rows)
     plan = base_plan("transplant", det)
     plan.tokenizer = _tokenizer_edit(det.ckpt.path, donor, old.length, N)
     _set_specials(det, plan, old.ids(), new)
     move_vocabulary(det, plan, N, _Layout(tuple(rows)))
     resize_config(det, plan, N)
-    counts = {k: sum(r["made"] == k for r in report) for k in ("kept", "subword", "mean", "zeros")}
-    plan.extra_report = dict(
-        TransplantSection(
-            donor=str(donor), init=init.value, rows_before=V, rows_after=N, counts=counts, rows=report
-        )
+    made = [made_text(r) for r in rows]
+    counts = {k: sum(m.split(" ", 1)[0] == k for m in made) for k in ("kept", "subword", "mean", "zeros")}
+    section = TransplantSection(
+        donor=str(donor),
+        init=init.value,
+        rows_before=V,
+        rows_after=N,
+        counts=counts,
+        tokens=tokens,
+        made=made,
     )
-    made = ", ".join(f"{n} {k}" for k, n in counts.items() if n and k != "kept")
+    plan.extra_report = dict(section)
+    others = ", ".join(f"{n} {k}" for k, n in counts.items() if n and k != "kept")
     plan.notes.append(
         f"{N} donor tokens: {counts['kept']} kept their row (the same token string, bit for bit)"
-        + (f", {made}" if made else "")
+        + (f", {others}" if others else "")
         + f"; {V} rows before"
     )
     if plan.tokenizer.dropped:
@@ -234,27 +240,17 @@ _BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 def _rows(
     tokens: list[str], old_ids: dict[str, int], decode: Any, split: Any, init: TransplantInit
-) -> tuple[list[RowSource], list[TransplantRow]]:
-    """Each new id's :data:`RowSource` and its report entry."""
+) -> list[RowSource]:
+    """Each new id's :data:`RowSource`: the old id of the same token string, else by ``init``."""
     rows: list[RowSource] = []
-    report: list[TransplantRow] = []
     for j, s in enumerate(tokens):
-        entry: TransplantRow
         if s in old_ids:
             rows.append(old_ids[s])
-            entry = TransplantRow(id=j, token=s, made="kept", old_id=old_ids[s])
         elif split is not None:
-            ids = tuple(split(decode(j)))
-            rows.append(ids)
-            entry = TransplantRow(id=j, token=s, made="subword", ids=list(ids))
-        elif init is TransplantInit.MEAN:
-            rows.append(MEAN)
-            entry = TransplantRow(id=j, token=s, made="mean")
+            rows.append(tuple(split(decode(j))))
         else:
-            rows.append(ZEROS)
-            entry = TransplantRow(id=j, token=s, made="zeros")
-        report.append(entry)
-    return rows, report
+            rows.append(MEAN if init is TransplantInit.MEAN else ZEROS)
+    return rows
 
 
 def _tokenizer_edit(old: Path, donor: Path, before: int, after: int) -> TokenEdit:

@@ -85,15 +85,46 @@ def made_block(
     made = [j for j, r in enumerate(rows) if not (isinstance(r, int) and r >= 0)]
     if made:
         x = np.zeros((len(made),) + entries.shape[1:], np.float32)
-        for k, j in enumerate(made):
-            r = rows[j]
-            if isinstance(r, tuple) and r:
-                x[k] = decode(np.asarray(entries[list(r)])).mean(axis=0, dtype=np.float64)
-            elif r == MEAN:
-                assert mean is not None, "internal: a mean entry without the mean"
-                x[k] = mean
+        sub = [(k, r) for k, j in enumerate(made) if isinstance(r := rows[j], tuple) and r]
+        for group in _groups(sub, max(1, GATHER_ELEMENTS // max(1, int(np.prod(entries.shape[1:]))))):
+            x[[k for k, _ in group]] = subword_means(entries, [r for _, r in group], decode)
+        at_mean = [k for k, j in enumerate(made) if rows[j] == MEAN]
+        if at_mean:
+            assert mean is not None, "internal: a mean entry without the mean"
+            x[at_mean] = mean
         out[made] = encode(x)
     return out
+
+
+GATHER_ELEMENTS = 1 << 21  # entries' elements gathered at a time for the subword means (16 MB in float64)
+
+
+def _groups(
+    sub: list[tuple[int, tuple[int, ...]]], limit: int
+) -> Iterator[list[tuple[int, tuple[int, ...]]]]:
+    """``sub`` cut into consecutive groups of at most ``limit`` ids in all (at least one entry each)."""
+    group: list[tuple[int, tuple[int, ...]]] = []
+    n = 0
+    for item in sub:
+        if group and n + len(item[1]) > limit:
+            yield group
+            group, n = [], 0
+        group.append(item)
+        n += len(item[1])
+    if group:
+        yield group
+
+
+def subword_means(entries: Array, ids: list[tuple[int, ...]], decode: Any) -> Array:
+    """The mean (float32) of the entries of each tuple of ``ids``: the decoded entries added in float64 in
+    the tuple's order and divided by its length, as ``x[list(t)].mean(axis=0, dtype=np.float64)`` makes it
+    (the same additions, bit for bit)."""
+    flat = np.fromiter((i for t in ids for i in t), dtype=np.int64)
+    lens = np.array([len(t) for t in ids], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    vals = decode(np.asarray(entries[flat])).astype(np.float64)
+    sums = np.add.reduceat(vals, starts, axis=0)
+    return (sums / lens.reshape((-1,) + (1,) * (vals.ndim - 1))).astype(np.float32)
 
 
 def _blocks(n: int) -> Iterator[tuple[int, int]]:

@@ -1,6 +1,6 @@
 """``verify`` of a ``transplant`` output: the output's own report (its only run since the input) says, per
-new id, the donor's token and how its entries were made (``transplant.rows``), and the files must bear out
-exactly that.
+new id, the donor's token and how its entries were made (``transplant.tokens`` and ``transplant.made``), and
+the files must bear out exactly that.
 
 * every vocabulary tensor of the input (embedding, head in either layout, bias, copies): entry ``j`` of the
   output's is, bit for bit, the input's entry ``old_id`` (``kept``), the mean of the input's entries
@@ -101,36 +101,47 @@ def verify_transplant(a_path: Any, b_path: Any, sec: dict[str, Any]) -> VerifyRe
     return res
 
 
-def _row_problem(j: int, r: Any, rows_a: int) -> str:
-    """Why ``r`` is not a valid report row for new id ``j`` ("" when it is)."""
-    if not isinstance(r, dict) or r.get("id") != j or not isinstance(r.get("token"), str):
-        return f"row {j} is not an entry of id {j} with its token"
-    made = r.get("made")
-    if made not in _MADE:
-        return f"row {j} says it was made by {made!r}"
-    if made == "kept" and not (type(r.get("old_id")) is int and 0 <= r["old_id"] < rows_a):
-        return f"row {j} keeps old id {r.get('old_id')!r}, not one of the input's {rows_a} rows"
-    ids = r.get("ids")
-    bad = not isinstance(ids, list) or any(not (type(i) is int and 0 <= i < rows_a) for i in ids)
-    if made == "subword" and bad:
-        return f"row {j} names subword ids outside the input's {rows_a} rows"
-    return ""
+def _parse(j: int, token: Any, made: Any, rows_a: int) -> dict[str, Any] | str:
+    """Row ``j`` of the report (``tokens[j]``, ``made[j]``) as ``{"token", "made", "old_id" | "ids"}``, or
+    why it is not a valid row."""
+    parts = made.split(" ") if isinstance(made, str) else []
+    kind = parts[0] if parts else None
+    nums = [int(p) for p in parts[1:] if p.isdigit() and p.isascii() and len(p) <= 18]
+    if not isinstance(token, str) or kind not in _MADE or len(nums) != len(parts) - 1:
+        return f"row {j} is {made!r} (token {token!r}), not one of {', '.join(_MADE)}"
+    if any(n >= rows_a for n in nums) or (kind == "kept" and len(nums) != 1):
+        return f"row {j} is {made!r}: not ids of the input's {rows_a} rows"
+    if kind in ("mean", "zeros") and nums:
+        return f"row {j} is {made!r}: {kind} names no ids"
+    row: dict[str, Any] = {"token": token, "made": kind}
+    if kind == "kept":
+        row["old_id"] = nums[0]
+    elif kind == "subword":
+        row["ids"] = nums
+    return row
 
 
 def claimed_rows(res: VerifyResult, sec: dict[str, Any], rows_a: int, rows_b: int) -> list[dict] | None:
-    """The report's rows, one per output id ``0..rows_b-1``, each valid (:func:`_row_problem`), agreeing
-    with ``rows_before`` / ``rows_after``; otherwise the report is named unverifiable (None)."""
-    rows = sec.get("rows")
+    """The report's rows (``tokens``, ``made``), one per output id ``0..rows_b-1``, each valid
+    (:func:`_parse`), agreeing with ``rows_before`` / ``rows_after``; otherwise the report is named
+    unverifiable (None)."""
+    tokens, made = sec.get("tokens"), sec.get("made")
     why = ""
-    if not isinstance(rows, list) or not rows:
-        why = "has no rows"
-    elif len(rows) != rows_b or sec.get("rows_after") != rows_b or sec.get("rows_before") != rows_a:
+    rows: list[dict] = []
+    if not isinstance(tokens, list) or not isinstance(made, list) or not made or len(tokens) != len(made):
+        why = "has no tokens and made lists of one length"
+    elif len(made) != rows_b or sec.get("rows_after") != rows_b or sec.get("rows_before") != rows_a:
         why = (
-            f"lists {len(rows)} rows (rows {sec.get('rows_before')} → {sec.get('rows_after')}) while the "
+            f"lists {len(made)} rows (rows {sec.get('rows_before')} → {sec.get('rows_after')}) while the "
             f"embedding went {rows_a} → {rows_b} rows"
         )
     else:
-        why = next((p for j, r in enumerate(rows) if (p := _row_problem(j, r, rows_a))), "")
+        for j, (t, m) in enumerate(zip(tokens, made, strict=True)):
+            r = _parse(j, t, m, rows_a)
+            if isinstance(r, str):
+                why = r
+                break
+            rows.append(r)
     if why:
         res.unexplained.append(f"tietool-report.json's transplant {why}; the report is unverifiable")
         return None

@@ -164,17 +164,18 @@ def test_rows_kept_bit_for_bit_and_made_as_numpy_makes_them(outputs, donor, init
     )
     cfg = json.loads((outputs[donor, init]["out"] / "config.json").read_text())
     assert cfg["vocab_size"] == len(_donor_vocab(donor))
-    rows = outputs[donor, init]["report"]["transplant"]["rows"]
-    assert {r["id"]: r["old_id"] for r in rows if r["made"] == "kept"} == kept
-    assert all(r["made"] == ("kept" if r["id"] in kept else init) for r in rows)
+    made = outputs[donor, init]["report"]["transplant"]["made"]
+    assert {j: int(m.split()[1]) for j, m in enumerate(made) if m.startswith("kept ")} == kept
+    assert all(m.split(" ")[0] == ("kept" if j in kept else init) for j, m in enumerate(made))
+    assert outputs[donor, init]["report"]["transplant"]["tokens"] == _donor_vocab(donor)
 
 
 def test_the_report_names_each_rows_subword_pieces(outputs):
-    rows = outputs["sp_bpe", "subword"]["report"]["transplant"]["rows"]
+    made = outputs["sp_bpe", "subword"]["report"]["transplant"]["made"]
     old, decode = _old_tokenizer(), _donor_decode("sp_bpe")
-    made = [r for r in rows if r["made"] == "subword"]
-    assert len(made) > 100
-    assert all(r["ids"] == old.encode(decode(r["id"]), add_special_tokens=False).ids for r in made)
+    sub = {j: [int(i) for i in m.split()[1:]] for j, m in enumerate(made) if m.startswith("subword")}
+    assert len(sub) > 100
+    assert all(ids == old.encode(decode(j), add_special_tokens=False).ids for j, ids in sub.items())
 
 
 def test_the_output_tokenizer_is_the_donors(outputs, tmp_path):
@@ -208,8 +209,8 @@ def test_logits_of_shared_tokens_equal_the_inputs_at_the_mapped_ids(outputs, tmp
     (verify --logits' bound). Not bit for bit: the rows are bit-exact (tested above) and so are the hidden
     states, but the head's matmul over 301 instead of 320 columns, each at another position, is tiled
     differently (measured: 46 of 4,800 values 1-2 ulp apart, max 3.6e-07)."""
-    rows = outputs["gpt2_bpe", "subword"]["report"]["transplant"]["rows"]
-    kept = {r["id"]: r["old_id"] for r in rows if r["made"] == "kept"}
+    made = outputs["gpt2_bpe", "subword"]["report"]["transplant"]["made"]
+    kept = {j: int(m.split()[1]) for j, m in enumerate(made) if m.startswith("kept ")}
     new = np.array([sorted(kept)[5:13], sorted(kept)[40:48]], dtype=np.int64)
     np.save(tmp_path / "new.npy", new)
     np.save(tmp_path / "old.npy", np.vectorize(kept.__getitem__)(new).astype(np.int64))
@@ -234,7 +235,7 @@ def test_logits_of_shared_tokens_equal_the_inputs_at_the_mapped_ids(outputs, tmp
         assert (tmp_path / f"{tag}-l.npy").is_file(), cp.stdout[-2000:] + cp.stderr[-2000:]
         got[tag] = np.load(tmp_path / f"{tag}-l.npy")
     cols = sorted(kept)
-    assert got["new"].shape[-1] == len(rows)
+    assert got["new"].shape[-1] == len(made)
     assert logits_mismatch(got["new"][..., cols], got["old"][..., [kept[j] for j in cols]], atol=1e-5) is None
 
 
@@ -267,8 +268,8 @@ def test_verify_explains_each_output(outputs, donor, init):
 @pytest.mark.parametrize(("donor", "init", "j"), [("sp_bpe", "subword", None), ("gpt2_bpe", "mean", 300)])
 def test_verify_names_a_forged_row(outputs, tmp_path, donor, init, j):
     """A bit flipped in a kept row, or in a made row, is exit 7 naming the tensor and the entry."""
-    rows = outputs[donor, init]["report"]["transplant"]["rows"]
-    j = j if j is not None else next(r["id"] for r in rows if r["made"] == "kept")
+    made = outputs[donor, init]["report"]["transplant"]["made"]
+    j = j if j is not None else next(k for k, m in enumerate(made) if m.startswith("kept "))
     out = tmp_path / "forged"
     shutil.copytree(outputs[donor, init]["out"], out)
     _flip(out, HEAD, j * 16 + 3)
@@ -282,7 +283,8 @@ def test_verify_names_a_forged_report_row(outputs, tmp_path):
     out = tmp_path / "forged"
     shutil.copytree(outputs["gpt2_bpe", "subword"]["out"], out)
     rep = json.loads((out / "tietool-report.json").read_text())
-    rep["transplant"]["rows"][5]["old_id"] += 1
+    kind, old = rep["transplant"]["made"][5].split()
+    rep["transplant"]["made"][5] = f"{kind} {int(old) + 1}"
     (out / "tietool-report.json").write_text(json.dumps(rep))
     run = run_cli(["verify", str(SAMPLE), str(out)])
     text = run.stdout + run.stderr
