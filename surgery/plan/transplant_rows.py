@@ -122,12 +122,13 @@ def subword_means(entries: Array, ids: list[tuple[int, ...]], decode: Any) -> Ar
     flat = np.fromiter((i for t in ids for i in t), dtype=np.int64)
     lens = np.array([len(t) for t in ids], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
-    vals = decode(np.asarray(entries[flat])).astype(np.float64)
+    vals: Array = np.asarray(decode(np.asarray(entries[flat])), dtype=np.float64)
     sums = vals[starts]  # a copy: the first entry of each tuple
     for p in range(1, int(lens.max())):  # then the p-th of each tuple that has one, in order
         longer = lens > p
         sums[longer] += vals[starts[longer] + p]
-    return (sums / lens.reshape((-1,) + (1,) * (vals.ndim - 1))).astype(np.float32)
+    out: Array = (sums / lens.reshape((-1,) + (1,) * (vals.ndim - 1))).astype(np.float32)
+    return out
 
 
 def _blocks(n: int) -> Iterator[tuple[int, int]]:
