@@ -46,6 +46,7 @@ from .surgery.model.enums import (
     TensorRole,
     TieState,
     TokenInit,
+    TransplantInit,
 )
 from .surgery.model.errors import (
     AmbiguousLayoutError,
@@ -75,6 +76,7 @@ if _typing.TYPE_CHECKING:
         rename_tokens,
         resize,
         tie,
+        transplant,
         untie,
         verify,
     )
@@ -90,6 +92,7 @@ _LAZY = {
     "fix_untrained": ("surgery.ops", "fix_untrained"),
     "prune": ("surgery.ops", "prune"),
     "rename_tokens": ("surgery.ops", "rename_tokens"),
+    "transplant": ("surgery.ops", "transplant"),
     "verify": ("surgery.ops", "verify"),
     "convert": ("surgery.ops", "convert"),
     "merge": ("surgery.ops", "merge"),
@@ -121,6 +124,7 @@ __all__ = [
     "TieState",
     "TietoolError",
     "TokenInit",
+    "TransplantInit",
     "UnsafePickleError",
     "UsageError",
     "ValuesDifferError",
@@ -136,6 +140,7 @@ __all__ = [
     "rename_tokens",
     "resize",
     "tie",
+    "transplant",
     "untie",
     "verify",
 ]

@@ -70,8 +70,8 @@ app = typer.Typer(
     name="tietool",
     help="Inspect, tie, untie and resize the input embedding and LM head of PaddlePaddle LLM checkpoints "
     "(PaddleNLP / PaddleFormers folders: config.json + .pdparams or .safetensors), add tokens to model and "
-    "tokenizer together, rename tokens into reserved slots, prune the vocabulary to a keep-list, fix "
-    "untrained rows, verify what a write "
+    "tokenizer together, rename tokens into reserved slots, prune the vocabulary to a keep-list, transplant "
+    "a donor's tokenizer, fix untrained rows, verify what a write "
     "changed, diff any two checkpoints; convert between the PaddleNLP and PaddleFormers conventions; merge "
     "tensor- or expert-parallel rank files and PaddleFormers Trainer (flex) checkpoints.",
     epilog=EXAMPLES["tietool"],

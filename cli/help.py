@@ -105,6 +105,11 @@ EXAMPLES = {
         f"tietool prune {S}/pf_llama_with_tokenizer --keep-ids keep.json --keep-special --dry-run --json",
         f"tietool prune {S}/pf_llama_with_tokenizer --keep-corpus domain.txt --out pruned/",
     ),
+    "transplant": _examples(
+        f"tietool transplant {S}/pf_llama_with_tokenizer --tokenizer donor_tokenizer/ --out transplanted/",
+        f"tietool transplant {S}/pf_llama_with_tokenizer --tokenizer donor_tokenizer/ --init mean --dry-run",
+        f"tietool verify {S}/pf_llama_with_tokenizer transplanted/",
+    ),
     "merge": _examples(
         f"tietool merge {S}/pf_llama_tp2 --out merged/     # model_state.tp00.pdparams, ...",
         f"tietool merge {S}/pf_qwen3_moe_ep2 --out experts/    # expert-parallel rank files",

@@ -1,6 +1,7 @@
-"""The vocabulary commands beside ``add-tokens`` (``fix-untrained``, ``rename-tokens``): their flags and
-their one :mod:`surgery` call each, registered on the app by :func:`register` (the way :mod:`cli.app`
-registers its own commands, kept apart so that each file stays small)."""
+"""The vocabulary commands beside ``add-tokens`` (``fix-untrained``, ``rename-tokens``, ``prune``,
+``transplant``): their flags and their one :mod:`surgery` call each, registered on the app by
+:func:`register` (the way :mod:`cli.app` registers its own commands, kept apart so that each file stays
+small)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,27 @@ KeepSpecialOpt = Annotated[
     typer.Option(
         "--keep-special",
         help="also keep every added/special token, every token id a config file names, and byte tokens",
+    ),
+]
+
+
+DonorOpt = Annotated[
+    Path,
+    typer.Option(
+        "--tokenizer",
+        help="the donor tokenizer's folder (tokenizer.json, a SentencePiece .model, vocab.txt or "
+        "vocab.json + merges.txt, with their config files)",
+        show_default=False,
+        metavar="DONOR_DIR",
+    ),
+]
+TransplantInitOpt = Annotated[
+    str,
+    typer.Option(
+        "--init",
+        help="the rows of donor tokens the model lacks: subword (the mean of the rows the old tokenizer "
+        "splits the token's text into), mean (of every row) or zeros",
+        metavar="[subword|mean|zeros]",
     ),
 ]
 
@@ -240,6 +262,45 @@ def register(app: typer.Typer) -> None:
             out,
             corpus=read_keep_corpus(keep_corpus) if keep_corpus is not None else None,
             keep_special=keep_special,
+            layout=layout,
+            loader=loader,
+            embedding=embedding,
+            head=head,
+            dry_run=dry_run,
+            link=link,
+            progress=render.progress_bar(quiet or json_out),
+            backup=backup,
+        )
+        render.written(rep, json_out, quiet=quiet)
+
+    @app.command("transplant", cls=Command, epilog=EXAMPLES["transplant"])
+    @command
+    def transplant(
+        ckpt: TokenCkptArg,
+        tokenizer: DonorOpt,
+        init: TransplantInitOpt = "subword",
+        out: OutOpt = None,
+        layout: LayoutOpt = None,
+        loader: LoaderOpt = None,
+        embedding: EmbOpt = None,
+        head: HeadOpt = None,
+        dry_run: DryOpt = False,
+        json_out: JsonOpt = False,
+        link: LinkOpt = False,
+        quiet: QuietOpt = False,
+        backup: BackupOpt = True,
+    ) -> None:
+        """Give the model a donor's tokenizer: every vocabulary tensor laid out in the donor's ids, a token
+        both tokenizers have keeping its row bit for bit, the others initialised (--init); tokenizer files,
+        vocab_size and the config's token ids set from the donor (how each row was made in the report)."""
+        from ..surgery import ops
+        from . import render
+
+        rep = ops.transplant(
+            ckpt,
+            tokenizer,
+            out,
+            init=init,
             layout=layout,
             loader=loader,
             embedding=embedding,

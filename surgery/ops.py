@@ -16,14 +16,12 @@ stores in the output as ``tietool-report.json`` before the output is renamed (or
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from enum import Enum
 from functools import partial
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from .inspect.detect import detect
 from .inspect.detection import Detection
@@ -31,11 +29,14 @@ from .inspect.summary import check_found, check_index, check_names, inspect_path
 from .io import flex, special_tokens, store, stores
 from .io.checkpoint import Checkpoint, has_whole
 from .io.formats import DEFAULT_MAX_SHARD_SIZE
-from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit
+from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit, TransplantInit
 from .model.errors import Opt, UsageError
 from .results import Inspection, Report
 from .run import Advance as Advance
 from .run import PathArg, Planner, ProgressFactory, run
+from .run import count_option as _count
+from .run import enum_option as _enum
+from .run import layout_option as _layout
 from .run import path_arg as _path
 from .write import inplace
 
@@ -44,42 +45,6 @@ if TYPE_CHECKING:  # annotations only: each operation imports the planners, writ
     from .plan import convert as convert_plan
     from .plan.plan import Plan
     from .verify import VerifyResult
-
-E = TypeVar("E", bound=Enum)
-
-
-def _enum(kind: type[E], x: Enum | str | None, name: str) -> E | None:
-    """Option ``name`` as a member of the enum ``kind`` (None stays None).
-
-    Raises:
-        UsageError: ``x`` is not one of ``kind``'s values (as the CLI's choices refuse it).
-    """
-    if x is None:
-        return None
-    try:
-        return kind(x.value if isinstance(x, Enum) else x)
-    except ValueError:
-        allowed = ", ".join(repr(m.value) for m in kind)
-        raise UsageError(
-            f"{Opt(name)} must be one of {allowed}, got {x!r}",
-            fix=f"e.g. {Opt(name, next(iter(kind)).value)}",
-        ) from None
-
-
-def _layout(layout: Layout | str | None) -> Layout | None:
-    """Option ``layout`` as a :class:`Layout`; ``AUTO`` (and None) as None: detection decides."""
-    v = _enum(Layout, layout, "layout")
-    return None if v in (None, Layout.AUTO) else v
-
-
-def _count(x: object, name: str) -> int | None:
-    """A count option (``vocab_size``, ``pad_to_multiple_of``) as an int; numpy integers are ints, a bool
-    is not. Raises UsageError otherwise (the range is checked by the planner)."""
-    if x is None:
-        return None
-    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
-        raise UsageError(f"{Opt(name)} must be an integer, got {x!r}", fix=f"e.g. {Opt(name, 32000)}")
-    return int(x)
 
 
 def inspect(
@@ -782,5 +747,45 @@ def prune(
 
             return plan_prune(det, corpus_ids(c.path, corpus), True, corpus.splitlines())
         return plan_prune(det, [i for i in ids if i is not None], keep_special)
+
+    return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+
+
+def transplant(
+    path: PathArg,
+    tokenizer: PathArg,
+    out: PathArg | None = None,
+    *,
+    init: TransplantInit | str = TransplantInit.SUBWORD,
+    layout: Layout | str | None = None,
+    loader: Loader | str | None = None,
+    embedding: str | None = None,
+    head: str | None = None,
+    dry_run: bool = False,
+    link: bool = False,
+    progress: ProgressFactory | None = None,
+    backup: bool = True,
+) -> Report:
+    """Give the model the tokenizer of the folder ``tokenizer`` (a donor's; see
+    :func:`surgery.plan.transplant.plan_transplant`): every vocabulary tensor laid out in the donor's id
+    order, each donor token's entry the old entry of the same token string (bit for bit) or made by ``init``
+    (``subword``: the mean of the old entries of the old tokenizer's split of its text; ``mean``; ``zeros``);
+    the donor's tokenizer files, ``vocab_size`` and the config's token ids follow. ``out`` None rewrites
+    ``path`` in place (as :func:`tie`).
+
+    Returns the report (its ``transplant`` section: per new id how its entries were made, and counts).
+    Raises UsageError for a bad ``init`` or a donor that is not a folder; RefusedError for a tokenizer
+    tietool cannot read (the model's or the donor's), a config token id the donor has no token for, and as
+    :func:`prune`.
+    """
+    from .plan.transplant import plan_transplant
+
+    how = _enum(TransplantInit, init, "init")
+    assert how is not None, "transplant needs an init"
+    donor = Path(str(_path(tokenizer, "tokenizer")))
+    store.local_only("transplant", path, out)
+
+    def plan(c: Checkpoint) -> Plan:
+        return plan_transplant(_detection(c, layout, loader, embedding, head), donor, how)
 
     return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)

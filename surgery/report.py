@@ -371,6 +371,7 @@ _EXTRA_KEY = {
     "fix-untrained": "fix_untrained",
     "rename-tokens": "rename_tokens",
     "prune": "prune",
+    "transplant": "transplant",
 }
 """The report key of a plan's ``extra_report`` by operation (``resize`` for the others)."""
 

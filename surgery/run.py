@@ -11,17 +11,19 @@ output is renamed (or swapped) into place.
 
 from __future__ import annotations
 
+import numbers
 import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from enum import Enum
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .io import store, stores
 from .io.checkpoint import Checkpoint
-from .model.enums import Target
+from .model.enums import Layout, Target
 from .model.errors import Interrupted, Opt, UsageError
 from .results import Report
 from .write import inplace, inplace_checks
@@ -288,3 +290,42 @@ class _InPlace:
 def _progress(progress: ProgressFactory | None, total: int) -> AbstractContextManager[Advance | None]:
     """``progress(total)``, or a context that yields None without one."""
     return (progress or (lambda _total: nullcontext(None)))(total)
+
+
+# ------------------------------------------------------------------ the options of the operations
+
+E = TypeVar("E", bound=Enum)
+
+
+def enum_option(kind: type[E], x: Enum | str | None, name: str) -> E | None:
+    """Option ``name`` as a member of the enum ``kind`` (None stays None).
+
+    Raises:
+        UsageError: ``x`` is not one of ``kind``'s values (as the CLI's choices refuse it).
+    """
+    if x is None:
+        return None
+    try:
+        return kind(x.value if isinstance(x, Enum) else x)
+    except ValueError:
+        allowed = ", ".join(repr(m.value) for m in kind)
+        raise UsageError(
+            f"{Opt(name)} must be one of {allowed}, got {x!r}",
+            fix=f"e.g. {Opt(name, next(iter(kind)).value)}",
+        ) from None
+
+
+def layout_option(layout: Layout | str | None) -> Layout | None:
+    """Option ``layout`` as a :class:`Layout`; ``AUTO`` (and None) as None: detection decides."""
+    v = enum_option(Layout, layout, "layout")
+    return None if v in (None, Layout.AUTO) else v
+
+
+def count_option(x: object, name: str) -> int | None:
+    """A count option (``vocab_size``, ``pad_to_multiple_of``) as an int; numpy integers are ints, a bool
+    is not. Raises UsageError otherwise (the range is checked by the planner)."""
+    if x is None:
+        return None
+    if isinstance(x, bool) or not isinstance(x, numbers.Integral):
+        raise UsageError(f"{Opt(name)} must be an integer, got {x!r}", fix=f"e.g. {Opt(name, 32000)}")
+    return int(x)

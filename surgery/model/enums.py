@@ -51,6 +51,15 @@ class Init(StrEnum):
     NORMAL = "normal"
 
 
+class TransplantInit(StrEnum):
+    """How ``transplant`` makes the row of a donor token the old vocabulary lacks (mergekit-tokensurgeon's
+    methods of the same names)."""
+
+    SUBWORD = "subword"  # the mean of the old rows of the pieces the old tokenizer splits its text into
+    MEAN = "mean"  # the mean of every old row
+    ZEROS = "zeros"
+
+
 class TokenInit(StrEnum):
     """Values of the row of a token ``add-tokens`` adds (:func:`surgery.plan.add_tokens.plan_add_tokens`).
 
@@ -146,6 +155,7 @@ class Operation(StrEnum):
     FIX_UNTRAINED = "fix-untrained"
     RENAME_TOKENS = "rename-tokens"
     PRUNE = "prune"
+    TRANSPLANT = "transplant"
     VERIFY = "verify"
     CONVERT = "convert"
     MERGE = "merge"

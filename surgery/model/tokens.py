@@ -143,6 +143,8 @@ class TokenEdit:
             files not named keep their bytes.
         warnings: what the edit did that the user did not spell out (a token stored lower-cased, an
             existing token's special flag changed, a loader that does not see the new tokens), one line each.
+        dropped: tokenizer files of the folder the output does not hold (a transplanted tokenizer that has
+            no such file), by name relative to the folder.
     """
 
     length_before: int
@@ -151,6 +153,7 @@ class TokenEdit:
     removed: tuple[AddedToken, ...] = ()
     files: Mapping[str, bytes] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    dropped: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "files", _frozen(self.files))

@@ -33,6 +33,7 @@ from ..model.enums import HeadLayout, Init, TieState, TokenInit
 from ..model.tensor import TensorInfo, bf16_bits_to_f32, dtype_refusal, f32_to_bf16_bits
 from .flex_pieces import Assembled, assembled_data
 from .kept_rows import KeptRows, kept_rows_data
+from .transplant_rows import TransplantRows, transplant_rows_data
 from .untrained_rows import MeanRows, mean_rows_data
 
 Array = npt.NDArray[Any]
@@ -226,6 +227,7 @@ Recipe = (
     | EditedBias
     | MeanRows
     | KeptRows
+    | TransplantRows
 )
 Data = Array | Source
 
@@ -279,6 +281,8 @@ def uses(recipe: Recipe) -> list[Use]:
         return [Use(recipe.name, "set untrained rows to the mean of the trained ones", True)]
     if isinstance(recipe, KeptRows):  # whole entries kept: elements moved, never computed with
         return [Use(recipe.name, "keep some of its entries", False)]
+    if isinstance(recipe, TransplantRows):
+        return [Use(recipe.name, "make entries of a donor tokenizer's tokens from it", True)]
     return uses(recipe.copy) + uses(recipe.own)
 
 
@@ -326,6 +330,8 @@ def describe(recipe: Recipe) -> str:
         return f"{recipe.name} with {len(recipe.ids)} {what} set to the mean {whose} {what}{close}"
     if isinstance(recipe, KeptRows):
         return f"{recipe.name} with {len(recipe.ids)} kept entries on axis {recipe.axis}"
+    if isinstance(recipe, TransplantRows):
+        return f"{recipe.name} laid out in the donor tokenizer's {len(recipe.rows)} ids (axis {recipe.axis})"
     return f"{describe(recipe.copy)} if {recipe.name} equals {recipe.main}, else {describe(recipe.own)}"
 
 
@@ -366,6 +372,8 @@ def _build(recipe: Recipe, ckpt: Checkpoint | None, get: Callable[[Recipe], Data
         return mean_rows_data(recipe, ckpt)
     if isinstance(recipe, KeptRows):
         return kept_rows_data(recipe, ckpt)
+    if isinstance(recipe, TransplantRows):
+        return transplant_rows_data(recipe, ckpt)
     m, t = ckpt.tensors[recipe.main], ckpt.tensors[recipe.name]
     same = m.shape == t.shape and m.dtype == t.dtype
     if same and compare(ckpt, recipe.main, recipe.name, HeadLayout.VOCAB_HIDDEN).values is TieState.EXACT:

@@ -42,6 +42,7 @@ from .recipes import (
     ResizedTable,
     TokenRows,
 )
+from .transplant_rows import TransplantRows
 
 INITS = tuple(i.value for i in Init)  # --init choices
 
@@ -618,6 +619,8 @@ def _resize_head(
     recipe: Recipe
     if tied_equal and axis == 0:
         recipe = emb
+    elif tied_equal and isinstance(emb, KeptRows | TransplantRows):  # its entries, as columns
+        recipe = replace(emb, name=det.head.name, axis=axis)
     elif tied_equal:  # the embedding's new rows, as columns
         assert isinstance(emb, ResizedTable | EditedTable), "internal: the embedding is a table"
         recipe = replace(emb, name=det.head.name, axis=axis, new=hnew)
@@ -676,8 +679,14 @@ def _resize_bias(det: Detection, plan: Plan, old: int, recipe: Recipe | None) ->
             ckpt.path,
             "fix the bias first",
         )
-    assert isinstance(recipe, ResizedBias | EditedBias | KeptRows), "internal: a bias recipe"
-    entries = len(recipe.ids) if isinstance(recipe, KeptRows) else recipe.new
+    assert isinstance(recipe, ResizedBias | EditedBias | KeptRows | TransplantRows), "internal: a bias recipe"
+    entries = (
+        len(recipe.ids)
+        if isinstance(recipe, KeptRows)
+        else len(recipe.rows)
+        if isinstance(recipe, TransplantRows)
+        else recipe.new
+    )
     for n in det.bias_names:
         t = ckpt.tensors[n]
         out = out_dtype(ckpt, t, plan.relabel_u16)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..io.checkpoint import Checkpoint
 from ..model.errors import TietoolError
 from ..report import chain_since
-from . import chain, flexstate, prune, pruned, rebuilt, training
+from . import chain, flexstate, prune, pruned, rebuilt, training, transplant
 from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
 from .logits import NotCompared, logits_check
 from .result import VerifyResult
@@ -89,6 +89,9 @@ def _verify_tensors_and_files(a_path, b_path, prunes: bool = True) -> VerifyResu
     sec = prune.section(a_path, b_path)
     if sec is not None:  # one prune run: every entry checked at its old id (surgery.verify.prune)
         return prune.verify_prune(a_path, b_path, sec)
+    sec = transplant.section(a_path, b_path)
+    if sec is not None:  # one transplant run: every entry recomputed as its row says
+        return transplant.verify_transplant(a_path, b_path, sec)
     if prunes and pruned.applies(a_path, b_path):  # a prune in a longer chain: the input pruned first
         return pruned.verify_through(a_path, b_path, _after_prune)
     if chain.applies(a_path, b_path):  # a convert or merge in a longer chain: the input carried through it
@@ -101,6 +104,7 @@ def _verify_tensors_and_files(a_path, b_path, prunes: bool = True) -> VerifyResu
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = _compare(A, B)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
+    transplant.chained(cmp.res, a_path, b_path)
     return cmp.res
 
 

@@ -260,8 +260,9 @@ def _config_files(plan: Plan) -> set[str]:
 
 
 def _tokenizer_files(plan: Plan) -> set[str]:
-    """The tokenizer files the plan's edit writes (never copied, linked or kept as a folder link)."""
-    return set(plan.tokenizer.files) if plan.tokenizer is not None else set()
+    """The tokenizer files the plan's edit writes or drops (never copied, linked or kept as a folder
+    link)."""
+    return set(plan.tokenizer.files) | set(plan.tokenizer.dropped) if plan.tokenizer is not None else set()
 
 
 def _write_tokenizer_files(plan: Plan, tmp: Path, files_report: dict[str, Any]) -> None:

@@ -23,6 +23,7 @@ OPERATIONS = {
     "fix_untrained",
     "rename_tokens",
     "prune",
+    "transplant",
     "verify",
     "convert",
     "merge",
