@@ -9,8 +9,9 @@ The folders mirror the package (tests/README.md): each test gets the marker of i
 test files is put on ``sys.path`` here, so a test module imported by another (``from test_x import ...``)
 is found wherever either lives (test file names are unique across folders: pytest imports them by name).
 
-Run in parallel (README's test command: ``pytest -n auto``, with ``--dist loadgroup`` from ``pyproject.toml``),
-each worker is a process of its own with its own temporary folders, so tests share no path; two kinds of
+Run in parallel (README's test command: ``pytest -n auto``; ``--dist loadgroup`` comes from
+``pyproject.toml``), each worker is a process of its own with its own temporary folders, so tests share no
+path; two kinds of
 tests are kept together by an ``xdist_group`` marker (:func:`xdist_group_of`): a module whose tests share an
 expensive module- or session-scoped build (:data:`SHARED_BUILDS`: split over two workers, each would build
 it), and the tests bounded by time or memory or that kill runs at measured moments (:data:`TIMING`: one at a
