@@ -115,7 +115,10 @@ def run(path: str, argv: list[str]) -> int:
 
     req = {"argv": argv, "cwd": os.getcwd(), "env": dict(os.environ)}
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
-        s.connect(path)
+        try:
+            s.connect(path)
+        except OSError:  # the server is gone: a new interpreter, as without it
+            os.execv(sys.executable, [sys.executable, "-m", "tietool", *argv])
         socket.send_fds(s, [json.dumps(req).encode()], [0, 1, 2])
         reply = s.recv(4)
     if len(reply) != 4:
