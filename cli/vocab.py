@@ -41,8 +41,10 @@ FixInitOpt = Annotated[
     str,
     typer.Option(
         "--init",
-        help="the rows' new values: trained-mean (the mean of the trained rows, as unsloth sets them)",
-        metavar="[trained-mean]",
+        help="the rows' new values: trained-mean (the mean of the trained rows, as unsloth sets them) or "
+        "subtokens (the mean of the rows of the token's text as the tokenizer splits it without the token; "
+        "the trained mean where that split is empty or untrained)",
+        metavar="[trained-mean|subtokens]",
     ),
 ]
 

@@ -421,7 +421,8 @@ def fix_untrained(
 
     Args:
         ids: only these rows (each must be untrained by the rule); None: every untrained row.
-        init: ``trained-mean`` (unsloth's value).
+        init: ``trained-mean`` (unsloth's value) or ``subtokens`` (the mean of the rows of the token's text
+            split without the token, the trained mean where that split is empty or untrained).
         out: the output folder; None rewrites ``path`` in place (as :func:`tie`).
 
     Returns the report (its ``fix_untrained`` fields: the ids and tokens set, the special rows kept, the
@@ -775,7 +776,7 @@ def prune(
         if corpus is not None:
             from .io.tokenizer_prune import corpus_ids
 
-            return plan_prune(det, corpus_ids(c.path, corpus), True)
+            return plan_prune(det, corpus_ids(c.path, corpus), True, corpus.splitlines())
         return plan_prune(det, [i for i in ids if i is not None], keep_special)
 
     return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)

@@ -10,6 +10,12 @@ library does with the new tokens of tietool's output; :data:`PROOFS` names the t
 ``tests/data/pnlp_tokenizers`` and the ``e01``/``e08`` cases) and asserted it:
 ``tests/oracles/test_tokenizer_loaders.py::test_tokenizer_loader_fact``.
 
+``prune`` has its own table, :data:`PRUNE_FACTS`, keyed by the pruned format (:class:`PrunedFormat`, the
+vocabulary file and its model) and the loader: whether the library encodes kept text of a pruned real
+tokenizer to the old encoding's ids renumbered (:data:`PRUNE_PROOFS`:
+``tests/oracles/test_prune_tokenizers.py::test_prune_loader_fact``). A format no loader is proven for is
+refused by name.
+
 Measured with tokenizers 0.22.2, sentencepiece 0.2.3, transformers 5.3.0, PaddleFormers 1.2.0 and PaddleNLP
 2.8.1 (paddle 2.6.2).
 """
@@ -134,3 +140,85 @@ def unseen_by(fmt: TokenizerFormat, where: AddedTokensIn) -> tuple[TokenizerFact
     """The libraries that read such a folder but not its new tokens (:attr:`Outcome.IGNORES`): add-tokens
     says so on the terminal, naming them."""
     return tuple(f for f in facts_for(fmt, where) if f.outcome is Outcome.IGNORES)
+
+
+# ------------------------------------------------------------------------------------------ prune
+
+
+class PrunedFormat(StrEnum):
+    """A vocabulary file ``prune`` cuts to a keep-list (:mod:`surgery.io.tokenizer_prune`), by its model."""
+
+    BPE_JSON = "tokenizer.json-BPE"  # tokenizer.json, BPE model (byte-level, or a SentencePiece conversion)
+    UNIGRAM_JSON = "tokenizer.json-Unigram"  # tokenizer.json, Unigram model (pieces with scores)
+    WORDPIECE_JSON = "tokenizer.json-WordPiece"
+    WORDPIECE_TXT = "vocab.txt"
+    GPT2_BPE = "vocab.json+merges.txt"
+    SP_BPE = "sentencepiece-BPE"  # a SentencePiece *.model of model_type BPE
+    SP_UNIGRAM = "sentencepiece-Unigram"  # a SentencePiece *.model of model_type UNIGRAM
+
+
+class PruneOutcome(StrEnum):
+    """What a library makes of a ``prune`` output of a format."""
+
+    KEEPS_ENCODING = "encodes kept text to the old encoding's ids renumbered, and counts the kept tokens"
+    NOT_A_READER = "does not load this format (the input already fails)"
+
+
+@dataclass(frozen=True)
+class PruneFact:
+    """One measured fact: ``loader`` on ``prune`` outputs of real tokenizers of format ``fmt``."""
+
+    fmt: PrunedFormat
+    loader: TokenizerLoader
+    outcome: PruneOutcome
+    why: str = ""
+
+    @property
+    def key(self) -> str:
+        """The fact's id in its proving test's parameters: ``<format>-<loader>``."""
+        return f"{self.fmt.value}-{self.loader.value}"
+
+
+_P, _K, _N = PrunedFormat, PruneOutcome.KEEPS_ENCODING, PruneOutcome.NOT_A_READER
+_NO_JSON = "reads no tokenizer.json"
+
+PRUNE_FACTS: tuple[PruneFact, ...] = (
+    PruneFact(_P.BPE_JSON, _L.TOKENIZERS, _K),
+    PruneFact(_P.BPE_JSON, _L.TRANSFORMERS, _K),
+    PruneFact(_P.BPE_JSON, _L.PADDLEFORMERS, _K),
+    PruneFact(_P.BPE_JSON, _L.PADDLENLP_28, _N, _PNLP_NO_FAST),
+    PruneFact(_P.UNIGRAM_JSON, _L.TOKENIZERS, _K),
+    PruneFact(_P.UNIGRAM_JSON, _L.TRANSFORMERS, _K),
+    PruneFact(_P.UNIGRAM_JSON, _L.PADDLEFORMERS, _K),
+    PruneFact(_P.UNIGRAM_JSON, _L.PADDLENLP_28, _N, _PNLP_NO_FAST),
+    PruneFact(_P.WORDPIECE_JSON, _L.TOKENIZERS, _K),
+    PruneFact(_P.WORDPIECE_JSON, _L.TRANSFORMERS, _K),
+    PruneFact(_P.WORDPIECE_JSON, _L.PADDLEFORMERS, _K),
+    PruneFact(_P.WORDPIECE_TXT, _L.TRANSFORMERS, _K),
+    PruneFact(_P.WORDPIECE_TXT, _L.PADDLEFORMERS, _K),
+    PruneFact(_P.WORDPIECE_TXT, _L.PADDLENLP_28, _K),
+    PruneFact(_P.GPT2_BPE, _L.TRANSFORMERS, _K),
+    PruneFact(_P.GPT2_BPE, _L.PADDLEFORMERS, _K),
+    PruneFact(_P.GPT2_BPE, _L.PADDLENLP_28, _K),
+    PruneFact(_P.SP_BPE, _L.SENTENCEPIECE, _K),
+    PruneFact(_P.SP_BPE, _L.TRANSFORMERS, _K),
+    PruneFact(_P.SP_BPE, _L.PADDLEFORMERS, _K),
+    PruneFact(_P.SP_BPE, _L.PADDLENLP_28, _K),
+    PruneFact(_P.SP_UNIGRAM, _L.SENTENCEPIECE, _K),
+    PruneFact(_P.SP_UNIGRAM, _L.TRANSFORMERS, _K),
+    PruneFact(_P.SP_UNIGRAM, _L.PADDLEFORMERS, _K),
+    PruneFact(_P.SP_UNIGRAM, _L.PADDLENLP_28, _N, _PNLP_SP_NAME),
+)
+"""Every (pruned format, loader) fact measured; a pair absent here is not claimed."""
+
+PRUNE_PROOF_TEST = "tests/oracles/test_prune_tokenizers.py::test_prune_loader_fact"
+PRUNE_PROOFS: Mapping[str, str] = MappingProxyType(
+    {f.key: f"{PRUNE_PROOF_TEST}[{f.key}]" for f in PRUNE_FACTS}
+)
+"""Prune fact key (:attr:`PruneFact.key`) → the pytest node id of the test that proved it."""
+
+
+def prune_proven(fmt: PrunedFormat) -> tuple[TokenizerLoader, ...]:
+    """The loaders proven to encode a ``prune`` output of ``fmt`` as the old encoding renumbered (empty: the
+    format's pruning is unproven, and ``prune`` refuses it)."""
+    return tuple(f.loader for f in PRUNE_FACTS if f.fmt is fmt and f.outcome is PruneOutcome.KEEPS_ENCODING)

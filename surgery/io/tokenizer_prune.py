@@ -1,19 +1,27 @@
 """The tokenizer files of a folder cut to a keep-list of token ids, renumbered in their old order
 (``prune``): :func:`prune_tokenizer_edit`.
 
-Edited, each as the libraries read it (proven by ``tests/oracles/test_prune.py`` with ``tokenizers``,
-transformers' and PaddleFormers' ``AutoTokenizer`` and PaddleNLP 2.8.1's tokenizers: kept text encodes to the
-remapped ids of the old encoding):
+Edited, each as the libraries read it (proven per format and loader by the facts of
+:data:`surgery.io.tokenizer_loaders.PRUNE_FACTS` and ``tests/oracles/test_prune.py``: kept text encodes to
+the remapped ids of the old encoding):
 
-- ``tokenizer.json`` with a ``BPE`` model: the vocabulary renumbered, a merge kept only when both parts and
-  their concatenation are kept (a merge whose result is dropped could never apply; one whose part is dropped
-  neither), ``added_tokens`` and the post-processor's special ids renumbered. A byte-level BPE must keep the
-  byte tokens it has (every byte of any text maps to one), a ``byte_fallback`` BPE its ``<0xNN>`` tokens;
+- ``tokenizer.json`` with a ``BPE`` model, and ``vocab.json`` + ``merges.txt``: the vocabulary renumbered,
+  a merge kept only when both parts and their concatenation are kept (a merge whose result is dropped could
+  never apply; one whose part is dropped neither), ``added_tokens`` and the post-processor's special ids
+  renumbered. A byte-level BPE must keep its 256 byte tokens (every byte of any text maps to one: refused,
+  naming them, unless kept; ``--keep-special`` keeps them), a ``byte_fallback`` BPE its ``<0xNN>`` tokens;
+  a kept token that BPE merges from a dropped one is refused (the ids to add named);
+- ``tokenizer.json`` with a ``Unigram`` model: the kept ``[piece, score]`` entries, ``unk_id`` renumbered;
 - ``tokenizer.json`` with a ``WordPiece`` model, and ``vocab.txt`` (lines at the kept ids);
+- SentencePiece ``*.model`` files (BPE and Unigram): :mod:`surgery.io.tokenizer_prune_sp`;
 - ``tokenizer_config.json`` ``added_tokens_decoder``, ``added_tokens.json`` and the special-token lists.
 
-Refused, naming the file: SentencePiece models, ``vocab.json`` + ``merges.txt``, a ``Unigram`` or
-``WordLevel`` ``tokenizer.json``, tiktoken files: their pruning is not proven here.
+Every pruned ``tokenizer.json``, ``vocab.json`` and SentencePiece model is then checked by its library:
+each kept token's text and each keep-corpus line must encode to the old ids renumbered wherever the old
+encoding used kept tokens only (:func:`surgery.io.tokenizer_prune_sp.refuse_changed_encoding`).
+
+Refused, naming the file: a ``WordLevel`` ``tokenizer.json``, tiktoken files, a WORD / CHAR SentencePiece
+model, and any format no loader is proven for.
 """
 
 from __future__ import annotations
@@ -24,15 +32,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..model.errors import CheckpointError, Opt, RefusedError, TietoolError
-from ..model.extras import install_extra
+from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tokens import TokenEdit
 from .regular import JSON_LIMIT, read_bounded
 from .tokenizer import sp_names
+from .tokenizer_loaders import PrunedFormat, prune_proven
+from .tokenizer_prune_sp import (
+    json_encoders,
+    prune_sp_model,
+    refuse_changed_encoding,
+    sp_alphabet_ids,
+    sp_encoders,
+    sp_parts,
+)
 
 CONFIG, ADDED_JSON, SPECIAL_MAP = "tokenizer_config.json", "added_tokens.json", "special_tokens_map.json"
-EDITED_MODELS = ("BPE", "WordPiece")
-"""The ``tokenizer.json`` model types whose pruning is proven."""
+JSON_FORMATS = {
+    "BPE": PrunedFormat.BPE_JSON,
+    "Unigram": PrunedFormat.UNIGRAM_JSON,
+    "WordPiece": PrunedFormat.WORDPIECE_JSON,
+}
+"""The ``tokenizer.json`` model types ``prune`` edits, by their :class:`PrunedFormat`."""
 
 NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -70,28 +90,42 @@ def _dump(original: str, data: Any) -> bytes:
 
 
 def _refuse_formats(root: Path) -> None:
-    """Refuse the tokenizer files whose pruning is not proven (the module docstring)."""
-    bad = [n for n in sp_names(root) if (root / n).is_file()]
-    bad += [n for n in ("vocab.json", "merges.txt") if (root / n).is_file()]
-    bad += sorted(p.name for p in root.glob("*.tiktoken"))
+    """Refuse tiktoken files: their pruning is not proven."""
+    bad = sorted(p.name for p in root.glob("*.tiktoken"))
     if bad:
         raise RefusedError(
-            f"prune refused: {bad[0]} is a tokenizer format whose pruning tietool has not proven "
-            "(it prunes tokenizer.json BPE / WordPiece and vocab.txt); nothing was written",
+            f"prune refused: {bad[0]} is a tiktoken rank file, whose pruning tietool has not proven; nothing "
+            "was written",
             root / bad[0],
-            "prune a checkpoint whose tokenizer is a tokenizer.json (save it with a fast tokenizer's "
-            "save_pretrained), or prune with the tokenizer's own library",
+            "prune with the tokenizer's own library",
         )
 
 
-def prune_tokenizer_edit(folder: Path, keep: Sequence[int]) -> TokenEdit | None:
-    """The edit of every tokenizer file of ``folder`` that keeps only the tokens at ``keep`` (old ids,
-    ascending; new id = position in ``keep``); None when the folder has no tokenizer vocabulary.
+def refuse_unproven(path: Path, fmt: PrunedFormat) -> None:
+    """Refuse a pruned format no loader is proven for (:func:`surgery.io.tokenizer_loaders.prune_proven`).
 
     Raises:
-        RefusedError: an unproven format (:func:`_refuse_formats`), a byte / byte-fallback token or the
-            unknown token dropped, a special token a file names dropped.
-        CheckpointError: a file that is not valid JSON.
+        RefusedError: naming the file and the format.
+    """
+    if not prune_proven(fmt):
+        raise RefusedError(
+            f"prune refused: {path.name} is {fmt.value}, whose pruning no loader is proven to read",
+            path,
+            "prune with the tokenizer's own library",
+        )
+
+
+def prune_tokenizer_edit(folder: Path, keep: Sequence[int], texts: Sequence[str] = ()) -> TokenEdit | None:
+    """The edit of every tokenizer file of ``folder`` that keeps only the tokens at ``keep`` (old ids,
+    ascending; new id = position in ``keep``); None when the folder has no tokenizer vocabulary. ``texts``
+    (a keep-corpus's lines) must encode as before, renumbered, as every kept token's own text must.
+
+    Raises:
+        RefusedError: an unproven format (:func:`refuse_unproven`), a byte / byte-fallback token, a control
+            piece or the unknown token dropped, a special token a file names dropped, kept text that would
+            encode otherwise (:func:`surgery.io.tokenizer_prune_sp.refuse_changed_encoding`).
+        CheckpointError: a file that is not valid JSON or not a SentencePiece model.
+        TietoolError: ``tokenizers`` / ``sentencepiece`` missing (the ``tokenizer`` extra).
     """
     root = Path(folder)
     _refuse_formats(root)
@@ -102,12 +136,23 @@ def prune_tokenizer_edit(folder: Path, keep: Sequence[int]) -> TokenEdit | None:
         text, tj = _load(root / "tokenizer.json")
         gone |= _prune_tokenizer_json(root / "tokenizer.json", tj, new_id)
         files["tokenizer.json"] = _dump(text, tj)
+        pruned = files["tokenizer.json"].decode("utf-8")
+        refuse_changed_encoding(root / "tokenizer.json", json_encoders(text, pruned), keep, texts)
     if (root / "vocab.txt").is_file():
+        refuse_unproven(root / "vocab.txt", PrunedFormat.WORDPIECE_TXT)
         lines = (root / "vocab.txt").read_text(encoding="utf-8").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
         gone |= {t for i, t in enumerate(lines) if i not in new_id}
         files["vocab.txt"] = "".join(lines[i] + "\n" for i in keep if i < len(lines)).encode("utf-8")
+    if (root / "vocab.json").is_file() and (root / "merges.txt").is_file():
+        gone |= _prune_vocab_json(root, new_id, files, texts)
+    for name in sp_names(root):
+        if (root / name).is_file():
+            files[name], dropped = prune_sp_model(root / name, new_id)
+            gone |= dropped
+            old = (root / name).read_bytes()
+            refuse_changed_encoding(root / name, sp_encoders(old, files[name]), keep, texts)
     if not files:
         return None
     for name in (CONFIG, ADDED_JSON, SPECIAL_MAP):
@@ -121,47 +166,152 @@ def prune_tokenizer_edit(folder: Path, keep: Sequence[int]) -> TokenEdit | None:
 
 
 def alphabet_ids(folder: Path) -> list[int]:
-    """The ids of ``tokenizer.json``'s byte tokens: the 256 byte symbols of a byte-level BPE, the
-    ``<0xNN>`` tokens of a ``byte_fallback`` BPE (empty for other tokenizers)."""
-    path = Path(folder) / "tokenizer.json"
+    """The ids of the tokens ``--keep-special`` keeps for the tokenizer's alphabet: the 256 byte symbols
+    of a byte-level BPE (``tokenizer.json`` or ``vocab.json``), the ``<0xNN>`` tokens of a ``byte_fallback``
+    model, the unknown, control and byte-fallback pieces of a SentencePiece model."""
+    root = Path(folder)
+    out: list[int] = []
+    for name in sp_names(root):
+        if (root / name).is_file():
+            out += sp_alphabet_ids(root / name)
+    if (root / "vocab.json").is_file():
+        _, vocab = _load(root / "vocab.json")
+        if isinstance(vocab, dict):
+            out += [i for t, i in vocab.items() if t in BYTE_SYMBOLS and isinstance(i, int)]
+    path = root / "tokenizer.json"
     if not path.is_file():
-        return []
+        return out
     _, tj = _load(path)
     model = tj.get("model") or {}
     vocab = model.get("vocab")
+    fallback = bool(model.get("byte_fallback"))
+    if isinstance(vocab, list):  # Unigram: [piece, score] at its id
+        unk = model.get("unk_id")
+        out += [i for i, e in enumerate(vocab) if (fallback and _FALLBACK.match(e[0])) or i == unk]
+        return out
     if not isinstance(vocab, dict):
-        return []
+        return out
     byte_level = "ByteLevel" in json.dumps([tj.get("pre_tokenizer"), tj.get("decoder")])
-    out = [i for t, i in vocab.items() if byte_level and t in BYTE_SYMBOLS]
-    return out + [i for t, i in vocab.items() if model.get("byte_fallback") and _FALLBACK.match(t)]
+    out += [i for t, i in vocab.items() if byte_level and t in BYTE_SYMBOLS]
+    return out + [i for t, i in vocab.items() if fallback and _FALLBACK.match(t)]
 
 
 def _prune_tokenizer_json(path: Path, tj: dict[str, Any], new_id: dict[int, int]) -> set[str]:
     """Prune ``tokenizer.json`` in place; returns the dropped token strings."""
     model = tj.get("model") or {}
     kind = model.get("type")
-    if kind not in EDITED_MODELS:
+    if kind not in JSON_FORMATS:
         raise RefusedError(
             f"prune refused: tokenizer.json has a {kind} model, whose pruning tietool has not proven "
-            f"(it prunes {' and '.join(EDITED_MODELS)})",
+            f"(it prunes {', '.join(JSON_FORMATS)})",
             path,
             "prune with the tokenizer's own library",
         )
-    vocab: dict[str, int] = model["vocab"]
-    gone = {t for t, i in vocab.items() if i not in new_id}
-    _refuse_lost_alphabet(path, tj, model, gone)
-    unk = model.get("unk_token")
-    if unk is not None and unk in gone:
-        raise RefusedError(f"prune refused: the unknown token {unk!r} is not kept", path, "keep its id")
-    model["vocab"] = {t: new_id[i] for t, i in sorted(vocab.items(), key=lambda x: x[1]) if i in new_id}
-    if kind == "BPE":
-        _refuse_unreachable(path, model, vocab, new_id)
-        model["merges"] = [m for m in model.get("merges") or [] if _merge_kept(m, model)]
+    refuse_unproven(path, JSON_FORMATS[kind])
+    if kind == "Unigram":
+        gone = _prune_unigram(path, model, new_id)
+    else:
+        vocab: dict[str, int] = model["vocab"]
+        gone = {t for t, i in vocab.items() if i not in new_id}
+        _refuse_lost_alphabet(path, tj, model, gone)
+        unk = model.get("unk_token")
+        if unk is not None and unk in gone:
+            raise RefusedError(f"prune refused: the unknown token {unk!r} is not kept", path, "keep its id")
+        model["vocab"] = {t: new_id[i] for t, i in sorted(vocab.items(), key=lambda x: x[1]) if i in new_id}
+        if kind == "BPE":
+            _refuse_unreachable(path, model, vocab, new_id)
+            model["merges"] = [m for m in model.get("merges") or [] if _merge_kept(m, model)]
     added = tj.get("added_tokens") or []
     gone |= {a["content"] for a in added if a["id"] not in new_id}
     tj["added_tokens"] = [dict(a, id=new_id[a["id"]]) for a in added if a["id"] in new_id]
     _prune_post_processor(path, tj.get("post_processor"), new_id)
     return gone
+
+
+def _prune_unigram(path: Path, model: dict[str, Any], new_id: dict[int, int]) -> set[str]:
+    """A Unigram model's ``vocab`` (``[piece, score]`` at each id) cut to the kept ids, scores kept,
+    ``unk_id`` renumbered; the unknown piece and a ``byte_fallback`` model's ``<0xNN>`` pieces must stay.
+    Returns the dropped pieces."""
+    vocab: list[Any] = model["vocab"]
+    unk = model.get("unk_id")
+    lost = [
+        (i, e[0])
+        for i, e in enumerate(vocab)
+        if i not in new_id and (i == unk or (model.get("byte_fallback") and _FALLBACK.match(e[0])))
+    ]
+    if lost:
+        shown = ", ".join(f"{i} {t!r}" for i, t in lost[:8])
+        raise RefusedError(
+            f"prune refused: {len(lost)} piece(s) of the Unigram model that must stay (the unknown piece, "
+            f"byte-fallback pieces) would be dropped ({shown})",
+            path,
+            f"pass {Opt('keep_special', True)} (keeps them), or add their ids to the keep-list",
+        )
+    gone = {e[0] for i, e in enumerate(vocab) if i not in new_id}
+    model["vocab"] = [vocab[i] for i in sorted(new_id) if i < len(vocab)]
+    if unk is not None:
+        model["unk_id"] = new_id[unk]
+    return gone
+
+
+def _prune_vocab_json(
+    root: Path, new_id: dict[int, int], files: dict[str, bytes], texts: Sequence[str]
+) -> set[str]:
+    """``vocab.json`` + ``merges.txt`` (a GPT-2 byte-level BPE) pruned into ``files`` as a ``tokenizer.json``
+    BPE is: the byte tokens kept, a merge kept only with its parts and result, kept text checked by
+    ``tokenizers`` with the pair. Returns the dropped tokens."""
+    refuse_unproven(root / "vocab.json", PrunedFormat.GPT2_BPE)
+    text, vocab, head, merges, merges_text = _read_gpt2(root)
+    gone = {t for t, i in vocab.items() if i not in new_id}
+    lost = sorted(t for t in gone if t in BYTE_SYMBOLS)
+    if lost:
+        shown = ", ".join(f"{vocab[t]} {t!r}" for t in lost[:8])
+        raise RefusedError(
+            f"prune refused: {len(lost)} byte token(s) of vocab.json would be dropped ({shown}): every byte "
+            "of any text maps to one, so text that contains it would encode differently",
+            root / "vocab.json",
+            f"pass {Opt('keep_special', True)} (keeps every byte token), or add their ids to the keep-list",
+        )
+    model = {"vocab": vocab, "merges": merges}
+    _refuse_unreachable(root / "vocab.json", model, vocab, new_id)
+    pruned = {t: new_id[i] for t, i in sorted(vocab.items(), key=lambda x: x[1]) if i in new_id}
+    kept = [m for m in merges if _merge_kept(m, {"vocab": pruned})]
+    files["vocab.json"] = _dump(text, pruned)
+    end = "\n" if merges_text.endswith("\n") else ""
+    files["merges.txt"] = ("\n".join(head + kept) + end).encode("utf-8")
+    encoders = _bpe_encoders(root, (vocab, merges), (pruned, kept))
+    refuse_changed_encoding(root / "vocab.json", encoders, sorted(new_id), texts)
+    return gone
+
+
+def _bpe_encoders(root: Path, old: tuple[dict, list[str]], new: tuple[dict, list[str]]) -> Any:
+    """:func:`~surgery.io.tokenizer_prune_sp.json_encoders` of two GPT-2 ``vocab.json`` + ``merges.txt``
+    pairs (:func:`_gpt2_json`)."""
+    return json_encoders(_gpt2_json(root, *old), _gpt2_json(root, *new))
+
+
+def _gpt2_json(root: Path, vocab: dict, merges: list[str]) -> str:
+    """A ``tokenizer.json`` text of ``tokenizers``' byte-level BPE of a GPT-2 vocabulary and merges
+    (``add_prefix_space`` as ``tokenizer_config.json`` says), as transformers' ``GPT2Tokenizer`` splits."""
+    from .tokenizer_folder import import_lib
+
+    tk = import_lib("tokenizers")
+    cfg = _load(root / CONFIG)[1] if (root / CONFIG).is_file() else {}
+    prefix = bool(cfg.get("add_prefix_space", False)) if isinstance(cfg, dict) else False
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    t = tk.Tokenizer(tk.models.BPE(dict(vocab), pairs))
+    t.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=prefix)
+    t.decoder = tk.decoders.ByteLevel()
+    return str(t.to_str())
+
+
+def _read_gpt2(root: Path) -> tuple[str, dict, list[str], list[str], str]:
+    """``vocab.json``'s text and dict, ``merges.txt``'s header lines, merges and text."""
+    text, vocab = _load(root / "vocab.json")
+    merges_text = read_bounded(root / "merges.txt", JSON_LIMIT).decode("utf-8")
+    lines = merges_text.split("\n")
+    head = [ln for ln in lines if ln.startswith("#")]
+    return text, vocab, head, [ln for ln in lines if ln and not ln.startswith("#")], merges_text
 
 
 def _parts(merge: Any) -> tuple[str, str]:
@@ -205,41 +355,52 @@ def _merge_parts(model: dict[str, Any], vocab: dict[str, int], keep: set[int]) -
 
 
 def corpus_ids(folder: Path, text: str) -> list[int]:
-    """The ids ``tokenizer.json`` (read by the ``tokenizers`` library) gives the lines of ``text``
-    (``add_special_tokens=False``), with the tokens BPE merges into them (:func:`_merge_parts`), sorted.
+    """The ids the folder's tokenizer gives the lines of ``text`` (``add_special_tokens=False``):
+    ``tokenizer.json`` read by ``tokenizers``, SentencePiece models by ``sentencepiece``; with the tokens
+    BPE merges into them (:func:`_merge_parts`, :func:`surgery.io.tokenizer_prune_sp.sp_parts`), sorted.
 
     Raises:
-        RefusedError: the folder has no ``tokenizer.json``.
-        TietoolError: the ``tokenizers`` library is missing (the ``tokenizer`` extra).
+        RefusedError: the folder has neither ``tokenizer.json`` nor a SentencePiece model.
+        TietoolError: ``tokenizers`` / ``sentencepiece`` missing (the ``tokenizer`` extra).
     """
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
+    from .tokenizer_folder import import_lib
+    from .tokenizer_prune_sp import read_model, sp_format
+
+    root = Path(folder)
+    path = root / "tokenizer.json"
+    sps = [root / n for n in sp_names(root) if (root / n).is_file()]
+    gpt2 = (root / "vocab.json").is_file() and (root / "merges.txt").is_file()
+    if not path.is_file() and not sps and not gpt2:
         raise RefusedError(
-            "prune refused: a keep-corpus is tokenized by tokenizer.json, which the folder does not have",
-            Path(folder),
+            "prune refused: a keep-corpus is tokenized by tokenizer.json, vocab.json + merges.txt or a "
+            "SentencePiece model, which the folder does not have",
+            root,
             "tokenize the corpus with the model's tokenizer and pass the ids as a keep-list",
         )
-    import importlib
-
-    try:
-        tokenizers = importlib.import_module("tokenizers")
-    except ImportError as e:
-        raise TietoolError(
-            "a keep-corpus is tokenized with the tokenizers library (the tokenizer extra)",
-            None,
-            install_extra("tokenizer"),
-        ) from e
-    tok = tokenizers.Tokenizer.from_file(str(path))
-    ids = {
-        i
-        for line in text.splitlines()
-        if line.strip()
-        for i in tok.encode(line, add_special_tokens=False).ids
-    }
-    _, tj = _load(path)
-    model = tj.get("model") or {}
-    if model.get("type") == "BPE":
-        ids |= set(_merge_parts(model, model["vocab"], ids))
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    ids: set[int] = set()
+    closures = []
+    jsons = [(path.read_text(encoding="utf-8"), _load(path)[1].get("model") or {})] if path.is_file() else []
+    if gpt2:
+        _, vocab, _, merges, _ = _read_gpt2(root)
+        jsons.append((_gpt2_json(root, vocab, merges), {"type": "BPE", "vocab": vocab, "merges": merges}))
+    for tj_text, model in jsons:
+        tok = import_lib("tokenizers").Tokenizer.from_str(tj_text)
+        ids |= {i for e in tok.encode_batch(lines, add_special_tokens=False) for i in e.ids}
+        if model.get("type") == "BPE":
+            closures.append(lambda keep, m=model: set(_merge_parts(m, m["vocab"], keep)))
+    for p in sps:
+        m = read_model(p)
+        sp = import_lib("sentencepiece").SentencePieceProcessor(model_proto=p.read_bytes())
+        ids |= {i for e in sp.encode(lines) for i in e}
+        if sp_format(p, m) is PrunedFormat.SP_BPE:
+            pieces = [x.piece for x in m.pieces]
+            closures.append(lambda keep, ps=pieces: set(sp_parts(ps, keep)))
+    grown = True
+    while grown:
+        more = set().union(*(c(ids) for c in closures)) - ids if closures else set()
+        grown = bool(more)
+        ids |= more
     return sorted(ids)
 
 

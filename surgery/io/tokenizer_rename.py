@@ -139,6 +139,12 @@ def _check(folder: Path, renames: dict[int, str]) -> dict[int, str]:
         why = (ts.disagreements or [f"{', '.join(ts.unsupported)} cannot be edited"])[0]
         raise RefusedError(f"rename-tokens refused: {why}", folder, "save the tokenizer again, then rename")
     vocab = vocabulary(folder)
+    if not vocab:
+        raise RefusedError(
+            "rename-tokens refused: the checkpoint has no tokenizer files to rename tokens in",
+            folder,
+            "copy the model's tokenizer files into the folder, then rename",
+        )
     have = {s: i for i, s in vocab.items()}
     named = _named_tokens(folder)
     old: dict[int, str] = {}

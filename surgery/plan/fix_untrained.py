@@ -21,8 +21,14 @@ from ..model.errors import Opt, RefusedError, UsageError
 from .plan import OutTensor, Plan, base_plan, out_dtype, refuse_unsettled_pair, refuse_unusable_head
 from .untrained_rows import EPS, KEPT_SPECIAL, MeanRows, Table, find_untrained, trained_mean
 
-FIX_INITS = ("trained-mean",)
-"""The init choices: ``trained-mean``, unsloth's value (the mean of the trained rows)."""
+FIX_INITS = ("trained-mean", "subtokens")
+"""The init choices: ``trained-mean``, unsloth's value (the mean of the trained rows); ``subtokens``, the
+mean of the rows of the token's text as the tokenizer splits it without the token, the trained mean where
+that split is empty or uses an untrained row (:func:`subtoken_sources`). The source: unsloth-zoo
+``tokenizer_utils.add_new_tokens`` (github.com/unslothai/unsloth-zoo, read at commit 0802de02), whose
+``interpolation`` method takes each token's ``tokenizer(token).input_ids`` and the float32 mean of those
+rows; here the split is made with the token taken out of the tokenizer, so the text is split into the
+pieces it is made of (unsloth splits after adding it)."""
 
 RULE = (
     "unsloth fix_untrained_tokens: max(row) <= 1e-16 in the embedding and in the head (or a head row, "
@@ -69,11 +75,45 @@ def plan_fix_untrained(det: Detection, ids: Sequence[int] | None = None, init: s
     chosen = _chosen(det, found, kept, ids)
     plan = base_plan("fix-untrained", det)
     norms: dict[str, float] = {}
+    sources = subtoken_sources(det, chosen, found) if init == "subtokens" and chosen else {}
     if chosen:
-        set_mean_rows(det, plan, emb, head, tuple(chosen), tuple(found), pool, norms)
+        srcs = {i: s for i, (s, _) in sources.items()}
+        set_mean_rows(det, plan, emb, head, tuple(chosen), tuple(found), pool, norms, srcs)
     plan.extra_report = _report(det, chosen, found, kept, pool, norms, init)
+    for t in plan.extra_report["tokens"]:
+        src, why = sources.get(t["id"], ((), ""))
+        t["init"] = "subtokens" if src else "trained-mean"
+        t["source_ids"] = list(src) if init == "subtokens" else None
+        if why:
+            t["fallback"] = why
     _notes(plan, plan.extra_report["tokens"], kept)
     return plan
+
+
+def subtoken_sources(
+    det: Detection, chosen: list[int], found: list[int]
+) -> dict[int, tuple[tuple[int, ...], str]]:
+    """``{id: (source ids, why the trained mean instead)}`` of ``--init subtokens``: the ids the folder's
+    tokenizer splits each token's text into with the untrained tokens taken out
+    (:func:`surgery.io.tokenizer_split.splits_without`); no source ids (the trained mean) where the split
+    is empty, uses an untrained row or an id beyond the rows, or the folder has no tokenizer to split with."""
+    from ..io.tokenizer_split import splits_without  # tokenizer libraries, lazily
+
+    splits = splits_without(det.ckpt.path, sorted(set(found) | set(chosen)))
+    _, _, pool = tables(det)
+    bad = set(found)
+    out: dict[int, tuple[tuple[int, ...], str]] = {}
+    for i in chosen:
+        s = splits.get(i)
+        if s is None:
+            out[i] = ((), "no tokenizer.json or SentencePiece model to split its text with")
+        elif not s:
+            out[i] = ((), "its text splits into nothing")
+        elif any(j in bad or j >= pool for j in s):
+            out[i] = ((), f"its split {list(s)} uses an untrained row")
+        else:
+            out[i] = (s, "")
+    return out
 
 
 def tables(det: Detection) -> tuple[Table, Table | None, int]:
@@ -144,16 +184,19 @@ def set_mean_rows(
     found: tuple[int, ...],
     pool: int,
     norms: dict[str, float],
+    sources: dict[int, tuple[int, ...]] | None = None,
 ) -> None:
     """Plan rows ``chosen`` of the embedding (and its aliases) and of the head (and its aliases; the
     embedding's recipe when bit-equal to it) set to the mean of the table's entries ``0..pool-1`` not in
-    ``found``: one :class:`MeanRows` per table, the norm of each mean in ``norms`` by tensor name."""
+    ``found``: one :class:`MeanRows` per table, the norm of each mean in ``norms`` by tensor name.
+    ``sources`` (id → ids): those rows the mean of the rows of their ids instead (``subtokens``)."""
     ckpt = det.ckpt
-    recipe = MeanRows(emb.name, 0, chosen, found, pool)
+    srcs = tuple((sources or {}).get(i, ()) for i in chosen) if sources else ()
+    recipe = MeanRows(emb.name, 0, chosen, found, pool, srcs)
     tables = [(n, recipe) for n in [emb.name, *det.embedding.aliases]]
     if head is not None:
         equal = det.comparison.values is TieState.EXACT and head.axis == 0
-        hrec = recipe if equal else MeanRows(head.name, head.axis, chosen, found, pool)
+        hrec = recipe if equal else MeanRows(head.name, head.axis, chosen, found, pool, srcs)
         tables += [(n, hrec) for n in [head.name, *det.head.aliases]]
     for name, r in tables:
         t = ckpt.tensors[name]
@@ -227,9 +270,19 @@ def _notes(plan: Plan, tokens: list[dict[str, Any]], kept: dict[int, str]) -> No
             f"{t['id']} ({t['content']!r})" if t["content"] is not None else str(t["id"]) for t in tokens[:20]
         )
         more = ", …" if len(tokens) > 20 else ""
-        plan.notes.append(
-            f"{len(tokens)} untrained row(s) set to the mean of the trained rows: {shown}{more}"
-        )
+        sub = [t for t in tokens if t.get("init") == "subtokens"]
+        if sub:
+            plan.notes.append(
+                f"{len(tokens)} untrained row(s) set, {len(sub)} to the mean of their text's sub-tokens "
+                f"and the rest to the mean of the trained rows: {shown}{more}"
+            )
+        else:
+            plan.notes.append(
+                f"{len(tokens)} untrained row(s) set to the mean of the trained rows: {shown}{more}"
+            )
+        for t in tokens:
+            if t.get("fallback"):
+                plan.notes.append(f"row {t['id']}: the trained mean, not subtokens: {t['fallback']}")
     else:
         plan.notes.append("no untrained row (unsloth's rule): nothing to set")
     for i, why in sorted(kept.items()):

@@ -39,9 +39,13 @@ class _Keep:
         return KeptRows(name, -1, self.ids)
 
 
-def plan_prune(det: Detection, keep: Sequence[int], keep_special: bool = False) -> Plan:
+def plan_prune(
+    det: Detection, keep: Sequence[int], keep_special: bool = False, texts: Sequence[str] = ()
+) -> Plan:
     """Plan the model cut to the token ids ``keep`` (plus, with ``keep_special``, every added token, every
-    token a configuration file names, and the byte tokens of a byte-level / byte-fallback BPE).
+    token a configuration file names, and the byte tokens of a byte-level / byte-fallback BPE, the unknown,
+    control and byte-fallback pieces of a SentencePiece model). ``texts`` (a keep-corpus's lines) must
+    encode as before, renumbered.
 
     Raises:
         UsageError: an empty keep-list, an id outside ``0..vocab_rows-1``.
@@ -57,7 +61,7 @@ def plan_prune(det: Detection, keep: Sequence[int], keep_special: bool = False) 
     from ..io.tokenizer_prune import prune_tokenizer_edit  # tokenizer files, lazily
 
     plan = base_plan("prune", det)
-    plan.tokenizer = prune_tokenizer_edit(det.ckpt.path, ids)
+    plan.tokenizer = prune_tokenizer_edit(det.ckpt.path, ids, texts)
     if plan.tokenizer is None:
         plan.warnings.append(
             "the checkpoint has no tokenizer files: the ids are renumbered (the report's id_map), prune the "

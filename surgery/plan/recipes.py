@@ -321,7 +321,9 @@ def describe(recipe: Recipe) -> str:
         return f"{len(recipe.slices)} slices of {recipe.slices[0].info.name} joined: {rule}"
     if isinstance(recipe, MeanRows):
         what = "rows" if recipe.axis == 0 else "columns"
-        return f"{recipe.name} with {len(recipe.ids)} {what} set to the mean of its trained {what}"
+        whose = "of their sub-tokens (or its trained" if recipe.sources else "of its trained"
+        close = ")" if recipe.sources else ""
+        return f"{recipe.name} with {len(recipe.ids)} {what} set to the mean {whose} {what}{close}"
     if isinstance(recipe, KeptRows):
         return f"{recipe.name} with {len(recipe.ids)} kept entries on axis {recipe.axis}"
     return f"{describe(recipe.copy)} if {recipe.name} equals {recipe.main}, else {describe(recipe.own)}"

@@ -53,13 +53,18 @@ class Table:
 class MeanRows:
     """Tensor ``name`` with its entries ``ids`` along ``axis`` set to the mean (float64 sum, float32 value,
     rounded to the stored dtype) of its entries ``0..pool-1`` that are not in ``untrained``; every other
-    entry kept bit-exact (byte ranges of the input for a C-ordered tensor stored as one range)."""
+    entry kept bit-exact (byte ranges of the input for a C-ordered tensor stored as one range).
+
+    ``sources`` (``fix-untrained --init subtokens``): per id of ``ids``, in order, the ids whose entries'
+    mean it gets instead (:func:`subtoken_row`); an empty tuple keeps the trained mean. Empty: every id
+    gets the trained mean."""
 
     name: str
     axis: int
     ids: tuple[int, ...]
     untrained: tuple[int, ...]
     pool: int
+    sources: tuple[tuple[int, ...], ...] = ()
 
 
 def _decode(ckpt: Checkpoint, t: TensorInfo, a: Array) -> Array:
@@ -171,19 +176,23 @@ def mean_rows_data(r: MeanRows, ckpt: Checkpoint) -> Array | Source:
     """The data of :class:`MeanRows`: byte ranges of the input between the set rows for a C-ordered tensor
     stored as one range, else the tensor through memory."""
     t = ckpt.tensors[r.name]
-    row = mean_row(ckpt, Table(r.name, r.axis), r.pool, r.untrained)
+    table = Table(r.name, r.axis)
+    mean = mean_row(ckpt, table, r.pool, r.untrained)
+    srcs = r.sources or tuple(() for _ in r.ids)
+    rows = {i: subtoken_row(ckpt, table, list(s)) if s else mean for i, s in zip(r.ids, srcs, strict=True)}
     src = ckpt.source(r.name)
     if r.axis == 0 and not t.fortran and src.path is not None and src.parts is None and src.array is None:
         size = t.nbytes // t.shape[0]
         parts, at = [], 0
         for i in sorted(r.ids):
-            parts += [Source(src.path, src.offset + at * size, (i - at) * size), Source(array=row)]
+            parts += [Source(src.path, src.offset + at * size, (i - at) * size), Source(array=rows[i])]
             at = i + 1
         parts.append(Source(src.path, src.offset + at * size, (t.shape[0] - at) * size))
         return Source(parts=parts)
     a = np.array(ckpt.load(r.name))
-    if r.axis == 1:
-        a[:, list(r.ids)] = row.T
-    else:
-        a[list(r.ids)] = row
+    for i, row in rows.items():
+        if r.axis == 1:
+            a[:, i] = row[0]
+        else:
+            a[i] = row[0]
     return np.ascontiguousarray(a)

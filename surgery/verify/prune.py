@@ -8,7 +8,8 @@ ids (``prune.id_map``, old → new), and the files must bear out exactly that re
 * config files: each vocabulary-size key that counted the input's rows counts the kept ids, each token id
   a config names (``*_id``, ``*_ids``) is its new id, every other key unchanged (:func:`compare_configs`);
 * tokenizer files, read by :func:`surgery.io.tokenizer.vocabulary_maps`: every kept token at its new id,
-  no id beyond the kept ones, no dropped token left (:func:`compare_tokenizer`);
+  no id beyond the kept ones, no dropped token left (:func:`compare_tokenizer`); ``merges.txt`` the
+  input's merges of kept tokens;
 * every other file byte-identical, safetensors ``__metadata__`` the input's.
 
 A report whose ``id_map`` is not an order-keeping map of input ids onto ``0..rows_after-1`` is
@@ -283,4 +284,26 @@ def compare_tokenizer(res: VerifyResult, A: Checkpoint, B: Checkpoint, ids: list
     gone = sorted({f.name for f in sets[0].files} - {f.name for f in sets[1].files})
     res.unexplained.extend(f"{n} is only in the input; the prune edits it in place" for n in gone)
     res.tokenizer = {"kept_tokens": len(want), "dropped_tokens": len(dropped)}
-    return tokenizer_names(A, B, sets)
+    return tokenizer_names(A, B, sets) | _merges_txt(res, A, B, kept)
+
+
+def _merges_txt(res: VerifyResult, A: Checkpoint, B: Checkpoint, kept: set[str]) -> set[str]:
+    """``merges.txt`` (beside ``vocab.json``): the output's lines must be the input's header lines and the
+    merges whose two parts and result are kept tokens, in order. Returns ``{"merges.txt"}`` when both have
+    one (compared here)."""
+    pa, pb = A.path / "merges.txt", B.path / "merges.txt"
+    if not (pa.is_file() and pb.is_file()):
+        return set()
+    lines = pa.read_text(encoding="utf-8").splitlines()
+    want = [ln for ln in lines if ln.startswith("#") or (ln and _merge_kept(ln, kept))]
+    got = pb.read_text(encoding="utf-8").splitlines()
+    if got != want:
+        res.unexplained.append(
+            f"merges.txt has {len(got)} lines, not the {len(want)} merges (and header) of kept tokens"
+        )
+    return {"merges.txt"}
+
+
+def _merge_kept(line: str, kept: set[str]) -> bool:
+    a, _, b = line.partition(" ")
+    return a in kept and b in kept and a + b in kept

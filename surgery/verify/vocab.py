@@ -57,6 +57,18 @@ def _mean_claim(B: Checkpoint) -> tuple[str, list[int]] | None:
     return op, [int(i) for i in ids]
 
 
+def _fix_sources(B: Checkpoint) -> dict[int, list[int]]:
+    """``{id: source ids}`` of the rows a ``fix-untrained --init subtokens`` run says it set to the mean of
+    their sub-tokens' rows (its report's tokens; the others got the trained mean)."""
+    fix = _own_section(B, "fix-untrained") or {}
+    out = {}
+    for t in fix.get("tokens") or [] if fix.get("init") == "subtokens" else []:
+        src = t.get("source_ids") if isinstance(t, dict) else None
+        if type(t.get("id")) is int and isinstance(src, list) and src and all(type(j) is int for j in src):
+            out[t["id"]] = [int(j) for j in src]
+    return out
+
+
 def _split_claim(B: Checkpoint) -> dict[int, list[int]] | None:
     """``{id: source ids}`` of a ``rename-tokens --init subtokens`` run (its report's tokens), or None."""
     ren = _own_section(B, "rename-tokens")
@@ -106,7 +118,8 @@ def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
     checked: for fix-untrained each must be untrained in the input by its rule
     (:func:`surgery.plan.fix_untrained.untrained_ids`); each such row of the output's embedding and head
     must be the mean of the input's table over the rows the rule counts as trained (less the renamed ids,
-    for rename-tokens), bit for bit (:func:`surgery.plan.untrained_rows.mean_row`). A contradicted claim is
+    for rename-tokens; the mean of its trained source rows for ``fix-untrained --init subtokens``), bit
+    for bit (:func:`surgery.plan.untrained_rows.mean_row`). A contradicted claim is
     unexplained (the report is unverifiable) and explains nothing."""
     claim = _mean_claim(B)
     if claim is None:
@@ -120,12 +133,22 @@ def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
             "are trained in the input (or kept as special) by its rule; the report is unverifiable"
         )
         return frozenset()
+    srcs = _fix_sources(B) if op == "fix-untrained" else {}
+    if any(j in set(found) or j >= da.vocab_rows for src in srcs.values() for j in src):
+        res.unexplained.append(
+            "tietool-report.json says fix-untrained set rows from the rows of untrained ids; the report is "
+            "unverifiable"
+        )
+        return frozenset()
     leave_out = tuple(sorted(set(found) | (set(ids) if op == "rename-tokens" else set())))
     emb, head, pool = tables(da)
     for t in [emb] + ([head] if head is not None else []):
         if t.name not in B.tensors or B.tensors[t.name].shape != da.ckpt.tensors[t.name].shape:
             return frozenset()
-        want = mean_row(da.ckpt, t, pool, leave_out)
+        mean = mean_row(da.ckpt, t, pool, leave_out)
+        want = np.concatenate(
+            [subtoken_row(da.ckpt, t, srcs[i]) if srcs.get(i) else mean for i in sorted(ids)]
+        )
         got = stored_entries(B, t, sorted(ids))
         if not (got.view(np.uint8) == want.view(np.uint8)).all():
             res.unexplained.append(

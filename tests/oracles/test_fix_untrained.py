@@ -325,3 +325,50 @@ def test_refuses_when_every_row_is_untrained(tmp_path):
         assert "model.embed_tokens.weight" in run.stderr and "every" in run.stderr, run.stderr
         assert not (tmp_path / "o").exists()
     assert casecheck.snapshot_tree(src) == snap
+
+
+def test_subtokens_init_is_the_mean_of_the_split_rows(tmp_path):
+    """``--init subtokens`` on e04: each fixed row is the float64 mean (float32, bf16 nearest even) of the
+    input's rows of the ids ``tokenizers`` splits its text into with the untrained tokens taken out of
+    ``tokenizer.json`` (recomputed here from the file); the embedding's and the head's apart; every other
+    row bit-identical. The report says each row's init and source ids."""
+    import tokenizers
+
+    out = tmp_path / "o"
+    rep = _run(E04, out, "--init", "subtokens")["fix_untrained"]
+    ids = rep["ids"]
+    tj = json.loads((E04 / "tokenizer.json").read_text(encoding="utf-8"))
+    text = {a["id"]: a["content"] for a in tj["added_tokens"]}
+    tj["added_tokens"] = [a for a in tj["added_tokens"] if a["id"] not in ids]
+    tok = tokenizers.Tokenizer.from_str(json.dumps(tj))
+    split = {i: tok.encode(text[i], add_special_tokens=False).ids for i in ids}
+    assert all(split[i] and max(split[i]) < 262 for i in ids)
+    assert {t["id"]: (t["init"], t["source_ids"]) for t in rep["tokens"]} == {
+        i: ("subtokens", split[i]) for i in ids
+    }
+    a, b = casecheck.read_checkpoint(E04), casecheck.read_checkpoint(out)
+    for name in (EMB, HEAD):
+        X = a.decode(a.tensors[name]).astype(np.float32)
+        xa, xb = a.tensors[name].byte_view(), b.tensors[name].byte_view()
+        keep = np.setdiff1d(np.arange(xa.shape[0]), ids)
+        assert np.array_equal(xa[keep], xb[keep])
+        for i in ids:
+            want = _bf16(X[split[i]].astype(np.float64).mean(axis=0).astype(np.float32))
+            assert xb[i].tobytes() == want.tobytes(), (name, i)
+    assert run_cli(["verify", str(E04), str(out)]).rc == 0
+
+
+def test_subtokens_falls_back_to_the_trained_mean_without_a_tokenizer(tied_zeroed, tmp_path):
+    """No tokenizer files to split with: ``--init subtokens`` gives every row the trained mean (the same
+    bytes as ``--init trained-mean``), each token's report entry and a note saying why."""
+    ck, ids = tied_zeroed
+    rep = _run(ck, tmp_path / "sub", "--init", "subtokens")["fix_untrained"]
+    _run(ck, tmp_path / "mean")
+    assert [(t["id"], t["init"], t["source_ids"]) for t in rep["tokens"]] == [
+        (i, "trained-mean", []) for i in ids
+    ]
+    assert all("no tokenizer.json or SentencePiece model" in t["fallback"] for t in rep["tokens"])
+    a, b = (next((tmp_path / d).glob("*.safetensors")).read_bytes() for d in ("sub", "mean"))
+    assert a == b
+    run = run_cli(["fix-untrained", str(ck), "--init", "subtokens", "--dry-run"])
+    assert run.rc == 0 and "the trained mean, not subtokens" in run.stdout + run.stderr

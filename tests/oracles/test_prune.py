@@ -224,8 +224,9 @@ def test_paddlenlp_encodes_kept_text_to_the_renumbered_ids(pruned, tmp_path):
 
 
 def test_refusals_of_the_tokenizer_edit(tmp_path):
-    """A byte-level BPE losing a byte token, a kept token merged from a dropped one, a SentencePiece model:
-    refused, naming them."""
+    """A byte-level BPE losing a byte token, a kept token merged from a dropped one, a SentencePiece model
+    losing a control piece or a piece its BPE merges into a kept one, a tiktoken file: refused, naming
+    them."""
     bl = _copy(TOK / "bytelevel_bpe", tmp_path / "bl")
     with pytest.raises(RefusedError, match="byte token"):
         prune_tokenizer_edit(bl, list(range(1, 304)))
@@ -236,8 +237,23 @@ def test_refusals_of_the_tokenizer_edit(tmp_path):
         prune_tokenizer_edit(bl, [*range(256), vocab[a + b], 300, 301, 302, 303])
     assert e.value.fix is not None and "add these ids" in e.value.fix
     sp = _copy(TOK / "sp_bpe", tmp_path / "sp", ("tokenizer.model", "tokenizer_config.json"))
-    with pytest.raises(RefusedError, match="tokenizer.model"):
-        prune_tokenizer_edit(sp, [0, 1, 2])
+    with pytest.raises(RefusedError, match=r"must stay would be dropped \(1 '<s>' \(a control piece\)\)"):
+        prune_tokenizer_edit(sp, [0, 2, 3])
+    import sentencepiece as spm
+
+    proc = spm.SentencePieceProcessor(model_file=str(sp / "tokenizer.model"))
+    pieces = {proc.id_to_piece(i): i for i in range(proc.get_piece_size())}
+    long = next(
+        i
+        for p, i in pieces.items()
+        if i > 2 and any(p[:k] in pieces and p[k:] in pieces for k in range(1, len(p)))
+    )
+    with pytest.raises(RefusedError, match="can be merged from") as e:
+        prune_tokenizer_edit(sp, [0, 1, 2, long])
+    assert e.value.fix is not None and "add these ids" in e.value.fix
+    tt = _copy(TOK / "tiktoken", tmp_path / "tt", ("qwen.tiktoken", "tokenizer_config.json"))
+    with pytest.raises(RefusedError, match="qwen.tiktoken"):
+        prune_tokenizer_edit(tt, [0, 1, 2])
 
 
 # ------------------------------------------------------------------------------------------------ the model
@@ -584,3 +600,58 @@ def test_verify_names_a_tokenizer_file_the_output_lost(sample_pruned, tmp_path):
     (out / "tokenizer.json").unlink()
     rc, said = _verify(SAMPLE, out)
     assert rc == 7 and "tokenizer.json is only in the input" in said, said
+
+
+@pytest.mark.parametrize("tok", ["sp_unigram", "sp_bpe", "gpt2_bpe"])
+def test_keep_corpus_of_a_sentencepiece_or_gpt2_checkpoint_verifies(tmp_path, tok):
+    """The sample's weights with a SentencePiece (Unigram, BPE) or GPT-2 ``vocab.json`` tokenizer:
+    ``--keep-corpus`` prunes the model file with the rows; ``sentencepiece`` / transformers' GPT-2 split of
+    the corpus lines is the old one renumbered; ``verify`` explains the output (exit 0) and names a dropped
+    piece written back into the model file, or a dropped merge back into merges.txt (exit 7)."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for f in SAMPLE.iterdir():
+        if f.name == "config.json" or ".safetensors" in f.name:
+            shutil.copy2(f, ck / f.name)
+    for f in (TOK / tok).iterdir():
+        shutil.copy2(f, ck / f.name)
+    (tmp_path / "corpus.txt").write_text("\n".join(LINES[:5]) + "\n", encoding="utf-8")
+    out = tmp_path / "o"
+    run = run_cli(
+        ["prune", str(ck), "--keep-corpus", str(tmp_path / "corpus.txt"), "--out", str(out), "--json"]
+    )
+    assert run.rc == 0, run.stderr
+    keep = sorted(map(int, json.loads(run.stdout)["prune"]["id_map"]))
+    if tok.startswith("sp"):
+        import sentencepiece as spm
+
+        old, new = (spm.SentencePieceProcessor(model_file=str(d / "tokenizer.model")) for d in (ck, out))
+        assert new.get_piece_size() == len([i for i in keep if i < old.get_piece_size()])
+        assert new.encode(LINES[:5]) == _mapped(keep, old.encode(LINES[:5]))
+    else:
+        from tokenizers import ByteLevelBPETokenizer
+
+        old, new = (ByteLevelBPETokenizer(str(d / "vocab.json"), str(d / "merges.txt")) for d in (ck, out))
+        assert [e.ids for e in new.encode_batch(LINES[:5])] == _mapped(
+            keep, [e.ids for e in old.encode_batch(LINES[:5])]
+        )
+    assert _verify(ck, out)[0] == 0
+    if tok.startswith("sp"):
+        from sentencepiece import sentencepiece_model_pb2 as pb
+
+        m = pb.ModelProto()
+        m.ParseFromString((ck / "tokenizer.model").read_bytes())
+        dropped = next(p for i, p in enumerate(m.pieces) if i not in set(keep))
+        forged = pb.ModelProto()
+        forged.ParseFromString((out / "tokenizer.model").read_bytes())
+        forged.pieces.add().CopyFrom(dropped)
+        (out / "tokenizer.model").write_bytes(forged.SerializeToString())
+        rc, said = _verify(ck, out)
+        assert rc == 7 and repr(dropped.piece) in said, said
+    else:
+        merges = (ck / "merges.txt").read_text(encoding="utf-8").splitlines()
+        gone = next(m for m in merges[1:] if m not in (out / "merges.txt").read_text(encoding="utf-8"))
+        with (out / "merges.txt").open("a", encoding="utf-8") as f:
+            f.write(gone + "\n")
+        rc, said = _verify(ck, out)
+        assert rc == 7 and "merges.txt has" in said, said

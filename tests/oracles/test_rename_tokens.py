@@ -303,6 +303,15 @@ def test_cli_refuses_a_trained_slot(reserved, tmp_path):
     assert not (tmp_path / "o").exists()
 
 
+def test_cli_refuses_a_folder_without_tokenizer(tmp_path):
+    """A checkpoint with no tokenizer files: exit 5 saying so (not "id N is not a token"), nothing written."""
+    bare = paths.SAMPLES / "pf_llama_tied_fp32"
+    assert not any(p.name.startswith("tokenizer") or p.suffix == ".model" for p in bare.iterdir())
+    run = run_cli(["rename-tokens", str(bare), "3=<x>", "--out", str(tmp_path / "o")])
+    assert run.rc == 5 and "no tokenizer files" in run.stderr, run.stderr
+    assert not (tmp_path / "o").exists()
+
+
 def test_verify_explains_renames(reserved, tmp_path):
     """``verify`` of rename-tokens outputs: the renamed slots (reserved strings in the input, the new ones
     in the output, as the report says) and the trained-mean rows are explained (exit 0); the same output
