@@ -8,6 +8,14 @@ The folders mirror the package (tests/README.md): each test gets the marker of i
 (:data:`FOLDER_MARKERS`), so ``pytest tests/unit`` or ``-m unit`` is the inner loop. Every folder that holds
 test files is put on ``sys.path`` here, so a test module imported by another (``from test_x import ...``)
 is found wherever either lives (test file names are unique across folders: pytest imports them by name).
+
+Run in parallel (README's test command: ``pytest -n auto``; ``--dist loadgroup`` comes from
+``pyproject.toml``), each worker is a process of its own with its own temporary folders, so tests share no
+path; two kinds of
+tests are kept together by an ``xdist_group`` marker (:func:`xdist_group_of`): a module whose tests share an
+expensive module- or session-scoped build (:data:`SHARED_BUILDS`: split over two workers, each would build
+it), and the tests bounded by time or memory or that kill runs at measured moments (:data:`TIMING`: one at a
+time, never against each other).
 """
 
 from __future__ import annotations
@@ -30,18 +38,72 @@ FOLDER_MARKERS = {
     "structure": "structure",
 }
 
+# test files whose tests share a module- or session-scoped fixture that builds much (checkpoints written by
+# PaddleFormers, a corpus run through the CLI, libraries loaded in subprocesses): one worker builds it once
+SHARED_BUILDS = frozenset(
+    {
+        "cli/test_remote.py",  # moto's S3 server, the fixtures uploaded
+        "oracles/test_add_tokens_e2e.py",
+        "oracles/test_convert.py",
+        "oracles/test_families.py",
+        "oracles/test_fixtures.py",
+        "oracles/test_hf_loader.py",
+        "oracles/test_merge_experts.py",
+        "oracles/test_pnlp_loaders.py",
+        "oracles/test_hf_vocab_outputs.py",
+        "oracles/test_prune.py",
+        "oracles/test_prune_tokenizers.py",
+        "oracles/test_rename_tokens.py",
+        "oracles/test_resize.py",
+        "oracles/test_tokenizer_edit.py",
+        "oracles/test_tokenizer_loaders.py",
+        "oracles/test_verify_logits.py",
+    }
+)
+
+# tests (a file, or a test by its node id without parameters) whose verdict rests on time or memory: kills at
+# measured moments, a run's seconds or peak RSS under a bound, a corpus run under per-run alarms. They run on
+# one worker one after another, so none of them is measured while another of them loads the machine.
+TIMING = (
+    "adversarial/test_atomic.py::test_sigkill_at_random_points",
+    "adversarial/test_corrupt_corpus.py",  # 30 s alarm per run, peak memory bound
+    "adversarial/test_flex_bounds.py",  # seconds < 10, peak RSS
+    "adversarial/test_hostile.py",  # the case's alarm per run (up to 60 s), peak memory under 1 GiB
+    "adversarial/test_inplace.py",  # SIGKILL / SIGTERM at measured points of a swap
+    "adversarial/test_inplace_flex.py",
+    "adversarial/test_merge_experts_bounds.py",  # seconds < 10
+    "adversarial/test_pickle_safety.py::test_memo_bomb_refused_in_linear_time",  # < 2 s
+    "cli/test_cli_runner.py::test_a_timeout_stops_an_in_process_run",  # < 4 s
+)
+
+
+def xdist_group_of(rel: str) -> str | None:
+    """The ``xdist_group`` of the test with node id ``rel`` (relative to ``tests/``): ``"timing"``
+    (:data:`TIMING`), the file's path (:data:`SHARED_BUILDS`), or None (any worker)."""
+    path, _, name = rel.partition("::")
+    bare = f"{path}::{name.split('[', 1)[0]}" if name else path
+    if any(bare == t or path == t for t in TIMING):
+        return "timing"
+    return path if path in SHARED_BUILDS else None
+
+
 for _folder in sorted({p.parent for p in paths.TESTS.rglob("test_*.py")} - {paths.TESTS}):
     if "data" not in _folder.relative_to(paths.TESTS).parts and str(_folder) not in sys.path:
         sys.path.append(str(_folder))
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Each test gets the marker of its top folder below ``tests/`` (:data:`FOLDER_MARKERS`)."""
+    """Each test gets the marker of its top folder below ``tests/`` (:data:`FOLDER_MARKERS`) and its
+    ``xdist_group`` (:func:`xdist_group_of`)."""
     for item in items:
         rel = Path(str(item.path)).resolve().relative_to(paths.TESTS) if item.path else None
         marker = FOLDER_MARKERS.get(rel.parts[0]) if rel and len(rel.parts) > 1 else None
         if marker:
             item.add_marker(marker)
+        group = xdist_group_of(rel.as_posix() + "::" + item.name) if rel else None
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

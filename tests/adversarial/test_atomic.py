@@ -152,8 +152,12 @@ def test_disk_full_leaves_nothing(tmp_path, monkeypatch, where):
 
     if where == "copy":
         from tietool.surgery.write import copy as copies
+        from tietool.surgery.write import writer
 
+        # the writer binds copy_file by name when it is imported: imported here first, so a run that imports
+        # it under the patch cannot keep the patched function for every later test of this process
         monkeypatch.setattr(copies, "copy_file", enospc)
+        monkeypatch.setattr(writer, "copy_file", enospc)
     else:
         # every tensor byte a rewritten shard gets goes through Source.write_to
         monkeypatch.setattr(safetensors_io.Source, "write_to", enospc)
@@ -211,8 +215,11 @@ def test_an_interrupt_during_the_final_rename_is_held_back_and_said(tmp_path, mo
     import signal
 
     import tietool
+    from tietool.surgery import run
     from tietool.surgery.write import publish
 
+    # run binds fsync_dir by name: imported before the patch, it keeps the real one for later tests
+    assert run.fsync_dir is publish.fsync_dir
     src = make_sharded_ckpt(tmp_path / "in", vocab=256, hidden=64, layers=1)
     out = tmp_path / "out"
     real = publish.fsync_dir

@@ -161,6 +161,9 @@ import os, signal, sys
 import typer.core, typer.main
 from tietool.cli import app as A
 where, sig = sys.argv[1], getattr(signal, sys.argv[2])
+# Ctrl-C as a terminal delivers it: a child inherits SIGINT ignored from a parent run in the background
+# (`pytest &` in a script), and an ignored SIGINT stays ignored (the tool's run and Python leave it so)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 if where == "build":
     real = typer.main.get_command
     def hook(*a, **k):

@@ -5,8 +5,11 @@ the test suite) are marked skip: ``.ci/run`` runs them, in a fresh clone.
 
 A block runs in a temporary folder that holds a copy of what the examples name from a clone
 (``sample_checkpoints/``: nothing else, so an example that names the test data fails), with a ``tietool``
-command first on ``PATH`` that runs the package under test (``python -m tietool``). Each block is
-self-contained (its outputs in ``"$(mktemp -d)"``); blocks do not share variables.
+command first on ``PATH`` that runs the package under test: ``tietool.cli.app.main()`` in a fork of a
+process that imported the package once (:mod:`support.fork_server`: the caller's argv, folder, environment
+and standard streams, as ``python -m tietool`` would; a run costs its work, not a new interpreter's
+imports), or ``python -m tietool`` itself under ``TIETOOL_DOCS_FRESH=1``. Each block is self-contained (its
+outputs in ``"$(mktemp -d)"``); blocks do not share variables.
 
 Markers, an HTML comment on the line just before the fence (invisible on the site):
 
@@ -21,11 +24,11 @@ import os
 import re
 import shutil
 import subprocess
-import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import paths
+from support import fork_server, paths
 
 import tietool
 
@@ -63,23 +66,25 @@ BLOCKS = [b for page in PAGES for b in _blocks(page)]
 
 
 @pytest.fixture(scope="module")
-def sandbox(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[str, str]]]:
     """A folder with the copied inputs, and an environment whose ``tietool`` is this package."""
     base = tmp_path_factory.mktemp("docs")
     for rel in COPIED:
         shutil.copytree(ROOT / rel, base / "tree" / rel, symlinks=True)
     bindir = base / "bin"
     bindir.mkdir()
-    shim = bindir / "tietool"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m tietool "$@"\n')
-    shim.chmod(0o755)
     env = dict(os.environ)
     package_parent = str(Path(tietool.__file__).parent.parent)  # not resolved: a symlinked package stays
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [package_parent, env.get("PYTHONPATH")]))
     env["PATH"] = f"{bindir}{os.pathsep}{env['PATH']}"
     env["TMPDIR"] = str(base)
     env.pop("TIETOOL_DEBUG", None)
-    return base / "tree", env
+    server = fork_server.start(base, env) if not os.environ.get("TIETOOL_DOCS_FRESH") else None
+    fork_server.write_shim(bindir / "tietool", base / "tietool.sock")
+    yield base / "tree", env
+    if server is not None:
+        server.kill()
+        server.wait()
 
 
 def _readme_block(n: int) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import FOLDER_MARKERS
+from conftest import FOLDER_MARKERS, SHARED_BUILDS, TIMING, xdist_group_of
 from support import paths
 
 TEST_FILES = sorted(
@@ -58,3 +58,32 @@ def test_unit_tests_load_no_library_in_a_subprocess():
         if re.search(r"pytest\.mark\.(slow|pnlp)\b", p.read_text(encoding="utf-8"))
     ]
     assert marked == []
+
+
+def test_the_xdist_groups_name_existing_tests():
+    """Every file and test named by conftest's SHARED_BUILDS and TIMING exists (a renamed file or test would
+    fall out of its group silently), and the groups are the ones pytest-xdist is told about."""
+    missing = [f for f in SHARED_BUILDS if not (paths.TESTS / f).is_file()]
+    for entry in TIMING:
+        path, _, name = entry.partition("::")
+        file = paths.TESTS / path
+        if not file.is_file() or (name and not re.search(rf"^def {name}\(", file.read_text(), re.M)):
+            missing.append(entry)
+    assert missing == []
+    assert xdist_group_of("adversarial/test_hostile.py::test_hostile[x-tie]") == "timing"
+    assert xdist_group_of("adversarial/test_atomic.py::test_sigkill_at_random_points") == "timing"
+    assert xdist_group_of("adversarial/test_atomic.py::test_disk_full_leaves_nothing[copy]") is None
+    assert xdist_group_of("oracles/test_families.py::test_x[a]") == "oracles/test_families.py"
+    assert xdist_group_of("unit/io/test_store.py::test_x") is None
+
+
+def test_the_tests_run_grouped_under_xdist(request: pytest.FixtureRequest):
+    """``--dist loadgroup`` is in pyproject's addopts (any ``-n N`` keeps the groups), and a grouped test
+    carries its marker."""
+    import tomllib
+
+    ini = tomllib.loads((paths.REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "--dist loadgroup" in ini["addopts"]
+    assert request.node.get_closest_marker("xdist_group") is None
+    grouped = [i for i in request.session.items if i.get_closest_marker("xdist_group")]
+    assert all(xdist_group_of(str(i.path.relative_to(paths.TESTS)) + "::" + i.name) for i in grouped)

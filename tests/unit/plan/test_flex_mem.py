@@ -19,7 +19,7 @@ from tietool.cli.app import app
 from tietool.surgery.io import flex, flex_write
 from tietool.surgery.io.made import Made
 from tietool.surgery.model.errors import RefusedError
-from tietool.surgery.plan import flex_pieces, flex_state
+from tietool.surgery.plan import flex_pieces, flex_state, merge_flex
 
 needs_data = pytest.mark.skipif(
     not (fx.DATA / "trainer_1rank").is_dir(), reason="tests/data/flex not present"
@@ -46,7 +46,9 @@ def _no_data(monkeypatch: pytest.MonkeyPatch, allowed: str = "") -> list[str]:
             raise AssertionError(f"tensor data read while planning: {path}")
         return real(path, *a, **k)
 
-    monkeypatch.setattr(flex_pieces, "piece_array", guarded)
+    # every module that binds piece_array by name (imported above, so none binds ``guarded`` for good)
+    for module in (flex_pieces, flex_state, merge_flex):
+        monkeypatch.setattr(module, "piece_array", guarded)
     return reads
 
 
