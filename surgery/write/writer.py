@@ -381,7 +381,11 @@ def _file_meta(plan: Plan, f: str, entries: Sequence[Entry], rewritten: bool) ->
     loses the dropped names and names each added tensor of ``entries`` it lacks."""
     ckpt = plan.ckpt
     if ckpt.fmt.has_metadata:
-        return _st_metadata(plan, f, rewritten)
+        meta = _st_metadata(plan, f, rewritten)
+        stored = {e.name for e in entries}
+        # a ``{dropped: kept}`` record never names a tensor its own file stores (untie's new head)
+        kept = {k: v for k, v in (meta or {}).items() if k not in stored}
+        return kept or None
     extras = dict(ckpt.extras.get(f) or {})
     s2p = extras.get("StructuredToParameterName@@")
     if rewritten and isinstance(s2p, dict):

@@ -132,3 +132,24 @@ def test_adding_an_existing_special_token_to_a_lower_casing_vocab_adds_nothing(t
     assert "[cls]" not in run.stdout + run.stderr
     added = tmp_path / "out" / "added_tokens.json"
     assert not added.exists() or "[cls]" not in added.read_text(encoding="utf-8")
+
+
+def test_untie_of_a_tied_output_records_no_alias_for_the_head_it_stores(tmp_path):
+    """tie records ``{"lm_head.weight": "model.embed_tokens.weight"}`` in the safetensors ``__metadata__``
+    (as safetensors' ``save_model`` records a dropped shared tensor); untie then stores ``lm_head.weight`` in
+    a new shard, and that shard must not carry the record saying the head was dropped (the untouched shard
+    is linked as it was)."""
+    from safetensors import safe_open
+
+    tied, untied = tmp_path / "t", tmp_path / "u"
+    src = paths.SAMPLES / "pf_llama_tied_fp32"
+    assert run_cli(["tie", str(src), "--out", str(tied), "-q"]).rc == 0
+    assert run_cli(["untie", str(tied), "--out", str(untied), "-q"]).rc == 0
+    holders = []
+    for f in sorted(untied.glob("*.safetensors")):
+        with safe_open(str(f), "np") as h:
+            if "lm_head.weight" in h.keys():
+                holders.append(f.name)
+                assert "lm_head.weight" not in (h.metadata() or {}), f.name
+    assert holders, "untie wrote no lm_head.weight"
+    assert run_cli(["verify", str(src), str(untied)]).rc == 0
