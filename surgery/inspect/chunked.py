@@ -54,9 +54,12 @@ def _bits(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
 
 
-def same_bytes(A: Checkpoint, B: Checkpoint, name: str, b_name: str | None = None) -> bool:
+def same_bytes(
+    A: Checkpoint, B: Checkpoint, name: str, b_name: str | None = None, skip: frozenset[int] = frozenset()
+) -> bool:
     """Tensor ``name`` of ``A`` and ``b_name`` (default ``name``) of ``B`` have the same shape and the same
-    stored bytes. Memory: two chunks."""
+    stored bytes; the rows (axis 0) in ``skip`` are not compared (rows a report says were set). Memory: two
+    chunks."""
     b_name = b_name or name
     ta, tb = A.tensors[name], B.tensors[b_name]
     if ta.shape != tb.shape or ta.nbytes != tb.nbytes:
@@ -66,10 +69,16 @@ def same_bytes(A: Checkpoint, B: Checkpoint, name: str, b_name: str | None = Non
             x == y for x, y in zip(_byte_chunks(A, name), _byte_chunks(B, b_name), strict=True)
         )
     n = _rows_per_chunk(_row_bytes(A, name))
-    return all(
-        np.array_equal(_bits(x), _bits(y))
-        for x, y in zip(_rows(A, name, n), _rows(B, b_name, n), strict=True)
-    )
+    start = 0
+    for x, y in zip(_rows(A, name, n), _rows(B, b_name, n), strict=True):
+        m = len(x) if x.ndim else 0
+        if skip and x.ndim:
+            keep = [j for j in range(m) if start + j not in skip]
+            x, y = x[keep], y[keep]
+        start += m
+        if not np.array_equal(_bits(x), _bits(y)):
+            return False
+    return True
 
 
 def _byte_chunks(ck: Checkpoint, name: str) -> Iterator[bytes]:
@@ -163,10 +172,17 @@ def _column_block(ck: Checkpoint, name: str, start: int, stop: int) -> np.ndarra
 
 
 def transposed_equal(
-    X: Checkpoint, name: str, E: Checkpoint, emb: str, scale: float | None = None, rtol: float = 1e-2
+    X: Checkpoint,
+    name: str,
+    E: Checkpoint,
+    emb: str,
+    scale: float | None = None,
+    rtol: float = 1e-2,
+    skip: frozenset[int] = frozenset(),
 ) -> bool:
     """``X[name]`` (``[hidden, vocab]``) equals ``E[emb]`` (``[vocab, hidden]``) transposed: the same bits,
-    or, with ``scale``, ``X ≈ E.T × scale`` within ``rtol`` (T5's materialised tied head)."""
+    or, with ``scale``, ``X ≈ E.T × scale`` within ``rtol`` (T5's materialised tied head); the vocabulary
+    entries in ``skip`` (rows of ``E``, columns of ``X``) are not compared."""
     tx, te = X.tensors[name], E.tensors[emb]
     if len(tx.shape) != 2 or tuple(tx.shape[::-1]) != tuple(te.shape):
         return False
@@ -176,8 +192,12 @@ def transposed_equal(
     n = max(_rows_per_chunk(_row_bytes(E, emb), tx.shape[0] * itemsize), 4096 // max(1, itemsize))
     start = 0
     for e in _rows(E, emb, n):
-        x = _column_block(X, name, start, start + e.shape[0]).T
-        start += e.shape[0]
+        m = e.shape[0]
+        x = _column_block(X, name, start, start + m).T
+        if skip:
+            keep = [j for j in range(m) if start + j not in skip]
+            x, e = x[keep], e[keep]
+        start += m
         if scale is None:
             if not np.array_equal(_bits(x), _bits(e)):
                 return False

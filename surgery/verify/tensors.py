@@ -91,7 +91,7 @@ class TensorComparison:
             emb_b in B.tensors
             and name in self.vocab_names_a
             and (
-                _equal_to_embedding(A, name, B, emb_b, scale=scale)
+                _equal_to_embedding(A, name, B, emb_b, scale=scale, skip=self.added_ids | self.fixed_ids)
                 or (
                     self.db.tie.tied
                     and da.embedding.present
@@ -220,7 +220,7 @@ class TensorComparison:
         elif (
             name in {da.embedding.name, *da.embedding.aliases}
             and da.head.name in A.tensors
-            and _equal_to_embedding(A, da.head.name, B, name)
+            and _equal_to_embedding(A, da.head.name, B, name, skip=set_ids)
         ):  # the embedding's aliases (BART's encoder/decoder embed_tokens) take them with it
             what = "embedding" if name == da.embedding.name else f"alias of the embedding {da.embedding.name}"
             entry["why"] = f"{what} takes the head's values (tie {Opt('keep', 'head')})"
@@ -271,12 +271,18 @@ def _t5_scale(det) -> float | None:
 
 
 def _equal_to_embedding(
-    X: Checkpoint, name: str, E: Checkpoint, emb: str, scale: float | None = None
+    X: Checkpoint,
+    name: str,
+    E: Checkpoint,
+    emb: str,
+    scale: float | None = None,
+    skip: frozenset[int] = frozenset(),
 ) -> bool:
     """``X[name]`` holds the embedding ``E[emb]``: the same bits as stored or transposed (a ``[hidden,
-    vocab]`` head), or, with ``scale``, its values times ``scale`` (T5's tied head materialised). Read in
+    vocab]`` head), or, with ``scale``, its values times ``scale`` (T5's tied head materialised). The token
+    ids in ``skip`` (rows a report of the chain set: added tokens, fixed rows) are not compared. Read in
     bounded chunks (:mod:`surgery.inspect.chunked`)."""
-    if chunked.same_bytes(X, E, name, emb) or chunked.transposed_equal(X, name, E, emb):
+    if chunked.same_bytes(X, E, name, emb, skip) or chunked.transposed_equal(X, name, E, emb, skip=skip):
         return True
     if scale is None:
         return False
