@@ -146,168 +146,176 @@ def parse_ids(text: str | None) -> list[int] | None:
     return [int(p) for p in parts]
 
 
+def fix_untrained(
+    ckpt: CkptArg = ".",
+    out: OutOpt = None,
+    ids: IdsOpt = None,
+    init: FixInitOpt = "trained-mean",
+    layout: LayoutOpt = None,
+    loader: LoaderOpt = None,
+    embedding: EmbOpt = None,
+    head: HeadOpt = None,
+    dry_run: DryOpt = False,
+    json_out: JsonOpt = False,
+    link: LinkOpt = False,
+    quiet: QuietOpt = False,
+    backup: BackupOpt = True,
+) -> None:
+    """Set the rows the model never trained (unsloth's rule: no value above 1e-16 in the embedding and
+    the head) to the mean of the trained rows; every other byte unchanged."""
+    from ..surgery import ops
+    from . import render
+
+    rep = ops.fix_untrained(
+        ckpt,
+        out,
+        ids=parse_ids(ids),
+        init=init,
+        layout=layout,
+        loader=loader,
+        embedding=embedding,
+        head=head,
+        dry_run=dry_run,
+        link=link,
+        progress=render.progress_bar(quiet or json_out),
+        backup=backup,
+    )
+    render.written(rep, json_out, quiet=quiet)
+
+
+def rename_tokens(
+    ckpt: TokenCkptArg,
+    renames: RenamesArg = None,
+    special: RenameSpecialOpt = False,
+    init: RenameInitOpt = "keep",
+    set_special: SetSpecialOpt = None,
+    out: OutOpt = None,
+    layout: LayoutOpt = None,
+    loader: LoaderOpt = None,
+    embedding: EmbOpt = None,
+    head: HeadOpt = None,
+    dry_run: DryOpt = False,
+    json_out: JsonOpt = False,
+    link: LinkOpt = False,
+    quiet: QuietOpt = False,
+    backup: BackupOpt = True,
+) -> None:
+    """Give reserved or unused tokens (<|reserved_special_token_N|>, [unusedN], ...) new strings in every
+    tokenizer file, by id: the model is not grown (rows kept, or --init trained-mean)."""
+    from ..surgery import ops
+    from ..surgery.io.special_tokens import parse_specials
+    from ..surgery.io.tokenizer_rename import parse_renames
+    from . import render
+
+    specials = parse_specials(set_special or [])
+    rep = ops.rename_tokens(
+        ckpt,
+        parse_renames(renames or []) if renames or not specials else {},
+        out,
+        special=special,
+        init=init,
+        set_special=specials,
+        layout=layout,
+        loader=loader,
+        embedding=embedding,
+        head=head,
+        dry_run=dry_run,
+        link=link,
+        progress=render.progress_bar(quiet or json_out),
+        backup=backup,
+    )
+    render.written(rep, json_out, quiet=quiet)
+
+
+def prune(
+    ckpt: TokenCkptArg,
+    keep_ids: KeepIdsOpt = None,
+    keep_corpus: KeepCorpusOpt = None,
+    keep_special: KeepSpecialOpt = False,
+    out: OutOpt = None,
+    layout: LayoutOpt = None,
+    loader: LoaderOpt = None,
+    embedding: EmbOpt = None,
+    head: HeadOpt = None,
+    dry_run: DryOpt = False,
+    json_out: JsonOpt = False,
+    link: LinkOpt = False,
+    quiet: QuietOpt = False,
+    backup: BackupOpt = True,
+) -> None:
+    """Cut the vocabulary to the token ids of a keep-list: every vocabulary tensor, the tokenizer files,
+    vocab_size and the config's token ids renumbered together (the old -> new id map in the report)."""
+    from ..surgery import ops
+    from ..surgery.io.tokenizer_prune import read_keep_corpus, read_keep_file
+    from . import render
+
+    rep = ops.prune(
+        ckpt,
+        read_keep_file(keep_ids) if keep_ids is not None else None,
+        out,
+        corpus=read_keep_corpus(keep_corpus) if keep_corpus is not None else None,
+        keep_special=keep_special,
+        layout=layout,
+        loader=loader,
+        embedding=embedding,
+        head=head,
+        dry_run=dry_run,
+        link=link,
+        progress=render.progress_bar(quiet or json_out),
+        backup=backup,
+    )
+    render.written(rep, json_out, quiet=quiet)
+
+
+def transplant(
+    ckpt: TokenCkptArg,
+    tokenizer: DonorOpt,
+    init: TransplantInitOpt = "subword",
+    out: OutOpt = None,
+    layout: LayoutOpt = None,
+    loader: LoaderOpt = None,
+    embedding: EmbOpt = None,
+    head: HeadOpt = None,
+    dry_run: DryOpt = False,
+    json_out: JsonOpt = False,
+    link: LinkOpt = False,
+    quiet: QuietOpt = False,
+    backup: BackupOpt = True,
+) -> None:
+    """Give the model a donor's tokenizer: every vocabulary tensor laid out in the donor's ids, a token
+    both tokenizers have keeping its row bit for bit, the others initialised (--init); tokenizer files,
+    vocab_size and the config's token ids set from the donor (how each row was made in the report)."""
+    from ..surgery import ops
+    from . import render
+
+    rep = ops.transplant(
+        ckpt,
+        tokenizer,
+        out,
+        init=init,
+        layout=layout,
+        loader=loader,
+        embedding=embedding,
+        head=head,
+        dry_run=dry_run,
+        link=link,
+        progress=render.progress_bar(quiet or json_out),
+        backup=backup,
+    )
+    render.written(rep, json_out, quiet=quiet)
+
+
+COMMANDS = (
+    ("fix-untrained", fix_untrained),
+    ("rename-tokens", rename_tokens),
+    ("prune", prune),
+    ("transplant", transplant),
+)
+"""The vocabulary commands: (name on the command line, function), in the order ``--help`` lists them."""
+
+
 def register(app: typer.Typer) -> None:
-    """Add the vocabulary commands to ``app``."""
-
-    @app.command("fix-untrained", cls=Command, epilog=EXAMPLES["fix-untrained"])
-    @command
-    def fix_untrained(
-        ckpt: CkptArg = ".",
-        out: OutOpt = None,
-        ids: IdsOpt = None,
-        init: FixInitOpt = "trained-mean",
-        layout: LayoutOpt = None,
-        loader: LoaderOpt = None,
-        embedding: EmbOpt = None,
-        head: HeadOpt = None,
-        dry_run: DryOpt = False,
-        json_out: JsonOpt = False,
-        link: LinkOpt = False,
-        quiet: QuietOpt = False,
-        backup: BackupOpt = True,
-    ) -> None:
-        """Set the rows the model never trained (unsloth's rule: no value above 1e-16 in the embedding and
-        the head) to the mean of the trained rows; every other byte unchanged."""
-        from ..surgery import ops
-        from . import render
-
-        rep = ops.fix_untrained(
-            ckpt,
-            out,
-            ids=parse_ids(ids),
-            init=init,
-            layout=layout,
-            loader=loader,
-            embedding=embedding,
-            head=head,
-            dry_run=dry_run,
-            link=link,
-            progress=render.progress_bar(quiet or json_out),
-            backup=backup,
-        )
-        render.written(rep, json_out, quiet=quiet)
-
-    @app.command("rename-tokens", cls=Command, epilog=EXAMPLES["rename-tokens"])
-    @command
-    def rename_tokens(
-        ckpt: TokenCkptArg,
-        renames: RenamesArg = None,
-        special: RenameSpecialOpt = False,
-        init: RenameInitOpt = "keep",
-        set_special: SetSpecialOpt = None,
-        out: OutOpt = None,
-        layout: LayoutOpt = None,
-        loader: LoaderOpt = None,
-        embedding: EmbOpt = None,
-        head: HeadOpt = None,
-        dry_run: DryOpt = False,
-        json_out: JsonOpt = False,
-        link: LinkOpt = False,
-        quiet: QuietOpt = False,
-        backup: BackupOpt = True,
-    ) -> None:
-        """Give reserved or unused tokens (<|reserved_special_token_N|>, [unusedN], ...) new strings in every
-        tokenizer file, by id: the model is not grown (rows kept, or --init trained-mean)."""
-        from ..surgery import ops
-        from ..surgery.io.special_tokens import parse_specials
-        from ..surgery.io.tokenizer_rename import parse_renames
-        from . import render
-
-        specials = parse_specials(set_special or [])
-        rep = ops.rename_tokens(
-            ckpt,
-            parse_renames(renames or []) if renames or not specials else {},
-            out,
-            special=special,
-            init=init,
-            set_special=specials,
-            layout=layout,
-            loader=loader,
-            embedding=embedding,
-            head=head,
-            dry_run=dry_run,
-            link=link,
-            progress=render.progress_bar(quiet or json_out),
-            backup=backup,
-        )
-        render.written(rep, json_out, quiet=quiet)
-
-    @app.command("prune", cls=Command, epilog=EXAMPLES["prune"])
-    @command
-    def prune(
-        ckpt: TokenCkptArg,
-        keep_ids: KeepIdsOpt = None,
-        keep_corpus: KeepCorpusOpt = None,
-        keep_special: KeepSpecialOpt = False,
-        out: OutOpt = None,
-        layout: LayoutOpt = None,
-        loader: LoaderOpt = None,
-        embedding: EmbOpt = None,
-        head: HeadOpt = None,
-        dry_run: DryOpt = False,
-        json_out: JsonOpt = False,
-        link: LinkOpt = False,
-        quiet: QuietOpt = False,
-        backup: BackupOpt = True,
-    ) -> None:
-        """Cut the vocabulary to the token ids of a keep-list: every vocabulary tensor, the tokenizer files,
-        vocab_size and the config's token ids renumbered together (the old -> new id map in the report)."""
-        from ..surgery import ops
-        from ..surgery.io.tokenizer_prune import read_keep_corpus, read_keep_file
-        from . import render
-
-        rep = ops.prune(
-            ckpt,
-            read_keep_file(keep_ids) if keep_ids is not None else None,
-            out,
-            corpus=read_keep_corpus(keep_corpus) if keep_corpus is not None else None,
-            keep_special=keep_special,
-            layout=layout,
-            loader=loader,
-            embedding=embedding,
-            head=head,
-            dry_run=dry_run,
-            link=link,
-            progress=render.progress_bar(quiet or json_out),
-            backup=backup,
-        )
-        render.written(rep, json_out, quiet=quiet)
-
-    @app.command("transplant", cls=Command, epilog=EXAMPLES["transplant"])
-    @command
-    def transplant(
-        ckpt: TokenCkptArg,
-        tokenizer: DonorOpt,
-        init: TransplantInitOpt = "subword",
-        out: OutOpt = None,
-        layout: LayoutOpt = None,
-        loader: LoaderOpt = None,
-        embedding: EmbOpt = None,
-        head: HeadOpt = None,
-        dry_run: DryOpt = False,
-        json_out: JsonOpt = False,
-        link: LinkOpt = False,
-        quiet: QuietOpt = False,
-        backup: BackupOpt = True,
-    ) -> None:
-        """Give the model a donor's tokenizer: every vocabulary tensor laid out in the donor's ids, a token
-        both tokenizers have keeping its row bit for bit, the others initialised (--init); tokenizer files,
-        vocab_size and the config's token ids set from the donor (how each row was made in the report)."""
-        from ..surgery import ops
-        from . import render
-
-        rep = ops.transplant(
-            ckpt,
-            tokenizer,
-            out,
-            init=init,
-            layout=layout,
-            loader=loader,
-            embedding=embedding,
-            head=head,
-            dry_run=dry_run,
-            link=link,
-            progress=render.progress_bar(quiet or json_out),
-            backup=backup,
-        )
-        render.written(rep, json_out, quiet=quiet)
+    """Add the vocabulary commands (:data:`COMMANDS`) to ``app``, each wrapped by :func:`cli.errors.command`
+    (exit codes, one-line errors)."""
+    for name, fn in COMMANDS:
+        app.command(name, cls=Command, epilog=EXAMPLES[name])(command(fn))
