@@ -255,6 +255,7 @@ def prune(
         out,
         corpus=read_keep_corpus(keep_corpus) if keep_corpus is not None else None,
         keep_special=keep_special,
+        keep_source=keep_ids,
         layout=layout,
         loader=loader,
         embedding=embedding,

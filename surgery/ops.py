@@ -705,6 +705,7 @@ def prune(
     *,
     corpus: str | None = None,
     keep_special: bool = False,
+    keep_source: PathArg | None = None,
     layout: Layout | str | None = None,
     loader: Loader | str | None = None,
     embedding: str | None = None,
@@ -725,6 +726,7 @@ def prune(
             :func:`surgery.io.tokenizer_prune.corpus_ids`).
         keep_special: also keep every added token, every token a configuration file names and the byte
             tokens of a byte-level / byte-fallback BPE.
+        keep_source: the keep-file ``keep_ids`` were read from (named by an error about them).
         out: the output folder; None rewrites ``path`` in place (as :func:`tie`).
 
     Returns the report (its ``prune`` fields: rows before/after, ``id_map`` old → new). Raises UsageError for
@@ -746,7 +748,8 @@ def prune(
             from .io.tokenizer_prune import corpus_ids
 
             return plan_prune(det, corpus_ids(c.path, corpus), True, corpus.splitlines())
-        return plan_prune(det, [i for i in ids if i is not None], keep_special)
+        src = Path(keep_source) if keep_source is not None else None
+        return plan_prune(det, [i for i in ids if i is not None], keep_special, keep_source=src)
 
     return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
 

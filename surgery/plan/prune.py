@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .. import arch
@@ -40,7 +41,11 @@ class _Keep:
 
 
 def plan_prune(
-    det: Detection, keep: Sequence[int], keep_special: bool = False, texts: Sequence[str] = ()
+    det: Detection,
+    keep: Sequence[int],
+    keep_special: bool = False,
+    texts: Sequence[str] = (),
+    keep_source: Path | None = None,
 ) -> Plan:
     """Plan the model cut to the token ids ``keep`` (plus, with ``keep_special``, every added token, every
     token a configuration file names, and the byte tokens of a byte-level / byte-fallback BPE, the unknown,
@@ -54,7 +59,7 @@ def plan_prune(
             (:func:`~surgery.io.tokenizer_prune.prune_tokenizer_edit`).
     """
     V = det.vocab_rows
-    ids = _checked(det, keep)
+    ids = _checked(det, keep, keep_source)
     if keep_special:
         ids = sorted(set(ids) | set(_special_ids(det)))
     _refuse(det)
@@ -84,8 +89,9 @@ def plan_prune(
     return plan
 
 
-def _checked(det: Detection, keep: Sequence[int]) -> list[int]:
-    """``keep`` sorted and unique; refuse an empty list or an id outside the rows (UsageError)."""
+def _checked(det: Detection, keep: Sequence[int], source: Path | None = None) -> list[int]:
+    """``keep`` sorted and unique; refuse an empty list or an id outside the rows (UsageError, naming
+    ``source``, the keep-file, when given)."""
     V = det.vocab_rows
     if not keep:
         raise UsageError(
@@ -95,6 +101,7 @@ def _checked(det: Detection, keep: Sequence[int]) -> list[int]:
     if bad:
         raise UsageError(
             f"the keep-list names id {bad[0]}, outside the vocabulary's {V} rows (ids 0..{V - 1})",
+            source,
             fix="list ids of the model's vocabulary",
         )
     return sorted(set(keep))

@@ -377,6 +377,8 @@ def test_bad_keep_files(tmp_path, content, code, says):
     assert run.rc == code, (run.rc, run.stderr)
     lines = [ln for ln in run.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and says in lines[0], run.stderr
+    if code == 2:  # a bad keep-file is named first, as the fix is in it
+        assert lines[0].startswith(f"tietool: error: {tmp_path / 'keep'}: "), lines[0]
     assert _hashes(ck) == before
 
 
