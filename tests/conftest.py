@@ -92,6 +92,20 @@ for _folder in sorted({p.parent for p in paths.TESTS.rglob("test_*.py")} - {path
         sys.path.append(str(_folder))
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Refuse a parallel run in which the ``xdist_group`` markers would be silently ignored: pytest-xdist's
+    ``--dist loadgroup`` suffixes each grouped item's ``_nodeid`` with ``@group``, which pytest 9.2's
+    ``Node.nodeid`` no longer reads (the groups of :func:`xdist_group_of` then split over the workers)."""
+    if getattr(config.option, "dist", None) != "loadgroup":
+        return
+    probe = type("Probe", (), {"_nodeid": "x@group", "_id": "x"})()
+    if pytest.Item.nodeid.fget(probe) != "x@group":  # type: ignore[attr-defined]
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} ignores pytest-xdist's --dist loadgroup (Node.nodeid does not read "
+            "_nodeid): install the test extra's pytest (<9.2), or run with -n 0"
+        )
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Each test gets the marker of its top folder below ``tests/`` (:data:`FOLDER_MARKERS`) and its
