@@ -38,6 +38,7 @@ import numpy as np
 import pytest
 from support import family_builder as fb
 from support import fixture_support as fs
+from support import paths
 
 from tietool.surgery import arch
 from tietool.surgery.inspect.detect import detect
@@ -545,7 +546,7 @@ def test_loader_facts(matrix, family, fmt, request):
     layout = None if head is None else {(V, H): "vocab-hidden", (H, V): "hidden-vocab"}[tuple(head.shape)]
     det = detect(Checkpoint.open(built[untied].path))
     assert (det.config.model_type, det.loader.name, det.family.known) == (family, "paddleformers", True)
-    assert arch.PROOFS.get(arch.ProofKey(family, "paddleformers", fmt)) == request.node.nodeid
+    assert arch.PROOFS.get(arch.ProofKey(family, "paddleformers", fmt)) == paths.node_id(request)
     fam = arch.lookup(family, "paddleformers", fmt)
     seen = {"reties": reties, "always_tied": ignored, "warns_missing_head": warns}
     table = {

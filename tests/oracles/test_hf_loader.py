@@ -294,7 +294,7 @@ def test_hf_loader_facts(world, family, request):
     assert table == seen, f"{family} hf/safetensors: table {table}, loads {seen}"
     if layout is not None:
         assert fam.head_layout == layout, f"{family}: head {head}, table {fam.head_layout}"
-    assert arch.PROOFS.get(arch.ProofKey(family, "hf", "safetensors")) == request.node.nodeid
+    assert arch.PROOFS.get(arch.ProofKey(family, "hf", "safetensors")) == paths.node_id(request)
 
 
 def fb_head_shape(folder: Path, name: str = "lm_head.weight") -> tuple[int, ...] | None:
@@ -465,7 +465,7 @@ def test_hf_native_loader_facts(native, model_type, request):
         emb,
         fam.head_layout,
     )
-    assert arch.PROOFS.get(arch.ProofKey(model_type, "hf", "safetensors")) == request.node.nodeid
+    assert arch.PROOFS.get(arch.ProofKey(model_type, "hf", "safetensors")) == paths.node_id(request)
 
 
 @pytest.mark.parametrize("model_type", NATIVE)
@@ -571,7 +571,7 @@ def test_hf_pdparams_route(pdworld, model_type, request):
     from tietool.surgery.io.checkpoint import Checkpoint
 
     fam = arch.lookup(model_type, "hf", "pdparams")
-    assert arch.PROOFS.get(arch.ProofKey(model_type, "hf", "pdparams")) == request.node.nodeid
+    assert arch.PROOFS.get(arch.ProofKey(model_type, "hf", "pdparams")) == paths.node_id(request)
     det = detect(Checkpoint.open(pdworld.pd[(model_type, "tied")]), compare_values=False)
     assert det.loader.name == "hf" and det.family.proven, det.loader
     hf = pdworld.hf

@@ -195,7 +195,7 @@ def test_pnlp_proofs_name_these_tests():
 def test_pnlp_loader_facts(pnlp_cases, family, container, request):
     case = pnlp_cases[_key(family, container)]
     assert case.model_type == FAMILIES[family]["model_type"]
-    assert PROOFS[(case.model_type, LOADER, container)] == request.node.nodeid
+    assert PROOFS[(case.model_type, LOADER, container)] == paths.node_id(request)
     facts = lookup(case.model_type, LOADER, container)
     own = tietool.inspect(case.dirs["ownhead"])
     assert own["head"]["present"] and own["tie"]["values"] == "different", own["tie"]

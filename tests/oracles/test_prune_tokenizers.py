@@ -228,7 +228,7 @@ def _param(fact: PruneFact):
 @pytest.mark.parametrize("fact", [_param(f) for f in PRUNE_FACTS])
 def test_prune_loader_fact(fact: PruneFact, pruned, request):
     """The fact holds on every folder of its format (the module docstring); PRUNE_PROOFS names this test."""
-    assert PRUNE_PROOFS[fact.key] == request.node.nodeid
+    assert PRUNE_PROOFS[fact.key] == paths.node_id(request)
     group = [pruned[n] for n in SOURCES[fact.fmt]]
     if fact.outcome is PruneOutcome.NOT_A_READER:
         for x in group:

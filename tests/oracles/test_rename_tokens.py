@@ -192,7 +192,7 @@ def _fact_ids():
 def test_rename_fact(fmt, loader, folders, hf_pf, request):
     """Every folder of ``fmt`` that ``loader`` reads: each new string is its slot's id (alone and inside
     text), the old string no longer is, the length is unchanged; at least one such folder."""
-    assert RENAME_FACTS[(fmt, loader)] == request.node.nodeid
+    assert RENAME_FACTS[(fmt, loader)] == paths.node_id(request)
     readers = 0
     for x in folders[fmt]:
         before = _load(loader, x["input"], hf_pf, request)

@@ -305,7 +305,7 @@ def _param(fact: TokenizerFact):
 @pytest.mark.parametrize("fact", [_param(f) for f in FACTS])
 def test_tokenizer_loader_fact(fact: TokenizerFact, outputs, hf_pf, request, tmp_path):
     """The fact holds on every folder of its kind (see the module docstring), and PROOFS names this test."""
-    assert PROOFS[fact.key] == request.node.nodeid
+    assert PROOFS[fact.key] == paths.node_id(request)
     kind = (fact.fmt, fact.where)
     if fact.outcome is Outcome.REFUSED:
         _check_refused(fact.fmt, fact.where, tmp_path)

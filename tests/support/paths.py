@@ -25,3 +25,11 @@ PF_LOGITS_KW = TESTS / "support" / "pf_logits_kw.py"  # the same, with from_pret
 SAMPLES = REPO / "sample_checkpoints"  # the shipped sample checkpoints
 FLEX = DATA / "flex"  # PaddleFormers Trainer flex checkpoints (see its README)
 TOKENIZERS = DATA / "tokenizers"  # real tokenizers of every format (see its README)
+
+
+def node_id(request) -> str:
+    """The running test's node id as the proof tables record it (``tests/...py::test_x[param]``): without
+    the ``@group`` suffix pytest-xdist's ``--dist loadgroup`` adds to a grouped test's id."""
+    nid = str(request.node.nodeid)
+    at = nid.rfind("@")
+    return nid[:at] if at > nid.rfind("]") and at > nid.rfind("::") else nid
