@@ -14,6 +14,7 @@ resized table, its aliases and a head equal to it) share one made array, one ran
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -95,7 +96,7 @@ class Made(Source):
     ) -> Made:
         """A tensor of ``shape`` and storage ``dtype`` whose array ``make()`` computes (C order) each time it
         is made, the result dropped after it is written."""
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         return cls(make, shape, nbytes, CALLED, np.dtype(dtype))
 
     @property

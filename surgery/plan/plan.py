@@ -6,12 +6,11 @@ A :class:`Plan` lists tensors dropped, replaced and added, config keys set, and 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from .. import arch
 from ..inspect.detect import detect, loader_facts_unproven, unnamed_heads
@@ -145,7 +144,7 @@ class OutTensor:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)  # Python ints: 10x faster than np.prod per call, and never overflow
 
 
 def _dtype(label: str) -> DType:

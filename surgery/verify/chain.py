@@ -15,6 +15,7 @@ input's (the chain's ``config_changes`` and target formats explain what convert 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ def _view(rb: Rebuilt, like: Checkpoint | None, path: Path) -> RebuiltView:
     container = rb.new.container
     for t in rb.new.tensors:
         st = DTYPES.get(t.dtype)
-        n = int(np.prod(t.shape)) if t.shape else 1
+        n = math.prod(t.shape)
         nbytes = st.nbytes(n) if st is not None else 0
         # labelled as the run's container stores it (a .pdparams: the numpy name, bf16 as uint16)
         label = st.np_name if st is not None and st.np_name and container is Container.PDPARAMS else t.dtype
