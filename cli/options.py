@@ -4,6 +4,10 @@ A flag shared by several commands (``--out``, ``--json``, ``--loader``, ...) is 
 spelling and help are the same everywhere; a command's own flags are here too, so that :mod:`cli.app` is only
 the commands. Folder arguments are strings, not Paths: a URL (``s3://bucket/prefix``, ``hf://org/model``)
 must keep its ``//``. Typer reads the help text; nothing here imports :mod:`surgery` beyond the option enums.
+
+The flags every editing command shares are one parameter set, :func:`edits`: it adds them to a command and
+builds from them the library's one :class:`~surgery.run.WriteOptions` (:func:`write_options`, which imports
+the library when a command runs).
 """
 
 from __future__ import annotations
@@ -11,11 +15,14 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ..surgery.model.enums import Init, Keep, Layout, Loader, StrEnum, Target
+
+if TYPE_CHECKING:
+    from ..surgery.run import WriteOptions
 
 # ---------------------------------------------------------------- arguments
 CkptArg = Annotated[
@@ -337,7 +344,7 @@ DiffNoValuesOpt = Annotated[
 
 
 # ---------------------------------------------------------------- the options every edit shares
-def write_options(json_out: bool, quiet: bool, **fields: Any) -> Any:
+def write_options(json_out: bool, quiet: bool, **fields: Any) -> WriteOptions:
     """The :class:`~surgery.run.WriteOptions` of a writing command: its common ``fields`` (``dry_run``,
     ``link``, ``layout``, ...) and the progress bar (none with ``--json`` or ``--quiet``). The library and
     :mod:`cli.render` are imported here, when a command runs, not at ``--help``."""
@@ -384,7 +391,7 @@ def edits(
         ]
 
         @functools.wraps(fn)
-        def command(**kwargs: Any) -> None:
+        def run(**kwargs: Any) -> None:
             from . import render
 
             common = {name: kwargs.pop(name) for name, _, _ in shared}
@@ -392,14 +399,16 @@ def edits(
             rep = fn(**kwargs, options=write_options(json_out, quiet, **common))
             render.written(rep, json_out, quiet=quiet)
 
-        command.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
-        command.__annotations__ = {p.name: p.annotation for p in params}
-        return command
+        run.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
 
     return wrap
 
 
 def _resolved(annotation: Any, fn: Callable[..., Any]) -> Any:
     """A parameter's annotation as an object (``from __future__ import annotations`` leaves it a string, which
-    Typer would not read once the signature is set), evaluated in ``fn``'s module."""
-    return eval(annotation, fn.__globals__) if isinstance(annotation, str) else annotation  # noqa: S307
+    Typer would not read once the signature is set), evaluated in ``fn``'s module as
+    ``inspect.signature(fn, eval_str=True)`` evaluates it (which would fail on the ``options`` annotation, a
+    name imported for type checking only)."""
+    return eval(annotation, fn.__globals__) if isinstance(annotation, str) else annotation
