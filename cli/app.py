@@ -9,7 +9,7 @@ imports paddle.
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,7 +19,6 @@ from .errors import command, error_fields, run_app
 from .help import EXAMPLES, Command
 from .options import (
     AfterArg,
-    BackupOpt,
     BeforeArg,
     CkptArg,
     CkptsArg,
@@ -39,9 +38,7 @@ from .options import (
     JsonOpt,
     KeepOpt,
     KeepPaddleLayoutOpt,
-    KeepTrainingStateOpt,
     LayoutOpt,
-    LinkOpt,
     LoaderOpt,
     LocalCkptArg,
     LogitsOpt,
@@ -63,8 +60,14 @@ from .options import (
     ToOpt,
     VerboseOpt,
     VocabOpt,
+    edits,
+    write_options,
 )
 from .vocab import register as register_vocab
+
+if TYPE_CHECKING:
+    from ..surgery.results import Report
+    from ..surgery.run import WriteOptions
 
 app = typer.Typer(
     name="tietool",
@@ -158,78 +161,34 @@ def _each(paths: list[str], inspect_one) -> tuple[list[dict], int]:
 
 @app.command(cls=Command, epilog=EXAMPLES["tie"])
 @command
+@edits()
 def tie(
     ckpt: CkptArg = ".",
     out: OutOpt = None,
     keep: KeepOpt = None,
     drop_aliases: DropAliasesOpt = False,
-    layout: LayoutOpt = None,
-    loader: LoaderOpt = None,
-    embedding: EmbOpt = None,
-    head: HeadOpt = None,
-    dry_run: DryOpt = False,
-    json_out: JsonOpt = False,
-    link: LinkOpt = False,
-    quiet: QuietOpt = False,
-    backup: BackupOpt = True,
-) -> None:
+    *,
+    options: WriteOptions,
+) -> Report:
     """Drop the LM head (after checking it equals the embedding) and set tie_word_embeddings true."""
     from ..surgery import ops
-    from . import render
 
-    rep = ops.tie(
-        ckpt,
-        out,
-        keep=keep,
-        drop_aliases=drop_aliases,
-        layout=layout,
-        loader=loader,
-        embedding=embedding,
-        head=head,
-        dry_run=dry_run,
-        link=link,
-        progress=render.progress_bar(quiet or json_out),
-        backup=backup,
-    )
-    render.written(rep, json_out, quiet=quiet)
+    return ops.tie(ckpt, out, keep=keep, drop_aliases=drop_aliases, options=options)
 
 
 @app.command(cls=Command, epilog=EXAMPLES["untie"])
 @command
-def untie(
-    ckpt: CkptArg = ".",
-    out: OutOpt = None,
-    layout: NewHeadLayoutOpt = Layout.AUTO,
-    loader: LoaderOpt = None,
-    embedding: EmbOpt = None,
-    head: HeadOpt = None,
-    dry_run: DryOpt = False,
-    json_out: JsonOpt = False,
-    link: LinkOpt = False,
-    quiet: QuietOpt = False,
-    backup: BackupOpt = True,
-) -> None:
+@edits(layout=(NewHeadLayoutOpt, Layout.AUTO))
+def untie(ckpt: CkptArg = ".", out: OutOpt = None, *, options: WriteOptions) -> Report:
     """Write the LM head as its own tensor, equal to the embedding, and set tie_word_embeddings false."""
     from ..surgery import ops
-    from . import render
 
-    rep = ops.untie(
-        ckpt,
-        out,
-        layout=layout,
-        loader=loader,
-        embedding=embedding,
-        head=head,
-        dry_run=dry_run,
-        link=link,
-        progress=render.progress_bar(quiet or json_out),
-        backup=backup,
-    )
-    render.written(rep, json_out, quiet=quiet)
+    return ops.untie(ckpt, out, options=options)
 
 
 @app.command(cls=Command, epilog=EXAMPLES["resize"])
 @command
+@edits(keep_training_state=True)
 def resize(
     ckpt: CkptArg = ".",
     out: OutOpt = None,
@@ -238,27 +197,18 @@ def resize(
     init: InitOpt = Init.MEAN,
     seed: SeedOpt = None,
     force: ForceOpt = False,
-    keep_training_state: KeepTrainingStateOpt = False,
-    layout: LayoutOpt = None,
-    loader: LoaderOpt = None,
-    embedding: EmbOpt = None,
-    head: HeadOpt = None,
-    dry_run: DryOpt = False,
-    json_out: JsonOpt = False,
-    link: LinkOpt = False,
-    quiet: QuietOpt = False,
-    backup: BackupOpt = True,
-) -> None:
+    *,
+    options: WriteOptions,
+) -> Report:
     """Grow or trim the vocabulary rows of the embedding, head and head bias together; update vocab_size."""
     from ..surgery import ops
-    from . import render
 
     if vocab is None and pad_to_multiple_of is None:
         raise UsageError(
             "resize needs the new number of rows",
             fix="pass --vocab ROWS, or --pad-to-multiple-of N to round the current rows up",
         )
-    rep = ops.resize(
+    return ops.resize(
         ckpt,
         vocab,
         out,
@@ -266,21 +216,13 @@ def resize(
         init=init,
         seed=seed,
         force=force,
-        keep_training_state=keep_training_state,
-        layout=layout,
-        loader=loader,
-        embedding=embedding,
-        head=head,
-        dry_run=dry_run,
-        link=link,
-        progress=render.progress_bar(quiet or json_out),
-        backup=backup,
+        options=options,
     )
-    render.written(rep, json_out, quiet=quiet)
 
 
 @app.command("add-tokens", cls=Command, epilog=EXAMPLES["add-tokens"])
 @command
+@edits(keep_training_state=True)
 def add_tokens(
     ckpt: TokenCkptArg,
     tokens: TokensArg = None,
@@ -290,26 +232,17 @@ def add_tokens(
     pad_to_multiple_of: TokenPadOpt = None,
     seed: SeedOpt = None,
     out: OutOpt = None,
-    keep_training_state: KeepTrainingStateOpt = False,
-    layout: LayoutOpt = None,
-    loader: LoaderOpt = None,
-    embedding: EmbOpt = None,
-    head: HeadOpt = None,
-    dry_run: DryOpt = False,
-    json_out: JsonOpt = False,
-    link: LinkOpt = False,
-    quiet: QuietOpt = False,
-    backup: BackupOpt = True,
-) -> None:
+    *,
+    options: WriteOptions,
+) -> Report:
     """Add tokens to the tokenizer files and give them rows (slack rows first, then every vocabulary tensor
     grown together)."""
     from ..surgery import ops
-    from . import render
 
     strings = list(tokens or []) + _token_file(file)
     if not strings:
         raise UsageError("add-tokens needs at least one token", fix="give TOKEN... or --file TOKENS.txt")
-    rep = ops.add_tokens(
+    return ops.add_tokens(
         ckpt,
         strings,
         out,
@@ -317,17 +250,8 @@ def add_tokens(
         init=init,
         pad_to_multiple_of=pad_to_multiple_of,
         seed=seed,
-        keep_training_state=keep_training_state,
-        layout=layout,
-        loader=loader,
-        embedding=embedding,
-        head=head,
-        dry_run=dry_run,
-        link=link,
-        progress=render.progress_bar(quiet or json_out),
-        backup=backup,
+        options=options,
     )
-    render.written(rep, json_out, quiet=quiet)
 
 
 def _token_file(file: str | None) -> list[str]:
@@ -373,9 +297,8 @@ def merge(
         ckpt,
         out,
         max_shard_size=max_shard_size,
-        dry_run=dry_run,
         keep_paddle_layout=keep_paddle_layout,
-        progress=render.progress_bar(quiet or json_out),
+        options=write_options(json_out, quiet, dry_run=dry_run),
     )
     render.merge(rep, json_out, quiet=quiet, verbose=verbose)
 
@@ -435,12 +358,7 @@ def convert(
     from . import render
 
     rep = ops.convert(
-        ckpt,
-        to,
-        out,
-        max_shard_size=max_shard_size,
-        dry_run=dry_run,
-        progress=render.progress_bar(quiet or json_out),
+        ckpt, to, out, max_shard_size=max_shard_size, options=write_options(json_out, quiet, dry_run=dry_run)
     )
     render.convert(rep, json_out, quiet=quiet)
 

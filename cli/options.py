@@ -4,15 +4,25 @@ A flag shared by several commands (``--out``, ``--json``, ``--loader``, ...) is 
 spelling and help are the same everywhere; a command's own flags are here too, so that :mod:`cli.app` is only
 the commands. Folder arguments are strings, not Paths: a URL (``s3://bucket/prefix``, ``hf://org/model``)
 must keep its ``//``. Typer reads the help text; nothing here imports :mod:`surgery` beyond the option enums.
+
+The flags every editing command shares are one parameter set, :func:`edits`: it adds them to a command and
+builds from them the library's one :class:`~surgery.run.WriteOptions` (:func:`write_options`, which imports
+the library when a command runs).
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+import functools
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ..surgery.model.enums import Init, Keep, Layout, Loader, StrEnum, Target
+
+if TYPE_CHECKING:
+    from ..surgery.run import WriteOptions
 
 # ---------------------------------------------------------------- arguments
 CkptArg = Annotated[
@@ -331,3 +341,74 @@ DiffNoValuesOpt = Annotated[
         "changed values and renames are then not found)",
     ),
 ]
+
+
+# ---------------------------------------------------------------- the options every edit shares
+def write_options(json_out: bool, quiet: bool, **fields: Any) -> WriteOptions:
+    """The :class:`~surgery.run.WriteOptions` of a writing command: its common ``fields`` (``dry_run``,
+    ``link``, ``layout``, ...) and the progress bar (none with ``--json`` or ``--quiet``). The library and
+    :mod:`cli.render` are imported here, when a command runs, not at ``--help``."""
+    from ..surgery.run import WriteOptions
+    from . import render
+
+    return WriteOptions(progress=render.progress_bar(quiet or json_out), **fields)
+
+
+EDIT_OPTIONS: tuple[tuple[str, Any, Any], ...] = (
+    ("loader", LoaderOpt, None),
+    ("embedding", EmbOpt, None),
+    ("head", HeadOpt, None),
+    ("dry_run", DryOpt, False),
+    ("json_out", JsonOpt, False),
+    ("link", LinkOpt, False),
+    ("quiet", QuietOpt, False),
+    ("backup", BackupOpt, True),
+)
+"""The flags of every command that edits a checkpoint (``tie`` ... ``transplant``), after its ``--layout``,
+in the order ``--help`` lists them: (parameter name, ``Annotated`` alias, default)."""
+
+
+def edits(
+    layout: tuple[Any, Any] = (LayoutOpt, None), keep_training_state: bool = False
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """A command that edits a checkpoint, given its own arguments and flags and an ``options`` keyword: the
+    Typer command with, after them, ``--keep-training-state`` (when asked), ``--layout`` (``layout``: its
+    alias and default) and :data:`EDIT_OPTIONS`. Run, it hands the command the
+    :class:`~surgery.run.WriteOptions` built from those flags (:func:`write_options`) and prints the report
+    it returns (``render.written``, with ``--json`` and ``--quiet``).
+
+    The command's own parameters keep their order, names and help; Typer reads the signature this sets.
+    """
+    shared = [("layout", *layout), *EDIT_OPTIONS]
+    if keep_training_state:
+        shared.insert(0, ("keep_training_state", KeepTrainingStateOpt, False))
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        own = [p for p in inspect.signature(fn).parameters.values() if p.name != "options"]
+        params = [p.replace(annotation=_resolved(p.annotation, fn)) for p in own] + [
+            inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=alias, default=default)
+            for name, alias, default in shared
+        ]
+
+        @functools.wraps(fn)
+        def run(**kwargs: Any) -> None:
+            from . import render
+
+            common = {name: kwargs.pop(name) for name, _, _ in shared}
+            json_out, quiet = common.pop("json_out"), common.pop("quiet")
+            rep = fn(**kwargs, options=write_options(json_out, quiet, **common))
+            render.written(rep, json_out, quiet=quiet)
+
+        run.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+        run.__annotations__ = {p.name: p.annotation for p in params}
+        return run
+
+    return wrap
+
+
+def _resolved(annotation: Any, fn: Callable[..., Any]) -> Any:
+    """A parameter's annotation as an object (``from __future__ import annotations`` leaves it a string, which
+    Typer would not read once the signature is set), evaluated in ``fn``'s module as
+    ``inspect.signature(fn, eval_str=True)`` evaluates it (which would fail on the ``options`` annotation, a
+    name imported for type checking only)."""
+    return eval(annotation, fn.__globals__) if isinstance(annotation, str) else annotation

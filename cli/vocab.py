@@ -6,7 +6,7 @@ small)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -14,19 +14,15 @@ from ..surgery.model.errors import UsageError
 from .errors import command
 from .help import EXAMPLES, Command
 from .options import (
-    BackupOpt,
     CkptArg,
-    DryOpt,
-    EmbOpt,
-    HeadOpt,
-    JsonOpt,
-    LayoutOpt,
-    LinkOpt,
-    LoaderOpt,
     OutOpt,
-    QuietOpt,
     TokenCkptArg,
+    edits,
 )
+
+if TYPE_CHECKING:
+    from ..surgery.results import Report
+    from ..surgery.run import WriteOptions
 
 IdsOpt = Annotated[
     str | None,
@@ -146,43 +142,29 @@ def parse_ids(text: str | None) -> list[int] | None:
     return [int(p) for p in parts]
 
 
+@edits()
 def fix_untrained(
     ckpt: CkptArg = ".",
     out: OutOpt = None,
     ids: IdsOpt = None,
     init: FixInitOpt = "trained-mean",
-    layout: LayoutOpt = None,
-    loader: LoaderOpt = None,
-    embedding: EmbOpt = None,
-    head: HeadOpt = None,
-    dry_run: DryOpt = False,
-    json_out: JsonOpt = False,
-    link: LinkOpt = False,
-    quiet: QuietOpt = False,
-    backup: BackupOpt = True,
-) -> None:
+    *,
+    options: WriteOptions,
+) -> Report:
     """Set the rows the model never trained (unsloth's rule: no value above 1e-16 in the embedding and
     the head) to the mean of the trained rows; every other byte unchanged."""
     from ..surgery import ops
-    from . import render
 
-    rep = ops.fix_untrained(
+    return ops.fix_untrained(
         ckpt,
         out,
         ids=parse_ids(ids),
         init=init,
-        layout=layout,
-        loader=loader,
-        embedding=embedding,
-        head=head,
-        dry_run=dry_run,
-        link=link,
-        progress=render.progress_bar(quiet or json_out),
-        backup=backup,
+        options=options,
     )
-    render.written(rep, json_out, quiet=quiet)
 
 
+@edits()
 def rename_tokens(
     ckpt: TokenCkptArg,
     renames: RenamesArg = None,
@@ -190,120 +172,74 @@ def rename_tokens(
     init: RenameInitOpt = "keep",
     set_special: SetSpecialOpt = None,
     out: OutOpt = None,
-    layout: LayoutOpt = None,
-    loader: LoaderOpt = None,
-    embedding: EmbOpt = None,
-    head: HeadOpt = None,
-    dry_run: DryOpt = False,
-    json_out: JsonOpt = False,
-    link: LinkOpt = False,
-    quiet: QuietOpt = False,
-    backup: BackupOpt = True,
-) -> None:
+    *,
+    options: WriteOptions,
+) -> Report:
     """Give reserved or unused tokens (<|reserved_special_token_N|>, [unusedN], ...) new strings in every
     tokenizer file, by id: the model is not grown (rows kept, or --init trained-mean)."""
     from ..surgery import ops
     from ..surgery.io.special_tokens import parse_specials
     from ..surgery.io.tokenizer_rename import parse_renames
-    from . import render
 
     specials = parse_specials(set_special or [])
-    rep = ops.rename_tokens(
+    return ops.rename_tokens(
         ckpt,
         parse_renames(renames or []) if renames or not specials else {},
         out,
         special=special,
         init=init,
         set_special=specials,
-        layout=layout,
-        loader=loader,
-        embedding=embedding,
-        head=head,
-        dry_run=dry_run,
-        link=link,
-        progress=render.progress_bar(quiet or json_out),
-        backup=backup,
+        options=options,
     )
-    render.written(rep, json_out, quiet=quiet)
 
 
+@edits()
 def prune(
     ckpt: TokenCkptArg,
     keep_ids: KeepIdsOpt = None,
     keep_corpus: KeepCorpusOpt = None,
     keep_special: KeepSpecialOpt = False,
     out: OutOpt = None,
-    layout: LayoutOpt = None,
-    loader: LoaderOpt = None,
-    embedding: EmbOpt = None,
-    head: HeadOpt = None,
-    dry_run: DryOpt = False,
-    json_out: JsonOpt = False,
-    link: LinkOpt = False,
-    quiet: QuietOpt = False,
-    backup: BackupOpt = True,
-) -> None:
+    *,
+    options: WriteOptions,
+) -> Report:
     """Cut the vocabulary to the token ids of a keep-list: every vocabulary tensor, the tokenizer files,
     vocab_size and the config's token ids renumbered together (the old -> new id map in the report)."""
     from ..surgery import ops
     from ..surgery.io.tokenizer_prune import read_keep_corpus, read_keep_file
-    from . import render
 
-    rep = ops.prune(
+    return ops.prune(
         ckpt,
         read_keep_file(keep_ids) if keep_ids is not None else None,
         out,
         corpus=read_keep_corpus(keep_corpus) if keep_corpus is not None else None,
         keep_special=keep_special,
         keep_source=keep_ids,
-        layout=layout,
-        loader=loader,
-        embedding=embedding,
-        head=head,
-        dry_run=dry_run,
-        link=link,
-        progress=render.progress_bar(quiet or json_out),
-        backup=backup,
+        options=options,
     )
-    render.written(rep, json_out, quiet=quiet)
 
 
+@edits()
 def transplant(
     ckpt: TokenCkptArg,
     tokenizer: DonorOpt,
     init: TransplantInitOpt = "subword",
     out: OutOpt = None,
-    layout: LayoutOpt = None,
-    loader: LoaderOpt = None,
-    embedding: EmbOpt = None,
-    head: HeadOpt = None,
-    dry_run: DryOpt = False,
-    json_out: JsonOpt = False,
-    link: LinkOpt = False,
-    quiet: QuietOpt = False,
-    backup: BackupOpt = True,
-) -> None:
+    *,
+    options: WriteOptions,
+) -> Report:
     """Give the model a donor's tokenizer: every vocabulary tensor laid out in the donor's ids, a token
     both tokenizers have keeping its row bit for bit, the others initialised (--init); tokenizer files,
     vocab_size and the config's token ids set from the donor (how each row was made in the report)."""
     from ..surgery import ops
-    from . import render
 
-    rep = ops.transplant(
+    return ops.transplant(
         ckpt,
         tokenizer,
         out,
         init=init,
-        layout=layout,
-        loader=loader,
-        embedding=embedding,
-        head=head,
-        dry_run=dry_run,
-        link=link,
-        progress=render.progress_bar(quiet or json_out),
-        backup=backup,
+        options=options,
     )
-    render.written(rep, json_out, quiet=quiet)
 
 
 COMMANDS = (
@@ -316,7 +252,7 @@ COMMANDS = (
 
 
 def register(app: typer.Typer) -> None:
-    """Add the vocabulary commands (:data:`COMMANDS`) to ``app``, each wrapped by :func:`cli.errors.command`
-    (exit codes, one-line errors)."""
+    """Add the vocabulary commands (:data:`COMMANDS`, each a :func:`cli.options.edits` command) to ``app``,
+    each wrapped by :func:`cli.errors.command` (exit codes, one-line errors)."""
     for name, fn in COMMANDS:
         app.command(name, cls=Command, epilog=EXAMPLES[name])(command(fn))

@@ -32,18 +32,22 @@ from .io.formats import DEFAULT_MAX_SHARD_SIZE
 from .model.enums import Init, Keep, Layout, Loader, Target, TokenInit, TransplantInit
 from .model.errors import Opt, UsageError
 from .results import Inspection, Report
+from .run import EDIT, EDIT_WITH_STATE, NEW_CHECKPOINT, PathArg, Planner, WriteOptions, run
 from .run import Advance as Advance
-from .run import PathArg, Planner, ProgressFactory, run
 from .run import count_option as _count
 from .run import enum_option as _enum
 from .run import layout_option as _layout
 from .run import path_arg as _path
+from .run import write_options as _options
 from .write import inplace
 
 if TYPE_CHECKING:  # annotations only: each operation imports the planners, writer and report it runs
+    from typing_extensions import Unpack
+
     from . import diff as diff_mod
     from .plan import convert as convert_plan
     from .plan.plan import Plan
+    from .run import WriteArgs
     from .verify import VerifyResult
 
 
@@ -106,21 +110,16 @@ def _flex_only(where: Any) -> flex.FlexFolder | None:
     return None if has_whole(names) else folder
 
 
-def _detection(
-    ckpt: Checkpoint,
-    layout: Layout | str | None,
-    loader: Loader | str | None,
-    embedding: str | None,
-    head: str | None,
-) -> Detection:
-    """Detection for a write: the names checked, values compared, a quantized table refused."""
-    check_names(ckpt, embedding, head)
+def _detection(ckpt: Checkpoint, opts: WriteOptions) -> Detection:
+    """Detection for a write, with the tensor names and layout of ``opts``: the names checked, values
+    compared, a quantized table refused."""
+    check_names(ckpt, opts.embedding, opts.head)
     det = detect(
         ckpt,
-        layout=_layout(layout),
-        loader=_enum(Loader, loader, "loader"),
-        embedding_name=embedding,
-        head_name=head,
+        layout=_layout(opts.layout),
+        loader=_enum(Loader, opts.loader, "loader"),
+        embedding_name=opts.embedding,
+        head_name=opts.head,
         compare_values=True,
     )
     check_found(det)
@@ -167,14 +166,8 @@ def tie(
     *,
     keep: Keep | str | None = None,
     drop_aliases: bool = False,
-    layout: Layout | str | None = None,
-    loader: Loader | str | None = None,
-    embedding: str | None = None,
-    head: str | None = None,
-    dry_run: bool = False,
-    link: bool = False,
-    progress: ProgressFactory | None = None,
-    backup: bool = True,
+    options: WriteOptions | None = None,
+    **kwargs: Unpack[WriteArgs],
 ) -> Report:
     """Drop the LM head where the loader re-ties it, after checking that its values equal the input
     embedding's; set ``tie_word_embeddings`` true (as PaddleFormers' ``tie_weights`` expects).
@@ -185,39 +178,39 @@ def tie(
         out: the output folder (must not exist, or be empty); None rewrites ``path`` in place, crash-safe
             (:mod:`surgery.write.inplace`), keeping the old version as ``NAME.tietool-backup-<time>`` unless
             ``backup`` is False (its path is the report's ``in_place.backup``).
-        link: hard-link untouched weight files instead of copying them (always, in place).
+        options: the options every write shares (:class:`~surgery.run.WriteOptions`: ``layout``,
+            ``loader``, ``embedding``, ``head``, ``dry_run``, ``link``, ``progress``, ``backup``); each may
+            also be passed as a keyword argument of its name (``dry_run=True``), which overrides that field
+            of ``options``. ``keep_training_state`` is ``resize``'s and ``add_tokens``' only.
 
     Returns:
         the parameter-savings report (:func:`surgery.report.build`).
 
     Raises:
         ValuesDifferError, AmbiguousLayoutError, RefusedError: see :func:`surgery.plan.tie.plan_tie`.
-        CheckpointError, UsageError, OutputError: bad input or an output that cannot be written.
+        CheckpointError, UsageError, OutputError: bad input (or an option the operation does not take),
+            or an output that cannot be written.
+        TypeError: a keyword argument that is no option.
     """
     from .plan.tie import plan_tie
 
+    opts = _options(options, kwargs, "tie", EDIT)
     tied = _edit(
         lambda c: plan_tie(
-            _detection(c, layout, loader, embedding, head),
+            _detection(c, opts),
             keep=_enum(Keep, keep, "keep"),
             drop_aliases=drop_aliases,
         )
     )
-    return run(tied, path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+    return run(tied, path, out, opts)
 
 
 def untie(
     path: PathArg,
     out: PathArg | None = None,
     *,
-    layout: Layout | str = Layout.AUTO,
-    loader: Loader | str | None = None,
-    embedding: str | None = None,
-    head: str | None = None,
-    dry_run: bool = False,
-    link: bool = False,
-    progress: ProgressFactory | None = None,
-    backup: bool = True,
+    options: WriteOptions | None = None,
+    **kwargs: Unpack[WriteArgs],
 ) -> Report:
     """Write the LM head as its own tensor equal to the input embedding, in the layout the loader expects
     (``layout``: AUTO), and set ``tie_word_embeddings`` false.
@@ -227,13 +220,14 @@ def untie(
     """
     from .plan.untie import plan_untie
 
+    opts = _options(options, kwargs, "untie", EDIT)
     untied = _edit(
         lambda c: plan_untie(
-            _detection(c, layout, loader, embedding, head),
-            layout=_enum(Layout, layout, "layout") or Layout.AUTO,
+            _detection(c, opts),
+            layout=_enum(Layout, opts.layout, "layout") or Layout.AUTO,
         )
     )
-    return run(untied, path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+    return run(untied, path, out, opts)
 
 
 def resize(
@@ -245,15 +239,8 @@ def resize(
     init: Init | str = Init.MEAN,
     seed: int | None = None,
     force: bool = False,
-    keep_training_state: bool = False,
-    layout: Layout | str | None = None,
-    loader: Loader | str | None = None,
-    embedding: str | None = None,
-    head: str | None = None,
-    dry_run: bool = False,
-    link: bool = False,
-    progress: ProgressFactory | None = None,
-    backup: bool = True,
+    options: WriteOptions | None = None,
+    **kwargs: Unpack[WriteArgs],
 ) -> Report:
     """Grow or trim the vocabulary rows of every vocabulary tensor together (embedding, head, head bias,
     copies) and every vocabulary-size config key, as PaddleFormers' ``resize_token_embeddings`` (plus the
@@ -268,33 +255,25 @@ def resize(
         seed: makes the random draws of ``MEAN`` and ``NORMAL`` reproducible (same seed, same bytes); None:
             a random seed, written in the report (to draw the same rows again).
         force: allow trimming rows.
-        keep_training_state: copy optimizer / scheduler / trainer files too (stale after a resize).
+        options: as :func:`tie`'s, and ``keep_training_state``: keep the optimizer, scheduler and trainer
+            files, the optimizer state resized with the vocabulary.
 
     Returns:
         the report. Raises as :func:`tie`; ``RefusedError`` for a trim without ``force``.
     """
     from .plan.resize import plan_resize_to
 
+    opts = _options(options, kwargs, "resize", EDIT_WITH_STATE)
     vocab_size = _count(vocab_size, "vocab_size")
     pad_to_multiple_of = _count(pad_to_multiple_of, "pad_to_multiple_of")
 
     def make(c: Checkpoint) -> Plan:
-        det = _detection(c, layout, loader, embedding, head)
+        det = _detection(c, opts)
         return plan_resize_to(
             det, vocab_size, pad_to_multiple_of, _enum(Init, init, "init") or Init.MEAN, seed, force
         )
 
-    resized = _edit_planner(make, keep_training_state, path)
-    return run(
-        resized,
-        path,
-        out,
-        dry_run=dry_run,
-        link=link,
-        progress=progress,
-        keep_training_state=keep_training_state,
-        backup=backup,
-    )
+    return run(_edit_planner(make, opts.keep_training_state, path), path, out, opts)
 
 
 def _edit_planner(make_plan: Callable[[Checkpoint], Plan], keep_training_state: bool, path: Any) -> Planner:
@@ -316,15 +295,8 @@ def add_tokens(
     init: TokenInit | str = TokenInit.SUBTOKENS,
     pad_to_multiple_of: int | None = None,
     seed: int | None = None,
-    keep_training_state: bool = False,
-    layout: Layout | str | None = None,
-    loader: Loader | str | None = None,
-    embedding: str | None = None,
-    head: str | None = None,
-    dry_run: bool = False,
-    link: bool = False,
-    progress: ProgressFactory | None = None,
-    backup: bool = True,
+    options: WriteOptions | None = None,
+    **kwargs: Unpack[WriteArgs],
 ) -> Report:
     """Add ``tokens`` to the checkpoint's tokenizer and give them rows: every tokenizer file edited
     (:func:`surgery.io.tokenizer_edit.add_tokens_edit`: contiguous ids from the tokenizer's length, a string
@@ -347,21 +319,20 @@ def add_tokens(
     from .plan import add_tokens as token_plan
     from .plan.add_tokens import parse_init, plan_add_tokens
 
+    opts = _options(options, kwargs, "add_tokens", EDIT_WITH_STATE)
     strings = _token_strings(tokens)
     choice = parse_init(init)
     pad_to_multiple_of = _count(pad_to_multiple_of, "pad_to_multiple_of")
     store.local_only("add-tokens", path, out)
 
     def plan(c: Checkpoint) -> Plan:
-        det = _detection(c, layout, loader, embedding, head)
+        det = _detection(c, opts)
         tokenizer = _tokenizer_edit()
         edit = tokenizer.add_tokens_edit(c.path, strings, special=special)
         copy_id = token_plan.copy_token_id(c.path, choice, tokenizer.add_tokens_edit)
         return plan_add_tokens(det, edit, choice, pad_to_multiple_of, seed, copy_id)
 
-    added = _edit_planner(plan, keep_training_state, path)
-    kept = {"keep_training_state": keep_training_state, "backup": backup}
-    return run(added, path, out, dry_run=dry_run, link=link, progress=progress, **kept)
+    return run(_edit_planner(plan, opts.keep_training_state, path), path, out, opts)
 
 
 def fix_untrained(
@@ -370,14 +341,8 @@ def fix_untrained(
     *,
     ids: Sequence[int] | None = None,
     init: str = "trained-mean",
-    layout: Layout | str | None = None,
-    loader: Loader | str | None = None,
-    embedding: str | None = None,
-    head: str | None = None,
-    dry_run: bool = False,
-    link: bool = False,
-    progress: ProgressFactory | None = None,
-    backup: bool = True,
+    options: WriteOptions | None = None,
+    **kwargs: Unpack[WriteArgs],
 ) -> Report:
     """Set the rows a model never trained to the mean of its trained rows, as unsloth's
     ``fix_untrained_tokens`` finds and sets them (:func:`surgery.plan.fix_untrained.plan_fix_untrained`):
@@ -395,13 +360,14 @@ def fix_untrained(
     """
     from .plan.fix_untrained import plan_fix_untrained
 
+    opts = _options(options, kwargs, "fix_untrained", EDIT)
     chosen = None if ids is None else [_count(i, "ids") for i in ids]
 
     def plan(c: Checkpoint) -> Plan:
-        det = _detection(c, layout, loader, embedding, head)
+        det = _detection(c, opts)
         return plan_fix_untrained(det, chosen, init)  # type: ignore[arg-type]
 
-    return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+    return run(_edit(plan), path, out, opts)
 
 
 def _rename_pairs(renames: Mapping[int, str], set_special: Mapping[str, str] | None) -> dict[int, str]:
@@ -433,14 +399,8 @@ def rename_tokens(
     special: bool = False,
     init: str = "keep",
     set_special: Mapping[str, str] | None = None,
-    layout: Layout | str | None = None,
-    loader: Loader | str | None = None,
-    embedding: str | None = None,
-    head: str | None = None,
-    dry_run: bool = False,
-    link: bool = False,
-    progress: ProgressFactory | None = None,
-    backup: bool = True,
+    options: WriteOptions | None = None,
+    **kwargs: Unpack[WriteArgs],
 ) -> Report:
     """Give reserved or unused slots new strings (``{id: string}``) in every tokenizer file
     (:func:`surgery.io.tokenizer_rename.rename_tokens_edit`), the model never grown: each id keeps its row
@@ -461,6 +421,7 @@ def rename_tokens(
     """
     from .plan.rename_tokens import plan_rename_tokens
 
+    opts = _options(options, kwargs, "rename_tokens", EDIT)
     pairs = _rename_pairs(renames, set_special)
     store.local_only("rename-tokens", path, out)
 
@@ -468,7 +429,7 @@ def rename_tokens(
         from .io import tokenizer_rename
         from .io.tokenizer import vocabulary
 
-        det = _detection(c, layout, loader, embedding, head)
+        det = _detection(c, opts)
         vocab = vocabulary(c.path)
         old = {i: vocab.get(i, "") for i in pairs}
         edit = tokenizer_rename.rename_tokens_edit(c.path, pairs, special=special)
@@ -480,7 +441,7 @@ def rename_tokens(
         subs = _splits(c.path, pairs, special) if init == "subtokens" else None
         return plan_rename_tokens(det, edit, old, init, sets, specials, subs)
 
-    return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+    return run(_edit(plan), path, out, opts)
 
 
 def _splits(folder: Path, pairs: dict[int, str], special: bool) -> dict[int, tuple[int, ...]]:
@@ -587,8 +548,8 @@ def convert(
     out: PathArg,
     *,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
-    dry_run: bool = False,
-    progress: ProgressFactory | None = None,
+    options: WriteOptions | None = None,
+    **kwargs: Unpack[WriteArgs],
 ) -> Report:
     """Convert checkpoint ``path`` to the convention or container ``to`` (see
     :func:`surgery.plan.convert.plan_convert`), written to ``out`` atomically (a temporary folder renamed into
@@ -597,7 +558,8 @@ def convert(
     accepted).
 
     Tensors stream one at a time: a copied tensor by byte range, a transposed or split one loaded in its
-    stored dtype (bf16 as ``uint16`` bits, never converted), rearranged, written and dropped.
+    stored dtype (bf16 as ``uint16`` bits, never converted), rearranged, written and dropped. ``options``
+    (or keyword arguments): ``dry_run`` and ``progress`` as :func:`merge`'s.
 
     Returns:
         the report (:func:`surgery.report.convert_report`), also written as ``out/tietool-report.json`` (not
@@ -613,6 +575,7 @@ def convert(
     from .plan import convert as convert_plan
     from .plan.plan import hf_random_head_problems, parse_size
 
+    opts = _options(options, kwargs, "convert", NEW_CHECKPOINT)
     target = _enum(Target, to, "to")
     assert target is not None, "convert needs a target"
     limit = parse_size(max_shard_size)
@@ -634,7 +597,7 @@ def convert(
         write=lambda p: convert_plan.output_plan(p, limit),
         to=target,
     )
-    return run(converted, path, out, dry_run=dry_run, progress=progress)
+    return run(converted, path, out, opts)
 
 
 def _indexed(ckpt: Checkpoint) -> Checkpoint:
@@ -648,9 +611,9 @@ def merge(
     out: PathArg,
     *,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
-    dry_run: bool = False,
     keep_paddle_layout: bool = False,
-    progress: ProgressFactory | None = None,
+    options: WriteOptions | None = None,
+    **kwargs: Unpack[WriteArgs],
 ) -> Report:
     """Merge tensor-parallel (and pipeline-parallel) rank files into one whole checkpoint in ``out``, each
     tensor joined by its family's rule (:mod:`surgery.plan.merge`); expert-parallel rank files as the union
@@ -664,15 +627,14 @@ def merge(
 
     Args:
         max_shard_size: bytes or a size (``"10GB"``, PaddleFormers' default).
-        dry_run: check and plan everything (rank files read, shapes checked), write nothing; the report
-            names the files a run would write.
         keep_paddle_layout: a flex checkpoint only: write its tensors in the Paddle layout the training run
             held (Linear weights ``[in, out]``, fused projections), unconverted, with config
             ``"source": "paddle"``; the report's warning names the load it needs (PaddleFormers'
             ``from_pretrained(out, load_checkpoint_format="legacy", convert_from_hf=False)``). Without it,
             a model type tietool cannot convert is refused.
-        progress: given the bytes the output will hold, a context manager yielding ``advance(file, bytes)``
-            or None (the operations' progress factory).
+        options: :class:`~surgery.run.WriteOptions`' ``dry_run`` (check and plan everything: rank files
+            read, shapes checked; write nothing, the report names the files a run would write) and
+            ``progress``, also as keyword arguments of their names; the other options are refused.
 
     Returns:
         the report (also ``out/tietool-report.json``); ``parameters_before`` counts every rank's tensors
@@ -691,11 +653,12 @@ def merge(
     from .plan import merge_plans
     from .plan.plan import parse_size
 
+    opts = _options(options, kwargs, "merge", NEW_CHECKPOINT)
     store.local_only("merge", path, out)
     limit = partial(parse_size, max_shard_size)  # checked once the folders are (as the plan starts)
     plan = merge_plans.planner_for(Path(str(path)), limit, keep_paddle_layout)
     merged = Planner(open=merge_plans.rank_folder, plan=plan)
-    return run(merged, path, out, dry_run=dry_run, progress=progress)
+    return run(merged, path, out, opts)
 
 
 def prune(
@@ -706,14 +669,8 @@ def prune(
     corpus: str | None = None,
     keep_special: bool = False,
     keep_source: PathArg | None = None,
-    layout: Layout | str | None = None,
-    loader: Loader | str | None = None,
-    embedding: str | None = None,
-    head: str | None = None,
-    dry_run: bool = False,
-    link: bool = False,
-    progress: ProgressFactory | None = None,
-    backup: bool = True,
+    options: WriteOptions | None = None,
+    **kwargs: Unpack[WriteArgs],
 ) -> Report:
     """Cut the model to the token ids ``keep_ids`` (:func:`surgery.plan.prune.plan_prune`): every vocabulary
     tensor keeps the kept entries byte for byte, renumbered in their old order; the tokenizer files, the
@@ -735,6 +692,7 @@ def prune(
     """
     from .plan.prune import plan_prune
 
+    opts = _options(options, kwargs, "prune", EDIT)
     if (keep_ids is None) == (corpus is None):
         raise UsageError(
             "pass a keep-list or a keep-corpus (one of them)", fix=f"e.g. {Opt('keep_ids', [0, 1, 2])}"
@@ -743,7 +701,7 @@ def prune(
     store.local_only("prune", path, out)
 
     def plan(c: Checkpoint) -> Plan:
-        det = _detection(c, layout, loader, embedding, head)
+        det = _detection(c, opts)
         if corpus is not None:
             from .io.tokenizer_prune import corpus_ids
 
@@ -751,7 +709,7 @@ def prune(
         src = Path(keep_source) if keep_source is not None else None
         return plan_prune(det, [i for i in ids if i is not None], keep_special, keep_source=src)
 
-    return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+    return run(_edit(plan), path, out, opts)
 
 
 def transplant(
@@ -760,14 +718,8 @@ def transplant(
     out: PathArg | None = None,
     *,
     init: TransplantInit | str = TransplantInit.SUBWORD,
-    layout: Layout | str | None = None,
-    loader: Loader | str | None = None,
-    embedding: str | None = None,
-    head: str | None = None,
-    dry_run: bool = False,
-    link: bool = False,
-    progress: ProgressFactory | None = None,
-    backup: bool = True,
+    options: WriteOptions | None = None,
+    **kwargs: Unpack[WriteArgs],
 ) -> Report:
     """Give the model the tokenizer of the folder ``tokenizer`` (a donor's; see
     :func:`surgery.plan.transplant.plan_transplant`): every vocabulary tensor laid out in the donor's id
@@ -783,12 +735,13 @@ def transplant(
     """
     from .plan.transplant import plan_transplant
 
+    opts = _options(options, kwargs, "transplant", EDIT)
     how = _enum(TransplantInit, init, "init")
     assert how is not None, "transplant needs an init"
     donor = Path(str(_path(tokenizer, "tokenizer")))
     store.local_only("transplant", path, out)
 
     def plan(c: Checkpoint) -> Plan:
-        return plan_transplant(_detection(c, layout, loader, embedding, head), donor, how)
+        return plan_transplant(_detection(c, opts), donor, how)
 
-    return run(_edit(plan), path, out, dry_run=dry_run, link=link, progress=progress, backup=backup)
+    return run(_edit(plan), path, out, opts)

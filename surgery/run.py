@@ -13,17 +13,17 @@ from __future__ import annotations
 
 import numbers
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from enum import Enum
 from os import PathLike
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from .io import store, stores
 from .io.checkpoint import Checkpoint
-from .model.enums import Layout, Target
+from .model.enums import Layout, Loader, Target
 from .model.errors import Interrupted, Opt, UsageError
 from .results import Report
 from .write import inplace, inplace_checks
@@ -75,22 +75,86 @@ class Planner:
     to: Target | None = None
 
 
-def run(
-    planner: Planner,
-    path: PathArg,
-    out: PathArg | None,
-    *,
-    dry_run: bool = False,
-    link: bool = False,
-    progress: ProgressFactory | None = None,
-    keep_training_state: bool = False,
-    backup: bool = True,
-) -> Report:
+@dataclass(frozen=True)
+class WriteOptions:
+    """The options the writing operations share: how the vocabulary tensors are found, and how the output is
+    written. The CLI builds one from its common flags; the Python API builds one from the keyword arguments
+    of the same names (:func:`write_options`).
+
+    Attributes:
+        layout: the head's layout when ``vocab_size == hidden_size`` (:class:`Layout`, or its value;
+            ``AUTO`` and None: detection decides); ``untie``: the new head's layout (None: ``AUTO``).
+        loader: the library that will load the output (:class:`Loader`, or its value; None: told from the
+            checkpoint).
+        embedding, head: the input embedding's and the LM head's tensor names, for architectures the
+            table does not know (None: found by detection).
+        dry_run: open, check and plan, write nothing; the report names what a run would write.
+        link: hard-link untouched weight files instead of copying them (always, in place).
+        progress: given the bytes the output will hold, a context manager yielding ``advance(file, bytes)``
+            or None (:data:`ProgressFactory`).
+        keep_training_state: keep the optimizer, scheduler and trainer files in the output, the optimizer
+            state resized with the vocabulary (``resize``, ``add_tokens``); False leaves them out.
+        backup: in place (no ``out``): keep the old version as ``NAME.tietool-backup-<time>``.
+    """
+
+    layout: Layout | str | None = None
+    loader: Loader | str | None = None
+    embedding: str | None = None
+    head: str | None = None
+    dry_run: bool = False
+    link: bool = False
+    progress: ProgressFactory | None = None
+    keep_training_state: bool = False
+    backup: bool = True
+
+
+class WriteArgs(TypedDict, total=False):
+    """:class:`WriteOptions` as keyword arguments of an operation (``tietool.tie(..., dry_run=True)``)."""
+
+    layout: Layout | str | None
+    loader: Loader | str | None
+    embedding: str | None
+    head: str | None
+    dry_run: bool
+    link: bool
+    progress: ProgressFactory | None
+    keep_training_state: bool
+    backup: bool
+
+
+EDIT = frozenset({"layout", "loader", "embedding", "head", "dry_run", "link", "progress", "backup"})
+"""The options of an edit of the vocabulary tensors (``tie``, ``untie``, ``fix_untrained``,
+``rename_tokens``, ``prune``, ``transplant``)."""
+EDIT_WITH_STATE = EDIT | {"keep_training_state"}
+"""The options of an edit that can keep the training state (``resize``, ``add_tokens``)."""
+NEW_CHECKPOINT = frozenset({"dry_run", "progress"})
+"""The options of an operation that writes a new checkpoint to a new folder (``convert``, ``merge``)."""
+
+
+def write_options(
+    options: WriteOptions | None, given: Mapping[str, Any], operation: str, takes: Collection[str]
+) -> WriteOptions:
+    """``options`` (default: every option at its default) with the keyword arguments ``given`` set, for
+    ``operation``, which takes the options named in ``takes``.
+
+    Raises:
+        TypeError: a keyword that is no option (as Python refuses an unknown keyword argument).
+        UsageError: an option ``operation`` does not take, set to other than its default.
+    """
+    opts = replace(options or WriteOptions(), **given)
+    for f in fields(opts):
+        if f.name not in takes and getattr(opts, f.name) != f.default:
+            raise UsageError(f"{operation} does not take {Opt(f.name)}", fix=f"leave {Opt(f.name)} out")
+    return opts
+
+
+def run(planner: Planner, path: PathArg, out: PathArg | None, options: WriteOptions | None = None) -> Report:
     """The one run of a writing operation: coerce the paths, open the input and plan; on a dry run (or an
     in-place plan that changes nothing) return the report of the plan; else check the output once, execute
     the plan (the writer stores the report in the staging folder before it is published or swapped in) and
     return the report. ``out`` None rewrites ``path`` in place, a local folder only (the policy
-    :class:`_InPlace`; ``backup`` applies to it alone).
+    :class:`_InPlace`; ``options.backup`` applies to it alone). ``options``: its ``dry_run``, ``link``,
+    ``progress``, ``keep_training_state`` and ``backup`` (default: :class:`WriteOptions`' defaults).
 
     Raises:
         UsageError: a bad path, an output that cannot be used, in place on object storage.
@@ -102,25 +166,26 @@ def run(
 
     src = path_arg(path, "path")
     before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
-    dest = _destination(src, out, dry_run, backup, keep_training_state)
+    opts = options or WriteOptions()
+    dest = _destination(src, out, opts)
     opened = planner.open(dest.source)
-    if not dry_run:
+    if not opts.dry_run:
         dest.check(opened.path if isinstance(opened, Checkpoint) else dest.source)
     plan = planner.write(planner.plan(opened))
-    draft = report_mod.Draft(plan, str(dest.path), planner.to, keep_training_state, dest.source)
-    if not dest.writes(plan, dry_run):
-        rep = dest.unwritten(draft.unwritten(dry_run))
+    draft = report_mod.Draft(plan, str(dest.path), planner.to, opts.keep_training_state, dest.source)
+    if not dest.writes(plan, opts.dry_run):
+        rep = dest.unwritten(draft.unwritten(opts.dry_run))
     else:
 
         def write(where: Path, extra: dict[str, Any], own: bool) -> dict:
-            with _progress(progress, plan.output_bytes) as advance:
+            with _progress(opts.progress, plan.output_bytes) as advance:
                 return execute(
                     plan,
                     where,
-                    link=link or own,
+                    link=opts.link or own,
                     progress=advance,
                     report=draft.adding(extra),
-                    keep_training_state=keep_training_state,
+                    keep_training_state=opts.keep_training_state,
                     keep_folder_links=own,
                 )
 
@@ -148,9 +213,7 @@ def _finished(dest: _NewFolder | _InPlace, step: Callable[[], Any]) -> Any:
         raise Interrupted(state) from None
 
 
-def _destination(
-    src: Any, out: PathArg | None, dry_run: bool, backup: bool, keep_training_state: bool
-) -> _NewFolder | _InPlace:
+def _destination(src: Any, out: PathArg | None, opts: WriteOptions) -> _NewFolder | _InPlace:
     """The output policy of :func:`run`: in place for no ``out`` on a local folder, else a new folder
     (``out`` None there: a dry run on a URL, which writes nothing).
 
@@ -158,7 +221,7 @@ def _destination(
         UsageError: in place on object storage (no atomic swap), or a bad ``out``.
     """
     on_disk = stores.is_local(src)
-    if out is None and not on_disk and not dry_run:
+    if out is None and not on_disk and not opts.dry_run:
         raise UsageError(
             "cannot rewrite a checkpoint in object storage in place: the store has no atomic swap "
             "(a reader could see a half-written checkpoint)",
@@ -166,7 +229,7 @@ def _destination(
             f"write to another prefix with {Opt('out')} (a URL or a local folder)",
         )
     if out is None and on_disk:
-        return _InPlace(src, backup, keep_training_state)
+        return _InPlace(src, opts)
     return _NewFolder(src, src if out is None else path_arg(out, "out"))
 
 
@@ -209,15 +272,16 @@ class _InPlace:
     """The output policy of :func:`run` for no ``out``: rewrite checkpoint ``path`` in place
     (:mod:`surgery.write.inplace`). What killed runs left is put right first (here, before the input is
     read); the new version is built beside it with untouched files hard-linked, read back, and swapped in;
-    the old one is kept as a backup unless ``backup`` is False. A plan that changes nothing writes nothing.
+    the old one is kept as a backup unless ``opts.backup`` is False. A plan that changes nothing writes
+    nothing.
     """
 
-    def __init__(self, path: Path, backup: bool, keep_training_state: bool) -> None:
+    def __init__(self, path: Path, opts: WriteOptions) -> None:
         self.path = self.source = inplace.target(path)
         self.rec = inplace.recover(self.path)
         self.read = inplace_checks.folder_id(self.path)
         self.files = inplace_checks.input_files(self.path)  # before any read; checked before the swap
-        self.backup, self.keep_training_state = backup, keep_training_state
+        self.backup, self.keep_training_state = opts.backup, opts.keep_training_state
         self.swapped: tuple[Path, str, Path, Path | None] | None = None  # interrupted_state's arguments
 
     def done_state(self) -> str | None:

@@ -84,6 +84,33 @@ def test_dry_run_writes_nothing_and_reports_the_plan(tmp_path):
     assert not (tmp_path / "never").exists()
 
 
+def test_the_write_options_as_one_object_or_as_keywords(tmp_path):
+    """``options=WriteOptions(...)`` (what the CLI passes) and the keyword arguments of the same names give
+    the same plan; a keyword overrides the object's field; an option an operation does not take is refused
+    by name (exit 2), an unknown keyword is a TypeError, as for any Python function."""
+    from typing import get_type_hints
+
+    from tietool.surgery.run import WriteArgs, WriteOptions
+
+    assert set(get_type_hints(WriteArgs)) == {f for f in WriteOptions.__dataclass_fields__}
+    src = FIX / "pf_qwen2_tied"
+    by_object = tietool.resize(src, 200, tmp_path / "a", seed=1, options=WriteOptions(dry_run=True))
+    by_keyword = tietool.resize(src, 200, tmp_path / "a", seed=1, dry_run=True)
+    for rep in (by_object, by_keyword):
+        assert rep["dry_run"] is True and rep["resize"]["rows_after"] == 200
+    assert by_object["resize"] == by_keyword["resize"]
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(tietool.UsageError, match="tie does not take keep_training_state"):
+        tietool.tie(src, tmp_path / "b", keep_training_state=True)
+    with pytest.raises(tietool.UsageError, match="convert does not take link"):
+        tietool.convert(src, "paddlenlp", tmp_path / "c", options=WriteOptions(link=True))
+    with pytest.raises(TypeError, match="no_such_option"):
+        tietool.untie(src, tmp_path / "d", no_such_option=1)  # type: ignore[call-arg]
+    rep = tietool.untie(src, tmp_path / "e", options=WriteOptions(dry_run=True), dry_run=False)
+    assert rep["dry_run"] is False and (tmp_path / "e" / "tietool-report.json").is_file()
+    assert not {p.name for p in (tmp_path).iterdir()} & {"a", "b", "c", "d"}
+
+
 @pytest.mark.parametrize(
     "call, error, code",
     [
