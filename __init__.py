@@ -14,10 +14,12 @@ no paddle)::
     assert tietool.verify("ckpt/", "resized/").explained
     d = tietool.diff("ckpt/", "resized/")   # Diff: tensors, config keys, tokens, files that differ
     rep = tietool.merge("tp_ranks/", "merged/")  # model_state.tp00.pdparams, ... → one checkpoint
+    opts = tietool.WriteOptions(dry_run=True)     # the common write options, once for several calls
+    rep = tietool.tie("ckpt/", "tied/", options=opts)
 
-:data:`__all__` is the API, and ``tests/structure/test_exported_members.py`` pins it: the eleven operations,
-the options as enums, the result types, and the errors. Everything else (``tietool.surgery.*``,
-``tietool.cli.*``) is the implementation, free to move. The errors, drawn once::
+:data:`__all__` is the API, and ``tests/structure/test_exported_members.py`` pins it: the operations,
+the options as enums and :class:`WriteOptions`, the result types, and the errors. Everything else
+(``tietool.surgery.*``, ``tietool.cli.*``) is the implementation, free to move. The errors, drawn once::
 
     TietoolError                 err.exit_code is the CLI's exit status (ExitCode), err.path, err.fix
     ├── UsageError               2: an option value that makes no sense
@@ -80,6 +82,7 @@ if _typing.TYPE_CHECKING:
         untie,
         verify,
     )
+    from .surgery.run import WriteOptions
     from .surgery.verify import VerifyResult as Verification
 
 # the names that need numpy, imported on first use: name → (module under tietool, attribute)
@@ -99,6 +102,7 @@ _LAZY = {
     "diff": ("surgery.ops", "diff"),
     "Diff": ("surgery.diff", "DiffResult"),
     "Verification": ("surgery.verify", "VerifyResult"),
+    "WriteOptions": ("surgery.run", "WriteOptions"),
 }
 
 __all__ = [
@@ -129,6 +133,7 @@ __all__ = [
     "UsageError",
     "ValuesDifferError",
     "Verification",
+    "WriteOptions",
     "__version__",
     "add_tokens",
     "convert",
