@@ -125,8 +125,27 @@ TransplantInitOpt = Annotated[
     typer.Option(
         "--init",
         help="the rows of donor tokens the model lacks: subword (the mean of the rows the old tokenizer "
-        "splits the token's text into), mean (of every row) or zeros",
-        metavar="[subword|mean|zeros]",
+        "splits the token's text into), mean (of every row), zeros, or omp (mergekit-tokensurgeon's "
+        "orthogonal matching pursuit over the shared tokens in the donor model; needs --donor-model)",
+        metavar="[subword|mean|zeros|omp]",
+    ),
+]
+DonorModelOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--donor-model",
+        help="with --init omp: the donor's checkpoint folder (its embedding, and its LM head for a model "
+        "whose head has rows of its own, are read)",
+        show_default=False,
+        metavar="DIR",
+    ),
+]
+OmpKOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--k",
+        help="with --init omp: the shared tokens each new token is made of (mergekit's --k)  [default: 64]",
+        show_default=False,
     ),
 ]
 
@@ -272,6 +291,8 @@ def transplant(
     ckpt: TokenCkptArg,
     tokenizer: DonorOpt,
     init: TransplantInitOpt = "subword",
+    donor_model: DonorModelOpt = None,
+    k: OmpKOpt = None,
     out: OutOpt = None,
     layout: LayoutOpt = None,
     loader: LoaderOpt = None,
@@ -294,6 +315,8 @@ def transplant(
         tokenizer,
         out,
         init=init,
+        donor_model=donor_model,
+        k=k,
         layout=layout,
         loader=loader,
         embedding=embedding,
