@@ -214,3 +214,32 @@ def test_refusals_name_the_fix(outputs, tmp_path):
     assert run.rc == 5 and "--k 64 atoms from 97 shared tokens of donor hidden size 16" in run.stderr
     assert "pass --k 16 or less" in run.stderr
     assert not Path(o).exists() and casecheck.snapshot_tree(SAMPLE) == before
+
+
+def test_tied_model_takes_the_embeddings_rows(outputs, tmp_path):
+    """pf_llama_tied_fp32 (tied, its head stored too) resized to the sample's 320 rows with the sample's
+    tokenizer: omp approximates the embedding only (mergekit rebuilds the tables the model has: its head
+    is the embedding), the head written equals it, the model stays tied, verify explains it."""
+    work = tmp_path / "tied"
+    run = run_cli(
+        ["resize", str(CASES_DIR / "pf_llama_tied_fp32"), "--vocab", "320", "--seed", "0", "--out", str(work)]
+    )
+    assert run.rc == 0, run.stderr
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy2(SAMPLE / f, work / f)
+    (work / "tietool-report.json").unlink()
+    out = tmp_path / "o"
+    donor = outputs["pnlp_bf16_h16"]["donor"]
+    run = run_cli(
+        ["transplant", str(work), "--tokenizer", str(TOK / "sp_bpe"), "--init", "omp", "--donor-model"]
+        + [str(donor), "--k", str(K), "--out", str(out), "--json"]
+    )
+    assert run.rc == 0, run.stderr
+    omp = json.loads(run.stdout)["transplant"]["omp"]
+    assert "head" not in omp and len(omp["embedding"]["ids"]) == 153
+    b = casecheck.read_checkpoint(out)
+    if HEAD in b.tensors:
+        assert b.tensors[HEAD].raw == b.tensors[EMB].raw
+    assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+    run = run_cli(["verify", str(work), str(out)])
+    assert run.rc == 0, run.stdout + run.stderr
