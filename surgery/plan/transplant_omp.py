@@ -31,7 +31,9 @@ both fits within 2e-3 of the target).
 Memory: the shared tokens' donor rows ``[S, D]`` and the new tokens' ``[T, D]`` in float32 (together at most
 the donor table's rows in float32, read from a memory map), plus per batch of ``B`` new tokens the inner
 products ``[B, S]`` and the basis ``[B, k, D]`` in float32, ``B`` chosen so each stays under
-:data:`WORK_BYTES` (64 MB). Time: ``T * k * S * D`` multiply-adds (mergekit's, which runs it on a GPU).
+:data:`WORK_BYTES` (64 MB). Time: ``T * k * S * D`` multiply-adds (mergekit's, which runs it on a GPU);
+measured on one core: 87 ms a token for S 30,000, D 1,024, k 64 (128 tokens: 11 s, peak RSS 391 MB of which
+117 MB the shared rows).
 """
 
 from __future__ import annotations
