@@ -130,7 +130,7 @@ def plan_transplant(
     tokens = _donor_tokens(new)
     split = splitter(old) if init is TransplantInit.SUBWORD else None
     rows = _rows(tokens, old.ids(), _decoder(new), split, init)
-    layout, omp = _layout(det, rows, len(tokens), init, donor_model, k)
+    layout, omp = _layout(det, rows, tokens, init, donor_model, k)
     rows = list(layout.rows)
     N = len(rows)
     plan = base_plan("transplant", det)
@@ -165,10 +165,16 @@ _KINDS = ("kept", "subword", "mean", "zeros", "omp")
 
 
 def _layout(
-    det: Detection, rows: list[RowSource], tokens: int, init: TransplantInit, donor_model: Path | None, k: int
+    det: Detection,
+    rows: list[RowSource],
+    tokens: list[str],
+    init: TransplantInit,
+    donor_model: Path | None,
+    k: int,
 ) -> tuple[_Layout, dict[str, Any] | None]:
-    """The tables' layout for ``rows``; for omp, the made rows computed from ``donor_model`` (the
-    embedding's, and the head's when it has rows of its own) and the report's ``omp`` part."""
+    """The tables' layout for ``rows`` (one per donor token of ``tokens``); for omp, the made rows computed
+    from ``donor_model`` (the embedding's, and the head's when it has rows of its own) and the report's
+    ``omp`` part."""
     if init is not TransplantInit.OMP:
         return _Layout(tuple(rows)), None
     from .transplant_omp import plan_omp
@@ -178,8 +184,39 @@ def _layout(
             f"{Opt('init', init)} needs the donor's weights",
             fix=f"pass {Opt('donor_model')} DONOR_CHECKPOINT_DIR",
         )
-    omp = plan_omp(det, rows, tokens, donor_model, k)
+    _same_vocabulary(Path(donor_model), tokens)
+    omp = plan_omp(det, rows, len(tokens), donor_model, k)
     return _Layout(omp.embedding, omp.head, det.head.name), omp.section
+
+
+def _same_vocabulary(donor_model: Path, tokens: list[str]) -> None:
+    """The donor model's own tokenizer names ``tokens`` (the donor tokenizer's) at the same ids: its rows are
+    then in the donor's id order (mergekit reads the donor model's tokenizer and weights from one folder).
+
+    Raises:
+        RefusedError: the donor model has no tokenizer tietool reads, or another token at some id.
+    """
+    from ..io.tokenizer_folder import scan_folder
+
+    fix = f"pass {Opt('tokenizer')} the donor model's own tokenizer (its folder)"
+    try:
+        own = _donor_tokens(scan_folder(donor_model))
+    except RefusedError as e:
+        raise RefusedError(
+            f"transplant refused: the donor model's tokenizer cannot be read ({e.message}), so which row is "
+            "which donor token cannot be told",
+            donor_model,
+            fix,
+        ) from e
+    diff = next((j for j, (a, b) in enumerate(zip(own, tokens, strict=False)) if a != b), None)
+    if diff is not None or len(own) != len(tokens):
+        j = diff if diff is not None else min(len(own), len(tokens))
+        raise RefusedError(
+            f"transplant refused: the donor model's tokenizer has {len(own)} tokens, the donor tokenizer "
+            f"{len(tokens)}, and they differ from id {j}",
+            donor_model,
+            fix,
+        )
 
 
 def _scan(scan: Any, folder: Path, whose: str) -> Any:

@@ -4,6 +4,8 @@ Source: github.com/arcee-ai/mergekit at a6e40288, ``mergekit/tokensurgeon/omp.py
 algorithm, transcribed by :func:`batch_omp`) and ``mergekit/scripts/tokensurgeon.py``
 ``compute_new_embeddings`` / ``build_embedding_matrix`` / ``main`` (how it is used):
 
+* the donor model's own tokenizer is the donor tokenizer (mergekit reads both from one folder; tietool
+  refuses a donor model whose tokenizer files name other tokens);
 * the shared tokens are the donor tokens whose string the old vocabulary has, in the donor's id order;
 * each other donor token's *donor* embedding is approximated as a combination of ``k`` (``--k``, mergekit's
   default 64) of the shared tokens' donor embeddings, chosen greedily by the largest absolute inner product

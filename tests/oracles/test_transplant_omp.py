@@ -198,8 +198,9 @@ def _flip(folder: Path, name: str, element: int) -> None:
 
 
 def test_refusals_name_the_fix(outputs, tmp_path):
-    """omp without --donor-model, --donor-model or --k without omp (exit 2); a donor model with fewer rows
-    than the donor tokenizer has tokens, --k above the donor's hidden size (exit 5); nothing written."""
+    """omp without --donor-model, --donor-model or --k without omp (exit 2); a donor model without a
+    tokenizer, with another tokenizer, with fewer rows than its tokenizer has tokens, --k above the donor's
+    hidden size (exit 5); nothing written."""
     before = casecheck.snapshot_tree(SAMPLE)
     o = str(tmp_path / "o")
     base = ["transplant", str(SAMPLE), "--tokenizer", str(TOK / "sp_bpe"), "--out", o]
@@ -208,7 +209,22 @@ def test_refusals_name_the_fix(outputs, tmp_path):
     assert run.rc == 2 and "--init omp needs the donor's weights — pass --donor-model" in run.stderr
     run = run_cli([*base, "--donor-model", donor])
     assert run.rc == 2 and "read only by --init omp" in run.stderr
-    run = run_cli([*base, "--init", "omp", "--donor-model", str(CASES_DIR / "pnlp_llama_untied_bf16")])
+    bare = CASES_DIR / "pnlp_llama_untied_bf16"  # 100 rows, no tokenizer
+    run = run_cli([*base, "--init", "omp", "--donor-model", str(bare)])
+    assert run.rc == 5 and "the donor model's tokenizer cannot be read" in run.stderr
+    other = tmp_path / "other"
+    shutil.copytree(outputs["pnlp_bf16_h16"]["donor"], other)
+    for f in (TOK / "sp_bpe").iterdir():
+        (other / f.name).unlink()
+    for f in (TOK / "gpt2_bpe").iterdir():
+        shutil.copy2(f, other / f.name)
+    run = run_cli([*base, "--init", "omp", "--donor-model", str(other)])
+    assert run.rc == 5 and "the donor model's tokenizer has 301 tokens, the donor tokenizer 250" in run.stderr
+    short = tmp_path / "short"
+    shutil.copytree(bare, short)
+    for f in (TOK / "sp_bpe").iterdir():
+        shutil.copy2(f, short / f.name)
+    run = run_cli([*base, "--init", "omp", "--donor-model", str(short)])
     assert run.rc == 5 and "has 100 rows but the donor tokenizer 250 tokens" in run.stderr
     run = run_cli([*base, "--init", "omp", "--donor-model", donor])  # k 64 > hidden 16
     assert run.rc == 5 and "--k 64 atoms from 97 shared tokens of donor hidden size 16" in run.stderr
