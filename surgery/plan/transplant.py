@@ -138,19 +138,10 @@ def plan_transplant(
     _set_specials(det, plan, old.ids(), new)
     move_vocabulary(det, plan, N, layout)
     resize_config(det, plan, N)
-    made = [made_text(r) for r in rows]
-    counts = {k: sum(m.split(" ", 1)[0] == k for m in made) for k in _KINDS}
-    section = TransplantSection(
-        donor=str(donor),
-        init=init.value,
-        rows_before=V,
-        rows_after=N,
-        counts=counts,
-        tokens=tokens,
-        made=made,
-    )
+    section = _section(str(donor), init, V, tokens, rows)
     plan.extra_report = dict(section) | ({"omp": omp} if omp is not None else {})
-    others = ", ".join(f"{n} {k}" for k, n in counts.items() if n and k != "kept")
+    counts = section["counts"]
+    others = ", ".join(f"{n} {kind}" for kind, n in counts.items() if n and kind != "kept")
     plan.notes.append(
         f"{N} donor tokens: {counts['kept']} kept their row (the same token string, bit for bit)"
         + (f", {others}" if others else "")
@@ -162,6 +153,23 @@ def plan_transplant(
 
 
 _KINDS = ("kept", "subword", "mean", "zeros", "omp")
+
+
+def _section(
+    donor: str, init: TransplantInit, V: int, tokens: list[str], rows: list[RowSource]
+) -> TransplantSection:
+    """The report's section (but omp's part) for ``rows`` made from a ``V``-row model."""
+    made = [made_text(r) for r in rows]
+    counts = {kind: sum(m.split(" ", 1)[0] == kind for m in made) for kind in _KINDS}
+    return TransplantSection(
+        donor=donor,
+        init=init.value,
+        rows_before=V,
+        rows_after=len(rows),
+        counts=counts,
+        tokens=tokens,
+        made=made,
+    )
 
 
 def _layout(
