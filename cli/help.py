@@ -108,6 +108,8 @@ EXAMPLES = {
     "transplant": _examples(
         f"tietool transplant {S}/pf_llama_with_tokenizer --tokenizer donor_tokenizer/ --out transplanted/",
         f"tietool transplant {S}/pf_llama_with_tokenizer --tokenizer donor_tokenizer/ --init mean --dry-run",
+        f"tietool transplant {S}/pf_llama_with_tokenizer --tokenizer donor/ --init omp --donor-model donor/ "
+        "--k 8 --out omp/",
         f"tietool verify {S}/pf_llama_with_tokenizer transplanted/",
     ),
     "merge": _examples(

@@ -121,8 +121,27 @@ TransplantInitOpt = Annotated[
     typer.Option(
         "--init",
         help="the rows of donor tokens the model lacks: subword (the mean of the rows the old tokenizer "
-        "splits the token's text into), mean (of every row) or zeros",
-        metavar="[subword|mean|zeros]",
+        "splits the token's text into), mean (of every row), zeros, or omp (mergekit-tokensurgeon's "
+        "orthogonal matching pursuit over the shared tokens in the donor model; needs --donor-model)",
+        metavar="[subword|mean|zeros|omp]",
+    ),
+]
+DonorModelOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--donor-model",
+        help="with --init omp: the donor's checkpoint folder (its embedding, and its LM head for a model "
+        "whose head has rows of its own, are read)",
+        show_default=False,
+        metavar="DIR",
+    ),
+]
+OmpKOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--k",
+        help="with --init omp: the shared tokens each new token is made of (mergekit's --k)  [default: 64]",
+        show_default=False,
     ),
 ]
 
@@ -224,6 +243,8 @@ def transplant(
     ckpt: TokenCkptArg,
     tokenizer: DonorOpt,
     init: TransplantInitOpt = "subword",
+    donor_model: DonorModelOpt = None,
+    k: OmpKOpt = None,
     out: OutOpt = None,
     *,
     options: WriteOptions,
@@ -238,6 +259,8 @@ def transplant(
         tokenizer,
         out,
         init=init,
+        donor_model=donor_model,
+        k=k,
         options=options,
     )
 

@@ -712,24 +712,50 @@ def prune(
     return run(_edit(plan), path, out, opts)
 
 
+def _omp_options(how: TransplantInit, donor_model: PathArg | None, k: int | None) -> tuple[Path | None, int]:
+    """``(donor_model, k)`` of a transplant: both only with omp, which needs ``donor_model`` (UsageError)."""
+    from .plan.transplant_omp import K_DEFAULT
+
+    if how is not TransplantInit.OMP:
+        if donor_model is not None or k is not None:
+            omp = Opt("init", TransplantInit.OMP)
+            raise UsageError(
+                f"{Opt('donor_model')} and {Opt('k')} are read only by {omp}",
+                fix=f"add {omp}, or leave them out",
+            )
+        return None, K_DEFAULT
+    if donor_model is None:
+        raise UsageError(
+            f"{Opt('init', TransplantInit.OMP)} needs the donor's weights",
+            fix=f"pass {Opt('donor_model')} DONOR_CHECKPOINT_DIR",
+        )
+    return Path(str(donor_model)), K_DEFAULT if k is None else k
+
+
 def transplant(
     path: PathArg,
     tokenizer: PathArg,
     out: PathArg | None = None,
     *,
     init: TransplantInit | str = TransplantInit.SUBWORD,
+    donor_model: PathArg | None = None,
+    k: int | None = None,
     options: WriteOptions | None = None,
     **kwargs: Unpack[WriteArgs],
 ) -> Report:
     """Give the model the tokenizer of the folder ``tokenizer`` (a donor's; see
     :func:`surgery.plan.transplant.plan_transplant`): every vocabulary tensor laid out in the donor's id
     order, each donor token's entry the old entry of the same token string (bit for bit) or made by ``init``
-    (``subword``: the mean of the old entries of the old tokenizer's split of its text; ``mean``; ``zeros``);
-    the donor's tokenizer files, ``vocab_size`` and the config's token ids follow. ``out`` None rewrites
-    ``path`` in place (as :func:`tie`).
+    (``subword``: the mean of the old entries of the old tokenizer's split of its text; ``mean``; ``zeros``;
+    ``omp``: mergekit-tokensurgeon's orthogonal matching pursuit of ``k`` atoms, default 64, over the shared
+    tokens of the checkpoint ``donor_model``, :mod:`surgery.plan.transplant_omp`); the donor's tokenizer
+    files, ``vocab_size`` and the config's token ids follow. ``out`` None rewrites ``path`` in place (as
+    :func:`tie`).
 
     Returns the report (its ``transplant`` section: per new id how its entries were made, and counts).
-    Raises UsageError for a bad ``init`` or a donor that is not a folder; RefusedError for a tokenizer
+    Raises UsageError for a bad ``init``, a donor that is not a folder, omp without ``donor_model`` or
+    ``donor_model`` / ``k`` without omp; RefusedError for a donor model as
+    :func:`surgery.plan.transplant_omp.plan_omp` refuses it; RefusedError for a tokenizer
     tietool cannot read (the model's or the donor's), a config token id the donor has no token for, and as
     :func:`prune`.
     """
@@ -739,9 +765,10 @@ def transplant(
     how = _enum(TransplantInit, init, "init")
     assert how is not None, "transplant needs an init"
     donor = Path(str(_path(tokenizer, "tokenizer")))
+    omp = _omp_options(how, donor_model, k)
     store.local_only("transplant", path, out)
 
     def plan(c: Checkpoint) -> Plan:
-        return plan_transplant(_detection(c, opts), donor, how)
+        return plan_transplant(_detection(c, opts), donor, how, *omp)
 
     return run(_edit(plan), path, out, opts)

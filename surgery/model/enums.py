@@ -58,6 +58,7 @@ class TransplantInit(StrEnum):
     SUBWORD = "subword"  # the mean of the old rows of the pieces the old tokenizer splits its text into
     MEAN = "mean"  # the mean of every old row
     ZEROS = "zeros"
+    OMP = "omp"  # orthogonal matching pursuit over the shared tokens in the donor model (needs its weights)
 
 
 class TokenInit(StrEnum):

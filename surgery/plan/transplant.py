@@ -8,10 +8,9 @@ id, bit for bit (mergekit-tokensurgeon's exact match: ``mergekit/scripts/tokensu
 (:class:`~surgery.model.enums.TransplantInit`): ``subword``, the mean of the old entries of the pieces the old
 tokenizer splits the token's text into (mergekit's ``subword`` with ``SubwordMethod.MEAN``; the text as
 :func:`_decoder` reads it; a text that splits into nothing gets zeros, as mergekit leaves it); ``mean``,
-the mean of every old entry; ``zeros``. mergekit's ``omp`` is not offered: it expresses each new token's
-embedding *in the donor model* over the shared tokens' donor embeddings
-(``batch_omp(targets=donor_embed[...], donor_shared_embeds)``), which needs the donor's weights, and
-``transplant`` is given a tokenizer only.
+the mean of every old entry; ``zeros``; ``omp`` (mergekit's default method), the donor model's
+embedding of the token approximated over the shared tokens' donor embeddings by orthogonal matching pursuit,
+the coefficients applied to their old entries (:mod:`surgery.plan.transplant_omp`; needs ``donor_model``).
 
 Each vocabulary tensor gets a :class:`~surgery.plan.transplant_rows.TransplantRows` recipe, moved by
 :func:`~surgery.plan.resize.move_vocabulary` as ``prune`` moves them; the donor's tokenizer files replace the
@@ -31,11 +30,11 @@ from typing import Any, TypedDict
 from ..inspect.detection import Detection
 from ..io.configfile import get_dotted, read_config_file
 from ..model.enums import TransplantInit
-from ..model.errors import RefusedError, UsageError
+from ..model.errors import Opt, RefusedError, UsageError
 from ..model.tokens import TokenEdit
 from .plan import Plan, base_plan, refuse_unsettled_pair, refuse_unusable_head
 from .resize import move_vocabulary, refuse_ambiguous_head, refuse_vocab_surface, resize_config
-from .transplant_rows import MEAN, ZEROS, RowSource, TransplantRows
+from .transplant_rows import MEAN, ZEROS, OmpRow, RowSource, TransplantRows
 
 TOKENIZER_EXTRAS = (
     "tokenizer_config.json",
@@ -53,7 +52,10 @@ class TransplantSection(TypedDict):
     ``made[j]``, how its entries were made, one string each (a report of 128k ids stays fast to write and
     read): ``"kept N"`` (the old entry of id ``N``, bit for bit), ``"subword I J ..."`` (the mean of the old
     entries of ids ``I J ...``; ``"subword"`` alone: zeros, the text split into nothing), ``"mean"`` (of
-    every old entry) or ``"zeros"``; ``counts`` of each kind."""
+    every old entry), ``"zeros"`` or ``"omp"``; ``counts`` of each kind. With ``omp``, ``omp`` holds for the
+    ``"omp"`` rows in id order, per table (``embedding``; ``head`` when the head has rows of its own), the
+    old ids ``ids[n]`` and float32 coefficients ``coef[n]`` of the ``n``-th, the donor tensor read
+    (``embedding_donor_tensor``...), ``k`` and ``donor_model``."""
 
     donor: str
     init: str
@@ -68,33 +70,43 @@ def made_text(r: RowSource) -> str:
     """``made[j]`` of the report for the :data:`RowSource` ``r`` (:class:`TransplantSection`)."""
     if isinstance(r, tuple):
         return " ".join(["subword", *map(str, r)])
+    if isinstance(r, OmpRow):
+        return "omp"
     return f"kept {r}" if r >= 0 else "mean" if r == MEAN else "zeros"
 
 
 @dataclass
 class _Layout:
-    """The :class:`~surgery.plan.resize.VocabRows` of a transplant: every table laid out by ``rows``."""
+    """The :class:`~surgery.plan.resize.VocabRows` of a transplant: every table laid out by ``rows``, the
+    head ``head_name`` by ``head`` when given (omp's rows of its own)."""
 
     rows: tuple[RowSource, ...]
+    head: tuple[RowSource, ...] | None = None
+    head_name: str = ""
 
     def table(self, name: str, axis: int, new: int, old: int) -> TransplantRows:
         """``name`` with one entry per new id along ``axis``."""
-        return TransplantRows(name, axis, self.rows)
+        own = self.head is not None and name == self.head_name
+        return TransplantRows(name, axis, self.head if own and self.head is not None else self.rows)
 
     def bias(self, name: str, new: int) -> TransplantRows:
         """The head bias with one entry per new id (last axis)."""
         return TransplantRows(name, -1, self.rows)
 
 
-def plan_transplant(det: Detection, donor: Path, init: TransplantInit) -> Plan:
-    """Plan the model given the tokenizer of the folder ``donor`` (module docstring).
+def plan_transplant(
+    det: Detection, donor: Path, init: TransplantInit, donor_model: Path | None = None, k: int = 64
+) -> Plan:
+    """Plan the model given the tokenizer of the folder ``donor`` (module docstring); ``donor_model`` and
+    ``k`` for ``init`` omp (:func:`~surgery.plan.transplant_omp.plan_omp`).
 
     Raises:
         UsageError: ``donor`` is not a folder.
         RefusedError: the model or the donor has no tokenizer tietool reads (tokenizer.json, SentencePiece
             ``.model``, vocab.txt, vocab.json + merges.txt), the model's tokenizer names ids beyond its rows,
             an unsettled or unusable pair, a head of its own number of rows or over another vocabulary, a
-            token-indexed table.
+            token-indexed table; for omp as :func:`~surgery.plan.transplant_omp.plan_omp`.
+        UsageError: omp without ``donor_model``.
         CheckpointError: a tokenizer file that is not valid (JSON, protobuf).
     """
     from ..io.tokenizer_folder import scan_folder, splitter
@@ -118,25 +130,18 @@ def plan_transplant(det: Detection, donor: Path, init: TransplantInit) -> Plan:
     tokens = _donor_tokens(new)
     split = splitter(old) if init is TransplantInit.SUBWORD else None
     rows = _rows(tokens, old.ids(), _decoder(new), split, init)
+    layout, omp = _layout(det, rows, tokens, init, donor_model, k)
+    rows = list(layout.rows)
     N = len(rows)
     plan = base_plan("transplant", det)
     plan.tokenizer = _tokenizer_edit(det.ckpt.path, donor, old.length, N)
     _set_specials(det, plan, old.ids(), new)
-    move_vocabulary(det, plan, N, _Layout(tuple(rows)))
+    move_vocabulary(det, plan, N, layout)
     resize_config(det, plan, N)
-    made = [made_text(r) for r in rows]
-    counts = {k: sum(m.split(" ", 1)[0] == k for m in made) for k in ("kept", "subword", "mean", "zeros")}
-    section = TransplantSection(
-        donor=str(donor),
-        init=init.value,
-        rows_before=V,
-        rows_after=N,
-        counts=counts,
-        tokens=tokens,
-        made=made,
-    )
-    plan.extra_report = dict(section)
-    others = ", ".join(f"{n} {k}" for k, n in counts.items() if n and k != "kept")
+    section = _section(str(donor), init, V, tokens, rows)
+    plan.extra_report = dict(section) | ({"omp": omp} if omp is not None else {})
+    counts = section["counts"]
+    others = ", ".join(f"{n} {kind}" for kind, n in counts.items() if n and kind != "kept")
     plan.notes.append(
         f"{N} donor tokens: {counts['kept']} kept their row (the same token string, bit for bit)"
         + (f", {others}" if others else "")
@@ -145,6 +150,81 @@ def plan_transplant(det: Detection, donor: Path, init: TransplantInit) -> Plan:
     if plan.tokenizer.dropped:
         plan.notes.append(f"not carried (the donor has no such file): {', '.join(plan.tokenizer.dropped)}")
     return plan
+
+
+_KINDS = ("kept", "subword", "mean", "zeros", "omp")
+
+
+def _section(
+    donor: str, init: TransplantInit, V: int, tokens: list[str], rows: list[RowSource]
+) -> TransplantSection:
+    """The report's section (but omp's part) for ``rows`` made from a ``V``-row model."""
+    made = [made_text(r) for r in rows]
+    counts = {kind: sum(m.split(" ", 1)[0] == kind for m in made) for kind in _KINDS}
+    return TransplantSection(
+        donor=donor,
+        init=init.value,
+        rows_before=V,
+        rows_after=len(rows),
+        counts=counts,
+        tokens=tokens,
+        made=made,
+    )
+
+
+def _layout(
+    det: Detection,
+    rows: list[RowSource],
+    tokens: list[str],
+    init: TransplantInit,
+    donor_model: Path | None,
+    k: int,
+) -> tuple[_Layout, dict[str, Any] | None]:
+    """The tables' layout for ``rows`` (one per donor token of ``tokens``); for omp, the made rows computed
+    from ``donor_model`` (the embedding's, and the head's when it has rows of its own) and the report's
+    ``omp`` part."""
+    if init is not TransplantInit.OMP:
+        return _Layout(tuple(rows)), None
+    from .transplant_omp import plan_omp
+
+    if donor_model is None:
+        raise UsageError(
+            f"{Opt('init', init)} needs the donor's weights",
+            fix=f"pass {Opt('donor_model')} DONOR_CHECKPOINT_DIR",
+        )
+    _same_vocabulary(Path(donor_model), tokens)
+    omp = plan_omp(det, rows, len(tokens), donor_model, k)
+    return _Layout(omp.embedding, omp.head, det.head.name), omp.section
+
+
+def _same_vocabulary(donor_model: Path, tokens: list[str]) -> None:
+    """The donor model's own tokenizer names ``tokens`` (the donor tokenizer's) at the same ids: its rows are
+    then in the donor's id order (mergekit reads the donor model's tokenizer and weights from one folder).
+
+    Raises:
+        RefusedError: the donor model has no tokenizer tietool reads, or another token at some id.
+    """
+    from ..io.tokenizer_folder import scan_folder
+
+    fix = f"pass {Opt('tokenizer')} the donor model's own tokenizer (its folder)"
+    try:
+        own = _donor_tokens(scan_folder(donor_model))
+    except RefusedError as e:
+        raise RefusedError(
+            f"transplant refused: the donor model's tokenizer cannot be read ({e.message}), so which row is "
+            "which donor token cannot be told",
+            donor_model,
+            fix,
+        ) from e
+    diff = next((j for j, (a, b) in enumerate(zip(own, tokens, strict=False)) if a != b), None)
+    if diff is not None or len(own) != len(tokens):
+        j = diff if diff is not None else min(len(own), len(tokens))
+        raise RefusedError(
+            f"transplant refused: the donor model's tokenizer has {len(own)} tokens, the donor tokenizer "
+            f"{len(tokens)}, and they differ from id {j}",
+            donor_model,
+            fix,
+        )
 
 
 def _scan(scan: Any, folder: Path, whose: str) -> Any:

@@ -5,8 +5,10 @@ Each new entry is one of: the input's entry at an old id (its bytes, bit for bit
 entries at some old ids (mergekit-tokensurgeon's ``subword`` method with ``SubwordMethod.MEAN``:
 ``mergekit/tokensurgeon/subword.py``, ``subword_approximate``, github.com/arcee-ai/mergekit at a6e40288), the
 mean of every input entry (its ``mean`` method: ``orig_embed.mean(dim=0)``, ``mergekit/scripts/
-tokensurgeon.py`` ``compute_new_embeddings``) or zeros (its ``zero``). tietool sums in float64 and rounds the
-float32 mean to the stored dtype once (mergekit adds in the tensor's own dtype).
+tokensurgeon.py`` ``compute_new_embeddings``), zeros (its ``zero``) or a combination of the input's entries
+at some old ids with given coefficients (its ``omp``: :class:`OmpRow`, the coefficients from
+:mod:`surgery.plan.transplant_omp`). tietool sums in float64 and rounds the float32 result to the stored
+dtype once (mergekit adds in the tensor's own dtype, or a float32 ``bmm`` for ``omp``).
 
 Nothing here imports the planner: :mod:`surgery.plan.recipes` makes :class:`TransplantRows` with
 :func:`transplant_rows_data` (the import-layer test forbids the cycle).
@@ -32,10 +34,20 @@ MEAN = -1
 ZEROS = -2
 """A new entry of zeros."""
 
-RowSource = int | tuple[int, ...]
+
+@dataclass(frozen=True)
+class OmpRow:
+    """A new entry ``sum(coef[p] * entry[ids[p]])``: the input's entries at the old ids ``ids`` weighted by
+    ``coef`` (float32 values), added in float64 in this order (:func:`omp_values`)."""
+
+    ids: tuple[int, ...]
+    coef: tuple[float, ...]
+
+
+RowSource = int | tuple[int, ...] | OmpRow
 """How one new entry is made: an old id ``>= 0`` (kept, bit for bit), a tuple of old ids (the mean of their
-entries; an empty tuple is zeros, as mergekit leaves a token whose text splits into nothing), :data:`MEAN` or
-:data:`ZEROS`."""
+entries; an empty tuple is zeros, as mergekit leaves a token whose text splits into nothing), an
+:class:`OmpRow`, :data:`MEAN` or :data:`ZEROS`."""
 
 BLOCK = 8192  # new entries made at a time; input entries decoded at a time for the mean
 
@@ -88,6 +100,14 @@ def made_block(
         sub = [(k, r) for k, j in enumerate(made) if isinstance(r := rows[j], tuple) and r]
         for group in _groups(sub, max(1, GATHER_ELEMENTS // max(1, int(np.prod(entries.shape[1:]))))):
             x[[k for k, _ in group]] = subword_means(entries, [r for _, r in group], decode)
+        omp = [(k, r) for k, j in enumerate(made) if isinstance(r := rows[j], OmpRow)]
+        step = max(
+            1, GATHER_ELEMENTS // max(1, int(np.prod(entries.shape[1:])) * (len(omp[0][1].ids) if omp else 1))
+        )
+        for s in range(0, len(omp), step):
+            x[[k for k, _ in omp[s : s + step]]] = omp_values(
+                entries, [r for _, r in omp[s : s + step]], decode
+            )
         at_mean = [k for k, j in enumerate(made) if rows[j] == MEAN]
         if at_mean:
             assert mean is not None, "internal: a mean entry without the mean"
@@ -128,6 +148,24 @@ def subword_means(entries: Array, ids: list[tuple[int, ...]], decode: Any) -> Ar
         longer = lens > p
         sums[longer] += vals[starts[longer] + p]
     out: Array = (sums / lens.reshape((-1,) + (1,) * (vals.ndim - 1))).astype(np.float32)
+    return out
+
+
+def omp_values(entries: Array, rows: list[OmpRow], decode: Any) -> Array:
+    """The entries (float32) of :class:`OmpRow` ``rows``: for each, the decoded entries at its ids (float64)
+    times its coefficients, added in its order starting from the first product, rounded to float32 once (as
+    a loop ``s = c[0] * x[0]; s += c[p] * x[p]`` makes it, bit for bit)."""
+    flat = np.fromiter((i for r in rows for i in r.ids), dtype=np.int64)
+    w = np.fromiter((c for r in rows for c in r.coef), dtype=np.float64)
+    lens = np.array([len(r.ids) for r in rows], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]])
+    vals: Array = np.asarray(decode(np.asarray(entries[flat])), dtype=np.float64)
+    vals *= w.reshape((-1,) + (1,) * (vals.ndim - 1))
+    sums = vals[starts]
+    for p in range(1, int(lens.max())):
+        longer = lens > p
+        sums[longer] += vals[starts[longer] + p]
+    out: Array = sums.astype(np.float32)
     return out
 
 

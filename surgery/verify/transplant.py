@@ -5,8 +5,10 @@ the files must bear out exactly that.
 * every vocabulary tensor of the input (embedding, head in either layout, bias, copies): entry ``j`` of the
   output's is, bit for bit, the input's entry ``old_id`` (``kept``), the mean of the input's entries
   ``ids`` (``subword``; float64 sum, float32 mean, rounded to the stored dtype once), the mean of every input
-  entry (``mean``, summed in blocks as :func:`~surgery.plan.transplant_rows.mean_entry` sums it) or zeros,
-  recomputed here from the input (:func:`expected_entries`);
+  entry (``mean``, summed in blocks as :func:`~surgery.plan.transplant_rows.mean_entry` sums it), zeros, or
+  the report's combination of input entries (``omp``, the head's own when the report gives the head one),
+  recomputed here from the input (:func:`expected_entries`); the omp coefficients recomputed from the donor
+  model (:mod:`surgery.verify.transplant_omp`);
 * a ``kept`` claim names the same token string in the input's tokenizer at ``old_id`` as the output's at
   ``j``; the output's tokenizer files name the report's token at every id and no id beyond them;
 * every other tensor bit-identical, same dtype label; config files unchanged but for the vocabulary-size
@@ -38,9 +40,10 @@ from .files import compare_metadata, compare_other_files
 from .result import VerifyResult
 from .tensors import detect_pair
 from .tokens import tokenizer_names
+from .transplant_omp import TABLES, check_coefficients, omp_claims, omp_entry
 
 _CONFIG_FILES = ("config.json", "model_config.json", "generation_config.json")
-_MADE = ("kept", "subword", "mean", "zeros")
+_MADE = ("kept", "subword", "mean", "zeros", "omp")
 
 
 def section(a_path: Any, b_path: Any) -> dict[str, Any] | None:
@@ -84,9 +87,10 @@ def verify_transplant(a_path: Any, b_path: Any, sec: dict[str, Any]) -> VerifyRe
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     da, db = detect_pair(A, B)
     rows = claimed_rows(res, sec, da.vocab_rows, db.vocab_rows)
-    if rows is None:
+    if rows is None or not omp_claims(res, sec, rows, da.vocab_rows):
         return res
     compare_tensors(res, A, B, (da, db), rows)
+    check_coefficients(res, sec, rows)
     compare_configs(res, A, B, da, len(rows))
     compare_tokens(res, A, B, rows)
     sets = (tokenizer_set(A.path), tokenizer_set(B.path))
@@ -189,12 +193,16 @@ def compare_tensors(
             else:
                 res.unexplained.append(f"{name} changed, and carries no vocabulary")
         else:
-            _entries(res, A, B, name, axes[name], rows)
+            head = name in [da.head.name, *da.head.aliases] and any("head" in r.get("omp", {}) for r in rows)
+            _entries(res, A, B, (name, TABLES[head]), axes[name], rows)
 
 
-def expected_entries(a: np.ndarray, axis: int, rows: list[dict], bf16: bool) -> np.ndarray:
+def expected_entries(
+    a: np.ndarray, axis: int, rows: list[dict], bf16: bool, table: str = "embedding"
+) -> np.ndarray:
     """The entries ``[len(rows), ...]`` (stored dtype; ``bf16``: ``uint16`` bits of bfloat16) the report's
-    ``rows`` make from the input tensor ``a`` along ``axis``."""
+    ``rows`` make from the input tensor ``a`` along ``axis`` (an omp row: its ``table``'s ids and
+    coefficients)."""
     x = np.moveaxis(a, axis, 0)
 
     def dec(v: np.ndarray) -> np.ndarray:
@@ -212,6 +220,10 @@ def expected_entries(a: np.ndarray, axis: int, rows: list[dict], bf16: bool) -> 
         if r["made"] == "mean":
             mean = mean_entry(x, dec) if mean is None else mean
             v = mean
+        elif r["made"] == "omp":
+            v = omp_entry(
+                dec(x[r["omp"][table][0]]), list(range(len(r["omp"][table][0]))), r["omp"][table][1]
+            )
         elif r["made"] == "subword" and r["ids"]:
             v = dec(x[r["ids"]]).mean(axis=0, dtype=np.float64).astype(np.float32)
         else:
@@ -220,9 +232,12 @@ def expected_entries(a: np.ndarray, axis: int, rows: list[dict], bf16: bool) -> 
     return out
 
 
-def _entries(res: VerifyResult, A: Checkpoint, B: Checkpoint, name: str, axis: int, rows: list[dict]) -> None:
-    """``name`` of ``B`` holds, along ``axis``, the entries the report's ``rows`` make from ``name`` of
-    ``A``, bit for bit."""
+def _entries(
+    res: VerifyResult, A: Checkpoint, B: Checkpoint, named: tuple[str, str], axis: int, rows: list[dict]
+) -> None:
+    """``name`` of ``B`` (``named``: the name and the omp table its rows follow) holds, along ``axis``, the
+    entries the report's ``rows`` make from ``name`` of ``A``, bit for bit."""
+    name, table = named
     a, b = np.asarray(A.load(name)), np.asarray(B.load(name))
     axis %= a.ndim
     entry: dict[str, Any] = {"name": name, "shape_before": list(a.shape), "shape_after": list(b.shape)}
@@ -233,7 +248,7 @@ def _entries(res: VerifyResult, A: Checkpoint, B: Checkpoint, name: str, axis: i
     if list(b.shape) != expect:
         res.unexplained.append(f"{name} has shape {list(b.shape)}; the report's rows make it {expect}")
         return
-    want = expected_entries(a, axis, rows, A.logical_dtype(A.tensors[name]) == "bfloat16")
+    want = expected_entries(a, axis, rows, A.logical_dtype(A.tensors[name]) == "bfloat16", table)
     n = len(rows)
     wb = np.ascontiguousarray(want).view(np.uint8).reshape(n, -1)
     gb = np.ascontiguousarray(np.moveaxis(b, axis, 0)).view(np.uint8).reshape(n, -1)

@@ -11,7 +11,8 @@ old row, ``zeros``. The output's tokenizer, loaded by transformers' and PaddleFo
 encodes text to the donor's ids; PaddleFormers 1.2 loads the output and its logits on a batch of shared
 tokens equal the input's at the mapped ids within 1e-5 (``slow``). ``verify`` explains every output (exit
 0) and names a forged row and a forged report row (exit 7). Refusals: a tiktoken donor, a model without
-tokenizer files, a donor that is not a folder, ``--init omp``; dry run and in place; a tied model.
+tokenizer files, a donor that is not a folder, ``--init omp`` without a donor model; dry run and in place;
+a tied model.
 """
 
 from __future__ import annotations
