@@ -185,6 +185,7 @@ HISTORY_KEYS = (
     "prune",
     "fix_untrained",
     "rename_tokens",
+    "dropped",
 )
 
 

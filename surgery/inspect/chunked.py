@@ -208,6 +208,60 @@ def transposed_equal(
     return True
 
 
+def common_entries_equal(
+    X: Checkpoint, name: str, E: Checkpoint, emb: str, skip: frozenset[int] = frozenset()
+) -> bool:
+    """The vocabulary entries both ``X[name]`` and the embedding ``E[emb]`` (``[vocab, hidden]``) hold (the
+    first ``min`` of their entry counts: one of them was resized) are bit-identical, ``X`` as stored
+    (``[vocab', hidden]``) or transposed (a ``[hidden, vocab']`` head); the ids in ``skip`` (rows a report
+    set) are not compared. A different hidden size, dtype width or number of axes: False. Memory: two
+    chunks (a column block of ``X`` when transposed)."""
+    tx, te = X.tensors[name], E.tensors[emb]
+    if len(tx.shape) != 2 or len(te.shape) != 2 or tx.nbytes * te.numel != te.nbytes * tx.numel:
+        return False
+    hidden = te.shape[1]
+    if tx.shape[1] == hidden and _prefix_rows_equal(X, name, E, emb, min(tx.shape[0], te.shape[0]), skip):
+        return True
+    return tx.shape[0] == hidden and _prefix_columns_equal(
+        X, name, E, emb, min(tx.shape[1], te.shape[0]), skip
+    )
+
+
+def _prefix_rows_equal(X: Checkpoint, name: str, E: Checkpoint, emb: str, common: int, skip) -> bool:
+    """Rows ``0:common`` of ``X[name]`` and ``E[emb]`` (same row width) bit-identical, ``skip`` left out."""
+    n = _rows_per_chunk(_row_bytes(X, name), _row_bytes(E, emb))
+    start = 0
+    for x, e in zip(_rows(X, name, n, common), _rows(E, emb, n, common), strict=True):
+        m = len(x)
+        if skip:
+            keep = [j for j in range(m) if start + j not in skip]
+            x, e = x[keep], e[keep]
+        start += m
+        if not np.array_equal(_bits(x), _bits(e)):
+            return False
+    return True
+
+
+def _prefix_columns_equal(X: Checkpoint, name: str, E: Checkpoint, emb: str, common: int, skip) -> bool:
+    """Columns ``0:common`` of ``X[name]`` (``[hidden, vocab']``) equal rows ``0:common`` of ``E[emb]``
+    transposed, bit for bit, ``skip`` left out; ``X`` read in column blocks (:func:`_column_block`)."""
+    itemsize = X.tensors[name].nbytes // max(1, X.tensors[name].numel)
+    n = max(
+        _rows_per_chunk(_row_bytes(E, emb), X.tensors[name].shape[0] * itemsize), 4096 // max(1, itemsize)
+    )
+    start = 0
+    for e in _rows(E, emb, n, common):
+        m = e.shape[0]
+        x = _column_block(X, name, start, start + m).T
+        if skip:
+            keep = [j for j in range(m) if start + j not in skip]
+            x, e = x[keep], e[keep]
+        start += m
+        if not np.array_equal(_bits(x), _bits(e)):
+            return False
+    return True
+
+
 def scaled_equal(X: Checkpoint, name: str, E: Checkpoint, emb: str, scale: float, rtol: float = 1e-2) -> bool:
     """``X[name] ≈ E[emb] × scale`` within ``rtol``, same shape, in row chunks."""
     if X.tensors[name].shape != E.tensors[emb].shape:

@@ -169,20 +169,46 @@ class TensorComparison:
         rows of tokens the report says were added: slack rows taken by add-tokens)."""
         skip = self.added_ids | self.fixed_ids if name in self.vocab_names_a else frozenset()
         ok, why = _common_part_equal(self.A, self.B, name, skip)
-        self.res.resized.append(
-            {
-                "name": name,
-                "shape_before": list(ta.shape),
-                "shape_after": list(tb.shape),
-                "common_part_identical": ok,
-            }
-        )
-        if name not in self.vocab_names_a:
+        entry = {
+            "name": name,
+            "shape_before": list(ta.shape),
+            "shape_after": list(tb.shape),
+            "common_part_identical": ok,
+        }
+        self.res.resized.append(entry)
+        took = None if ok or name not in self.vocab_names_a else self._resized_took(name, skip)
+        if took is not None:
+            entry["why"] = took
+        elif name not in self.vocab_names_a:
             self.res.unexplained.append(
                 f"{name} changed shape {list(ta.shape)} → {list(tb.shape)} but carries no vocabulary"
             )
         elif not ok:
             self.res.unexplained.append(f"{name} was resized but its common {why} differ")
+
+    def _resized_took(self, name: str, skip: frozenset[int]) -> str | None:
+        """Why a resized vocabulary tensor whose common part differs from its own old values is still
+        explained, or None: the head holding the output's embedding (``tie --keep embedding`` on a loader
+        that keeps both tensors, ``untie``), or the embedding (or an alias of it) holding the input head's
+        values in the entries both have (``tie --keep head`` after a resize: the embedding becomes the
+        resized head; the entries beyond the common part are new rows, as any resize's)."""
+        A, B, da = self.A, self.B, self.da
+        if (
+            name in self.head_names
+            and self.emb_b in B.tensors
+            and _equal_to_embedding(B, name, B, self.emb_b)
+        ):
+            return "head set equal to the embedding"
+        head = da.head.name
+        if (
+            name in {da.embedding.name, *da.embedding.aliases}
+            and head != name
+            and head in A.tensors
+            and chunked.common_entries_equal(A, head, B, name, skip)
+        ):
+            what = "embedding" if name == da.embedding.name else f"alias of the embedding {da.embedding.name}"
+            return f"{what} takes the head's values in the common entries (tie {Opt('keep', 'head')})"
+        return None
 
     def _set_rows_why(self, ndim: int, axis: int) -> str:
         """Why the rows (columns, entries) of the added tokens and of the rows a report set differ."""
