@@ -1,0 +1,141 @@
+"""``verify ORIGINAL FINAL`` across two-step chains that end in ``tie --keep head``, ``tie --keep embedding``
+or ``untie`` after a write that changed vocabulary rows (``resize`` growing or trimming, ``fix-untrained``):
+
+* after a resize, ``tie --keep head`` makes the embedding the resized head: its entries in common with the
+  input's head are the head's, bit for bit (as stored, or transposed from a PaddleNLP ``[hidden, vocab]``
+  head);
+* after a resize, ``tie --keep embedding`` on a PaddleNLP Llama keeps a ``[hidden, vocab]`` head equal to the
+  resized embedding;
+* after a resize of a tied PaddleFormers checkpoint (its duplicate head dropped, a safetensors tie entry
+  written), ``untie`` keeps that entry;
+* after fix-untrained, ``tie --keep head`` puts the head's fixed rows (the mean of the head's trained rows)
+  in the embedding.
+
+Right chains exit 0 with every tensor compared; one flipped element in the affected tensor is exit 7
+naming it.
+
+Inputs: ``sample_checkpoints/pnlp_llama_untied`` (PaddleNLP 2.8.1, ``[hidden, vocab]`` head),
+``tests/data/fixtures/cases/pf_llama_untied_fp32`` (PaddleFormers 1.2, ``[vocab, hidden]`` head),
+``tests/data/fixtures/cases/pnlp_llama_tied``, ``sample_checkpoints/pf_llama_tied_fp32`` (tied, duplicate
+head), ``tests/data/cases/e04_llama3_base_untrained_chat_tokens`` (untrained rows 264..269).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support import paths
+from support.resize_support import run_cli
+from test_verify_writes import _flip
+
+from tietool import verify
+from tietool.surgery.io.checkpoint import Checkpoint
+
+REPO = paths.REPO
+FIX = REPO / "tests/data/fixtures/cases"
+SAMPLES = REPO / "sample_checkpoints"
+E04 = REPO / "tests/data/cases/e04_llama3_base_untrained_chat_tokens/ckpt"
+GROW = ["resize", "--vocab", "130", "--seed", "0"]
+TRIM = ["resize", "--vocab", "60", "--force"]
+KEEP_HEAD = ["tie", "--keep", "head"]
+KEEP_EMB = ["tie", "--keep", "embedding"]
+
+
+def _chain(src: Path, tmp: Path, steps: list[list[str]]) -> Path:
+    """Run ``steps`` (each a command without its input and ``--out``), each on the previous output."""
+    cur = src
+    for k, step in enumerate(steps):
+        out = tmp / f"s{k}"
+        r = run_cli([step[0], str(cur), *step[1:], "--out", str(out), "-q"])
+        assert r.returncode == 0, (step, r.stdout[-2000:], r.stderr[-2000:])
+        cur = out
+    return cur
+
+
+# name: (input, steps, the tensor a forged element is flipped in, the flat element index flipped)
+CHAINS = {
+    "pnlp-resize-grow,tie-keep-head": (
+        SAMPLES / "pnlp_llama_untied",
+        [GROW, KEEP_HEAD],
+        "llama.embed_tokens.weight",
+        5,
+    ),
+    "pnlp-resize-trim,tie-keep-head": (
+        SAMPLES / "pnlp_llama_untied",
+        [TRIM, KEEP_HEAD],
+        "llama.embed_tokens.weight",
+        5,
+    ),
+    "pf-resize-grow,tie-keep-head": (
+        FIX / "pf_llama_untied_fp32",
+        [GROW, KEEP_HEAD],
+        "model.embed_tokens.weight",
+        5,
+    ),
+    "pf-resize-trim,tie-keep-head": (
+        FIX / "pf_llama_untied_fp32",
+        [TRIM, KEEP_HEAD],
+        "model.embed_tokens.weight",
+        5,
+    ),
+    "pnlp-resize-grow,tie-keep-embedding": (
+        SAMPLES / "pnlp_llama_untied",
+        [GROW, KEEP_EMB],
+        "lm_head.weight",
+        5,
+    ),
+    "pnlp-tied-resize-trim,tie-keep-head": (
+        FIX / "pnlp_llama_tied",
+        [TRIM, KEEP_HEAD],
+        "llama.embed_tokens.weight",
+        5,
+    ),
+    "pnlp-tied-resize-trim,tie-keep-embedding": (
+        FIX / "pnlp_llama_tied",
+        [TRIM, KEEP_EMB],
+        "lm_head.weight",
+        5,
+    ),
+    "pf-tied-resize-grow,untie": (
+        SAMPLES / "pf_llama_tied_fp32",
+        [GROW, ["untie"]],
+        "lm_head.weight",
+        5,
+    ),
+    "pf-tied-resize-trim,untie": (
+        SAMPLES / "pf_llama_tied_fp32",
+        [TRIM, ["untie"]],
+        "lm_head.weight",
+        5,
+    ),
+    # hidden 8: element 264 * 8 + 1 is in the first fixed row
+    "fix-untrained,tie-keep-head": (E04, [["fix-untrained"], KEEP_HEAD], "model.embed_tokens.weight", 2113),
+    "fix-untrained-subtokens,tie-keep-head": (
+        E04,
+        [["fix-untrained", "--init", "subtokens"], KEEP_HEAD],
+        "model.embed_tokens.weight",
+        2113,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_chain_verifies(tmp_path: Path, name: str) -> None:
+    src, steps, _, _ = CHAINS[name]
+    out = _chain(src, tmp_path, steps)
+    res = verify(src, out)
+    assert res.exit_code == 0, res.unexplained
+    compared = res.identical + len(res.resized) + len(res.changed) + len(res.added)
+    assert compared == len(Checkpoint.open(out).tensors)
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_chain_forged_element_named(tmp_path: Path, name: str) -> None:
+    """One flipped bit in the tensor the chain's last step set: exit 7 naming it."""
+    src, steps, target, element = CHAINS[name]
+    out = _chain(src, tmp_path, steps)
+    _flip(out, target, element=element)
+    res = verify(src, out)
+    assert res.exit_code == 7
+    assert any(u.startswith(target) or f" of {target} " in u for u in res.unexplained), res.unexplained
