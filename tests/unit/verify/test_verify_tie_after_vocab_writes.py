@@ -22,6 +22,7 @@ head), ``tests/data/cases/e04_llama3_base_untrained_chat_tokens`` (untrained row
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,56 @@ def test_chain_forged_element_named(tmp_path: Path, name: str) -> None:
     res = verify(src, out)
     assert res.exit_code == 7
     assert any(u.startswith(target) or f" of {target} " in u for u in res.unexplained), res.unexplained
+
+
+# ------------------------------------------------------------------ add-tokens, then a trim of all of them
+
+# ERNIE 3 (PaddleNLP 2.8.1 WordPiece, vocab.txt): add-tokens writes the tokens into added_tokens.json and
+# tokenizer_config.json's added_tokens_decoder; a trim of all of them leaves both lists empty
+E01 = REPO / "tests/data/cases/e01_ernie3_wordpiece_lowercase_add_tokens/ckpt"
+E01_EMB = "ernie.embeddings.word_embeddings.weight"
+
+
+def _added_then_trimmed(tmp: Path) -> Path:
+    out = _chain(
+        E01, tmp, [["add-tokens", "<zz>", "<yy>", "--seed", "0"], ["resize", "--vocab", "24", "--force"]]
+    )
+    assert json.loads((out / "added_tokens.json").read_text()) == {}
+    assert json.loads((out / "tokenizer_config.json").read_text())["added_tokens_decoder"] == {}
+    assert not (E01 / "added_tokens.json").exists()
+    return out
+
+
+def test_add_tokens_then_trim_of_all_verifies(tmp_path: Path) -> None:
+    out = _added_then_trimmed(tmp_path)
+    res = verify(E01, out)
+    assert res.exit_code == 0, res.unexplained
+    assert res.identical == len(Checkpoint.open(out).tensors)
+
+
+def test_add_tokens_then_trim_of_all_forged_element_named(tmp_path: Path) -> None:
+    out = _added_then_trimmed(tmp_path)
+    _flip(out, E01_EMB, element=7)
+    res = verify(E01, out)
+    assert res.exit_code == 7
+    assert any(u.startswith(E01_EMB) for u in res.unexplained), res.unexplained
+
+
+@pytest.mark.parametrize(
+    ("rel", "key", "value"),
+    [
+        ("added_tokens.json", "<zz>", 24),
+        ("tokenizer_config.json", "added_tokens_decoder", {"24": {"content": "<zz>", "special": False}}),
+        ("tokenizer_config.json", "model_max_length", 7),
+    ],
+)
+def test_add_tokens_then_trim_of_all_forged_trace_named(tmp_path: Path, rel: str, key: str, value) -> None:
+    """A trace that still lists a token, or another key changed, is a difference: exit 7 naming the file."""
+    out = _added_then_trimmed(tmp_path)
+    p = out / rel
+    data = json.loads(p.read_text())
+    data[key] = value
+    p.write_text(json.dumps(data))
+    res = verify(E01, out)
+    assert res.exit_code == 7
+    assert any(u.startswith(rel) for u in res.unexplained), res.unexplained
