@@ -24,8 +24,8 @@ from ..io.special_tokens import SPECIAL_NAMES
 from ..io.tokenizer import vocabulary
 from ..io.tokenizer_rename import is_reserved
 from ..model.errors import CheckpointError
-from ..plan.fix_untrained import tables, untrained_ids
-from ..plan.untrained_rows import Table, mean_row, stored_entries, subtoken_row
+from ..plan.fix_untrained import kept_special, tables, untrained_ids
+from ..plan.untrained_rows import EPS, Table, find_untrained, mean_row, stored_entries, subtoken_row
 from ..report import chain_since, prune_map
 from .result import VerifyResult
 
@@ -38,6 +38,8 @@ def _own_section(B: Checkpoint, op: str, A: Checkpoint | None = None) -> dict[st
     if A is not None:
         runs = chain_since(B.path, A.path)
         at = [k for k, r in enumerate(runs) if r.get("operation") == op]
+        while len(at) > 1 and _set_nothing(runs[at[-1]].get(op.replace("-", "_"))):
+            at.pop()  # a later run of op that set no row (fix-untrained finding none) hides no earlier one
         sec = runs[at[-1]].get(op.replace("-", "_")) if at else None
         if not isinstance(sec, dict):
             return None
@@ -51,6 +53,11 @@ def _own_section(B: Checkpoint, op: str, A: Checkpoint | None = None) -> dict[st
         return None
     sec = rep.get(op.replace("-", "_"))
     return sec if isinstance(sec, dict) else None
+
+
+def _set_nothing(sec: Any) -> bool:
+    """A ``fix_untrained`` section of a run that set no row (``ids`` empty: every row trained)."""
+    return isinstance(sec, dict) and sec.get("ids") == [] and not sec.get("tokens")
 
 
 AFTER_PRUNE = "renumbered_by_a_later_prune"
@@ -219,45 +226,79 @@ def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
     (:func:`surgery.plan.fix_untrained.untrained_ids`); each such row of the output's embedding and head
     must be the mean of the input's table over the rows the rule counts as trained (less the renamed ids,
     for rename-tokens; the mean of its trained source rows for ``fix-untrained --init subtokens``), bit
-    for bit (:func:`surgery.plan.untrained_rows.mean_row`). A contradicted claim is
-    unexplained (the report is unverifiable) and explains nothing."""
+    for bit (:func:`surgery.plan.untrained_rows.mean_row`). When a ``tie`` of the chain ran before that
+    run, its input held one table, the input's embedding or its head (:func:`_rule_views`): the claim
+    holds when it holds for either. A contradicted claim is unexplained (the report is unverifiable) and
+    explains nothing."""
     claim = _mean_claim(B, da.ckpt)
     if claim is None or _before_prune(res, B, da.ckpt, claim[0]):
         return frozenset()
     op, ids = claim
-    found, _ = untrained_ids(da)
+    fails = []
+    for view in _rule_views(da, B, op):
+        why = _check_mean_rows(da, B, op, ids, view)
+        if why is None:
+            return frozenset(ids)
+        fails.append(why)
+    if fails[0]:
+        res.unexplained.append(fails[0])
+    return frozenset()
+
+
+def _rule_views(da: Detection, B: Checkpoint, op: str) -> list[tuple[Table, Table | None]]:
+    """The tables the ``op`` run read its rule and means from: the input's embedding and head; when a
+    ``tie`` of the chain since the input ran before it and the output holds no head of its own, the one
+    table the tie left, the input's embedding (``--keep embedding``) or its head (``--keep head``)."""
+    emb, head, _ = tables(da)
+    if head is None or head.name in B.tensors:
+        return [(emb, head)]
+    runs = chain_since(B.path, da.ckpt.path)
+    at = [k for k, r in enumerate(runs) if r.get("operation") == op]
+    if at and any(r.get("operation") == "tie" for r in runs[: at[-1]]):
+        return [(emb, None), (head, None)]
+    return [(emb, head)]
+
+
+def _check_mean_rows(
+    da: Detection, B: Checkpoint, op: str, ids: list[int], view: tuple[Table, Table | None]
+) -> str | None:
+    """None when the ``op`` claim on ``ids`` holds with the rule read on ``view`` (:func:`fixed_rows`);
+    else why not ("" when the output holds no table to check: nothing is explained, nothing said)."""
+    emb, head, pool = tables(da)
+    if view[1] is None and head is not None:  # one table: the rule of a tied model
+        special = kept_special(da)
+        found = [i for i in find_untrained(da.ckpt, view[0], None, pool, set(), EPS) if i not in special]
+    else:
+        found, _ = untrained_ids(da)
     wrong = [i for i in ids if i not in set(found)] if op == "fix-untrained" else []
     if wrong:
-        res.unexplained.append(
+        return (
             f"tietool-report.json says fix-untrained set row(s) {', '.join(map(str, wrong[:10]))}, which "
             "are trained in the input (or kept as special) by its rule; the report is unverifiable"
         )
-        return frozenset()
     srcs = _fix_sources(B, da.ckpt) if op == "fix-untrained" else {}
     if any(j in set(found) or j >= da.vocab_rows for src in srcs.values() for j in src):
-        res.unexplained.append(
+        return (
             "tietool-report.json says fix-untrained set rows from the rows of untrained ids; the report is "
             "unverifiable"
         )
-        return frozenset()
     leave_out = tuple(sorted(set(found) | (set(ids) if op == "rename-tokens" else set())))
-    emb, head, pool = tables(da)
     checked = _tables_in(da, B, emb, head, ids)
     if not checked:
-        return frozenset()
+        return ""
     for t in checked:
         got = stored_entries(B, t, sorted(ids)).view(np.uint8)
+        sources = [view[0]] if view[1] is None and head is not None else _sources(da, B, t, head)
         if not any(
             np.array_equal(got, _mean_rows(da, s, pool, leave_out, sorted(ids), srcs).view(np.uint8))
-            for s in _sources(da, B, t, head)
+            for s in sources
         ):
-            res.unexplained.append(
+            return (
                 f"tietool-report.json says {op} set rows {', '.join(map(str, sorted(ids)[:10]))} of {t.name} "
                 "to the mean of the input's trained rows, which the files contradict; the report is "
                 "unverifiable"
             )
-            return frozenset()
-    return frozenset(ids)
+    return None
 
 
 def rename_claims(

@@ -9,7 +9,10 @@ or ``untie`` after a write that changed vocabulary rows (``resize`` growing or t
 * after a resize of a tied PaddleFormers checkpoint (its duplicate head dropped, a safetensors tie entry
   written), ``untie`` keeps that entry;
 * after fix-untrained, ``tie --keep head`` puts the head's fixed rows (the mean of the head's trained rows)
-  in the embedding.
+  in the embedding; before it, fix-untrained reads its rule on the one table the tie kept;
+* a second fix-untrained that finds no untrained row leaves the first one's rows explained;
+* add-tokens, then a resize trim of every token it added, on a PaddleNLP WordPiece tokenizer: the empty
+  ``added_tokens.json`` and ``added_tokens_decoder`` it leaves list no token.
 
 Right chains exit 0 with every tensor compared; one flipped element in the affected tensor is exit 7
 naming it.
@@ -17,7 +20,9 @@ naming it.
 Inputs: ``sample_checkpoints/pnlp_llama_untied`` (PaddleNLP 2.8.1, ``[hidden, vocab]`` head),
 ``tests/data/fixtures/cases/pf_llama_untied_fp32`` (PaddleFormers 1.2, ``[vocab, hidden]`` head),
 ``tests/data/fixtures/cases/pnlp_llama_tied``, ``sample_checkpoints/pf_llama_tied_fp32`` (tied, duplicate
-head), ``tests/data/cases/e04_llama3_base_untrained_chat_tokens`` (untrained rows 264..269).
+head), ``tests/data/cases/e04_llama3_base_untrained_chat_tokens`` (untrained rows 264..269),
+``tests/data/cases/e09_special_flag_of_existing_tool_call`` (untied; row 82 of its head has no
+entry above 1e-16, its embedding's has: untrained by unsloth's rule in the head alone).
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ REPO = paths.REPO
 FIX = REPO / "tests/data/fixtures/cases"
 SAMPLES = REPO / "sample_checkpoints"
 E04 = REPO / "tests/data/cases/e04_llama3_base_untrained_chat_tokens/ckpt"
+E09 = REPO / "tests/data/cases/e09_special_flag_of_existing_tool_call/ckpt"
 GROW = ["resize", "--vocab", "130", "--seed", "0"]
 TRIM = ["resize", "--vocab", "60", "--force"]
 KEEP_HEAD = ["tie", "--keep", "head"]
@@ -112,6 +118,20 @@ CHAINS = {
     ),
     # hidden 8: element 264 * 8 + 1 is in the first fixed row
     "fix-untrained,tie-keep-head": (E04, [["fix-untrained"], KEEP_HEAD], "model.embed_tokens.weight", 2113),
+    # a tie before the fix: its rule read the one table the tie kept (the head); id 82 untrained there
+    "tie-keep-head,fix-untrained": (
+        E09,
+        [KEEP_HEAD, ["fix-untrained"]],
+        "model.embed_tokens.weight",
+        82 * 8 + 1,
+    ),
+    # a second fix-untrained that finds every row trained (sets none) leaves the first one's rows explained
+    "fix-untrained,fix-untrained": (
+        E04,
+        [["fix-untrained"], ["fix-untrained"]],
+        "model.embed_tokens.weight",
+        2113,
+    ),
     "fix-untrained-subtokens,tie-keep-head": (
         E04,
         [["fix-untrained", "--init", "subtokens"], KEEP_HEAD],
