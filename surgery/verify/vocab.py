@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ..inspect.detect import detect
 from ..inspect.detection import Detection
 from ..io.checkpoint import REPORT_NAME, Checkpoint
 from ..io.regular import load_json
@@ -27,6 +28,7 @@ from ..model.errors import CheckpointError
 from ..plan.fix_untrained import kept_special, tables, untrained_ids
 from ..plan.untrained_rows import EPS, Table, find_untrained, mean_row, stored_entries, subtoken_row
 from ..report import chain_since, prune_map
+from .beforeset import before_set
 from .result import VerifyResult
 
 
@@ -236,10 +238,16 @@ def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
     op, ids = claim
     fails = []
     for view in _rule_views(da, B, op):
-        why = _check_mean_rows(da, B, op, ids, view)
+        why = _check_mean_rows(da, B, op, ids, view, da.ckpt)
         if why is None:
             return frozenset(ids)
         fails.append(why)
+    read = before_set(da, B, op, ids)  # the run last after resizes / add-tokens: the folder it read
+    if read is not None:
+        dr = detect(read, compare_values=False)
+        emb, head, _ = tables(dr)
+        if _check_mean_rows(dr, B, op, ids, (emb, head), da.ckpt) is None:
+            return frozenset(ids)
     if fails[0]:
         res.unexplained.append(fails[0])
     return frozenset()
@@ -260,10 +268,11 @@ def _rule_views(da: Detection, B: Checkpoint, op: str) -> list[tuple[Table, Tabl
 
 
 def _check_mean_rows(
-    da: Detection, B: Checkpoint, op: str, ids: list[int], view: tuple[Table, Table | None]
+    da: Detection, B: Checkpoint, op: str, ids: list[int], view: tuple[Table, Table | None], A: Checkpoint
 ) -> str | None:
-    """None when the ``op`` claim on ``ids`` holds with the rule read on ``view`` (:func:`fixed_rows`);
-    else why not ("" when the output holds no table to check: nothing is explained, nothing said)."""
+    """None when the ``op`` claim on ``ids`` holds with the rule read on ``view`` of ``da`` (the folder
+    the run read; :func:`fixed_rows`), the run's report section read in the chain since ``A``; else why
+    not ("" when the output holds no table to check: nothing is explained, nothing said)."""
     emb, head, pool = tables(da)
     if view[1] is None and head is not None:  # one table: the rule of a tied model
         special = kept_special(da)
@@ -276,7 +285,7 @@ def _check_mean_rows(
             f"tietool-report.json says fix-untrained set row(s) {', '.join(map(str, wrong[:10]))}, which "
             "are trained in the input (or kept as special) by its rule; the report is unverifiable"
         )
-    srcs = _fix_sources(B, da.ckpt) if op == "fix-untrained" else {}
+    srcs = _fix_sources(B, A) if op == "fix-untrained" else {}
     if any(j in set(found) or j >= da.vocab_rows for src in srcs.values() for j in src):
         return (
             "tietool-report.json says fix-untrained set rows from the rows of untrained ids; the report is "

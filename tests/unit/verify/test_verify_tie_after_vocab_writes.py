@@ -11,6 +11,8 @@ or ``untie`` after a write that changed vocabulary rows (``resize`` growing or t
 * after fix-untrained, ``tie --keep head`` puts the head's fixed rows (the mean of the head's trained rows)
   in the embedding; before it, fix-untrained reads its rule on the one table the tie kept;
 * a second fix-untrained that finds no untrained row leaves the first one's rows explained;
+* fix-untrained after a resize or add-tokens reads its rule and mean on the grown folder (the output with
+  the rows it set taken back from the input);
 * add-tokens, then a resize trim of every token it added, on a PaddleNLP WordPiece tokenizer: the empty
   ``added_tokens.json`` and ``added_tokens_decoder`` it leaves list no token.
 
@@ -130,6 +132,19 @@ CHAINS = {
         E04,
         [["fix-untrained"], ["fix-untrained"]],
         "model.embed_tokens.weight",
+        2113,
+    ),
+    # fix-untrained last after a resize / add-tokens: its rule and mean read the grown folder's rows
+    "resize-grow,fix-untrained": (
+        E04,
+        [["resize", "--vocab", "300", "--seed", "0"], ["fix-untrained"]],
+        "model.embed_tokens.weight",
+        2113,
+    ),
+    "add-tokens,fix-untrained": (
+        E04,
+        [["add-tokens", "<zz>", "<yy>", "--seed", "0"], ["fix-untrained"]],
+        "lm_head.weight",
         2113,
     ),
     "fix-untrained-subtokens,tie-keep-head": (
