@@ -58,8 +58,24 @@ def _own_section(B: Checkpoint, op: str, A: Checkpoint | None = None) -> dict[st
 
 
 def _set_nothing(sec: Any) -> bool:
-    """A ``fix_untrained`` section of a run that set no row (``ids`` empty: every row trained)."""
-    return isinstance(sec, dict) and sec.get("ids") == [] and not sec.get("tokens")
+    """A section of a run that set no row: ``fix_untrained`` with ``ids`` empty (every row trained),
+    ``rename_tokens`` whose ``init`` keeps the rows (``keep``)."""
+    if not isinstance(sec, dict):
+        return False
+    return (sec.get("ids") == [] and not sec.get("tokens")) or sec.get("init") == "keep"
+
+
+def _sections(B: Checkpoint, op: str, A: Checkpoint) -> list[dict[str, Any]]:
+    """The ``op`` section of every ``op`` run of the output's chain since ``A``, in order, each with its
+    ids carried through the prunes after it (:func:`_renumbered`)."""
+    runs = chain_since(B.path, A.path)
+    out = []
+    for k, r in enumerate(runs):
+        sec = r.get(op.replace("-", "_")) if r.get("operation") == op else None
+        if isinstance(sec, dict):
+            maps = [m for m in (prune_map(x) for x in runs[k + 1 :]) if m is not None]
+            out.append(_renumbered(sec, maps) if maps else sec)
+    return out
 
 
 AFTER_PRUNE = "renumbered_by_a_later_prune"
@@ -313,11 +329,12 @@ def _check_mean_rows(
 def rename_claims(
     B: Checkpoint, va: dict[int, str], vb: dict[int, str], A: Checkpoint | None = None
 ) -> dict[int, tuple[str, str]]:
-    """``{id: (old, new)}`` of the renames the output's own ``rename-tokens`` run lists that the files bear
-    out: ``old`` at the id in the input (``va``) and a reserved slot's string
-    (:func:`surgery.io.tokenizer_rename.is_reserved`), ``new`` there in the output (``vb``)."""
-    sec = _own_section(B, "rename-tokens", A)
-    entries = sec.get("tokens") if sec is not None else None
+    """``{id: (old, new)}`` of the renames the output's own ``rename-tokens`` run lists (with ``A``: every
+    ``rename-tokens`` run of its chain since ``A``) that the files bear out: ``old`` at the id in the
+    input (``va``) and a reserved slot's string (:func:`surgery.io.tokenizer_rename.is_reserved`), ``new``
+    there in the output (``vb``)."""
+    secs = _sections(B, "rename-tokens", A) if A is not None else [_own_section(B, "rename-tokens")]
+    entries = [e for sec in secs if sec is not None for e in (sec.get("tokens") or [])]
     return {
         e["id"]: (e["old"], e["new"])
         for e in (entries if isinstance(entries, list) else [])

@@ -228,3 +228,48 @@ def test_add_tokens_then_trim_of_all_forged_trace_named(tmp_path: Path, rel: str
     res = verify(E01, out)
     assert res.exit_code == 7
     assert any(u.startswith(rel) for u in res.unexplained), res.unexplained
+
+
+# ------------------------------------------------------------------ two rename-tokens runs
+
+SAMPLE = SAMPLES / "pf_llama_with_tokenizer"  # untied Llama, hidden 16, a byte-level BPE of 304 tokens
+SLOTS = ["<|reserved_special_token_0|>", "<|reserved_special_token_1|>"]
+RENAMES = {
+    "rename-trained-mean,rename": [
+        ["rename-tokens", "304=<think_x>", "--init", "trained-mean"],
+        ["rename-tokens", "305=<think_y>"],
+    ],
+    "rename,rename-trained-mean": [
+        ["rename-tokens", "305=<think_y>"],
+        ["rename-tokens", "304=<think_x>", "--init", "trained-mean"],
+    ],
+}
+
+
+def _reserved(tmp: Path) -> Path:
+    """The sample with two reserved special tokens at ids 304, 305, rows zero (its report: add-tokens)."""
+    out = tmp / "reserved"
+    r = run_cli(["add-tokens", str(SAMPLE), *SLOTS, "--special", "--init", "zeros", "--out", str(out), "-q"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("name", list(RENAMES))
+def test_two_renames_verify(tmp_path: Path, name: str) -> None:
+    """Every rename-tokens run of the chain explains its slots, not only the last one's."""
+    src = _reserved(tmp_path)
+    out = _chain(src, tmp_path, RENAMES[name])
+    res = verify(src, out)
+    assert res.exit_code == 0, res.unexplained
+    assert res.tokenizer is not None
+    assert {r["id"] for r in res.tokenizer["renamed"]} == {304, 305}
+
+
+@pytest.mark.parametrize("name", list(RENAMES))
+def test_two_renames_forged_element_named(tmp_path: Path, name: str) -> None:
+    src = _reserved(tmp_path)
+    out = _chain(src, tmp_path, RENAMES[name])
+    _flip(out, "model.embed_tokens.weight", element=304 * 16 + 3)
+    res = verify(src, out)
+    assert res.exit_code == 7
+    assert any("model.embed_tokens.weight" in u for u in res.unexplained), res.unexplained
