@@ -38,6 +38,7 @@ from support.resize_support import run_cli
 from test_verify_writes import _flip
 
 from tietool import verify
+from tietool.surgery.inspect import chunked
 from tietool.surgery.io.checkpoint import Checkpoint
 
 REPO = paths.REPO
@@ -273,3 +274,16 @@ def test_two_renames_forged_element_named(tmp_path: Path, name: str) -> None:
     res = verify(src, out)
     assert res.exit_code == 7
     assert any("model.embed_tokens.weight" in u for u in res.unexplained), res.unexplained
+
+
+@pytest.mark.parametrize("name", [n for n in CHAINS if "tie-keep-head" in n and n.startswith("p")])
+def test_tiny_chunks_give_the_same_verdict(tmp_path: Path, monkeypatch, name: str) -> None:
+    """The common entries of a resized embedding and the input's head compared in chunks of one row
+    (column blocks of a ``[hidden, vocab]`` head) give the verdict whole reads give, forged or not."""
+    src, steps, target, element = CHAINS[name]
+    out = _chain(src, tmp_path, steps)
+    whole = verify(src, out).as_dict()
+    monkeypatch.setattr(chunked, "CHUNK_BYTES", 7)
+    assert verify(src, out).as_dict() == whole
+    _flip(out, target, element=element)
+    assert verify(src, out).exit_code == 7
