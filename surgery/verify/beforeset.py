@@ -1,13 +1,13 @@
 """The folder a mean-setting run (``fix-untrained``, ``rename-tokens --init trained-mean``) read, when it is
 the last run of a chain whose earlier runs only grew, trimmed or appended vocabulary rows (``resize``,
-``add-tokens``): ``resize 400 → fix-untrained`` computes its mean over the 400 rows of the resized folder,
-not over the input's.
+``add-tokens``) or set other rows (``fix-untrained``, ``rename-tokens``): ``resize 400 → fix-untrained``
+computes its mean over the 400 rows of the resized folder, not over the input's.
 
 That folder is the output itself but for the rows the run set: the run changed nothing else, and those rows
-came to it from the input unchanged (a resize keeps the common rows bit for bit, add-tokens sets only the
-rows of the tokens it lists, which are required to be other rows). So :class:`BeforeSet` is the output with
-the set rows of its embedding and head taken back from the input; the claims are then checked against it as
-against any input (:func:`surgery.verify.vocab.fixed_rows`).
+came to it from the input unchanged (a resize keeps the common rows bit for bit; add-tokens, rename-tokens
+and fix-untrained set only the rows of the ids they list, which are required to be other rows). So
+:class:`BeforeSet` is the output with the set rows of its embedding and head taken back from the input; the
+claims are then checked against it as against any input (:func:`surgery.verify.vocab.fixed_rows`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from ..plan.fix_untrained import tables
 from ..report import chain_since
 
 GROWS = ("resize", "add-tokens")
+SETS = ("fix-untrained", "rename-tokens")  # set rows in place: other ids than the last run's
 
 
 @dataclass
@@ -58,14 +59,15 @@ class BeforeSet(Checkpoint):
 
 def before_set(da: Detection, B: Checkpoint, op: str, ids: list[int]) -> BeforeSet | None:
     """The folder the last run ``op`` of the output's chain since the input read (module docstring), or
-    None when the chain is not of that shape: ``op`` is not its last run, an earlier run is not a resize or
-    add-tokens, an id is beyond either folder's rows or one an add-tokens run of the chain lists, or the
+    None when the chain is not of that shape: ``op`` is not its last run, an earlier run is not a resize,
+    add-tokens, fix-untrained or rename-tokens, an id is beyond either folder's rows or one an earlier run
+    lists (:func:`_listed`), or the
     input's embedding / head is not in the output with the same size off the vocabulary axis."""
     A = da.ckpt
     runs = chain_since(B.path, A.path)
     if len(runs) < 2 or runs[-1].get("operation") != op:
         return None
-    if any(r.get("operation") not in GROWS for r in runs[:-1]) or set(ids) & _listed(runs[:-1]):
+    if any(r.get("operation") not in GROWS + SETS for r in runs[:-1]) or set(ids) & _listed(runs[:-1]):
         return None
     emb, head, _ = tables(da)
     patch = {}
@@ -84,11 +86,16 @@ def before_set(da: Detection, B: Checkpoint, op: str, ids: list[int]) -> BeforeS
 
 
 def _listed(runs: list[dict[str, Any]]) -> set[int]:
-    """Every id an ``add_tokens`` section of ``runs`` lists (new tokens, rows reset)."""
+    """Every id a section of ``runs`` lists: ``add_tokens`` (new tokens, rows reset), ``rename_tokens``
+    (renamed slots) and ``fix_untrained`` (rows set) tokens and ids."""
     out = set()
     for r in runs:
-        sec = r.get("add_tokens")
-        for t in sec.get("tokens") or [] if isinstance(sec, dict) else []:
-            if isinstance(t, dict) and type(t.get("id")) is int:
-                out.add(t["id"])
+        for key in ("add_tokens", "rename_tokens", "fix_untrained"):
+            sec = r.get(key)
+            if not isinstance(sec, dict):
+                continue
+            out |= {i for i in sec.get("ids") or [] if type(i) is int}
+            out |= {
+                t["id"] for t in sec.get("tokens") or [] if isinstance(t, dict) and type(t.get("id")) is int
+            }
     return out

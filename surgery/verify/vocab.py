@@ -123,19 +123,21 @@ def _before_prune(res: VerifyResult, B: Checkpoint, A: Checkpoint, op: str) -> b
     return True
 
 
-def _mean_claim(B: Checkpoint, A: Checkpoint | None = None) -> tuple[str, list[int]] | None:
-    """``(operation, ids)`` of the rows the output's own run says it set to the trained mean:
-    ``fix-untrained``'s ``fix_untrained.ids``, or ``rename-tokens --init trained-mean``'s renamed ids."""
+def _mean_claims(B: Checkpoint, A: Checkpoint | None = None) -> list[tuple[str, list[int]]]:
+    """``(operation, ids)`` of the rows the output's runs say they set to the trained mean:
+    ``fix-untrained``'s ``fix_untrained.ids``, and ``rename-tokens --init trained-mean``'s renamed ids
+    (the last run of each that set rows)."""
     fix, ren = _own_section(B, "fix-untrained", A), _own_section(B, "rename-tokens", A)
+    out = []
     if fix is not None:
-        op, ids = "fix-untrained", fix.get("ids")
-    elif ren is not None and ren.get("init") == "trained-mean" and isinstance(ren.get("tokens"), list):
-        op, ids = "rename-tokens", [t.get("id") for t in ren["tokens"] if isinstance(t, dict)]
-    else:
-        return None
-    if not (isinstance(ids, list) and ids and all(type(i) is int for i in ids)):
-        return None
-    return op, [int(i) for i in ids]
+        out.append(("fix-untrained", fix.get("ids")))
+    if ren is not None and ren.get("init") == "trained-mean" and isinstance(ren.get("tokens"), list):
+        out.append(("rename-tokens", [t.get("id") for t in ren["tokens"] if isinstance(t, dict)]))
+    return [
+        (op, [int(i) for i in ids])
+        for op, ids in out
+        if isinstance(ids, list) and ids and all(type(i) is int for i in ids)
+    ]
 
 
 def _fix_sources(B: Checkpoint, A: Checkpoint | None = None) -> dict[int, list[int]]:
@@ -239,7 +241,7 @@ def split_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
 
 
 def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
-    """The ids whose rows the output's own run says it set to the trained mean (:func:`_mean_claim`),
+    """The ids whose rows the output's runs say they set to the trained mean (:func:`_mean_claims`),
     checked: for fix-untrained each must be untrained in the input by its rule
     (:func:`surgery.plan.fix_untrained.untrained_ids`); each such row of the output's embedding and head
     must be the mean of the input's table over the rows the rule counts as trained (less the renamed ids,
@@ -248,10 +250,21 @@ def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
     run, its input held one table, the input's embedding or its head (:func:`_rule_views`): the claim
     holds when it holds for either. A contradicted claim is unexplained (the report is unverifiable) and
     explains nothing."""
-    claim = _mean_claim(B, da.ckpt)
-    if claim is None or _before_prune(res, B, da.ckpt, claim[0]):
-        return frozenset()
-    op, ids = claim
+    out: set[int] = set()
+    for op, ids in _mean_claims(B, da.ckpt):
+        if _before_prune(res, B, da.ckpt, op):
+            return frozenset()
+        got = _one_claim(res, da, B, op, ids)
+        if not got:
+            return frozenset()
+        out |= got
+    return frozenset(out)
+
+
+def _one_claim(res: VerifyResult, da: Detection, B: Checkpoint, op: str, ids: list[int]) -> frozenset[int]:
+    """:func:`fixed_rows` for the claim of one run ``op`` on ``ids``: checked on the folder it read (the
+    input, the one table a tie before it kept, or the output with those rows taken back from the input
+    when it is the chain's last run, :func:`surgery.verify.beforeset.before_set`)."""
     fails = []
     for view in _rule_views(da, B, op):
         why = _check_mean_rows(da, B, op, ids, view, da.ckpt)
