@@ -114,13 +114,19 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def common_part_equal(
-    A: Checkpoint, B: Checkpoint, name: str, axis: int, skip: frozenset[int] = frozenset()
+    A: Checkpoint,
+    B: Checkpoint,
+    name: str,
+    axis: int,
+    skip: frozenset[int] = frozenset(),
+    upto: int | None = None,
 ) -> bool:
     """The entries ``name`` has in both checkpoints along ``axis`` (0: rows; 1: columns; the other axes
     equal) are bit-identical, read in row chunks; the indices in ``skip`` along ``axis`` (the rows of tokens
-    ``add-tokens`` added into slack rows) are not compared."""
+    ``add-tokens`` added into slack rows), and those from ``upto`` on (rows a trim removed and a grow made
+    anew), are not compared."""
     ta, tb = A.tensors[name], B.tensors[name]
-    common = min(ta.shape[axis], tb.shape[axis])
+    common = min(ta.shape[axis], tb.shape[axis], *([upto] if upto is not None else []))
     n = _rows_per_chunk(_row_bytes(A, name), _row_bytes(B, name))
     stop = common if axis == 0 else None
     cols = np.array([c for c in range(common) if c not in skip], dtype=np.intp) if axis == 1 else None

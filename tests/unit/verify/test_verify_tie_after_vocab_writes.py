@@ -11,6 +11,8 @@ or ``untie`` after a write that changed vocabulary rows (``resize`` growing or t
 * after fix-untrained, ``tie --keep head`` puts the head's fixed rows (the mean of the head's trained rows)
   in the embedding; before it, fix-untrained reads its rule on the one table the tie kept;
 * a second fix-untrained that finds no untrained row leaves the first one's rows explained;
+* a trim, then a grow: the rows from the fewest on are new in the output (a report chain whose rows do not
+  follow run to run explains none of them);
 * fix-untrained after a resize or add-tokens reads its rule and mean on the grown folder (the output with
   the rows it set taken back from the input);
 * add-tokens, then a resize trim of every token it added, on a PaddleNLP WordPiece tokenizer: the empty
@@ -116,6 +118,19 @@ CHAINS = {
     "pf-tied-resize-trim,untie": (
         SAMPLES / "pf_llama_tied_fp32",
         [TRIM, ["untie"]],
+        "lm_head.weight",
+        5,
+    ),
+    # a trim, then a grow: the rows from the trim's 60 on are new in the output, though both ends hold 100
+    "pnlp-resize-trim,resize-grow": (
+        SAMPLES / "pnlp_llama_untied",
+        [TRIM, ["resize", "--vocab", "130", "--seed", "1"]],
+        "llama.embed_tokens.weight",
+        5,
+    ),
+    "pf-resize-trim,resize-back": (
+        FIX / "pf_llama_untied_fp32",
+        [TRIM, ["resize", "--vocab", "100", "--seed", "1"]],
         "lm_head.weight",
         5,
     ),
@@ -298,3 +313,17 @@ def test_tiny_chunks_give_the_same_verdict(tmp_path: Path, monkeypatch, name: st
     assert verify(src, out).as_dict() == whole
     _flip(out, target, element=element)
     assert verify(src, out).exit_code == 7
+
+
+def test_trim_then_grow_with_broken_rows_chain_is_named(tmp_path: Path) -> None:
+    """A history whose trim ends at other rows than the grow starts from explains no new row: exit 7."""
+    src, steps, _, _ = CHAINS["pf-resize-trim,resize-back"]
+    out = _chain(src, tmp_path, steps)
+    p = out / "tietool-report.json"
+    rep = json.loads(p.read_text())
+    rep["history"][-1]["resize"]["rows_after"] = 10
+    p.unlink()
+    p.write_text(json.dumps(rep))
+    res = verify(src, out)
+    assert res.exit_code == 7
+    assert any(u.startswith("model.embed_tokens.weight changed") for u in res.unexplained), res.unexplained
