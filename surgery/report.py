@@ -185,6 +185,7 @@ HISTORY_KEYS = (
     "prune",
     "fix_untrained",
     "rename_tokens",
+    "dropped",
 )
 
 
@@ -353,6 +354,24 @@ def _rows_breaks(chain: list[dict[str, Any]]) -> str:
             return f"its run {k + 1} starts from {before!r} rows after a run that ended with {rows!r}"
         rows = after
     return ""
+
+
+def rows_floor(chain: list[dict[str, Any]], rows_in: int, rows_out: int) -> int | None:
+    """The fewest rows the vocabulary had along ``chain`` (the runs that made an output of ``rows_out``
+    rows from an input of ``rows_in``) when a ``resize`` of it trimmed below both ends (a trim, then a
+    grow: the entries from there on are new in the output, though both ends hold them); None otherwise, or
+    when the chain's rows do not follow from ``rows_in`` to ``rows_out`` run by run
+    (:func:`_rows_breaks`)."""
+    counted = [(b, a) for b, a in (_rows(e) for e in chain) if b is not None or a is not None]
+    if not counted or _rows_breaks(chain) or counted[0][0] != rows_in or counted[-1][1] != rows_out:
+        return None
+    trims = [
+        e["resize"]["rows_after"]
+        for e in chain
+        if isinstance(e.get("resize"), dict) and type(e["resize"].get("rows_after")) is int
+    ]
+    low = min(trims, default=None)
+    return low if low is not None and 0 <= low < min(rows_in, rows_out) else None
 
 
 def _trim_doubt(entry: dict, i: int) -> str:

@@ -54,7 +54,13 @@ def _verify_text(res: dict) -> None:
     for r in res["resized"]:
         con.print(
             f"resized {r['name']} {shape_text(r['shape_before'])} → {shape_text(r['shape_after'])}"
-            + (" (common part identical)" if r["common_part_identical"] else " (common part DIFFERS)")
+            + (
+                " (common part identical)"
+                if r["common_part_identical"]
+                else f" ({r['why']})"
+                if r.get("why")
+                else " (common part DIFFERS)"
+            )
         )
     for c in res["changed"]:
         why = c.get("why") or "max |difference| " + format(c.get("max_abs_diff", 0), ".3g")

@@ -114,13 +114,19 @@ def _max_diff(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def common_part_equal(
-    A: Checkpoint, B: Checkpoint, name: str, axis: int, skip: frozenset[int] = frozenset()
+    A: Checkpoint,
+    B: Checkpoint,
+    name: str,
+    axis: int,
+    skip: frozenset[int] = frozenset(),
+    upto: int | None = None,
 ) -> bool:
     """The entries ``name`` has in both checkpoints along ``axis`` (0: rows; 1: columns; the other axes
     equal) are bit-identical, read in row chunks; the indices in ``skip`` along ``axis`` (the rows of tokens
-    ``add-tokens`` added into slack rows) are not compared."""
+    ``add-tokens`` added into slack rows), and those from ``upto`` on (rows a trim removed and a grow made
+    anew), are not compared."""
     ta, tb = A.tensors[name], B.tensors[name]
-    common = min(ta.shape[axis], tb.shape[axis])
+    common = min(ta.shape[axis], tb.shape[axis], *([upto] if upto is not None else []))
     n = _rows_per_chunk(_row_bytes(A, name), _row_bytes(B, name))
     stop = common if axis == 0 else None
     cols = np.array([c for c in range(common) if c not in skip], dtype=np.intp) if axis == 1 else None
@@ -204,6 +210,60 @@ def transposed_equal(
             if not np.array_equal(_bits(x), _bits(e)):
                 return False
         elif not np.allclose(_decode(X, name, x), _decode(E, emb, e) * np.float32(scale), rtol=rtol, atol=0):
+            return False
+    return True
+
+
+def common_entries_equal(
+    X: Checkpoint, name: str, E: Checkpoint, emb: str, skip: frozenset[int] = frozenset()
+) -> bool:
+    """The vocabulary entries both ``X[name]`` and the embedding ``E[emb]`` (``[vocab, hidden]``) hold (the
+    first ``min`` of their entry counts: one of them was resized) are bit-identical, ``X`` as stored
+    (``[vocab', hidden]``) or transposed (a ``[hidden, vocab']`` head); the ids in ``skip`` (rows a report
+    set) are not compared. A different hidden size, dtype width or number of axes: False. Memory: two
+    chunks (a column block of ``X`` when transposed)."""
+    tx, te = X.tensors[name], E.tensors[emb]
+    if len(tx.shape) != 2 or len(te.shape) != 2 or tx.nbytes * te.numel != te.nbytes * tx.numel:
+        return False
+    hidden = te.shape[1]
+    if tx.shape[1] == hidden and _prefix_rows_equal(X, name, E, emb, min(tx.shape[0], te.shape[0]), skip):
+        return True
+    return tx.shape[0] == hidden and _prefix_columns_equal(
+        X, name, E, emb, min(tx.shape[1], te.shape[0]), skip
+    )
+
+
+def _prefix_rows_equal(X: Checkpoint, name: str, E: Checkpoint, emb: str, common: int, skip) -> bool:
+    """Rows ``0:common`` of ``X[name]`` and ``E[emb]`` (same row width) bit-identical, ``skip`` left out."""
+    n = _rows_per_chunk(_row_bytes(X, name), _row_bytes(E, emb))
+    start = 0
+    for x, e in zip(_rows(X, name, n, common), _rows(E, emb, n, common), strict=True):
+        m = len(x)
+        if skip:
+            keep = [j for j in range(m) if start + j not in skip]
+            x, e = x[keep], e[keep]
+        start += m
+        if not np.array_equal(_bits(x), _bits(e)):
+            return False
+    return True
+
+
+def _prefix_columns_equal(X: Checkpoint, name: str, E: Checkpoint, emb: str, common: int, skip) -> bool:
+    """Columns ``0:common`` of ``X[name]`` (``[hidden, vocab']``) equal rows ``0:common`` of ``E[emb]``
+    transposed, bit for bit, ``skip`` left out; ``X`` read in column blocks (:func:`_column_block`)."""
+    itemsize = X.tensors[name].nbytes // max(1, X.tensors[name].numel)
+    n = max(
+        _rows_per_chunk(_row_bytes(E, emb), X.tensors[name].shape[0] * itemsize), 4096 // max(1, itemsize)
+    )
+    start = 0
+    for e in _rows(E, emb, n, common):
+        m = e.shape[0]
+        x = _column_block(X, name, start, start + m).T
+        if skip:
+            keep = [j for j in range(m) if start + j not in skip]
+            x, e = x[keep], e[keep]
+        start += m
+        if not np.array_equal(_bits(x), _bits(e)):
             return False
     return True
 

@@ -96,14 +96,20 @@ def compare_metadata(
 ) -> None:
     """safetensors ``__metadata__``: every entry of the output must be one of the input's (any shard), or a
     ``{dropped tensor: the embedding}`` entry that tie writes for a tensor the output no longer holds (or
-    held, when a ``tie`` of the ``chain`` wrote it and a later untie kept it)."""
+    held, when a run of the ``chain`` wrote it, a ``tie`` or a run whose report lists the tensor as
+    dropped, such as a resize of a tied checkpoint dropping its duplicate head, and a later untie kept
+    it)."""
     before: dict[str, str] = {}
     for m in A.st_metadata.values():
         before.update(m or {})
     tied = any(r.get("operation") == "tie" for r in chain or [])
+    lists = [r.get("dropped") for r in chain or []]
+    dropped = {d.get("name") for ds in lists if isinstance(ds, list) for d in ds if isinstance(d, dict)}
     for f, m in B.st_metadata.items():
         for k, v in (m or {}).items():
-            tie_entry = k in A.tensors and (tied or k not in B.tensors) and v in B.tensors and k != v
+            tie_entry = (
+                k in A.tensors and (tied or k in dropped or k not in B.tensors) and v in B.tensors and k != v
+            )
             if k == "format" and v in _formats(chain or []):
                 continue  # a convert / merge of the chain writes the format its target needs
             if before.get(k) != v and not tie_entry:

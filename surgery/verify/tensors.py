@@ -12,7 +12,7 @@ from ..io.regular import load_json
 from ..io.vocabkeys import vocab_keys
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import TensorInfo
-from ..report import chain_since
+from ..report import chain_since, rows_floor
 from .result import VerifyResult
 
 
@@ -79,7 +79,10 @@ class TensorComparison:
         self.added_ids = added_ids
         self.fixed_ids: frozenset[int] = frozenset()  # rows set to the trained mean (surgery.verify.vocab)
         # the operations of the output's report chain since the input (a tie run discards a head's values)
-        self.ops = {e.get("operation") for e in chain_since(B.path, A.path)}
+        runs = chain_since(B.path, A.path)
+        self.ops = {e.get("operation") for e in runs}
+        # a trim then a grow of the chain: the entries from the fewest rows on are new in the output
+        self.floor = rows_floor(runs, self.da.vocab_rows, self.db.vocab_rows)
 
     def dropped(self, name: str, ta: TensorInfo) -> None:
         """``name`` is in ``A`` only: explained when it is a vocabulary tensor equal to the output's embedding
@@ -167,22 +170,49 @@ class TensorComparison:
     def _resized(self, name: str, ta: TensorInfo, tb: TensorInfo) -> None:
         """Explained when ``name`` carries the vocabulary and the common part is bit-identical (but for the
         rows of tokens the report says were added: slack rows taken by add-tokens)."""
-        skip = self.added_ids | self.fixed_ids if name in self.vocab_names_a else frozenset()
-        ok, why = _common_part_equal(self.A, self.B, name, skip)
-        self.res.resized.append(
-            {
-                "name": name,
-                "shape_before": list(ta.shape),
-                "shape_after": list(tb.shape),
-                "common_part_identical": ok,
-            }
-        )
-        if name not in self.vocab_names_a:
+        vocab = name in self.vocab_names_a
+        skip = self.added_ids | self.fixed_ids if vocab else frozenset()
+        ok, why = _common_part_equal(self.A, self.B, name, skip, self.floor if vocab else None)
+        entry = {
+            "name": name,
+            "shape_before": list(ta.shape),
+            "shape_after": list(tb.shape),
+            "common_part_identical": ok,
+        }
+        self.res.resized.append(entry)
+        took = None if ok or name not in self.vocab_names_a else self._resized_took(name, skip)
+        if took is not None:
+            entry["why"] = took
+        elif name not in self.vocab_names_a:
             self.res.unexplained.append(
                 f"{name} changed shape {list(ta.shape)} → {list(tb.shape)} but carries no vocabulary"
             )
         elif not ok:
             self.res.unexplained.append(f"{name} was resized but its common {why} differ")
+
+    def _resized_took(self, name: str, skip: frozenset[int]) -> str | None:
+        """Why a resized vocabulary tensor whose common part differs from its own old values is still
+        explained, or None: the head holding the output's embedding (``tie --keep embedding`` on a loader
+        that keeps both tensors, ``untie``), or the embedding (or an alias of it) holding the input head's
+        values in the entries both have (``tie --keep head`` after a resize: the embedding becomes the
+        resized head; the entries beyond the common part are new rows, as any resize's)."""
+        A, B, da = self.A, self.B, self.da
+        if (
+            name in self.head_names
+            and self.emb_b in B.tensors
+            and _equal_to_embedding(B, name, B, self.emb_b)
+        ):
+            return "head set equal to the embedding"
+        head = da.head.name
+        if (
+            name in {da.embedding.name, *da.embedding.aliases}
+            and head != name
+            and head in A.tensors
+            and chunked.common_entries_equal(A, head, B, name, skip)
+        ):
+            what = "embedding" if name == da.embedding.name else f"alias of the embedding {da.embedding.name}"
+            return f"{what} takes the head's values in the common entries (tie {Opt('keep', 'head')})"
+        return None
 
     def _set_rows_why(self, ndim: int, axis: int) -> str:
         """Why the rows (columns, entries) of the added tokens and of the rows a report set differ."""
@@ -192,6 +222,10 @@ class TensorComparison:
             parts.append(f"{what} of the added tokens (ids {_id_span(self.added_ids)}) set by add-tokens")
         if self.fixed_ids:
             parts.append(f"{what} {_id_span(self.fixed_ids)} set as its report says (checked bit for bit)")
+        if self.floor is not None:
+            parts.append(
+                f"{what} from {self.floor} on made anew: the chain trimmed to {self.floor}, then grew"
+            )
         return "; ".join(parts)
 
     def _changed(self, name: str, ta: TensorInfo) -> None:
@@ -205,10 +239,10 @@ class TensorComparison:
         axis = _vocab_axis(ta.shape, self.da.vocab_rows)
         set_ids = self.added_ids | self.fixed_ids
         if (
-            set_ids
+            (set_ids or self.floor is not None)
             and name in self.vocab_names_a
             and axis is not None
-            and chunked.common_part_equal(A, B, name, axis, set_ids)
+            and chunked.common_part_equal(A, B, name, axis, set_ids, self.floor)
         ):
             entry["why"] = self._set_rows_why(len(ta.shape), axis)
         elif (
@@ -302,7 +336,7 @@ def _id_span(ids: frozenset[int]) -> str:
 
 
 def _common_part_equal(
-    A: Checkpoint, B: Checkpoint, name: str, skip: frozenset[int] = frozenset()
+    A: Checkpoint, B: Checkpoint, name: str, skip: frozenset[int] = frozenset(), upto: int | None = None
 ) -> tuple[bool, str]:
     """The part ``name`` has in both checkpoints along its vocabulary axis is bit-identical.
 
@@ -310,14 +344,14 @@ def _common_part_equal(
     square head whose layout detection cannot tell is compared the way it was resized; a 1-D bias (or
     ``[1, V]``) compares entries. Returns ``(equal, what was compared)`` (``rows``, ``columns``,
     ``entries``); a tensor whose shape changed on more than one axis, or whose number of axes changed, is not
-    a resize: ``(False, ...)``.
+    a resize: ``(False, ...)``. Entries from ``upto`` on (a trim then a grow of the chain) are new rows.
     """
     xs, ys = tuple(A.tensors[name].shape), tuple(B.tensors[name].shape)
     if len(xs) != len(ys):
         return False, "shapes (the number of axes changed)"
     if len(xs) == 1 or (len(xs) == 2 and xs[0] == 1 and ys[0] == 1):
-        return chunked.common_part_equal(A, B, name, len(xs) - 1, skip), "entries"
+        return chunked.common_part_equal(A, B, name, len(xs) - 1, skip, upto), "entries"
     moved = [a for a in range(len(xs)) if xs[a] != ys[a]]
     if len(moved) != 1 or moved[0] > 1:
         return False, "shapes (more than one axis changed)"
-    return chunked.common_part_equal(A, B, name, moved[0], skip), "columns" if moved[0] == 1 else "rows"
+    return chunked.common_part_equal(A, B, name, moved[0], skip, upto), "columns" if moved[0] == 1 else "rows"

@@ -14,7 +14,7 @@ from ..io.tokenizer import vocabulary
 from ..model.errors import CheckpointError
 from ..model.tokens import TokenizerSet
 from ..plan.add_tokens import not_resettable
-from ..report import token_claims
+from ..report import chain_since, token_claims
 from .files import same_bytes
 from .result import VerifyResult
 from .vocab import rename_claims, special_claims
@@ -204,14 +204,52 @@ def _json_rest(path: Path, drop: tuple[str, ...]) -> object:
     return data
 
 
+def _without_empty_lists(path: Path, keys: tuple[str, ...]) -> object:
+    """A JSON tokenizer file with the token-listing ``keys`` whose value is empty (``{}``, ``[]``) left
+    out: an empty list of added tokens lists what an absent one does, none (tokenizers read either as no
+    added token: HF ``PreTrainedTokenizerBase.from_pretrained``, PaddleNLP 2.8.1's ``added_tokens.json``);
+    None when the file cannot be read."""
+    try:
+        data = load_json(path, path.name)
+    except (CheckpointError, OSError):
+        return None
+    if isinstance(data, dict):
+        return {k: v for k, v in data.items() if not (k in keys and v in ({}, []))}
+    return data
+
+
+def _emptied_trace(pa: Path, pb: Path, rel: str) -> bool:
+    """The output's tokenizer file ``rel`` differs from the input's only by the empty token lists an
+    ``add-tokens`` run leaves when a later trim removed every token it added: an ``added_tokens.json`` of
+    ``{}`` the input lacks, an ``added_tokens_decoder`` (``additional_special_tokens``) of ``{}`` (``[]``)
+    the input has not."""
+    if rel == "added_tokens.json" and not pa.exists():
+        return _without_empty_lists(pb, ()) == {}
+    keys = _TOKEN_KEYS.get(rel, ())
+    if not keys or not pa.exists():
+        return False
+    a = _without_empty_lists(pa, keys)
+    return a is not None and a == _without_empty_lists(pb, keys)
+
+
 def _file_changes(
-    A: Checkpoint, B: Checkpoint, names: set[str], explained: bool, trim: bool, more: tuple[str, ...] = ()
+    A: Checkpoint,
+    B: Checkpoint,
+    names: set[str],
+    explained: bool,
+    trim: bool,
+    more: tuple[str, ...] = (),
+    emptied: bool = False,
 ) -> list[str]:
     """Tokenizer files only in one folder, and files that differ: without a reported token change any
-    difference; with one, a difference outside the keys that list tokens (:data:`_TOKEN_KEYS`)."""
+    difference; with one, a difference outside the keys that list tokens (:data:`_TOKEN_KEYS`). With
+    ``emptied`` (an ``add-tokens`` run in the chain since the input), the empty token lists it leaves
+    when a later trim removed its tokens (:func:`_emptied_trace`) are no difference."""
     out: list[str] = []
     for rel in sorted(names):
         pa, pb = A.path / rel, B.path / rel
+        if emptied and pb.exists() and _emptied_trace(pa, pb, rel):
+            continue
         if not pa.exists() or not pb.exists():
             # added_tokens.json is created by add-tokens where added tokens live outside the model file
             # (tokenizer_edit: PaddleNLP 2.8.1 reads them only there); its tokens are compared above
@@ -275,7 +313,8 @@ def compare_tokenizers(
             {"id": i, "old": o, "new": n} for i, (o, n) in sorted(tok.renamed.items())
         ]
     more = tuple(f"{n}_token" for n in specials) + (("padding",) if "pad" in specials else ())
-    res.unexplained += _file_changes(A, B, names, explained, bool(removed or tok.renamed), more)
+    emptied = any(r.get("operation") == "add-tokens" for r in chain_since(B.path, A.path))
+    res.unexplained += _file_changes(A, B, names, explained, bool(removed or tok.renamed), more, emptied)
 
 
 def _rows_for_tokens(
