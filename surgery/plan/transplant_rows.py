@@ -150,7 +150,7 @@ def _streamed(r: TransplantRows, src: Source, row_bytes: int, make: Any) -> Sour
     a byte range of the input ``src`` (``row_bytes`` a row), each run of made rows a slice of the made rows,
     which ``make(rows)`` computes :data:`MAKE_BYTES` of stored rows at a time across runs (a call per
     block, not per run: a donor interleaves kept and made tokens in thousands of short runs)."""
-    runs: list[tuple[int, int, bool]] = []
+    runs: list[tuple[int, int, int]] = []  # rows j:k, the old id of a kept run's first row (-1: made)
     rows, j = r.rows, 0
     while j < len(rows):
         x, k = rows[j], j + 1
@@ -160,16 +160,16 @@ def _streamed(r: TransplantRows, src: Source, row_bytes: int, make: Any) -> Sour
         else:
             while k < len(rows) and not _kept(rows[k]):
                 k += 1
-        runs.append((j, k, _kept(x)))
+        runs.append((j, k, x if isinstance(x, int) and x >= 0 else -1))
         j = k
-    to_make = tuple(x for j, k, kept in runs if not kept for x in rows[j:k])
+    to_make = tuple(x for j, k, old in runs if old < 0 for x in rows[j:k])
     step = max(1, min(BLOCK, MAKE_BYTES // max(1, row_bytes)))
     made = [make(to_make[s : s + step]) for s in range(0, len(to_make), step)]
     parts: list[Source] = []
     at = 0  # made rows used so far
-    for j, k, kept in runs:
-        if kept:
-            parts.append(Source(src.path, src.offset + rows[j] * row_bytes, (k - j) * row_bytes))
+    for j, k, old in runs:
+        if old >= 0:
+            parts.append(Source(src.path, src.offset + old * row_bytes, (k - j) * row_bytes))
             continue
         while j < k:  # a run may straddle two blocks
             b, o = divmod(at, step)
