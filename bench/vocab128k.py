@@ -25,7 +25,7 @@ Made once, untimed, in ``bench/_work``:
   tokenizer files beside it (~1.43 GB; paddle, ~1 min);
 * ``keep_32k.json``: the first N ids and, recursively, both parts of every merge making a kept token (a
   tiktoken-converted BPE lists every split of a token as a merge, so the first 32,000 ids alone are not
-  closed: prune refuses them, naming 10,128 ids), N = 22,3xx the largest giving ≤ 31,744 ids; ranks 0-255
+  closed: prune refuses them, naming 10,128 ids), N = 22,571 the largest giving ≤ 31,744 ids; ranks 0-255
   are Llama-3's byte tokens; the case adds ``--keep-special`` (the 256 specials): ≤ 32,000 kept;
 * ``donor_32k/``: the donor ``tokenizer.model`` with a ``tokenizer_config.json`` (LlamaTokenizer, ``<s>``,
   ``</s>``, ``<unk>``).
