@@ -21,6 +21,10 @@ Groups (the former scripts they replace, whose measurement and budget each keeps
   RSS ≤ 2 × its largest fp32 moment + 150 MB (``flex_resize.py``, whose ``make`` builds that input)
 * ``tokens/`` — ``add-tokens`` of 8 special tokens ``--out`` ≤ 1.1 × ``resize --out`` of +8 rows
   (``add_tokens.py``, whose ``prepare`` builds the tokenizer inputs)
+* ``vocab/`` — ``prune`` to a 32k keep-list and ``transplant`` of a 32k SentencePiece donor, each ≤ 1.5 ×
+  ``cp -r``, on a PaddleFormers-written Llama with a real 128k tokenizer (``vocab128k.py``, whose
+  docstring says where the files come from: ``TIETOOL_BENCH_TOKENIZER_128K`` and ``TIETOOL_BENCH_DONOR``;
+  skipped without them; at tiny the repository's real test tokenizers)
 * ``walk/`` — the ``.pdparams`` opcode walker over every real ``.pdparams`` in ``tests/data`` and a synthetic
   many-tensor file, in process, against ``pickletools.genops`` over the same bytes (``pdparams_walk.py``)
 * ``remote/``, ``pf/``, ``first/`` — object storage against local (``remote.py``, needs moto), the
@@ -157,6 +161,35 @@ def tok(size: str) -> Path:
     return add_tokens.prepare(llama(size))["slack"]
 
 
+def vocab128k(size: str) -> Path:
+    """A PaddleFormers-written Llama with a real 128k tokenizer (``vocab128k.checkpoint``: needs paddle,
+    transformers and ``TIETOOL_BENCH_TOKENIZER_128K``), or at tiny the shipped sample with a tokenizer (the
+    repository's real byte-level BPE test tokenizer)."""
+    if size == "tiny":
+        return _copy(SAMPLES / "pf_llama_with_tokenizer", _dir(size) / "vocab128k")
+    import vocab128k as v
+
+    return v.checkpoint()
+
+
+def keep32k(size: str) -> Path:
+    """The keep-list of ``vocab/prune-128k`` (``vocab128k.keep_list``): the merge closure of the first ids,
+    31,744 ids (+ the 256 specials ``--keep-special`` adds: 32,000); 200 at tiny."""
+    import vocab128k as v
+
+    return v.keep_list(vocab128k(size), 200 if size == "tiny" else v.KEEP - 256, "keep_32k.json")
+
+
+def donor32k(size: str) -> Path:
+    """The donor tokenizer of ``vocab/transplant-128k``: ``TIETOOL_BENCH_DONOR``'s (``vocab128k.donor``), or
+    at tiny the repository's SentencePiece BPE test tokenizer (``tests/data/tokenizers/sp_bpe``)."""
+    if size == "tiny":
+        return _copy(ROOT / "tests" / "data" / "tokenizers" / "sp_bpe", _dir(size) / "donor32k")
+    import vocab128k as v
+
+    return v.donor()
+
+
 def pdparams_files(size: str) -> Path:
     """A folder of ``.pdparams``: every real one under ``tests/data`` (linked) and a synthetic file of many
     small tensors written by tietool's writer (20,000; 2,000 at tiny)."""
@@ -200,6 +233,9 @@ INPUTS: dict[str, Callable[[str], Path]] = {
     "flex_state": flex_state,
     "tok": tok,
     "pdparams_files": pdparams_files,
+    "vocab128k": vocab128k,
+    "keep32k": keep32k,
+    "donor32k": donor32k,
     "repo": lambda size: ROOT,
 }
 
@@ -260,6 +296,11 @@ def missing(case: Case, size: str) -> str | None:
                 return "needs the network (set TIETOOL_BENCH_NETWORK=1)"
         elif need.endswith("@big") and size == "tiny":
             continue
+        elif need.removesuffix("@big") == "real-tokenizers":
+            import vocab128k as v
+
+            if why := v.why_missing():
+                return why
         elif importlib.util.find_spec(mods.get(need.removesuffix("@big"), need.removesuffix("@big"))) is None:
             return f"needs {need.removesuffix('@big')}"
     if (
@@ -313,6 +354,19 @@ def diff_names_the_row(ctx: Ctx, log: str) -> str | None:
 
 def copied(ctx: Ctx, log: str) -> str | None:
     return None if ctx.out.is_dir() and any(ctx.out.iterdir()) else "nothing copied"
+
+
+def pruned(ctx: Ctx, log: str) -> str | None:
+    """The output keeps the keep-list (+ specials at full size: 32,000 rows)."""
+    got, kept = _config(ctx.out)["vocab_size"], len(json.loads(ctx.extra["keep32k"].read_text()))
+    want = kept + (256 if ctx.size != "tiny" else 0)
+    return None if got == want or (ctx.size == "tiny" and kept <= got < vocab(ctx.inp)) else f"vocab {got}"
+
+
+def transplanted(ctx: Ctx, log: str) -> str | None:
+    """The output has the donor's tokenizer.model and a new vocab_size."""
+    ok = (ctx.out / "tokenizer.model").is_file() and _config(ctx.out)["vocab_size"] != vocab(ctx.inp)
+    return None if ok else "no donor tokenizer.model or vocab_size unchanged"
 
 
 # ---------------------------------------------------------------- in-process cases
@@ -401,9 +455,17 @@ OPS_BUDGET = Budget(
 MEM = Budget(rss_x_largest=2.0, why="≤ 2 × the largest tensor + 150 MB")
 
 
-def _cp(name: str, inp: str, doc: str) -> list[Case]:
+def _cp(name: str, inp: str, doc: str, needs: tuple[str, ...] = ()) -> list[Case]:
     return [
-        Case(name, inp, doc, lambda c: ["cp", "-r", str(c.inp), str(c.out)], tietool=False, check=copied),
+        Case(
+            name,
+            inp,
+            doc,
+            lambda c: ["cp", "-r", str(c.inp), str(c.out)],
+            tietool=False,
+            check=copied,
+            needs=needs,
+        ),
         Case(
             name + "-fsync",
             inp,
@@ -411,6 +473,7 @@ def _cp(name: str, inp: str, doc: str) -> list[Case]:
             lambda c: ["sh", "-c", 'cp -r "$0" "$1" && sync "$1"/*', str(c.inp), str(c.out)],
             tietool=False,
             check=copied,
+            needs=needs,
         ),
     ]
 
@@ -426,6 +489,7 @@ def _touched(c: Ctx) -> list[str]:
     return ["sh", "-c", f'mkdir -p "{c.out}" && cp {files} "{c.out}/" && sync "{c.out}"/*']
 
 
+VOCAB_NEEDS = ("real-tokenizers@big", "paddle@big", "transformers@big", "tiktoken@big")
 CASES: list[Case] = [
     Case("startup/help", "llama", "tietool --help", lambda c: c.tool("--help")),
     Case(
@@ -662,6 +726,40 @@ CASES: list[Case] = [
         lambda c: c.tool("resize", str(c.inp), "--vocab", str(vocab(c.inp) + 8), "--out", str(c.out), "-q"),
         baseline="copy/cp-r",
         needs=("tokenizers@big", "transformers@big"),
+    ),
+    *_cp("vocab/cp-r", "vocab128k", "cp -r of the 128k-token Llama (the baseline of vocab/)", VOCAB_NEEDS),
+    Case(
+        "vocab/prune-128k",
+        "vocab128k",
+        "prune to the 32k keep-list (vocab128k.keep_list) --keep-special --out",
+        lambda c: c.tool(
+            "prune",
+            str(c.inp),
+            "--keep-ids",
+            str(c.extra["keep32k"]),
+            "--keep-special",
+            "--out",
+            str(c.out),
+            "-q",
+        ),
+        baseline="vocab/cp-r",
+        budget=Budget(ratio=1.5, why="issue 33: ≤ 1.5 × cp -r"),
+        check=pruned,
+        extra=("keep32k",),
+        needs=VOCAB_NEEDS,
+    ),
+    Case(
+        "vocab/transplant-128k",
+        "vocab128k",
+        "transplant of a 32k SentencePiece donor (--init subword) --out",
+        lambda c: c.tool(
+            "transplant", str(c.inp), "--tokenizer", str(c.extra["donor32k"]), "--out", str(c.out), "-q"
+        ),
+        baseline="vocab/cp-r",
+        budget=Budget(ratio=1.5, why="issue 33: ≤ 1.5 × cp -r"),
+        check=transplanted,
+        extra=("donor32k",),
+        needs=VOCAB_NEEDS,
     ),
     Case(
         "walk/genops",

@@ -45,12 +45,18 @@ def _chunk_difference(
         fa = fa * np.float32(scale)
         fa = bf16_bits_to_f32(f32_to_bf16_bits(fa)) if h_bf else fa.astype(b.dtype).astype(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
-        d = np.abs(fa - fb)
+        d = np.subtract(fa, fb)
+        np.abs(d, out=d)
+    if not d.size:
+        return np.zeros(d.shape[:1], np.float32), 0.0
+    if d.dtype == np.float32:  # no NaN in |diff| (a row max is NaN iff its row has one): d as it is
+        flat = d.reshape(d.shape[0], -1)
+        row_max = flat.max(axis=1)
+        if not np.isnan(row_max).any():
+            return row_max, float(flat.sum(dtype=np.float64))
     d = np.where(np.isnan(fa) & np.isnan(fb), 0.0, np.where(np.isnan(d), np.inf, d)).astype(
         np.float32, copy=False
     )
-    if not d.size:
-        return np.zeros(d.shape[:1], np.float32), 0.0
     d = d.reshape(d.shape[0], -1)
     return d.max(axis=1), float(d.sum(dtype=np.float64))
 

@@ -178,23 +178,42 @@ def _kept(r: RowSource) -> bool:
     return isinstance(r, int) and r >= 0
 
 
+MAKE_BYTES = 4 << 20
+"""Stored bytes of made rows :func:`_streamed` computes at a time (their float32 and the encoder's uint64
+temporaries are 2-4x that: a few tens of MB)."""
+
+
 def _streamed(r: TransplantRows, src: Source, row_bytes: int, make: Any) -> Source:
     """The rows of :class:`TransplantRows` as parts: each run of kept rows whose old ids follow each other
-    a byte range of the input ``src`` (``row_bytes`` a row), each run of made rows (at most :data:`BLOCK`)
-    an array from ``make(rows)``."""
-    parts: list[Source] = []
+    a byte range of the input ``src`` (``row_bytes`` a row), each run of made rows a slice of the made rows,
+    which ``make(rows)`` computes :data:`MAKE_BYTES` of stored rows at a time across runs (a call per
+    block, not per run: a donor interleaves kept and made tokens in thousands of short runs)."""
+    runs: list[tuple[int, int, int]] = []  # rows j:k, the old id of a kept run's first row (-1: made)
     rows, j = r.rows, 0
     while j < len(rows):
         x, k = rows[j], j + 1
         if isinstance(x, int) and x >= 0:
             while k < len(rows) and rows[k] == x + (k - j):
                 k += 1
-            parts.append(Source(src.path, src.offset + x * row_bytes, (k - j) * row_bytes))
         else:
-            while k < len(rows) and not _kept(rows[k]) and k - j < BLOCK:
+            while k < len(rows) and not _kept(rows[k]):
                 k += 1
-            parts.append(Source(array=make(rows[j:k])))
+        runs.append((j, k, x if isinstance(x, int) and x >= 0 else -1))
         j = k
+    to_make = tuple(x for j, k, old in runs if old < 0 for x in rows[j:k])
+    step = max(1, min(BLOCK, MAKE_BYTES // max(1, row_bytes)))
+    made = [make(to_make[s : s + step]) for s in range(0, len(to_make), step)]
+    parts: list[Source] = []
+    at = 0  # made rows used so far
+    for j, k, old in runs:
+        if old >= 0:
+            parts.append(Source(src.path, src.offset + old * row_bytes, (k - j) * row_bytes))
+            continue
+        while j < k:  # a run may straddle two blocks
+            b, o = divmod(at, step)
+            n = min(k - j, step - o)
+            parts.append(Source(array=made[b][o : o + n]))
+            at, j = at + n, j + n
     return Source(parts=parts)
 
 
