@@ -44,12 +44,24 @@ def _verify_text(res: dict) -> None:
     for d in res["dropped"]:
         con.print(
             f"dropped {d['name']} {shape_text(d['shape'])}"
-            + (" (equals the embedding)" if d["equals_embedding"] else "")
+            + (
+                " (equals the embedding)"
+                if d["equals_embedding"]
+                else f" ({d['why']})"
+                if d.get("why")
+                else ""
+            )
         )
     for a in res["added"]:
         con.print(
             f"added {a['name']} {shape_text(a['shape'])}"
-            + (" (equals the embedding)" if a["equals_embedding"] else "")
+            + (
+                " (equals the embedding)"
+                if a["equals_embedding"]
+                else f" ({a['why']})"
+                if a.get("why")
+                else ""
+            )
         )
     for r in res["resized"]:
         con.print(

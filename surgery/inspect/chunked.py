@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 from ..io.checkpoint import Checkpoint
-from ..model.tensor import bf16_bits_to_f32, require_array
+from ..model.tensor import bf16_bits_to_f32, f32_to_bf16_bits, require_array
 
 if TYPE_CHECKING:
     import numpy as np
@@ -215,30 +215,51 @@ def transposed_equal(
 
 
 def common_entries_equal(
-    X: Checkpoint, name: str, E: Checkpoint, emb: str, skip: frozenset[int] = frozenset()
+    X: Checkpoint,
+    name: str,
+    E: Checkpoint,
+    emb: str,
+    skip: frozenset[int] = frozenset(),
+    scale: float | None = None,
 ) -> bool:
     """The vocabulary entries both ``X[name]`` and the embedding ``E[emb]`` (``[vocab, hidden]``) hold (the
     first ``min`` of their entry counts: one of them was resized) are bit-identical, ``X`` as stored
     (``[vocab', hidden]``) or transposed (a ``[hidden, vocab']`` head); the ids in ``skip`` (rows a report
-    set) are not compared. A different hidden size, dtype width or number of axes: False. Memory: two
-    chunks (a column block of ``X`` when transposed)."""
+    set) are not compared. With ``scale``, ``X`` holds the embedding times ``scale`` as ``untie`` writes a
+    T5 head (:func:`scaled_as_written`), bit for bit. A different hidden size, dtype width or number of
+    axes: False. Memory: two chunks (a column block of ``X`` when transposed)."""
     tx, te = X.tensors[name], E.tensors[emb]
     if len(tx.shape) != 2 or len(te.shape) != 2 or tx.nbytes * te.numel != te.nbytes * tx.numel:
         return False
     hidden = te.shape[1]
-    if tx.shape[1] == hidden and _prefix_rows_equal(X, name, E, emb, min(tx.shape[0], te.shape[0]), skip):
+    common = min(tx.shape[0], te.shape[0])
+    if tx.shape[1] == hidden and _prefix_rows_equal(X, name, E, emb, common, skip, scale):
         return True
     return tx.shape[0] == hidden and _prefix_columns_equal(
-        X, name, E, emb, min(tx.shape[1], te.shape[0]), skip
+        X, name, E, emb, min(tx.shape[1], te.shape[0]), skip, scale
     )
 
 
-def _prefix_rows_equal(X: Checkpoint, name: str, E: Checkpoint, emb: str, common: int, skip) -> bool:
-    """Rows ``0:common`` of ``X[name]`` and ``E[emb]`` (same row width) bit-identical, ``skip`` left out."""
+def scaled_as_written(E: Checkpoint, emb: str, e: np.ndarray, scale: float | None) -> np.ndarray:
+    """Rows ``e`` of ``E[emb]`` (as stored) times ``scale`` in float32, rounded back to the stored dtype
+    (bf16 bits by :func:`~surgery.model.tensor.f32_to_bf16_bits`): the bits ``untie`` writes for a T5
+    head (:func:`surgery.plan.recipes._copy_of`). ``scale`` None: ``e`` itself."""
+    if scale is None:
+        return e
+    x = _decode(E, emb, e) * np.float32(scale)
+    return f32_to_bf16_bits(x) if E.logical_dtype(E.tensors[emb]) == "bfloat16" else x.astype(e.dtype)
+
+
+def _prefix_rows_equal(
+    X: Checkpoint, name: str, E: Checkpoint, emb: str, common: int, skip, scale: float | None = None
+) -> bool:
+    """Rows ``0:common`` of ``X[name]`` and ``E[emb]`` (same row width; times ``scale`` when given)
+    bit-identical, ``skip`` left out."""
     n = _rows_per_chunk(_row_bytes(X, name), _row_bytes(E, emb))
     start = 0
     for x, e in zip(_rows(X, name, n, common), _rows(E, emb, n, common), strict=True):
         m = len(x)
+        e = scaled_as_written(E, emb, e, scale)
         if skip:
             keep = [j for j in range(m) if start + j not in skip]
             x, e = x[keep], e[keep]
@@ -248,9 +269,12 @@ def _prefix_rows_equal(X: Checkpoint, name: str, E: Checkpoint, emb: str, common
     return True
 
 
-def _prefix_columns_equal(X: Checkpoint, name: str, E: Checkpoint, emb: str, common: int, skip) -> bool:
+def _prefix_columns_equal(
+    X: Checkpoint, name: str, E: Checkpoint, emb: str, common: int, skip, scale: float | None = None
+) -> bool:
     """Columns ``0:common`` of ``X[name]`` (``[hidden, vocab']``) equal rows ``0:common`` of ``E[emb]``
-    transposed, bit for bit, ``skip`` left out; ``X`` read in column blocks (:func:`_column_block`)."""
+    transposed (times ``scale`` when given), bit for bit, ``skip`` left out; ``X`` read in column blocks
+    (:func:`_column_block`)."""
     itemsize = X.tensors[name].nbytes // max(1, X.tensors[name].numel)
     n = max(
         _rows_per_chunk(_row_bytes(E, emb), X.tensors[name].shape[0] * itemsize), 4096 // max(1, itemsize)
@@ -258,6 +282,7 @@ def _prefix_columns_equal(X: Checkpoint, name: str, E: Checkpoint, emb: str, com
     start = 0
     for e in _rows(E, emb, n, common):
         m = e.shape[0]
+        e = scaled_as_written(E, emb, e, scale)
         x = _column_block(X, name, start, start + m).T
         if skip:
             keep = [j for j in range(m) if start + j not in skip]

@@ -1,14 +1,16 @@
-"""The folder a mean-setting run (``fix-untrained``, ``rename-tokens --init trained-mean``) read, when it is
-the last run of a chain whose earlier runs only grew, trimmed or appended vocabulary rows (``resize``,
-``add-tokens``) or set other rows (``fix-untrained``, ``rename-tokens``): ``resize 400 → fix-untrained``
-computes its mean over the 400 rows of the resized folder, not over the input's.
+"""The folder a mean-setting run (``fix-untrained``, ``rename-tokens --init trained-mean``) read, when its
+earlier runs in the chain only grew, trimmed or appended vocabulary rows (``resize``, ``add-tokens``) or set
+other rows (``fix-untrained``, ``rename-tokens``), and its later runs only set rows in place: ``resize 400 →
+fix-untrained`` computes its mean over the 400 rows of the resized folder, not over the input's;
+``rename-tokens --init trained-mean`` after another rename computes it with that rename's rows trained.
 
-That folder is the output itself but for the rows the run set: the run changed nothing else, and those rows
-came to it from the input unchanged (a resize keeps the common rows bit for bit; add-tokens, rename-tokens
-and fix-untrained set only the rows of the ids they list, which are required to be other rows). So
-:class:`BeforeSet` is the output with the set rows of its embedding and head taken back from the input; the
-claims are then checked against it as against any input (:func:`surgery.verify.vocab.fixed_rows`).
-"""
+That folder is the output itself but for the rows that run and the runs after it set: they changed nothing
+else, and those rows came to it from the input unchanged (a resize keeps the common rows bit for bit;
+add-tokens, rename-tokens and fix-untrained set only the rows of the ids they list; the rows fix-untrained
+read to set them are required to be other rows than the earlier runs listed, while a renamed row's old value
+is never read). So :class:`BeforeSet` is the output with those rows of its embedding and head taken back
+from the input; the claims are then checked against it as against any input
+(:func:`surgery.verify.vocab.fixed_rows`)."""
 
 from __future__ import annotations
 
@@ -57,17 +59,23 @@ class BeforeSet(Checkpoint):
             yield from array_rows(self.load(name), chunk_rows, start, stop)
 
 
-def before_set(da: Detection, B: Checkpoint, op: str, ids: list[int]) -> BeforeSet | None:
-    """The folder the last run ``op`` of the output's chain since the input read (module docstring), or
-    None when the chain is not of that shape: ``op`` is not its last run, an earlier run is not a resize,
-    add-tokens, fix-untrained or rename-tokens, an id is beyond either folder's rows or one an earlier run
-    lists (:func:`_listed`), or the
-    input's embedding / head is not in the output with the same size off the vocabulary axis."""
+def before_set(
+    da: Detection, B: Checkpoint, at: int, ids: list[int], own: list[int] | None = None
+) -> BeforeSet | None:
+    """The folder run ``at`` of the output's chain since the input read (module docstring): the output
+    with entries ``ids`` (the rows that run and the runs after it set) taken back from the input; or None
+    when the chain is not of that shape: ``at`` is its first run or beyond it, an earlier run is not a
+    resize, add-tokens, fix-untrained or rename-tokens, a later run sets no rows in place (fix-untrained,
+    rename-tokens), an id of ``own`` (the rows the run read to set them: fix-untrained's) is one an
+    earlier run lists (:func:`_listed`), an id is beyond either folder's rows, or the input's embedding /
+    head is not in the output with the same size off the vocabulary axis."""
     A = da.ckpt
     runs = chain_since(B.path, A.path)
-    if len(runs) < 2 or runs[-1].get("operation") != op:
+    if not 0 < at < len(runs):
         return None
-    if any(r.get("operation") not in GROWS + SETS for r in runs[:-1]) or set(ids) & _listed(runs[:-1]):
+    if any(r.get("operation") not in GROWS + SETS for r in runs[:at]):
+        return None
+    if any(r.get("operation") not in SETS for r in runs[at + 1 :]) or set(own or ()) & _listed(runs[:at]):
         return None
     emb, head, _ = tables(da)
     patch = {}

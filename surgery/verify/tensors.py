@@ -103,17 +103,44 @@ class TensorComparison:
                 )
             )
         )
-        discarded = not ok and self._discarded_head(name)
+        moved = not ok and self._head_into_embedding(name)
+        discarded = not (ok or moved) and self._discarded_head(name)
         self.res.dropped.append(
-            {"name": name, "shape": list(ta.shape), "equals_embedding": ok, "discarded_by_tie": discarded}
+            {
+                "name": name,
+                "shape": list(ta.shape),
+                "equals_embedding": ok,
+                "discarded_by_tie": discarded,
+                **({"why": moved} if moved else {}),
+            }
         )
         if discarded:
             self.res.notes.append(
                 f"{name} was dropped with its own values: the report's tie run kept the embedding's "
                 f"({Opt('keep', 'embedding')} discards the head's)"
             )
-        elif not ok:
+        elif not (ok or moved):
             self.res.unexplained.append(f"{name} was dropped but does not equal the embedding {emb_b}")
+
+    def _head_into_embedding(self, name: str) -> str | None:
+        """Why the input's head ``name``, dropped by a ``tie`` of the chain, is explained by the output's
+        embedding holding its values (``tie --keep head`` after a resize or add-tokens: the entries both
+        have are the head's, bit for bit, but for the rows a report set; the entries beyond are new rows),
+        or None."""
+        da, B = self.da, self.B
+        if (
+            "tie" not in self.ops
+            or name not in {da.head.name, *da.head.aliases}
+            or name == da.embedding.name
+            or self.emb_b not in B.tensors
+        ):
+            return None
+        beyond = frozenset(range(self.floor, da.vocab_rows)) if self.floor is not None else frozenset()
+        if not chunked.common_entries_equal(
+            self.A, name, B, self.emb_b, self.added_ids | self.fixed_ids | beyond
+        ):
+            return None
+        return f"its values went into the embedding {self.emb_b}: tie {Opt('keep', 'head')}"
 
     def _discarded_head(self, name: str) -> bool:
         """``name`` is the input's head (or an alias of it), dropped by a ``tie`` run of the output's report
@@ -144,13 +171,43 @@ class TensorComparison:
             and da.head.name in A.tensors
             and _equal_to_embedding(B, name, A, da.head.name)
         )
+        moved = not (ok or restored) and self._untied_then_moved(name)
         self.res.added.append(
-            {"name": name, "shape": list(tb.shape), "equals_embedding": ok, "restored_from_head": restored}
+            {
+                "name": name,
+                "shape": list(tb.shape),
+                "equals_embedding": ok,
+                "restored_from_head": restored,
+                **({"why": moved} if moved else {}),
+            }
         )
-        if not (ok or restored):
+        if not (ok or restored or moved):
             self.res.unexplained.append(
                 f"{name} was added but is not the head equal to the embedding {emb_b}"
             )
+
+    def _untied_then_moved(self, name: str) -> str | None:
+        """Why an added head that is not the output's embedding is still explained, or None: an ``untie``
+        of the chain wrote it from the input's embedding (times ``d_model ** -0.5`` for T5, as untie
+        scales a tied T5 head), and a later resize or add-tokens moved the vocabulary, so the entries it
+        has in common with the input's embedding are that embedding's, bit for bit, but for the rows a
+        report set; the entries beyond are the new rows of the resize (as the embedding's are)."""
+        da = self.da
+        if "untie" not in self.ops or name not in self.head_names or not da.embedding.present:
+            return None
+        emb = da.embedding.name
+        if emb not in self.A.tensors or da.head.name in self.A.tensors:
+            return None
+        scale = _t5_scale(da) if not da.head.present else None
+        beyond = frozenset(range(self.floor, da.vocab_rows)) if self.floor is not None else frozenset()
+        skip = self.added_ids | self.fixed_ids | beyond
+        if not chunked.common_entries_equal(self.B, name, self.A, emb, skip, scale=scale):
+            return None
+        times = f" × {scale:.6g}" if scale is not None else ""
+        return (
+            f"the input's embedding {emb}{times} in the common entries (untie), then resized with the "
+            "vocabulary"
+        )
 
     def kept(self, name: str, ta: TensorInfo, tb: TensorInfo) -> None:
         """``name`` is in both: identical (a ``U16`` → ``BF16`` label change with the same bytes is noted as

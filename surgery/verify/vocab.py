@@ -29,6 +29,7 @@ from ..plan.fix_untrained import kept_special, tables, untrained_ids
 from ..plan.untrained_rows import EPS, Table, find_untrained, mean_row, stored_entries, subtoken_row
 from ..report import chain_since, prune_map
 from .beforeset import before_set
+from .claims import Claim, claims, renumbered
 from .result import VerifyResult
 
 
@@ -46,7 +47,7 @@ def _own_section(B: Checkpoint, op: str, A: Checkpoint | None = None) -> dict[st
         if not isinstance(sec, dict):
             return None
         maps = [m for m in (prune_map(r) for r in runs[at[-1] + 1 :]) if m is not None]
-        return _renumbered(sec, maps) if maps else sec
+        return renumbered(sec, maps) if maps else sec
     try:
         rep = load_json(B.path / REPORT_NAME, REPORT_NAME) if (B.path / REPORT_NAME).is_file() else None
     except (CheckpointError, OSError):
@@ -74,98 +75,21 @@ def _sections(B: Checkpoint, op: str, A: Checkpoint) -> list[dict[str, Any]]:
         sec = r.get(op.replace("-", "_")) if r.get("operation") == op else None
         if isinstance(sec, dict):
             maps = [m for m in (prune_map(x) for x in runs[k + 1 :]) if m is not None]
-            out.append(_renumbered(sec, maps) if maps else sec)
+            out.append(renumbered(sec, maps) if maps else sec)
     return out
 
 
-AFTER_PRUNE = "renumbered_by_a_later_prune"
-"""The key :func:`_own_section` sets in a section it renumbered through the chain's later prunes."""
-
-
-def _renumbered(sec: dict[str, Any], maps: list[dict[int, int]]) -> dict[str, Any]:
-    """``sec`` (a ``fix_untrained`` or ``rename_tokens`` section) with its ids carried through the later
-    prunes' ``id_map`` s (``maps``, in order; an id a prune dropped is left out), marked
-    :data:`AFTER_PRUNE`."""
-
-    def new(i: Any) -> int | None:
-        if type(i) is not int:
-            return None
-        for m in maps:
-            if i not in m:
-                return None
-            i = m[i]
-        return i
-
-    out = {**sec, AFTER_PRUNE: True}
-    if isinstance(sec.get("ids"), list):
-        out["ids"] = [j for j in (new(i) for i in sec["ids"]) if j is not None]
-    for key in ("tokens", "special_set"):
-        if isinstance(sec.get(key), list):
-            out[key] = [
-                {**e, "id": new(e.get("id"))}
-                for e in sec[key]
-                if isinstance(e, dict) and new(e.get("id")) is not None
-            ]
-    return out
-
-
-def _before_prune(res: VerifyResult, B: Checkpoint, A: Checkpoint, op: str) -> bool:
-    """The ``op`` run that set rows precedes a prune of the chain since ``A``: its rows were computed from
-    the rows before the prune, which verify does not hold; say so as unexplained (True)."""
-    sec = _own_section(B, op, A)
-    if sec is None or not sec.get(AFTER_PRUNE):
+def _before_prune(res: VerifyResult, c: Claim) -> bool:
+    """The run of claim ``c`` precedes a prune of the chain: its rows were computed from the rows before
+    the prune, which verify does not hold; say so as unexplained (True)."""
+    if not c.after_prune:
         return False
     res.unexplained.append(
-        f"the output's report chain sets rows by {op} before a prune: they were computed from rows the "
-        f"prune then dropped, which verify does not hold; verify the input against the {op} output, then "
+        f"the output's report chain sets rows by {c.op} before a prune: they were computed from rows the "
+        f"prune then dropped, which verify does not hold; verify the input against the {c.op} output, then "
         "that against this one"
     )
     return True
-
-
-def _mean_claims(B: Checkpoint, A: Checkpoint | None = None) -> list[tuple[str, list[int]]]:
-    """``(operation, ids)`` of the rows the output's runs say they set to the trained mean:
-    ``fix-untrained``'s ``fix_untrained.ids``, and ``rename-tokens --init trained-mean``'s renamed ids
-    (the last run of each that set rows)."""
-    fix, ren = _own_section(B, "fix-untrained", A), _own_section(B, "rename-tokens", A)
-    out = []
-    if fix is not None:
-        out.append(("fix-untrained", fix.get("ids")))
-    if ren is not None and ren.get("init") == "trained-mean" and isinstance(ren.get("tokens"), list):
-        out.append(("rename-tokens", [t.get("id") for t in ren["tokens"] if isinstance(t, dict)]))
-    return [
-        (op, [int(i) for i in ids])
-        for op, ids in out
-        if isinstance(ids, list) and ids and all(type(i) is int for i in ids)
-    ]
-
-
-def _fix_sources(B: Checkpoint, A: Checkpoint | None = None) -> dict[int, list[int]]:
-    """``{id: source ids}`` of the rows a ``fix-untrained --init subtokens`` run says it set to the mean of
-    their sub-tokens' rows (its report's tokens; the others got the trained mean)."""
-    fix = _own_section(B, "fix-untrained", A) or {}
-    out = {}
-    for t in fix.get("tokens") or [] if fix.get("init") == "subtokens" else []:
-        src = t.get("source_ids") if isinstance(t, dict) else None
-        if type(t.get("id")) is int and isinstance(src, list) and src and all(type(j) is int for j in src):
-            out[t["id"]] = [int(j) for j in src]
-    return out
-
-
-def _split_claim(B: Checkpoint, A: Checkpoint | None = None) -> dict[int, list[int]] | None:
-    """``{id: source ids}`` of a ``rename-tokens --init subtokens`` run (its report's tokens), or None."""
-    ren = _own_section(B, "rename-tokens", A)
-    if ren is None or ren.get("init") != "subtokens" or not isinstance(ren.get("tokens"), list):
-        return None
-    out = {}
-    for t in ren["tokens"]:
-        src = t.get("source_ids") if isinstance(t, dict) else None
-        if not (
-            type(t.get("id")) is int and isinstance(src, list) and src and all(type(j) is int for j in src)
-        ):
-            return None
-        out[t["id"]] = [int(j) for j in src]
-    return out or None
 
 
 def _tables_in(da: Detection, B: Checkpoint, emb: Table, head: Table | None, ids: list[int]) -> list[Table]:
@@ -212,19 +136,31 @@ def _mean_rows(
 
 
 def split_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
-    """The ids whose rows a ``rename-tokens --init subtokens`` run says it made from the rows of their
-    strings' split (:func:`_split_claim`), checked bit for bit against the input
-    (:func:`surgery.plan.untrained_rows.subtoken_row`) in the output's embedding and head; a contradicted
-    claim is unexplained (the report is unverifiable) and explains nothing."""
-    claim = _split_claim(B, da.ckpt)
-    if claim is None or _before_prune(res, B, da.ckpt, "rename-tokens"):
-        return frozenset()
+    """The ids whose rows a ``rename-tokens --init subtokens`` run of the chain says it made from the rows
+    of their strings' split (:func:`surgery.verify.claims.claims`: each run's ids no later run set
+    again), checked bit for bit against the input (:func:`surgery.plan.untrained_rows.subtoken_row`) in
+    the output's embedding and head; a contradicted claim is unexplained (the report is unverifiable) and
+    explains nothing."""
+    out: set[int] = set()
+    for c in claims(B, da.ckpt):
+        if not c.split:
+            continue
+        if _before_prune(res, c):
+            return frozenset()
+        if not _split_holds(res, da, B, c):
+            return frozenset()
+        out |= set(c.ids)
+    return frozenset(out)
+
+
+def _split_holds(res: VerifyResult, da: Detection, B: Checkpoint, c: Claim) -> bool:
+    """:func:`split_rows` for one claim: False (and why, when the output holds its tables) when a row is
+    not the mean of its source rows in the input."""
     emb, head, pool = tables(da)
-    checked = _tables_in(da, B, emb, head, list(claim))
-    if not checked:
-        return frozenset()
+    checked = _tables_in(da, B, emb, head, list(c.ids))
     for t in checked:
-        for i, src in claim.items():
+        for i in c.ids:
+            src = c.sources[i]
             bad = not (0 <= i < pool and all(0 <= j < pool for j in src))
             if bad or not any(
                 np.array_equal(
@@ -236,103 +172,108 @@ def split_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
                     f"tietool-report.json says rename-tokens made row {i} of {t.name} from the rows of ids "
                     f"{src[:10]}, which the files contradict; the report is unverifiable"
                 )
-                return frozenset()
-    return frozenset(claim)
+                return False
+    return bool(checked)
 
 
 def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
-    """The ids whose rows the output's runs say they set to the trained mean (:func:`_mean_claims`),
-    checked: for fix-untrained each must be untrained in the input by its rule
-    (:func:`surgery.plan.fix_untrained.untrained_ids`); each such row of the output's embedding and head
-    must be the mean of the input's table over the rows the rule counts as trained (less the renamed ids,
-    for rename-tokens; the mean of its trained source rows for ``fix-untrained --init subtokens``), bit
-    for bit (:func:`surgery.plan.untrained_rows.mean_row`). When a ``tie`` of the chain ran before that
-    run, its input held one table, the input's embedding or its head (:func:`_rule_views`): the claim
-    holds when it holds for either. A contradicted claim is unexplained (the report is unverifiable) and
-    explains nothing."""
+    """The ids whose rows the output's runs say they set to the trained mean (every ``fix-untrained`` and
+    ``rename-tokens --init trained-mean`` run of the chain, :func:`surgery.verify.claims.claims`: each
+    run's ids no later run set again), checked: for fix-untrained each must be untrained by its rule in
+    the folder it read (:func:`surgery.plan.fix_untrained.untrained_ids`); each such row of the output's
+    embedding and head must be the mean of that folder's table over the rows the rule counts as trained
+    (less the renamed ids, for rename-tokens; the mean of its trained source rows for ``fix-untrained
+    --init subtokens``), bit for bit (:func:`surgery.plan.untrained_rows.mean_row`). When a ``tie`` of
+    the chain ran before that run, its input held one table, the input's embedding or its head
+    (:func:`_rule_views`): the claim holds when it holds for either. A contradicted claim is unexplained
+    (the report is unverifiable) and explains nothing."""
     out: set[int] = set()
-    for op, ids in _mean_claims(B, da.ckpt):
-        if _before_prune(res, B, da.ckpt, op):
+    every = [c for c in claims(B, da.ckpt)]
+    for c in every:
+        if c.split:
+            continue
+        if _before_prune(res, c):
             return frozenset()
-        got = _one_claim(res, da, B, op, ids)
+        later = sorted({i for d in every if d.at >= c.at for i in d.every})
+        got = _one_claim(res, da, B, c, later)
         if not got:
             return frozenset()
         out |= got
     return frozenset(out)
 
 
-def _one_claim(res: VerifyResult, da: Detection, B: Checkpoint, op: str, ids: list[int]) -> frozenset[int]:
-    """:func:`fixed_rows` for the claim of one run ``op`` on ``ids``: checked on the folder it read (the
-    input, the one table a tie before it kept, or the output with those rows taken back from the input
-    when it is the chain's last run, :func:`surgery.verify.beforeset.before_set`)."""
+def _one_claim(res: VerifyResult, da: Detection, B: Checkpoint, c: Claim, later: list[int]) -> frozenset[int]:
+    """:func:`fixed_rows` for claim ``c``: checked on the folder its run read (the input, the one table a
+    tie before it kept, or, after other runs that grew the vocabulary or set rows, the output with the rows
+    ``later`` (those its run and the runs after it set) taken back from the input,
+    :func:`surgery.verify.beforeset.before_set`)."""
     fails = []
-    for view in _rule_views(da, B, op):
-        why = _check_mean_rows(da, B, op, ids, view, da.ckpt)
+    for view in _rule_views(da, B, c):
+        why = _check_mean_rows(da, B, c, view)
         if why is None:
-            return frozenset(ids)
+            return frozenset(c.ids)
         fails.append(why)
-    read = before_set(da, B, op, ids)  # the run last after resizes / add-tokens: the folder it read
+    own = list(c.every) if c.op == "fix-untrained" else []  # a renamed row's old value is not read
+    read = before_set(da, B, c.at, later, own)
     if read is not None:
         dr = detect(read, compare_values=False)
         emb, head, _ = tables(dr)
-        if _check_mean_rows(dr, B, op, ids, (emb, head), da.ckpt) is None:
-            return frozenset(ids)
+        if _check_mean_rows(dr, B, c, (emb, head)) is None:
+            return frozenset(c.ids)
     if fails[0]:
         res.unexplained.append(fails[0])
     return frozenset()
 
 
-def _rule_views(da: Detection, B: Checkpoint, op: str) -> list[tuple[Table, Table | None]]:
-    """The tables the ``op`` run read its rule and means from: the input's embedding and head; when a
-    ``tie`` of the chain since the input ran before it and the output holds no head of its own, the one
-    table the tie left, the input's embedding (``--keep embedding``) or its head (``--keep head``)."""
+def _rule_views(da: Detection, B: Checkpoint, c: Claim) -> list[tuple[Table, Table | None]]:
+    """The tables the run of claim ``c`` read its rule and means from: the input's embedding and head;
+    when a ``tie`` of the chain since the input ran before it and the output holds no head of its own,
+    the one table the tie left, the input's embedding (``--keep embedding``) or its head (``--keep
+    head``)."""
     emb, head, _ = tables(da)
     if head is None or head.name in B.tensors:
         return [(emb, head)]
     runs = chain_since(B.path, da.ckpt.path)
-    at = [k for k, r in enumerate(runs) if r.get("operation") == op]
-    if at and any(r.get("operation") == "tie" for r in runs[: at[-1]]):
+    if any(r.get("operation") == "tie" for r in runs[: c.at]):
         return [(emb, None), (head, None)]
     return [(emb, head)]
 
 
-def _check_mean_rows(
-    da: Detection, B: Checkpoint, op: str, ids: list[int], view: tuple[Table, Table | None], A: Checkpoint
-) -> str | None:
-    """None when the ``op`` claim on ``ids`` holds with the rule read on ``view`` of ``da`` (the folder
-    the run read; :func:`fixed_rows`), the run's report section read in the chain since ``A``; else why
-    not ("" when the output holds no table to check: nothing is explained, nothing said)."""
+def _check_mean_rows(da: Detection, B: Checkpoint, c: Claim, view: tuple[Table, Table | None]) -> str | None:
+    """None when claim ``c`` holds with the rule read on ``view`` of ``da`` (the folder the run read;
+    :func:`fixed_rows`); else why not ("" when the output holds no table to check: nothing is explained,
+    nothing said)."""
     emb, head, pool = tables(da)
     if view[1] is None and head is not None:  # one table: the rule of a tied model
         special = kept_special(da)
         found = [i for i in find_untrained(da.ckpt, view[0], None, pool, set(), EPS) if i not in special]
     else:
         found, _ = untrained_ids(da)
-    wrong = [i for i in ids if i not in set(found)] if op == "fix-untrained" else []
+    wrong = [i for i in c.every if i not in set(found)] if c.op == "fix-untrained" else []
     if wrong:
         return (
             f"tietool-report.json says fix-untrained set row(s) {', '.join(map(str, wrong[:10]))}, which "
             "are trained in the input (or kept as special) by its rule; the report is unverifiable"
         )
-    srcs = _fix_sources(B, A) if op == "fix-untrained" else {}
+    srcs = c.sources
     if any(j in set(found) or j >= da.vocab_rows for src in srcs.values() for j in src):
         return (
             "tietool-report.json says fix-untrained set rows from the rows of untrained ids; the report is "
             "unverifiable"
         )
-    leave_out = tuple(sorted(set(found) | (set(ids) if op == "rename-tokens" else set())))
+    leave_out = tuple(sorted(set(found) | (set(c.every) if c.op == "rename-tokens" else set())))
+    ids = list(c.ids)
     checked = _tables_in(da, B, emb, head, ids)
     if not checked:
         return ""
     for t in checked:
-        got = stored_entries(B, t, sorted(ids)).view(np.uint8)
+        got = stored_entries(B, t, ids).view(np.uint8)
         sources = [view[0]] if view[1] is None and head is not None else _sources(da, B, t, head)
         if not any(
-            np.array_equal(got, _mean_rows(da, s, pool, leave_out, sorted(ids), srcs).view(np.uint8))
-            for s in sources
+            np.array_equal(got, _mean_rows(da, s, pool, leave_out, ids, srcs).view(np.uint8)) for s in sources
         ):
             return (
-                f"tietool-report.json says {op} set rows {', '.join(map(str, sorted(ids)[:10]))} of {t.name} "
+                f"tietool-report.json says {c.op} set rows {', '.join(map(str, ids[:10]))} of {t.name} "
                 "to the mean of the input's trained rows, which the files contradict; the report is "
                 "unverifiable"
             )
