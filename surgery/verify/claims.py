@@ -53,8 +53,8 @@ def claims(B: Checkpoint, A: Checkpoint) -> list[Claim]:
     runs = chain_since(B.path, A.path)
     out = []
     for k, r in enumerate(runs):
-        op = r.get("operation")
-        sec = r.get(str(op).replace("-", "_")) if op in SETS else None
+        op = str(r.get("operation"))
+        sec = r.get(op.replace("-", "_")) if op in SETS else None
         if not isinstance(sec, dict):
             continue
         maps = [m for m in (prune_map(x) for x in runs[k + 1 :]) if m is not None]
@@ -75,7 +75,7 @@ def _claim(k: int, op: str, sec: dict[str, Any]) -> Claim | None:
     """The claim of run ``k`` from its (renumbered) section, or None when it set no row it names."""
     tokens = [t for t in sec.get("tokens") or [] if isinstance(t, dict) and type(t.get("id")) is int]
     init, after = sec.get("init"), bool(sec.get(AFTER_PRUNE))
-    srcs = {t["id"]: _sources(t) for t in tokens if _sources(t)}
+    srcs = {t["id"]: src for t in tokens if (src := _sources(t)) is not None}
     if op == "fix-untrained":
         ids = sec.get("ids")
         if not isinstance(ids, list) or not ids or not all(type(i) is int for i in ids):

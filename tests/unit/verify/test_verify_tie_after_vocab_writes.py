@@ -15,6 +15,8 @@ or ``untie`` after a write that changed vocabulary rows (``resize`` growing or t
   follow run to run explains none of them);
 * fix-untrained after a resize or add-tokens reads its rule and mean on the grown folder (the output with
   the rows it set taken back from the input);
+* two runs that set rows (rename-tokens with each init after each, fix-untrained then a rename of one of
+  the rows it set): each row checked against the run that set it last, on the folder that run read;
 * add-tokens, then a resize trim of every token it added, on a PaddleNLP WordPiece tokenizer: the empty
   ``added_tokens.json`` and ``added_tokens_decoder`` it leaves list no token.
 
@@ -268,6 +270,32 @@ RENAMES = {
         ["rename-tokens", "305=<think_y>"],
         ["rename-tokens", "304=<think_x>", "--init", "trained-mean"],
     ],
+    # two runs that set rows, each with its own init: each run's rows checked as that run made them
+    "rename-subtokens,rename-trained-mean": [
+        ["rename-tokens", "304=<think_x>", "--init", "subtokens"],
+        ["rename-tokens", "305=<think_y>", "--init", "trained-mean"],
+    ],
+    "rename-trained-mean,rename-subtokens": [
+        ["rename-tokens", "304=<think_x>", "--init", "trained-mean"],
+        ["rename-tokens", "305=<think_y>", "--init", "subtokens"],
+    ],
+    "rename-trained-mean,rename-trained-mean": [
+        ["rename-tokens", "304=<think_x>", "--init", "trained-mean"],
+        ["rename-tokens", "305=<think_y>", "--init", "trained-mean"],
+    ],
+    "rename-subtokens,rename-subtokens": [
+        ["rename-tokens", "304=<think_x>", "--init", "subtokens"],
+        ["rename-tokens", "305=<think_y>", "--init", "subtokens"],
+    ],
+    # fix-untrained sets both zero slots; the rename then sets one of them again, with another init
+    "fix-untrained,rename-subtokens": [
+        ["fix-untrained"],
+        ["rename-tokens", "305=<think_y>", "--init", "subtokens"],
+    ],
+    "fix-untrained-subtokens,rename-trained-mean": [
+        ["fix-untrained", "--init", "subtokens"],
+        ["rename-tokens", "305=<think_y>", "--init", "trained-mean"],
+    ],
 }
 
 
@@ -300,6 +328,17 @@ def test_two_renames_forged_element_named(tmp_path: Path, name: str) -> None:
     res = verify(src, out)
     assert res.exit_code == 7
     assert any("model.embed_tokens.weight" in u for u in res.unexplained), res.unexplained
+
+
+@pytest.mark.parametrize("name", list(RENAMES))
+def test_two_renames_forged_second_row_named(tmp_path: Path, name: str) -> None:
+    """One flipped bit in row 305 of the head (set by one of the runs, or kept by both): exit 7."""
+    src = _reserved(tmp_path)
+    out = _chain(src, tmp_path, RENAMES[name])
+    _flip(out, "lm_head.weight", element=305 * 16 + 7)
+    res = verify(src, out)
+    assert res.exit_code == 7
+    assert any("lm_head.weight" in u for u in res.unexplained), res.unexplained
 
 
 @pytest.mark.parametrize("name", [n for n in CHAINS if "tie-keep-head" in n and n.startswith("p")])
