@@ -22,6 +22,7 @@ from ..report import chain_since, prune_map
 
 SETS = ("fix-untrained", "rename-tokens")
 
+
 @dataclass(frozen=True)
 class Claim:
     """Rows one run of the chain says it set.
@@ -66,7 +67,7 @@ def claims(B: Checkpoint, A: Checkpoint) -> list[Claim]:
     later: set[int] = set()
     kept = []
     for c in reversed(every_claim(B, A)):
-        own = tuple(i for i, j in zip(c.ids, _maybe(c)) if j is not None and j not in later)
+        own = tuple(i for i, j in zip(c.ids, _maybe(c), strict=True) if j is not None and j not in later)
         later |= set(c.out_ids())
         if own:
             kept.append(Claim(c.at, c.op, own, c.every, c.split, c.sources, c.out))

@@ -230,8 +230,8 @@ def _split_holds(res: VerifyResult, da: Detection, B: Checkpoint, c: Claim) -> b
             ):
                 moved = f" (id {at[i]} after the prune)" if c.after_prune else ""
                 res.unexplained.append(
-                    f"tietool-report.json says rename-tokens made row {i}{moved} of {t.name} from the rows of ids "
-                    f"{src[:10]}, which the files contradict; the report is unverifiable"
+                    f"tietool-report.json says rename-tokens made row {i}{moved} of {t.name} from the rows "
+                    f"of ids {src[:10]}, which the files contradict; the report is unverifiable"
                 )
                 return False
     return bool(checked)
