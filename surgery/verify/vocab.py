@@ -79,26 +79,39 @@ def _sections(B: Checkpoint, op: str, A: Checkpoint) -> list[dict[str, Any]]:
     return out
 
 
-def _before_prune(
+def _crosses(c: Claim, every: list[Claim]) -> bool:
+    """The run of claim ``c`` and a prune of the chain are on either side of it, or an earlier set-run and
+    ``c``'s are (``every``: :func:`surgery.verify.claims.every_claim`): its rows or the rows it read are
+    checked through :func:`_across_prune`."""
+    return c.after_prune or any(d.after_prune and d.at < c.at for d in every)
+
+
+def _across_prune(
     res: VerifyResult, da: Detection, B: Checkpoint, c: Claim, original: Any
 ) -> frozenset[int] | None:
-    """Claim ``c`` of a run a prune of the chain follows, checked in the ids of the folder its run read:
-    the chain's original input (``original``, before any prune), with the rows the set-runs before it
-    wrote recomputed (:func:`_read_before`); each row that reached the output (at its id there,
-    :attr:`~surgery.verify.claims.Claim.out`) must equal the one recomputed, bit for bit. Returns the
-    output's ids explained (none: the claim is contradicted, said); None, with why, when the runs before
-    it are not all set-runs (fix-untrained, rename-tokens), or the original is not known."""
+    """Claim ``c`` (:func:`_crosses`) checked on the folder its run read, rebuilt (:func:`_read_before`)
+    from the chain's original input (``original``, before any prune) and that input pruned (``da``): each
+    row that reached the output (at its id there, :attr:`~surgery.verify.claims.Claim.out`) must equal the
+    one recomputed, bit for bit. Returns the output's ids explained (none: the claim is contradicted,
+    said); None, with why, when that folder is not rebuilt: a run before it other than a set-run
+    (fix-untrained, rename-tokens) or, for a run after the prunes, a prune; a set-run between two prunes;
+    or the original not known."""
     runs = chain_since(B.path, da.ckpt.path)
-    other = next((r.get("operation") for r in runs[: c.at] if r.get("operation") not in SETS), None)
+    ops = [str(r.get("operation")) for r in runs[: c.at]]
+    allowed = SETS if c.after_prune else (*SETS, "prune")
+    other = next((o for o in ops if o not in allowed), None)
+    cut = [k for k, o in enumerate(ops) if o == "prune"]
+    if other is None and cut and any(o in SETS for o in ops[cut[0] : cut[-1]]):
+        other = "set-run between two prunes"
     if original is None or other is not None:
-        after = f" after a {other}" if other is not None else ""
+        where = "before a prune" if c.after_prune else "after a prune, on rows a run set before it"
+        after = f" (a {other} before it)" if other is not None else ""
         res.unexplained.append(
-            f"the output's report chain sets rows by {c.op}{after} before a prune: verify does not rebuild "
-            f"the rows that run read; verify the input against the {c.op} output, then that against this one"
+            f"the output's report chain sets rows by {c.op} {where}{after}: verify does not rebuild the rows "
+            f"that run read; verify the input against the {c.op} output, then that against this one"
         )
         return None
-    view = _read_before(Checkpoint.open(original), B, c)
-    dv = detect(view, compare_values=False)
+    dv = detect(_read_before(Checkpoint.open(original), da.ckpt, B, c), compare_values=False)
     if c.split:
         ok = _split_holds(res, dv, B, c)
     else:
@@ -109,16 +122,22 @@ def _before_prune(
     return frozenset(c.out_ids()) if ok else frozenset()
 
 
-def _read_before(A: Checkpoint, B: Checkpoint, c: Claim) -> Checkpoint:
-    """The folder the run of claim ``c`` read when only set-runs precede it: the original input ``A``
-    with the rows each earlier set-run of the chain wrote (every one, later set again or not) recomputed
-    in order, each on the folder its own run read (:func:`_written`)."""
-    view = A
+def _read_before(A: Checkpoint, pruned: Checkpoint, B: Checkpoint, c: Claim) -> Checkpoint:
+    """The folder the run of claim ``c`` read, the rows each earlier set-run of the chain wrote (every one,
+    later set again or not) recomputed in order, each on the folder its own run read (:func:`_written`):
+    for a run a prune follows, the original input ``A`` with those rows; for a run after the prunes, the
+    input ``pruned`` with those rows (a run before the prunes: the ones they kept, at their new ids)."""
+    orig, out = A, pruned
     for d in every_claim(B, A):
         if d.at >= c.at:
             break
-        view = with_rows(view, _written(detect(view, compare_values=False), d))
-    return view
+        rows = _written(detect(orig if d.after_prune else out, compare_values=False), d)
+        if d.out is not None:
+            orig = with_rows(orig, rows)
+            m = d.out
+            rows = {n: (axis, {m[i]: r for i, r in got.items() if i in m}) for n, (axis, got) in rows.items()}
+        out = with_rows(out, rows)
+    return orig if c.after_prune else out
 
 
 def _written(dv: Detection, d: Claim) -> dict[str, tuple[int, dict[int, np.ndarray]]]:
@@ -194,13 +213,14 @@ def split_rows(res: VerifyResult, da: Detection, B: Checkpoint, original: Any = 
     of their strings' split (:func:`surgery.verify.claims.claims`: each run's ids no later run set
     again), checked bit for bit against the input (:func:`surgery.plan.untrained_rows.subtoken_row`) in
     the output's embedding and head; a contradicted claim is unexplained (the report is unverifiable) and
-    explains nothing. A run a prune follows is checked on ``original`` (:func:`_before_prune`)."""
+    explains nothing. A run a prune follows is checked on ``original`` (:func:`_across_prune`)."""
     out: set[int] = set()
+    every = every_claim(B, da.ckpt)
     for c in claims(B, da.ckpt):
         if not c.split:
             continue
-        if c.after_prune:
-            got = _before_prune(res, da, B, c, original)
+        if _crosses(c, every):
+            got = _across_prune(res, da, B, c, original)
             if not got:
                 return frozenset()
             out |= got
@@ -247,15 +267,15 @@ def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint, original: Any = 
     --init subtokens``), bit for bit (:func:`surgery.plan.untrained_rows.mean_row`). When a ``tie`` of
     the chain ran before that run, its input held one table, the input's embedding or its head
     (:func:`_rule_views`): the claim holds when it holds for either. A run a prune follows is checked on
-    ``original``, the chain's input before the prune (:func:`_before_prune`). A contradicted claim is
+    ``original``, the chain's input before the prune (:func:`_across_prune`). A contradicted claim is
     unexplained (the report is unverifiable) and explains nothing."""
     out: set[int] = set()
-    every = [c for c in claims(B, da.ckpt)]
+    every, runs = claims(B, da.ckpt), every_claim(B, da.ckpt)
     for c in every:
         if c.split:
             continue
-        if c.after_prune:
-            got = _before_prune(res, da, B, c, original)
+        if _crosses(c, runs):
+            got = _across_prune(res, da, B, c, original)
             if not got:
                 return frozenset()
             out |= got
