@@ -80,9 +80,9 @@ def verify(
     return res
 
 
-def _verify_tensors_and_files(a_path, b_path, prunes: bool = True) -> VerifyResult:
-    """:func:`verify` without logits (``prunes``: a prune in a longer chain not yet taken through,
-    :mod:`surgery.verify.pruned`)."""
+def _verify_tensors_and_files(a_path, b_path, original=None) -> VerifyResult:
+    """:func:`verify` without logits. ``original``: the chain's input before its prunes, when ``a_path``
+    is that input pruned (:mod:`surgery.verify.pruned`; the rows set before a prune are checked there)."""
     rep = rebuilt.one_step(a_path, b_path)
     if rep is not None:  # one convert or merge run: the output rebuilt from the input and compared
         return _verify_rebuilt(a_path, b_path, rep)
@@ -92,29 +92,29 @@ def _verify_tensors_and_files(a_path, b_path, prunes: bool = True) -> VerifyResu
     sec = transplant.section(a_path, b_path)
     if sec is not None:  # one transplant run: every entry recomputed as its row says
         return transplant.verify_transplant(a_path, b_path, sec)
-    if prunes and pruned.applies(a_path, b_path):  # a prune in a longer chain: the input pruned first
+    if original is None and pruned.applies(a_path, b_path):  # a prune in a longer chain: the input pruned
         return pruned.verify_through(a_path, b_path, _after_prune)
     if chain.applies(a_path, b_path):  # a convert or merge in a longer chain: the input carried through it
-        return _verify_composed(a_path, b_path)
+        return _verify_composed(a_path, b_path, original)
     if flexstate.is_pair(a_path, b_path):  # Trainer checkpoints: their merged views, then the state
         A, B, config_dir = flexstate.open_views(a_path, b_path)
-        cmp = _compare(A, B, config_dir)
+        cmp = _compare(A, B, config_dir, original)
         flexstate.compare_state(cmp.res, A, B, _moves(cmp))
         return cmp.res
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
-    cmp = _compare(A, B)
+    cmp = _compare(A, B, original=original)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
     transplant.chained(cmp.res, a_path, b_path)
     return cmp.res
 
 
-def _after_prune(a_path, b_path) -> VerifyResult:
-    """:func:`verify` of the input pruned as the output's chain says (:mod:`surgery.verify.pruned`) and
-    the output."""
-    return _verify_tensors_and_files(a_path, b_path, prunes=False)
+def _after_prune(mid_path, b_path, a_path) -> VerifyResult:
+    """:func:`verify` of the input ``a_path`` pruned as the output's chain says (``mid_path``,
+    :mod:`surgery.verify.pruned`) and the output."""
+    return _verify_tensors_and_files(mid_path, b_path, original=a_path)
 
 
-def _verify_composed(a_path, b_path) -> VerifyResult:
+def _verify_composed(a_path, b_path, original=None) -> VerifyResult:
     """:func:`verify` of a chain with a ``convert`` or ``merge`` in it (:mod:`surgery.verify.chain`)."""
     try:
         A = chain.carried(a_path, b_path)
@@ -126,7 +126,7 @@ def _verify_composed(a_path, b_path) -> VerifyResult:
         )
         return res
     B = Checkpoint.open(b_path)
-    cmp = _compare(A, B)
+    cmp = _compare(A, B, original=original)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
     cmp.res.notes.append(
         "the input was carried through the convert / merge runs of the output's report chain (rebuilt from "
@@ -135,13 +135,14 @@ def _verify_composed(a_path, b_path) -> VerifyResult:
     return cmp.res
 
 
-def _compare(A: Checkpoint, B: Checkpoint, config_dir=None) -> TensorComparison:
+def _compare(A: Checkpoint, B: Checkpoint, config_dir=None, original=None) -> TensorComparison:
     """Every tensor, config file, safetensors ``__metadata__``, carried file and tokenizer of ``A`` and
-    ``B`` classified (``config_dir``: where the input's config files are, if not in ``A.path``)."""
+    ``B`` classified (``config_dir``: where the input's config files are, if not in ``A.path``;
+    ``original``: the chain's input before its prunes, when ``A`` is that input pruned)."""
     cmp = TensorComparison(A, B)  # detection first: it refuses a tokenizer_config of the wrong types
     tok = renamed_slots(Tokenizers.read(cmp.da, cmp.db), B, A)
     cmp.added_ids = tok.new_rows()
-    cmp.fixed_ids = fixed_rows(cmp.res, cmp.da, B) | split_rows(cmp.res, cmp.da, B)
+    cmp.fixed_ids = fixed_rows(cmp.res, cmp.da, B, original) | split_rows(cmp.res, cmp.da, B, original)
     for name, ta in A.tensors.items():
         tb = B.tensors.get(name)
         if tb is None:

@@ -107,3 +107,42 @@ def _listed(runs: list[dict[str, Any]]) -> set[int]:
                 t["id"] for t in sec.get("tokens") or [] if isinstance(t, dict) and type(t.get("id")) is int
             }
     return out
+
+
+@dataclass
+class WithRows(Checkpoint):
+    """A checkpoint with entries of some tables given: ``rows`` maps a table's name to its vocabulary axis
+    and ``{id: entry}`` (each ``[hidden]``, in the stored dtype; bf16 as ``uint16`` bits); every other byte
+    the checkpoint's. Never written."""
+
+    rows: dict[str, tuple[int, dict[int, np.ndarray[Any, Any]]]] = field(default_factory=dict)
+
+    def load(self, name: str) -> np.ndarray[Any, Any]:
+        """Tensor ``name`` as stored, the given entries of a table replaced."""
+        a = super().load(name)
+        if name not in self.rows:
+            return a
+        axis, got = self.rows[name]
+        a, ids = np.array(a), sorted(got)
+        vals = np.stack([got[i] for i in ids]).view(a.dtype)
+        if axis == 0:
+            a[ids] = vals
+        else:
+            a[:, ids] = vals.T
+        return a
+
+    def iter_rows(self, name: str, chunk_rows: int, start: int = 0, stop: int | None = None) -> Any:
+        """Rows ``start:stop`` of :meth:`load`'s array in chunks (an untouched tensor: the checkpoint's)."""
+        if name not in self.rows:
+            yield from super().iter_rows(name, chunk_rows, start, stop)
+        else:
+            yield from array_rows(self.load(name), chunk_rows, start, stop)
+
+
+def with_rows(ck: Checkpoint, rows: dict[str, tuple[int, dict[int, np.ndarray[Any, Any]]]]) -> WithRows:
+    """``ck`` (a :class:`WithRows` too) with the entries ``rows`` given over its own (:class:`WithRows`)."""
+    merged = {k: (a, dict(v)) for k, (a, v) in ck.rows.items()} if isinstance(ck, WithRows) else {}
+    for name, (axis, got) in rows.items():
+        merged.setdefault(name, (axis, {}))[1].update(got)
+    fields = {f.name: getattr(ck, f.name) for f in dataclasses.fields(Checkpoint) if f.init}
+    return WithRows(**fields, rows=merged)

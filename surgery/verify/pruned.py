@@ -12,6 +12,9 @@ The chain is checked as: the original pruned to exactly those ids, by the prune 
 write loop, into a temporary folder that holds the original's ``tietool-report.json`` (so the output's chain
 since it is the chain since the original); then that folder compared with the output as a chain without a
 prune is, the report's token claims renumbered through each prune (:func:`surgery.report.token_claims`).
+The rows a run set in place before a prune (fix-untrained, rename-tokens with a mean init) were computed
+from rows the prune may have dropped: they are recomputed from the original, each kept one checked at its
+new id (:func:`surgery.verify.vocab.fixed_rows`).
 A ``prune.id_map`` that is not an order-keeping map of its rows, or ids of the original that do not come
 first in the output, make the chain unverifiable (named).
 """
@@ -78,10 +81,13 @@ def survivors(res: VerifyResult, runs: list[dict[str, Any]], rows: int) -> list[
     return kept
 
 
-def verify_through(a_path: Any, b_path: Any, compare: Callable[[Any, Any], VerifyResult]) -> VerifyResult:
+def verify_through(
+    a_path: Any, b_path: Any, compare: Callable[[Any, Any, Any], VerifyResult]
+) -> VerifyResult:
     """:func:`surgery.verify.verify` of a chain with a prune (this module's recipe): the input pruned to the
     ids that reach the output (:func:`survivors`) in a temporary folder (removed after), then ``compare``
-    of that folder with the output.
+    of that folder with the output, given the input too (``compare(pruned, output, input)``: the rows a
+    run set before a prune are recomputed from the input, :func:`surgery.verify.vocab.fixed_rows`).
 
     Raises:
         CheckpointError, UnsafePickleError: as :meth:`Checkpoint.open`.
@@ -107,7 +113,7 @@ def verify_through(a_path: Any, b_path: Any, compare: Callable[[Any, Any], Verif
         (mid / REPORT_NAME).unlink(missing_ok=True)
         if (a / REPORT_NAME).is_file():  # the chain since the pruned copy is the chain since the input
             shutil.copyfile(a / REPORT_NAME, mid / REPORT_NAME)
-        out = compare(mid, b)
+        out = compare(mid, b, a)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out.notes.append(

@@ -28,8 +28,8 @@ from ..model.errors import CheckpointError
 from ..plan.fix_untrained import kept_special, tables, untrained_ids
 from ..plan.untrained_rows import EPS, Table, find_untrained, mean_row, stored_entries, subtoken_row
 from ..report import chain_since, prune_map
-from .beforeset import before_set
-from .claims import Claim, claims, renumbered
+from .beforeset import before_set, with_rows
+from .claims import SETS, Claim, claims, every_claim, renumbered
 from .result import VerifyResult
 
 
@@ -79,17 +79,90 @@ def _sections(B: Checkpoint, op: str, A: Checkpoint) -> list[dict[str, Any]]:
     return out
 
 
-def _before_prune(res: VerifyResult, c: Claim) -> bool:
-    """The run of claim ``c`` precedes a prune of the chain: its rows were computed from the rows before
-    the prune, which verify does not hold; say so as unexplained (True)."""
-    if not c.after_prune:
-        return False
-    res.unexplained.append(
-        f"the output's report chain sets rows by {c.op} before a prune: they were computed from rows the "
-        f"prune then dropped, which verify does not hold; verify the input against the {c.op} output, then "
-        "that against this one"
-    )
-    return True
+def _crosses(c: Claim, every: list[Claim]) -> bool:
+    """The run of claim ``c`` and a prune of the chain are on either side of it, or an earlier set-run and
+    ``c``'s are (``every``: :func:`surgery.verify.claims.every_claim`): its rows or the rows it read are
+    checked through :func:`_across_prune`."""
+    return c.after_prune or any(d.after_prune and d.at < c.at for d in every)
+
+
+def _across_prune(
+    res: VerifyResult, da: Detection, B: Checkpoint, c: Claim, original: Any
+) -> frozenset[int] | None:
+    """Claim ``c`` (:func:`_crosses`) checked on the folder its run read, rebuilt (:func:`_read_before`)
+    from the chain's original input (``original``, before any prune) and that input pruned (``da``): each
+    row that reached the output (at its id there, :attr:`~surgery.verify.claims.Claim.out`) must equal the
+    one recomputed, bit for bit. Returns the output's ids explained (none: the claim is contradicted,
+    said); None, with why, when that folder is not rebuilt: a run before it other than a set-run
+    (fix-untrained, rename-tokens) or, for a run after the prunes, a prune; a set-run between two prunes;
+    or the original not known."""
+    runs = chain_since(B.path, da.ckpt.path)
+    ops = [str(r.get("operation")) for r in runs[: c.at]]
+    allowed = SETS if c.after_prune else (*SETS, "prune")
+    other = next((o for o in ops if o not in allowed), None)
+    cut = [k for k, o in enumerate(ops) if o == "prune"]
+    if other is None and cut and any(o in SETS for o in ops[cut[0] : cut[-1]]):
+        other = "set-run between two prunes"
+    if original is None or other is not None:
+        where = "before a prune" if c.after_prune else "after a prune, on rows a run set before it"
+        after = f" (a {other} before it)" if other is not None else ""
+        res.unexplained.append(
+            f"the output's report chain sets rows by {c.op} {where}{after}: verify does not rebuild the rows "
+            f"that run read; verify the input against the {c.op} output, then that against this one"
+        )
+        return None
+    dv = detect(_read_before(Checkpoint.open(original), da.ckpt, B, c), compare_values=False)
+    if c.split:
+        ok = _split_holds(res, dv, B, c)
+    else:
+        why = _check_mean_rows(dv, B, c, tables(dv)[:2])
+        if why:
+            res.unexplained.append(why)
+        ok = why is None
+    return frozenset(c.out_ids()) if ok else frozenset()
+
+
+def _read_before(A: Checkpoint, pruned: Checkpoint, B: Checkpoint, c: Claim) -> Checkpoint:
+    """The folder the run of claim ``c`` read, the rows each earlier set-run of the chain wrote (every one,
+    later set again or not) recomputed in order, each on the folder its own run read (:func:`_written`):
+    for a run a prune follows, the original input ``A`` with those rows; for a run after the prunes, the
+    input ``pruned`` with those rows (a run before the prunes: the ones they kept, at their new ids)."""
+    orig, out = A, pruned
+    for d in every_claim(B, A):
+        if d.at >= c.at:
+            break
+        rows = _written(detect(orig if d.after_prune else out, compare_values=False), d)
+        if d.out is not None:
+            orig = with_rows(orig, rows)
+            m = d.out
+            rows = {n: (axis, {m[i]: r for i, r in got.items() if i in m}) for n, (axis, got) in rows.items()}
+        out = with_rows(out, rows)
+    return orig if c.after_prune else out
+
+
+def _written(dv: Detection, d: Claim) -> dict[str, tuple[int, dict[int, np.ndarray]]]:
+    """The rows the run of claim ``d`` wrote for each of its ids (``d.every``), computed on the folder it
+    read (``dv``), per table: ``{name: (vocabulary axis, {id: row})}``."""
+    emb, head, pool = tables(dv)
+    ids = list(d.every)
+    leave_out = tuple(sorted(set(_found(dv, (emb, head))) | (set(ids) if d.op == "rename-tokens" else set())))
+    out = {}
+    for t in [emb] + ([head] if head is not None else []):
+        if d.split:
+            rows = np.concatenate([subtoken_row(dv.ckpt, t, d.sources[i]) for i in ids])
+        else:
+            rows = _mean_rows(dv, t, pool, leave_out, ids, d.sources)
+        out[t.name] = (t.axis, dict(zip(ids, rows, strict=True)))
+    return out
+
+
+def _found(da: Detection, view: tuple[Table, Table | None]) -> list[int]:
+    """The ids fix-untrained's rule finds untrained in ``da``, read on ``view`` (:func:`_rule_views`)."""
+    emb, head, pool = tables(da)
+    if view[1] is None and head is not None:  # one table: the rule of a tied model
+        special = kept_special(da)
+        return [i for i in find_untrained(da.ckpt, view[0], None, pool, set(), EPS) if i not in special]
+    return untrained_ids(da)[0]
 
 
 def _tables_in(da: Detection, B: Checkpoint, emb: Table, head: Table | None, ids: list[int]) -> list[Table]:
@@ -135,48 +208,56 @@ def _mean_rows(
     return np.concatenate([subtoken_row(da.ckpt, t, srcs[i]) if srcs.get(i) else mean for i in ids])
 
 
-def split_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
+def split_rows(res: VerifyResult, da: Detection, B: Checkpoint, original: Any = None) -> frozenset[int]:
     """The ids whose rows a ``rename-tokens --init subtokens`` run of the chain says it made from the rows
     of their strings' split (:func:`surgery.verify.claims.claims`: each run's ids no later run set
     again), checked bit for bit against the input (:func:`surgery.plan.untrained_rows.subtoken_row`) in
     the output's embedding and head; a contradicted claim is unexplained (the report is unverifiable) and
-    explains nothing."""
+    explains nothing. A run a prune follows is checked on ``original`` (:func:`_across_prune`)."""
     out: set[int] = set()
+    every = every_claim(B, da.ckpt)
     for c in claims(B, da.ckpt):
         if not c.split:
             continue
-        if _before_prune(res, c):
+        if _crosses(c, every):
+            got = _across_prune(res, da, B, c, original)
+            if not got:
+                return frozenset()
+            out |= got
+        elif _split_holds(res, da, B, c):
+            out |= set(c.ids)
+        else:
             return frozenset()
-        if not _split_holds(res, da, B, c):
-            return frozenset()
-        out |= set(c.ids)
     return frozenset(out)
 
 
 def _split_holds(res: VerifyResult, da: Detection, B: Checkpoint, c: Claim) -> bool:
     """:func:`split_rows` for one claim: False (and why, when the output holds its tables) when a row is
-    not the mean of its source rows in the input."""
+    not the mean of its source rows in the input (``da``: the folder its run read; the output's row of id
+    ``i`` is at ``c.out[i]`` when a prune followed)."""
     emb, head, pool = tables(da)
-    checked = _tables_in(da, B, emb, head, list(c.ids))
+    at = dict(zip(c.ids, c.out_ids(), strict=True))
+    checked = _tables_in(da, B, emb, head, list(at.values()))
     for t in checked:
         for i in c.ids:
             src = c.sources[i]
             bad = not (0 <= i < pool and all(0 <= j < pool for j in src))
             if bad or not any(
                 np.array_equal(
-                    stored_entries(B, t, [i]).view(np.uint8), subtoken_row(da.ckpt, s, src).view(np.uint8)
+                    stored_entries(B, t, [at[i]]).view(np.uint8), subtoken_row(da.ckpt, s, src).view(np.uint8)
                 )
                 for s in _sources(da, B, t, head)
             ):
+                moved = f" (id {at[i]} after the prune)" if c.after_prune else ""
                 res.unexplained.append(
-                    f"tietool-report.json says rename-tokens made row {i} of {t.name} from the rows of ids "
-                    f"{src[:10]}, which the files contradict; the report is unverifiable"
+                    f"tietool-report.json says rename-tokens made row {i}{moved} of {t.name} from the rows "
+                    f"of ids {src[:10]}, which the files contradict; the report is unverifiable"
                 )
                 return False
     return bool(checked)
 
 
-def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int]:
+def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint, original: Any = None) -> frozenset[int]:
     """The ids whose rows the output's runs say they set to the trained mean (every ``fix-untrained`` and
     ``rename-tokens --init trained-mean`` run of the chain, :func:`surgery.verify.claims.claims`: each
     run's ids no later run set again), checked: for fix-untrained each must be untrained by its rule in
@@ -185,15 +266,20 @@ def fixed_rows(res: VerifyResult, da: Detection, B: Checkpoint) -> frozenset[int
     (less the renamed ids, for rename-tokens; the mean of its trained source rows for ``fix-untrained
     --init subtokens``), bit for bit (:func:`surgery.plan.untrained_rows.mean_row`). When a ``tie`` of
     the chain ran before that run, its input held one table, the input's embedding or its head
-    (:func:`_rule_views`): the claim holds when it holds for either. A contradicted claim is unexplained
-    (the report is unverifiable) and explains nothing."""
+    (:func:`_rule_views`): the claim holds when it holds for either. A run a prune follows is checked on
+    ``original``, the chain's input before the prune (:func:`_across_prune`). A contradicted claim is
+    unexplained (the report is unverifiable) and explains nothing."""
     out: set[int] = set()
-    every = [c for c in claims(B, da.ckpt)]
+    every, runs = claims(B, da.ckpt), every_claim(B, da.ckpt)
     for c in every:
         if c.split:
             continue
-        if _before_prune(res, c):
-            return frozenset()
+        if _crosses(c, runs):
+            got = _across_prune(res, da, B, c, original)
+            if not got:
+                return frozenset()
+            out |= got
+            continue
         later = sorted({i for d in every if d.at >= c.at for i in d.every})
         got = _one_claim(res, da, B, c, later)
         if not got:
@@ -244,11 +330,7 @@ def _check_mean_rows(da: Detection, B: Checkpoint, c: Claim, view: tuple[Table, 
     :func:`fixed_rows`); else why not ("" when the output holds no table to check: nothing is explained,
     nothing said)."""
     emb, head, pool = tables(da)
-    if view[1] is None and head is not None:  # one table: the rule of a tied model
-        special = kept_special(da)
-        found = [i for i in find_untrained(da.ckpt, view[0], None, pool, set(), EPS) if i not in special]
-    else:
-        found, _ = untrained_ids(da)
+    found = _found(da, view)
     wrong = [i for i in c.every if i not in set(found)] if c.op == "fix-untrained" else []
     if wrong:
         return (
@@ -262,20 +344,21 @@ def _check_mean_rows(da: Detection, B: Checkpoint, c: Claim, view: tuple[Table, 
             "unverifiable"
         )
     leave_out = tuple(sorted(set(found) | (set(c.every) if c.op == "rename-tokens" else set())))
-    ids = list(c.ids)
-    checked = _tables_in(da, B, emb, head, ids)
+    ids, at = list(c.ids), c.out_ids()  # its ids in the folder it read, and in the output
+    checked = _tables_in(da, B, emb, head, at)
     if not checked:
         return ""
     for t in checked:
-        got = stored_entries(B, t, ids).view(np.uint8)
+        got = stored_entries(B, t, at).view(np.uint8)
         sources = [view[0]] if view[1] is None and head is not None else _sources(da, B, t, head)
         if not any(
             np.array_equal(got, _mean_rows(da, s, pool, leave_out, ids, srcs).view(np.uint8)) for s in sources
         ):
+            moved = f" (ids {', '.join(map(str, at[:10]))} after the prune)" if c.after_prune else ""
             return (
-                f"tietool-report.json says {c.op} set rows {', '.join(map(str, ids[:10]))} of {t.name} "
-                "to the mean of the input's trained rows, which the files contradict; the report is "
-                "unverifiable"
+                f"tietool-report.json says {c.op} set rows {', '.join(map(str, ids[:10]))}{moved} of "
+                f"{t.name} to the mean of the input's trained rows, which the files contradict; the report "
+                "is unverifiable"
             )
     return None
 

@@ -5,7 +5,7 @@ and every write carrying its input's report ``history`` (with the sections verif
 A prune in a longer chain: the original pruned to the ids that reach the output, then compared with it
 (:mod:`tietool.surgery.verify.pruned`); the token claims of runs before a prune renumbered through its
 ``id_map``. Right chains exit 0; one flipped element, a renamed key, a forged ``id_map`` in the history exit
-7 naming it; rows set by fix-untrained / rename-tokens before a prune are named as unverifiable.
+7 naming it; rows set by fix-untrained / rename-tokens before a prune are recomputed from the original.
 
 Inputs: ``sample_checkpoints/pf_llama_with_tokenizer`` (PaddleFormers 1.2 Llama, untied, 320 rows, a
 byte-level BPE of 304 tokens), ``tests/data/cases/e04_llama3_base_untrained_chat_tokens`` (untrained rows).
@@ -149,15 +149,84 @@ def test_a_forged_id_map_in_the_history_is_unverifiable(reserved, tmp_path):
     assert res.exit_code == 7, res.unexplained
 
 
-def test_rows_set_before_a_prune_are_named(reserved, tmp_path):
-    """rename-tokens --init trained-mean, then prune: the mean was of rows the prune dropped, which verify
-    does not hold: exit 7 naming why (each step verifies alone)."""
-    final = _chain(reserved, tmp_path, [["rename-tokens", "304=<think_x>", "--init", "trained-mean"], PRUNE])
+FIX_SUB = ["fix-untrained", "--init", "subtokens"]
+RENAME_MEAN = ["rename-tokens", "305=<think_x>", "--init", "trained-mean"]
+RENAME_AFTER = ["rename-tokens", "294=<think_x>", "--init", "trained-mean"]  # 305 after the prune
+SET_PRUNE = {
+    "rename-mean,prune": [["rename-tokens", "304=<think_x>", "--init", "trained-mean"], PRUNE],
+    "fix,prune,resize": [["fix-untrained"], PRUNE, ["resize", "--vocab", "310", "--seed", "0"]],
+    "fix-subtokens,rename-mean,prune": [FIX_SUB, RENAME_MEAN, PRUNE],
+    "fix,prune,rename-mean": [
+        ["fix-untrained"],
+        PRUNE,
+        ["rename-tokens", "294=<think_x>", "--init", "trained-mean"],
+    ],
+}
+NEW_ID = {o: n for n, o in enumerate(KEEP)}  # 304 → 293, 305 → 294
+
+
+@pytest.mark.parametrize("name", list(SET_PRUNE))
+def test_rows_set_before_a_prune_verify(reserved, tmp_path, name):
+    """Rows set from a mean (fix-untrained, rename-tokens --init trained-mean / subtokens) before a prune
+    were computed from rows the prune dropped: verify recomputes them from the input (in a chain of two
+    set-runs, the second on the first's rows; a set-run after the prune on the kept rows the first set) and
+    finds each at its new id. The output's rows 293, 294 are the rows the set-runs wrote at 304, 305 (the
+    last folder before the prune), bit for bit, but one a later rename set again."""
+    steps = SET_PRUNE[name]
+    final = _chain(reserved, tmp_path, steps)
+    k = next(j for j, s in enumerate(steps) if s[0] == "prune")
+    kept = [304] if name.endswith("rename-mean") else [304, 305]
+    for t in (EMB, HEAD):
+        before, after = Checkpoint.open(tmp_path / f"s{k - 1}").load(t), Checkpoint.open(final).load(t)
+        assert np.array_equal(before[kept], after[[NEW_ID[i] for i in kept]])
+        assert not np.array_equal(before[kept], Checkpoint.open(reserved).load(t)[kept])  # they were set
+    res = verify(reserved, final)
+    assert res.exit_code == 0, res.unexplained
+    if name.endswith("resize"):  # the set rows in the common part of the resized tables
+        assert {r["name"] for r in res.resized if r["common_part_identical"]} == {EMB, HEAD}, res.resized
+    else:
+        last = 293 if name == "rename-mean,prune" else 294
+        assert {r["name"] for r in res.changed if r["why"].startswith(f"rows 293..{last} set")} == {EMB, HEAD}
+
+
+@pytest.mark.parametrize("name", list(SET_PRUNE))
+@pytest.mark.parametrize(("old", "tensor"), [(304, EMB), (305, HEAD)])
+def test_a_flipped_set_row_kept_by_the_prune_is_named(reserved, tmp_path, name, old, tensor):
+    final = _chain(reserved, tmp_path, SET_PRUNE[name])
+    if name == "rename-mean,prune" and old == 305:
+        old = 304  # the one row it set
+    _flip(final, tensor, NEW_ID[old] * 16 + 7)
     res = verify(reserved, final)
     assert res.exit_code == 7
-    assert any("sets rows by rename-tokens before a prune" in u for u in res.unexplained), res.unexplained
-    assert verify(reserved, tmp_path / "s0").exit_code == 0
-    assert verify(tmp_path / "s0", final).exit_code == 0
+    assert any(tensor in u for u in res.unexplained), res.unexplained
+
+
+def test_a_set_row_the_prune_dropped_is_gone(reserved, tmp_path):
+    """fix-untrained sets 304 and 305; a prune that keeps 304 and drops 305: the one kept row checked."""
+    keep = tmp_path / "keep305.txt"
+    keep.write_text("\n".join(map(str, range(305))))
+    final = _chain(reserved, tmp_path, [["fix-untrained"], ["prune", "--keep-ids", str(keep)]])
+    assert Checkpoint.open(final).tensors[EMB].shape[0] == 305
+    res = verify(reserved, final)
+    assert res.exit_code == 0, res.unexplained
+    (row,) = [c for c in res.changed if c["name"] == EMB]
+    assert "row 304 " in row["why"] or "rows 304" in row["why"], row
+    _flip(final, EMB, 304 * 16)
+    assert verify(reserved, final).exit_code == 7
+
+
+def test_rows_set_after_a_resize_before_a_prune_are_named(reserved, tmp_path):
+    """resize (new random rows), fix-untrained (its mean over them), prune (dropping them): verify does not
+    rebuild the rows the fix read: exit 7 naming why (each step verifies alone)."""
+    steps = [["resize", "--vocab", "330", "--seed", "0"], ["fix-untrained"], PRUNE]
+    final = _chain(reserved, tmp_path, steps)
+    res = verify(reserved, final)
+    assert res.exit_code == 7
+    assert res.unexplained[0].startswith(
+        "the output's report chain sets rows by fix-untrained before a prune (a resize before it)"
+    ), res.unexplained
+    assert verify(reserved, tmp_path / "s1").exit_code == 0
+    assert verify(tmp_path / "s1", final).exit_code == 0
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,8 @@
 fix-untrained, rename-tokens, convert) on two small inputs: each chain whose second write runs verifies
 (exit 0), and one flipped element of the final embedding's row 0 (a row no write of the matrix sets) is
 exit 7 naming it. A second write that is refused says why on one line and does not exit 7. Rows set from
-a mean (fix-untrained, rename-tokens with a mean init) and then pruned are named unverifiable
-(:data:`SET_THEN_PRUNE`).
+a mean (fix-untrained, rename-tokens with a mean init) and then pruned are recomputed from the input, and
+one flipped element of such a row the prune kept is exit 7 naming it (:data:`SET_THEN_PRUNE`).
 
 Also, one by one: ``untie`` then ``resize`` of a T5 (one shared table; untie writes the head as the table
 times ``d_model ** -0.5``), and the note verify gives for a head that ``tie --keep head`` dropped after a
@@ -62,8 +62,7 @@ T5_OPS = ["tie-keep-head", "untie", "grow", "trim", "fix", "convert-safetensors"
 INPUTS = {"llama": (320, list(_ops(0, 0, Path()))), "t5": (128, T5_OPS)}
 
 
-# rows set from the mean of rows a later prune dropped: verify names the chain unverifiable (it would need
-# the rows before the prune); verify the input against the first output, then that against the second
+# rows set from the mean of rows a later prune dropped: the set rows (ids 304, 305 → 284, 285) recomputed
 SET_THEN_PRUNE = {(a, "prune") for a in ("fix", "fix-subtokens", "rename-mean", "rename-subtokens")}
 
 
@@ -117,17 +116,20 @@ def test_pair_verifies(firsts, tmp_path: Path, name: str, a: str, b: str) -> Non
         assert r.returncode not in (7, None) and len(errors) == 1, r.stderr[-2000:]
         return
     res = verify(src, out)
-    if (a, b) in SET_THEN_PRUNE:  # not verified yet: said first, on one line
-        assert res.exit_code == 7
-        assert res.unexplained[0].startswith(f"the output's report chain sets rows by {a.split('-')[0]}")
-        assert "before a prune" in res.unexplained[0]
-        return
     assert res.exit_code == 0, res.unexplained
     emb = _embedding(out)
     _flip(out, emb, element=1)
     forged = verify(src, out)
     assert forged.exit_code == 7
     assert any(emb in u for u in forged.unexplained), forged.unexplained
+    if (a, b) in SET_THEN_PRUNE:  # and in a set row the prune kept: old id 304 (fixed or renamed), now 284
+        _flip(out, emb, element=1)  # row 0 back
+        assert verify(src, out).exit_code == 0
+        hidden = Checkpoint.open(out).tensors[emb].shape[1]
+        _flip(out, emb, element=284 * hidden + 3)
+        forged = verify(src, out)
+        assert forged.exit_code == 7
+        assert any(emb in u for u in forged.unexplained), forged.unexplained
 
 
 # ------------------------------------------------------------------ untie, then resize, of a T5
