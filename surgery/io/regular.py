@@ -21,7 +21,9 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import IO, Any
 
@@ -223,13 +225,51 @@ def _check_depth(text: bytes | str, depth: int) -> None:
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
 
 
-def load_json(path: Any, what: str | None = None, limit: int = JSON_LIMIT, depth: int = JSON_DEPTH) -> Any:
+_PARSED: ContextVar[dict[tuple[int, bytes], Any] | None] = ContextVar("parsed_json", default=None)
+
+
+@contextmanager
+def parsed_once() -> Iterator[None]:
+    """Within it (in this thread or task), :func:`load_json` ``shared=True`` parses the same bytes once and
+    hands every later caller the same value: a 17 MB ``tokenizer.json`` is read by detection, the
+    tokenizer checks and the planner of one run, ~0.4 s a parse. Keyed by the file's bytes (read each time,
+    so a changed file is parsed again); the values live until the block ends."""
+    token = _PARSED.set({})
+    try:
+        yield
+    finally:
+        _PARSED.reset(token)
+
+
+def load_json(
+    path: Any, what: str | None = None, limit: int = JSON_LIMIT, depth: int = JSON_DEPTH, *, shared: bool = False
+) -> Any:
     """:func:`read_bounded` then :func:`parse_json`: the way to read any JSON file of the input.
+
+    ``shared``: the caller never modifies the value, so within :func:`parsed_once` it may be the value an
+    earlier call parsed from the same bytes.
 
     Raises:
         CheckpointError: as those two (exit 3, naming the file).
     """
-    return parse_json(read_bounded(path, limit, what), path, what, depth)
+    blob = read_bounded(path, limit, what)
+    return parse_shared(blob, path, what, depth) if shared else parse_json(blob, path, what, depth)
+
+
+def parse_shared(blob: bytes, path: Any, what: str | None = None, depth: int = JSON_DEPTH) -> Any:
+    """:func:`parse_json` of ``blob`` for a caller that never modifies the value: within
+    :func:`parsed_once`, the value parsed from the same bytes before, if any (a refusal is not kept).
+
+    Raises:
+        CheckpointError: as :func:`parse_json`.
+    """
+    cache = _PARSED.get()
+    if cache is None:
+        return parse_json(blob, path, what, depth)
+    key = (depth, blob)
+    if key not in cache:
+        cache[key] = parse_json(blob, path, what, depth)
+    return cache[key]
 
 
 def require_regular(path: Any, what: str | None = None) -> None:

@@ -43,9 +43,10 @@ class TokenizerInfo:
 def _load(folder: Path, name: str) -> Any:
     """A tokenizer or config JSON file of ``folder``, parsed strictly (:func:`surgery.io.regular.load_json`);
     None when it is missing or not valid JSON (Checkpoint.open has already refused one that is not a
-    regular file or cannot be read; a remote folder's file is read here the first time)."""
+    regular file or cannot be read; a remote folder's file is read here the first time). Every caller here
+    only reads the value: it may be shared (:func:`surgery.io.regular.parsed_once`)."""
     try:
-        return load_json(folder / name, name)
+        return load_json(folder / name, name, shared=True)
     except (CheckpointError, OSError):
         return None
 

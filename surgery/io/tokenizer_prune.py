@@ -26,6 +26,7 @@ model, and any format no loader is proven for.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Sequence
@@ -34,7 +35,7 @@ from typing import Any
 
 from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tokens import TokenEdit
-from .regular import JSON_LIMIT, read_bounded
+from .regular import JSON_LIMIT, parse_shared, read_bounded
 from .tokenizer import sp_names
 from .tokenizer_loaders import PrunedFormat, prune_proven
 from .tokenizer_prune_sp import (
@@ -75,11 +76,33 @@ _FALLBACK = re.compile(r"^<0x[0-9A-F]{2}>$")
 
 
 def _load(path: Path) -> tuple[str, Any]:
-    text = read_bounded(path, JSON_LIMIT).decode("utf-8")
+    """A JSON tokenizer file's text and value, which the caller must not modify (it may be the one the
+    detection parsed, :func:`~surgery.io.regular.parse_shared`: copy first, :func:`_writable`); a file the
+    strict parser refuses (a repeated key) is parsed as ``json.loads`` does."""
+    blob = read_bounded(path, JSON_LIMIT)
+    text = blob.decode("utf-8")
+    try:
+        return text, parse_shared(blob, path)
+    except CheckpointError:
+        pass
     try:
         return text, json.loads(text)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path.name} is not valid JSON ({e})", path, "save the tokenizer again") from e
+
+
+def _writable(tj: Any) -> Any:
+    """A parsed ``tokenizer.json`` that :func:`_prune_tokenizer_json` may edit, leaving ``tj`` (maybe
+    shared) as it was: the containers it assigns into copied (the top level and ``model``, the small
+    post-processor whole), the rest shared."""
+    if not isinstance(tj, dict):
+        return tj
+    out = dict(tj)
+    if isinstance(out.get("model"), dict):
+        out["model"] = dict(out["model"])
+    if "post_processor" in out:
+        out["post_processor"] = copy.deepcopy(out["post_processor"])
+    return out
 
 
 def _dump(original: str, data: Any) -> bytes:
@@ -133,7 +156,8 @@ def prune_tokenizer_edit(folder: Path, keep: Sequence[int], texts: Sequence[str]
     files: dict[str, bytes] = {}
     gone: set[str] = set()
     if (root / "tokenizer.json").is_file():
-        text, tj = _load(root / "tokenizer.json")
+        text, shared = _load(root / "tokenizer.json")
+        tj = _writable(shared)
         gone |= _prune_tokenizer_json(root / "tokenizer.json", tj, new_id)
         files["tokenizer.json"] = _dump(text, tj)
         pruned = files["tokenizer.json"].decode("utf-8")
@@ -157,7 +181,8 @@ def prune_tokenizer_edit(folder: Path, keep: Sequence[int], texts: Sequence[str]
         return None
     for name in (CONFIG, ADDED_JSON, SPECIAL_MAP):
         if (root / name).is_file():
-            text, data = _load(root / name)
+            text, shared = _load(root / name)
+            data = copy.deepcopy(shared)  # small files, edited in place
             gone |= _prune_config(root / name, data, new_id)
             files[name] = _dump(text, data)
     refuse_named_dropped(root, gone)
