@@ -35,6 +35,7 @@ from typing import Any
 
 from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tokens import TokenEdit
+from .json_indent import dumps_indented
 from .regular import JSON_LIMIT, parse_shared, read_bounded
 from .tokenizer import sp_names
 from .tokenizer_loaders import PrunedFormat, prune_proven
@@ -108,7 +109,7 @@ def _writable(tj: Any) -> Any:
 def _dump(original: str, data: Any) -> bytes:
     """``data`` as JSON with the original file's indent (none when compact), a final newline if it had."""
     m = re.search(r"\n( +)\S", original)
-    text = json.dumps(data, indent=len(m.group(1)) if m else None, ensure_ascii=False)
+    text = dumps_indented(data, len(m.group(1))) if m else json.dumps(data, ensure_ascii=False)
     return (text + ("\n" if original.endswith("\n") else "")).encode("utf-8")
 
 
