@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from .io import store, stores
-from .io.regular import parsed_once
 from .io.checkpoint import Checkpoint
+from .io.regular import parsed_once
 from .model.enums import Layout, Loader, Target
 from .model.errors import Interrupted, Opt, UsageError
 from .results import Report

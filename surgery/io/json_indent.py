@@ -4,8 +4,9 @@ With ``indent``, CPython's ``json`` leaves its C encoder for a pure-Python gener
 a pruned Llama-3 ``tokenizer.json`` (128k vocabulary entries, 280k merges, 1.7 M values) takes ~0.8 s. This
 writer builds the same text by recursion with ``str.join`` and the C string escaper
 (``json.encoder.encode_basestring``), for the types JSON parsing returns (``dict`` with ``str`` keys,
-``list``, ``str``, ``int``, ``float``, ``bool``, ``None``) and ``tuple``; anything else (a subclass, a
-non-``str`` key, a cycle) is written by ``json.dumps`` itself, so the text is always ``json.dumps``'s.
+``list``, ``str``, ``int``, ``float``, ``bool``, ``None``), ``tuple`` and subclasses of ``str``, ``int`` and
+``float`` (enums); anything else (a ``list`` or ``dict`` subclass, a non-``str`` key, a cycle) is written by
+``json.dumps`` itself, so the text is always ``json.dumps``'s.
 ``tests/unit/io/test_json_indent.py`` compares the two.
 """
 
@@ -35,9 +36,9 @@ def _float(f: float) -> str:
 
 
 def _scalar(v: Any) -> str:
-    """The text of a non-container value of an exact JSON type; :class:`_Other` for anything else."""
-    t = type(v)
-    if t is str:
+    """The text of a value that is no ``list``, ``tuple`` or ``dict``, tested in ``json``'s order (a
+    ``str`` / ``int`` / ``float`` subclass as its base type); :class:`_Other` for anything else."""
+    if isinstance(v, str):
         return str(encode_basestring(v))
     if v is None:
         return "null"
@@ -45,9 +46,9 @@ def _scalar(v: Any) -> str:
         return "true"
     if v is False:
         return "false"
-    if t is int:
+    if isinstance(v, int):
         return int.__repr__(v)
-    if t is float:
+    if isinstance(v, float):
         return _float(v)
     raise _Other
 
@@ -78,7 +79,7 @@ def _container(v: Any, nl: str, step: str) -> str:
         inner = nl + step
         items = []
         for k, x in v.items():
-            if type(k) is not str:
+            if not isinstance(k, str):
                 raise _Other
             tx = type(x)
             if tx is int:

@@ -242,7 +242,12 @@ def parsed_once() -> Iterator[None]:
 
 
 def load_json(
-    path: Any, what: str | None = None, limit: int = JSON_LIMIT, depth: int = JSON_DEPTH, *, shared: bool = False
+    path: Any,
+    what: str | None = None,
+    limit: int = JSON_LIMIT,
+    depth: int = JSON_DEPTH,
+    *,
+    shared: bool = False,
 ) -> Any:
     """:func:`read_bounded` then :func:`parse_json`: the way to read any JSON file of the input.
 

@@ -5,7 +5,6 @@ fsyncs, and the rename into place that makes a run all or nothing (dead temporar
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import signal
@@ -17,6 +16,7 @@ from typing import Any
 
 from ..io import stores
 from ..io.checkpoint import REPORT_NAME
+from ..io.json_indent import dumps_indented
 from ..model.errors import Interrupted, Opt, OutputError
 
 TMP_TAG = ".tietool-tmp-"
@@ -261,7 +261,6 @@ JSON_STYLE: dict[str, Any] = {"indent": 2, "ensure_ascii": False}
 
 def write_json(path: Path, data: Any) -> None:
     with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, **JSON_STYLE)
-        fh.write("\n")
+        fh.write(dumps_indented(data, JSON_STYLE["indent"]) + "\n")  # json.dump's text, faster
         fh.flush()
         os.fsync(fh.fileno())

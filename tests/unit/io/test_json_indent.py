@@ -27,6 +27,10 @@ class _Text(str):
     pass
 
 
+class _Name(str, enum.Enum):
+    A = "a"
+
+
 @pytest.mark.parametrize("path", FILES, ids=lambda p: f"{p.parent.name}/{p.name}")
 @pytest.mark.parametrize("indent", [2, 4])
 def test_tokenizer_files(path, indent):
@@ -64,6 +68,9 @@ EDGES = [
     [_Kind.ONE],
     [_Text("a"), "b"],
     {_Text("k"): _Text("v")},
+    {"e": _Name.A, _Name.A: [_Name.A, 1.5]},
+    {_Kind.ONE: 1},
+    [1.0, _Kind.ONE, True],
 ]
 
 
@@ -85,9 +92,11 @@ def test_refusals_are_json_dumps_refusals():
 scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8)
 values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=5)
-    | st.dictionaries(st.text(max_size=5), inner, max_size=5)
-    | st.lists(st.lists(st.text(max_size=3), min_size=2, max_size=2), min_size=1, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=5)
+        | st.dictionaries(st.text(max_size=5), inner, max_size=5)
+        | st.lists(st.lists(st.text(max_size=3), min_size=2, max_size=2), min_size=1, max_size=4)
+    ),
     max_leaves=30,
 )
 
