@@ -245,8 +245,7 @@ def _prune_tokenizer_json(path: Path, tj: dict[str, Any], new_id: dict[int, int]
             raise RefusedError(f"prune refused: the unknown token {unk!r} is not kept", path, "keep its id")
         model["vocab"] = {t: new_id[i] for t, i in sorted(vocab.items(), key=lambda x: x[1]) if i in new_id}
         if kind == "BPE":
-            _refuse_unreachable(path, model, vocab, new_id)
-            model["merges"] = _kept_merges(model)
+            model["merges"] = _merges_kept(path, model, vocab, new_id)
     added = tj.get("added_tokens") or []
     gone |= {a["content"] for a in added if a["id"] not in new_id}
     tj["added_tokens"] = [dict(a, id=new_id[a["id"]]) for a in added if a["id"] in new_id]
@@ -359,14 +358,25 @@ def _merge_kept(merge: Any, model: dict[str, Any]) -> bool:
     return a in vocab and b in vocab and _result(model, a, b) in vocab
 
 
-def _kept_merges(model: dict[str, Any]) -> list[Any]:
-    """The merges of ``model`` that :func:`_merge_kept` keeps, in order (its test inlined over the list)."""
-    vocab, p = model["vocab"], model.get("continuing_subword_prefix") or ""
-    out = []
-    for m in model.get("merges") or []:
+def _merges_kept(
+    path: Path, model: dict[str, Any], vocab: dict[str, int], new_id: dict[int, int]
+) -> list[Any]:
+    """The merges of a BPE ``model`` whose parts and result are kept (``vocab`` the old one, ``new_id`` the
+    kept ids), in order (:func:`_merge_kept` of each), in one pass over the merges that also sees a kept
+    token made from a dropped part, then refused by :func:`_refuse_unreachable` (naming them all)."""
+    p = model.get("continuing_subword_prefix") or ""
+    out, broken = [], False
+    for m in model.get("merges") or []:  # 280,000 merges for Llama-3: _parts and _result inlined
         a, b = m.split(" ", 1) if isinstance(m, str) else m
-        if a in vocab and b in vocab and a + (b[len(p) :] if p and b.startswith(p) else b) in vocab:
+        if vocab.get(a + (b[len(p) :] if p and b.startswith(p) else b)) not in new_id:
+            continue  # a dropped (or unknown) result: the merge goes, its parts need not stay
+        i, j = vocab.get(a), vocab.get(b)
+        if i in new_id and j in new_id:
             out.append(m)
+        elif (i is not None and i not in new_id) or (j is not None and j not in new_id):
+            broken = True
+    if broken:
+        _refuse_unreachable(path, model, vocab, new_id)
     return out
 
 
