@@ -21,7 +21,7 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from pathlib import Path
@@ -225,7 +225,7 @@ def _check_depth(text: bytes | str, depth: int) -> None:
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
 
 
-_PARSED: ContextVar[dict[tuple[int, bytes], Any] | None] = ContextVar("parsed_json", default=None)
+_PARSED: ContextVar[dict[tuple[Any, Any], Any] | None] = ContextVar("parsed_json", default=None)
 
 
 @contextmanager
@@ -259,6 +259,31 @@ def load_json(
     """
     blob = read_bounded(path, limit, what)
     return parse_shared(blob, path, what, depth) if shared else parse_json(blob, path, what, depth)
+
+
+def memoized(key: Hashable | None, make: Callable[[], Any]) -> Any:
+    """``make()``; within :func:`parsed_once`, the value an earlier call with the same ``key`` made (``key``
+    None: never kept). For values nobody modifies (a frozen dataclass), keyed by what they are made of."""
+    cache = _PARSED.get()
+    if cache is None or key is None:
+        return make()
+    k = ("memo", key)
+    if k not in cache:
+        cache[k] = make()
+    return cache[k]
+
+
+def folder_files_key(folder: Any) -> tuple | None:
+    """A local folder's path and each file's name, size, modification time (ns) and inode: what a
+    :func:`memoized` value read from its files is keyed by (None for a remote folder: not kept)."""
+    if not _is_local(folder):
+        return None
+    try:
+        with os.scandir(folder) as it:
+            files = sorted((e.name, st.st_size, st.st_mtime_ns, st.st_ino) for e in it if (st := e.stat()))
+    except OSError:
+        return None
+    return (str(Path(folder).resolve()), tuple(files))
 
 
 def parse_shared(blob: bytes, path: Any, what: str | None = None, depth: int = JSON_DEPTH) -> Any:
