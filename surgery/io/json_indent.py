@@ -13,7 +13,7 @@ writer builds the same text by recursion with ``str.join`` and the C string esca
 from __future__ import annotations
 
 import json
-from json.encoder import encode_basestring  # type: ignore[attr-defined]
+from json.encoder import encode_basestring
 from typing import Any
 
 
