@@ -16,7 +16,6 @@ from typing import Any
 
 from ..io import stores
 from ..io.checkpoint import REPORT_NAME
-from ..io.json_indent import dumps_indented
 from ..model.errors import Interrupted, Opt, OutputError
 
 TMP_TAG = ".tietool-tmp-"
@@ -260,6 +259,8 @@ JSON_STYLE: dict[str, Any] = {"indent": 2, "ensure_ascii": False}
 
 
 def write_json(path: Path, data: Any) -> None:
+    from ..io.json_indent import dumps_indented  # only a write needs it (inspect imports this module)
+
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(dumps_indented(data, JSON_STYLE["indent"]) + "\n")  # json.dump's text, faster
         fh.flush()
