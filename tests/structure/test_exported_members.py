@@ -82,9 +82,9 @@ def test_every_error_class_is_exported():
 
 # Enums of model/enums.py that are the library's inner vocabulary, not the API: how detection found a head
 # (the enums seam's FoundBy), the scale of a tied head's logits (the arch seam's TiedScale), how far detection
-# reads head and embedding (ValueCompare: a writer's choice, not an option), and StrEnum, the base class of the
-# fact enums. Every other enum there is exported: an option an operation takes, or a value
-# a result carries (HeadLayout, TieState, Container in inspect's result; Operation names an operation).
+# reads head and embedding (ValueCompare: a writer's choice, not an option), and StrEnum, the base class of
+# the fact enums. Every other enum there is exported: an option an operation takes, or a value a result
+# carries (HeadLayout, TieState, Container in inspect's result; Operation names an operation).
 INTERNAL_ENUMS = {"FoundBy", "StrEnum", "TiedScale", "ValueCompare"}
 
 
