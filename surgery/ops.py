@@ -110,9 +110,10 @@ def _flex_only(where: Any) -> flex.FlexFolder | None:
     return None if has_whole(names) else folder
 
 
-def _detection(ckpt: Checkpoint, opts: WriteOptions) -> Detection:
+def _detection(ckpt: Checkpoint, opts: WriteOptions, first_difference: bool = False) -> Detection:
     """Detection for a write, with the tensor names and layout of ``opts``: the names checked, values
-    compared, a quantized table refused."""
+    compared (up to the first difference with ``first_difference``: for a planner that asks only whether
+    head and embedding are equal, :func:`surgery.inspect.detect.detect`), a quantized table refused."""
     check_names(ckpt, opts.embedding, opts.head)
     det = detect(
         ckpt,
@@ -121,6 +122,7 @@ def _detection(ckpt: Checkpoint, opts: WriteOptions) -> Detection:
         embedding_name=opts.embedding,
         head_name=opts.head,
         compare_values=True,
+        first_difference=first_difference,
     )
     check_found(det)
     return det
@@ -701,7 +703,7 @@ def prune(
     store.local_only("prune", path, out)
 
     def plan(c: Checkpoint) -> Plan:
-        det = _detection(c, opts)
+        det = _detection(c, opts, first_difference=True)  # prune asks only: head == embedding?
         if corpus is not None:
             from .io.tokenizer_prune import corpus_ids
 
@@ -769,6 +771,6 @@ def transplant(
     store.local_only("transplant", path, out)
 
     def plan(c: Checkpoint) -> Plan:
-        return plan_transplant(_detection(c, opts), donor, how, *omp)
+        return plan_transplant(_detection(c, opts, first_difference=True), donor, how, *omp)
 
     return run(_edit(plan), path, out, opts)

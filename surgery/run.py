@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from .io import store, stores
 from .io.checkpoint import Checkpoint
+from .io.regular import parsed_once
 from .model.enums import Layout, Loader, Target
 from .model.errors import Interrupted, Opt, UsageError
 from .results import Report
@@ -168,10 +169,11 @@ def run(planner: Planner, path: PathArg, out: PathArg | None, options: WriteOpti
     before = store.TRANSFER.snapshot()  # bytes moved from here on: headers, values, copies
     opts = options or WriteOptions()
     dest = _destination(src, out, opts)
-    opened = planner.open(dest.source)
-    if not opts.dry_run:
-        dest.check(opened.path if isinstance(opened, Checkpoint) else dest.source)
-    plan = planner.write(planner.plan(opened))
+    with parsed_once():  # a JSON file the planners read several times is parsed once
+        opened = planner.open(dest.source)
+        if not opts.dry_run:
+            dest.check(opened.path if isinstance(opened, Checkpoint) else dest.source)
+        plan = planner.write(planner.plan(opened))
     draft = report_mod.Draft(plan, str(dest.path), planner.to, opts.keep_training_state, dest.source)
     if not dest.writes(plan, opts.dry_run):
         rep = dest.unwritten(draft.unwritten(opts.dry_run))

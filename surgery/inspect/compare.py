@@ -4,6 +4,7 @@ float32, a transposed or scaled head), the :class:`~surgery.inspect.detection.Dr
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -123,6 +124,7 @@ def compare(
     layout: str,
     chunk_bytes: int | None = None,
     scale: float | None = None,
+    first_difference: bool = False,
 ) -> Comparison:
     """Compare head and embedding values in row chunks (memory: a chunk of each, 4 bytes a row for its max).
 
@@ -133,6 +135,10 @@ def compare(
     (``transposed`` for a transposed head); equal values in another dtype or ``-0.0`` vs ``0.0`` count as
     equal too. Otherwise ``different`` with the float32 max |difference|, the number of differing rows and
     how the difference is spread over the rows (:class:`Drift`).
+
+    With ``first_difference`` (for a caller that asks only "equal or not"), the reading stops at the first
+    chunk with a differing value (in either half): ``different`` then has no magnitude (``max_abs_diff``,
+    ``differing_rows`` and ``drift`` None). An equal pair is read whole either way, with the same verdict.
     """
     shared = shared_storage(ckpt, emb, head)
     if shared is not None:
@@ -158,6 +164,7 @@ def compare(
     row_max = np.zeros(eshape[0], np.float32)  # per-row max |diff|; each half writes its own rows
     scan = chunked.ROW_SCAN.get()  # inspect's untrained-row scan, fed from the chunks read here
     scan = scan if scan is not None and scan.bind(emb, eshape[0]) else None
+    found = threading.Event() if first_difference else None  # set by the half that met a difference
 
     def part(start: int, stop: int) -> float:
         """Fill ``row_max[start:stop]``; the sum of |diff| over those rows (0.0 when bit-identical)."""
@@ -165,6 +172,8 @@ def compare(
         total, at, bits_ = 0.0, start, bits
         # the same rows of two tables of one shape, in the same chunks
         for a, b in zip(ckpt.iter_rows(emb, chunk_rows, start, stop), h_chunks, strict=True):
+            if found is not None and found.is_set():
+                break
             n, at = len(a), at + len(a)
             if scan is not None:
                 scan.add(at - n, a, bf16_bits_to_f32(a) if e_bf else a.astype(np.float32))
@@ -173,9 +182,15 @@ def compare(
             bits_ = None
             row_max[at - n : at], chunk_sum = _chunk_difference(a, b, e_bf, h_bf, scale)
             total += chunk_sum
+            if found is not None and bool((row_max[at - n : at] > 0).any()):
+                found.set()
+                break
         return total
 
-    return _verdict(drift_of(row_max, _in_halves(part, eshape[0], e_info.nbytes), eshape[1]), scale, hT)
+    total = _in_halves(part, eshape[0], e_info.nbytes)
+    if found is not None and found.is_set():
+        return Comparison(TieState.DIFFERENT)
+    return _verdict(drift_of(row_max, total, eshape[1]), scale, hT)
 
 
 def _verdict(drift: Drift, scale: float | None, hT: np.ndarray | None) -> Comparison:

@@ -18,7 +18,7 @@ from .. import arch
 from ..io.checkpoint import Checkpoint
 from ..io.surface import quant_module
 from ..io.tokenizer import special_token_ids, tokenizer_info
-from ..model.enums import LAYOUTS, FoundBy, HeadLayout, TieState
+from ..model.enums import LAYOUTS, FoundBy, HeadLayout, TieState, ValueCompare
 from ..model.errors import CheckpointError, Opt
 from ..model.tokens import TokenizerSet
 from .compare import compare, shared_storage
@@ -73,25 +73,27 @@ def _ambiguous_layout(
 
 
 def _compare_pair(
-    ckpt: Checkpoint, fam: arch.Family, embedding: str, head: str, shape: HeadShape, H: int
+    ckpt: Checkpoint, fam: arch.Family, pair: tuple[str, str], shape: HeadShape, H: int, first: bool
 ) -> tuple[Comparison, list[Finding]]:
     """Head vs embedding values (an ambiguous square head both ways; T5's scaled tied head); notes.
 
     An unusable head (layout None) or one with other rows than the embedding is ``different`` unread. Reads
-    both tables in row chunks (:func:`compare`)."""
+    both tables in row chunks (:func:`compare`; up to the first difference only with ``first``)."""
+    embedding, head = pair
     notes: list[Finding] = []
     if shape.layout is None or (shape.rows is not None and shape.rows != ckpt.tensors[embedding].shape[0]):
         return Comparison(TieState.DIFFERENT), notes
     if shape.layout is HeadLayout.AMBIGUOUS:
-        as_stored = compare(ckpt, embedding, head, HeadLayout.VOCAB_HIDDEN)
-        transposed = compare(ckpt, embedding, head, HeadLayout.HIDDEN_VOCAB)
+        as_stored = compare(ckpt, embedding, head, HeadLayout.VOCAB_HIDDEN, first_difference=first)
+        transposed = compare(ckpt, embedding, head, HeadLayout.HIDDEN_VOCAB, first_difference=first)
         as_transposed = transposed.values is TieState.TRANSPOSED
         comp = transposed if as_stored.values is not TieState.EXACT and as_transposed else as_stored
         notes.append(_ambiguous_layout(head, H, as_stored.values, as_transposed))
         return comp, notes
-    comp = compare(ckpt, embedding, head, shape.layout)
+    comp = compare(ckpt, embedding, head, shape.layout, first_difference=first)
     if comp.values is TieState.DIFFERENT and fam.scales_tied_logits:
-        scaled = compare(ckpt, embedding, head, shape.layout, scale=tied_scale(ckpt.config, H, ckpt.path))
+        scale = tied_scale(ckpt.config, H, ckpt.path)
+        scaled = compare(ckpt, embedding, head, shape.layout, scale=scale, first_difference=first)
         if scaled.values is TieState.SCALED:
             comp = scaled
             notes.append(Finding(FindingKind.SCALED_TIED_HEAD, (head, embedding), {"family": fam.name}))
@@ -104,18 +106,19 @@ def _comparison(
     embedding: str,
     head: str | None,
     shape: HeadShape,
-    compare_values: bool,
+    how: ValueCompare,
 ) -> tuple[Comparison, list[Finding]]:
     """How the head compares with the embedding, and notes: no head in the files is ``shared`` (T5's head
-    is the shared table) or ``absent``; without ``compare_values`` only a shared storage is told
-    (``unknown`` otherwise); else the values are read (:func:`_compare_pair`)."""
+    is the shared table) or ``absent``; ``how`` ``none``: only a shared storage is told (``unknown``
+    otherwise); else the values are read (:func:`_compare_pair`)."""
     if head is None:
         return Comparison(TieState.SHARED if fam.scales_tied_logits else TieState.ABSENT), []
-    if not compare_values and shape.layout is not None:
+    if how is ValueCompare.NONE and shape.layout is not None:
         comp = shared_storage(ckpt, embedding, head) or Comparison(TieState.UNKNOWN)
         H = ckpt.tensors[embedding].shape[1]
         return comp, [_ambiguous_layout(head, H)] if shape.layout is HeadLayout.AMBIGUOUS else []
-    return _compare_pair(ckpt, fam, embedding, head, shape, ckpt.tensors[embedding].shape[1])
+    H = ckpt.tensors[embedding].shape[1]
+    return _compare_pair(ckpt, fam, (embedding, head), shape, H, how is ValueCompare.FIRST_DIFFERENCE)
 
 
 def _size_findings(det: Detection) -> list[Finding]:
@@ -438,7 +441,7 @@ def _embedding_pair(
     head_name: str | None,
     layout: str | None,
     bias: tuple[str | None, list[str]],
-    compare_values: bool,
+    how: ValueCompare,
 ) -> _Pair:
     """The pair of a checkpoint with its input embedding ``[V, H]`` (``found``: its name and how it was
     found): the head, aliases, the comparison, extra tables and vocab-shaped tensors (none of them ``bias``
@@ -458,7 +461,7 @@ def _embedding_pair(
     emb_aliases, vocab_aliases, head_aliases = find_aliases(ckpt, fam, embedding, head, head_named)
     named = frozenset(v.size for v in cf.vocabs if v.key != cf.vocab_key and v.size != V)
     shape = head_shape(head, ckpt.tensors[head].shape, V, H, layout, named) if head else HeadShape()
-    comp, cmp_notes = _comparison(ckpt, fam, embedding, head, shape, compare_values)
+    comp, cmp_notes = _comparison(ckpt, fam, embedding, head, shape, how)
     findings += head_notes + ([shape.problem] if shape.problem else []) + cmp_notes
     taken = {embedding, *emb_aliases, *vocab_aliases, *head_aliases, *([head] if head else [])}
     taken |= {*([bias[0]] if bias[0] else []), *bias[1]}
@@ -560,6 +563,7 @@ def detect(
     compare_values: bool = True,
     embedding_name: str | None = None,
     head_name: str | None = None,
+    first_difference: bool = False,
 ) -> Detection:
     """Find the vocabulary surface of ``ckpt``: embedding, head, bias, aliases, extra tables, and the tie
     state.
@@ -569,6 +573,10 @@ def detect(
             vocab_size == hidden_size and a head is present).
         loader: one of ``surgery.arch.LOADERS`` to override :func:`infer_loader`.
         compare_values: read the embedding and head data to compare them (inspect and tie do).
+        first_difference: with ``compare_values``, for a caller that needs only whether head and embedding
+            are equal: an untied config's pair is read up to the first difference (:func:`compare`; its
+            ``different`` has no magnitude). A tied config's pair is compared whole (its finding names the
+            drift).
         embedding_name, head_name: the tensor names to use (``--embedding`` / ``--head``), for architectures
             the table does not know.
 
@@ -601,7 +609,10 @@ def detect(
     if embedding is None:
         pair = _missing_embedding_pair(ckpt, fam, cf, head_named[0], layout)
     else:
-        pair = _embedding_pair(ckpt, fam, cf, (embedding, found_by), head_name, layout, bias, compare_values)
+        how = ValueCompare.NONE if not compare_values else ValueCompare.FULL
+        if compare_values and first_difference and not flag.tied:
+            how = ValueCompare.FIRST_DIFFERENCE
+        pair = _embedding_pair(ckpt, fam, cf, (embedding, found_by), head_name, layout, bias, how)
     det = _detection(ckpt, cf, fam, (loader, loader_source), pair, bias, flag)
     det.findings = findings + pair.findings + flag.findings + _later_findings(det)
     return det

@@ -21,7 +21,9 @@ import math
 import os
 import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import IO, Any
 
@@ -223,13 +225,81 @@ def _check_depth(text: bytes | str, depth: int) -> None:
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
 
 
-def load_json(path: Any, what: str | None = None, limit: int = JSON_LIMIT, depth: int = JSON_DEPTH) -> Any:
+_PARSED: ContextVar[dict[tuple[Any, Any], Any] | None] = ContextVar("parsed_json", default=None)
+
+
+@contextmanager
+def parsed_once() -> Iterator[None]:
+    """Within it (in this thread or task), :func:`load_json` ``shared=True`` parses the same bytes once and
+    hands every later caller the same value: a 17 MB ``tokenizer.json`` is read by detection, the
+    tokenizer checks and the planner of one run, ~0.4 s a parse. Keyed by the file's bytes (read each time,
+    so a changed file is parsed again); the values live until the block ends."""
+    token = _PARSED.set({})
+    try:
+        yield
+    finally:
+        _PARSED.reset(token)
+
+
+def load_json(
+    path: Any,
+    what: str | None = None,
+    limit: int = JSON_LIMIT,
+    depth: int = JSON_DEPTH,
+    *,
+    shared: bool = False,
+) -> Any:
     """:func:`read_bounded` then :func:`parse_json`: the way to read any JSON file of the input.
+
+    ``shared``: the caller never modifies the value, so within :func:`parsed_once` it may be the value an
+    earlier call parsed from the same bytes.
 
     Raises:
         CheckpointError: as those two (exit 3, naming the file).
     """
-    return parse_json(read_bounded(path, limit, what), path, what, depth)
+    blob = read_bounded(path, limit, what)
+    return parse_shared(blob, path, what, depth) if shared else parse_json(blob, path, what, depth)
+
+
+def memoized(key: Hashable | None, make: Callable[[], Any]) -> Any:
+    """``make()``; within :func:`parsed_once`, the value an earlier call with the same ``key`` made (``key``
+    None: never kept). For values nobody modifies (a frozen dataclass), keyed by what they are made of."""
+    cache = _PARSED.get()
+    if cache is None or key is None:
+        return make()
+    k = ("memo", key)
+    if k not in cache:
+        cache[k] = make()
+    return cache[k]
+
+
+def folder_files_key(folder: Any) -> tuple | None:
+    """A local folder's path and each file's name, size, modification time (ns) and inode: what a
+    :func:`memoized` value read from its files is keyed by (None for a remote folder: not kept)."""
+    if not _is_local(folder):
+        return None
+    try:
+        with os.scandir(folder) as it:
+            files = sorted((e.name, st.st_size, st.st_mtime_ns, st.st_ino) for e in it if (st := e.stat()))
+    except OSError:
+        return None
+    return (str(Path(folder).resolve()), tuple(files))
+
+
+def parse_shared(blob: bytes, path: Any, what: str | None = None, depth: int = JSON_DEPTH) -> Any:
+    """:func:`parse_json` of ``blob`` for a caller that never modifies the value: within
+    :func:`parsed_once`, the value parsed from the same bytes before, if any (a refusal is not kept).
+
+    Raises:
+        CheckpointError: as :func:`parse_json`.
+    """
+    cache = _PARSED.get()
+    if cache is None:
+        return parse_json(blob, path, what, depth)
+    key = (depth, blob)
+    if key not in cache:
+        cache[key] = parse_json(blob, path, what, depth)
+    return cache[key]
 
 
 def require_regular(path: Any, what: str | None = None) -> None:

@@ -538,12 +538,20 @@ class Source:
         :func:`_write_small_ranges`), arrays without an extra copy."""
         if self.parts is not None:
             at = 0
-            while at < len(self.parts):
-                if self.parts[at].small_range:
-                    at = _write_small_ranges(self.parts, at, f)
-                else:
-                    self.parts[at].write_to(f)
-                    at += 1
+            with contextlib.ExitStack() as opened:
+                files: dict[Any, int] = {}  # the input files of small ranges, each opened once
+
+                def fd_of(path: Any) -> int:
+                    if path not in files:
+                        files[path] = opened.enter_context(open(path, "rb")).fileno()
+                    return files[path]
+
+                while at < len(self.parts):
+                    if self.parts[at].small_range:
+                        at = _write_small_ranges(self.parts, at, f, fd_of)
+                    else:
+                        self.parts[at].write_to(f)
+                        at += 1
         elif self.array is not None:
             a = np.ascontiguousarray(self.array)
             if a.size:
@@ -559,23 +567,23 @@ SMALL_RANGE = 1 << 20
 and written from user space: ``copy_file_range`` costs ~80 µs a call, an ``open`` per range more."""
 
 
-def _write_small_ranges(parts: list[Source], at: int, dst: BinaryIO) -> int:
+def _write_small_ranges(parts: list[Source], at: int, dst: BinaryIO, fd_of: Callable[[Any], int]) -> int:
     """Append ``parts[at]`` and the small ranges of the same file that follow it (each
-    :attr:`Source.small_range`) to ``dst``, the file opened once; the index after the last one written.
+    :attr:`Source.small_range`) to ``dst`` by ``pread`` of ``fd_of(path)`` (the file opened once for all
+    the parts); the index after the last one written.
 
     Raises:
         CheckpointError: the input ends before a range's end.
     """
     path = parts[at].path
-    with open(path, "rb") as src:  # type: ignore[arg-type]
-        fd = src.fileno()
-        while at < len(parts) and parts[at].small_range and parts[at].path == path:
-            p = parts[at]
-            buf = os.pread(fd, p.nbytes, p.offset)
-            if len(buf) != p.nbytes:
-                raise CheckpointError("input ended early while copying", path, "the file is truncated")
-            dst.write(buf)
-            at += 1
+    fd = fd_of(path)
+    while at < len(parts) and parts[at].small_range and parts[at].path == path:
+        p = parts[at]
+        buf = os.pread(fd, p.nbytes, p.offset)
+        if len(buf) != p.nbytes:
+            raise CheckpointError("input ended early while copying", path, "the file is truncated")
+        dst.write(buf)
+        at += 1
     return at
 
 

@@ -25,7 +25,7 @@ from ..model.errors import CheckpointError
 from ..model.extras import install_extra
 from ..model.tokens import AddedToken, TokenizerFile, TokenizerFormat, TokenizerSet
 from . import store
-from .regular import JSON_LIMIT, load_json, read_bounded
+from .regular import JSON_LIMIT, folder_files_key, load_json, memoized, read_bounded
 
 
 @dataclass(frozen=True)
@@ -43,9 +43,10 @@ class TokenizerInfo:
 def _load(folder: Path, name: str) -> Any:
     """A tokenizer or config JSON file of ``folder``, parsed strictly (:func:`surgery.io.regular.load_json`);
     None when it is missing or not valid JSON (Checkpoint.open has already refused one that is not a
-    regular file or cannot be read; a remote folder's file is read here the first time)."""
+    regular file or cannot be read; a remote folder's file is read here the first time). Every caller here
+    only reads the value: it may be shared (:func:`surgery.io.regular.parsed_once`)."""
     try:
-        return load_json(folder / name, name)
+        return load_json(folder / name, name, shared=True)
     except (CheckpointError, OSError):
         return None
 
@@ -454,8 +455,15 @@ def tokenizer_set(folder: Path) -> TokenizerSet:
     are counted, tokenizer.json's added tokens and tokenizer_config.json's ``added_tokens_decoder`` not
     listing the same tokens. ``gaps``: ids from the base vocabulary's size to ``length - 1`` that no file
     names (tokenizers 0.22, transformers 5.3 and PaddleFormers 1.2 give the tokens after them lower ids).
+    Within :func:`surgery.io.regular.parsed_once`, read once per folder and state of its files.
     """
-    reads = _read_all(store.path_of(folder))
+    root = store.path_of(folder)
+    key = folder_files_key(root)
+    return memoized(("tokenizer_set", key) if key else None, lambda: _tokenizer_set(root))
+
+
+def _tokenizer_set(folder: Path) -> TokenizerSet:
+    reads = _read_all(folder)
     beyond = _bound_ids(reads)
     files = tuple(r.file for r in reads)
     lengths = [f.length for f in files if f.length is not None]
@@ -472,7 +480,7 @@ def tokenizer_set(folder: Path) -> TokenizerSet:
         ),
         needs_extra=tuple(f.name for f in files if f.note == EXTRA_HINT),
         unsupported=tuple(f.name for f in files if f.format is TokenizerFormat.TIKTOKEN)
-        + _custom_class(store.path_of(folder)),
+        + _custom_class(folder),
         gaps=tuple(i for i in range(base, length) if i not in named) if base and length else (),
         beyond=beyond,
     )

@@ -367,6 +367,7 @@ def _edit_tokenizer_json(f: TokenizerFolder, add: list[AddedToken], drop: tuple[
             raise TietoolError(f"tokenizers gave {t.content!r} id {got}, expected {t.id}", "tokenizer.json")
     _refuse_unreachable(f, tok, [t for t in add if t.id >= f.length])
     tail = text[len(text.rstrip("\n")) :]
+    assert f.tj_native is not None, "internal: an edit needs scan_folder(native=True)"
     if f.tj_native and not drop:  # a file tokenizers wrote: it writes the edit
         return tok.to_str(pretty=True) + tail
     data = dict(f.tj)  # only the top-level added_tokens is replaced

@@ -18,7 +18,7 @@ from ..model.errors import CheckpointError, RefusedError, TietoolError
 from ..model.extras import install_extra
 from ..model.tokens import AddedToken
 from . import store
-from .regular import JSON_LIMIT, read_bounded
+from .regular import JSON_LIMIT, parse_shared, read_bounded
 from .tokenizer import TIKTOKEN_NAMES, is_tiktoken, quiet_stderr, sp_names
 from .tokenizer_check import (
     check_added_ids,
@@ -54,7 +54,8 @@ class TokenizerFolder:
     root: Any
     tokenizer_json: str | None = None
     tj: dict = field(default_factory=dict)  # tokenizer.json parsed
-    tj_native: bool = False  # tokenizers' to_str(pretty=True) reproduces the file (tokenizers wrote it)
+    tj_native: bool | None = None  # tokenizers' to_str(pretty=True) reproduces the file (tokenizers wrote
+    # it); None: not asked (scan_folder's ``native``)
     json_tok: Any = None  # tokenizer.json as a tokenizers.Tokenizer
     sp_name: str | None = None
     sp_model: Any = None  # sentencepiece ModelProto
@@ -75,8 +76,16 @@ class TokenizerFolder:
         return {**self.base, **{t.content: i for i, t in self.added.items()}}
 
 
-def _read_json(path: Path) -> Any:
+def _read_json(path: Path, shared: bool = False) -> Any:
+    """A JSON tokenizer file's value; ``shared``: the caller never modifies it, so it may be the value the
+    detection parsed (:func:`~surgery.io.regular.parse_shared`; a file the strict parser refuses, such as
+    one with a repeated key, is parsed as ``json.loads`` does)."""
     text = read_text(path, path.name)
+    if shared:
+        try:
+            return parse_shared(text.encode("utf-8"), path)
+        except CheckpointError:
+            pass
     try:
         return json.loads(text)
     except ValueError as e:
@@ -112,8 +121,10 @@ def _refuse_unsupported(root: Path, config: Any) -> None:
         )
 
 
-def scan_folder(folder: Any) -> TokenizerFolder:
+def scan_folder(folder: Any, native: bool = True) -> TokenizerFolder:
     """Read every tokenizer file of ``folder``; refuse what cannot be edited or a folder with no vocabulary.
+    ``native``: tell whether ``tokenizers`` wrote tokenizer.json (``tj_native``; a ``to_str`` of it, which
+    only an edit of the file needs).
 
     Raises:
         RefusedError: a tiktoken file, a custom class, or no tokenizer.json / *.model / vocab.txt /
@@ -128,10 +139,11 @@ def scan_folder(folder: Any) -> TokenizerFolder:
     _refuse_unsupported(root, f.json_files.get(CONFIG))
     if (root / "tokenizer.json").is_file():
         text = read_text(root / "tokenizer.json", "tokenizer.json")
-        f.tj = _read_json(root / "tokenizer.json")
+        f.tj = _read_json(root / "tokenizer.json", shared=True)  # read, never modified
         check_tokenizer_json(f.tj, root / "tokenizer.json")  # before the library allocates by its ids
         f.tokenizer_json, f.json_tok = text, tokenizer_from_str(text)  # the library must read it first
-        f.tj_native = f.json_tok.to_str(pretty=True) == text.rstrip("\n")
+        if native:
+            f.tj_native = f.json_tok.to_str(pretty=True) == text.rstrip("\n")
     f.sp_name = next((n for n in SP_NAMES if (root / n).is_file()), None)
     if f.sp_name:
         _read_sp(f)

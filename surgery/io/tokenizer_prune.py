@@ -26,6 +26,7 @@ model, and any format no loader is proven for.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from collections.abc import Sequence
@@ -34,7 +35,8 @@ from typing import Any
 
 from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tokens import TokenEdit
-from .regular import JSON_LIMIT, read_bounded
+from .json_indent import dumps_indented
+from .regular import JSON_LIMIT, parse_shared, read_bounded
 from .tokenizer import sp_names
 from .tokenizer_loaders import PrunedFormat, prune_proven
 from .tokenizer_prune_sp import (
@@ -75,17 +77,39 @@ _FALLBACK = re.compile(r"^<0x[0-9A-F]{2}>$")
 
 
 def _load(path: Path) -> tuple[str, Any]:
-    text = read_bounded(path, JSON_LIMIT).decode("utf-8")
+    """A JSON tokenizer file's text and value, which the caller must not modify (it may be the one the
+    detection parsed, :func:`~surgery.io.regular.parse_shared`: copy first, :func:`_writable`); a file the
+    strict parser refuses (a repeated key) is parsed as ``json.loads`` does."""
+    blob = read_bounded(path, JSON_LIMIT)
+    text = blob.decode("utf-8")
+    try:
+        return text, parse_shared(blob, path)
+    except CheckpointError:
+        pass
     try:
         return text, json.loads(text)
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path.name} is not valid JSON ({e})", path, "save the tokenizer again") from e
 
 
+def _writable(tj: Any) -> Any:
+    """A parsed ``tokenizer.json`` that :func:`_prune_tokenizer_json` may edit, leaving ``tj`` (maybe
+    shared) as it was: the containers it assigns into copied (the top level and ``model``, the small
+    post-processor whole), the rest shared."""
+    if not isinstance(tj, dict):
+        return tj
+    out = dict(tj)
+    if isinstance(out.get("model"), dict):
+        out["model"] = dict(out["model"])
+    if "post_processor" in out:
+        out["post_processor"] = copy.deepcopy(out["post_processor"])
+    return out
+
+
 def _dump(original: str, data: Any) -> bytes:
     """``data`` as JSON with the original file's indent (none when compact), a final newline if it had."""
     m = re.search(r"\n( +)\S", original)
-    text = json.dumps(data, indent=len(m.group(1)) if m else None, ensure_ascii=False)
+    text = dumps_indented(data, len(m.group(1))) if m else json.dumps(data, ensure_ascii=False)
     return (text + ("\n" if original.endswith("\n") else "")).encode("utf-8")
 
 
@@ -133,7 +157,8 @@ def prune_tokenizer_edit(folder: Path, keep: Sequence[int], texts: Sequence[str]
     files: dict[str, bytes] = {}
     gone: set[str] = set()
     if (root / "tokenizer.json").is_file():
-        text, tj = _load(root / "tokenizer.json")
+        text, shared = _load(root / "tokenizer.json")
+        tj = _writable(shared)
         gone |= _prune_tokenizer_json(root / "tokenizer.json", tj, new_id)
         files["tokenizer.json"] = _dump(text, tj)
         pruned = files["tokenizer.json"].decode("utf-8")
@@ -157,7 +182,8 @@ def prune_tokenizer_edit(folder: Path, keep: Sequence[int], texts: Sequence[str]
         return None
     for name in (CONFIG, ADDED_JSON, SPECIAL_MAP):
         if (root / name).is_file():
-            text, data = _load(root / name)
+            text, shared = _load(root / name)
+            data = copy.deepcopy(shared)  # small files, edited in place
             gone |= _prune_config(root / name, data, new_id)
             files[name] = _dump(text, data)
     refuse_named_dropped(root, gone)
@@ -219,8 +245,7 @@ def _prune_tokenizer_json(path: Path, tj: dict[str, Any], new_id: dict[int, int]
             raise RefusedError(f"prune refused: the unknown token {unk!r} is not kept", path, "keep its id")
         model["vocab"] = {t: new_id[i] for t, i in sorted(vocab.items(), key=lambda x: x[1]) if i in new_id}
         if kind == "BPE":
-            _refuse_unreachable(path, model, vocab, new_id)
-            model["merges"] = _kept_merges(model)
+            model["merges"] = _merges_kept(path, model, vocab, new_id)
     added = tj.get("added_tokens") or []
     gone |= {a["content"] for a in added if a["id"] not in new_id}
     tj["added_tokens"] = [dict(a, id=new_id[a["id"]]) for a in added if a["id"] in new_id]
@@ -333,14 +358,25 @@ def _merge_kept(merge: Any, model: dict[str, Any]) -> bool:
     return a in vocab and b in vocab and _result(model, a, b) in vocab
 
 
-def _kept_merges(model: dict[str, Any]) -> list[Any]:
-    """The merges of ``model`` that :func:`_merge_kept` keeps, in order (its test inlined over the list)."""
-    vocab, p = model["vocab"], model.get("continuing_subword_prefix") or ""
-    out = []
-    for m in model.get("merges") or []:
+def _merges_kept(
+    path: Path, model: dict[str, Any], vocab: dict[str, int], new_id: dict[int, int]
+) -> list[Any]:
+    """The merges of a BPE ``model`` whose parts and result are kept (``vocab`` the old one, ``new_id`` the
+    kept ids), in order (:func:`_merge_kept` of each), in one pass over the merges that also sees a kept
+    token made from a dropped part, then refused by :func:`_refuse_unreachable` (naming them all)."""
+    p = model.get("continuing_subword_prefix") or ""
+    out, broken = [], False
+    for m in model.get("merges") or []:  # 280,000 merges for Llama-3: _parts and _result inlined
         a, b = m.split(" ", 1) if isinstance(m, str) else m
-        if a in vocab and b in vocab and a + (b[len(p) :] if p and b.startswith(p) else b) in vocab:
+        if vocab.get(a + (b[len(p) :] if p and b.startswith(p) else b)) not in new_id:
+            continue  # a dropped (or unknown) result: the merge goes, its parts need not stay
+        i, j = vocab.get(a), vocab.get(b)
+        if i in new_id and j in new_id:
             out.append(m)
+        elif (i is not None and i not in new_id) or (j is not None and j not in new_id):
+            broken = True
+    if broken:
+        _refuse_unreachable(path, model, vocab, new_id)
     return out
 
 

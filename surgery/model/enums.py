@@ -134,6 +134,17 @@ class TieState(StrEnum):
     """Not compared (``compare_values=False``: inspect without the value comparison)."""
 
 
+class ValueCompare(StrEnum):
+    """How far :func:`~surgery.inspect.detect.detect` reads the head and embedding values."""
+
+    NONE = "none"
+    """Not read: only a storage shared in the file is told."""
+    FULL = "full"
+    """Every row, with the drift of a difference."""
+    FIRST_DIFFERENCE = "first-difference"
+    """Up to the first differing chunk (equal or not, no magnitude)."""
+
+
 EQUAL_STATES: tuple[TieState, TieState] = (TieState.EXACT, TieState.TRANSPOSED)
 """The states of a head that equals the embedding as a table (as stored, or transposed)."""
 

@@ -221,12 +221,17 @@ def f32_to_bf16_bits(x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     Same rounding as paddle's and PyTorch's ``float32 → bfloat16`` cast.
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
-    u = x.view(np.uint32).astype(np.uint64)
-    rounded = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    u = x.view(np.uint32)
+    # in uint32, in place: u + 0x7FFF + 1 fits for every non-NaN pattern (at most 0xFF800000, -inf); a NaN's
+    # sum may wrap, and is replaced below (equal to the uint64 sum on all 2**32 patterns, checked once)
+    t = (u >> 16) & np.uint32(1)
+    t += u
+    t += np.uint32(0x7FFF)
+    t >>= 16
+    rounded = t.astype(np.uint16)
     nan = np.isnan(x)
     if nan.any():
-        rounded = rounded.copy()
-        rounded[nan] = ((u[nan] >> 16) | 0x40).astype(np.uint16)
+        rounded[nan] = ((u[nan] >> 16) | np.uint32(0x40)).astype(np.uint16)
     return rounded
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -112,13 +113,14 @@ def plan_transplant(
     from ..io.tokenizer_folder import scan_folder, splitter
 
     _refuse(det)
-    old = _scan(scan_folder, det.ckpt.path, "the model's")
+    scan = partial(scan_folder, native=False)  # both read, never edited
+    old = _scan(scan, det.ckpt.path, "the model's")
     donor = Path(donor)
     if not donor.is_dir():
         raise UsageError(
             f"the donor tokenizer {donor} is not a folder", fix="pass the folder of tokenizer files"
         )
-    new = _scan(scan_folder, donor, "the donor")
+    new = _scan(scan, donor, "the donor")
     V = det.vocab_rows
     if old.length > V:
         raise RefusedError(
@@ -208,7 +210,7 @@ def _same_vocabulary(donor_model: Path, tokens: list[str]) -> None:
 
     fix = f"pass {Opt('tokenizer')} the donor model's own tokenizer (its folder)"
     try:
-        own = _donor_tokens(scan_folder(donor_model))
+        own = _donor_tokens(scan_folder(donor_model, native=False))
     except RefusedError as e:
         raise RefusedError(
             f"transplant refused: the donor model's tokenizer cannot be read ({e.message}), so which row is "

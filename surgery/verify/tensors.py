@@ -352,7 +352,11 @@ def detect_pair(A: Checkpoint, B: Checkpoint) -> tuple[Detection, Detection]:
     if not differs:
         return da, db
     try:
-        return detect(A, compare_values=False, **names), detect(B, compare_values=False, **names)
+        emb, head = names.get("embedding_name"), names.get("head_name")
+        return (
+            detect(A, compare_values=False, embedding_name=emb, head_name=head),
+            detect(B, compare_values=False, embedding_name=emb, head_name=head),
+        )
     except (CheckpointError, UsageError, RefusedError):
         return da, db
 

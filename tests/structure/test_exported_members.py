@@ -81,10 +81,11 @@ def test_every_error_class_is_exported():
 
 
 # Enums of model/enums.py that are the library's inner vocabulary, not the API: how detection found a head
-# (the enums seam's FoundBy), the scale of a tied head's logits (the arch seam's TiedScale), and StrEnum, the
-# base class of the fact enums. Every other enum there is exported: an option an operation takes, or a value
-# a result carries (HeadLayout, TieState, Container in inspect's result; Operation names an operation).
-INTERNAL_ENUMS = {"FoundBy", "StrEnum", "TiedScale"}
+# (the enums seam's FoundBy), the scale of a tied head's logits (the arch seam's TiedScale), how far detection
+# reads head and embedding (ValueCompare: a writer's choice, not an option), and StrEnum, the base class of
+# the fact enums. Every other enum there is exported: an option an operation takes, or a value a result
+# carries (HeadLayout, TieState, Container in inspect's result; Operation names an operation).
+INTERNAL_ENUMS = {"FoundBy", "StrEnum", "TiedScale", "ValueCompare"}
 
 
 def test_every_enum_is_exported_or_listed_internal():

@@ -245,3 +245,70 @@ def test_inspect_text_shows_drift(fp32_case):
         "drift:"
         not in CliRunner().invoke(app, ["inspect", str(paths.CASES_DIR / "pf_llama_tied_fp32")]).output
     )
+
+
+def _counting_rows(monkeypatch) -> list[int]:
+    """Rows ``Checkpoint.iter_rows`` hands out from now on (both tables, both halves), in a list."""
+    read: list[int] = []
+    orig = Checkpoint.iter_rows
+
+    def counted(self, *a, **k):
+        for chunk in orig(self, *a, **k):
+            read.append(len(chunk))
+            yield chunk
+
+    monkeypatch.setattr(Checkpoint, "iter_rows", counted)
+    return read
+
+
+@pytest.mark.parametrize("halves", [False, True])
+def test_first_difference_stops_at_the_first_differing_chunk(fp32_case, monkeypatch, halves):
+    """``first_difference``: ``different`` without a magnitude, read up to the first differing row (row 5
+    of 100, one row a chunk; with two halves, the second half stops at its own first difference, row 95, or
+    when the first half found one)."""
+    folder, emb, _ = fp32_case
+    monkeypatch.setattr(compare_mod, "CHUNK_BYTES", 1)
+    monkeypatch.setattr(compare_mod, "HALVES_BYTES", 0 if halves else 64 << 20)
+    read = _counting_rows(monkeypatch)
+    comp = compare_mod.compare(
+        Checkpoint.open(folder),
+        "model.embed_tokens.weight",
+        "lm_head.weight",
+        "vocab-hidden",
+        first_difference=True,
+    )
+    assert comp.values == "different"
+    assert (comp.max_abs_diff, comp.differing_rows, comp.drift) == (None, None, None)
+    assert sum(read) <= (2 * (6 + 46) if halves else 2 * 6)  # a row of each table per chunk
+    read.clear()
+    full = compare_mod.compare(
+        Checkpoint.open(folder), "model.embed_tokens.weight", "lm_head.weight", "vocab-hidden"
+    )
+    assert full.differing_rows == 12 and sum(read) == 2 * emb.shape[0]
+
+
+def test_first_difference_of_equal_tables_reads_them_whole(tmp_path, monkeypatch):
+    emb = _embedding()
+    tensors = {"model.embed_tokens.weight": emb, "lm_head.weight": emb.copy()}
+    folder = _folder(tmp_path, "pf_llama_untied_fp32", tensors, "equal")
+    read = _counting_rows(monkeypatch)
+    comp = detect(Checkpoint.open(folder), first_difference=True).comparison
+    assert comp.values == "exact" and sum(read) == 2 * emb.shape[0]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_detect_first_difference_keeps_the_drift_of_a_tied_config(fp32_case, tied):
+    """Only an untied config's pair stops early: a tied config's different head is a finding that names its
+    drift, so it is read whole (the same comparison and findings as without ``first_difference``)."""
+    folder, emb, head = fp32_case
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "tie_word_embeddings": tied}))
+    fast = detect(Checkpoint.open(folder), first_difference=True)
+    full = detect(Checkpoint.open(folder))
+    assert fast.comparison.values == full.comparison.values == "different"
+    if tied:
+        assert fast.comparison == full.comparison and fast.comparison.drift is not None
+        assert [f.kind for f in fast.findings] == [f.kind for f in full.findings]
+        assert "tied-but-different" in [f.kind for f in fast.findings]
+    else:
+        assert fast.comparison.drift is None and full.comparison.differing_rows == 12
