@@ -24,7 +24,10 @@ from tietool.surgery.io import tokenizer as tk
 from tietool.surgery.model.tokens import TokenizerFormat
 
 TOK = paths.TOKENIZERS
-FOLDERS = sorted(p.name for p in TOK.iterdir() if p.is_dir()) if TOK.is_dir() else []
+# every tokenizer folder (not a __pycache__ that importing make_tokenizers.py leaves beside them)
+FOLDERS = (
+    sorted(p.name for p in TOK.iterdir() if p.is_dir() and p.name != "__pycache__") if TOK.is_dir() else []
+)
 LOADABLE = [f for f in FOLDERS if f != "tiktoken"]  # tiktoken/ is custom code: loads in neither library
 
 
