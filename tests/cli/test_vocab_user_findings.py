@@ -77,3 +77,27 @@ def test_keep_corpus_with_keep_special_keeps_a_gpt_eos_named_by_string(tmp_path)
         [id_map[i] for i in e.ids] for e in old.encode_batch(lines)
     ]
     assert run_cli(["verify", str(ck), str(out), "-q"]).rc == 0
+
+
+def test_a_unigram_model_left_with_no_normal_piece_is_refused_not_an_internal_error(tmp_path):
+    """(Fixed: ``prune --keep-ids K --keep-special`` of a SentencePiece Unigram folder whose keep-list holds
+    only ``<unk>`` / ``<s>`` / ``</s>`` was exit 70, "internal error: RuntimeError: INTERNAL: no pieces are
+    loaded.", from sentencepiece loading the pruned model.) Exit 5 naming tokenizer.model and the fix,
+    nothing written; one normal piece more and sentencepiece loads the pruned model (4 pieces)."""
+    import sentencepiece as spm
+
+    ck = _model_with(DATA / "tokenizers" / "sp_unigram", tmp_path / "ck", bos_token_id=1, eos_token_id=2)
+    (tmp_path / "keep").write_text("0\n")
+    out = tmp_path / "out"
+    argv = ["prune", str(ck), "--keep-ids", str(tmp_path / "keep"), "--keep-special", "--out", str(out)]
+    run = run_cli(argv)
+    assert run.rc == 5, run.stderr
+    assert run.stderr.startswith(f"tietool: error: {ck / 'tokenizer.model'}: "), run.stderr
+    assert "keep-list" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+    (tmp_path / "keep").write_text("0\n3\n")
+    run = run_cli(argv)
+    assert run.rc == 0, run.stderr
+    sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
+    old = spm.SentencePieceProcessor(model_file=str(ck / "tokenizer.model"))
+    assert [sp.id_to_piece(i) for i in range(sp.get_piece_size())] == [old.id_to_piece(i) for i in range(4)]
