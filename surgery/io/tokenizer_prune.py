@@ -586,11 +586,18 @@ def read_keep_corpus(path: Path) -> str:
     """The text of a keep-corpus file (UTF-8).
 
     Raises:
-        UsageError: a missing, unreadable or non-UTF-8 file.
+        UsageError: a missing, unreadable or non-UTF-8 file; one with no text (blank lines only).
     """
     from ..model.errors import UsageError
 
     try:
-        return read_bounded(Path(path), JSON_LIMIT).decode("utf-8")
+        text = read_bounded(Path(path), JSON_LIMIT).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read the keep-corpus {path} ({e})", path, "pass a UTF-8 text file") from e
+    if not text.strip():
+        raise UsageError(
+            f"the keep-corpus {path} has no text: nothing would be kept",
+            path,
+            "pass the text to keep, a line each",
+        )
+    return text

@@ -101,3 +101,40 @@ def test_a_unigram_model_left_with_no_normal_piece_is_refused_not_an_internal_er
     sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
     old = spm.SentencePieceProcessor(model_file=str(ck / "tokenizer.model"))
     assert [sp.id_to_piece(i) for i in range(sp.get_piece_size())] == [old.id_to_piece(i) for i in range(4)]
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir())}
+
+
+def test_omp_k_below_one_is_a_usage_error(tmp_path):
+    """(Fixed: ``transplant --init omp --k 0`` (or ``--k -3``) was exit 5, "refused ... — pass --k 16 or
+    less", a fix that does not fix it.) Exit 2, one line naming --k and the lowest value, input untouched."""
+    before = _hashes(SAMPLE)
+    for k in ("0", "-3"):
+        argv = ["transplant", str(SAMPLE), "--tokenizer", str(SAMPLE), "--init", "omp"]
+        run = run_cli([*argv, "--donor-model", str(SAMPLE), "--k", k, "--out", str(tmp_path / k)])
+        assert run.rc == 2, run.stderr
+        assert run.stderr.strip() == (
+            f"tietool: error: --k {k}: omp makes each new token of at least one shared token — "
+            "pass --k 1 or more (default 64)"
+        )
+        assert not (tmp_path / k).exists()
+    assert _hashes(SAMPLE) == before
+
+
+def test_an_empty_keep_corpus_is_named(tmp_path):
+    """(Fixed: ``prune --keep-corpus EMPTY`` said "the keep-list is empty ... — list the ids to keep
+    (--keep-ids)", naming neither the corpus nor a fix for it.) An empty or blank-lines-only corpus is exit
+    2 naming the file."""
+    for name, text in (("empty.txt", ""), ("blank.txt", "\n  \n\n")):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        run = run_cli(
+            ["prune", str(SAMPLE), "--keep-corpus", str(tmp_path / name), "--out", str(tmp_path / "o")]
+        )
+        assert run.rc == 2, run.stderr
+        assert run.stderr.startswith(f"tietool: error: {tmp_path / name}: the keep-corpus "), run.stderr
+        assert "has no text" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "o").exists()
