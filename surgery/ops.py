@@ -715,7 +715,8 @@ def prune(
 
 
 def _omp_options(how: TransplantInit, donor_model: PathArg | None, k: int | None) -> tuple[Path | None, int]:
-    """``(donor_model, k)`` of a transplant: both only with omp, which needs ``donor_model`` (UsageError)."""
+    """``(donor_model, k)`` of a transplant: both only with omp, which needs ``donor_model``, and ``k`` at
+    least 1 (UsageError)."""
     from .plan.transplant_omp import K_DEFAULT
 
     if how is not TransplantInit.OMP:
@@ -730,6 +731,11 @@ def _omp_options(how: TransplantInit, donor_model: PathArg | None, k: int | None
         raise UsageError(
             f"{Opt('init', TransplantInit.OMP)} needs the donor's weights",
             fix=f"pass {Opt('donor_model')} DONOR_CHECKPOINT_DIR",
+        )
+    if k is not None and k < 1:
+        raise UsageError(
+            f"{Opt('k', k)}: omp makes each new token of at least one shared token",
+            fix=f"pass {Opt('k', 1)} or more (default {K_DEFAULT})",
         )
     return Path(str(donor_model)), K_DEFAULT if k is None else k
 

@@ -222,6 +222,27 @@ def alphabet_ids(folder: Path) -> list[int]:
     return out + [i for t, i in vocab.items() if fallback and _FALLBACK.match(t)]
 
 
+def named_ids(folder: Path, rows: int) -> list[int]:
+    """The ids of the tokens ``tokenizer_config.json`` / ``special_tokens_map.json`` name by string as the
+    bos/eos/unk/sep/pad/cls/mask token (:data:`NAMED`), looked up in the tokenizer's vocabulary files
+    (:func:`~surgery.io.tokenizer.token_strings`, ids ``0..rows-1``): PaddleNLP's tokenizer configs name
+    base tokens (``"unk_token": "[UNK]"``) with no ``added_tokens_decoder`` to give their ids. A name no
+    file gives an id is left out (a SentencePiece model's pieces are :func:`alphabet_ids`')."""
+    from .tokenizer import token_strings
+
+    root = Path(folder)
+    names: set[str] = set()
+    for name in (CONFIG, SPECIAL_MAP):
+        if (root / name).is_file():
+            _, data = _load(root / name)
+            if isinstance(data, dict):
+                names |= {t for t in (_content(data.get(k)) for k in NAMED) if isinstance(t, str)}
+    if not names:
+        return []
+    by_id = token_strings(root, range(rows))
+    return sorted(i for i, t in by_id.items() if t in names)
+
+
 def _prune_tokenizer_json(path: Path, tj: dict[str, Any], new_id: dict[int, int]) -> set[str]:
     """Prune ``tokenizer.json`` in place; returns the dropped token strings."""
     model = tj.get("model") or {}
@@ -601,11 +622,18 @@ def read_keep_corpus(path: Path) -> str:
     """The text of a keep-corpus file (UTF-8).
 
     Raises:
-        UsageError: a missing, unreadable or non-UTF-8 file.
+        UsageError: a missing, unreadable or non-UTF-8 file; one with no text (blank lines only).
     """
     from ..model.errors import UsageError
 
     try:
-        return read_bounded(Path(path), JSON_LIMIT).decode("utf-8")
+        text = read_bounded(Path(path), JSON_LIMIT).decode("utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"cannot read the keep-corpus {path} ({e})", path, "pass a UTF-8 text file") from e
+    if not text.strip():
+        raise UsageError(
+            f"the keep-corpus {path} has no text: nothing would be kept",
+            path,
+            "pass the text to keep, a line each",
+        )
+    return text

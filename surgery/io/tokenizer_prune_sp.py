@@ -100,7 +100,8 @@ def prune_sp_model(path: Path, new_id: dict[int, int]) -> tuple[bytes, set[str]]
 
     Raises:
         RefusedError: a WORD / CHAR model; an unknown, control or byte-fallback piece dropped; a kept piece
-            of a BPE model mergeable from a dropped one (the ids to add named).
+            of a BPE model mergeable from a dropped one (the ids to add named); a Unigram model left with
+            no normal piece (sentencepiece does not load it).
     """
     m = read_model(path)
     fmt = sp_format(path, m)
@@ -136,6 +137,13 @@ def prune_sp_model(path: Path, new_id: dict[int, int]) -> tuple[bytes, set[str]]
         if old >= 0:
             setattr(m.trainer_spec, key, new_id.get(old, -1))
     m.trainer_spec.vocab_size = len(copies)
+    if fmt is PrunedFormat.SP_UNIGRAM and all(p.type in KEPT_TYPES for p in copies):
+        raise RefusedError(  # sentencepiece refuses it on load: "INTERNAL: no pieces are loaded."
+            f"prune refused: the keep-list leaves the Unigram model {path.name} only unknown, control and "
+            "byte-fallback pieces, which sentencepiece cannot load (no pieces are loaded)",
+            path,
+            "add the ids of the pieces your text uses to the keep-list (or prune with --keep-corpus)",
+        )
     return m.SerializeToString(), gone
 
 

@@ -109,11 +109,13 @@ def _checked(det: Detection, keep: Sequence[int], source: Path | None = None) ->
 
 def _special_ids(det: Detection) -> list[int]:
     """The ids ``keep_special`` adds: every token id a configuration file names, every added token, and
-    the byte tokens of a byte-level / byte-fallback BPE (:func:`~surgery.io.tokenizer_prune.alphabet_ids`)."""
-    from ..io.tokenizer_prune import alphabet_ids
+    the byte tokens of a byte-level / byte-fallback BPE (:func:`~surgery.io.tokenizer_prune.alphabet_ids`),
+    the tokens the tokenizer config names by string (:func:`~surgery.io.tokenizer_prune.named_ids`)."""
+    from ..io.tokenizer_prune import alphabet_ids, named_ids
 
     out = [s.id for s in det.special_ids if 0 <= s.id < det.vocab_rows]
     out += [t.id for t in det.tokenizer.files.added if 0 <= t.id < det.vocab_rows]
+    out += named_ids(det.ckpt.path, det.vocab_rows)
     return out + alphabet_ids(det.ckpt.path)
 
 

@@ -1,0 +1,140 @@
+"""Defects found by using the vocabulary toolbox as a new user would (docs/guides/vocabulary.md, diff.md,
+verify.md on the samples and on the real tokenizers of ``tests/data``), each fixed with its test.
+
+The checkpoints are the weights of ``sample_checkpoints/pf_llama_with_tokenizer`` (320 rows) with another
+real tokenizer folder of ``tests/data`` copied in, and ``config.json``'s special ids set to that tokenizer's.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from support import paths
+from support.resize_support import run_cli
+
+SAMPLE = paths.SAMPLES / "pf_llama_with_tokenizer"
+DATA = paths.REPO / "tests" / "data"
+CORPUS = DATA / "tokenizers" / "corpus.txt"
+
+
+def _model_with(tokenizer: Path, dst: Path, **special_ids: int | None) -> Path:
+    """The sample's weights with the files of ``tokenizer``; config.json's bos/eos/pad ids set."""
+    dst.mkdir(parents=True)
+    for f in SAMPLE.iterdir():
+        if f.name == "config.json" or ".safetensors" in f.name:
+            shutil.copy2(f, dst / f.name)
+    for f in tokenizer.iterdir():
+        shutil.copy2(f, dst / f.name)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update({"bos_token_id": None, "eos_token_id": None, "pad_token_id": None})
+    cfg.update(special_ids)
+    (dst / "config.json").write_text(json.dumps(cfg, indent=2))
+    return dst
+
+
+def test_keep_special_keeps_the_tokens_a_paddlenlp_tokenizer_config_names(tmp_path):
+    """(Fixed: ``prune --keep-ids K --keep-special`` of a PaddleNLP ERNIE folder (``vocab.txt``, a
+    ``tokenizer_config.json`` naming ``"unk_token": "[UNK]"`` without ``added_tokens_decoder``) was refused
+    "unk_token = '[UNK]' is not kept — keep its id (or pass --keep-special)" although --keep-special was
+    passed.) The five special lines of vocab.txt are kept with the listed ids, and the pruned vocab.txt is
+    the old lines at the kept ids; verify explains the output."""
+    ck = _model_with(DATA / "pnlp_tokenizers" / "ernie_wordpiece", tmp_path / "ck", pad_token_id=0)
+    (tmp_path / "keep").write_text("10\n11\n12\n")
+    out = tmp_path / "out"
+    argv = ["prune", str(ck), "--keep-ids", str(tmp_path / "keep"), "--keep-special"]
+    run = run_cli([*argv, "--out", str(out), "--json"])
+    assert run.rc == 0, run.stderr
+    keep = sorted(map(int, json.loads(run.stdout)["prune"]["id_map"]))
+    assert keep == [0, 1, 2, 3, 4, 10, 11, 12]
+    old = (ck / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    new = (out / "vocab.txt").read_text(encoding="utf-8").splitlines()
+    assert new == [old[i] for i in keep]
+    assert new[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert run_cli(["verify", str(ck), str(out), "-q"]).rc == 0
+
+
+def test_keep_corpus_with_keep_special_keeps_a_gpt_eos_named_by_string(tmp_path):
+    """(Fixed: ``prune --keep-corpus C --keep-special`` of a PaddleNLP GPT folder (``vocab.json`` +
+    ``merges.txt``, ``eos_token: "<|endoftext|>"`` by string, id 0) was refused "eos_token = '<|endoftext|>'
+    is not kept".) ``<|endoftext|>`` (id 0) is kept with the corpus's tokens, and GPT-2's split of the
+    corpus with the pruned files is the old split renumbered."""
+    from tokenizers import ByteLevelBPETokenizer
+
+    ck = _model_with(DATA / "pnlp_tokenizers" / "gpt_bpe", tmp_path / "ck")
+    lines = CORPUS.read_text(encoding="utf-8").splitlines()[:5]
+    (tmp_path / "corpus.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    argv = ["prune", str(ck), "--keep-corpus", str(tmp_path / "corpus.txt"), "--keep-special"]
+    run = run_cli([*argv, "--out", str(out), "--json"])
+    assert run.rc == 0, run.stderr
+    id_map = {int(k): v for k, v in json.loads(run.stdout)["prune"]["id_map"].items()}
+    assert id_map[0] == 0
+    assert json.loads((out / "vocab.json").read_text(encoding="utf-8"))["<|endoftext|>"] == 0
+    old, new = (ByteLevelBPETokenizer(str(d / "vocab.json"), str(d / "merges.txt")) for d in (ck, out))
+    assert [e.ids for e in new.encode_batch(lines)] == [
+        [id_map[i] for i in e.ids] for e in old.encode_batch(lines)
+    ]
+    assert run_cli(["verify", str(ck), str(out), "-q"]).rc == 0
+
+
+def test_a_unigram_model_left_with_no_normal_piece_is_refused_not_an_internal_error(tmp_path):
+    """(Fixed: ``prune --keep-ids K --keep-special`` of a SentencePiece Unigram folder whose keep-list holds
+    only ``<unk>`` / ``<s>`` / ``</s>`` was exit 70, "internal error: RuntimeError: INTERNAL: no pieces are
+    loaded.", from sentencepiece loading the pruned model.) Exit 5 naming tokenizer.model and the fix,
+    nothing written; one normal piece more and sentencepiece loads the pruned model (4 pieces)."""
+    import sentencepiece as spm
+
+    ck = _model_with(DATA / "tokenizers" / "sp_unigram", tmp_path / "ck", bos_token_id=1, eos_token_id=2)
+    (tmp_path / "keep").write_text("0\n")
+    out = tmp_path / "out"
+    argv = ["prune", str(ck), "--keep-ids", str(tmp_path / "keep"), "--keep-special", "--out", str(out)]
+    run = run_cli(argv)
+    assert run.rc == 5, run.stderr
+    assert run.stderr.startswith(f"tietool: error: {ck / 'tokenizer.model'}: "), run.stderr
+    assert "keep-list" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+    (tmp_path / "keep").write_text("0\n3\n")
+    run = run_cli(argv)
+    assert run.rc == 0, run.stderr
+    sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
+    old = spm.SentencePieceProcessor(model_file=str(ck / "tokenizer.model"))
+    assert [sp.id_to_piece(i) for i in range(sp.get_piece_size())] == [old.id_to_piece(i) for i in range(4)]
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    import hashlib
+
+    return {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(folder.iterdir())}
+
+
+def test_omp_k_below_one_is_a_usage_error(tmp_path):
+    """(Fixed: ``transplant --init omp --k 0`` (or ``--k -3``) was exit 5, "refused ... — pass --k 16 or
+    less", a fix that does not fix it.) Exit 2, one line naming --k and the lowest value, input untouched."""
+    before = _hashes(SAMPLE)
+    for k in ("0", "-3"):
+        argv = ["transplant", str(SAMPLE), "--tokenizer", str(SAMPLE), "--init", "omp"]
+        run = run_cli([*argv, "--donor-model", str(SAMPLE), "--k", k, "--out", str(tmp_path / k)])
+        assert run.rc == 2, run.stderr
+        assert run.stderr.strip() == (
+            f"tietool: error: --k {k}: omp makes each new token of at least one shared token — "
+            "pass --k 1 or more (default 64)"
+        )
+        assert not (tmp_path / k).exists()
+    assert _hashes(SAMPLE) == before
+
+
+def test_an_empty_keep_corpus_is_named(tmp_path):
+    """(Fixed: ``prune --keep-corpus EMPTY`` said "the keep-list is empty ... — list the ids to keep
+    (--keep-ids)", naming neither the corpus nor a fix for it.) An empty or blank-lines-only corpus is exit
+    2 naming the file."""
+    for name, text in (("empty.txt", ""), ("blank.txt", "\n  \n\n")):
+        (tmp_path / name).write_text(text, encoding="utf-8")
+        run = run_cli(
+            ["prune", str(SAMPLE), "--keep-corpus", str(tmp_path / name), "--out", str(tmp_path / "o")]
+        )
+        assert run.rc == 2, run.stderr
+        assert run.stderr.startswith(f"tietool: error: {tmp_path / name}: the keep-corpus "), run.stderr
+        assert "has no text" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+        assert not (tmp_path / "o").exists()
