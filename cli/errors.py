@@ -60,7 +60,7 @@ def _fail(code: int, line: str, as_json: bool, error: dict | None = None) -> typ
 
 
 # the command-line spelling of an operation's option, where it is not "--" + the name with dashes
-_FLAGS = {"vocab_size": "--vocab", "embedding": "--embedding", "head": "--head"}
+_FLAGS = {"vocab_size": "--vocab", "embedding": "--embedding", "head": "--head", "corpus": "--keep-corpus"}
 
 
 def _cli_wording(o: Opt) -> str:

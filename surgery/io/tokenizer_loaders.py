@@ -162,6 +162,10 @@ class PruneOutcome(StrEnum):
 
     KEEPS_ENCODING = "encodes kept text to the old encoding's ids renumbered, and counts the kept tokens"
     NOT_A_READER = "does not load this format (the input already fails)"
+    SEGMENTS_APART = (
+        "reads the model through its own conversion and splits text otherwise than sentencepiece (the input "
+        "already does): a keep-list from sentencepiece's encoding drops pieces its split needs"
+    )
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,8 @@ class PruneFact:
 
 
 _P, _K, _N = PrunedFormat, PruneOutcome.KEEPS_ENCODING, PruneOutcome.NOT_A_READER
+_A = PruneOutcome.SEGMENTS_APART
+_SP_AS_BPE = "LlamaTokenizer builds BPE merges from a Unigram model's piece scores: 'he' split as h + e"
 _NO_JSON = "reads no tokenizer.json"
 
 PRUNE_FACTS: tuple[PruneFact, ...] = (
@@ -205,8 +211,8 @@ PRUNE_FACTS: tuple[PruneFact, ...] = (
     PruneFact(_P.SP_BPE, _L.PADDLEFORMERS, _K),
     PruneFact(_P.SP_BPE, _L.PADDLENLP_28, _K),
     PruneFact(_P.SP_UNIGRAM, _L.SENTENCEPIECE, _K),
-    PruneFact(_P.SP_UNIGRAM, _L.TRANSFORMERS, _K),
-    PruneFact(_P.SP_UNIGRAM, _L.PADDLEFORMERS, _K),
+    PruneFact(_P.SP_UNIGRAM, _L.TRANSFORMERS, _A, _SP_AS_BPE),
+    PruneFact(_P.SP_UNIGRAM, _L.PADDLEFORMERS, _A, _SP_AS_BPE),
     PruneFact(_P.SP_UNIGRAM, _L.PADDLENLP_28, _N, _PNLP_SP_NAME),
 )
 """Every (pruned format, loader) fact measured; a pair absent here is not claimed."""
@@ -216,6 +222,13 @@ PRUNE_PROOFS: Mapping[str, str] = MappingProxyType(
     {f.key: f"{PRUNE_PROOF_TEST}[{f.key}]" for f in PRUNE_FACTS}
 )
 """Prune fact key (:attr:`PruneFact.key`) → the pytest node id of the test that proved it."""
+
+
+def prune_apart(fmt: PrunedFormat) -> tuple[TokenizerLoader, ...]:
+    """The loaders that read a ``fmt`` model by their own conversion and split text otherwise than the
+    library tietool prunes and checks it with (:attr:`PruneOutcome.SEGMENTS_APART`): a folder they load
+    that file from (no ``tokenizer.json`` beside it) cannot be pruned consistently for them."""
+    return tuple(f.loader for f in PRUNE_FACTS if f.fmt is fmt and f.outcome is PruneOutcome.SEGMENTS_APART)
 
 
 def prune_proven(fmt: PrunedFormat) -> tuple[TokenizerLoader, ...]:

@@ -38,7 +38,7 @@ from ..model.tokens import TokenEdit
 from .json_indent import dumps_indented
 from .regular import JSON_LIMIT, parse_shared, read_bounded
 from .tokenizer import sp_names
-from .tokenizer_loaders import PrunedFormat, prune_proven
+from .tokenizer_loaders import PrunedFormat, prune_apart, prune_proven
 from .tokenizer_prune_sp import (
     json_encoders,
     prune_sp_model,
@@ -139,6 +139,34 @@ def refuse_unproven(path: Path, fmt: PrunedFormat) -> None:
         )
 
 
+def refuse_converted_sp(root: Path, name: str) -> None:
+    """Refuse a SentencePiece model that transformers and PaddleFormers load by a conversion splitting text
+    otherwise than sentencepiece (:func:`surgery.io.tokenizer_loaders.prune_apart`: a Unigram model read
+    as BPE by ``LlamaTokenizer``), when they would load it: ``tokenizer_config.json`` beside it, no
+    ``tokenizer.json``. Kept text would encode to ``<unk>`` pieces under them (the keep-list and the check
+    follow sentencepiece's split).
+
+    Raises:
+        RefusedError: naming the model file, the loaders and the fix.
+    """
+    from .tokenizer_prune_sp import read_model, sp_format
+
+    if (root / "tokenizer.json").is_file() or not (root / CONFIG).is_file():
+        return
+    path = root / name
+    apart = prune_apart(sp_format(path, read_model(path)))
+    if apart:
+        who = " and ".join(str(x) for x in apart)
+        raise RefusedError(
+            f"prune refused: {who} read {name} through their own conversion, which splits text otherwise "
+            "than sentencepiece (tietool's keep-list and check): kept text would encode to <unk> pieces "
+            "under them; nothing was written",
+            path,
+            "prune with the tokenizer's own library, or drop tokenizer_config.json if only sentencepiece "
+            "reads the model",
+        )
+
+
 def prune_tokenizer_edit(folder: Path, keep: Sequence[int], texts: Sequence[str] = ()) -> TokenEdit | None:
     """The edit of every tokenizer file of ``folder`` that keeps only the tokens at ``keep`` (old ids,
     ascending; new id = position in ``keep``); None when the folder has no tokenizer vocabulary. ``texts``
@@ -174,6 +202,7 @@ def prune_tokenizer_edit(folder: Path, keep: Sequence[int], texts: Sequence[str]
         gone |= _prune_vocab_json(root, new_id, files, texts)
     for name in sp_names(root):
         if (root / name).is_file():
+            refuse_converted_sp(root, name)
             files[name], dropped = prune_sp_model(root / name, new_id)
             gone |= dropped
             old = (root / name).read_bytes()

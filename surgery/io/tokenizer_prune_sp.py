@@ -142,7 +142,7 @@ def prune_sp_model(path: Path, new_id: dict[int, int]) -> tuple[bytes, set[str]]
             f"prune refused: the keep-list leaves the Unigram model {path.name} only unknown, control and "
             "byte-fallback pieces, which sentencepiece cannot load (no pieces are loaded)",
             path,
-            "add the ids of the pieces your text uses to the keep-list (or prune with --keep-corpus)",
+            f"add the ids of the pieces your text uses to the keep-list (or prune with {Opt('corpus')})",
         )
     return m.SerializeToString(), gone
 

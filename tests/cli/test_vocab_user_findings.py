@@ -87,6 +87,8 @@ def test_a_unigram_model_left_with_no_normal_piece_is_refused_not_an_internal_er
     import sentencepiece as spm
 
     ck = _model_with(DATA / "tokenizers" / "sp_unigram", tmp_path / "ck", bos_token_id=1, eos_token_id=2)
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):  # sentencepiece alone reads the model
+        (ck / name).unlink()
     (tmp_path / "keep").write_text("0\n")
     out = tmp_path / "out"
     argv = ["prune", str(ck), "--keep-ids", str(tmp_path / "keep"), "--keep-special", "--out", str(out)]
@@ -138,3 +140,21 @@ def test_an_empty_keep_corpus_is_named(tmp_path):
         assert run.stderr.startswith(f"tietool: error: {tmp_path / name}: the keep-corpus "), run.stderr
         assert "has no text" in run.stderr and len(run.stderr.strip().splitlines()) == 1
         assert not (tmp_path / "o").exists()
+
+
+def test_a_unigram_model_transformers_and_paddleformers_convert_is_refused(tmp_path):
+    """``prune --keep-corpus`` of a SentencePiece Unigram folder with a ``tokenizer_config.json`` (so
+    transformers and PaddleFormers load it, as ``LlamaTokenizer``, through BPE merges built from the piece
+    scores) and no ``tokenizer.json``: the corpus's sentencepiece pieces leave out the pieces their split
+    needs ('The' became ``<unk>`` under PaddleFormers); exit 5 naming the model, nothing written, input
+    untouched. The split apart is proven by ``test_prune_loader_fact[sentencepiece-Unigram-*]``."""
+    ck = _model_with(DATA / "tokenizers" / "sp_unigram", tmp_path / "ck", bos_token_id=1, eos_token_id=2)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The quick brown fox\n")
+    before = _hashes(ck)
+    out = tmp_path / "out"
+    run = run_cli(["prune", str(ck), "--keep-corpus", str(corpus), "--keep-special", "--out", str(out)])
+    assert run.rc == 5, run.stderr
+    assert run.stderr.startswith(f"tietool: error: {ck / 'tokenizer.model'}: "), run.stderr
+    assert "transformers and paddleformers" in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert not out.exists() and _hashes(ck) == before
