@@ -363,8 +363,14 @@ def _edit_tokenizer_json(f: TokenizerFolder, add: list[AddedToken], drop: tuple[
         # would move the token to tokenizers' first, raw-text pass, ahead of longer normalized tokens)
         fn([tk.AddedToken(t.content, special=t.special, normalized=t.normalized)])
         got = tok.token_to_id(t.content)
-        if got != t.id:
-            raise TietoolError(f"tokenizers gave {t.content!r} id {got}, expected {t.id}", "tokenizer.json")
+        if got != t.id:  # tokenizer.json lacks tokens the other files hold (added_tokens.json's, say)
+            raise RefusedError(
+                f"tokenizer.json gives the new token {t.content!r} id {got} where the other tokenizer files "
+                f"make it {t.id}: the files disagree on the tokens they hold; nothing was written",
+                f.root / "tokenizer.json",
+                "make the files agree first: AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR) writes "
+                "every token into every file",
+            )
     _refuse_unreachable(f, tok, [t for t in add if t.id >= f.length])
     tail = text[len(text.rstrip("\n")) :]
     assert f.tj_native is not None, "internal: an edit needs scan_folder(native=True)"

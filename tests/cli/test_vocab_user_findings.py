@@ -158,3 +158,18 @@ def test_a_unigram_model_transformers_and_paddleformers_convert_is_refused(tmp_p
     assert run.stderr.startswith(f"tietool: error: {ck / 'tokenizer.model'}: "), run.stderr
     assert "transformers and paddleformers" in run.stderr and len(run.stderr.strip().splitlines()) == 1
     assert not out.exists() and _hashes(ck) == before
+
+
+def test_add_tokens_where_tokenizer_json_lacks_an_added_token_is_refused(tmp_path):
+    """Case b20: tokenizer.json holds 16 tokens, added_tokens.json adds ``<pad>`` = 16 (17 in all). A new
+    token is id 17 by the files together but 16 by ``tokenizers`` on tokenizer.json: was exit 1 ("tokenizers
+    gave '<x1>' id 16, expected 17", no fix); now exit 5 naming tokenizer.json and the fix, input kept."""
+    ck = tmp_path / "ck"
+    shutil.copytree(DATA / "cases" / "b20_added_pad_token_not_in_model" / "ckpt", ck)
+    before = _hashes(ck)
+    out = tmp_path / "out"
+    run = run_cli(["add-tokens", str(ck), "<x1>", "--out", str(out)])
+    assert run.rc == 5, run.stderr
+    assert run.stderr.startswith(f"tietool: error: {ck / 'tokenizer.json'}: "), run.stderr
+    assert "id 16" in run.stderr and "make it 17" in run.stderr and "save_pretrained" in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1 and not out.exists() and _hashes(ck) == before
