@@ -21,7 +21,6 @@ Not slow: a PaddleNLP checkpoint and a missing paddle exit 8 before any subproce
 
 from __future__ import annotations
 
-import concurrent.futures
 import importlib.util
 import json
 import shutil
@@ -155,8 +154,8 @@ def _verify(a: Path, b: Path) -> dict:
 
 
 class Runs:
-    """Every checkpoint built (one builder subprocess), every tool run and ``verify --logits`` (two at a
-    time, each a subprocess), once per session."""
+    """Every checkpoint of a build built (one builder subprocess), every tool run and ``verify --logits``
+    (in process, one after the other, each running its own PaddleFormers subprocess), once per session."""
 
     def __init__(self, root: Path, families: list[str]):
         t0 = time.monotonic()
@@ -179,8 +178,9 @@ class Runs:
         if "llama" in families:
             self._llama_jobs(work, jobs)
         t1 = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(2) as ex:
-            self.docs = dict(zip(jobs, ex.map(lambda ab: _verify(*ab), jobs.values()), strict=True))
+        # one after the other in this thread: in process (a thread would fall back to a `python -m tietool`
+        # subprocess, support.cli_runner), each still running its PaddleFormers subprocess
+        self.docs = {k: _verify(*ab) for k, ab in jobs.items()}
         self.verify_seconds = time.monotonic() - t1
         self.seconds = time.monotonic() - t0
 
