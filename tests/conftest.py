@@ -77,14 +77,26 @@ TIMING = (
 )
 
 
-def xdist_group_of(rel: str) -> str | None:
+def xdist_group_of(rel: str, build: str | None = None) -> str | None:
     """The ``xdist_group`` of the test with node id ``rel`` (relative to ``tests/``): ``"timing"``
-    (:data:`TIMING`), the file's path (:data:`SHARED_BUILDS`), or None (any worker)."""
+    (:data:`TIMING`), the file's path (:data:`SHARED_BUILDS`; ``PATH:BUILD`` when the file names the
+    separate build the test shares, :func:`shared_build_of`), or None (any worker)."""
     path, _, name = rel.partition("::")
     bare = f"{path}::{name.split('[', 1)[0]}" if name else path
     if any(bare == t or path == t for t in TIMING):
         return "timing"
-    return path if path in SHARED_BUILDS else None
+    if path not in SHARED_BUILDS:
+        return None
+    return f"{path}:{build}" if build else path
+
+
+def shared_build_of(item: pytest.Item) -> str | None:
+    """The build ``item`` shares, where its file builds more than one: the file's ``xdist_build(item)``
+    (a file of :data:`SHARED_BUILDS` whose tests fall into independent builds, each with its own module- or
+    session-scoped fixture, defines it; each build is then a group of its own, so two workers can build two
+    at once), else None (the whole file is one build)."""
+    of = getattr(getattr(item, "module", None), "xdist_build", None)
+    return of(item) if of is not None else None
 
 
 for _folder in sorted({p.parent for p in paths.TESTS.rglob("test_*.py")} - {paths.TESTS}):
@@ -115,7 +127,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         marker = FOLDER_MARKERS.get(rel.parts[0]) if rel and len(rel.parts) > 1 else None
         if marker:
             item.add_marker(marker)
-        group = xdist_group_of(rel.as_posix() + "::" + item.name) if rel else None
+        group = xdist_group_of(rel.as_posix() + "::" + item.name, shared_build_of(item)) if rel else None
         if group:
             item.add_marker(pytest.mark.xdist_group(group))
 

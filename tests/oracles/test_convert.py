@@ -542,31 +542,30 @@ def test_resize_of_a_converted_checkpoint_is_explained_by_verify(tmp_path):
 # ---------------------------------------------------------------------------------------------- slow: loads
 @pytest.mark.slow
 @pytest.mark.parametrize("name", PNLP_LLAMA)
-def test_converted_paddlenlp_loads_in_paddleformers(name, tmp_path):
+def test_converted_paddlenlp_loads_in_paddleformers(name, tmp_path, live_logits):
     run = _ok(_run(paths.CASES_DIR / name, tmp_path / "w", "paddleformers"))
-    res = fs.run_pf_logits(run.out, "LlamaForCausalLM", tmp_path / "l.npy")
+    res = live_logits.submit(run.out, "LlamaForCausalLM").result()
     assert res.get("ok"), res
     assert res["warnings"] == [], res["warnings"]
-    got = np.load(tmp_path / "l.npy")
+    got = res["logits"]
     want = np.load(paths.ORACLES_DIR / f"{name}.logits_before.npy")
     assert got.shape == want.shape
     assert float(np.abs(got - want).max()) < 1e-5
 
 
 @pytest.mark.slow
-def test_converted_legacy_pdparams_loads_without_legacy_format(tmp_path):
+def test_converted_legacy_pdparams_loads_without_legacy_format(tmp_path, live_logits):
     name = "pf_llama_untied_legacy_pdparams"
     run = _ok(_run(paths.CASES_DIR / name, tmp_path / "w", "paddleformers"))
-    ref = fs.run_pf_logits(
-        fs.copy_checkpoint(paths.CASES_DIR / name, tmp_path / "ref"),
+    ref = live_logits.submit(
+        paths.CASES_DIR / name,
         "LlamaForCausalLM",
-        tmp_path / "ref.npy",
         {"load_checkpoint_format": "legacy", "convert_from_hf": False},
-    )
+    ).result()
     assert ref.get("ok"), ref
-    res = fs.run_pf_logits(run.out, "LlamaForCausalLM", tmp_path / "got.npy")
+    res = live_logits.submit(run.out, "LlamaForCausalLM").result()
     assert res.get("ok") and res["warnings"] == [], res
-    got, want = np.load(tmp_path / "got.npy"), np.load(tmp_path / "ref.npy")
+    got, want = res["logits"], ref["logits"]
     assert fs.logits_mismatch(got, want) is None
 
 
@@ -610,7 +609,7 @@ def test_unfuses_what_paddleformers_fuse_param_func_fused(tmp_path):
 
 
 @pytest.mark.slow
-def test_converted_fused_paddlenlp_loads_in_paddleformers(tmp_path):
+def test_converted_fused_paddlenlp_loads_in_paddleformers(tmp_path, live_logits):
     """The unfused output of a fused PaddleNLP checkpoint (fuse flags set false) loads in PaddleFormers with
     no missing or unexpected keys and finite logits; and converting it to unfused PaddleNLP and back gives
     the same tensors bit for bit."""
@@ -619,9 +618,9 @@ def test_converted_fused_paddlenlp_loads_in_paddleformers(tmp_path):
     tietool.convert(tmp_path / "pf", "paddlenlp", tmp_path / "pnlp")  # unfused llama. names, [in, out]
     tietool.convert(tmp_path / "pnlp", "paddleformers", tmp_path / "pf2")
     _same_tensors(tmp_path / "pf", tmp_path / "pf2")
-    res = fs.run_pf_logits(tmp_path / "pf", "LlamaForCausalLM", tmp_path / "l.npy")
+    res = live_logits.submit(tmp_path / "pf", "LlamaForCausalLM").result()
     assert res.get("ok") and res["warnings"] == [] and res["shape"] == [2, 8, 48], res
-    assert np.isfinite(np.load(tmp_path / "l.npy")).all()
+    assert np.isfinite(res["logits"]).all()
 
 
 def test_mistral_is_refused_for_paddleformers(tmp_path, fixture_copy):

@@ -219,13 +219,35 @@ class Matrix:
         return self.logits[self._job(run.out, v)]
 
 
-def _selected(request) -> set[tuple[str, str | None]]:
-    """(variant name, op) of every selected test; a test of inputs only needs its checkpoints built and
-    loaded, which tie (every variant's first command) brings."""
+# The families fall into BUILDS independent builds (a Matrix each, built when its first test runs): under
+# pytest-xdist each build is a group of its own (xdist_build, tests/conftest.py), so the two workers build two
+# at once instead of one worker building all 16 families while the other waits for nothing of it. Each build
+# costs one builder and one logits process more (~6 s of CPU: paddle's import); four keep that small.
+BUILDS = 4
+
+
+def _family_of(params: dict) -> str:
+    return params["family"] if "family" in params else BY_NAME[params["name"]].family
+
+
+def _build_of(family: str) -> int:
+    return list(fb.FAMILIES).index(family) % BUILDS
+
+
+def xdist_build(item) -> str:
+    """The build a test shares (tests/conftest.py: its xdist group): its family's :func:`_build_of`."""
+    return f"build{_build_of(_family_of(item.callspec.params))}"
+
+
+def _selected(request, build: int) -> set[tuple[str, str | None]]:
+    """(variant name, op) of every selected test of build ``build``; a test of inputs only needs its
+    checkpoints built and loaded, which tie (every variant's first command) brings."""
     sel: set[tuple[str, str | None]] = set()
     for it in request.session.items:
         p = getattr(getattr(it, "callspec", None), "params", None)
         if it.module is None or it.module.__name__ != __name__ or p is None:
+            continue
+        if _build_of(_family_of(p)) != build:
             continue
         if "op" in p:
             sel.add((p["name"], p["op"]))
@@ -239,11 +261,36 @@ def _selected(request) -> set[tuple[str, str | None]]:
 
 
 @pytest.fixture(scope="session")
-def matrix(request, tmp_path_factory):
+def matrices(request, tmp_path_factory):
+    """The :class:`Matrix` of each build (:data:`BUILDS`), made on first use, for the session."""
     if importlib.util.find_spec("paddleformers") is None:
         pytest.skip("paddleformers is not importable in this interpreter (install the [test] extra)")
-    m = Matrix(tmp_path_factory.mktemp("families"), _selected(request))
-    yield m
+    made: dict[int, Matrix | BaseException] = {}
+
+    def of(b: int) -> Matrix:
+        if b not in made:  # a build that failed fails every test of it, once
+            try:
+                made[b] = Matrix(tmp_path_factory.mktemp(f"families{b}"), _selected(request, b))
+            except Exception as e:  # noqa: BLE001 - raised again for each test of the build
+                made[b] = e
+        m = made[b]
+        if isinstance(m, BaseException):
+            raise m
+        return m
+
+    yield of
+    for m in made.values():
+        if isinstance(m, Matrix):
+            _summary(m)
+
+
+@pytest.fixture
+def matrix(request, matrices) -> Matrix:
+    """The :class:`Matrix` of the build of this test's family."""
+    return matrices(_build_of(_family_of(request.node.callspec.params)))
+
+
+def _summary(m: Matrix) -> None:
     print(
         f"\n[test_families] {len(m.built)} checkpoints built in {m.build_seconds:.1f}s; "
         f"{len(m.results)} commands (+ verify) in {m.tool_seconds:.1f}s; {m.loads} PaddleFormers loads in "

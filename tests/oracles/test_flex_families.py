@@ -6,10 +6,12 @@ layout and says the exact load it needs.
 The inputs are ``tests/data/flex/families/<model_type>/`` (``make_trainer_families.py``: the real Trainer, 2
 steps on CPU; ``checkpoint-2/model_state`` as it left it, the base model's config.json above it, the trained
 model's logits on ``input_ids.npy`` as ``logits.npy``; see tests/data/flex/README.md). The logits are
-computed by ``tests/data/tools/pf_logits.py`` (``from_pretrained`` in a fresh subprocess, as a user calls
-it) and compared with the stored oracle within 1e-5 (bit for bit on the CPU that wrote it; another CPU may
-round the last bits differently), and the Paddle-layout output's legacy load with the converted output's
-plain load bit for bit (same CPU, same run).
+computed by ``tests/data/tools/pf_logits.py`` (``from_pretrained`` as a user calls it, in the session's
+long-lived logits processes, :class:`support.fixture_support.LiveLogits`, each load in a process that saw no
+failed load: ``test_families.py::test_batched_logits_equal_fresh_process`` shows such loads give a fresh
+subprocess's logits bit for bit) and compared with the stored oracle within 1e-5 (bit for bit on the CPU
+that wrote it; another CPU may round the last bits differently), and the Paddle-layout output's legacy load
+with the converted output's plain load bit for bit (same CPU, same run).
 """
 
 from __future__ import annotations
@@ -43,8 +45,6 @@ MODEL_CLASS = {
 }
 LEGACY = {"load_checkpoint_format": "legacy", "convert_from_hf": False}
 TOOLS = paths.TESTS
-PF_LOGITS = TOOLS / "data" / "tools" / "pf_logits.py"
-PF_LOGITS_KW = TOOLS / "support" / "pf_logits_kw.py"
 needs_families = pytest.mark.skipif(not FAMILIES.is_dir(), reason="tests/data/flex/families not present")
 
 
@@ -55,30 +55,22 @@ def _copy(model_type: str, tmp_path: Path) -> Path:
     return run / "checkpoint-2"
 
 
-def _load(folder: Path, model_type: str, ids: Path, out: Path, kwargs: dict | None = None) -> dict:
+def _load(live_logits, folder: Path, model_type: str, ids: Path, kwargs: dict | None = None) -> dict:
     """pf_logits.py's result for ``folder`` (``from_pretrained(folder, **kwargs)``) on ``ids``: ``ok``,
-    ``error``, ``warnings``; the logits in ``out`` when ``ok``."""
-    cmd = (
-        [sys.executable, str(PF_LOGITS_KW), json.dumps(kwargs)]
-        if kwargs
-        else [sys.executable, str(PF_LOGITS)]
-    )
-    cmd += [str(folder), MODEL_CLASS[model_type], str(ids), str(out)]
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}
-    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
-    lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
-    return json.loads(lines[-1]) if lines else {"ok": False, "error": cp.stderr[-2000:]}
+    ``error``, ``warnings``, ``logits`` (the array when ``ok``): the session's
+    :class:`support.fixture_support.LiveLogits`."""
+    return live_logits.submit(folder, MODEL_CLASS[model_type], kwargs, ids=ids).result()
 
 
-def _logits(folder: Path, model_type: str, ids: Path, out: Path, kwargs: dict | None = None) -> np.ndarray:
+def _logits(live_logits, folder: Path, model_type: str, ids: Path, kwargs: dict | None = None) -> np.ndarray:
     """PaddleFormers 1.2 logits of ``folder`` (``from_pretrained(folder, **kwargs)``) on ``ids``.
 
     Raises:
         AssertionError: the load failed (its error and warnings shown).
     """
-    res = _load(folder, model_type, ids, out, kwargs)
-    assert res["ok"], res
-    return np.load(out)
+    res = _load(live_logits, folder, model_type, ids, kwargs)
+    assert res["ok"], {k: v for k, v in res.items() if k != "logits"}
+    return res["logits"]
 
 
 def _names(out: Path) -> dict[str, list[int]]:
@@ -132,7 +124,7 @@ def test_merged_in_the_hf_layout(model_type: str, tmp_path: Path) -> None:
 @pytest.mark.slow
 @needs_families
 @pytest.mark.parametrize("model_type", sorted(MODEL_CLASS))
-def test_plain_from_pretrained_gives_the_trained_logits(model_type: str, tmp_path: Path) -> None:
+def test_plain_from_pretrained_gives_the_trained_logits(model_type: str, tmp_path: Path, live_logits) -> None:
     """The proof of the family's conversion row: merged by the CLI, loaded with a plain ``from_pretrained``
     (the README's recipe), the trained model's logits; the Paddle layout written on request loads with the
     load the terminal names (the same logits bit for bit) and a plain load of it does not (other logits, or
@@ -143,13 +135,13 @@ def test_plain_from_pretrained_gives_the_trained_logits(model_type: str, tmp_pat
     assert av.run_cli(["merge", _copy(model_type, tmp_path), "--out", conv]).rc == 0
     run = av.run_cli(["merge", _copy(model_type, tmp_path / "k"), "--out", kept, "--keep-paddle-layout"])
     assert run.rc == 0, run.describe()
-    got = _logits(conv, model_type, ids, tmp_path / "conv.npy")
+    got = _logits(live_logits, conv, model_type, ids)
     assert np.abs(got - want).max() < 1e-5, np.abs(got - want).max()
-    legacy = _logits(kept, model_type, ids, tmp_path / "legacy.npy", LEGACY)
+    legacy = _logits(live_logits, kept, model_type, ids, LEGACY)
     assert np.array_equal(legacy, got)
-    plain = _load(kept, model_type, ids, tmp_path / "plain.npy")  # fails (GLM-4-MoE) or computes others
+    plain = _load(live_logits, kept, model_type, ids)  # fails (GLM-4-MoE) or computes others
     if plain["ok"]:
-        assert np.abs(np.load(tmp_path / "plain.npy") - want).max() > 1e-2
+        assert np.abs(plain["logits"] - want).max() > 1e-2
     else:
         assert "should be assigned before" in plain["error"], plain
 
@@ -289,7 +281,7 @@ def _arrays(out: Path) -> dict[str, np.ndarray]:
 @pytest.mark.slow
 @needs_families
 @pytest.mark.parametrize("model_type", ["gemma3_text"])
-def test_tied_merge_is_the_librarys_export(model_type: str, tmp_path: Path) -> None:
+def test_tied_merge_is_the_librarys_export(model_type: str, tmp_path: Path, live_logits) -> None:
     """The proof of ``TIED_HEAD_NOT_EXPORTED``: a tied Trainer checkpoint (the Trainer holds the tied
     parameter under the head's name too) merges into what PaddleFormers' own ``save_pretrained`` of the
     trained model writes (the Paddle-layout merge loaded with the legacy load and saved: no
@@ -339,7 +331,7 @@ def test_tied_merge_is_the_librarys_export(model_type: str, tmp_path: Path) -> N
     assert sorted(got) == sorted(want)
     assert all(got[k].dtype == want[k].dtype and np.array_equal(got[k], want[k]) for k in want)
     ids = src / "input_ids.npy"
-    plain = _logits(conv, model_type, ids, tmp_path / "plain.npy")
+    plain = _logits(live_logits, conv, model_type, ids)
     assert np.abs(plain - np.load(src / "logits.npy")).max() < 1e-5
     python = hf_logits.python()
     if python is None or hf_logits.available(python):

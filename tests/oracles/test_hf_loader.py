@@ -46,6 +46,16 @@ from tietool.surgery import arch
 
 pytestmark = pytest.mark.slow
 
+# the three independent builds of this file, each a module-scoped fixture
+BUILDS = ("world", "native", "pdworld")
+
+
+def xdist_build(item) -> str | None:
+    """The build a test shares (tests/conftest.py: under pytest-xdist each is a group of its own, so the
+    three are built on both workers at once): the one of :data:`BUILDS` it uses."""
+    return next((b for b in BUILDS if b in item.fixturenames), None)
+
+
 # the families transformers 5.3 loads from PaddleFormers 1.2's export (module docstring)
 FAMILIES = (
     "llama",

@@ -55,6 +55,23 @@ EXTRA: dict[str, tuple[str, dict]] = {
     "untied-bf16": ("untied", {"dtype": "bfloat16"}),
 }
 KEPT = 48  # resize down keeps 50 rows; IDS are below 48 and the compared logits are the first KEPT columns
+# The families fall into BUILDS independent builds (the cases and writes of each made when its first test
+# runs): under pytest-xdist each build is a group of its own (xdist_build, tests/conftest.py), so the two
+# workers build and load two at once. Each build costs three PaddleNLP processes more (paddle's import).
+BUILDS = 2
+
+
+def _build_of(family: str) -> int:
+    """The families with the extra variants alternate first, then the others (two builds of like size)."""
+    order = sorted(FAMILIES, key=lambda f: f not in EXTRA_FAMILIES)
+    return order.index(family) % BUILDS
+
+
+def xdist_build(item) -> str | None:
+    """The build a test shares (tests/conftest.py: its xdist group): its family's :func:`_build_of`, None
+    for a test of the table alone."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return f"build{_build_of(params['family'])}" if "family" in params else None
 
 
 @dataclass
@@ -70,9 +87,9 @@ def _key(family: str, container: str) -> str:
     return f"{family}-{container}"
 
 
-def _build_jobs(root: Path) -> tuple[list[dict], dict[str, Case]]:
+def _build_jobs(root: Path, build: int) -> tuple[list[dict], dict[str, Case]]:
     jobs, cases = [], {}
-    for family, container in CASES:
+    for family, container in (c for c in CASES if _build_of(c[0]) == build):
         case = cases.setdefault(_key(family, container), Case(family, container))
         extra = EXTRA if family in EXTRA_FAMILIES else {}
         for variant, (tie, kw) in {**{v: (v, {}) for v in VARIANTS}, **extra}.items():
@@ -129,12 +146,41 @@ def _attach(cases: dict[str, Case], jobs: list[dict], results: list[dict], names
         cases[key].loads[variant] = res
 
 
+def _once(make):
+    """``make(build)`` for each build at most once: its value, or its error raised again for each test of
+    the build."""
+    made: dict[int, object] = {}
+
+    def of(build: int):
+        if build not in made:
+            try:
+                made[build] = make(build)
+            except Exception as e:  # noqa: BLE001 - raised again for each test of the build
+                made[build] = e
+        if isinstance(made[build], BaseException):
+            raise made[build]
+        return made[build]
+
+    return of
+
+
 @pytest.fixture(scope="session")
-def pnlp_cases(tmp_path_factory) -> dict[str, Case]:
-    """Every input of :data:`CASES`, built, edited and loaded by PaddleNLP 2.8.1 (two worker processes)."""
+def all_pnlp_cases(tmp_path_factory):
+    """``of(build)``: :func:`cases_of` of that build, made once."""
+    return _once(lambda b: cases_of(tmp_path_factory.mktemp(f"pnlp{b}"), b))
+
+
+@pytest.fixture
+def pnlp_cases(request, all_pnlp_cases) -> dict[str, Case]:
+    """The cases of the build of this test's family."""
     pnlp_support.require()
-    root = tmp_path_factory.mktemp("pnlp")
-    jobs, cases = _build_jobs(root)
+    return all_pnlp_cases(_build_of(request.node.callspec.params["family"]))
+
+
+def cases_of(root: Path, build: int) -> dict[str, Case]:
+    """Every input of :data:`CASES` of build ``build``, built, edited and loaded by PaddleNLP 2.8.1 (two
+    worker processes)."""
+    jobs, cases = _build_jobs(root, build)
     _check(pnlp_support.run_jobs(jobs, root / "work"), jobs)
     for c in cases.values():
         c.model_type = json.loads((c.dirs["tied"] / "config.json").read_text())["model_type"]
@@ -262,13 +308,23 @@ def _write(case: Case, op: tuple[str, str, str, dict], root: Path) -> Write:
 
 
 @pytest.fixture(scope="session")
-def pnlp_writes(pnlp_cases, tmp_path_factory) -> dict[tuple[str, str, str], Write]:
-    """Every operation of :data:`OPS` on every case, by tietool in this process; every output loaded by
-    PaddleNLP 2.8.1 in one worker process."""
-    root = tmp_path_factory.mktemp("pnlp-writes")
+def all_pnlp_writes(all_pnlp_cases, tmp_path_factory):
+    """``of(build)``: :func:`writes_of` of that build, made once."""
+    return _once(lambda b: writes_of(all_pnlp_cases(b), tmp_path_factory.mktemp(f"pnlp-writes{b}")))
+
+
+@pytest.fixture
+def pnlp_writes(request, all_pnlp_writes) -> dict[tuple[str, str, str], Write]:
+    """The writes of the build of this test's family."""
+    return all_pnlp_writes(_build_of(request.node.callspec.params["family"]))
+
+
+def writes_of(pnlp_cases: dict[str, Case], root: Path) -> dict[tuple[str, str, str], Write]:
+    """Every operation of :data:`OPS` on every case of ``pnlp_cases``, by tietool in this process; every
+    output loaded by PaddleNLP 2.8.1 in one worker process."""
     writes, jobs = {}, []
-    for f, c in CASES:
-        case = pnlp_cases[_key(f, c)]
+    for case in pnlp_cases.values():
+        f, c = case.family, case.container
         for op in (o for o in OPS if o[1] in case.dirs):
             w = writes[(f, c, op[0])] = _write(case, op, root)
             if w.out is not None:

@@ -21,7 +21,6 @@ Not slow: a PaddleNLP checkpoint and a missing paddle exit 8 before any subproce
 
 from __future__ import annotations
 
-import concurrent.futures
 import importlib.util
 import json
 import shutil
@@ -68,15 +67,35 @@ def _layout_written(untied: Path) -> list[str]:
     return ["--layout", "vocab-hidden" if ts["lm_head.weight"].shape == emb else "hidden-vocab"]
 
 
-def _variants() -> list[fb.Variant]:
-    out = [fb.Variant(f, t, fmt, False) for f in FAMILIES for t in ("tied", "untied") for fmt in FORMATS]
+# The families fall into BUILDS independent builds (a Runs each, made when its first test runs): under
+# pytest-xdist each build is a group of its own (xdist_build, tests/conftest.py), so the two workers build and
+# verify two at once. Each build costs one builder process more (paddle's import); the verify runs are one
+# subprocess each whatever the grouping.
+BUILDS = 4
+
+
+def _build_of(family: str) -> int:
+    return FAMILIES.index(family) % BUILDS
+
+
+def xdist_build(item) -> str | None:
+    """The build a test shares (tests/conftest.py: its xdist group): its family's :func:`_build_of` (the
+    llama one for the tests of llama's checkpoints without a family parameter), None without ``runs``."""
+    if "runs" not in item.fixturenames:
+        return None
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return f"build{_build_of(params.get('family', 'llama'))}"
+
+
+def _variants(families: list[str]) -> list[fb.Variant]:
+    out = [fb.Variant(f, t, fmt, False) for f in families for t in ("tied", "untied") for fmt in FORMATS]
     out += [
         fb.Variant(f, "untied-equal", fmt, False)
-        for f in FAMILIES
+        for f in families
         for fmt in FORMATS
         if _untie_refused(f, fmt)
     ]
-    return out + [fb.Variant("llama", "untied-equal", "safetensors", False)]
+    return out + ([fb.Variant("llama", "untied-equal", "safetensors", False)] if "llama" in families else [])
 
 
 def _corrupt_head(src: Path, dst: Path) -> str:
@@ -135,17 +154,17 @@ def _verify(a: Path, b: Path) -> dict:
 
 
 class Runs:
-    """Every checkpoint built (one builder subprocess), every tool run and ``verify --logits`` (two at a
-    time, each a subprocess), once per session."""
+    """Every checkpoint of a build built (one builder subprocess), every tool run and ``verify --logits``
+    (in process, one after the other, each running its own PaddleFormers subprocess), once per session."""
 
-    def __init__(self, root: Path):
+    def __init__(self, root: Path, families: list[str]):
         t0 = time.monotonic()
-        self.built, self.build_seconds = lf.build_all(_variants(), root / "built")
+        self.built, self.build_seconds = lf.build_all(_variants(families), root / "built")
         work = root / "work"
         work.mkdir()
         jobs: dict[str, tuple[Path, Path]] = {}
         self.corrupted: dict[str, str] = {}  # family -> the tensor given noise
-        for fam in FAMILIES:
+        for fam in families:
             for fmt in FORMATS:
                 if _untie_refused(fam, fmt):
                     jobs[f"{fam}-{fmt}-op"] = self._op("tie", self._path(fam, "untied-equal", fmt), work)
@@ -156,6 +175,18 @@ class Runs:
             src = self._path(fam, "untied", "safetensors")
             jobs[f"{fam}-corrupt"] = (src, work / f"{fam}-corrupt")
             self.corrupted[fam] = _corrupt_head(src, work / f"{fam}-corrupt")
+        if "llama" in families:
+            self._llama_jobs(work, jobs)
+        t1 = time.monotonic()
+        # one after the other in this thread: in process (a thread would fall back to a `python -m tietool`
+        # subprocess, support.cli_runner), each still running its PaddleFormers subprocess
+        self.docs = {k: _verify(*ab) for k, ab in jobs.items()}
+        self.verify_seconds = time.monotonic() - t1
+        self.seconds = time.monotonic() - t0
+
+    def _llama_jobs(self, work: Path, jobs: dict[str, tuple[Path, Path]]) -> None:
+        """The head dropped from an untied Llama whose head equals the embedding, and a Llama whose config
+        names no PaddleFormers class."""
         src = self._path("llama", "untied-equal", "safetensors")
         _drop_head(src, work / "llama-no-head")
         jobs["llama-no-head"] = (src, work / "llama-no-head")
@@ -166,11 +197,6 @@ class Runs:
         (work / "unknown-in" / "config.json").write_text(json.dumps(cfg))
         shutil.copytree(work / "unknown-in", work / "unknown-out")
         jobs["no-class"] = (work / "unknown-in", work / "unknown-out")
-        t1 = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(2) as ex:
-            self.docs = dict(zip(jobs, ex.map(lambda ab: _verify(*ab), jobs.values()), strict=True))
-        self.verify_seconds = time.monotonic() - t1
-        self.seconds = time.monotonic() - t0
 
     def _path(self, fam: str, tie: str, fmt: str) -> Path:
         b = self.built[fb.Variant(fam, tie, fmt, False)]
@@ -187,15 +213,38 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def all_runs(tmp_path_factory):
+    """The :class:`Runs` of each build (:data:`BUILDS`), made on first use, for the module."""
     if importlib.util.find_spec("paddleformers") is None:
         pytest.skip("paddleformers is not importable in this interpreter (install the [test] extra)")
-    r = Runs(tmp_path_factory.mktemp("verify-logits"))
-    yield r
-    print(
-        f"\n[test_verify_logits] {len(r.built)} checkpoints built in {r.build_seconds:.1f}s; {len(r.docs)} "
-        f"verify --logits in {r.verify_seconds:.1f}s; {r.seconds:.1f}s in all"
-    )
+    made: dict[int, Runs | BaseException] = {}
+
+    def of(b: int) -> Runs:
+        if b not in made:  # a build that failed fails every test of it, once
+            try:
+                families = [f for f in FAMILIES if _build_of(f) == b]
+                made[b] = Runs(tmp_path_factory.mktemp(f"verify-logits{b}"), families)
+            except Exception as e:  # noqa: BLE001 - raised again for each test of the build
+                made[b] = e
+        r = made[b]
+        if isinstance(r, BaseException):
+            raise r
+        return r
+
+    yield of
+    for r in made.values():
+        if isinstance(r, Runs):
+            print(
+                f"\n[test_verify_logits] {len(r.built)} checkpoints built in {r.build_seconds:.1f}s; "
+                f"{len(r.docs)} verify --logits in {r.verify_seconds:.1f}s; {r.seconds:.1f}s in all"
+            )
+
+
+@pytest.fixture
+def runs(request, all_runs) -> Runs:
+    """The :class:`Runs` of the build of this test's family (llama's for the tests without one)."""
+    params = getattr(getattr(request.node, "callspec", None), "params", {})
+    return all_runs(_build_of(params.get("family", "llama")))
 
 
 def _one_line(doc: dict) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
-from conftest import FOLDER_MARKERS, SHARED_BUILDS, TIMING, xdist_group_of
+from conftest import FOLDER_MARKERS, SHARED_BUILDS, TIMING, shared_build_of, xdist_group_of
 from support import paths
 
 TEST_FILES = sorted(
@@ -74,6 +74,9 @@ def test_the_xdist_groups_name_existing_tests():
     assert xdist_group_of("adversarial/test_atomic.py::test_sigkill_at_random_points") == "timing"
     assert xdist_group_of("adversarial/test_atomic.py::test_disk_full_leaves_nothing[copy]") is None
     assert xdist_group_of("oracles/test_families.py::test_x[a]") == "oracles/test_families.py"
+    assert xdist_group_of("oracles/test_families.py::test_x[a]", "b1") == "oracles/test_families.py:b1"
+    assert xdist_group_of("adversarial/test_hostile.py::test_hostile[x-tie]", "b1") == "timing"
+    assert xdist_group_of("unit/io/test_store.py::test_x", "b1") is None
     assert xdist_group_of("unit/io/test_store.py::test_x") is None
 
 
@@ -86,4 +89,8 @@ def test_the_tests_run_grouped_under_xdist(request: pytest.FixtureRequest):
     assert "--dist loadgroup" in ini["addopts"]
     assert request.node.get_closest_marker("xdist_group") is None
     grouped = [i for i in request.session.items if i.get_closest_marker("xdist_group")]
-    assert all(xdist_group_of(str(i.path.relative_to(paths.TESTS)) + "::" + i.name) for i in grouped)
+    assert all(
+        i.get_closest_marker("xdist_group").args[0]
+        == xdist_group_of(str(i.path.relative_to(paths.TESTS)) + "::" + i.name, shared_build_of(i))
+        for i in grouped
+    )

@@ -773,54 +773,65 @@ def _alias_deprecated(T, cls_name: str) -> None:
             setattr(T, cls_name + "Deprecated", getattr(T, cls_name))
 
 
-def _logits_main(jobs_path: str, results_path: str) -> int:
-    """Run pf_logits.py unchanged (``runpy``) for each job in turn, in this one process; stop at the first
-    failure (the parent reruns it and what follows in fresh processes)."""
+def _logits_job(n: int, job: dict) -> dict:
+    """Run pf_logits.py unchanged (``runpy``) on one job in this process, where ``n`` loads ran before it
+    (on :data:`INPUT_IDS`, or the job's ``ids`` file); its JSON line as a dict, with ``out`` and ``batch``
+    (= ``n``) added."""
     import contextlib
     import io
     import runpy
 
+    import paddleformers.transformers as T
+
+    _alias_deprecated(T, job["model_class"])
+
+    cls = None
+    orig = None
+    if job["kwargs"]:  # as support/pf_logits_kw.py does, undone after the job
+        # on the base class, as pf_logits_kw.py: pf_logits.py may load another class than the one named
+        # (the Deprecated Qwen2/Qwen3 ones without paddlefleet), which need not inherit from it
+        from paddleformers.transformers.model_utils import PretrainedModel as cls
+
+        orig = cls.__dict__.get("from_pretrained")
+        base = cls.from_pretrained.__func__
+        kwargs = job["kwargs"]
+
+        def from_pretrained(klass, *a, _base=base, _kw=kwargs, **kw):
+            return _base(klass, *a, **{**_kw, **kw})
+
+        cls.from_pretrained = classmethod(from_pretrained)
+    out = io.StringIO()
+    sys.argv = [str(PF_LOGITS), job["ckpt"], job["model_class"], job.get("ids") or str(INPUT_IDS), job["out"]]
+    try:
+        with contextlib.redirect_stdout(out):
+            runpy.run_path(str(PF_LOGITS), run_name="__main__")
+    except SystemExit:
+        pass
+    except Exception as e:  # noqa: BLE001
+        print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}", "warnings": []}), file=out)
+    finally:
+        if cls is not None:
+            if orig is None:
+                del cls.from_pretrained
+            else:
+                cls.from_pretrained = orig
+    lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("{")]
+    res = json.loads(lines[-1]) if lines else {"ok": False, "error": "no JSON line", "warnings": []}
+    res["out"] = job["out"]
+    res["batch"] = n
+    return res
+
+
+def _logits_main(jobs_path: str, results_path: str) -> int:
+    """Run :func:`_logits_job` for each job in turn, in this one process; stop at the first failure (the
+    parent reruns it and what follows in fresh processes)."""
     os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     _stub_gpt_provider()
     _stub_paddlefleet_ops()
     jobs = json.loads(Path(jobs_path).read_text())
     results = []
     for n, job in enumerate(jobs):
-        import paddleformers.transformers as T
-
-        _alias_deprecated(T, job["model_class"])
-
-        cls = None
-        orig = None
-        if job["kwargs"]:  # as support/pf_logits_kw.py does, undone after the job
-            cls = getattr(T, job["model_class"])
-            orig = cls.__dict__.get("from_pretrained")
-            base = cls.from_pretrained.__func__
-            kwargs = job["kwargs"]
-
-            def from_pretrained(klass, *a, _base=base, _kw=kwargs, **kw):
-                return _base(klass, *a, **{**_kw, **kw})
-
-            cls.from_pretrained = classmethod(from_pretrained)
-        out = io.StringIO()
-        sys.argv = [str(PF_LOGITS), job["ckpt"], job["model_class"], str(INPUT_IDS), job["out"]]
-        try:
-            with contextlib.redirect_stdout(out):
-                runpy.run_path(str(PF_LOGITS), run_name="__main__")
-        except SystemExit:
-            pass
-        except Exception as e:  # noqa: BLE001
-            print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}", "warnings": []}), file=out)
-        finally:
-            if cls is not None:
-                if orig is None:
-                    del cls.from_pretrained
-                else:
-                    cls.from_pretrained = orig
-        lines = [ln for ln in out.getvalue().splitlines() if ln.startswith("{")]
-        res = json.loads(lines[-1]) if lines else {"ok": False, "error": "no JSON line", "warnings": []}
-        res["out"] = job["out"]
-        res["batch"] = n
+        res = _logits_job(n, job)
         results.append(res)
         Path(results_path).write_text(json.dumps(results))
         if not res["ok"]:
@@ -828,7 +839,29 @@ def _logits_main(jobs_path: str, results_path: str) -> int:
     return 0
 
 
+SERVE_MARK = "@@pf-logits-result@@ "
+
+
+def _serve_main() -> int:
+    """``--serve``: one job per line of stdin (a job of :func:`_logits_main`'s list), run by
+    :func:`_logits_job`; each result is one line of the original stdout, after :data:`SERVE_MARK`. Anything
+    else written to stdout (a library's own print, native logs) goes to stderr, so the channel holds
+    results only. Ends at the end of stdin (:class:`support.pf_worker.LogitsWorker` is the other side)."""
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    _stub_gpt_provider()
+    _stub_paddlefleet_ops()
+    for n, line in enumerate(sys.stdin):
+        res = _logits_job(n, json.loads(line))
+        channel.write(SERVE_MARK + json.dumps(res) + "\n")
+        channel.flush()
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--serve":
+        sys.exit(_serve_main())
     if sys.argv[1] == "--logits":
         sys.exit(_logits_main(sys.argv[2], sys.argv[3]))
     sys.exit(_main(sys.argv[1], sys.argv[2]))

@@ -7,8 +7,9 @@ Nothing here imports ``tietool``: the tests judge the tool with their own small 
 * ``.pdparams``: a pickle of ``{name: numpy.ndarray, "StructuredToParameterName@@": {...}}`` as
   ``paddle.save`` writes it. It is read with an unpickler that only resolves the numpy globals needed to
   rebuild arrays and raises on anything else.
-* :func:`run_pf_logits` / :class:`LiveLogits`: PaddleFormers 1.2 logits of a folder, each load in its own
-  subprocess (``tests/data/tools/pf_logits.py``).
+* :func:`run_pf_logits` / :class:`LiveLogits`: PaddleFormers 1.2 logits of a folder
+  (``tests/data/tools/pf_logits.py``), in a subprocess of its own / in long-lived processes
+  (:mod:`support.pf_worker`).
 
 The fixtures live in ``tests/data/fixtures`` (:mod:`support.paths`).
 """
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from support import cli_runner
+from support import cli_runner, pf_worker
 from support.paths import (  # noqa: F401  (re-exported: the tests use fs.CASES_DIR etc.)
     CASES_DIR,
     EXPECTED_DIR,
@@ -326,12 +327,14 @@ def run_pf_logits(
 
 
 class LiveLogits:
-    """PaddleFormers logits computed in this run, two subprocesses at a time.
+    """PaddleFormers logits computed in this run, two loads at a time.
 
     The stored ``oracles/*.npy`` logits are bit-exact only on the CPU that wrote them, so a fidelity test
     compares the logits of a tool's output with the logits of its input computed here, the same way: a fresh
-    copy of the folder in a temporary folder, :func:`run_pf_logits` with the same keyword arguments, one
-    subprocess per load (a failed load breaks later loads in-process).
+    copy of the folder in a temporary folder, ``pf_logits.py`` with the same keyword arguments, in one of two
+    long-lived processes (:class:`support.pf_worker.LogitsPool`: paddle imported once per process, not once
+    per load; a process that saw a failed load is replaced, and a load that failed after others is run
+    again in a fresh one, as a failed load can break later loads in-process).
 
     * :meth:`reference` -- logits of an input (a fixture, an oracle folder), computed once per session per
       (folder, keyword arguments) and shared by every test that compares with it;
@@ -344,23 +347,27 @@ class LiveLogits:
     def __init__(self, root: Path, workers: int = 2):
         self.root = root
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="pf-logits")
+        self._workers = pf_worker.LogitsPool(root)
         self._lock = threading.Lock()
         self._count = 0
         self._references: dict[tuple[str, str], Future] = {}
 
-    def _job(self, src: Path, model_class: str, kwargs: dict) -> dict:
+    def _job(self, src: Path, model_class: str, kwargs: dict, ids: Path | None = None) -> dict:
         with self._lock:
             self._count += 1
             work = self.root / f"{self._count:03d}-{src.name}"
         work.mkdir(parents=True)
         ckpt = copy_checkpoint(src, work / "ckpt")
-        res = run_pf_logits(ckpt, model_class, work / "logits.npy", kwargs)
+        res = self._workers.load(ckpt, model_class, kwargs, work / "logits.npy", ids)
         res["folder"] = str(src)
         res["logits"] = np.load(work / "logits.npy") if res.get("ok") else None
         return res
 
-    def submit(self, ckpt: Path, model_class: str, kwargs: dict | None = None) -> Future:
-        return self._pool.submit(self._job, Path(ckpt), model_class, dict(kwargs or {}))
+    def submit(
+        self, ckpt: Path, model_class: str, kwargs: dict | None = None, ids: Path | None = None
+    ) -> Future:
+        """The logits of ``ckpt`` (on ``ids``, default :data:`INPUT_IDS`), not cached."""
+        return self._pool.submit(self._job, Path(ckpt), model_class, dict(kwargs or {}), ids)
 
     def reference(self, src: Path, model_class: str, kwargs: dict | None = None) -> Future:
         key = (str(Path(src).resolve()), json.dumps(kwargs or {}, sort_keys=True))
@@ -373,6 +380,7 @@ class LiveLogits:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._workers.close()
 
 
 def logits_mismatch(got: np.ndarray, want: np.ndarray, atol: float | None = None) -> str | None:
