@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..io.checkpoint import Checkpoint
 from ..model.enums import HeadLayout, TieState
@@ -117,6 +117,41 @@ def _in_halves(part: Callable[[int, int], float], n: int, nbytes: int) -> float:
     return sum(parts)
 
 
+def _without_reading(ckpt: Checkpoint, emb: str, head: str, layout: str) -> Comparison | None:
+    """The :class:`Comparison` of a pair told without reading values row by row: one storage
+    (:func:`shared_storage`), shapes that differ (``different``), a dtype numpy cannot decode (compared
+    by bytes, :func:`_compare_undecodable`); None when the rows must be read."""
+    shared = shared_storage(ckpt, emb, head)
+    if shared is not None:
+        return shared
+    e_info, h_info = ckpt.tensors[emb], ckpt.tensors[head]
+    eshape = tuple(e_info.shape)
+    hshape = tuple(h_info.shape[::-1]) if layout == HeadLayout.HIDDEN_VOCAB else tuple(h_info.shape)
+    if len(eshape) != 2 or hshape != eshape:
+        return Comparison(TieState.DIFFERENT)
+    if not (e_info.st_dtype.decodable and h_info.st_dtype.decodable):
+        return _compare_undecodable(ckpt, emb, head, layout)
+    return None
+
+
+def _reading(
+    ckpt: Checkpoint, emb: str, head: str, layout: str, chunk_bytes: int | None, scale: float | None
+) -> tuple[bool, bool, Any, np.ndarray | None, int]:
+    """How :func:`compare` reads a pair of one shape: whether each is bf16, the unsigned dtype whose bits
+    tell two chunks equal (None when only values can: other storage dtypes, bf16 against not, a scale), the
+    head's transpose (a mapped array; None unless ``hidden-vocab``) and the rows per chunk."""
+    e_info, h_info = ckpt.tensors[emb], ckpt.tensors[head]
+    e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
+    h_bf = ckpt.logical_dtype(h_info) == "bfloat16"
+    bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf and scale is None
+    bits = _bits_dtype(e_info.storage_dtype) if bit_equal else None
+    hT = ckpt.load(head).T if layout == HeadLayout.HIDDEN_VOCAB else None  # columns of the stored head
+    row_bytes = max(1, e_info.nbytes // max(1, e_info.shape[0]))
+    # a transposed head is gathered column by column from a mapping: larger chunks amortize the strides
+    chunk_rows = max(1, ((chunk_bytes or CHUNK_BYTES) * (8 if hT is not None else 1)) // row_bytes)
+    return e_bf, h_bf, bits, hT, chunk_rows
+
+
 def compare(
     ckpt: Checkpoint,
     emb: str,
@@ -140,27 +175,12 @@ def compare(
     chunk with a differing value (in either half): ``different`` then has no magnitude (``max_abs_diff``,
     ``differing_rows`` and ``drift`` None). An equal pair is read whole either way, with the same verdict.
     """
-    shared = shared_storage(ckpt, emb, head)
-    if shared is not None:
-        return shared
-    e_info, h_info = ckpt.tensors[emb], ckpt.tensors[head]
+    settled = _without_reading(ckpt, emb, head, layout)
+    if settled is not None:
+        return settled
+    e_info = ckpt.tensors[emb]
     eshape = tuple(e_info.shape)
-    hshape = tuple(h_info.shape[::-1]) if layout == HeadLayout.HIDDEN_VOCAB else tuple(h_info.shape)
-    if len(eshape) != 2 or hshape != eshape:
-        return Comparison(TieState.DIFFERENT)
-    if not (e_info.st_dtype.decodable and h_info.st_dtype.decodable):
-        return _compare_undecodable(ckpt, emb, head, layout)
-    e_bf = ckpt.logical_dtype(e_info) == "bfloat16"
-    h_bf = ckpt.logical_dtype(h_info) == "bfloat16"
-    bits = _bits_dtype(e_info.storage_dtype)
-    bit_equal = e_info.storage_dtype == h_info.storage_dtype and e_bf == h_bf and scale is None
-    bits = bits if bit_equal else None
-    hT = (
-        ckpt.load(head).T if layout == HeadLayout.HIDDEN_VOCAB else None
-    )  # columns of the stored head: a mapped array
-    row_bytes = max(1, e_info.nbytes // max(1, eshape[0]))
-    # a transposed head is gathered column by column from a mapping: larger chunks amortize the strides
-    chunk_rows = max(1, ((chunk_bytes or CHUNK_BYTES) * (8 if hT is not None else 1)) // row_bytes)
+    e_bf, h_bf, bits, hT, chunk_rows = _reading(ckpt, emb, head, layout, chunk_bytes, scale)
     row_max = np.zeros(eshape[0], np.float32)  # per-row max |diff|; each half writes its own rows
     scan = chunked.ROW_SCAN.get()  # inspect's untrained-row scan, fed from the chunks read here
     scan = scan if scan is not None and scan.bind(emb, eshape[0]) else None
