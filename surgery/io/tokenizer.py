@@ -297,6 +297,20 @@ def _tiktoken_names(folder: Path) -> list[str]:
         return []
 
 
+def tiktoken_files(folder: Path) -> list[str]:
+    """The tiktoken rank files of ``folder``: ``*.tiktoken``, :data:`TIKTOKEN_NAMES`, and a SentencePiece
+    name (:func:`sp_names`) whose bytes are a rank file (GLM-4's ``tokenizer.model``, :func:`is_tiktoken`);
+    sorted, none when the folder cannot be listed."""
+    named = []
+    for n in sp_names(folder):
+        try:
+            if is_tiktoken((folder / n).read_bytes()):
+                named.append(n)
+        except OSError:
+            continue
+    return sorted({*_tiktoken_names(folder), *named})
+
+
 def _read_all(folder: Path) -> list[_Read]:
     """Every tokenizer file of ``folder`` read, in a fixed order: tokenizer.json, SentencePiece models,
     vocab.json, vocab.txt, added_tokens.json, tokenizer_config.json (with ``added_tokens_decoder``),

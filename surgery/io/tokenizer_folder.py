@@ -19,7 +19,7 @@ from ..model.extras import install_extra
 from ..model.tokens import AddedToken
 from . import store
 from .regular import JSON_LIMIT, parse_shared, read_bounded
-from .tokenizer import TIKTOKEN_NAMES, is_tiktoken, quiet_stderr, sp_names
+from .tokenizer import quiet_stderr, sp_names, tiktoken_files
 from .tokenizer_check import (
     check_added_ids,
     check_sp_model,
@@ -92,19 +92,9 @@ def _read_json(path: Path, shared: bool = False) -> Any:
         raise CheckpointError(f"{path.name} is not valid JSON ({e})", path, "save the tokenizer again") from e
 
 
-def _tiktoken_file(path: Path) -> bool:
-    """Whether the file at ``path`` is a tiktoken rank file (:func:`surgery.io.tokenizer.is_tiktoken`)."""
-    try:
-        return is_tiktoken(path.read_bytes())
-    except OSError:
-        return False
-
-
 def _refuse_unsupported(root: Path, config: Any) -> None:
     """Refuse a tiktoken file or a custom tokenizer class (``auto_map``): tietool cannot edit them."""
-    tik = sorted(p.name for p in root.glob("*.tiktoken")) + [
-        n for n in (*TIKTOKEN_NAMES, *sp_names(root)) if (root / n).is_file() and _tiktoken_file(root / n)
-    ]
+    tik = tiktoken_files(root)
     if tik:
         raise RefusedError(
             f"{tik[0]} is a tiktoken rank file, which tietool cannot edit; nothing was written",

@@ -37,7 +37,7 @@ from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tokens import TokenEdit
 from .json_indent import dumps_indented
 from .regular import JSON_LIMIT, parse_shared, read_bounded
-from .tokenizer import sp_names
+from .tokenizer import sp_names, tiktoken_files
 from .tokenizer_loaders import PrunedFormat, prune_apart, prune_proven
 from .tokenizer_prune_sp import (
     json_encoders,
@@ -115,7 +115,7 @@ def _dump(original: str, data: Any) -> bytes:
 
 def _refuse_formats(root: Path) -> None:
     """Refuse tiktoken files: their pruning is not proven."""
-    bad = sorted(p.name for p in root.glob("*.tiktoken"))
+    bad = tiktoken_files(root)
     if bad:
         raise RefusedError(
             f"prune refused: {bad[0]} is a tiktoken rank file, whose pruning tietool has not proven; nothing "
@@ -458,13 +458,15 @@ def corpus_ids(folder: Path, text: str) -> list[int]:
     BPE merges into them (:func:`_merge_parts`, :func:`surgery.io.tokenizer_prune_sp.sp_parts`), sorted.
 
     Raises:
-        RefusedError: the folder has neither ``tokenizer.json`` nor a SentencePiece model.
+        RefusedError: the folder has neither ``tokenizer.json`` nor a SentencePiece model, or has a
+            tiktoken rank file (:func:`surgery.io.tokenizer.tiktoken_files`).
         TietoolError: ``tokenizers`` / ``sentencepiece`` missing (the ``tokenizer`` extra).
     """
     from .tokenizer_folder import import_lib
     from .tokenizer_prune_sp import read_model, sp_format
 
     root = Path(folder)
+    _refuse_formats(root)
     path = root / "tokenizer.json"
     sps = [root / n for n in sp_names(root) if (root / n).is_file()]
     gpt2 = (root / "vocab.json").is_file() and (root / "merges.txt").is_file()

@@ -25,7 +25,7 @@ from ..model.errors import Opt, RefusedError, TietoolError, UsageError
 from ..model.extras import install_extra
 from ..model.tokens import NewToken, TokenEdit, TokenizerFormat
 from .regular import JSON_LIMIT, read_bounded
-from .tokenizer import tokenizer_set, vocabulary
+from .tokenizer import tiktoken_files, tokenizer_set, vocabulary
 from .tokenizer_check import MAX_TOKEN_CHARS
 from .tokenizer_loaders import TokenizerLoader
 
@@ -134,6 +134,14 @@ def _check(folder: Path, renames: dict[int, str]) -> dict[int, str]:
     Raises:
         RefusedError: naming the id and why, or a folder whose files disagree.
     """
+    tik = tiktoken_files(folder)
+    if tik:
+        raise RefusedError(
+            f"rename-tokens refused: {tik[0]} is a tiktoken rank file, which tietool cannot edit; nothing "
+            "was written",
+            folder / tik[0],
+            "rename the tokens with the tokenizer's own code",
+        )
     ts = tokenizer_set(folder)
     if ts.disagreements or ts.unsupported:
         why = (ts.disagreements or [f"{', '.join(ts.unsupported)} cannot be edited"])[0]

@@ -11,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 from support import paths
 from support.resize_support import run_cli
 
@@ -173,3 +174,34 @@ def test_add_tokens_where_tokenizer_json_lacks_an_added_token_is_refused(tmp_pat
     assert run.stderr.startswith(f"tietool: error: {ck / 'tokenizer.json'}: "), run.stderr
     assert "id 16" in run.stderr and "make it 17" in run.stderr and "save_pretrained" in run.stderr
     assert len(run.stderr.strip().splitlines()) == 1 and not out.exists() and _hashes(ck) == before
+
+
+@pytest.mark.parametrize(
+    ("command", "extra", "word"),
+    [
+        ("prune", ["--keep-ids", "KEEP"], "prune refused"),
+        ("prune", ["--keep-corpus", "CORPUS"], "prune refused"),
+        ("rename-tokens", ["3=<zz>"], "rename-tokens refused"),
+        ("add-tokens", ["<zz>"], "cannot edit"),
+    ],
+)
+def test_a_tiktoken_file_named_tokenizer_model_is_refused_by_name(tmp_path, command, extra, word):
+    """Case e05: GLM-4's ``tokenizer.model`` is a tiktoken rank file, not a SentencePiece model. prune (a
+    keep-list or a corpus) read it as SentencePiece and failed with the protobuf parser's error (exit 3, no
+    fix), rename-tokens said only "cannot be edited"; now each names the tiktoken file and a fix, exit 5, as
+    add-tokens did, nothing written and the input kept."""
+    ck = tmp_path / "ck"
+    shutil.copytree(DATA / "cases" / "e05_glm4_tiktoken_tokenizer_model" / "ckpt", ck)
+    (tmp_path / "keep.json").write_text("[0, 1, 2, 3, 4, 5]")
+    (tmp_path / "corpus.txt").write_text("hello world\n")
+    args = [
+        {"KEEP": str(tmp_path / "keep.json"), "CORPUS": str(tmp_path / "corpus.txt")}.get(a, a) for a in extra
+    ]
+    before = _hashes(ck)
+    out = tmp_path / "out"
+    run = run_cli([command, str(ck), *args, "--out", str(out)])
+    assert run.rc == 5, run.stderr
+    assert run.stderr.startswith(f"tietool: error: {ck / 'tokenizer.model'}: "), run.stderr
+    assert "tokenizer.model is a tiktoken rank file" in run.stderr and word in run.stderr, run.stderr
+    assert " — " in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert not out.exists() and _hashes(ck) == before
