@@ -48,7 +48,7 @@ from .tokenizer_folder import (
     text_lines,
     tokenizer_from_str,
 )
-from .tokenizer_loaders import AddedTokensIn, unseen_by
+from .tokenizer_loaders import AddedTokensIn, control_piece_warning, unseen_by
 
 # ------------------------------------------------------------------ add
 
@@ -257,6 +257,8 @@ def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
     files = _edit_files(f, new + marks, ())
     if new:
         warnings += _unseen_warnings(f)
+    control = [t.content for t in new if t.special] if f.sp_name in files else []
+    warnings += [w for w in [control_piece_warning(f.sp_name or "", control)] if w]
     return TokenEdit(f.length, f.length + len(new), tuple(tokens), (), files, tuple(warnings))
 
 

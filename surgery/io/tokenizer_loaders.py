@@ -22,7 +22,7 @@ Measured with tokenizers 0.22.2, sentencepiece 0.2.3, transformers 5.3.0, Paddle
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -140,6 +140,23 @@ def unseen_by(fmt: TokenizerFormat, where: AddedTokensIn) -> tuple[TokenizerFact
     """The libraries that read such a folder but not its new tokens (:attr:`Outcome.IGNORES`): add-tokens
     says so on the terminal, naming them."""
     return tuple(f for f in facts_for(fmt, where) if f.outcome is Outcome.IGNORES)
+
+
+def control_piece_warning(model: str, tokens: Sequence[str]) -> str | None:
+    """The terminal warning for special ``tokens`` written into the SentencePiece model ``model`` as
+    ``CONTROL`` pieces (:attr:`Outcome.PIECE`: the ``sentencepiece`` library alone never produces a
+    control piece from text, as it never produces ``<s>``; transformers, PaddleFormers and ``tokenizers``
+    encode them through ``added_tokens_decoder``, ``FACTS``); None when there are none."""
+    if not tokens:
+        return None
+    more = f" and {len(tokens) - 3} more" if len(tokens) > 3 else ""
+    shown = ", ".join(repr(t) for t in tokens[:3]) + more
+    return (
+        f"{shown} {'is a CONTROL piece' if len(tokens) == 1 else 'are CONTROL pieces'} of {model} (special): "
+        "the sentencepiece library reading the model file alone never produces a control piece from text "
+        "(as for <s>), transformers, PaddleFormers and tokenizers encode it to its id; with sentencepiece "
+        "alone insert the id yourself, or add the token without --special to have it encoded from text"
+    )
 
 
 # ------------------------------------------------------------------------------------------ prune

@@ -27,7 +27,7 @@ from ..model.tokens import NewToken, TokenEdit, TokenizerFormat
 from .regular import JSON_LIMIT, read_bounded
 from .tokenizer import tiktoken_files, tokenizer_set, vocabulary
 from .tokenizer_check import MAX_TOKEN_CHARS
-from .tokenizer_loaders import TokenizerLoader
+from .tokenizer_loaders import TokenizerLoader, control_piece_warning
 
 RESERVED = (
     r"<\|reserved_special_token_\d+\|>",  # Llama-3
@@ -215,7 +215,9 @@ def rename_tokens_edit(folder: Path, renames: dict[int, str], special: bool = Fa
     files = {n: b for n, b in files.items() if b != originals[n]}
     n = tokenizer_set(folder).length or 0
     tokens = tuple(NewToken(renames[i], i, special, False) for i in sorted(renames))
-    return TokenEdit(n, n, tokens, (), files, ())
+    control = [renames[i] for i in sorted(renames)] if special and sp is not None and sp.name in files else []
+    warning = control_piece_warning(sp.name if sp is not None else "", control)
+    return TokenEdit(n, n, tokens, (), files, (warning,) if warning else ())
 
 
 def _json_model(path: Path, old: dict[int, str], new: dict[int, str], special: bool) -> bytes:

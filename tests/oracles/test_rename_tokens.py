@@ -236,6 +236,32 @@ def test_refusals(tmp_path):
         rename_tokens_edit(e01, {0: "<think>"})
 
 
+def test_special_sentencepiece_pieces_are_said_to_be_control(tmp_path):
+    """A special token appended to (add-tokens) or renamed in (rename-tokens) a SentencePiece model is a
+    CONTROL piece, which the sentencepiece library reading the model alone never produces from text (its
+    encode of the string is other ids): each edit says so in one warning naming the tokens and the model,
+    and an edit of plain tokens (USER_DEFINED, which sentencepiece does produce) or of no SentencePiece
+    model says nothing of it."""
+    import sentencepiece as spm
+
+    folder, ids = _with_slots(TOK / "sp_bpe", tmp_path / "sp")
+    added = add_tokens_edit(_copy(folder, tmp_path / "a"), ["<tt_a>"], special=True)
+    renamed = rename_tokens_edit(folder, dict(zip(ids, NEW, strict=True)), special=True)
+    for edit, strings in ((added, ["<tt_a>"]), (renamed, NEW)):
+        said = [w for w in edit.warnings if "CONTROL piece" in w]
+        assert len(said) == 1 and "tokenizer.model" in said[0], edit.warnings
+        assert all(repr(s) in said[0] for s in strings), said
+    _write(folder, dict(renamed.files))
+    sp = spm.SentencePieceProcessor(model_file=str(folder / "tokenizer.model"))
+    assert all(sp.is_control(i) and sp.encode(s) != [i] for i, s in zip(ids, NEW, strict=True))
+    plain = add_tokens_edit(_copy(TOK / "sp_bpe", tmp_path / "p"), ["<tt_p>"], special=False)
+    assert not [w for w in plain.warnings if "CONTROL" in w]
+    bl, bids = _with_slots(TOK / "bytelevel_bpe", tmp_path / "bl")
+    assert not [
+        w for w in rename_tokens_edit(bl, {bids[0]: "<tt_b>"}, special=True).warnings if "CONTROL" in w
+    ]
+
+
 SAMPLE = paths.SAMPLES / "pf_llama_with_tokenizer"
 NAMES = ("model.embed_tokens.weight", "lm_head.weight")
 
