@@ -134,7 +134,8 @@ class Side:
 def open_side(path: Any) -> Side:
     """Open one side: a flex checkpoint with no whole-model weights beside it, or a folder of rank files,
     as the merged view (:func:`merged_flex`, :func:`merged_ranks`); anything else as
-    :meth:`Checkpoint.open` opens it.
+    :meth:`Checkpoint.open` opens it for reading (a quantized or adapter-wrapped checkpoint too: its
+    tensors are compared as stored).
 
     Raises:
         CheckpointError, UnsafePickleError, RefusedError, StorageError: as :meth:`Checkpoint.open`,
@@ -148,7 +149,7 @@ def open_side(path: Any) -> Side:
             return merged_flex(local)
         if names and surface.rank_files(names) and not has_whole(names):
             return merged_ranks(local)
-    ck = Checkpoint.open(path)
+    ck = Checkpoint.open(path, for_edit=False)
     return Side(path, SideKind.CHECKPOINT, ck, _checkpoint_files(ck), ck.path)
 
 

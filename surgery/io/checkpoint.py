@@ -411,11 +411,14 @@ class Checkpoint:
 
     # ------------------------------------------------------------------ opening
     @classmethod
-    def open(cls, path: str | Path) -> Checkpoint:
+    def open(cls, path: str | Path, *, for_edit: bool = True) -> Checkpoint:
         """Read a checkpoint folder's config, index and weight headers.
 
         ``path`` may be a URL (``s3://bucket/prefix``, ``hf://org/model``): see :mod:`surgery.io.store`; the
-        config, the index and each weight file's header are then read with range requests.
+        config, the index and each weight file's header are then read with range requests. ``for_edit``
+        False opens a checkpoint only to read its tensors as stored (``diff``): a quantized embedding/head
+        and adapter-wrapped names (:func:`surgery.io.surface.refuse_tensors`), which no edit of the
+        vocabulary tables can take, are then not refused.
 
         Raises:
             CheckpointError: missing folder/config/weights, an index naming a missing shard or a tensor a
@@ -425,14 +428,14 @@ class Checkpoint:
         """
         st = stores.store_for(path)
         if st.on_disk:
-            return cls._open(st.root, st)
+            return cls._open(st.root, st, for_edit)
         with (
             st.map_errors()
         ):  # botocore / aiohttp / fsspec / huggingface_hub errors: one line naming the object
-            return cls._open(st.root, st)
+            return cls._open(st.root, st, for_edit)
 
     @classmethod
-    def _open(cls, path: Any, st: Store) -> Checkpoint:
+    def _open(cls, path: Any, st: Store, for_edit: bool = True) -> Checkpoint:
         """:meth:`open` of a ``Path`` or a remote ``UPath`` (the root of store ``st``)."""
         names = _file_names(st)
         if st.on_disk and not _has_whole(names):
@@ -457,7 +460,8 @@ class Checkpoint:
         ckpt.config_file, ckpt.config_prefix = config_file, prefix
         ckpt._read_headers()
         _check_ranks(path, ckpt.tensors)
-        surface.refuse_tensors(path, config, ckpt.tensors)
+        if for_edit:
+            surface.refuse_tensors(path, config, ckpt.tensors)
         ckpt._check_unlisted_shards(unlisted)
         taken = set(ckpt.weight_files) | {index_name} | set(unlisted)
         ckpt.left_out += _left_out(path, names, ckpt.fmt, taken)

@@ -197,6 +197,36 @@ def test_a_case_against_itself(case, tmp_path):
     assert res.identical_tensors > 0
 
 
+@pytest.mark.parametrize(
+    ("case", "name"),
+    [
+        ("c10_quantized_packed_embedding", "model.embed_tokens.weight_packed"),
+        (
+            "c11_peft_wrapper_names_in_full_ckpt",
+            "base_model.model.model.embed_tokens.modules_to_save.default.weight",
+        ),
+    ],
+)
+def test_quantized_and_adapter_wrapped_checkpoints_are_compared_as_stored(case, name, tmp_path):
+    """A quantized embedding (c10) and adapter-wrapped names (c11), which every edit refuses, are read by
+    diff as stored (docs/guides/diff.md: any two checkpoints): a copy is identical (exit 0); a bit flipped
+    in one of the tensors the edits refuse is that tensor changed and nothing else (exit 1), as the numpy
+    reference of the files says; the other commands still refuse the folder."""
+    src = BUG_CASES_DIR / case / "ckpt"
+    with pytest.raises(tietool.TietoolError):
+        Checkpoint.open(src)
+    b = _copy(src, tmp_path / "b")
+    res = tietool.diff(src, b)
+    assert res.identical and res.exit_code == 0, res.as_dict()
+    edit(b, {name: [1]})
+    tensors = fs.read_checkpoint(src)
+    ref = reference(tensors, fs.read_checkpoint(b), {})
+    assert list(ref["changed"]) == [name]
+    res = tietool.diff(src, b)
+    check_against(res, ref)
+    assert res.exit_code == 1
+
+
 # ------------------------------------------------------------------ changed values vs numpy
 
 
