@@ -622,7 +622,9 @@ def read_keep_file(path: Path) -> list[int]:
     comments skipped).
 
     Raises:
-        UsageError: a missing or unreadable file, an entry that is not a non-negative integer, no ids.
+        CheckpointError: a missing file (exit 3, as any missing input;
+            :func:`surgery.io.regular.read_bounded`).
+        UsageError: an unreadable file, an entry that is not a non-negative integer, no ids.
     """
     from ..model.errors import UsageError
 

@@ -10,6 +10,7 @@ The kept ids keep their order: new id ``j`` is the ``j``-th kept old id. Each vo
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,10 @@ def plan_prune(
         "id_map": {str(o): n for o, n in new_id.items()},
     }
     plan.notes.append(f"{N} of {V} tokens kept (ids renumbered in their old order), {V - N} removed")
+    twice = len(keep) - len(set(keep))
+    if twice:
+        first = next(i for i, n in Counter(keep).items() if n > 1)
+        plan.notes.append(f"the keep-list names {twice} id(s) more than once (e.g. {first}): each kept once")
     return plan
 
 

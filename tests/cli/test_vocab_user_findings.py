@@ -143,6 +143,26 @@ def test_an_empty_keep_corpus_is_named(tmp_path):
         assert not (tmp_path / "o").exists()
 
 
+def test_a_keep_list_naming_an_id_twice_is_said_and_kept_once(tmp_path):
+    """(Fixed: duplicate ids of a keep-list were deduplicated without a word.) The run notes how many ids
+    were named more than once and the first of them; the output equals the run of the list without them
+    (the same tensors, bit for bit)."""
+    (tmp_path / "dup.json").write_text("[0, 1, 7, 1, 2, 7, 7]")
+    (tmp_path / "once.json").write_text("[0, 1, 2, 7]")
+    runs = {}
+    for name in ("dup", "once"):
+        argv = ["prune", str(SAMPLE), "--keep-ids", str(tmp_path / f"{name}.json"), "--keep-special"]
+        runs[name] = run_cli([*argv, "--out", str(tmp_path / name)])
+        assert runs[name].rc == 0, runs[name].stderr
+    said = [x for x in (runs["dup"].stdout + runs["dup"].stderr).splitlines() if "more than once" in x]
+    assert said == ["note: the keep-list names 3 id(s) more than once (e.g. 1): each kept once"], said
+    assert "more than once" not in runs["once"].stdout + runs["once"].stderr
+    weights = sorted(p.name for p in (tmp_path / "once").glob("*.safetensors"))
+    assert weights and all(
+        (tmp_path / "dup" / w).read_bytes() == (tmp_path / "once" / w).read_bytes() for w in weights
+    )
+
+
 def test_a_unigram_model_transformers_and_paddleformers_convert_is_refused(tmp_path):
     """``prune --keep-corpus`` of a SentencePiece Unigram folder with a ``tokenizer_config.json`` (so
     transformers and PaddleFormers load it, as ``LlamaTokenizer``, through BPE merges built from the piece
