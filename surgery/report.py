@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 from . import __version__
 from .inspect.findings import FindingKind
 from .inspect.summary import loader_facts, percent
-from .io import surface
+from .io import surface, tree
 from .io.checkpoint import REPORT_NAME
 from .io.regular import load_json
 from .model.enums import Operation, Target
@@ -151,6 +151,17 @@ def _left_out(plan: Plan, facts: dict | None, keep_training_state: bool) -> list
         for x in surface.output_left_out(
             ckpt.path, ckpt.left_out, ckpt.training_state, plan.changed, keep_training_state
         )
+    ]
+
+
+def _edited_links(plan: Plan) -> list[str]:
+    """A note per tokenizer file the run edits that is a symbolic link in the input: the output holds the
+    edited file in its place; the file behind the link is not touched."""
+    edited = plan.tokenizer.files if plan.tokenizer is not None else {}
+    return [
+        f"{rel} was a symbolic link to {target}: the output holds the edited file in its place (the file "
+        "behind the link is unchanged)"
+        for rel, target in tree.linked_files(plan.ckpt.path, edited)
     ]
 
 
@@ -443,6 +454,7 @@ def build(
         rep["notes"].append(
             f"nothing to change: the output tensors and config equal the input's ({plan.op} is a no-op)"
         )
+    rep["notes"] += _edited_links(plan)
     if facts:
         _add_written_files(rep, facts)
         past = history(ckpt.path)

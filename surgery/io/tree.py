@@ -168,6 +168,18 @@ class Placed(Enum):
     COPY = "copied"  # nothing yet: the caller copies the bytes of the file behind the name
 
 
+def linked_files(root: object, rels: Collection[str]) -> list[tuple[str, str]]:
+    """``(rel, link text)`` of each file of ``rels`` that is a symbolic link in the local folder ``root``
+    (none for a remote root), sorted: an edit writes a regular file in its place (the rule of
+    ``docs/reference/in-place.md``), which the report says."""
+    from .stores import local_root
+
+    local = local_root(root)
+    if local is None:
+        return []
+    return [(rel, os.readlink(local / rel)) for rel in sorted(rels) if (local / rel).is_symlink()]
+
+
 def place_kept(src: Path, dst: Path, folder: Path, carried: Collection[str], link: bool) -> Placed:
     """Put the unchanged file ``src`` (below checkpoint ``folder``) at ``dst`` in the output, by the one
     rule every write follows (README, "In place" and "Symbolic links in a checkpoint"):

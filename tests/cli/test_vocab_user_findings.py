@@ -225,3 +225,34 @@ def test_a_tiktoken_file_named_tokenizer_model_is_refused_by_name(tmp_path, comm
     assert "tokenizer.model is a tiktoken rank file" in run.stderr and word in run.stderr, run.stderr
     assert " — " in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr
     assert not out.exists() and _hashes(ck) == before
+
+
+def test_an_edited_tokenizer_file_that_is_a_symbolic_link_is_said(tmp_path):
+    """(Fixed: silently.) A checkpoint whose ``tokenizer.json`` is a relative link to a shared tokenizer
+    (``../base/tokenizer.json``): add-tokens, in place and with ``--out``, puts the edited file in the
+    link's place (the rule of docs/reference/in-place.md), leaves the shared file byte for byte, and says
+    so in a note on the terminal and in the report."""
+    base = tmp_path / "base"
+    base.mkdir()
+    for mode in ("out", "in-place"):
+        ck = tmp_path / mode
+        shutil.copytree(SAMPLE, ck)
+        if not (base / "tokenizer.json").exists():
+            (ck / "tokenizer.json").rename(base / "tokenizer.json")
+        else:
+            (ck / "tokenizer.json").unlink()
+        (ck / "tokenizer.json").symlink_to("../base/tokenizer.json")
+        shared = (base / "tokenizer.json").read_bytes()
+        out = tmp_path / f"{mode}-out" if mode == "out" else ck
+        argv = ["add-tokens", str(ck), "<zz1>", *(["--out", str(out)] if mode == "out" else [])]
+        run = run_cli(argv)
+        assert run.rc == 0, run.stderr
+        said = (
+            "note: tokenizer.json was a symbolic link to ../base/tokenizer.json: the output holds the edited"
+        )
+        assert said in run.stdout + run.stderr
+        assert (base / "tokenizer.json").read_bytes() == shared
+        written = out / "tokenizer.json"
+        assert not written.is_symlink() and "<zz1>" in written.read_text()
+        notes = json.loads((out / "tietool-report.json").read_text())["notes"]
+        assert any(n.startswith("tokenizer.json was a symbolic link") for n in notes), notes
