@@ -23,7 +23,9 @@ must agree too. The verdict (:attr:`VerifyResult.exit_code`) is decided here, no
 
 from __future__ import annotations
 
-from ..io.checkpoint import Checkpoint
+from pathlib import Path
+
+from ..io.checkpoint import REPORT_NAME, Checkpoint
 from ..model.errors import TietoolError
 from ..report import chain_since
 from . import chain, flexstate, prune, pruned, rebuilt, training, transplant
@@ -63,6 +65,7 @@ def verify(
         UsageError: ``logits_with`` names no library :func:`logits_check` runs.
     """
     res = _verify_tensors_and_files(a_path, b_path)
+    _without_report(res, b_path)
     if logits or logits_with is not None:
         res.logits = lg = logits_check(a_path, b_path, timeout=timeout, logits_with=logits_with)
         lib = lg.get("libraries") or "PaddleFormers"
@@ -78,6 +81,23 @@ def verify(
                 f"> {lg.get('tolerance', 1e-5):.0e} on token ids below {lg.get('token_ids_below')}; {lib})"
             )
     return res
+
+
+def _without_report(res: VerifyResult, b_path) -> None:
+    """An output without ``tietool-report.json`` records no operation: only a pair with no difference at
+    all passes; any difference (one a run would explain included) is unexplained, the missing report named
+    first with the fix."""
+    if (Path(str(b_path)) / REPORT_NAME).is_file():
+        return
+    res.report = False
+    if res.differences or res.unexplained:
+        n = f" {res.differences}" if res.differences else ""
+        res.unexplained.insert(
+            0,
+            f"{b_path} has no {REPORT_NAME}: no operation is recorded to explain its{n} difference(s) from "
+            f"the input; verify the folder tietool wrote (its {REPORT_NAME} beside the weights), or put "
+            f"that run's {REPORT_NAME} back",
+        )
 
 
 def _verify_tensors_and_files(a_path, b_path, original=None) -> VerifyResult:
