@@ -28,7 +28,7 @@ from pathlib import Path
 from ..io.checkpoint import REPORT_NAME, Checkpoint
 from ..model.errors import TietoolError
 from ..report import chain_since
-from . import chain, flexstate, prune, pruned, rebuilt, training, transplant
+from . import chain, flexstate, made, prune, pruned, rebuilt, training, transplant
 from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
 from .logits import NotCompared, logits_check
 from .result import VerifyResult
@@ -120,11 +120,13 @@ def _verify_tensors_and_files(a_path, b_path, original=None) -> VerifyResult:
         A, B, config_dir = flexstate.open_views(a_path, b_path)
         cmp = _compare(A, B, config_dir, original)
         flexstate.compare_state(cmp.res, A, B, _moves(cmp))
+        made.check(cmp.res, A, B, whole=False)
         return cmp.res
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = _compare(A, B, original=original)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
     transplant.chained(cmp.res, a_path, b_path)
+    made.check(cmp.res, A, B, whole=original is None)
     return cmp.res
 
 
@@ -148,6 +150,7 @@ def _verify_composed(a_path, b_path, original=None) -> VerifyResult:
     B = Checkpoint.open(b_path)
     cmp = _compare(A, B, original=original)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
+    made.check(cmp.res, A, B, whole=False)
     cmp.res.notes.append(
         "the input was carried through the convert / merge runs of the output's report chain (rebuilt from "
         f"its headers: {len(A.tensors)} tensors), then compared with the output"
