@@ -18,7 +18,10 @@ When the embedding's row count changed, every tensor of the input's vocabulary s
 aliases, multi-token-prediction copies, vocabulary-shaped tensors) must have moved by the same number of
 entries, and every config key that counted the rows must have moved with them: one left at the old size is
 unexplained (a loader would index past it, or reject it). With ``logits=True`` the logits under PaddleFormers
-must agree too. The verdict (:attr:`VerifyResult.exit_code`) is decided here, not by the caller.
+must agree too. The rows a lone ``resize`` / ``add-tokens`` run made are recomputed by its planner from the
+report's fields and checked bit for bit (:mod:`surgery.verify.made`). An output without
+``tietool-report.json`` records no operation: only a pair with no difference passes. The verdict
+(:attr:`VerifyResult.exit_code`) is decided here, not by the caller.
 """
 
 from __future__ import annotations
