@@ -29,7 +29,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..io.checkpoint import REPORT_NAME, Checkpoint
-from ..model.errors import TietoolError
+from ..io.regular import load_json
+from ..model.errors import CheckpointError, TietoolError
 from ..report import chain_since
 from . import chain, flexstate, made, prune, pruned, rebuilt, training, transplant
 from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
@@ -90,16 +91,20 @@ def _without_report(res: VerifyResult, b_path) -> None:
     """An output without ``tietool-report.json`` records no operation: only a pair with no difference at
     all passes; any difference (one a run would explain included) is unexplained, the missing report named
     first with the fix."""
-    if (Path(str(b_path)) / REPORT_NAME).is_file():
+    folder = Path(b_path) if isinstance(b_path, str) else b_path  # a Path, or a URL's remote path
+    try:
+        load_json(folder / REPORT_NAME, REPORT_NAME)
         return
+    except (CheckpointError, OSError, ValueError):  # missing or unreadable, as surgery.report.history
+        has = "an unreadable" if (folder / REPORT_NAME).exists() else "no"
     res.report = False
     if res.differences or res.unexplained:
         n = f" {res.differences}" if res.differences else ""
         res.unexplained.insert(
             0,
-            f"{b_path} has no {REPORT_NAME}: no operation is recorded to explain its{n} difference(s) from "
-            f"the input; verify the folder tietool wrote (its {REPORT_NAME} beside the weights), or put "
-            f"that run's {REPORT_NAME} back",
+            f"{b_path} has {has} {REPORT_NAME}: no operation is recorded to explain its{n} difference(s) "
+            f"from the input; verify the folder tietool wrote (its {REPORT_NAME} beside the weights), or "
+            f"put that run's {REPORT_NAME} back",
         )
 
 

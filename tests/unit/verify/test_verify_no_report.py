@@ -46,3 +46,12 @@ def test_verdict_line_without_a_report_cites_none(tmp_path):
         0,
         "verdict: no difference (the output has no tietool-report.json, and needs none)\n",
     )
+
+
+def test_output_with_an_unreadable_report_does_not_verify(tmp_path):
+    src, out = SAMPLES / "pf_llama_tied_fp32", tmp_path / "r"
+    tietool.resize(src, 108, out, seed=0)
+    (out / "tietool-report.json").write_text("{")
+    res = verify(src, out)
+    assert res.exit_code == 7
+    assert res.unexplained[0].startswith(f"{out} has an unreadable tietool-report.json: no operation")
