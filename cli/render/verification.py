@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from ...surgery.io.checkpoint import REPORT_NAME
 from ...surgery.model.errors import ExitCode
 from ..errors import finite
 from .common import console, shape_text
@@ -107,6 +108,8 @@ def verdict_line(res: dict) -> str:
             "verdict: every tensor difference is explained by the operations tietool-report.json records; "
             "the logits were not compared"
         )
+    if res["explained"] and res.get("report") is False:
+        return f"verdict: no difference (the output has no {REPORT_NAME}, and needs none)"
     if res["explained"]:
         return "verdict: every difference is explained by the operations tietool-report.json records"
     return "verdict: differences that tietool's operations do not explain"

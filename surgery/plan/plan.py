@@ -420,6 +420,14 @@ def out_dtype(ckpt: Checkpoint, t: TensorInfo, relabel: bool) -> str:
     return "BF16" if relabel and t.dtype == "U16" else t.dtype
 
 
+def written_dtype(ckpt: Checkpoint, t: TensorInfo, loader: str) -> str:
+    """The dtype label an edit of ``ckpt`` (tie, untie, resize, add-tokens, prune, transplant,
+    fix-untrained, rename-tokens: :func:`base_plan`) writes for its tensor ``t`` when the output is meant
+    for ``loader``: ``BF16`` for a ``U16`` tensor holding bfloat16 bits where :func:`_wants_relabel` says
+    so, else ``t``'s own label. ``verify`` expects exactly this label."""
+    return out_dtype(ckpt, t, _wants_relabel(ckpt, loader))
+
+
 def _wants_relabel(ckpt: Checkpoint, loader: str) -> bool:
     """Rewritten U16 tensors holding bfloat16 bits are labelled BF16, except for a loader that reads
     bfloat16 only as U16 (:data:`surgery.arch.U16_BFLOAT16_ONLY`: PaddleNLP 2.8.1)."""

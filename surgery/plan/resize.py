@@ -345,6 +345,16 @@ def resize_config(det: Detection, plan: Plan, N: int) -> None:
             plan.config_set.append((k.file, k.key, moves[k.value]))
 
 
+def vocab_size_sets(det: Detection, N: int) -> dict[tuple[str, str], object]:
+    """``{(file, dotted key): value}`` of the vocabulary-size keys a write that moves the rows to ``N``
+    sets (:func:`resize_config`: ``resize``, ``prune``, ``transplant``, ``add-tokens`` growing), each as the
+    folder stores it (a config.json key of a folder with only model_config.json under its model arguments,
+    as :mod:`surgery.write.writer` writes it); ``verify`` expects exactly these values."""
+    plan = base_plan("resize", det)
+    resize_config(det, plan, N)
+    return {_spelled(det.ckpt, f, k): v for f, k, v in plan.config_set}
+
+
 def _spelled(ckpt: Checkpoint, file: str, key: str) -> tuple[str, str]:
     """``(file, key)`` of a config.json key as the folder stores it: in a folder with only model_config.json,
     under its model arguments (``init_args.0.vocab_size``), as :mod:`surgery.write.writer` sets it."""

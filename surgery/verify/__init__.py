@@ -18,15 +18,21 @@ When the embedding's row count changed, every tensor of the input's vocabulary s
 aliases, multi-token-prediction copies, vocabulary-shaped tensors) must have moved by the same number of
 entries, and every config key that counted the rows must have moved with them: one left at the old size is
 unexplained (a loader would index past it, or reject it). With ``logits=True`` the logits under PaddleFormers
-must agree too. The verdict (:attr:`VerifyResult.exit_code`) is decided here, not by the caller.
+must agree too. The rows a lone ``resize`` / ``add-tokens`` run made are recomputed by its planner from the
+report's fields and checked bit for bit (:mod:`surgery.verify.made`). An output without
+``tietool-report.json`` records no operation: only a pair with no difference passes. The verdict
+(:attr:`VerifyResult.exit_code`) is decided here, not by the caller.
 """
 
 from __future__ import annotations
 
-from ..io.checkpoint import Checkpoint
-from ..model.errors import TietoolError
+from pathlib import Path
+
+from ..io.checkpoint import REPORT_NAME, Checkpoint
+from ..io.regular import load_json
+from ..model.errors import CheckpointError, TietoolError
 from ..report import chain_since
-from . import chain, flexstate, prune, pruned, rebuilt, training, transplant
+from . import chain, flexstate, made, prune, pruned, rebuilt, training, transplant
 from .files import ALLOWED_CONFIG_KEYS, compare_configs, compare_metadata, compare_other_files
 from .logits import NotCompared, logits_check
 from .result import VerifyResult
@@ -63,6 +69,7 @@ def verify(
         UsageError: ``logits_with`` names no library :func:`logits_check` runs.
     """
     res = _verify_tensors_and_files(a_path, b_path)
+    _without_report(res, b_path)
     if logits or logits_with is not None:
         res.logits = lg = logits_check(a_path, b_path, timeout=timeout, logits_with=logits_with)
         lib = lg.get("libraries") or "PaddleFormers"
@@ -78,6 +85,27 @@ def verify(
                 f"> {lg.get('tolerance', 1e-5):.0e} on token ids below {lg.get('token_ids_below')}; {lib})"
             )
     return res
+
+
+def _without_report(res: VerifyResult, b_path) -> None:
+    """An output without ``tietool-report.json`` records no operation: only a pair with no difference at
+    all passes; any difference (one a run would explain included) is unexplained, the missing report named
+    first with the fix."""
+    folder = Path(b_path) if isinstance(b_path, str) else b_path  # a Path, or a URL's remote path
+    try:
+        load_json(folder / REPORT_NAME, REPORT_NAME)
+        return
+    except (CheckpointError, OSError, ValueError):  # missing or unreadable, as surgery.report.history
+        has = "an unreadable" if (folder / REPORT_NAME).exists() else "no"
+    res.report = False
+    if res.differences or res.unexplained:
+        n = f" {res.differences}" if res.differences else ""
+        res.unexplained.insert(
+            0,
+            f"{b_path} has {has} {REPORT_NAME}: no operation is recorded to explain its{n} difference(s) "
+            f"from the input; verify the folder tietool wrote (its {REPORT_NAME} beside the weights), or "
+            f"put that run's {REPORT_NAME} back",
+        )
 
 
 def _verify_tensors_and_files(a_path, b_path, original=None) -> VerifyResult:
@@ -100,11 +128,13 @@ def _verify_tensors_and_files(a_path, b_path, original=None) -> VerifyResult:
         A, B, config_dir = flexstate.open_views(a_path, b_path)
         cmp = _compare(A, B, config_dir, original)
         flexstate.compare_state(cmp.res, A, B, _moves(cmp))
+        made.check(cmp.res, A, B, whole=False)
         return cmp.res
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
     cmp = _compare(A, B, original=original)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
     transplant.chained(cmp.res, a_path, b_path)
+    made.check(cmp.res, A, B, whole=original is None)
     return cmp.res
 
 
@@ -128,6 +158,7 @@ def _verify_composed(a_path, b_path, original=None) -> VerifyResult:
     B = Checkpoint.open(b_path)
     cmp = _compare(A, B, original=original)
     training.compare_training_files(cmp.res, A, B, _moves(cmp))
+    made.check(cmp.res, A, B, whole=False)
     cmp.res.notes.append(
         "the input was carried through the convert / merge runs of the output's report chain (rebuilt from "
         f"its headers: {len(A.tensors)} tensors), then compared with the output"

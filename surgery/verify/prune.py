@@ -4,9 +4,12 @@ ids (``prune.id_map``, old → new), and the files must bear out exactly that re
 * every vocabulary tensor of the input (embedding, head in either layout, bias, aliases, copies, token
   tables): entry ``new`` of the output's is entry ``old`` of the input's, bit for bit, and it holds no
   other entry (:func:`compare_tensors`);
-* every other tensor: bit-identical, same dtype label;
-* config files: each vocabulary-size key that counted the input's rows counts the kept ids, each token id
-  a config names (``*_id``, ``*_ids``) is its new id, every other key unchanged (:func:`compare_configs`);
+* every other tensor: bit-identical; every dtype label the one the edit writes (bfloat16 bits labelled
+  ``U16`` become ``BF16`` where the loader reads ``BF16``: :func:`~surgery.verify.tensors.written_labels`);
+* config files: each vocabulary-size key the value the planner sets
+  (:func:`surgery.plan.resize.vocab_size_sets`: the kept count, a stale ``vocab_size`` and its copies
+  included), each token id a config names (``*_id``, ``*_ids``) is its new id, every other key unchanged
+  (:func:`compare_configs`);
 * tokenizer files, read by :func:`surgery.io.tokenizer.vocabulary_maps`: every kept token at its new id,
   no id beyond the kept ones, no dropped token left (:func:`compare_tokenizer`); ``merges.txt`` the
   input's merges of kept tokens;
@@ -29,13 +32,14 @@ from ..io.checkpoint import REPORT_NAME, Checkpoint
 from ..io.configfile import read_config_file
 from ..io.regular import load_json
 from ..io.tokenizer import tokenizer_set, vocabulary, vocabulary_maps
-from ..io.vocabkeys import vocab_keys, walk
+from ..io.vocabkeys import walk
 from ..model.enums import TensorRole
 from ..model.errors import CheckpointError
+from ..plan.resize import vocab_size_sets
 from ..report import chain_since
 from .files import compare_metadata, compare_other_files
 from .result import VerifyResult
-from .tensors import detect_pair
+from .tensors import detect_pair, written_labels
 from .tokens import tokenizer_names
 
 _CONFIG_FILES = ("config.json", "model_config.json", "generation_config.json")
@@ -128,10 +132,12 @@ def compare_tensors(
     res: VerifyResult, A: Checkpoint, B: Checkpoint, dets: tuple[Detection, Detection], ids: list[int]
 ) -> None:
     """Vocabulary tensors: the input's entries ``ids`` (in that order) along the vocabulary axis, bit for
-    bit; every other tensor bit-identical; the same names and dtype labels in both, but for a copy of the
+    bit; every other tensor bit-identical; the same names in both and the dtype labels the edit writes
+    (:func:`~surgery.verify.tensors.written_labels`), but for a copy of the
     embedding a tied output no longer stores (``dets``: the input's and output's detections)."""
     da, db = dets
     axes = _vocab_axes(da)
+    labels = written_labels(A, da, B)
     for name in sorted(set(A.tensors) ^ set(B.tensors)):
         if _tied_copy_dropped(A, B, dets, name, axes):
             res.dropped.append({"name": name, "shape": list(A.tensors[name].shape), "equals_embedding": True})
@@ -140,8 +146,11 @@ def compare_tensors(
         res.unexplained.append(f"{name} is only in the {where}; prune drops and adds no tensor")
     for name in sorted(set(A.tensors) & set(B.tensors)):
         ta, tb = A.tensors[name], B.tensors[name]
-        if ta.dtype != tb.dtype:
-            res.unexplained.append(f"{name}: dtype {ta.dtype} → {tb.dtype}; prune keeps every dtype")
+        if tb.dtype != labels[name]:
+            res.unexplained.append(
+                f"{name}: dtype {ta.dtype} → {tb.dtype}; prune writes {labels[name]} (the label rule of "
+                "every edit: bfloat16 bits labelled U16 become BF16 unless the loader reads only U16)"
+            )
         elif name not in axes:
             if chunked.same_bytes(A, B, name):
                 res.identical += 1
@@ -210,11 +219,12 @@ def _base(key: str) -> str:
 
 
 def compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detection, ids: list[int]) -> None:
-    """Config files: every leaf unchanged, but a vocabulary-size key that counted the input's rows (now
-    the kept count) and a token id key of ``config.json`` / ``generation_config.json`` (now the id's new
-    number; a dropped id there is unexplained)."""
+    """Config files: every leaf unchanged, but a vocabulary-size key the planner sets
+    (:func:`surgery.plan.resize.vocab_size_sets`: the kept count, a stale ``vocab_size`` too) and a token
+    id key of ``config.json`` / ``generation_config.json`` (now the id's new number; a dropped id there is
+    unexplained)."""
     new_id = {o: n for n, o in enumerate(ids)}
-    sizes = {(k.file, k.key) for k in vocab_keys(A.path, A.config) if k.value == da.vocab_rows}
+    sizes = vocab_size_sets(da, len(ids))
     specials = {(s.file, s.key) for s in da.special_ids if s.key.endswith(("_id", "_ids"))}
     for fname in _CONFIG_FILES:
         pa, pb = A.path / fname, B.path / fname
@@ -225,14 +235,14 @@ def compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detecti
         for k in sorted(set(ca) | set(cb)):
             before, want = ca.get(k), ca.get(k)
             if (fname, k) in sizes:
-                want = len(ids)
+                want = sizes[fname, k]
             elif (fname, _base(k)) in specials and isinstance(before, int) and not isinstance(before, bool):
                 if 0 <= before < da.vocab_rows and before not in new_id:
                     res.unexplained.append(f"{fname}: {k} names id {before}, which the prune dropped")
                     continue
                 want = new_id.get(before, before)
             after = cb.get(k)
-            if k not in cb or k not in ca or after != want:
+            if k not in cb or (k not in ca and (fname, k) not in sizes) or after != want:
                 res.unexplained.append(
                     f"{fname}: {k} is {after!r} (input {before!r}); the prune makes it {want!r}"
                 )

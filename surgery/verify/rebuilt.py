@@ -226,11 +226,12 @@ def expected(rb: Rebuilt, t: OutTensor) -> np.ndarray:
         return np.ascontiguousarray(part.T if r.transpose else part)
     if isinstance(r, Joined) and r.axis is not None:
         return join([np.ascontiguousarray(read_slice(s)) for s in r.slices], r.rule, r.axis, r.parts)
-    return _array(make(r, S, {}))
+    return flat_bytes(make(r, S, {}))
 
 
-def _array(d: Any) -> np.ndarray:
-    """A recipe's data as a flat ``uint8`` array (a :class:`Source` of byte ranges read)."""
+def flat_bytes(d: Any) -> np.ndarray:
+    """A recipe's data (:func:`surgery.plan.recipes.make`) as an array: an array as it is, a
+    :class:`Source` of byte ranges read into a flat ``uint8`` array."""
     if isinstance(d, np.ndarray):
         return np.ascontiguousarray(d)
     return np.frombuffer(_source_bytes(d), dtype=np.uint8)

@@ -25,6 +25,8 @@ class VerifyResult:
     derived: list[dict] = field(default_factory=list)
     # --keep-training-state: each optimizer / master-weight entry checked against its rule
     training_state: list[dict] = field(default_factory=list)
+    # the output holds a tietool-report.json (False: no operation is recorded, only no difference passes)
+    report: bool = True
 
     @property
     def explained(self) -> bool:
@@ -48,6 +50,14 @@ class VerifyResult:
         input did: a difference too)."""
         return bool(self.logits) and self.logits.get("ok") is not None  # type: ignore[union-attr]
 
+    @property
+    def differences(self) -> int:
+        """How many differences were classified, explained or not: tensors dropped, added, resized or
+        changed (a dtype label included), config keys, tensors rebuilt from a source (the unexplained lines
+        of files and tokenizers are not counted here)."""
+        found = (self.dropped, self.added, self.resized, self.changed, self.config, self.derived)
+        return sum(map(len, found))
+
     def as_dict(self) -> dict:
         return {
             "explained": self.explained,
@@ -62,6 +72,7 @@ class VerifyResult:
             "notes": self.notes,
             "derived": self.derived,
             "training_state": self.training_state,
+            "report": self.report,
             "tokenizer": self.tokenizer,
             "logits": self.logits,
             "logits_compared": self.logits_compared if self.logits is not None else None,

@@ -12,6 +12,7 @@ from ..io.regular import load_json
 from ..io.vocabkeys import vocab_keys
 from ..model.errors import CheckpointError, Opt, RefusedError, UsageError
 from ..model.tensor import TensorInfo
+from ..plan.plan import written_dtype
 from ..report import chain_since, rows_floor
 from .result import VerifyResult
 
@@ -359,6 +360,21 @@ def detect_pair(A: Checkpoint, B: Checkpoint) -> tuple[Detection, Detection]:
         )
     except (CheckpointError, UsageError, RefusedError):
         return da, db
+
+
+def written_labels(A: Checkpoint, da: Detection, B: Checkpoint) -> dict[str, str]:
+    """``{name: dtype label}`` the output's run writes for each tensor of the input, by the planners' rule
+    (:func:`surgery.plan.plan.written_dtype`: bfloat16 bits labelled ``U16`` become ``BF16`` unless the
+    loader reads them only as ``U16``), on the loader the output's report names (else the detected one)."""
+    loader = da.loader.name
+    try:
+        rep = load_json(B.path / REPORT_NAME, REPORT_NAME) if (B.path / REPORT_NAME).is_file() else None
+    except (CheckpointError, OSError):
+        rep = None
+    named = rep.get("loader") if isinstance(rep, dict) else None
+    if isinstance(named, dict) and isinstance(named.get("name"), str):
+        loader = named["name"]
+    return {n: written_dtype(A, t, loader) for n, t in A.tensors.items()}
 
 
 def _t5_scale(det) -> float | None:

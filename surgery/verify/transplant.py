@@ -11,8 +11,9 @@ the files must bear out exactly that.
   model (:mod:`surgery.verify.transplant_omp`);
 * a ``kept`` claim names the same token string in the input's tokenizer at ``old_id`` as the output's at
   ``j``; the output's tokenizer files name the report's token at every id and no id beyond them;
-* every other tensor bit-identical, same dtype label; config files unchanged but for the vocabulary-size
-  keys (the new row count) and the token id keys (an id of the new vocabulary, or null);
+* every other tensor bit-identical, the dtype label the edit writes; config files unchanged but for the
+  vocabulary-size keys (as :func:`surgery.plan.resize.vocab_size_sets` sets them) and the token id keys
+  (an id of the new vocabulary, or null);
 * every other file byte-identical, safetensors ``__metadata__`` the input's.
 """
 
@@ -29,16 +30,17 @@ from ..io.checkpoint import REPORT_NAME, Checkpoint
 from ..io.configfile import read_config_file
 from ..io.regular import load_json
 from ..io.tokenizer import tokenizer_set, vocabulary_maps
-from ..io.vocabkeys import vocab_keys, walk
+from ..io.vocabkeys import walk
 from ..model.enums import TensorRole
 from ..model.errors import CheckpointError
 from ..model.tensor import bf16_bits_to_f32, f32_to_bf16_bits
+from ..plan.resize import vocab_size_sets
 from ..plan.transplant import TOKENIZER_EXTRAS
 from ..plan.transplant_rows import mean_entry
 from ..report import chain_since
 from .files import compare_metadata, compare_other_files
 from .result import VerifyResult
-from .tensors import detect_pair
+from .tensors import detect_pair, written_labels
 from .tokens import tokenizer_names
 from .transplant_omp import TABLES, check_coefficients, omp_claims, omp_entry
 
@@ -169,10 +171,11 @@ def compare_tensors(
     res: VerifyResult, A: Checkpoint, B: Checkpoint, dets: tuple[Detection, Detection], rows: list[dict]
 ) -> None:
     """Vocabulary tensors: every entry as its row says (:func:`_entries`); every other tensor
-    bit-identical; the same names and dtype labels in both, but for a copy of the embedding a tied output no
-    longer stores (``dets``: the input's and output's detections)."""
+    bit-identical; the same names in both and the dtype labels the edit writes, but for a copy of the
+    embedding a tied output no longer stores (``dets``: the input's and output's detections)."""
     da, db = dets
     axes = _vocab_axes(da)
+    labels = written_labels(A, da, B)
     emb = da.embedding.name
     for name in sorted(set(A.tensors) ^ set(B.tensors)):
         if name in A.tensors and name in axes and db.tie.tied and emb in B.tensors:
@@ -185,8 +188,11 @@ def compare_tensors(
         res.unexplained.append(f"{name} is only in the {where}; transplant drops and adds no tensor")
     for name in sorted(set(A.tensors) & set(B.tensors)):
         ta, tb = A.tensors[name], B.tensors[name]
-        if ta.dtype != tb.dtype:
-            res.unexplained.append(f"{name}: dtype {ta.dtype} → {tb.dtype}; transplant keeps every dtype")
+        if tb.dtype != labels[name]:
+            res.unexplained.append(
+                f"{name}: dtype {ta.dtype} → {tb.dtype}; transplant writes {labels[name]} (the label rule of "
+                "every edit: bfloat16 bits labelled U16 become BF16 unless the loader reads only U16)"
+            )
         elif name not in axes:
             if chunked.same_bytes(A, B, name):
                 res.identical += 1
@@ -277,8 +283,9 @@ def _base(key: str) -> str:
 
 def compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detection, n: int) -> None:
     """Config files: every leaf unchanged, but a vocabulary-size key that counted the input's rows (now
-    ``n``) and a token id key of ``config.json`` / ``generation_config.json`` (an id below ``n``, or null)."""
-    sizes = {(k.file, k.key) for k in vocab_keys(A.path, A.config) if k.value == da.vocab_rows}
+    ``n``, as :func:`surgery.plan.resize.vocab_size_sets` sets it: a stale ``vocab_size`` too) and a token
+    id key of ``config.json`` / ``generation_config.json`` (an id below ``n``, or null)."""
+    sizes = vocab_size_sets(da, n)
     specials = {(s.file, s.key) for s in da.special_ids if s.key.endswith(("_id", "_ids"))}
     for fname in _CONFIG_FILES:
         pa, pb = A.path / fname, B.path / fname
@@ -292,7 +299,7 @@ def compare_configs(res: VerifyResult, A: Checkpoint, B: Checkpoint, da: Detecti
                 ok = after is None or (type(after) is int and 0 <= after < n)
                 why = f"an id of the new {n}-token vocabulary or null"
             elif (fname, k) in sizes:
-                ok, why = after == n and k in cb, f"{n}"
+                ok, why = after == sizes[fname, k] and k in cb, f"{sizes[fname, k]!r}"
             else:
                 ok, why = k in ca and k in cb and after == before, f"{before!r}"
             if not ok:

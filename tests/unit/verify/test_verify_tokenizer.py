@@ -207,7 +207,10 @@ def test_a_tokenizer_file_changed_without_a_token_change(before):
     (after / "tokenizer_config.json").write_text(json.dumps(tc))
     res = verify(before, after)
     assert res.unexplained == [
-        "tokenizer_config.json differs and tietool-report.json lists no token added or removed"
+        f"{after} has no tietool-report.json: no operation is recorded to explain its difference(s) from "
+        "the input; verify the folder tietool wrote (its tietool-report.json beside the weights), or put "
+        "that run's tietool-report.json back",
+        "tokenizer_config.json differs and tietool-report.json lists no token added or removed",
     ]
 
 
