@@ -13,6 +13,8 @@ them at random) is a failed load. Prints one JSON line: ``{"results": [{"ok", "m
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -61,5 +63,21 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def serve(run) -> int:
+    """``serve`` (``surgery.verify.logits_pool``): one JSON argv per line of stdin, each run as
+    ``run(argv)``; the JSON line it prints goes, alone, to the original stdout (anything else printed there,
+    a library's own output included, goes to stderr). Ends at the end of stdin."""
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            run(json.loads(line))
+        docs = [ln for ln in buf.getvalue().splitlines() if ln.startswith("{")]
+        channel.write((docs[-1] if docs else "{}") + "\n")
+        channel.flush()
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve(main) if sys.argv[1:] == ["serve"] else main(sys.argv[1:]))

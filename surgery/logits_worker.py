@@ -55,7 +55,7 @@ def _stub_fleet() -> bool:
     mod = types.ModuleType("paddleformers.transformers.gpt_provider")
     mod.__dict__["GPTModelProvider"] = GPTModelProvider  # a module's attributes live in its __dict__
     sys.modules.setdefault("paddleformers.transformers.gpt_provider", mod)
-    if importlib.util.find_spec("paddlefleet_ops") is None:
+    if "paddlefleet_ops" not in sys.modules and importlib.util.find_spec("paddlefleet_ops") is None:
         ops = types.ModuleType("paddlefleet_ops")
         ops.__dict__["is_deep_ep_available"] = lambda: False
         sys.modules["paddlefleet_ops"] = ops
@@ -232,5 +232,21 @@ def main(argv: list[str]) -> int:
     return 0 if cls is not None and all(r["ok"] for r in doc["results"]) else 1
 
 
+def serve(run) -> int:
+    """``serve`` (``surgery.verify.logits_pool``): one JSON argv per line of stdin, each run as
+    ``run(argv)``; the JSON line it prints goes, alone, to the original stdout (anything else printed there,
+    a library's own output included, goes to stderr). Ends at the end of stdin."""
+    channel = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)
+    for line in sys.stdin:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            run(json.loads(line))
+        docs = [ln for ln in buf.getvalue().splitlines() if ln.startswith("{")]
+        channel.write((docs[-1] if docs else "{}") + "\n")
+        channel.flush()
+    return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(serve(main) if sys.argv[1:] == ["serve"] else main(sys.argv[1:]))

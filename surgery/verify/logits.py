@@ -328,21 +328,12 @@ def _run_worker(
 ) -> dict:
     """Run ``surgery/<worker>`` (by its file path) under ``python`` on ``paths``: its JSON line, or a
     not-compared dict when it timed out or printed none (its stderr's last line says why)."""
-    import subprocess
-
     out.mkdir(parents=True, exist_ok=True)
     script = Path(__file__).resolve().parent.parent / worker
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    try:
-        r = subprocess.run(
-            [python, "-I", str(script), str(ids), str(out), *map(str, paths)],  # -I: not surgery/ on the path
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
-    except subprocess.TimeoutExpired:
+    # -I: not surgery/ on the path
+    r = _call([python, "-I", str(script)], [str(ids), str(out), *map(str, paths)], timeout, env)
+    if r is None:
         return _not_compared(
             NotCompared.TIMEOUT,
             f"{_NAMES[lib]} took more than {timeout:.0f} s to run {paths[0]}",
@@ -373,27 +364,12 @@ def _run_fidelity(paths: list, ids: Path, out: Path, timeout: float, config_of=N
         (:func:`_not_compared`)
         when it timed out or printed no JSON (its stderr's last line says why).
     """
-    import subprocess
     import sys
 
     out.mkdir(parents=True, exist_ok=True)
-    args = [
-        sys.executable,
-        "-m",
-        "tietool.surgery.logits_worker",
-        str(ids),
-        str(out),
-        str(config_of or paths[0]),
-    ]
-    try:
-        r = subprocess.run(
-            [*args, *map(str, paths)],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired:
+    args = [str(ids), str(out), str(config_of or paths[0]), *map(str, paths)]
+    r = _call([sys.executable, "-m", "tietool.surgery.logits_worker"], args, timeout)
+    if r is None:
         return _not_compared(
             NotCompared.TIMEOUT,
             f"PaddleFormers took more than {timeout:.0f} s to run {paths[0]}",
@@ -410,3 +386,29 @@ def _run_fidelity(paths: list, ids: Path, out: Path, timeout: float, config_of=N
             f"the PaddleFormers subprocess stopped without a result ({why})",
             "check that paddle runs on this machine: python -c 'import paddle; paddle.utils.run_check()'",
         )
+
+
+def _call(command: list[str], args: list[str], timeout: float, env: dict[str, str] | None = None):
+    """Run the worker ``command`` on ``args``: in its live process inside
+    :func:`surgery.verify.logits_pool.reuse_processes` (the verdicts of fresh processes kept), else in a
+    subprocess of its own. Returns its ``CompletedProcess`` (the pooled one's JSON line as stdout, return
+    code 0 when there is one), or None when it ran out of ``timeout`` seconds."""
+    import subprocess
+
+    from . import logits_pool
+
+    pooled = logits_pool.run(command, args, timeout, env)
+    if pooled is not None:
+        line, err, expired = pooled
+        return None if expired else subprocess.CompletedProcess(command, 0 if line else 1, line or "", err)
+    try:
+        return subprocess.run(
+            [*command, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return None

@@ -40,7 +40,7 @@ from tietool.surgery import arch
 from tietool.surgery.inspect.detect import detect
 from tietool.surgery.io.checkpoint import Checkpoint
 from tietool.surgery.model.errors import ExitCode
-from tietool.surgery.verify import VerifyResult, logits_check
+from tietool.surgery.verify import VerifyResult, logits_check, logits_pool
 
 # PaddleFormers 1.2 on CPU cannot run these (see support/logits_families.py): family -> containers
 NOT_RUNNABLE = {
@@ -155,7 +155,8 @@ def _verify(a: Path, b: Path) -> dict:
 
 class Runs:
     """Every checkpoint of a build built (one builder subprocess), every tool run and ``verify --logits``
-    (in process, one after the other, each running its own PaddleFormers subprocess), once per session."""
+    (in process, one after the other, in the PaddleFormers process :func:`all_runs` keeps alive), once per
+    session."""
 
     def __init__(self, root: Path, families: list[str]):
         t0 = time.monotonic()
@@ -179,7 +180,8 @@ class Runs:
             self._llama_jobs(work, jobs)
         t1 = time.monotonic()
         # one after the other in this thread: in process (a thread would fall back to a `python -m tietool`
-        # subprocess, support.cli_runner), each still running its PaddleFormers subprocess
+        # subprocess, support.cli_runner), so inside all_runs' logits_pool.reuse_processes
+        self.jobs = jobs
         self.docs = {k: _verify(*ab) for k, ab in jobs.items()}
         self.verify_seconds = time.monotonic() - t1
         self.seconds = time.monotonic() - t0
@@ -214,7 +216,11 @@ class Runs:
 
 @pytest.fixture(scope="module")
 def all_runs(tmp_path_factory):
-    """The :class:`Runs` of each build (:data:`BUILDS`), made on first use, for the module."""
+    """The :class:`Runs` of each build (:data:`BUILDS`), made on first use, for the module; their
+    ``verify --logits`` runs share one PaddleFormers process (:func:`surgery.verify.logits_pool
+    .reuse_processes`: a verdict of failure still comes from a fresh process;
+    ``tests/unit/verify/test_logits_pool.py`` proves the rule, test_the_fresh_and_reused_verdicts_agree the
+    logits)."""
     if importlib.util.find_spec("paddleformers") is None:
         pytest.skip("paddleformers is not importable in this interpreter (install the [test] extra)")
     made: dict[int, Runs | BaseException] = {}
@@ -231,13 +237,15 @@ def all_runs(tmp_path_factory):
             raise r
         return r
 
-    yield of
+    with logits_pool.reuse_processes() as procs:
+        yield of
     for r in made.values():
         if isinstance(r, Runs):
             print(
                 f"\n[test_verify_logits] {len(r.built)} checkpoints built in {r.build_seconds:.1f}s; "
                 f"{len(r.docs)} verify --logits in {r.verify_seconds:.1f}s; {r.seconds:.1f}s in all"
             )
+    print(f"[test_verify_logits] {procs.started} PaddleFormers processes started by the verify runs")
 
 
 @pytest.fixture
@@ -305,6 +313,21 @@ def test_verify_logits_without_a_paddleformers_class_exits_8(runs):
     line = _one_line(doc)
     assert "PaddleFormers has no language-model class for architectures" in line, line
     assert "qwen2_5_omni" in line and "with the library that wrote the checkpoint" in line, line
+
+
+@pytest.mark.slow
+def test_the_fresh_and_reused_verdicts_agree(runs):
+    """The verify runs of :class:`Runs` share a PaddleFormers process (:func:`all_runs`); run again in a
+    fresh ``python -m tietool`` (its own PaddleFormers subprocess, nothing reused), Llama's untie, corrupted
+    head and dropped head give the same verdict, the logits difference bit for bit."""
+    from support import cli_runner
+
+    for key in ("llama-safetensors-op", "llama-corrupt", "llama-no-head"):
+        a, b = runs.jobs[key]
+        r = cli_runner.spawn(["verify", a, b, "--logits", "--json"], timeout=900)
+        fresh, reused = json.loads(r.stdout), runs.docs[key]
+        assert r.rc == reused["_rc"] and fresh["unexplained"] == reused["unexplained"], (fresh, reused)
+        assert fresh["logits"] == reused["logits"], (fresh["logits"], reused["logits"])
 
 
 _RESOLVE = """

@@ -23,10 +23,19 @@ from support.resize_support import run_cli
 
 from tietool import verify
 from tietool.surgery.io.checkpoint import Checkpoint
+from tietool.surgery.verify import logits_pool
 
 REPO = paths.REPO
 SRC = REPO / "tests/data/fixtures/cases/pnlp_llama_untied"
 PF_SRC = REPO / "tests/data/fixtures/cases/pf_llama_untied_fp32"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _reused_processes():
+    """The file's verify runs share one process per library (:mod:`surgery.verify.logits_pool`: a verdict
+    of failure still comes from a fresh process)."""
+    with logits_pool.reuse_processes():
+        yield
 
 
 def _ok(cmd: list[str]) -> None:
