@@ -153,6 +153,20 @@ def _ignore_signals() -> None:
             signal.signal(sig, signal.SIG_IGN)
 
 
+_COMMANDS: dict[int, Any] = {}
+
+
+def _command(app: typer.Typer) -> Any:
+    """``app``'s Click command, built once per process (``typer.main.get_command``, which ``app()`` calls
+    anew on every run: ~10 ms of start-up that an in-process caller, the test suite's runner, paid per
+    run). ``app()`` adds only Typer's pretty exception hook around it, which tietool disables
+    (``pretty_exceptions_enable=False``)."""
+    key = id(app)
+    if key not in _COMMANDS:
+        _COMMANDS[key] = typer.main.get_command(app)
+    return _COMMANDS[key]
+
+
 def run_app(app: typer.Typer) -> None:
     """Run ``app`` as the console script (:func:`cli.app.main`): usage errors become one line, like
     tietool's own errors; SIGTERM and SIGHUP unwind like Ctrl-C (the temporary output folder is removed).
@@ -167,7 +181,7 @@ def run_app(app: typer.Typer) -> None:
             signal.signal(sig, _on_signal)
     try:
         # named tietool under `python -m tietool` too: shell completion keys on the name (_TIETOOL_COMPLETE)
-        code = app(standalone_mode=False, prog_name="tietool")
+        code = _command(app)(standalone_mode=False, prog_name="tietool")
     except (typer.Abort, KeyboardInterrupt):  # KeyboardInterrupt: a signal while Typer builds the commands
         code = _interrupted()
     except BrokenPipeError:
