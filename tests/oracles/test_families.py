@@ -14,7 +14,7 @@ Nothing is pruned: PaddleFormers 1.2 writes and reads back every combination (96
 
 Each command runs once per session on a fresh copy of its input (in process: ``support.cli_runner``), then
 ``tietool verify INPUT OUTPUT`` must exit 0; the output is loaded in PaddleFormers (the oracle script
-``tests/data/tools/pf_logits.py``, in batches: :func:`support.family_builder.logits_batches`) and its
+``tests/data/tools/pf_logits.py``, many loads per process: :class:`support.pf_worker.LogitsPool`) and its
 logits are compared with the input's, computed in the same run:
 
 * ``tie`` / ``untie``: bit for bit (``np.array_equal``);
@@ -38,7 +38,7 @@ import numpy as np
 import pytest
 from support import family_builder as fb
 from support import fixture_support as fs
-from support import paths
+from support import paths, pf_worker
 
 from tietool.surgery import arch
 from tietool.surgery.inspect.detect import detect
@@ -167,9 +167,10 @@ def _argv(op: str) -> tuple[str, list[str]]:
 
 class Matrix:
     """Builds the selected checkpoints (one builder subprocess), runs the selected commands (in process, each
-    on a fresh copy: :func:`support.cli_runner.run_cli`), then every PaddleFormers load (batches)."""
+    on a fresh copy: :func:`support.cli_runner.run_cli`), then every PaddleFormers load (in ``pool``'s
+    long-lived process, shared by the builds of this pytest process)."""
 
-    def __init__(self, root: Path, selected: set[tuple[str, str | None]]):
+    def __init__(self, root: Path, selected: set[tuple[str, str | None]], pool: pf_worker.LogitsPool):
         self.root = root
         t0 = time.monotonic()
         variants = sorted({BY_NAME[n] for n, _ in selected}, key=lambda v: v.name)
@@ -192,7 +193,13 @@ class Matrix:
             if self.built[v].ok:
                 logits_jobs[self._job(self.built[v].path, v)] = None
         t2 = time.monotonic()
-        self.logits = fb.logits_batches(list(logits_jobs), root / "logits")
+        self.logits = {}
+        (root / "logits").mkdir()
+        for i, job in enumerate(logits_jobs):  # the session's worker process (a fresh one after a failure)
+            out = root / "logits" / f"{i:03d}.npy"
+            res = pool.load(job.ckpt, job.model_class, dict(job.kwargs), out)
+            res["logits"] = np.load(out) if res.get("ok") else None
+            self.logits[job] = res
         self.logits_seconds = time.monotonic() - t2
         self.seconds = time.monotonic() - t0
         self.loads = len(logits_jobs)
@@ -222,7 +229,8 @@ class Matrix:
 # The families fall into BUILDS independent builds (a Matrix each, built when its first test runs): under
 # pytest-xdist each build is a group of its own (xdist_build, tests/conftest.py), so the two workers build two
 # at once instead of one worker building all 16 families while the other waits for nothing of it. Each build
-# costs one builder and one logits process more (~6 s of CPU: paddle's import); four keep that small.
+# costs one builder process more (~3 s of CPU: paddle's import); four keep that small. The loads of every
+# build of one pytest process share one long-lived logits process (the ``matrices`` fixture's pool).
 BUILDS = 4
 
 
@@ -266,11 +274,12 @@ def matrices(request, tmp_path_factory):
     if importlib.util.find_spec("paddleformers") is None:
         pytest.skip("paddleformers is not importable in this interpreter (install the [test] extra)")
     made: dict[int, Matrix | BaseException] = {}
+    pool = pf_worker.LogitsPool(tmp_path_factory.mktemp("families-pf"))
 
     def of(b: int) -> Matrix:
         if b not in made:  # a build that failed fails every test of it, once
             try:
-                made[b] = Matrix(tmp_path_factory.mktemp(f"families{b}"), _selected(request, b))
+                made[b] = Matrix(tmp_path_factory.mktemp(f"families{b}"), _selected(request, b), pool)
             except Exception as e:  # noqa: BLE001 - raised again for each test of the build
                 made[b] = e
         m = made[b]
@@ -279,6 +288,7 @@ def matrices(request, tmp_path_factory):
         return m
 
     yield of
+    pool.close()
     for m in made.values():
         if isinstance(m, Matrix):
             _summary(m)

@@ -211,7 +211,8 @@ def write_oracle(folder: Path, dest: Path | None = None) -> None:
 
 
 def build(name: str, out: Path) -> None:
-    """Write folder ``name`` under ``out`` (replacing it), then its oracle in a fresh process."""
+    """Write folder ``name`` under ``out`` (replacing it), without its oracles: :func:`write_oracles` makes
+    them, in a fresh process, once every folder is written."""
     target = out / name
     shutil.rmtree(target, ignore_errors=True)
     if name == "single":
@@ -225,23 +226,40 @@ def build(name: str, out: Path) -> None:
     elif name == "mesh2x2":
         run_ranks("mesh2x2", 4, target)
     elif name == "trainer_bf16_layout":
-        subprocess.run([sys.executable, str(HERE / "make_bf16_layout.py"), str(target)], check=True)
-        return
+        subprocess.run(
+            [sys.executable, str(HERE / "make_bf16_layout.py"), str(target), "--no-oracle"], check=True
+        )
     elif name == "trainer_tied":
-        subprocess.run([sys.executable, str(HERE / "make_trainer.py"), str(target), "1", "--tied"], check=True)
-        return
+        cmd = [sys.executable, str(HERE / "make_trainer.py"), str(target), "1", "--tied", "--no-oracle"]
+        subprocess.run(cmd, check=True)
     elif name.startswith("trainer_"):
         ranks = name.removeprefix("trainer_").removesuffix("rank")
-        subprocess.run([sys.executable, str(HERE / "make_trainer.py"), str(target), ranks], check=True)
-        return  # make_trainer.py writes its own oracles
+        cmd = [sys.executable, str(HERE / "make_trainer.py"), str(target), ranks, "--no-oracle"]
+        subprocess.run(cmd, check=True)
     else:
         raise SystemExit(f"unknown fixture {name}")
-    _in_subprocess("--oracle", target)
 
 
-def _in_subprocess(flag: str, target: Path) -> None:
+def write_oracles(out: Path, names: list[str]) -> None:
+    """The oracles of the folders ``names`` under ``out``, all in this one process (a fresh one, that wrote
+    none of them: ``--oracles``); the Trainer folders' through their own scripts' functions."""
+    sys.path.insert(0, str(HERE))
+    import make_bf16_layout
+    import make_trainer
+
+    for name in names:
+        if name == "trainer_bf16_layout":
+            make_bf16_layout.oracles(out / name)
+        elif name.startswith("trainer_"):
+            make_trainer.write_oracles(out / name)
+        else:
+            write_oracle(out / name)
+
+
+def _in_subprocess(flag: str, target: Path, *more: str) -> None:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    subprocess.run([sys.executable, __file__, flag, str(target)], check=True, env=env, capture_output=True)
+    cmd = [sys.executable, __file__, flag, str(target), *more]
+    subprocess.run(cmd, check=True, env=env, capture_output=True)
 
 
 ALL = [
@@ -263,18 +281,20 @@ def main() -> None:
     ap.add_argument("--only", nargs="*", default=ALL)
     ap.add_argument("--worker", nargs=2)
     ap.add_argument("--single", type=Path)
-    ap.add_argument("--oracle", type=Path)
+    ap.add_argument("--oracles", type=Path)
     a = ap.parse_args()
     if a.worker:
         rank_worker(*a.worker)
     elif a.single:
         write_single(a.single)
-    elif a.oracle:
-        write_oracle(a.oracle)
+    elif a.oracles:
+        write_oracles(a.oracles, a.only)
     else:
         for name in a.only:
             build(name, a.out)
             print("wrote", a.out / name)
+        _in_subprocess("--oracles", a.out, "--only", *a.only)
+        print("wrote the oracles of", ", ".join(a.only))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Run the real PaddleFormers 1.2 Trainer for 2 steps on a tiny Llama on CPU and keep its flex checkpoint.
 
-Run: ``python make_trainer.py OUT [RANKS] [--tied]`` (called by ``make_flex.py``). ``--tied``: the same Llama
+Run: ``python make_trainer.py OUT [RANKS] [--tied] [--no-oracle]`` (called by ``make_flex.py``, which makes
+the oracles of all its folders in one process: ``--no-oracle``). ``--tied``: the same Llama
 with ``tie_word_embeddings`` true and ``vocab_size`` :data:`TIED_VOCAB` (6 slack rows beyond the
 tokenizer's 250 ids), 1 rank (``trainer_tied/``). Writes ``OUT/checkpoint-2/`` exactly as
 the Trainer left it (``save_checkpoint_format="flex_checkpoint"``, the 1.2 default), ``OUT/base/`` (the
@@ -160,7 +161,7 @@ def main() -> None:
     if sys.argv[1] == "--oracle":
         write_oracles(Path(sys.argv[2]))
         return
-    args = [a for a in sys.argv[1:] if a != "--tied"]
+    args = [a for a in sys.argv[1:] if a not in ("--tied", "--no-oracle")]
     out, ranks = Path(args[0]), int(args[1]) if len(args) > 1 else 1
     shutil.rmtree(out, ignore_errors=True)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -172,7 +173,8 @@ def main() -> None:
         subprocess.run(worker, check=True, capture_output=True)
     else:
         make_flex.run_ranks_cmd(worker, ranks)
-    subprocess.run([sys.executable, __file__, "--oracle", str(out)], check=True, capture_output=True)
+    if "--no-oracle" not in sys.argv:  # make_flex.py makes every folder's oracles in one process
+        subprocess.run([sys.executable, __file__, "--oracle", str(out)], check=True, capture_output=True)
 
 
 if __name__ == "__main__":
