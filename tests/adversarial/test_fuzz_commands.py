@@ -30,10 +30,23 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support import adversarial_support as av
 from support import fixture_support as fs
-from support.fuzz_budget import slow_examples
+from support.fuzz_budget import skip_if_twin_selected, slow_examples
 
 import tietool
 from tietool.surgery.model.errors import OutputError, TietoolError
+
+# fast variant -> its slow twin (same property and strategy, the same found examples, more examples)
+TWINS = {"test_every_command_on_folder_mutants": "test_every_command_on_folder_mutants_slow"}
+
+
+@pytest.fixture(autouse=True)
+def _fast_twin(request: pytest.FixtureRequest) -> None:
+    """A fast variant of :data:`TWINS` is skipped when its slow twin runs in this session
+    (:func:`support.fuzz_budget.skip_if_twin_selected`)."""
+    twin = TWINS.get(request.node.originalname)
+    if twin is not None:
+        skip_if_twin_selected(request, twin)
+
 
 V, H = 100, 16  # both fixtures: vocab_size 100, hidden_size 16
 ST_CASE, PD_CASE = av.ST_ONE, av.PD_ONE
@@ -399,6 +412,7 @@ def test_every_command_on_folder_mutants(case: str) -> None:
 def test_every_command_on_folder_mutants_slow(case: str) -> None:
     @settings(max_examples=slow_examples(4000), **SETTINGS)
     @given(mutations(case), COMMANDS)
+    @_with_found
     def prop(muts, command):
         one_example(case, muts, command)
 

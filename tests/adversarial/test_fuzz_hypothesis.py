@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import adversarial_support as av
-from support.fuzz_budget import slow_examples
+from support.fuzz_budget import skip_if_twin_selected, slow_examples
 
 import tietool
 from tietool.surgery.inspect.detect import detect
@@ -52,6 +52,31 @@ SETTINGS = settings(
     ],
 )
 SLOW = settings(SETTINGS, max_examples=slow_examples(3000))
+
+# fast variant -> its slow twin (same property, same or wider strategy, more examples)
+TWINS = {
+    n: n + "_slow"
+    for n in (
+        "test_pdparams_mutations_read_or_refuse",
+        "test_pdparams_opcode_mutations_read_or_refuse",
+        "test_safetensors_header_mutations_through_every_write",
+        "test_safetensors_byte_mutations_through_every_write",
+    )
+} | {
+    "test_index_mutants_read_write_or_refuse": "test_index_mutants_many",
+    "test_config_mutants_read_write_or_refuse": "test_config_mutants_many",
+    "test_tokenizer_mutants_read_write_or_refuse": "test_tokenizer_mutants_many",
+}
+
+
+@pytest.fixture(autouse=True)
+def _fast_twin(request: pytest.FixtureRequest) -> None:
+    """A fast variant of :data:`TWINS` is skipped when its slow twin runs in this session
+    (:func:`support.fuzz_budget.skip_if_twin_selected`)."""
+    twin = TWINS.get(request.node.originalname)
+    if twin is not None:
+        skip_if_twin_selected(request, twin)
+
 
 ST_RAW = (av.CASES / av.ST_ONE / av.ST_ONE_FILE).read_bytes()
 PD_RAW = (av.CASES / av.PD_ONE / av.PD_FILE).read_bytes()

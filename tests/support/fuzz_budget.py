@@ -4,11 +4,15 @@ The default run (README's ``pytest -q``, CI) draws a quarter of each slow varian
 375 of 1,500, 1,000 of 4,000): the same properties on the same strategies, still several times the examples
 of the fast variants, at a quarter of the time. ``TIETOOL_DEEP_FUZZ=1`` draws the full counts (a deep run,
 e.g. after a change to a reader or the writer). ``derandomize=True`` keeps both deterministic.
+
+A fast variant whose slow twin is selected in the same session is skipped (:func:`skip_if_twin_selected`):
+the whole suite draws each property's examples once, from the twin.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 DEEP = os.environ.get("TIETOOL_DEEP_FUZZ") == "1"
 
@@ -16,3 +20,22 @@ DEEP = os.environ.get("TIETOOL_DEEP_FUZZ") == "1"
 def slow_examples(full: int) -> int:
     """``full`` under ``TIETOOL_DEEP_FUZZ=1``, else a quarter of it."""
     return full if DEEP else max(1, full // 4)
+
+
+def skip_if_twin_selected(request: Any, twin: str) -> None:
+    """Skip the calling fast fuzz test when ``twin``, its slow variant in the same module (the same property
+    on the same or a wider strategy, several times the examples, the same parameters), is selected in this
+    session: the whole suite (CI, README's command) or ``-m slow`` runs the twin, whose examples exercise the
+    same paths, so the fast test's would be drawn for nothing. ``-m "not slow"``, ``-k`` of the fast test
+    alone, or ``TIETOOL_FUZZ_BOTH=1`` runs it as before. Each xdist worker collects (and deselects) the
+    same items, so the decision is the same on every worker."""
+    import pytest
+
+    if os.environ.get("TIETOOL_FUZZ_BOTH") == "1":
+        return
+    node = request.node
+    name = twin + node.name[len(node.originalname) :]  # the same parameters, e.g. "[pf_llama_tied_fp32]"
+    if any(getattr(i, "module", None) is node.module and i.name == name for i in request.session.items):
+        pytest.skip(
+            f"{name} runs in this session: the same property, more examples (TIETOOL_FUZZ_BOTH=1 runs both)"
+        )
