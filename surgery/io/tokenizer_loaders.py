@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from ..model.enums import StrEnum
+from ..model.errors import Opt
 from ..model.tokens import TokenizerFormat
 
 
@@ -155,7 +156,8 @@ def control_piece_warning(model: str, tokens: Sequence[str]) -> str | None:
         f"{shown} {'is a CONTROL piece' if len(tokens) == 1 else 'are CONTROL pieces'} of {model} (special): "
         "the sentencepiece library reading the model file alone never produces a control piece from text "
         "(as for <s>), transformers, PaddleFormers and tokenizers encode it to its id; with sentencepiece "
-        "alone insert the id yourself, or add the token without --special to have it encoded from text"
+        f"alone insert the id yourself, or add the token without {Opt('special', True)} to have it encoded "
+        "from text"
     )
 
 
