@@ -30,22 +30,13 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support import adversarial_support as av
 from support import fixture_support as fs
-from support.fuzz_budget import skip_if_twin_selected, slow_examples
+from support.fuzz_budget import fast_twin, slow_examples  # noqa: F401 - fast_twin: autouse (TWINS)
 
 import tietool
 from tietool.surgery.model.errors import OutputError, TietoolError
 
 # fast variant -> its slow twin (same property and strategy, the same found examples, more examples)
 TWINS = {"test_every_command_on_folder_mutants": "test_every_command_on_folder_mutants_slow"}
-
-
-@pytest.fixture(autouse=True)
-def _fast_twin(request: pytest.FixtureRequest) -> None:
-    """A fast variant of :data:`TWINS` is skipped when its slow twin runs in this session
-    (:func:`support.fuzz_budget.skip_if_twin_selected`)."""
-    twin = TWINS.get(request.node.originalname)
-    if twin is not None:
-        skip_if_twin_selected(request, twin)
 
 
 V, H = 100, 16  # both fixtures: vocab_size 100, hidden_size 16

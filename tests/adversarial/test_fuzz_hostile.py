@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support.fuzz_budget import skip_if_twin_selected, slow_examples
+from support.fuzz_budget import fast_twin, slow_examples  # noqa: F401 - fast_twin: autouse (TWINS)
 from support.hostile import experts, flexmeta, history
 
 import tietool
@@ -40,15 +40,6 @@ TWINS = {
     n: n + "_slow"
     for n in ("test_metadata_mutants_succeed_or_refuse", "test_no_report_history_explains_a_lost_base_token")
 }
-
-
-@pytest.fixture(autouse=True)
-def _fast_twin(request: pytest.FixtureRequest) -> None:
-    """A fast variant of :data:`TWINS` is skipped when its slow twin runs in this session
-    (:func:`support.fuzz_budget.skip_if_twin_selected`)."""
-    twin = TWINS.get(request.node.originalname)
-    if twin is not None:
-        skip_if_twin_selected(request, twin)
 
 
 SECONDS = 10.0  # issue 29: no run over 10 s on a small input

@@ -33,7 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support import adversarial_support as av
-from support.fuzz_budget import skip_if_twin_selected, slow_examples
+from support.fuzz_budget import fast_twin, slow_examples  # noqa: F401 - fast_twin: autouse (TWINS)
 
 import tietool
 from tietool.surgery.inspect.detect import detect
@@ -67,15 +67,6 @@ TWINS = {
     "test_config_mutants_read_write_or_refuse": "test_config_mutants_many",
     "test_tokenizer_mutants_read_write_or_refuse": "test_tokenizer_mutants_many",
 }
-
-
-@pytest.fixture(autouse=True)
-def _fast_twin(request: pytest.FixtureRequest) -> None:
-    """A fast variant of :data:`TWINS` is skipped when its slow twin runs in this session
-    (:func:`support.fuzz_budget.skip_if_twin_selected`)."""
-    twin = TWINS.get(request.node.originalname)
-    if twin is not None:
-        skip_if_twin_selected(request, twin)
 
 
 ST_RAW = (av.CASES / av.ST_ONE / av.ST_ONE_FILE).read_bytes()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
+
 DEEP = os.environ.get("TIETOOL_DEEP_FUZZ") == "1"
 
 
@@ -29,8 +31,6 @@ def skip_if_twin_selected(request: Any, twin: str) -> None:
     same paths, so the fast test's would be drawn for nothing. ``-m "not slow"``, ``-k`` of the fast test
     alone, or ``TIETOOL_FUZZ_BOTH=1`` runs it as before. Each xdist worker collects (and deselects) the
     same items, so the decision is the same on every worker."""
-    import pytest
-
     if os.environ.get("TIETOOL_FUZZ_BOTH") == "1":
         return
     node = request.node
@@ -39,3 +39,12 @@ def skip_if_twin_selected(request: Any, twin: str) -> None:
         pytest.skip(
             f"{name} runs in this session: the same property, more examples (TIETOOL_FUZZ_BOTH=1 runs both)"
         )
+
+
+@pytest.fixture(autouse=True)
+def fast_twin(request: pytest.FixtureRequest) -> None:
+    """Autouse in a module that imports it: its fast test named in the module's ``TWINS`` (fast name → slow
+    name) is skipped when the slow twin runs in this session (:func:`skip_if_twin_selected`)."""
+    twin = getattr(request.module, "TWINS", {}).get(request.node.originalname)
+    if twin is not None:
+        skip_if_twin_selected(request, twin)
