@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 from support import adversarial_support as av
 from support import flex_support as fx
+from support import preload
 
 from tietool.surgery.io import flex
 from tietool.surgery.io.flex_cover import Piece, flat_boxes, gap, overlaps, uncovered
@@ -418,7 +419,14 @@ def test_merged_trainer_checkpoint_loads_with_the_same_logits(tmp_path: Path) ->
     model_state/``, fp32 and bf16), merged by tietool, loads with ``from_pretrained`` and gives the saved
     model's logits bit for bit (Linear weights converted to the PaddleFormers layout)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    subprocess.run([PY, "-c", _MAKE, str(tmp_path)], check=True, timeout=600, env=env, capture_output=True)
+    preload.run(
+        [PY, "-c", _MAKE, str(tmp_path)],
+        libs=preload.PADDLEFORMERS,
+        check=True,
+        timeout=600,
+        env=env,
+        capture_output=True,
+    )
     args = []
     for dtype in ("float32", "bfloat16"):
         out = tmp_path / f"merged-{dtype}"
@@ -430,7 +438,14 @@ def test_merged_trainer_checkpoint_loads_with_the_same_logits(tmp_path: Path) ->
         labels = {v[0] for v in _merged(out).values()}
         assert labels == ({"F32"} if dtype == "float32" else {"BF16"})
         args += [str(out), str(tmp_path / dtype / "logits.npy")]
-    res = subprocess.run([PY, "-c", _LOAD, *args], timeout=600, env=env, capture_output=True, text=True)
+    res = preload.run(
+        [PY, "-c", _LOAD, *args],
+        libs=preload.PADDLEFORMERS,
+        timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith(str(tmp_path))]
     assert len(lines) == 2 and all(" True " in ln for ln in lines), res.stdout
@@ -669,7 +684,7 @@ def test_real_trainer_checkpoint_merged_loads_with_the_trained_logits(tmp_path: 
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     ids = fx.DATA / "trainer_1rank" / "input_ids.npy"
     cmd = [PY, "-c", _TRAINER_LOGITS, str(base), str(ids), *args]
-    res = subprocess.run(cmd, timeout=600, env=env, capture_output=True, text=True)
+    res = preload.run(cmd, libs=preload.PADDLEFORMERS, timeout=600, env=env, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-3000:]
     lines = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
     assert len(lines) == 2 and all(ln.split()[2] == "True" for ln in lines), res.stdout

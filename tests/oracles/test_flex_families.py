@@ -28,7 +28,7 @@ import pytest
 from support import adversarial_support as av
 from support import fixture_support as fs
 from support import flex_support as fx
-from support import paths
+from support import paths, preload
 
 from tietool.surgery import arch
 
@@ -310,8 +310,9 @@ def test_tied_merge_is_the_librarys_export(model_type: str, tmp_path: Path, live
     )
     assert "lm_head.weight" in _names(kept)  # the Trainer holds it
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}
-    cp = subprocess.run(
+    cp = preload.run(
         [sys.executable, "-c", _EXPORT, str(kept), MODEL_CLASS[model_type], str(export)],
+        libs=preload.PADDLEFORMERS,
         capture_output=True,
         text=True,
         timeout=600,

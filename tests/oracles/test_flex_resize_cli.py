@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import flex_support as fx
+from support import preload
 from typer.testing import CliRunner
 
 from tietool.cli.app import app
@@ -286,8 +286,12 @@ def test_paddle_loads_the_cli_output(tmp_path: Path) -> None:
         ts = flex.read_metadata(next(f.glob("*.metadata")))
         shapes[str(f)] = {n: (list(t.shape), t.dtype) for n, t in ts.items()}
     shapes = {k: v for k, v in shapes.items() if v}
-    run = subprocess.run(
-        [sys.executable, "-c", _LOAD, json.dumps(shapes)], capture_output=True, text=True, timeout=900
+    run = preload.run(
+        [sys.executable, "-c", _LOAD, json.dumps(shapes)],
+        libs=("paddle",),
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     for f in shapes:

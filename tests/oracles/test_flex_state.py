@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import flex_support as fx
+from support import preload
 
 from tietool.surgery.io import flex, flex_write
 from tietool.surgery.model.errors import RefusedError
@@ -134,7 +134,9 @@ def test_paddle_loads_the_resized_state_bit_for_bit(tmp_path: Path) -> None:
     for folder in wants:
         ts = flex.read_metadata(next(folder.glob("*.metadata")))
         shapes[str(folder)] = {n: (list(t.shape), t.dtype) for n, t in ts.items()}
-    run = subprocess.run([PY, "-c", _LOAD, json.dumps(shapes)], capture_output=True, text=True, timeout=900)
+    run = preload.run(
+        [PY, "-c", _LOAD, json.dumps(shapes)], libs=("paddle",), capture_output=True, text=True, timeout=900
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     for folder, want in wants.items():
         got = dict(np.load(f"{folder}.got.npz"))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import flex_support as fx
+from support import preload
 
 from tietool.surgery.io import flex, flex_write, pdparams
 from tietool.surgery.io.safetensors_io import Source
@@ -114,7 +114,9 @@ def _paddle_loads(folders: list[Path]) -> dict[Path, dict[str, np.ndarray]]:
     for f in folders:
         ts = flex.read_metadata(_metadata(f))
         shapes[str(f)] = {n: (list(t.shape), t.dtype) for n, t in ts.items()}
-    run = subprocess.run([PY, "-c", _LOAD, json.dumps(shapes)], capture_output=True, text=True, timeout=600)
+    run = preload.run(
+        [PY, "-c", _LOAD, json.dumps(shapes)], libs=("paddle",), capture_output=True, text=True, timeout=600
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     return {f: dict(np.load(f"{f}.got.npz")) for f in folders}
 

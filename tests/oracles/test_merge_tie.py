@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import flex_support, paths
+from support import flex_support, paths, preload
 from support.adversarial_support import assert_refused, run_cli
 
 from tietool.surgery.io import pdparams, safetensors_io
@@ -255,12 +255,16 @@ def test_tiefix_config_sets_every_flag_false_nested_too():
 # ------------------------------------------------------------------------------------------ PaddleFormers 1.2
 def _logits(cmd: list, out: Path, clean: bool = True) -> np.ndarray:
     import os
-    import subprocess
     import sys
 
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    cp = subprocess.run(
-        [sys.executable, *map(str, cmd)], capture_output=True, text=True, timeout=600, env=env
+    cp = preload.run(
+        [sys.executable, *map(str, cmd)],
+        libs=preload.PADDLEFORMERS,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     line = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
     res = json.loads(line[-1]) if line else {"ok": False, "error": cp.stderr[-1500:]}

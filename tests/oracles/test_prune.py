@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import casecheck, paths, pnlp_support
+from support import casecheck, paths, pnlp_support, preload
 from support import tokmodel_support as ts
 from support.fixture_support import logits_mismatch
 from support.paths import CASES_DIR, INPUT_IDS
@@ -319,7 +319,7 @@ def test_pruned_model_logits_equal_the_old_at_the_kept_ids(sample_pruned):
     for tag, ck, batch in (("old", SAMPLE, INPUT_IDS), ("new", sample_pruned["out"], root / "new_ids.npy")):
         work = root / f"logits-{tag}"
         shutil.copytree(ck, work)
-        cp = subprocess.run(
+        cp = preload.run(
             [
                 sys.executable,
                 str(PF_LOGITS),
@@ -328,6 +328,7 @@ def test_pruned_model_logits_equal_the_old_at_the_kept_ids(sample_pruned):
                 str(batch),
                 str(root / f"{tag}.npy"),
             ],
+            libs=preload.PADDLEFORMERS,
             capture_output=True,
             text=True,
             env=env,

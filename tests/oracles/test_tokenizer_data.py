@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import paths
+from support import paths, preload
 
 DATA = paths.TOKENIZERS
 FOLDERS = ("bytelevel_bpe", "gpt2_bpe", "sp_bpe", "sp_bpe_with_json", "sp_unigram", "tiktoken", "wordpiece")
@@ -75,8 +75,9 @@ print("\nRESULT " + json.dumps(out))
 @pytest.mark.parametrize("lib", ["hf", "pf"])
 def test_every_folder_loads(lib):
     pytest.importorskip("transformers" if lib == "hf" else "paddleformers")
-    run = subprocess.run(
+    run = preload.run(
         [sys.executable, "-c", _LOAD, lib, str(DATA), *FOLDERS],
+        libs=("transformers",) if lib == "hf" else preload.PADDLEFORMERS,
         capture_output=True,
         text=True,
         check=True,

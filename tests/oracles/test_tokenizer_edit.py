@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import paths
+from support import paths, preload
 
 from tietool.surgery.io import tokenizer_folder
 from tietool.surgery.io.tokenizer_edit import add_tokens_edit, remove_tokens_edit
@@ -420,8 +420,9 @@ def test_loaders_encode_new_tokens_and_keep_the_corpus(lib, edited):
         n: {"before": str(b), "after": str(a), "new": sorted(ids), "corpus": corpus}
         for n, (b, a, ids, _) in edited.items()
     }
-    run = subprocess.run(
+    run = preload.run(
         [sys.executable, "-c", _ORACLE, lib, json.dumps(spec)],
+        libs=("transformers",) if lib == "hf" else preload.PADDLEFORMERS,
         capture_output=True,
         text=True,
         timeout=900,

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from support import casecheck, paths
+from support import casecheck, paths, preload
 from support import tokmodel_support as ts
 from support.fixture_support import logits_mismatch
 from support.paths import CASES_DIR
@@ -218,7 +218,7 @@ def test_logits_of_shared_tokens_equal_the_inputs_at_the_mapped_ids(outputs, tmp
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     got = {}
     for tag, ck in (("old", SAMPLE), ("new", outputs["gpt2_bpe", "subword"]["out"])):
-        cp = subprocess.run(
+        cp = preload.run(
             [
                 sys.executable,
                 str(PF_LOGITS),
@@ -227,6 +227,7 @@ def test_logits_of_shared_tokens_equal_the_inputs_at_the_mapped_ids(outputs, tmp
                 str(tmp_path / f"{tag}.npy"),
                 str(tmp_path / f"{tag}-l.npy"),
             ],
+            libs=preload.PADDLEFORMERS,
             capture_output=True,
             text=True,
             env=env,

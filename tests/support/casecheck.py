@@ -1280,13 +1280,19 @@ def pnlp_python() -> str | None:
 
 def _encode_child(python: str, folder: Path, texts: list[str], loader: str) -> list[list[int]] | str:
     """Encode ``texts`` with ``loader``'s ``AutoTokenizer`` in a child ``python``: ids per text, or why."""
+    try:
+        from support import preload
+    except ImportError:  # run as a script (tests/support on sys.path, not tests/)
+        import preload  # type: ignore[no-redef]
+
     with tempfile.TemporaryDirectory(prefix="casecheck-encode-") as tmp:
         texts_path, out_path = Path(tmp) / "texts.json", Path(tmp) / "result.json"
         texts_path.write_text(json.dumps(texts), encoding="utf-8")
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore", "HF_HUB_OFFLINE": "1"}
         try:
-            run = subprocess.run(
+            run = preload.run(
                 [python, "-c", _ENCODE_SCRIPT, str(folder), str(texts_path), str(out_path), loader],
+                libs=preload.PADDLENLP if loader == "paddlenlp-2.8" else ("transformers",),
                 capture_output=True,
                 text=True,
                 env=env,

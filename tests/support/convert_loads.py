@@ -177,9 +177,13 @@ LEGACY = {"load_checkpoint_format": "legacy", "convert_from_hf": False}
 
 def run(args: list[str], python: str | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
     """This script under ``python`` (default: this interpreter) with ``args``, on CPU."""
+    from support import pnlp_support, preload  # the parent side only: this file also runs as a script
+
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    return subprocess.run(
+    pnlp = python is not None and python == pnlp_support.PNLP_PYTHON
+    return preload.run(
         [python or sys.executable, os.path.abspath(__file__), *args],
+        libs=preload.PADDLENLP if pnlp else preload.PADDLEFORMERS,
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -390,8 +390,11 @@ def build_all(
     plan.write_text(json.dumps([dataclasses.asdict(v) for v in variants], indent=1))
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     t0 = time.monotonic()
-    cp = subprocess.run(
+    from support import preload  # the parent side only: this file also runs as a script
+
+    cp = preload.run(
         [sys.executable, __file__, str(plan), str(root)],
+        libs=preload.PADDLEFORMERS,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -442,6 +445,8 @@ def logits_batches(jobs: list[LogitsJob], root: Path, workers: int = 2, timeout:
     """
     import numpy as np
 
+    from support import preload  # the parent side only: this file also runs as a script
+
     root.mkdir(parents=True, exist_ok=True)
     results: dict[LogitsJob, dict] = {}
     lock = threading.Lock()
@@ -465,8 +470,9 @@ def logits_batches(jobs: list[LogitsJob], root: Path, workers: int = 2, timeout:
         (work / "jobs.json").write_text(json.dumps(spec, indent=1))
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
         try:
-            cp = subprocess.run(
+            cp = preload.run(
                 [sys.executable, __file__, "--logits", str(work / "jobs.json"), str(work / "results.json")],
+                libs=preload.PADDLEFORMERS,
                 capture_output=True,
                 text=True,
                 timeout=timeout,

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from support import cli_runner, pf_worker
+from support import cli_runner, pf_worker, preload
 from support.paths import (  # noqa: F401  (re-exported: the tests use fs.CASES_DIR etc.)
     CASES_DIR,
     EXPECTED_DIR,
@@ -316,8 +316,14 @@ def run_pf_logits(
         cmd = [sys.executable, str(PF_LOGITS), str(ckpt)]
     cmd += [model_class, str(INPUT_IDS), str(out_npy)]
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    cp = subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL
+    cp = preload.run(
+        cmd,
+        libs=preload.PADDLEFORMERS,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        stdin=subprocess.DEVNULL,
     )
     lines = [ln for ln in cp.stdout.splitlines() if ln.startswith("{")]
     res = json.loads(lines[-1]) if lines else {"ok": False, "error": "no JSON line", "warnings": []}

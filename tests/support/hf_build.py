@@ -145,8 +145,11 @@ def build(plan: list[dict], work: Path, python: str, timeout: float = 600) -> No
     """
     work.mkdir(parents=True, exist_ok=True)
     (work / "plan.json").write_text(json.dumps(plan, indent=1))
-    cp = subprocess.run(
+    from support import preload  # the parent side only: this file also runs as a script
+
+    cp = preload.run(
         [python, __file__, str(work / "plan.json")],
+        libs=preload.TRANSFORMERS,
         capture_output=True,
         text=True,
         timeout=timeout,

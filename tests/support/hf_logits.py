@@ -21,6 +21,7 @@ venv (``tests/tools/hf_venv.sh``, ``$HF_PYTHON``), which has torch and transform
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -36,8 +37,9 @@ def python() -> str | None:
     return os.environ.get("HF_PYTHON") or None
 
 
+@functools.cache
 def available(python: str) -> str | None:
-    """None when ``python`` can import torch and transformers, else why not."""
+    """None when ``python`` can import torch and transformers, else why not (asked once per process)."""
     cp = subprocess.run(
         [python, "-c", "import torch, transformers; print(torch.__version__, transformers.__version__)"],
         capture_output=True,
@@ -65,8 +67,11 @@ def run(folders: list[Path], work: Path, python: str, timeout: float = 1200) -> 
     jobs = [{"ckpt": str(f), "out": str(work / f"{i:03d}.npy")} for i, f in enumerate(folders)]
     (work / "jobs.json").write_text(json.dumps(jobs, indent=1))
     t0 = time.monotonic()
-    cp = subprocess.run(
+    from support import preload  # the parent side only: this file also runs as a script
+
+    cp = preload.run(
         [python, __file__, str(work / "jobs.json"), str(work / "results.json")],
+        libs=preload.TRANSFORMERS,
         capture_output=True,
         text=True,
         timeout=timeout,

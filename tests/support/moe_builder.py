@@ -41,8 +41,11 @@ def build(out: Path, timeout: float = 600) -> dict[str, Path]:
     """Build every family of :data:`EXPERT_KEYS` into ``out/<family>`` (one subprocess); family → folder."""
     out.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    cp = subprocess.run(
+    from support import preload  # the parent side only: this file also runs as a script
+
+    cp = preload.run(
         [sys.executable, __file__, str(out)],
+        libs=preload.PADDLEFORMERS,
         capture_output=True,
         text=True,
         timeout=timeout,

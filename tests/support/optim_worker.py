@@ -32,10 +32,17 @@ IDS = [[1, 2, 3, 4, 5, 60]]  # on resume the last id is the model's last row (a 
 def run(*args: str, timeout: float = 600) -> None:
     """Run this script in a subprocess (CPU, no GPU) with ``args``; raises with its stderr on failure."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-    cp = subprocess.run(
-        [sys.executable, __file__, *args], capture_output=True, text=True, timeout=timeout, env=env,
+    from support import preload  # the parent side only: this file also runs as a script
+
+    cp = preload.run(
+        [sys.executable, __file__, *args],
+        libs=preload.PADDLEFORMERS,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
         stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     if cp.returncode != 0:
         raise RuntimeError(f"optim_worker {args[0]} failed (exit {cp.returncode}):\n{cp.stderr[-3000:]}")
 

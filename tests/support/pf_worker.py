@@ -22,6 +22,7 @@ import threading
 from pathlib import Path
 
 from support import family_builder as fb
+from support import preload
 
 
 class LogitsWorker:
@@ -31,8 +32,9 @@ class LogitsWorker:
         self.log = log
         self.loads = 0  # jobs this process has run
         self._err = log.open("ab")
-        self.proc = subprocess.Popen(
+        self.proc = preload.popen(
             [sys.executable, fb.__file__, "--serve"],
+            libs=preload.PADDLEFORMERS,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._err,

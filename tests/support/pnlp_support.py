@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from support import preload
+
 WORKER = Path(__file__).resolve().parent / "pnlp_worker.py"
 PNLP_PYTHON = os.environ.get("PNLP_PYTHON", "")
 SKIP_REASON = (
@@ -64,8 +66,9 @@ def run_jobs(jobs: list[dict], work: Path, timeout: float = 1200) -> list[dict]:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONWARNINGS": "ignore"}
     log = work / f"pnlp_worker-{n}.log"
     with log.open("w") as out:
-        r = subprocess.run(
+        r = preload.run(
             [PNLP_PYTHON, str(WORKER), str(jobs_path), str(results_path)],
+            libs=preload.PADDLENLP,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,

@@ -124,8 +124,11 @@ def tokenizer_loads(jobs: list[dict], root: Path, timeout: float = 600) -> list[
 
 def _python(argv: list[str], timeout: float) -> subprocess.CompletedProcess:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONPATH=os.pathsep.join(sys.path))
-    return subprocess.run(
+    from support import preload  # the parent side only: this file also runs as a script
+
+    return preload.run(
         [sys.executable, *argv],
+        libs=preload.PADDLEFORMERS,
         capture_output=True,
         text=True,
         timeout=timeout,

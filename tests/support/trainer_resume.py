@@ -73,8 +73,17 @@ def resume(runs: list[ResumeRun], ranks: int = 1, timeout: float = 900) -> list[
         cmd = [sys.executable, __file__, "--worker", str(Path(tmp) / "jobs.json"), tmp]
         if ranks == 1:
             env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
-            cp = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                                stdin=subprocess.DEVNULL)  # fmt: skip
+            from support import preload  # the parent side only: this file also runs as a script
+
+            cp = preload.run(
+                cmd,
+                libs=preload.PADDLEFORMERS,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
             if cp.returncode != 0:
                 raise RuntimeError(
                     f"trainer_resume worker failed (exit {cp.returncode}):\n{cp.stderr[-3000:]}"
@@ -102,7 +111,17 @@ def grow_checkpoint(checkpoint: Path, base: Path, out: Path, vocab: int) -> tupl
     (``save_pretrained``). Returns ``(checkpoint, model_dir)``."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, __file__, "--grow", str(checkpoint), str(base), str(out), str(vocab)]
-    cp = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, stdin=subprocess.DEVNULL)
+    from support import preload  # the parent side only: this file also runs as a script
+
+    cp = preload.run(
+        cmd,
+        libs=preload.PADDLEFORMERS,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
     if cp.returncode != 0:
         raise RuntimeError(f"trainer_resume --grow failed (exit {cp.returncode}):\n{cp.stderr[-3000:]}")
     return out / checkpoint.name, out / "model"

@@ -18,13 +18,13 @@ import ctypes
 import importlib.util
 import json
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors import TensorSpec, safe_open, serialize_file
+from support import preload
 
 import tietool
 from tietool.surgery.io import safetensors_io
@@ -290,7 +290,9 @@ def test_paddle_pdparams_loses_float8(tmp_path):
     if importlib.util.find_spec("paddle") is None:  # not imported here: paddle costs seconds and threads
         pytest.skip("paddle is not installed")
     code = _PADDLE_F8.replace("OUT", str(tmp_path / "f8.pdparams"))
-    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    run = preload.run(
+        [sys.executable, "-c", code], libs=("paddle",), capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip().splitlines()[-1] == "paddle.int8"
 
