@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support import casecheck as cc
-from support import paths
+from support import paths, preload
 
 # ---------------------------------------------------------------------------
 # Builders
@@ -903,8 +903,8 @@ def test_encodes_transformers_in_a_child_process(tmp_path: Path, monkeypatch: py
     token its id; every encodes check of one command with the same loader runs in one child."""
     out, new_id = _with_added_token(tmp_path, "<cc_probe>")
     calls = []
-    real_run = cc.subprocess.run
-    monkeypatch.setattr(cc.subprocess, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
+    real_run = preload.run  # casecheck starts its children through support.preload
+    monkeypatch.setattr(preload, "run", lambda *a, **k: calls.append(a) or real_run(*a, **k))
     command = {
         "expect": "ok",
         "checks": [
