@@ -42,7 +42,7 @@ import sys
 PADDLEFORMERS = ("paddle", "paddleformers", "paddleformers.transformers")
 PADDLENLP = ("zlib", "paddle", "paddlenlp", "paddlenlp.transformers")  # zlib first: paddle 2.6.2 needs it
 TRANSFORMERS = ("torch", "transformers")
-_MSG = 1 << 22  # the largest request: argv (a -c script), cwd and the environment as JSON
+_MSG = 1 << 22  # the largest request: argv (a -c script) and cwd as JSON
 _MODES = ("-c", "-m")
 
 
@@ -237,10 +237,10 @@ def _stop_all() -> None:
         shutil.rmtree(_DIR[0], ignore_errors=True)
 
 
-def _fd(spec, default_null: bool, files: list):
-    """The descriptor a stream spec of ``subprocess.run`` names: None → the caller's own (``default``),
-    DEVNULL, PIPE (a temporary file read afterwards), a file object or a descriptor."""
-    if spec is subprocess.DEVNULL or (spec is None and default_null):
+def _fd(spec, files: list):
+    """The descriptor a stream spec of ``subprocess.run`` names (None: the caller's own): DEVNULL, PIPE (a
+    temporary file read afterwards), a file object or a descriptor. What it opens is added to ``files``."""
+    if spec is subprocess.DEVNULL:
         f = open(os.devnull, "r+b")  # noqa: SIM115 - closed by the caller through ``files``
         files.append(f)
         return f.fileno()
@@ -311,10 +311,10 @@ def run(
             f.seek(0)
             fd_in = f.fileno()
         else:
-            fd_in = _fd(stdin, False, files)
-        fd_out = _fd(stdout, False, files)
+            fd_in = _fd(stdin, files)
+        fd_out = _fd(stdout, files)
         out_file = files[-1] if stdout is subprocess.PIPE else None
-        fd_err = fd_out if stderr is subprocess.STDOUT else _fd(stderr, False, files)
+        fd_err = fd_out if stderr is subprocess.STDOUT else _fd(stderr, files)
         err_file = files[-1] if stderr is subprocess.PIPE else None
         fds = [
             0 if fd_in is None else fd_in,
@@ -420,9 +420,9 @@ def popen(cmd: list, *, libs: tuple[str, ...], stdin=None, stdout=None, stderr=N
             theirs.append(r if i == 0 else w)
             files.append(theirs[-1])
         else:
-            fd = _fd(spec, False, files)
+            fd = _fd(spec, files)
             theirs.append(i if fd is None else fd)
-    err = _fd(stderr, False, files)
+    err = _fd(stderr, files)
     theirs.append(2 if err is None else err)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(sock)
