@@ -104,10 +104,31 @@ for _folder in sorted({p.parent for p in paths.TESTS.rglob("test_*.py")} - {path
         sys.path.append(str(_folder))
 
 
+def _compile_sources() -> None:
+    """Under ``PYTHONDONTWRITEBYTECODE`` (or ``-B``), compile tietool's modules and ``tests/support`` into
+    their ``__pycache__`` once, as ``pip install`` does for an installed package, so that the suite's many
+    fresh interpreters (``python -m tietool`` runs, killed runs, workers) read bytecode instead of compiling
+    ~25,000 lines each (``import tietool.cli.app, tietool.surgery.ops``: 0.31 s → 0.18 s). Without the flag
+    Python caches on first import by itself, and this does nothing."""
+    import compileall
+
+    import tietool
+
+    if not sys.dont_write_bytecode:
+        return
+    package = Path(tietool.__file__).resolve().parent
+    compileall.compile_dir(package, maxlevels=0, quiet=1)  # __init__.py, __main__.py
+    for folder in (package / "cli", package / "surgery", paths.TESTS / "support"):
+        compileall.compile_dir(folder, quiet=1)
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    """Refuse a parallel run in which the ``xdist_group`` markers would be silently ignored: pytest-xdist's
+    """Compile the sources once (:func:`_compile_sources`, in the controlling process only). Refuse a parallel
+    run in which the ``xdist_group`` markers would be silently ignored: pytest-xdist's
     ``--dist loadgroup`` suffixes each grouped item's ``_nodeid`` with ``@group``, which pytest 9.2's
     ``Node.nodeid`` no longer reads (the groups of :func:`xdist_group_of` then split over the workers)."""
+    if not hasattr(config, "workerinput"):
+        _compile_sources()
     if getattr(config.option, "dist", None) != "loadgroup":
         return
     probe = type("Probe", (), {"_nodeid": "x@group", "_id": "x"})()
