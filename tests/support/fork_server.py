@@ -89,24 +89,9 @@ def _child(conn: socket.socket) -> None:
 def serve(path: str) -> None:
     """Preload, then fork a child per connection on the Unix socket ``path`` until killed."""
     _preload()
-    srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    srv.bind(path)
-    srv.listen(16)
-    print("ready", flush=True)
-    while True:
-        conn, _ = srv.accept()
-        pid = os.fork()
-        if pid == 0:
-            srv.close()
-            _child(conn)
-        conn.close()
-        while True:  # reap the children that ended
-            try:
-                done, _ = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if done == 0:
-                break
+    from preload import serve_forks  # run as a script: tests/support is sys.path[0]
+
+    serve_forks(path, _child)
 
 
 def run(path: str, argv: list[str]) -> int:

@@ -132,32 +132,38 @@ def _supervise(conn: socket.socket) -> None:
         os._exit(0)
 
 
-def serve(path: str, libs: list[str]) -> None:
-    """Import ``libs``, then fork a supervisor per connection on the Unix socket ``path``; ends when its stdin
-    closes (the pytest process that started it ended) or it is killed."""
+def serve_forks(path: str, handle, stop=None) -> None:
+    """Listen on the Unix socket ``path``, print ``ready``, and fork a child per connection that runs
+    ``handle(conn)`` (which never returns), reaping the children that ended; return when ``stop`` (a file,
+    e.g. ``sys.stdin``) becomes readable: its writer closed it. Also ``support/fork_server.py``'s loop."""
     import select
 
-    _preload(libs)
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     srv.bind(path)
     srv.listen(64)
     print("ready", flush=True)
     while True:
-        ready, _, _ = select.select([srv, sys.stdin], [], [])
-        if sys.stdin in ready:
+        if stop is not None and stop in select.select([srv, stop], [], [])[0]:
             return
         conn, _ = srv.accept()
         if os.fork() == 0:
             srv.close()
-            _supervise(conn)
+            handle(conn)
         conn.close()
-        while True:  # reap the supervisors that ended
+        while True:
             try:
                 done, _ = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if done == 0:
                 break
+
+
+def serve(path: str, libs: list[str]) -> None:
+    """Import ``libs``, then fork a supervisor per connection on the Unix socket ``path``
+    (:func:`serve_forks`); ends when its stdin closes (the pytest process that started it ended)."""
+    _preload(libs)
+    serve_forks(path, _supervise, stop=sys.stdin)
 
 
 if __name__ == "__main__" and len(sys.argv) == 4 and sys.argv[1] == "serve":
@@ -237,135 +243,40 @@ def _stop_all() -> None:
         shutil.rmtree(_DIR[0], ignore_errors=True)
 
 
-def _fd(spec, files: list):
-    """The descriptor a stream spec of ``subprocess.run`` names (None: the caller's own): DEVNULL, PIPE (a
-    temporary file read afterwards), a file object or a descriptor. What it opens is added to ``files``."""
-    if spec is subprocess.DEVNULL:
-        f = open(os.devnull, "r+b")  # noqa: SIM115 - closed by the caller through ``files``
-        files.append(f)
-        return f.fileno()
-    if spec is subprocess.PIPE:
-        f = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the caller through ``files``
-        files.append(f)
-        return f.fileno()
+def _fd(spec, files: list, own: int) -> int:
+    """The descriptor a stream spec of ``subprocess.run`` names: None → ``own`` (the caller's own stream),
+    DEVNULL, PIPE (a temporary file read afterwards), a file object or a descriptor. What it opens is added
+    to ``files``."""
     if spec is None:
-        return None
+        return own
+    if spec is subprocess.DEVNULL or spec is subprocess.PIPE:
+        f = open(os.devnull, "r+b") if spec is subprocess.DEVNULL else tempfile.TemporaryFile()  # noqa: SIM115
+        files.append(f)
+        return f.fileno()
     return spec if isinstance(spec, int) else spec.fileno()
 
 
-def _decode(data: bytes, text: bool):
-    if not text:
-        return data
-    return data.decode().replace("\r\n", "\n").replace("\r", "\n")
-
-
-def run(
-    cmd: list,
-    *,
-    libs: tuple[str, ...],
-    capture_output: bool = False,
-    text: bool = False,
-    timeout: float | None = None,
-    env: dict | None = None,
-    cwd=None,
-    stdin=None,
-    stdout=None,
-    stderr=None,
-    input=None,  # noqa: A002
-    check: bool = False,
-    **other,
-) -> subprocess.CompletedProcess:
-    """``subprocess.run(cmd, ...)`` with those arguments (``universal_newlines`` / ``encoding`` and the
-    rest fall back to it), the program run by a server that imported ``libs`` (the modules the program
-    imports first, in its order: :data:`PADDLEFORMERS`, ...) when ``cmd`` is a plain interpreter run
-    (module docstring). The result (``CompletedProcess``, ``TimeoutExpired``, ``CalledProcessError``) is
-    the one ``subprocess.run`` gives; on a timeout the run is killed (SIGKILL)."""
-    plain = dict(
-        capture_output=capture_output,
-        text=text,
-        timeout=timeout,
-        env=env,
-        cwd=cwd,
-        stdin=stdin,
-        stdout=stdout,
-        stderr=stderr,
-        input=input,
-        check=check,
-        **other,
-    )
+def _route(cmd: list, libs: tuple[str, ...], env: dict | None) -> tuple[list[str], str] | None:
+    """``(the server's argv, its socket)`` for ``cmd``, or None when ``cmd`` runs as a plain subprocess:
+    not a plain interpreter run, ``TIETOOL_TEST_NO_PRELOAD=1``, or no server starts."""
     req = _request(cmd)
-    if req is None or other or os.environ.get("TIETOOL_TEST_NO_PRELOAD") == "1":
-        return subprocess.run(cmd, **plain)
-    run_env = dict(os.environ if env is None else env)
-    sock = _server(str(cmd[0]), libs, run_env)
-    if sock is None:
-        return subprocess.run(cmd, **plain)
-    if capture_output:
-        stdout = stderr = subprocess.PIPE
-    files: list = []
-    try:
-        if input is not None:
-            f = tempfile.TemporaryFile()  # noqa: SIM115 - closed below through ``files``
-            files.append(f)
-            f.write(input.encode() if isinstance(input, str) else input)
-            f.seek(0)
-            fd_in = f.fileno()
-        else:
-            fd_in = _fd(stdin, files)
-        fd_out = _fd(stdout, files)
-        out_file = files[-1] if stdout is subprocess.PIPE else None
-        fd_err = fd_out if stderr is subprocess.STDOUT else _fd(stderr, files)
-        err_file = files[-1] if stderr is subprocess.PIPE else None
-        fds = [
-            0 if fd_in is None else fd_in,
-            1 if fd_out is None else fd_out,
-            2 if fd_err is None else fd_err,
-        ]
-        req_msg = {"argv": req, "cwd": os.path.abspath(cwd) if cwd else os.getcwd()}
-        code = _ask(sock, req_msg, fds, cmd, timeout)
-        out = _read(out_file, text)
-        err = _read(err_file, text)
-    finally:
-        for f in files:
-            f.close()
-    if check and code != 0:
-        raise subprocess.CalledProcessError(code, cmd, out, err)
-    return subprocess.CompletedProcess(cmd, code, out, err)
-
-
-def _read(f, text: bool):
-    if f is None:
+    if req is None or os.environ.get("TIETOOL_TEST_NO_PRELOAD") == "1":
         return None
-    f.seek(0)
-    return _decode(f.read(), text)
-
-
-def _ask(sock: str, req: dict, fds: list[int], cmd: list, timeout: float | None) -> int:
-    """Send the run to the server at ``sock``; its exit status (killed and ``TimeoutExpired`` after
-    ``timeout`` seconds)."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
-        s.connect(sock)
-        socket.send_fds(s, [json.dumps(req).encode()], fds)
-        pid = struct.unpack("i", s.recv(4))[0]
-        s.settimeout(timeout)
-        try:
-            reply = s.recv(4)
-        except TimeoutError:
-            os.kill(pid, signal.SIGKILL)
-            s.settimeout(None)
-            s.recv(4)
-            raise subprocess.TimeoutExpired(cmd, timeout) from None
-    if len(reply) != 4:
-        raise RuntimeError(f"the preload server lost the run of {cmd[:2]} (no exit status)")
-    return struct.unpack("i", reply)[0]
+    sock = _server(str(cmd[0]), libs, dict(os.environ if env is None else env))
+    return None if sock is None else (req, sock)
 
 
 class Process:
-    """A run of :func:`popen`: the part of ``subprocess.Popen`` its callers use (``stdin``, ``stdout``,
+    """A run started by the server: the part of ``subprocess.Popen`` the callers use (``stdin``, ``stdout``,
     ``pid``, ``poll``, ``wait``, ``kill``, ``returncode``)."""
 
-    def __init__(self, sock: socket.socket, pid: int, stdin, stdout):
-        self._sock, self.pid, self.stdin, self.stdout = sock, pid, stdin, stdout
+    def __init__(self, sock: str, argv: list[str], cwd: str, fds: list[int], stdin=None, stdout=None):
+        """Hand ``argv`` (run in ``cwd``, ``fds`` its stdin, stdout, stderr) to the server at ``sock``."""
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock.connect(sock)
+        socket.send_fds(self._sock, [json.dumps({"argv": argv, "cwd": cwd}).encode()], fds)
+        self.pid = struct.unpack("i", self._sock.recv(4))[0]
+        self.stdin, self.stdout = stdin, stdout
         self.returncode: int | None = None
 
     def _status(self, timeout: float | None) -> int | None:
@@ -375,7 +286,9 @@ class Process:
                 reply = self._sock.recv(4)
             except (TimeoutError, BlockingIOError):
                 return None
-            self.returncode = struct.unpack("i", reply)[0] if len(reply) == 4 else -signal.SIGKILL
+            if len(reply) != 4:
+                raise RuntimeError(f"the preload server lost run {self.pid} (no exit status)")
+            self.returncode = struct.unpack("i", reply)[0]
             self._sock.close()
         return self.returncode
 
@@ -399,39 +312,93 @@ class Process:
                 pass
 
 
+def run(
+    cmd: list,
+    *,
+    libs: tuple[str, ...],
+    capture_output: bool = False,
+    text: bool = False,
+    timeout: float | None = None,
+    env: dict | None = None,
+    cwd=None,
+    stdin=None,
+    stdout=None,
+    stderr=None,
+    input=None,  # noqa: A002
+    check: bool = False,
+    **other,
+) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, ...)`` with those arguments (``universal_newlines`` / ``encoding`` and the
+    rest fall back to it), the program run by a server that imported ``libs`` (the modules the program
+    imports first, in its order: :data:`PADDLEFORMERS`, ...) when ``cmd`` is a plain interpreter run
+    (module docstring). The result (``CompletedProcess``, ``TimeoutExpired``, ``CalledProcessError``) is
+    the one ``subprocess.run`` gives; on a timeout the run is killed (SIGKILL)."""
+    route = None if other else _route(cmd, libs, env)
+    if route is None:
+        return subprocess.run(
+            cmd, capture_output=capture_output, text=text, timeout=timeout, env=env, cwd=cwd, stdin=stdin,
+            stdout=stdout, stderr=stderr, input=input, check=check, **other,
+        )  # fmt: skip
+    if capture_output:
+        stdout = stderr = subprocess.PIPE
+    files: list = []
+    try:
+        if input is not None:
+            stdin = tempfile.TemporaryFile()  # noqa: SIM115 - closed below through ``files``
+            files.append(stdin)
+            stdin.write(input.encode() if isinstance(input, str) else input)
+            stdin.seek(0)
+        fds = [_fd(stdin, files, 0), _fd(stdout, files, 1)]
+        out_file = files[-1] if stdout is subprocess.PIPE else None
+        fds.append(fds[1] if stderr is subprocess.STDOUT else _fd(stderr, files, 2))
+        err_file = files[-1] if stderr is subprocess.PIPE else None
+        proc = Process(route[1], route[0], os.path.abspath(cwd) if cwd else os.getcwd(), fds)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise subprocess.TimeoutExpired(cmd, timeout) from None
+        out, err = _read(out_file, text), _read(err_file, text)
+    finally:
+        for f in files:
+            f.close()
+    if check and code != 0:
+        raise subprocess.CalledProcessError(code, cmd, out, err)
+    return subprocess.CompletedProcess(cmd, code, out, err)
+
+
+def _read(f, text: bool):
+    if f is None:
+        return None
+    f.seek(0)
+    data = f.read()
+    return data.decode().replace("\r\n", "\n").replace("\r", "\n") if text else data
+
+
 def popen(cmd: list, *, libs: tuple[str, ...], stdin=None, stdout=None, stderr=None, text: bool = False,
           env: dict | None = None):  # fmt: skip
     """``subprocess.Popen(cmd, ...)`` with those arguments, the program run by a server that imported
     ``libs`` (as :func:`run`); a :class:`Process`, or a ``subprocess.Popen`` when ``cmd`` is not a plain
     interpreter run or no server starts. ``PIPE`` gives ``stdin`` / ``stdout`` as in ``Popen``."""
-    req = _request(cmd)
-    run_env = dict(os.environ if env is None else env)
-    sock = None if req is None or os.environ.get("TIETOOL_TEST_NO_PRELOAD") == "1" else _server(
-        str(cmd[0]), libs, run_env
-    )  # fmt: skip
-    if sock is None:
+    route = _route(cmd, libs, env)
+    if route is None:
         return subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, text=text, env=env)
-    files: list = []
-    ours, theirs = [None, None], []
+    files: list = []  # the child's ends, closed here once sent
+    ours: list = [None, None]
+    fds = []
     for i, spec in enumerate((stdin, stdout)):
         if spec is subprocess.PIPE:
             r, w = os.pipe()
             ours[i] = os.fdopen(w if i == 0 else r, ("w" if i == 0 else "r") + ("" if text else "b"))
-            theirs.append(r if i == 0 else w)
-            files.append(theirs[-1])
+            child = os.fdopen(r if i == 0 else w, "rb" if i == 0 else "wb")
+            files.append(child)
+            fds.append(child.fileno())
         else:
-            fd = _fd(spec, files)
-            theirs.append(i if fd is None else fd)
-    err = _fd(stderr, files)
-    theirs.append(2 if err is None else err)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    s.connect(sock)
-    req_msg = {"argv": req, "cwd": os.getcwd()}
-    socket.send_fds(s, [json.dumps(req_msg).encode()], theirs)
-    for f in files:
-        if isinstance(f, int):
-            os.close(f)
-        else:
+            fds.append(_fd(spec, files, i))
+    fds.append(_fd(stderr, files, 2))
+    try:
+        return Process(route[1], route[0], os.getcwd(), fds, stdin=ours[0], stdout=ours[1])
+    finally:
+        for f in files:
             f.close()
-    pid = struct.unpack("i", s.recv(4))[0]
-    return Process(s, pid, ours[0], ours[1])
