@@ -21,6 +21,7 @@ time, never against each other).
 from __future__ import annotations
 
 import importlib.util
+import signal
 import sys
 from pathlib import Path
 
@@ -153,11 +154,33 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(group))
 
 
+_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
+_HANDLERS = pytest.StashKey[dict]()
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """A test marked ``pnlp`` needs the PaddleNLP 2.8.1 venv: skipped without it, failed under
-    ``TIETOOL_REQUIRE_PNLP`` (``.ci/run``), whether or not the test calls :func:`pnlp_support.require`."""
+    ``TIETOOL_REQUIRE_PNLP`` (``.ci/run``), whether or not the test calls :func:`pnlp_support.require`.
+    First it notes the signal handlers the test starts with (:func:`pytest_runtest_teardown`)."""
+    item.stash[_HANDLERS] = {s: signal.getsignal(s) for s in _SIGNALS}
     if item.get_closest_marker("pnlp"):
         pnlp_support.require()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_teardown(item: pytest.Item):
+    """A test (or its fixtures) that leaves SIGINT, SIGTERM or SIGHUP with another handler than it found
+    fails, naming the signals, and the handlers are put back: the next test of the worker process (any
+    test, under xdist) must see Python's defaults. (The CLI ignores these signals once a run has said its
+    result, and the product holds them back while it renames: a later test that sends itself Ctrl-C would
+    see it ignored.)"""
+    yield
+    before = item.stash.get(_HANDLERS, {})
+    changed = sorted(signal.Signals(s).name for s, h in before.items() if signal.getsignal(s) is not h)
+    for s, h in before.items():
+        signal.signal(s, h if h is not None else signal.SIG_DFL)
+    if changed:
+        pytest.fail(f"{item.nodeid} left other handlers for {changed} (put back now)", pytrace=False)
 
 
 @pytest.fixture
