@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -32,7 +33,7 @@ print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(),
 
 @pytest.mark.skipif(importlib.util.find_spec("paddle") is None, reason="paddle is not installed")
 def test_a_preloaded_run_is_a_fresh_run(tmp_path):
-    env = {**dict(__import__("os").environ), "TT_MARK": "x"}
+    env = {**dict(os.environ), "TT_MARK": "x"}
     env.pop("OMP_NUM_THREADS", None)
     argv = [sys.executable, "-c", _GEMM]
     fresh = subprocess.run(
@@ -89,3 +90,36 @@ def test_popen_pipes_wait_kill():
         p.wait(timeout=0.2)
     p.kill()
     assert p.wait() == -9
+
+
+def test_popen_late_env_and_stderr_to_stdout(tmp_path):
+    """``late_env``: set in the run only, after the fork, so runs differing only in it share one server (the
+    ranks of a gloo job, ``tests/data/flex/make_flex.py``); ``stderr=STDOUT`` as ``Popen`` gives it."""
+    py, libs = sys.executable, ("json",)
+    show = "import os, sys; print(os.environ.get('TT_RANK')); print('e', file=sys.stderr)"
+    runs = []
+    for rank in ("0", "1"):
+        log = (tmp_path / f"log{rank}").open("w+b")
+        p = preload.popen([py, "-c", show], libs=libs, stdout=log, stderr=subprocess.STDOUT,
+                          late_env={"TT_RANK": rank})  # fmt: skip
+        runs.append((p, log))
+    assert all(isinstance(p, preload.Process) for p, _ in runs)
+    for rank, (p, log) in enumerate(runs):
+        assert p.wait(timeout=30) == 0
+        log.seek(0)
+        assert log.read() == f"{rank}\ne\n".encode()
+        log.close()
+    assert "TT_RANK" not in os.environ
+    assert len({k for k in preload._SERVERS if k[1] == "json"}) == 1  # one server for every test here
+
+
+def test_the_running_tests_name_is_not_a_servers_key():
+    """pytest sets ``PYTEST_CURRENT_TEST`` in ``os.environ`` at every phase of every test: set after the
+    fork, so the tests of a pytest process share a server (in the key, each test imported the library
+    anew), and each run still sees its own test's name."""
+    py = sys.executable
+    r = preload.run([py, "-c", "import os; print(os.environ['PYTEST_CURRENT_TEST'])"], libs=("json",),
+                    capture_output=True, text=True)  # fmt: skip
+    assert r.stdout.strip() == os.environ["PYTEST_CURRENT_TEST"]
+    assert "the_running_tests_name" in r.stdout
+    assert all("PYTEST_CURRENT_TEST" not in k[2] for k in preload._SERVERS)

@@ -70,7 +70,9 @@ def _exec(req: dict) -> int:
     os.chdir(req["cwd"])
     # os.environ is left as the server has it: the caller's environment (the server's key) plus what the
     # imports set in it, as in a fresh process (paddle sets OMP_NUM_THREADS=1 at import when unset: taken
-    # away, the first GEMM would start a thread per core and sum in another order)
+    # away, the first GEMM would start a thread per core and sum in another order), plus the run's own
+    # late_env: variables no import reads (the caller's promise): one server serves runs that differ in them
+    os.environ.update(req.get("late_env") or {})
     argv = req["argv"]
     code = 0
     try:
@@ -256,25 +258,39 @@ def _fd(spec, files: list, own: int) -> int:
     return spec if isinstance(spec, int) else spec.fileno()
 
 
-def _route(cmd: list, libs: tuple[str, ...], env: dict | None) -> tuple[list[str], str] | None:
-    """``(the server's argv, its socket)`` for ``cmd``, or None when ``cmd`` runs as a plain subprocess:
-    not a plain interpreter run, ``TIETOOL_TEST_NO_PRELOAD=1``, or no server starts."""
+# set after the fork, not part of a server's key: pytest's name of the running test, which it changes in
+# os.environ at every test phase (in the key, each test started its own server and imported the library anew)
+_ALWAYS_LATE = ("PYTEST_CURRENT_TEST",)
+
+
+def _route(
+    cmd: list, libs: tuple[str, ...], env: dict | None, late_env: dict | None = None
+) -> tuple[list[str], str, dict[str, str]] | None:
+    """``(the server's argv, its socket, the variables to set after the fork)`` for ``cmd``, or None when
+    ``cmd`` runs as a plain subprocess: not a plain interpreter run, ``TIETOOL_TEST_NO_PRELOAD=1``, or no
+    server starts."""
     req = _request(cmd)
     if req is None or os.environ.get("TIETOOL_TEST_NO_PRELOAD") == "1":
         return None
-    sock = _server(str(cmd[0]), libs, dict(os.environ if env is None else env))
-    return None if sock is None else (req, sock)
+    base = dict(os.environ if env is None else env)
+    late = {k: base.pop(k) for k in _ALWAYS_LATE if k in base} | dict(late_env or {})
+    sock = _server(str(cmd[0]), libs, base)
+    return None if sock is None else (req, sock, late)
 
 
 class Process:
     """A run started by the server: the part of ``subprocess.Popen`` the callers use (``stdin``, ``stdout``,
     ``pid``, ``poll``, ``wait``, ``kill``, ``returncode``)."""
 
-    def __init__(self, sock: str, argv: list[str], cwd: str, fds: list[int], stdin=None, stdout=None):
-        """Hand ``argv`` (run in ``cwd``, ``fds`` its stdin, stdout, stderr) to the server at ``sock``."""
+    def __init__(
+        self, sock: str, argv: list[str], cwd: str, fds: list[int], stdin=None, stdout=None, late_env=None
+    ):
+        """Hand ``argv`` (run in ``cwd``, ``fds`` its stdin, stdout, stderr, ``late_env`` set in it) to the
+        server at ``sock``."""
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock.connect(sock)
-        socket.send_fds(self._sock, [json.dumps({"argv": argv, "cwd": cwd}).encode()], fds)
+        req = {"argv": argv, "cwd": cwd, "late_env": dict(late_env or {})}
+        socket.send_fds(self._sock, [json.dumps(req).encode()], fds)
         self.pid = struct.unpack("i", self._sock.recv(4))[0]
         self.stdin, self.stdout = stdin, stdout
         self.returncode: int | None = None
@@ -352,7 +368,9 @@ def run(
         out_file = files[-1] if stdout is subprocess.PIPE else None
         fds.append(fds[1] if stderr is subprocess.STDOUT else _fd(stderr, files, 2))
         err_file = files[-1] if stderr is subprocess.PIPE else None
-        proc = Process(route[1], route[0], os.path.abspath(cwd) if cwd else os.getcwd(), fds)
+        proc = Process(
+            route[1], route[0], os.path.abspath(cwd) if cwd else os.getcwd(), fds, late_env=route[2]
+        )
         try:
             code = proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -377,13 +395,21 @@ def _read(f, text: bool):
 
 
 def popen(cmd: list, *, libs: tuple[str, ...], stdin=None, stdout=None, stderr=None, text: bool = False,
-          env: dict | None = None):  # fmt: skip
+          env: dict | None = None, late_env: dict | None = None):  # fmt: skip
     """``subprocess.Popen(cmd, ...)`` with those arguments, the program run by a server that imported
     ``libs`` (as :func:`run`); a :class:`Process`, or a ``subprocess.Popen`` when ``cmd`` is not a plain
-    interpreter run or no server starts. ``PIPE`` gives ``stdin`` / ``stdout`` as in ``Popen``."""
-    route = _route(cmd, libs, env)
+    interpreter run or no server starts. ``PIPE`` gives ``stdin`` / ``stdout`` as in ``Popen``, ``stderr``
+    may be ``STDOUT``. ``late_env``: variables added to ``env`` that no import of ``libs`` reads (the
+    caller's promise: the ranks of one distributed job differ only in their ``PADDLE_*`` variables, which
+    paddle reads when the job starts), set in the run after the fork, so one server serves them all."""
+    route = _route(cmd, libs, env, late_env)
     if route is None:
-        return subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, text=text, env=env)
+        full = (
+            None
+            if env is None and not late_env
+            else {**(os.environ if env is None else env), **(late_env or {})}
+        )
+        return subprocess.Popen(cmd, stdin=stdin, stdout=stdout, stderr=stderr, text=text, env=full)
     files: list = []  # the child's ends, closed here once sent
     ours: list = [None, None]
     fds = []
@@ -396,9 +422,9 @@ def popen(cmd: list, *, libs: tuple[str, ...], stdin=None, stdout=None, stderr=N
             fds.append(child.fileno())
         else:
             fds.append(_fd(spec, files, i))
-    fds.append(_fd(stderr, files, 2))
+    fds.append(fds[1] if stderr is subprocess.STDOUT else _fd(stderr, files, 2))
     try:
-        return Process(route[1], route[0], os.getcwd(), fds, stdin=ours[0], stdout=ours[1])
+        return Process(route[1], route[0], os.getcwd(), fds, stdin=ours[0], stdout=ours[1], late_env=route[2])
     finally:
         for f in files:
             f.close()

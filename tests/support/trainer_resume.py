@@ -93,7 +93,7 @@ def resume(runs: list[ResumeRun], ranks: int = 1, timeout: float = 900) -> list[
             import make_flex
 
             try:
-                make_flex.run_ranks_cmd(cmd, ranks)
+                make_flex.run_ranks_cmd(cmd, ranks, libs=make_flex.preload.PADDLEFORMERS)
             except SystemExit as e:
                 raise RuntimeError(str(e)) from None
         return [_read_result(Path(tmp) / f"r{i}", ranks) for i in range(len(runs))]

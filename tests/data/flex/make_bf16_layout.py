@@ -20,7 +20,6 @@ Then the load_state_dict oracles of the three folders (``oracle*.npz``/``.json``
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -95,11 +94,21 @@ def main() -> None:
     elif sys.argv[1] == "--oracle":
         oracles(Path(sys.argv[2]))
     else:
-        out = Path(sys.argv[1])
-        shutil.rmtree(out, ignore_errors=True)
         # --no-oracle: make_flex.py makes every folder's oracles in one process
-        for step in ("--build",) if "--no-oracle" in sys.argv[2:] else ("--build", "--oracle"):
-            subprocess.run([sys.executable, __file__, step, str(out)], check=True, capture_output=True)
+        make(Path(sys.argv[1]), oracle="--no-oracle" not in sys.argv[2:])
+
+
+def make(out: Path, oracle: bool = True) -> None:
+    """Write ``out`` (replacing it): :func:`build` in a fresh process, then (``oracle``) :func:`oracles` in
+    another; both fork from ``support.preload`` servers (``make_flex``'s)."""
+    import make_flex
+    from support import preload  # tests/ is on sys.path once make_flex is imported
+
+    shutil.rmtree(out, ignore_errors=True)
+    steps = (("--build", preload.PADDLEFORMERS), ("--oracle", make_flex.PADDLE))
+    for step, libs in steps if oracle else steps[:1]:
+        cmd = [sys.executable, __file__, step, str(out)]
+        preload.run(cmd, libs=libs, env=make_flex.ENV, check=True, capture_output=True)
 
 
 if __name__ == "__main__":

@@ -26,9 +26,15 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent.parent))  # tests/, for support.preload
+from support import preload  # noqa: E402
+
+PADDLE = ("paddle",)  # what the rank, single and oracle runs import first (preload's libs)
+ENV = dict(os.environ, CUDA_VISIBLE_DEVICES="")  # every Paddle run's (one preload server per libs)
 
 # name -> (global shape, dtype, placements per mesh dim), for the 2-rank and the 2x2 runs.
 RANKS2 = {
@@ -143,28 +149,36 @@ def run_ranks(kind: str, n: int, out: Path) -> None:
     run_ranks_cmd([sys.executable, __file__, "--worker", kind, str(out)], n)
 
 
-def run_ranks_cmd(cmd: list[str], n: int) -> None:
-    """Start ``cmd`` in ``n`` plain processes with the PADDLE_* env of a gloo CPU job; wait for all."""
+def run_ranks_cmd(cmd: list[str], n: int, libs: tuple[str, ...] = PADDLE) -> None:
+    """Start ``cmd`` in ``n`` processes with the PADDLE_* env of a gloo CPU job; wait for all.
+
+    The ranks are forks of one ``support.preload`` server that imported ``libs`` (what ``cmd`` imports
+    first) under the job's common environment; each rank's own variables are set after the fork (paddle
+    reads them when the job starts, in ``init_parallel_env``, not at import: the generators' outputs are
+    byte-identical either way, ``test_flex_data.py``). ``TIETOOL_TEST_NO_PRELOAD=1``: plain processes."""
     ports = _free_ports(n)
     eps = ",".join(f"127.0.0.1:{p}" for p in ports)
     procs = []
     for r in range(n):
-        env = dict(os.environ)
-        env.update(
+        rank = dict(
+            PADDLE_DISTRI_BACKEND="gloo",
             PADDLE_TRAINER_ID=str(r),
             PADDLE_RANK_IN_NODE=str(r),
             PADDLE_TRAINERS_NUM=str(n),
             PADDLE_TRAINER_ENDPOINTS=eps,
             PADDLE_CURRENT_ENDPOINT=f"127.0.0.1:{ports[r]}",
             PADDLE_MASTER=f"127.0.0.1:{ports[0]}",
-            PADDLE_DISTRI_BACKEND="gloo",
-            CUDA_VISIBLE_DEVICES="",
         )
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    for r, p in enumerate(procs):
-        log = p.communicate(timeout=300)[0].decode(errors="replace")
-        if p.returncode != 0:
-            raise SystemExit(f"rank {r} of {cmd[1:]} failed ({p.returncode}):\n{log[-3000:]}")
+        log = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed below
+        proc = preload.popen(cmd, libs=libs, stdout=log, stderr=subprocess.STDOUT, late_env=rank, env=ENV)
+        procs.append((proc, log))
+    for r, (p, log) in enumerate(procs):
+        code = p.wait(timeout=300)
+        log.seek(0)
+        text = log.read().decode(errors="replace")
+        log.close()
+        if code != 0:
+            raise SystemExit(f"rank {r} of {cmd[1:]} failed ({code}):\n{text[-3000:]}")
 
 
 def write_single(out: Path) -> None:
@@ -226,18 +240,23 @@ def build(name: str, out: Path) -> None:
     elif name == "mesh2x2":
         run_ranks("mesh2x2", 4, target)
     elif name == "trainer_bf16_layout":
-        subprocess.run(
-            [sys.executable, str(HERE / "make_bf16_layout.py"), str(target), "--no-oracle"], check=True
-        )
+        _sibling("make_bf16_layout").make(target, oracle=False)
     elif name == "trainer_tied":
-        cmd = [sys.executable, str(HERE / "make_trainer.py"), str(target), "1", "--tied", "--no-oracle"]
-        subprocess.run(cmd, check=True)
+        _sibling("make_trainer").make(target, 1, tied=True, oracle=False)
     elif name.startswith("trainer_"):
-        ranks = name.removeprefix("trainer_").removesuffix("rank")
-        cmd = [sys.executable, str(HERE / "make_trainer.py"), str(target), ranks, "--no-oracle"]
-        subprocess.run(cmd, check=True)
+        ranks = int(name.removeprefix("trainer_").removesuffix("rank"))
+        _sibling("make_trainer").make(target, ranks, oracle=False)
     else:
         raise SystemExit(f"unknown fixture {name}")
+
+
+def _sibling(name: str):  # noqa: ANN202 - a module
+    """``make_trainer`` / ``make_bf16_layout``, called in this process, so that their Paddle runs fork from
+    this process' preload servers (one import of paddle + PaddleFormers for all of them)."""
+    import importlib
+
+    sys.path.insert(0, str(HERE))
+    return importlib.import_module(name)
 
 
 def write_oracles(out: Path, names: list[str]) -> None:
@@ -257,9 +276,8 @@ def write_oracles(out: Path, names: list[str]) -> None:
 
 
 def _in_subprocess(flag: str, target: Path, *more: str) -> None:
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
     cmd = [sys.executable, __file__, flag, str(target), *more]
-    subprocess.run(cmd, check=True, env=env, capture_output=True)
+    preload.run(cmd, libs=PADDLE, check=True, env=ENV, capture_output=True)
 
 
 ALL = [

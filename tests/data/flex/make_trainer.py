@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -162,19 +161,26 @@ def main() -> None:
         write_oracles(Path(sys.argv[2]))
         return
     args = [a for a in sys.argv[1:] if a not in ("--tied", "--no-oracle")]
-    out, ranks = Path(args[0]), int(args[1]) if len(args) > 1 else 1
+    ranks = int(args[1]) if len(args) > 1 else 1
+    make(Path(args[0]), ranks, tied="--tied" in sys.argv, oracle="--no-oracle" not in sys.argv)
+
+
+def make(out: Path, ranks: int, tied: bool = False, oracle: bool = True) -> None:
+    """Write ``out`` (replacing it): :func:`train` in ``ranks`` processes, then (``oracle``) the oracles in a
+    fresh one; the processes fork from ``support.preload`` servers (``make_flex.run_ranks_cmd``)."""
     shutil.rmtree(out, ignore_errors=True)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import make_flex
+    from support import preload  # tests/ is on sys.path once make_flex is imported
 
-    worker = [sys.executable, __file__, "--worker", str(out), str(ranks)]
-    worker += ["--tied"] if "--tied" in sys.argv else []
+    worker = [sys.executable, __file__, "--worker", str(out), str(ranks)] + (["--tied"] if tied else [])
     if ranks == 1:
-        subprocess.run(worker, check=True, capture_output=True)
+        preload.run(worker, libs=preload.PADDLEFORMERS, env=make_flex.ENV, check=True, capture_output=True)
     else:
-        make_flex.run_ranks_cmd(worker, ranks)
-    if "--no-oracle" not in sys.argv:  # make_flex.py makes every folder's oracles in one process
-        subprocess.run([sys.executable, __file__, "--oracle", str(out)], check=True, capture_output=True)
+        make_flex.run_ranks_cmd(worker, ranks, libs=preload.PADDLEFORMERS)
+    if oracle:  # make_flex.py makes every folder's oracles in one process
+        cmd = [sys.executable, __file__, "--oracle", str(out)]
+        preload.run(cmd, libs=make_flex.PADDLE, env=make_flex.ENV, check=True, capture_output=True)
 
 
 if __name__ == "__main__":
