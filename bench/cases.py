@@ -26,7 +26,8 @@ Groups (the former scripts they replace, whose measurement and budget each keeps
   docstring says where the files come from: ``TIETOOL_BENCH_TOKENIZER_128K`` and ``TIETOOL_BENCH_DONOR``;
   skipped without them; at tiny the repository's real test tokenizers)
 * ``walk/`` — the ``.pdparams`` opcode walker over every real ``.pdparams`` in ``tests/data`` and a synthetic
-  many-tensor file, in process, against ``pickletools.genops`` over the same bytes (``pdparams_walk.py``)
+  many-tensor file, in process, against ``pickletools.genops`` over the same bytes (``pdparams_walk.py``);
+  the same over every real flex ``.metadata`` and a paddle-style one of 28,800 slices (``-metadata``)
 * ``remote/``, ``pf/``, ``first/`` — object storage against local (``remote.py``, needs moto), the
   PaddleFormers route (``pf_route.py``, needs paddleformers), README's first command (``first_command.py``,
   needs the network): their scripts run as the case's child, which measures inside
@@ -219,6 +220,76 @@ def _synthetic(dest: Path, n: int) -> None:
     pdparams.write_file(dest, rows, {"StructuredToParameterName@@": names})
 
 
+def metadata_files(size: str) -> Path:
+    """A folder of flex ``.metadata``: every real one under ``tests/data`` (linked; not the hostile ones)
+    and a synthetic one as paddle writes it for 3,600 tensors of 8 slices each (28,800 slices, 2.9 MB,
+    1.4 M opcodes; 360 tensors at tiny): :func:`_paddle_metadata`."""
+
+    def make(tmp: Path) -> None:
+        tmp.mkdir(parents=True)
+        for i, p in enumerate(sorted((ROOT / "tests" / "data").rglob("*.metadata"))):
+            if p.is_file() and "hostile" not in p.parts:
+                (tmp / f"{i:04d}_{p.name}").symlink_to(p)
+        (tmp / "many.metadata").write_bytes(_paddle_metadata(360 if size == "tiny" else 3_600, 8))
+
+    return _made(_dir(size) / "metadata_files", make)
+
+
+def _paddle_metadata(n_tensors: int, ranks: int) -> bytes:
+    """``pickle.dumps(Metadata, protocol=4)`` of paddle's three flex records (the dataclasses of
+    ``paddle.distributed.flex_checkpoint.dcp.metadata``, here stand-ins registered under that module's name
+    only while pickling: paddle is not needed), every tensor cut in ``ranks`` row blocks."""
+    import pickle
+    import types
+    from dataclasses import dataclass
+
+    module = "paddle.distributed.flex_checkpoint.dcp.metadata"
+
+    @dataclass(frozen=True)
+    class LocalTensorIndex:
+        tensor_key: str
+        global_offset: tuple
+        is_flattened: bool = False
+        flattened_range: object = None
+        replica_id: object = None
+        local_shape: object = None
+
+    @dataclass(frozen=True)
+    class LocalTensorMetadata:
+        global_offset: tuple
+        local_shape: tuple
+        dtype: str
+        global_shape: tuple
+        is_flattened: bool = False
+        flattened_range: object = None
+
+    @dataclass
+    class Metadata:
+        state_dict_metadata: dict
+        storage_metadata: dict
+        flat_mapping: dict
+
+    mod = types.ModuleType(module)
+    for c in (LocalTensorIndex, LocalTensorMetadata, Metadata):
+        c.__module__, c.__qualname__ = module, c.__name__
+        setattr(mod, c.__name__, c)
+    sdm: dict = {}
+    stm: dict = {}
+    for i in range(n_tensors):
+        name = f"llama.layers.{i // 9}.mlp.w{i % 9}.weight"
+        shape = (4096, 11008) if i % 9 < 7 else (4096,)
+        for r in range(ranks):
+            off = (r * shape[0] // ranks,) + (0,) * (len(shape) - 1)
+            local = (shape[0] // ranks,) + shape[1:]
+            sdm.setdefault(name, []).append(LocalTensorMetadata(off, local, "bfloat16", shape))
+            stm[LocalTensorIndex(name, off, local_shape=local)] = f"{r}_0.distcp"
+    sys.modules[module] = mod
+    try:
+        return pickle.dumps(Metadata(sdm, stm, {k: (k,) for k in sdm}), protocol=4)
+    finally:
+        del sys.modules[module]
+
+
 def _copy(src: Path, dst: Path) -> Path:
     """A copy of a shipped sample under ``_work`` (inputs are never the repository's own files)."""
     return _made(dst, lambda t: shutil.copytree(src, t, symlinks=True))
@@ -233,6 +304,7 @@ INPUTS: dict[str, Callable[[str], Path]] = {
     "flex_state": flex_state,
     "tok": tok,
     "pdparams_files": pdparams_files,
+    "metadata_files": metadata_files,
     "vocab128k": vocab128k,
     "keep32k": keep32k,
     "donor32k": donor32k,
@@ -419,13 +491,34 @@ def copy_pieces(threads: int, piece: int = 256 << 20) -> Callable[[Ctx], None]:
     return copy_256mib_pieces
 
 
+_TREES: dict[Path, dict] = {}  # tree -> its tietool modules, while another tree's are imported
+
+
+def _tietool(pkg: Path) -> None:
+    """Make ``import tietool`` give the tree of ``pkg`` in this process (an in-process case of ``--before``
+    runs two trees): the other tree's ``tietool`` modules are set aside from ``sys.modules`` and this tree's
+    put back (imported from ``pkg`` the first time)."""
+    want = (pkg / "tietool").resolve()
+    loaded = sys.modules.get("tietool")
+    have = Path(loaded.__path__[0]).resolve() if loaded is not None else None
+    if have == want:
+        return
+    mine = [k for k in sys.modules if k == "tietool" or k.startswith("tietool.")]
+    if have is not None:
+        _TREES[have] = {k: sys.modules.pop(k) for k in mine}
+    sys.modules.update(_TREES.pop(want, {}))
+    if str(pkg) in sys.path:
+        sys.path.remove(str(pkg))
+    sys.path.insert(0, str(pkg))
+
+
 def walk_pdparams(ctx: Ctx) -> None:
-    """The ``.pdparams`` opcode walker over every file of the input folder."""
-    sys.path.insert(0, str(ctx.pkg))
-    from tietool.surgery.io import pdparams
+    """The opcode walker over every file of the input folder (a ``.metadata`` under flex's allow-list)."""
+    _tietool(ctx.pkg)
+    from tietool.surgery.io import flex, pdparams
 
     for p in sorted(ctx.inp.iterdir()):
-        pdparams.walk(p)
+        pdparams.walk(p, flex.METADATA if p.suffix == ".metadata" else None)
 
 
 def genops(ctx: Ctx) -> None:
@@ -774,6 +867,21 @@ CASES: list[Case] = [
         "tietool's .pdparams opcode walker over the same files",
         call=walk_pdparams,
         baseline="walk/genops",
+    ),
+    Case(
+        "walk/genops-metadata",
+        "metadata_files",
+        "pickletools.genops over every flex .metadata (the baseline)",
+        call=genops,
+        tietool=False,
+    ),
+    Case(
+        "walk/walker-metadata",
+        "metadata_files",
+        "tietool's walker over the same files (flex's allow-list, the result checked)",
+        call=walk_pdparams,
+        baseline="walk/genops-metadata",
+        budget=Budget(ratio=3.0, why="measured 2.4 x genops (CPU), 2.6 x wall: bench/RESULTS.md"),
     ),
     Case(
         "remote/s3",
