@@ -228,7 +228,15 @@ _EXAMPLES = {
 
 
 def _usage_fix(e: Exception) -> str:
-    """The `` — fix`` part of a Click usage error: a valid example of the option, or where the help is."""
+    """The `` — fix`` part of a Click usage error: a valid example of the option, or where the help is; for
+    an "option" that is a negative number (``rename-tokens CK -1=<x>``: Click reads any argument starting
+    with ``-`` as an option), that ids count from 0 and how to pass such an argument."""
+    name = getattr(e, "option_name", None)
+    if type(e).__name__ == "NoSuchOption" and isinstance(name, str) and name[1:2].isdigit():
+        return (
+            " — an argument starting with '-' is read as an option: token ids count from 0 (e.g. "
+            "128002=<think>); put -- before an argument that must start with '-'"
+        )
     param = getattr(e, "param", None)
     example = next((_EXAMPLES[o] for o in getattr(param, "opts", ()) if o in _EXAMPLES), None)
     if example:

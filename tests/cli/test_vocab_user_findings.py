@@ -256,3 +256,18 @@ def test_an_edited_tokenizer_file_that_is_a_symbolic_link_is_said(tmp_path):
         assert not written.is_symlink() and "<zz1>" in written.read_text()
         notes = json.loads((out / "tietool-report.json").read_text())["notes"]
         assert any(n.startswith("tokenizer.json was a symbolic link") for n in notes), notes
+
+
+def test_a_negative_id_is_not_an_unknown_option_without_a_hint(tmp_path):
+    """(Fixed: ``rename-tokens CK -1=<x>`` said only Click's "No such option: -1" and where the help is:
+    an argument that starts with ``-`` is read as an option.) The line says so, that ids count from 0 and
+    how to pass such an argument; after ``--`` the pair itself is judged."""
+    out = tmp_path / "out"
+    r = run_cli(["rename-tokens", SAMPLE, "-1=<x>", "--out", out])
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert (
+        "No such option: -1" in r.stderr and "token ids count from 0" in r.stderr and " -- " in r.stderr + " "
+    )
+    r = run_cli(["rename-tokens", SAMPLE, "--out", out, "--", "-1=<x>"])
+    assert r.returncode == 2 and "'-1=<x>' is not ID=TOKEN" in r.stderr, r.stderr
+    assert not out.exists()
