@@ -229,13 +229,16 @@ _EXAMPLES = {
 
 def _usage_fix(e: Exception) -> str:
     """The `` — fix`` part of a Click usage error: a valid example of the option, or where the help is; for
-    an "option" that is a negative number (``rename-tokens CK -1=<x>``: Click reads any argument starting
-    with ``-`` as an option), that ids count from 0 and how to pass such an argument."""
+    an "option" that is a negative number (Click reads any argument starting with ``-`` as one: a token
+    ``-1`` of ``add-tokens``, a pair ``-1=<x>`` of ``rename-tokens``), how to pass it, and for such a pair
+    that token ids count from 0."""
     name = getattr(e, "option_name", None)
     if type(e).__name__ == "NoSuchOption" and isinstance(name, str) and name[1:2].isdigit():
+        pair = any(a.startswith(name + "=") for a in sys.argv[1:])
+        ids = "token ids count from 0 (e.g. 128002=<think>); " if pair else ""
         return (
-            " — an argument starting with '-' is read as an option: token ids count from 0 (e.g. "
-            "128002=<think>); put -- before an argument that must start with '-'"
+            f" — an argument starting with '-' is read as an option: {ids}put -- before an argument that "
+            "must start with '-'"
         )
     param = getattr(e, "param", None)
     example = next((_EXAMPLES[o] for o in getattr(param, "opts", ()) if o in _EXAMPLES), None)

@@ -261,7 +261,8 @@ def test_an_edited_tokenizer_file_that_is_a_symbolic_link_is_said(tmp_path):
 def test_a_negative_id_is_not_an_unknown_option_without_a_hint(tmp_path):
     """(Fixed: ``rename-tokens CK -1=<x>`` said only Click's "No such option: -1" and where the help is:
     an argument that starts with ``-`` is read as an option.) The line says so, that ids count from 0 and
-    how to pass such an argument; after ``--`` the pair itself is judged."""
+    how to pass such an argument; after ``--`` the pair itself is judged. ``add-tokens CK -1`` (a token)
+    gets the same line without the word on ids."""
     out = tmp_path / "out"
     r = run_cli(["rename-tokens", SAMPLE, "-1=<x>", "--out", out])
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
@@ -270,4 +271,8 @@ def test_a_negative_id_is_not_an_unknown_option_without_a_hint(tmp_path):
     )
     r = run_cli(["rename-tokens", SAMPLE, "--out", out, "--", "-1=<x>"])
     assert r.returncode == 2 and "'-1=<x>' is not ID=TOKEN" in r.stderr, r.stderr
+    assert not out.exists()
+    r = run_cli(["add-tokens", SAMPLE, "-1", "--out", out])  # a token, not an id: no word of ids
+    assert r.returncode == 2 and "No such option: -1" in r.stderr and "token ids" not in r.stderr, r.stderr
+    assert "put -- before an argument that must start with '-'" in r.stderr
     assert not out.exists()
