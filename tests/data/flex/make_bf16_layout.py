@@ -102,7 +102,8 @@ def make(out: Path, oracle: bool = True) -> None:
     """Write ``out`` (replacing it): :func:`build` in a fresh process, then (``oracle``) :func:`oracles` in
     another; both fork from ``support.preload`` servers (``make_flex``'s)."""
     import make_flex
-    from support import preload  # tests/ is on sys.path once make_flex is imported
+
+    preload = make_flex.preload
 
     shutil.rmtree(out, ignore_errors=True)
     steps = (("--build", preload.PADDLEFORMERS), ("--oracle", make_flex.PADDLE))

@@ -255,7 +255,8 @@ def _sibling(name: str):  # noqa: ANN202 - a module
     this process' preload servers (one import of paddle + PaddleFormers for all of them)."""
     import importlib
 
-    sys.path.insert(0, str(HERE))
+    if str(HERE) not in sys.path:
+        sys.path.insert(0, str(HERE))
     return importlib.import_module(name)
 
 

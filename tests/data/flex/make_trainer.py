@@ -171,7 +171,8 @@ def make(out: Path, ranks: int, tied: bool = False, oracle: bool = True) -> None
     shutil.rmtree(out, ignore_errors=True)
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import make_flex
-    from support import preload  # tests/ is on sys.path once make_flex is imported
+
+    preload = make_flex.preload
 
     worker = [sys.executable, __file__, "--worker", str(out), str(ranks)] + (["--tied"] if tied else [])
     if ranks == 1:
