@@ -12,7 +12,7 @@ single file beside the shards, generation / tokenizer configs, training state, a
 
 Anything but a ``TietoolError`` escaping is a bug (the CLI would say "internal error", exit 70).
 ``derandomize=True`` keeps CI deterministic and ``database=None`` keeps the tree clean; the fast variant
-runs 400 examples per fixture (~6 s here), the slow one 1,000 (4,000 under ``TIETOOL_DEEP_FUZZ=1``:
+runs 400 examples per fixture (~6 s here), the slow one 500 (4,000 under ``TIETOOL_DEEP_FUZZ=1``:
 :mod:`support.fuzz_budget`).
 """
 

@@ -51,6 +51,8 @@ class Hostile:
         base: ``verify``'s first folder, beside the checkpoint (a name in the case's folder); None: the
             checkpoint itself. A verify exit 7 (differences not explained) is judged by its stdout naming
             ``names`` and one ``tietool: verify:`` line on stderr.
+        max_rss: the peak memory (bytes) a run may reach; None: the corpus' limit (``MAX_RSS`` of
+            ``test_hostile.py``, 1 GiB). A case of many tensors sets a bound in proportion to its count.
     """
 
     name: str
@@ -63,6 +65,7 @@ class Hostile:
     extra: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
     out: Callable[[Path], None] | None = None
     base: str | None = None
+    max_rss: int | None = None
 
     def codes(self, command: str) -> set[int]:
         """The exit codes allowed for ``command``."""
