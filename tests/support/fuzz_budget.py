@@ -5,7 +5,7 @@ The default run (README's ``pytest -q``, CI) draws an eighth of each slow varian
 same strategies, at an eighth of the time. ``TIETOOL_DEEP_FUZZ=1`` draws the full counts (a deep run, e.g.
 after a change to a reader or the writer). ``derandomize=True`` keeps both deterministic, so every CI run
 draws the same examples: the default budget is a regression net at the cost the suite can pay on 2 cores
-(a quarter until 2026-12-04: ~200 s more of test time, a sixth of the whole suite's), the deep run the search.
+(a quarter until 2026-12-03), the deep run the search.
 
 A fast variant whose slow twin is selected in the same session is skipped (:func:`skip_if_twin_selected`):
 the whole suite draws each property's examples once, from the twin.
