@@ -110,6 +110,8 @@ def verdict_line(res: dict) -> str:
         )
     if res["explained"] and res.get("report") is False:
         return f"verdict: no difference (the output has no {REPORT_NAME}, and needs none)"
+    if res["explained"] and res.get("report_checked") is False:
+        return f"verdict: no difference (the output's {REPORT_NAME} records another input's run: not checked)"
     if res["explained"]:
         return "verdict: every difference is explained by the operations tietool-report.json records"
     return "verdict: differences that tietool's operations do not explain"

@@ -27,6 +27,9 @@ class VerifyResult:
     training_state: list[dict] = field(default_factory=list)
     # the output holds a tietool-report.json (False: no operation is recorded, only no difference passes)
     report: bool = True
+    # False: the report records a convert / merge of another input, so it was not checked against this one
+    # (only a pair with no difference at all passes)
+    report_checked: bool = True
 
     @property
     def explained(self) -> bool:
@@ -73,6 +76,7 @@ class VerifyResult:
             "derived": self.derived,
             "training_state": self.training_state,
             "report": self.report,
+            "report_checked": self.report_checked,
             "tokenizer": self.tokenizer,
             "logits": self.logits,
             "logits_compared": self.logits_compared if self.logits is not None else None,
