@@ -44,9 +44,9 @@ class _Rec:
 class _RecordEmitter(Emitter):
     """:class:`Emitter` that also writes :class:`_Rec` values (as dict keys too)."""
 
-    def obj(self, v: Any) -> None:
+    def other(self, v: Any) -> None:  # Emitter.obj tries its exact types first; a _Rec is none of them
         if not isinstance(v, _Rec):
-            super().obj(v)
+            super().other(v)
             return
         self.glob(MODULE, v.cls)
         self.w(b")\x81")  # EMPTY_TUPLE NEWOBJ: cls.__new__(cls)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -26,13 +26,11 @@ class Emitter:
 
     def __init__(self, f: BinaryIO, np_module: str):
         self.f = f
+        self.w: Callable[[bytes], object] = f.write  # one opcode's bytes (bound once: called per opcode)
         self.memo_n = 0
         self.globals: dict[tuple[str, str], int] = {}
         self.np_module = np_module
         self.strings: dict[str, int] = {}
-
-    def w(self, b: bytes) -> None:
-        self.f.write(b)
 
     def memoize(self) -> int:
         self.w(b"\x94")
@@ -43,6 +41,28 @@ class Emitter:
         self.w(b"h" + bytes([i]) if i < 256 else b"j" + struct.pack("<I", i))
 
     def obj(self, v: Any) -> None:
+        """Emit ``v`` (None, bool, int, float, str, bytes, tuple, list, dict of these). The exact types the
+        records hold most (tuples of ints, strings) are tried first, by identity of their type; the bytes
+        are those of :meth:`other` (a subclass of int or str goes there too).
+
+        Raises:
+            TypeError: a value of any other type.
+        """
+        t = type(v)
+        if t is tuple:
+            self.w(b"(")
+            for x in v:
+                self.obj(x)
+            self.w(b"t")
+        elif t is str:
+            self.string(v)
+        elif t is int and 0 <= v < 256:
+            self.w(b"K" + bytes((v,)))
+        else:
+            self.other(v)
+
+    def other(self, v: Any) -> None:
+        """Emit ``v`` of any type :meth:`obj` takes (its fast path's exact types too), by ``isinstance``."""
         if v is None:
             self.w(b"N")
         elif v is True:
