@@ -238,7 +238,9 @@ def metadata_files(size: str) -> Path:
 def _paddle_metadata(n_tensors: int, ranks: int) -> bytes:
     """``pickle.dumps(Metadata, protocol=4)`` of paddle's three flex records (the dataclasses of
     ``paddle.distributed.flex_checkpoint.dcp.metadata``, here stand-ins registered under that module's name
-    only while pickling: paddle is not needed), every tensor cut in ``ranks`` row blocks."""
+    only while pickling: paddle is not needed), every tensor cut in ``ranks`` row blocks. Not
+    :func:`surgery.io.flex_write.write_metadata`: its emitter memoizes strings and records only, Python's
+    pickle every tuple too, and the walker is measured on the bytes paddle itself writes."""
     import pickle
     import types
     from dataclasses import dataclass

@@ -131,8 +131,7 @@ def _verify_tensors_and_files(a_path, b_path, original=None) -> VerifyResult:
         made.check(cmp.res, A, B, whole=False)
         return cmp.res
     A, B = Checkpoint.open(a_path), Checkpoint.open(b_path)
-    cmp = _compare(A, B, original=original)
-    training.compare_training_files(cmp.res, A, B, _moves(cmp))
+    cmp = _with_training_files(A, B, original)
     transplant.chained(cmp.res, a_path, b_path)
     made.check(cmp.res, A, B, whole=original is None)
     return cmp.res
@@ -156,8 +155,7 @@ def _verify_composed(a_path, b_path, original=None) -> VerifyResult:
         )
         return res
     B = Checkpoint.open(b_path)
-    cmp = _compare(A, B, original=original)
-    training.compare_training_files(cmp.res, A, B, _moves(cmp))
+    cmp = _with_training_files(A, B, original)
     made.check(cmp.res, A, B, whole=False)
     cmp.res.notes.append(
         "the input was carried through the convert / merge runs of the output's report chain (rebuilt from "
@@ -192,6 +190,14 @@ def _compare(A: Checkpoint, B: Checkpoint, config_dir=None, original=None) -> Te
     return cmp
 
 
+def _with_training_files(A: Checkpoint, B: Checkpoint, original=None) -> TensorComparison:
+    """:func:`_compare` of two opened checkpoints, then their training files (``.pdopt`` and the like,
+    :func:`surgery.verify.training.compare_training_files`) by how each weight's vocabulary axis moved."""
+    cmp = _compare(A, B, original=original)
+    training.compare_training_files(cmp.res, A, B, _moves(cmp))
+    return cmp
+
+
 def _moves(cmp: TensorComparison) -> dict[str, training.Move]:
     """How each weight's vocabulary axis moved (:func:`surgery.verify.training.moves`)."""
     return training.moves(cmp.A, cmp.B, cmp.vocab_names_a, cmp.da.vocab_rows, cmp.added_ids)
@@ -222,8 +228,7 @@ def _not_its_input(a_path, B: Checkpoint, rep: dict, e: Exception) -> VerifyResu
         res = VerifyResult()
         rebuilt.refused(res, rep, a_path, e)
         return res
-    cmp = _compare(A, B)
-    training.compare_training_files(cmp.res, A, B, _moves(cmp))
+    cmp = _with_training_files(A, B)
     res = cmp.res
     res.report_checked = False
     if res.differences or res.unexplained:

@@ -54,6 +54,11 @@ def fingerprint(root: Path) -> dict[str, str]:
     return out
 
 
+def _rss_limit(case: hostile.Hostile) -> int:
+    """The peak memory a run of ``case`` may reach: its own bound, else the corpus' :data:`MAX_RSS`."""
+    return case.max_rss or MAX_RSS
+
+
 def _argv(case: hostile.Hostile, command: str, ckpt: Path, out: Path) -> list:
     extra = list(case.extra.get(command, ()))
     if command == "verify":
@@ -88,7 +93,7 @@ def corpus(tmp_path_factory) -> dict:
             BY_NAME[name].out(out)
         out_before = av.tree_state(out) if os.path.lexists(out) else None
         run = w.run(_argv(BY_NAME[name], command, inputs[name], out), timeout=BY_NAME[name].timeout)
-        if run.maxrss > (BY_NAME[name].max_rss or MAX_RSS):
+        if run.maxrss > _rss_limit(BY_NAME[name]):
             w.close()  # a fresh worker for the next run: its high-water mark starts again
         return {"run": run, "out": out, "out_before": out_before}
 
@@ -133,7 +138,7 @@ def test_hostile(corpus: dict, name: str, command: str) -> None:
         bad += av.check_refused(run, run.rc, case.names, out=out, out_before=res["out_before"])
     elif av.TRACEBACK in run.stderr:
         bad.append("a Python traceback was printed")
-    limit = case.max_rss or MAX_RSS
+    limit = _rss_limit(case)
     if run.maxrss > limit:
         bad.append(f"peak memory {run.maxrss / 2**20:.0f} MiB > {limit / 2**20:.0f} MiB")
     ckpt = corpus["inputs"][name]
