@@ -343,6 +343,6 @@ def _rows(rows: Any, fields: tuple[str, ...]) -> set[str]:
 def refused(res: VerifyResult, rep: dict[str, Any], a_path: Any, e: Exception) -> None:
     """The output's report records a run the input cannot have made: unexplained."""
     res.unexplained.append(
-        f"tietool-report.json records a {rep.get('operation')} of {rep.get('input')}, which {a_path} "
-        f"does not plan to ({e}); the report is unverifiable"
+        f"tietool-report.json records a {rep.get('operation')} of {rep.get('input')}; {a_path} cannot be its "
+        f"input (a {rep.get('operation')} of it is refused: {e}); the report is unverifiable"
     )

@@ -63,7 +63,8 @@ def test_an_input_that_is_no_checkpoint_gets_the_report_line_alone(tmp_path):
     assert res.exit_code == 7 and res.identical == 0
     assert len(res.unexplained) == 1, res.unexplained
     src = TP / "llama_fp32" / "tp2"
-    want = f"tietool-report.json records a merge of {src}, which {bare} does not plan to"
+    want = f"tietool-report.json records a merge of {src}; {bare} cannot be its input (a merge of it is "
+    want += "refused: "
     assert res.unexplained[0].startswith(want), res.unexplained
 
 
