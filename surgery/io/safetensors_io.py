@@ -351,11 +351,10 @@ def _dtype(name: str, dtype: Any, path: Any) -> DType:
     if isinstance(dtype, str) and dtype in DTYPES:
         return DTYPES[dtype]
     raise CheckpointError(
-        f"tensor {name!r} has dtype {str(dtype)[:40]!r}, which the safetensors format does not define "
-        f"(it defines {', '.join(DTYPES)})",
+        f"tensor {name!r} has dtype {str(dtype)[:40]!r}, not a safetensors dtype ({', '.join(DTYPES)})",
         path,
-        "if a newer safetensors release added it, tietool does not read it yet (please report it); "
-        "otherwise the header is damaged: re-export the file",
+        "a dtype newer than tietool is not read yet (please report it); else the header is damaged: "
+        "re-export the file",
     )
 
 

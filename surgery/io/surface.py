@@ -48,11 +48,11 @@ class Rule:
     opts: tuple[Opt, ...] = ()  # formatted into ``fix`` ({0}, ...) when the refusal is made, in its wording
 
 
+# The words are short on purpose: the refusal is one terminal line (file, cause, detail, fix); the reference
+# pages (docs/reference/exit-codes.md, merge.md, training-checkpoints.md) say the rest.
 _MERGE_TP = (
-    "merge the slices into whole weights first, into a new folder: tietool merge (tietool.merge in Python; "
-    "local folders only: download rank files kept in object storage first), "
-    "or PaddleNLP/PaddleFormers merge_tensor_parallel (or save with merge_tensor_parallel=True / a unified "
-    "checkpoint); never use one rank's file alone as the model: it holds only part of each tensor"
+    "merge them into a new folder first: tietool merge (local folders only), or PaddleFormers/PaddleNLP "
+    "merge_tensor_parallel; one rank's file alone is not the model"
 )
 _MERGE_ADAPTER = (
     "merge the adapter into the base model first (PaddleNLP/PaddleFormers merge_lora, or PEFT "
@@ -60,45 +60,39 @@ _MERGE_ADAPTER = (
 )
 RULES: dict[Cause, Rule] = {
     Cause.TENSOR_PARALLEL: Rule(
-        "tensor-parallel rank files: each holds a slice of the weights (of the embedding's and the head's "
-        "vocabulary too), not a whole checkpoint",
+        "tensor-parallel rank files: each holds a slice of the split tensors (the vocabulary's too), not "
+        "whole weights",
         _MERGE_TP,
     ),
     Cause.PIPELINE_PARALLEL: Rule(
-        "pipeline-parallel rank files: each holds some of the layers, not a whole checkpoint",
-        _MERGE_TP.replace("merge_tensor_parallel (", "merge of the pipeline stages (", 1),
+        "pipeline-parallel rank files: each holds some of the layers, not whole weights",
+        _MERGE_TP.replace("merge_tensor_parallel", "save_pretrained of a unified checkpoint", 1),
     ),
     Cause.EXPERT_PARALLEL: Rule(
-        "expert-parallel rank files: each holds some of the experts (and its own copy of the other "
-        "weights: embedding, attention, router, head), not a whole checkpoint",
-        "join them into a new folder first: tietool merge (tietool.merge in Python; local folders only), or "
-        "load the training checkpoint with PaddleFormers/PaddleNLP on the same expert-parallel layout and "
-        "save it whole (save_pretrained, or a unified checkpoint); never use one rank's file alone: it lacks "
-        "the other ranks' experts",
+        "expert-parallel rank files: each holds some of the experts (and a copy of the other weights), not "
+        "a whole model",
+        "join them into a new folder first: tietool merge (local folders only), or save the model whole "
+        "from PaddleFormers/PaddleNLP on the same expert-parallel layout; one rank's file alone is not the "
+        "model",
     ),
     Cause.SHARDING: Rule(
-        "sharding (ZeRO) rank files: each holds some of the parameters, not a whole checkpoint",
-        "load the training checkpoint with PaddleFormers/PaddleNLP on the same sharding layout and save it "
-        "whole (save_pretrained, or a unified checkpoint), then run tietool on that folder; never use one "
-        "rank's file alone: it lacks the other ranks' parameters",
+        "sharding (ZeRO) rank files: each holds some of the parameters, not a whole model",
+        "load the training checkpoint in PaddleFormers/PaddleNLP on the same sharding layout, save it whole "
+        "(save_pretrained or a unified checkpoint) and run tietool on that folder",
     ),
     Cause.ADAPTER: Rule(
         "a LoRA/PEFT adapter, not a whole model: it holds only the adapter weights", _MERGE_ADAPTER
     ),
     Cause.ADAPTER_WRAPPED: Rule(
-        "an adapter-wrapped (PEFT/LoRA) state dict, not a plain checkpoint: its names carry the adapter's "
-        "wrapper and the vocabulary tables may appear twice (original_module untrained, modules_to_save "
-        "trained)",
+        "an adapter-wrapped (PEFT/LoRA) state dict, not a plain checkpoint: its vocabulary tables may appear "
+        "twice (original_module untrained, modules_to_save trained)",
         _MERGE_ADAPTER,
     ),
     Cause.FLEX: Rule(
-        "a flex checkpoint (paddle.distributed.save_state_dict; the PaddleFormers Trainer's checkpoint-N/ "
-        "model_state/): each <rank>_<id>.distcp holds a rank's slices of the weights and the .metadata says "
-        "where each slice goes, not a whole checkpoint",
-        "merge it first, into a new folder: tietool merge (tietool.merge in Python) writes PaddleFormers "
-        "safetensors the other commands take; or, to keep a Trainer checkpoint-N/ resumable, resize / "
-        "add-tokens it with {0} (its optimizer state resized too); tietool inspect lists "
-        "what it holds",
+        "a flex checkpoint (a PaddleFormers Trainer checkpoint-N/, paddle.distributed.save_state_dict): "
+        "each rank's slices of the weights, not whole weights",
+        "merge it into a new folder first (tietool merge), or keep the checkpoint-N/ resumable: resize / "
+        "add-tokens with {0}; tietool inspect lists what it holds",
         (Opt("keep_training_state", True),),
     ),
     Cause.QUANTIZED: Rule(
@@ -200,6 +194,12 @@ def _parallel_degree(config: dict) -> tuple[Cause, int] | None:
     return None
 
 
+def few(names: list[str], shown: int = 2) -> str:
+    """``names`` for a refusal line: the first ``shown``, then how many more (``a, b and 2 more``)."""
+    rest = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {rest} more" if rest > 0 else "")
+
+
 def rank_files(names: set[str]) -> list[str]:
     """Weight files (and their indexes) whose names carry a tensor/pipeline-parallel rank tag."""
     return sorted(n for n in names if n.endswith(WEIGHT_EXT + (".json",)) and RANK_RE.search(n))
@@ -229,10 +229,10 @@ def refuse_folder(path: Path, names: set[str], config: dict, has_whole: bool) ->
     if degree is not None:
         cause, n = degree
         key = cause.value.replace("-", "_").replace("parallel", "parallel_degree")
-        files = f"; files: {', '.join(ranks[:4])}" if ranks else ""
+        files = f"; files: {few(ranks)}" if ranks else ""
         raise refuse(cause, path, f"config.json {key} = {n}{files}")
     if ranks and not has_whole:
-        raise refuse(rank_cause(ranks), path, f"{', '.join(ranks[:6])}; no whole-model weight file")
+        raise refuse(rank_cause(ranks), path, f"{few(ranks)}; no whole-model weight file")
     adapter = sorted(n for n in names if ADAPTER_WEIGHTS_RE.match(n) or n in ADAPTER_CONFIGS)
     if adapter and not has_whole:
         raise refuse(Cause.ADAPTER, path, f"{', '.join(adapter[:4])}; no base-model weight file")
@@ -267,12 +267,12 @@ def refuse_tensors(path: Path, config: dict, tensors: dict[str, TensorInfo]) -> 
     wrapped = [n for n in tensors if ADAPTER_NAME_RE.search(n)]
     if wrapped:
         vocab = [n for n in wrapped if "modules_to_save" in n or "original_module" in n]
-        shown = (vocab or wrapped)[:4]
+        shown = (vocab or wrapped)[:2]
         raise refuse(Cause.ADAPTER_WRAPPED, path, f"{len(wrapped)} wrapped names, e.g. {', '.join(shown)}")
     quant = [n for n in tensors if (m := quant_module(n)) is not None and VOCAB_MODULE_RE.search(m)]
     if quant:
         qc = " and config.json has a quantization_config" if has_quantization_config(config) else ""
-        raise refuse(Cause.QUANTIZED, path, f"{', '.join(quant[:4])}{qc}")
+        raise refuse(Cause.QUANTIZED, path, f"{few(quant)}{qc}")
 
 
 def has_quantization_config(config: dict) -> bool:

@@ -107,7 +107,7 @@ def find_ranks(path: Path, names: set[str]) -> tuple[str, dict[tuple[int, int], 
         raise surface.refuse(
             cause,
             path,
-            f"{', '.join(ranks[:6])}; merge joins tensor-, pipeline- and expert-parallel rank files only",
+            f"{surface.few(ranks)}; merge joins tensor-, pipeline- and expert-parallel rank files only",
         )
     refuse_whole_beside(path, names, ranks)
     exts = {n.rsplit(".", 1)[1] for n in ranks}

@@ -79,6 +79,13 @@ def is_expert_parallel(names: set[str]) -> bool:
     return bool(ranks) and surface.rank_cause(ranks) is surface.Cause.EXPERT_PARALLEL
 
 
+# the fix where merge itself cannot join the files: the training library reads its own layout
+_SAVE_WHOLE = (
+    "load the training checkpoint in PaddleFormers/PaddleNLP on the same parallel layout and save it whole "
+    "(save_pretrained or a unified checkpoint), then run tietool on that folder"
+)
+
+
 def find_expert_ranks(path: Path, names: set[str]) -> tuple[str, list[str]]:
     """The expert-parallel rank files of a folder, by rank (``rank r`` is ``files[r]``).
 
@@ -96,11 +103,12 @@ def find_expert_ranks(path: Path, names: set[str]) -> tuple[str, list[str]]:
     mixed = sorted({t for ts in tags.values() for t in ts} - set(_EP_TAGS))
     kinds = sorted({t for ts in tags.values() for t in ts} & set(_EP_TAGS))
     if mixed or len(kinds) > 1 or any(len(ts) != 1 for ts in tags.values()):
-        raise surface.refuse(
-            surface.Cause.EXPERT_PARALLEL,
+        raise RefusedError(
+            f"expert-parallel rank files of a run with more than expert parallelism ({surface.few(ranks)}: "
+            f"tagged {', '.join(mixed + kinds)}); tietool merge joins files of one moe_sharding / moe tag "
+            "only",
             path,
-            f"{', '.join(ranks[:4])}: tagged {', '.join(mixed + kinds)}; merge joins expert-parallel files "
-            "of a run with no tensor, pipeline or sharding parallelism (one moe_sharding / moe tag) only",
+            _SAVE_WHOLE,
         )
     refuse_whole_beside(path, names, ranks)
     if len({n.rsplit(".", 1)[1] for n in ranks}) > 1:
@@ -122,10 +130,11 @@ def _by_rank(path: Path, ranks: list[str], rank_of: dict[str, int]) -> list[str]
     by: dict[int, str] = {}
     for n in ranks:
         if rank_of[n] in by:
-            raise surface.refuse(
-                surface.Cause.EXPERT_PARALLEL,
+            raise RefusedError(
+                f"{by[rank_of[n]]} and {n} are both of expert rank {rank_of[n]}; tietool merge joins one "
+                "file a rank",
                 path,
-                f"{by[rank_of[n]]} and {n} are both of expert rank {rank_of[n]}; merge joins one file a rank",
+                _SAVE_WHOLE,
             )
         by[rank_of[n]] = n
     for r in range(1 + max(by)):
@@ -220,12 +229,12 @@ def _unproven_family(path: Path, config: dict[str, Any]) -> RefusedError:
     has = [f"{pre}{k} = {b[k]!r}" for pre, b in blocks for k in arch.SHIPPED_EXPERT_COUNT_KEYS if k in b]
     found = f"config.json has {', '.join(has)}" if has else "config.json has none of them"
     return RefusedError(
-        f"tietool merges expert-parallel rank files of {', '.join(sorted(arch.EXPERT_COUNTS))} (their number "
-        f"of experts proven, read from {' / '.join(arch.SHIPPED_EXPERT_COUNT_KEYS)}), not model_type "
-        f"{config.get('model_type')!r}; {found}, but how its experts are numbered and counted is unproven",
+        f"expert-parallel rank files of model_type {config.get('model_type')!r}, whose expert numbering is "
+        f"unproven ({found}; the proven types, EXPERT_COUNTS, read "
+        f"{' / '.join(arch.SHIPPED_EXPERT_COUNT_KEYS)})",
         path / "config.json",
-        "merge with the training library (save with expert_model_parallel_size 1 or PaddleFormers' unified "
-        "checkpoint), or add the model type to EXPERT_COUNTS in surgery/arch/parallel.py with a test",
+        "save it whole from the training library (expert_model_parallel_size 1 or a unified checkpoint), or "
+        "add the model type to EXPERT_COUNTS in surgery/arch/parallel.py with a test",
     )
 
 

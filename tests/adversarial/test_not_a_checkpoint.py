@@ -150,7 +150,8 @@ def _rank_files(tmp: Path, names: list[str], fmt: str) -> Path:
 def test_rank_files_refused_everywhere(tmp_path: Path, names: list[str], fmt: str, kind: str) -> None:
     ckpt = _rank_files(tmp_path, names, fmt)
     msgs = _refused(tmp_path, ckpt, 5, ("parallel", "merge", kind, names[0]))
-    assert all("merge_tensor_parallel" in m for m in msgs)
+    assert all("tietool merge" in m for m in msgs)
+    assert all(("merge_tensor_parallel" in m) == ("tensor" in kind) for m in msgs)
 
 
 @pytest.mark.parametrize("fmt", ["pdparams", "safetensors"])

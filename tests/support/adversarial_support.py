@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import struct
 import sys
@@ -37,6 +38,11 @@ CASES = fs.CASES_DIR
 PYTHON = sys.executable
 TRACEBACK = "Traceback (most recent call last)"
 ERROR_PREFIX = "tietool: error: "
+# a refusal is one terminal line: the cause and the fix in at most this many characters besides the path it
+# names (the flex and rank-file rules ran to 600 before their words were cut; the longest now is a hostile
+# expert id of 64 digits, 400)
+MAX_ERROR_CHARS = 450
+_LEADING_PATH = re.compile(r"^tietool: error: \S*: ")
 MEM_LIMIT = 2 * 1024**3  # RLIMIT_AS of every tool run: declared huge sizes must fail, not be allocated
 FSIZE_LIMIT = 1024**3  # RLIMIT_FSIZE: a runaway write is killed (SIGXFSZ) rather than filling the disk
 TIMEOUT = 30.0
@@ -156,6 +162,9 @@ def check_refused(
             bad.append(f"the message does not name {n}")
     if lines and lines[0].startswith(ERROR_PREFIX) and " — " not in lines[0]:
         bad.append("the message says no fix (no ' — <what to do>' part)")
+    n = len(_LEADING_PATH.sub("", lines[0])) if lines else 0
+    if n > MAX_ERROR_CHARS:
+        bad.append(f"the line is {n} characters besides the path (> {MAX_ERROR_CHARS})")
     if inp is not None and before is not None and tree_state(inp) != before:
         bad.append(f"the input {inp} changed")
     if out is not None:

@@ -160,7 +160,7 @@ def _rank_folder(tmp_path: Path, names: list[str]) -> Path:
 
 
 _ONLY = "tensor-, pipeline- and expert-parallel rank files only"
-_EP_ONLY = "merge joins expert-parallel files of a run with no tensor, pipeline or sharding parallelism"
+_EP_ONLY = "tietool merge joins files of one moe_sharding / moe tag only"
 
 
 @pytest.mark.parametrize(
