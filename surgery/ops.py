@@ -82,6 +82,8 @@ def inspect(
         from .io import flex_cover
 
         flex_info = flex_cover.inspection(flex.open_flex(folder))
+        if flex_info["exit_code"] == 0:
+            flex_info.update(_flex_vocabulary(where, layout, loader, embedding, head, compare_values))
         if rec:
             flex_info["recovered"] = rec.as_dict()
         return Inspection(flex_info)
@@ -98,6 +100,51 @@ def inspect(
     if remote:
         info["transferred"] = store.TRANSFER.since(before).as_dict()
     return Inspection(info)
+
+
+# the keys of a checkpoint's inspection that describe its vocabulary (docs/reference/commands.md)
+_VOCABULARY_KEYS = ("architecture", "embedding", "head", "head_bias", "vocabulary_tensors", "tie", "vocab")
+
+
+def _flex_vocabulary(
+    where: Any,
+    layout: str | None,
+    loader: str | None,
+    embedding: str | None,
+    head: str | None,
+    compare_values: bool,
+) -> dict[str, Any]:
+    """The vocabulary keys of the inspection of flex checkpoint ``where`` (:data:`_VOCABULARY_KEYS`):
+    detected on its merged view, the view ``resize --keep-training-state`` plans on (the Trainer's
+    in-memory layout and names), values compared from the slices of the embedding and head only;
+    ``vocabulary_error`` (the message and exit code ``resize`` would give) when the view cannot be made (no
+    config.json, a checkpoint merge refuses) or no embedding is found.
+
+    Raises:
+        UsageError: a ``layout`` or ``loader`` that is not one of their values.
+    """
+    from .model.errors import TietoolError
+    from .plan.merge_flex import flex_view, plan_flex
+
+    layout_, loader_ = _layout(layout), _enum(Loader, loader, "loader")
+    try:
+        view = flex_view(plan_flex(Path(where)))
+        check_names(view, embedding, head)
+        det = detect(
+            view,
+            layout=layout_,
+            loader=loader_,
+            embedding_name=embedding,
+            head_name=head,
+            compare_values=compare_values,
+        )
+        check_found(det)
+    except TietoolError as e:
+        return {"vocabulary_error": {"message": str(e), "exit_code": int(e.exit_code)}}
+    from .inspect.summary import summarize
+
+    info = summarize(det)
+    return {k: info[k] for k in _VOCABULARY_KEYS}
 
 
 def _flex_only(where: Any) -> flex.FlexFolder | None:
@@ -421,7 +468,7 @@ def rename_tokens(
     Returns the report (its ``rename_tokens`` fields). Raises UsageError for bad ``renames``; RefusedError
     for a slot that is not reserved or a format a loader cannot read renamed; and as :func:`tie`.
     """
-    from .plan.rename_tokens import plan_rename_tokens
+    from .plan.rename_tokens import plan_rename_tokens, special_ids, split_ids
 
     opts = _options(options, kwargs, "rename_tokens", EDIT)
     pairs = _rename_pairs(renames, set_special)
@@ -435,46 +482,15 @@ def rename_tokens(
         vocab = vocabulary(c.path)
         old = {i: vocab.get(i, "") for i in pairs}
         edit = tokenizer_rename.rename_tokens_edit(c.path, pairs, special=special)
-        specials = _specials(c.path, {**vocab, **pairs}, dict(set_special or {}))
+        specials = special_ids(c.path, {**vocab, **pairs}, dict(set_special or {}))
         if specials:
             files = special_tokens.special_files(c.path, specials, edit.files)
             edit = replace(edit, files={**edit.files, **files})
         sets = special_tokens.special_config_sets(c.path, specials, det.config.text_key)
-        subs = _splits(c.path, pairs, special) if init == "subtokens" else None
+        subs = split_ids(c.path, pairs, special) if init == "subtokens" else None
         return plan_rename_tokens(det, edit, old, init, sets, specials, subs)
 
     return run(_edit(plan), path, out, opts)
-
-
-def _splits(folder: Path, pairs: dict[int, str], special: bool) -> dict[int, tuple[int, ...]]:
-    """``{id: the ids its new string splits into}`` by the tokenizer before the rename (add-tokens' split,
-    :func:`surgery.io.tokenizer_edit.add_tokens_edit`, whose files are not used)."""
-    edit = _tokenizer_edit().add_tokens_edit(folder, list(pairs.values()), special=special)
-    by_string = {t.content: tuple(t.subtoken_ids) for t in edit.tokens}
-    return {i: by_string.get(s, ()) for i, s in pairs.items()}
-
-
-def _specials(folder: Path, vocab: dict[int, str], asked: dict[str, str]) -> dict[str, tuple[str, int]]:
-    """``{name: (token, id)}`` of ``--set-special``: each token's id in the tokenizer after the renames.
-
-    Raises:
-        UsageError: a name outside pad/bos/eos, a token that is not one token of the tokenizer.
-    """
-    from .io.special_tokens import SPECIAL_NAMES
-
-    ids = {s: i for i, s in sorted(vocab.items(), reverse=True)}  # the lowest id of a string wins
-    out = {}
-    for name, token in asked.items():
-        if name not in SPECIAL_NAMES:
-            raise UsageError(f"{Opt('set_special', name)} is not one of {', '.join(SPECIAL_NAMES)}")
-        if token not in ids:
-            raise UsageError(
-                f"{Opt('set_special', f'{name}={token}')}: {token!r} is not a token of the tokenizer",
-                folder,
-                "rename a reserved slot to it in the same run, or add it with add-tokens first",
-            )
-        out[name] = (token, ids[token])
-    return out
 
 
 def _tokenizer_edit() -> Any:

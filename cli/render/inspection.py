@@ -41,7 +41,9 @@ def _pair_table(info: dict) -> Table:
         t.add_column(col, overflow="fold")
     e, h, b = info["embedding"], info["head"], info["head_bias"]
     if e.get("present", True):
-        t.add_row("input embedding", e["name"], shape_text(e["shape"]), _dtype(e), "vocab-hidden", e["file"])
+        t.add_row(
+            "input embedding", e["name"], shape_text(e["shape"]), _dtype(e), "vocab-hidden", e["file"] or "—"
+        )
     else:
         t.add_row(
             "input embedding",
@@ -204,7 +206,8 @@ def inspect_line(info: dict) -> str:
         return f"{info['path']}: error (exit {info['exit_code']}): {info['error']['message']}"
     path, what, rows, hidden, layout, tie, saves = _many_row(info)
     if info.get("kind") == "flex":
-        return f"{path}: {what}"
+        shape = f", vocab rows {rows}, hidden {hidden}, head layout {layout}; {tie}" if rows else ""
+        return f"{path}: {what}{shape}"
     shape = f"vocab rows {rows}, hidden {hidden}, head layout {layout}"
     return f"{path}: {what}, {shape}; {tie}; tying saves {saves}"
 
@@ -282,6 +285,12 @@ def flex_inspect(info: dict) -> None:
             _coverage_cell(x.get("coverage")),
         )
     con.print(t)
+    if "embedding" in info:  # its vocabulary, detected on the merged view (the Trainer's layout)
+        con.print(_pair_table(info))
+        con.print(_tie_line(info))
+        con.print(_vocab_line(info))
+    elif info.get("vocabulary_error") and info.get("config") is not None:
+        print(f"note: vocabulary not inspected: {info['vocabulary_error']['message']}")
     messages(con, info.get("notes", []), info.get("warnings", []), info.get("problems", []))
     for d in info["state_folders"]:
         print(f"training state: {d}/ (a flex folder of its own; not merged into the model)")
@@ -331,26 +340,34 @@ def inspect_failed(info: dict) -> None:
 
 def _many_row(info: dict) -> list[str]:
     """Table cells of one inspection: vocab rows, hidden size, head layout, tie state, tying's savings."""
-    if info.get("kind") == "flex":  # a flex checkpoint: no vocabulary surface until it is merged
-        what = f"flex checkpoint, {len(info['ranks'])} rank(s), {info['num_tensors']} tensors: merge it first"
+    if info.get("kind") == "flex":  # a flex checkpoint: its vocabulary only with a config.json
+        flex = f"flex checkpoint{f' ({mt})' if (mt := info.get('model_type')) else ''}"
+        what = f"{flex}, {len(info['ranks'])} rank(s), {info['num_tensors']} tensors: merge it first"
         if info.get("problems"):
-            what = (
-                f"flex checkpoint, {len(info['ranks'])} rank(s): {len(info['problems'])} tensor(s) with a gap"
-            )
-        return [str(info["path"]), f"{what} ({info.get('model_type')})", *[""] * 5]
-    tie, head = info["tie"], info["head"]
-    tied = (
-        "tied" if tie["config"] else "untied"
-    ) + f" by config; head {'in files' if tie['head_in_files'] else 'absent'}"
+            what = f"{flex}, {len(info['ranks'])} rank(s): {len(info['problems'])} tensor(s) with a gap"
+        if "embedding" not in info:  # no config.json: its structure only
+            return [str(info["path"]), what, *[""] * 5]
+        return [str(info["path"]), what, *_vocab_cells(info), "—"]  # a merge writes what tying saves
     sav = info["savings"]
     return [
         str(info["path"]),
         f"{info['architecture']['family']} ({info['model_type']})",
+        *_vocab_cells(info),
+        size(sav["bytes"]) if sav["bytes"] else "0",
+    ]
+
+
+def _vocab_cells(info: dict) -> list[str]:
+    """Vocab rows, hidden size, head layout and the tie state of an inspection, as table cells."""
+    tie, head = info["tie"], info["head"]
+    tied = (
+        "tied" if tie["config"] else "untied"
+    ) + f" by config; head {'in files' if tie['head_in_files'] else 'absent'}"
+    return [
         str(info["vocab"]["embedding_rows"]),
         str(info["vocab"]["hidden_size"]),
         str(head.get("layout") or "—") if head.get("present") else "—",
         f"{tied}; values {tie['values']}",
-        size(sav["bytes"]) if sav["bytes"] else "0",
     ]
 
 

@@ -231,9 +231,7 @@ def prove(ckpt: Checkpoint, weights: dict[str, tuple[Size, Size]], what: str, st
             "head_dim) against the files",
         )
     if bad:
-        shown = "; ".join(f"{v.name} {v.why}" for v in bad[:3]) + (
-            f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        )
+        shown = f"{bad[0].name} {bad[0].why}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
         raise RefusedError(
             f"tietool cannot prove the layout ([in, out] or [out, in]) of {len(bad)} Linear "
             f"weight(s): {shown}; it will not guess it",

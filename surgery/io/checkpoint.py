@@ -89,6 +89,25 @@ def _refuse_flex(path: Path) -> None:
         raise surface.refuse(surface.Cause.FLEX, path, detail)
 
 
+def refuse_output_dir(path: Path) -> None:
+    """Name the Trainer checkpoints of a folder that holds no weights of its own but ``checkpoint-N/``
+    flex checkpoints (a Trainer's ``output_dir``), as ``merge`` does.
+
+    Raises:
+        CheckpointError: naming them and the last one to give instead.
+    """
+    from .flex import inside  # only local folders are looked at
+
+    held = inside(Path(path)) if stores.is_local(path) else []
+    if held:
+        raise CheckpointError(
+            f"no weights of its own, but the flex checkpoints {', '.join(p.name + '/' for p in held[:4])}"
+            f"{' ...' if len(held) > 4 else ''} (a Trainer's output_dir)",
+            path,
+            f"name one checkpoint-N/ folder instead, e.g. {held[-1]}",
+        )
+
+
 def has_whole(names: set[str]) -> bool:
     """Whole-model weights under a name save_pretrained writes (single file, index, or shards)."""
     return bool({ST_SINGLE, ST_INDEX, PD_SINGLE, PD_INDEX} & names) or any(SHARD_RE.match(n) for n in names)
@@ -496,6 +515,7 @@ class Checkpoint:
         )
         refuse_state_only(path)
         mistaken.refuse_foreign(path, names)
+        refuse_output_dir(path)
         raise CheckpointError(
             f"no whole-model weights found{hint}",
             path,

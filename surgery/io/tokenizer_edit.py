@@ -279,13 +279,14 @@ def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
         # an added token a file also holds as a piece or line (tietool's own *.model / vocab.txt edits) is
         # removable: neither named as base nor counted in the rows to keep
         by_id = {i: t for t, i in f.base.items()}
-        names = ", ".join(f"{i} {by_id[i]!r}" for i in base_cut)
+        more = f" and {len(base_cut) - 3} more" if len(base_cut) > 3 else ""
+        names = ", ".join(f"{i} {by_id[i]!r}" for i in base_cut[:3]) + more
         need = max(i for i in by_id if i not in f.added) + 1
         raise RefusedError(
-            f"ids {names[:200]} belong to the tokenizer's base vocabulary ({need} tokens), which "
+            f"ids {names} belong to the tokenizer's base vocabulary ({need} tokens), which "
             f"tietool cannot remove; a model of {length} rows cannot serve this tokenizer",
             f.root,
-            f"keep at least {need} rows, or retrain the tokenizer",
+            f"keep at least {need} rows, or cut the tokenizer with the rows: tietool prune",
         )
     gone = tuple(t for i, t in sorted(f.added.items()) if i >= length)
     _refuse_named(f, gone)

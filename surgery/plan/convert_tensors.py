@@ -273,7 +273,7 @@ def model_steps(
     refusal's fix, one the calling command has (default: convert's container-only conversion).
 
     Raises:
-        RefusedError: tensors the row cannot place (named, up to five), never guessed.
+        RefusedError: tensors the row cannot place (named, up to two), never guessed.
     """
     steps: list[OutTensor] = []
     unplaced: list[str] = []
@@ -296,11 +296,11 @@ def model_steps(
         else:
             steps += got
     if unplaced:
-        more = f" and {len(unplaced) - 5} more" if len(unplaced) > 5 else ""
+        more = f" and {len(unplaced) - 2} more" if len(unplaced) > 2 else ""
         raise RefusedError(
-            f"tietool cannot place {len(unplaced)} tensor(s) of this {ckpt.config.get('model_type')} "
-            f"checkpoint in the {dst.title} layout: {', '.join(unplaced[:5])}{more}; it will not guess "
-            "whether they are Linear weights",
+            f"{len(unplaced)} tensor(s) of this {ckpt.config.get('model_type')} checkpoint "
+            f"({', '.join(unplaced[:2])}{more}) cannot be placed in the {dst.title} layout without guessing "
+            "if they are Linear weights",
             ckpt.path,
             (fix or f"convert with {Opt('to', 'safetensors')} (names and layouts unchanged)")
             + ", or add their suffixes to CONVERSIONS in surgery/arch/conversions.py",

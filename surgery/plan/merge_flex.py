@@ -368,12 +368,11 @@ def refuse_unconverted(plan: FlexPlan, fix: str) -> None:
         RefusedError: always (exit 5).
     """
     mt = plan.config.get("model_type")
-    known = ", ".join(sorted(arch.CONVERSIONS))
     what = f"model_type {mt!r}" if isinstance(mt, str) and mt else "a config.json without a model_type"
     raise RefusedError(
-        f"the flex checkpoint holds its tensors in {PADDLE_LAYOUT}, and tietool has no conversion data for "
-        f"{what} (it converts {known}), so it cannot write the PaddleFormers/HF layout that a plain "
-        "from_pretrained loads; it will not guess",
+        f"no conversion data for {what} ({len(arch.CONVERSIONS)} model types have it: CONVERSIONS in "
+        "surgery/arch/conversions.py): this flex checkpoint's Paddle layout (Linear [in, out], fused "
+        "projections) would load with other logits",
         plan.ck.folder.root,
         fix,
     )

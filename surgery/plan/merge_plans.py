@@ -30,9 +30,8 @@ def merge_layout_fix() -> str:
     """merge's fix where a flex checkpoint's layout cannot be converted: write the layout as it is (the
     option that asks for it, with the load it then needs), or export the HF layout from the training run."""
     return (
-        f"merge with {Opt('keep_paddle_layout', True)} to write the Paddle layout as the run held it (then "
-        f"load it with {LEGACY_LOAD}), or export the model from the training run "
-        "(PaddleFormers' save_pretrained, or the Trainer's save_hf_steps, writes the HF-format safetensors)"
+        f"merge with {Opt('keep_paddle_layout', True)} (then load with {LEGACY_LOAD}), or export it "
+        "from the training run (save_pretrained / save_hf_steps)"
     )
 
 

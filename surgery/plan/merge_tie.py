@@ -187,12 +187,11 @@ def check_tie(view: Checkpoint) -> TieFix | None:
 def _untied_no_head(det: Detection, path: Path) -> RefusedError:
     return RefusedError(
         f"config.json says untied ({det.tie.source} = false) but the merged tensors hold no "
-        f"{det.head.name} (the head): a loader would build a random head and the model's outputs would be "
-        f"noise; tietool cannot tell whether the run tied the head to {det.embedding.name} or its head is in "
-        "a file that is not here",
+        f"{det.head.name} (the head): a loader would build a random head; tietool cannot tell whether the "
+        f"run tied it to {det.embedding.name} or it is in a file that is not here",
         path / "config.json",
-        "if the run tied the head (tie_word_embeddings true in its config), set tie_word_embeddings to true "
-        "in config.json; otherwise put the files that hold the head beside the others, then merge again",
+        "if the run tied the head, set tie_word_embeddings to true in config.json; otherwise put the files "
+        "that hold it beside the others; then merge again",
     )
 
 

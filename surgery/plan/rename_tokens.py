@@ -9,6 +9,7 @@ to the mean of the trained rows (``trained-mean``, the value fix-untrained gives
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from ..inspect import chunked
@@ -152,3 +153,36 @@ def _notes(plan: Plan, det: Detection, ids: list[int], init: str) -> None:
             f"the rows of id(s) {', '.join(map(str, zero))} are all zero (never trained) and are kept: train "
             f"them in the fine-tune, or give them the trained mean ({Opt('init', 'trained-mean')})"
         )
+
+
+def split_ids(folder: Path, pairs: dict[int, str], special: bool) -> dict[int, tuple[int, ...]]:
+    """``{id: the ids its new string splits into}`` by the tokenizer before the rename (add-tokens' split,
+    :func:`surgery.io.tokenizer_edit.add_tokens_edit`, whose files are not used)."""
+    from . import add_tokens as token_plan
+
+    edit = token_plan.tokenizer_edit().add_tokens_edit(folder, list(pairs.values()), special=special)
+    by_string = {t.content: tuple(t.subtoken_ids) for t in edit.tokens}
+    return {i: by_string.get(s, ()) for i, s in pairs.items()}
+
+
+def special_ids(folder: Path, vocab: dict[int, str], asked: dict[str, str]) -> dict[str, tuple[str, int]]:
+    """``{name: (token, id)}`` of ``--set-special``: each token's id in the tokenizer after the renames.
+
+    Raises:
+        UsageError: a name outside pad/bos/eos, a token that is not one token of the tokenizer.
+    """
+    from ..io.special_tokens import SPECIAL_NAMES
+
+    ids = {s: i for i, s in sorted(vocab.items(), reverse=True)}  # the lowest id of a string wins
+    out = {}
+    for name, token in asked.items():
+        if name not in SPECIAL_NAMES:
+            raise UsageError(f"{Opt('set_special', name)} is not one of {', '.join(SPECIAL_NAMES)}")
+        if token not in ids:
+            raise UsageError(
+                f"{Opt('set_special', f'{name}={token}')}: {token!r} is not a token of the tokenizer",
+                folder,
+                "rename a reserved slot to it in the same run, or add it with add-tokens first",
+            )
+        out[name] = (token, ids[token])
+    return out

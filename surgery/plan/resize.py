@@ -114,6 +114,7 @@ def plan_resize(
         raise _trim_refusal(det, N, past)
     seed = resolve_seed(seed)
     plan.extra_report = _resize_report(det, vocab, N, how, seed, pad_to_multiple_of)
+    _refuse_cut_ids(det, N)
     plan.tokenizer = _trim_tokenizer(det, N)
     if plan.tokenizer is not None:
         plan.extra_report["tokens_removed"] = [
@@ -300,6 +301,28 @@ def _trim_tokenizer(det: Detection, N: int) -> TokenEdit | None:
             f"a {Opt('vocab_size')} of at least {edit.length_after}",
         )
     return edit
+
+
+def _refuse_cut_ids(det: Detection, N: int) -> None:
+    """Refuse, even with ``--force``, a trim that leaves a token id the configuration files name
+    (``eos_token_id``, ``pad_token_id``, ``image_token_index``... of config.json and generation_config.json)
+    past the last row when it had a row before: generation would wait for an id the model cannot produce,
+    and an input holding it indexes past the embedding. Ids already past the rows are only warned about.
+
+    Raises:
+        RefusedError: naming the ids, with the least number of rows that keeps them (exit 5).
+    """
+    cut = [s for s in det.special_ids if N <= s.id < det.vocab_rows]
+    if cut:
+        files = " / ".join(sorted({s.file for s in cut}))
+        past = [s for s in det.special_ids if s.id >= det.vocab_rows]
+        also = f"; already past the rows: {', '.join(map(str, past))}" if past else ""
+        raise RefusedError(
+            f"resize to {N} rows refused even with {Opt('force', True)}: "
+            f"{', '.join(map(str, cut))} would point past the last row (ids 0..{N - 1}){also}",
+            det.ckpt.path,
+            f"keep at least {max(s.id for s in cut) + 1} rows, or set them to kept tokens in {files} first",
+        )
 
 
 def _resize_notes(det: Detection, plan: Plan, N: int, past: list[str]) -> None:

@@ -96,8 +96,9 @@ def test_quiet_inspect_one_line_per_checkpoint(tmp_path):
     ]
     r = _cli("inspect", S / "pf_llama_trainer" / "checkpoint-2", "-q")
     assert r.rc == 0 and r.stdout == (
-        f"{S / 'pf_llama_trainer' / 'checkpoint-2'}: flex checkpoint, 1 rank(s), 21 tensors: merge it first "
-        "(llama)\n"
+        f"{S / 'pf_llama_trainer' / 'checkpoint-2'}: flex checkpoint (llama), 1 rank(s), 21 tensors: "
+        "merge it first, vocab rows 250, hidden 16, head layout vocab-hidden; untied by config; head in "
+        "files; values different\n"
     )
 
 

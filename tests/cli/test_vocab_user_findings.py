@@ -276,3 +276,22 @@ def test_a_negative_id_is_not_an_unknown_option_without_a_hint(tmp_path):
     assert r.returncode == 2 and "No such option: -1" in r.stderr and "token ids" not in r.stderr, r.stderr
     assert "put -- before an argument that must start with '-'" in r.stderr
     assert not out.exists()
+
+
+def test_a_forced_trim_never_leaves_a_config_id_past_the_rows(tmp_path):
+    """(Fixed: ``resize --vocab 301 --force`` of the sample wrote 301 rows under ``config.json``
+    ``eos_token_id = 302``, exit 0, and ``verify`` passed it; each refusal on the way named one more row than
+    the last.) A trim that would leave an id the configs name past the last row is refused even with
+    ``--force``, naming the ids and the least number of rows that keeps them all; that number works, and
+    the output verifies."""
+    for n in (10, 301):
+        out = tmp_path / f"v{n}"
+        run = run_cli(["resize", str(SAMPLE), "--vocab", str(n), "--force", "--out", str(out)])
+        assert run.rc == 5 and "config.json eos_token_id = 302" in run.stderr, run.describe()
+        assert "keep at least 303 rows" in run.stderr, run.describe()
+        assert not out.exists()
+    out = tmp_path / "v303"
+    run = run_cli(["resize", str(SAMPLE), "--vocab", "303", "--force", "--out", str(out)])
+    assert run.rc == 0, run.describe()
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == 302
+    assert run_cli(["verify", str(SAMPLE), str(out), "-q"]).rc == 0

@@ -203,13 +203,23 @@ def test_special_token_ids_beyond_rows(tmp_path):
     # edit, and a loader would add <end> back past the rows); nothing written
     rc, msg = cli("resize", ck, "--vocab", 12, "--force", "--out", tmp_path / "o2")
     assert rc == 5 and "even with --force" in msg and not (tmp_path / "o2").exists()
-    # without that tokenizer file: done, and the ids of the configs still named
+    # without that tokenizer file, still refused: the ids the configs name that had a row would point past
+    # the last row (eos 16 was already past: not counted); nothing written
     (ck / "tokenizer_config.json").unlink()
     rc, msg = cli("resize", ck, "--vocab", 12, "--force", "--out", tmp_path / "o2")
-    assert rc == 0 and "image_token_index = 15" in msg
-    report = json.loads((tmp_path / "o2" / "tietool-report.json").read_text())
-    assert any("generation_config.json pad_token_id = 14" in w for w in report["warnings"])
-    assert read_out(tmp_path / "o2")["lm_head.weight"].tobytes() == t["lm_head.weight"][:12].tobytes()
+    assert rc == 5 and "even with --force" in msg and not (tmp_path / "o2").exists()
+    assert "image_token_index = 15" in msg and "generation_config.json pad_token_id = 14" in msg
+    assert "keep at least 16 rows" in msg and "already past the rows: config.json eos_token_id = 16" in msg
+    # without the image and pad ids: done; the id already past the rows is still named, in a warning
+    cfg2 = json.loads((ck / "config.json").read_text())
+    del cfg2["image_token_index"]
+    (ck / "config.json").write_text(json.dumps(cfg2))
+    (ck / "generation_config.json").unlink()
+    rc, msg = cli("resize", ck, "--vocab", 12, "--force", "--out", tmp_path / "o3")
+    assert rc == 0 and "eos_token_id = 16" in msg
+    report = json.loads((tmp_path / "o3" / "tietool-report.json").read_text())
+    assert any("config.json eos_token_id = 16" in w for w in report["warnings"])
+    assert read_out(tmp_path / "o3")["lm_head.weight"].tobytes() == t["lm_head.weight"][:12].tobytes()
 
 
 # ------------------------------------------------------------------------------------ missing embedding

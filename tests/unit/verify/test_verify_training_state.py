@@ -257,6 +257,9 @@ def test_flex_keep_training_state_verifies(
     assert len(moved) == resized, moved
     r = run_cli(["verify", str(src), str(out)])
     assert r.rc == 0 and "training state:" in r.stdout, r
+    # one run, checked on the view rebuilt from the checkpoint: said so, never "a chain of 1 runs"
+    assert "not recomputed on a view rebuilt from the input" in r.stdout, r
+    assert "chain of 1" not in r.stdout, r
 
 
 @needs_data
