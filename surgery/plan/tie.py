@@ -295,5 +295,7 @@ def _refuse_unequal_rows(det: Detection, op: str) -> None:
             f"vocabulary rows and the embedding {det.embedding.name} {list(det.emb_info.shape)} has "
             f"{det.vocab_rows}{other}: one table cannot serve both shapes",
             det.ckpt.path,
-            "keep the checkpoint untied, or resize/trim the tables to the same rows first",
+            "keep the checkpoint untied (its head is over its own vocabulary by design)"
+            if det.head.vocab
+            else "keep the checkpoint untied, or resize the tables to the same rows first",
         )

@@ -295,3 +295,14 @@ def test_a_forced_trim_never_leaves_a_config_id_past_the_rows(tmp_path):
     assert run.rc == 0, run.describe()
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == 302
     assert run_cli(["verify", str(SAMPLE), str(out), "-q"]).rc == 0
+
+
+def test_tie_of_a_head_over_its_own_vocabulary_gives_no_fix_that_cannot_work(tmp_path):
+    """(Fixed: ``tie`` of an EAGLE-3 draft model (case d10: a [12, 8] head over draft_vocab_size 12, a
+    [40, 8] embedding) said "or resize/trim the tables to the same rows first", which resize then refuses:
+    its d2t map names target ids up to 36.) The fix is to keep it untied."""
+    ckpt = paths.BUG_CASES_DIR / "d10_eagle3_draft_vocab_maps" / "ckpt"
+    run = run_cli(["tie", str(ckpt), "--out", str(tmp_path / "o")])
+    assert run.rc == 5 and "draft_vocab_size = 12" in run.stderr, run.describe()
+    fix = run.stderr.split(" — ", 1)[1]
+    assert "keep the checkpoint untied" in fix and "resize" not in fix, run.describe()
