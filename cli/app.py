@@ -134,7 +134,7 @@ def inspect(
         info = one(paths[0])
         render.inspect(info, as_json=json_out, drift=drift, quiet=quiet)
         if info.exit_code:  # a flex checkpoint with a gap: the report, then one line and exit 3
-            render.inspect_failed(info)
+            render.inspect_failed(info, quiet=quiet)
             raise typer.Exit(info.exit_code)
         return
     results, code = _each(paths, one)

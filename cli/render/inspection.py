@@ -219,8 +219,9 @@ def inspect(info: dict, as_json: bool = False, drift: bool = False, quiet: bool 
     if as_json:
         print(json.dumps(finite(dict(info)), indent=2))
         return
-    if quiet:
-        result(inspect_line(info), info.get("notes", []), info.get("warnings", []), info.get("problems", []))
+    if quiet:  # the problems of a failed inspection are in its one error line (inspect_failed)
+        problems = [] if info.get("exit_code") else info.get("problems", [])
+        result(inspect_line(info), info.get("notes", []), info.get("warnings", []), problems)
         return
     if info.get("kind") == "flex":
         flex_inspect(info)
@@ -329,11 +330,13 @@ def _coverage_cell(cov: dict | None) -> str:
     return what
 
 
-def inspect_failed(info: dict) -> None:
+def inspect_failed(info: dict, quiet: bool = False) -> None:
     """The one ``tietool: error:`` line on stderr that ends an inspection with problems (a flex
-    checkpoint's gap: ``exit_code`` 3), after its report: the first problem, how many more, and the fix."""
+    checkpoint's gap: ``exit_code`` 3), after its report: the first problem, how many more (listed above
+    unless ``quiet``), and the fix."""
     probs = info["problems"]
-    more = f" (and {len(probs) - 1} more problem(s), listed above)" if len(probs) > 1 else ""
+    listed = "" if quiet else ", listed above"
+    more = f" (and {len(probs) - 1} more problem(s){listed})" if len(probs) > 1 else ""
     where = Path(info["path"]) / info["metadata"] if info.get("metadata") else info["path"]
     print(f"tietool: error: {where}: {probs[0]}{more} — {info.get('fix', '')}", file=sys.stderr)
 

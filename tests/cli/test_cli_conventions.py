@@ -102,6 +102,21 @@ def test_quiet_inspect_one_line_per_checkpoint(tmp_path):
     )
 
 
+def test_quiet_inspect_of_a_flex_gap_is_one_line_and_its_error():
+    """``inspect -q`` of a flex checkpoint with a gap: the result line on stdout, then on stderr the one
+    error line (it names the first problem; the problem lines of the full report are not repeated; a
+    warning of another kind, overlapping slices, still printed); exit 3."""
+    hostile = REPO / "tests" / "data" / "flex" / "hostile"
+    for name, warned in (("gap_missing_slice", False), ("overlap_offsets", True)):
+        r = _cli("inspect", hostile / name, "-q")
+        lines = r.stderr.splitlines()
+        assert r.rc == 3 and r.stdout.count("\n") == 1 and "with a gap" in r.stdout, r.describe()
+        assert lines[-1].startswith("tietool: error: ") and "no slice of" in lines[-1], r.describe()
+        assert not any(x.startswith("problem:") for x in lines), r.describe()
+        assert [x.startswith("warning:") for x in lines[:-1]] == ([True] if warned else []), r.describe()
+        assert "listed above" not in r.stderr, r.describe()
+
+
 def test_quiet_convert_and_resize(tmp_path):
     src, out = S / "pnlp_llama_untied", tmp_path / "pf"
     r = _cli("convert", src, "--to", "paddleformers", "--out", out, "-q")
