@@ -83,7 +83,10 @@ def inspect(
 
         flex_info = flex_cover.inspection(flex.open_flex(folder))
         if flex_info["exit_code"] == 0:
-            flex_info.update(_flex_vocabulary(where, layout, loader, embedding, head, compare_values))
+            from .plan.flex_vocabulary import add_vocabulary
+
+            layout_, loader_ = _layout(layout), _enum(Loader, loader, "loader")
+            add_vocabulary(flex_info, Path(where), layout_, loader_, embedding, head, compare_values)
         if rec:
             flex_info["recovered"] = rec.as_dict()
         return Inspection(flex_info)
@@ -100,51 +103,6 @@ def inspect(
     if remote:
         info["transferred"] = store.TRANSFER.since(before).as_dict()
     return Inspection(info)
-
-
-# the keys of a checkpoint's inspection that describe its vocabulary (docs/reference/commands.md)
-_VOCABULARY_KEYS = ("architecture", "embedding", "head", "head_bias", "vocabulary_tensors", "tie", "vocab")
-
-
-def _flex_vocabulary(
-    where: Any,
-    layout: str | None,
-    loader: str | None,
-    embedding: str | None,
-    head: str | None,
-    compare_values: bool,
-) -> dict[str, Any]:
-    """The vocabulary keys of the inspection of flex checkpoint ``where`` (:data:`_VOCABULARY_KEYS`):
-    detected on its merged view, the view ``resize --keep-training-state`` plans on (the Trainer's
-    in-memory layout and names), values compared from the slices of the embedding and head only;
-    ``vocabulary_error`` (the message and exit code ``resize`` would give) when the view cannot be made (no
-    config.json, a checkpoint merge refuses) or no embedding is found.
-
-    Raises:
-        UsageError: a ``layout`` or ``loader`` that is not one of their values.
-    """
-    from .model.errors import TietoolError
-    from .plan.merge_flex import flex_view, plan_flex
-
-    layout_, loader_ = _layout(layout), _enum(Loader, loader, "loader")
-    try:
-        view = flex_view(plan_flex(Path(where)))
-        check_names(view, embedding, head)
-        det = detect(
-            view,
-            layout=layout_,
-            loader=loader_,
-            embedding_name=embedding,
-            head_name=head,
-            compare_values=compare_values,
-        )
-        check_found(det)
-    except TietoolError as e:
-        return {"vocabulary_error": {"message": str(e), "exit_code": int(e.exit_code)}}
-    from .inspect.summary import summarize
-
-    info = summarize(det)
-    return {k: info[k] for k in _VOCABULARY_KEYS}
 
 
 def _flex_only(where: Any) -> flex.FlexFolder | None:

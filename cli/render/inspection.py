@@ -290,7 +290,7 @@ def flex_inspect(info: dict) -> None:
         con.print(_pair_table(info))
         con.print(_tie_line(info))
         con.print(_vocab_line(info))
-    elif info.get("vocabulary_error") and info.get("config") is not None:
+    elif info.get("vocabulary_error") and info.get("config") is not None and not info.get("exit_code"):
         print(f"note: vocabulary not inspected: {info['vocabulary_error']['message']}")
     messages(con, info.get("notes", []), info.get("warnings", []), info.get("problems", []))
     for d in info["state_folders"]:
@@ -337,7 +337,9 @@ def inspect_failed(info: dict, quiet: bool = False) -> None:
     probs = info["problems"]
     listed = "" if quiet else ", listed above"
     more = f" (and {len(probs) - 1} more problem(s){listed})" if len(probs) > 1 else ""
-    where = Path(info["path"]) / info["metadata"] if info.get("metadata") else info["path"]
+    where = info.get("failed_path") or (
+        Path(info["path"]) / info["metadata"] if info.get("metadata") else info["path"]
+    )
     print(f"tietool: error: {where}: {probs[0]}{more} — {info.get('fix', '')}", file=sys.stderr)
 
 
@@ -346,8 +348,11 @@ def _many_row(info: dict) -> list[str]:
     if info.get("kind") == "flex":  # a flex checkpoint: its vocabulary only with a config.json
         flex = f"flex checkpoint{f' ({mt})' if (mt := info.get('model_type')) else ''}"
         what = f"{flex}, {len(info['ranks'])} rank(s), {info['num_tensors']} tensors: merge it first"
-        if info.get("problems"):
-            what = f"{flex}, {len(info['ranks'])} rank(s): {len(info['problems'])} tensor(s) with a gap"
+        gaps = sum(1 for t in info["tensors"] if (t.get("coverage") or {}).get("state") == "gap")
+        if gaps:
+            what = f"{flex}, {len(info['ranks'])} rank(s): {gaps} tensor(s) with a gap"
+        elif info.get("exit_code"):  # a damaged file, a name that is not there: the error line says which
+            what = f"{flex}, {len(info['ranks'])} rank(s): {len(info['problems'])} problem(s)"
         if "embedding" not in info:  # no config.json: its structure only
             return [str(info["path"]), what, *[""] * 5]
         return [str(info["path"]), what, *_vocab_cells(info), "—"]  # a merge writes what tying saves

@@ -64,6 +64,7 @@ def _refuse_not_a_checkpoint(path: Path, names: set[str]) -> None:
     mistaken.refuse_unfinished(path, names)
     if not any(n.endswith((".safetensors", ".pdparams", ".index.json")) for n in names):
         mistaken.refuse_foreign(path, names)
+        refuse_output_dir(path)
         raise CheckpointError(
             "not a checkpoint folder (no config.json and no weight files in it)",
             path.resolve(),
@@ -86,7 +87,8 @@ def _refuse_flex(path: Path) -> None:
         detail = (
             f"{where}/ holds the .distcp and .metadata files" if where != "." else ".distcp and .metadata"
         )
-        raise surface.refuse(surface.Cause.FLEX, path, detail)
+        trainer = folder.state.name == "model_state" and "optimizer_state" in folder.others
+        raise surface.refuse(surface.Cause.FLEX, path, detail, None if trainer else surface.FLEX_MERGE_FIX)
 
 
 def refuse_output_dir(path: Path) -> None:

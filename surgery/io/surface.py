@@ -176,11 +176,18 @@ def _size(path: Path) -> int:
         return 0
 
 
-def refuse(cause: Cause, path: Path, detail: str) -> RefusedError:
-    """The refusal for ``cause``: the rule's words, the detail (files, names), the rule's fix."""
+def refuse(cause: Cause, path: Path, detail: str, fix: str | None = None) -> RefusedError:
+    """The refusal for ``cause``: the rule's words, the detail (files, names), the rule's fix (or ``fix``,
+    where the rule's does not apply: :data:`FLEX_MERGE_FIX`)."""
     rule = RULES[cause]
-    fix = rule.fix.format(*rule.opts) if rule.opts else rule.fix
+    if fix is None:
+        fix = rule.fix.format(*rule.opts) if rule.opts else rule.fix
     return RefusedError(f"{rule.what} ({detail})", path, fix)
+
+
+# the fix of a flex checkpoint that is not a Trainer checkpoint-N/ (no optimizer_state/ beside model_state/):
+# --keep-training-state edits only those
+FLEX_MERGE_FIX = "merge it into a new folder first (tietool merge); tietool inspect lists what it holds"
 
 
 def _parallel_degree(config: dict) -> tuple[Cause, int] | None:

@@ -265,8 +265,9 @@ def add_tokens_edit(folder: Any, strings, special: bool = False) -> TokenEdit:
 # ------------------------------------------------------------------ remove
 
 
-def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
-    """Drop every added token with id >= ``length`` from every tokenizer file of ``folder``.
+def remove_tokens_edit(folder: Any, length: int, floor: int = 0) -> TokenEdit:
+    """Drop every added token with id >= ``length`` from every tokenizer file of ``folder``. ``floor``: rows
+    the caller needs anyway (ids the configs name), so that a refusal's "keep at least" is enough.
 
     Raises:
         RefusedError: a base-vocabulary token (the model file's own) has an id >= ``length``; a token to
@@ -286,10 +287,10 @@ def remove_tokens_edit(folder: Any, length: int) -> TokenEdit:
             f"ids {names} belong to the tokenizer's base vocabulary ({need} tokens), which "
             f"tietool cannot remove; a model of {length} rows cannot serve this tokenizer",
             f.root,
-            f"keep at least {need} rows, or cut the tokenizer with the rows: tietool prune",
+            f"keep at least {max(need, floor)} rows, or cut the tokenizer with the rows: tietool prune",
         )
     gone = tuple(t for i, t in sorted(f.added.items()) if i >= length)
-    _refuse_named(f, gone)
+    _refuse_named(f, gone, floor)
     files = _edit_files(f, [], tuple(t.id for t in gone)) if gone else {}
     return TokenEdit(f.length, min(f.length, length), (), gone, files)
 
@@ -311,7 +312,7 @@ def _named_specials(f: TokenizerFolder) -> dict[str, str]:
     return out
 
 
-def _refuse_named(f: TokenizerFolder, gone: tuple[AddedToken, ...]) -> None:
+def _refuse_named(f: TokenizerFolder, gone: tuple[AddedToken, ...], floor: int = 0) -> None:
     """Refuse removing a token a special-token attribute names: transformers 5.3 and PaddleFormers 1.2 add
     such a string back at load, at the next id (measured: eos ``<|endoftext|>`` cut from a 304-token
     tokenizer came back as id 300 of a 301-token tokenizer), beyond the rows."""
@@ -322,7 +323,8 @@ def _refuse_named(f: TokenizerFolder, gone: tuple[AddedToken, ...]) -> None:
             f"token {hit.id} {hit.content!r} is {named[hit.content]}: loaders would add it back beyond "
             "the rows",
             f.root,
-            f"keep at least {hit.id + 1} rows, or set {named[hit.content]} to another token first",
+            f"keep at least {max(hit.id + 1, floor)} rows, or set {named[hit.content]} to another token "
+            "first",
         )
 
 

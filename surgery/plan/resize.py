@@ -15,6 +15,7 @@ from .. import arch
 from ..inspect.detection import Detection
 from ..io.checkpoint import Checkpoint
 from ..io.configfile import get_dotted
+from ..io.tokenizer import SpecialTokenId
 from ..io.vocabkeys import vocab_keys
 from ..model.enums import EQUAL_STATES, HeadLayout, Init
 from ..model.errors import AmbiguousLayoutError, CheckpointError, Opt, RefusedError, TietoolError, UsageError
@@ -114,8 +115,8 @@ def plan_resize(
         raise _trim_refusal(det, N, past)
     seed = resolve_seed(seed)
     plan.extra_report = _resize_report(det, vocab, N, how, seed, pad_to_multiple_of)
-    _refuse_cut_ids(det, N)
     plan.tokenizer = _trim_tokenizer(det, N)
+    _refuse_cut_ids(det, N)
     if plan.tokenizer is not None:
         plan.extra_report["tokens_removed"] = [
             {"id": t.id, "content": t.content} for t in plan.tokenizer.removed
@@ -284,7 +285,7 @@ def _trim_tokenizer(det: Detection, N: int) -> TokenEdit | None:
     from ..io.tokenizer_edit import remove_tokens_edit  # tokenizer libraries, lazily
 
     try:
-        edit = remove_tokens_edit(det.ckpt.path, N)
+        edit = remove_tokens_edit(det.ckpt.path, N, _config_floor(det, N))
     except RefusedError as e:
         raise RefusedError(f"{head}: {e.message}", det.ckpt.path, e.fix) from e
     except TietoolError as e:
@@ -303,6 +304,16 @@ def _trim_tokenizer(det: Detection, N: int) -> TokenEdit | None:
     return edit
 
 
+def _cut_ids(det: Detection, N: int) -> list[SpecialTokenId]:
+    """The token ids the configuration files name that have a row now and would not after a trim to N."""
+    return [s for s in det.special_ids if N <= s.id < det.vocab_rows]
+
+
+def _config_floor(det: Detection, N: int) -> int:
+    """The least number of rows that keeps every id :func:`_cut_ids` names (0: none)."""
+    return max((s.id + 1 for s in _cut_ids(det, N)), default=0)
+
+
 def _refuse_cut_ids(det: Detection, N: int) -> None:
     """Refuse, even with ``--force``, a trim that leaves a token id the configuration files name
     (``eos_token_id``, ``pad_token_id``, ``image_token_index``... of config.json and generation_config.json)
@@ -312,7 +323,7 @@ def _refuse_cut_ids(det: Detection, N: int) -> None:
     Raises:
         RefusedError: naming the ids, with the least number of rows that keeps them (exit 5).
     """
-    cut = [s for s in det.special_ids if N <= s.id < det.vocab_rows]
+    cut = _cut_ids(det, N)
     if cut:
         files = " / ".join(sorted({s.file for s in cut}))
         past = [s for s in det.special_ids if s.id >= det.vocab_rows]
@@ -321,7 +332,7 @@ def _refuse_cut_ids(det: Detection, N: int) -> None:
             f"resize to {N} rows refused even with {Opt('force', True)}: "
             f"{', '.join(map(str, cut))} would point past the last row (ids 0..{N - 1}){also}",
             det.ckpt.path,
-            f"keep at least {max(s.id for s in cut) + 1} rows, or set them to kept tokens in {files} first",
+            f"keep at least {_config_floor(det, N)} rows, or set them to kept tokens in {files} first",
         )
 
 

@@ -84,9 +84,39 @@ def test_a_trainer_output_dir_names_its_checkpoints() -> None:
     """(Fixed: ``inspect`` of a Trainer's ``output_dir`` said "no whole-model weights found ... save the
     model with save_pretrained", where ``merge`` names the ``checkpoint-N/`` to give.) Every command names
     the checkpoints it holds and the one to give; that one inspects."""
-    out_dir = paths.REPO / "tests" / "data" / "flex" / "families" / "gemma3_text"
-    for argv in (["inspect", out_dir], ["tie", out_dir, "--dry-run"]):
+    # with a config.json of its own (gemma3_text), and without one (the sample: "not a checkpoint folder")
+    for out_dir in (paths.REPO / "tests" / "data" / "flex" / "families" / "gemma3_text", UNTIED.parent):
+        for argv in (["inspect", out_dir], ["tie", out_dir, "--dry-run"]):
+            run = run_cli(argv)
+            assert run.rc == 3 and "checkpoint-2/" in run.stderr, run.describe()
+            assert f"e.g. {out_dir / 'checkpoint-2'}" in run.stderr, run.describe()
+        assert run_cli(["inspect", out_dir / "checkpoint-2", "-q"]).rc == 0
+
+
+def test_a_flex_folder_that_is_not_a_trainer_checkpoint_is_told_to_merge_only(tmp_path: Path) -> None:
+    """A flex folder without optimizer_state/ (paddle.distributed.save_state_dict's own) cannot be edited
+    with --keep-training-state: its refusal says merge, never the option the user may have just given."""
+    flat = paths.REPO / "tests" / "data" / "flex" / "single"
+    for extra in ([], ["--keep-training-state"]):
+        run = run_cli(["resize", flat, "--vocab", "300", *extra, "--out", tmp_path / f"o{len(extra)}"])
+        assert run.rc == 5 and "tietool merge" in run.stderr, run.describe()
+        assert "--keep-training-state" not in run.stderr.split(" — ", 1)[1], run.describe()
+
+
+def test_a_damaged_distcp_or_a_wrong_name_fails_the_inspection(tmp_path: Path) -> None:
+    """With a config, the vocabulary reads the embedding's and head's ``.distcp`` files: one cut short is
+    exit 3 with one error line naming it (as ``merge`` says), never "covered" and exit 0; an
+    ``--embedding`` the checkpoint does not hold is exit 3 naming it, as for any checkpoint."""
+    ck = tmp_path / "checkpoint-2"
+    shutil.copytree(UNTIED, ck)
+    distcp = ck / "model_state" / "0_0.distcp"
+    with distcp.open("r+b") as f:
+        f.truncate(distcp.stat().st_size // 2)
+    for argv in (["inspect", ck], ["inspect", ck, "-q"]):
         run = run_cli(argv)
-        assert run.rc == 3 and "checkpoint-2/" in run.stderr, run.describe()
-        assert f"e.g. {out_dir / 'checkpoint-2'}" in run.stderr, run.describe()
-    assert run_cli(["inspect", out_dir / "checkpoint-2", "-q"]).rc == 0
+        lines = run.stderr.splitlines()
+        assert run.rc == 3 and len(lines) == 1 and "0_0.distcp" in lines[0], run.describe()
+        assert "truncated" in lines[0] and "vocabulary not inspected" not in run.stdout, run.describe()
+    assert run_cli(["merge", ck, "--out", tmp_path / "m"]).rc == 3
+    run = run_cli(["inspect", UNTIED, "--embedding", "nope.weight", "-q"])
+    assert run.rc == 3 and "nope.weight" in run.stderr, run.describe()

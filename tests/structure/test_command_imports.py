@@ -99,6 +99,7 @@ FLEX = {
     "surgery.io.flex_cover",
     "surgery.plan",
     "surgery.plan.flex_pieces",
+    "surgery.plan.flex_vocabulary",
     "surgery.plan.kept_rows",
     "surgery.plan.merge",
     "surgery.plan.merge_flex",
