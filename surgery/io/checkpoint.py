@@ -103,8 +103,8 @@ def refuse_output_dir(path: Path) -> None:
     held = inside(Path(path)) if stores.is_local(path) else []
     if held:
         raise CheckpointError(
-            f"no weights of its own, but the flex checkpoints {', '.join(p.name + '/' for p in held[:4])}"
-            f"{' ...' if len(held) > 4 else ''} (a Trainer's output_dir)",
+            f"a Trainer's output_dir, with no weights of its own but the flex checkpoints "
+            f"{', '.join(p.name + '/' for p in held[:4])}{' ...' if len(held) > 4 else ''}",
             path,
             f"name one checkpoint-N/ folder instead, e.g. {held[-1]}",
         )

@@ -340,7 +340,8 @@ def _resize_notes(det: Detection, plan: Plan, N: int, past: list[str]) -> None:
     """Notes and warnings of a resize: rows removed (``--force``), token ids left without a row."""
     V, tok = det.vocab_rows, det.tokenizer
     if N < V:
-        plan.notes.append(f"{Opt('force', True)}: rows {N}..{V - 1} removed from every vocabulary tensor")
+        rows = f"row {N}" if N == V - 1 else f"rows {N}..{V - 1}"
+        plan.notes.append(f"{Opt('force', True)}: {rows} removed from every vocabulary tensor")
     if plan.tokenizer is not None:
         gone = ", ".join(f"{t.id} {t.content!r}" for t in plan.tokenizer.removed)
         plan.notes.append(f"added tokens removed from the tokenizer files (ids ≥ {N}): {gone}")

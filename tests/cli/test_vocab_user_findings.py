@@ -295,6 +295,9 @@ def test_a_forced_trim_never_leaves_a_config_id_past_the_rows(tmp_path):
     assert run.rc == 0, run.describe()
     assert json.loads((out / "config.json").read_text())["eos_token_id"] == 302
     assert run_cli(["verify", str(SAMPLE), str(out), "-q"]).rc == 0
+    assert "--force: rows 303..319 removed" in run.stdout, run.describe()
+    run = run_cli(["resize", str(SAMPLE), "--vocab", "319", "--force", "--out", str(tmp_path / "v319")])
+    assert run.rc == 0 and "--force: row 319 removed" in run.stdout, run.describe()  # not "rows 319..319"
 
 
 def test_tie_of_a_head_over_its_own_vocabulary_gives_no_fix_that_cannot_work(tmp_path):
