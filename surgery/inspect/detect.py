@@ -672,7 +672,7 @@ def _detection(
         comparison=pair.comparison,
         beyond=Beyond(pair.extra, pair.by_shape, beyond.token_tables, beyond.other_vocab),
         tokenizer=tokenizer_info(ckpt.path),
-        special_ids=special_token_ids(ckpt.path),
+        special_ids=special_token_ids(ckpt.path, ckpt.config_dir),
     )
 
 

@@ -400,6 +400,8 @@ class Checkpoint:
             between a local folder and object storage is asked of it, not of the path.
         config_file: ``config.json``, or ``model_config.json`` in a folder that has only that (PaddleNLP
             2.x); ``config_prefix`` is where its model arguments sit in it (``init_args.0``) or "".
+        config_dir: the folder config.json was read from when it is not ``path`` (a Trainer flex
+            ``checkpoint-N/``'s folder above, :func:`surgery.plan.merge_flex.flex_view`), else None.
     """
 
     path: Path
@@ -423,6 +425,7 @@ class Checkpoint:
     # one Path per weight file for source(): a header of millions of tensors made a Path per tensor
     _file_paths: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     folder_links: list[tree.FolderLink] = field(default_factory=list)
+    config_dir: Path | None = None
     # where the files are (:mod:`surgery.io.store`): weight files and other files are names relative to it
     store: Store = field(default=None, repr=False, compare=False)  # type: ignore[assignment]
 

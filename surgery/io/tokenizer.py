@@ -710,16 +710,23 @@ def check_tokenizer_config(data: Any, path: Any) -> None:
             raise CheckpointError(f"tokenizer_config.json added_tokens_decoder {i} is {problem}", path, fix)
 
 
-def special_token_ids(folder: Path) -> tuple[SpecialTokenId, ...]:
+def special_token_ids(folder: Path, config_dir: Path | None = None) -> tuple[SpecialTokenId, ...]:
     """Every token id named in the checkpoint's config.json, generation_config.json and
     tokenizer_config.json (``*_token_id``/``*_token_ids``/``*_token_index`` keys, at the top level and in
     nested configs; tokenizer_config token strings resolved through ``added_tokens_decoder``). A file that
-    is missing or unreadable contributes nothing (its problems are reported elsewhere)."""
+    is missing or unreadable contributes nothing (its problems are reported elsewhere); one missing from
+    ``folder`` is read from ``config_dir`` when given (a Trainer ``checkpoint-N/`` whose config.json is in
+    the folder above, whose files ``tietool merge`` carries into its output)."""
     out: list[SpecialTokenId] = []
     for name in ID_FILES:
         data = _load(folder, name)
+        if data is None and config_dir is not None:
+            folder_of = config_dir
+            data = _load(config_dir, name)
+        else:
+            folder_of = folder
         if name == "tokenizer_config.json":
-            check_tokenizer_config(data, folder / name)
+            check_tokenizer_config(data, folder_of / name)
         if isinstance(data, dict):
             out += _ids_in(data, name)
             if name == "tokenizer_config.json":

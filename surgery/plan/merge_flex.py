@@ -504,5 +504,6 @@ def flex_view(plan: FlexPlan) -> FlexView:
         None,
         [],
         tensors,
+        config_dir=above if (above := plan.config_file.parent) != plan.ck.folder.root else None,
         recipes=recipes,
     )

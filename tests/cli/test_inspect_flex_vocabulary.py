@@ -120,3 +120,19 @@ def test_a_damaged_distcp_or_a_wrong_name_fails_the_inspection(tmp_path: Path) -
     assert run_cli(["merge", ck, "--out", tmp_path / "m"]).rc == 3
     run = run_cli(["inspect", UNTIED, "--embedding", "nope.weight", "-q"])
     assert run.rc == 3 and "nope.weight" in run.stderr, run.describe()
+
+
+def test_the_config_above_a_checkpoint_names_its_token_ids(tmp_path: Path) -> None:
+    """A Trainer checkpoint-N/ whose config.json is in the folder above (tests/data/flex/families:
+    DeepSeek-V3, bos / eos ids 100000 / 100001 over 250 rows): its token ids are read from there, as merge
+    carries that config, so the problem the merged folder's inspection names is named here too (none
+    before)."""
+    ck = paths.REPO / "tests" / "data" / "flex" / "families" / "deepseek_v3" / "checkpoint-2"
+    assert not (ck / "config.json").exists()
+    flex = _inspect(ck)
+    run = run_cli(["merge", ck, "--out", tmp_path / "merged", "-q"])
+    assert run.rc == 0, run.describe()
+    merged = _inspect(tmp_path / "merged")
+    beyond = [p for p in merged["problems"] if p.startswith("token ids beyond the last row")]
+    assert beyond and "config.json bos_token_id = 100000" in beyond[0], merged["problems"]
+    assert [p for p in flex["problems"] if p.startswith("token ids beyond the last row")] == beyond
