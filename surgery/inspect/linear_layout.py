@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from .. import arch
+from ..io import surface
 from ..io.checkpoint import Checkpoint
 from ..model.errors import CheckpointError, Opt, RefusedError
 
@@ -231,7 +232,7 @@ def prove(ckpt: Checkpoint, weights: dict[str, tuple[Size, Size]], what: str, st
             "head_dim) against the files",
         )
     if bad:
-        shown = f"{bad[0].name} {bad[0].why}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
+        shown = surface.few([f"{v.name} {v.why}" for v in bad], 1)
         raise RefusedError(
             f"tietool cannot prove the layout ([in, out] or [out, in]) of {len(bad)} Linear "
             f"weight(s): {shown}; it will not guess it",

@@ -35,6 +35,7 @@ from typing import Any
 
 from ..model.errors import Opt, RefusedError, TietoolError, UsageError
 from ..model.tokens import AddedToken, NewToken, TokenEdit, TokenizerFormat
+from . import surface
 from .tokenizer_check import MAX_TOKEN_CHARS
 from .tokenizer_folder import (
     ADDED_JSON,
@@ -280,8 +281,7 @@ def remove_tokens_edit(folder: Any, length: int, floor: int = 0) -> TokenEdit:
         # an added token a file also holds as a piece or line (tietool's own *.model / vocab.txt edits) is
         # removable: neither named as base nor counted in the rows to keep
         by_id = {i: t for t, i in f.base.items()}
-        more = f" and {len(base_cut) - 3} more" if len(base_cut) > 3 else ""
-        names = ", ".join(f"{i} {by_id[i]!r}" for i in base_cut[:3]) + more
+        names = surface.few([f"{i} {by_id[i]!r}" for i in base_cut], 3)
         need = max(i for i in by_id if i not in f.added) + 1
         raise RefusedError(
             f"ids {names} belong to the tokenizer's base vocabulary ({need} tokens), which "

@@ -22,6 +22,7 @@ from ..inspect.convention import (
     suffix_in,
 )
 from ..inspect.linear_layout import Proof, hint_container_only, prove
+from ..io import surface
 from ..io.checkpoint import Checkpoint
 from ..model.errors import CheckpointError, Opt, RefusedError
 from ..model.tensor import DTYPES
@@ -296,10 +297,9 @@ def model_steps(
         else:
             steps += got
     if unplaced:
-        more = f" and {len(unplaced) - 2} more" if len(unplaced) > 2 else ""
         raise RefusedError(
             f"{len(unplaced)} tensor(s) of this {ckpt.config.get('model_type')} checkpoint "
-            f"({', '.join(unplaced[:2])}{more}) cannot be placed in the {dst.title} layout without guessing "
+            f"({surface.few(unplaced)}) cannot be placed in the {dst.title} layout without guessing "
             "if they are Linear weights",
             ckpt.path,
             (fix or f"convert with {Opt('to', 'safetensors')} (names and layouts unchanged)")

@@ -281,7 +281,7 @@ def _trim_tokenizer(det: Detection, N: int) -> TokenEdit | None:
     size = det.tokenizer.size
     if size is None or N >= size or N >= det.vocab_rows:
         return None
-    head = f"resize to {N} rows refused even with {Opt('force', True)}"
+    head = _forced_refusal(N)
     from ..io.tokenizer_edit import remove_tokens_edit  # tokenizer libraries, lazily
 
     try:
@@ -302,6 +302,11 @@ def _trim_tokenizer(det: Detection, N: int) -> TokenEdit | None:
             f"a {Opt('vocab_size')} of at least {edit.length_after}",
         )
     return edit
+
+
+def _forced_refusal(N: int) -> str:
+    """How a refusal of a trim to ``N`` rows that ``--force`` does not override begins."""
+    return f"resize to {N} rows refused even with {Opt('force', True)}"
 
 
 def _cut_ids(det: Detection, N: int) -> list[SpecialTokenId]:
@@ -329,7 +334,7 @@ def _refuse_cut_ids(det: Detection, N: int) -> None:
         past = [s for s in det.special_ids if s.id >= det.vocab_rows]
         also = f"; already past the rows: {', '.join(map(str, past))}" if past else ""
         raise RefusedError(
-            f"resize to {N} rows refused even with {Opt('force', True)}: "
+            f"{_forced_refusal(N)}: "
             f"{', '.join(map(str, cut))} would point past the last row (ids 0..{N - 1}){also}",
             det.ckpt.path,
             f"keep at least {_config_floor(det, N)} rows, or set them to kept tokens in {files} first",
